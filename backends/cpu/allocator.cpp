@@ -1,0 +1,98 @@
+#include "backends/cpu/allocator.h"
+
+#include <sys/mman.h>
+
+#include <cstdlib>
+#include <map>
+#include <mutex>
+
+#include "core/error.h"
+
+namespace kiln::cpu {
+namespace {
+
+constexpr size_t kLargeBlock = size_t{1} << 20;   // cache blocks from 1 MiB up
+constexpr size_t kHugePage = size_t{2} << 20;
+constexpr size_t kMaxCached = size_t{2} << 30;    // keep at most 2 GiB of free blocks
+
+size_t size_class(size_t n) {
+  // Round up to 1/8 steps of the next power of two, so reuse wastes at most ~12 %.
+  size_t p = 1;
+  while (p < n) p <<= 1;
+  size_t step = std::max<size_t>(p / 8, kAlignment);
+  return (n + step - 1) / step * step;
+}
+
+class CachingAllocator final : public Allocator {
+ public:
+  void* allocate(size_t nbytes) override {
+    if (nbytes < kLargeBlock) {
+      void* p = std::aligned_alloc(kAlignment, std::max<size_t>((nbytes + 63) & ~size_t{63}, 64));
+      if (!p) throw Error("allocate", fmt::format("out of memory allocating {} bytes", nbytes));
+      return p;
+    }
+    size_t cls = size_class(nbytes);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = free_.find(cls);
+      if (it != free_.end()) {
+        void* p = it->second;
+        free_.erase(it);
+        cached_ -= cls;
+        ++hits_;
+        return p;
+      }
+      ++misses_;
+    }
+    void* p = std::aligned_alloc(kHugePage, (cls + kHugePage - 1) / kHugePage * kHugePage);
+    if (!p) throw Error("allocate", fmt::format("out of memory allocating {} bytes", nbytes));
+    madvise(p, cls, MADV_HUGEPAGE);  // best effort; ignored where THP is off
+    return p;
+  }
+
+  void deallocate(void* p, size_t nbytes) override {
+    if (nbytes < kLargeBlock) {
+      std::free(p);
+      return;
+    }
+    size_t cls = size_class(nbytes);
+    std::lock_guard<std::mutex> lock(mu_);
+    if (cached_ + cls > kMaxCached) {
+      std::free(p);
+      return;
+    }
+    free_.emplace(cls, p);
+    cached_ += cls;
+  }
+
+  Device device() const override { return Device::cpu(); }
+
+  AllocatorStats stats() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return {cached_, hits_, misses_};
+  }
+  void empty() {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& [cls, p] : free_) std::free(p);
+    free_.clear();
+    cached_ = 0;
+  }
+
+ private:
+  std::mutex mu_;
+  std::multimap<size_t, void*> free_;
+  size_t cached_ = 0, hits_ = 0, misses_ = 0;
+};
+
+CachingAllocator& instance() {
+  static auto* a = new CachingAllocator();  // never destroyed: tensors may outlive statics
+  return *a;
+}
+
+}  // namespace
+
+Allocator* allocator() { return &instance(); }
+AllocatorStats allocator_stats() { return instance().stats(); }
+void empty_cache() { instance().empty(); }
+
+}  // namespace kiln::cpu

@@ -1,0 +1,23 @@
+#pragma once
+/// The CPU allocator: 64-byte aligned; blocks of at least 1 MiB are cached and reused by size
+/// class, and backed by transparent huge pages where the kernel allows, because first-touch
+/// page faults on a fresh 64 MiB buffer cost ~25 ms here (notes/cpu-performance.md).
+#include <cstddef>
+
+#include "core/storage.h"
+
+namespace kiln::cpu {
+
+/// The process-wide CPU allocator (thread-safe).
+Allocator* allocator();
+
+struct AllocatorStats {
+  size_t cached_bytes;   // bytes held in the cache, free for reuse
+  size_t cache_hits;     // large allocations served from the cache
+  size_t cache_misses;   // large allocations that went to the OS
+};
+AllocatorStats allocator_stats();
+/// Returns every cached block to the OS.
+void empty_cache();
+
+}  // namespace kiln::cpu

@@ -1,0 +1,134 @@
+#include "backends/cpu/parallel.h"
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <cstdlib>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace kiln::cpu {
+namespace {
+
+thread_local bool t_in_parallel = false;
+
+class ThreadPool {
+ public:
+  explicit ThreadPool(int n) { resize(n); }
+  ~ThreadPool() { stop_all(); }
+
+  int size() const { return static_cast<int>(workers_.size()) + 1; }
+
+  void resize(int n) {
+    stop_all();
+    stop_ = false;
+    for (int i = 1; i < n; ++i) workers_.emplace_back([this, i] { worker_loop(i); });
+  }
+
+  // Runs task(i) for i in [0, n) with the caller doing i = 0; returns when all are done.
+  void run(int n, const std::function<void(int)>& task) {
+    std::lock_guard<std::mutex> run_lock(run_mu_);  // one parallel region at a time
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      task_ = &task;
+      ntasks_ = n;
+      pending_.store(n - 1, std::memory_order_release);
+      ++generation_;
+    }
+    cv_.notify_all();
+    t_in_parallel = true;
+    task(0);
+    t_in_parallel = false;
+    // Wait for the workers: spin briefly, then sleep.
+    for (int spin = 0; spin < 2000 && pending_.load(std::memory_order_acquire) > 0; ++spin)
+      _mm_pause();
+    if (pending_.load(std::memory_order_acquire) > 0) {
+      std::unique_lock<std::mutex> lock(mu_);
+      done_cv_.wait(lock, [&] { return pending_.load(std::memory_order_acquire) == 0; });
+    }
+  }
+
+ private:
+  void worker_loop(int id) {
+    uint64_t seen = 0;
+    t_in_parallel = true;
+    for (;;) {
+      const std::function<void(int)>* task;
+      int n;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [&] { return stop_ || generation_ != seen; });
+        if (stop_) return;
+        seen = generation_;
+        task = task_;
+        n = ntasks_;
+      }
+      if (id < n) {
+        (*task)(id);
+        if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+          std::lock_guard<std::mutex> lock(mu_);
+          done_cv_.notify_one();
+        }
+      }
+    }
+  }
+
+  void stop_all() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    for (auto& w : workers_) w.join();
+    workers_.clear();
+  }
+
+  std::vector<std::thread> workers_;
+  std::mutex mu_, run_mu_;
+  std::condition_variable cv_, done_cv_;
+  const std::function<void(int)>* task_ = nullptr;
+  int ntasks_ = 0;
+  uint64_t generation_ = 0;
+  std::atomic<int> pending_{0};
+  bool stop_ = false;
+};
+
+int default_threads() {
+  if (const char* env = std::getenv("KILN_NUM_THREADS")) {
+    int n = std::atoi(env);
+    if (n >= 1) return n;
+  }
+  return std::max(1u, std::thread::hardware_concurrency());
+}
+
+ThreadPool& pool() {
+  static auto* p = new ThreadPool(default_threads());  // leaked: workers outlive statics
+  return *p;
+}
+
+}  // namespace
+
+int num_threads() { return pool().size(); }
+void set_num_threads(int n) { pool().resize(std::max(1, n)); }
+
+void parallel_for(int64_t begin, int64_t end, int64_t grain,
+                  const std::function<void(int64_t, int64_t)>& fn) {
+  int64_t n = end - begin;
+  if (n <= 0) return;
+  grain = std::max<int64_t>(grain, 1);
+  int threads = t_in_parallel ? 1 : static_cast<int>(std::min<int64_t>(num_threads(), n / grain));
+  if (threads <= 1) {
+    fn(begin, end);
+    return;
+  }
+  int64_t chunk = (n + threads - 1) / threads;
+  pool().run(threads, [&](int i) {
+    int64_t b = begin + i * chunk, e = std::min(end, b + chunk);
+    if (b < e) fn(b, e);
+  });
+}
+
+}  // namespace kiln::cpu

@@ -1,0 +1,24 @@
+#pragma once
+/// A small thread pool for the CPU kernels. It never spins for long: on 2-vCPU machines a
+/// spinning pool made 2 threads slower than 1 (notes/cpu-performance.md), so idle workers
+/// sleep on a condition variable after a brief (~microseconds) spin.
+#include <cstdint>
+#include <functional>
+
+namespace kiln::cpu {
+
+/// Elements below which a loop runs on the calling thread (no threading cost).
+inline constexpr int64_t kGrainSize = 32768;
+
+/// Number of threads kernels use (default: hardware threads; KILN_NUM_THREADS overrides).
+int num_threads();
+/// Sets the number of threads (>= 1). Not to be called while a parallel_for runs.
+void set_num_threads(int n);
+
+/// Runs fn(begin, end) over [begin, end) split into at most num_threads() contiguous chunks of
+/// at least `grain` iterations; runs inline when the range is smaller than 2 * grain or when
+/// called from inside another parallel_for. fn must not throw.
+void parallel_for(int64_t begin, int64_t end, int64_t grain,
+                  const std::function<void(int64_t, int64_t)>& fn);
+
+}  // namespace kiln::cpu

@@ -1,0 +1,60 @@
+#pragma once
+/// Shape and Strides: small fixed-capacity arrays of int64 (no heap allocation), so that
+/// per-op metadata work stays in the tens of nanoseconds.
+#include <algorithm>
+#include <cstdint>
+#include <initializer_list>
+#include <string>
+#include <vector>
+
+namespace kiln {
+
+/// Maximum tensor rank. Ops that would exceed it throw kiln::Error.
+inline constexpr int kMaxRank = 12;
+
+class Dims {
+ public:
+  Dims() = default;
+  Dims(std::initializer_list<int64_t> v);
+  explicit Dims(const std::vector<int64_t>& v);
+  /// `n` copies of `value`.
+  static Dims filled(int n, int64_t value);
+
+  int size() const { return n_; }
+  bool empty() const { return n_ == 0; }
+  int64_t& operator[](int i) { return d_[i]; }
+  int64_t operator[](int i) const { return d_[i]; }
+  int64_t* begin() { return d_; }
+  int64_t* end() { return d_ + n_; }
+  const int64_t* begin() const { return d_; }
+  const int64_t* end() const { return d_ + n_; }
+  const int64_t* data() const { return d_; }
+  int64_t back() const { return d_[n_ - 1]; }
+  void push_back(int64_t v);
+  void insert(int pos, int64_t v);
+  void erase(int pos);
+  void resize(int n, int64_t fill = 0);
+  std::vector<int64_t> vec() const { return {begin(), end()}; }
+
+  friend bool operator==(const Dims& a, const Dims& b) {
+    return a.n_ == b.n_ && std::equal(a.begin(), a.end(), b.begin());
+  }
+
+ private:
+  int64_t d_[kMaxRank] = {};
+  int n_ = 0;
+};
+
+using Shape = Dims;
+using Strides = Dims;
+
+/// Product of the sizes (1 for a 0-d shape).
+int64_t numel(const Shape& s);
+/// Row-major (C-contiguous) strides in elements.
+Strides contiguous_strides(const Shape& s);
+/// "[2, 3]"
+std::string to_string(const Dims& d);
+/// Wraps a possibly negative dim into [0, rank). Throws kiln::Error naming `op` if out of range.
+int wrap_dim(int64_t dim, int rank, const char* op);
+
+}  // namespace kiln

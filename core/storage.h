@@ -1,0 +1,50 @@
+#pragma once
+/// Storage: a ref-counted, 64-byte-aligned buffer shared by a tensor and all its views.
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "core/device.h"
+
+namespace kiln {
+
+/// Allocator interface; backends provide one per device (backends/cpu: a caching allocator).
+class Allocator {
+ public:
+  virtual ~Allocator() = default;
+  /// Returns at least `nbytes` bytes aligned to kAlignment, or throws kiln::Error.
+  virtual void* allocate(size_t nbytes) = 0;
+  virtual void deallocate(void* ptr, size_t nbytes) = 0;
+  virtual Device device() const = 0;
+};
+
+inline constexpr size_t kAlignment = 64;
+
+class StorageImpl {
+ public:
+  /// Allocates `nbytes` bytes from `allocator`.
+  StorageImpl(size_t nbytes, Allocator* allocator);
+  ~StorageImpl();
+  StorageImpl(const StorageImpl&) = delete;
+  StorageImpl& operator=(const StorageImpl&) = delete;
+
+  void* data() const { return data_; }
+  size_t nbytes() const { return nbytes_; }
+  Device device() const { return allocator_->device(); }
+
+  /// Version counter shared by every view of this storage; bumped by in-place ops so that
+  /// autograd can detect a saved tensor modified after it was saved.
+  uint64_t version() const { return version_.load(std::memory_order_relaxed); }
+  void bump_version() { version_.fetch_add(1, std::memory_order_relaxed); }
+
+ private:
+  void* data_;
+  size_t nbytes_;
+  Allocator* allocator_;
+  std::atomic<uint64_t> version_{0};
+};
+
+using Storage = std::shared_ptr<StorageImpl>;
+
+}  // namespace kiln

@@ -1,0 +1,195 @@
+#include "core/tensor.h"
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+
+namespace kiln {
+
+int64_t Tensor::size(int64_t d) const { return shape()[wrap_dim(d, dim(), "size")]; }
+int64_t Tensor::stride(int64_t d) const { return strides()[wrap_dim(d, dim(), "stride")]; }
+
+bool Tensor::is_contiguous() const {
+  int64_t expected = 1;
+  for (int i = dim() - 1; i >= 0; --i) {
+    if (shape()[i] == 1) continue;
+    if (strides()[i] != expected) return numel() == 0;
+    expected *= shape()[i];
+  }
+  return true;
+}
+
+bool Tensor::is_non_overlapping_and_dense() const {
+  if (is_contiguous()) return true;
+  // Sort dims by stride; dense if each stride equals the product of the smaller dims' sizes.
+  int r = dim();
+  int order[kMaxRank];
+  for (int i = 0; i < r; ++i) order[i] = i;
+  std::sort(order, order + r, [&](int a, int b) { return strides()[a] < strides()[b]; });
+  int64_t expected = 1;
+  for (int i = 0; i < r; ++i) {
+    int d = order[i];
+    if (shape()[d] == 1) continue;
+    if (strides()[d] != expected) return false;
+    expected *= shape()[d];
+  }
+  return true;
+}
+
+void Tensor::check_data_type(DType requested) const {
+  KILN_CHECK(defined(), "data", Loc::current(), "tensor is undefined");
+  KILN_CHECK(requested == dtype(), "data", Loc::current(),
+             "requested element type {} but the tensor holds {}", name(requested), name(dtype()));
+}
+
+namespace {
+// Calls fn(element_offset) for every element in logical row-major order.
+template <class Fn> void for_each_offset(const Tensor& t, Fn&& fn) {
+  int64_t n = t.numel();
+  if (n == 0) return;
+  int r = t.dim();
+  int64_t idx[kMaxRank] = {};
+  int64_t off = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    fn(off);
+    for (int d = r - 1; d >= 0; --d) {
+      if (++idx[d] < t.shape()[d]) {
+        off += t.strides()[d];
+        break;
+      }
+      off -= (t.shape()[d] - 1) * t.strides()[d];
+      idx[d] = 0;
+    }
+  }
+}
+}  // namespace
+
+template <class T> T Tensor::item(Loc loc) const {
+  KILN_CHECK(defined(), "item", loc, "tensor is undefined");
+  KILN_CHECK(numel() == 1, "item", loc, "a tensor with {} elements (shape {}) cannot be converted "
+             "to a scalar", numel(), to_string(shape()));
+  KILN_CHECK(device().is_cpu(), "item", loc, "tensor is on {}", device().str());
+  T out{};
+  KILN_DISPATCH_ALL(dtype(), S, { out = static_cast<T>(*static_cast<const S*>(raw_data())); });
+  return out;
+}
+
+template <class T> std::vector<T> Tensor::to_vector() const {
+  KILN_CHECK(defined(), "to_vector", Loc::current(), "tensor is undefined");
+  std::vector<T> out;
+  out.reserve(numel());
+  KILN_DISPATCH_ALL(dtype(), S, {
+    const S* base = static_cast<const S*>(raw_data());
+    for_each_offset(*this, [&](int64_t off) { out.push_back(static_cast<T>(base[off])); });
+  });
+  return out;
+}
+
+#define KILN_INSTANTIATE(T)                      \
+  template T Tensor::item<T>(Loc) const;         \
+  template std::vector<T> Tensor::to_vector<T>() const;
+KILN_INSTANTIATE(bool)
+KILN_INSTANTIATE(int32_t)
+KILN_INSTANTIATE(int64_t)
+KILN_INSTANTIATE(float)
+KILN_INSTANTIATE(double)
+#undef KILN_INSTANTIATE
+
+namespace {
+constexpr int64_t kSummariseAbove = 1000;
+constexpr int64_t kEdgeItems = 3;
+
+std::string format_value(double v, bool floating, bool int_valued, bool sci) {
+  if (!floating) return fmt::format("{}", static_cast<int64_t>(v));
+  if (std::isnan(v)) return "nan";
+  if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
+  if (sci) return fmt::format("{:.4e}", v);
+  if (int_valued) return fmt::format("{:.0f}.", v);
+  return fmt::format("{:.4f}", v);
+}
+
+void format_dim(const std::vector<std::string>& cells, const Shape& shape, int d, int64_t& pos,
+                bool summarise, int width, int indent, std::string& out) {
+  out += '[';
+  int64_t n = shape[d];
+  int64_t inner = 1;
+  for (int i = d + 1; i < shape.size(); ++i) inner *= shape[i];
+  for (int64_t i = 0; i < n; ++i) {
+    if (summarise && n > 2 * kEdgeItems && i == kEdgeItems) {
+      out += d + 1 == shape.size() ? "..., " : "...,\n" + std::string(indent + d + 1, ' ');
+      pos += (n - 2 * kEdgeItems) * inner;
+      i = n - kEdgeItems - 1;
+      continue;
+    }
+    if (d + 1 == shape.size()) {
+      out += fmt::format("{:>{}}", cells[pos++], width);
+    } else {
+      format_dim(cells, shape, d + 1, pos, summarise, width, indent, out);
+    }
+    if (i + 1 < n) out += d + 1 == shape.size() ? ", " : ",\n" + std::string(indent + d + 1, ' ');
+  }
+  out += ']';
+}
+}  // namespace
+
+std::string Tensor::str() const {
+  if (!defined()) return "tensor(undefined)";
+  bool summarise = numel() > kSummariseAbove;
+  // Collect the printed elements (only edges when summarising), in row-major order.
+  std::vector<double> vals;
+  std::vector<int64_t> idx(dim(), 0);
+  {
+    std::vector<double> all;
+    if (!summarise) {
+      all = to_vector<double>();
+    } else {
+      // Gather only the edge elements: iterate over the logical index space, skipping middles.
+      const Shape& s = shape();
+      std::function<void(int, int64_t)> rec = [&](int d, int64_t off) {
+        if (d == dim()) {
+          KILN_DISPATCH_ALL(dtype(), S, { all.push_back(static_cast<double>(
+              static_cast<const S*>(storage()->data())[off])); });
+          return;
+        }
+        for (int64_t i = 0; i < s[d]; ++i) {
+          if (s[d] > 2 * kEdgeItems && i == kEdgeItems) i = s[d] - kEdgeItems;
+          rec(d + 1, off + i * strides()[d]);
+        }
+      };
+      rec(0, offset());
+    }
+    vals = std::move(all);
+  }
+  bool floating = is_floating(dtype());
+  bool int_valued = true, sci = false;
+  double maxabs = 0, minabs = INFINITY;
+  for (double v : vals) {
+    if (!std::isfinite(v)) continue;
+    if (v != std::floor(v)) int_valued = false;
+    maxabs = std::max(maxabs, std::fabs(v));
+    if (v != 0) minabs = std::min(minabs, std::fabs(v));
+  }
+  if (floating && (maxabs >= 1e8 || (!int_valued && minabs < 1e-4))) sci = true;
+  std::vector<std::string> cells;
+  int width = 0;
+  for (double v : vals) {
+    cells.push_back(dtype() == DType::Bool ? (v != 0 ? "true" : "false")
+                                           : format_value(v, floating, int_valued, sci));
+    width = std::max<int>(width, cells.back().size());
+  }
+  std::string body;
+  if (dim() == 0) {
+    body = cells.empty() ? "" : cells[0];
+  } else if (numel() == 0) {
+    body = "[]";
+  } else {
+    int64_t pos = 0;
+    format_dim(cells, shape(), 0, pos, summarise, width, 7, body);
+  }
+  std::string out = "tensor(" + body;
+  if (summarise || numel() == 0) out += ", shape=" + to_string(shape());
+  if (dtype() != DType::Float32 && dtype() != DType::Int64) out += fmt::format(", dtype={}", name(dtype()));
+  return out + ")";
+}
+
+}  // namespace kiln

@@ -1,0 +1,141 @@
+#pragma once
+/// Tensor: a cheap, ref-counted handle to a TensorImpl (storage + shape + strides + offset +
+/// dtype). Copying a Tensor copies the handle, not the data; views share the storage.
+///
+/// Metadata accessors are defined in core/. The op methods (t.sum(), t.view(...), ...) are
+/// declared here for convenience and defined in eager/ (like ATen's TensorBody); they go
+/// through the dispatcher exactly like the free functions in eager/ops.h.
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/dtype.h"
+#include "core/error.h"
+#include "core/scalar.h"
+#include "core/shape.h"
+#include "core/storage.h"
+
+namespace kiln {
+
+/// Autograd state attached to a tensor; defined by eager/ (core only holds the pointer).
+struct AutogradMeta {
+  virtual ~AutogradMeta() = default;
+};
+
+struct TensorImpl {
+  Storage storage;
+  Shape shape;
+  Strides strides;        // in elements; may be 0 (broadcast) or non-monotonic (views)
+  int64_t offset = 0;     // in elements
+  DType dtype = DType::Float32;
+  /// A host scalar wrapped as a 0-d tensor: takes part in type promotion like a Scalar.
+  bool wrapped_number = false;
+  std::shared_ptr<AutogradMeta> autograd;
+};
+
+class Tensor {
+ public:
+  /// An undefined tensor (no storage); most ops reject it with kiln::Error.
+  Tensor() = default;
+  explicit Tensor(std::shared_ptr<TensorImpl> impl) : impl_(std::move(impl)) {}
+
+  bool defined() const { return impl_ != nullptr; }
+  DType dtype() const { return impl_->dtype; }
+  Device device() const { return impl_->storage->device(); }
+  const Shape& shape() const { return impl_->shape; }
+  const Strides& strides() const { return impl_->strides; }
+  int64_t offset() const { return impl_->offset; }
+  int dim() const { return impl_->shape.size(); }
+  /// Size of dim `d` (negative counts from the end). Throws kiln::Error if out of range.
+  int64_t size(int64_t d) const;
+  int64_t stride(int64_t d) const;
+  int64_t numel() const { return kiln::numel(impl_->shape); }
+  size_t itemsize() const { return kiln::itemsize(impl_->dtype); }
+  bool is_contiguous() const;
+  /// True when the tensor's elements cover one dense block (any order of dims).
+  bool is_non_overlapping_and_dense() const;
+
+  /// Pointer to the first element (storage base + offset). T must match dtype().
+  template <class T> T* data() const {
+    check_data_type(dtype_of<T>());
+    return static_cast<T*>(impl_->storage->data()) + impl_->offset;
+  }
+  void* raw_data() const {
+    return static_cast<char*>(impl_->storage->data()) + impl_->offset * itemsize();
+  }
+  const Storage& storage() const { return impl_->storage; }
+  TensorImpl* impl() const { return impl_.get(); }
+  const std::shared_ptr<TensorImpl>& impl_ptr() const { return impl_; }
+  bool is_same(const Tensor& o) const { return impl_ == o.impl_; }
+  uint64_t version() const { return impl_->storage->version(); }
+  void bump_version() const { impl_->storage->bump_version(); }
+
+  /// The value of a one-element tensor as T. Throws kiln::Error if numel() != 1.
+  template <class T> T item(Loc loc = Loc::current()) const;
+  /// Copies the elements (in logical row-major order) into a vector of T, converting.
+  template <class T> std::vector<T> to_vector() const;
+
+  // ---- op methods (defined in eager/) ----
+  Tensor to(DType dtype, Loc loc = Loc::current()) const;
+  Tensor clone(Loc loc = Loc::current()) const;
+  Tensor contiguous(Loc loc = Loc::current()) const;
+  Tensor& copy_(const Tensor& src, Loc loc = Loc::current());
+  Tensor& fill_(Scalar value, Loc loc = Loc::current());
+  Tensor view(const Shape& shape, Loc loc = Loc::current()) const;
+  Tensor reshape(const Shape& shape, Loc loc = Loc::current()) const;
+  Tensor transpose(int64_t d0, int64_t d1, Loc loc = Loc::current()) const;
+  /// Transpose of a 2-D tensor (or a 0/1-D tensor, unchanged).
+  Tensor t(Loc loc = Loc::current()) const;
+  Tensor permute(const Dims& order, Loc loc = Loc::current()) const;
+  Tensor slice(int64_t dim, int64_t start, int64_t end, int64_t step = 1,
+               Loc loc = Loc::current()) const;
+  Tensor select(int64_t dim, int64_t index, Loc loc = Loc::current()) const;
+  Tensor expand(const Shape& shape, Loc loc = Loc::current()) const;
+  Tensor squeeze(Loc loc = Loc::current()) const;
+  Tensor squeeze(int64_t dim, Loc loc = Loc::current()) const;
+  Tensor unsqueeze(int64_t dim, Loc loc = Loc::current()) const;
+  Tensor flatten(int64_t start = 0, int64_t end = -1, Loc loc = Loc::current()) const;
+
+  Tensor sum(Loc loc = Loc::current()) const;
+  Tensor sum(const Dims& dims, bool keepdim = false, Loc loc = Loc::current()) const;
+  Tensor mean(Loc loc = Loc::current()) const;
+  Tensor mean(const Dims& dims, bool keepdim = false, Loc loc = Loc::current()) const;
+  Tensor matmul(const Tensor& other, Loc loc = Loc::current()) const;
+
+  // In-place arithmetic (bumps the version counter).
+  Tensor& operator+=(const Tensor& o);
+  Tensor& operator-=(const Tensor& o);
+  Tensor& operator*=(const Tensor& o);
+  Tensor& operator/=(const Tensor& o);
+  Tensor& operator+=(Scalar o);
+  Tensor& operator-=(Scalar o);
+  Tensor& operator*=(Scalar o);
+  Tensor& operator/=(Scalar o);
+
+  /// PyTorch-style repr: values (summarised when large), shape and dtype.
+  std::string str() const;
+
+ private:
+  void check_data_type(DType requested) const;
+  std::shared_ptr<TensorImpl> impl_;
+};
+
+/// Metadata of a tensor without data; what shape/dtype inference works on.
+struct TensorMeta {
+  DType dtype = DType::Float32;
+  Shape shape;
+  bool wrapped_number = false;
+  static TensorMeta of(const Tensor& t) {
+    return {t.dtype(), t.shape(), t.impl()->wrapped_number};
+  }
+};
+
+}  // namespace kiln
+
+template <> struct fmt::formatter<kiln::Tensor> : fmt::formatter<std::string> {
+  auto format(const kiln::Tensor& t, format_context& ctx) const {
+    return fmt::formatter<std::string>::format(t.str(), ctx);
+  }
+};

@@ -1,0 +1,49 @@
+#pragma once
+/// The dispatcher: the one path every op call takes.
+///
+///   validate + infer shapes/dtypes (core/meta.h)
+///   → tracer hook (thread-local; used by compile())
+///   → view construction, or input dtype conversion + output allocation + backend kernel
+///   → version-counter bump for in-place ops
+///   → autograd hook (records a backward node when an input requires grad)
+#include <vector>
+
+#include "core/meta.h"
+
+namespace kiln {
+
+/// An extension point on the dispatch path. Hooks see every op with its validated metadata.
+class DispatchHook {
+ public:
+  virtual ~DispatchHook() = default;
+  /// Called before the kernel. Return true if the hook produced `outs` itself (e.g. a tracer
+  /// computing with symbolic values); the kernel is then skipped.
+  virtual bool before_kernel(const OpCall& call, const InferredMeta& meta,
+                             std::vector<Tensor>& outs) {
+    return false;
+  }
+  /// Called once the outputs exist.
+  virtual void after_kernel(const OpCall& call, const InferredMeta& meta,
+                            std::vector<Tensor>& outs) {}
+};
+
+namespace dispatch {
+
+/// Installs the tracer hook for the calling thread (nullptr removes it); returns the old one.
+DispatchHook* set_tracer_hook(DispatchHook* hook);
+/// Installs the process-wide autograd hook (nullptr removes it); returns the old one.
+DispatchHook* set_autograd_hook(DispatchHook* hook);
+
+/// Runs `call` and returns its outputs. Throws kiln::Error for invalid inputs.
+std::vector<Tensor> call(OpCall&& call);
+/// call() for single-output ops.
+Tensor call1(OpCall&& call);
+
+/// A new contiguous tensor with uninitialised elements, from the device's allocator.
+Tensor empty(const Shape& shape, DType dtype, Device device = Device::cpu());
+
+/// A 0-d tensor holding host scalar `s` marked as a wrapped number (promotes like a Scalar).
+Tensor wrap_scalar(Scalar s);
+
+}  // namespace dispatch
+}  // namespace kiln

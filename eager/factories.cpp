@@ -1,0 +1,187 @@
+#include "eager/factories.h"
+
+#include <atomic>
+#include <cmath>
+#include <mutex>
+
+#include "eager/dispatch.h"
+#include "eager/ops.h"
+
+namespace kiln {
+namespace {
+
+DType float_or(const TensorOptions& o) { return o.dtype.value_or(default_dtype()); }
+
+Tensor random_op(OpKind op, const Shape& shape, DType dtype, Scalar low, Scalar high,
+                 uint64_t draws_per_element, Loc loc) {
+  OpAttrs a;
+  a.dims = shape;
+  a.dtype = dtype;
+  a.low = low;
+  a.high = high;
+  GeneratorState s = generator_state();
+  a.seed = s.seed;
+  a.offset = reserve_random(static_cast<uint64_t>(numel(shape)) * draws_per_element);
+  return dispatch::call1({op, {}, a, loc});
+}
+
+std::mutex g_rng_mu;
+GeneratorState g_rng{67280421310721ull, 0};
+
+}  // namespace
+
+Tensor empty(const Shape& shape, TensorOptions opts, Loc loc) {
+  for (int64_t s : shape)
+    KILN_CHECK(s >= 0, "empty", loc, "negative size in shape {}", to_string(shape));
+  return dispatch::empty(shape, float_or(opts), opts.device);
+}
+Tensor zeros(const Shape& shape, TensorOptions opts, Loc loc) { return full(shape, 0, {float_or(opts)}, loc); }
+Tensor ones(const Shape& shape, TensorOptions opts, Loc loc) { return full(shape, 1, {float_or(opts)}, loc); }
+Tensor full(const Shape& shape, Scalar value, TensorOptions opts, Loc loc) {
+  Tensor t = empty(shape, {opts.dtype.value_or(value.dtype())}, loc);
+  t.fill_(value, loc);
+  return t;
+}
+
+Tensor arange(Scalar end, TensorOptions opts, Loc loc) { return arange(0, end, 1, opts, loc); }
+Tensor arange(Scalar start, Scalar end, Scalar step, TensorOptions opts, Loc loc) {
+  bool all_int = !start.is_floating() && !end.is_floating() && !step.is_floating();
+  DType t = opts.dtype.value_or(all_int ? DType::Int64 : default_dtype());
+  double s = start.to<double>(), e = end.to<double>(), st = step.to<double>();
+  KILN_CHECK(st != 0, "arange", loc, "step must be nonzero");
+  KILN_CHECK(std::isfinite(s) && std::isfinite(e), "arange", loc, "bounds must be finite");
+  KILN_CHECK((e - s) / st >= 0 || e == s, "arange", loc,
+             "upper bound {} and step {} are inconsistent with lower bound {}", end.str(),
+             step.str(), start.str());
+  int64_t n = all_int ? (end.to<int64_t>() - start.to<int64_t>() + step.to<int64_t>() +
+                         (step.to<int64_t>() > 0 ? -1 : 1)) / step.to<int64_t>()
+                      : static_cast<int64_t>(std::ceil((e - s) / st));
+  n = std::max<int64_t>(n, 0);
+  Tensor out = empty({n}, {t}, loc);
+  KILN_DISPATCH_ALL(t, T, {
+    T* p = out.data<T>();
+    for (int64_t i = 0; i < n; ++i)
+      p[i] = all_int ? static_cast<T>(start.to<int64_t>() + i * step.to<int64_t>())
+                     : static_cast<T>(s + static_cast<double>(i) * st);
+  });
+  return out;
+}
+
+Tensor linspace(double start, double end, int64_t steps, TensorOptions opts, Loc loc) {
+  KILN_CHECK(steps >= 0, "linspace", loc, "number of steps must be non-negative, got {}", steps);
+  Tensor out = empty({steps}, {float_or(opts)}, loc);
+  double step = steps > 1 ? (end - start) / static_cast<double>(steps - 1) : 0;
+  KILN_DISPATCH_ALL(out.dtype(), T, {
+    T* p = out.data<T>();
+    // Fill from both ends (as PyTorch does) so the last value is exactly `end`.
+    int64_t half = steps / 2;
+    for (int64_t i = 0; i < steps; ++i)
+      p[i] = static_cast<T>(i < half ? start + step * static_cast<double>(i)
+                                     : end - step * static_cast<double>(steps - 1 - i));
+  });
+  return out;
+}
+
+Tensor eye(int64_t n, int64_t m, TensorOptions opts, Loc loc) {
+  if (m < 0) m = n;
+  KILN_CHECK(n >= 0, "eye", loc, "n must be non-negative, got {}", n);
+  Tensor out = zeros({n, m}, {float_or(opts)}, loc);
+  KILN_DISPATCH_ALL(out.dtype(), T, {
+    T* p = out.data<T>();
+    for (int64_t i = 0; i < std::min(n, m); ++i) p[i * m + i] = T(1);
+  });
+  return out;
+}
+
+Tensor rand(const Shape& shape, TensorOptions opts, Loc loc) {
+  return random_op(OpKind::Uniform, shape, float_or(opts), 0, 1, 2, loc);
+}
+Tensor randn(const Shape& shape, TensorOptions opts, Loc loc) {
+  return random_op(OpKind::Normal, shape, float_or(opts), 0, 1, 4, loc);
+}
+Tensor randint(int64_t low, int64_t high, const Shape& shape, TensorOptions opts, Loc loc) {
+  return random_op(OpKind::RandInt, shape, opts.dtype.value_or(DType::Int64), low, high, 2, loc);
+}
+
+Tensor empty_like(const Tensor& x, TensorOptions opts, Loc loc) {
+  return empty(x.shape(), {opts.dtype.value_or(x.dtype())}, loc);
+}
+Tensor zeros_like(const Tensor& x, TensorOptions opts, Loc loc) {
+  return zeros(x.shape(), {opts.dtype.value_or(x.dtype())}, loc);
+}
+Tensor ones_like(const Tensor& x, TensorOptions opts, Loc loc) {
+  return ones(x.shape(), {opts.dtype.value_or(x.dtype())}, loc);
+}
+Tensor full_like(const Tensor& x, Scalar value, TensorOptions opts, Loc loc) {
+  return full(x.shape(), value, {opts.dtype.value_or(x.dtype())}, loc);
+}
+Tensor rand_like(const Tensor& x, TensorOptions opts, Loc loc) {
+  return rand(x.shape(), {opts.dtype.value_or(x.dtype())}, loc);
+}
+Tensor randn_like(const Tensor& x, TensorOptions opts, Loc loc) {
+  return randn(x.shape(), {opts.dtype.value_or(x.dtype())}, loc);
+}
+
+template <class T>
+Tensor from_vector(const std::vector<T>& values, const Shape& shape, Loc loc) {
+  KILN_CHECK(static_cast<int64_t>(values.size()) == numel(shape), "from_vector", loc,
+             "{} values do not fill shape {} ({} elements)", values.size(), to_string(shape),
+             numel(shape));
+  Tensor out = dispatch::empty(shape, dtype_of<T>());
+  std::copy(values.begin(), values.end(), out.data<T>());
+  return out;
+}
+
+template <class T> Tensor tensor(std::initializer_list<T> values, TensorOptions opts, Loc loc) {
+  Tensor t = from_vector(std::vector<T>(values), {static_cast<int64_t>(values.size())}, loc);
+  return opts.dtype && *opts.dtype != t.dtype() ? t.to(*opts.dtype, loc) : t;
+}
+
+template <class T>
+Tensor tensor(std::initializer_list<std::initializer_list<T>> rows, TensorOptions opts, Loc loc) {
+  std::vector<T> flat;
+  int64_t cols = rows.size() ? static_cast<int64_t>(rows.begin()->size()) : 0;
+  for (const auto& r : rows) {
+    KILN_CHECK(static_cast<int64_t>(r.size()) == cols, "tensor", loc,
+               "rows have different lengths ({} and {})", cols, r.size());
+    flat.insert(flat.end(), r.begin(), r.end());
+  }
+  Tensor t = from_vector(flat, {static_cast<int64_t>(rows.size()), cols}, loc);
+  return opts.dtype && *opts.dtype != t.dtype() ? t.to(*opts.dtype, loc) : t;
+}
+
+#define KILN_INSTANTIATE(T)                                                                 \
+  template Tensor from_vector<T>(const std::vector<T>&, const Shape&, Loc);                \
+  template Tensor tensor<T>(std::initializer_list<T>, TensorOptions, Loc);                 \
+  template Tensor tensor<T>(std::initializer_list<std::initializer_list<T>>, TensorOptions, Loc);
+KILN_INSTANTIATE(bool)
+KILN_INSTANTIATE(int32_t)
+KILN_INSTANTIATE(int64_t)
+KILN_INSTANTIATE(float)
+KILN_INSTANTIATE(double)
+#undef KILN_INSTANTIATE
+
+Tensor scalar_tensor(Scalar value, TensorOptions opts, Loc loc) {
+  return full({}, value, opts, loc);
+}
+
+void manual_seed(uint64_t seed) {
+  std::lock_guard<std::mutex> lock(g_rng_mu);
+  g_rng = {seed, 0};
+}
+GeneratorState generator_state() {
+  std::lock_guard<std::mutex> lock(g_rng_mu);
+  return g_rng;
+}
+void set_generator_state(GeneratorState s) {
+  std::lock_guard<std::mutex> lock(g_rng_mu);
+  g_rng = s;
+}
+uint64_t reserve_random(uint64_t n) {
+  std::lock_guard<std::mutex> lock(g_rng_mu);
+  uint64_t at = g_rng.offset;
+  g_rng.offset += (n + 3) / 4;  // Philox blocks of four 32-bit words
+  return at;
+}
+
+}  // namespace kiln

@@ -1,0 +1,83 @@
+#pragma once
+/// Tensor factories and the global random generator.
+#include <cstdint>
+#include <initializer_list>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace kiln {
+
+/// Options for factories: dtype (default: float32 / the default dtype) and device.
+struct TensorOptions {
+  std::optional<DType> dtype;
+  Device device = Device::cpu();
+  TensorOptions() = default;
+  TensorOptions(DType t) : dtype(t) {}  // NOLINT: lets users write zeros({2}, kiln::Int64)
+};
+
+inline constexpr DType Bool = DType::Bool;
+inline constexpr DType Int32 = DType::Int32;
+inline constexpr DType Int64 = DType::Int64;
+inline constexpr DType Float32 = DType::Float32;
+inline constexpr DType Float64 = DType::Float64;
+
+/// Uninitialised elements.
+Tensor empty(const Shape& shape, TensorOptions opts = {}, Loc loc = Loc::current());
+Tensor zeros(const Shape& shape, TensorOptions opts = {}, Loc loc = Loc::current());
+Tensor ones(const Shape& shape, TensorOptions opts = {}, Loc loc = Loc::current());
+/// Every element `value`; dtype defaults to the value's (bool, int64, default float).
+Tensor full(const Shape& shape, Scalar value, TensorOptions opts = {}, Loc loc = Loc::current());
+/// [start, end) in steps of `step` (≠ 0). Integer bounds give int64, else the default float.
+Tensor arange(Scalar end, TensorOptions opts = {}, Loc loc = Loc::current());
+Tensor arange(Scalar start, Scalar end, Scalar step = 1, TensorOptions opts = {},
+              Loc loc = Loc::current());
+/// `steps` evenly spaced values from start to end inclusive.
+Tensor linspace(double start, double end, int64_t steps, TensorOptions opts = {},
+                Loc loc = Loc::current());
+/// n×m identity (m defaults to n).
+Tensor eye(int64_t n, int64_t m = -1, TensorOptions opts = {}, Loc loc = Loc::current());
+/// Uniform [0, 1) from the global Philox generator.
+Tensor rand(const Shape& shape, TensorOptions opts = {}, Loc loc = Loc::current());
+/// Standard normal (Box–Muller on Philox draws).
+Tensor randn(const Shape& shape, TensorOptions opts = {}, Loc loc = Loc::current());
+/// Uniform integers in [low, high) (int64 unless opts says otherwise).
+Tensor randint(int64_t low, int64_t high, const Shape& shape, TensorOptions opts = {},
+               Loc loc = Loc::current());
+
+Tensor empty_like(const Tensor& x, TensorOptions opts = {}, Loc loc = Loc::current());
+Tensor zeros_like(const Tensor& x, TensorOptions opts = {}, Loc loc = Loc::current());
+Tensor ones_like(const Tensor& x, TensorOptions opts = {}, Loc loc = Loc::current());
+Tensor full_like(const Tensor& x, Scalar value, TensorOptions opts = {}, Loc loc = Loc::current());
+Tensor rand_like(const Tensor& x, TensorOptions opts = {}, Loc loc = Loc::current());
+Tensor randn_like(const Tensor& x, TensorOptions opts = {}, Loc loc = Loc::current());
+
+/// A tensor of `shape` holding `values` (row-major); values.size() must equal numel(shape).
+template <class T>
+Tensor from_vector(const std::vector<T>& values, const Shape& shape, Loc loc = Loc::current());
+/// A 1-D tensor: tensor({1.f, 2.f}) is float32, tensor({1, 2}) int32, tensor({1.0}) float64
+/// unless dtype is given (then values are converted).
+template <class T>
+Tensor tensor(std::initializer_list<T> values, TensorOptions opts = {}, Loc loc = Loc::current());
+/// A 2-D tensor from nested lists: tensor({{1.f, 2.f}, {3.f, 4.f}}). Rows must be equal length.
+template <class T>
+Tensor tensor(std::initializer_list<std::initializer_list<T>> rows, TensorOptions opts = {},
+              Loc loc = Loc::current());
+/// A 0-d tensor.
+Tensor scalar_tensor(Scalar value, TensorOptions opts = {}, Loc loc = Loc::current());
+
+// ---- the global random generator (Philox4x32-10, see core/philox.h) ----
+/// Seeds the generator and resets its counter offset to 0.
+void manual_seed(uint64_t seed);
+/// Generator state: the seed, and the counter offset of the next draw.
+struct GeneratorState {
+  uint64_t seed;
+  uint64_t offset;
+};
+GeneratorState generator_state();
+void set_generator_state(GeneratorState s);
+/// Reserves `n` 32-bit draws (rounded up to whole Philox blocks) and returns the counter
+/// offset at which they start; random ops call this so each draw uses fresh counters.
+uint64_t reserve_random(uint64_t n);
+
+}  // namespace kiln

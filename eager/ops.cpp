@@ -1,0 +1,321 @@
+// Public op functions: each builds an OpCall and hands it to the dispatcher. Per-op code here is
+// only argument packing; validation is in core/meta.cpp and computation in the backend.
+#include "eager/ops.h"
+
+#include "eager/dispatch.h"
+#include "eager/factories.h"
+
+namespace kiln {
+namespace {
+
+Tensor unary(OpKind op, const Tensor& x, Loc loc, OpAttrs a = {}) {
+  return dispatch::call1({op, {x}, std::move(a), loc});
+}
+Tensor binary(OpKind op, const Tensor& x, const Tensor& y, Loc loc, OpAttrs a = {}) {
+  return dispatch::call1({op, {x, y}, std::move(a), loc});
+}
+Tensor reduce(OpKind op, const Tensor& x, const Dims& dims, bool keepdim, Loc loc,
+              int64_t mode = 0) {
+  OpAttrs a;
+  a.dims = dims;
+  a.all_dims = dims.empty();
+  a.keepdim = keepdim;
+  a.mode = mode;
+  return dispatch::call1({op, {x}, std::move(a), loc});
+}
+OpAttrs with_alpha(Scalar alpha) {
+  OpAttrs a;
+  a.alpha = alpha;
+  return a;
+}
+OpAttrs with_dim(int64_t dim) {
+  OpAttrs a;
+  a.dim = dim;
+  return a;
+}
+Tensor wrap(Scalar s) { return dispatch::wrap_scalar(s); }
+
+}  // namespace
+
+#define KILN_UNARY(fn, Kind) \
+  Tensor fn(const Tensor& x, Loc loc) { return unary(OpKind::Kind, x, loc); }
+KILN_UNARY(neg, Neg)
+KILN_UNARY(abs, Abs)
+KILN_UNARY(sign, Sign)
+KILN_UNARY(exp, Exp)
+KILN_UNARY(exp2, Exp2)
+KILN_UNARY(log, Log)
+KILN_UNARY(log2, Log2)
+KILN_UNARY(log1p, Log1p)
+KILN_UNARY(expm1, Expm1)
+KILN_UNARY(sqrt, Sqrt)
+KILN_UNARY(rsqrt, Rsqrt)
+KILN_UNARY(reciprocal, Reciprocal)
+KILN_UNARY(sin, Sin)
+KILN_UNARY(cos, Cos)
+KILN_UNARY(tan, Tan)
+KILN_UNARY(tanh, Tanh)
+KILN_UNARY(sigmoid, Sigmoid)
+KILN_UNARY(relu, Relu)
+KILN_UNARY(silu, Silu)
+KILN_UNARY(erf, Erf)
+KILN_UNARY(floor, Floor)
+KILN_UNARY(ceil, Ceil)
+KILN_UNARY(round, Round)
+KILN_UNARY(trunc, Trunc)
+KILN_UNARY(logical_not, LogicalNot)
+#undef KILN_UNARY
+
+Tensor gelu(const Tensor& x, std::string_view approximate, Loc loc) {
+  KILN_CHECK(approximate == "none" || approximate == "tanh", "gelu", loc,
+             "approximate must be \"none\" or \"tanh\", got \"{}\"", approximate);
+  OpAttrs a;
+  a.mode = approximate == "tanh";
+  return unary(OpKind::Gelu, x, loc, a);
+}
+
+Tensor clamp(const Tensor& x, std::optional<Scalar> low, std::optional<Scalar> high, Loc loc) {
+  OpAttrs a;
+  a.has_low = low.has_value();
+  a.has_high = high.has_value();
+  if (low) a.alpha = *low;
+  if (high) a.beta = *high;
+  return unary(OpKind::Clamp, x, loc, a);
+}
+
+Tensor add(const Tensor& a, const Tensor& b, Scalar alpha, Loc loc) {
+  return binary(OpKind::Add, a, b, loc, with_alpha(alpha));
+}
+Tensor add(const Tensor& a, Scalar b, Scalar alpha, Loc loc) {
+  return binary(OpKind::Add, a, wrap(b), loc, with_alpha(alpha));
+}
+Tensor sub(const Tensor& a, const Tensor& b, Scalar alpha, Loc loc) {
+  return binary(OpKind::Sub, a, b, loc, with_alpha(alpha));
+}
+Tensor sub(const Tensor& a, Scalar b, Scalar alpha, Loc loc) {
+  return binary(OpKind::Sub, a, wrap(b), loc, with_alpha(alpha));
+}
+
+#define KILN_BINARY(fn, Kind)                                                          \
+  Tensor fn(const Tensor& a, const Tensor& b, Loc loc) {                               \
+    return binary(OpKind::Kind, a, b, loc);                                            \
+  }                                                                                    \
+  Tensor fn(const Tensor& a, Scalar b, Loc loc) { return binary(OpKind::Kind, a, wrap(b), loc); }
+KILN_BINARY(mul, Mul)
+KILN_BINARY(div, Div)
+KILN_BINARY(floor_divide, FloorDivide)
+KILN_BINARY(remainder, Remainder)
+KILN_BINARY(pow, Pow)
+KILN_BINARY(eq, Eq)
+KILN_BINARY(ne, Ne)
+KILN_BINARY(lt, Lt)
+KILN_BINARY(le, Le)
+KILN_BINARY(gt, Gt)
+KILN_BINARY(ge, Ge)
+#undef KILN_BINARY
+#define KILN_BINARY_T(fn, Kind) \
+  Tensor fn(const Tensor& a, const Tensor& b, Loc loc) { return binary(OpKind::Kind, a, b, loc); }
+KILN_BINARY_T(maximum, Maximum)
+KILN_BINARY_T(minimum, Minimum)
+KILN_BINARY_T(atan2, Atan2)
+KILN_BINARY_T(logical_and, LogicalAnd)
+KILN_BINARY_T(logical_or, LogicalOr)
+KILN_BINARY_T(logical_xor, LogicalXor)
+#undef KILN_BINARY_T
+
+Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b, Loc loc) {
+  return dispatch::call1({OpKind::Where, {cond, a, b}, {}, loc});
+}
+Tensor where(const Tensor& cond, const Tensor& a, Scalar b, Loc loc) {
+  return where(cond, a, wrap(b), loc);
+}
+
+Tensor operator-(const Tensor& x) { return neg(x); }
+Tensor operator+(const Tensor& a, const Tensor& b) { return add(a, b); }
+Tensor operator-(const Tensor& a, const Tensor& b) { return sub(a, b); }
+Tensor operator*(const Tensor& a, const Tensor& b) { return mul(a, b); }
+Tensor operator/(const Tensor& a, const Tensor& b) { return div(a, b); }
+Tensor operator+(const Tensor& a, Scalar b) { return add(a, b); }
+Tensor operator-(const Tensor& a, Scalar b) { return sub(a, b); }
+Tensor operator*(const Tensor& a, Scalar b) { return mul(a, b); }
+Tensor operator/(const Tensor& a, Scalar b) { return div(a, b); }
+Tensor operator+(Scalar a, const Tensor& b) { return add(wrap(a), b); }
+Tensor operator-(Scalar a, const Tensor& b) { return sub(wrap(a), b); }
+Tensor operator*(Scalar a, const Tensor& b) { return mul(wrap(a), b); }
+Tensor operator/(Scalar a, const Tensor& b) { return div(wrap(a), b); }
+
+Tensor sum(const Tensor& x, const Dims& d, bool k, Loc loc) { return reduce(OpKind::Sum, x, d, k, loc); }
+Tensor mean(const Tensor& x, const Dims& d, bool k, Loc loc) { return reduce(OpKind::Mean, x, d, k, loc); }
+Tensor prod(const Tensor& x, const Dims& d, bool k, Loc loc) { return reduce(OpKind::Prod, x, d, k, loc); }
+Tensor amax(const Tensor& x, const Dims& d, bool k, Loc loc) { return reduce(OpKind::Amax, x, d, k, loc); }
+Tensor amin(const Tensor& x, const Dims& d, bool k, Loc loc) { return reduce(OpKind::Amin, x, d, k, loc); }
+Tensor all(const Tensor& x, const Dims& d, bool k, Loc loc) { return reduce(OpKind::All, x, d, k, loc); }
+Tensor any(const Tensor& x, const Dims& d, bool k, Loc loc) { return reduce(OpKind::Any, x, d, k, loc); }
+Tensor var(const Tensor& x, const Dims& d, int64_t correction, bool k, Loc loc) {
+  return reduce(OpKind::Var, x, d, k, loc, correction);
+}
+Tensor std(const Tensor& x, const Dims& d, int64_t correction, bool k, Loc loc) {
+  return reduce(OpKind::Std, x, d, k, loc, correction);
+}
+Tensor logsumexp(const Tensor& x, const Dims& d, bool k, Loc loc) {
+  return reduce(OpKind::LogSumExp, x, d, k, loc);
+}
+static Tensor arg_reduce(OpKind op, const Tensor& x, std::optional<int64_t> dim, bool keepdim,
+                         Loc loc) {
+  OpAttrs a;
+  a.all_dims = !dim.has_value();
+  a.dim = dim.value_or(0);
+  a.keepdim = keepdim;
+  return unary(op, x, loc, a);
+}
+Tensor argmax(const Tensor& x, std::optional<int64_t> dim, bool keepdim, Loc loc) {
+  return arg_reduce(OpKind::Argmax, x, dim, keepdim, loc);
+}
+Tensor argmin(const Tensor& x, std::optional<int64_t> dim, bool keepdim, Loc loc) {
+  return arg_reduce(OpKind::Argmin, x, dim, keepdim, loc);
+}
+Tensor softmax(const Tensor& x, int64_t dim, Loc loc) {
+  return unary(OpKind::Softmax, x, loc, with_dim(dim));
+}
+Tensor log_softmax(const Tensor& x, int64_t dim, Loc loc) {
+  return unary(OpKind::LogSoftmax, x, loc, with_dim(dim));
+}
+
+Tensor matmul(const Tensor& a, const Tensor& b, Loc loc) { return binary(OpKind::Matmul, a, b, loc); }
+Tensor bmm(const Tensor& a, const Tensor& b, Loc loc) {
+  KILN_CHECK(a.defined() && b.defined() && a.dim() == 3 && b.dim() == 3 && a.size(0) == b.size(0),
+             "bmm", loc, "expects [B, n, k] and [B, k, m], got {} and {}",
+             a.defined() ? to_string(a.shape()) : "undefined",
+             b.defined() ? to_string(b.shape()) : "undefined");
+  return matmul(a, b, loc);
+}
+Tensor addmm(const Tensor& bias, const Tensor& a, const Tensor& b, Scalar beta, Scalar alpha,
+             Loc loc) {
+  OpAttrs at;
+  at.alpha = alpha;
+  at.beta = beta;
+  return dispatch::call1({OpKind::Addmm, {bias, a, b}, at, loc});
+}
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Loc loc) {
+  KILN_CHECK(weight.defined() && weight.dim() == 2, "linear", loc,
+             "weight must be 2-D [out_features, in_features]");
+  if (bias.defined() && x.defined() && x.dim() == 2) return addmm(bias, x, weight.t(loc), 1, 1, loc);
+  Tensor y = matmul(x, weight.t(loc), loc);
+  return bias.defined() ? add(y, bias, 1, loc) : y;
+}
+
+Tensor cat(const std::vector<Tensor>& xs, int64_t dim, Loc loc) {
+  return dispatch::call1({OpKind::Cat, xs, with_dim(dim), loc});
+}
+Tensor stack(const std::vector<Tensor>& xs, int64_t dim, Loc loc) {
+  KILN_CHECK(!xs.empty(), "stack", loc, "expects a non-empty list of tensors");
+  for (const Tensor& x : xs)
+    KILN_CHECK(x.defined() && x.shape() == xs[0].shape(), "stack", loc,
+               "all tensors must have the same shape, got {} and {}", to_string(xs[0].shape()),
+               x.defined() ? to_string(x.shape()) : "undefined");
+  int d = wrap_dim(dim, xs[0].dim() + 1, "stack");
+  std::vector<Tensor> us;
+  for (const Tensor& x : xs) us.push_back(x.unsqueeze(d, loc));
+  return cat(us, d, loc);
+}
+std::vector<Tensor> split(const Tensor& x, const std::vector<int64_t>& sizes, int64_t dim, Loc loc) {
+  int d = wrap_dim(dim, x.dim(), "split");
+  int64_t total = 0;
+  for (int64_t s : sizes) {
+    KILN_CHECK(s >= 0, "split", loc, "negative split size {}", s);
+    total += s;
+  }
+  KILN_CHECK(total == x.size(d), "split", loc, "sizes sum to {}, but dim {} has size {}", total,
+             d, x.size(d));
+  std::vector<Tensor> out;
+  int64_t at = 0;
+  for (int64_t s : sizes) {
+    out.push_back(x.slice(d, at, at + s, 1, loc));
+    at += s;
+  }
+  return out;
+}
+std::vector<Tensor> split(const Tensor& x, int64_t size, int64_t dim, Loc loc) {
+  KILN_CHECK(size > 0, "split", loc, "split size must be positive, got {}", size);
+  int d = wrap_dim(dim, x.dim(), "split");
+  std::vector<int64_t> sizes;
+  for (int64_t at = 0; at < x.size(d); at += size) sizes.push_back(std::min(size, x.size(d) - at));
+  if (sizes.empty()) sizes.push_back(0);
+  return split(x, sizes, d, loc);
+}
+std::vector<Tensor> chunk(const Tensor& x, int64_t chunks, int64_t dim, Loc loc) {
+  KILN_CHECK(chunks > 0, "chunk", loc, "chunks must be positive, got {}", chunks);
+  int d = wrap_dim(dim, x.dim(), "chunk");
+  int64_t size = std::max<int64_t>((x.size(d) + chunks - 1) / chunks, 1);
+  return split(x, size, d, loc);
+}
+
+Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index, Loc loc) {
+  return binary(OpKind::IndexSelect, x, index, loc, with_dim(dim));
+}
+Tensor gather(const Tensor& x, int64_t dim, const Tensor& index, Loc loc) {
+  return binary(OpKind::Gather, x, index, loc, with_dim(dim));
+}
+Tensor embedding(const Tensor& weight, const Tensor& indices, Loc loc) {
+  return binary(OpKind::Embedding, weight, indices, loc);
+}
+Tensor one_hot(const Tensor& indices, int64_t num_classes, Loc loc) {
+  KILN_CHECK(indices.defined(), "one_hot", loc, "indices are undefined");
+  if (num_classes == -1) {
+    KILN_CHECK(indices.numel() > 0, "one_hot", loc,
+               "cannot infer num_classes from an empty tensor; pass it explicitly");
+    num_classes = amax(indices, {}, false, loc).item<int64_t>() + 1;
+  }
+  OpAttrs a;
+  a.mode = num_classes;
+  return unary(OpKind::OneHot, indices, loc, a);
+}
+Tensor masked_fill(const Tensor& x, const Tensor& mask, Scalar value, Loc loc) {
+  return binary(OpKind::MaskedFill, x, mask, loc, with_alpha(value));
+}
+Tensor tril(const Tensor& x, int64_t diagonal, Loc loc) {
+  OpAttrs a;
+  a.mode = diagonal;
+  return unary(OpKind::Tril, x, loc, a);
+}
+Tensor triu(const Tensor& x, int64_t diagonal, Loc loc) {
+  OpAttrs a;
+  a.mode = diagonal;
+  return unary(OpKind::Triu, x, loc, a);
+}
+Tensor broadcast_to(const Tensor& x, const Shape& shape, Loc loc) { return x.expand(shape, loc); }
+
+Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight,
+                  const Tensor& bias, double eps, Loc loc) {
+  OpAttrs a;
+  a.dims = normalized_shape;
+  a.eps = eps;
+  return dispatch::call1({OpKind::LayerNorm, {x, weight, bias}, a, loc});
+}
+Tensor dropout(const Tensor& x, double p, bool training, Loc loc) {
+  KILN_CHECK(p >= 0 && p <= 1, "dropout", loc, "probability must be in [0, 1], got {}", p);
+  if (!training || p == 0) return x;  // an alias of x, as in PyTorch
+  OpAttrs a;
+  a.p = p;
+  a.seed = generator_state().seed;
+  a.offset = reserve_random(static_cast<uint64_t>(x.defined() ? x.numel() : 0));
+  return unary(OpKind::Dropout, x, loc, a);
+}
+Tensor nll_loss(const Tensor& log_probs, const Tensor& target, Reduction reduction,
+                int64_t ignore_index, Loc loc) {
+  OpAttrs a;
+  a.mode = static_cast<int64_t>(reduction);
+  a.ignore_index = ignore_index;
+  return binary(OpKind::NllLoss, log_probs, target, loc, a);
+}
+Tensor cross_entropy(const Tensor& logits, const Tensor& target, Reduction reduction,
+                     int64_t ignore_index, Loc loc) {
+  return nll_loss(log_softmax(logits, 1, loc), target, reduction, ignore_index, loc);
+}
+Tensor mse_loss(const Tensor& a, const Tensor& b, Reduction reduction, Loc loc) {
+  OpAttrs at;
+  at.mode = static_cast<int64_t>(reduction);
+  return binary(OpKind::MseLoss, a, b, loc, at);
+}
+
+}  // namespace kiln

@@ -1,0 +1,207 @@
+#pragma once
+/// The public op functions of kiln (eager mode; compile() traces these same calls).
+///
+/// Conventions, as in PyTorch:
+/// * Binary and ternary ops broadcast (NumPy rules) and promote dtypes (core/dtype.h); a host
+///   Scalar takes part in promotion as a "wrapped number" (int tensor + 2.5 → float32).
+/// * Ops marked "float" return the default float dtype for integer/bool input.
+/// * NaN propagates through max/min/maximum/minimum/relu/clamp/amax/amin/argmax (the first
+///   NaN wins for argmax/argmin).
+/// * Every function takes a defaulted `loc` so errors name the caller's line; invalid input
+///   throws kiln::Error naming the op, the offending shapes/dtypes/values and that line.
+#include <optional>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace kiln {
+
+// ================================ unary (elementwise) ================================
+Tensor neg(const Tensor& x, Loc loc = Loc::current());
+Tensor abs(const Tensor& x, Loc loc = Loc::current());
+/// -1, 0 or +1 (NaN stays NaN).
+Tensor sign(const Tensor& x, Loc loc = Loc::current());
+Tensor exp(const Tensor& x, Loc loc = Loc::current());              ///< float
+Tensor exp2(const Tensor& x, Loc loc = Loc::current());             ///< float
+Tensor log(const Tensor& x, Loc loc = Loc::current());              ///< float
+Tensor log2(const Tensor& x, Loc loc = Loc::current());             ///< float
+Tensor log1p(const Tensor& x, Loc loc = Loc::current());            ///< float
+Tensor expm1(const Tensor& x, Loc loc = Loc::current());            ///< float
+Tensor sqrt(const Tensor& x, Loc loc = Loc::current());             ///< float
+Tensor rsqrt(const Tensor& x, Loc loc = Loc::current());            ///< float, 1/sqrt(x)
+Tensor reciprocal(const Tensor& x, Loc loc = Loc::current());       ///< float
+Tensor sin(const Tensor& x, Loc loc = Loc::current());              ///< float
+Tensor cos(const Tensor& x, Loc loc = Loc::current());              ///< float
+Tensor tan(const Tensor& x, Loc loc = Loc::current());              ///< float
+Tensor tanh(const Tensor& x, Loc loc = Loc::current());             ///< float
+Tensor sigmoid(const Tensor& x, Loc loc = Loc::current());          ///< float, 1/(1+e^-x)
+Tensor relu(const Tensor& x, Loc loc = Loc::current());             ///< max(x, 0), NaN kept
+/// GELU (Hendrycks & Gimpel 2016). approximate = "none": x·Φ(x) = 0.5x(1+erf(x/√2));
+/// "tanh": 0.5x(1+tanh(√(2/π)(x+0.044715x³))). Throws for another `approximate`.
+Tensor gelu(const Tensor& x, std::string_view approximate = "none", Loc loc = Loc::current());
+Tensor silu(const Tensor& x, Loc loc = Loc::current());             ///< float, x·sigmoid(x)
+Tensor erf(const Tensor& x, Loc loc = Loc::current());              ///< float
+Tensor floor(const Tensor& x, Loc loc = Loc::current());
+Tensor ceil(const Tensor& x, Loc loc = Loc::current());
+Tensor round(const Tensor& x, Loc loc = Loc::current());            ///< half to even
+Tensor trunc(const Tensor& x, Loc loc = Loc::current());
+Tensor logical_not(const Tensor& x, Loc loc = Loc::current());      ///< bool
+/// Clamps to [low, high] (either may be absent, not both). NaN stays NaN.
+Tensor clamp(const Tensor& x, std::optional<Scalar> low, std::optional<Scalar> high,
+             Loc loc = Loc::current());
+
+// ================================ binary (elementwise) ================================
+/// a + alpha·b
+Tensor add(const Tensor& a, const Tensor& b, Scalar alpha = 1, Loc loc = Loc::current());
+Tensor add(const Tensor& a, Scalar b, Scalar alpha = 1, Loc loc = Loc::current());
+/// a − alpha·b
+Tensor sub(const Tensor& a, const Tensor& b, Scalar alpha = 1, Loc loc = Loc::current());
+Tensor sub(const Tensor& a, Scalar b, Scalar alpha = 1, Loc loc = Loc::current());
+Tensor mul(const Tensor& a, const Tensor& b, Loc loc = Loc::current());
+Tensor mul(const Tensor& a, Scalar b, Loc loc = Loc::current());
+/// True division (float result). x/0 gives ±inf or nan (IEEE), also for integer inputs.
+Tensor div(const Tensor& a, const Tensor& b, Loc loc = Loc::current());
+Tensor div(const Tensor& a, Scalar b, Loc loc = Loc::current());
+/// floor(a / b). Integers: INT_MIN / -1 wraps to INT_MIN (two's complement, no trap);
+/// division by zero throws kiln::Error ("division by zero"). Floats: IEEE (±inf / nan).
+Tensor floor_divide(const Tensor& a, const Tensor& b, Loc loc = Loc::current());
+Tensor floor_divide(const Tensor& a, Scalar b, Loc loc = Loc::current());
+/// a − floor(a/b)·b: the sign of the divisor (Python's %). Integers: x % 0 throws
+/// kiln::Error, INT_MIN % -1 = 0. Floats: x % 0 = nan.
+Tensor remainder(const Tensor& a, const Tensor& b, Loc loc = Loc::current());
+Tensor remainder(const Tensor& a, Scalar b, Loc loc = Loc::current());
+/// a^b. Integers: exact by repeated squaring (wrapping); a negative exponent gives
+/// 1/a^|b| truncated (1 for a = 1, ±1 for a = -1, 0 otherwise; a = 0 throws kiln::Error).
+Tensor pow(const Tensor& a, const Tensor& b, Loc loc = Loc::current());
+Tensor pow(const Tensor& a, Scalar b, Loc loc = Loc::current());
+Tensor maximum(const Tensor& a, const Tensor& b, Loc loc = Loc::current());  ///< NaN kept
+Tensor minimum(const Tensor& a, const Tensor& b, Loc loc = Loc::current());  ///< NaN kept
+Tensor atan2(const Tensor& a, const Tensor& b, Loc loc = Loc::current());    ///< float
+Tensor eq(const Tensor& a, const Tensor& b, Loc loc = Loc::current());
+Tensor ne(const Tensor& a, const Tensor& b, Loc loc = Loc::current());
+Tensor lt(const Tensor& a, const Tensor& b, Loc loc = Loc::current());
+Tensor le(const Tensor& a, const Tensor& b, Loc loc = Loc::current());
+Tensor gt(const Tensor& a, const Tensor& b, Loc loc = Loc::current());
+Tensor ge(const Tensor& a, const Tensor& b, Loc loc = Loc::current());
+Tensor eq(const Tensor& a, Scalar b, Loc loc = Loc::current());
+Tensor ne(const Tensor& a, Scalar b, Loc loc = Loc::current());
+Tensor lt(const Tensor& a, Scalar b, Loc loc = Loc::current());
+Tensor le(const Tensor& a, Scalar b, Loc loc = Loc::current());
+Tensor gt(const Tensor& a, Scalar b, Loc loc = Loc::current());
+Tensor ge(const Tensor& a, Scalar b, Loc loc = Loc::current());
+Tensor logical_and(const Tensor& a, const Tensor& b, Loc loc = Loc::current());
+Tensor logical_or(const Tensor& a, const Tensor& b, Loc loc = Loc::current());
+Tensor logical_xor(const Tensor& a, const Tensor& b, Loc loc = Loc::current());
+/// cond ? a : b elementwise; cond must be bool; all three broadcast.
+Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b, Loc loc = Loc::current());
+Tensor where(const Tensor& cond, const Tensor& a, Scalar b, Loc loc = Loc::current());
+
+Tensor operator-(const Tensor& x);
+Tensor operator+(const Tensor& a, const Tensor& b);
+Tensor operator-(const Tensor& a, const Tensor& b);
+Tensor operator*(const Tensor& a, const Tensor& b);
+Tensor operator/(const Tensor& a, const Tensor& b);
+Tensor operator+(const Tensor& a, Scalar b);
+Tensor operator-(const Tensor& a, Scalar b);
+Tensor operator*(const Tensor& a, Scalar b);
+Tensor operator/(const Tensor& a, Scalar b);
+Tensor operator+(Scalar a, const Tensor& b);
+Tensor operator-(Scalar a, const Tensor& b);
+Tensor operator*(Scalar a, const Tensor& b);
+Tensor operator/(Scalar a, const Tensor& b);
+
+// ================================ reductions ================================
+// `dims` empty = every dim. keepdim keeps reduced dims with size 1.
+/// Sum; bool/int inputs give int64. The sum of an empty set is 0.
+Tensor sum(const Tensor& x, const Dims& dims = {}, bool keepdim = false, Loc loc = Loc::current());
+/// Mean; floating inputs only. The mean of an empty set is nan.
+Tensor mean(const Tensor& x, const Dims& dims = {}, bool keepdim = false, Loc loc = Loc::current());
+/// Product; bool/int inputs give int64. The product of an empty set is 1.
+Tensor prod(const Tensor& x, const Dims& dims = {}, bool keepdim = false, Loc loc = Loc::current());
+/// Max / min over dims; NaN propagates. An empty reduced dim throws kiln::Error.
+Tensor amax(const Tensor& x, const Dims& dims = {}, bool keepdim = false, Loc loc = Loc::current());
+Tensor amin(const Tensor& x, const Dims& dims = {}, bool keepdim = false, Loc loc = Loc::current());
+/// Variance Σ(x−mean)²/(N−correction); floating only. N−correction ≤ 0 gives nan (PyTorch).
+Tensor var(const Tensor& x, const Dims& dims = {}, int64_t correction = 1, bool keepdim = false,
+           Loc loc = Loc::current());
+Tensor std(const Tensor& x, const Dims& dims = {}, int64_t correction = 1, bool keepdim = false,
+           Loc loc = Loc::current());
+/// log Σ exp(x), computed stably as m + log Σ exp(x − m), m = max.
+Tensor logsumexp(const Tensor& x, const Dims& dims, bool keepdim = false, Loc loc = Loc::current());
+Tensor all(const Tensor& x, const Dims& dims = {}, bool keepdim = false, Loc loc = Loc::current());
+Tensor any(const Tensor& x, const Dims& dims = {}, bool keepdim = false, Loc loc = Loc::current());
+/// Index (int64) of the max / min along `dim`, or into the flattened tensor when dim is
+/// absent. Ties and NaN: the first occurrence wins; a NaN counts as the maximum (and minimum).
+Tensor argmax(const Tensor& x, std::optional<int64_t> dim = std::nullopt, bool keepdim = false,
+              Loc loc = Loc::current());
+Tensor argmin(const Tensor& x, std::optional<int64_t> dim = std::nullopt, bool keepdim = false,
+              Loc loc = Loc::current());
+/// exp(x − max) / Σ exp(x − max) along dim (float).
+Tensor softmax(const Tensor& x, int64_t dim, Loc loc = Loc::current());
+/// x − max − log Σ exp(x − max) along dim (float).
+Tensor log_softmax(const Tensor& x, int64_t dim, Loc loc = Loc::current());
+
+// ================================ linear algebra ================================
+/// Matrix product with NumPy semantics: 1-D·1-D → 0-d dot; 2-D·2-D; a 1-D operand gets a
+/// unit dim that is removed; batch dims broadcast. float32 goes through oneDNN's sgemm.
+Tensor matmul(const Tensor& a, const Tensor& b, Loc loc = Loc::current());
+/// Batched matmul of [B,n,k]·[B,k,m] (no broadcasting).
+Tensor bmm(const Tensor& a, const Tensor& b, Loc loc = Loc::current());
+/// beta·bias + alpha·(a @ b) for 2-D a, b; bias broadcasts to the result.
+Tensor addmm(const Tensor& bias, const Tensor& a, const Tensor& b, Scalar beta = 1,
+             Scalar alpha = 1, Loc loc = Loc::current());
+/// x @ weightᵀ + bias, weight [out, in], bias [out] (optional), x [..., in].
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor(),
+              Loc loc = Loc::current());
+
+// ================================ shape and data ================================
+Tensor cat(const std::vector<Tensor>& xs, int64_t dim = 0, Loc loc = Loc::current());
+/// Stacks equal-shape tensors along a new dim.
+Tensor stack(const std::vector<Tensor>& xs, int64_t dim = 0, Loc loc = Loc::current());
+/// Views of at most `size` elements along dim (the last may be smaller).
+std::vector<Tensor> split(const Tensor& x, int64_t size, int64_t dim = 0, Loc loc = Loc::current());
+/// Views with the given sizes along dim (they must add up to x.size(dim)).
+std::vector<Tensor> split(const Tensor& x, const std::vector<int64_t>& sizes, int64_t dim = 0,
+                          Loc loc = Loc::current());
+/// `chunks` views of ceil(size/chunks) elements (fewer if the dim is small), like PyTorch.
+std::vector<Tensor> chunk(const Tensor& x, int64_t chunks, int64_t dim = 0, Loc loc = Loc::current());
+/// Rows of x along dim picked by a 1-D int index. Out-of-range indices throw kiln::Error.
+Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index, Loc loc = Loc::current());
+/// out[i][j] = x[index[i][j]][j] for dim 0 (and so on); index has x's rank.
+Tensor gather(const Tensor& x, int64_t dim, const Tensor& index, Loc loc = Loc::current());
+/// weight[indices] for weight [num_embeddings, dim]: output indices.shape + [dim].
+Tensor embedding(const Tensor& weight, const Tensor& indices, Loc loc = Loc::current());
+/// int64 one-hot of int64 indices in [0, num_classes); num_classes = -1 uses max + 1.
+Tensor one_hot(const Tensor& indices, int64_t num_classes = -1, Loc loc = Loc::current());
+/// x with `value` where mask (bool, broadcast to x) is true.
+Tensor masked_fill(const Tensor& x, const Tensor& mask, Scalar value, Loc loc = Loc::current());
+/// Lower / upper triangle of the last two dims (diagonal offset as in PyTorch), rest zero.
+Tensor tril(const Tensor& x, int64_t diagonal = 0, Loc loc = Loc::current());
+Tensor triu(const Tensor& x, int64_t diagonal = 0, Loc loc = Loc::current());
+/// The shape both broadcast to, as a view (no copy).
+Tensor broadcast_to(const Tensor& x, const Shape& shape, Loc loc = Loc::current());
+
+// ================================ nn functional ================================
+/// Layer normalisation over the trailing `normalized_shape` dims (Ba et al. 2016):
+/// (x − mean) / sqrt(var_biased + eps) · weight + bias; weight/bias optional.
+Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight = Tensor(),
+                  const Tensor& bias = Tensor(), double eps = 1e-5, Loc loc = Loc::current());
+/// Inverted dropout: zeroes each element with probability p and scales the rest by 1/(1−p),
+/// using Philox draws from the global generator; identity (returns x itself) when not training
+/// or p = 0.
+Tensor dropout(const Tensor& x, double p = 0.5, bool training = true, Loc loc = Loc::current());
+enum class Reduction { None, Mean, Sum };
+/// Negative log-likelihood of log-probabilities [N, C] at int64 targets [N]; targets equal to
+/// ignore_index are skipped (Mean divides by the count of the others). Out-of-range targets
+/// throw kiln::Error.
+Tensor nll_loss(const Tensor& log_probs, const Tensor& target, Reduction reduction = Reduction::Mean,
+                int64_t ignore_index = -100, Loc loc = Loc::current());
+/// nll_loss(log_softmax(logits, 1), target).
+Tensor cross_entropy(const Tensor& logits, const Tensor& target,
+                     Reduction reduction = Reduction::Mean, int64_t ignore_index = -100,
+                     Loc loc = Loc::current());
+/// (a − b)² reduced.
+Tensor mse_loss(const Tensor& a, const Tensor& b, Reduction reduction = Reduction::Mean,
+                Loc loc = Loc::current());
+
+}  // namespace kiln

@@ -1,0 +1,143 @@
+// Tensor's op methods (declared in core/tensor.h): thin forwards to the dispatcher.
+#include "eager/dispatch.h"
+#include "eager/ops.h"
+#include "eager/view.h"
+
+namespace kiln {
+namespace {
+
+Tensor view_op(OpKind op, const Tensor& x, OpAttrs a, Loc loc) {
+  return dispatch::call1({op, {x}, std::move(a), loc});
+}
+
+// In-place update: x = op(x, y) written back into x's storage (dtype of x kept; a result of a
+// higher category, e.g. float into an int tensor, is an error as in PyTorch).
+Tensor& in_place(Tensor& x, const Tensor& result, const char* op, Loc loc) {
+  KILN_CHECK(category(result.dtype()) <= category(x.dtype()), op, loc,
+             "result type {} can't be cast to the in-place output type {}", name(result.dtype()),
+             name(x.dtype()));
+  KILN_CHECK(result.shape() == x.shape(), op, loc,
+             "output with shape {} doesn't match the broadcast shape {}", to_string(x.shape()),
+             to_string(result.shape()));
+  return x.copy_(result, loc);
+}
+
+}  // namespace
+
+Tensor Tensor::to(DType dtype, Loc loc) const {
+  OpAttrs a;
+  a.dtype = dtype;
+  return dispatch::call1({OpKind::Cast, {*this}, a, loc});
+}
+Tensor Tensor::clone(Loc loc) const { return dispatch::call1({OpKind::Contiguous, {*this}, {}, loc}); }
+Tensor Tensor::contiguous(Loc loc) const { return is_contiguous() ? *this : clone(loc); }
+Tensor& Tensor::copy_(const Tensor& src, Loc loc) {
+  dispatch::call({OpKind::CopyInto, {*this, src}, {}, loc});
+  return *this;
+}
+Tensor& Tensor::fill_(Scalar value, Loc loc) {
+  OpAttrs a;
+  a.alpha = value;
+  dispatch::call({OpKind::Fill, {*this}, a, loc});
+  return *this;
+}
+
+Tensor Tensor::view(const Shape& shape, Loc loc) const {
+  OpAttrs a;
+  a.dims = shape;
+  return view_op(OpKind::View, *this, a, loc);
+}
+Tensor Tensor::reshape(const Shape& shape, Loc loc) const {
+  KILN_CHECK(defined(), "reshape", loc, "tensor is undefined");
+  // A view when the strides allow it, a copy otherwise.
+  OpAttrs a;
+  a.dims = shape;
+  InferredMeta m = infer_meta(OpKind::View, std::array{TensorMeta::of(*this)}, a, loc);
+  Strides st;
+  if (view_strides(this->shape(), strides(), m.outputs[0].shape, st)) return view(shape, loc);
+  return clone(loc).view(shape, loc);
+}
+Tensor Tensor::transpose(int64_t d0, int64_t d1, Loc loc) const {
+  OpAttrs a;
+  a.dim = d0;
+  a.dim1 = d1;
+  return view_op(OpKind::Transpose, *this, a, loc);
+}
+Tensor Tensor::t(Loc loc) const {
+  KILN_CHECK(defined() && dim() <= 2, "t", loc, "expects a tensor with <= 2 dims, got {}",
+             defined() ? to_string(shape()) : "undefined");
+  return dim() < 2 ? *this : transpose(0, 1, loc);
+}
+Tensor Tensor::permute(const Dims& order, Loc loc) const {
+  OpAttrs a;
+  a.dims = order;
+  return view_op(OpKind::Permute, *this, a, loc);
+}
+Tensor Tensor::slice(int64_t dim, int64_t start, int64_t end, int64_t step, Loc loc) const {
+  OpAttrs a;
+  a.dim = dim;
+  a.start = start;
+  a.end = end;
+  a.step = step;
+  return view_op(OpKind::Slice, *this, a, loc);
+}
+Tensor Tensor::select(int64_t dim, int64_t index, Loc loc) const {
+  OpAttrs a;
+  a.dim = dim;
+  a.start = index;
+  return view_op(OpKind::Select, *this, a, loc);
+}
+Tensor Tensor::expand(const Shape& shape, Loc loc) const {
+  OpAttrs a;
+  a.dims = shape;
+  return view_op(OpKind::Expand, *this, a, loc);
+}
+Tensor Tensor::squeeze(Loc loc) const {
+  OpAttrs a;
+  a.all_dims = true;
+  return view_op(OpKind::Squeeze, *this, a, loc);
+}
+Tensor Tensor::squeeze(int64_t dim, Loc loc) const {
+  OpAttrs a;
+  a.dim = dim;
+  return view_op(OpKind::Squeeze, *this, a, loc);
+}
+Tensor Tensor::unsqueeze(int64_t dim, Loc loc) const {
+  OpAttrs a;
+  a.dim = dim;
+  return view_op(OpKind::Unsqueeze, *this, a, loc);
+}
+Tensor Tensor::flatten(int64_t start, int64_t end, Loc loc) const {
+  KILN_CHECK(defined(), "flatten", loc, "tensor is undefined");
+  if (dim() == 0) return reshape({1}, loc);
+  int s = wrap_dim(start, dim(), "flatten"), e = wrap_dim(end, dim(), "flatten");
+  KILN_CHECK(s <= e, "flatten", loc, "start dim {} is after end dim {}", s, e);
+  Shape out;
+  for (int i = 0; i < s; ++i) out.push_back(shape()[i]);
+  int64_t n = 1;
+  for (int i = s; i <= e; ++i) n *= shape()[i];
+  out.push_back(n);
+  for (int i = e + 1; i < dim(); ++i) out.push_back(shape()[i]);
+  return reshape(out, loc);
+}
+
+Tensor Tensor::sum(Loc loc) const { return kiln::sum(*this, {}, false, loc); }
+Tensor Tensor::sum(const Dims& dims, bool keepdim, Loc loc) const {
+  return kiln::sum(*this, dims, keepdim, loc);
+}
+Tensor Tensor::mean(Loc loc) const { return kiln::mean(*this, {}, false, loc); }
+Tensor Tensor::mean(const Dims& dims, bool keepdim, Loc loc) const {
+  return kiln::mean(*this, dims, keepdim, loc);
+}
+Tensor Tensor::matmul(const Tensor& other, Loc loc) const { return kiln::matmul(*this, other, loc); }
+
+Tensor& Tensor::operator+=(const Tensor& o) { return in_place(*this, add(*this, o), "add_", Loc::current()); }
+Tensor& Tensor::operator-=(const Tensor& o) { return in_place(*this, sub(*this, o), "sub_", Loc::current()); }
+Tensor& Tensor::operator*=(const Tensor& o) { return in_place(*this, mul(*this, o), "mul_", Loc::current()); }
+Tensor& Tensor::operator/=(const Tensor& o) { return in_place(*this, div(*this, o), "div_", Loc::current()); }
+Tensor& Tensor::operator+=(Scalar o) { return in_place(*this, add(*this, o), "add_", Loc::current()); }
+Tensor& Tensor::operator-=(Scalar o) { return in_place(*this, sub(*this, o), "sub_", Loc::current()); }
+Tensor& Tensor::operator*=(Scalar o) { return in_place(*this, mul(*this, o), "mul_", Loc::current()); }
+Tensor& Tensor::operator/=(Scalar o) { return in_place(*this, div(*this, o), "div_", Loc::current()); }
+
+}  // namespace kiln

@@ -1,0 +1,5 @@
+#pragma once
+/// The kiln API in one include: tensors, factories, eager ops.
+#include "core/tensor.h"
+#include "eager/factories.h"
+#include "eager/ops.h"
