@@ -36,6 +36,10 @@ bool Tensor::is_non_overlapping_and_dense() const {
   return true;
 }
 
+void Tensor::throw_undefined() {
+  throw Error("tensor", "the tensor is undefined (default-constructed)");
+}
+
 void Tensor::check_data_type(DType requested) const {
   KILN_CHECK(defined(), "data", Loc::current(), "tensor is undefined");
   KILN_CHECK(requested == dtype(), "data", Loc::current(),
@@ -112,12 +116,9 @@ void format_dim(const std::vector<std::string>& cells, const Shape& shape, int d
                 bool summarise, int width, int indent, std::string& out) {
   out += '[';
   int64_t n = shape[d];
-  int64_t inner = 1;
-  for (int i = d + 1; i < shape.size(); ++i) inner *= shape[i];
   for (int64_t i = 0; i < n; ++i) {
     if (summarise && n > 2 * kEdgeItems && i == kEdgeItems) {
       out += d + 1 == shape.size() ? "..., " : "...,\n" + std::string(indent + d + 1, ' ');
-      pos += (n - 2 * kEdgeItems) * inner;
       i = n - kEdgeItems - 1;
       continue;
     }

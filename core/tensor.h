@@ -42,17 +42,17 @@ class Tensor {
   explicit Tensor(std::shared_ptr<TensorImpl> impl) : impl_(std::move(impl)) {}
 
   bool defined() const { return impl_ != nullptr; }
-  DType dtype() const { return impl_->dtype; }
-  Device device() const { return impl_->storage->device(); }
-  const Shape& shape() const { return impl_->shape; }
-  const Strides& strides() const { return impl_->strides; }
-  int64_t offset() const { return impl_->offset; }
-  int dim() const { return impl_->shape.size(); }
+  DType dtype() const { return checked()->dtype; }
+  Device device() const { return checked()->storage->device(); }
+  const Shape& shape() const { return checked()->shape; }
+  const Strides& strides() const { return checked()->strides; }
+  int64_t offset() const { return checked()->offset; }
+  int dim() const { return checked()->shape.size(); }
   /// Size of dim `d` (negative counts from the end). Throws kiln::Error if out of range.
   int64_t size(int64_t d) const;
   int64_t stride(int64_t d) const;
-  int64_t numel() const { return kiln::numel(impl_->shape); }
-  size_t itemsize() const { return kiln::itemsize(impl_->dtype); }
+  int64_t numel() const { return kiln::numel(checked()->shape); }
+  size_t itemsize() const { return kiln::itemsize(checked()->dtype); }
   bool is_contiguous() const;
   /// True when the tensor's elements cover one dense block (any order of dims).
   bool is_non_overlapping_and_dense() const;
@@ -63,14 +63,14 @@ class Tensor {
     return static_cast<T*>(impl_->storage->data()) + impl_->offset;
   }
   void* raw_data() const {
-    return static_cast<char*>(impl_->storage->data()) + impl_->offset * itemsize();
+    return static_cast<char*>(checked()->storage->data()) + impl_->offset * itemsize();
   }
-  const Storage& storage() const { return impl_->storage; }
+  const Storage& storage() const { return checked()->storage; }
   TensorImpl* impl() const { return impl_.get(); }
   const std::shared_ptr<TensorImpl>& impl_ptr() const { return impl_; }
   bool is_same(const Tensor& o) const { return impl_ == o.impl_; }
-  uint64_t version() const { return impl_->storage->version(); }
-  void bump_version() const { impl_->storage->bump_version(); }
+  uint64_t version() const { return checked()->storage->version(); }
+  void bump_version() const { checked()->storage->bump_version(); }
 
   /// The value of a one-element tensor as T. Throws kiln::Error if numel() != 1.
   template <class T> T item(Loc loc = Loc::current()) const;
@@ -118,6 +118,12 @@ class Tensor {
   std::string str() const;
 
  private:
+  /// impl_, or kiln::Error("tensor is undefined") for a default-constructed Tensor.
+  TensorImpl* checked() const {
+    if (!impl_) [[unlikely]] throw_undefined();
+    return impl_.get();
+  }
+  [[noreturn]] static void throw_undefined();
   void check_data_type(DType requested) const;
   std::shared_ptr<TensorImpl> impl_;
 };

@@ -74,7 +74,7 @@ Tensor linspace(double start, double end, int64_t steps, TensorOptions opts, Loc
   KILN_DISPATCH_ALL(out.dtype(), T, {
     T* p = out.data<T>();
     // Fill from both ends (as PyTorch does) so the last value is exactly `end`.
-    int64_t half = steps / 2;
+    int64_t half = (steps + 1) / 2;
     for (int64_t i = 0; i < steps; ++i)
       p[i] = static_cast<T>(i < half ? start + step * static_cast<double>(i)
                                      : end - step * static_cast<double>(steps - 1 - i));

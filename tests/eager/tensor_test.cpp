@@ -1,0 +1,197 @@
+// Tensor handle, views, factories, printing and errors.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+
+#include "kiln/kiln.h"
+
+using namespace kiln;
+using V = std::vector<float>;
+
+TEST_CASE("views alias storage and write through to their base") {
+  Tensor x = arange(6, {Float32}).view({2, 3});
+  CHECK(x.shape() == Shape{2, 3});
+  CHECK(x.to_vector<float>() == V{0, 1, 2, 3, 4, 5});
+  Tensor t = x.t();
+  CHECK(t.shape() == Shape{3, 2});
+  CHECK(t.strides() == Strides{1, 3});
+  CHECK_FALSE(t.is_contiguous());
+  CHECK(t.is_non_overlapping_and_dense());
+  CHECK(t.to_vector<float>() == V{0, 3, 1, 4, 2, 5});
+  Tensor c = t.contiguous();
+  CHECK(c.is_contiguous());
+  CHECK(c.strides() == Strides{2, 1});  // FC-25: strides recomputed, not copied
+  CHECK(c.to_vector<float>() == V{0, 3, 1, 4, 2, 5});
+
+  uint64_t v0 = x.version();
+  Tensor row = x.select(0, 1);
+  row.fill_(7);
+  CHECK(x.to_vector<float>() == V{0, 1, 2, 7, 7, 7});
+  CHECK(x.version() == v0 + 1);
+  CHECK(row.version() == x.version());
+
+  x.slice(1, 0, 3, 2).fill_(-1);  // columns 0 and 2
+  CHECK(x.to_vector<float>() == V{-1, 1, -1, -1, 7, -1});
+}
+
+TEST_CASE("slice with steps and negative bounds, select with negative index") {
+  Tensor x = arange(10, {Float32});
+  CHECK(x.slice(0, 1, 8, 3).to_vector<float>() == V{1, 4, 7});
+  CHECK(x.slice(0, -3, 100).to_vector<float>() == V{7, 8, 9});
+  CHECK(x.slice(0, 5, 2).numel() == 0);
+  CHECK(x.select(0, -1).item<float>() == 9);
+  CHECK(x.select(0, -1).dim() == 0);
+  CHECK_THROWS_AS(x.select(0, 10), Error);
+  CHECK_THROWS_AS(x.slice(0, 0, 5, 0), Error);
+}
+
+TEST_CASE("permute, transpose, expand, squeeze, unsqueeze, flatten") {
+  Tensor x = arange(24, {Float32}).view({2, 3, 4});
+  Tensor p = x.permute({2, 0, 1});
+  CHECK(p.shape() == Shape{4, 2, 3});
+  CHECK(p.strides() == Strides{1, 12, 4});
+  CHECK(p.contiguous().view({-1}).slice(0, 0, 6).to_vector<float>() == V{0, 4, 8, 12, 16, 20});
+  CHECK(x.transpose(-1, 0).shape() == Shape{4, 3, 2});
+  CHECK_THROWS_AS(x.permute({0, 0, 1}), Error);
+
+  Tensor col = tensor({1.f, 2.f}).unsqueeze(1);
+  CHECK(col.shape() == Shape{2, 1});
+  Tensor e = col.expand({3, 2, 4});
+  CHECK(e.shape() == Shape{3, 2, 4});
+  CHECK(e.strides() == Strides{0, 1, 0});
+  CHECK(e.contiguous().to_vector<float>().size() == 24);
+  CHECK(e.select(0, 2).select(0, 1).to_vector<float>() == V{2, 2, 2, 2});
+  CHECK(col.expand({-1, 3}).shape() == Shape{2, 3});
+  CHECK_THROWS_AS(col.expand({3, 3}), Error);
+
+  Tensor s = zeros({1, 3, 1, 2});
+  CHECK(s.squeeze().shape() == Shape{3, 2});
+  CHECK(s.squeeze(2).shape() == Shape{1, 3, 2});
+  CHECK(s.squeeze(1).shape() == Shape{1, 3, 1, 2});
+  CHECK(s.unsqueeze(-1).shape() == Shape{1, 3, 1, 2, 1});
+  CHECK(x.flatten().shape() == Shape{24});
+  CHECK(x.flatten(1).shape() == Shape{2, 12});
+  CHECK(x.flatten(0, 1).shape() == Shape{6, 4});
+}
+
+TEST_CASE("view needs compatible strides; reshape copies when it must") {
+  Tensor x = arange(6, {Float32}).view({2, 3});
+  Tensor t = x.t();
+  CHECK_THROWS_WITH(t.view({6}), Catch::Contains("reshape"));
+  Tensor r = t.reshape({6});
+  CHECK(r.to_vector<float>() == V{0, 3, 1, 4, 2, 5});
+  CHECK(r.storage() != x.storage());  // a copy
+  Tensor v = x.reshape({3, 2});
+  CHECK(v.storage() == x.storage());  // a view
+  CHECK(x.view({-1}).shape() == Shape{6});
+  CHECK(x.view({3, -1}).shape() == Shape{3, 2});
+  CHECK_THROWS_AS(x.view({4, -1}), Error);
+  CHECK_THROWS_AS(x.view({-1, -1}), Error);
+  // A view of a view of an expanded size-1 dim.
+  Tensor z = zeros({0, 3});
+  CHECK(z.reshape({3, 0}).shape() == Shape{3, 0});
+}
+
+TEST_CASE("factories") {
+  CHECK(zeros({2, 2}).to_vector<float>() == V{0, 0, 0, 0});
+  CHECK(ones({3}, {Int32}).dtype() == DType::Int32);
+  CHECK(full({2}, 2.5).to_vector<float>() == V{2.5, 2.5});
+  CHECK(full({2}, 3).dtype() == DType::Int64);
+  CHECK(full({2}, true).dtype() == DType::Bool);
+  CHECK(arange(5).dtype() == DType::Int64);
+  CHECK(arange(5).to_vector<int64_t>() == std::vector<int64_t>{0, 1, 2, 3, 4});
+  CHECK(arange(0.0, 1.0, 0.25).to_vector<float>() == V{0, 0.25, 0.5, 0.75});
+  CHECK(arange(5, 0, -2).to_vector<int64_t>() == std::vector<int64_t>{5, 3, 1});
+  CHECK(arange(3, 3).numel() == 0);
+  CHECK_THROWS_AS(arange(0, 5, 0), Error);
+  CHECK_THROWS_AS(arange(5, 0, 1), Error);
+  CHECK(linspace(0, 1, 5).to_vector<float>() == V{0, 0.25, 0.5, 0.75, 1});
+  CHECK(linspace(-1, 1, 1).to_vector<float>() == V{-1});
+  CHECK(eye(2, 3).to_vector<float>() == V{1, 0, 0, 0, 1, 0});
+  Tensor t2 = tensor({{1.f, 2.f}, {3.f, 4.f}});
+  CHECK(t2.shape() == Shape{2, 2});
+  CHECK(tensor({1, 2}).dtype() == DType::Int32);
+  CHECK(tensor({1.0, 2.0}).dtype() == DType::Float64);
+  CHECK(tensor({1, 2}, {Float32}).to_vector<float>() == V{1, 2});
+  CHECK(zeros_like(t2).shape() == Shape{2, 2});
+  CHECK(full_like(t2, 7, {Int64}).to_vector<int64_t>() == std::vector<int64_t>{7, 7, 7, 7});
+  CHECK(scalar_tensor(3.5).dim() == 0);
+  CHECK(scalar_tensor(3.5).item<double>() == 3.5);
+  CHECK_THROWS_AS(zeros({2, -1}), Error);
+  CHECK_THROWS_AS(from_vector(std::vector<float>{1, 2, 3}, {2, 2}), Error);
+}
+
+TEST_CASE("0-d and empty tensors") {
+  Tensor s = scalar_tensor(2.0f);
+  CHECK(s.dim() == 0);
+  CHECK(s.numel() == 1);
+  CHECK(s.shape() == Shape{});
+  CHECK(s.view({1, 1}).shape() == Shape{1, 1});
+  Tensor e = zeros({0, 4});
+  CHECK(e.numel() == 0);
+  CHECK(e.t().shape() == Shape{4, 0});
+  CHECK(e.contiguous().numel() == 0);
+  CHECK_THROWS_WITH(e.item<float>(), Catch::Contains("0 elements"));
+}
+
+TEST_CASE("to(dtype), clone and copy_") {
+  Tensor x = tensor({1.5f, -2.5f, 0.f});
+  CHECK(x.to(Int32).to_vector<int32_t>() == std::vector<int32_t>{1, -2, 0});
+  CHECK(x.to(Bool).to_vector<bool>() == std::vector<bool>{true, true, false});
+  CHECK(x.to(Float64).dtype() == DType::Float64);
+  Tensor c = x.clone();
+  c.fill_(9);
+  CHECK(x.to_vector<float>() == V{1.5, -2.5, 0});
+  Tensor dst = zeros({2, 3});
+  dst.copy_(tensor({1.f, 2.f, 3.f}));  // broadcast source
+  CHECK(dst.to_vector<float>() == V{1, 2, 3, 1, 2, 3});
+  dst.select(1, 0).copy_(tensor({7, 8}));  // int source into a float strided view
+  CHECK(dst.to_vector<float>() == V{7, 2, 3, 8, 2, 3});
+  CHECK_THROWS_AS(dst.copy_(zeros({4})), Error);
+}
+
+TEST_CASE("item and data type checks") {
+  Tensor x = tensor({3});
+  CHECK(x.item<int>() == 3);
+  CHECK(x.item<double>() == 3.0);
+  CHECK_THROWS_AS(x.data<float>(), Error);
+  CHECK_THROWS_AS(tensor({1, 2}).item<int>(), Error);
+}
+
+TEST_CASE("printing is close to PyTorch's repr") {
+  CHECK(tensor({1.f, 2.f}).str() == "tensor([1., 2.])");
+  CHECK(tensor({1.5f, -2.25f}).str() == "tensor([ 1.5000, -2.2500])");
+  CHECK(tensor({{1, 2}, {3, 4}}).str() == "tensor([[1, 2],\n        [3, 4]], dtype=int32)");
+  CHECK(tensor({true, false}).str() == "tensor([ true, false], dtype=bool)");
+  CHECK(scalar_tensor(3.0).str() == "tensor(3.)");
+  CHECK(tensor({NAN, INFINITY}).str() == "tensor([nan, inf])");
+  std::string big = arange(2000, {Float32}).str();
+  CHECK_THAT(big, Catch::StartsWith("tensor([   0.,    1.,    2., ..., 1997., 1998., 1999.]"));
+  CHECK_THAT(big, Catch::Contains("shape=[2000]"));
+  CHECK(fmt::format("{}", tensor({1.f})) == "tensor([1.])");
+}
+
+TEST_CASE("errors name the op, the shapes and the caller's line") {
+  Tensor a = zeros({2, 3});
+  int line = __LINE__ + 2;
+  try {
+    a.view({4, 2});
+    FAIL("expected kiln::Error");
+  } catch (const Error& e) {
+    CHECK(e.op() == "view");
+    CHECK_THAT(e.message(), Catch::Contains("[4, 2]") && Catch::Contains("[2, 3]"));
+    CHECK(e.where().line() == static_cast<unsigned>(line));
+    CHECK_THAT(e.what(), Catch::Contains("tensor_test.cpp"));
+  }
+  CHECK_THROWS_WITH(a.transpose(0, 2), Catch::Contains("out of range"));
+  CHECK_THROWS_AS(Tensor().contiguous(), Error);
+}
+
+TEST_CASE("default dtype") {
+  CHECK(default_dtype() == DType::Float32);
+  set_default_dtype(DType::Float64);
+  CHECK(zeros({1}).dtype() == DType::Float64);
+  CHECK(arange(0.0, 1.0, 0.5).dtype() == DType::Float64);
+  set_default_dtype(DType::Float32);
+  CHECK_THROWS_AS(set_default_dtype(DType::Int32), Error);
+}
