@@ -78,6 +78,7 @@ class Tensor {
   template <class T> std::vector<T> to_vector() const;
 
   // ---- op methods (defined in eager/) ----
+  /// This tensor converted to `dtype` (C++ conversion rules); *this itself if already `dtype`.
   Tensor to(DType dtype, Loc loc = Loc::current()) const;
   Tensor clone(Loc loc = Loc::current()) const;
   Tensor contiguous(Loc loc = Loc::current()) const;

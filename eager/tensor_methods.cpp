@@ -25,6 +25,7 @@ Tensor& in_place(Tensor& x, const Tensor& result, const char* op, Loc loc) {
 }  // namespace
 
 Tensor Tensor::to(DType dtype, Loc loc) const {
+  if (defined() && dtype == this->dtype()) return *this;  // no copy, as in PyTorch
   OpAttrs a;
   a.dtype = dtype;
   return dispatch::call1({OpKind::Cast, {*this}, a, loc});
