@@ -334,6 +334,28 @@ InferredMeta index(OpKind op, std::span<const TensorMeta> in, const OpAttrs& a, 
                  to_string(in[1].shape), to_string(x.shape));
       return {x.dtype, {{x.dtype, x.shape}}};
     }
+    case OpKind::IndexAdd:
+    case OpKind::ScatterAdd: {
+      need_index(in[1]);
+      const TensorMeta& src = in[2];
+      const Shape& is = in[1].shape;
+      KILN_CHECK(src.dtype == x.dtype, nm, loc, "source dtype {} must match input dtype {}",
+                 name(src.dtype), name(x.dtype));
+      int d = wrap_dim(a.dim, r, nm);
+      bool ok = src.shape.size() == r;
+      if (op == OpKind::IndexAdd) {
+        KILN_CHECK(is.size() <= 1, nm, loc, "index must be 1-D, got shape {}", to_string(is));
+        for (int i = 0; ok && i < r; ++i)
+          ok = src.shape[i] == (i == d ? numel(is) : x.shape[i]);
+      } else {
+        ok = ok && is.size() == r;
+        for (int i = 0; ok && i < r; ++i)
+          ok = is[i] <= src.shape[i] && (i == d || is[i] <= x.shape[i]);
+      }
+      KILN_CHECK(ok, nm, loc, "input {}, index {} and source {} do not fit along dim {}",
+                 to_string(x.shape), to_string(is), to_string(src.shape), d);
+      return {x.dtype, {{x.dtype, x.shape}}};
+    }
     case OpKind::Tril:
     case OpKind::Triu:
       KILN_CHECK(r >= 2, nm, loc, "input must have at least 2 dims, got shape {}",

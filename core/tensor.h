@@ -115,6 +115,32 @@ class Tensor {
   Tensor& operator*=(Scalar o);
   Tensor& operator/=(Scalar o);
 
+  // ---- autograd (defined in eager/autograd.cpp) ----
+  /// Whether gradients are recorded for ops on this tensor.
+  bool requires_grad() const;
+  /// Marks a leaf tensor as requiring grad. Throws kiln::Error for non-floating tensors and
+  /// for non-leaf tensors (use detach() first).
+  Tensor& requires_grad_(bool enabled = true, Loc loc = Loc::current());
+  /// The accumulated gradient (undefined until a backward pass reaches this tensor).
+  Tensor grad() const;
+  /// Replaces the accumulated gradient (undefined clears it).
+  void set_grad(const Tensor& g) const;
+  /// True for tensors created by the user (not by a recorded op).
+  bool is_leaf() const;
+  /// Name of the backward node that produced this tensor ("MulBackward"), or "" for leaves.
+  std::string grad_fn_name() const;
+  /// Also keep .grad for this non-leaf tensor on the next backward.
+  void retain_grad() const;
+  /// A tensor sharing this one's storage (and version counter) with no autograd history.
+  Tensor detach(Loc loc = Loc::current()) const;
+  /// Back-propagates from this tensor. `gradient` may be omitted for a one-element tensor.
+  /// retain_graph keeps saved tensors for a second backward; create_graph records the
+  /// backward itself for higher-order gradients. Throws kiln::Error when no input requires
+  /// grad, when the graph was freed by an earlier backward, or when a saved tensor was
+  /// modified in place after it was saved.
+  void backward(const Tensor& gradient = Tensor(), bool retain_graph = false,
+                bool create_graph = false, Loc loc = Loc::current()) const;
+
   /// PyTorch-style repr: values (summarised when large), shape and dtype.
   std::string str() const;
 

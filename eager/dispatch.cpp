@@ -97,6 +97,8 @@ std::vector<Tensor> call(OpCall&& c) {
     return outs;
   }
 
+  if (g_autograd_hook) g_autograd_hook->before_kernel(c, meta, outs);  // rejects bad in-place ops
+
   // The kernel sees inputs in the compute dtype; the caller's tensors are untouched.
   const OpCall* kp = &c;
   OpCall converted;

@@ -129,6 +129,12 @@ Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b, Loc loc) {
 Tensor where(const Tensor& cond, const Tensor& a, Scalar b, Loc loc) {
   return where(cond, a, wrap(b), loc);
 }
+Tensor where(const Tensor& cond, Scalar a, const Tensor& b, Loc loc) {
+  return where(cond, wrap(a), b, loc);
+}
+Tensor where(const Tensor& cond, Scalar a, Scalar b, Loc loc) {
+  return where(cond, wrap(a), wrap(b), loc);
+}
 
 Tensor operator-(const Tensor& x) { return neg(x); }
 Tensor operator+(const Tensor& a, const Tensor& b) { return add(a, b); }
@@ -255,6 +261,13 @@ Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index, Loc loc) 
 }
 Tensor gather(const Tensor& x, int64_t dim, const Tensor& index, Loc loc) {
   return binary(OpKind::Gather, x, index, loc, with_dim(dim));
+}
+Tensor index_add(const Tensor& x, int64_t dim, const Tensor& index, const Tensor& source,
+                 Loc loc) {
+  return dispatch::call1({OpKind::IndexAdd, {x, index, source}, with_dim(dim), loc});
+}
+Tensor scatter_add(const Tensor& x, int64_t dim, const Tensor& index, const Tensor& src, Loc loc) {
+  return dispatch::call1({OpKind::ScatterAdd, {x, index, src}, with_dim(dim), loc});
 }
 Tensor embedding(const Tensor& weight, const Tensor& indices, Loc loc) {
   return binary(OpKind::Embedding, weight, indices, loc);

@@ -95,6 +95,9 @@ Tensor logical_xor(const Tensor& a, const Tensor& b, Loc loc = Loc::current());
 /// cond ? a : b elementwise; cond must be bool; all three broadcast.
 Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b, Loc loc = Loc::current());
 Tensor where(const Tensor& cond, const Tensor& a, Scalar b, Loc loc = Loc::current());
+Tensor where(const Tensor& cond, Scalar a, const Tensor& b, Loc loc = Loc::current());
+/// Both branches host scalars: the result has their dtype (bool, int64 or the default float).
+Tensor where(const Tensor& cond, Scalar a, Scalar b, Loc loc = Loc::current());
 
 Tensor operator-(const Tensor& x);
 Tensor operator+(const Tensor& a, const Tensor& b);
@@ -169,6 +172,13 @@ std::vector<Tensor> chunk(const Tensor& x, int64_t chunks, int64_t dim = 0, Loc 
 Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index, Loc loc = Loc::current());
 /// out[i][j] = x[index[i][j]][j] for dim 0 (and so on); index has x's rank.
 Tensor gather(const Tensor& x, int64_t dim, const Tensor& index, Loc loc = Loc::current());
+/// x with source's slices added at `index` along dim (repeated indices accumulate);
+/// source has x's shape except source.size(dim) == index.numel().
+Tensor index_add(const Tensor& x, int64_t dim, const Tensor& index, const Tensor& source,
+                 Loc loc = Loc::current());
+/// x with src[i][j] added at x[index[i][j]][j] for dim 0 (and so on); index has x's rank.
+Tensor scatter_add(const Tensor& x, int64_t dim, const Tensor& index, const Tensor& src,
+                   Loc loc = Loc::current());
 /// weight[indices] for weight [num_embeddings, dim]: output indices.shape + [dim].
 Tensor embedding(const Tensor& weight, const Tensor& indices, Loc loc = Loc::current());
 /// int64 one-hot of int64 indices in [0, num_classes); num_classes = -1 uses max + 1.

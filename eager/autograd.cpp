@@ -1,0 +1,463 @@
+// The autograd engine: recording hook, graph nodes, backward execution, Tensor's autograd methods.
+#include "eager/autograd.h"
+
+#include <algorithm>
+#include <queue>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "eager/autograd_graph.h"
+#include "eager/derivatives.h"
+#include "eager/dispatch.h"
+#include "eager/factories.h"
+#include "eager/ops.h"
+
+namespace kiln {
+namespace autograd {
+namespace {
+
+thread_local bool t_grad_enabled = true;
+std::atomic<uint64_t> g_sequence{0};
+
+// Deep graphs (100k nodes) must not be destroyed recursively: a dying node moves what it
+// owns here, and the outermost destructor frees it iteratively.
+thread_local std::vector<std::shared_ptr<void>>* t_graveyard = nullptr;
+
+bool is_differentiable_dtype(DType t) { return is_floating(t); }
+
+}  // namespace
+
+// ---------------------------------- SavedTensor ----------------------------------
+
+SavedTensor::SavedTensor(const Tensor& t, bool is_output, const std::shared_ptr<Node>& node)
+    : version_(t.version()), is_output_(is_output) {
+  Meta* m = meta(t);
+  requires_grad_ = m && m->requires_grad;
+  if (is_output) {
+    data_ = t.detach();  // no autograd state: the node must not own itself
+    output_nr_ = m ? m->output_nr : 0;
+  } else {
+    data_ = t;
+  }
+}
+
+Tensor SavedTensor::unpack(const std::shared_ptr<Node>& node, const char* op) const {
+  KILN_CHECK(!released_, op, Loc::current(),
+             "trying to backward through the graph a second time (or to read saved tensors "
+             "after they were freed); pass retain_graph=true to the first backward");
+  if (!data_.defined()) return data_;
+  KILN_CHECK(data_.version() == version_, op, Loc::current(),
+             "one of the tensors needed for gradient computation has been modified by an "
+             "in-place operation: the saved {} tensor of shape {} is at version {}, expected "
+             "version {}",
+             is_output_ ? "output" : "input", to_string(data_.shape()), data_.version(), version_);
+  if (!is_output_ || !requires_grad_) return data_;
+  // Re-attach the output to its node so a create_graph backward can differentiate through it.
+  Tensor t(std::make_shared<TensorImpl>(*data_.impl()));
+  t.impl()->autograd.reset();
+  Meta& m = ensure_meta(t);
+  m.requires_grad = true;
+  m.grad_fn = node;
+  m.output_nr = output_nr_;
+  return t;
+}
+
+// ------------------------------------- Node -------------------------------------
+
+Node::Node() : sequence_nr(g_sequence.fetch_add(1, std::memory_order_relaxed)) {}
+
+Node::~Node() {
+  std::vector<std::shared_ptr<void>> local;
+  bool outermost = t_graveyard == nullptr;
+  if (outermost) t_graveyard = &local;
+  for (Edge& e : next_edges)
+    if (e.fn) t_graveyard->push_back(std::move(e.fn));
+  if (auto* op = dynamic_cast<OpNode*>(this)) {
+    for (auto* list : {&op->saved_inputs, &op->saved_outputs})
+      for (SavedTensor& s : *list)
+        if (auto p = s.impl()) {
+          s = SavedTensor();
+          t_graveyard->push_back(std::move(p));
+        }
+  }
+  if (outermost) {
+    while (!local.empty()) {
+      std::shared_ptr<void> p = std::move(local.back());
+      local.pop_back();
+      p.reset();  // may run nested destructors, which push here instead of recursing
+    }
+    t_graveyard = nullptr;
+  }
+}
+
+std::vector<Tensor> AccumulateGrad::apply(std::vector<Tensor>&& grads) {
+  auto impl = leaf_.lock();
+  if (!impl || !grads[0].defined()) return {};
+  Tensor leaf(impl);
+  Meta& m = ensure_meta(leaf);
+  Tensor g = grads[0];
+  if (!m.grad.defined()) {
+    // Keep a private copy unless the graph is being recorded (create_graph).
+    m.grad = is_grad_enabled() ? g : (g.impl()->autograd ? g.detach().clone() : g.clone());
+  } else if (is_grad_enabled()) {
+    m.grad = add(m.grad, g);
+  } else {
+    m.grad = add(m.grad.detach(), g);
+  }
+  return {};
+}
+
+// ------------------------------------ OpNode ------------------------------------
+
+OpNode::OpNode(const OpCall& call, const InferredMeta&) : op(call.op), attrs(call.attrs), loc(call.loc) {
+  for (const Tensor& t : call.inputs) {
+    input_defined.push_back(t.defined());
+    input_meta.push_back(t.defined() ? TensorMeta::of(t) : TensorMeta{});
+    next_edges.push_back(t.defined() ? gradient_edge(t) : Edge{});
+  }
+}
+
+void OpNode::save(const OpCall& call, const std::vector<Tensor>& outs) {
+  const SaveSpec& spec = save_spec(op);
+  auto self = shared_from_this();
+  saved_inputs.resize(call.inputs.size());
+  for (size_t i = 0; i < call.inputs.size(); ++i)
+    if ((spec.inputs_mask >> i & 1) && call.inputs[i].defined())
+      saved_inputs[i] = SavedTensor(call.inputs[i], false, self);
+  if (spec.output) saved_outputs.push_back(SavedTensor(outs[0], true, self));
+}
+
+std::string OpNode::name() const {
+  std::string n(op_name(op));
+  // snake_case op name → "SnakeCaseBackward"
+  std::string out;
+  bool up = true;
+  for (char c : n) {
+    if (c == '_') {
+      up = true;
+      continue;
+    }
+    out += up ? static_cast<char>(std::toupper(c)) : c;
+    up = false;
+  }
+  return out + "Backward";
+}
+
+std::vector<Tensor> OpNode::apply(std::vector<Tensor>&& grads) {
+  auto self = shared_from_this();
+  const char* nm = op_name(op).data();
+  BackwardContext ctx{op, attrs, loc, input_meta, {}, {}, {}};
+  for (size_t i = 0; i < saved_inputs.size(); ++i)
+    ctx.inputs.push_back(saved_inputs[i].unpack(self, nm));
+  if (!saved_outputs.empty()) ctx.output = saved_outputs[0].unpack(self, nm);
+  for (const Edge& e : next_edges) ctx.needs_grad.push_back(e.valid());
+  if (!grads[0].defined()) return std::vector<Tensor>(next_edges.size());
+  std::vector<Tensor> out = derivative(ctx, grads[0]);
+  out.resize(next_edges.size());
+  return out;
+}
+
+void OpNode::release() {
+  for (auto& s : saved_inputs)
+    if (s.defined()) s.release();
+  for (auto& s : saved_outputs) s.release();
+}
+
+// ------------------------------------- meta -------------------------------------
+
+Meta* meta(const Tensor& t) {
+  if (!t.defined()) return nullptr;
+  return static_cast<Meta*>(t.impl()->autograd.get());
+}
+
+Meta& ensure_meta(const Tensor& t) {
+  auto& a = t.impl()->autograd;
+  if (!a) a = std::make_shared<Meta>();
+  return *static_cast<Meta*>(a.get());
+}
+
+Edge gradient_edge(const Tensor& t) {
+  Meta* m = meta(t);
+  if (!m || !m->requires_grad) return {};
+  if (m->grad_fn) return {m->grad_fn, m->output_nr};
+  auto acc = m->accumulator.lock();
+  if (!acc) {
+    acc = std::make_shared<AccumulateGrad>(t.impl_ptr());
+    m->accumulator = acc;
+  }
+  return {acc, 0};
+}
+
+// ------------------------------------- hook -------------------------------------
+
+namespace {
+
+bool any_requires_grad(const OpCall& c) {
+  for (const Tensor& t : c.inputs)
+    if (Meta* m = meta(t); m && m->requires_grad) return true;
+  return false;
+}
+
+bool is_in_place(OpKind op) { return op == OpKind::CopyInto || op == OpKind::Fill; }
+
+class RecordHook final : public DispatchHook {
+ public:
+  bool before_kernel(const OpCall& c, const InferredMeta&, std::vector<Tensor>&) override {
+    if (!is_in_place(c.op) || !t_grad_enabled) return false;
+    Meta* m = meta(c.inputs[0]);
+    if (!m) return false;
+    KILN_CHECK(!(m->requires_grad && !m->grad_fn), c.name(), c.loc,
+               "a leaf tensor that requires grad is being used in an in-place operation; "
+               "wrap parameter updates in kiln::no_grad");
+    KILN_CHECK(!m->is_view_of_grad_tensor, c.name(), c.loc,
+               "in-place operation on a view of a tensor that requires grad is not supported; "
+               "use an out-of-place op (or clone() the view first)");
+    return false;
+  }
+
+  void after_kernel(const OpCall& c, const InferredMeta& meta_info,
+                    std::vector<Tensor>& outs) override {
+    if (!t_grad_enabled || !any_requires_grad(c)) return;
+    const SaveSpec& spec = save_spec(c.op);
+    bool float_out = is_differentiable_dtype(meta_info.outputs[0].dtype);
+    if (!spec.differentiable || !float_out) {
+      if (op_info(c.op).category == OpCategory::View) return;
+      return;
+    }
+    auto node = std::make_shared<OpNode>(c, meta_info);
+    Tensor& out = outs[0];
+    if (op_info(c.op).category == OpCategory::View) {
+      // A fresh handle: the view must not share autograd state with its base.
+      out = Tensor(std::make_shared<TensorImpl>(*out.impl()));
+      out.impl()->autograd.reset();
+    }
+    node->save(c, outs);
+    Meta& m = ensure_meta(out);
+    m.requires_grad = true;
+    m.grad_fn = node;
+    m.output_nr = 0;
+    m.is_view_of_grad_tensor = op_info(c.op).category == OpCategory::View;
+  }
+};
+
+RecordHook g_hook;
+
+}  // namespace
+
+void install_hook() {
+  static bool installed = [] {
+    dispatch::set_autograd_hook(&g_hook);
+    return true;
+  }();
+  (void)installed;
+}
+
+// Registered at start-up so that recording works from the first op.
+static const bool g_hook_installed = (install_hook(), true);
+
+// ------------------------------------ engine ------------------------------------
+
+namespace {
+
+struct NodeState {
+  std::vector<Tensor> buffer;  // gradient per node output
+  int dependencies = 0;
+};
+
+// Runs the graph from `roots` (with their gradients). When `capture` is non-empty, the
+// gradients arriving at those edges are returned instead of being accumulated into leaves.
+std::vector<Tensor> run_backward(const std::vector<Edge>& roots, const std::vector<Tensor>& root_grads,
+                                 bool retain_graph, bool create_graph,
+                                 const std::vector<Edge>& capture) {
+  // 1. Dependencies (iterative DFS).
+  std::unordered_map<Node*, NodeState> state;
+  std::vector<Node*> stack;
+  for (const Edge& r : roots) {
+    if (state.emplace(r.fn.get(), NodeState{}).second) stack.push_back(r.fn.get());
+  }
+  while (!stack.empty()) {
+    Node* n = stack.back();
+    stack.pop_back();
+    for (const Edge& e : n->next_edges) {
+      if (!e.fn) continue;
+      auto [it, inserted] = state.emplace(e.fn.get(), NodeState{});
+      it->second.dependencies++;
+      if (inserted) stack.push_back(e.fn.get());
+    }
+  }
+  for (auto& [n, s] : state) s.buffer.resize(n->num_outputs());
+
+  auto accumulate = [](Tensor& slot, const Tensor& g) {
+    if (!g.defined()) return;
+    slot = slot.defined() ? add(slot, g) : g;
+  };
+  for (size_t i = 0; i < roots.size(); ++i)
+    accumulate(state[roots[i].fn.get()].buffer[roots[i].input_nr], root_grads[i]);
+
+  std::vector<Tensor> captured(capture.size());
+  std::unordered_map<Node*, std::vector<size_t>> capture_at;
+  for (size_t i = 0; i < capture.size(); ++i) capture_at[capture[i].fn.get()].push_back(i);
+
+  // 2. Execute in order of decreasing sequence number among ready nodes.
+  auto later_first = [](const std::shared_ptr<Node>& a, const std::shared_ptr<Node>& b) {
+    return a->sequence_nr < b->sequence_nr;
+  };
+  std::priority_queue<std::shared_ptr<Node>, std::vector<std::shared_ptr<Node>>,
+                      decltype(later_first)>
+      ready(later_first);
+  for (const Edge& r : roots)
+    if (state[r.fn.get()].dependencies == 0) {
+      state[r.fn.get()].dependencies = -1;  // queued
+      ready.push(r.fn);
+    }
+
+  bool prev_mode = t_grad_enabled;
+  t_grad_enabled = create_graph;
+  try {
+    while (!ready.empty()) {
+      std::shared_ptr<Node> node = ready.top();
+      ready.pop();
+      NodeState& st = state[node.get()];
+      std::vector<Tensor> grads = std::move(st.buffer);
+      if (auto it = capture_at.find(node.get()); it != capture_at.end()) {
+        for (size_t i : it->second) captured[i] = grads[capture[i].input_nr];
+      }
+      for (auto& [nr, weak] : node->retained)
+        if (auto impl = weak.lock(); impl && grads[nr].defined()) {
+          Meta& m = ensure_meta(Tensor(impl));
+          m.grad = m.grad.defined() ? add(m.grad, grads[nr]) : (create_graph ? grads[nr] : grads[nr].detach());
+        }
+      std::vector<Tensor> next;
+      bool is_leaf_acc = dynamic_cast<AccumulateGrad*>(node.get()) != nullptr;
+      if (!(is_leaf_acc && !capture.empty())) next = node->apply(std::move(grads));
+      if (!retain_graph) node->release();
+      for (size_t i = 0; i < node->next_edges.size(); ++i) {
+        const Edge& e = node->next_edges[i];
+        if (!e.fn) continue;
+        NodeState& ns = state[e.fn.get()];
+        if (i < next.size()) accumulate(ns.buffer[e.input_nr], next[i]);
+        if (--ns.dependencies == 0) {
+          ns.dependencies = -1;
+          ready.push(e.fn);
+        }
+      }
+    }
+  } catch (...) {
+    t_grad_enabled = prev_mode;
+    throw;
+  }
+  t_grad_enabled = prev_mode;
+  return captured;
+}
+
+Tensor default_grad(const Tensor& out, const char* op, Loc loc) {
+  KILN_CHECK(out.numel() == 1, op, loc,
+             "grad can be implicitly created only for one-element outputs, got shape {}; pass "
+             "a gradient",
+             to_string(out.shape()));
+  return ones_like(out);
+}
+
+}  // namespace
+}  // namespace autograd
+
+// --------------------------------- public API ----------------------------------
+
+using namespace autograd;
+
+bool is_grad_enabled() { return t_grad_enabled; }
+void set_grad_enabled(bool enabled) { t_grad_enabled = enabled; }
+
+bool Tensor::requires_grad() const {
+  Meta* m = meta(*this);
+  return m && m->requires_grad;
+}
+
+Tensor& Tensor::requires_grad_(bool enabled, Loc loc) {
+  KILN_CHECK(defined(), "requires_grad_", loc, "tensor is undefined");
+  Meta* m = meta(*this);
+  KILN_CHECK(!(m && m->grad_fn), "requires_grad_", loc,
+             "can only change requires_grad of leaf tensors; use detach() for a non-leaf");
+  KILN_CHECK(!enabled || is_floating(dtype()), "requires_grad_", loc,
+             "only floating-point tensors can require gradients, got {}", name(dtype()));
+  ensure_meta(*this).requires_grad = enabled;
+  return *this;
+}
+
+Tensor Tensor::grad() const {
+  Meta* m = meta(*this);
+  return m ? m->grad : Tensor();
+}
+void Tensor::set_grad(const Tensor& g) const { ensure_meta(*this).grad = g; }
+bool Tensor::is_leaf() const {
+  Meta* m = meta(*this);
+  return !m || !m->grad_fn;
+}
+std::string Tensor::grad_fn_name() const {
+  Meta* m = meta(*this);
+  return m && m->grad_fn ? m->grad_fn->name() : "";
+}
+void Tensor::retain_grad() const {
+  Meta* m = meta(*this);
+  KILN_CHECK(m && m->requires_grad, "retain_grad", Loc::current(),
+             "can't retain_grad on a tensor that doesn't require grad");
+  if (!m->grad_fn) return;  // leaves keep .grad anyway
+  m->retains_grad = true;
+  m->grad_fn->retained.emplace_back(m->output_nr, impl_ptr());
+}
+
+Tensor Tensor::detach(Loc loc) const {
+  KILN_CHECK(defined(), "detach", loc, "tensor is undefined");
+  auto impl = std::make_shared<TensorImpl>(*this->impl());
+  impl->autograd.reset();
+  return Tensor(std::move(impl));
+}
+
+void Tensor::backward(const Tensor& gradient, bool retain_graph, bool create_graph, Loc loc) const {
+  KILN_CHECK(defined(), "backward", loc, "tensor is undefined");
+  KILN_CHECK(requires_grad(), "backward", loc,
+             "the tensor does not require grad and has no grad_fn (did an input call "
+             "requires_grad_()? was it computed under no_grad?)");
+  Tensor g = gradient.defined() ? gradient : default_grad(*this, "backward", loc);
+  KILN_CHECK(g.shape() == shape(), "backward", loc, "gradient has shape {}, expected {}",
+             to_string(g.shape()), to_string(shape()));
+  run_backward({gradient_edge(*this)}, {g}, retain_graph || create_graph, create_graph, {});
+}
+
+std::vector<Tensor> grad(const std::vector<Tensor>& outputs, const std::vector<Tensor>& inputs,
+                         const std::vector<Tensor>& grad_outputs, bool create_graph,
+                         std::optional<bool> retain_graph, bool allow_unused, Loc loc) {
+  KILN_CHECK(grad_outputs.empty() || grad_outputs.size() == outputs.size(), "grad", loc,
+             "got {} grad_outputs for {} outputs", grad_outputs.size(), outputs.size());
+  std::vector<Edge> roots;
+  std::vector<Tensor> root_grads;
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    KILN_CHECK(outputs[i].defined() && outputs[i].requires_grad(), "grad", loc,
+               "output {} does not require grad", i);
+    roots.push_back(gradient_edge(outputs[i]));
+    root_grads.push_back(grad_outputs.empty() || !grad_outputs[i].defined()
+                             ? default_grad(outputs[i], "grad", loc)
+                             : grad_outputs[i]);
+  }
+  std::vector<Edge> capture;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    KILN_CHECK(inputs[i].defined() && inputs[i].requires_grad(), "grad", loc,
+               "input {} does not require grad", i);
+    capture.push_back(gradient_edge(inputs[i]));
+  }
+  std::vector<Tensor> out =
+      run_backward(roots, root_grads, retain_graph.value_or(create_graph), create_graph, capture);
+  for (size_t i = 0; i < out.size(); ++i) {
+    KILN_CHECK(out[i].defined() || allow_unused, "grad", loc,
+               "input {} was not used to compute the outputs (pass allow_unused=true)", i);
+    if (out[i].defined() && !create_graph) out[i] = out[i].detach();
+  }
+  return out;
+}
+
+void zero_grad(const std::vector<Tensor>& params) {
+  for (const Tensor& p : params)
+    if (Meta* m = meta(p)) m->grad = Tensor();
+}
+
+}  // namespace kiln

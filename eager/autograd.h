@@ -1,0 +1,56 @@
+#pragma once
+/// Reverse-mode automatic differentiation, define-by-run (like PyTorch's autograd).
+///
+/// Every differentiable op called with grad mode on and an input that requires grad records a
+/// backward node (eager/derivatives.cpp holds the formulas, one per op). Tensor::backward() and
+/// kiln::grad() run the recorded graph in reverse topological order without recursion, and free
+/// it as they go unless retain_graph is set.
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace kiln {
+
+/// Whether ops record backward nodes on the calling thread (default on).
+bool is_grad_enabled();
+void set_grad_enabled(bool enabled);
+
+/// RAII: disables gradient recording in its scope (like torch.no_grad()).
+class NoGradGuard {
+ public:
+  NoGradGuard() : prev_(is_grad_enabled()) { set_grad_enabled(false); }
+  ~NoGradGuard() { set_grad_enabled(prev_); }
+  NoGradGuard(const NoGradGuard&) = delete;
+  NoGradGuard& operator=(const NoGradGuard&) = delete;
+
+ private:
+  bool prev_;
+};
+using no_grad = NoGradGuard;
+
+/// RAII: enables gradient recording in its scope (like torch.enable_grad()).
+class EnableGradGuard {
+ public:
+  EnableGradGuard() : prev_(is_grad_enabled()) { set_grad_enabled(true); }
+  ~EnableGradGuard() { set_grad_enabled(prev_); }
+  EnableGradGuard(const EnableGradGuard&) = delete;
+  EnableGradGuard& operator=(const EnableGradGuard&) = delete;
+
+ private:
+  bool prev_;
+};
+using enable_grad = EnableGradGuard;
+
+/// Gradients of `outputs` with respect to `inputs` (torch.autograd.grad): returns one tensor per
+/// input (undefined when allow_unused and the input is not reached). `grad_outputs` defaults to
+/// ones for one-element outputs. .grad of leaves is not touched. retain_graph defaults to
+/// create_graph. Throws kiln::Error when an input is unreachable and allow_unused is false.
+std::vector<Tensor> grad(const std::vector<Tensor>& outputs, const std::vector<Tensor>& inputs,
+                         const std::vector<Tensor>& grad_outputs = {}, bool create_graph = false,
+                         std::optional<bool> retain_graph = std::nullopt, bool allow_unused = false,
+                         Loc loc = Loc::current());
+
+/// Sets .grad of every tensor in `params` to undefined (set_to_none, PyTorch's default).
+void zero_grad(const std::vector<Tensor>& params);
+
+}  // namespace kiln

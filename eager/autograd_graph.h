@@ -1,0 +1,111 @@
+#pragma once
+/// Internal: the autograd graph (nodes, edges, saved tensors, per-tensor autograd state).
+#include <atomic>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/meta.h"
+
+namespace kiln::autograd {
+
+class Node;
+
+/// Where a gradient goes: input slot `input_nr` of node `fn` (for a tensor: its grad_fn and
+/// output number, or its leaf's AccumulateGrad node).
+struct Edge {
+  std::shared_ptr<Node> fn;
+  uint32_t input_nr = 0;
+  bool valid() const { return fn != nullptr; }
+};
+
+/// A tensor saved for backward. Inputs are kept as they are; outputs are kept without their
+/// autograd state (that would make a reference cycle through the node) and re-attached to the
+/// node on unpack. The version at save time is checked on unpack.
+class SavedTensor {
+ public:
+  SavedTensor() = default;
+  SavedTensor(const Tensor& t, bool is_output, const std::shared_ptr<Node>& node);
+  /// The saved tensor. Throws kiln::Error if it was freed by an earlier backward (without
+  /// retain_graph) or modified in place since it was saved.
+  Tensor unpack(const std::shared_ptr<Node>& node, const char* op) const;
+  void release() { data_ = Tensor(); released_ = true; }
+  bool defined() const { return data_.defined() || released_; }
+  std::shared_ptr<TensorImpl> impl() const { return data_.impl_ptr(); }
+
+ private:
+  Tensor data_;
+  uint64_t version_ = 0;
+  bool is_output_ = false, requires_grad_ = false, released_ = false;
+  uint32_t output_nr_ = 0;
+};
+
+/// A backward function: takes the gradient of each output, returns one gradient per next edge.
+class Node : public std::enable_shared_from_this<Node> {
+ public:
+  Node();
+  virtual ~Node();
+  virtual std::string name() const = 0;
+  /// grads[i] is the gradient of output i (undefined if none flowed).
+  virtual std::vector<Tensor> apply(std::vector<Tensor>&& grads) = 0;
+  /// Frees saved tensors after a backward without retain_graph.
+  virtual void release() {}
+  virtual int num_outputs() const { return 1; }
+
+  std::vector<Edge> next_edges;
+  /// Creation order; the engine runs later nodes first (like PyTorch's sequence numbers).
+  uint64_t sequence_nr;
+  /// Non-leaf tensors whose .grad should be kept (retain_grad), by output number.
+  std::vector<std::pair<uint32_t, std::weak_ptr<TensorImpl>>> retained;
+};
+
+/// Accumulates the incoming gradient into a leaf tensor's .grad.
+class AccumulateGrad final : public Node {
+ public:
+  explicit AccumulateGrad(std::weak_ptr<TensorImpl> leaf) : leaf_(std::move(leaf)) {}
+  std::string name() const override { return "AccumulateGrad"; }
+  std::vector<Tensor> apply(std::vector<Tensor>&& grads) override;
+  std::shared_ptr<TensorImpl> leaf() const { return leaf_.lock(); }
+
+ private:
+  std::weak_ptr<TensorImpl> leaf_;
+};
+
+/// The backward node of one recorded op: the op's formula from eager/derivatives.cpp.
+class OpNode final : public Node {
+ public:
+  OpNode(const OpCall& call, const InferredMeta& meta);
+  std::string name() const override;
+  std::vector<Tensor> apply(std::vector<Tensor>&& grads) override;
+  void release() override;
+  void save(const OpCall& call, const std::vector<Tensor>& outs);
+
+  OpKind op;
+  OpAttrs attrs;
+  Loc loc;
+  std::vector<TensorMeta> input_meta;   // shape/dtype of every input (undefined → empty)
+  std::vector<bool> input_defined;
+  std::vector<SavedTensor> saved_inputs, saved_outputs;
+};
+
+/// Autograd state of one tensor (core's AutogradMeta, filled in by eager/).
+struct Meta final : AutogradMeta {
+  bool requires_grad = false;
+  bool retains_grad = false;
+  Tensor grad;
+  std::shared_ptr<Node> grad_fn;  // null for leaves
+  uint32_t output_nr = 0;
+  std::weak_ptr<AccumulateGrad> accumulator;  // leaves only, created on demand
+  /// Set for views of tensors that require grad; in-place ops on them are rejected.
+  bool is_view_of_grad_tensor = false;
+};
+
+/// The tensor's autograd Meta, or nullptr.
+Meta* meta(const Tensor& t);
+Meta& ensure_meta(const Tensor& t);
+/// The edge a gradient for `t` flows into (invalid if t does not require grad).
+Edge gradient_edge(const Tensor& t);
+/// Installs the dispatcher hook that records backward nodes (idempotent).
+void install_hook();
+
+}  // namespace kiln::autograd

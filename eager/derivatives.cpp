@@ -1,0 +1,396 @@
+// Backward formulas, one per differentiable op (the derivatives.yaml of kiln). Each is written
+// with kiln ops so that it is itself differentiable (create_graph / double backward).
+// Sources: standard calculus; GELU's derivative from Hendrycks & Gimpel (2016); layer_norm's
+// from Ba et al. (2016); softmax/log_softmax as in PyTorch's derivatives.yaml.
+#include "eager/derivatives.h"
+
+#include <cmath>
+#include <numbers>
+
+#include "eager/autograd.h"
+#include "eager/dispatch.h"
+#include "eager/factories.h"
+#include "eager/ops.h"
+
+namespace kiln::autograd {
+
+Tensor sum_to(const Tensor& g, const Shape& shape) {
+  if (g.shape() == shape) return g;
+  int lead = g.dim() - shape.size();
+  Dims dims;
+  for (int i = 0; i < g.dim(); ++i)
+    if (i < lead || (shape[i - lead] == 1 && g.shape()[i] != 1)) dims.push_back(i);
+  Tensor r = dims.empty() ? g : sum(g, dims, /*keepdim=*/true);
+  return r.reshape(shape);
+}
+
+namespace {
+
+using K = OpKind;
+constexpr uint8_t X = 1, A = 1, B = 2, ALL3 = 7;
+
+// Dims reduced by a reduction call, as a Dims list over the input rank.
+Dims reduced_dims(const OpAttrs& a, int rank) {
+  uint32_t mask = reduction_mask(a, rank, "backward", Loc::current());
+  Dims d;
+  for (int i = 0; i < rank; ++i)
+    if (mask >> i & 1) d.push_back(i);
+  return d;
+}
+
+// A reduction's output-shaped tensor broadcast back to the input shape.
+Tensor expand_back(const Tensor& t, const Shape& in_shape, const OpAttrs& a) {
+  Tensor r = t;
+  if (!a.keepdim)
+    for (int64_t d : reduced_dims(a, in_shape.size())) r = r.unsqueeze(d);
+  return r.expand(in_shape);
+}
+
+Tensor zeros_of(const TensorMeta& m) { return zeros(m.shape, {m.dtype}); }
+
+// Gradient of a slice [start, start + len) with step 1 along dim: g padded with zeros.
+Tensor pad_slice(const Tensor& g, const TensorMeta& in, int dim, int64_t start) {
+  int64_t len = g.shape()[dim], total = in.shape[dim];
+  std::vector<Tensor> parts;
+  Shape s = in.shape;
+  if (start > 0) {
+    s[dim] = start;
+    parts.push_back(zeros(s, {g.dtype()}));
+  }
+  parts.push_back(g);
+  if (start + len < total) {
+    s[dim] = total - start - len;
+    parts.push_back(zeros(s, {g.dtype()}));
+  }
+  return parts.size() == 1 ? g : cat(parts, dim);
+}
+
+std::vector<Tensor> unary(const BackwardContext& c, const Tensor& g) {
+  const Tensor& x = c.inputs.empty() ? Tensor() : c.inputs[0];
+  const Tensor& y = c.output;
+  constexpr double ln2 = std::numbers::ln2;
+  switch (c.op) {
+    case K::Neg: return {-g};
+    case K::Abs: return {g * sign(x)};
+    case K::Sign:
+    case K::Floor:
+    case K::Ceil:
+    case K::Round:
+    case K::Trunc: return {zeros_like(g)};
+    case K::Exp: return {g * y};
+    case K::Exp2: return {g * y * ln2};
+    case K::Log: return {g / x};
+    case K::Log2: return {g / (x * ln2)};
+    case K::Log1p: return {g / (x + 1)};
+    case K::Expm1: return {g * (y + 1)};
+    case K::Sqrt: return {g / (y * 2)};
+    case K::Rsqrt: return {g * y * y * y * -0.5};
+    case K::Reciprocal: return {-(g * y * y)};
+    case K::Sin: return {g * cos(x)};
+    case K::Cos: return {-(g * sin(x))};
+    case K::Tan: return {g * (y * y + 1)};
+    case K::Tanh: return {g * (1 - y * y)};
+    case K::Sigmoid: return {g * y * (1 - y)};
+    case K::Relu: return {where(gt(y, 0), g, 0)};
+    case K::Silu: {
+      Tensor s = sigmoid(x);
+      return {g * s * (1 + x * (1 - s))};
+    }
+    case K::Erf: return {g * exp(-(x * x)) * (2 / std::sqrt(std::numbers::pi))};
+    case K::Gelu: {
+      if (c.attrs.mode == 0) {  // x·Φ(x): Φ(x) + x·φ(x)
+        Tensor cdf = (1 + erf(x * std::numbers::sqrt2 * 0.5)) * 0.5;
+        Tensor pdf = exp(x * x * -0.5) * (1 / std::sqrt(2 * std::numbers::pi));
+        return {g * (cdf + x * pdf)};
+      }
+      constexpr double k = 0.7978845608028654, c3 = 0.044715;  // √(2/π)
+      Tensor t = tanh((x + x * x * x * c3) * k);
+      Tensor d = (1 + t) * 0.5 + x * (1 - t * t) * (1 + x * x * (3 * c3)) * (0.5 * k);
+      return {g * d};
+    }
+    case K::Clamp: {
+      Tensor keep = ones_like(x, {DType::Bool});
+      if (c.attrs.has_low) keep = logical_and(keep, ge(x, c.attrs.alpha));
+      if (c.attrs.has_high) keep = logical_and(keep, le(x, c.attrs.beta));
+      return {where(keep, g, 0)};
+    }
+    default: break;
+  }
+  throw Error(op_name(c.op).data(), "no derivative", c.loc);
+}
+
+std::vector<Tensor> binary(const BackwardContext& c, const Tensor& g) {
+  const Shape& sa = c.input_meta[0].shape;
+  const Shape& sb = c.input_meta[1].shape;
+  const Tensor& a = c.inputs[0];
+  const Tensor& b = c.inputs.size() > 1 ? c.inputs[1] : Tensor();
+  auto pair = [&](const Tensor& ga, const Tensor& gb) {
+    return std::vector<Tensor>{c.needs_grad[0] ? sum_to(ga, sa) : Tensor(),
+                               c.needs_grad[1] ? sum_to(gb, sb) : Tensor()};
+  };
+  switch (c.op) {
+    case K::Add: return pair(g, c.needs_grad[1] ? g * c.attrs.alpha : g);
+    case K::Sub: return pair(g, c.needs_grad[1] ? g * -c.attrs.alpha.to<double>() : g);
+    case K::Mul: return pair(c.needs_grad[0] ? g * b : g, c.needs_grad[1] ? g * a : g);
+    case K::Div:
+      return pair(c.needs_grad[0] ? g / b : g, c.needs_grad[1] ? -(g * a / (b * b)) : g);
+    case K::Pow: {
+      Tensor ga = c.needs_grad[0] ? g * b * pow(a, b - 1) : g;
+      Tensor gb = g;
+      if (c.needs_grad[1])  // d/db a^b = a^b·log a, taken as 0 where a = 0 and b >= 0
+        gb = where(logical_and(eq(a, 0), ge(b, 0)), zeros_like(g), g * c.output * log(a));
+      return pair(ga, gb);
+    }
+    case K::Maximum:
+    case K::Minimum: {
+      // Ties split the gradient evenly, as in PyTorch.
+      Tensor win = c.op == K::Maximum ? gt(a, b) : lt(a, b);
+      Tensor tie = eq(a, b);
+      Tensor wa = where(win, 1.0, 0.0) + where(tie, 0.5, 0.0);
+      return pair(g * wa, g * (1 - wa));
+    }
+    case K::Atan2: {
+      Tensor denom = a * a + b * b;
+      return pair(g * b / denom, -(g * a / denom));
+    }
+    case K::FloorDivide: return pair(zeros_like(g), zeros_like(g));
+    case K::Remainder: return pair(g, c.needs_grad[1] ? -(g * floor_divide(a, b)) : g);
+    case K::MseLoss: {
+      Tensor d = a - b;
+      double scale = c.attrs.mode == 1 ? 2.0 / static_cast<double>(std::max<int64_t>(d.numel(), 1))
+                                       : 2.0;
+      Tensor gd = g * d * scale;
+      return pair(gd, -gd);
+    }
+    default: break;
+  }
+  throw Error(op_name(c.op).data(), "no derivative", c.loc);
+}
+
+std::vector<Tensor> reduction(const BackwardContext& c, const Tensor& g) {
+  const TensorMeta& in = c.input_meta[0];
+  const Tensor& x = c.inputs.empty() ? Tensor() : c.inputs[0];
+  const Tensor& y = c.output;
+  int64_t n_in = numel(in.shape), n_out = g.numel();
+  double n = n_out ? static_cast<double>(n_in) / static_cast<double>(n_out) : 0;
+  Tensor ge_ = expand_back(g, in.shape, c.attrs);
+  switch (c.op) {
+    case K::Sum: return {ge_.contiguous()};
+    case K::Mean: return {ge_ / n};
+    case K::Prod: return {ge_ * expand_back(y, in.shape, c.attrs) / x};
+    case K::Amax:
+    case K::Amin: {
+      Tensor hit = where(eq(x, expand_back(y, in.shape, c.attrs)), 1.0, 0.0).to(x.dtype());
+      Dims dims = reduced_dims(c.attrs, in.shape.size());
+      Tensor count = sum(hit, dims, true);
+      return {ge_ * hit / count};
+    }
+    case K::Var:
+    case K::Std: {
+      Dims dims = reduced_dims(c.attrs, in.shape.size());
+      double dof = n - static_cast<double>(c.attrs.mode);
+      Tensor xc = x - mean(x, dims, true);
+      if (c.op == K::Var) return {ge_ * xc * (2.0 / dof)};
+      return {ge_ * xc / (expand_back(y, in.shape, c.attrs) * dof)};
+    }
+    case K::LogSumExp: return {ge_ * exp(x - expand_back(y, in.shape, c.attrs))};
+    default: break;
+  }
+  throw Error(op_name(c.op).data(), "no derivative", c.loc);
+}
+
+std::vector<Tensor> normalization(const BackwardContext& c, const Tensor& g) {
+  const Tensor& y = c.output;
+  switch (c.op) {
+    case K::Softmax: return {y * (g - sum(g * y, {c.attrs.dim}, true))};
+    case K::LogSoftmax: return {g - exp(y) * sum(g, {c.attrs.dim}, true)};
+    case K::LayerNorm: {
+      const Tensor& x = c.inputs[0];
+      const Tensor& w = c.inputs.size() > 1 ? c.inputs[1] : Tensor();
+      Dims dims;
+      for (int i = 0; i < c.attrs.dims.size(); ++i) dims.push_back(x.dim() - c.attrs.dims.size() + i);
+      Tensor xc = x - mean(x, dims, true);
+      Tensor rstd = rsqrt(mean(xc * xc, dims, true) + c.attrs.eps);
+      Tensor xhat = xc * rstd;
+      std::vector<Tensor> out(3);
+      Tensor gxhat = w.defined() ? g * w : g;
+      if (c.needs_grad[0])
+        out[0] = rstd * (gxhat - mean(gxhat, dims, true) - xhat * mean(gxhat * xhat, dims, true));
+      if (c.input_meta.size() > 1 && c.needs_grad[1]) out[1] = sum_to(g * xhat, c.input_meta[1].shape);
+      if (c.input_meta.size() > 2 && c.needs_grad[2]) out[2] = sum_to(g, c.input_meta[2].shape);
+      return out;
+    }
+    default: break;
+  }
+  throw Error(op_name(c.op).data(), "no derivative", c.loc);
+}
+
+std::vector<Tensor> linalg(const BackwardContext& c, const Tensor& g) {
+  if (c.op == K::Addmm) {
+    const Tensor& a = c.inputs[1];
+    const Tensor& b = c.inputs[2];
+    double alpha = c.attrs.alpha.to<double>(), beta = c.attrs.beta.to<double>();
+    std::vector<Tensor> out(3);
+    if (c.needs_grad[0]) out[0] = sum_to(g * beta, c.input_meta[0].shape);
+    if (c.needs_grad[1]) out[1] = matmul(g, b.t()) * alpha;
+    if (c.needs_grad[2]) out[2] = matmul(a.t(), g) * alpha;
+    return out;
+  }
+  const Tensor& a = c.inputs[0];
+  const Tensor& b = c.inputs[1];
+  if (a.dim() == 1 && b.dim() == 1) return {g * b, g * a};
+  Tensor a2 = a.dim() == 1 ? a.unsqueeze(0) : a;
+  Tensor b2 = b.dim() == 1 ? b.unsqueeze(-1) : b;
+  Tensor g2 = a.dim() == 1 ? g.unsqueeze(-2) : g;
+  if (b.dim() == 1) g2 = g2.unsqueeze(-1);
+  std::vector<Tensor> out(2);
+  if (c.needs_grad[0]) out[0] = sum_to(matmul(g2, b2.transpose(-1, -2)), a2.shape()).reshape(a.shape());
+  if (c.needs_grad[1]) out[1] = sum_to(matmul(a2.transpose(-1, -2), g2), b2.shape()).reshape(b.shape());
+  return out;
+}
+
+std::vector<Tensor> view(const BackwardContext& c, const Tensor& g) {
+  const TensorMeta& in = c.input_meta[0];
+  const OpAttrs& a = c.attrs;
+  int r = in.shape.size();
+  switch (c.op) {
+    case K::View:
+    case K::Squeeze:
+    case K::Unsqueeze: return {g.reshape(in.shape)};
+    case K::Transpose: return {r ? g.transpose(a.dim, a.dim1) : g};
+    case K::Permute: {
+      Dims inv = Dims::filled(r, 0);
+      for (int i = 0; i < r; ++i) inv[wrap_dim(a.dims[i], r, "permute")] = i;
+      return {g.permute(inv)};
+    }
+    case K::Expand: return {sum_to(g, in.shape)};
+    case K::Slice: {
+      int d = wrap_dim(a.dim, r, "slice");
+      int64_t n = in.shape[d];
+      int64_t start = std::clamp<int64_t>(a.start < 0 ? a.start + n : a.start, 0, n);
+      if (a.step == 1) return {pad_slice(g, in, d, start)};
+      Tensor z = zeros_of(in);
+      NoGradGuard no_grad;  // strided slices: not differentiable a second time
+      z.slice(d, a.start, a.end, a.step).copy_(g);
+      return {z};
+    }
+    case K::Select: {
+      int d = wrap_dim(a.dim, r, "select");
+      int64_t i = a.start < 0 ? a.start + in.shape[d] : a.start;
+      return {pad_slice(g.unsqueeze(d), in, d, i)};
+    }
+    default: break;
+  }
+  throw Error(op_name(c.op).data(), "no derivative", c.loc);
+}
+
+std::vector<Tensor> other(const BackwardContext& c, const Tensor& g) {
+  switch (c.op) {
+    case K::Contiguous: return {g};
+    case K::Cast: return {is_floating(c.input_meta[0].dtype) ? g.to(c.input_meta[0].dtype) : Tensor()};
+    case K::CopyInto:
+      return {zeros_like(g), c.needs_grad[1] && is_floating(c.input_meta[1].dtype)
+                                 ? sum_to(g.to(c.input_meta[1].dtype), c.input_meta[1].shape)
+                                 : Tensor()};
+    case K::Fill: return {zeros_like(g)};
+    case K::Where: {
+      const Tensor& cond = c.inputs[0];
+      std::vector<Tensor> out(3);
+      if (c.needs_grad[1]) out[1] = sum_to(where(cond, g, 0), c.input_meta[1].shape);
+      if (c.needs_grad[2]) out[2] = sum_to(where(cond, 0, g), c.input_meta[2].shape);
+      return out;
+    }
+    case K::Cat: {
+      std::vector<Tensor> out;
+      int d = wrap_dim(c.attrs.dim, g.dim(), "cat");
+      int64_t at = 0;
+      for (const TensorMeta& m : c.input_meta) {
+        out.push_back(g.slice(d, at, at + m.shape[d]));
+        at += m.shape[d];
+      }
+      return out;
+    }
+    case K::IndexSelect:
+      return {index_add(zeros_of(c.input_meta[0]), c.attrs.dim, c.inputs[1], g)};
+    case K::Embedding: {
+      int64_t dim = c.input_meta[0].shape[1];
+      return {index_add(zeros_of(c.input_meta[0]), 0, c.inputs[1].reshape({-1}), g.reshape({-1, dim}))};
+    }
+    case K::Gather:
+      return {scatter_add(zeros_of(c.input_meta[0]), c.attrs.dim, c.inputs[1], g)};
+    case K::IndexAdd:
+      return {g, Tensor(), c.needs_grad[2] ? index_select(g, c.attrs.dim, c.inputs[1]) : Tensor()};
+    case K::ScatterAdd:
+      return {g, Tensor(), c.needs_grad[2] ? gather(g, c.attrs.dim, c.inputs[1]) : Tensor()};
+    case K::MaskedFill: return {masked_fill(g, c.inputs[1], 0)};
+    case K::Tril: return {tril(g, c.attrs.mode)};
+    case K::Triu: return {triu(g, c.attrs.mode)};
+    case K::Dropout:
+      // The same Philox counters give the same mask: dropout(g) = g·mask/(1−p).
+      return {dispatch::call1({K::Dropout, {g}, c.attrs, c.loc})};
+    case K::NllLoss: {
+      const Tensor& target = c.inputs[1];
+      int64_t classes = c.input_meta[0].shape.back();
+      Tensor valid = ne(target, c.attrs.ignore_index);
+      Tensor safe = where(valid, target.to(DType::Int64), 0);
+      Tensor w = one_hot(safe, classes).to(g.dtype()) * valid.to(g.dtype()).unsqueeze(-1);
+      Tensor scale = g;
+      if (c.attrs.mode == 0) scale = g.unsqueeze(-1);
+      if (c.attrs.mode == 1) scale = g / valid.to(g.dtype()).sum();
+      return {-(w * scale)};
+    }
+    default: break;
+  }
+  throw Error(op_name(c.op).data(), "no derivative", c.loc);
+}
+
+}  // namespace
+
+const SaveSpec& save_spec(OpKind op) {
+  static const auto table = [] {
+    std::array<SaveSpec, kNumOps> t{};
+    auto set = [&](OpKind k, uint8_t inputs, bool output) { t[int(k)] = {true, inputs, output}; };
+    for (K k : {K::Neg, K::Sign, K::Floor, K::Ceil, K::Round, K::Trunc, K::Add, K::Sub, K::Sum,
+                K::Mean, K::View, K::Transpose, K::Permute, K::Slice, K::Select, K::Expand,
+                K::Squeeze, K::Unsqueeze, K::Contiguous, K::Cast, K::CopyInto, K::Fill, K::Cat,
+                K::Tril, K::Triu, K::Dropout})
+      set(k, 0, false);
+    for (K k : {K::Exp, K::Exp2, K::Expm1, K::Sqrt, K::Rsqrt, K::Reciprocal, K::Tan, K::Tanh,
+                K::Sigmoid, K::Relu, K::Softmax, K::LogSoftmax})
+      set(k, 0, true);
+    for (K k : {K::Abs, K::Log, K::Log2, K::Log1p, K::Sin, K::Cos, K::Silu, K::Erf, K::Gelu,
+                K::Clamp, K::Var})
+      set(k, X, false);
+    for (K k : {K::Mul, K::Div, K::Maximum, K::Minimum, K::Atan2, K::FloorDivide, K::Remainder,
+                K::MseLoss, K::Matmul})
+      set(k, A | B, false);
+    for (K k : {K::Prod, K::Amax, K::Amin, K::Std, K::LogSumExp}) set(k, X, true);
+    set(K::Pow, A | B, true);
+    set(K::Where, 1, false);
+    set(K::LayerNorm, A | B, false);
+    set(K::Addmm, 6, false);
+    for (K k : {K::IndexSelect, K::Embedding, K::Gather, K::IndexAdd, K::ScatterAdd,
+                K::MaskedFill, K::NllLoss})
+      set(k, B, false);
+    (void)ALL3;
+    return t;
+  }();
+  return table[static_cast<int>(op)];
+}
+
+std::vector<Tensor> derivative(const BackwardContext& c, const Tensor& g) {
+  switch (op_info(c.op).category) {
+    case OpCategory::Unary: return unary(c, g);
+    case OpCategory::Binary:
+    case OpCategory::Loss:
+      if (c.op == K::NllLoss) return other(c, g);
+      return binary(c, g);
+    case OpCategory::Reduction: return reduction(c, g);
+    case OpCategory::Normalization: return normalization(c, g);
+    case OpCategory::Matmul: return linalg(c, g);
+    case OpCategory::View: return view(c, g);
+    default: return other(c, g);
+  }
+}
+
+}  // namespace kiln::autograd
