@@ -51,11 +51,11 @@ double seconds_since(Clock::time_point start) {
 
 /// Timing policy; --quick shrinks it so a suite takes seconds.
 struct Policy {
-  int warmup_calls;       // at least this many untimed calls...
-  double warmup_s;        // ...and at least this long (fills the allocator cache, caches)
-  double min_rep_s;       // calls are batched so one repetition lasts at least this long
+  int warmup_calls;  // at least this many untimed calls...
+  double warmup_s;   // ...and at least this long (fills the allocator cache, caches)
+  double min_rep_s;  // calls are batched so one repetition lasts at least this long
   int min_reps, max_reps;
-  double target_s;        // aim for this much timed work per case
+  double target_s;   // aim for this much timed work per case
 };
 
 Policy policy_for(const RunConfig& config) {

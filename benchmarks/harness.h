@@ -12,7 +12,8 @@
 ///       return Benchmark{[=] { kiln::add(a, b); }, gb_per_s(3.0 * 4 * (1 << 20))};
 ///     }}};
 ///   }
-///   [[maybe_unused]] const bool registered = register_suite({"my-suite", "what it measures", my_cases});
+///   [[maybe_unused]] const bool registered =
+///       register_suite({"my-suite", "what it measures", my_cases});
 ///   }  // namespace
 ///   }  // namespace kiln::bench
 ///

@@ -57,8 +57,8 @@ int main() {
 
   section("broadcasting arithmetic", [] {
     Tensor a = kiln::arange(6, kiln::Float32).view({2, 3});
-    Tensor row = kiln::tensor({10.f, 20.f, 30.f});        // [3] broadcasts over [2, 3]
-    Tensor col = kiln::tensor({{1.f}, {2.f}});             // [2, 1] broadcasts over [2, 3]
+    Tensor row = kiln::tensor({10.f, 20.f, 30.f});  // [3] broadcasts over [2, 3]
+    Tensor col = kiln::tensor({{1.f}, {2.f}});      // [2, 1] broadcasts over [2, 3]
     show("a + row", a + row);
     show("a * col - 1", a * col - 1);
   });
