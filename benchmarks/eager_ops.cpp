@@ -1,0 +1,140 @@
+// Suite `eager-ops`: per-op overhead and the bandwidth / FLOP rate of single eager ops,
+// next to this machine's own ceilings measured in the same run (memcpy, a direct sgemm).
+#include <cstring>
+#include <memory>
+
+#include <fmt/format.h>
+
+#include "backends/cpu/parallel.h"
+#include "benchmarks/harness.h"
+#include "kiln/kiln.h"
+
+#if __has_include("backends/cpu/blas.h")
+#include "backends/cpu/blas.h"
+#define KILN_BENCH_HAVE_SGEMM 1
+#endif
+
+namespace kiln::bench {
+namespace {
+
+constexpr char kSuite[] = "eager-ops";
+constexpr int64_t k16M = int64_t{1} << 24;
+constexpr int64_t kRows = 4096, kCols = 1024;
+constexpr int64_t kMatmulN = 1024;
+constexpr double kF32 = sizeof(float);
+
+// Inputs are made once in setup (outside the timed loop) and captured by the body; each call
+// allocates its output, so the caching allocator is part of what is measured.
+
+Benchmark overhead_add_1elem(const RunConfig&) {
+  Tensor a = filled({1}), b = filled({1});
+  return {[a, b] { do_not_optimize(kiln::add(a, b)); }, ns_per_call()};
+}
+
+Benchmark copy_16m(const RunConfig&) {
+  // Raw buffers from the kiln allocator (64-byte aligned), written once so no page faults
+  // are timed. Split across kiln's threads like a kernel would be, so the ceiling matches
+  // the thread count the eager cases use.
+  Tensor src = filled({k16M}), dst = filled({k16M});
+  return {[src, dst] {
+            const float* s = src.data<float>();
+            float* d = dst.data<float>();
+            cpu::parallel_for(0, k16M, cpu::kGrainSize, [=](int64_t begin, int64_t end) {
+              std::memcpy(d + begin, s + begin, (end - begin) * sizeof(float));
+            });
+            do_not_optimize(d);
+          },
+          gb_per_s(2 * kF32 * k16M)};
+}
+
+Benchmark add_16m(const RunConfig&) {
+  Tensor a = filled({k16M}), b = filled({k16M});
+  return {[a, b] { do_not_optimize(kiln::add(a, b)); }, gb_per_s(3 * kF32 * k16M)};
+}
+
+Benchmark gelu_16m(const RunConfig&) {
+  Tensor x = filled({k16M}, -3.f, 3.f);
+  return {[x] { do_not_optimize(kiln::gelu(x, "tanh")); }, gb_per_s(2 * kF32 * k16M)};
+}
+
+Benchmark softmax_4096x1024(const RunConfig&) {
+  Tensor x = filled({kRows, kCols}, -4.f, 4.f);
+  return {[x] { do_not_optimize(kiln::softmax(x, -1)); }, gb_per_s(2 * kF32 * kRows * kCols)};
+}
+
+Benchmark layer_norm_4096x1024(const RunConfig&) {
+  Tensor x = filled({kRows, kCols}, -4.f, 4.f);
+  return {[x] { do_not_optimize(kiln::layer_norm(x, {kCols})); },
+          gb_per_s(2 * kF32 * kRows * kCols)};
+}
+
+constexpr double kMatmulFlops = 2.0 * kMatmulN * kMatmulN * kMatmulN;
+
+Benchmark matmul_1024(const RunConfig&) {
+  Tensor a = filled({kMatmulN, kMatmulN}), b = filled({kMatmulN, kMatmulN});
+  return {[a, b] { do_not_optimize(kiln::matmul(a, b)); }, gflop_per_s(kMatmulFlops)};
+}
+
+Benchmark matmul_1024_reference(const RunConfig&) {
+#ifdef KILN_BENCH_HAVE_SGEMM
+  Tensor a = filled({kMatmulN, kMatmulN}), b = filled({kMatmulN, kMatmulN});
+  Tensor c = filled({kMatmulN, kMatmulN});
+  return {[a, b, c] {
+            const int64_t n = kMatmulN;
+            cpu::sgemm(n, n, n, a.data<float>(), n, b.data<float>(), n, c.data<float>(), n);
+            do_not_optimize(c.data<float>());
+          },
+          gflop_per_s(kMatmulFlops)};
+#else
+  throw Skipped("backends/cpu/blas.h (kiln::cpu::sgemm) is not in this build");
+#endif
+}
+
+std::vector<Case> cases() {
+  return {
+      {"overhead_add_1elem", Mode::Eager, "ns/op", overhead_add_1elem},
+      {"copy_16M", Mode::Reference, "GB/s", copy_16m},
+      {"add_16M", Mode::Eager, "GB/s", add_16m},
+      {"gelu_16M", Mode::Eager, "GB/s", gelu_16m},
+      {"softmax_4096x1024", Mode::Eager, "GB/s", softmax_4096x1024},
+      {"layer_norm_4096x1024", Mode::Eager, "GB/s", layer_norm_4096x1024},
+      {"matmul_1024", Mode::Eager, "GFLOP/s", matmul_1024},
+      {"matmul_1024", Mode::Reference, "GFLOP/s", matmul_1024_reference},
+  };
+}
+
+/// One targets line; "n/a" when a case it needs did not run.
+void check_line(std::string_view what, const Record* x, const Record* ref, double target_ratio) {
+  if (!x || !ref) {
+    fmt::print("  {:<34} n/a (a case it needs did not run)\n", what);
+    return;
+  }
+  double ratio = x->value / ref->value;
+  fmt::print("  {:<34} {:.3g} / {:.3g} {} = {:.0f} %   target >= {:.0f} %   {}\n", what, x->value,
+             ref->value, x->unit, 100 * ratio, 100 * target_ratio,
+             ratio >= target_ratio ? "ok" : "MISSED");
+}
+
+void summary(std::span<const Record> records) {
+  auto find = [&](std::string_view name, Mode mode) {
+    return find_record(records, kSuite, name, mode);
+  };
+  fmt::print("\ntargets (printed, not asserted; the machine is shared, expect +-20-30 %):\n");
+  if (const Record* o = find("overhead_add_1elem", Mode::Eager)) {
+    fmt::print("  {:<34} {:.0f} ns   target <= 500 ns   {}\n", "per-op overhead (add, 1 elem)",
+               o->value, o->value <= 500 ? "ok" : "MISSED");
+  } else {
+    fmt::print("  {:<34} n/a (a case it needs did not run)\n", "per-op overhead (add, 1 elem)");
+  }
+  check_line("add_16M vs copy_16M", find("add_16M", Mode::Eager),
+             find("copy_16M", Mode::Reference), 0.60);
+  // "Within 10 %" of the direct BLAS call: at least 90 % of its rate.
+  check_line("matmul_1024 eager vs reference", find("matmul_1024", Mode::Eager),
+             find("matmul_1024", Mode::Reference), 0.90);
+}
+
+[[maybe_unused]] const bool registered = register_suite(
+    {kSuite, "per-op overhead and single-op GB/s, GFLOP/s vs memcpy / sgemm", cases, summary});
+
+}  // namespace
+}  // namespace kiln::bench

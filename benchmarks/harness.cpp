@@ -1,0 +1,163 @@
+#include "benchmarks/harness.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <exception>
+#include <map>
+#include <memory>
+
+#include "eager/factories.h"
+
+namespace kiln::bench {
+
+std::string_view mode_name(Mode mode) {
+  switch (mode) {
+    case Mode::Eager: return "eager";
+    case Mode::Compiled: return "compiled";
+    case Mode::Reference: return "reference";
+    case Mode::Peer: return "peer";
+  }
+  return "?";
+}
+
+ValueFn gb_per_s(double bytes_per_call) {
+  return [bytes_per_call](double s) { return bytes_per_call / s / 1e9; };
+}
+ValueFn gflop_per_s(double flops_per_call) {
+  return [flops_per_call](double s) { return flops_per_call / s / 1e9; };
+}
+ValueFn ns_per_call() {
+  return [](double s) { return s * 1e9; };
+}
+ValueFn per_second(double count_per_call) {
+  return [count_per_call](double s) { return count_per_call / s; };
+}
+
+namespace {
+
+// A function-local static, so suites registering from other files' static initialisers
+// never see it unconstructed.
+std::map<std::string, Suite, std::less<>>& registry() {
+  static std::map<std::string, Suite, std::less<>> r;
+  return r;
+}
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+/// Timing policy; --quick shrinks it so a suite takes seconds.
+struct Policy {
+  int warmup_calls;  // at least this many untimed calls...
+  double warmup_s;   // ...and at least this long (fills the allocator cache, caches)
+  double min_rep_s;  // calls are batched so one repetition lasts at least this long
+  int min_reps, max_reps;
+  double target_s;   // aim for this much timed work per case
+};
+
+Policy policy_for(const RunConfig& config) {
+  if (config.quick) return {1, 0.01, 0.001, 3, 30, 0.15};
+  return {3, 0.1, 0.002, 10, 200, 1.0};
+}
+
+double median_of(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+}  // namespace
+
+bool register_suite(Suite suite) {
+  std::string name = suite.name;
+  if (!registry().emplace(name, std::move(suite)).second)
+    throw std::logic_error("kiln-bench: suite '" + name + "' registered twice");
+  return true;
+}
+
+std::vector<const Suite*> suites() {
+  std::vector<const Suite*> out;
+  for (const auto& [name, suite] : registry()) out.push_back(&suite);
+  return out;
+}
+
+const Suite* find_suite(std::string_view name) {
+  auto it = registry().find(name);
+  return it == registry().end() ? nullptr : &it->second;
+}
+
+Record run_case(const Suite& suite, const Case& c, const RunConfig& config) {
+  Record rec;
+  rec.suite = suite.name;
+  rec.case_name = c.name;
+  rec.mode = c.mode;
+  rec.unit = c.unit;
+  try {
+    Benchmark bench = c.setup(config);
+    const Policy p = policy_for(config);
+
+    // Warm-up; its mean time per call sizes the batches below.
+    int warm_calls = 0;
+    auto warm_start = Clock::now();
+    while (warm_calls < p.warmup_calls || seconds_since(warm_start) < p.warmup_s) {
+      bench.body();
+      ++warm_calls;
+    }
+    double est = std::max(seconds_since(warm_start) / warm_calls, 1e-9);
+
+    // A tiny op is timed as a loop of `batch` calls: steady_clock's resolution and the cost
+    // of reading it would otherwise dominate.
+    int64_t batch = std::max<int64_t>(1, static_cast<int64_t>(std::ceil(p.min_rep_s / est)));
+    int reps = static_cast<int>(
+        std::clamp(p.target_s / (est * batch), double(p.min_reps), double(p.max_reps)));
+
+    std::vector<double> per_call;  // seconds
+    per_call.reserve(reps);
+    for (int r = 0; r < reps; ++r) {
+      auto start = Clock::now();
+      for (int64_t i = 0; i < batch; ++i) bench.body();
+      per_call.push_back(seconds_since(start) / batch);
+    }
+    double median = median_of(per_call);
+    auto [lo, hi] = std::minmax_element(per_call.begin(), per_call.end());
+    rec.median_ms = median * 1e3;
+    rec.min_ms = *lo * 1e3;
+    rec.max_ms = *hi * 1e3;
+    rec.value = bench.value(median);
+  } catch (const Skipped& e) {
+    rec.status = Status::Skipped;
+    rec.error = e.what();
+  } catch (const std::exception& e) {  // kiln::Error included: report it, run the rest
+    rec.status = Status::Failed;
+    rec.error = e.what();
+  }
+  return rec;
+}
+
+const Record* find_record(std::span<const Record> records, std::string_view suite,
+                          std::string_view case_name, Mode mode) {
+  for (const Record& r : records)
+    if (r.status == Status::Ok && r.suite == suite && r.case_name == case_name && r.mode == mode)
+      return &r;
+  return nullptr;
+}
+
+Tensor filled(const Shape& shape, float lo, float hi) {
+  Tensor t = kiln::empty(shape, kiln::Float32);
+  float* p = t.data<float>();
+  const int64_t n = t.numel();
+  // A cheap LCG: varied values (no constant-folding shortcuts in kernels) without needing
+  // the random kernels.
+  uint32_t s = 12345;
+  const float scale = (hi - lo) / 16777216.f;
+  for (int64_t i = 0; i < n; ++i) {
+    s = s * 1664525u + 1013904223u;
+    p[i] = lo + static_cast<float>(s >> 8) * scale;
+  }
+  return t;
+}
+
+}  // namespace kiln::bench

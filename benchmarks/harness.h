@@ -1,0 +1,134 @@
+#pragma once
+/// kiln-bench's harness: a registry of suites, the timing loop, and the records it produces.
+///
+/// A suite is a named list of cases. Each suite lives in its own .cpp file in benchmarks/ and
+/// registers itself at static-initialisation time; main.cpp never names a suite:
+///
+///   namespace kiln::bench {
+///   namespace {
+///   std::vector<Case> my_cases() {
+///     return {{"add_1M", Mode::Eager, "GB/s", [](const RunConfig&) {
+///       Tensor a = filled({1 << 20}), b = filled({1 << 20});   // outside the timed loop
+///       return Benchmark{[=] { kiln::add(a, b); }, gb_per_s(3.0 * 4 * (1 << 20))};
+///     }}};
+///   }
+///   [[maybe_unused]] const bool registered =
+///       register_suite({"my-suite", "what it measures", my_cases});
+///   }  // namespace
+///   }  // namespace kiln::bench
+///
+/// The harness warms each case up, batches calls so that one repetition lasts at least about
+/// a millisecond (so 1-element ops are timed as a loop of many calls), repeats, and reports the
+/// median / min / max time of one call and a value derived from the median (GB/s, GFLOP/s,
+/// ns/op, ...). A case whose setup or body throws kiln::Error (or any std::exception) is
+/// recorded as failed with the message; the remaining cases still run.
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace kiln::bench {
+
+/// What a case measures: kiln eager ops, kiln compiled code, this machine's own ceiling
+/// (memcpy, a direct BLAS call), or another framework.
+enum class Mode { Eager, Compiled, Reference, Peer };
+/// "eager", "compiled", "reference", "peer".
+std::string_view mode_name(Mode mode);
+
+/// Settings of one kiln-bench run, handed to every case's setup.
+struct RunConfig {
+  bool quick = false;  ///< fewer repetitions, shorter warm-up (the whole suite in seconds)
+  int threads = 1;     ///< kiln::cpu::num_threads() during the run
+};
+
+/// Turns the median time of one call (seconds) into the reported value.
+using ValueFn = std::function<double(double seconds_per_call)>;
+
+/// Value = bytes / time in GB/s (1e9 bytes per second).
+ValueFn gb_per_s(double bytes_per_call);
+/// Value = flops / time in GFLOP/s.
+ValueFn gflop_per_s(double flops_per_call);
+/// Value = time of one call in nanoseconds.
+ValueFn ns_per_call();
+/// Value = `count` / time, e.g. samples/s or steps/s.
+ValueFn per_second(double count_per_call);
+
+/// What a case's setup returns: the timed body and how to turn time into its value. The body
+/// owns its inputs (capture them by value); they are freed when the case ends.
+struct Benchmark {
+  std::function<void()> body;  ///< one call of the measured operation
+  ValueFn value;               ///< from the median seconds per call
+};
+
+/// Thrown by a setup to skip a case that cannot run here (e.g. a missing reference library).
+/// Unlike a kiln::Error, a skipped case does not make kiln-bench exit non-zero.
+class Skipped : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+/// One benchmark case of a suite.
+struct Case {
+  std::string name;  ///< e.g. "add_16M"; unique within its mode
+  Mode mode = Mode::Eager;
+  std::string unit;  ///< unit of the value, e.g. "GB/s"
+  /// Creates the inputs (outside the timed region) and returns the body to time.
+  std::function<Benchmark(const RunConfig&)> setup;
+};
+
+enum class Status { Ok, Failed, Skipped };
+
+/// The outcome of one case: what --json writes and the table shows.
+struct Record {
+  std::string suite, case_name;
+  Mode mode = Mode::Eager;
+  Status status = Status::Ok;
+  double median_ms = 0, min_ms = 0, max_ms = 0;  ///< time of one call
+  double value = 0;
+  std::string unit;
+  std::string error;  ///< the message when failed or skipped
+};
+
+/// A named group of cases, plus an optional summary printed after the table (e.g. a check
+/// of the run's figures against the project's targets).
+struct Suite {
+  std::string name;
+  std::string description;
+  /// Builds the case list; called lazily, so registering a suite costs nothing.
+  std::function<std::vector<Case>()> cases;
+  /// Given every record of the run (all suites), prints suite-specific lines.
+  std::function<void(std::span<const Record>)> summary;
+};
+
+/// Adds a suite to the registry; returns true so it can initialise a static bool.
+/// Throws std::logic_error for a duplicate name.
+bool register_suite(Suite suite);
+/// Every registered suite, sorted by name.
+std::vector<const Suite*> suites();
+/// The suite called `name`, or nullptr.
+const Suite* find_suite(std::string_view name);
+
+/// Warms up, calibrates and times one case; never throws for errors of the case itself.
+Record run_case(const Suite& suite, const Case& c, const RunConfig& config);
+
+/// The record of `case_name` in `mode` that succeeded, or nullptr.
+const Record* find_record(std::span<const Record> records, std::string_view suite,
+                          std::string_view case_name, Mode mode);
+
+// ---- helpers for writing cases ----
+
+/// A contiguous float32 tensor of `shape`, written element by element (so its pages are
+/// touched before timing) with a deterministic pattern in [lo, hi]. Needs no kernels.
+Tensor filled(const Shape& shape, float lo = -1.f, float hi = 1.f);
+
+/// Keeps the compiler from discarding a value computed only for timing.
+template <class T> inline void do_not_optimize(const T& value) {
+  asm volatile("" : : "r,m"(value) : "memory");
+}
+
+}  // namespace kiln::bench
