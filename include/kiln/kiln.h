@@ -1,5 +1,6 @@
 #pragma once
 /// The kiln API in one include: tensors, factories, eager ops.
 #include "core/tensor.h"
+#include "eager/autograd.h"
 #include "eager/factories.h"
 #include "eager/ops.h"

@@ -1,0 +1,56 @@
+#include "nn/layers.h"
+
+#include <cmath>
+
+#include "eager/factories.h"
+#include "nn/init.h"
+
+namespace kiln::nn {
+
+Linear::Linear(int64_t in, int64_t out, bool with_bias) {
+  KILN_CHECK(in > 0 && out > 0, "Linear", Loc::current(),
+             "in_features and out_features must be positive, got {} and {}", in, out);
+  weight = register_parameter("weight", empty({out, in}));
+  init::kaiming_uniform_(weight, std::sqrt(5.0));
+  if (with_bias) {
+    bias = register_parameter("bias", empty({out}));
+    double b = 1 / std::sqrt(static_cast<double>(in));
+    init::uniform_(bias, -b, b);
+  }
+}
+Tensor Linear::forward(const Tensor& x) { return linear(x, weight, bias); }
+
+Embedding::Embedding(int64_t num, int64_t dim) {
+  weight = register_parameter("weight", empty({num, dim}));
+  init::normal_(weight);
+}
+Tensor Embedding::forward(const Tensor& indices) { return embedding(weight, indices); }
+
+LayerNorm::LayerNorm(Shape shape, double eps, bool affine) : normalized_shape(shape), eps(eps) {
+  if (affine) {
+    weight = register_parameter("weight", ones(shape));
+    bias = register_parameter("bias", zeros(shape));
+  }
+}
+Tensor LayerNorm::forward(const Tensor& x) {
+  return layer_norm(x, normalized_shape, weight, bias, eps);
+}
+
+Dropout::Dropout(double p) : p(p) {
+  KILN_CHECK(p >= 0 && p <= 1, "Dropout", Loc::current(), "p must be in [0, 1], got {}", p);
+}
+
+Sequential::Sequential(std::initializer_list<std::shared_ptr<Module>> modules) {
+  for (auto& m : modules) push_back(m);
+}
+void Sequential::push_back(std::shared_ptr<Module> m) {
+  register_module(std::to_string(modules_.size()), m);
+  modules_.push_back(std::move(m));
+}
+Tensor Sequential::forward(const Tensor& x) {
+  Tensor y = x;
+  for (auto& m : modules_) y = m->forward(y);
+  return y;
+}
+
+}  // namespace kiln::nn

@@ -1,0 +1,108 @@
+#pragma once
+/// Basic layers, with PyTorch's shapes, defaults and initialisation.
+#include <string>
+#include <vector>
+
+#include "eager/ops.h"
+#include "nn/module.h"
+
+namespace kiln::nn {
+
+/// y = x Wᵀ + b. x [..., in] → [..., out]. W [out, in] and b [out] from U(−1/√in, 1/√in)
+/// (kaiming_uniform with a = √5, as torch.nn.Linear).
+class Linear : public Module {
+ public:
+  Linear(int64_t in_features, int64_t out_features, bool bias = true);
+  Tensor forward(const Tensor& x) override;
+  std::string name() const override { return "Linear"; }
+  Tensor weight, bias;
+};
+
+/// Lookup table: int indices [...] → [..., dim]. Weight [num, dim] from N(0, 1).
+class Embedding : public Module {
+ public:
+  Embedding(int64_t num_embeddings, int64_t embedding_dim);
+  Tensor forward(const Tensor& indices) override;
+  std::string name() const override { return "Embedding"; }
+  Tensor weight;
+};
+
+/// Layer normalisation over the trailing `shape` dims; weight ones, bias zeros.
+class LayerNorm : public Module {
+ public:
+  explicit LayerNorm(Shape normalized_shape, double eps = 1e-5, bool elementwise_affine = true);
+  Tensor forward(const Tensor& x) override;
+  std::string name() const override { return "LayerNorm"; }
+  Shape normalized_shape;
+  double eps;
+  Tensor weight, bias;
+};
+
+/// Inverted dropout in training mode; identity in eval mode.
+class Dropout : public Module {
+ public:
+  explicit Dropout(double p = 0.5);
+  Tensor forward(const Tensor& x) override { return dropout(x, p, is_training()); }
+  std::string name() const override { return "Dropout"; }
+  double p;
+};
+
+class ReLU : public Module {
+ public:
+  Tensor forward(const Tensor& x) override { return relu(x); }
+  std::string name() const override { return "ReLU"; }
+};
+
+/// approximate: "none" (erf) or "tanh".
+class GELU : public Module {
+ public:
+  explicit GELU(std::string approximate = "none") : approximate(std::move(approximate)) {}
+  Tensor forward(const Tensor& x) override { return gelu(x, approximate); }
+  std::string name() const override { return "GELU"; }
+  std::string approximate;
+};
+
+/// Applies its modules in order; they are registered as "0", "1", ...
+class Sequential : public Module {
+ public:
+  Sequential() = default;
+  Sequential(std::initializer_list<std::shared_ptr<Module>> modules);
+  void push_back(std::shared_ptr<Module> m);
+  Tensor forward(const Tensor& x) override;
+  std::string name() const override { return "Sequential"; }
+  size_t size() const { return modules_.size(); }
+  std::shared_ptr<Module> operator[](size_t i) const { return modules_[i]; }
+
+ private:
+  std::vector<std::shared_ptr<Module>> modules_;
+};
+
+/// Loss modules (reduction as in the functional forms, default Mean).
+class CrossEntropyLoss {
+ public:
+  explicit CrossEntropyLoss(Reduction r = Reduction::Mean, int64_t ignore_index = -100)
+      : reduction(r), ignore_index(ignore_index) {}
+  Tensor operator()(const Tensor& logits, const Tensor& target) const {
+    return cross_entropy(logits, target, reduction, ignore_index);
+  }
+  Reduction reduction;
+  int64_t ignore_index;
+};
+class MSELoss {
+ public:
+  explicit MSELoss(Reduction r = Reduction::Mean) : reduction(r) {}
+  Tensor operator()(const Tensor& a, const Tensor& b) const { return mse_loss(a, b, reduction); }
+  Reduction reduction;
+};
+class NLLLoss {
+ public:
+  explicit NLLLoss(Reduction r = Reduction::Mean, int64_t ignore_index = -100)
+      : reduction(r), ignore_index(ignore_index) {}
+  Tensor operator()(const Tensor& log_probs, const Tensor& target) const {
+    return nll_loss(log_probs, target, reduction, ignore_index);
+  }
+  Reduction reduction;
+  int64_t ignore_index;
+};
+
+}  // namespace kiln::nn

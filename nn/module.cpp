@@ -1,0 +1,88 @@
+#include "nn/module.h"
+
+#include "eager/autograd.h"
+#include "nn/serialize.h"
+
+namespace kiln::nn {
+
+Tensor Module::forward(const Tensor&) {
+  throw Error(name(), "this module's forward takes other arguments; call its own forward");
+}
+
+Tensor Module::register_parameter(const std::string& n, Tensor t) {
+  if (t.defined() && !t.requires_grad()) t.requires_grad_();
+  params_.emplace_back(n, t);
+  return t;
+}
+Tensor Module::register_buffer(const std::string& n, Tensor t) {
+  buffers_.emplace_back(n, t);
+  return t;
+}
+
+void Module::collect(const std::string& prefix, bool recurse, bool params, StateDict& out) const {
+  for (const auto& [n, t] : params ? params_ : buffers_)
+    if (t.defined()) out.emplace_back(prefix + n, t);
+  if (!recurse) return;
+  for (const auto& [n, m] : children_) m->collect(prefix + n + ".", true, params, out);
+}
+
+StateDict Module::named_parameters(bool recurse) const {
+  StateDict out;
+  collect("", recurse, true, out);
+  return out;
+}
+std::vector<Tensor> Module::parameters(bool recurse) const {
+  std::vector<Tensor> out;
+  for (auto& [n, t] : named_parameters(recurse)) out.push_back(t);
+  return out;
+}
+StateDict Module::named_buffers(bool recurse) const {
+  StateDict out;
+  collect("", recurse, false, out);
+  return out;
+}
+
+void Module::train(bool on) {
+  training_ = on;
+  for (auto& [n, m] : children_) m->train(on);
+}
+
+void Module::zero_grad() { kiln::zero_grad(parameters()); }
+
+StateDict Module::state_dict() const {
+  StateDict out = named_parameters();
+  for (auto& kv : named_buffers()) out.push_back(kv);
+  return out;
+}
+
+void Module::load_state_dict(const StateDict& dict, bool strict) {
+  StateDict mine = state_dict();
+  NoGradGuard no_grad;
+  std::vector<bool> used(dict.size(), false);
+  for (auto& [key, dst] : mine) {
+    size_t i = 0;
+    while (i < dict.size() && dict[i].first != key) ++i;
+    if (i == dict.size()) {
+      KILN_CHECK(!strict, "load_state_dict", Loc::current(), "missing key \"{}\" in state dict",
+                 key);
+      continue;
+    }
+    used[i] = true;
+    const Tensor& src = dict[i].second;
+    KILN_CHECK(src.shape() == dst.shape(), "load_state_dict", Loc::current(),
+               "size mismatch for \"{}\": copying a tensor of shape {} into one of shape {}", key,
+               to_string(src.shape()), to_string(dst.shape()));
+    Tensor d = dst;
+    d.copy_(src);
+  }
+  for (size_t i = 0; strict && i < dict.size(); ++i)
+    KILN_CHECK(used[i], "load_state_dict", Loc::current(), "unexpected key \"{}\" in state dict",
+               dict[i].first);
+}
+
+void Module::save(const std::string& path) const { save_safetensors(state_dict(), path); }
+void Module::load(const std::string& path, bool strict) {
+  load_state_dict(load_safetensors(path), strict);
+}
+
+}  // namespace kiln::nn

@@ -1,0 +1,74 @@
+#pragma once
+/// nn::Module: named parameters, buffers and submodules; train/eval; state_dict save/load.
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace kiln::nn {
+
+/// An ordered name → tensor map ("layer1.weight" → tensor), as PyTorch's state_dict.
+using StateDict = std::vector<std::pair<std::string, Tensor>>;
+
+class Module {
+ public:
+  virtual ~Module() = default;
+
+  /// The module's computation on one tensor. Modules with other signatures (e.g.
+  /// MultiheadAttention) throw kiln::Error here and offer their own forward.
+  virtual Tensor forward(const Tensor& x);
+  Tensor operator()(const Tensor& x) { return forward(x); }
+
+  /// Parameters of this module and (if recurse) its submodules, in registration order, with
+  /// dotted names ("0.weight").
+  StateDict named_parameters(bool recurse = true) const;
+  std::vector<Tensor> parameters(bool recurse = true) const;
+  StateDict named_buffers(bool recurse = true) const;
+  std::vector<std::pair<std::string, std::shared_ptr<Module>>> named_children() const {
+    return children_;
+  }
+
+  /// Sets training mode here and in every submodule (affects Dropout).
+  virtual void train(bool on = true);
+  void eval() { train(false); }
+  bool is_training() const { return training_; }
+
+  /// Sets .grad of every parameter to undefined.
+  void zero_grad();
+
+  /// Parameters and buffers by dotted name.
+  StateDict state_dict() const;
+  /// Copies values from `dict` into this module's tensors (in place, under no_grad). With
+  /// strict, missing or unexpected keys are an error; shapes must always match. Throws
+  /// kiln::Error naming the key.
+  void load_state_dict(const StateDict& dict, bool strict = true);
+  /// Saves state_dict() as a safetensors file (see nn/serialize.h).
+  void save(const std::string& path) const;
+  /// Loads a safetensors file written by save() (or by PyTorch's safetensors).
+  void load(const std::string& path, bool strict = true);
+
+  /// Class name, e.g. "Linear".
+  virtual std::string name() const = 0;
+
+ protected:
+  /// Registers a parameter (made a leaf that requires grad) and returns the same handle; the
+  /// module's member and the registry share the tensor, and updates happen in place.
+  Tensor register_parameter(const std::string& name, Tensor t);
+  Tensor register_buffer(const std::string& name, Tensor t);
+  template <class M> std::shared_ptr<M> register_module(const std::string& name, std::shared_ptr<M> m) {
+    children_.emplace_back(name, m);
+    return m;
+  }
+
+ private:
+  void collect(const std::string& prefix, bool recurse, bool params, StateDict& out) const;
+
+  bool training_ = true;
+  StateDict params_, buffers_;
+  std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
+};
+
+}  // namespace kiln::nn

@@ -1,0 +1,186 @@
+#include "nn/serialize.h"
+
+#include <cstring>
+#include <fstream>
+
+#include "eager/factories.h"
+
+namespace kiln::nn {
+namespace {
+
+const char* st_dtype(DType t) {
+  switch (t) {
+    case DType::Bool: return "BOOL";
+    case DType::Int32: return "I32";
+    case DType::Int64: return "I64";
+    case DType::Float32: return "F32";
+    case DType::Float64: return "F64";
+  }
+  return "";
+}
+
+DType from_st_dtype(const std::string& s, const std::string& path) {
+  for (DType t : {DType::Bool, DType::Int32, DType::Int64, DType::Float32, DType::Float64})
+    if (s == st_dtype(t)) return t;
+  throw Error("load_safetensors", fmt::format("{}: unsupported dtype \"{}\"", path, s));
+}
+
+std::string json_escape(const std::string& s) {
+  std::string out;
+  for (char c : s) {
+    if (c == '"' || c == '\\') out += '\\';
+    if (static_cast<unsigned char>(c) < 0x20) {
+      out += fmt::format("\\u{:04x}", c);
+      continue;
+    }
+    out += c;
+  }
+  return out;
+}
+
+// A tiny reader for the header's JSON: objects, strings, integers and arrays of integers.
+struct Reader {
+  const std::string& s;
+  const std::string& path;
+  size_t i = 0;
+  [[noreturn]] void fail(const char* what) {
+    throw Error("load_safetensors",
+                fmt::format("{}: corrupt header at byte {} ({})", path, i, what));
+  }
+  void ws() {
+    while (i < s.size() && std::isspace(static_cast<unsigned char>(s[i]))) ++i;
+  }
+  bool peek(char c) {
+    ws();
+    return i < s.size() && s[i] == c;
+  }
+  void expect(char c) {
+    if (!peek(c)) fail("unexpected character");
+    ++i;
+  }
+  std::string string() {
+    expect('"');
+    std::string out;
+    while (i < s.size() && s[i] != '"') {
+      if (s[i] == '\\' && i + 1 < s.size()) ++i;
+      out += s[i++];
+    }
+    if (i >= s.size()) fail("unterminated string");
+    ++i;
+    return out;
+  }
+  int64_t integer() {
+    ws();
+    size_t start = i;
+    if (i < s.size() && s[i] == '-') ++i;
+    while (i < s.size() && std::isdigit(static_cast<unsigned char>(s[i]))) ++i;
+    if (start == i) fail("expected an integer");
+    return std::stoll(s.substr(start, i - start));
+  }
+  std::vector<int64_t> int_array() {
+    std::vector<int64_t> out;
+    expect('[');
+    if (peek(']')) return ++i, out;
+    do out.push_back(integer());
+    while (peek(',') && ++i);
+    expect(']');
+    return out;
+  }
+  void skip_value() {  // for __metadata__: an object of strings
+    if (peek('{')) {
+      ++i;
+      if (peek('}')) return void(++i);
+      do {
+        string();
+        expect(':');
+        skip_value();
+      } while (peek(',') && ++i);
+      expect('}');
+    } else if (peek('"')) {
+      string();
+    } else if (peek('[')) {
+      int_array();
+    } else {
+      integer();
+    }
+  }
+};
+
+}  // namespace
+
+void save_safetensors(const StateDict& dict, const std::string& path) {
+  std::string header = "{";
+  size_t offset = 0;
+  std::vector<Tensor> data;
+  for (const auto& [name, t] : dict) {
+    Tensor c = t.detach().contiguous();
+    size_t nbytes = static_cast<size_t>(c.numel()) * c.itemsize();
+    header += fmt::format("{}\"{}\":{{\"dtype\":\"{}\",\"shape\":[{}],\"data_offsets\":[{},{}]}}",
+                          header.size() > 1 ? "," : "", json_escape(name), st_dtype(c.dtype()),
+                          fmt::join(c.shape(), ","), offset, offset + nbytes);
+    offset += nbytes;
+    data.push_back(c);
+  }
+  header += "}";
+  while (header.size() % 8) header += ' ';  // the format pads the header with spaces
+  std::ofstream f(path, std::ios::binary);
+  KILN_CHECK(f.good(), "save_safetensors", Loc::current(), "cannot open \"{}\" for writing", path);
+  uint64_t n = header.size();  // little-endian on every platform kiln supports
+  f.write(reinterpret_cast<const char*>(&n), 8);
+  f.write(header.data(), static_cast<std::streamsize>(header.size()));
+  for (const Tensor& c : data)
+    f.write(static_cast<const char*>(c.raw_data()),
+            static_cast<std::streamsize>(static_cast<size_t>(c.numel()) * c.itemsize()));
+  KILN_CHECK(f.good(), "save_safetensors", Loc::current(), "write to \"{}\" failed", path);
+}
+
+StateDict load_safetensors(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  KILN_CHECK(f.good(), "load_safetensors", Loc::current(), "cannot open \"{}\"", path);
+  std::string bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  KILN_CHECK(bytes.size() >= 8, "load_safetensors", Loc::current(), "{}: file too short", path);
+  uint64_t n;
+  std::memcpy(&n, bytes.data(), 8);
+  KILN_CHECK(n <= bytes.size() - 8, "load_safetensors", Loc::current(),
+             "{}: header size {} exceeds the file size {}", path, n, bytes.size());
+  std::string header = bytes.substr(8, n);
+  const char* body = bytes.data() + 8 + n;
+  size_t body_size = bytes.size() - 8 - n;
+  Reader r{header, path};
+  StateDict out;
+  r.expect('{');
+  if (r.peek('}')) return out;
+  do {
+    std::string name = r.string();
+    r.expect(':');
+    if (name == "__metadata__") {
+      r.skip_value();
+      continue;
+    }
+    std::string dtype;
+    std::vector<int64_t> shape, offsets;
+    r.expect('{');
+    do {
+      std::string key = r.string();
+      r.expect(':');
+      if (key == "dtype") dtype = r.string();
+      else if (key == "shape") shape = r.int_array();
+      else if (key == "data_offsets") offsets = r.int_array();
+      else r.skip_value();
+    } while (r.peek(',') && ++r.i);
+    r.expect('}');
+    DType t = from_st_dtype(dtype, path);
+    Shape s(shape);
+    size_t nbytes = static_cast<size_t>(numel(s)) * itemsize(t);
+    KILN_CHECK(offsets.size() == 2 && offsets[0] >= 0 && offsets[1] - offsets[0] ==
+                   static_cast<int64_t>(nbytes) && static_cast<size_t>(offsets[1]) <= body_size,
+               "load_safetensors", Loc::current(), "{}: bad data_offsets for \"{}\"", path, name);
+    Tensor x = empty(s, {t});
+    std::memcpy(x.raw_data(), body + offsets[0], nbytes);
+    out.emplace_back(name, x);
+  } while (r.peek(',') && ++r.i);
+  r.expect('}');
+  return out;
+}
+
+}  // namespace kiln::nn

@@ -1,0 +1,141 @@
+#include "nn/transformer.h"
+
+#include <cmath>
+
+#include "eager/factories.h"
+#include "nn/init.h"
+
+namespace kiln::nn {
+
+MultiheadAttention::MultiheadAttention(int64_t e, int64_t h, double dropout, bool bias, bool bf)
+    : embed_dim(e), num_heads(h), dropout_p(dropout), batch_first(bf) {
+  KILN_CHECK(e > 0 && h > 0 && e % h == 0, "MultiheadAttention", Loc::current(),
+             "embed_dim ({}) must be divisible by num_heads ({})", e, h);
+  in_proj_weight = register_parameter("in_proj_weight", empty({3 * e, e}));
+  init::xavier_uniform_(in_proj_weight);
+  if (bias) in_proj_bias = register_parameter("in_proj_bias", zeros({3 * e}));
+  out_proj = register_module("out_proj", std::make_shared<Linear>(e, e, bias));
+  if (bias) init::zeros_(out_proj->bias);
+}
+
+Tensor causal_mask(int64_t length) {
+  return triu(ones({length, length}, {DType::Bool}), 1);
+}
+
+AttentionOutput MultiheadAttention::forward(const Tensor& query, const Tensor& key,
+                                            const Tensor& value, const Tensor& key_padding_mask,
+                                            const Tensor& attn_mask, bool need_weights,
+                                            bool is_causal) {
+  KILN_CHECK(query.dim() == 3 && key.dim() == 3 && value.dim() == 3, "MultiheadAttention",
+             Loc::current(), "expects 3-D query/key/value, got {}, {}, {}",
+             to_string(query.shape()), to_string(key.shape()), to_string(value.shape()));
+  Tensor q = batch_first ? query : query.transpose(0, 1);
+  Tensor k = batch_first ? key : key.transpose(0, 1);
+  Tensor v = batch_first ? value : value.transpose(0, 1);
+  int64_t B = q.size(0), L = q.size(1), S = k.size(1), E = embed_dim, H = num_heads, D = E / H;
+  KILN_CHECK(q.size(2) == E && k.size(2) == E && v.size(2) == E && k.size(0) == B &&
+                 v.size(0) == B && v.size(1) == S,
+             "MultiheadAttention", Loc::current(),
+             "query {}, key {}, value {} do not match embed_dim {}", to_string(query.shape()),
+             to_string(key.shape()), to_string(value.shape()), E);
+  // Input projections: the rows of in_proj_weight are [W_q; W_k; W_v].
+  auto project = [&](const Tensor& x, int i) {
+    Tensor w = in_proj_weight.slice(0, i * E, (i + 1) * E);
+    Tensor b = in_proj_bias.defined() ? in_proj_bias.slice(0, i * E, (i + 1) * E) : Tensor();
+    return linear(x, w, b);  // [B, T, E]
+  };
+  auto heads = [&](const Tensor& x, int64_t T) {
+    return x.reshape({B, T, H, D}).transpose(1, 2);  // [B, H, T, D]
+  };
+  Tensor qh = heads(project(q, 0), L) * (1.0 / std::sqrt(static_cast<double>(D)));
+  Tensor kh = heads(project(k, 1), S);
+  Tensor vh = heads(project(v, 2), S);
+  Tensor scores = matmul(qh, kh.transpose(-1, -2));  // [B, H, L, S]
+  Tensor mask = attn_mask;
+  if (is_causal) {
+    KILN_CHECK(L == S, "MultiheadAttention", Loc::current(),
+               "is_causal needs equal query and key lengths, got {} and {}", L, S);
+    Tensor cm = causal_mask(L);
+    mask = mask.defined() ? (mask.dtype() == DType::Bool ? logical_or(mask, cm)
+                                                         : masked_fill(mask, cm, -INFINITY))
+                          : cm;
+  }
+  if (mask.defined()) {
+    scores = mask.dtype() == DType::Bool ? masked_fill(scores, mask, -INFINITY)
+                                         : add(scores, mask);
+  }
+  if (key_padding_mask.defined()) {
+    KILN_CHECK(key_padding_mask.shape() == Shape({B, S}) && key_padding_mask.dtype() == DType::Bool,
+               "MultiheadAttention", Loc::current(),
+               "key_padding_mask must be bool [{}, {}], got {} {}", B, S,
+               kiln::name(key_padding_mask.dtype()), to_string(key_padding_mask.shape()));
+    scores = masked_fill(scores, key_padding_mask.view({B, 1, 1, S}), -INFINITY);
+  }
+  Tensor attn = softmax(scores, -1);
+  Tensor attn_d = dropout(attn, dropout_p, is_training());
+  Tensor out = matmul(attn_d, vh).transpose(1, 2).reshape({B, L, E});
+  out = out_proj->forward(out);
+  if (!batch_first) out = out.transpose(0, 1);
+  AttentionOutput r{out, Tensor()};
+  if (need_weights) r.weights = mean(attn, {1});
+  return r;
+}
+
+Tensor MultiheadAttention::forward(const Tensor& x) { return forward(x, x, x, {}, {}, false).output; }
+
+TransformerEncoderLayer::TransformerEncoderLayer(const TransformerEncoderLayerOptions& o)
+    : options(o) {
+  KILN_CHECK(o.activation == "relu" || o.activation == "gelu", "TransformerEncoderLayer",
+             Loc::current(), "activation must be \"relu\" or \"gelu\", got \"{}\"", o.activation);
+  self_attn = register_module("self_attn", std::make_shared<MultiheadAttention>(
+                                               o.d_model, o.nhead, o.dropout, true, o.batch_first));
+  linear1 = register_module("linear1", std::make_shared<Linear>(o.d_model, o.dim_feedforward));
+  dropout = register_module("dropout", std::make_shared<Dropout>(o.dropout));
+  linear2 = register_module("linear2", std::make_shared<Linear>(o.dim_feedforward, o.d_model));
+  norm1 = register_module("norm1", std::make_shared<LayerNorm>(Shape{o.d_model}, o.layer_norm_eps));
+  norm2 = register_module("norm2", std::make_shared<LayerNorm>(Shape{o.d_model}, o.layer_norm_eps));
+  dropout1 = register_module("dropout1", std::make_shared<Dropout>(o.dropout));
+  dropout2 = register_module("dropout2", std::make_shared<Dropout>(o.dropout));
+}
+
+Tensor TransformerEncoderLayer::activation(const Tensor& x) const {
+  return options.activation == "gelu" ? gelu(x) : relu(x);
+}
+
+Tensor TransformerEncoderLayer::forward(const Tensor& src, const Tensor& src_mask,
+                                        const Tensor& src_key_padding_mask, bool is_causal) {
+  auto sa = [&](const Tensor& x) {
+    return dropout1->forward(
+        self_attn->forward(x, x, x, src_key_padding_mask, src_mask, false, is_causal).output);
+  };
+  auto ff = [&](const Tensor& x) {
+    return dropout2->forward(linear2->forward(dropout->forward(activation(linear1->forward(x)))));
+  };
+  Tensor x = src;
+  if (options.norm_first) {
+    x = x + sa(norm1->forward(x));
+    x = x + ff(norm2->forward(x));
+  } else {
+    x = norm1->forward(x + sa(x));
+    x = norm2->forward(x + ff(x));
+  }
+  return x;
+}
+
+TransformerEncoder::TransformerEncoder(const TransformerEncoderLayerOptions& o, int64_t n,
+                                       bool final_norm) {
+  for (int64_t i = 0; i < n; ++i)
+    layers.push_back(register_module("layers." + std::to_string(i),
+                                     std::make_shared<TransformerEncoderLayer>(o)));
+  if (final_norm)
+    norm = register_module("norm", std::make_shared<LayerNorm>(Shape{o.d_model}, o.layer_norm_eps));
+}
+
+Tensor TransformerEncoder::forward(const Tensor& src, const Tensor& mask,
+                                   const Tensor& src_key_padding_mask, bool is_causal) {
+  Tensor x = src;
+  for (auto& l : layers) x = l->forward(x, mask, src_key_padding_mask, is_causal);
+  return norm ? norm->forward(x) : x;
+}
+
+}  // namespace kiln::nn

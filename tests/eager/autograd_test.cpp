@@ -1,0 +1,251 @@
+// Autograd: tutorial programs, gradcheck of every differentiable op, engine semantics.
+#include "gradcheck.h"
+
+using namespace kiln;
+using kiln::testing::gradcheck;
+using kiln::testing::uniform;
+using T = std::vector<Tensor>;
+
+TEST_CASE("tutorial: c = a*b gives dc/da = b and dc/db = a") {
+  Tensor a = scalar_tensor(15.0).requires_grad_();
+  Tensor b = scalar_tensor(20.0).requires_grad_();
+  Tensor c = a * b;
+  CHECK(c.item<double>() == 300);
+  c.backward();
+  CHECK(a.grad().item<double>() == 20);
+  CHECK(b.grad().item<double>() == 15);
+  CHECK(c.grad_fn_name() == "MulBackward");
+  CHECK(a.is_leaf());
+  CHECK_FALSE(c.is_leaf());
+}
+
+TEST_CASE("tutorial: dynamic_computation(x) = |x| > 0 ? x*x + x : zeros") {
+  auto dynamic_computation = [](const Tensor& x) {
+    if (abs(x).item<double>() > 0) return x * x + x;
+    return zeros_like(x);
+  };
+  Tensor x = scalar_tensor(2.0).requires_grad_();
+  Tensor y = dynamic_computation(x);
+  CHECK(y.item<double>() == 6);
+  y.backward();
+  CHECK(x.grad().item<double>() == 5);
+  Tensor z = dynamic_computation(scalar_tensor(0.0));
+  CHECK(z.item<double>() == 0);
+}
+
+TEST_CASE("second derivatives: x^5 at 2 gives 80 and 160; tanh; mul") {
+  Tensor x = scalar_tensor(2.0).requires_grad_();
+  Tensor y = pow(x, 5);
+  Tensor g = grad({y}, {x}, {}, /*create_graph=*/true)[0];
+  CHECK(g.item<double>() == Approx(80));
+  Tensor gg = grad({g}, {x})[0];
+  CHECK(gg.item<double>() == Approx(160));
+
+  Tensor t = scalar_tensor(0.5).requires_grad_();
+  Tensor dt = grad({tanh(t)}, {t}, {}, true)[0];
+  double th = std::tanh(0.5);
+  CHECK(dt.item<double>() == Approx(1 - th * th));
+  CHECK(grad({dt}, {t})[0].item<double>() == Approx(-2 * th * (1 - th * th)));
+
+  Tensor a = scalar_tensor(3.0).requires_grad_(), b = scalar_tensor(4.0).requires_grad_();
+  Tensor da = grad({a * a * b}, {a}, {}, true)[0];  // 2ab
+  CHECK(da.item<double>() == 24);
+  auto second = grad({da}, {a, b});  // d(2ab)/da = 2b, d(2ab)/db = 2a
+  CHECK(second[0].item<double>() == 8);
+  CHECK(second[1].item<double>() == 6);
+}
+
+TEST_CASE("gradient accumulation, zero_grad, retain_graph, detach, no_grad") {
+  Tensor x = tensor({1.0, 2.0}).requires_grad_();
+  Tensor y = sum(x * x);
+  y.backward({}, /*retain_graph=*/true);
+  y.backward();
+  CHECK(x.grad().to_vector<double>() == std::vector<double>{4, 8});  // accumulated twice
+  CHECK_THROWS_WITH(y.backward(), Catch::Contains("retain_graph"));
+  zero_grad({x});
+  CHECK_FALSE(x.grad().defined());
+
+  {
+    NoGradGuard ng;
+    Tensor z = x * 2;
+    CHECK_FALSE(z.requires_grad());
+    {
+      EnableGradGuard eg;
+      CHECK((x * 2).requires_grad());
+    }
+  }
+  CHECK_FALSE(x.detach().requires_grad());
+  CHECK(x.detach().storage() == x.storage());
+  CHECK_THROWS_WITH(tensor({1, 2}).requires_grad_(), Catch::Contains("floating"));
+  CHECK_THROWS_WITH(zeros({2}).backward(), Catch::Contains("does not require grad"));
+  Tensor v = x * 3;
+  CHECK_THROWS_WITH(v.backward(), Catch::Contains("one-element"));
+  v.backward(ones({2}, {DType::Float64}));
+  CHECK(x.grad().to_vector<double>() == std::vector<double>{3, 3});
+}
+
+TEST_CASE("retain_grad keeps the gradient of a non-leaf") {
+  Tensor x = tensor({1.0, 2.0}).requires_grad_();
+  Tensor h = x * 3;
+  h.retain_grad();
+  sum(h * h).backward();
+  CHECK(h.grad().to_vector<double>() == std::vector<double>{6, 12});
+  CHECK(x.grad().to_vector<double>() == std::vector<double>{18, 36});
+}
+
+TEST_CASE("a saved tensor modified in place is an error, not a wrong gradient") {
+  Tensor x = tensor({1.0, 2.0}).requires_grad_();
+  Tensor h = x * 2;
+  Tensor y = h * h;  // saves h
+  h += 1;            // bumps h's version
+  CHECK_THROWS_WITH(sum(y).backward(), Catch::Contains("modified by an in-place operation"));
+  CHECK_THROWS_WITH(x += 1, Catch::Contains("leaf tensor that requires grad"));
+  {
+    NoGradGuard ng;
+    x += 1;  // parameter updates are fine under no_grad
+  }
+  CHECK(x.to_vector<double>() == std::vector<double>{2, 3});
+}
+
+TEST_CASE("in-place ops on non-leaf tensors are differentiated") {
+  Tensor x = tensor({1.0, 2.0}).requires_grad_();
+  Tensor h = x * 2;
+  h *= 3;  // h = 6x
+  sum(h).backward();
+  CHECK(x.grad().to_vector<double>() == std::vector<double>{6, 6});
+}
+
+TEST_CASE("deep graphs (100k nodes) run and free without recursion") {
+  Tensor x = scalar_tensor(1.0).requires_grad_();
+  Tensor y = x;
+  for (int i = 0; i < 100000; ++i) y = y * 1.0;
+  y.backward();
+  CHECK(x.grad().item<double>() == 1);
+  // A second graph dropped without backward must also be freed without recursion.
+  Tensor z = x;
+  for (int i = 0; i < 100000; ++i) z = z + 0.0;
+  z = Tensor();
+  SUCCEED();
+}
+
+TEST_CASE("grad() with unused inputs") {
+  Tensor a = scalar_tensor(1.0).requires_grad_(), b = scalar_tensor(2.0).requires_grad_();
+  Tensor y = a * 3;
+  CHECK_THROWS_WITH(grad({y}, {a, b}, {}, false, true), Catch::Contains("allow_unused"));
+  auto g = grad({y}, {a, b}, {}, false, true, /*allow_unused=*/true);
+  CHECK(g[0].item<double>() == 3);
+  CHECK_FALSE(g[1].defined());
+  CHECK_FALSE(a.grad().defined());  // grad() does not touch .grad
+}
+
+// ------------------------------- gradcheck per op -------------------------------
+
+TEST_CASE("gradcheck: unary ops") {
+  Tensor x = uniform({2, 3}, 0.2, 1.5);
+  using F = Tensor (*)(const Tensor&, Loc);
+  std::vector<std::pair<const char*, F>> ops = {
+      {"neg", neg},     {"abs", abs},     {"exp", exp},         {"exp2", exp2},
+      {"log", log},     {"log2", log2},   {"log1p", log1p},     {"expm1", expm1},
+      {"sqrt", sqrt},   {"rsqrt", rsqrt}, {"reciprocal", reciprocal}, {"sin", sin},
+      {"cos", cos},     {"tan", tan},     {"tanh", tanh},       {"sigmoid", sigmoid},
+      {"silu", silu},   {"erf", erf}};
+  for (auto [name, f] : ops) {
+    INFO(name);
+    gradcheck([f](const T& in) { return f(in[0].t(), Loc::current()); }, {x});
+  }
+  Tensor y = uniform({2, 3}, -2, 2, 11);
+  gradcheck([](const T& in) { return relu(in[0]); }, {y});
+  gradcheck([](const T& in) { return gelu(in[0]); }, {y});
+  gradcheck([](const T& in) { return gelu(in[0], "tanh"); }, {y});
+  gradcheck([](const T& in) { return clamp(in[0], -0.5, 0.7); }, {y});
+  gradcheck([](const T& in) { return abs(in[0]) + floor(in[0]) + ceil(in[0]) + round(in[0]) + trunc(in[0]) + sign(in[0]); }, {y});
+}
+
+TEST_CASE("gradcheck: binary ops with broadcasting") {
+  Tensor a = uniform({2, 3}, 0.5, 2, 3), b = uniform({3}, 0.5, 2, 4), c = uniform({2, 1}, 0.5, 2, 5);
+  gradcheck([](const T& in) { return add(in[0], in[1], 2.5); }, {a, b});
+  gradcheck([](const T& in) { return sub(in[0], in[1], 0.5); }, {a, c});
+  gradcheck([](const T& in) { return in[0] * in[1]; }, {a, b});
+  gradcheck([](const T& in) { return in[0] / in[1]; }, {a, c});
+  gradcheck([](const T& in) { return pow(in[0], in[1]); }, {a, b});
+  gradcheck([](const T& in) { return pow(in[0], 3); }, {a});
+  gradcheck([](const T& in) { return maximum(in[0], in[1]); }, {a, b});
+  gradcheck([](const T& in) { return minimum(in[0], in[1]); }, {a, c});
+  gradcheck([](const T& in) { return atan2(in[0], in[1]); }, {a, b});
+  gradcheck([](const T& in) { return remainder(in[0], in[1]); }, {a, uniform({3}, 3, 4, 9)});
+  gradcheck([](const T& in) { return where(gt(in[0], 1.0), in[0], in[1]); }, {a, b});
+  gradcheck([](const T& in) { return in[0].t() * in[1].t(); }, {a, c.expand({2, 3}).contiguous()});
+}
+
+TEST_CASE("gradcheck: reductions") {
+  Tensor x = uniform({2, 3, 4}, 0.5, 1.5);
+  gradcheck([](const T& in) { return sum(in[0]); }, {x});
+  gradcheck([](const T& in) { return sum(in[0], {0, 2}, true); }, {x});
+  gradcheck([](const T& in) { return mean(in[0], {1}); }, {x});
+  gradcheck([](const T& in) { return prod(in[0], {2}); }, {x});
+  gradcheck([](const T& in) { return amax(in[0], {1}); }, {x});
+  gradcheck([](const T& in) { return amin(in[0], {-1}, true); }, {x});
+  gradcheck([](const T& in) { return var(in[0], {2}); }, {x});
+  gradcheck([](const T& in) { return std(in[0], {0, 1}, 0); }, {x});
+  gradcheck([](const T& in) { return logsumexp(in[0], {1}); }, {x});
+  gradcheck([](const T& in) { return softmax(in[0], 1); }, {x});
+  gradcheck([](const T& in) { return log_softmax(in[0].transpose(0, 2), -1); }, {x});
+}
+
+TEST_CASE("gradcheck: matmul, addmm, linear") {
+  Tensor a = uniform({3, 4}, -1, 1, 1), b = uniform({4, 2}, -1, 1, 2), v = uniform({4}, -1, 1, 3);
+  gradcheck([](const T& in) { return matmul(in[0], in[1]); }, {a, b});
+  gradcheck([](const T& in) { return matmul(in[0], in[1]); }, {a, v});
+  gradcheck([](const T& in) { return matmul(in[0], in[1]); }, {v, b});
+  gradcheck([](const T& in) { return matmul(in[0], in[1]); }, {v, v.clone()});
+  Tensor ba = uniform({2, 1, 3, 4}, -1, 1, 4), bb = uniform({5, 4, 2}, -1, 1, 5);
+  gradcheck([](const T& in) { return matmul(in[0], in[1]); }, {ba, bb});
+  gradcheck([](const T& in) { return addmm(in[0], in[1], in[2], 0.5, 2.0); }, {uniform({2}), a, b});
+  gradcheck([](const T& in) { return linear(in[0], in[1], in[2]); }, {a, uniform({5, 4}), uniform({5})});
+  gradcheck([](const T& in) { return matmul(in[0].t(), in[1]); }, {uniform({4, 3}), b});
+}
+
+TEST_CASE("gradcheck: views and shape ops") {
+  Tensor x = uniform({2, 3, 4});
+  gradcheck([](const T& in) { return in[0].view({6, 4}); }, {x});
+  gradcheck([](const T& in) { return in[0].permute({2, 0, 1}) * 1.0; }, {x});
+  gradcheck([](const T& in) { return in[0].slice(2, 1, 3); }, {x});
+  gradcheck([](const T& in) { return in[0].slice(1, 0, 3, 2); }, {x});
+  gradcheck([](const T& in) { return in[0].select(1, -1); }, {x});
+  gradcheck([](const T& in) { return in[0].unsqueeze(1).expand({2, 5, 3, 4}); }, {x});
+  gradcheck([](const T& in) { return in[0].reshape({4, 6}).t().reshape({-1}); }, {x});
+  gradcheck([](const T& in) { return cat({in[0], in[1]}, 1); }, {x, uniform({2, 1, 4})});
+  gradcheck([](const T& in) { return stack({in[0], in[1]}, 0); }, {x, uniform({2, 3, 4}, -1, 1, 3)});
+  gradcheck([](const T& in) { return split(in[0], 2, 2)[1] * 2.0; }, {x});
+  gradcheck([](const T& in) { return in[0].to(DType::Float32).to(DType::Float64); }, {x});
+  gradcheck([](const T& in) { return tril(in[0], 1) + triu(in[0], -1); }, {x});
+}
+
+TEST_CASE("gradcheck: indexing, layer_norm, losses, dropout") {
+  Tensor x = uniform({4, 3});
+  Tensor idx = tensor({2, 0, 2}).to(DType::Int64);
+  gradcheck([&](const T& in) { return index_select(in[0], 0, idx); }, {x});
+  gradcheck([&](const T& in) { return embedding(in[0], idx.view({3, 1})); }, {x});
+  Tensor gidx = tensor({{0, 2, 1}, {3, 3, 0}}).to(DType::Int64);
+  gradcheck([&](const T& in) { return gather(in[0], 0, gidx); }, {x});
+  gradcheck([&](const T& in) { return index_add(in[0], 0, idx, in[1]); }, {x, uniform({3, 3})});
+  gradcheck([&](const T& in) { return scatter_add(in[0], 0, gidx, in[1]); }, {x, uniform({2, 3})});
+  Tensor mask = tensor({true, false, true});
+  gradcheck([&](const T& in) { return masked_fill(in[0], mask, 0.5); }, {x});
+  gradcheck([](const T& in) { return layer_norm(in[0], {3}, in[1], in[2]); },
+            {uniform({4, 3}, -1, 1, 8), uniform({3}), uniform({3})});
+  gradcheck([](const T& in) { return layer_norm(in[0], {2, 3}); }, {uniform({2, 2, 3})});
+  Tensor target = tensor({1, 0, 2, 1}).to(DType::Int64);
+  gradcheck([&](const T& in) { return cross_entropy(in[0], target); }, {x});
+  gradcheck([&](const T& in) { return nll_loss(log_softmax(in[0], 1), target, Reduction::Sum, 0); }, {x});
+  gradcheck([&](const T& in) { return nll_loss(in[0], target, Reduction::None); }, {x});
+  gradcheck([](const T& in) { return mse_loss(in[0], in[1]); }, {x, uniform({4, 3}, -1, 1, 5)});
+  gradcheck([](const T& in) { return mse_loss(in[0], in[1], Reduction::None); }, {x, uniform({3})});
+  // Dropout: the backward replays the same mask (same Philox counters).
+  manual_seed(3);
+  Tensor d = uniform({8, 8}).requires_grad_();
+  Tensor y = dropout(d, 0.5);
+  sum(y).backward();
+  auto yv = y.to_vector<double>(), dv = d.to_vector<double>(), gv = d.grad().to_vector<double>();
+  for (size_t i = 0; i < yv.size(); ++i) CHECK(gv[i] == (yv[i] != 0 ? 2.0 : 0.0));
+}
