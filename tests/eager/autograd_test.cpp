@@ -186,7 +186,7 @@ TEST_CASE("gradcheck: reductions") {
   gradcheck([](const T& in) { return amax(in[0], {1}); }, {x});
   gradcheck([](const T& in) { return amin(in[0], {-1}, true); }, {x});
   gradcheck([](const T& in) { return var(in[0], {2}); }, {x});
-  gradcheck([](const T& in) { return std(in[0], {0, 1}, 0); }, {x});
+  gradcheck([](const T& in) { return kiln::std(in[0], {0, 1}, 0); }, {x});
   gradcheck([](const T& in) { return logsumexp(in[0], {1}); }, {x});
   gradcheck([](const T& in) { return softmax(in[0], 1); }, {x});
   gradcheck([](const T& in) { return log_softmax(in[0].transpose(0, 2), -1); }, {x});
