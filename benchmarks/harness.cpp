@@ -99,6 +99,20 @@ Record run_case(const Suite& suite, const Case& c, const RunConfig& config) {
     Benchmark bench = c.setup(config);
     const Policy p = policy_for(config);
 
+    std::vector<double> per_call;  // seconds
+    if (c.fixed_reps > 0) {
+      int warm = config.quick ? c.quick_warmup : c.fixed_warmup;
+      int reps = config.quick ? c.quick_reps : c.fixed_reps;
+      for (int i = 0; i < warm; ++i) bench.body();
+      for (int r = 0; r < reps; ++r) {
+        auto start = Clock::now();
+        bench.body();
+        per_call.push_back(seconds_since(start));
+      }
+      double total = 0;
+      for (double t : per_call) total += t;
+      rec.extra = {{"total_time", total}, {"avg_step_time", total / reps * 1e3}};
+    } else {
     // Warm-up; its mean time per call sizes the batches below.
     int warm_calls = 0;
     auto warm_start = Clock::now();
@@ -114,12 +128,12 @@ Record run_case(const Suite& suite, const Case& c, const RunConfig& config) {
     int reps = static_cast<int>(
         std::clamp(p.target_s / (est * batch), double(p.min_reps), double(p.max_reps)));
 
-    std::vector<double> per_call;  // seconds
     per_call.reserve(reps);
     for (int r = 0; r < reps; ++r) {
       auto start = Clock::now();
       for (int64_t i = 0; i < batch; ++i) bench.body();
       per_call.push_back(seconds_since(start) / batch);
+    }
     }
     double median = median_of(per_call);
     auto [lo, hi] = std::minmax_element(per_call.begin(), per_call.end());
@@ -127,6 +141,8 @@ Record run_case(const Suite& suite, const Case& c, const RunConfig& config) {
     rec.min_ms = *lo * 1e3;
     rec.max_ms = *hi * 1e3;
     rec.value = bench.value(median);
+    // Fixed-step cases (training steps) report throughput over all timed steps.
+    if (c.fixed_reps > 0) rec.value = bench.value(rec.extra[0].second / per_call.size());
   } catch (const Skipped& e) {
     rec.status = Status::Skipped;
     rec.error = e.what();

@@ -28,6 +28,7 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "core/tensor.h"
@@ -79,6 +80,11 @@ struct Case {
   std::string unit;  ///< unit of the value, e.g. "GB/s"
   /// Creates the inputs (outside the timed region) and returns the body to time.
   std::function<Benchmark(const RunConfig&)> setup;
+  /// For long bodies (a training step): exactly this many warm-up calls and timed calls, one
+  /// call per repetition, instead of the automatic calibration. The record then carries the
+  /// extra fields total_time (s, all timed calls) and avg_step_time (ms). 0 = automatic.
+  int fixed_warmup = 0, fixed_reps = 0;
+  int quick_warmup = 1, quick_reps = 5;  ///< the same under --quick
 };
 
 enum class Status { Ok, Failed, Skipped };
@@ -92,6 +98,8 @@ struct Record {
   double value = 0;
   std::string unit;
   std::string error;  ///< the message when failed or skipped
+  /// Case-specific figures written as extra JSON keys (e.g. total_time, avg_step_time).
+  std::vector<std::pair<std::string, double>> extra;
 };
 
 /// A named group of cases, plus an optional summary printed after the table (e.g. a check

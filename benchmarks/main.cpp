@@ -165,6 +165,8 @@ bool write_json(const std::string& path, const std::vector<kb::Record>& records)
                json_string(kb::mode_name(r.mode)), json_number(r.median_ms, ok),
                json_number(r.min_ms, ok), json_number(r.max_ms, ok), json_number(r.value, ok),
                json_string(r.unit));
+    for (const auto& [key, v] : r.extra)
+      fmt::print(f, ", {}: {}", json_string(key), json_number(v, ok));
     // Only cases that did not run carry these two extra keys.
     if (!ok)
       fmt::print(f, ", \"status\": {}, \"error\": {}",
