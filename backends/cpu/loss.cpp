@@ -90,7 +90,7 @@ template <class T> void mse_loss(const OpCall& call, Tensor& out) {
                  const T* v = reinterpret_cast<const T*>(p[1]);
                  if (sa == sizeof(T) && sb == sizeof(T)) {
                    s += sum_run(u, n, [v](auto x, int64_t i) {
-                     auto d = x - load<decltype(x)>(v + i);
+                     auto d = x - vload<decltype(x)>(v + i);
                      return d * d;
                    });
                    return;

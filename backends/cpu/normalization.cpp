@@ -20,15 +20,16 @@ template <class T> void softmax_rows(const T* x, T* y, int64_t n, bool log) {
   const T m = extreme_run<true>(x, n, pick_identity<true, T>());
   if (log) {
     double s = sum_run(x, n, [m](auto v, int64_t) { return vexp(v - m); });
-    const T c = static_cast<T>(static_cast<double>(m) + std::log(s));
+    // (x − m) − log s: subtracting m first keeps the precision of large-magnitude logits.
+    const T ls = static_cast<T>(std::log(s));
     int64_t i = 0;
-    for (; i + L <= n; i += L) (V::load_unaligned(x + i) - c).store_unaligned(y + i);
-    for (; i < n; ++i) y[i] = x[i] - c;
+    for (; i + L <= n; i += L) ((V::load_unaligned(x + i) - m) - ls).store_unaligned(y + i);
+    for (; i < n; ++i) y[i] = (x[i] - m) - ls;
     return;
   }
   double s = sum_run(x, n, [m, y](auto v, int64_t i) {
     auto e = vexp(v - m);
-    store(y + i, e);
+    vstore(y + i, e);
     return e;
   });
   const T inv = static_cast<T>(1.0 / s);
@@ -55,7 +56,7 @@ template <class T> void softmax_cols(const T* x, T* y, int64_t n, int64_t stride
     const T* xr = x + r * stride;
     cols([&](int64_t j, auto tag) {
       using W = decltype(tag);
-      store(m + j, pick<true>(load<W>(m + j), load<W>(xr + j)));
+      vstore(m + j, pick<true>(vload<W>(m + j), vload<W>(xr + j)));
     });
   }
   for (int64_t r = 0; r < n; ++r) {
@@ -63,20 +64,20 @@ template <class T> void softmax_cols(const T* x, T* y, int64_t n, int64_t stride
     T* yr = y + r * stride;
     cols([&](int64_t j, auto tag) {
       using W = decltype(tag);
-      W e = vexp(load<W>(xr + j) - load<W>(m + j));
-      if (!log) store(yr + j, e);
-      store(s + j, load<W>(s + j) + e);
+      W e = vexp(vload<W>(xr + j) - vload<W>(m + j));
+      if (!log) vstore(yr + j, e);
+      vstore(s + j, vload<W>(s + j) + e);
     });
   }
-  // softmax: y *= 1/s;  log_softmax: y = x - (m + log s).
-  for (int64_t j = 0; j < k; ++j) s[j] = log ? m[j] + std::log(s[j]) : T(1) / s[j];
+  // softmax: y *= 1/s;  log_softmax: y = (x − m) − log s.
+  for (int64_t j = 0; j < k; ++j) s[j] = log ? std::log(s[j]) : T(1) / s[j];
   for (int64_t r = 0; r < n; ++r) {
     const T* xr = x + r * stride;
     T* yr = y + r * stride;
     cols([&](int64_t j, auto tag) {
       using W = decltype(tag);
-      if (log) store(yr + j, load<W>(xr + j) - load<W>(s + j));
-      else store(yr + j, load<W>(yr + j) * load<W>(s + j));
+      if (log) vstore(yr + j, (vload<W>(xr + j) - vload<W>(m + j)) - vload<W>(s + j));
+      else vstore(yr + j, vload<W>(yr + j) * vload<W>(s + j));
     });
   }
 }
@@ -140,9 +141,9 @@ template <class T> void layer_norm(const OpCall& call, Tensor& out) {
         auto body = [&](auto v, int64_t i) {
           using W = decltype(v);
           W z = v * rstd + shift;
-          if constexpr (decltype(has_w)::value) z = z * load<W>(wp + i);
-          if constexpr (decltype(has_b)::value) z = z + load<W>(bp + i);
-          store(yr + i, z);
+          if constexpr (decltype(has_w)::value) z = z * vload<W>(wp + i);
+          if constexpr (decltype(has_b)::value) z = z + vload<W>(bp + i);
+          vstore(yr + i, z);
         };
         int64_t i = 0;
         for (; i + L <= m; i += L) body(V::load_unaligned(xr + i), i);

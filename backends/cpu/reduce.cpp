@@ -435,7 +435,7 @@ template <class T> void variance(const Ctx& c, bool is_std) {
       [&](const T* x, int64_t rows, int64_t st, int64_t k, int64_t o, int64_t, double* acc) {
         const T* m = mean.get() + o;
         sum_cols(x, rows, st, k, [m](auto v, int64_t j) {
-          auto d = v - load<decltype(v)>(m + j);
+          auto d = v - vload<decltype(v)>(m + j);
           return d * d;
         }, acc);
       },
@@ -463,7 +463,7 @@ template <class T> void logsumexp(const Ctx& c) {
       [&](const T* x, int64_t rows, int64_t st, int64_t k, int64_t o, int64_t, double* acc) {
         const T* m = mx.get() + o;
         sum_cols(x, rows, st, k,
-                 [m](auto v, int64_t j) { return vexp(v - load<decltype(v)>(m + j)); }, acc);
+                 [m](auto v, int64_t j) { return vexp(v - vload<decltype(v)>(m + j)); }, acc);
       },
       [](double a, double b) { return a + b; },
       [&](int64_t o, int64_t oi, double v) {

@@ -24,12 +24,12 @@ template <class T> inline constexpr bool kIsFloat = std::is_floating_point_v<T>;
 inline constexpr int64_t kBlock = 4096;
 
 /// Loads a batch (V is an xsimd batch) or one value (V is a scalar) from p.
-template <class V, class T> inline V load(const T* p) {
+template <class V, class T> inline V vload(const T* p) {
   if constexpr (kIsBatch<V>) return V::load_unaligned(p);
   else return *p;
 }
 /// Stores a batch or one value at p.
-template <class V, class T> inline void store(T* p, const V& v) {
+template <class V, class T> inline void vstore(T* p, const V& v) {
   if constexpr (kIsBatch<V>) v.store_unaligned(p);
   else *p = v;
 }
