@@ -13,7 +13,8 @@ using namespace simd;
 
 constexpr int64_t kChunk = 65536;  // elements per partial sum (fixed: thread-count independent)
 
-template <class T> void nll_loss(const OpCall& call, Tensor& out) {
+template <class T>
+void nll_loss(const OpCall& call, Tensor& out) {
   const Tensor& x = call.inputs[0];
   const Tensor& target = call.inputs[1];
   const bool batched = x.dim() == 2;
@@ -52,13 +53,13 @@ template <class T> void nll_loss(const OpCall& call, Tensor& out) {
   *o = static_cast<T>(call.attrs.mode == 1 ? total / static_cast<double>(count) : total);
 }
 
-template <class T> void mse_loss(const OpCall& call, Tensor& out) {
+template <class T>
+void mse_loss(const OpCall& call, Tensor& out) {
   const Tensor& a = call.inputs[0];
   const Tensor& b = call.inputs[1];
   if (call.attrs.mode == 0) {
     StridedLoop<3> loop(out.shape(), {&out, &a, &b});
-    const int64_t so = loop.inner_stride(0), sa = loop.inner_stride(1),
-                  sb = loop.inner_stride(2);
+    const int64_t so = loop.inner_stride(0), sa = loop.inner_stride(1), sb = loop.inner_stride(2);
     constexpr int64_t sz = sizeof(T);
     loop.parallel_run([&](const std::array<char*, 3>& p, int64_t n) {
       T* y = reinterpret_cast<T*>(p[0]);
@@ -69,7 +70,8 @@ template <class T> void mse_loss(const OpCall& call, Tensor& out) {
         return;
       }
       for (int64_t i = 0; i < n; ++i) {
-        T d = *reinterpret_cast<const T*>(p[1] + i * sa) - *reinterpret_cast<const T*>(p[2] + i * sb);
+        T d =
+            *reinterpret_cast<const T*>(p[1] + i * sa) - *reinterpret_cast<const T*>(p[2] + i * sb);
         *reinterpret_cast<T*>(p[0] + i * so) = d * d;
       }
     });
@@ -107,8 +109,8 @@ template <class T> void mse_loss(const OpCall& call, Tensor& out) {
   double total = 0;
   for (double s : part) total += s;
   // mean of no elements is 0/0 = nan, as in PyTorch.
-  *out.data<T>() = static_cast<T>(call.attrs.mode == 1 ? total / static_cast<double>(total_n)
-                                                       : total);
+  *out.data<T>() =
+      static_cast<T>(call.attrs.mode == 1 ? total / static_cast<double>(total_n) : total);
 }
 
 }  // namespace
@@ -116,8 +118,10 @@ template <class T> void mse_loss(const OpCall& call, Tensor& out) {
 void loss_kernel(const OpCall& call, const InferredMeta& meta, std::span<Tensor> outs) {
   Tensor& out = outs[0];
   KILN_DISPATCH_FLOAT(out.dtype(), T, {
-    if (call.op == OpKind::NllLoss) nll_loss<T>(call, out);
-    else mse_loss<T>(call, out);
+    if (call.op == OpKind::NllLoss)
+      nll_loss<T>(call, out);
+    else
+      mse_loss<T>(call, out);
   });
 }
 

@@ -23,8 +23,8 @@ namespace simd {
 
 Tensor empty_cpu(const Shape& shape, DType dtype) {
   auto impl = std::make_shared<TensorImpl>();
-  impl->storage = std::make_shared<StorageImpl>(
-      static_cast<size_t>(numel(shape)) * itemsize(dtype), allocator());
+  impl->storage = std::make_shared<StorageImpl>(static_cast<size_t>(numel(shape)) * itemsize(dtype),
+                                                allocator());
   impl->shape = shape;
   impl->strides = contiguous_strides(shape);
   impl->dtype = dtype;
@@ -44,10 +44,10 @@ namespace {
 
 using namespace simd;
 
-constexpr int64_t kChunk = 65536;     // elements of R per task when a few long outputs are split
-constexpr int64_t kFewOutputs = 8;    // below this many row/stripe tasks, split along R
-constexpr int64_t kStripe = 512;      // columns per task in the column path
-constexpr int64_t kColBlock = 64;     // rows summed in T before adding into double
+constexpr int64_t kChunk = 65536;   // elements of R per task when a few long outputs are split
+constexpr int64_t kFewOutputs = 8;  // below this many row/stripe tasks, split along R
+constexpr int64_t kStripe = 1024;   // columns per task in the column path
+constexpr int64_t kColBlock = 64;   // rows summed in T before adding into double
 
 // A view of x's storage with another shape and strides (no copy).
 Tensor restride(const Tensor& x, const Shape& shape, const Strides& strides) {
@@ -225,7 +225,10 @@ void run_plan(const Plan& p, Acc ident, const Row& row, const Col& col, const Co
     } else {
       int64_t grain = std::max<int64_t>(1, kGrainSize / r);
       parallel_for(0, k1, grain, [&](int64_t b, int64_t e) {
-        for (int64_t a = b; a < e; ++a) fin(a, p.out_off(a), row(base + p.in_off(a), r, a, 0));
+        for (int64_t a = b; a < e; ++a) {
+          if (a + 1 < e) prefetch(base + p.in_off(a + 1), r);
+          fin(a, p.out_off(a), row(base + p.in_off(a), r, a, 0));
+        }
       });
     }
     return;
@@ -322,7 +325,8 @@ struct Ctx {
 };
 
 // sum / mean (floating): Σ in double.
-template <class T> void sum_float(const Ctx& c, bool mean) {
+template <class T>
+void sum_float(const Ctx& c, bool mean) {
   T* out = c.out.data<T>();
   double n = static_cast<double>(c.p.r);
   auto id = [](auto v, int64_t) { return v; };
@@ -336,7 +340,8 @@ template <class T> void sum_float(const Ctx& c, bool mean) {
 }
 
 // sum / prod of integers (inputs already int64).
-template <class T> void sum_prod_int(const Ctx& c, bool prod) {
+template <class T>
+void sum_prod_int(const Ctx& c, bool prod) {
   int64_t* out = c.out.data<int64_t>();
   int64_t ident = prod ? 1 : 0;
   auto comb = [prod](int64_t a, int64_t b) -> int64_t {
@@ -357,13 +362,15 @@ template <class T> void sum_prod_int(const Ctx& c, bool prod) {
       },
       [&](const T* x, int64_t rows, int64_t st, int64_t k, int64_t, int64_t, int64_t* acc) {
         for (int64_t r = 0; r < rows; ++r)
-          for (int64_t j = 0; j < k; ++j) acc[j] = comb(acc[j], static_cast<int64_t>(x[r * st + j]));
+          for (int64_t j = 0; j < k; ++j)
+            acc[j] = comb(acc[j], static_cast<int64_t>(x[r * st + j]));
       },
       comb, [&](int64_t, int64_t oi, int64_t v) { out[oi] = v; });
 }
 
 // prod (floating), accumulated in T like PyTorch.
-template <class T> void prod_float(const Ctx& c) {
+template <class T>
+void prod_float(const Ctx& c) {
   T* out = c.out.data<T>();
   auto mul = [](auto a, auto b) { return a * b; };
   run_plan<T, T>(
@@ -392,7 +399,8 @@ template <class T> void prod_float(const Ctx& c) {
 
 // amax / amin (any dtype; NaN propagates). With `params`, writes the plan-order results there
 // (logsumexp's first pass) instead of to the output.
-template <bool kMax, class T> void extreme(const Ctx& c, T* params = nullptr) {
+template <bool kMax, class T>
+void extreme(const Ctx& c, T* params = nullptr) {
   T* out = params ? nullptr : c.out.data<T>();
   constexpr T ident = pick_identity<kMax, T>();
   run_plan<T, T>(
@@ -403,13 +411,16 @@ template <bool kMax, class T> void extreme(const Ctx& c, T* params = nullptr) {
       },
       [](T a, T b) { return pick<kMax>(a, b); },
       [&](int64_t o, int64_t oi, T v) {
-        if (params) params[o] = v;
-        else out[oi] = v;
+        if (params)
+          params[o] = v;
+        else
+          out[oi] = v;
       });
 }
 
 // var / std: two passes (mean, then Σ(x − mean)²), both accumulated in double.
-template <class T> void variance(const Ctx& c, bool is_std) {
+template <class T>
+void variance(const Ctx& c, bool is_std) {
   const Plan& p = c.p;
   std::unique_ptr<T[]> mean(new T[p.k1 * p.k2]);
   double n = static_cast<double>(p.r);
@@ -434,10 +445,13 @@ template <class T> void variance(const Ctx& c, bool is_std) {
       },
       [&](const T* x, int64_t rows, int64_t st, int64_t k, int64_t o, int64_t, double* acc) {
         const T* m = mean.get() + o;
-        sum_cols(x, rows, st, k, [m](auto v, int64_t j) {
-          auto d = v - vload<decltype(v)>(m + j);
-          return d * d;
-        }, acc);
+        sum_cols(
+            x, rows, st, k,
+            [m](auto v, int64_t j) {
+              auto d = v - vload<decltype(v)>(m + j);
+              return d * d;
+            },
+            acc);
       },
       add,
       [&](int64_t, int64_t oi, double v) {
@@ -447,7 +461,8 @@ template <class T> void variance(const Ctx& c, bool is_std) {
 }
 
 // logsumexp: m = max, then m + log Σ exp(x − m); an infinite m is replaced by 0 (PyTorch).
-template <class T> void logsumexp(const Ctx& c) {
+template <class T>
+void logsumexp(const Ctx& c) {
   const Plan& p = c.p;
   std::unique_ptr<T[]> mx(new T[p.k1 * p.k2]);
   extreme<true, T>(c, mx.get());
@@ -462,8 +477,9 @@ template <class T> void logsumexp(const Ctx& c) {
       },
       [&](const T* x, int64_t rows, int64_t st, int64_t k, int64_t o, int64_t, double* acc) {
         const T* m = mx.get() + o;
-        sum_cols(x, rows, st, k,
-                 [m](auto v, int64_t j) { return vexp(v - vload<decltype(v)>(m + j)); }, acc);
+        sum_cols(
+            x, rows, st, k, [m](auto v, int64_t j) { return vexp(v - vload<decltype(v)>(m + j)); },
+            acc);
       },
       [](double a, double b) { return a + b; },
       [&](int64_t o, int64_t oi, double v) {
@@ -472,7 +488,8 @@ template <class T> void logsumexp(const Ctx& c) {
 }
 
 // all / any of x != 0 (any dtype; NaN counts as true).
-template <class T> void all_any(const Ctx& c, bool all) {
+template <class T>
+void all_any(const Ctx& c, bool all) {
   bool* out = c.out.data<bool>();
   run_plan<T, bool>(
       c.p, all,
@@ -492,13 +509,15 @@ template <class T> void all_any(const Ctx& c, bool all) {
       [&](int64_t, int64_t oi, bool v) { out[oi] = v; });
 }
 
-template <class T> struct ArgAcc {
+template <class T>
+struct ArgAcc {
   T v;
   int64_t i;  // -1: nothing seen yet
 };
 
 // Whether value v (seen after cur) replaces cur: strictly better, or the first NaN.
-template <bool kMax, class T> bool arg_better(T v, const ArgAcc<T>& cur) {
+template <bool kMax, class T>
+bool arg_better(T v, const ArgAcc<T>& cur) {
   if (cur.i < 0) return true;
   if constexpr (kIsFloat<T>) {
     if (cur.v != cur.v) return false;
@@ -507,8 +526,52 @@ template <bool kMax, class T> bool arg_better(T v, const ArgAcc<T>& cur) {
   return kMax ? v > cur.v : v < cur.v;
 }
 
+// Column argmax / argmin: acc[j] takes the first extreme of column j over `rows` rows (row
+// indices offset by base). Floating types are vectorised across columns, keeping each lane's
+// running extreme and row in L1 arrays; a lane switches only on a strictly better value or on
+// its first NaN, so ties and NaNs resolve to the first row as in the scalar rule.
+template <bool kMax, class T>
+void arg_cols(const T* x, int64_t rows, int64_t st, int64_t k, int64_t base, ArgAcc<T>* acc) {
+  int64_t j0 = 0;
+  if constexpr (kIsFloat<T>) {
+    using V = Vec<T>;
+    using I = xsimd::as_integer_t<T>;  // int32 for float, int64 for double: same lane count
+    using VI = xsimd::batch<I>;
+    constexpr int64_t L = V::size;
+    const int64_t kv = k / L * L;
+    if (kv > 0 && rows < (int64_t{1} << 31)) {
+      alignas(64) T best[kStripe];
+      alignas(64) I row_of[kStripe];
+      std::copy_n(x, kv, best);
+      std::fill_n(row_of, kv, I(0));
+      for (int64_t r = 1; r < rows; ++r) {
+        const T* xr = x + r * st;
+        const VI rv(static_cast<I>(r));
+        for (int64_t j = 0; j < kv; j += L) {
+          V v = V::load_unaligned(xr + j), b = V::load_aligned(best + j);
+          auto nan_first = xsimd::isnan(v) & !xsimd::isnan(b);
+          auto better = (kMax ? (v > b) : (v < b)) | nan_first;
+          xsimd::select(better, v, b).store_aligned(best + j);
+          VI cur = VI::load_aligned(row_of + j);
+          xsimd::select(xsimd::bool_cast(better), rv, cur).store_aligned(row_of + j);
+        }
+      }
+      for (int64_t j = 0; j < kv; ++j) {
+        if (arg_better<kMax>(best[j], acc[j])) acc[j] = {best[j], base + row_of[j]};
+      }
+      j0 = kv;
+    }
+  }
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t j = j0; j < k; ++j) {
+      T v = x[r * st + j];
+      if (arg_better<kMax>(v, acc[j])) acc[j] = {v, base + r};
+    }
+}
+
 // argmax / argmin: index of the first extreme value (the first NaN if any).
-template <bool kMax, class T> void arg_extreme(const Ctx& c) {
+template <bool kMax, class T>
+void arg_extreme(const Ctx& c) {
   int64_t* out = c.out.data<int64_t>();
   run_plan<T, ArgAcc<T>>(
       c.p, ArgAcc<T>{T(0), -1},
@@ -516,13 +579,8 @@ template <bool kMax, class T> void arg_extreme(const Ctx& c) {
         T m = extreme_run<kMax>(x, n, pick_identity<kMax, T>());
         return ArgAcc<T>{m, base + find_first(x, n, m)};
       },
-      [&](const T* x, int64_t rows, int64_t st, int64_t k, int64_t, int64_t base,
-          ArgAcc<T>* acc) {
-        for (int64_t r = 0; r < rows; ++r)
-          for (int64_t j = 0; j < k; ++j) {
-            T v = x[r * st + j];
-            if (arg_better<kMax>(v, acc[j])) acc[j] = {v, base + r};
-          }
+      [&](const T* x, int64_t rows, int64_t st, int64_t k, int64_t, int64_t base, ArgAcc<T>* acc) {
+        arg_cols<kMax>(x, rows, st, k, base, acc);
       },
       [](const ArgAcc<T>& a, const ArgAcc<T>& b) { return arg_better<kMax>(b.v, a) ? b : a; },
       [&](int64_t, int64_t oi, const ArgAcc<T>& v) { out[oi] = v.i; });
@@ -533,12 +591,19 @@ void fill_identity(OpKind op, Tensor& out) {
   double v = 0;
   switch (op) {
     case OpKind::Prod:
-    case OpKind::All: v = 1; break;
+    case OpKind::All:
+      v = 1;
+      break;
     case OpKind::Mean:
     case OpKind::Var:
-    case OpKind::Std: v = std::numeric_limits<double>::quiet_NaN(); break;
-    case OpKind::LogSumExp: v = -std::numeric_limits<double>::infinity(); break;
-    default: break;
+    case OpKind::Std:
+      v = std::numeric_limits<double>::quiet_NaN();
+      break;
+    case OpKind::LogSumExp:
+      v = -std::numeric_limits<double>::infinity();
+      break;
+    default:
+      break;
   }
   int64_t n = out.numel();
   KILN_DISPATCH_ALL(out.dtype(), O, {
@@ -559,8 +624,10 @@ void reduction_kernel(const OpCall& call, const InferredMeta& meta, std::span<Te
   const int rank = x.dim();
   uint32_t mask;
   if (arg) {
-    if (call.attrs.all_dims) mask = rank ? (1u << rank) - 1 : 0;
-    else mask = rank ? 1u << wrap_dim(call.attrs.dim, rank, call.name()) : 0;
+    if (call.attrs.all_dims)
+      mask = rank ? (1u << rank) - 1 : 0;
+    else
+      mask = rank ? 1u << wrap_dim(call.attrs.dim, rank, call.name()) : 0;
   } else {
     mask = reduction_mask(call.attrs, rank, call.name(), call.loc);
   }
@@ -576,24 +643,43 @@ void reduction_kernel(const OpCall& call, const InferredMeta& meta, std::span<Te
     case OpKind::Prod:
       if (is_floating(t)) {
         KILN_DISPATCH_FLOAT(t, T, {
-          if (op == OpKind::Sum) sum_float<T>(c, false);
-          else prod_float<T>(c);
+          if (op == OpKind::Sum)
+            sum_float<T>(c, false);
+          else
+            prod_float<T>(c);
         });
       } else {
         sum_prod_int<int64_t>(c, op == OpKind::Prod);  // integer inputs arrive as int64
       }
       break;
-    case OpKind::Mean: KILN_DISPATCH_FLOAT(t, T, { sum_float<T>(c, true); }); break;
+    case OpKind::Mean:
+      KILN_DISPATCH_FLOAT(t, T, { sum_float<T>(c, true); });
+      break;
     case OpKind::Var:
-    case OpKind::Std: KILN_DISPATCH_FLOAT(t, T, { variance<T>(c, op == OpKind::Std); }); break;
-    case OpKind::LogSumExp: KILN_DISPATCH_FLOAT(t, T, { logsumexp<T>(c); }); break;
-    case OpKind::Amax: KILN_DISPATCH_ALL(t, T, { extreme<true, T>(c); }); break;
-    case OpKind::Amin: KILN_DISPATCH_ALL(t, T, { extreme<false, T>(c); }); break;
+    case OpKind::Std:
+      KILN_DISPATCH_FLOAT(t, T, { variance<T>(c, op == OpKind::Std); });
+      break;
+    case OpKind::LogSumExp:
+      KILN_DISPATCH_FLOAT(t, T, { logsumexp<T>(c); });
+      break;
+    case OpKind::Amax:
+      KILN_DISPATCH_ALL(t, T, { extreme<true, T>(c); });
+      break;
+    case OpKind::Amin:
+      KILN_DISPATCH_ALL(t, T, { extreme<false, T>(c); });
+      break;
     case OpKind::All:
-    case OpKind::Any: KILN_DISPATCH_ALL(t, T, { all_any<T>(c, op == OpKind::All); }); break;
-    case OpKind::Argmax: KILN_DISPATCH_NUMERIC(t, T, { arg_extreme<true, T>(c); }); break;
-    case OpKind::Argmin: KILN_DISPATCH_NUMERIC(t, T, { arg_extreme<false, T>(c); }); break;
-    default: throw Error(call.name(), "not a reduction", call.loc);
+    case OpKind::Any:
+      KILN_DISPATCH_ALL(t, T, { all_any<T>(c, op == OpKind::All); });
+      break;
+    case OpKind::Argmax:
+      KILN_DISPATCH_NUMERIC(t, T, { arg_extreme<true, T>(c); });
+      break;
+    case OpKind::Argmin:
+      KILN_DISPATCH_NUMERIC(t, T, { arg_extreme<false, T>(c); });
+      break;
+    default:
+      throw Error(call.name(), "not a reduction", call.loc);
   }
 }
 

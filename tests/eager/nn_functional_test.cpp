@@ -1,7 +1,6 @@
 // softmax, log_softmax, layer_norm, nll_loss, cross_entropy, mse_loss against known answers
 // and float64 references.
 #include <catch2/catch.hpp>
-
 #include <cmath>
 #include <limits>
 #include <random>
@@ -181,8 +180,8 @@ TEST_CASE("layer_norm matches a float64 reference") {
   check_close(layer_norm(xt, {17}, w3).to_vector<double>(),
               ref(xt, 17, w3.to_vector<double>(), {}, 1e-5), 1e-4, 1e-4);
   // Known values: [1, 2, 3] → mean 2, var 2/3.
-  std::vector<float> k = layer_norm(tensor<float>({1, 2, 3}), {3}, Tensor(), Tensor(), 0)
-                             .to_vector<float>();
+  std::vector<float> k =
+      layer_norm(tensor<float>({1, 2, 3}), {3}, Tensor(), Tensor(), 0).to_vector<float>();
   CHECK(k[0] == Approx(-std::sqrt(1.5)));
   CHECK(k[1] == Approx(0).margin(1e-7));
   CHECK(k[2] == Approx(std::sqrt(1.5)));
@@ -216,8 +215,7 @@ TEST_CASE("nll_loss and cross_entropy") {
   CHECK(nll_loss(lp, t, Reduction::None).to_vector<float>() == std::vector<float>{1, 6, 8});
   CHECK(nll_loss(lp, t, Reduction::None).shape() == Shape{3});
   // Transposed input (strided access).
-  CHECK(nll_loss(lp.t(), t, Reduction::None).to_vector<float>() ==
-        std::vector<float>{1, 8, 6});
+  CHECK(nll_loss(lp.t(), t, Reduction::None).to_vector<float>() == std::vector<float>{1, 8, 6});
   // ignore_index: skipped, mean divides by the count of the others.
   Tensor ti = tensor<int64_t>({0, -100, 1});
   CHECK(nll_loss(lp, ti).item<float>() == Approx((1 + 8) / 2.0));
@@ -252,8 +250,7 @@ TEST_CASE("mse_loss") {
   CHECK(mse_loss(a, b).dim() == 0);
   // Broadcasting [2, 3] against [3].
   Tensor m = tensor<float>({{1, 2, 3}, {4, 5, 6}});
-  CHECK(mse_loss(m, a, Reduction::None).to_vector<float>() ==
-        std::vector<float>{0, 0, 0, 9, 9, 9});
+  CHECK(mse_loss(m, a, Reduction::None).to_vector<float>() == std::vector<float>{0, 0, 0, 9, 9, 9});
   CHECK(mse_loss(m, a, Reduction::Sum).item<float>() == 27);
   CHECK(mse_loss(m.t(), tensor<float>({1, 1}).view({1, 2}), Reduction::Sum).item<float>() ==
         0 + 9 + 1 + 16 + 4 + 25);

@@ -1,7 +1,6 @@
 // Reductions: known answers, a float64 reference over many shapes / dims / layouts, NaN and
 // Inf, integer dtypes, 0-d and empty tensors, errors.
 #include <catch2/catch.hpp>
-
 #include <cmath>
 #include <functional>
 #include <limits>
@@ -147,8 +146,8 @@ std::vector<RefOp> ref_ops() {
   return {
       {"sum", [](const Tensor& x, const Dims& d, bool k) { return sum(x, d, k); }, ref_sum, 1e-5,
        1e-5},
-      {"mean", [](const Tensor& x, const Dims& d, bool k) { return mean(x, d, k); }, ref_mean,
-       1e-5, 1e-6},
+      {"mean", [](const Tensor& x, const Dims& d, bool k) { return mean(x, d, k); }, ref_mean, 1e-5,
+       1e-6},
       {"amax", [](const Tensor& x, const Dims& d, bool k) { return amax(x, d, k); },
        [](const auto& g) { return ref_extreme(g, true); }, 0, 0},
       {"amin", [](const Tensor& x, const Dims& d, bool k) { return amin(x, d, k); },
@@ -161,8 +160,8 @@ std::vector<RefOp> ref_ops() {
        [](const auto& g) { return std::sqrt(ref_var(g, 1)); }, 1e-5, 1e-6},
       {"logsumexp", [](const Tensor& x, const Dims& d, bool k) { return logsumexp(x, d, k); },
        ref_lse, 1e-5, 1e-6},
-      {"prod", [](const Tensor& x, const Dims& d, bool k) { return prod(x, d, k); }, ref_prod,
-       1e-4, 1e-30},
+      {"prod", [](const Tensor& x, const Dims& d, bool k) { return prod(x, d, k); }, ref_prod, 1e-4,
+       1e-30},
   };
 }
 
@@ -305,8 +304,8 @@ TEST_CASE("large reductions: split rows, column blocks and float32 accuracy") {
     Dims dims;
   };
   const std::vector<Case> cases = {
-      {{3, 200000}, {1}}, {{200000, 3}, {0}}, {{4096, 256}, {0}}, {{64, 1024, 8}, {1}},
-      {{2, 3000, 600}, {1}}, {{40, 3000}, {1}}, {{1000, 1000}, {}},
+      {{3, 200000}, {1}},    {{200000, 3}, {0}}, {{4096, 256}, {0}}, {{64, 1024, 8}, {1}},
+      {{2, 3000, 600}, {1}}, {{40, 3000}, {1}},  {{1000, 1000}, {}}, {{50, 2500}, {0}},
   };
   uint32_t seed = 10;
   for (const Case& c : cases) {
@@ -332,8 +331,10 @@ TEST_CASE("large reductions: split rows, column blocks and float32 accuracy") {
     check_close(var(x, c.dims).to_vector<double>(), v, 1e-5);
     check_close(amax(x, c.dims).to_vector<double>(), mx, 0);
     check_close(logsumexp(x, c.dims).to_vector<double>(), lse, 1e-6);
-    if (c.dims.size() == 1) check_close(argmin(x, c.dims[0]).to_vector<double>(), am, 0);
-    else CHECK(argmin(x).item<int64_t>() == am[0]);
+    if (c.dims.size() == 1)
+      check_close(argmin(x, c.dims[0]).to_vector<double>(), am, 0);
+    else
+      CHECK(argmin(x).item<int64_t>() == am[0]);
   }
 }
 
@@ -420,14 +421,53 @@ TEST_CASE("FC-02 NaN and Inf semantics of reductions") {
   CHECK(argmax(tensor<float>({-inf, -inf})).item<int64_t>() == 0);
   CHECK(argmin(tensor<float>({inf, -inf, -inf})).item<int64_t>() == 1);
   // logsumexp is stable for large values.
-  CHECK(logsumexp(tensor<float>({1000, 1000}), {0}).item<float>() ==
-        Approx(1000 + std::log(2.0)));
+  CHECK(logsumexp(tensor<float>({1000, 1000}), {0}).item<float>() == Approx(1000 + std::log(2.0)));
   CHECK(logsumexp(tensor<float>({-1000, -1000}), {0}).item<float>() ==
         Approx(-1000 + std::log(2.0)));
   // all / any: NaN is non-zero.
   CHECK(all(tensor<float>({nan, 1})).item<bool>());
   CHECK(any(tensor<float>({0, nan})).item<bool>());
   CHECK_FALSE(any(tensor<float>({0, -0.0f})).item<bool>());
+}
+
+TEST_CASE("argmax / argmin with ties and NaNs in rows and columns match the reference") {
+  // Small integer values make ties common; some NaNs. Shapes wide enough for the vectorised
+  // column path (>= 16 columns) plus a scalar tail of columns.
+  for (DType dt : {Float32, Float64}) {
+    std::mt19937 gen(99);
+    std::uniform_int_distribution<int> val(0, 3), nan_pick(0, 60);
+    const Shape shape{37, 45};
+    std::vector<double> v(numel(shape));
+    for (auto& e : v) e = nan_pick(gen) == 0 ? std::numeric_limits<double>::quiet_NaN() : val(gen);
+    Tensor x = from_vector(v, shape).to(dt);
+    for (Tensor t : {x, with_layout(x, {1, 0})}) {
+      for (int d = 0; d < 2; ++d) {
+        for (bool is_max : {true, false}) {
+          INFO("dtype " << name(dt) << " dim " << d << " max " << is_max);
+          Groups g = group(t, 1u << d, false);
+          std::vector<double> want;
+          for (const auto& grp : g.g) want.push_back(ref_arg(grp, is_max));
+          Tensor got = is_max ? argmax(t, d) : argmin(t, d);
+          check_close(got.to_vector<double>(), want, 0);
+        }
+      }
+      Groups all_g = group(t, 3, false);
+      CHECK(argmax(t).item<int64_t>() == ref_arg(all_g.g[0], true));
+      CHECK(argmin(t).item<int64_t>() == ref_arg(all_g.g[0], false));
+    }
+  }
+  // A long column block (R split into chunks) with a NaN late in one column and ties.
+  std::vector<float> v(20000 * 20, 1.0f);
+  v[15000 * 20 + 3] = std::numeric_limits<float>::quiet_NaN();
+  v[12000 * 20 + 5] = 2.0f;
+  v[17000 * 20 + 5] = 2.0f;
+  Tensor x = from_vector(v, {20000, 20});
+  std::vector<int64_t> am = argmax(x, 0).to_vector<int64_t>();
+  CHECK(am[0] == 0);
+  CHECK(am[3] == 15000);
+  CHECK(am[5] == 12000);
+  CHECK(argmin(x, 0).to_vector<int64_t>()[3] == 15000);
+  CHECK(argmin(x, 0).to_vector<int64_t>()[5] == 0);
 }
 
 TEST_CASE("reductions of integer and bool tensors") {
