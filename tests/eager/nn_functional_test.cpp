@@ -1,0 +1,270 @@
+// softmax, log_softmax, layer_norm, nll_loss, cross_entropy, mse_loss against known answers
+// and float64 references.
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <limits>
+#include <random>
+
+#include "kiln/kiln.h"
+
+using namespace kiln;
+
+namespace {
+
+std::vector<float> random_floats(int64_t n, uint32_t seed, float lo = -3, float hi = 3) {
+  std::mt19937 gen(seed);
+  std::uniform_real_distribution<float> dist(lo, hi);
+  std::vector<float> v(n);
+  for (auto& x : v) x = dist(gen);
+  return v;
+}
+
+// Double-precision softmax (or log_softmax) of x along `dim` (logical values).
+std::vector<double> ref_softmax(const Tensor& x, int dim, bool log) {
+  std::vector<double> v = x.to_vector<double>();
+  const Shape& s = x.shape();
+  int64_t a = 1, n = 1, b = 1;
+  for (int i = 0; i < s.size(); ++i) (i < dim ? a : i == dim ? n : b) *= s[i];
+  std::vector<double> out(v.size());
+  for (int64_t i = 0; i < a; ++i)
+    for (int64_t k = 0; k < b; ++k) {
+      auto at = [&](int64_t j) { return (i * n + j) * b + k; };
+      double m = -INFINITY;
+      for (int64_t j = 0; j < n; ++j) m = std::max(m, v[at(j)]);
+      double s = 0;
+      for (int64_t j = 0; j < n; ++j) s += std::exp(v[at(j)] - m);
+      for (int64_t j = 0; j < n; ++j)
+        out[at(j)] = log ? v[at(j)] - m - std::log(s) : std::exp(v[at(j)] - m) / s;
+    }
+  return out;
+}
+
+void check_close(const std::vector<double>& got, const std::vector<double>& want, double rtol,
+                 double atol) {
+  REQUIRE(got.size() == want.size());
+  int bad = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    bool ok = std::abs(got[i] - want[i]) <= atol + rtol * std::abs(want[i]);
+    if (!ok && ++bad <= 5) {
+      INFO("element " << i << ": got " << got[i] << ", want " << want[i]);
+      CHECK(ok);
+    }
+  }
+  CHECK(bad == 0);
+}
+
+}  // namespace
+
+TEST_CASE("softmax and log_softmax: known values") {
+  Tensor x = tensor<float>({{1, 2, 3}, {0, 0, 0}});
+  std::vector<float> s = softmax(x, 1).to_vector<float>();
+  const double e = std::exp(1.0), e2 = e * e, e3 = e2 * e, z = e + e2 + e3;
+  CHECK(s[0] == Approx(e / z));
+  CHECK(s[1] == Approx(e2 / z));
+  CHECK(s[2] == Approx(e3 / z));
+  CHECK(s[3] == Approx(1.0 / 3));
+  std::vector<float> ls = log_softmax(x, -1).to_vector<float>();
+  CHECK(ls[0] == Approx(1 - std::log(z)));
+  CHECK(ls[2] == Approx(3 - std::log(z)));
+  CHECK(ls[4] == Approx(-std::log(3.0)));
+  // Along dim 0: each column of [[1,2,3],[0,0,0]].
+  std::vector<float> c = softmax(x, 0).to_vector<float>();
+  CHECK(c[0] == Approx(e / (e + 1)));
+  CHECK(c[3] == Approx(1 / (e + 1)));
+  CHECK(c[2] == Approx(e3 / (e3 + 1)));
+  // Large logits do not overflow.
+  std::vector<float> big = softmax(tensor<float>({1000, 1001}), 0).to_vector<float>();
+  CHECK(big[0] == Approx(1 / (1 + e)));
+  CHECK(big[1] == Approx(e / (1 + e)));
+  CHECK(log_softmax(tensor<float>({-1000, -1001}), 0).to_vector<float>()[0] ==
+        Approx(-std::log1p(1 / e)));
+  // 0-d: softmax is 1, log_softmax 0; int input gives float.
+  CHECK(softmax(scalar_tensor(5.0f), 0).item<float>() == 1);
+  CHECK(log_softmax(scalar_tensor(5.0f), -1).item<float>() == 0);
+  Tensor si = softmax(tensor<int32_t>({1, 1}), 0);
+  CHECK(si.dtype() == Float32);
+  CHECK(si.to_vector<float>() == std::vector<float>{0.5f, 0.5f});
+  // A NaN poisons its row only; -inf entries get probability 0.
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float inf = std::numeric_limits<float>::infinity();
+  std::vector<float> n = softmax(tensor<float>({{1, nan}, {-inf, 0}}), 1).to_vector<float>();
+  CHECK(std::isnan(n[0]));
+  CHECK(std::isnan(n[1]));
+  CHECK(n[2] == 0);
+  CHECK(n[3] == 1);
+  CHECK(log_softmax(tensor<float>({-inf, 0}), 0).to_vector<float>()[0] == -inf);
+  // Empty.
+  CHECK(softmax(empty({0, 4}), 1).shape() == Shape{0, 4});
+  CHECK(softmax(empty({3, 0}), 1).shape() == Shape{3, 0});
+  CHECK_THROWS_AS(softmax(x, 2), kiln::Error);
+  CHECK_THROWS_AS(log_softmax(x, -3), kiln::Error);
+}
+
+TEST_CASE("softmax matches a float64 reference along every dim and layout") {
+  const Shape shape{3, 37, 45};
+  Tensor base = from_vector(random_floats(numel(shape), 5), shape);
+  for (int layout = 0; layout < 2; ++layout) {
+    // layout 1: same values, dims stored in reverse order (dense, non-contiguous).
+    Tensor x = layout == 0 ? base : base.permute({2, 1, 0}).contiguous().permute({2, 1, 0});
+    for (int dim = 0; dim < 3; ++dim) {
+      for (bool log : {false, true}) {
+        INFO("dim " << dim << " log " << log << " layout " << layout);
+        Tensor y = log ? log_softmax(x, dim) : softmax(x, dim - 3 * (dim == 2));
+        CHECK(y.shape() == shape);
+        check_close(y.to_vector<double>(), ref_softmax(x, dim, log), 1e-5, 1e-6);
+      }
+    }
+  }
+  // Rows sum to 1; log_softmax = log(softmax); multi-stripe columns and long rows.
+  for (const Shape& s : {Shape{64, 1000}, Shape{7, 2, 600}, Shape{2, 70000}}) {
+    Tensor x = from_vector(random_floats(numel(s), 9), s);
+    int dim = s.size() - 1;
+    std::vector<double> sm = softmax(x, dim).to_vector<double>();
+    std::vector<double> lsm = log_softmax(x, dim).to_vector<double>();
+    check_close(sm, ref_softmax(x, dim, false), 1e-5, 1e-7);
+    std::vector<double> log_sm(sm.size());
+    for (size_t i = 0; i < sm.size(); ++i) log_sm[i] = std::log(sm[i]);
+    check_close(lsm, log_sm, 1e-5, 1e-5);
+    int64_t n = s[dim];
+    for (int64_t r = 0; r < static_cast<int64_t>(sm.size()) / n; r += 3) {
+      double total = 0;
+      for (int64_t j = 0; j < n; ++j) total += sm[r * n + j];
+      CHECK(total == Approx(1).epsilon(1e-5));
+    }
+    // Along dim 0 (column path).
+    check_close(softmax(x, 0).to_vector<double>(), ref_softmax(x, 0, false), 1e-5, 1e-7);
+    check_close(log_softmax(x, 0).to_vector<double>(), ref_softmax(x, 0, true), 1e-5, 1e-5);
+  }
+}
+
+TEST_CASE("layer_norm matches a float64 reference") {
+  auto ref = [](const Tensor& x, int64_t m, const std::vector<double>& w,
+                const std::vector<double>& b, double eps) {
+    std::vector<double> v = x.to_vector<double>();
+    std::vector<double> out(v.size());
+    for (size_t r = 0; r < v.size() / m; ++r) {
+      double mean = 0, var = 0;
+      for (int64_t j = 0; j < m; ++j) mean += v[r * m + j];
+      mean /= m;
+      for (int64_t j = 0; j < m; ++j) var += (v[r * m + j] - mean) * (v[r * m + j] - mean);
+      var /= m;
+      for (int64_t j = 0; j < m; ++j) {
+        double y = (v[r * m + j] - mean) / std::sqrt(var + eps);
+        if (!w.empty()) y *= w[j];
+        if (!b.empty()) y += b[j];
+        out[r * m + j] = y;
+      }
+    }
+    return out;
+  };
+  // Offset data (mean 5) checks the variance is not computed as E[x²] − E[x]².
+  const Shape shape{17, 6, 129};
+  std::vector<float> v = random_floats(numel(shape), 11, 4, 6);
+  Tensor x = from_vector(v, shape);
+  Tensor w1 = from_vector(random_floats(129, 12, 0.5f, 1.5f), {129});
+  Tensor b1 = from_vector(random_floats(129, 13), {129});
+  check_close(layer_norm(x, {129}, w1, b1).to_vector<double>(),
+              ref(x, 129, w1.to_vector<double>(), b1.to_vector<double>(), 1e-5), 1e-4, 1e-4);
+  check_close(layer_norm(x, {129}).to_vector<double>(), ref(x, 129, {}, {}, 1e-5), 1e-4, 1e-4);
+  check_close(layer_norm(x, {129}, w1).to_vector<double>(),
+              ref(x, 129, w1.to_vector<double>(), {}, 1e-5), 1e-4, 1e-4);
+  check_close(layer_norm(x, {129}, Tensor(), b1, 0.5).to_vector<double>(),
+              ref(x, 129, {}, b1.to_vector<double>(), 0.5), 1e-4, 1e-4);
+  // Two trailing dims, and a transposed input.
+  Tensor w2 = from_vector(random_floats(6 * 129, 14), {6, 129});
+  Tensor b2 = from_vector(random_floats(6 * 129, 15), {6, 129});
+  check_close(layer_norm(x, {6, 129}, w2, b2).to_vector<double>(),
+              ref(x, 6 * 129, w2.to_vector<double>(), b2.to_vector<double>(), 1e-5), 1e-4, 1e-4);
+  Tensor xt = x.transpose(0, 2);  // [129, 6, 17]
+  Tensor w3 = from_vector(random_floats(17, 16), {17});
+  check_close(layer_norm(xt, {17}, w3).to_vector<double>(),
+              ref(xt, 17, w3.to_vector<double>(), {}, 1e-5), 1e-4, 1e-4);
+  // Known values: [1, 2, 3] → mean 2, var 2/3.
+  std::vector<float> k =
+      layer_norm(tensor<float>({1, 2, 3}), {3}, Tensor(), Tensor(), 0).to_vector<float>();
+  CHECK(k[0] == Approx(-std::sqrt(1.5)));
+  CHECK(k[1] == Approx(0).margin(1e-7));
+  CHECK(k[2] == Approx(std::sqrt(1.5)));
+  // A constant row normalises to 0 (times weight, plus bias).
+  CHECK(layer_norm(tensor<float>({4, 4}), {2}, tensor<float>({2, 2}), tensor<float>({1, -1}))
+            .to_vector<float>() == std::vector<float>{1, -1});
+  CHECK(layer_norm(empty({0, 8}), {8}).shape() == Shape{0, 8});
+  CHECK_THROWS_AS(layer_norm(x, {128}), kiln::Error);
+  CHECK_THROWS_AS(layer_norm(x, {129}, tensor<float>({1, 2})), kiln::Error);
+  CHECK_THROWS_AS(layer_norm(tensor<int32_t>({1, 2}), {2}), kiln::Error);
+}
+
+TEST_CASE("nll_loss and cross_entropy") {
+  // Hand-computed: log_softmax([1,2,3]) = [1,2,3] − 3.40760596; log_softmax([0,0,0]) = −log 3.
+  Tensor logits = tensor<float>({{1, 2, 3}, {0, 0, 0}});
+  Tensor target = tensor<int64_t>({2, 1});
+  const double l0 = 3.4076059644 - 3, l1 = std::log(3.0);
+  CHECK(cross_entropy(logits, target).item<float>() == Approx((l0 + l1) / 2));
+  CHECK(cross_entropy(logits, target, Reduction::Sum).item<float>() == Approx(l0 + l1));
+  std::vector<float> none = cross_entropy(logits, target, Reduction::None).to_vector<float>();
+  REQUIRE(none.size() == 2);
+  CHECK(none[0] == Approx(l0));
+  CHECK(none[1] == Approx(l1));
+  CHECK(cross_entropy(logits, tensor<int32_t>({0, 1})).item<float>() ==
+        Approx((3.4076059644 - 1 + l1) / 2));
+
+  Tensor lp = tensor<float>({{-1, -2, -3}, {-4, -5, -6}, {-7, -8, -9}});
+  Tensor t = tensor<int64_t>({0, 2, 1});
+  CHECK(nll_loss(lp, t).item<float>() == Approx((1 + 6 + 8) / 3.0));
+  CHECK(nll_loss(lp, t, Reduction::Sum).item<float>() == 15);
+  CHECK(nll_loss(lp, t, Reduction::None).to_vector<float>() == std::vector<float>{1, 6, 8});
+  CHECK(nll_loss(lp, t, Reduction::None).shape() == Shape{3});
+  // Transposed input (strided access).
+  CHECK(nll_loss(lp.t(), t, Reduction::None).to_vector<float>() == std::vector<float>{1, 8, 6});
+  // ignore_index: skipped, mean divides by the count of the others.
+  Tensor ti = tensor<int64_t>({0, -100, 1});
+  CHECK(nll_loss(lp, ti).item<float>() == Approx((1 + 8) / 2.0));
+  CHECK(nll_loss(lp, ti, Reduction::None).to_vector<float>() == std::vector<float>{1, 0, 8});
+  CHECK(nll_loss(lp, tensor<int64_t>({2, 2, 2}), Reduction::Mean, 2).item<float>() !=
+        nll_loss(lp, tensor<int64_t>({2, 2, 2}), Reduction::Mean, 2).item<float>());  // nan
+  CHECK(nll_loss(lp, tensor<int64_t>({2, 2, 2}), Reduction::Sum, 2).item<float>() == 0);
+  CHECK(nll_loss(lp, tensor<int64_t>({0, 1, 2}), Reduction::Sum, 1).item<float>() == 10);
+  // 1-D input with a 0-d target.
+  CHECK(nll_loss(tensor<float>({-0.5f, -1.5f}), scalar_tensor(1, Int64)).item<float>() == 1.5f);
+  // float64 input keeps its dtype.
+  CHECK(nll_loss(lp.to(Float64), t).dtype() == Float64);
+  // Empty batch.
+  Tensor e = nll_loss(empty({0, 3}), empty({0}, Int64));
+  CHECK(std::isnan(e.item<float>()));
+  CHECK(nll_loss(empty({0, 3}), empty({0}, Int64), Reduction::Sum).item<float>() == 0);
+
+  // Errors: out-of-range targets name the value.
+  CHECK_THROWS_WITH(nll_loss(lp, tensor<int64_t>({0, 3, 1})), Catch::Contains("target 3"));
+  CHECK_THROWS_WITH(nll_loss(lp, tensor<int64_t>({-1, 0, 1})), Catch::Contains("target -1"));
+  CHECK_THROWS_AS(cross_entropy(logits, tensor<int64_t>({5, 0})), kiln::Error);
+  CHECK_THROWS_AS(nll_loss(lp, tensor<float>({0, 1, 2})), kiln::Error);
+  CHECK_THROWS_AS(nll_loss(lp, tensor<int64_t>({0, 1})), kiln::Error);
+}
+
+TEST_CASE("mse_loss") {
+  Tensor a = tensor<float>({1, 2, 3});
+  Tensor b = tensor<float>({1, 0, 5});
+  CHECK(mse_loss(a, b).item<float>() == Approx(8.0 / 3));
+  CHECK(mse_loss(a, b, Reduction::Sum).item<float>() == 8);
+  CHECK(mse_loss(a, b, Reduction::None).to_vector<float>() == std::vector<float>{0, 4, 4});
+  CHECK(mse_loss(a, b).dim() == 0);
+  // Broadcasting [2, 3] against [3].
+  Tensor m = tensor<float>({{1, 2, 3}, {4, 5, 6}});
+  CHECK(mse_loss(m, a, Reduction::None).to_vector<float>() == std::vector<float>{0, 0, 0, 9, 9, 9});
+  CHECK(mse_loss(m, a, Reduction::Sum).item<float>() == 27);
+  CHECK(mse_loss(m.t(), tensor<float>({1, 1}).view({1, 2}), Reduction::Sum).item<float>() ==
+        0 + 9 + 1 + 16 + 4 + 25);
+  // int inputs give float; float64 keeps float64.
+  CHECK(mse_loss(tensor<int32_t>({1, 3}), tensor<int32_t>({0, 0})).item<float>() == 5);
+  CHECK(mse_loss(a.to(Float64), b).dtype() == Float64);
+  // Large: float64 reference.
+  std::vector<float> u = random_floats(300001, 21), v = random_floats(300001, 22);
+  double ref = 0;
+  for (size_t i = 0; i < u.size(); ++i) ref += (double(u[i]) - v[i]) * (double(u[i]) - v[i]);
+  Tensor tu = from_vector(u, {300001}), tv = from_vector(v, {300001});
+  CHECK(mse_loss(tu, tv, Reduction::Sum).item<float>() == Approx(ref).epsilon(1e-6));
+  CHECK(mse_loss(tu, tv).item<float>() == Approx(ref / u.size()).epsilon(1e-6));
+  CHECK(std::isnan(mse_loss(empty({0}), empty({0})).item<float>()));
+  CHECK(mse_loss(empty({0}), empty({0}), Reduction::Sum).item<float>() == 0);
+  CHECK_THROWS_AS(mse_loss(a, tensor<float>({1, 2})), kiln::Error);
+}

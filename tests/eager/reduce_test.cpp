@@ -1,0 +1,585 @@
+// Reductions: known answers, a float64 reference over many shapes / dims / layouts, NaN and
+// Inf, integer dtypes, 0-d and empty tensors, errors.
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <functional>
+#include <limits>
+#include <random>
+
+#include "backends/cpu/parallel.h"
+#include "kiln/kiln.h"
+
+using namespace kiln;
+
+namespace {
+
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+std::vector<float> random_floats(int64_t n, uint32_t seed, float lo = -1, float hi = 1) {
+  std::mt19937 gen(seed);
+  std::uniform_real_distribution<float> dist(lo, hi);
+  std::vector<float> v(n);
+  for (auto& x : v) x = dist(gen);
+  return v;
+}
+
+Tensor random_tensor(const Shape& shape, uint32_t seed, float lo = -1, float hi = 1) {
+  return from_vector(random_floats(numel(shape), seed, lo, hi), shape);
+}
+
+// Same logical values as x, laid out in memory in the dim order `perm` (a dense non-contiguous
+// tensor unless perm is the identity).
+Tensor with_layout(const Tensor& x, const Dims& perm) {
+  Dims inv = perm;
+  for (int i = 0; i < perm.size(); ++i) inv[perm[i]] = i;
+  return x.permute(perm).contiguous().permute(inv);
+}
+
+// Elements of x grouped by output element (logical order within a group), for the reduced
+// dims in `mask`; also the expected output shape.
+struct Groups {
+  std::vector<std::vector<double>> g;
+  Shape shape;
+};
+Groups group(const Tensor& x, uint32_t mask, bool keepdim) {
+  std::vector<double> v = x.to_vector<double>();
+  const Shape& s = x.shape();
+  Groups r;
+  int64_t nout = 1;
+  for (int d = 0; d < s.size(); ++d) {
+    if (!(mask >> d & 1)) {
+      r.shape.push_back(s[d]);
+      nout *= s[d];
+    } else if (keepdim) {
+      r.shape.push_back(1);
+    }
+  }
+  r.g.resize(nout);
+  for (int64_t i = 0; i < static_cast<int64_t>(v.size()); ++i) {
+    int64_t rem = i, o = 0, ostride = 1;
+    for (int d = s.size() - 1; d >= 0; --d) {
+      int64_t idx = rem % s[d];
+      rem /= s[d];
+      if (!(mask >> d & 1)) {
+        o += idx * ostride;
+        ostride *= s[d];
+      }
+    }
+    r.g[o].push_back(v[i]);
+  }
+  return r;
+}
+
+double ref_sum(const std::vector<double>& g) {
+  double s = 0;
+  for (double x : g) s += x;
+  return s;
+}
+double ref_mean(const std::vector<double>& g) { return ref_sum(g) / g.size(); }
+double ref_prod(const std::vector<double>& g) {
+  double p = 1;
+  for (double x : g) p *= x;
+  return p;
+}
+double ref_var(const std::vector<double>& g, int64_t correction) {
+  double m = ref_mean(g), s = 0;
+  for (double x : g) s += (x - m) * (x - m);
+  double denom = static_cast<double>(g.size()) - correction;
+  return denom > 0 ? s / denom : kNaN;
+}
+double ref_extreme(const std::vector<double>& g, bool is_max) {
+  double m = is_max ? -kInf : kInf;
+  for (double x : g) {
+    if (std::isnan(x)) return x;
+    m = is_max ? std::max(m, x) : std::min(m, x);
+  }
+  return m;
+}
+double ref_arg(const std::vector<double>& g, bool is_max) {
+  int64_t best = 0;
+  for (int64_t i = 0; i < static_cast<int64_t>(g.size()); ++i) {
+    if (std::isnan(g[i])) return static_cast<double>(i);
+    if (is_max ? g[i] > g[best] : g[i] < g[best]) best = i;
+  }
+  return static_cast<double>(best);
+}
+double ref_lse(const std::vector<double>& g) {
+  double m = ref_extreme(g, true);
+  if (std::isinf(m)) m = 0;
+  double s = 0;
+  for (double x : g) s += std::exp(x - m);
+  return std::log(s) + m;
+}
+
+// Element-wise comparison; NaN must match NaN, infinities must match exactly.
+void check_close(const std::vector<double>& got, const std::vector<double>& want, double rtol,
+                 double atol = 0) {
+  REQUIRE(got.size() == want.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    INFO("element " << i << ": got " << got[i] << ", want " << want[i]);
+    if (std::isnan(want[i])) {
+      CHECK(std::isnan(got[i]));
+    } else if (std::isinf(want[i])) {
+      CHECK(got[i] == want[i]);
+    } else {
+      CHECK(std::abs(got[i] - want[i]) <= atol + rtol * std::abs(want[i]));
+    }
+  }
+}
+
+Dims mask_dims(uint32_t mask, int rank, bool negative) {
+  Dims d;
+  for (int i = 0; i < rank; ++i)
+    if (mask >> i & 1) d.push_back(negative ? i - rank : i);
+  return d;
+}
+
+struct RefOp {
+  const char* name;
+  std::function<Tensor(const Tensor&, const Dims&, bool)> run;
+  std::function<double(const std::vector<double>&)> ref;
+  double rtol, atol;
+};
+
+std::vector<RefOp> ref_ops() {
+  return {
+      {"sum", [](const Tensor& x, const Dims& d, bool k) { return sum(x, d, k); }, ref_sum, 1e-5,
+       1e-5},
+      {"mean", [](const Tensor& x, const Dims& d, bool k) { return mean(x, d, k); }, ref_mean, 1e-5,
+       1e-6},
+      {"amax", [](const Tensor& x, const Dims& d, bool k) { return amax(x, d, k); },
+       [](const auto& g) { return ref_extreme(g, true); }, 0, 0},
+      {"amin", [](const Tensor& x, const Dims& d, bool k) { return amin(x, d, k); },
+       [](const auto& g) { return ref_extreme(g, false); }, 0, 0},
+      {"var", [](const Tensor& x, const Dims& d, bool k) { return var(x, d, 1, k); },
+       [](const auto& g) { return ref_var(g, 1); }, 1e-5, 1e-6},
+      {"var0", [](const Tensor& x, const Dims& d, bool k) { return var(x, d, 0, k); },
+       [](const auto& g) { return ref_var(g, 0); }, 1e-5, 1e-6},
+      {"std", [](const Tensor& x, const Dims& d, bool k) { return kiln::std(x, d, 1, k); },
+       [](const auto& g) { return std::sqrt(ref_var(g, 1)); }, 1e-5, 1e-6},
+      {"logsumexp", [](const Tensor& x, const Dims& d, bool k) { return logsumexp(x, d, k); },
+       ref_lse, 1e-5, 1e-6},
+      {"prod", [](const Tensor& x, const Dims& d, bool k) { return prod(x, d, k); }, ref_prod, 1e-4,
+       1e-30},
+  };
+}
+
+}  // namespace
+
+TEST_CASE("reductions: known values") {
+  Tensor x = tensor<float>({{1, 2, 3}, {4, 5, 6}});
+  CHECK(sum(x).item<float>() == 21);
+  CHECK(sum(x).dim() == 0);
+  CHECK(sum(x).dtype() == Float32);
+  CHECK(sum(x, {0}).to_vector<float>() == std::vector<float>{5, 7, 9});
+  CHECK(sum(x, {1}).to_vector<float>() == std::vector<float>{6, 15});
+  CHECK(sum(x, {-1}).to_vector<float>() == std::vector<float>{6, 15});
+  CHECK(sum(x, {1}, true).shape() == Shape{2, 1});
+  CHECK(sum(x, {0, 1}, true).shape() == Shape{1, 1});
+  CHECK(sum(x, {-2, -1}).item<float>() == 21);
+  CHECK(x.sum({0}).to_vector<float>() == std::vector<float>{5, 7, 9});
+  CHECK(mean(x).item<float>() == 3.5f);
+  CHECK(mean(x, {0}).to_vector<float>() == std::vector<float>{2.5f, 3.5f, 4.5f});
+  CHECK(prod(x).item<float>() == 720);
+  CHECK(prod(x, {1}).to_vector<float>() == std::vector<float>{6, 120});
+  CHECK(amax(x).item<float>() == 6);
+  CHECK(amax(x, {0}).to_vector<float>() == std::vector<float>{4, 5, 6});
+  CHECK(amin(x, {1}).to_vector<float>() == std::vector<float>{1, 4});
+  CHECK(var(x).item<float>() == Approx(3.5));
+  CHECK(var(x, {}, 0).item<float>() == Approx(17.5 / 6));
+  CHECK(var(x, {1}).to_vector<float>() == std::vector<float>{1, 1});
+  CHECK(var(x, {0}).to_vector<float>() == std::vector<float>{4.5f, 4.5f, 4.5f});
+  CHECK(kiln::std(x).item<float>() == Approx(std::sqrt(3.5)));
+  CHECK(logsumexp(x, {1}).to_vector<float>()[0] == Approx(3.4076059644));
+  CHECK(logsumexp(x, {1}).to_vector<float>()[1] == Approx(6.4076059644));
+  CHECK(argmax(x).item<int64_t>() == 5);
+  CHECK(argmax(x).dtype() == Int64);
+  CHECK(argmin(x).item<int64_t>() == 0);
+  CHECK(argmax(x, 0).to_vector<int64_t>() == std::vector<int64_t>{1, 1, 1});
+  CHECK(argmax(x, 1).to_vector<int64_t>() == std::vector<int64_t>{2, 2});
+  CHECK(argmin(x, -1, true).shape() == Shape{2, 1});
+  CHECK(argmax(x, std::nullopt, true).shape() == Shape{1, 1});
+  CHECK(argmax(x, std::nullopt, true).item<int64_t>() == 5);
+
+  Tensor b = tensor<float>({{0, 1, 2}, {3, 4, 5}});
+  CHECK(all(b).item<bool>() == false);
+  CHECK(any(b).item<bool>() == true);
+  CHECK(all(b, {0}).to_vector<bool>() == std::vector<bool>{false, true, true});
+  CHECK(all(b, {1}).to_vector<bool>() == std::vector<bool>{false, true});
+  CHECK(any(b, {0}).dtype() == Bool);
+}
+
+TEST_CASE("reductions: transposed and permuted inputs") {
+  Tensor x = tensor<float>({{1, 2, 3}, {4, 5, 6}}).t();  // [[1,4],[2,5],[3,6]]
+  REQUIRE_FALSE(x.is_contiguous());
+  CHECK(sum(x, {0}).to_vector<float>() == std::vector<float>{6, 15});
+  CHECK(sum(x, {1}).to_vector<float>() == std::vector<float>{5, 7, 9});
+  CHECK(argmax(x).item<int64_t>() == 5);  // flat index in x's logical order
+  CHECK(argmin(x, 1).to_vector<int64_t>() == std::vector<int64_t>{0, 0, 0});
+  CHECK(argmax(x, 0).to_vector<int64_t>() == std::vector<int64_t>{2, 2});
+  Tensor y = tensor<float>({{5, 1, 9}, {2, 8, 0}}).t();  // [[5,2],[1,8],[9,0]]
+  CHECK(argmax(y).item<int64_t>() == 4);
+  CHECK(argmin(y).item<int64_t>() == 5);
+  CHECK(amax(y, {0}).to_vector<float>() == std::vector<float>{9, 8});
+}
+
+TEST_CASE("reductions match a float64 reference over dims, keepdim and layouts") {
+  const std::vector<RefOp> ops = ref_ops();
+  const Shape shape{4, 5, 6, 7};
+  Tensor base = random_tensor(shape, 1);
+  // Values near 1 keep products of up to 840 elements in range.
+  Tensor base_prod = random_tensor(shape, 2, 0.97f, 1.03f);
+  const std::vector<Dims> layouts = {{0, 1, 2, 3}, {3, 2, 1, 0}, {1, 3, 0, 2}};
+  for (const Dims& layout : layouts) {
+    for (uint32_t mask = 1; mask < 16; ++mask) {
+      for (bool keepdim : {false, true}) {
+        for (const RefOp& op : ops) {
+          Tensor x = with_layout(std::string(op.name) == "prod" ? base_prod : base, layout);
+          Dims dims = mask_dims(mask, 4, mask & 1);
+          INFO(op.name << " dims " << to_string(dims) << " keepdim " << keepdim << " layout "
+                       << to_string(layout));
+          Groups g = group(x, mask, keepdim);
+          Tensor got = op.run(x, dims, keepdim);
+          REQUIRE(got.shape() == g.shape);
+          std::vector<double> want;
+          for (const auto& grp : g.g) want.push_back(op.ref(grp));
+          check_close(got.to_vector<double>(), want, op.rtol, op.atol);
+        }
+        // argmax / argmin over one dim.
+        if (__builtin_popcount(mask) == 1) {
+          Tensor x = with_layout(base, layout);
+          int d = __builtin_ctz(mask);
+          for (bool is_max : {true, false}) {
+            Groups g = group(x, mask, keepdim);
+            Tensor got = is_max ? argmax(x, d - 4, keepdim) : argmin(x, d, keepdim);
+            REQUIRE(got.shape() == g.shape);
+            std::vector<double> want;
+            for (const auto& grp : g.g) want.push_back(ref_arg(grp, is_max));
+            check_close(got.to_vector<double>(), want, 0);
+          }
+        }
+      }
+    }
+    // All dims.
+    Tensor x = with_layout(base, layout);
+    Groups g = group(x, 15, false);
+    CHECK(argmax(x).item<int64_t>() == ref_arg(g.g[0], true));
+    CHECK(argmin(x).item<int64_t>() == ref_arg(g.g[0], false));
+    CHECK(sum(x).item<float>() == Approx(ref_sum(g.g[0])).margin(1e-4));
+  }
+}
+
+TEST_CASE("reductions of non-dense (strided, expanded) inputs") {
+  Tensor big = random_tensor({6, 10, 8}, 3);
+  Tensor x = big.slice(1, 1, 10, 3).slice(2, 0, 8, 2);  // [6, 3, 4], gaps in memory
+  REQUIRE_FALSE(x.is_non_overlapping_and_dense());
+  for (uint32_t mask = 1; mask < 8; ++mask) {
+    Groups g = group(x, mask, false);
+    std::vector<double> want_sum, want_max;
+    for (const auto& grp : g.g) {
+      want_sum.push_back(ref_sum(grp));
+      want_max.push_back(ref_extreme(grp, true));
+    }
+    Dims dims = mask_dims(mask, 3, false);
+    check_close(sum(x, dims).to_vector<double>(), want_sum, 1e-5, 1e-6);
+    check_close(amax(x, dims).to_vector<double>(), want_max, 0);
+  }
+  Tensor e = tensor<float>({1, 2, 3}).view({3, 1}).expand({3, 4});  // stride-0 dim
+  CHECK(sum(e, {1}).to_vector<float>() == std::vector<float>{4, 8, 12});
+  CHECK(sum(e, {0}).to_vector<float>() == std::vector<float>{6, 6, 6, 6});
+  CHECK(argmax(e).item<int64_t>() == 8);
+  Tensor col = x.select(2, 1);  // [6, 3]
+  Groups g = group(col, 1, false);
+  std::vector<double> want;
+  for (const auto& grp : g.g) want.push_back(ref_arg(grp, false));
+  check_close(argmin(col, 0).to_vector<double>(), want, 0);
+}
+
+TEST_CASE("large reductions: split rows, column blocks and float32 accuracy") {
+  // Shapes that exercise the long-row split, the column path with few / many columns, the
+  // column split along R and multiple column stripes.
+  struct Case {
+    Shape shape;
+    Dims dims;
+  };
+  const std::vector<Case> cases = {
+      {{3, 200000}, {1}},    {{200000, 3}, {0}}, {{4096, 256}, {0}}, {{64, 1024, 8}, {1}},
+      {{2, 3000, 600}, {1}}, {{40, 3000}, {1}},  {{1000, 1000}, {}}, {{50, 2500}, {0}},
+  };
+  uint32_t seed = 10;
+  for (const Case& c : cases) {
+    Tensor x = random_tensor(c.shape, seed++);
+    uint32_t mask = 0;
+    for (int64_t d : c.dims) mask |= 1u << d;
+    if (c.dims.empty()) mask = (1u << c.shape.size()) - 1;
+    Groups g = group(x, mask, false);
+    INFO("shape " << to_string(c.shape) << " dims " << to_string(c.dims));
+    std::vector<double> s, m, v, mx, am, lse;
+    for (const auto& grp : g.g) {
+      s.push_back(ref_sum(grp));
+      m.push_back(ref_mean(grp));
+      v.push_back(ref_var(grp, 1));
+      mx.push_back(ref_extreme(grp, true));
+      am.push_back(ref_arg(grp, false));
+      lse.push_back(ref_lse(grp));
+    }
+    // Sums of n values in [-1, 1): the error bound scales with sqrt(n), not with |sum|.
+    double n = static_cast<double>(numel(c.shape)) / g.g.size();
+    check_close(sum(x, c.dims).to_vector<double>(), s, 1e-6, 1e-6 * std::sqrt(n));
+    check_close(mean(x, c.dims).to_vector<double>(), m, 1e-6, 1e-6 / std::sqrt(n));
+    check_close(var(x, c.dims).to_vector<double>(), v, 1e-5);
+    check_close(amax(x, c.dims).to_vector<double>(), mx, 0);
+    check_close(logsumexp(x, c.dims).to_vector<double>(), lse, 1e-6);
+    if (c.dims.size() == 1)
+      check_close(argmin(x, c.dims[0]).to_vector<double>(), am, 0);
+    else
+      CHECK(argmin(x).item<int64_t>() == am[0]);
+  }
+}
+
+TEST_CASE("float32 sum of 1M elements is within 1e-6 of a float64 reference") {
+  for (float lo : {0.0f, -1.0f}) {
+    std::vector<float> v = random_floats(1 << 20, 42, lo, 1.0f);
+    double ref = 0, ref_abs = 0;
+    for (float f : v) {
+      ref += f;
+      ref_abs += std::abs(f);
+    }
+    Tensor x = from_vector(v, {1 << 20});
+    double got = sum(x).item<float>();
+    INFO("got " << got << " want " << ref);
+    CHECK(std::abs(got - ref) <= 1e-6 * ref_abs);
+    // Column-wise: [1024, 1024] summed over dim 0, compared per column.
+    Tensor y = x.view({1024, 1024});
+    std::vector<float> cols = sum(y, {0}).to_vector<float>();
+    for (int j = 0; j < 1024; j += 97) {
+      double r = 0, ra = 0;
+      for (int i = 0; i < 1024; ++i) {
+        r += v[i * 1024 + j];
+        ra += std::abs(v[i * 1024 + j]);
+      }
+      CHECK(std::abs(cols[j] - r) <= 1e-6 * ra);
+    }
+  }
+}
+
+TEST_CASE("reduction results do not depend on the number of threads") {
+  Tensor x = random_tensor({3, 300000}, 7);
+  Tensor y = random_tensor({300000, 5}, 8);
+  int saved = cpu::num_threads();
+  cpu::set_num_threads(1);
+  std::vector<float> a1 = sum(x, {1}).to_vector<float>(), b1 = sum(y, {0}).to_vector<float>();
+  float c1 = sum(x).item<float>();
+  cpu::set_num_threads(2);
+  std::vector<float> a2 = sum(x, {1}).to_vector<float>(), b2 = sum(y, {0}).to_vector<float>();
+  float c2 = sum(x).item<float>();
+  cpu::set_num_threads(saved);
+  CHECK(a1 == a2);
+  CHECK(b1 == b2);
+  CHECK(c1 == c2);
+}
+
+TEST_CASE("FC-02 NaN and Inf semantics of reductions") {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float inf = std::numeric_limits<float>::infinity();
+  CHECK(std::isnan(amax(tensor<float>({7, nan, -2.5f, 11, 0.25f})).item<float>()));
+  CHECK(std::isnan(amin(tensor<float>({7, nan, -2.5f, 11, 0.25f})).item<float>()));
+  CHECK(argmax(tensor<float>({4, 5.5f, nan})).item<int64_t>() == 2);
+  CHECK(argmin(tensor<float>({4, 5.5f, nan})).item<int64_t>() == 2);
+  CHECK(argmax(tensor<float>({nan, 1, nan})).item<int64_t>() == 0);
+  CHECK(argmin(tensor<float>({3, nan, 1, nan})).item<int64_t>() == 1);
+  // Ties: the first index.
+  CHECK(argmax(tensor<float>({1, 3, 3, 2})).item<int64_t>() == 1);
+  CHECK(argmin(tensor<float>({1, 0, 5, 0})).item<int64_t>() == 1);
+  // NaN in the SIMD body of a long row and in the column path.
+  std::vector<float> v(1000, 1.0f);
+  v[700] = nan;
+  v[900] = nan;
+  v[10] = 5;
+  Tensor row = from_vector(v, {1000});
+  CHECK(std::isnan(amax(row).item<float>()));
+  CHECK(std::isnan(amin(row).item<float>()));
+  CHECK(argmax(row).item<int64_t>() == 700);
+  CHECK(argmin(row).item<int64_t>() == 700);
+  CHECK(std::isnan(sum(row).item<float>()));
+  CHECK(std::isnan(logsumexp(row, {0}).item<float>()));
+  Tensor cols = row.view({100, 10});  // NaN at rows 70 and 90, column 0
+  std::vector<float> cm = amax(cols, {0}).to_vector<float>();
+  CHECK(std::isnan(cm[0]));
+  CHECK(cm[1] == 1.0f);
+  CHECK(argmax(cols, 0).to_vector<int64_t>()[0] == 70);
+  CHECK(argmax(cols, 0).to_vector<int64_t>()[1] == 0);
+  // Infinities.
+  CHECK(amax(tensor<float>({-inf, -inf})).item<float>() == -inf);
+  CHECK(amin(tensor<float>({inf, 2})).item<float>() == 2);
+  CHECK(std::isnan(sum(tensor<float>({inf, -inf})).item<float>()));
+  CHECK(sum(tensor<float>({inf, 1})).item<float>() == inf);
+  CHECK(logsumexp(tensor<float>({inf, 1}), {0}).item<float>() == inf);
+  CHECK(logsumexp(tensor<float>({-inf, -inf}), {0}).item<float>() == -inf);
+  CHECK(logsumexp(tensor<float>({-inf, 0}), {0}).item<float>() == 0);
+  CHECK(argmax(tensor<float>({-inf, -inf})).item<int64_t>() == 0);
+  CHECK(argmin(tensor<float>({inf, -inf, -inf})).item<int64_t>() == 1);
+  // logsumexp is stable for large values.
+  CHECK(logsumexp(tensor<float>({1000, 1000}), {0}).item<float>() == Approx(1000 + std::log(2.0)));
+  CHECK(logsumexp(tensor<float>({-1000, -1000}), {0}).item<float>() ==
+        Approx(-1000 + std::log(2.0)));
+  // all / any: NaN is non-zero.
+  CHECK(all(tensor<float>({nan, 1})).item<bool>());
+  CHECK(any(tensor<float>({0, nan})).item<bool>());
+  CHECK_FALSE(any(tensor<float>({0, -0.0f})).item<bool>());
+}
+
+TEST_CASE("argmax / argmin with ties and NaNs in rows and columns match the reference") {
+  // Small integer values make ties common; some NaNs. Shapes wide enough for the vectorised
+  // column path (>= 16 columns) plus a scalar tail of columns.
+  for (DType dt : {Float32, Float64}) {
+    std::mt19937 gen(99);
+    std::uniform_int_distribution<int> val(0, 3), nan_pick(0, 60);
+    const Shape shape{37, 45};
+    std::vector<double> v(numel(shape));
+    for (auto& e : v) e = nan_pick(gen) == 0 ? std::numeric_limits<double>::quiet_NaN() : val(gen);
+    Tensor x = from_vector(v, shape).to(dt);
+    for (Tensor t : {x, with_layout(x, {1, 0})}) {
+      for (int d = 0; d < 2; ++d) {
+        for (bool is_max : {true, false}) {
+          INFO("dtype " << name(dt) << " dim " << d << " max " << is_max);
+          Groups g = group(t, 1u << d, false);
+          std::vector<double> want;
+          for (const auto& grp : g.g) want.push_back(ref_arg(grp, is_max));
+          Tensor got = is_max ? argmax(t, d) : argmin(t, d);
+          check_close(got.to_vector<double>(), want, 0);
+        }
+      }
+      Groups all_g = group(t, 3, false);
+      CHECK(argmax(t).item<int64_t>() == ref_arg(all_g.g[0], true));
+      CHECK(argmin(t).item<int64_t>() == ref_arg(all_g.g[0], false));
+    }
+  }
+  // A long column block (R split into chunks) with a NaN late in one column and ties.
+  std::vector<float> v(20000 * 20, 1.0f);
+  v[15000 * 20 + 3] = std::numeric_limits<float>::quiet_NaN();
+  v[12000 * 20 + 5] = 2.0f;
+  v[17000 * 20 + 5] = 2.0f;
+  Tensor x = from_vector(v, {20000, 20});
+  std::vector<int64_t> am = argmax(x, 0).to_vector<int64_t>();
+  CHECK(am[0] == 0);
+  CHECK(am[3] == 15000);
+  CHECK(am[5] == 12000);
+  CHECK(argmin(x, 0).to_vector<int64_t>()[3] == 15000);
+  CHECK(argmin(x, 0).to_vector<int64_t>()[5] == 0);
+}
+
+TEST_CASE("reductions of integer and bool tensors") {
+  Tensor i32 = tensor<int32_t>({2147483647, 1, 5});
+  Tensor s = sum(i32);
+  CHECK(s.dtype() == Int64);
+  CHECK(s.item<int64_t>() == 2147483653LL);
+  CHECK(sum(tensor<int32_t>({{1, 2}, {3, 4}}), {0}).to_vector<int64_t>() ==
+        std::vector<int64_t>{4, 6});
+  CHECK(prod(tensor<int32_t>({100000, 100000, 3})).item<int64_t>() == 30000000000LL);
+  CHECK(prod(tensor<int32_t>({1, 2})).dtype() == Int64);
+  Tensor am = amax(tensor<int32_t>({{3, -7}, {1, 9}}), {1});
+  CHECK(am.dtype() == Int32);
+  CHECK(am.to_vector<int32_t>() == std::vector<int32_t>{3, 9});
+  CHECK(amin(tensor<int64_t>({5, -3, 8})).item<int64_t>() == -3);
+  CHECK(argmax(tensor<int32_t>({3, 9, 9, 1})).item<int64_t>() == 1);
+  CHECK(argmin(tensor<int64_t>({{3, 9}, {-1, 1}}), 0).to_vector<int64_t>() ==
+        std::vector<int64_t>{1, 1});
+  Tensor bools = tensor<bool>({true, false, true, true});
+  CHECK(sum(bools).dtype() == Int64);
+  CHECK(sum(bools).item<int64_t>() == 3);
+  CHECK(all(bools).item<bool>() == false);
+  CHECK(any(bools).item<bool>() == true);
+  CHECK(amax(bools).item<bool>() == true);
+  CHECK(amin(bools).item<bool>() == false);
+  CHECK(amax(bools).dtype() == Bool);
+  CHECK(all(tensor<int32_t>({1, 2, -3})).item<bool>());
+  CHECK_FALSE(all(tensor<int64_t>({1, 0})).item<bool>());
+  // logsumexp of ints is float.
+  Tensor l = logsumexp(tensor<int32_t>({0, 0}), {0});
+  CHECK(l.dtype() == Float32);
+  CHECK(l.item<float>() == Approx(std::log(2.0)));
+  // Large integer sums (vectorised path) are exact.
+  std::vector<int32_t> big(100003);
+  int64_t want = 0;
+  for (size_t i = 0; i < big.size(); ++i) want += big[i] = static_cast<int32_t>(i * 7919 % 100000);
+  CHECK(sum(from_vector(big, {100003})).item<int64_t>() == want);
+  // float64 input.
+  Tensor d = tensor<double>({1e16, 1.0, -1e16});
+  CHECK(d.dtype() == Float64);
+  CHECK(sum(d).dtype() == Float64);
+  CHECK(mean(tensor<double>({1, 2})).item<double>() == 1.5);
+}
+
+TEST_CASE("reductions of 0-d tensors") {
+  Tensor s = scalar_tensor(3.5f);
+  CHECK(sum(s).item<float>() == 3.5f);
+  CHECK(sum(s).dim() == 0);
+  CHECK(sum(s, {0}).item<float>() == 3.5f);
+  CHECK(sum(s, {-1}, true).dim() == 0);
+  CHECK(mean(s).item<float>() == 3.5f);
+  CHECK(prod(s).item<float>() == 3.5f);
+  CHECK(amax(s).item<float>() == 3.5f);
+  CHECK(std::isnan(var(s).item<float>()));
+  CHECK(var(s, {}, 0).item<float>() == 0);
+  CHECK(logsumexp(s, {0}).item<float>() == 3.5f);
+  CHECK(argmax(s).item<int64_t>() == 0);
+  CHECK(argmax(s, 0).item<int64_t>() == 0);
+  CHECK(argmin(s, -1, true).dim() == 0);
+  CHECK(all(s).item<bool>());
+  // Reducing over size-1 dims only.
+  Tensor x = tensor<float>({1, 2, 3}).view({3, 1});
+  CHECK(sum(x, {1}).to_vector<float>() == std::vector<float>{1, 2, 3});
+  CHECK(std::isnan(var(x, {1}).to_vector<float>()[0]));
+}
+
+TEST_CASE("FC-23 reductions over zero-size tensors") {
+  Tensor x = empty({0, 3});
+  Tensor a = argmin(x, 1);
+  CHECK(a.shape() == Shape{0});
+  CHECK(a.dtype() == Int64);
+  Tensor r = a.reshape({0, 3});
+  CHECK(r.shape() == Shape{0, 3});
+  CHECK(r.dtype() == Int64);
+  CHECK(r.numel() == 0);
+  CHECK(argmax(x, 1, true).shape() == Shape{0, 1});
+  CHECK(amax(x, {1}).shape() == Shape{0});
+
+  Tensor e = empty({0});
+  CHECK(sum(e).item<float>() == 0.0f);
+  CHECK(sum(e).dim() == 0);
+  CHECK(prod(e).item<float>() == 1.0f);
+  CHECK(std::isnan(mean(e).item<float>()));
+  CHECK(std::isnan(var(e).item<float>()));
+  CHECK(logsumexp(e, {0}).item<float>() == -std::numeric_limits<float>::infinity());
+  CHECK(all(e).item<bool>() == true);
+  CHECK(any(e).item<bool>() == false);
+  CHECK(sum(empty({0}, Int32)).item<int64_t>() == 0);
+  CHECK(prod(empty({0}, Int64)).item<int64_t>() == 1);
+  CHECK_THROWS_AS(amax(e), kiln::Error);
+  CHECK_THROWS_AS(amin(x, {0}), kiln::Error);
+  CHECK_THROWS_AS(argmax(e), kiln::Error);
+  CHECK_THROWS_AS(argmin(x, 0), kiln::Error);
+
+  // Reducing the empty dim of [0, 3] gives identities; reducing the other gives empty.
+  CHECK(sum(x, {0}).to_vector<float>() == std::vector<float>{0, 0, 0});
+  CHECK(prod(x, {0}, true).shape() == Shape{1, 3});
+  CHECK(prod(x, {0}).to_vector<float>() == std::vector<float>{1, 1, 1});
+  std::vector<float> m = mean(x, {0}).to_vector<float>();
+  CHECK((m.size() == 3 && std::isnan(m[0]) && std::isnan(m[2])));
+  CHECK(sum(x, {1}).shape() == Shape{0});
+  CHECK(all(x, {0}).to_vector<bool>() == std::vector<bool>{true, true, true});
+}
+
+TEST_CASE("reduction errors") {
+  Tensor x = tensor<float>({{1, 2}, {3, 4}});
+  CHECK_THROWS_AS(sum(x, {2}), kiln::Error);
+  CHECK_THROWS_AS(sum(x, {-3}), kiln::Error);
+  CHECK_THROWS_AS(sum(x, {0, -2}), kiln::Error);  // repeated dim
+  CHECK_THROWS_AS(argmax(x, 2), kiln::Error);
+  CHECK_THROWS_AS(mean(tensor<int32_t>({1, 2})), kiln::Error);
+  CHECK_THROWS_AS(var(tensor<int64_t>({1, 2})), kiln::Error);
+  CHECK_THROWS_AS(argmax(tensor<bool>({true})), kiln::Error);
+  CHECK_THROWS_WITH(amax(empty({2, 0}), {1}), Catch::Contains("size 0"));
+}
