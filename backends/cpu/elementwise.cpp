@@ -1,7 +1,0 @@
-// Placeholder until the kernels land.
-#include "backends/cpu/kernels.h"
-namespace kiln::cpu {
-void unary_kernel(const OpCall& c, const InferredMeta&, std::span<Tensor>) { throw Error(c.name(), "no cpu kernel yet", c.loc); }
-void binary_kernel(const OpCall& c, const InferredMeta&, std::span<Tensor>) { throw Error(c.name(), "no cpu kernel yet", c.loc); }
-void where_kernel(const OpCall& c, const InferredMeta&, std::span<Tensor>) { throw Error(c.name(), "no cpu kernel yet", c.loc); }
-}  // namespace kiln::cpu

@@ -1,0 +1,380 @@
+#pragma once
+/// The formula of every elementwise op, written once.
+///
+/// Each op of the Unary, Binary and Ternary categories in core/ops.def has one struct here,
+/// named like its OpKind (formulas::Exp for OpKind::Exp), whose static `eval` is a function
+/// template over a scalar algebra type S. The same template is instantiated
+///   * with float / double / int32_t / int64_t (scalar loops, tests),
+///   * with xsimd::batch<float> / batch<double> (the eager CPU kernels), and
+///   * later with an MLIR value builder (the compiled kernels),
+/// so eager and compiled code compute the same formula.
+///
+/// What S must provide: + - * / and comparisons (a comparison gives S's mask type: bool for
+/// scalars, a batch_bool for SIMD), && || ! on masks, construction from a double constant
+/// (S(0.5)), and the free functions used below (exp, log, erfc, floor, nearbyint, isnan, select,
+/// ...). Scalars get them from <cmath> and from `select` below; other types supply overloads in
+/// their own namespace, found by argument-dependent lookup. Nothing here includes xsimd or MLIR.
+///
+/// Some ops keep a scalar-only branch (`if constexpr (kIsInteger<S>)`): integer division,
+/// remainder and power need data-dependent control flow; the kernels run them in scalar loops.
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <type_traits>
+
+namespace kiln::formulas {
+
+// ================================ the scalar algebra ================================
+// Math functions for float/double come from <cmath>; a SIMD or IR value type brings its own
+// (found by ADL), so formulas call them unqualified.
+using std::abs;
+using std::atan2;
+using std::ceil;
+using std::copysign;
+using std::cos;
+using std::erf;
+using std::erfc;
+using std::exp;
+using std::exp2;
+using std::expm1;
+using std::floor;
+using std::fmod;
+using std::isnan;
+using std::log;
+using std::log1p;
+using std::log2;
+using std::nearbyint;
+using std::pow;
+using std::sin;
+using std::sqrt;
+using std::tan;
+using std::tanh;
+using std::trunc;
+
+/// Whether S is an integer type (formulas with integer-specific semantics branch on it).
+/// Specialise it for value types that model integers.
+template <class S> inline constexpr bool kIsInteger = std::is_integral_v<S>;
+
+/// mask ? a : b, elementwise. SIMD and IR types provide their own `select(mask, a, b)`.
+template <class S> S select(bool mask, S a, S b) { return mask ? a : b; }
+
+/// Two's-complement arithmetic for integers (wraps on overflow like PyTorch, no undefined
+/// behaviour); plain arithmetic for floating types.
+template <class S> S wrapping_add(S a, S b) {
+  if constexpr (kIsInteger<S>) {
+    using U = std::make_unsigned_t<S>;
+    return static_cast<S>(static_cast<U>(a) + static_cast<U>(b));
+  } else {
+    return a + b;
+  }
+}
+template <class S> S wrapping_sub(S a, S b) {
+  if constexpr (kIsInteger<S>) {
+    using U = std::make_unsigned_t<S>;
+    return static_cast<S>(static_cast<U>(a) - static_cast<U>(b));
+  } else {
+    return a - b;
+  }
+}
+template <class S> S wrapping_mul(S a, S b) {
+  if constexpr (kIsInteger<S>) {
+    using U = std::make_unsigned_t<S>;
+    return static_cast<S>(static_cast<U>(a) * static_cast<U>(b));
+  } else {
+    return a * b;
+  }
+}
+template <class S> S wrapping_neg(S a) {
+  if constexpr (kIsInteger<S>) {
+    using U = std::make_unsigned_t<S>;
+    return static_cast<S>(U{0} - static_cast<U>(a));
+  } else {
+    return S(-1) * a;  // not 0 - a (which some SIMD libraries use): -(+0) must be -0
+  }
+}
+
+// ================================ unary ================================
+
+/// -x (integers wrap: -INT_MIN = INT_MIN).
+struct Neg {
+  template <class S> static S eval(S x) { return wrapping_neg(x); }
+};
+
+/// |x| (integers wrap: |INT_MIN| = INT_MIN).
+struct Abs {
+  template <class S> static S eval(S x) {
+    if constexpr (kIsInteger<S>) {
+      return x < S(0) ? wrapping_neg(x) : x;
+    } else {
+      return abs(x);
+    }
+  }
+};
+
+/// -1, 0 or +1; zeros and NaN are returned unchanged.
+struct Sign {
+  template <class S> static S eval(S x) {
+    return select(x > S(0), S(1), select(x < S(0), S(-1), x));
+  }
+};
+
+struct Exp {
+  template <class S> static S eval(S x) { return exp(x); }
+};
+struct Exp2 {
+  template <class S> static S eval(S x) { return exp2(x); }
+};
+struct Log {
+  template <class S> static S eval(S x) { return log(x); }
+};
+struct Log2 {
+  template <class S> static S eval(S x) { return log2(x); }
+};
+struct Log1p {
+  template <class S> static S eval(S x) { return log1p(x); }
+};
+struct Expm1 {
+  template <class S> static S eval(S x) { return expm1(x); }
+};
+struct Sqrt {
+  template <class S> static S eval(S x) { return sqrt(x); }
+};
+/// 1 / sqrt(x), exactly rounded parts (not a hardware estimate).
+struct Rsqrt {
+  template <class S> static S eval(S x) { return S(1) / sqrt(x); }
+};
+struct Reciprocal {
+  template <class S> static S eval(S x) { return S(1) / x; }
+};
+struct Sin {
+  template <class S> static S eval(S x) { return sin(x); }
+};
+struct Cos {
+  template <class S> static S eval(S x) { return cos(x); }
+};
+struct Tan {
+  template <class S> static S eval(S x) { return tan(x); }
+};
+struct Tanh {
+  template <class S> static S eval(S x) { return tanh(x); }
+};
+struct Erf {
+  template <class S> static S eval(S x) { return erf(x); }
+};
+
+/// 1 / (1 + e^-x).
+struct Sigmoid {
+  template <class S> static S eval(S x) { return S(1) / (S(1) + exp(-x)); }
+};
+
+/// max(x, 0); NaN stays NaN (a NaN is not < 0).
+struct Relu {
+  template <class S> static S eval(S x) { return select(x < S(0), S(0), x); }
+};
+
+/// gelu with approximate="none": x·Φ(x) = 0.5·x·(1 + erf(x/√2)), evaluated as
+/// 0.5·x·erfc(−x/√2) (the same value, without the cancellation of 1 + erf for x ≪ 0).
+struct GeluErf {
+  template <class S> static S eval(S x) {
+    return S(0.5) * x * erfc(x * S(-0.70710678118654752440));
+  }
+};
+
+/// gelu with approximate="tanh": 0.5·x·(1 + tanh(u)), u = √(2/π)·(x + 0.044715·x³),
+/// evaluated as x / (1 + e^(−2u)) (identical since 0.5·(1 + tanh u) = sigmoid(2u)): one exp,
+/// and no cancellation for x ≪ 0.
+struct GeluTanh {
+  template <class S> static S eval(S x) {
+    S u2 = S(2 * 0.79788456080286535588) * (x + S(0.044715) * x * x * x);
+    return x / (S(1) + exp(-u2));
+  }
+};
+
+/// x · sigmoid(x) = x / (1 + e^-x).
+struct Silu {
+  template <class S> static S eval(S x) { return x / (S(1) + exp(-x)); }
+};
+
+/// Rounding ops are the identity on integers.
+struct Floor {
+  template <class S> static S eval(S x) {
+    if constexpr (kIsInteger<S>) return x;
+    else return floor(x);
+  }
+};
+struct Ceil {
+  template <class S> static S eval(S x) {
+    if constexpr (kIsInteger<S>) return x;
+    else return ceil(x);
+  }
+};
+/// Round half to even (nearbyint in the default rounding mode), like PyTorch.
+struct Round {
+  template <class S> static S eval(S x) {
+    if constexpr (kIsInteger<S>) return x;
+    else return nearbyint(x);
+  }
+};
+struct Trunc {
+  template <class S> static S eval(S x) {
+    if constexpr (kIsInteger<S>) return x;
+    else return trunc(x);
+  }
+};
+
+/// x == 0 (a mask: bool for scalars).
+struct LogicalNot {
+  template <class S> static auto eval(S x) { return x == S(0); }
+};
+
+// ================================ binary ================================
+
+/// a + alpha·b (integers wrap).
+struct Add {
+  template <class S> static S eval(S a, S b) { return wrapping_add(a, b); }
+  template <class S> static S eval(S a, S b, S alpha) {
+    return wrapping_add(a, wrapping_mul(alpha, b));
+  }
+};
+
+/// a − alpha·b (integers wrap).
+struct Sub {
+  template <class S> static S eval(S a, S b) { return wrapping_sub(a, b); }
+  template <class S> static S eval(S a, S b, S alpha) {
+    return wrapping_sub(a, wrapping_mul(alpha, b));
+  }
+};
+
+/// a·b (integers wrap).
+struct Mul {
+  template <class S> static S eval(S a, S b) { return wrapping_mul(a, b); }
+};
+
+/// True division (floating types only; integers are converted before).
+struct Div {
+  template <class S> static S eval(S a, S b) { return a / b; }
+};
+
+/// floor(a / b).
+/// Integers: INT_MIN / −1 wraps to INT_MIN without executing that division (it traps on
+/// x86); b = 0 returns 0 and must be rejected by the caller. Floats: as PyTorch (and Python's
+/// //): from fmod so that a = q·b + r holds exactly; b = 0 gives a / b (±inf or nan).
+struct FloorDivide {
+  template <class S> static S eval(S a, S b) {
+    if constexpr (kIsInteger<S>) {
+      if (b == S(0)) return S(0);
+      if (b == S(-1)) return wrapping_neg(a);
+      S q = a / b;
+      S r = a % b;
+      return (r != 0 && ((r < 0) != (b < 0))) ? S(q - 1) : q;
+    } else {
+      S mod = fmod(a, b);
+      S div = (a - mod) / b;
+      div = select(mod != S(0) && ((b < S(0)) != (mod < S(0))), div - S(1), div);
+      S fl = floor(div);
+      fl = select(div - fl > S(0.5), fl + S(1), fl);
+      S q = select(div == S(0), copysign(S(0), a / b), fl);
+      return select(b == S(0), a / b, q);
+    }
+  }
+};
+
+/// a − floor(a/b)·b: the result has the sign of the divisor (Python's %).
+/// Integers: INT_MIN % −1 = 0; b = 0 returns 0 and must be rejected by the caller.
+/// Floats: fmod adjusted by b; b = 0 gives nan.
+struct Remainder {
+  template <class S> static S eval(S a, S b) {
+    if constexpr (kIsInteger<S>) {
+      if (b == S(0) || b == S(-1)) return S(0);
+      S r = a % b;
+      return (r != 0 && ((r < 0) != (b < 0))) ? S(r + b) : r;
+    } else {
+      S mod = fmod(a, b);
+      return select(mod != S(0) && ((b < S(0)) != (mod < S(0))), mod + b, mod);
+    }
+  }
+};
+
+/// a^b. Floats: IEEE pow. Integers: exact by repeated squaring (wrapping); a negative exponent
+/// gives 1/a^|b| truncated: 1 for a = 1, ±1 for a = −1, 0 otherwise (a = 0 is for the caller
+/// to reject; it returns 0 here).
+struct Pow {
+  template <class S> static S eval(S a, S b) {
+    if constexpr (kIsInteger<S>) {
+      if (b < S(0)) {
+        if (a == S(1)) return S(1);
+        if (a == S(-1)) return (b & S(1)) ? S(-1) : S(1);
+        return S(0);
+      }
+      using U = std::make_unsigned_t<S>;
+      U result = 1, base = static_cast<U>(a);
+      for (U e = static_cast<U>(b); e != 0; e >>= 1) {
+        if (e & 1) result *= base;
+        base *= base;
+      }
+      return static_cast<S>(result);
+    } else {
+      return pow(a, b);
+    }
+  }
+};
+
+/// The larger of a and b; NaN if either is NaN.
+struct Maximum {
+  template <class S> static S eval(S a, S b) { return select(a > b || isnan(a), a, b); }
+};
+
+/// The smaller of a and b; NaN if either is NaN.
+struct Minimum {
+  template <class S> static S eval(S a, S b) { return select(a < b || isnan(a), a, b); }
+};
+
+struct Atan2 {
+  template <class S> static S eval(S a, S b) { return atan2(a, b); }
+};
+
+// Comparisons and logical ops give masks (bool for scalars).
+struct Eq {
+  template <class S> static auto eval(S a, S b) { return a == b; }
+};
+struct Ne {
+  template <class S> static auto eval(S a, S b) { return a != b; }
+};
+struct Lt {
+  template <class S> static auto eval(S a, S b) { return a < b; }
+};
+struct Le {
+  template <class S> static auto eval(S a, S b) { return a <= b; }
+};
+struct Gt {
+  template <class S> static auto eval(S a, S b) { return a > b; }
+};
+struct Ge {
+  template <class S> static auto eval(S a, S b) { return a >= b; }
+};
+struct LogicalAnd {
+  template <class S> static auto eval(S a, S b) { return (a != S(0)) && (b != S(0)); }
+};
+struct LogicalOr {
+  template <class S> static auto eval(S a, S b) { return (a != S(0)) || (b != S(0)); }
+};
+struct LogicalXor {
+  template <class S> static auto eval(S a, S b) { return (a != S(0)) != (b != S(0)); }
+};
+
+// ================================ ternary ================================
+
+/// cond ? a : b.
+struct Where {
+  template <class M, class S> static S eval(M cond, S a, S b) { return select(cond, a, b); }
+};
+
+/// min(max(x, low), high) with NaN propagation (as PyTorch: low > high gives high). An absent
+/// bound is passed as −inf/+inf (or the integer type's limits), which leaves x unchanged.
+struct Clamp {
+  template <class S> static S eval(S x, S low, S high) {
+    return Minimum::eval(Maximum::eval(x, low), high);
+  }
+};
+
+}  // namespace kiln::formulas

@@ -1,0 +1,706 @@
+// Elementwise ops (unary, binary, where, clamp) on the CPU backend: known answers, float64
+// references over random inputs, broadcasting and layouts, special values, integer edge cases,
+// type promotion and errors.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <iomanip>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kiln/kiln.h"
+
+using namespace kiln;
+using Catch::Matchers::Contains;
+
+namespace {
+
+constexpr float kInf = std::numeric_limits<float>::infinity();
+constexpr float kNan = std::numeric_limits<float>::quiet_NaN();
+constexpr double kInfD = std::numeric_limits<double>::infinity();
+constexpr double kNanD = std::numeric_limits<double>::quiet_NaN();
+constexpr int32_t kI32Min = std::numeric_limits<int32_t>::min();
+constexpr int32_t kI32Max = std::numeric_limits<int32_t>::max();
+constexpr int64_t kI64Min = std::numeric_limits<int64_t>::min();
+
+/// Same value, NaN equal to NaN, and the same sign of zero when `signed_zero`.
+template <class T> bool same(T a, T b, bool signed_zero = false) {
+  if (std::isnan(a) || std::isnan(b)) return std::isnan(a) && std::isnan(b);
+  return a == b && (!signed_zero || std::signbit(a) == std::signbit(b));
+}
+
+/// Exact comparison of a float tensor with expected values (NaN == NaN).
+template <class T>
+void check_values(const Tensor& t, const std::vector<T>& want, bool signed_zero = false) {
+  REQUIRE(t.dtype() == dtype_of<T>());
+  std::vector<T> got = t.to_vector<T>();
+  REQUIRE(got.size() == want.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    INFO("element " << i << ": got " << got[i] << ", want " << want[i]);
+    CHECK(same<T>(got[i], want[i], signed_zero));
+  }
+}
+
+/// |got − ref| ≤ rtol·|ref| (+ atol), NaN and ±inf must match exactly.
+template <class T>
+void check_close(const std::vector<T>& got, const std::vector<double>& ref, double rtol,
+                 double atol, const std::vector<T>& inputs = {}) {
+  REQUIRE(got.size() == ref.size());
+  int bad = 0;
+  for (size_t i = 0; i < got.size() && bad < 5; ++i) {
+    double g = got[i], r = ref[i];
+    bool ok;
+    if (std::isnan(r) || std::isinf(r)) ok = same<double>(g, r);
+    else ok = std::fabs(g - r) <= rtol * std::fabs(r) + atol;
+    if (!ok) {
+      ++bad;
+      INFO("element " << i << (inputs.empty() ? "" : " input " + std::to_string(inputs[i]))
+                      << std::setprecision(10) << ": got " << g << ", float64 reference " << r);
+      CHECK(ok);
+    }
+  }
+  CHECK(bad == 0);
+}
+
+template <class T> std::vector<T> random_values(size_t n, double lo, double hi, uint32_t seed) {
+  std::mt19937 gen(seed);
+  std::uniform_real_distribution<double> d(lo, hi);
+  std::vector<T> v(n);
+  for (auto& x : v) x = static_cast<T>(d(gen));
+  return v;
+}
+
+template <class T> Tensor make(const std::vector<T>& v) {
+  return from_vector(v, {static_cast<int64_t>(v.size())});
+}
+
+/// Runs f and returns the kiln::Error it throws ("op: what" in `what`), or fails.
+struct Caught {
+  std::string op, what;
+};
+template <class F> Caught error_of(F&& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return {e.op(), e.what()};
+  }
+  FAIL("expected kiln::Error");
+  return {};
+}
+
+}  // namespace
+
+// ===================================================================== unary known values
+
+TEST_CASE("unary ops: known values (float32)") {
+  Tensor x = tensor({-2.0f, -0.5f, 0.0f, 1.0f, 4.0f});
+  check_values(neg(x), std::vector<float>{2, 0.5f, -0.0f, -1, -4}, true);
+  check_values(abs(x), std::vector<float>{2, 0.5f, 0, 1, 4});
+  check_values(sign(x), std::vector<float>{-1, -1, 0, 1, 1});
+  check_values(relu(x), std::vector<float>{0, 0, 0, 1, 4});
+  check_values(sqrt(tensor({0.0f, 1.0f, 4.0f, 2.25f})), std::vector<float>{0, 1, 2, 1.5f});
+  check_values(rsqrt(tensor({1.0f, 4.0f, 0.25f})), std::vector<float>{1, 0.5f, 2});
+  check_values(reciprocal(tensor({2.0f, -4.0f, 0.0f})), std::vector<float>{0.5f, -0.25f, kInf});
+  check_values(exp(tensor({0.0f})), std::vector<float>{1});
+  check_values(exp2(tensor({3.0f, -1.0f, 0.0f})), std::vector<float>{8, 0.5f, 1});
+  check_values(log(tensor({1.0f})), std::vector<float>{0});
+  check_values(log2(tensor({8.0f, 0.5f, 1.0f})), std::vector<float>{3, -1, 0});
+  check_values(log1p(tensor({0.0f})), std::vector<float>{0});
+  check_values(expm1(tensor({0.0f})), std::vector<float>{0});
+  check_values(sin(tensor({0.0f})), std::vector<float>{0});
+  check_values(cos(tensor({0.0f})), std::vector<float>{1});
+  check_values(tan(tensor({0.0f})), std::vector<float>{0});
+  check_values(tanh(tensor({0.0f})), std::vector<float>{0});
+  check_values(sigmoid(tensor({0.0f})), std::vector<float>{0.5f});
+  check_values(erf(tensor({0.0f})), std::vector<float>{0});
+  check_values(gelu(tensor({0.0f})), std::vector<float>{0});
+  check_values(silu(tensor({0.0f})), std::vector<float>{0});
+  check_values(floor(tensor({-1.5f, 1.5f, 2.0f})), std::vector<float>{-2, 1, 2});
+  check_values(ceil(tensor({-1.5f, 1.5f, 2.0f})), std::vector<float>{-1, 2, 2});
+  check_values(trunc(tensor({-1.7f, 1.7f})), std::vector<float>{-1, 1});
+  check_values(logical_not(tensor({0.0f, 2.0f, kNan})), std::vector<bool>{true, false, false});
+
+  // Published values to 7+ digits.
+  auto approx = [](const Tensor& t, double want) {
+    CHECK(t.item<float>() == Approx(want).epsilon(3e-7));
+  };
+  approx(exp(scalar_tensor(1.0f)), 2.718281828459045);
+  approx(sigmoid(scalar_tensor(1.0f)), 0.7310585786300049);
+  approx(silu(scalar_tensor(1.0f)), 0.7310585786300049);
+  approx(erf(scalar_tensor(1.0f)), 0.8427007929497149);
+  approx(tanh(scalar_tensor(1.0f)), 0.7615941559557649);
+  approx(gelu(scalar_tensor(1.0f)), 0.8413447460685429);           // x·Φ(x)
+  approx(gelu(scalar_tensor(1.0f), "tanh"), 0.8411919906082768);  // tanh form
+  approx(gelu(scalar_tensor(-1.0f)), -0.15865525393145707);
+  approx(sin(scalar_tensor(1.0f)), 0.8414709848078965);
+  approx(cos(scalar_tensor(1.0f)), 0.5403023058681398);
+  approx(tan(scalar_tensor(1.0f)), 1.5574077246549023);
+  approx(log(scalar_tensor(10.0f)), 2.302585092994046);
+  approx(log1p(scalar_tensor(1e-7f)), 9.999999500000033e-08);
+  approx(expm1(scalar_tensor(1e-7f)), 1.0000000500000017e-07);
+}
+
+TEST_CASE("round is half to even") {
+  check_values(round(tensor({0.5f, 1.5f, 2.5f, -0.5f, -2.5f, 3.5f, 2.4f, -2.6f})),
+               std::vector<float>{0, 2, 2, -0.0f, -2, 4, 2, -3}, true);
+  check_values(round(tensor({0.5, 1.5, 2.5, -1.5})), std::vector<double>{0, 2, 2, -2});
+}
+
+TEST_CASE("unary ops on integers keep the dtype, integer edge cases wrap") {
+  Tensor i = tensor({kI32Min, -3, 0, 5, kI32Max});
+  CHECK(neg(i).to_vector<int32_t>() == std::vector<int32_t>{kI32Min, 3, 0, -5, -kI32Max});
+  CHECK(abs(i).to_vector<int32_t>() == std::vector<int32_t>{kI32Min, 3, 0, 5, kI32Max});
+  CHECK(sign(i).to_vector<int32_t>() == std::vector<int32_t>{-1, -1, 0, 1, 1});
+  CHECK(relu(i).to_vector<int32_t>() == std::vector<int32_t>{0, 0, 0, 5, kI32Max});
+  for (Tensor r : {floor(i), ceil(i), round(i), trunc(i)}) {
+    CHECK(r.dtype() == DType::Int32);
+    CHECK(r.to_vector<int32_t>() == i.to_vector<int32_t>());
+  }
+  Tensor big = tensor({int64_t{9007199254740993}, kI64Min});  // 2^53 + 1: not a double
+  CHECK(floor(big).to_vector<int64_t>() == big.to_vector<int64_t>());
+  CHECK(neg(big).to_vector<int64_t>() == std::vector<int64_t>{-9007199254740993, kI64Min});
+  CHECK(logical_not(tensor({0, 7})).to_vector<bool>() == std::vector<bool>{true, false});
+  // Floating results for integer input.
+  Tensor e = exp(tensor({0, 1}));
+  CHECK(e.dtype() == DType::Float32);
+  CHECK(e.to_vector<float>()[1] == Approx(2.718281828459045).epsilon(3e-7));
+  CHECK(sqrt(tensor({int64_t{4}})).dtype() == DType::Float32);
+  CHECK(sigmoid(tensor({true})).dtype() == DType::Float32);
+}
+
+TEST_CASE("unary ops on bool") {
+  Tensor b = tensor({true, false});
+  CHECK(abs(b).dtype() == DType::Bool);
+  CHECK(abs(b).to_vector<bool>() == std::vector<bool>{true, false});
+  CHECK(relu(b).to_vector<bool>() == std::vector<bool>{true, false});
+  CHECK(logical_not(b).to_vector<bool>() == std::vector<bool>{false, true});
+  CHECK_THROWS_AS(neg(b), Error);
+  CHECK_THROWS_AS(sign(b), Error);
+}
+
+// ===================================================================== float64 references
+
+namespace {
+
+struct UnaryCase {
+  const char* name;
+  std::function<Tensor(const Tensor&)> op;
+  std::function<double(double)> ref;
+  double lo, hi;
+  double rtol32, rtol64;
+};
+
+double gelu_erf_ref(double x) { return 0.5 * x * (1 + std::erf(x / std::sqrt(2.0))); }
+double gelu_tanh_ref(double x) {
+  return 0.5 * x * (1 + std::tanh(std::sqrt(2 / M_PI) * (x + 0.044715 * x * x * x)));
+}
+
+}  // namespace
+
+// Tolerances (relative to the float64 reference of the same input): float32 5e-7 (≈ 4 ulp;
+// xsimd's float functions measured ≤ 2.5 ulp here), float64 1e-14, except
+// * gelu (erf): float32 1.5e-5 / float64 2e-11 over [-10, 10] and float32 2e-6 over [-3, 3]:
+//   for x < 0 the argument x²/2 of erfc's exponential carries rounding error ≈ x²·eps
+//   (measured: 1.1e-6 on [-3, 3], 7.6e-6 on [-10, -6]);
+// * gelu (tanh): float32 2e-6 over [-3, 8] (measured 1e-6): the error of u = √(2/π)(x + 0.044715x³) is
+//   amplified by |2u| in e^(−2u) where the value is small; float64 1e-13 because the textbook
+//   reference 1 + tanh(u) itself cancels in float64 for x < 0 (the tail has its own test);
+// * gelu near 0 (erf reference 1 + erf): float64 1e-13 for the same reason.
+TEST_CASE("unary transcendentals match a float64 reference on random inputs") {
+  std::vector<UnaryCase> cases = {
+      {"exp", [](const Tensor& x) { return exp(x); }, [](double x) { return std::exp(x); }, -80, 80, 5e-7, 1e-14},
+      {"exp2", [](const Tensor& x) { return exp2(x); }, [](double x) { return std::exp2(x); }, -120, 120, 5e-7, 1e-14},
+      {"log", [](const Tensor& x) { return log(x); }, [](double x) { return std::log(x); }, 1e-3, 1e4, 5e-7, 1e-14},
+      {"log2", [](const Tensor& x) { return log2(x); }, [](double x) { return std::log2(x); }, 1e-3, 1e4, 5e-7, 1e-14},
+      {"log1p", [](const Tensor& x) { return log1p(x); }, [](double x) { return std::log1p(x); }, -0.999, 100, 5e-7, 1e-14},
+      {"expm1", [](const Tensor& x) { return expm1(x); }, [](double x) { return std::expm1(x); }, -20, 20, 5e-7, 1e-14},
+      {"sqrt", [](const Tensor& x) { return sqrt(x); }, [](double x) { return std::sqrt(x); }, 0, 1e6, 5e-7, 1e-14},
+      {"rsqrt", [](const Tensor& x) { return rsqrt(x); }, [](double x) { return 1 / std::sqrt(x); }, 1e-4, 1e6, 5e-7, 1e-14},
+      {"reciprocal", [](const Tensor& x) { return reciprocal(x); }, [](double x) { return 1 / x; }, -1e3, 1e3, 5e-7, 1e-14},
+      {"sin", [](const Tensor& x) { return sin(x); }, [](double x) { return std::sin(x); }, -100, 100, 5e-7, 1e-14},
+      {"cos", [](const Tensor& x) { return cos(x); }, [](double x) { return std::cos(x); }, -100, 100, 5e-7, 1e-14},
+      {"tan", [](const Tensor& x) { return tan(x); }, [](double x) { return std::tan(x); }, -10, 10, 5e-7, 1e-14},
+      {"tanh", [](const Tensor& x) { return tanh(x); }, [](double x) { return std::tanh(x); }, -10, 10, 5e-7, 1e-14},
+      {"sigmoid", [](const Tensor& x) { return sigmoid(x); }, [](double x) { return 1 / (1 + std::exp(-x)); }, -80, 80, 5e-7, 1e-14},
+      {"silu", [](const Tensor& x) { return silu(x); }, [](double x) { return x / (1 + std::exp(-x)); }, -80, 80, 5e-7, 1e-14},
+      {"erf", [](const Tensor& x) { return erf(x); }, [](double x) { return std::erf(x); }, -5, 5, 5e-7, 3e-14},
+      {"gelu", [](const Tensor& x) { return gelu(x); }, [](double x) { return 0.5 * x * std::erfc(-x / std::sqrt(2.0)); }, -10, 10, 1.5e-5, 2e-11},
+      {"gelu near 0", [](const Tensor& x) { return gelu(x); }, gelu_erf_ref, -3, 3, 2e-6, 1e-13},
+      {"gelu tanh", [](const Tensor& x) { return gelu(x, "tanh"); }, gelu_tanh_ref, -3, 8, 2e-6, 1e-13},
+  };
+  for (const auto& c : cases) {
+    SECTION(c.name) {
+      // 4099 elements: full SIMD batches plus a tail.
+      auto v32 = random_values<float>(4099, c.lo, c.hi, 7);
+      std::vector<double> ref32;
+      for (float x : v32) ref32.push_back(c.ref(x));
+      Tensor r32 = c.op(make(v32));
+      REQUIRE(r32.dtype() == DType::Float32);
+      check_close(r32.to_vector<float>(), ref32, c.rtol32, 1e-37, v32);
+
+      auto v64 = random_values<double>(1027, c.lo, c.hi, 11);
+      std::vector<double> ref64;
+      for (double x : v64) ref64.push_back(c.ref(x));
+      Tensor r64 = c.op(make(v64));
+      REQUIRE(r64.dtype() == DType::Float64);
+      check_close(r64.to_vector<double>(), ref64, c.rtol64, 1e-300, v64);
+    }
+  }
+}
+
+TEST_CASE("gelu tanh form is accurate in the negative tail (no cancellation)") {
+  // x / (1 + e^(−2u)) in float64 as the reference here: 1 + tanh(u) cancels below x ≈ −5.
+  auto v = random_values<float>(999, -9, -3, 3);
+  std::vector<double> ref;
+  for (float xf : v) {
+    double x = xf, u = std::sqrt(2 / M_PI) * (x + 0.044715 * x * x * x);
+    ref.push_back(x / (1 + std::exp(-2 * u)));
+  }
+  // Relative error ≈ |2u|·eps from the float argument of e^(−2u): ≤ 1.5e-5 down to x = −9.
+  check_close(gelu(make(v), "tanh").to_vector<float>(), ref, 2e-5, 1e-37, v);
+}
+
+TEST_CASE("binary float ops match a float64 reference on random inputs") {
+  auto a = random_values<float>(2051, -50, 50, 1);
+  auto b = random_values<float>(2051, -50, 50, 2);
+  auto pos = random_values<float>(2051, 1e-3, 20, 3);
+  auto expo = random_values<float>(2051, -4, 4, 4);
+  Tensor ta = make(a), tb = make(b), tp = make(pos), te = make(expo);
+  auto ref2 = [&](const std::vector<float>& x, const std::vector<float>& y, auto f) {
+    std::vector<double> r;
+    for (size_t i = 0; i < x.size(); ++i) r.push_back(f(double(x[i]), double(y[i])));
+    return r;
+  };
+  check_close(add(ta, tb).to_vector<float>(), ref2(a, b, [](double x, double y) { return x + y; }), 6e-8, 0);
+  check_close(add(ta, tb, 2.5).to_vector<float>(), ref2(a, b, [](double x, double y) { return x + 2.5 * y; }), 1.2e-7, 1e-5);
+  check_close(sub(ta, tb, -0.5).to_vector<float>(), ref2(a, b, [](double x, double y) { return x + 0.5 * y; }), 1.2e-7, 1e-5);
+  check_close(mul(ta, tb).to_vector<float>(), ref2(a, b, [](double x, double y) { return x * y; }), 6e-8, 0);
+  check_close(div(ta, tb).to_vector<float>(), ref2(a, b, [](double x, double y) { return x / y; }), 6e-8, 0);
+  check_close(pow(tp, te).to_vector<float>(), ref2(pos, expo, [](double x, double y) { return std::pow(x, y); }), 2e-7, 0);
+  check_close(atan2(ta, tb).to_vector<float>(), ref2(a, b, [](double x, double y) { return std::atan2(x, y); }), 2e-7, 0);
+  check_close(maximum(ta, tb).to_vector<float>(), ref2(a, b, [](double x, double y) { return std::max(x, y); }), 0, 0);
+  check_close(minimum(ta, tb).to_vector<float>(), ref2(a, b, [](double x, double y) { return std::min(x, y); }), 0, 0);
+  // Python semantics: floor(a / b) and a − floor(a/b)·b (exact in float64 for these inputs).
+  check_close(floor_divide(ta, tb).to_vector<float>(), ref2(a, b, [](double x, double y) { return std::floor(x / y); }), 0, 0);
+  check_close(remainder(ta, tb).to_vector<float>(), ref2(a, b, [](double x, double y) { return x - std::floor(x / y) * y; }), 1e-6, 1e-12);
+
+  // float64 through the same kernels.
+  std::vector<double> a64(a.begin(), a.end()), b64(b.begin(), b.end());
+  std::vector<double> r;
+  for (size_t i = 0; i < a64.size(); ++i) r.push_back(a64[i] - 3 * b64[i]);
+  check_close(sub(make(a64), make(b64), 3).to_vector<double>(), r, 2.3e-16, 1e-13);
+  r.clear();
+  for (size_t i = 0; i < a64.size(); ++i) r.push_back(std::atan2(a64[i], b64[i]));
+  check_close(atan2(make(a64), make(b64)).to_vector<double>(), r, 1e-15, 0);
+}
+
+// ===================================================================== layouts
+
+TEST_CASE("binary broadcasting [2,1,3] + [4,1]") {
+  Tensor a = arange(6, {Float32}).view({2, 1, 3});
+  Tensor b = mul(arange(4, {Float32}), 10.0).view({4, 1});
+  Tensor c = add(a, b);
+  REQUIRE(c.shape() == Shape{2, 4, 3});
+  std::vector<float> want;
+  for (int i = 0; i < 2; ++i)
+    for (int j = 0; j < 4; ++j)
+      for (int k = 0; k < 3; ++k) want.push_back(float(i * 3 + k) + 10.0f * j);
+  check_values(c, want);
+  // And the other order, and a bool-producing op on the same shapes.
+  check_values(add(b, a), want);
+  std::vector<bool> lt_want;
+  for (float w : want) lt_want.push_back(w < 25);
+  CHECK(lt(add(a, b), full({1}, 25.0f)).to_vector<bool>() == lt_want);
+}
+
+TEST_CASE("scalar operands are broadcast on either side") {
+  // 37 elements: two SIMD batches plus a tail, scalar on the left and on the right.
+  auto v = random_values<float>(37, -3, 3, 5);
+  Tensor x = make(v);
+  std::vector<float> w1, w2, w3;
+  for (float a : v) {
+    w1.push_back(a * 2.0f);
+    w2.push_back(2.0f - a);
+    w3.push_back(std::max(a, 0.5f));
+  }
+  check_values(mul(x, 2.0), w1);
+  check_values(sub(scalar_tensor(2.0f), x), w2);
+  check_values(2.0 - x, w2);
+  check_values(maximum(x, full({1}, 0.5f)), w3);
+  check_values(maximum(full({1}, 0.5f), x), w3);
+}
+
+TEST_CASE("non-contiguous inputs: transposed, sliced, expanded") {
+  Tensor x = arange(12, {Float32}).view({3, 4});
+  Tensor xt = x.t();  // [4, 3], strides (1, 4)
+  std::vector<float> tv = xt.to_vector<float>();
+  std::vector<float> want;
+  for (float v : tv) want.push_back(v * v);
+  check_values(mul(xt, xt), want);
+  // exp of a transposed view equals the transpose of exp, bit for bit (same SIMD code).
+  CHECK(exp(xt).to_vector<float>() == exp(x).t().to_vector<float>());
+  check_values(gelu(xt, "tanh"), gelu(xt.contiguous(), "tanh").to_vector<float>());
+
+  // x + x.t() for a square matrix.
+  Tensor s = arange(16, {Float64}).view({4, 4});
+  std::vector<double> sw;
+  for (int i = 0; i < 4; ++i)
+    for (int j = 0; j < 4; ++j) sw.push_back(4 * i + j + 4 * j + i);
+  check_values(add(s, s.t()), sw);
+
+  // Strided slice (every other column) and an expanded row.
+  Tensor cols = x.slice(1, 0, 4, 2);  // [3, 2]: 0 2 / 4 6 / 8 10
+  check_values(neg(cols), std::vector<float>{-0.0f, -2, -4, -6, -8, -10});
+  Tensor row = tensor({1.0f, 2.0f, 3.0f, 4.0f}).expand({3, 4});
+  check_values(sub(x, row), std::vector<float>{-1, -1, -1, -1, 3, 3, 3, 3, 7, 7, 7, 7});
+  Tensor ci = arange(12, {Int64}).view({3, 4}).t();
+  CHECK(floor_divide(ci, int64_t{3}).to_vector<int64_t>() ==
+        std::vector<int64_t>{0, 1, 2, 0, 1, 3, 0, 2, 3, 1, 2, 3});
+}
+
+TEST_CASE("large tensors take the parallel path and match the serial result") {
+  const int64_t n = 200003;  // > 2 × the grain; odd, so threads split mid-batch
+  auto a = random_values<float>(n, -4, 4, 21);
+  auto b = random_values<float>(n, -4, 4, 22);
+  std::vector<double> add_ref, gelu_ref;
+  for (int64_t i = 0; i < n; ++i) {
+    add_ref.push_back(double(a[i]) + double(b[i]));
+    gelu_ref.push_back(gelu_tanh_ref(a[i]));
+  }
+  check_close(add(make(a), make(b)).to_vector<float>(), add_ref, 6e-8, 0);
+  check_close(gelu(make(a), "tanh").to_vector<float>(), gelu_ref, 2e-6, 1e-37);
+  // Broadcast (non-flat) large case: [n/1, 1] rows + [3] columns.
+  Tensor m = add(make(a).view({n, 1}), tensor({0.0f, 1.0f, 2.0f}));
+  REQUIRE(m.shape() == Shape{n, 3});
+  std::vector<float> mv = m.to_vector<float>();
+  bool ok = true;
+  for (int64_t i = 0; i < n && ok; ++i)
+    for (int j = 0; j < 3; ++j) ok = ok && mv[i * 3 + j] == a[i] + float(j);
+  CHECK(ok);
+}
+
+TEST_CASE("0-d and empty tensors") {
+  Tensor s = add(scalar_tensor(2.0f), scalar_tensor(3.0f));
+  CHECK(s.dim() == 0);
+  CHECK(s.item<float>() == 5.0f);
+  CHECK(exp(scalar_tensor(0.0)).item<double>() == 1.0);
+  CHECK(where(scalar_tensor(true), scalar_tensor(1.0f), scalar_tensor(2.0f)).item<float>() == 1.0f);
+  // 0-d with a vector broadcasts.
+  check_values(mul(scalar_tensor(3.0f), tensor({1.0f, 2.0f})), std::vector<float>{3, 6});
+
+  Tensor e = zeros({0, 3});
+  CHECK(add(e, tensor({1.0f, 2.0f, 3.0f})).shape() == Shape{0, 3});
+  CHECK(exp(e).shape() == Shape{0, 3});
+  CHECK(lt(e, 1.0).shape() == Shape{0, 3});
+  CHECK(lt(e, 1.0).dtype() == DType::Bool);
+  CHECK(clamp(e, 0, 1).numel() == 0);
+  CHECK(where(zeros({0}, {Bool}), zeros({0}), 1.0).numel() == 0);
+  // Nothing is divided, so a zero divisor broadcast over no elements is no error.
+  CHECK(floor_divide(zeros({0}, {Int32}), tensor({0})).numel() == 0);
+}
+
+// ===================================================================== special values
+
+TEST_CASE("FC-02 NaN propagation: relu, clamp, maximum") {
+  check_values(relu(tensor({kNan, -1.0f, 2.0f})), std::vector<float>{kNan, 0, 2});
+  check_values(clamp(tensor({kNan, -3.0f, 0.5f, 4.0f}), 0, 1), std::vector<float>{kNan, 0, 0.5f, 1});
+  check_values(maximum(tensor({1.0f, kNan}), tensor({kNan, 1.0f})), std::vector<float>{kNan, kNan});
+  check_values(minimum(tensor({1.0f, kNan}), tensor({kNan, 1.0f})), std::vector<float>{kNan, kNan});
+  // The same through the SIMD body (≥ one full batch) and in float64.
+  std::vector<float> v(40, 1.0f), w(40, 2.0f);
+  v[3] = kNan;
+  w[37] = kNan;
+  std::vector<float> mx(40, 2.0f), mn(40, 1.0f);
+  mx[3] = mn[3] = mx[37] = mn[37] = kNan;
+  check_values(maximum(make(v), make(w)), mx);
+  check_values(minimum(make(v), make(w)), mn);
+  check_values(relu(tensor({kNanD, -1.0, 2.0})), std::vector<double>{kNanD, 0, 2});
+  check_values(clamp(tensor({kNanD, -3.0, 0.5, 4.0}), 0, 1), std::vector<double>{kNanD, 0, 0.5, 1});
+}
+
+TEST_CASE("clamp: one-sided bounds, low > high, integer bounds") {
+  Tensor x = tensor({-2.0f, 0.5f, 3.0f, kInf, -kInf});
+  check_values(clamp(x, 0, std::nullopt), std::vector<float>{0, 0.5f, 3, kInf, 0});
+  check_values(clamp(x, std::nullopt, 1), std::vector<float>{-2, 0.5f, 1, 1, -kInf});
+  check_values(clamp(x, 2, 1), std::vector<float>{1, 1, 1, 1, 1});  // PyTorch: high wins
+  Tensor i = tensor({-5, 0, 7});
+  Tensor ci = clamp(i, -1, 3);
+  CHECK(ci.dtype() == DType::Int32);
+  CHECK(ci.to_vector<int32_t>() == std::vector<int32_t>{-1, 0, 3});
+  // A float bound promotes an integer tensor like a wrapped number.
+  Tensor cf = clamp(i, 0.5, std::nullopt);
+  CHECK(cf.dtype() == DType::Float32);
+  check_values(cf, std::vector<float>{0.5f, 0.5f, 7});
+  // A NaN bound gives NaN (min/max propagate it).
+  check_values(clamp(tensor({1.0f}), kNan, std::nullopt), std::vector<float>{kNan});
+  auto err = error_of([&] { clamp(x, std::nullopt, std::nullopt); });
+  CHECK(err.op == "clamp");
+}
+
+TEST_CASE("special values: NaN and Inf through unary ops") {
+  Tensor s = tensor({kNan, kInf, -kInf});
+  check_values(exp(s), std::vector<float>{kNan, kInf, 0});
+  check_values(log(tensor({0.0f, -1.0f, kInf})), std::vector<float>{-kInf, kNan, kInf});
+  check_values(sqrt(tensor({-1.0f, kInf, -0.0f})), std::vector<float>{kNan, kInf, -0.0f}, true);
+  check_values(tanh(s), std::vector<float>{kNan, 1, -1});
+  check_values(sigmoid(s), std::vector<float>{kNan, 1, 0});
+  check_values(erf(s), std::vector<float>{kNan, 1, -1});
+  check_values(gelu(tensor({kNan, kInf})), std::vector<float>{kNan, kInf});
+  check_values(gelu(tensor({kNan, kInf, 100.0f, -100.0f}), "tanh"),
+               std::vector<float>{kNan, kInf, 100, -0.0f});
+  check_values(sign(tensor({kNan, -kInf, -0.0f, 3.0f})), std::vector<float>{kNan, -1, -0.0f, 1}, true);
+  check_values(abs(tensor({-kInf, -0.0f, kNan})), std::vector<float>{kInf, 0.0f, kNan}, true);
+  check_values(floor(s), std::vector<float>{kNan, kInf, -kInf});
+  check_values(round(s), std::vector<float>{kNan, kInf, -kInf});
+  check_values(sin(s), std::vector<float>{kNan, kNan, kNan});
+  check_values(reciprocal(tensor({0.0f, -0.0f, kInf})), std::vector<float>{kInf, -kInf, 0});
+  check_values(log1p(tensor({-1.0f, -2.0f})), std::vector<float>{-kInf, kNan});
+  check_values(expm1(tensor({-kInf, kInf})), std::vector<float>{-1, kInf});
+  check_values(neg(tensor({0.0f, -0.0f})), std::vector<float>{-0.0f, 0.0f}, true);
+  check_values(neg(tensor({0.0})), std::vector<double>{-0.0}, true);
+  check_values(exp(tensor({kNanD, kInfD, -kInfD})), std::vector<double>{kNanD, kInfD, 0});
+}
+
+TEST_CASE("special values: NaN and Inf through binary ops") {
+  check_values(div(tensor({1.0f, -1.0f, 0.0f}), tensor({0.0f, 0.0f, 0.0f})),
+               std::vector<float>{kInf, -kInf, kNan});
+  check_values(add(tensor({kInf, kInf}), tensor({-kInf, 1.0f})), std::vector<float>{kNan, kInf});
+  Tensor n = tensor({kNan, kNan, 1.0f});
+  Tensor m = tensor({kNan, 1.0f, 1.0f});
+  CHECK(eq(n, m).to_vector<bool>() == std::vector<bool>{false, false, true});
+  CHECK(ne(n, m).to_vector<bool>() == std::vector<bool>{true, true, false});
+  CHECK(lt(n, m).to_vector<bool>() == std::vector<bool>{false, false, false});
+  CHECK(ge(n, m).to_vector<bool>() == std::vector<bool>{false, false, true});
+  // atan2 on signed zeros and infinities (C99 Annex F).
+  const float pi = 3.14159265358979f, pi_4 = 0.785398163397448f, pi3_4 = 2.35619449019234f;
+  check_values(atan2(tensor({0.0f, 0.0f, -0.0f, kInf, kInf, -kInf, 1.0f, -1.0f}),
+                     tensor({0.0f, -0.0f, -0.0f, kInf, -kInf, kInf, kNan, 0.0f})),
+               std::vector<float>{0, pi, -pi, pi_4, pi3_4, -pi_4, kNan, -pi / 2}, true);
+  // pow: IEEE special cases.
+  check_values(pow(tensor({kNan, 1.0f, 0.0f, -8.0f, -2.0f, 2.0f}),
+                   tensor({0.0f, kNan, -1.0f, 1.0f / 3, 3.0f, 0.5f})),
+               std::vector<float>{1, 1, kInf, kNan, -8, std::sqrt(2.0f)});
+}
+
+TEST_CASE("pow with a scalar exponent (fast paths) agrees with IEEE pow") {
+  std::vector<float> v = {-0.0f, 0.0f, -kInf, kInf, kNan, -3.0f, 2.0f, 0.25f, 1e20f, -1e-20f};
+  for (float e : {2.0f, 3.0f, 0.5f, -1.0f, 1.5f}) {
+    std::vector<float> want;
+    for (float x : v) want.push_back(std::pow(x, e));
+    INFO("exponent " << e);
+    std::vector<float> got = pow(make(v), e).to_vector<float>();
+    for (size_t i = 0; i < v.size(); ++i) {
+      INFO("x = " << v[i] << ": got " << got[i] << ", want " << want[i]);
+      if (e == 3.0f && std::isfinite(want[i]) && want[i] != 0)
+        CHECK(got[i] == Approx(want[i]).epsilon(2.5e-7));  // x·x·x: two roundings
+      else
+        CHECK(same(got[i], want[i], true));
+    }
+  }
+  check_values(pow(tensor({2.0, 3.0}), 2), std::vector<double>{4, 9});
+}
+
+TEST_CASE("float floor_divide and remainder: Python semantics") {
+  Tensor a = tensor({7.5f, -7.5f, 7.5f, -7.5f, -5.0f, -5.0f, 5.0f, 1.0f, -1.0f, 0.0f});
+  Tensor b = tensor({2.0f, 2.0f, -2.0f, -2.0f, kInf, -kInf, 0.0f, 0.0f, 0.0f, 0.0f});
+  check_values(floor_divide(a, b), std::vector<float>{3, -4, -4, 3, -1, 0, kInf, kInf, -kInf, kNan});
+  check_values(remainder(a, b), std::vector<float>{1.5f, 0.5f, -0.5f, -1.5f, kInf, -5, kNan, kNan, kNan, kNan});
+  check_values(floor_divide(tensor({kInfD, 6.0}), tensor({2.0, 3.0})), std::vector<double>{kNanD, 2});
+}
+
+// ===================================================================== integers
+
+TEST_CASE("FC-07 integer division edge cases") {
+  Tensor q = floor_divide(tensor({kI32Min, 7, -7}), tensor({-1, -2, 2}));
+  CHECK(q.dtype() == DType::Int32);
+  CHECK(q.to_vector<int32_t>() == std::vector<int32_t>{kI32Min, -4, -4});
+  Tensor r = remainder(tensor({-3, -1, 0, 3}), tensor({2, 2, 2, -2}));
+  CHECK(r.dtype() == DType::Int32);
+  CHECK(r.to_vector<int32_t>() == std::vector<int32_t>{1, 1, 0, -1});
+  auto err = error_of([] { floor_divide(tensor({int64_t{5}}), tensor({int64_t{0}})); });
+  CHECK(err.op == "floor_divide");
+  CHECK_THAT(err.what, Contains("division by zero"));
+
+  // More of the same: INT_MIN % -1, int64 extremes, the zero check on remainder.
+  CHECK(remainder(tensor({kI32Min, kI32Min, 5}), tensor({-1, kI32Max, -1})).to_vector<int32_t>() ==
+        std::vector<int32_t>{0, kI32Max - 1, 0});
+  CHECK(floor_divide(tensor({kI64Min, kI64Min}), tensor({int64_t{-1}, int64_t{2}}))
+            .to_vector<int64_t>() == std::vector<int64_t>{kI64Min, kI64Min / 2});
+  CHECK(remainder(tensor({kI64Min}), tensor({int64_t{-1}})).to_vector<int64_t>() ==
+        std::vector<int64_t>{0});
+  auto rerr = error_of([] { remainder(tensor({1, 2, 3}), tensor({1, 0, 1})); });
+  CHECK(rerr.op == "remainder");
+  CHECK_THAT(rerr.what, Contains("division by zero"));
+  // A zero divisor as a scalar operand, and in a broadcast.
+  CHECK_THROWS_AS(floor_divide(tensor({1, 2}), 0), Error);
+  CHECK_THROWS_AS(floor_divide(tensor({1, 2}).view({2, 1}), tensor({1, 0, 3})), Error);
+  // Exhaustive small range against the mathematical definition.
+  std::vector<int32_t> as, bs;
+  for (int x = -9; x <= 9; ++x)
+    for (int y = -4; y <= 4; ++y)
+      if (y != 0) as.push_back(x), bs.push_back(y);
+  auto fq = floor_divide(make(as), make(bs)).to_vector<int32_t>();
+  auto fr = remainder(make(as), make(bs)).to_vector<int32_t>();
+  for (size_t i = 0; i < as.size(); ++i) {
+    int32_t want_q = static_cast<int32_t>(std::floor(double(as[i]) / bs[i]));
+    INFO(as[i] << " // " << bs[i]);
+    CHECK(fq[i] == want_q);
+    CHECK(fr[i] == as[i] - want_q * bs[i]);
+  }
+}
+
+TEST_CASE("integer arithmetic wraps (two's complement)") {
+  CHECK(add(tensor({kI32Max}), tensor({1})).to_vector<int32_t>() == std::vector<int32_t>{kI32Min});
+  CHECK(sub(tensor({kI32Min}), tensor({1})).to_vector<int32_t>() == std::vector<int32_t>{kI32Max});
+  CHECK(mul(tensor({65536}), tensor({65536})).to_vector<int32_t>() == std::vector<int32_t>{0});
+  CHECK(add(tensor({10, 20}), tensor({1, 2}), 3).to_vector<int32_t>() == std::vector<int32_t>{13, 26});
+  CHECK(sub(tensor({int64_t{10}}), tensor({int64_t{4}}), -2).to_vector<int64_t>() ==
+        std::vector<int64_t>{18});
+  CHECK(maximum(tensor({1, -5}), tensor({-2, 3})).to_vector<int32_t>() == std::vector<int32_t>{1, 3});
+  CHECK(minimum(tensor({1, -5}), tensor({-2, 3})).to_vector<int32_t>() == std::vector<int32_t>{-2, -5});
+}
+
+TEST_CASE("integer pow: exact by squaring, negative exponents") {
+  CHECK(pow(tensor({2, 3, -2, 7, 0, 5}), tensor({10, 3, 3, 0, 0, 1})).to_vector<int32_t>() ==
+        std::vector<int32_t>{1024, 27, -8, 1, 1, 5});
+  CHECK(pow(tensor({int64_t{3}}), tensor({int64_t{39}})).to_vector<int64_t>() ==
+        std::vector<int64_t>{4052555153018976267});  // 3^39 exactly (not via double)
+  CHECK(pow(tensor({2}), tensor({31})).to_vector<int32_t>() == std::vector<int32_t>{kI32Min});
+  CHECK(pow(tensor({1, -1, -1, 2, -3}), tensor({-1, -1, -2, -1, -5})).to_vector<int32_t>() ==
+        std::vector<int32_t>{1, -1, 1, 0, 0});
+  CHECK(pow(tensor({3, 4}), 2).dtype() == DType::Int32);
+  auto err = error_of([] { pow(tensor({1, 0}), tensor({-1, -2})); });
+  CHECK(err.op == "pow");
+  CHECK_THAT(err.what, Contains("negative power (-2)"));
+  // An integer tensor to a float exponent is float.
+  Tensor f = pow(tensor({4, 9}), 0.5);
+  CHECK(f.dtype() == DType::Float32);
+  check_values(f, std::vector<float>{2, 3});
+}
+
+// ===================================================================== bool and logical
+
+TEST_CASE("bool arithmetic: add is or, mul is and") {
+  Tensor a = tensor({true, true, false, false});
+  Tensor b = tensor({true, false, true, false});
+  Tensor s = add(a, b);
+  CHECK(s.dtype() == DType::Bool);
+  CHECK(s.to_vector<bool>() == std::vector<bool>{true, true, true, false});
+  CHECK(mul(a, b).to_vector<bool>() == std::vector<bool>{true, false, false, false});
+  CHECK(maximum(a, b).to_vector<bool>() == std::vector<bool>{true, true, true, false});
+  CHECK(minimum(a, b).to_vector<bool>() == std::vector<bool>{true, false, false, false});
+  CHECK(eq(a, b).to_vector<bool>() == std::vector<bool>{true, false, false, true});
+  CHECK(gt(a, b).to_vector<bool>() == std::vector<bool>{false, true, false, false});
+  CHECK_THROWS_AS(sub(a, b), Error);
+  CHECK_THROWS_AS(floor_divide(a, b), Error);
+}
+
+TEST_CASE("logical ops give bool; NaN and nonzero count as true") {
+  Tensor a = tensor({0.0f, 0.0f, 2.0f, kNan});
+  Tensor b = tensor({0.0f, -1.0f, 3.0f, 0.0f});
+  CHECK(logical_and(a, b).to_vector<bool>() == std::vector<bool>{false, false, true, false});
+  CHECK(logical_or(a, b).to_vector<bool>() == std::vector<bool>{false, true, true, true});
+  CHECK(logical_xor(a, b).to_vector<bool>() == std::vector<bool>{false, true, false, true});
+  Tensor i = tensor({0, 5, -1});
+  Tensor j = tensor({int64_t{0}, int64_t{0}, int64_t{7}});
+  Tensor r = logical_or(i, j);
+  CHECK(r.dtype() == DType::Bool);
+  CHECK(r.to_vector<bool>() == std::vector<bool>{false, true, true});
+  CHECK(logical_and(tensor({true, false}), tensor({1.5f, 1.5f})).to_vector<bool>() ==
+        std::vector<bool>{true, false});
+}
+
+TEST_CASE("comparisons give bool and compare in the promoted dtype") {
+  Tensor i = tensor({1, 2, 3});
+  Tensor c = lt(i, 2.5);  // int32 vs a float scalar: compared as float32
+  CHECK(c.dtype() == DType::Bool);
+  CHECK(c.to_vector<bool>() == std::vector<bool>{true, true, false});
+  CHECK(le(i, 2).to_vector<bool>() == std::vector<bool>{true, true, false});
+  CHECK(ge(i, tensor({3.0f, 2.0f, 1.0f})).to_vector<bool>() == std::vector<bool>{false, true, true});
+  CHECK(eq(tensor({int64_t{1} << 40}), tensor({(int64_t{1} << 40) + 1})).to_vector<bool>() ==
+        std::vector<bool>{false});
+  // 40 elements through the contiguous and broadcast paths.
+  auto v = random_values<double>(40, -1, 1, 9);
+  std::vector<bool> want;
+  for (double x : v) want.push_back(x > 0);
+  CHECK(gt(make(v), 0.0).to_vector<bool>() == want);
+  CHECK(lt(scalar_tensor(0.0), make(v)).to_vector<bool>() == want);
+}
+
+// ===================================================================== where
+
+TEST_CASE("where: broadcasting, scalars, promotion, layouts") {
+  Tensor cond = tensor({true, false}).view({2, 1});
+  Tensor a = tensor({1.0f, 2.0f, 3.0f});
+  Tensor w = where(cond, a, 0.0);
+  REQUIRE(w.shape() == Shape{2, 3});
+  check_values(w, std::vector<float>{1, 2, 3, 0, 0, 0});
+  check_values(where(logical_not(cond), a, -1.0), std::vector<float>{-1, -1, -1, 1, 2, 3});
+  // int and float operands promote.
+  Tensor p = where(tensor({true, false}), tensor({1, 2}), tensor({0.5f, 0.5f}));
+  CHECK(p.dtype() == DType::Float32);
+  check_values(p, std::vector<float>{1, 0.5f});
+  // Transposed condition.
+  Tensor m = gt(arange(6, {Float32}).view({2, 3}), 2.0);  // F F F / T T T
+  Tensor t = where(m.t(), full({3, 2}, 1), full({3, 2}, 0));
+  CHECK(t.to_vector<int64_t>() == std::vector<int64_t>{0, 1, 0, 1, 0, 1});
+  // NaN passes through untouched; bool operands.
+  check_values(where(tensor({true, false}), tensor({kNan, kNan}), tensor({1.0f, 1.0f})),
+               std::vector<float>{kNan, 1});
+  CHECK(where(tensor({true, false}), tensor({false, false}), tensor({true, true})).to_vector<bool>() ==
+        std::vector<bool>{false, true});
+  // 50 contiguous elements.
+  std::vector<bool> cv;
+  std::vector<double> av, bv, want;
+  for (int i = 0; i < 50; ++i) {
+    cv.push_back(i % 3 == 0);
+    av.push_back(i);
+    bv.push_back(-i);
+    want.push_back(cv.back() ? i : -i);
+  }
+  check_values(where(from_vector(cv, {50}), make(av), make(bv)), want);
+  auto err = error_of([] { where(tensor({1, 0}), tensor({1.0f, 2.0f}), 0.0); });
+  CHECK(err.op == "where");
+  CHECK_THAT(err.what, Contains("bool"));
+}
+
+// ===================================================================== promotion and errors
+
+TEST_CASE("type promotion through elementwise ops") {
+  Tensor i32 = tensor({1, 2, 3});
+  Tensor s = add(i32, 2.5);
+  CHECK(s.dtype() == DType::Float32);
+  check_values(s, std::vector<float>{3.5f, 4.5f, 5.5f});
+  Tensor i64 = add(i32, tensor({int64_t{10}, int64_t{20}, int64_t{30}}));
+  CHECK(i64.dtype() == DType::Int64);
+  CHECK(i64.to_vector<int64_t>() == std::vector<int64_t>{11, 22, 33});
+  Tensor q = div(tensor({1, 7}), tensor({2, 2}));
+  CHECK(q.dtype() == DType::Float32);
+  check_values(q, std::vector<float>{0.5f, 3.5f});
+  check_values(div(tensor({1, -1, 0}), tensor({0, 0, 0})), std::vector<float>{kInf, -kInf, kNan});
+  CHECK(add(i32, 2).dtype() == DType::Int32);  // an int scalar does not widen int32
+  CHECK(mul(i32, tensor({1.0, 2.0, 3.0})).dtype() == DType::Float64);
+  CHECK(maximum(i32, tensor({0.5f, 0.5f, 9.5f})).to_vector<float>() == std::vector<float>{1, 2, 9.5f});
+  CHECK(floor_divide(tensor({7, -7}), 2.0).dtype() == DType::Float32);
+  CHECK(atan2(tensor({1}), tensor({1})).dtype() == DType::Float32);
+  CHECK(add(tensor({true}), 1).dtype() == DType::Int64);
+  CHECK(add(tensor({1.0f}), tensor({1.0})).dtype() == DType::Float64);
+}
+
+TEST_CASE("errors name the op and the shapes") {
+  auto e = error_of([] { add(zeros({2, 3}), zeros({4})); });
+  CHECK(e.op == "add");
+  CHECK_THAT(e.what, Contains("[2, 3]") && Contains("[4]"));
+  auto m = error_of([] { maximum(zeros({2}), zeros({3, 1, 5})); });
+  CHECK(m.op == "maximum");
+  CHECK_THAT(m.what, Contains("[3, 1, 5]"));
+  auto g = error_of([] { gelu(zeros({2}), "fast"); });
+  CHECK(g.op == "gelu");
+  auto a = error_of([] { add(tensor({1, 2}), tensor({1, 2}), 0.5); });
+  CHECK(a.op == "add");
+  CHECK_THAT(a.what, Contains("alpha"));
+}
