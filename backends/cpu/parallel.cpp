@@ -25,7 +25,9 @@ class ThreadPool {
   void resize(int n) {
     stop_all();
     stop_ = false;
-    for (int i = 1; i < n; ++i) workers_.emplace_back([this, i] { worker_loop(i); });
+    // New workers start at the current generation: the last task_ is gone by now.
+    const uint64_t gen = generation_;
+    for (int i = 1; i < n; ++i) workers_.emplace_back([this, i, gen] { worker_loop(i, gen); });
   }
 
   // Runs task(i) for i in [0, n) with the caller doing i = 0; returns when all are done.
@@ -52,8 +54,7 @@ class ThreadPool {
   }
 
  private:
-  void worker_loop(int id) {
-    uint64_t seen = 0;
+  void worker_loop(int id, uint64_t seen) {
     t_in_parallel = true;
     for (;;) {
       const std::function<void(int)>* task;
