@@ -145,8 +145,8 @@ void gemm(int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t rsa, int
           for (int64_t q = nr; q < NR; ++q) d[q] = U(0);
         }
       }
-      // Row panels [mlo, mhi) × column panels [nlo, nhi) of this block.
-      auto block = [&](int64_t mlo, int64_t mhi, int64_t nlo, int64_t nhi) {
+      // Row panels [mlo, mhi) of this block.
+      auto block = [&](int64_t mlo, int64_t mhi) {
         alignas(64) U apack[B::kKC * MR];
         alignas(64) U acc[MR][NR];
         for (int64_t ip = mlo; ip < mhi; ++ip) {
@@ -157,7 +157,7 @@ void gemm(int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t rsa, int
             for (int64_t r = 0; r < mr; ++r) d[r] = U(src[r * rsa]);
             for (int64_t r = mr; r < MR; ++r) d[r] = U(0);
           }
-          for (int64_t jp = nlo; jp < nhi; ++jp) {
+          for (int64_t jp = 0; jp < n_panels; ++jp) {
             const int64_t j0 = jc + jp * NR, nr = std::min<int64_t>(NR, n - j0);
             micro_kernel<U, MR, NR>(kc, apack, bpack + jp * kc * NR, acc);
             for (int64_t r = 0; r < mr; ++r) {
@@ -173,15 +173,11 @@ void gemm(int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t rsa, int
           }
         }
       };
-      // Small blocks run inline; large ones split rows (or column panels when there are few
-      // row panels, e.g. a vector-matrix product) across the pool.
-      const int64_t work = m * nc * kc;
-      if (work < (int64_t{1} << 21) || num_threads() == 1) {
-        block(0, m_panels, 0, n_panels);
-      } else if (m_panels >= 2 * num_threads() || n_panels == 1) {
-        parallel_for(0, m_panels, 1, [&](int64_t lo, int64_t hi) { block(lo, hi, 0, n_panels); });
+      // Small blocks run inline; large ones split their row panels across the pool.
+      if (m * nc * kc < (int64_t{1} << 23) || num_threads() == 1) {  // 16 MFLOP, as matmul.cpp
+        block(0, m_panels);
       } else {
-        parallel_for(0, n_panels, 1, [&](int64_t lo, int64_t hi) { block(0, m_panels, lo, hi); });
+        parallel_for(0, m_panels, 1, [&](int64_t lo, int64_t hi) { block(lo, hi); });
       }
     }
   }
@@ -217,13 +213,21 @@ bool sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float al
     gemm<float>(m, n, k, alpha, a, rsa, csa, b, rsb, csb, beta, c, ldc);
     return true;
   }
-  if (threads <= 0) threads = num_threads();
-  if (d.omp_set_num_threads && threads != t_omp_threads) {
-    d.omp_set_num_threads(threads);
-    t_omp_threads = threads;
-  }
-  return d.sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', m, n, k, alpha, a, lda, b, ldb, beta,
-                 c, ldc) == 0;
+  // OpenMP's thread count is a per-thread setting: kiln keeps it at num_threads() on threads
+  // that call matmul, switching to `threads` only for the duration of this call.
+  const int normal = num_threads();
+  if (threads <= 0) threads = normal;
+  auto set_threads = [&](int t) {
+    if (d.omp_set_num_threads && t != t_omp_threads) {
+      d.omp_set_num_threads(t);
+      t_omp_threads = t;
+    }
+  };
+  set_threads(threads);
+  const int status = d.sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', m, n, k, alpha, a, lda, b,
+                             ldb, beta, c, ldc);
+  set_threads(normal);
+  return status == 0;
 }
 
 }  // namespace kiln::cpu
