@@ -75,19 +75,28 @@ template <class T> struct Blocking {
   static constexpr int64_t kNC = (512 * 1024 / (kKC * sizeof(T))) / kNR * kNR;
 };
 
+// acc = Σ_p ap[p·MR + r] · bp[p·NR + c] over an MR×NR tile, written with explicit 64-byte
+// vectors (the GCC/Clang vector extension): left to the auto-vectoriser, the integer
+// instantiations came out as gathers at ~2 GOP/s.
 template <class U, int MR, int NR>
 inline void micro_kernel(int64_t kc, const U* __restrict ap, const U* __restrict bp,
-                         U (&acc)[MR][NR]) {
+                         U (&out)[MR][NR]) {
+  typedef U V __attribute__((vector_size(64)));
+  constexpr int kVL = 64 / sizeof(U), kNV = NR / kVL;
+  static_assert(NR % kVL == 0);
+  V acc[MR][kNV];
   for (int r = 0; r < MR; ++r)
-    for (int c = 0; c < NR; ++c) acc[r][c] = U(0);
+    for (int v = 0; v < kNV; ++v) acc[r][v] = V{};
   for (int64_t p = 0; p < kc; ++p) {
-    const U* bq = bp + p * NR;
-    const U* aq = ap + p * MR;
+    V b[kNV];
+    for (int v = 0; v < kNV; ++v) std::memcpy(&b[v], bp + p * NR + v * kVL, sizeof(V));
     for (int r = 0; r < MR; ++r) {
-      U av = aq[r];
-      for (int c = 0; c < NR; ++c) acc[r][c] += av * bq[c];
+      const U av = ap[p * MR + r];
+      for (int v = 0; v < kNV; ++v) acc[r][v] += av * b[v];
     }
   }
+  for (int r = 0; r < MR; ++r)
+    for (int v = 0; v < kNV; ++v) std::memcpy(&out[r][v * kVL], &acc[r][v], sizeof(V));
 }
 
 template <class T>

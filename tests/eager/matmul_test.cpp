@@ -116,6 +116,9 @@ TEST_CASE("matmul shapes and broadcasting against a float64 reference") {
     check_matmul(make({3, 4, 6}, t, 9), make({6, 5}, t, 10), tol);  // folds into one GEMM
     check_matmul(make({6}, t, 11), make({3, 6, 2}, t, 12), tol);    // vec @ batch
     check_matmul(make({3, 2, 6}, t, 13), make({6}, t, 14), tol);    // batch @ vec
+    check_matmul(make({6}, t, 19), make({6, 2}, t, 20).expand({3, 6, 2}), tol);
+    check_matmul(make({3, 5, 4}, t, 21).transpose(1, 2), make({5, 2}, t, 22), tol);  // no fold
+    check_matmul(make({2, 3, 4, 6}, t, 23).slice(2, 0, 4, 2), make({6, 5}, t, 24), tol);
     check_matmul(make({1, 1}, t, 15), make({1, 1}, t, 16), tol);
     // Larger than one cache block in every dim (exercises blocking and threading).
     check_matmul(make({67, 300}, t, 17), make({300, 45}, t, 18), t == DType::Float32 ? 1e-3 : 1e-10);
