@@ -104,6 +104,8 @@ class Tensor {
   Tensor mean(Loc loc = Loc::current()) const;
   Tensor mean(const Dims& dims, bool keepdim = false, Loc loc = Loc::current()) const;
   Tensor matmul(const Tensor& other, Loc loc = Loc::current()) const;
+  /// Entries of `index` (int32/int64, 0-d or 1-D) along `dim`; see kiln::index_select.
+  Tensor index_select(int64_t dim, const Tensor& index, Loc loc = Loc::current()) const;
 
   // In-place arithmetic (bumps the version counter).
   Tensor& operator+=(const Tensor& o);

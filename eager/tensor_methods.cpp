@@ -131,6 +131,9 @@ Tensor Tensor::mean(const Dims& dims, bool keepdim, Loc loc) const {
   return kiln::mean(*this, dims, keepdim, loc);
 }
 Tensor Tensor::matmul(const Tensor& other, Loc loc) const { return kiln::matmul(*this, other, loc); }
+Tensor Tensor::index_select(int64_t dim, const Tensor& index, Loc loc) const {
+  return kiln::index_select(*this, dim, index, loc);
+}
 
 Tensor& Tensor::operator+=(const Tensor& o) { return in_place(*this, add(*this, o), "add_", Loc::current()); }
 Tensor& Tensor::operator-=(const Tensor& o) { return in_place(*this, sub(*this, o), "sub_", Loc::current()); }

@@ -1,6 +1,221 @@
-// Placeholder until the kernels land.
+// cat and the Index-category kernels: index_select, gather, embedding, one_hot, masked_fill,
+// tril, triu.
+#include <algorithm>
+#include <cstring>
+#include <string>
+
 #include "backends/cpu/kernels.h"
+#include "backends/cpu/loops.h"
+
 namespace kiln::cpu {
-void cat_kernel(const OpCall& c, const InferredMeta&, std::span<Tensor>) { throw Error(c.name(), "no cpu kernel yet", c.loc); }
-void index_kernel(const OpCall& c, const InferredMeta&, std::span<Tensor>) { throw Error(c.name(), "no cpu kernel yet", c.loc); }
+namespace {
+
+// A view of `base`'s storage with the given shape, strides and element offset (no copy).
+Tensor restrided(const Tensor& base, const Shape& shape, const Strides& strides, int64_t offset) {
+  auto impl = std::make_shared<TensorImpl>();
+  impl->storage = base.storage();
+  impl->shape = shape;
+  impl->strides = strides;
+  impl->offset = offset;
+  impl->dtype = base.dtype();
+  return Tensor(std::move(impl));
+}
+
+template <class I> int64_t load_index(const char* p) {
+  return static_cast<int64_t>(*reinterpret_cast<const I*>(p));
+}
+
+// Checks every value of the int32/int64 tensor `index` against [0, size) before any kernel
+// writes, so that a bad index raises kiln::Error naming it (PyTorch rejects negative indices
+// for these ops too).
+void check_indices(const OpCall& call, const Tensor& index, int64_t size, const char* what) {
+  StridedLoop<1> loop(index.shape(), {&index});
+  const int64_t st = loop.inner_stride(0);
+  int64_t bad = 0;
+  bool found = false;
+  auto scan = [&]<class I>(I) {
+    loop.run(0, loop.numel(), [&](const std::array<char*, 1>& p, int64_t n) {
+      for (int64_t i = 0; i < n && !found; ++i) {
+        int64_t v = load_index<I>(p[0] + i * st);
+        if (v < 0 || v >= size) bad = v, found = true;
+      }
+    });
+  };
+  if (index.dtype() == DType::Int32) scan(int32_t{});
+  else scan(int64_t{});
+  if (found) {
+    throw Error(call.name(),
+                size == 0 ? fmt::format("index {} is out of range: {} has size 0", bad, what)
+                          : fmt::format("index {} is out of range for {} of size {} (valid: 0 to "
+                                        "{}{})",
+                                        bad, what, size, size - 1,
+                                        bad < 0 ? "; negative indices are not supported" : ""),
+                call.loc);
+  }
+}
+
+// out[e] = src[e + idx[e] · axis_stride] for every element e of out's shape, where `src` and
+// `idx` are views with out's shape (stride 0 where they do not vary). The shared engine of
+// index_select, gather and embedding.
+void take(const Tensor& out, const Tensor& src, const Tensor& idx, int64_t axis_stride) {
+  StridedLoop<3> loop(out.shape(), {&out, &src, &idx});
+  const int64_t os = loop.inner_stride(0), ss = loop.inner_stride(1), is = loop.inner_stride(2);
+  auto body = [&]<class T, class I>(T, I) {
+    const int64_t ax = axis_stride * static_cast<int64_t>(sizeof(T));
+    loop.parallel_run([&](const std::array<char*, 3>& p, int64_t n) {
+      if (is == 0) {
+        // One index for the whole run (e.g. a row of index_select along dim 0): a plain copy.
+        const char* s = p[1] + load_index<I>(p[2]) * ax;
+        if (os == sizeof(T) && ss == sizeof(T)) {
+          std::memcpy(p[0], s, n * sizeof(T));
+        } else {
+          for (int64_t i = 0; i < n; ++i)
+            *reinterpret_cast<T*>(p[0] + i * os) = *reinterpret_cast<const T*>(s + i * ss);
+        }
+        return;
+      }
+      for (int64_t i = 0; i < n; ++i)
+        *reinterpret_cast<T*>(p[0] + i * os) = *reinterpret_cast<const T*>(
+            p[1] + i * ss + load_index<I>(p[2] + i * is) * ax);
+    });
+  };
+  KILN_DISPATCH_ALL(out.dtype(), T, {
+    if (idx.dtype() == DType::Int32) body(T{}, int32_t{});
+    else body(T{}, int64_t{});
+  });
+}
+
+void index_select(const OpCall& call, const Tensor& out) {
+  const Tensor& x = call.inputs[0];
+  const Tensor& index = call.inputs[1];
+  const int r = x.dim();
+  if (r == 0) {
+    KILN_CHECK(index.numel() == 1, call.name(), call.loc,
+               "index of a 0-d tensor must have one element, got {}", index.numel());
+    check_indices(call, index, 1, "a 0-d tensor");
+    take(out, x, restrided(index, {}, {}, index.offset()), 0);
+    return;
+  }
+  const int d = wrap_dim(call.attrs.dim, r, call.name());
+  check_indices(call, index, x.size(d), fmt::format("dim {}", d).c_str());
+  // Over out's shape: x varies in every dim but d (moved by the index), index only along d.
+  Strides xs = x.strides(), is = Dims::filled(r, 0);
+  xs[d] = 0;
+  is[d] = index.dim() ? index.stride(0) : 0;
+  take(out, restrided(x, out.shape(), xs, x.offset()),
+       restrided(index, out.shape(), is, index.offset()), x.stride(d));
+}
+
+void gather(const OpCall& call, const Tensor& out) {
+  const Tensor& x = call.inputs[0];
+  const Tensor& index = call.inputs[1];
+  const int r = x.dim();
+  if (r == 0) {
+    check_indices(call, index, 1, "a 0-d tensor");
+    take(out, restrided(x, out.shape(), {}, x.offset()), index, 0);
+    return;
+  }
+  const int d = wrap_dim(call.attrs.dim, r, call.name());
+  check_indices(call, index, x.size(d), fmt::format("dim {}", d).c_str());
+  Strides xs = x.strides();
+  xs[d] = 0;
+  take(out, restrided(x, index.shape(), xs, x.offset()), index, x.stride(d));
+}
+
+void embedding(const OpCall& call, const Tensor& out) {
+  const Tensor& w = call.inputs[0];
+  const Tensor& index = call.inputs[1];
+  check_indices(call, index, w.size(0), "the embedding table (num_embeddings)");
+  // out = index.shape + [D]: the index repeats along D, the table row varies along it.
+  const int r = out.dim();
+  Strides ws = Dims::filled(r, 0), is = Dims::filled(r, 0);
+  ws[r - 1] = w.stride(1);
+  for (int i = 0; i < index.dim(); ++i) is[i] = index.stride(i);
+  take(out, restrided(w, out.shape(), ws, w.offset()),
+       restrided(index, out.shape(), is, index.offset()), w.stride(0));
+}
+
+void one_hot(const OpCall& call, const Tensor& out) {
+  const Tensor& x = call.inputs[0];
+  const int64_t classes = call.attrs.mode;
+  check_indices(call, x, classes, "num_classes");
+  int64_t* o = out.data<int64_t>();
+  std::memset(o, 0, out.numel() * sizeof(int64_t));
+  StridedLoop<1> loop(x.shape(), {&x});
+  const int64_t st = loop.inner_stride(0);
+  parallel_for(0, loop.numel(), kGrainSize / 8, [&](int64_t lo, int64_t hi) {
+    int64_t i = lo;
+    loop.run(lo, hi, [&](const std::array<char*, 1>& p, int64_t n) {
+      for (int64_t e = 0; e < n; ++e, ++i) o[i * classes + load_index<int64_t>(p[0] + e * st)] = 1;
+    });
+  });
+}
+
+void masked_fill(const OpCall& call, const Tensor& out) {
+  const Tensor& x = call.inputs[0];
+  const Tensor& mask = call.inputs[1];
+  StridedLoop<3> loop(out.shape(), {&out, &x, &mask});
+  const int64_t os = loop.inner_stride(0), xs = loop.inner_stride(1), ms = loop.inner_stride(2);
+  KILN_DISPATCH_ALL(out.dtype(), T, {
+    const T value = call.attrs.alpha.to<T>();
+    loop.parallel_run([&](const std::array<char*, 3>& p, int64_t n) {
+      for (int64_t i = 0; i < n; ++i) {
+        const bool m = *reinterpret_cast<const bool*>(p[2] + i * ms);
+        *reinterpret_cast<T*>(p[0] + i * os) = m ? value : *reinterpret_cast<const T*>(p[1] + i * xs);
+      }
+    });
+  });
+}
+
+// tril keeps j - i <= diagonal, triu keeps j - i >= diagonal, over the last two dims.
+void triangle(const OpCall& call, const Tensor& out) {
+  copy_cast(out, call.inputs[0]);
+  const bool lower = call.op == OpKind::Tril;
+  const int64_t diag = call.attrs.mode;
+  const int64_t rows = out.size(-2), cols = out.size(-1);
+  const int64_t nrows = rows == 0 ? 0 : out.numel() / cols;  // rows of every matrix together
+  if (cols == 0) return;
+  const size_t isz = out.itemsize();
+  char* base = static_cast<char*>(out.raw_data());
+  parallel_for(0, nrows, std::max<int64_t>(1, kGrainSize / cols), [&](int64_t lo, int64_t hi) {
+    for (int64_t r = lo; r < hi; ++r) {
+      const int64_t i = r % rows;
+      // Zero [z0, z1) of this row.
+      int64_t z0, z1;
+      if (lower) z0 = std::clamp<int64_t>(i + diag + 1, 0, cols), z1 = cols;
+      else z0 = 0, z1 = std::clamp<int64_t>(i + diag, 0, cols);
+      if (z1 > z0) std::memset(base + (r * cols + z0) * isz, 0, (z1 - z0) * isz);
+    }
+  });
+}
+
+}  // namespace
+
+void cat_kernel(const OpCall& call, const InferredMeta& meta, std::span<Tensor> outs) {
+  const Tensor& out = outs[0];
+  const int d = wrap_dim(call.attrs.dim, out.dim(), call.name());
+  int64_t at = 0;
+  for (const Tensor& x : call.inputs) {
+    const int64_t len = x.size(d);
+    if (len == 0) continue;
+    // The slab of out this input fills: out's strides, x's shape, offset along d.
+    copy_cast(restrided(out, x.shape(), out.strides(), out.offset() + at * out.stride(d)), x);
+    at += len;
+  }
+}
+
+void index_kernel(const OpCall& call, const InferredMeta& meta, std::span<Tensor> outs) {
+  const Tensor& out = outs[0];
+  switch (call.op) {
+    case OpKind::IndexSelect: index_select(call, out); break;
+    case OpKind::Gather: gather(call, out); break;
+    case OpKind::Embedding: embedding(call, out); break;
+    case OpKind::OneHot: one_hot(call, out); break;
+    case OpKind::MaskedFill: masked_fill(call, out); break;
+    case OpKind::Tril:
+    case OpKind::Triu: triangle(call, out); break;
+    default: throw Error(call.name(), "not an index op", call.loc);
+  }
+}
+
 }  // namespace kiln::cpu

@@ -25,7 +25,7 @@ class ThreadPool {
   void resize(int n) {
     stop_all();
     stop_ = false;
-    // New workers must not mistake the last finished region for a new one.
+    // New workers start at the current generation: the last task_ is gone by now.
     const uint64_t gen = generation_;
     for (int i = 1; i < n; ++i) workers_.emplace_back([this, i, gen] { worker_loop(i, gen); });
   }

@@ -1,0 +1,242 @@
+// GEMM: oneDNN's sgemm loaded at run time, and kiln's own blocked kernel (see blas.h).
+#include "backends/cpu/blas.h"
+
+#include <dlfcn.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <type_traits>
+
+#include "backends/cpu/parallel.h"
+
+namespace kiln::cpu {
+namespace {
+
+// ---------------------------------------------------------------------------------------------
+// oneDNN, loaded lazily. Only the two symbols kiln calls are declared (no dnnl.h needed).
+using DnnlSgemmFn = int (*)(char transa, char transb, int64_t m, int64_t n, int64_t k,
+                            float alpha, const float* a, int64_t lda, const float* b,
+                            int64_t ldb, float beta, float* c, int64_t ldc);
+using OmpSetNumThreadsFn = void (*)(int);
+
+struct Dnnl {
+  DnnlSgemmFn sgemm = nullptr;
+  OmpSetNumThreadsFn omp_set_num_threads = nullptr;  // from libgomp, which libdnnl pulls in
+};
+
+const Dnnl& dnnl() {
+  static const Dnnl lib = [] {
+    Dnnl d;
+    if (const char* env = std::getenv("KILN_ONEDNN"); env && std::strcmp(env, "0") == 0) {
+      std::fprintf(stderr, "kiln: KILN_ONEDNN=0: float32 matmul uses kiln's own GEMM kernel\n");
+      return d;
+    }
+    // Must precede the first load of libgomp, which reads it once at start-up.
+    setenv("OMP_WAIT_POLICY", "PASSIVE", /*overwrite=*/0);
+    void* h = dlopen("libdnnl.so.2", RTLD_NOW | RTLD_LOCAL);
+    if (!h) {
+      std::fprintf(stderr,
+                   "kiln: could not load libdnnl.so.2 (%s); float32 matmul uses kiln's own "
+                   "GEMM kernel, which is several times slower (install oneDNN: libdnnl2)\n",
+                   dlerror());
+      return d;
+    }
+    d.sgemm = reinterpret_cast<DnnlSgemmFn>(dlsym(h, "dnnl_sgemm"));
+    d.omp_set_num_threads = reinterpret_cast<OmpSetNumThreadsFn>(dlsym(h, "omp_set_num_threads"));
+    if (!d.sgemm)
+      std::fprintf(stderr,
+                   "kiln: libdnnl.so.2 has no dnnl_sgemm; float32 matmul uses kiln's own GEMM "
+                   "kernel\n");
+    return d;
+  }();
+  return lib;
+}
+
+// OpenMP's thread count is a per-thread setting; remember what this thread last asked for.
+thread_local int t_omp_threads = 0;
+
+// ---------------------------------------------------------------------------------------------
+// kiln's blocked GEMM (the BLIS loop structure): for each NC-column block and KC-deep slice,
+// pack B into NR-wide panels, then for each MR-row panel pack A and run an MR×NR register tile.
+
+// Integers accumulate in the unsigned type so that overflow wraps instead of being UB.
+template <class T> struct Accum { using type = T; };
+template <> struct Accum<int32_t> { using type = uint32_t; };
+template <> struct Accum<int64_t> { using type = uint64_t; };
+
+template <class T> struct Blocking {
+  using U = typename Accum<T>::type;
+  static constexpr int kMR = 6;
+  static constexpr int kNR = 128 / sizeof(T);  // two 64-byte vectors per tile row
+  static constexpr int64_t kKC = 256;
+  // A packed KC×NC block of B fills about half of a 1 MiB L2.
+  static constexpr int64_t kNC = (512 * 1024 / (kKC * sizeof(T))) / kNR * kNR;
+};
+
+// acc = Σ_p ap[p·MR + r] · bp[p·NR + c] over an MR×NR tile, written with explicit 64-byte
+// vectors (the GCC/Clang vector extension): left to the auto-vectoriser, the integer
+// instantiations came out as gathers at ~2 GOP/s.
+template <class U, int MR, int NR>
+inline void micro_kernel(int64_t kc, const U* __restrict ap, const U* __restrict bp,
+                         U (&out)[MR][NR]) {
+  typedef U V __attribute__((vector_size(64)));
+  constexpr int kVL = 64 / sizeof(U), kNV = NR / kVL;
+  static_assert(NR % kVL == 0);
+  V acc[MR][kNV];
+  for (int r = 0; r < MR; ++r)
+    for (int v = 0; v < kNV; ++v) acc[r][v] = V{};
+  for (int64_t p = 0; p < kc; ++p) {
+    V b[kNV];
+    for (int v = 0; v < kNV; ++v) std::memcpy(&b[v], bp + p * NR + v * kVL, sizeof(V));
+    for (int r = 0; r < MR; ++r) {
+      const U av = ap[p * MR + r];
+      for (int v = 0; v < kNV; ++v) acc[r][v] += av * b[v];
+    }
+  }
+  for (int r = 0; r < MR; ++r)
+    for (int v = 0; v < kNV; ++v) std::memcpy(&out[r][v * kVL], &acc[r][v], sizeof(V));
+}
+
+template <class T>
+void scale_c(int64_t m, int64_t n, T beta, T* c, int64_t ldc) {
+  using U = typename Blocking<T>::U;
+  for (int64_t i = 0; i < m; ++i) {
+    T* row = c + i * ldc;
+    if (beta == T(0)) {
+      std::fill(row, row + n, T(0));
+    } else {
+      for (int64_t j = 0; j < n; ++j) row[j] = static_cast<T>(U(beta) * U(row[j]));
+    }
+  }
+}
+
+}  // namespace
+
+template <class T>
+void gemm(int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t rsa, int64_t csa,
+          const T* b, int64_t rsb, int64_t csb, T beta, T* c, int64_t ldc) {
+  using B = Blocking<T>;
+  using U = typename B::U;
+  constexpr int MR = B::kMR, NR = B::kNR;
+  if (m <= 0 || n <= 0) return;
+  if (k <= 0) {
+    scale_c(m, n, beta, c, ldc);
+    return;
+  }
+  const U ua = U(alpha), ub = U(beta);
+  const int64_t m_panels = (m + MR - 1) / MR;
+  // One buffer for a packed KC×NC block of B, shared by all threads.
+  const int64_t nc_max = std::min<int64_t>(B::kNC, (n + NR - 1) / NR * NR);
+  const int64_t kc_max = std::min<int64_t>(B::kKC, k);
+  U* bpack = static_cast<U*>(std::aligned_alloc(64, ((kc_max * nc_max * sizeof(U)) + 63) / 64 * 64));
+  if (!bpack) throw std::bad_alloc();
+
+  for (int64_t jc = 0; jc < n; jc += B::kNC) {
+    const int64_t nc = std::min<int64_t>(B::kNC, n - jc);
+    const int64_t n_panels = (nc + NR - 1) / NR;
+    for (int64_t pc = 0; pc < k; pc += B::kKC) {
+      const int64_t kc = std::min<int64_t>(B::kKC, k - pc);
+      const bool first = pc == 0;
+      // Pack B[pc:pc+kc, jc:jc+nc] as NR-wide panels, zero-padded on the right.
+      for (int64_t jp = 0; jp < n_panels; ++jp) {
+        U* dst = bpack + jp * kc * NR;
+        const int64_t j0 = jc + jp * NR, nr = std::min<int64_t>(NR, n - j0);
+        for (int64_t p = 0; p < kc; ++p) {
+          const T* src = b + (pc + p) * rsb + j0 * csb;
+          U* d = dst + p * NR;
+          if (csb == 1) {
+            for (int64_t q = 0; q < nr; ++q) d[q] = U(src[q]);
+          } else {
+            for (int64_t q = 0; q < nr; ++q) d[q] = U(src[q * csb]);
+          }
+          for (int64_t q = nr; q < NR; ++q) d[q] = U(0);
+        }
+      }
+      // Row panels [mlo, mhi) of this block.
+      auto block = [&](int64_t mlo, int64_t mhi) {
+        alignas(64) U apack[B::kKC * MR];
+        alignas(64) U acc[MR][NR];
+        for (int64_t ip = mlo; ip < mhi; ++ip) {
+          const int64_t i0 = ip * MR, mr = std::min<int64_t>(MR, m - i0);
+          for (int64_t p = 0; p < kc; ++p) {
+            const T* src = a + i0 * rsa + (pc + p) * csa;
+            U* d = apack + p * MR;
+            for (int64_t r = 0; r < mr; ++r) d[r] = U(src[r * rsa]);
+            for (int64_t r = mr; r < MR; ++r) d[r] = U(0);
+          }
+          for (int64_t jp = 0; jp < n_panels; ++jp) {
+            const int64_t j0 = jc + jp * NR, nr = std::min<int64_t>(NR, n - j0);
+            micro_kernel<U, MR, NR>(kc, apack, bpack + jp * kc * NR, acc);
+            for (int64_t r = 0; r < mr; ++r) {
+              T* crow = c + (i0 + r) * ldc + j0;
+              if (!first) {
+                for (int64_t q = 0; q < nr; ++q) crow[q] = T(U(crow[q]) + ua * acc[r][q]);
+              } else if (ub == U(0)) {
+                for (int64_t q = 0; q < nr; ++q) crow[q] = T(ua * acc[r][q]);
+              } else {
+                for (int64_t q = 0; q < nr; ++q) crow[q] = T(ub * U(crow[q]) + ua * acc[r][q]);
+              }
+            }
+          }
+        }
+      };
+      // Small blocks run inline; large ones split their row panels across the pool.
+      if (m * nc * kc < (int64_t{1} << 23) || num_threads() == 1) {  // 16 MFLOP, as matmul.cpp
+        block(0, m_panels);
+      } else {
+        parallel_for(0, m_panels, 1, [&](int64_t lo, int64_t hi) { block(lo, hi); });
+      }
+    }
+  }
+  std::free(bpack);
+}
+
+template void gemm<float>(int64_t, int64_t, int64_t, float, const float*, int64_t, int64_t,
+                          const float*, int64_t, int64_t, float, float*, int64_t);
+template void gemm<double>(int64_t, int64_t, int64_t, double, const double*, int64_t, int64_t,
+                           const double*, int64_t, int64_t, double, double*, int64_t);
+template void gemm<int32_t>(int64_t, int64_t, int64_t, int32_t, const int32_t*, int64_t,
+                            int64_t, const int32_t*, int64_t, int64_t, int32_t, int32_t*,
+                            int64_t);
+template void gemm<int64_t>(int64_t, int64_t, int64_t, int64_t, const int64_t*, int64_t,
+                            int64_t, const int64_t*, int64_t, int64_t, int64_t, int64_t*,
+                            int64_t);
+
+bool onednn_available() { return dnnl().sgemm != nullptr; }
+
+bool sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+           const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
+           int64_t ldc, int threads) noexcept {
+  if (m <= 0 || n <= 0) return true;
+  if (k <= 0) {
+    scale_c(m, n, beta, c, ldc);
+    return true;
+  }
+  const Dnnl& d = dnnl();
+  if (!d.sgemm) {
+    // Element strides of op(A) and op(B) for the fallback.
+    int64_t rsa = trans_a ? 1 : lda, csa = trans_a ? lda : 1;
+    int64_t rsb = trans_b ? 1 : ldb, csb = trans_b ? ldb : 1;
+    gemm<float>(m, n, k, alpha, a, rsa, csa, b, rsb, csb, beta, c, ldc);
+    return true;
+  }
+  // OpenMP's thread count is a per-thread setting: kiln keeps it at num_threads() on threads
+  // that call matmul, switching to `threads` only for the duration of this call.
+  const int normal = num_threads();
+  if (threads <= 0) threads = normal;
+  auto set_threads = [&](int t) {
+    if (d.omp_set_num_threads && t != t_omp_threads) {
+      d.omp_set_num_threads(t);
+      t_omp_threads = t;
+    }
+  };
+  set_threads(threads);
+  const int status = d.sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', m, n, k, alpha, a, lda, b,
+                             ldb, beta, c, ldc);
+  set_threads(normal);
+  return status == 0;
+}
+
+}  // namespace kiln::cpu

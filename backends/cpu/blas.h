@@ -1,0 +1,42 @@
+#pragma once
+/// GEMM for the CPU backend: float32 through oneDNN's dnnl_sgemm, and kiln's own cache-blocked
+/// kernel for every numeric dtype (and for float32 when oneDNN is missing).
+///
+/// oneDNN is not linked: libdnnl.so.2 is dlopen'ed on the first call, after
+/// setenv("OMP_WAIT_POLICY", "PASSIVE", 0). Debian's oneDNN runs on GNU OpenMP, whose default
+/// wait policy spins and made 2 threads slower than 1 on 2-vCPU machines
+/// (notes/cpu-performance.md); the variable only takes effect if it is set before libgomp
+/// initialises, i.e. before libdnnl (which pulls libgomp in) is loaded. A value the user set
+/// wins (overwrite = 0).
+#include <cstdint>
+
+namespace kiln::cpu {
+
+/// Row-major C = alpha · op(A) · op(B) + beta · C with op(A) m×k, op(B) k×n, C m×n, where
+/// op(X) = X, or Xᵀ when trans_x is set (BLAS sgemm conventions in row-major storage: A is
+/// stored with leading dimension lda ≥ k, or ≥ m when transposed; B with ldb ≥ n, or ≥ k
+/// when transposed; ldc ≥ n). beta == 0 overwrites C (NaNs already in C do not propagate);
+/// k == 0 gives C = beta · C.
+///
+/// Calls dnnl_sgemm directly (this is the call kiln::matmul makes for a 2-D float32 product,
+/// so benchmarks can time it as the "direct BLAS" reference), on `threads` OpenMP threads
+/// (0: kiln's num_threads()). Without oneDNN it runs kiln's blocked kernel (gemm<float>).
+/// Returns false, writing nothing, if oneDNN rejects the arguments (a bad leading dimension).
+bool sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+           const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
+           int64_t ldc, int threads = 0) noexcept;
+
+/// Whether float32 GEMM goes through oneDNN. Loads libdnnl.so.2 on the first call; if that
+/// fails, says so once on stderr and returns false from then on.
+bool onednn_available();
+
+/// kiln's cache-blocked GEMM on arbitrary element strides (0 allowed, e.g. broadcasts):
+///   C[i·ldc + j] = alpha · Σ_p A[i·rsa + p·csa] · B[p·rsb + j·csb] + beta · C[i·ldc + j]
+/// for i < m, j < n. beta == 0 overwrites C. T is float, double, int32_t or int64_t; integer
+/// products wrap (two's complement). Packs panels of A and B, computes MR×NR register tiles,
+/// and splits rows across the thread pool when the product is large.
+template <class T>
+void gemm(int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t rsa, int64_t csa,
+          const T* b, int64_t rsb, int64_t csb, T beta, T* c, int64_t ldc);
+
+}  // namespace kiln::cpu

@@ -1,0 +1,220 @@
+// cat / stack / split / chunk and the index ops, with known values.
+#include <catch2/catch.hpp>
+
+#include <vector>
+
+#include "kiln/kiln.h"
+
+using namespace kiln;
+
+namespace {
+using F = std::vector<float>;
+using L = std::vector<int64_t>;
+
+// The kiln::Error message of running fn, or "" if it did not throw.
+template <class Fn> std::string error_of(Fn&& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.message();
+  }
+  return "";
+}
+}  // namespace
+
+TEST_CASE("cat along dims, promotion, strided and empty inputs") {
+  Tensor a = tensor({{1.f, 2.f}, {3.f, 4.f}});
+  Tensor b = tensor({{5.f, 6.f}});
+  Tensor c0 = cat({a, b}, 0);
+  CHECK(c0.shape() == Shape{3, 2});
+  CHECK(c0.to_vector<float>() == F{1, 2, 3, 4, 5, 6});
+  Tensor col = tensor({{7.f}, {8.f}});
+  Tensor c1 = cat({a, col}, -1);
+  CHECK(c1.shape() == Shape{2, 3});
+  CHECK(c1.to_vector<float>() == F{1, 2, 7, 3, 4, 8});
+  // int32 + float32 promotes; a transposed input is read through its strides.
+  Tensor ints = tensor({{10, 20}, {30, 40}});
+  Tensor mixed = cat({a.t(), ints}, 1);
+  CHECK(mixed.dtype() == DType::Float32);
+  CHECK(mixed.to_vector<float>() == F{1, 3, 10, 20, 2, 4, 30, 40});
+  // Empty inputs contribute nothing.
+  Tensor e = cat({zeros({0, 2}), a, zeros({0, 2})}, 0);
+  CHECK(e.to_vector<float>() == F{1, 2, 3, 4});
+  CHECK(cat({zeros({0, 2}), zeros({0, 2})}, 0).shape() == Shape{0, 2});
+  // 3-D along the middle dim.
+  Tensor x = arange(8).view({2, 2, 2}), y = arange(8, 12).view({2, 1, 2});
+  CHECK(cat({x, y}, 1).to_vector<int64_t>() == L{0, 1, 2, 3, 8, 9, 4, 5, 6, 7, 10, 11});
+  // bool
+  CHECK(cat({tensor({true}), tensor({false, true})}).to_vector<bool>() ==
+        std::vector<bool>{true, false, true});
+  std::string msg = error_of([&] { cat({a, tensor({{1.f, 2.f, 3.f}})}, 0); });
+  CHECK_THAT(msg, Catch::Contains("[2, 2]") && Catch::Contains("[1, 3]"));
+  CHECK_THROWS_AS(cat({scalar_tensor(1.f)}), Error);
+  CHECK_THROWS_AS(cat({}), Error);
+  CHECK_THROWS_AS(cat({a, b}, 2), Error);
+}
+
+TEST_CASE("stack, split and chunk values") {
+  Tensor a = tensor({1, 2, 3}), b = tensor({4, 5, 6});
+  Tensor s0 = stack({a, b});
+  CHECK(s0.shape() == Shape{2, 3});
+  CHECK(s0.to_vector<int32_t>() == std::vector<int32_t>{1, 2, 3, 4, 5, 6});
+  Tensor s1 = stack({a, b}, 1);
+  CHECK(s1.shape() == Shape{3, 2});
+  CHECK(s1.to_vector<int32_t>() == std::vector<int32_t>{1, 4, 2, 5, 3, 6});
+  CHECK_THROWS_AS(stack({a, tensor({1, 2})}), Error);
+
+  Tensor r = arange(7);
+  std::vector<Tensor> parts = split(r, 3);
+  REQUIRE(parts.size() == 3);
+  CHECK(parts[0].to_vector<int64_t>() == L{0, 1, 2});
+  CHECK(parts[1].to_vector<int64_t>() == L{3, 4, 5});
+  CHECK(parts[2].to_vector<int64_t>() == L{6});
+  std::vector<Tensor> sized = split(r, std::vector<int64_t>{2, 0, 5});
+  REQUIRE(sized.size() == 3);
+  CHECK(sized[0].to_vector<int64_t>() == L{0, 1});
+  CHECK(sized[1].numel() == 0);
+  CHECK(sized[2].to_vector<int64_t>() == L{2, 3, 4, 5, 6});
+  CHECK_THROWS_AS(split(r, std::vector<int64_t>{2, 2}), Error);
+  std::vector<Tensor> ch = chunk(r, 3);
+  REQUIRE(ch.size() == 3);
+  CHECK(ch[0].to_vector<int64_t>() == L{0, 1, 2});
+  CHECK(ch[2].to_vector<int64_t>() == L{6});
+  Tensor m = arange(6).view({2, 3});
+  std::vector<Tensor> cols = chunk(m, 2, 1);
+  REQUIRE(cols.size() == 2);
+  CHECK(cols[0].to_vector<int64_t>() == L{0, 1, 3, 4});
+  CHECK(cols[1].to_vector<int64_t>() == L{2, 5});
+  // split then cat is the identity.
+  CHECK(cat(split(m, 1, 1), 1).to_vector<int64_t>() == L{0, 1, 2, 3, 4, 5});
+}
+
+TEST_CASE("index_select") {
+  Tensor x = arange(12).view({3, 4});
+  CHECK(index_select(x, 0, tensor({2, 0}, {Int64})).to_vector<int64_t>() ==
+        L{8, 9, 10, 11, 0, 1, 2, 3});
+  Tensor cols = index_select(x, 1, tensor({3, 1, 1}));  // int32 index
+  CHECK(cols.shape() == Shape{3, 3});
+  CHECK(cols.to_vector<int64_t>() == L{3, 1, 1, 7, 5, 5, 11, 9, 9});
+  CHECK(index_select(x, -1, tensor({3})).to_vector<int64_t>() == L{3, 7, 11});
+  // 0-d index keeps the dim with size 1; an empty index gives an empty dim.
+  Tensor one = index_select(x, 0, scalar_tensor(1, {Int64}));
+  CHECK(one.shape() == Shape{1, 4});
+  CHECK(one.to_vector<int64_t>() == L{4, 5, 6, 7});
+  CHECK(index_select(x, 0, zeros({0}, {Int64})).shape() == Shape{0, 4});
+  // Transposed input and a strided index.
+  Tensor xt = x.t();  // [4, 3]
+  Tensor idx = tensor({2, 9, 0, 9}, {Int64}).slice(0, 0, 4, 2);  // [2, 0]
+  CHECK(index_select(xt, 0, idx).to_vector<int64_t>() == L{2, 6, 10, 0, 4, 8});
+  CHECK(index_select(xt, 1, idx).to_vector<int64_t>() == L{8, 0, 9, 1, 10, 2, 11, 3});
+  // 0-d input.
+  CHECK(index_select(scalar_tensor(5.f), 0, tensor({0})).item<float>() == 5.f);
+
+  std::string msg = error_of([&] { index_select(x, 0, tensor({1, 3})); });
+  CHECK_THAT(msg, Catch::Contains("index 3") && Catch::Contains("size 3"));
+  msg = error_of([&] { index_select(x, 1, tensor({-1}, {Int64})); });
+  CHECK_THAT(msg, Catch::Contains("index -1") && Catch::Contains("negative"));
+  CHECK_THROWS_AS(index_select(x, 0, tensor({0.f})), Error);           // float index
+  CHECK_THROWS_AS(index_select(x, 0, tensor({{0, 1}}, {Int64})), Error);  // 2-D index
+  CHECK_THROWS_AS(index_select(x, 2, tensor({0})), Error);
+}
+
+TEST_CASE("FC-19: index_select with a repeated index") {
+  Tensor y = tensor({{1.f, 1.f}, {5.f, 5.f}});
+  Tensor idx = tensor({0, 0}, {Int64});
+  Tensor z = y.index_select(0, idx);
+  CHECK(z.shape() == Shape{2, 2});
+  CHECK(z.to_vector<float>() == F{1, 1, 1, 1});
+  CHECK(y.to_vector<float>() == F{1, 1, 5, 5});  // the input is untouched
+}
+
+TEST_CASE("gather") {
+  Tensor x = tensor({{1, 2}, {3, 4}});
+  CHECK(gather(x, 1, tensor({{0, 0}, {1, 0}}, {Int64})).to_vector<int32_t>() ==
+        std::vector<int32_t>{1, 1, 4, 3});
+  CHECK(gather(x, 0, tensor({{1, 0}, {0, 0}}, {Int64})).to_vector<int32_t>() ==
+        std::vector<int32_t>{3, 2, 1, 2});
+  // Index smaller than the input in the other dims; int32 index; transposed input.
+  Tensor m = arange(9, {Float32}).view({3, 3});
+  Tensor g = gather(m, 1, tensor({{0}, {2}}));
+  CHECK(g.shape() == Shape{2, 1});
+  CHECK(g.to_vector<float>() == F{0, 5});
+  CHECK(gather(m.t(), 1, tensor({{2, 1}, {0, 0}})).to_vector<float>() == F{6, 3, 1, 1});
+  // More index entries along dim than the input has.
+  CHECK(gather(tensor({7.f, 8.f}), 0, tensor({1, 1, 0, 1})).to_vector<float>() == F{8, 8, 7, 8});
+  CHECK(gather(x, 0, zeros({0, 2}, {Int64})).shape() == Shape{0, 2});
+
+  std::string msg = error_of([&] { gather(x, 1, tensor({{0, 2}, {0, 0}})); });
+  CHECK_THAT(msg, Catch::Contains("index 2") && Catch::Contains("size 2"));
+  CHECK_THROWS_AS(gather(x, 1, tensor({{-1, 0}, {0, 0}})), Error);
+  CHECK_THROWS_AS(gather(x, 1, tensor({0, 1})), Error);  // rank mismatch
+}
+
+TEST_CASE("embedding") {
+  Tensor w = arange(8, {Float32}).view({4, 2});
+  Tensor e = embedding(w, tensor({{3, 0}, {1, 1}}, {Int64}));
+  CHECK(e.shape() == Shape{2, 2, 2});
+  CHECK(e.to_vector<float>() == F{6, 7, 0, 1, 2, 3, 2, 3});
+  CHECK(embedding(w, scalar_tensor(2, {Int64})).to_vector<float>() == F{4, 5});
+  CHECK(embedding(w, tensor({2})).shape() == Shape{1, 2});  // int32 indices
+  CHECK(embedding(w, zeros({0}, {Int64})).shape() == Shape{0, 2});
+  // A transposed table.
+  Tensor wt = arange(8, {Float32}).view({2, 4}).t();  // [4, 2]: rows (0,4), (1,5), ...
+  CHECK(embedding(wt, tensor({3, 1})).to_vector<float>() == F{3, 7, 1, 5});
+  std::string msg = error_of([&] { embedding(w, tensor({0, 4})); });
+  CHECK_THAT(msg, Catch::Contains("index 4") && Catch::Contains("size 4"));
+  CHECK_THROWS_AS(embedding(w, tensor({-2})), Error);
+  CHECK_THROWS_AS(embedding(arange(4, {Float32}), tensor({0})), Error);
+}
+
+TEST_CASE("one_hot") {
+  Tensor o = one_hot(tensor({0, 2, 1}, {Int64}), 3);
+  CHECK(o.dtype() == DType::Int64);
+  CHECK(o.shape() == Shape{3, 3});
+  CHECK(o.to_vector<int64_t>() == L{1, 0, 0, 0, 0, 1, 0, 1, 0});
+  Tensor o2 = one_hot(tensor({{1, 0}, {1, 1}}, {Int64}).t(), 2);  // [[1, 1], [0, 1]], strided
+  CHECK(o2.shape() == Shape{2, 2, 2});
+  CHECK(o2.to_vector<int64_t>() == L{0, 1, 0, 1, 1, 0, 0, 1});
+  CHECK(one_hot(scalar_tensor(1, {Int64}), 4).to_vector<int64_t>() == L{0, 1, 0, 0});
+  std::string msg = error_of([&] { one_hot(tensor({0, 3}, {Int64}), 3); });
+  CHECK_THAT(msg, Catch::Contains("index 3") && Catch::Contains("3"));
+  CHECK_THROWS_AS(one_hot(tensor({-1}, {Int64}), 3), Error);
+  CHECK_THROWS_AS(one_hot(tensor({0}), 3), Error);  // int32 rejected, as in PyTorch
+}
+
+TEST_CASE("masked_fill") {
+  Tensor x = tensor({{1.f, 2.f}, {3.f, 4.f}});
+  Tensor col_mask = tensor({true, false});  // broadcast over rows: column 0
+  CHECK(masked_fill(x, col_mask, 9.f).to_vector<float>() == F{9, 2, 9, 4});
+  Tensor row_mask = tensor({{false}, {true}});
+  CHECK(masked_fill(x, row_mask, -1).to_vector<float>() == F{1, 2, -1, -1});
+  CHECK(masked_fill(x.t(), tensor({{true, false}, {false, false}}), 0.5)
+            .to_vector<float>() == F{0.5, 3, 2, 4});
+  CHECK(masked_fill(tensor({1, 2, 3}, {Int64}), tensor({false, true, true}), 7)
+            .to_vector<int64_t>() == L{1, 7, 7});
+  CHECK(masked_fill(x, scalar_tensor(true), 0).to_vector<float>() == F{0, 0, 0, 0});
+  CHECK(x.to_vector<float>() == F{1, 2, 3, 4});
+  CHECK_THROWS_AS(masked_fill(x, tensor({1, 0}), 0), Error);                  // not bool
+  CHECK_THROWS_AS(masked_fill(tensor({1.f, 2.f}), tensor({{true, false}, {true, true}}), 0),
+                  Error);  // mask does not broadcast to x
+}
+
+TEST_CASE("tril and triu") {
+  Tensor x = arange(1, 13).view({3, 4});
+  // 1 2 3 4 / 5 6 7 8 / 9 10 11 12
+  CHECK(tril(x).to_vector<int64_t>() == L{1, 0, 0, 0, 5, 6, 0, 0, 9, 10, 11, 0});
+  CHECK(tril(x, 1).to_vector<int64_t>() == L{1, 2, 0, 0, 5, 6, 7, 0, 9, 10, 11, 12});
+  CHECK(tril(x, -1).to_vector<int64_t>() == L{0, 0, 0, 0, 5, 0, 0, 0, 9, 10, 0, 0});
+  CHECK(triu(x).to_vector<int64_t>() == L{1, 2, 3, 4, 0, 6, 7, 8, 0, 0, 11, 12});
+  CHECK(triu(x, 2).to_vector<int64_t>() == L{0, 0, 3, 4, 0, 0, 0, 8, 0, 0, 0, 0});
+  CHECK(triu(x, -1).to_vector<int64_t>() == L{1, 2, 3, 4, 5, 6, 7, 8, 0, 10, 11, 12});
+  CHECK(tril(x, -5).to_vector<int64_t>() == L(12, 0));
+  CHECK(triu(x, 10).to_vector<int64_t>() == L(12, 0));
+  // Batched and transposed.
+  Tensor b = arange(8, {Float32}).view({2, 2, 2});
+  CHECK(tril(b).to_vector<float>() == F{0, 0, 2, 3, 4, 0, 6, 7});
+  CHECK(triu(b.transpose(1, 2)).to_vector<float>() == F{0, 2, 0, 3, 4, 6, 0, 7});
+  CHECK(tril(ones({2, 2}, {Bool})).to_vector<bool>() == std::vector<bool>{true, false, true, true});
+  CHECK(tril(zeros({0, 3})).shape() == Shape{0, 3});
+  CHECK_THROWS_AS(tril(arange(3)), Error);
+}

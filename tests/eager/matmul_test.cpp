@@ -1,0 +1,353 @@
+// matmul / bmm / addmm / linear against a float64 reference computed here, and the GEMM
+// kernels of backends/cpu/blas.h called directly.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstdlib>
+#include <vector>
+
+#include "backends/cpu/blas.h"
+#include "backends/cpu/parallel.h"
+#include "kiln/kiln.h"
+
+using namespace kiln;
+
+namespace {
+
+// Deterministic test values in [-1, 1) that are not all equal (no RNG dependence).
+std::vector<double> values(int64_t n, int salt) {
+  std::vector<double> v(n);
+  for (int64_t i = 0; i < n; ++i) v[i] = std::fmod(0.37 * (i + 1) * (salt + 3) + 0.11 * salt, 2.0) - 1.0;
+  return v;
+}
+
+// Integer dtypes get integers in [-10, 10].
+Tensor make(const Shape& s, DType t, int salt) {
+  std::vector<double> v = values(numel(s), salt);
+  if (!is_floating(t))
+    for (double& x : v) x = std::round(10 * x);
+  return from_vector(v, s).to(t);
+}
+
+// Row-major element of `v` (shape s) at multi-index idx, broadcasting size-1 / missing dims.
+double at(const std::vector<double>& v, const Shape& s, const std::vector<int64_t>& idx) {
+  int64_t off = 0, stride = 1;
+  int lead = static_cast<int>(idx.size()) - s.size();
+  for (int d = s.size() - 1; d >= 0; --d) {
+    int64_t i = s[d] == 1 ? 0 : idx[d + lead];
+    off += i * stride;
+    stride *= s[d];
+  }
+  return v[off];
+}
+
+// NumPy matmul semantics in float64, written independently of the kernel.
+std::vector<double> ref_matmul(const Tensor& x, const Tensor& y, Shape& out_shape) {
+  Shape xs = x.shape(), ys = y.shape();
+  std::vector<double> xv = x.to_vector<double>(), yv = y.to_vector<double>();
+  bool x1 = xs.size() == 1, y1 = ys.size() == 1;
+  if (x1) xs = Shape{1, xs[0]};
+  if (y1) ys = Shape{ys[0], 1};
+  int64_t m = xs[xs.size() - 2], k = xs.back(), n = ys.back();
+  Shape xb, yb;
+  for (int i = 0; i + 2 < xs.size(); ++i) xb.push_back(xs[i]);
+  for (int i = 0; i + 2 < ys.size(); ++i) yb.push_back(ys[i]);
+  int r = std::max(xb.size(), yb.size());
+  Shape batch = Dims::filled(r, 1);
+  for (int i = 0; i < r; ++i) {
+    int ix = i - (r - xb.size()), iy = i - (r - yb.size());
+    int64_t a = ix >= 0 ? xb[ix] : 1, b = iy >= 0 ? yb[iy] : 1;
+    batch[i] = a == 1 ? b : a;
+  }
+  std::vector<double> out;
+  std::vector<int64_t> bidx(r, 0);
+  for (int64_t bi = 0; bi < numel(batch); ++bi) {
+    int64_t rem = bi;
+    for (int d = r - 1; d >= 0; --d) bidx[d] = rem % batch[d], rem /= batch[d];
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < n; ++j) {
+        double s = 0;
+        for (int64_t p = 0; p < k; ++p) {
+          std::vector<int64_t> ia = bidx, ib = bidx;
+          ia.insert(ia.end(), {i, p});
+          ib.insert(ib.end(), {p, j});
+          s += at(xv, xs, ia) * at(yv, ys, ib);
+        }
+        out.push_back(s);
+      }
+  }
+  out_shape = batch;
+  if (!x1) out_shape.push_back(m);
+  if (!y1) out_shape.push_back(n);
+  return out;
+}
+
+void check_matmul(const Tensor& x, const Tensor& y, double tol) {
+  Shape want_shape;
+  std::vector<double> want = ref_matmul(x, y, want_shape);
+  Tensor z = matmul(x, y);
+  INFO("x " << to_string(x.shape()) << " y " << to_string(y.shape()));
+  REQUIRE(z.shape() == want_shape);
+  std::vector<double> got = z.to_vector<double>();
+  REQUIRE(got.size() == want.size());
+  for (size_t i = 0; i < got.size(); ++i) CHECK(got[i] == Approx(want[i]).margin(tol));
+}
+
+}  // namespace
+
+TEST_CASE("matmul 2-D known values") {
+  Tensor a = tensor({{1.f, 2.f, 3.f}, {4.f, 5.f, 6.f}});
+  Tensor b = tensor({{7.f, 8.f}, {9.f, 10.f}, {11.f, 12.f}});
+  Tensor c = matmul(a, b);
+  CHECK(c.shape() == Shape{2, 2});
+  CHECK(c.dtype() == DType::Float32);
+  CHECK(c.to_vector<float>() == std::vector<float>{58, 64, 139, 154});
+}
+
+TEST_CASE("matmul shapes and broadcasting against a float64 reference") {
+  for (DType t : {DType::Float32, DType::Float64}) {
+    double tol = t == DType::Float32 ? 1e-4 : 1e-12;
+    INFO("dtype " << name(t));
+    check_matmul(make({5, 7}, t, 1), make({7, 3}, t, 2), tol);
+    check_matmul(make({7}, t, 1), make({7}, t, 2), tol);            // dot -> 0-d
+    check_matmul(make({7}, t, 3), make({7, 4}, t, 4), tol);         // vec @ mat
+    check_matmul(make({4, 7}, t, 5), make({7}, t, 6), tol);         // mat @ vec
+    check_matmul(make({2, 1, 3, 4}, t, 7), make({5, 4, 2}, t, 8), tol);  // -> [2, 5, 3, 2]
+    check_matmul(make({3, 4, 6}, t, 9), make({6, 5}, t, 10), tol);  // folds into one GEMM
+    check_matmul(make({6}, t, 11), make({3, 6, 2}, t, 12), tol);    // vec @ batch
+    check_matmul(make({3, 2, 6}, t, 13), make({6}, t, 14), tol);    // batch @ vec
+    check_matmul(make({6}, t, 19), make({6, 2}, t, 20).expand({3, 6, 2}), tol);
+    check_matmul(make({3, 5, 4}, t, 21).transpose(1, 2), make({5, 2}, t, 22), tol);  // no fold
+    check_matmul(make({2, 3, 4, 6}, t, 23).slice(2, 0, 4, 2), make({6, 5}, t, 24), tol);
+    check_matmul(make({1, 1}, t, 15), make({1, 1}, t, 16), tol);
+    // Larger than one cache block in every dim (exercises blocking and threading).
+    check_matmul(make({67, 300}, t, 17), make({300, 45}, t, 18), t == DType::Float32 ? 1e-3 : 1e-10);
+  }
+  Tensor z = matmul(make({7}, Float32, 1), make({7}, Float32, 2));
+  CHECK(z.dim() == 0);
+  Tensor w = matmul(make({2, 1, 3, 4}, Float32, 1), make({5, 4, 2}, Float32, 2));
+  CHECK(w.shape() == Shape{2, 5, 3, 2});
+}
+
+TEST_CASE("matmul of transposed and strided views") {
+  for (DType t : {DType::Float32, DType::Float64, DType::Int64}) {
+    INFO("dtype " << name(t));
+    double tol = t == DType::Float32 ? 1e-4 : 1e-9;
+    Tensor a = make({6, 5}, t, 1);  // a.t() is [5, 6] with unit row stride
+    Tensor b = make({4, 6}, t, 2);
+    check_matmul(a.t(), b.t(), tol);
+    check_matmul(a.t(), make({6, 3}, t, 3), tol);
+    check_matmul(make({3, 6}, t, 4), b.t().slice(1, 0, 3), tol);
+    // No unit stride in either dim: a step-2 slice of a transpose.
+    Tensor s = make({8, 10}, t, 5).slice(1, 0, 10, 2).slice(0, 0, 8, 2);  // [4, 5]
+    check_matmul(s, make({5, 3}, t, 6), tol);
+    check_matmul(make({3, 4}, t, 7), s, tol);
+    // Batched transposes and an expanded (stride-0) batch.
+    Tensor bt = make({3, 4, 5}, t, 8).transpose(1, 2);  // [3, 5, 4]
+    check_matmul(bt, make({3, 4, 2}, t, 9), tol);
+    check_matmul(make({2, 5}, t, 10).expand({3, 2, 5}), bt, tol);
+    // Strided 1-D operands.
+    check_matmul(make({10}, t, 11).slice(0, 0, 10, 2), make({5}, t, 12), tol);
+    check_matmul(make({5, 3}, t, 13).select(1, 1), make({5, 2}, t, 14), tol);
+  }
+}
+
+TEST_CASE("matmul integer dtypes are exact") {
+  Tensor a = tensor({{1, 2, 3}, {4, 5, 6}}, {Int64});
+  Tensor b = tensor({{7, 8}, {9, 10}, {11, 12}}, {Int64});
+  Tensor c = matmul(a, b);
+  CHECK(c.dtype() == DType::Int64);
+  CHECK(c.to_vector<int64_t>() == std::vector<int64_t>{58, 64, 139, 154});
+  Tensor ai = tensor({{1, 2, 3}, {4, 5, 6}});  // int32
+  CHECK(matmul(ai, ai.t()).dtype() == DType::Int32);
+  CHECK(matmul(ai, ai.t()).to_vector<int32_t>() == std::vector<int32_t>{14, 32, 32, 77});
+  // Large values beyond float precision stay exact.
+  Tensor big1 = tensor({(int64_t{1} << 30) + 1, int64_t{3}});
+  Tensor big2 = tensor({(int64_t{1} << 20) + 1, int64_t{5}});
+  CHECK(matmul(big1, big2).item<int64_t>() ==
+        (int64_t{1} << 50) + (int64_t{1} << 30) + (int64_t{1} << 20) + 1 + 15);
+  // Mixed dtypes promote: int32 @ float32 is float32.
+  Tensor f = tensor({{1.f}, {2.f}, {3.f}});
+  Tensor mixed = matmul(ai, f);
+  CHECK(mixed.dtype() == DType::Float32);
+  CHECK(mixed.to_vector<float>() == std::vector<float>{14, 32});
+  std::vector<int64_t> iv(9 * 70), jv(70 * 11);
+  for (size_t i = 0; i < iv.size(); ++i) iv[i] = static_cast<int64_t>(i * 7 % 23) - 11;
+  for (size_t i = 0; i < jv.size(); ++i) jv[i] = static_cast<int64_t>(i * 5 % 19) - 9;
+  check_matmul(from_vector(iv, {9, 70}), from_vector(jv, {70, 11}), 0);
+  check_matmul(from_vector(iv, {9, 70}).to(Int32).t(), from_vector(iv, {9, 70}).to(Int32), 0);
+}
+
+TEST_CASE("matmul with an empty inner dim gives zeros, empty outer dims give empty") {
+  for (DType t : {DType::Float32, DType::Float64, DType::Int32}) {
+    Tensor z = matmul(zeros({3, 0}, {t}), zeros({0, 4}, {t}));
+    CHECK(z.shape() == Shape{3, 4});
+    CHECK(z.to_vector<double>() == std::vector<double>(12, 0.0));
+    CHECK(matmul(zeros({0, 5}, {t}), zeros({5, 4}, {t})).shape() == Shape{0, 4});
+    CHECK(matmul(zeros({2, 0, 5}, {t}), zeros({5, 4}, {t})).shape() == Shape{2, 0, 4});
+    CHECK(matmul(zeros({0}, {t}), zeros({0}, {t})).item<double>() == 0.0);
+  }
+}
+
+TEST_CASE("matmul errors name both shapes") {
+  try {
+    matmul(zeros({2, 3}), zeros({4, 5}));
+    FAIL("expected kiln::Error");
+  } catch (const Error& e) {
+    CHECK(e.op() == "matmul");
+    CHECK_THAT(e.message(), Catch::Contains("[2, 3]") && Catch::Contains("[4, 5]"));
+  }
+  CHECK_THROWS_AS(matmul(zeros({2, 2, 3}), zeros({3, 3, 2})), Error);  // batch 2 vs 3
+  CHECK_THROWS_AS(matmul(zeros({}), zeros({2})), Error);
+  CHECK_THROWS_AS(matmul(zeros({2}, {Bool}), zeros({2}, {Bool})), Error);
+  CHECK_THROWS_AS(bmm(zeros({2, 2, 3}), zeros({3, 3, 2})), Error);
+  CHECK_THROWS_AS(bmm(zeros({2, 3}), zeros({3, 2})), Error);
+}
+
+TEST_CASE("bmm") {
+  Tensor a = make({4, 3, 5}, Float32, 1), b = make({4, 5, 2}, Float32, 2);
+  Tensor c = bmm(a, b);
+  CHECK(c.shape() == Shape{4, 3, 2});
+  Shape s;
+  std::vector<double> want = ref_matmul(a, b, s);
+  std::vector<double> got = c.to_vector<double>();
+  for (size_t i = 0; i < got.size(); ++i) CHECK(got[i] == Approx(want[i]).margin(1e-5));
+}
+
+TEST_CASE("addmm: beta * bias + alpha * (a @ b), bias broadcast") {
+  Tensor a = tensor({{1.f, 2.f}, {3.f, 4.f}});
+  Tensor b = tensor({{5.f, 6.f}, {7.f, 8.f}});  // a@b = [[19, 22], [43, 50]]
+  Tensor bias = tensor({1.f, -1.f});
+  CHECK(addmm(bias, a, b).to_vector<float>() == std::vector<float>{20, 21, 44, 49});
+  CHECK(addmm(bias, a, b, 2, 0.5).to_vector<float>() ==
+        std::vector<float>{11.5f, 9.f, 23.5f, 23.f});
+  Tensor col = tensor({{10.f}, {20.f}});
+  CHECK(addmm(col, a, b, 1, 1).to_vector<float>() == std::vector<float>{29, 32, 63, 70});
+  // beta = 0 ignores the bias, NaNs included.
+  Tensor nan_bias = full({2, 2}, std::nan(""));
+  CHECK(addmm(nan_bias, a, b, 0, 1).to_vector<float>() == std::vector<float>{19, 22, 43, 50});
+  // float64 and int64 through kiln's own kernel; a transposed operand.
+  Tensor ad = a.to(Float64), bd = b.to(Float64);
+  CHECK(addmm(scalar_tensor(0.5, {Float64}), ad.t(), bd, 2, 3).to_vector<double>() ==
+        std::vector<double>{3 * 26 + 1, 3 * 30 + 1, 3 * 38 + 1, 3 * 44 + 1});
+  Tensor ai = a.to(Int64), bi = b.to(Int64);
+  CHECK(addmm(tensor({1, 2}, {Int64}), ai, bi, 3, 2).to_vector<int64_t>() ==
+        std::vector<int64_t>{41, 50, 89, 106});
+  // Empty inner dim: the result is beta * bias.
+  CHECK(addmm(bias, zeros({2, 0}), zeros({0, 2}), 3, 1).to_vector<float>() ==
+        std::vector<float>{3, -3, 3, -3});
+  // A dtype mismatch promotes (int bias, float matrices).
+  CHECK(addmm(tensor({1, 1}), a, b).to_vector<float>() == std::vector<float>{20, 23, 44, 51});
+  CHECK_THROWS_AS(addmm(zeros({3}), a, b), Error);
+  CHECK_THROWS_AS(addmm(zeros({2}), zeros({2, 2, 2}), b), Error);
+}
+
+TEST_CASE("linear: x @ weight^T + bias") {
+  Tensor w = make({3, 4}, Float32, 1);  // [out, in]
+  Tensor bias = tensor({0.5f, -1.f, 2.f});
+  Tensor x = make({5, 4}, Float32, 2);
+  Shape s;
+  std::vector<double> xw = ref_matmul(x, w.t(), s);
+  std::vector<float> bv = bias.to_vector<float>();
+  std::vector<double> got = linear(x, w, bias).to_vector<double>();
+  REQUIRE(got.size() == 15);
+  for (int i = 0; i < 5; ++i)
+    for (int j = 0; j < 3; ++j) CHECK(got[i * 3 + j] == Approx(xw[i * 3 + j] + bv[j]).margin(1e-5));
+  // Batched input without bias folds into one GEMM with a transposed weight.
+  Tensor x3 = make({2, 5, 4}, Float32, 3);
+  std::vector<double> want3 = ref_matmul(x3, w.t(), s);
+  Tensor y3 = linear(x3, w);
+  CHECK(y3.shape() == Shape{2, 5, 3});
+  std::vector<double> got3 = y3.to_vector<double>();
+  for (size_t i = 0; i < got3.size(); ++i) CHECK(got3[i] == Approx(want3[i]).margin(1e-5));
+  CHECK_THROWS_AS(linear(x, make({3, 5}, Float32, 1)), Error);
+}
+
+TEST_CASE("large matmul: correct, and the same on one thread and on the pool") {
+  // Big enough that every dtype's kernel splits rows across the pool (> 16 MFLOP per block).
+  const int64_t m = 300, k = 400, n = 200;
+  int saved = cpu::num_threads();
+  for (DType t : {DType::Float32, DType::Float64, DType::Int64}) {
+    INFO("dtype " << name(t));
+    Tensor a = make({m, k}, t, 1), b = make({k, n}, t, 2);
+    std::vector<double> av = a.to_vector<double>(), bv = b.to_vector<double>();
+    cpu::set_num_threads(1);
+    std::vector<double> one = matmul(a, b).to_vector<double>();
+    cpu::set_num_threads(2);
+    std::vector<double> two = matmul(a, b).to_vector<double>();
+    cpu::set_num_threads(saved);
+    if (t != DType::Float32) CHECK(one == two);  // oneDNN may split k differently
+    bool ok = true;
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < n; ++j) {
+        double s = 0;
+        for (int64_t p = 0; p < k; ++p) s += av[i * k + p] * bv[p * n + j];
+        double tol = t == DType::Float32 ? 1e-3 * (1 + std::abs(s)) : 1e-9 * (1 + std::abs(s));
+        ok &= std::abs(one[i * n + j] - s) <= tol && std::abs(two[i * n + j] - s) <= tol;
+      }
+    CHECK(ok);
+  }
+  // Many small products in one batch (spread over the pool, one thread each).
+  const int64_t nb = 64, bm = 64, bk = 48, bn = 64;
+  for (DType t : {DType::Float32, DType::Float64}) {
+    Tensor ba = make({nb, bm, bk}, t, 3), bb = make({nb, bk, bn}, t, 4);
+    cpu::set_num_threads(1);
+    std::vector<double> one_b = matmul(ba, bb).to_vector<double>();
+    cpu::set_num_threads(2);
+    std::vector<double> two_b = matmul(ba, bb).to_vector<double>();
+    cpu::set_num_threads(saved);
+    CHECK(one_b == two_b);
+    std::vector<double> av = ba.to_vector<double>(), bv = bb.to_vector<double>();
+    bool ok = true;
+    for (int64_t q = 0; q < nb; ++q)
+      for (int64_t i = 0; i < bm; ++i)
+        for (int64_t j = 0; j < bn; ++j) {
+          double s = 0;
+          for (int64_t p = 0; p < bk; ++p) s += av[(q * bm + i) * bk + p] * bv[(q * bk + p) * bn + j];
+          ok &= std::abs(two_b[(q * bm + i) * bn + j] - s) <= 1e-4 * (1 + std::abs(s));
+        }
+    CHECK(ok);
+  }
+}
+
+TEST_CASE("blas.h: gemm on arbitrary strides and sgemm transposes") {
+  // C = alpha * A @ B + beta * C with A given column-major (rsa = 1) and B with stride-0 rows.
+  const int64_t m = 13, n = 37, k = 300;
+  std::vector<double> a = values(m * k, 1), b = values(n, 2), c0 = values(m * n, 3);
+  std::vector<double> c = c0;
+  cpu::gemm<double>(m, n, k, 2.0, a.data(), 1, m, b.data(), 0, 1, -0.5, c.data(), n);
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < n; ++j) {
+      double s = 0;
+      for (int64_t p = 0; p < k; ++p) s += a[i + p * m] * b[j];
+      CHECK(c[i * n + j] == Approx(2 * s - 0.5 * c0[i * n + j]).margin(1e-10));
+    }
+  // float through the same template (the fallback when oneDNN is missing).
+  std::vector<float> af(a.begin(), a.end()), bf(b.begin(), b.end()), cf(m * n, 7.f);
+  cpu::gemm<float>(m, n, k, 1.f, af.data(), 1, m, bf.data(), 0, 1, 0.f, cf.data(), n);
+  for (int64_t i = 0; i < m; ++i) {
+    double s = 0;
+    for (int64_t p = 0; p < k; ++p) s += double(af[i + p * m]) * bf[0];
+    CHECK(cf[i * n] == Approx(s).margin(1e-3));
+  }
+  // sgemm with both operands transposed: op(A) = Aᵀ where A is k×m, op(B) = Bᵀ where B is n×k.
+  std::vector<double> ad = values(k * m, 4), bd = values(n * k, 5);
+  std::vector<float> a2(ad.begin(), ad.end()), b2(bd.begin(), bd.end()), c2(m * n, 1.f);
+  REQUIRE(cpu::sgemm(true, true, m, n, k, 1.f, a2.data(), m, b2.data(), k, 1.f, c2.data(), n));
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < n; ++j) {
+      double s = 1;
+      for (int64_t p = 0; p < k; ++p) s += double(a2[p * m + i]) * b2[j * k + p];
+      CHECK(c2[i * n + j] == Approx(s).margin(1e-3));
+    }
+  // Integer GEMM wraps on overflow (computed in unsigned arithmetic).
+  int32_t x = 1 << 30, y = 4, z = 0;
+  cpu::gemm<int32_t>(1, 1, 1, 1, &x, 1, 1, &y, 1, 1, 0, &z, 1);
+  CHECK(z == 0);
+  // oneDNN is installed on the build machines (KILN_ONEDNN=0 forces kiln's own kernel).
+  if (!std::getenv("KILN_ONEDNN")) {
+    CHECK(cpu::onednn_available());
+    // Loading it set OpenMP's passive wait policy (unless the user chose one).
+    CHECK(std::getenv("OMP_WAIT_POLICY") != nullptr);
+  }
+}

@@ -1,0 +1,188 @@
+// Random ops: the Philox counter layout (the contract compiled code follows), determinism,
+// thread-count independence and distribution checks.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <numbers>
+#include <set>
+#include <vector>
+
+#include "backends/cpu/parallel.h"
+#include "core/philox.h"
+#include "kiln/kiln.h"
+
+using namespace kiln;
+
+namespace {
+
+double mean_of(const std::vector<double>& v) {
+  double s = 0;
+  for (double x : v) s += x;
+  return s / static_cast<double>(v.size());
+}
+double std_of(const std::vector<double>& v) {
+  double m = mean_of(v), s = 0;
+  for (double x : v) s += (x - m) * (x - m);
+  return std::sqrt(s / static_cast<double>(v.size() - 1));
+}
+
+}  // namespace
+
+TEST_CASE("random ops follow the documented Philox counter layout") {
+  const uint64_t seed = 1234;
+  manual_seed(seed);
+  // rand float32: element i is word 2i; 5 elements reserve 10 words = 3 blocks.
+  std::vector<float> u = rand({5}).to_vector<float>();
+  for (uint64_t i = 0; i < 5; ++i)
+    CHECK(u[i] == philox::to_uniform_float(philox::bits(seed, 0, 2 * i)));
+  CHECK(generator_state().offset == 3);
+  // rand float64: words (2i, 2i+1), starting at the next free counter.
+  std::vector<double> d = rand({3}, {Float64}).to_vector<double>();
+  for (uint64_t i = 0; i < 3; ++i)
+    CHECK(d[i] == philox::to_uniform_double(philox::bits(seed, 3, 2 * i),
+                                            philox::bits(seed, 3, 2 * i + 1)));
+  CHECK(generator_state().offset == 5);
+  // randn: Box–Muller on words 4i..4i+3 (one block per element).
+  std::vector<double> z = randn({4}, {Float64}).to_vector<double>();
+  for (uint64_t i = 0; i < 4; ++i) {
+    double u1 = philox::to_uniform_double(philox::bits(seed, 5, 4 * i), philox::bits(seed, 5, 4 * i + 1));
+    double u2 = philox::to_uniform_double(philox::bits(seed, 5, 4 * i + 2),
+                                          philox::bits(seed, 5, 4 * i + 3));
+    // log/cos may be vectorised (libmvec): equal to a few ulp.
+    double want = std::sqrt(-2 * std::log(1 - u1)) * std::cos(2 * std::numbers::pi * u2);
+    CHECK(z[i] == Approx(want).epsilon(1e-14).margin(1e-300));
+  }
+  CHECK(generator_state().offset == 9);
+  // randint: 64 bits from words (2i, 2i+1), scaled to the range by a 64x64 -> 128-bit product.
+  std::vector<int64_t> r = randint(-3, 1000, {6}).to_vector<int64_t>();
+  for (uint64_t i = 0; i < 6; ++i) {
+    uint64_t x = uint64_t{philox::bits(seed, 9, 2 * i)} << 32 | philox::bits(seed, 9, 2 * i + 1);
+    CHECK(r[i] == -3 + static_cast<int64_t>((static_cast<unsigned __int128>(x) * 1003) >> 64));
+  }
+  // dropout: element i is kept iff the uniform float of word i is >= p.
+  uint64_t off = generator_state().offset;
+  Tensor x = arange(1, 11, 1, {Float32});
+  std::vector<float> y = dropout(x, 0.5).to_vector<float>();
+  for (uint64_t i = 0; i < 10; ++i) {
+    bool keep = philox::to_uniform_float(philox::bits(seed, off, i)) >= 0.5f;
+    CHECK(y[i] == (keep ? 2.f * (i + 1) : 0.f));
+  }
+  CHECK(generator_state().offset == off + 3);
+}
+
+TEST_CASE("random ops are deterministic and independent of the thread count") {
+  manual_seed(42);
+  Tensor a = rand({100000});
+  Tensor n1 = randn({100000});
+  manual_seed(42);
+  Tensor b = rand({100000});
+  Tensor n2 = randn({100000});
+  CHECK(a.to_vector<float>() == b.to_vector<float>());
+  CHECK(n1.to_vector<float>() == n2.to_vector<float>());
+  Tensor c = rand({100000});  // fresh counters: different numbers
+  CHECK(c.to_vector<float>() != b.to_vector<float>());
+
+  Tensor x = ones({300, 400}).t();  // non-contiguous input
+  int saved = cpu::num_threads();
+  std::vector<std::vector<double>> runs;
+  for (int threads : {1, 2}) {
+    cpu::set_num_threads(threads);
+    manual_seed(7);
+    std::vector<double> all = rand({70001}, {Float64}).to_vector<double>();
+    for (double v : randn({70001}, {Float64}).to_vector<double>()) all.push_back(v);
+    for (double v : randint(0, 1 << 20, {70001}).to_vector<double>()) all.push_back(v);
+    for (double v : dropout(x, 0.25).to_vector<double>()) all.push_back(v);
+    runs.push_back(all);
+  }
+  cpu::set_num_threads(saved);
+  CHECK(runs[0] == runs[1]);
+}
+
+TEST_CASE("rand is uniform on [0, 1)") {
+  manual_seed(3);
+  for (DType t : {DType::Float32, DType::Float64}) {
+    Tensor u = rand({1000000}, {t});
+    CHECK(u.dtype() == t);
+    std::vector<double> v = u.to_vector<double>();
+    CHECK(*std::min_element(v.begin(), v.end()) >= 0.0);
+    CHECK(*std::max_element(v.begin(), v.end()) < 1.0);
+    CHECK(mean_of(v) == Approx(0.5).margin(0.002));
+    CHECK(std_of(v) == Approx(std::sqrt(1.0 / 12)).margin(0.002));
+    // Each tenth of the interval gets about a tenth of the values.
+    std::vector<int> bins(10);
+    for (double x : v) ++bins[static_cast<int>(x * 10)];
+    for (int b : bins) CHECK(b == Approx(100000).margin(1500));
+  }
+  CHECK(rand({}).dim() == 0);
+  CHECK(rand({2, 0, 3}).shape() == Shape{2, 0, 3});
+  CHECK_THROWS_AS(rand({2}, {Int64}), Error);
+  CHECK_THROWS_AS(rand({-1}), Error);
+}
+
+TEST_CASE("randn has mean 0 and std 1") {
+  manual_seed(11);
+  std::vector<double> v = randn({1000000}).to_vector<double>();
+  CHECK(std::abs(mean_of(v)) < 0.01);
+  CHECK(std::abs(std_of(v) - 1.0) < 0.01);
+  // Tails: P(|z| > 2) = 4.55 %.
+  double tail = std::count_if(v.begin(), v.end(), [](double z) { return std::abs(z) > 2; }) / 1e6;
+  CHECK(tail == Approx(0.0455).margin(0.002));
+  CHECK(randn({3}, {Float64}).dtype() == DType::Float64);
+}
+
+TEST_CASE("randint stays in [low, high) and hits every value") {
+  manual_seed(5);
+  for (DType t : {DType::Int64, DType::Int32, DType::Float32}) {
+    Tensor r = randint(-4, 7, {20000}, {t});
+    CHECK(r.dtype() == t);
+    std::vector<int64_t> v = r.to_vector<int64_t>();
+    std::set<int64_t> seen(v.begin(), v.end());
+    CHECK(*seen.begin() == -4);
+    CHECK(*seen.rbegin() == 6);
+    CHECK(seen.size() == 11);
+  }
+  // A range wider than int64's positive half.
+  std::vector<int64_t> wide =
+      randint(INT64_MIN + 1, INT64_MAX, {1000}).to_vector<int64_t>();
+  CHECK(std::count_if(wide.begin(), wide.end(), [](int64_t x) { return x < 0; }) ==
+        Approx(500).margin(80));
+  CHECK(randint(3, 4, {5}).to_vector<int64_t>() == std::vector<int64_t>(5, 3));
+  CHECK_THROWS_AS(randint(5, 5, {2}), Error);
+  CHECK_THROWS_AS(randint(0, int64_t{1} << 40, {2}, {Int32}), Error);
+  CHECK_THROWS_AS(randint(0, 2, {2}, {Bool}), Error);
+}
+
+TEST_CASE("dropout") {
+  manual_seed(9);
+  const double p = 0.3;
+  Tensor x = arange(1, 200001, 1, {Float32});
+  std::vector<float> xv = x.to_vector<float>();
+  std::vector<float> y = dropout(x, p).to_vector<float>();
+  const float scale = static_cast<float>(1.0 / (1.0 - p));
+  int64_t kept = 0;
+  bool exact = true;
+  for (size_t i = 0; i < y.size(); ++i) {
+    if (y[i] != 0) {
+      ++kept;
+      exact &= y[i] == xv[i] * scale;
+    }
+  }
+  CHECK(exact);
+  CHECK(static_cast<double>(kept) / y.size() == Approx(1 - p).margin(0.005));
+  // float64, strided input: the mask follows the logical (row-major) element order.
+  Tensor m = arange(12, {Float64}).view({3, 4}).t();
+  GeneratorState s = generator_state();
+  std::vector<double> strided = dropout(m, 0.5).to_vector<double>();
+  set_generator_state(s);
+  std::vector<double> dense = dropout(m.contiguous(), 0.5).to_vector<double>();
+  CHECK(strided == dense);
+  std::vector<double> mv = m.to_vector<double>();
+  for (size_t i = 0; i < mv.size(); ++i) CHECK((strided[i] == 0 || strided[i] == 2 * mv[i]));
+  // p = 1 drops everything; p = 0 and eval mode return x itself.
+  CHECK(dropout(x, 1.0).to_vector<float>() == std::vector<float>(200000, 0.f));
+  CHECK(dropout(x, 0.5, false).is_same(x));
+  CHECK(dropout(x, 0.0).is_same(x));
+  CHECK_THROWS_AS(dropout(x, 1.5), Error);
+  CHECK_THROWS_AS(dropout(tensor({1, 2}), 0.5), Error);
+}
