@@ -81,7 +81,8 @@ Benchmark matmul_1024_reference(const RunConfig&) {
   Tensor c = filled({kMatmulN, kMatmulN});
   return {[a, b, c] {
             const int64_t n = kMatmulN;
-            cpu::sgemm(n, n, n, a.data<float>(), n, b.data<float>(), n, c.data<float>(), n);
+            cpu::sgemm(false, false, n, n, n, 1.f, a.data<float>(), n, b.data<float>(), n, 0.f,
+                       c.data<float>(), n);
             do_not_optimize(c.data<float>());
           },
           gflop_per_s(kMatmulFlops)};
