@@ -32,10 +32,10 @@ bool is_differentiable_dtype(DType t) { return is_floating(t); }
 SavedTensor::SavedTensor(const Tensor& t, bool is_output, const std::shared_ptr<Node>& node)
     : version_(t.version()), is_output_(is_output) {
   Meta* m = meta(t);
-  requires_grad_ = m && m->requires_grad;
+  requires_grad_ = is_output || (m && m->requires_grad);  // a recorded op's output requires grad
   if (is_output) {
     data_ = t.detach();  // no autograd state: the node must not own itself
-    output_nr_ = m ? m->output_nr : 0;
+    output_nr_ = 0;      // every recorded op has one output
   } else {
     data_ = t;
   }
@@ -120,9 +120,15 @@ OpNode::OpNode(const OpCall& call, const InferredMeta&) : op(call.op), attrs(cal
 void OpNode::save(const OpCall& call, const std::vector<Tensor>& outs) {
   const SaveSpec& spec = save_spec(op);
   auto self = shared_from_this();
+  uint8_t mask = spec.inputs_mask;
+  // Save only what the wanted gradients read, so that e.g. `h *= 3` (mul, then an in-place
+  // write into h) does not invalidate a saved copy of h that no formula needs.
+  bool need_a = next_edges[0].valid(), need_b = next_edges.size() > 1 && next_edges[1].valid();
+  if (op == OpKind::Mul) mask = (need_b ? 1 : 0) | (need_a ? 2 : 0);
+  if (op == OpKind::Div) mask = 2 | (need_b ? 1 : 0);
   saved_inputs.resize(call.inputs.size());
   for (size_t i = 0; i < call.inputs.size(); ++i)
-    if ((spec.inputs_mask >> i & 1) && call.inputs[i].defined())
+    if ((mask >> i & 1) && call.inputs[i].defined())
       saved_inputs[i] = SavedTensor(call.inputs[i], false, self);
   if (spec.output) saved_outputs.push_back(SavedTensor(outs[0], true, self));
 }

@@ -217,7 +217,9 @@ TEST_CASE("gradcheck: views and shape ops") {
   gradcheck([](const T& in) { return cat({in[0], in[1]}, 1); }, {x, uniform({2, 1, 4})});
   gradcheck([](const T& in) { return stack({in[0], in[1]}, 0); }, {x, uniform({2, 3, 4}, -1, 1, 3)});
   gradcheck([](const T& in) { return split(in[0], 2, 2)[1] * 2.0; }, {x});
-  gradcheck([](const T& in) { return in[0].to(DType::Float32).to(DType::Float64); }, {x});
+  // Through float32 the function is only linear to ~1e-7, so use a coarse step.
+  gradcheck([](const T& in) { return in[0].to(DType::Float32).to(DType::Float64); }, {x}, 1e-2,
+            1e-4, 1e-3);
   gradcheck([](const T& in) { return tril(in[0], 1) + triu(in[0], -1); }, {x});
 }
 

@@ -121,7 +121,7 @@ TEST_CASE("factories") {
   CHECK_THROWS_AS(from_vector(std::vector<float>{1, 2, 3}, {2, 2}), Error);
 }
 
-TEST_CASE("0-d and empty tensors") {
+TEST_CASE("0-d and empty tensors: views and metadata") {
   Tensor s = scalar_tensor(2.0f);
   CHECK(s.dim() == 0);
   CHECK(s.numel() == 1);
