@@ -9,6 +9,7 @@ packages=(
   libfmt-dev catch2 libbenchmark-dev
   libdnnl-dev      # sgemm at full speed on this CPU without environment variables
   libxsimd-dev     # portable SIMD batches with vectorised exp/log/tanh/erf
+  libclang-rt-22-dev  # sanitizer runtimes for -DKILN_SANITIZE=address,undefined with clang
   g++ python3
 )
 
