@@ -2,8 +2,10 @@
 /// The formula of every elementwise op, written once.
 ///
 /// Each op of the Unary, Binary and Ternary categories in core/ops.def has one struct here,
-/// named like its OpKind (formulas::Exp for OpKind::Exp), whose static `eval` is a function
-/// template over a scalar algebra type S. The same template is instantiated
+/// named like its OpKind (formulas::Exp for OpKind::Exp; gelu has GeluErf and GeluTanh, one per
+/// `approximate` mode), whose static `eval` is a function template over a scalar algebra type S.
+/// Attributes are extra arguments (Add::eval(a, b, alpha), Clamp::eval(x, low, high)).
+/// The same template is instantiated
 ///   * with float / double / int32_t / int64_t (scalar loops, tests),
 ///   * with xsimd::batch<float> / batch<double> (the eager CPU kernels), and
 ///   * later with an MLIR value builder (the compiled kernels),
@@ -198,27 +200,35 @@ struct Silu {
 /// Rounding ops are the identity on integers.
 struct Floor {
   template <class S> static S eval(S x) {
-    if constexpr (kIsInteger<S>) return x;
-    else return floor(x);
+    if constexpr (kIsInteger<S>)
+      return x;
+    else
+      return floor(x);
   }
 };
 struct Ceil {
   template <class S> static S eval(S x) {
-    if constexpr (kIsInteger<S>) return x;
-    else return ceil(x);
+    if constexpr (kIsInteger<S>)
+      return x;
+    else
+      return ceil(x);
   }
 };
 /// Round half to even (nearbyint in the default rounding mode), like PyTorch.
 struct Round {
   template <class S> static S eval(S x) {
-    if constexpr (kIsInteger<S>) return x;
-    else return nearbyint(x);
+    if constexpr (kIsInteger<S>)
+      return x;
+    else
+      return nearbyint(x);
   }
 };
 struct Trunc {
   template <class S> static S eval(S x) {
-    if constexpr (kIsInteger<S>) return x;
-    else return trunc(x);
+    if constexpr (kIsInteger<S>)
+      return x;
+    else
+      return trunc(x);
   }
 };
 
@@ -368,6 +378,8 @@ struct LogicalXor {
 struct Where {
   template <class M, class S> static S eval(M cond, S a, S b) { return select(cond, a, b); }
 };
+
+// ================================ unary, built on binary ================================
 
 /// min(max(x, low), high) with NaN propagation (as PyTorch: low > high gives high). An absent
 /// bound is passed as −inf/+inf (or the integer type's limits), which leaves x unchanged.

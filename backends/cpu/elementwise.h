@@ -4,7 +4,7 @@
 //
 // A functor F wraps one formula: `template <class S> auto operator()(S...) const`, plus
 //   static constexpr bool kSimd      — may run on xsimd batches (float/double in and out);
-//   static constexpr bool kExpensive — transcendental: use a smaller parallel grain.
+//   static constexpr bool kExpensive — scalar libm calls (~10 ns/element): smaller grain.
 // map<O, T>(out, {inputs}, f) computes out[i] = O(f(in[i]...)) with inputs stored as T:
 //   * float/double with kSimd: xsimd batches. Contiguous operands and broadcast scalars
 //     (stride 0) are loaded directly; any other layout is gathered into a batch-sized buffer,
@@ -12,20 +12,19 @@
 //   * everything else (integers, bool, comparisons): scalar loops, with typed contiguous and
 //     broadcast-scalar variants that the compiler vectorises.
 // bool is computed as int32 (so add = or, mul = and, max = or, ...) and stored back as != 0.
-#include <xsimd/xsimd.hpp>
-
 #include <array>
 #include <cstring>
 #include <type_traits>
 #include <utility>
+#include <xsimd/xsimd.hpp>
 
 #include "backends/cpu/loops.h"
 #include "core/formulas.h"
 
 namespace kiln::cpu::ew {
 
-template <class T>
-inline constexpr bool kSimdType = std::is_same_v<T, float> || std::is_same_v<T, double>;
+template <class T> inline constexpr bool kSimdType =
+    std::is_same_v<T, float> || std::is_same_v<T, double>;
 
 /// The type a stored T is computed in.
 template <class T> using ComputeOf = std::conditional_t<std::is_same_v<T, bool>, int32_t, T>;
@@ -105,7 +104,8 @@ template <class T> struct ScalarSrc<T, In::Contig> {
 };
 template <class T> struct ScalarSrc<T, In::Bcast> {
   ComputeOf<T> v;
-  ScalarSrc(const char* raw, int64_t) : v(static_cast<ComputeOf<T>>(*reinterpret_cast<const T*>(raw))) {}
+  ScalarSrc(const char* raw, int64_t)
+      : v(static_cast<ComputeOf<T>>(*reinterpret_cast<const T*>(raw))) {}
   ComputeOf<T> load(int64_t) const { return v; }
 };
 template <class T> struct ScalarSrc<T, In::Strided> {
@@ -133,16 +133,17 @@ template <class O, class T, class F> struct Runner {
   template <In M> using Src = std::conditional_t<kVec, VecSrc<T, M>, ScalarSrc<T, M>>;
 
   // Output contiguous, inputs in modes M...
-  template <In... M, size_t... K>
-  static void contig(const char* const* p, const int64_t* s, int64_t n, const F& f,
-                     std::index_sequence<K...>) {
+  template <In... M, size_t... K> static void contig(const char* const* p, const int64_t* s,
+                                                     int64_t n, const F& f,
+                                                     std::index_sequence<K...>) {
     O* out = reinterpret_cast<O*>(const_cast<char*>(p[0]));
-    if constexpr (kVec) vec_loop<T>(out, n, f, Src<M>(p[K + 1], s[K + 1])...);
-    else scalar_loop<O>(out, n, f, Src<M>(p[K + 1], s[K + 1])...);
+    if constexpr (kVec)
+      vec_loop<T>(out, n, f, Src<M>(p[K + 1], s[K + 1])...);
+    else
+      scalar_loop<O>(out, n, f, Src<M>(p[K + 1], s[K + 1])...);
   }
-  template <size_t... K>
-  static void strided(const char* const* p, const int64_t* s, int64_t n, const F& f,
-                      std::index_sequence<K...>) {
+  template <size_t... K> static void strided(const char* const* p, const int64_t* s, int64_t n,
+                                             const F& f, std::index_sequence<K...>) {
     char* out = const_cast<char*>(p[0]);
     if constexpr (kVec)
       vec_loop_scatter<T>(out, s[0], n, f, Src<In::Strided>(p[K + 1], s[K + 1])...);
@@ -192,8 +193,10 @@ void map(const Tensor& out, const std::array<const Tensor*, N>& ins, const F& f)
       for (int k = 0; k <= N; ++k) p[k] = base[k] + b * s[k];
       Runner<O, T, F>::template run<N>(p.data(), s.data(), e - b, f);
     };
-    if (n < 2 * grain) chunk(0, n);
-    else parallel_for(0, n, grain, chunk);
+    if (n < 2 * grain)
+      chunk(0, n);
+    else
+      parallel_for(0, n, grain, chunk);
     return;
   }
   std::array<const Tensor*, N + 1> ops;
@@ -206,8 +209,10 @@ void map(const Tensor& out, const std::array<const Tensor*, N>& ins, const F& f)
   auto body = [&](const std::array<char*, N + 1>& p, int64_t n) {
     Runner<O, T, F>::template run<N>(p.data(), s.data(), n, f);
   };
-  if (loop.numel() < 2 * grain) loop.run(0, loop.numel(), body);
-  else loop.parallel_run(body, grain);
+  if (loop.numel() < 2 * grain)
+    loop.run(0, loop.numel(), body);
+  else
+    loop.parallel_run(body, grain);
 }
 
 /// Wraps formula struct Fm as a functor (scalar or SIMD, cheap).
