@@ -224,19 +224,11 @@ class RecordHook final : public DispatchHook {
   void after_kernel(const OpCall& c, const InferredMeta& meta_info,
                     std::vector<Tensor>& outs) override {
     if (!t_grad_enabled || !any_requires_grad(c)) return;
-    const SaveSpec& spec = save_spec(c.op);
-    bool float_out = is_differentiable_dtype(meta_info.outputs[0].dtype);
-    if (!spec.differentiable || !float_out) {
-      if (op_info(c.op).category == OpCategory::View) return;
+    // Integer/bool outputs (argmax, comparisons) carry no gradient.
+    if (!save_spec(c.op).differentiable || !is_differentiable_dtype(meta_info.outputs[0].dtype))
       return;
-    }
     auto node = std::make_shared<OpNode>(c, meta_info);
-    Tensor& out = outs[0];
-    if (op_info(c.op).category == OpCategory::View) {
-      // A fresh handle: the view must not share autograd state with its base.
-      out = Tensor(std::make_shared<TensorImpl>(*out.impl()));
-      out.impl()->autograd.reset();
-    }
+    Tensor& out = outs[0];  // views come with their own TensorImpl (eager/view.cpp)
     node->save(c, outs);
     Meta& m = ensure_meta(out);
     m.requires_grad = true;

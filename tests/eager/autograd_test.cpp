@@ -115,6 +115,15 @@ TEST_CASE("in-place ops on non-leaf tensors are differentiated") {
   CHECK(x.grad().to_vector<double>() == std::vector<double>{6, 6});
 }
 
+TEST_CASE("in-place writes into a view of a tensor that requires grad are rejected clearly") {
+  Tensor x = tensor({1.0, 2.0}).requires_grad_();
+  Tensor h = x * 2;
+  CHECK_THROWS_WITH(h.slice(0, 0, 1).fill_(0), Catch::Contains("view of a tensor that requires grad"));
+  Tensor c = h.slice(0, 0, 1).clone();  // the documented way out
+  c.fill_(5);
+  CHECK(c.item<double>() == 5);
+}
+
 TEST_CASE("deep graphs (100k nodes) run and free without recursion") {
   Tensor x = scalar_tensor(1.0).requires_grad_();
   Tensor y = x;
