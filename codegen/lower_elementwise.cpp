@@ -1,0 +1,271 @@
+// kiln.elementwise -> linalg.generic on tensors.
+//
+// Broadcasting becomes the operands' indexing maps (a static size-1 dim against a larger result
+// dim reads index 0; a `?` dim is assumed not to broadcast, as in TorchInductor), dtype promotion
+// becomes arith casts in the body, and the body of floating ops is the formula of
+// core/formulas.h instantiated with IrFloat, a scalar algebra over MLIR values.
+#include <cmath>
+
+#include "codegen/lower.h"
+#include "core/formulas.h"
+#include "ir/dialect.h"
+#include "mlir/Dialect/Arith/IR/Arith.h"
+#include "mlir/Dialect/Linalg/IR/Linalg.h"
+#include "mlir/Dialect/Linalg/Passes.h"
+#include "mlir/Dialect/Math/IR/Math.h"
+#include "mlir/Dialect/Tensor/IR/Tensor.h"
+#include "mlir/IR/AffineMap.h"
+#include "mlir/IR/DialectRegistry.h"
+#include "mlir/Transforms/GreedyPatternRewriteDriver.h"
+
+namespace kiln::codegen {
+namespace {
+
+// ---------------------------------------------------------------------------------------------
+// IrFloat: the scalar algebra of core/formulas.h over MLIR values of one float type. Constants
+// (S(0.5)) need a builder, so the builder, location and type of the body being built are
+// thread-local state, set by IrScope.
+
+struct IrContext {
+  mlir::OpBuilder* b = nullptr;
+  mlir::Location loc = mlir::UnknownLoc();
+  mlir::FloatType type;
+};
+thread_local IrContext* g_ir = nullptr;
+
+struct IrScope {
+  IrContext ctx;
+  IrContext* saved;
+  IrScope(mlir::OpBuilder& b, mlir::Location loc, mlir::FloatType t) : ctx{&b, loc, t}, saved(g_ir) {
+    g_ir = &ctx;
+  }
+  ~IrScope() { g_ir = saved; }
+};
+
+struct IrFloat {
+  mlir::Value v;
+  IrFloat(mlir::Value value) : v(value) {}
+  IrFloat(double c)
+      : v(mlir::arith::ConstantOp::create(*g_ir->b, g_ir->loc, g_ir->type,
+                                          mlir::FloatAttr::get(g_ir->type, c))) {}
+};
+
+template <class Op> IrFloat binary(IrFloat a, IrFloat b) {
+  return IrFloat(Op::create(*g_ir->b, g_ir->loc, a.v, b.v).getResult());
+}
+template <class Op> IrFloat unary(IrFloat a) {
+  return IrFloat(Op::create(*g_ir->b, g_ir->loc, a.v).getResult());
+}
+IrFloat operator+(IrFloat a, IrFloat b) { return binary<mlir::arith::AddFOp>(a, b); }
+IrFloat operator-(IrFloat a, IrFloat b) { return binary<mlir::arith::SubFOp>(a, b); }
+IrFloat operator*(IrFloat a, IrFloat b) { return binary<mlir::arith::MulFOp>(a, b); }
+IrFloat operator/(IrFloat a, IrFloat b) { return binary<mlir::arith::DivFOp>(a, b); }
+// Math functions, found by argument-dependent lookup from the formulas.
+IrFloat exp(IrFloat a) { return unary<mlir::math::ExpOp>(a); }
+IrFloat log(IrFloat a) { return unary<mlir::math::LogOp>(a); }
+IrFloat sqrt(IrFloat a) { return unary<mlir::math::SqrtOp>(a); }
+IrFloat tanh(IrFloat a) { return unary<mlir::math::TanhOp>(a); }
+
+// ---------------------------------------------------------------------------------------------
+
+/// Converts scalar `v` to element type `to` (PyTorch semantics: bool -> 0/1).
+mlir::Value convert(mlir::OpBuilder& b, mlir::Location loc, mlir::Value v, mlir::Type to) {
+  mlir::Type from = v.getType();
+  if (from == to) return v;
+  bool from_bool = from.isInteger(1);
+  if (llvm::isa<mlir::FloatType>(to)) {
+    if (llvm::isa<mlir::FloatType>(from)) {
+      if (from.getIntOrFloatBitWidth() < to.getIntOrFloatBitWidth())
+        return mlir::arith::ExtFOp::create(b, loc, to, v);
+      return mlir::arith::TruncFOp::create(b, loc, to, v);
+    }
+    if (from_bool) return mlir::arith::UIToFPOp::create(b, loc, to, v);
+    return mlir::arith::SIToFPOp::create(b, loc, to, v);
+  }
+  // integer result from integer / bool input (the covered ops never narrow)
+  if (from_bool) return mlir::arith::ExtUIOp::create(b, loc, to, v);
+  return mlir::arith::ExtSIOp::create(b, loc, to, v);
+}
+
+/// An attribute scalar (alpha) as a constant of type `t`.
+mlir::Value scalar_constant(mlir::OpBuilder& b, mlir::Location loc, mlir::Attribute a,
+                            mlir::Type t) {
+  double d = 1;
+  if (auto f = llvm::dyn_cast_or_null<mlir::FloatAttr>(a)) d = f.getValueAsDouble();
+  if (auto i = llvm::dyn_cast_or_null<mlir::IntegerAttr>(a))
+    d = i.getType().isInteger(1) ? double(i.getValue().getBoolValue()) : double(i.getInt());
+  if (auto ft = llvm::dyn_cast<mlir::FloatType>(t))
+    return mlir::arith::ConstantOp::create(b, loc, t, mlir::FloatAttr::get(ft, d));
+  return mlir::arith::ConstantOp::create(b, loc, t,
+                                         mlir::IntegerAttr::get(t, static_cast<int64_t>(d)));
+}
+
+bool covered(OpKind k) {
+  switch (k) {
+    case OpKind::Add:
+    case OpKind::Sub:
+    case OpKind::Mul:
+    case OpKind::Neg:
+    case OpKind::Exp:
+    case OpKind::Log:
+    case OpKind::Sqrt:
+    case OpKind::Tanh:
+    case OpKind::Div: return true;
+    default: return false;
+  }
+}
+
+/// The body: `args` already converted to the compute type `t`.
+mlir::Value emit_formula(mlir::OpBuilder& b, mlir::Location loc, OpKind k,
+                         llvm::ArrayRef<mlir::Value> args, mlir::Value alpha, mlir::Type t) {
+  namespace f = kiln::formulas;
+  if (auto ft = llvm::dyn_cast<mlir::FloatType>(t)) {
+    IrScope scope(b, loc, ft);
+    auto a = [&](int i) { return IrFloat(args[i]); };
+    switch (k) {
+      case OpKind::Add: return (alpha ? f::Add::eval(a(0), a(1), IrFloat(alpha)) : f::Add::eval(a(0), a(1))).v;
+      case OpKind::Sub: return (alpha ? f::Sub::eval(a(0), a(1), IrFloat(alpha)) : f::Sub::eval(a(0), a(1))).v;
+      case OpKind::Mul: return f::Mul::eval(a(0), a(1)).v;
+      case OpKind::Div: return f::Div::eval(a(0), a(1)).v;
+      case OpKind::Neg: return f::Neg::eval(a(0)).v;
+      case OpKind::Exp: return f::Exp::eval(a(0)).v;
+      case OpKind::Log: return f::Log::eval(a(0)).v;
+      case OpKind::Sqrt: return f::Sqrt::eval(a(0)).v;
+      case OpKind::Tanh: return f::Tanh::eval(a(0)).v;
+      default: return {};
+    }
+  }
+  // Integers: arith's addi/subi/muli wrap in two's complement, as formulas' wrapping_* do.
+  using namespace mlir::arith;
+  switch (k) {
+    case OpKind::Add:
+    case OpKind::Sub: {
+      mlir::Value rhs = alpha ? MulIOp::create(b, loc, alpha, args[1]).getResult() : args[1];
+      if (k == OpKind::Add) return AddIOp::create(b, loc, args[0], rhs);
+      return SubIOp::create(b, loc, args[0], rhs);
+    }
+    case OpKind::Mul: return MulIOp::create(b, loc, args[0], args[1]);
+    case OpKind::Neg: {
+      mlir::Value zero = ConstantOp::create(b, loc, t, mlir::IntegerAttr::get(t, 0));
+      return SubIOp::create(b, loc, zero, args[0]);
+    }
+    default: return {};
+  }
+}
+
+struct LowerElementwise : mlir::OpRewritePattern<kiln::dialect::ElementwiseOp> {
+  using OpRewritePattern::OpRewritePattern;
+
+  mlir::LogicalResult matchAndRewrite(kiln::dialect::ElementwiseOp op,
+                                      mlir::PatternRewriter& rw) const override {
+    auto kind = kiln::dialect::op_kind_from_name(op.getKind());
+    if (!kind || !covered(*kind)) return rw.notifyMatchFailure(op, "kind not lowered yet");
+    auto result_type = llvm::cast<mlir::RankedTensorType>(op.getResult().getType());
+    mlir::Type t = result_type.getElementType();
+    if (t.isInteger(1)) return rw.notifyMatchFailure(op, "bool results not lowered yet");
+    if (!llvm::isa<mlir::FloatType>(t) &&
+        (*kind == OpKind::Div || op_info(*kind).dtype_rule == DTypeRule::ToFloat))
+      return rw.notifyMatchFailure(op, "integer result for a float op");
+    mlir::Location loc = op.getLoc();
+    int64_t rank = result_type.getRank();
+    mlir::MLIRContext* ctx = rw.getContext();
+
+    // Indexing maps (right-aligned broadcasting) and the dynamic sizes of the result.
+    llvm::SmallVector<mlir::AffineMap> maps;
+    llvm::SmallVector<mlir::Value> dyn_sizes;
+    for (mlir::Value in : op.getInputs()) {
+      auto it = llvm::cast<mlir::RankedTensorType>(in.getType());
+      int64_t off = rank - it.getRank();
+      llvm::SmallVector<mlir::AffineExpr> exprs;
+      for (int64_t p = 0; p < it.getRank(); ++p) {
+        int64_t d = p + off;
+        bool broadcast = !it.isDynamicDim(p) && it.getDimSize(p) == 1 &&
+                         result_type.getShape()[d] != 1;
+        exprs.push_back(broadcast ? rw.getAffineConstantExpr(0) : rw.getAffineDimExpr(d));
+      }
+      maps.push_back(mlir::AffineMap::get(rank, 0, exprs, ctx));
+    }
+    for (int64_t d = 0; d < rank; ++d) {
+      if (!result_type.isDynamicDim(d)) continue;
+      mlir::Value size;
+      for (mlir::Value in : op.getInputs()) {
+        auto it = llvm::cast<mlir::RankedTensorType>(in.getType());
+        int64_t p = d - (rank - it.getRank());
+        if (p >= 0 && it.isDynamicDim(p)) {
+          size = mlir::tensor::DimOp::create(rw, loc, in, p);
+          break;
+        }
+      }
+      if (!size) return rw.notifyMatchFailure(op, "no operand gives a dynamic result size");
+      dyn_sizes.push_back(size);
+    }
+    maps.push_back(mlir::AffineMap::getMultiDimIdentityMap(rank, ctx));
+    mlir::Value init = mlir::tensor::EmptyOp::create(rw, loc, result_type.getShape(), t, dyn_sizes);
+    llvm::SmallVector<mlir::utils::IteratorType> iterators(rank, mlir::utils::IteratorType::parallel);
+    mlir::Attribute alpha_attr = op.getAlphaAttr();
+    OpKind k = *kind;
+    bool failed = false;
+    auto generic = mlir::linalg::GenericOp::create(
+        rw, loc, mlir::TypeRange{result_type}, op.getInputs(), mlir::ValueRange{init}, maps,
+        iterators, [&](mlir::OpBuilder& b, mlir::Location l, mlir::ValueRange args) {
+          llvm::SmallVector<mlir::Value> converted;
+          for (mlir::Value a : args.drop_back()) converted.push_back(convert(b, l, a, t));
+          mlir::Value alpha =
+              alpha_attr ? scalar_constant(b, l, alpha_attr, t) : mlir::Value();
+          mlir::Value r = emit_formula(b, l, k, converted, alpha, t);
+          if (!r) {
+            failed = true;
+            r = args.back();
+          }
+          mlir::linalg::YieldOp::create(b, l, r);
+        });
+    if (failed) {
+      rw.eraseOp(generic);
+      return rw.notifyMatchFailure(op, "no formula for this dtype");
+    }
+    rw.replaceOp(op, generic.getResults());
+    return mlir::success();
+  }
+};
+
+struct KilnToLinalgPass
+    : mlir::PassWrapper<KilnToLinalgPass, mlir::OperationPass<mlir::ModuleOp>> {
+  MLIR_DEFINE_EXPLICIT_INTERNAL_INLINE_TYPE_ID(KilnToLinalgPass)
+  llvm::StringRef getArgument() const override { return "convert-kiln-to-linalg"; }
+  llvm::StringRef getDescription() const override {
+    return "Lower kiln.elementwise to linalg.generic on tensors";
+  }
+  void getDependentDialects(mlir::DialectRegistry& r) const override {
+    r.insert<mlir::arith::ArithDialect, mlir::linalg::LinalgDialect, mlir::math::MathDialect,
+             mlir::tensor::TensorDialect>();
+  }
+  void runOnOperation() override {
+    mlir::RewritePatternSet patterns(&getContext());
+    populate_kiln_to_linalg_patterns(patterns);
+    // tensor.dim of a lowered result -> dim of its init -> the size it was built from, so the
+    // generics do not keep extra uses that would stop producer-consumer fusion.
+    mlir::tensor::DimOp::getCanonicalizationPatterns(patterns, &getContext());
+    mlir::tensor::EmptyOp::getCanonicalizationPatterns(patterns, &getContext());
+    if (mlir::failed(mlir::applyPatternsGreedily(getOperation(), std::move(patterns))))
+      signalPassFailure();
+  }
+};
+
+}  // namespace
+
+void populate_kiln_to_linalg_patterns(mlir::RewritePatternSet& patterns) {
+  patterns.add<LowerElementwise>(patterns.getContext());
+}
+
+std::unique_ptr<mlir::Pass> create_kiln_to_linalg_pass() {
+  return std::make_unique<KilnToLinalgPass>();
+}
+
+void register_codegen(mlir::DialectRegistry& registry) {
+  registry.insert<mlir::arith::ArithDialect, mlir::linalg::LinalgDialect, mlir::math::MathDialect,
+                  mlir::tensor::TensorDialect>();
+  mlir::PassRegistration<KilnToLinalgPass>();
+  mlir::registerLinalgPasses();  // linalg-fuse-elementwise-ops, ...
+}
+
+}  // namespace kiln::codegen

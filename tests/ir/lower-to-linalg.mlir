@@ -1,0 +1,71 @@
+// kiln.elementwise -> linalg.generic on tensors (codegen/lower_elementwise.cpp), and the result
+// fusing into one loop nest with upstream linalg-fuse-elementwise-ops.
+// RUN: kiln-opt %s --convert-kiln-to-linalg | FileCheck %s
+// RUN: kiln-opt %s --convert-kiln-to-linalg | kiln-opt | FileCheck %s
+// RUN: kiln-opt %s --convert-kiln-to-linalg | kiln-opt --linalg-fuse-elementwise-ops | FileCheck %s --check-prefix=FUSED
+
+// CHECK-DAG: #[[ID:.*]] = affine_map<(d0, d1) -> (d0, d1)>
+// CHECK-DAG: #[[ROW:.*]] = affine_map<(d0, d1) -> (d1)>
+// CHECK-DAG: #[[COL:.*]] = affine_map<(d0, d1) -> (d0, 0)>
+
+// x*x + x, then tanh: three generics before fusion, one after.
+// CHECK-LABEL: func.func @chain
+// CHECK: %[[C0:.*]] = arith.constant 0 : index
+// CHECK: %[[D:.*]] = tensor.dim %arg0, %[[C0]] : tensor<?x4xf32>
+// CHECK: %[[E:.*]] = tensor.empty(%[[D]]) : tensor<?x4xf32>
+// CHECK: linalg.generic {indexing_maps = [#[[ID]], #[[ID]], #[[ID]]], iterator_types = ["parallel", "parallel"]} ins(%arg0, %arg0 : tensor<?x4xf32>, tensor<?x4xf32>) outs(%[[E]] : tensor<?x4xf32>)
+// CHECK: arith.mulf
+// CHECK: linalg.generic
+// CHECK: arith.addf
+// CHECK: linalg.generic
+// CHECK: math.tanh
+// CHECK-NOT: kiln.
+// FUSED-LABEL: func.func @chain
+// FUSED-COUNT-1: linalg.generic
+// FUSED-NOT: linalg.generic
+// FUSED: return
+func.func @chain(%x: tensor<?x4xf32>) -> tensor<?x4xf32> {
+  %0 = kiln.elementwise "mul" %x, %x : (tensor<?x4xf32>, tensor<?x4xf32>) -> tensor<?x4xf32>
+  %1 = kiln.elementwise "add" %0, %x : (tensor<?x4xf32>, tensor<?x4xf32>) -> tensor<?x4xf32>
+  %2 = kiln.elementwise "tanh" %1 : (tensor<?x4xf32>) -> tensor<?x4xf32>
+  return %2 : tensor<?x4xf32>
+}
+
+// Broadcasting and promotion: int32 [3,1] + float32 [4] with alpha -> float32 [3,4].
+// (The pattern driver hoists constants out of the body and puts them right of commutative ops.)
+// CHECK-LABEL: func.func @broadcast_promote
+// CHECK: %[[ALPHA:.*]] = arith.constant 2.000000e+00 : f32
+// CHECK: %[[E:.*]] = tensor.empty() : tensor<3x4xf32>
+// CHECK: linalg.generic {indexing_maps = [#[[COL]], #[[ROW]], #[[ID]]], {{.*}} ins(%arg0, %arg1 : tensor<3x1xi32>, tensor<4xf32>) outs(%[[E]] : tensor<3x4xf32>)
+// CHECK-NEXT: ^bb0(%[[A:.*]]: i32, %[[B:.*]]: f32, %{{.*}}: f32):
+// CHECK-NEXT: %[[AF:.*]] = arith.sitofp %[[A]] : i32 to f32
+// CHECK-NEXT: %[[M:.*]] = arith.mulf %[[B]], %[[ALPHA]] : f32
+// CHECK-NEXT: %[[S:.*]] = arith.addf %[[AF]], %[[M]] : f32
+// CHECK-NEXT: linalg.yield %[[S]] : f32
+func.func @broadcast_promote(%a: tensor<3x1xi32>, %b: tensor<4xf32>) -> tensor<3x4xf32> {
+  %0 = kiln.elementwise "add" %a, %b {alpha = 2.0 : f64} : (tensor<3x1xi32>, tensor<4xf32>) -> tensor<3x4xf32>
+  return %0 : tensor<3x4xf32>
+}
+
+// Neg follows formulas::Neg: -1 * x for floats (so -(+0) = -0), 0 - x for integers.
+// CHECK-LABEL: func.func @neg_exp
+// CHECK-DAG: %[[Z:.*]] = arith.constant 0 : i64
+// CHECK-DAG: %[[M1:.*]] = arith.constant -1.000000e+00 : f64
+// CHECK: arith.mulf %{{.*}}, %[[M1]] : f64
+// CHECK: arith.subi %[[Z]], %{{.*}} : i64
+// CHECK: arith.sitofp %{{.*}} : i64 to f32
+// CHECK-NEXT: math.exp %{{.*}} : f32
+func.func @neg_exp(%x: tensor<f64>, %i: tensor<5xi64>) -> (tensor<f64>, tensor<5xi64>, tensor<5xf32>) {
+  %0 = kiln.elementwise "neg" %x : (tensor<f64>) -> tensor<f64>
+  %1 = kiln.elementwise "neg" %i : (tensor<5xi64>) -> tensor<5xi64>
+  %2 = kiln.elementwise "exp" %i : (tensor<5xi64>) -> tensor<5xf32>
+  return %0, %1, %2 : tensor<f64>, tensor<5xi64>, tensor<5xf32>
+}
+
+// Kinds without a lowering yet stay as kiln ops.
+// CHECK-LABEL: func.func @not_yet
+// CHECK: kiln.elementwise "sigmoid"
+func.func @not_yet(%x: tensor<3xf32>) -> tensor<3xf32> {
+  %0 = kiln.elementwise "sigmoid" %x : (tensor<3xf32>) -> tensor<3xf32>
+  return %0 : tensor<3xf32>
+}
