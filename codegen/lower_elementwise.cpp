@@ -6,7 +6,13 @@
 // core/formulas.h instantiated with IrFloat, a scalar algebra over MLIR values.
 #include <cmath>
 
+#include "codegen/codegen.h"
 #include "codegen/lower.h"
+#include "core/error.h"
+#include "ir/graph_internal.h"
+#include "mlir/IR/Diagnostics.h"
+#include "mlir/Pass/PassManager.h"
+#include "mlir/Transforms/Passes.h"
 #include "core/formulas.h"
 #include "ir/dialect.h"
 #include "mlir/Dialect/Arith/IR/Arith.h"
@@ -266,6 +272,30 @@ void register_codegen(mlir::DialectRegistry& registry) {
                   mlir::tensor::TensorDialect>();
   mlir::PassRegistration<KilnToLinalgPass>();
   mlir::registerLinalgPasses();  // linalg-fuse-elementwise-ops, ...
+}
+
+std::string lower_to_linalg(const ir::Graph& g, bool fuse) {
+  mlir::ModuleOp original = ir::GraphAccess::module(g);
+  mlir::OwningOpRef<mlir::ModuleOp> module(original.clone());
+  mlir::MLIRContext* ctx = module->getContext();
+  std::string messages;
+  mlir::ScopedDiagnosticHandler handler(ctx, [&](mlir::Diagnostic& d) {
+    llvm::raw_string_ostream os(messages);
+    os << d.getLocation() << ": " << d << "\n";
+    return mlir::success();
+  });
+  mlir::PassManager pm(ctx);
+  pm.addPass(create_kiln_to_linalg_pass());
+  if (fuse) {
+    pm.addPass(mlir::createCanonicalizerPass());
+    pm.addPass(mlir::createLinalgElementwiseOpFusionPass());
+    pm.addPass(mlir::createCSEPass());
+  }
+  if (mlir::failed(pm.run(*module))) throw Error("lower_to_linalg", messages);
+  std::string text;
+  llvm::raw_string_ostream os(text);
+  module->print(os);
+  return text;
 }
 
 }  // namespace kiln::codegen

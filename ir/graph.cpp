@@ -1,4 +1,5 @@
 #include "ir/graph.h"
+#include "ir/graph_internal.h"
 
 #include "core/error.h"
 #include "ir/dialect.h"
@@ -151,5 +152,7 @@ void Graph::simplify() {
   // than inputs and outputs are invalid after simplify().
   impl_->ret = llvm::cast<mlir::func::ReturnOp>(impl_->func.getBody().front().getTerminator());
 }
+
+mlir::ModuleOp GraphAccess::module(const Graph& g) { return *g.impl_->module; }
 
 }  // namespace kiln::ir

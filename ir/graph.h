@@ -59,6 +59,7 @@ class Graph {
   void simplify();
 
  private:
+  friend struct GraphAccess;  // ir/graph_internal.h: the MLIR module, for codegen/
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
