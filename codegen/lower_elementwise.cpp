@@ -56,21 +56,69 @@ struct IrFloat {
                                           mlir::FloatAttr::get(g_ir->type, c))) {}
 };
 
+/// A comparison result (i1), the mask type of the algebra.
+struct IrMask {
+  mlir::Value v;
+};
+
 template <class Op> IrFloat binary(IrFloat a, IrFloat b) {
   return IrFloat(Op::create(*g_ir->b, g_ir->loc, a.v, b.v).getResult());
 }
 template <class Op> IrFloat unary(IrFloat a) {
   return IrFloat(Op::create(*g_ir->b, g_ir->loc, a.v).getResult());
 }
+IrMask cmp(mlir::arith::CmpFPredicate p, IrFloat a, IrFloat b) {
+  return {mlir::arith::CmpFOp::create(*g_ir->b, g_ir->loc, p, a.v, b.v).getResult()};
+}
 IrFloat operator+(IrFloat a, IrFloat b) { return binary<mlir::arith::AddFOp>(a, b); }
 IrFloat operator-(IrFloat a, IrFloat b) { return binary<mlir::arith::SubFOp>(a, b); }
 IrFloat operator*(IrFloat a, IrFloat b) { return binary<mlir::arith::MulFOp>(a, b); }
 IrFloat operator/(IrFloat a, IrFloat b) { return binary<mlir::arith::DivFOp>(a, b); }
+IrFloat operator-(IrFloat a) { return unary<mlir::arith::NegFOp>(a); }
+// C++ semantics: every comparison with NaN is false except !=.
+using P = mlir::arith::CmpFPredicate;
+IrMask operator<(IrFloat a, IrFloat b) { return cmp(P::OLT, a, b); }
+[[maybe_unused]] IrMask operator<=(IrFloat a, IrFloat b) { return cmp(P::OLE, a, b); }
+IrMask operator>(IrFloat a, IrFloat b) { return cmp(P::OGT, a, b); }
+[[maybe_unused]] IrMask operator>=(IrFloat a, IrFloat b) { return cmp(P::OGE, a, b); }
+IrMask operator==(IrFloat a, IrFloat b) { return cmp(P::OEQ, a, b); }
+IrMask operator!=(IrFloat a, IrFloat b) { return cmp(P::UNE, a, b); }
+IrMask operator&&(IrMask a, IrMask b) {
+  return {mlir::arith::AndIOp::create(*g_ir->b, g_ir->loc, a.v, b.v).getResult()};
+}
+IrMask operator||(IrMask a, IrMask b) {
+  return {mlir::arith::OrIOp::create(*g_ir->b, g_ir->loc, a.v, b.v).getResult()};
+}
+IrMask operator!=(IrMask a, IrMask b) {
+  return {mlir::arith::XOrIOp::create(*g_ir->b, g_ir->loc, a.v, b.v).getResult()};
+}
+IrFloat select(IrMask m, IrFloat a, IrFloat b) {
+  return IrFloat(mlir::arith::SelectOp::create(*g_ir->b, g_ir->loc, m.v, a.v, b.v).getResult());
+}
+IrMask isnan(IrFloat a) { return cmp(P::UNO, a, a); }
 // Math functions, found by argument-dependent lookup from the formulas.
+IrFloat abs(IrFloat a) { return unary<mlir::math::AbsFOp>(a); }
 IrFloat exp(IrFloat a) { return unary<mlir::math::ExpOp>(a); }
+IrFloat exp2(IrFloat a) { return unary<mlir::math::Exp2Op>(a); }
+IrFloat expm1(IrFloat a) { return unary<mlir::math::ExpM1Op>(a); }
 IrFloat log(IrFloat a) { return unary<mlir::math::LogOp>(a); }
+IrFloat log2(IrFloat a) { return unary<mlir::math::Log2Op>(a); }
+IrFloat log1p(IrFloat a) { return unary<mlir::math::Log1pOp>(a); }
 IrFloat sqrt(IrFloat a) { return unary<mlir::math::SqrtOp>(a); }
+IrFloat sin(IrFloat a) { return unary<mlir::math::SinOp>(a); }
+IrFloat cos(IrFloat a) { return unary<mlir::math::CosOp>(a); }
+IrFloat tan(IrFloat a) { return unary<mlir::math::TanOp>(a); }
 IrFloat tanh(IrFloat a) { return unary<mlir::math::TanhOp>(a); }
+IrFloat erf(IrFloat a) { return unary<mlir::math::ErfOp>(a); }
+IrFloat erfc(IrFloat a) { return unary<mlir::math::ErfcOp>(a); }
+IrFloat floor(IrFloat a) { return unary<mlir::math::FloorOp>(a); }
+IrFloat ceil(IrFloat a) { return unary<mlir::math::CeilOp>(a); }
+IrFloat trunc(IrFloat a) { return unary<mlir::math::TruncOp>(a); }
+IrFloat nearbyint(IrFloat a) { return unary<mlir::math::RoundEvenOp>(a); }  // half to even
+IrFloat fmod(IrFloat a, IrFloat b) { return binary<mlir::arith::RemFOp>(a, b); }
+IrFloat copysign(IrFloat a, IrFloat b) { return binary<mlir::math::CopySignOp>(a, b); }
+IrFloat pow(IrFloat a, IrFloat b) { return binary<mlir::math::PowFOp>(a, b); }
+IrFloat atan2(IrFloat a, IrFloat b) { return binary<mlir::math::Atan2Op>(a, b); }
 
 // ---------------------------------------------------------------------------------------------
 
@@ -106,38 +154,57 @@ mlir::Value scalar_constant(mlir::OpBuilder& b, mlir::Location loc, mlir::Attrib
                                          mlir::IntegerAttr::get(t, static_cast<int64_t>(d)));
 }
 
+// Elementwise kinds lowered for floating compute types, as (OpKind, formula) pairs. Their result
+// dtype is their compute dtype (comparisons, logical ops and where are not here yet).
+#define KILN_FLOAT_UNARY(X)                                                                   \
+  X(Neg) X(Abs) X(Sign) X(Exp) X(Exp2) X(Log) X(Log2) X(Log1p) X(Expm1) X(Sqrt) X(Rsqrt)      \
+  X(Reciprocal) X(Sin) X(Cos) X(Tan) X(Tanh) X(Sigmoid) X(Relu) X(Silu) X(Erf) X(Floor)     \
+  X(Ceil) X(Round) X(Trunc)
+#define KILN_FLOAT_BINARY(X) \
+  X(Mul) X(Div) X(FloorDivide) X(Remainder) X(Pow) X(Maximum) X(Minimum) X(Atan2)
+
 bool covered(OpKind k) {
   switch (k) {
+#define X(K) case OpKind::K:
+    KILN_FLOAT_UNARY(X)
+    KILN_FLOAT_BINARY(X)
+#undef X
     case OpKind::Add:
     case OpKind::Sub:
-    case OpKind::Mul:
-    case OpKind::Neg:
-    case OpKind::Exp:
-    case OpKind::Log:
-    case OpKind::Sqrt:
-    case OpKind::Tanh:
-    case OpKind::Div: return true;
+    case OpKind::Gelu:
+    case OpKind::Clamp: return true;
     default: return false;
   }
 }
 
 /// The body: `args` already converted to the compute type `t`.
 mlir::Value emit_formula(mlir::OpBuilder& b, mlir::Location loc, OpKind k,
-                         llvm::ArrayRef<mlir::Value> args, mlir::Value alpha, mlir::Type t) {
+                         llvm::ArrayRef<mlir::Value> args, mlir::Value alpha, mlir::Value beta,
+                         int64_t mode, mlir::Type t) {
   namespace f = kiln::formulas;
   if (auto ft = llvm::dyn_cast<mlir::FloatType>(t)) {
     IrScope scope(b, loc, ft);
     auto a = [&](int i) { return IrFloat(args[i]); };
     switch (k) {
+#define X(K) \
+  case OpKind::K: return f::K::eval(a(0)).v;
+      KILN_FLOAT_UNARY(X)
+#undef X
+#define X(K) \
+  case OpKind::K: return f::K::eval(a(0), a(1)).v;
+      KILN_FLOAT_BINARY(X)
+#undef X
       case OpKind::Add: return (alpha ? f::Add::eval(a(0), a(1), IrFloat(alpha)) : f::Add::eval(a(0), a(1))).v;
       case OpKind::Sub: return (alpha ? f::Sub::eval(a(0), a(1), IrFloat(alpha)) : f::Sub::eval(a(0), a(1))).v;
-      case OpKind::Mul: return f::Mul::eval(a(0), a(1)).v;
-      case OpKind::Div: return f::Div::eval(a(0), a(1)).v;
-      case OpKind::Neg: return f::Neg::eval(a(0)).v;
-      case OpKind::Exp: return f::Exp::eval(a(0)).v;
-      case OpKind::Log: return f::Log::eval(a(0)).v;
-      case OpKind::Sqrt: return f::Sqrt::eval(a(0)).v;
-      case OpKind::Tanh: return f::Tanh::eval(a(0)).v;
+      case OpKind::Gelu:
+        return (mode == 1 ? f::GeluTanh::eval(a(0)) : f::GeluErf::eval(a(0))).v;
+      case OpKind::Clamp: {
+        // formulas::Clamp = minimum(maximum(x, low), high); a missing bound skips its half.
+        if (alpha && beta) return f::Clamp::eval(a(0), IrFloat(alpha), IrFloat(beta)).v;
+        if (alpha) return f::Maximum::eval(a(0), IrFloat(alpha)).v;
+        if (beta) return f::Minimum::eval(a(0), IrFloat(beta)).v;
+        return {};
+      }
       default: return {};
     }
   }
@@ -209,6 +276,8 @@ struct LowerElementwise : mlir::OpRewritePattern<kiln::dialect::ElementwiseOp> {
     mlir::Value init = mlir::tensor::EmptyOp::create(rw, loc, result_type.getShape(), t, dyn_sizes);
     llvm::SmallVector<mlir::utils::IteratorType> iterators(rank, mlir::utils::IteratorType::parallel);
     mlir::Attribute alpha_attr = op.getAlphaAttr();
+    mlir::Attribute beta_attr = op.getBetaAttr();
+    int64_t mode = static_cast<int64_t>(op.getMode().value_or(0));
     OpKind k = *kind;
     bool failed = false;
     auto generic = mlir::linalg::GenericOp::create(
@@ -218,7 +287,8 @@ struct LowerElementwise : mlir::OpRewritePattern<kiln::dialect::ElementwiseOp> {
           for (mlir::Value a : args.drop_back()) converted.push_back(convert(b, l, a, t));
           mlir::Value alpha =
               alpha_attr ? scalar_constant(b, l, alpha_attr, t) : mlir::Value();
-          mlir::Value r = emit_formula(b, l, k, converted, alpha, t);
+          mlir::Value beta = beta_attr ? scalar_constant(b, l, beta_attr, t) : mlir::Value();
+          mlir::Value r = emit_formula(b, l, k, converted, alpha, beta, mode, t);
           if (!r) {
             failed = true;
             r = args.back();

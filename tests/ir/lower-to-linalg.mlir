@@ -64,8 +64,29 @@ func.func @neg_exp(%x: tensor<f64>, %i: tensor<5xi64>) -> (tensor<f64>, tensor<5
 
 // Kinds without a lowering yet stay as kiln ops.
 // CHECK-LABEL: func.func @not_yet
-// CHECK: kiln.elementwise "sigmoid"
-func.func @not_yet(%x: tensor<3xf32>) -> tensor<3xf32> {
-  %0 = kiln.elementwise "sigmoid" %x : (tensor<3xf32>) -> tensor<3xf32>
-  return %0 : tensor<3xf32>
+// CHECK: kiln.elementwise "lt"
+func.func @not_yet(%x: tensor<3xf32>) -> tensor<3xi1> {
+  %0 = kiln.elementwise "lt" %x, %x : (tensor<3xf32>, tensor<3xf32>) -> tensor<3xi1>
+  return %0 : tensor<3xi1>
+}
+
+// Bodies come from core/formulas.h: relu = select(x < 0, 0, x); maximum keeps NaN of a
+// (select(a > b || isnan(a), a, b)); round is half to even; gelu mode 1 is the tanh form.
+// CHECK-LABEL: func.func @formulas
+// CHECK: arith.cmpf olt
+// CHECK-NEXT: arith.select
+// CHECK: %[[GT:.*]] = arith.cmpf ogt, %[[A:.*]], %[[B:.*]] : f32
+// CHECK-NEXT: %[[NAN:.*]] = arith.cmpf uno, %[[A]], %[[A]] : f32
+// CHECK-NEXT: %[[OR:.*]] = arith.ori %[[GT]], %[[NAN]] : i1
+// CHECK-NEXT: arith.select %[[OR]], %[[A]], %[[B]] : f32
+// CHECK: math.roundeven
+// CHECK: arith.negf
+// CHECK: math.exp
+// CHECK: arith.divf
+func.func @formulas(%x: tensor<8xf32>, %y: tensor<8xf32>) -> (tensor<8xf32>, tensor<8xf32>, tensor<8xf32>, tensor<8xf32>) {
+  %0 = kiln.elementwise "relu" %x : (tensor<8xf32>) -> tensor<8xf32>
+  %1 = kiln.elementwise "maximum" %x, %y : (tensor<8xf32>, tensor<8xf32>) -> tensor<8xf32>
+  %2 = kiln.elementwise "round" %x : (tensor<8xf32>) -> tensor<8xf32>
+  %3 = kiln.elementwise "gelu" %x {mode = 1 : i64} : (tensor<8xf32>) -> tensor<8xf32>
+  return %0, %1, %2, %3 : tensor<8xf32>, tensor<8xf32>, tensor<8xf32>, tensor<8xf32>
 }
