@@ -162,13 +162,20 @@ mlir::Value scalar_constant(mlir::OpBuilder& b, mlir::Location loc, mlir::Attrib
   X(Ceil) X(Round) X(Trunc)
 #define KILN_FLOAT_BINARY(X) \
   X(Mul) X(Div) X(FloorDivide) X(Remainder) X(Pow) X(Maximum) X(Minimum) X(Atan2)
+// Bool-result ops (any compute type; the result is the formula's mask).
+#define KILN_MASK_BINARY(X) \
+  X(Eq) X(Ne) X(Lt) X(Le) X(Gt) X(Ge) X(LogicalAnd) X(LogicalOr) X(LogicalXor)
+
+DType result_type_of(std::span<const TensorMeta> metas) { return kiln::result_type(metas); }
 
 bool covered(OpKind k) {
   switch (k) {
 #define X(K) case OpKind::K:
     KILN_FLOAT_UNARY(X)
     KILN_FLOAT_BINARY(X)
+    KILN_MASK_BINARY(X)
 #undef X
+    case OpKind::LogicalNot:
     case OpKind::Add:
     case OpKind::Sub:
     case OpKind::Gelu:
@@ -193,7 +200,9 @@ mlir::Value emit_formula(mlir::OpBuilder& b, mlir::Location loc, OpKind k,
 #define X(K) \
   case OpKind::K: return f::K::eval(a(0), a(1)).v;
       KILN_FLOAT_BINARY(X)
+      KILN_MASK_BINARY(X)
 #undef X
+      case OpKind::LogicalNot: return f::LogicalNot::eval(a(0)).v;
       case OpKind::Add: return (alpha ? f::Add::eval(a(0), a(1), IrFloat(alpha)) : f::Add::eval(a(0), a(1))).v;
       case OpKind::Sub: return (alpha ? f::Sub::eval(a(0), a(1), IrFloat(alpha)) : f::Sub::eval(a(0), a(1))).v;
       case OpKind::Gelu:
@@ -210,6 +219,32 @@ mlir::Value emit_formula(mlir::OpBuilder& b, mlir::Location loc, OpKind k,
   }
   // Integers: arith's addi/subi/muli wrap in two's complement, as formulas' wrapping_* do.
   using namespace mlir::arith;
+  bool is_bool = t.isInteger(1);  // false < true: unsigned predicates
+  auto cmpi = [&](CmpIPredicate sp, CmpIPredicate up, mlir::Value x, mlir::Value y) -> mlir::Value {
+    return CmpIOp::create(b, loc, is_bool ? up : sp, x, y);
+  };
+  auto nonzero = [&](mlir::Value x) -> mlir::Value {
+    mlir::Value zero = ConstantOp::create(b, loc, t, mlir::IntegerAttr::get(t, 0));
+    return CmpIOp::create(b, loc, CmpIPredicate::ne, x, zero);
+  };
+  using CP = CmpIPredicate;
+  switch (k) {
+    case OpKind::Eq: return cmpi(CP::eq, CP::eq, args[0], args[1]);
+    case OpKind::Ne: return cmpi(CP::ne, CP::ne, args[0], args[1]);
+    case OpKind::Lt: return cmpi(CP::slt, CP::ult, args[0], args[1]);
+    case OpKind::Le: return cmpi(CP::sle, CP::ule, args[0], args[1]);
+    case OpKind::Gt: return cmpi(CP::sgt, CP::ugt, args[0], args[1]);
+    case OpKind::Ge: return cmpi(CP::sge, CP::uge, args[0], args[1]);
+    case OpKind::LogicalAnd: return AndIOp::create(b, loc, nonzero(args[0]), nonzero(args[1]));
+    case OpKind::LogicalOr: return OrIOp::create(b, loc, nonzero(args[0]), nonzero(args[1]));
+    case OpKind::LogicalXor: return XOrIOp::create(b, loc, nonzero(args[0]), nonzero(args[1]));
+    case OpKind::LogicalNot: {
+      mlir::Value zero = ConstantOp::create(b, loc, t, mlir::IntegerAttr::get(t, 0));
+      return CmpIOp::create(b, loc, CmpIPredicate::eq, args[0], zero);
+    }
+    default: break;
+  }
+  if (is_bool) return {};  // bool arithmetic (add = or, ...) is not lowered yet
   switch (k) {
     case OpKind::Add:
     case OpKind::Sub: {
@@ -235,7 +270,22 @@ struct LowerElementwise : mlir::OpRewritePattern<kiln::dialect::ElementwiseOp> {
     if (!kind || !covered(*kind)) return rw.notifyMatchFailure(op, "kind not lowered yet");
     auto result_type = llvm::cast<mlir::RankedTensorType>(op.getResult().getType());
     mlir::Type t = result_type.getElementType();
-    if (t.isInteger(1)) return rw.notifyMatchFailure(op, "bool results not lowered yet");
+    // Compute type: the result's, except for bool-result ops, which compute in the promoted
+    // type of their inputs (core's result_type, as infer_meta does).
+    bool to_bool = op_info(*kind).dtype_rule == DTypeRule::ToBool;
+    if (t.isInteger(1) && !to_bool) return rw.notifyMatchFailure(op, "bool arithmetic not lowered yet");
+    mlir::Type ct = t;
+    if (to_bool) {
+      std::vector<TensorMeta> metas;
+      for (mlir::Value in : op.getInputs()) {
+        auto it = llvm::cast<mlir::RankedTensorType>(in.getType());
+        TensorMeta m;
+        m.dtype = *kiln::dialect::dtype_of(it.getElementType());
+        m.shape.resize(static_cast<int>(it.getRank()), 1);
+        metas.push_back(m);
+      }
+      ct = kiln::dialect::element_type(rw.getContext(), result_type_of(metas));
+    }
     if (!llvm::isa<mlir::FloatType>(t) &&
         (*kind == OpKind::Div || op_info(*kind).dtype_rule == DTypeRule::ToFloat))
       return rw.notifyMatchFailure(op, "integer result for a float op");
@@ -284,11 +334,11 @@ struct LowerElementwise : mlir::OpRewritePattern<kiln::dialect::ElementwiseOp> {
         rw, loc, mlir::TypeRange{result_type}, op.getInputs(), mlir::ValueRange{init}, maps,
         iterators, [&](mlir::OpBuilder& b, mlir::Location l, mlir::ValueRange args) {
           llvm::SmallVector<mlir::Value> converted;
-          for (mlir::Value a : args.drop_back()) converted.push_back(convert(b, l, a, t));
+          for (mlir::Value a : args.drop_back()) converted.push_back(convert(b, l, a, ct));
           mlir::Value alpha =
-              alpha_attr ? scalar_constant(b, l, alpha_attr, t) : mlir::Value();
-          mlir::Value beta = beta_attr ? scalar_constant(b, l, beta_attr, t) : mlir::Value();
-          mlir::Value r = emit_formula(b, l, k, converted, alpha, beta, mode, t);
+              alpha_attr ? scalar_constant(b, l, alpha_attr, ct) : mlir::Value();
+          mlir::Value beta = beta_attr ? scalar_constant(b, l, beta_attr, ct) : mlir::Value();
+          mlir::Value r = emit_formula(b, l, k, converted, alpha, beta, mode, ct);
           if (!r) {
             failed = true;
             r = args.back();

@@ -64,10 +64,25 @@ func.func @neg_exp(%x: tensor<f64>, %i: tensor<5xi64>) -> (tensor<f64>, tensor<5
 
 // Kinds without a lowering yet stay as kiln ops.
 // CHECK-LABEL: func.func @not_yet
-// CHECK: kiln.elementwise "lt"
-func.func @not_yet(%x: tensor<3xf32>) -> tensor<3xi1> {
+// CHECK: kiln.elementwise "where"
+func.func @not_yet(%c: tensor<3xi1>, %x: tensor<3xf32>) -> tensor<3xf32> {
+  %0 = kiln.elementwise "where" %c, %x, %x : (tensor<3xi1>, tensor<3xf32>, tensor<3xf32>) -> tensor<3xf32>
+  return %0 : tensor<3xf32>
+}
+
+// Comparisons: C++ semantics on floats (ordered, except != which is unordered), signed on
+// integers, unsigned on bools.
+// CHECK-LABEL: func.func @compare
+// CHECK: arith.cmpf olt
+// CHECK: arith.cmpf une
+// CHECK: arith.cmpi slt
+// CHECK: arith.cmpi ult
+func.func @compare(%x: tensor<3xf32>, %i: tensor<3xi64>, %b: tensor<3xi1>) -> (tensor<3xi1>, tensor<3xi1>, tensor<3xi1>, tensor<3xi1>) {
   %0 = kiln.elementwise "lt" %x, %x : (tensor<3xf32>, tensor<3xf32>) -> tensor<3xi1>
-  return %0 : tensor<3xi1>
+  %1 = kiln.elementwise "ne" %x, %x : (tensor<3xf32>, tensor<3xf32>) -> tensor<3xi1>
+  %2 = kiln.elementwise "lt" %i, %i : (tensor<3xi64>, tensor<3xi64>) -> tensor<3xi1>
+  %3 = kiln.elementwise "lt" %b, %b : (tensor<3xi1>, tensor<3xi1>) -> tensor<3xi1>
+  return %0, %1, %2, %3 : tensor<3xi1>, tensor<3xi1>, tensor<3xi1>, tensor<3xi1>
 }
 
 // Bodies come from core/formulas.h: relu = select(x < 0, 0, x); maximum keeps NaN of a

@@ -36,11 +36,12 @@ TEST_CASE("codegen::lower_to_linalg: x*x + x, then tanh, becomes one fused linal
 TEST_CASE("codegen::lower_to_linalg keeps kinds without a lowering as kiln ops") {
   ir::Graph g;
   ir::Value x = g.input(DType::Float32, {4});
-  g.output(g.op(OpKind::Lt, {g.op(OpKind::Exp, {x}), x}));  // bool results: not lowered yet
+  ir::Value c = g.input(DType::Bool, {4});
+  g.output(g.op(OpKind::Where, {c, g.op(OpKind::Exp, {x}), x}));  // where: not lowered yet
   std::string text = codegen::lower_to_linalg(g);
   INFO(text);
   CHECK(count(text, "math.exp") == 1);
-  CHECK(count(text, "kiln.elementwise \"lt\"") == 1);
+  CHECK(count(text, "kiln.elementwise \"where\"") == 1);
 }
 
 TEST_CASE("codegen::lower_to_linalg covers the float unary and binary ops of the table") {
@@ -48,7 +49,6 @@ TEST_CASE("codegen::lower_to_linalg covers the float unary and binary ops of the
     auto k = static_cast<OpKind>(i);
     auto c = op_info(k).category;
     if (c != OpCategory::Unary && c != OpCategory::Binary) continue;
-    if (op_info(k).dtype_rule == DTypeRule::ToBool) continue;  // masks: not lowered yet
     for (DType dt : {DType::Float32, DType::Float64}) {
       INFO(op_name(k) << " " << name(dt));
       ir::Graph g;
@@ -84,4 +84,33 @@ TEST_CASE("codegen::lower_to_linalg: integer add/sub/mul/neg and int -> float pr
   CHECK(count(text, "arith.muli") == 1);
   CHECK(count(text, "arith.extsi") >= 1);
   CHECK(count(text, "arith.sitofp") == 1);
+}
+
+TEST_CASE("codegen::lower_to_linalg: comparisons and logical ops on every dtype give i1") {
+  for (OpKind k : {OpKind::Eq, OpKind::Ne, OpKind::Lt, OpKind::Le, OpKind::Gt, OpKind::Ge,
+                   OpKind::LogicalAnd, OpKind::LogicalOr, OpKind::LogicalXor, OpKind::LogicalNot}) {
+    for (DType dt : {DType::Bool, DType::Int32, DType::Int64, DType::Float32, DType::Float64}) {
+      INFO(op_name(k) << " " << name(dt));
+      ir::Graph g;
+      std::vector<ir::Value> ins;
+      for (int j = 0; j < op_info(k).arity; ++j) ins.push_back(g.input(dt, {5}));
+      ir::Value y = g.op(k, ins);
+      CHECK(g.type(y).dtype == DType::Bool);
+      g.output(y);
+      std::string text = codegen::lower_to_linalg(g);
+      INFO(text);
+      CHECK(count(text, "kiln.") == 0);
+      CHECK(count(text, "-> tensor<5xi1>") >= 1);
+      bool is_float = dt == DType::Float32 || dt == DType::Float64;
+      // (on bools, `x != 0` folds to x, so logical ops may have no comparison left)
+      if (dt != DType::Bool) CHECK(count(text, is_float ? "arith.cmpf" : "arith.cmpi") >= 1);
+    }
+  }
+  // Mixed int32 < float32 compares in float32, like eager's compute dtype.
+  ir::Graph g;
+  g.output(g.op(OpKind::Lt, {g.input(DType::Int32, {3}), g.input(DType::Float32, {3})}));
+  std::string text = codegen::lower_to_linalg(g);
+  INFO(text);
+  CHECK(count(text, "arith.sitofp") == 1);
+  CHECK(count(text, "arith.cmpf olt") == 1);
 }
