@@ -176,6 +176,7 @@ bool covered(OpKind k) {
     KILN_MASK_BINARY(X)
 #undef X
     case OpKind::LogicalNot:
+    case OpKind::Where:
     case OpKind::Add:
     case OpKind::Sub:
     case OpKind::Gelu:
@@ -189,6 +190,13 @@ mlir::Value emit_formula(mlir::OpBuilder& b, mlir::Location loc, OpKind k,
                          llvm::ArrayRef<mlir::Value> args, mlir::Value alpha, mlir::Value beta,
                          int64_t mode, mlir::Type t) {
   namespace f = kiln::formulas;
+  if (k == OpKind::Where) {  // args[0] is the i1 condition (not converted)
+    if (auto ft = llvm::dyn_cast<mlir::FloatType>(t)) {
+      IrScope scope(b, loc, ft);
+      return f::Where::eval(IrMask{args[0]}, IrFloat(args[1]), IrFloat(args[2])).v;
+    }
+    return mlir::arith::SelectOp::create(b, loc, args[0], args[1], args[2]);
+  }
   if (auto ft = llvm::dyn_cast<mlir::FloatType>(t)) {
     IrScope scope(b, loc, ft);
     auto a = [&](int i) { return IrFloat(args[i]); };
@@ -273,7 +281,7 @@ struct LowerElementwise : mlir::OpRewritePattern<kiln::dialect::ElementwiseOp> {
     // Compute type: the result's, except for bool-result ops, which compute in the promoted
     // type of their inputs (core's result_type, as infer_meta does).
     bool to_bool = op_info(*kind).dtype_rule == DTypeRule::ToBool;
-    if (t.isInteger(1) && !to_bool) return rw.notifyMatchFailure(op, "bool arithmetic not lowered yet");
+    if (t.isInteger(1) && !to_bool && *kind != OpKind::Where) return rw.notifyMatchFailure(op, "bool arithmetic not lowered yet");
     mlir::Type ct = t;
     if (to_bool) {
       std::vector<TensorMeta> metas;
@@ -334,7 +342,8 @@ struct LowerElementwise : mlir::OpRewritePattern<kiln::dialect::ElementwiseOp> {
         rw, loc, mlir::TypeRange{result_type}, op.getInputs(), mlir::ValueRange{init}, maps,
         iterators, [&](mlir::OpBuilder& b, mlir::Location l, mlir::ValueRange args) {
           llvm::SmallVector<mlir::Value> converted;
-          for (mlir::Value a : args.drop_back()) converted.push_back(convert(b, l, a, ct));
+          for (auto [i, a] : llvm::enumerate(args.drop_back()))
+            converted.push_back(k == OpKind::Where && i == 0 ? a : convert(b, l, a, ct));
           mlir::Value alpha =
               alpha_attr ? scalar_constant(b, l, alpha_attr, ct) : mlir::Value();
           mlir::Value beta = beta_attr ? scalar_constant(b, l, beta_attr, ct) : mlir::Value();

@@ -36,12 +36,13 @@ TEST_CASE("codegen::lower_to_linalg: x*x + x, then tanh, becomes one fused linal
 TEST_CASE("codegen::lower_to_linalg keeps kinds without a lowering as kiln ops") {
   ir::Graph g;
   ir::Value x = g.input(DType::Float32, {4});
-  ir::Value c = g.input(DType::Bool, {4});
-  g.output(g.op(OpKind::Where, {c, g.op(OpKind::Exp, {x}), x}));  // where: not lowered yet
+  ir::Value b = g.input(DType::Bool, {4});
+  g.output(g.op(OpKind::Add, {b, b}));  // bool arithmetic: not lowered yet
+  g.output(g.op(OpKind::Exp, {x}));
   std::string text = codegen::lower_to_linalg(g);
   INFO(text);
   CHECK(count(text, "math.exp") == 1);
-  CHECK(count(text, "kiln.elementwise \"where\"") == 1);
+  CHECK(count(text, "kiln.elementwise \"add\"") == 1);
 }
 
 TEST_CASE("codegen::lower_to_linalg covers the float unary and binary ops of the table") {
@@ -113,4 +114,21 @@ TEST_CASE("codegen::lower_to_linalg: comparisons and logical ops on every dtype 
   INFO(text);
   CHECK(count(text, "arith.sitofp") == 1);
   CHECK(count(text, "arith.cmpf olt") == 1);
+}
+
+TEST_CASE("codegen::lower_to_linalg: where selects with promotion and broadcasting") {
+  ir::Graph g;
+  ir::Value c = g.input(DType::Bool, {2, 1});
+  ir::Value a = g.input(DType::Int32, {3});
+  ir::Value x = g.input(DType::Float32, {2, 3});
+  ir::Value y = g.op(OpKind::Where, {c, a, x});
+  CHECK(g.type(y).dtype == DType::Float32);
+  CHECK(g.type(y).shape == std::vector<int64_t>{2, 3});
+  g.output(y);
+  g.output(g.op(OpKind::Where, {c, a, a}));
+  std::string text = codegen::lower_to_linalg(g, /*fuse=*/false);
+  INFO(text);
+  CHECK(count(text, "kiln.") == 0);
+  CHECK(count(text, "arith.select") == 2);
+  CHECK(count(text, "arith.sitofp") == 1);
 }
