@@ -9,6 +9,7 @@
 #include "codegen/codegen.h"
 #include "codegen/lower.h"
 #include "core/error.h"
+#include "core/meta.h"
 #include "ir/graph_internal.h"
 #include "mlir/IR/Diagnostics.h"
 #include "mlir/Pass/PassManager.h"
@@ -363,6 +364,129 @@ struct LowerElementwise : mlir::OpRewritePattern<kiln::dialect::ElementwiseOp> {
   }
 };
 
+/// kiln.reduce sum/prod/amax/amin/mean -> linalg.fill + linalg.generic with reduction iterators
+/// (mean: then one elementwise generic dividing by the count). Int sum/prod accumulate in int64.
+struct LowerReduce : mlir::OpRewritePattern<kiln::dialect::ReduceOp> {
+  using OpRewritePattern::OpRewritePattern;
+
+  mlir::LogicalResult matchAndRewrite(kiln::dialect::ReduceOp op,
+                                      mlir::PatternRewriter& rw) const override {
+    auto kind = kiln::dialect::op_kind_from_name(op.getKind());
+    if (!kind || !(*kind == OpKind::Sum || *kind == OpKind::Prod || *kind == OpKind::Amax ||
+                   *kind == OpKind::Amin || *kind == OpKind::Mean))
+      return rw.notifyMatchFailure(op, "kind not lowered yet");
+    auto in_type = llvm::cast<mlir::RankedTensorType>(op.getInput().getType());
+    auto out_type = llvm::cast<mlir::RankedTensorType>(op.getResult().getType());
+    mlir::Type t = out_type.getElementType();
+    if (t.isInteger(1)) return rw.notifyMatchFailure(op, "bool reductions not lowered yet");
+    mlir::Location loc = op.getLoc();
+    mlir::MLIRContext* ctx = rw.getContext();
+    int rank = static_cast<int>(in_type.getRank());
+    OpAttrs attrs = kiln::dialect::attrs_from_op(*kind, op);
+    uint32_t mask;
+    try {
+      mask = kiln::reduction_mask(attrs, rank, op_info(*kind).name.data(), Loc::current());
+    } catch (const Error&) {
+      return rw.notifyMatchFailure(op, "bad dims");
+    }
+    bool keepdim = op.getKeepdim();
+
+    llvm::SmallVector<mlir::AffineExpr> out_exprs;
+    llvm::SmallVector<mlir::utils::IteratorType> iterators;
+    llvm::SmallVector<mlir::Value> dyn_sizes;
+    mlir::Value count;  // number of reduced elements (index), for mean
+    for (int d = 0; d < rank; ++d) {
+      bool reduced = mask >> d & 1;
+      iterators.push_back(reduced ? mlir::utils::IteratorType::reduction
+                                  : mlir::utils::IteratorType::parallel);
+      if (!reduced) {
+        out_exprs.push_back(rw.getAffineDimExpr(d));
+        if (in_type.isDynamicDim(d)) dyn_sizes.push_back(mlir::tensor::DimOp::create(rw, loc, op.getInput(), d));
+      } else {
+        if (keepdim) out_exprs.push_back(rw.getAffineConstantExpr(0));
+        mlir::Value size = in_type.isDynamicDim(d)
+                               ? mlir::tensor::DimOp::create(rw, loc, op.getInput(), d).getResult()
+                               : mlir::arith::ConstantIndexOp::create(rw, loc, in_type.getDimSize(d)).getResult();
+        count = count ? mlir::arith::MulIOp::create(rw, loc, count, size).getResult() : size;
+      }
+    }
+    if (static_cast<int64_t>(out_exprs.size()) != out_type.getRank())
+      return rw.notifyMatchFailure(op, "unexpected result rank");
+    // Result dims that are dynamic must come from the input; static ones are static there too.
+    if (dyn_sizes.size() != static_cast<size_t>(out_type.getNumDynamicDims()))
+      return rw.notifyMatchFailure(op, "result and input dynamic dims differ");
+
+    // Identity of the accumulation.
+    mlir::TypedAttr identity;
+    OpKind k = *kind;
+    if (auto ft = llvm::dyn_cast<mlir::FloatType>(t)) {
+      double v = k == OpKind::Prod ? 1.0 : k == OpKind::Amax ? -INFINITY : k == OpKind::Amin ? INFINITY : 0.0;
+      identity = mlir::FloatAttr::get(ft, v);
+    } else {
+      unsigned bits = t.getIntOrFloatBitWidth();
+      llvm::APInt v = k == OpKind::Prod   ? llvm::APInt(bits, 1)
+                      : k == OpKind::Amax ? llvm::APInt::getSignedMinValue(bits)
+                      : k == OpKind::Amin ? llvm::APInt::getSignedMaxValue(bits)
+                                          : llvm::APInt(bits, 0);
+      identity = mlir::IntegerAttr::get(t, v);
+      if (k == OpKind::Mean) return rw.notifyMatchFailure(op, "integer mean");
+    }
+    mlir::Value init = mlir::tensor::EmptyOp::create(rw, loc, out_type.getShape(), t, dyn_sizes);
+    mlir::Value id = mlir::arith::ConstantOp::create(rw, loc, identity);
+    mlir::Value filled =
+        mlir::linalg::FillOp::create(rw, loc, mlir::ValueRange{id}, mlir::ValueRange{init}).getResult(0);
+    llvm::SmallVector<mlir::AffineMap> maps = {mlir::AffineMap::getMultiDimIdentityMap(rank, ctx),
+                                               mlir::AffineMap::get(rank, 0, out_exprs, ctx)};
+    auto generic = mlir::linalg::GenericOp::create(
+        rw, loc, mlir::TypeRange{out_type}, mlir::ValueRange{op.getInput()},
+        mlir::ValueRange{filled}, maps, iterators,
+        [&](mlir::OpBuilder& b, mlir::Location l, mlir::ValueRange args) {
+          mlir::Value x = convert(b, l, args[0], t), acc = args[1], r;
+          namespace f = kiln::formulas;
+          if (auto ft = llvm::dyn_cast<mlir::FloatType>(t)) {
+            IrScope scope(b, l, ft);
+            IrFloat a(x), c(acc);
+            switch (k) {
+              case OpKind::Prod: r = f::Mul::eval(c, a).v; break;
+              case OpKind::Amax: r = f::Maximum::eval(a, c).v; break;  // NaN wins
+              case OpKind::Amin: r = f::Minimum::eval(a, c).v; break;
+              default: r = f::Add::eval(c, a).v; break;  // sum, mean
+            }
+          } else {
+            switch (k) {
+              case OpKind::Prod: r = mlir::arith::MulIOp::create(b, l, acc, x); break;
+              case OpKind::Amax: r = mlir::arith::MaxSIOp::create(b, l, acc, x); break;
+              case OpKind::Amin: r = mlir::arith::MinSIOp::create(b, l, acc, x); break;
+              default: r = mlir::arith::AddIOp::create(b, l, acc, x); break;
+            }
+          }
+          mlir::linalg::YieldOp::create(b, l, r);
+        });
+    mlir::Value result = generic.getResult(0);
+    if (k == OpKind::Mean) {
+      auto ft = llvm::cast<mlir::FloatType>(t);
+      mlir::Value n = count ? count : mlir::arith::ConstantIndexOp::create(rw, loc, 1).getResult();
+      mlir::Value n_i64 = mlir::arith::IndexCastOp::create(rw, loc, rw.getI64Type(), n);
+      mlir::Value n_f = mlir::arith::SIToFPOp::create(rw, loc, ft, n_i64);
+      int64_t orank = out_type.getRank();
+      mlir::Value empty = mlir::tensor::EmptyOp::create(rw, loc, out_type.getShape(), t, dyn_sizes);
+      auto id_map = mlir::AffineMap::getMultiDimIdentityMap(orank, ctx);
+      result = mlir::linalg::GenericOp::create(
+                   rw, loc, mlir::TypeRange{out_type}, mlir::ValueRange{result},
+                   mlir::ValueRange{empty}, llvm::SmallVector<mlir::AffineMap>{id_map, id_map},
+                   llvm::SmallVector<mlir::utils::IteratorType>(orank, mlir::utils::IteratorType::parallel),
+                   [&](mlir::OpBuilder& b, mlir::Location l, mlir::ValueRange args) {
+                     IrScope scope(b, l, ft);
+                     mlir::linalg::YieldOp::create(
+                         b, l, kiln::formulas::Div::eval(IrFloat(args[0]), IrFloat(n_f)).v);
+                   })
+                   .getResult(0);
+    }
+    rw.replaceOp(op, result);
+    return mlir::success();
+  }
+};
+
 struct KilnToLinalgPass
     : mlir::PassWrapper<KilnToLinalgPass, mlir::OperationPass<mlir::ModuleOp>> {
   MLIR_DEFINE_EXPLICIT_INTERNAL_INLINE_TYPE_ID(KilnToLinalgPass)
@@ -389,7 +513,7 @@ struct KilnToLinalgPass
 }  // namespace
 
 void populate_kiln_to_linalg_patterns(mlir::RewritePatternSet& patterns) {
-  patterns.add<LowerElementwise>(patterns.getContext());
+  patterns.add<LowerElementwise, LowerReduce>(patterns.getContext());
 }
 
 std::unique_ptr<mlir::Pass> create_kiln_to_linalg_pass() {

@@ -132,3 +132,26 @@ TEST_CASE("codegen::lower_to_linalg: where selects with promotion and broadcasti
   CHECK(count(text, "arith.select") == 2);
   CHECK(count(text, "arith.sitofp") == 1);
 }
+
+TEST_CASE("codegen::lower_to_linalg: sum/prod/amax/amin/mean over dims, keepdim, dynamic") {
+  for (OpKind k : {OpKind::Sum, OpKind::Prod, OpKind::Amax, OpKind::Amin, OpKind::Mean}) {
+    for (DType dt : {DType::Int32, DType::Int64, DType::Float32, DType::Float64}) {
+      if (k == OpKind::Mean && !(dt == DType::Float32 || dt == DType::Float64)) continue;
+      for (bool keepdim : {false, true}) {
+        INFO(op_name(k) << " " << name(dt) << " keepdim " << keepdim);
+        ir::Graph g;
+        ir::Value x = g.input(dt, {ir::kDynamic, 3, 4});
+        OpAttrs attrs;
+        attrs.dims = {0, 2};
+        attrs.keepdim = keepdim;
+        ir::Value y = g.op(k, {x}, attrs);
+        g.output(y);
+        std::string text = codegen::lower_to_linalg(g);
+        INFO(text);
+        CHECK(count(text, "kiln.") == 0);
+        CHECK(count(text, "iterator_types = [\"reduction\", \"parallel\", \"reduction\"]") == 1);
+        CHECK(count(text, "linalg.fill") == 1);
+      }
+    }
+  }
+}
