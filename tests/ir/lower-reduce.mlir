@@ -1,4 +1,4 @@
-// kiln.reduce -> linalg.fill + linalg.generic with reduction iterators (codegen/lower_elementwise.cpp).
+// kiln.reduce -> linalg.fill + linalg.generic with reduction iterators (codegen/lower.cpp).
 // RUN: kiln-opt %s --convert-kiln-to-linalg | FileCheck %s
 // RUN: kiln-opt %s --convert-kiln-to-linalg \
 // RUN: | mlir-opt --pass-pipeline='builtin.module(eliminate-empty-tensors,one-shot-bufferize{bufferize-function-boundaries function-boundary-type-conversion=identity-layout-map},buffer-deallocation-pipeline,func.func(convert-linalg-to-loops),convert-scf-to-cf,expand-strided-metadata,lower-affine,convert-to-llvm,reconcile-unrealized-casts)' \

@@ -1,4 +1,4 @@
-// kiln.elementwise -> linalg.generic on tensors (codegen/lower_elementwise.cpp), and the result
+// kiln.elementwise -> linalg.generic on tensors (codegen/lower.cpp), and the result
 // fusing into one loop nest with upstream linalg-fuse-elementwise-ops.
 // RUN: kiln-opt %s --convert-kiln-to-linalg | FileCheck %s
 // RUN: kiln-opt %s --convert-kiln-to-linalg | kiln-opt | FileCheck %s

@@ -1,4 +1,4 @@
-// kiln.elementwise -> linalg.generic on tensors.
+// kiln dialect -> linalg on tensors: kiln.elementwise and kiln.reduce.
 //
 // Broadcasting becomes the operands' indexing maps (a static size-1 dim against a larger result
 // dim reads index 0; a `?` dim is assumed not to broadcast, as in TorchInductor), dtype promotion
