@@ -487,6 +487,84 @@ struct LowerReduce : mlir::OpRewritePattern<kiln::dialect::ReduceOp> {
   }
 };
 
+/// kiln.matmul "matmul" on 2-D operands of the result's float type -> linalg.matmul into a
+/// zero-filled init (no alpha/beta, batch dims or 1-D operands yet).
+struct LowerMatmul : mlir::OpRewritePattern<kiln::dialect::MatmulOp> {
+  using OpRewritePattern::OpRewritePattern;
+
+  mlir::LogicalResult matchAndRewrite(kiln::dialect::MatmulOp op,
+                                      mlir::PatternRewriter& rw) const override {
+    if (op.getKind() != "matmul" || op.getInputs().size() != 2 || op.getAlpha() || op.getBeta())
+      return rw.notifyMatchFailure(op, "only plain 2-D matmul is lowered yet");
+    mlir::Value a = op.getInputs()[0], b = op.getInputs()[1];
+    auto ta = llvm::cast<mlir::RankedTensorType>(a.getType());
+    auto tb = llvm::cast<mlir::RankedTensorType>(b.getType());
+    auto out = llvm::cast<mlir::RankedTensorType>(op.getResult().getType());
+    mlir::Type t = out.getElementType();
+    if (ta.getRank() != 2 || tb.getRank() != 2 || !llvm::isa<mlir::FloatType>(t) ||
+        ta.getElementType() != t || tb.getElementType() != t)
+      return rw.notifyMatchFailure(op, "only 2-D same-dtype float matmul is lowered yet");
+    mlir::Location loc = op.getLoc();
+    llvm::SmallVector<mlir::Value> dyn;
+    if (out.isDynamicDim(0)) {
+      if (!ta.isDynamicDim(0)) return rw.notifyMatchFailure(op, "dynamic M without source");
+      dyn.push_back(mlir::tensor::DimOp::create(rw, loc, a, 0));
+    }
+    if (out.isDynamicDim(1)) {
+      if (!tb.isDynamicDim(1)) return rw.notifyMatchFailure(op, "dynamic N without source");
+      dyn.push_back(mlir::tensor::DimOp::create(rw, loc, b, 1));
+    }
+    mlir::Value init = mlir::tensor::EmptyOp::create(rw, loc, out.getShape(), t, dyn);
+    mlir::Value zero = mlir::arith::ConstantOp::create(
+        rw, loc, mlir::FloatAttr::get(llvm::cast<mlir::FloatType>(t), 0.0));
+    mlir::Value filled =
+        mlir::linalg::FillOp::create(rw, loc, mlir::ValueRange{zero}, mlir::ValueRange{init}).getResult(0);
+    auto mm = mlir::linalg::MatmulOp::create(rw, loc, mlir::TypeRange{out}, mlir::ValueRange{a, b},
+                                             mlir::ValueRange{filled});
+    rw.replaceOp(op, mm->getResults());
+    return mlir::success();
+  }
+};
+
+/// kiln.view "transpose" / "permute" -> linalg.transpose (a copy: values, not aliases, in the IR).
+struct LowerTranspose : mlir::OpRewritePattern<kiln::dialect::ViewOp> {
+  using OpRewritePattern::OpRewritePattern;
+
+  mlir::LogicalResult matchAndRewrite(kiln::dialect::ViewOp op,
+                                      mlir::PatternRewriter& rw) const override {
+    auto in = llvm::cast<mlir::RankedTensorType>(op.getInput().getType());
+    auto out = llvm::cast<mlir::RankedTensorType>(op.getResult().getType());
+    int64_t rank = in.getRank();
+    auto wrap = [&](int64_t d) { return d < 0 ? d + rank : d; };
+    llvm::SmallVector<int64_t> perm;
+    for (int64_t i = 0; i < rank; ++i) perm.push_back(i);
+    if (op.getKind() == "transpose") {
+      if (rank == 0) return rw.notifyMatchFailure(op, "0-d");
+      int64_t d0 = wrap(static_cast<int64_t>(op.getDim().value_or(0)));
+      int64_t d1 = wrap(static_cast<int64_t>(op.getDim1().value_or(0)));
+      if (d0 < 0 || d0 >= rank || d1 < 0 || d1 >= rank) return rw.notifyMatchFailure(op, "dims");
+      std::swap(perm[d0], perm[d1]);
+    } else if (op.getKind() == "permute" && op.getDims()) {
+      perm.clear();
+      llvm::ArrayRef<int64_t> dims = *op.getDims();
+      for (int64_t d : dims) perm.push_back(wrap(d));
+    } else {
+      return rw.notifyMatchFailure(op, "view kind not lowered yet");
+    }
+    mlir::Location loc = op.getLoc();
+    llvm::SmallVector<mlir::Value> dyn;
+    for (int64_t i = 0; i < rank; ++i)
+      if (out.isDynamicDim(i)) {
+        if (!in.isDynamicDim(perm[i])) return rw.notifyMatchFailure(op, "dynamic dim mismatch");
+        dyn.push_back(mlir::tensor::DimOp::create(rw, loc, op.getInput(), perm[i]));
+      }
+    mlir::Value init = mlir::tensor::EmptyOp::create(rw, loc, out.getShape(), out.getElementType(), dyn);
+    auto tr = mlir::linalg::TransposeOp::create(rw, loc, op.getInput(), init, perm);
+    rw.replaceOp(op, tr->getResults());
+    return mlir::success();
+  }
+};
+
 struct KilnToLinalgPass
     : mlir::PassWrapper<KilnToLinalgPass, mlir::OperationPass<mlir::ModuleOp>> {
   MLIR_DEFINE_EXPLICIT_INTERNAL_INLINE_TYPE_ID(KilnToLinalgPass)
@@ -513,7 +591,7 @@ struct KilnToLinalgPass
 }  // namespace
 
 void populate_kiln_to_linalg_patterns(mlir::RewritePatternSet& patterns) {
-  patterns.add<LowerElementwise, LowerReduce>(patterns.getContext());
+  patterns.add<LowerElementwise, LowerReduce, LowerMatmul, LowerTranspose>(patterns.getContext());
 }
 
 std::unique_ptr<mlir::Pass> create_kiln_to_linalg_pass() {

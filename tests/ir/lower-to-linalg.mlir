@@ -105,3 +105,13 @@ func.func @formulas(%x: tensor<8xf32>, %y: tensor<8xf32>) -> (tensor<8xf32>, ten
   %3 = kiln.elementwise "gelu" %x {mode = 1 : i64} : (tensor<8xf32>) -> tensor<8xf32>
   return %0, %1, %2, %3 : tensor<8xf32>, tensor<8xf32>, tensor<8xf32>, tensor<8xf32>
 }
+
+// addmm and views other than transpose/permute are not lowered yet.
+// CHECK-LABEL: func.func @not_yet_matmul_view
+// CHECK: kiln.matmul "addmm"
+// CHECK: kiln.view "expand"
+func.func @not_yet_matmul_view(%bias: tensor<4xf32>, %a: tensor<3x2xf32>, %b: tensor<2x4xf32>, %s: tensor<3x1xf32>) -> (tensor<3x4xf32>, tensor<3x4xf32>) {
+  %0 = kiln.matmul "addmm" %bias, %a, %b : (tensor<4xf32>, tensor<3x2xf32>, tensor<2x4xf32>) -> tensor<3x4xf32>
+  %1 = kiln.view "expand" %s {dims = array<i64: -1, 4>} : (tensor<3x1xf32>) -> tensor<3x4xf32>
+  return %0, %1 : tensor<3x4xf32>, tensor<3x4xf32>
+}
