@@ -1,0 +1,73 @@
+// The `kiln` dialect: a few generic ops by category, each carrying the op's name from the op
+// table (core/ops.def) in its `kind` attribute. Verification of every op maps `kind` back to
+// kiln::OpKind and calls core's infer_meta, so diagnostics match eager mode.
+#ifndef KILN_OPS_TD
+#define KILN_OPS_TD
+
+include "mlir/IR/OpBase.td"
+include "mlir/IR/BuiltinAttributes.td"
+include "mlir/Interfaces/SideEffectInterfaces.td"
+include "mlir/Interfaces/InferTypeOpInterface.td"
+
+def Kiln_Dialect : Dialect {
+  let name = "kiln";
+  let cppNamespace = "::kiln::dialect";
+  let summary = "kiln's tensor-level op set, one op per category of the op table";
+  let hasConstantMaterializer = 1;
+}
+
+class Kiln_Op<string mnemonic, list<Trait> traits = []>
+    : Op<Kiln_Dialect, mnemonic, !listconcat(traits, [Pure])> {
+  let hasVerifier = 1;
+}
+
+// Optional attributes shared by the categories; their names match kiln::OpAttrs' fields.
+defvar KilnScalarAttr = OptionalAttr<TypedAttrInterface>;
+
+def Kiln_ElementwiseOp : Kiln_Op<"elementwise"> {
+  let summary = "elementwise op (unary, binary or ternary row of the op table), broadcasting";
+  let arguments = (ins StrAttr:$kind, Variadic<AnyRankedTensor>:$inputs,
+                       KilnScalarAttr:$alpha, KilnScalarAttr:$beta,
+                       OptionalAttr<I64Attr>:$mode);
+  let results = (outs AnyRankedTensor:$result);
+  let assemblyFormat = "$kind $inputs attr-dict `:` functional-type($inputs, results)";
+}
+
+def Kiln_ReduceOp : Kiln_Op<"reduce"> {
+  let summary = "reduction over `dims` (all dims when absent)";
+  let arguments = (ins StrAttr:$kind, AnyRankedTensor:$input,
+                       OptionalAttr<DenseI64ArrayAttr>:$dims, UnitAttr:$keepdim,
+                       OptionalAttr<I64Attr>:$mode);
+  let results = (outs AnyRankedTensor:$result);
+  let assemblyFormat = "$kind $input attr-dict `:` functional-type($input, results)";
+}
+
+def Kiln_MatmulOp : Kiln_Op<"matmul"> {
+  let summary = "matmul / addmm (beta * bias + alpha * a @ b)";
+  let arguments = (ins StrAttr:$kind, Variadic<AnyRankedTensor>:$inputs,
+                       KilnScalarAttr:$alpha, KilnScalarAttr:$beta);
+  let results = (outs AnyRankedTensor:$result);
+  let assemblyFormat = "$kind $inputs attr-dict `:` functional-type($inputs, results)";
+}
+
+def Kiln_ViewOp : Kiln_Op<"view"> {
+  let summary = "view-category op (view, transpose, permute, slice, select, expand, squeeze, unsqueeze), as a value";
+  let arguments = (ins StrAttr:$kind, AnyRankedTensor:$input,
+                       OptionalAttr<DenseI64ArrayAttr>:$dims,
+                       OptionalAttr<I64Attr>:$dim, OptionalAttr<I64Attr>:$dim1,
+                       OptionalAttr<I64Attr>:$start, OptionalAttr<I64Attr>:$end,
+                       OptionalAttr<I64Attr>:$step);
+  let results = (outs AnyRankedTensor:$result);
+  let assemblyFormat = "$kind $input attr-dict `:` functional-type($input, results)";
+  let hasFolder = 1;
+}
+
+def Kiln_ConstantOp : Kiln_Op<"constant", [ConstantLike]> {
+  let summary = "tensor constant";
+  let arguments = (ins ElementsAttr:$value);
+  let results = (outs AnyRankedTensor:$result);
+  let assemblyFormat = "$value attr-dict `:` type($result)";
+  let hasFolder = 1;
+}
+
+#endif

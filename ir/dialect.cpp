@@ -1,0 +1,347 @@
+#include "ir/dialect.h"
+
+#include <string>
+
+#include "core/error.h"
+#include "mlir/IR/Builders.h"
+#include "mlir/IR/BuiltinAttributes.h"
+#include "mlir/IR/DialectImplementation.h"
+#include "mlir/IR/OpImplementation.h"
+
+#include "ir/KilnDialect.cpp.inc"
+#define GET_OP_CLASSES
+#include "ir/KilnOps.cpp.inc"
+
+namespace kiln::dialect {
+
+void KilnDialect::initialize() {
+  addOperations<
+#define GET_OP_LIST
+#include "ir/KilnOps.cpp.inc"
+      >();
+}
+
+mlir::Operation* KilnDialect::materializeConstant(mlir::OpBuilder& b, mlir::Attribute value,
+                                                  mlir::Type type, mlir::Location loc) {
+  auto elements = llvm::dyn_cast<mlir::ElementsAttr>(value);
+  if (!elements || elements.getType() != type) return nullptr;
+  return ConstantOp::create(b, loc, type, elements);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Op table glue
+
+std::optional<OpKind> op_kind_from_name(llvm::StringRef name) {
+  for (int i = 0; i < kNumOps; ++i) {
+    auto k = static_cast<OpKind>(i);
+    if (op_name(k) == std::string_view(name.data(), name.size())) return k;
+  }
+  return std::nullopt;
+}
+
+const char* dialect_op_for(OpKind op) {
+  switch (op_info(op).category) {
+    case OpCategory::Unary:
+    case OpCategory::Binary:
+    case OpCategory::Ternary: return "elementwise";
+    case OpCategory::Reduction:
+    case OpCategory::IndexReduction: return "reduce";
+    case OpCategory::Matmul: return "matmul";
+    case OpCategory::View: return "view";
+    default: return nullptr;
+  }
+}
+
+mlir::Type element_type(mlir::MLIRContext* ctx, DType dtype) {
+  mlir::Builder b(ctx);
+  switch (dtype) {
+    case DType::Bool: return b.getI1Type();
+    case DType::Int32: return b.getI32Type();
+    case DType::Int64: return b.getI64Type();
+    case DType::Float32: return b.getF32Type();
+    case DType::Float64: return b.getF64Type();
+  }
+  return {};
+}
+
+std::optional<DType> dtype_of(mlir::Type t) {
+  if (t.isInteger(1)) return DType::Bool;
+  if (t.isInteger(32)) return DType::Int32;
+  if (t.isInteger(64)) return DType::Int64;
+  if (t.isF32()) return DType::Float32;
+  if (t.isF64()) return DType::Float64;
+  return std::nullopt;
+}
+
+namespace {
+
+// Dynamic dims. infer_meta works on concrete sizes, so each `?` is replaced by a size before
+// calling it: for elementwise ops by a static size > 1 found at the same (right-aligned)
+// position of another operand (the result is then that size whether `?` is 1 or not), for
+// matmul's contracted dim by the other operand's static size, and otherwise by kSymbolic.
+// Result dims that are multiples of kSymbolic become `?` again. (A static dim that is a
+// multiple of 10007 thus also infers as `?`, which is only less precise, never wrong.)
+constexpr int64_t kSymbolic = 10007;
+
+bool is_elementwise(OpKind op) {
+  auto c = op_info(op).category;
+  return c == OpCategory::Unary || c == OpCategory::Binary || c == OpCategory::Ternary;
+}
+
+}  // namespace
+
+std::vector<mlir::RankedTensorType> infer_result_types(
+    mlir::MLIRContext* ctx, OpKind op, llvm::ArrayRef<mlir::RankedTensorType> operands,
+    const OpAttrs& attrs, Loc loc) {
+  const char* name = op_info(op).name.data();
+  int arity = op_info(op).arity;
+  KILN_CHECK(arity < 0 || static_cast<int>(operands.size()) == arity, name, loc,
+             "expects {} tensor inputs, got {}", arity, operands.size());
+  std::vector<TensorMeta> metas;
+  int max_rank = 0;
+  for (auto t : operands) {
+    auto dt = dtype_of(t.getElementType());
+    std::string ts;
+    llvm::raw_string_ostream os(ts);
+    os << t;
+    KILN_CHECK(dt.has_value(), name, loc, "unsupported element type in {}", ts);
+    KILN_CHECK(t.getRank() <= kMaxRank, name, loc, "rank {} exceeds kiln's maximum {}",
+               t.getRank(), kMaxRank);
+    TensorMeta m;
+    m.dtype = *dt;
+    m.shape.resize(static_cast<int>(t.getRank()));
+    metas.push_back(m);
+    max_rank = std::max<int>(max_rank, static_cast<int>(t.getRank()));
+  }
+  // view/reshape of a dynamic-shaped input: no size to substitute keeps the element count, so
+  // the -1 dim becomes `?` (checked again at run time) and the other sizes are taken as given.
+  if (op == OpKind::View && operands.size() == 1 && !operands[0].hasStaticShape()) {
+    int inferred = 0;
+    llvm::SmallVector<int64_t> shape;
+    for (int64_t s : attrs.dims) {
+      KILN_CHECK(s >= -1, name, loc, "invalid size {} in shape {}", s, to_string(attrs.dims));
+      if (s == -1) ++inferred;
+      shape.push_back(s == -1 ? mlir::ShapedType::kDynamic : s);
+    }
+    KILN_CHECK(inferred <= 1, name, loc, "only one dim can be -1 in shape {}",
+               to_string(attrs.dims));
+    return {mlir::RankedTensorType::get(shape, operands[0].getElementType())};
+  }
+  // Fill in sizes: static dims as they are, dynamic ones substituted.
+  for (size_t i = 0; i < operands.size(); ++i) {
+    auto t = operands[i];
+    int rank = static_cast<int>(t.getRank());
+    for (int d = 0; d < rank; ++d) {
+      if (!t.isDynamicDim(d)) {
+        metas[i].shape[d] = t.getDimSize(d);
+        continue;
+      }
+      int64_t size = kSymbolic;
+      if (is_elementwise(op)) {
+        int from_right = rank - d;
+        for (auto u : operands) {
+          int64_t pos = u.getRank() - from_right;
+          if (pos >= 0 && !u.isDynamicDim(pos) && u.getDimSize(pos) > 1) size = u.getDimSize(pos);
+        }
+      } else if (op_info(op).category == OpCategory::Matmul && operands.size() >= 2) {
+        // a: [..., M, K], b: [..., K, N] (or [K]); the contracted dims must agree.
+        size_t a = operands.size() == 3 ? 1 : 0, b = a + 1;
+        auto ta = operands[a], tb = operands[b];
+        if (i == a && d == rank - 1 && tb.getRank() >= 1) {
+          int64_t kb = tb.getRank() == 1 ? 0 : tb.getRank() - 2;
+          if (!tb.isDynamicDim(kb)) size = tb.getDimSize(kb);
+        } else if (i == b && d == (rank == 1 ? 0 : rank - 2) && ta.getRank() >= 1) {
+          if (!ta.isDynamicDim(ta.getRank() - 1)) size = ta.getDimSize(ta.getRank() - 1);
+        }
+      }
+      metas[i].shape[d] = size;
+    }
+  }
+  InferredMeta inferred = infer_meta(op, metas, attrs, loc);
+  std::vector<mlir::RankedTensorType> out;
+  for (const OutputMeta& o : inferred.outputs) {
+    llvm::SmallVector<int64_t> shape;
+    for (int64_t s : o.shape)
+      shape.push_back(s != 0 && s % kSymbolic == 0 ? mlir::ShapedType::kDynamic : s);
+    out.push_back(mlir::RankedTensorType::get(shape, element_type(ctx, o.dtype)));
+  }
+  return out;
+}
+
+namespace {
+
+mlir::TypedAttr scalar_attr(mlir::Builder& b, const Scalar& s) {
+  if (s.is_floating()) return b.getF64FloatAttr(s.to<double>());
+  if (s.is_bool()) return b.getBoolAttr(s.to<bool>());
+  return b.getI64IntegerAttr(s.to<int64_t>());
+}
+
+std::optional<Scalar> scalar_from(mlir::Attribute a) {
+  if (auto f = llvm::dyn_cast_or_null<mlir::FloatAttr>(a)) return Scalar(f.getValueAsDouble());
+  if (auto i = llvm::dyn_cast_or_null<mlir::IntegerAttr>(a)) {
+    if (i.getType().isInteger(1)) return Scalar(i.getValue().getBoolValue());
+    return Scalar(i.getInt());
+  }
+  return std::nullopt;
+}
+
+bool is_one(const Scalar& s) { return !s.is_bool() && s.to<double>() == 1.0; }
+
+}  // namespace
+
+void attrs_to_named(OpKind kind, const OpAttrs& a, mlir::Builder& b,
+                    llvm::SmallVectorImpl<mlir::NamedAttribute>& out) {
+  auto add = [&](const char* n, mlir::Attribute v) { out.push_back(b.getNamedAttr(n, v)); };
+  auto dims = [&] { return b.getDenseI64ArrayAttr(llvm::ArrayRef<int64_t>(a.dims.data(), a.dims.size())); };
+  switch (op_info(kind).category) {
+    case OpCategory::Unary:
+    case OpCategory::Binary:
+    case OpCategory::Ternary:
+      if (kind == OpKind::Clamp) {
+        if (a.has_low) add("alpha", scalar_attr(b, a.alpha));
+        if (a.has_high) add("beta", scalar_attr(b, a.beta));
+      } else if (!is_one(a.alpha)) {
+        add("alpha", scalar_attr(b, a.alpha));
+      }
+      if (a.mode != 0) add("mode", b.getI64IntegerAttr(a.mode));
+      break;
+    case OpCategory::Reduction:
+    case OpCategory::IndexReduction:
+      if (!a.all_dims && !a.dims.empty()) add("dims", dims());
+      if (a.keepdim) add("keepdim", b.getUnitAttr());
+      if (a.mode != 0) add("mode", b.getI64IntegerAttr(a.mode));
+      break;
+    case OpCategory::Matmul:
+      if (!is_one(a.alpha)) add("alpha", scalar_attr(b, a.alpha));
+      if (!is_one(a.beta)) add("beta", scalar_attr(b, a.beta));
+      break;
+    case OpCategory::View:
+      if (!a.dims.empty()) add("dims", dims());
+      if (a.dim != 0) add("dim", b.getI64IntegerAttr(a.dim));
+      if (a.dim1 != 0) add("dim1", b.getI64IntegerAttr(a.dim1));
+      if (kind == OpKind::Slice || kind == OpKind::Select) {
+        add("start", b.getI64IntegerAttr(a.start));
+        if (kind == OpKind::Slice) {
+          add("end", b.getI64IntegerAttr(a.end));
+          add("step", b.getI64IntegerAttr(a.step));
+        }
+      }
+      break;
+    default: break;
+  }
+}
+
+OpAttrs attrs_from_op(OpKind kind, mlir::Operation* op) {
+  OpAttrs a;
+  auto i64 = [&](const char* n, int64_t& field) {
+    if (auto v = op->getAttrOfType<mlir::IntegerAttr>(n)) field = v.getInt();
+  };
+  if (auto s = scalar_from(op->getAttr("alpha"))) {
+    a.alpha = *s;
+    a.has_low = true;
+  }
+  if (auto s = scalar_from(op->getAttr("beta"))) {
+    a.beta = *s;
+    a.has_high = true;
+  }
+  if (auto d = op->getAttrOfType<mlir::DenseI64ArrayAttr>("dims"))
+    a.dims = Dims(std::vector<int64_t>(d.asArrayRef().begin(), d.asArrayRef().end()));
+  a.keepdim = op->hasAttr("keepdim");
+  i64("mode", a.mode);
+  i64("dim", a.dim);
+  i64("dim1", a.dim1);
+  i64("start", a.start);
+  i64("end", a.end);
+  i64("step", a.step);
+  return a;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Verifiers: every op checks `kind` against the op table and its types against infer_meta.
+
+namespace {
+
+mlir::LogicalResult verify_kiln_op(mlir::Operation* op, llvm::StringRef kind_name,
+                                   const char* mnemonic) {
+  auto kind = op_kind_from_name(kind_name);
+  if (!kind) return op->emitOpError() << "unknown op kind \"" << kind_name << "\"";
+  const char* expected = dialect_op_for(*kind);
+  if (!expected || llvm::StringRef(expected) != mnemonic)
+    return op->emitOpError() << "op kind \"" << kind_name << "\" belongs to "
+                             << (expected ? "kiln." + std::string(expected)
+                                          : std::string("no kiln op yet"));
+  llvm::SmallVector<mlir::RankedTensorType> operands;
+  for (mlir::Value v : op->getOperands()) operands.push_back(llvm::cast<mlir::RankedTensorType>(v.getType()));
+  std::vector<mlir::RankedTensorType> inferred;
+  try {
+    inferred = infer_result_types(op->getContext(), *kind, operands, attrs_from_op(*kind, op));
+  } catch (const Error& e) {
+    return op->emitOpError() << e.op() << ": " << e.message();
+  }
+  if (inferred.size() != op->getNumResults())
+    return op->emitOpError() << "has " << op->getNumResults() << " results, \"" << kind_name
+                             << "\" produces " << inferred.size();
+  for (unsigned i = 0; i < inferred.size(); ++i) {
+    auto declared = llvm::cast<mlir::RankedTensorType>(op->getResult(i).getType());
+    auto want = inferred[i];
+    bool ok = declared.getElementType() == want.getElementType() &&
+              declared.getRank() == want.getRank();
+    for (int64_t d = 0; ok && d < want.getRank(); ++d)
+      ok = declared.isDynamicDim(d) || want.isDynamicDim(d) ||
+           declared.getDimSize(d) == want.getDimSize(d);
+    if (!ok)
+      return op->emitOpError() << "result type " << declared << " does not match the type "
+                               << want << " inferred for \"" << kind_name << "\"";
+  }
+  return mlir::success();
+}
+
+}  // namespace
+
+mlir::LogicalResult ElementwiseOp::verify() {
+  return verify_kiln_op(getOperation(), getKind(), "elementwise");
+}
+mlir::LogicalResult ReduceOp::verify() { return verify_kiln_op(getOperation(), getKind(), "reduce"); }
+mlir::LogicalResult MatmulOp::verify() { return verify_kiln_op(getOperation(), getKind(), "matmul"); }
+mlir::LogicalResult ViewOp::verify() { return verify_kiln_op(getOperation(), getKind(), "view"); }
+
+mlir::LogicalResult ConstantOp::verify() {
+  auto type = llvm::cast<mlir::RankedTensorType>(getResult().getType());
+  if (getValue().getType() != type)
+    return emitOpError() << "value type " << getValue().getType() << " differs from result type "
+                         << type;
+  if (!dtype_of(type.getElementType()))
+    return emitOpError() << "element type " << type.getElementType() << " is not a kiln dtype";
+  return mlir::success();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Folders
+
+mlir::OpFoldResult ConstantOp::fold(FoldAdaptor) { return getValue(); }
+
+mlir::OpFoldResult ViewOp::fold(FoldAdaptor) {
+  auto in = llvm::cast<mlir::RankedTensorType>(getInput().getType());
+  auto out = llvm::cast<mlir::RankedTensorType>(getResult().getType());
+  if (in != out || !in.hasStaticShape()) return {};
+  auto kind = op_kind_from_name(getKind());
+  if (!kind) return {};
+  switch (*kind) {
+    case OpKind::View:
+    case OpKind::Expand:
+    case OpKind::Squeeze: return getInput();  // same static shape: no-op
+    case OpKind::Transpose:
+      if (getDim().value_or(0) == getDim1().value_or(0)) return getInput();
+      return {};
+    case OpKind::Permute: {
+      auto dims = getDims();
+      if (!dims) return {};
+      for (size_t i = 0; i < dims->size(); ++i)
+        if ((*dims)[i] != static_cast<int64_t>(i)) return {};
+      return getInput();
+    }
+    default: return {};
+  }
+}
+
+}  // namespace kiln::dialect

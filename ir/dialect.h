@@ -1,0 +1,44 @@
+#pragma once
+/// The `kiln` MLIR dialect (generated from KilnOps.td) and the glue between it and core's op
+/// table. Internal to ir/ and codegen/: this header pulls in MLIR.
+#include <optional>
+#include <vector>
+
+#include "core/meta.h"
+#include "core/op.h"
+#include "mlir/Bytecode/BytecodeOpInterface.h"
+#include "mlir/IR/BuiltinTypes.h"
+#include "mlir/IR/Dialect.h"
+#include "mlir/IR/OpDefinition.h"
+#include "mlir/Interfaces/InferTypeOpInterface.h"
+#include "mlir/Interfaces/SideEffectInterfaces.h"
+
+#include "ir/KilnDialect.h.inc"
+#define GET_OP_CLASSES
+#include "ir/KilnOps.h.inc"
+
+namespace kiln::dialect {
+
+/// The op-table row named `name` ("add", "sum", ...), if any.
+std::optional<OpKind> op_kind_from_name(llvm::StringRef name);
+
+/// The kiln op mnemonic ("elementwise", "reduce", "matmul", "view") that carries `op`, or
+/// nullptr when the IR does not cover the op's category yet.
+const char* dialect_op_for(OpKind op);
+
+/// MLIR element type of a kiln dtype and back (nullopt for types kiln has no dtype for).
+mlir::Type element_type(mlir::MLIRContext* ctx, DType dtype);
+std::optional<DType> dtype_of(mlir::Type element_type);
+
+/// Result types of `op` on operands of the given types: core's infer_meta, with dynamic (`?`)
+/// dims handled by substitution (see dialect.cpp). Throws kiln::Error like eager mode does.
+std::vector<mlir::RankedTensorType> infer_result_types(
+    mlir::MLIRContext* ctx, OpKind op, llvm::ArrayRef<mlir::RankedTensorType> operands,
+    const OpAttrs& attrs, Loc loc = Loc::current());
+
+/// OpAttrs <-> the optional attributes of a kiln op (named like OpAttrs' fields).
+OpAttrs attrs_from_op(OpKind kind, mlir::Operation* op);
+void attrs_to_named(OpKind kind, const OpAttrs& attrs, mlir::Builder& b,
+                    llvm::SmallVectorImpl<mlir::NamedAttribute>& out);
+
+}  // namespace kiln::dialect

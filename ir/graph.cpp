@@ -1,0 +1,158 @@
+#include "ir/graph.h"
+#include "ir/graph_internal.h"
+
+#include "core/error.h"
+#include "ir/dialect.h"
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "mlir/IR/Builders.h"
+#include "mlir/IR/BuiltinOps.h"
+#include "mlir/IR/Diagnostics.h"
+#include "mlir/IR/MLIRContext.h"
+#include "mlir/IR/Verifier.h"
+#include "mlir/Pass/PassManager.h"
+#include "mlir/Transforms/Passes.h"
+
+namespace kiln::ir {
+
+struct Graph::Impl {
+  mlir::MLIRContext ctx;
+  mlir::OwningOpRef<mlir::ModuleOp> module;
+  mlir::func::FuncOp func;
+  mlir::func::ReturnOp ret;
+  std::vector<mlir::Value> values;  // Value::id -> MLIR value
+  std::vector<ValueType> types;
+
+  Impl() {
+    ctx.loadDialect<kiln::dialect::KilnDialect, mlir::func::FuncDialect>();
+    mlir::OpBuilder b(&ctx);
+    auto loc = b.getUnknownLoc();
+    module = mlir::ModuleOp::create(loc);
+    b.setInsertionPointToEnd(module->getBody());
+    func = mlir::func::FuncOp::create(b, loc, "main", b.getFunctionType({}, {}));
+    mlir::Block* entry = func.addEntryBlock();
+    b.setInsertionPointToEnd(entry);
+    ret = mlir::func::ReturnOp::create(b, loc);
+  }
+
+  void update_signature() {
+    mlir::Builder b(&ctx);
+    func.setFunctionType(b.getFunctionType(func.getBody().front().getArgumentTypes(),
+                                           ret.getOperandTypes()));
+  }
+
+  mlir::Value get(Value v, const char* what) const {
+    KILN_CHECK(v.id >= 0 && v.id < static_cast<int32_t>(values.size()), what, Loc::current(),
+               "value %{} does not belong to this graph", v.id);
+    return values[v.id];
+  }
+
+  Value add(mlir::Value v) {
+    auto t = llvm::cast<mlir::RankedTensorType>(v.getType());
+    ValueType vt;
+    vt.dtype = *kiln::dialect::dtype_of(t.getElementType());
+    for (int64_t s : t.getShape()) vt.shape.push_back(mlir::ShapedType::isDynamic(s) ? kDynamic : s);
+    values.push_back(v);
+    types.push_back(std::move(vt));
+    return Value{static_cast<int32_t>(values.size() - 1)};
+  }
+
+  mlir::Location loc_of(Loc loc) {
+    return mlir::FileLineColLoc::get(&ctx, loc.file_name(), loc.line(), loc.column());
+  }
+
+  // Runs `fn`, turning MLIR diagnostics into one kiln::Error.
+  template <class F> void with_diagnostics(const char* what, F&& fn) {
+    std::string messages;
+    mlir::ScopedDiagnosticHandler handler(&ctx, [&](mlir::Diagnostic& d) {
+      llvm::raw_string_ostream os(messages);
+      os << d.getLocation() << ": " << d << "\n";
+      return mlir::success();
+    });
+    if (mlir::failed(fn())) throw Error(what, messages.empty() ? "failed" : messages);
+  }
+};
+
+Graph::Graph() : impl_(std::make_unique<Impl>()) {}
+Graph::~Graph() = default;
+Graph::Graph(Graph&&) noexcept = default;
+Graph& Graph::operator=(Graph&&) noexcept = default;
+
+Value Graph::input(DType dtype, const std::vector<int64_t>& shape) {
+  llvm::SmallVector<int64_t> dims;
+  for (int64_t s : shape) {
+    KILN_CHECK(s >= 0 || s == kDynamic, "input", Loc::current(), "invalid size {}", s);
+    dims.push_back(s == kDynamic ? mlir::ShapedType::kDynamic : s);
+  }
+  auto type = mlir::RankedTensorType::get(dims, kiln::dialect::element_type(&impl_->ctx, dtype));
+  mlir::Value arg = impl_->func.getBody().front().addArgument(type, impl_->func.getLoc());
+  impl_->update_signature();
+  return impl_->add(arg);
+}
+
+Value Graph::op(OpKind kind, const std::vector<Value>& inputs, const OpAttrs& attrs, Loc loc) {
+  const char* name = op_info(kind).name.data();
+  const char* mnemonic = kiln::dialect::dialect_op_for(kind);
+  KILN_CHECK(mnemonic != nullptr, name, loc, "is not supported by the kiln IR yet");
+  llvm::SmallVector<mlir::Value> operands;
+  llvm::SmallVector<mlir::RankedTensorType> types;
+  for (Value v : inputs) {
+    operands.push_back(impl_->get(v, name));
+    types.push_back(llvm::cast<mlir::RankedTensorType>(operands.back().getType()));
+  }
+  auto results = kiln::dialect::infer_result_types(&impl_->ctx, kind, types, attrs, loc);
+  KILN_CHECK(results.size() == 1, name, loc, "ops with {} results are not supported yet",
+             results.size());
+
+  mlir::OpBuilder b(impl_->ret);  // insert before the return
+  llvm::SmallVector<mlir::NamedAttribute> named;
+  named.push_back(b.getNamedAttr("kind", b.getStringAttr(name)));
+  kiln::dialect::attrs_to_named(kind, attrs, b, named);
+  mlir::OperationState state(impl_->loc_of(loc), std::string("kiln.") + mnemonic);
+  state.addOperands(operands);
+  state.addTypes(mlir::Type(results[0]));
+  state.addAttributes(named);
+  // ODS ops with Variadic operands do not need operandSegmentSizes (one variadic group).
+  mlir::Operation* created = b.create(state);
+  return impl_->add(created->getResult(0));
+}
+
+void Graph::output(Value v) {
+  mlir::Value value = impl_->get(v, "output");
+  impl_->ret->insertOperands(impl_->ret->getNumOperands(), value);
+  impl_->update_signature();
+}
+
+const ValueType& Graph::type(Value v) const {
+  impl_->get(v, "type");
+  return impl_->types[v.id];
+}
+
+int Graph::num_inputs() const { return static_cast<int>(impl_->func.getNumArguments()); }
+int Graph::num_outputs() const { return static_cast<int>(impl_->ret->getNumOperands()); }
+
+std::string Graph::to_mlir() const {
+  std::string text;
+  llvm::raw_string_ostream os(text);
+  impl_->module->print(os);
+  return text;
+}
+
+void Graph::verify() const {
+  impl_->with_diagnostics("verify", [&] { return mlir::verify(*impl_->module); });
+}
+
+void Graph::simplify() {
+  impl_->with_diagnostics("simplify", [&] {
+    mlir::PassManager pm(&impl_->ctx);
+    pm.addPass(mlir::createCanonicalizerPass());
+    pm.addPass(mlir::createCSEPass());
+    return pm.run(*impl_->module);
+  });
+  // Results may have been replaced; refresh the handles of the outputs. Graph values other
+  // than inputs and outputs are invalid after simplify().
+  impl_->ret = llvm::cast<mlir::func::ReturnOp>(impl_->func.getBody().front().getTerminator());
+}
+
+mlir::ModuleOp GraphAccess::module(const Graph& g) { return *g.impl_->module; }
+
+}  // namespace kiln::ir

@@ -1,0 +1,80 @@
+// Verifier errors: the dialect calls core's infer_meta, so messages are eager mode's.
+// RUN: kiln-opt %s -split-input-file -verify-diagnostics
+
+func.func @bad_broadcast(%a: tensor<2x3xf32>, %b: tensor<4xf32>) -> tensor<2x3xf32> {
+  // expected-error @+1 {{'kiln.elementwise' op add: }}
+  %0 = kiln.elementwise "add" %a, %b : (tensor<2x3xf32>, tensor<4xf32>) -> tensor<2x3xf32>
+  return %0 : tensor<2x3xf32>
+}
+
+// -----
+
+func.func @unknown_kind(%a: tensor<3xf32>) -> tensor<3xf32> {
+  // expected-error @+1 {{unknown op kind "frobnicate"}}
+  %0 = kiln.elementwise "frobnicate" %a : (tensor<3xf32>) -> tensor<3xf32>
+  return %0 : tensor<3xf32>
+}
+
+// -----
+
+func.func @wrong_category(%a: tensor<3xf32>) -> tensor<f32> {
+  // expected-error @+1 {{op kind "sum" belongs to kiln.reduce}}
+  %0 = kiln.elementwise "sum" %a : (tensor<3xf32>) -> tensor<f32>
+  return %0 : tensor<f32>
+}
+
+// -----
+
+func.func @wrong_arity(%a: tensor<3xf32>) -> tensor<3xf32> {
+  // expected-error @+1 {{add: expects 2 tensor inputs, got 1}}
+  %0 = kiln.elementwise "add" %a : (tensor<3xf32>) -> tensor<3xf32>
+  return %0 : tensor<3xf32>
+}
+
+// -----
+
+func.func @wrong_dtype(%a: tensor<3xi32>) -> tensor<3xi32> {
+  // expected-error @+1 {{result type 'tensor<3xi32>' does not match the type 'tensor<3xf32>' inferred for "exp"}}
+  %0 = kiln.elementwise "exp" %a : (tensor<3xi32>) -> tensor<3xi32>
+  return %0 : tensor<3xi32>
+}
+
+// -----
+
+func.func @wrong_shape(%a: tensor<3xf32>, %b: tensor<2x1xf32>) -> tensor<3xf32> {
+  // expected-error @+1 {{does not match the type 'tensor<2x3xf32>' inferred for "mul"}}
+  %0 = kiln.elementwise "mul" %a, %b : (tensor<3xf32>, tensor<2x1xf32>) -> tensor<3xf32>
+  return %0 : tensor<3xf32>
+}
+
+// -----
+
+func.func @bool_neg(%a: tensor<3xi1>) -> tensor<3xi1> {
+  // expected-error @+1 {{'kiln.elementwise' op neg: }}
+  %0 = kiln.elementwise "neg" %a : (tensor<3xi1>) -> tensor<3xi1>
+  return %0 : tensor<3xi1>
+}
+
+// -----
+
+func.func @matmul_mismatch(%a: tensor<2x3xf32>, %b: tensor<4x5xf32>) -> tensor<2x5xf32> {
+  // expected-error @+1 {{matmul: shapes [2, 3] and [4, 5] cannot be multiplied (3 != 4)}}
+  %0 = kiln.matmul "matmul" %a, %b : (tensor<2x3xf32>, tensor<4x5xf32>) -> tensor<2x5xf32>
+  return %0 : tensor<2x5xf32>
+}
+
+// -----
+
+func.func @mean_of_int(%a: tensor<3xi64>) -> tensor<i64> {
+  // expected-error @+1 {{mean: input dtype must be floating point, got int64}}
+  %0 = kiln.reduce "mean" %a : (tensor<3xi64>) -> tensor<i64>
+  return %0 : tensor<i64>
+}
+
+// -----
+
+func.func @bad_constant() -> tensor<2xf32> {
+  // expected-error @+1 {{value type 'tensor<3xf32>' differs from result type 'tensor<2xf32>'}}
+  %0 = kiln.constant dense<[1.0, 2.0, 3.0]> : tensor<3xf32> : tensor<2xf32>
+  return %0 : tensor<2xf32>
+}
