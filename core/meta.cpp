@@ -98,7 +98,7 @@ InferredMeta reduction(OpKind op, std::span<const TensorMeta> in, const OpAttrs&
       Shape s = a.keepdim ? Dims::filled(x.shape.size(), 1) : Shape{};
       return {t, {{DType::Int64, s}}};
     }
-    int d = wrap_dim(a.dim, x.shape.size(), nm);
+    int d = wrap_dim(a.dim, x.shape.size(), nm, loc);
     KILN_CHECK(x.shape.size() == 0 || x.shape[d] > 0, nm, loc,
                "cannot reduce over dim {} of size 0 (shape {})", d, to_string(x.shape));
     Shape s = x.shape.size() ? reduce_shape(x.shape, 1u << d, a.keepdim) : Shape{};
@@ -135,7 +135,7 @@ InferredMeta normalization(OpKind op, std::span<const TensorMeta> in, const OpAt
                name(x.dtype));
     return {out, {{out, x.shape}}};
   }
-  wrap_dim(a.dim, x.shape.size(), nm);
+  wrap_dim(a.dim, x.shape.size(), nm, loc);
   return {out, {{out, x.shape}}};
 }
 
@@ -209,7 +209,7 @@ InferredMeta view(OpKind op, std::span<const TensorMeta> in, const OpAttrs& a, L
     case OpKind::Transpose: {
       out = s;
       if (r == 0) break;
-      int d0 = wrap_dim(a.dim, r, nm), d1 = wrap_dim(a.dim1, r, nm);
+      int d0 = wrap_dim(a.dim, r, nm, loc), d1 = wrap_dim(a.dim1, r, nm, loc);
       std::swap(out[d0], out[d1]);
       break;
     }
@@ -218,7 +218,7 @@ InferredMeta view(OpKind op, std::span<const TensorMeta> in, const OpAttrs& a, L
                  to_string(a.dims), a.dims.size(), r);
       uint32_t seen = 0;
       for (int i = 0; i < r; ++i) {
-        int d = wrap_dim(a.dims[i], r, nm);
+        int d = wrap_dim(a.dims[i], r, nm, loc);
         KILN_CHECK(!(seen >> d & 1), nm, loc, "order {} repeats dim {}", to_string(a.dims), d);
         seen |= 1u << d;
         out.push_back(s[d]);
@@ -228,7 +228,7 @@ InferredMeta view(OpKind op, std::span<const TensorMeta> in, const OpAttrs& a, L
     case OpKind::Slice: {
       KILN_CHECK(r > 0, nm, loc, "cannot slice a 0-d tensor");
       KILN_CHECK(a.step > 0, nm, loc, "step must be positive, got {}", a.step);
-      int d = wrap_dim(a.dim, r, nm);
+      int d = wrap_dim(a.dim, r, nm, loc);
       out = s;
       out[d] = 0;  // actual extent computed by the caller via slice_extent
       int64_t n = s[d];
@@ -239,7 +239,7 @@ InferredMeta view(OpKind op, std::span<const TensorMeta> in, const OpAttrs& a, L
     }
     case OpKind::Select: {
       KILN_CHECK(r > 0, nm, loc, "cannot select on a 0-d tensor");
-      int d = wrap_dim(a.dim, r, nm);
+      int d = wrap_dim(a.dim, r, nm, loc);
       KILN_CHECK(a.start >= -s[d] && a.start < s[d], nm, loc,
                  "index {} out of range for dim {} of size {}", a.start, d, s[d]);
       out = s;
@@ -254,6 +254,7 @@ InferredMeta view(OpKind op, std::span<const TensorMeta> in, const OpAttrs& a, L
       int lead = want.size() - r;
       for (int i = 0; i < want.size(); ++i) {
         int64_t have = i < lead ? 1 : s[i - lead];
+        KILN_CHECK(want[i] >= -1, nm, loc, "invalid size {} in {}", want[i], to_string(want));
         if (want[i] == -1) {
           KILN_CHECK(i >= lead, nm, loc, "-1 is not allowed for a new leading dim in {}",
                      to_string(want));
@@ -267,13 +268,13 @@ InferredMeta view(OpKind op, std::span<const TensorMeta> in, const OpAttrs& a, L
       break;
     }
     case OpKind::Squeeze: {
-      int d = a.all_dims ? -1 : (r ? wrap_dim(a.dim, r, nm) : -1);
+      int d = a.all_dims ? -1 : (r ? wrap_dim(a.dim, r, nm, loc) : -1);
       for (int i = 0; i < r; ++i)
         if (!(s[i] == 1 && (a.all_dims || i == d))) out.push_back(s[i]);
       break;
     }
     case OpKind::Unsqueeze: {
-      int d = wrap_dim(a.dim, r + 1, nm);
+      int d = wrap_dim(a.dim, r + 1, nm, loc);
       out = s;
       out.insert(d, 1);
       break;
@@ -297,13 +298,13 @@ InferredMeta index(OpKind op, std::span<const TensorMeta> in, const OpAttrs& a, 
       KILN_CHECK(in[1].shape.size() <= 1, nm, loc, "index must be 0-d or 1-D, got shape {}",
                  to_string(in[1].shape));
       Shape out = x.shape;
-      if (r) out[wrap_dim(a.dim, r, nm)] = numel(in[1].shape);
+      if (r) out[wrap_dim(a.dim, r, nm, loc)] = numel(in[1].shape);
       return {x.dtype, {{x.dtype, out}}};
     }
     case OpKind::Gather: {
       need_index(in[1]);
       const Shape& is = in[1].shape;
-      int d = wrap_dim(a.dim, r, nm);
+      int d = wrap_dim(a.dim, r, nm, loc);
       KILN_CHECK(is.size() == r, nm, loc, "index rank {} must equal input rank {}", is.size(), r);
       for (int i = 0; i < r; ++i)
         KILN_CHECK(i == d || is[i] <= x.shape[i], nm, loc,
@@ -341,7 +342,7 @@ InferredMeta index(OpKind op, std::span<const TensorMeta> in, const OpAttrs& a, 
       const Shape& is = in[1].shape;
       KILN_CHECK(src.dtype == x.dtype, nm, loc, "source dtype {} must match input dtype {}",
                  name(src.dtype), name(x.dtype));
-      int d = wrap_dim(a.dim, r, nm);
+      int d = wrap_dim(a.dim, r, nm, loc);
       bool ok = src.shape.size() == r;
       if (op == OpKind::IndexAdd) {
         KILN_CHECK(is.size() <= 1, nm, loc, "index must be 1-D, got shape {}", to_string(is));
@@ -370,7 +371,7 @@ InferredMeta cat(std::span<const TensorMeta> in, const OpAttrs& a, Loc loc) {
   KILN_CHECK(!in.empty(), "cat", loc, "expects a non-empty list of tensors");
   const Shape& s0 = in[0].shape;
   KILN_CHECK(s0.size() > 0, "cat", loc, "zero-dimensional tensors cannot be concatenated");
-  int d = wrap_dim(a.dim, s0.size(), "cat");
+  int d = wrap_dim(a.dim, s0.size(), "cat", loc);
   Shape out = s0;
   out[d] = 0;
   for (const auto& m : in) {
@@ -479,8 +480,19 @@ uint32_t reduction_mask(const OpAttrs& attrs, int rank, const char* op, Loc loc)
   return mask;
 }
 
+static InferredMeta infer_meta_unchecked(OpKind op, std::span<const TensorMeta> inputs,
+                                         const OpAttrs& attrs, Loc loc);
+
 InferredMeta infer_meta(OpKind op, std::span<const TensorMeta> inputs, const OpAttrs& attrs,
                         Loc loc) {
+  InferredMeta m = infer_meta_unchecked(op, inputs, attrs, loc);
+  for (const OutputMeta& o : m.outputs)
+    check_shape(o.shape, itemsize(o.dtype), op_name(op).data(), loc);
+  return m;
+}
+
+static InferredMeta infer_meta_unchecked(OpKind op, std::span<const TensorMeta> inputs,
+                                         const OpAttrs& attrs, Loc loc) {
   const OpInfo& info = op_info(op);
   KILN_CHECK(info.arity < 0 || static_cast<int>(inputs.size()) == info.arity ||
                  (op == OpKind::LayerNorm && !inputs.empty() && inputs.size() <= 3), info.name.data(),

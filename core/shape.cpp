@@ -57,10 +57,22 @@ Strides contiguous_strides(const Shape& s) {
   return st;
 }
 std::string to_string(const Dims& d) { return fmt::format("[{}]", fmt::join(d, ", ")); }
-int wrap_dim(int64_t dim, int rank, const char* op) {
+void check_shape(const Shape& s, size_t itemsize, const char* op, std::source_location loc) {
+  bool empty = false;
+  for (int64_t v : s) {
+    KILN_CHECK(v >= 0, op, loc, "negative size {} in shape {}", v, to_string(s));
+    empty |= v == 0;
+  }
+  if (empty) return;  // zero elements, whatever the other sizes
+  int64_t n = static_cast<int64_t>(itemsize);
+  for (int64_t v : s)
+    KILN_CHECK(!__builtin_mul_overflow(n, v, &n), op, loc,
+               "shape {} is too large: its size in bytes overflows int64", to_string(s));
+}
+int wrap_dim(int64_t dim, int rank, const char* op, std::source_location loc) {
   int64_t r = std::max(rank, 1);  // a 0-d tensor accepts dim 0 and -1, like PyTorch
   if (dim < -r || dim >= r)
-    throw Error(op, fmt::format("dim {} out of range for a tensor of rank {}", dim, rank));
+    throw Error(op, fmt::format("dim {} out of range for a tensor of rank {}", dim, rank), loc);
   return static_cast<int>(dim < 0 ? dim + r : dim);
 }
 

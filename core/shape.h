@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <initializer_list>
+#include <source_location>
 #include <string>
 #include <vector>
 
@@ -50,11 +51,16 @@ using Strides = Dims;
 
 /// Product of the sizes (1 for a 0-d shape).
 int64_t numel(const Shape& s);
+/// Throws kiln::Error naming `op` unless every size is >= 0 and the element count times
+/// `itemsize` fits in int64 (so no tensor claims more elements than memory can hold).
+void check_shape(const Shape& s, size_t itemsize, const char* op,
+                 std::source_location loc = std::source_location::current());
 /// Row-major (C-contiguous) strides in elements.
 Strides contiguous_strides(const Shape& s);
 /// "[2, 3]"
 std::string to_string(const Dims& d);
 /// Wraps a possibly negative dim into [0, rank). Throws kiln::Error naming `op` if out of range.
-int wrap_dim(int64_t dim, int rank, const char* op);
+int wrap_dim(int64_t dim, int rank, const char* op,
+             std::source_location loc = std::source_location::current());
 
 }  // namespace kiln

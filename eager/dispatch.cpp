@@ -54,10 +54,9 @@ DispatchHook* set_autograd_hook(DispatchHook* hook) {
 
 Tensor empty(const Shape& shape, DType dtype, Device device) {
   KILN_CHECK(device.is_cpu(), "empty", Loc::current(), "no backend for device {}", device.str());
+  check_shape(shape, itemsize(dtype), "empty");
   auto impl = std::make_shared<TensorImpl>();
   int64_t n = numel(shape);
-  for (int64_t s : shape)
-    KILN_CHECK(s >= 0, "empty", Loc::current(), "negative size in shape {}", to_string(shape));
   impl->storage = std::make_shared<StorageImpl>(static_cast<size_t>(n) * itemsize(dtype),
                                                 cpu::allocator());
   impl->shape = shape;

@@ -31,8 +31,7 @@ GeneratorState g_rng{67280421310721ull, 0};
 }  // namespace
 
 Tensor empty(const Shape& shape, TensorOptions opts, Loc loc) {
-  for (int64_t s : shape)
-    KILN_CHECK(s >= 0, "empty", loc, "negative size in shape {}", to_string(shape));
+  check_shape(shape, itemsize(float_or(opts)), "empty", loc);
   return dispatch::empty(shape, float_or(opts), opts.device);
 }
 Tensor zeros(const Shape& shape, TensorOptions opts, Loc loc) { return full(shape, 0, {float_or(opts)}, loc); }
