@@ -2,6 +2,7 @@
 #include "eager/autograd.h"
 
 #include <algorithm>
+#include <mutex>
 #include <queue>
 #include <unordered_map>
 #include <unordered_set>
@@ -17,6 +18,9 @@ namespace autograd {
 namespace {
 
 thread_local bool t_grad_enabled = true;
+// Guards what threads running backward concurrently share: a leaf's .grad and its
+// AccumulateGrad node (PyTorch locks gradient accumulation the same way).
+std::mutex g_leaf_mu;
 std::atomic<uint64_t> g_sequence{0};
 
 // Deep graphs (100k nodes) must not be destroyed recursively: a dying node moves what it
@@ -93,6 +97,7 @@ Node::~Node() {
 std::vector<Tensor> AccumulateGrad::apply(std::vector<Tensor>&& grads) {
   auto impl = leaf_.lock();
   if (!impl || !grads[0].defined()) return {};
+  std::lock_guard<std::mutex> lock(g_leaf_mu);
   Tensor leaf(impl);
   Meta& m = ensure_meta(leaf);
   Tensor g = grads[0];
@@ -186,6 +191,7 @@ Edge gradient_edge(const Tensor& t) {
   Meta* m = meta(t);
   if (!m || !m->requires_grad) return {};
   if (m->grad_fn) return {m->grad_fn, m->output_nr};
+  std::lock_guard<std::mutex> lock(g_leaf_mu);
   auto acc = m->accumulator.lock();
   if (!acc) {
     acc = std::make_shared<AccumulateGrad>(t.impl_ptr());
@@ -386,7 +392,14 @@ Tensor Tensor::grad() const {
   Meta* m = meta(*this);
   return m ? m->grad : Tensor();
 }
-void Tensor::set_grad(const Tensor& g) const { ensure_meta(*this).grad = g; }
+void Tensor::set_grad(const Tensor& g) const {
+  KILN_CHECK(defined(), "set_grad", Loc::current(), "tensor is undefined");
+  KILN_CHECK(!g.defined() || (g.shape() == shape() && g.dtype() == dtype()), "set_grad",
+             Loc::current(), "gradient {} {} does not match the tensor's {} {}",
+             g.defined() ? std::string(name(g.dtype())) : "", g.defined() ? to_string(g.shape()) : "",
+             name(dtype()), to_string(shape()));
+  ensure_meta(*this).grad = g;
+}
 bool Tensor::is_leaf() const {
   Meta* m = meta(*this);
   return !m || !m->grad_fn;
@@ -396,6 +409,7 @@ std::string Tensor::grad_fn_name() const {
   return m && m->grad_fn ? m->grad_fn->name() : "";
 }
 void Tensor::retain_grad() const {
+  KILN_CHECK(defined(), "retain_grad", Loc::current(), "tensor is undefined");
   Meta* m = meta(*this);
   KILN_CHECK(m && m->requires_grad, "retain_grad", Loc::current(),
              "can't retain_grad on a tensor that doesn't require grad");
@@ -419,6 +433,9 @@ void Tensor::backward(const Tensor& gradient, bool retain_graph, bool create_gra
   Tensor g = gradient.defined() ? gradient : default_grad(*this, "backward", loc);
   KILN_CHECK(g.shape() == shape(), "backward", loc, "gradient has shape {}, expected {}",
              to_string(g.shape()), to_string(shape()));
+  KILN_CHECK(is_floating(g.dtype()), "backward", loc, "gradient must be floating point, got {}",
+             name(g.dtype()));
+  g = g.to(dtype(), loc);  // gradients take the tensor's dtype, as in PyTorch
   run_backward({gradient_edge(*this)}, {g}, retain_graph || create_graph, create_graph, {});
 }
 

@@ -96,15 +96,31 @@ std::vector<Tensor> call(OpCall&& c) {
     return outs;
   }
 
+  if (is_in_place(c.op)) {
+    const Tensor& dst = c.inputs[0];
+    for (int d = 0; d < dst.dim(); ++d)
+      KILN_CHECK(dst.strides()[d] != 0 || dst.shape()[d] <= 1, c.name(), c.loc,
+                 "more than one element of the written-to tensor (shape {}, strides {}) refers to "
+                 "a single memory location; clone() it first",
+                 to_string(dst.shape()), to_string(dst.strides()));
+  }
   if (g_autograd_hook) g_autograd_hook->before_kernel(c, meta, outs);  // rejects bad in-place ops
 
   // The kernel sees inputs in the compute dtype; the caller's tensors are untouched.
   const OpCall* kp = &c;
   OpCall converted;
+  // copy_ from memory that overlaps the destination (a.copy_(a.t())) reads a snapshot.
+  if (c.op == OpKind::CopyInto && c.inputs[1].storage() == c.inputs[0].storage()) {
+    converted = c;
+    kp = &converted;
+    Tensor snap = empty(c.inputs[1].shape(), c.inputs[1].dtype());
+    cpu::copy_cast(snap, c.inputs[1]);
+    converted.inputs[1] = snap;
+  }
   for (size_t i = 0; i < c.inputs.size(); ++i) {
     const Tensor& t = c.inputs[i];
     if (t.defined() && t.dtype() != meta.compute_dtype && converts_input(c.op, i)) {
-      if (kp == &c) converted = c, kp = &converted;
+      if (kp == &c) converted = c, kp = &converted;  // (kp may already be the snapshot copy)
       Tensor conv = empty(t.shape(), meta.compute_dtype);
       cpu::copy_cast(conv, t);
       converted.inputs[i] = conv;

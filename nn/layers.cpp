@@ -43,6 +43,11 @@ Dropout::Dropout(double p) : p(p) {
 Sequential::Sequential(std::initializer_list<std::shared_ptr<Module>> modules) {
   for (auto& m : modules) push_back(m);
 }
+std::shared_ptr<Module> Sequential::operator[](size_t i) const {
+  KILN_CHECK(i < modules_.size(), "Sequential", Loc::current(), "index {} out of range for {} modules",
+             i, modules_.size());
+  return modules_[i];
+}
 void Sequential::push_back(std::shared_ptr<Module> m) {
   register_module(std::to_string(modules_.size()), m);
   modules_.push_back(std::move(m));

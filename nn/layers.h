@@ -71,7 +71,8 @@ class Sequential : public Module {
   Tensor forward(const Tensor& x) override;
   std::string name() const override { return "Sequential"; }
   size_t size() const { return modules_.size(); }
-  std::shared_ptr<Module> operator[](size_t i) const { return modules_[i]; }
+  /// The i-th module. Throws kiln::Error when i >= size().
+  std::shared_ptr<Module> operator[](size_t i) const;
 
  private:
   std::vector<std::shared_ptr<Module>> modules_;

@@ -20,8 +20,12 @@ Tensor Module::register_buffer(const std::string& n, Tensor t) {
 }
 
 void Module::collect(const std::string& prefix, bool recurse, bool params, StateDict& out) const {
-  for (const auto& [n, t] : params ? params_ : buffers_)
-    if (t.defined()) out.emplace_back(prefix + n, t);
+  // A tensor shared by several submodules (tied weights) is listed once, as in PyTorch.
+  for (const auto& [n, t] : params ? params_ : buffers_) {
+    bool seen = false;
+    for (const auto& kv : out) seen |= kv.second.is_same(t);
+    if (t.defined() && !seen) out.emplace_back(prefix + n, t);
+  }
   if (!recurse) return;
   for (const auto& [n, m] : children_) m->collect(prefix + n + ".", true, params, out);
 }

@@ -59,6 +59,7 @@ class Module {
   Tensor register_parameter(const std::string& name, Tensor t);
   Tensor register_buffer(const std::string& name, Tensor t);
   template <class M> std::shared_ptr<M> register_module(const std::string& name, std::shared_ptr<M> m) {
+    KILN_CHECK(m != nullptr, "register_module", Loc::current(), "submodule \"{}\" is null", name);
     children_.emplace_back(name, m);
     return m;
   }

@@ -62,7 +62,18 @@ struct Reader {
     expect('"');
     std::string out;
     while (i < s.size() && s[i] != '"') {
-      if (s[i] == '\\' && i + 1 < s.size()) ++i;
+      if (s[i] == '\\' && i + 1 < s.size()) {
+        ++i;
+        if (s[i] == 'u' && i + 4 < s.size()) {  // \uXXXX: kiln writes these for control chars
+          char* end = nullptr;
+          std::string hex = s.substr(i + 1, 4);
+          unsigned long code = std::strtoul(hex.c_str(), &end, 16);
+          if (end != hex.c_str() + 4 || code > 0x7f) fail("unsupported \\u escape");
+          out += static_cast<char>(code);
+          i += 5;
+          continue;
+        }
+      }
       out += s[i++];
     }
     if (i >= s.size()) fail("unterminated string");
@@ -75,7 +86,11 @@ struct Reader {
     if (i < s.size() && s[i] == '-') ++i;
     while (i < s.size() && std::isdigit(static_cast<unsigned char>(s[i]))) ++i;
     if (start == i) fail("expected an integer");
-    return std::stoll(s.substr(start, i - start));
+    try {
+      return std::stoll(s.substr(start, i - start));
+    } catch (const std::exception&) {
+      fail("integer out of range");
+    }
   }
   std::vector<int64_t> int_array() {
     std::vector<int64_t> out;
@@ -180,6 +195,8 @@ StateDict load_safetensors(const std::string& path) {
     out.emplace_back(name, x);
   } while (r.peek(',') && ++r.i);
   r.expect('}');
+  r.ws();
+  if (r.i != header.size()) r.fail("trailing bytes after the header");
   return out;
 }
 

@@ -124,6 +124,7 @@ Tensor TransformerEncoderLayer::forward(const Tensor& src, const Tensor& src_mas
 
 TransformerEncoder::TransformerEncoder(const TransformerEncoderLayerOptions& o, int64_t n,
                                        bool final_norm) {
+  KILN_CHECK(n >= 0, "TransformerEncoder", Loc::current(), "num_layers must be >= 0, got {}", n);
   for (int64_t i = 0; i < n; ++i)
     layers.push_back(register_module("layers." + std::to_string(i),
                                      std::make_shared<TransformerEncoderLayer>(o)));

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
+#include <cstdio>
 #include <cstdlib>
 #include <mutex>
 #include <thread>
@@ -97,12 +98,16 @@ class ThreadPool {
   bool stop_ = false;
 };
 
+// More threads than this only oversubscribe the machine (and can exhaust thread limits).
+constexpr int kMaxThreads = 256;
+
 int default_threads() {
   if (const char* env = std::getenv("KILN_NUM_THREADS")) {
     int n = std::atoi(env);
-    if (n >= 1) return n;
+    if (n >= 1) return std::min(n, kMaxThreads);
+    std::fprintf(stderr, "kiln: ignoring KILN_NUM_THREADS=%s (expected a positive integer)\n", env);
   }
-  return std::max(1u, std::thread::hardware_concurrency());
+  return std::clamp<int>(static_cast<int>(std::thread::hardware_concurrency()), 1, kMaxThreads);
 }
 
 ThreadPool& pool() {
@@ -113,7 +118,7 @@ ThreadPool& pool() {
 }  // namespace
 
 int num_threads() { return pool().size(); }
-void set_num_threads(int n) { pool().resize(std::max(1, n)); }
+void set_num_threads(int n) { pool().resize(std::clamp(n, 1, kMaxThreads)); }
 
 void parallel_for(int64_t begin, int64_t end, int64_t grain,
                   const std::function<void(int64_t, int64_t)>& fn) {

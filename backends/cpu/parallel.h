@@ -12,7 +12,8 @@ inline constexpr int64_t kGrainSize = 32768;
 
 /// Number of threads kernels use (default: hardware threads; KILN_NUM_THREADS overrides).
 int num_threads();
-/// Sets the number of threads (>= 1). Not to be called while a parallel_for runs.
+/// Sets the number of threads, clamped to [1, 256]. Not to be called while another thread is
+/// running kiln ops.
 void set_num_threads(int n);
 
 /// Runs fn(begin, end) over [begin, end) split into at most num_threads() contiguous chunks of
