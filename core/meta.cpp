@@ -513,6 +513,12 @@ static InferredMeta infer_meta_unchecked(OpKind op, std::span<const TensorMeta> 
     case OpCategory::Copy: {
       const TensorMeta& x = inputs[0];
       if (op == OpKind::Cast) return {x.dtype, {{attrs.dtype, x.shape}}};
+      if (op == OpKind::Fill && !is_floating(x.dtype) && attrs.alpha.is_floating()) {
+        double v = attrs.alpha.to<double>();
+        double lo = x.dtype == DType::Int32 ? -2147483648.0 : -9223372036854775808.0;
+        KILN_CHECK(x.dtype == DType::Bool || (v >= lo && v < -lo), info.name.data(), loc,
+                   "value {} cannot be converted to {} without overflow", v, name(x.dtype));
+      }
       if (op == OpKind::CopyInto) {
         Shape b = broadcast_shapes(x.shape, inputs[1].shape, info.name.data(), loc);
         KILN_CHECK(b == x.shape, info.name.data(), loc,

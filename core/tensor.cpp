@@ -6,8 +6,14 @@
 
 namespace kiln {
 
-int64_t Tensor::size(int64_t d) const { return shape()[wrap_dim(d, dim(), "size")]; }
-int64_t Tensor::stride(int64_t d) const { return strides()[wrap_dim(d, dim(), "stride")]; }
+int64_t Tensor::size(int64_t d) const {
+  KILN_CHECK(dim() > 0, "size", Loc::current(), "dim {} requested, but the tensor has no dims", d);
+  return shape()[wrap_dim(d, dim(), "size")];
+}
+int64_t Tensor::stride(int64_t d) const {
+  KILN_CHECK(dim() > 0, "stride", Loc::current(), "dim {} requested, but the tensor has no dims", d);
+  return strides()[wrap_dim(d, dim(), "stride")];
+}
 
 bool Tensor::is_contiguous() const {
   int64_t expected = 1;
@@ -104,7 +110,6 @@ constexpr int64_t kSummariseAbove = 1000;
 constexpr int64_t kEdgeItems = 3;
 
 std::string format_value(double v, bool floating, bool int_valued, bool sci) {
-  if (!floating) return fmt::format("{}", static_cast<int64_t>(v));
   if (std::isnan(v)) return "nan";
   if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
   if (sci) return fmt::format("{:.4e}", v);
@@ -138,18 +143,22 @@ std::string Tensor::str() const {
   bool summarise = numel() > kSummariseAbove;
   // Collect the printed elements (only edges when summarising), in row-major order.
   std::vector<double> vals;
-  std::vector<int64_t> idx(dim(), 0);
+  std::vector<int64_t> ints;  // exact values of integer tensors (a double loses int64 digits)
   {
     std::vector<double> all;
     if (!summarise) {
       all = to_vector<double>();
+      if (is_integral(dtype())) ints = to_vector<int64_t>();
     } else {
       // Gather only the edge elements: iterate over the logical index space, skipping middles.
       const Shape& s = shape();
       std::function<void(int, int64_t)> rec = [&](int d, int64_t off) {
         if (d == dim()) {
-          KILN_DISPATCH_ALL(dtype(), S, { all.push_back(static_cast<double>(
-              static_cast<const S*>(storage()->data())[off])); });
+          KILN_DISPATCH_ALL(dtype(), S, {
+            S v = static_cast<const S*>(storage()->data())[off];
+            all.push_back(static_cast<double>(v));
+            if (is_integral(dtype())) ints.push_back(static_cast<int64_t>(v));
+          });
           return;
         }
         for (int64_t i = 0; i < s[d]; ++i) {
@@ -173,8 +182,10 @@ std::string Tensor::str() const {
   if (floating && (maxabs >= 1e8 || (!int_valued && minabs < 1e-4))) sci = true;
   std::vector<std::string> cells;
   int width = 0;
-  for (double v : vals) {
+  for (size_t i = 0; i < vals.size(); ++i) {
+    double v = vals[i];
     cells.push_back(dtype() == DType::Bool ? (v != 0 ? "true" : "false")
+                    : !ints.empty()        ? fmt::format("{}", ints[i])
                                            : format_value(v, floating, int_valued, sci));
     width = std::max<int>(width, cells.back().size());
   }

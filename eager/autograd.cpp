@@ -215,7 +215,17 @@ bool is_in_place(OpKind op) { return op == OpKind::CopyInto || op == OpKind::Fil
 class RecordHook final : public DispatchHook {
  public:
   bool before_kernel(const OpCall& c, const InferredMeta&, std::vector<Tensor>&) override {
-    if (!is_in_place(c.op) || !t_grad_enabled) return false;
+    if (!t_grad_enabled) return false;
+    for (const Tensor& t : c.inputs) {
+      Meta* vm = meta(t);
+      KILN_CHECK(!vm || !vm->is_view_of_grad_tensor || t.version() == vm->view_version, c.name(),
+                 c.loc,
+                 "an input is a view (shape {}) whose base was modified in place after the view "
+                 "was taken; its recorded history is stale, so take the view again after the "
+                 "in-place op",
+                 to_string(t.shape()));
+    }
+    if (!is_in_place(c.op)) return false;
     Meta* m = meta(c.inputs[0]);
     if (!m) return false;
     KILN_CHECK(!(m->requires_grad && !m->grad_fn), c.name(), c.loc,
@@ -241,6 +251,7 @@ class RecordHook final : public DispatchHook {
     m.grad_fn = node;
     m.output_nr = 0;
     m.is_view_of_grad_tensor = op_info(c.op).category == OpCategory::View;
+    m.view_version = out.version();
   }
 };
 

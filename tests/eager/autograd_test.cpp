@@ -1,4 +1,6 @@
 // Autograd: tutorial programs, gradcheck of every differentiable op, engine semantics.
+#include <thread>
+
 #include "gradcheck.h"
 
 using namespace kiln;
@@ -122,6 +124,37 @@ TEST_CASE("in-place writes into a view of a tensor that requires grad are reject
   Tensor c = h.slice(0, 0, 1).clone();  // the documented way out
   c.fill_(5);
   CHECK(c.item<double>() == 5);
+}
+
+TEST_CASE("a view whose base changed in place is not silently differentiated") {
+  Tensor x = tensor({1.0, 2.0, 3.0}).requires_grad_();
+  Tensor y = x * 1;
+  Tensor v = y.slice(0, 0, 2);
+  y *= 2;
+  CHECK_THROWS_WITH(v.sum(), Catch::Contains("base was modified in place"));
+  Tensor w = y.slice(0, 0, 2);  // taken again after the in-place op: fine
+  w.sum().backward();
+  CHECK(x.grad().to_vector<double>() == std::vector<double>{2, 2, 0});
+}
+
+TEST_CASE("backward from several threads into one leaf accumulates every gradient") {
+  Tensor w = ones({128}).requires_grad_();
+  std::vector<std::thread> ts;
+  for (int t = 0; t < 8; ++t)
+    ts.emplace_back([&] {
+      for (int i = 0; i < 50; ++i) (w * 2).sum().backward();
+    });
+  for (auto& th : ts) th.join();
+  CHECK(w.grad().to_vector<float>() == std::vector<float>(128, 800.0f));
+}
+
+TEST_CASE("gradients take the tensor's dtype; set_grad checks shape and dtype") {
+  Tensor x = tensor({1.f, 2.f}).requires_grad_();
+  (x * 2).backward(ones({2}, {DType::Float64}));
+  CHECK(x.grad().dtype() == DType::Float32);
+  CHECK_THROWS_AS((x * 2).backward(ones({2}, {DType::Int64})), Error);
+  CHECK_THROWS_WITH(x.set_grad(zeros({3})), Catch::Contains("does not match"));
+  CHECK_THROWS_AS(Tensor().set_grad(zeros({1})), Error);
 }
 
 TEST_CASE("deep graphs (100k nodes) run and free without recursion") {

@@ -34,3 +34,32 @@ TEST_CASE("FC-27 out-of-range indices raise, naming the index and the dim size (
   CHECK_THROWS_WITH(embedding(w, tensor({2, -2}).to(DType::Int64)),
                     Catch::Contains("-2") && Catch::Contains("size 4"));
 }
+
+TEST_CASE("sizes that overflow, negative expand sizes and bad in-place targets raise") {
+  CHECK_THROWS_WITH(zeros({int64_t{1} << 62, 4}), Catch::Contains("too large"));
+  CHECK_THROWS_WITH(zeros({3037000500LL, 3037000500LL}), Catch::Contains("too large"));
+  CHECK_THROWS_AS(eye(int64_t{1} << 32), Error);
+  CHECK_THROWS_AS(arange(0, int64_t{1} << 62, 1), Error);
+  CHECK_THROWS_WITH(ones({1}).expand({-5}), Catch::Contains("invalid size -5"));
+  CHECK_THROWS_WITH(ones({1}).expand({int64_t{1} << 62, 4}), Catch::Contains("too large"));
+  CHECK(zeros({int64_t{1} << 62, 0}).numel() == 0);
+  Tensor b = zeros({1});
+  CHECK_THROWS_WITH(b.expand({3}) += tensor({1.f, 2.f, 3.f}), Catch::Contains("single memory location"));
+  CHECK_THROWS_WITH(full({2}, 1e20, {DType::Int32}), Catch::Contains("overflow"));
+  CHECK_THROWS_AS(scalar_tensor(1.0).size(0), Error);
+}
+
+TEST_CASE("copy_ from overlapping memory copies a snapshot") {
+  Tensor a = arange(9, {Float32}).view({3, 3});
+  a.copy_(a.t());
+  CHECK(a.to_vector<float>() == std::vector<float>{0, 3, 6, 1, 4, 7, 2, 5, 8});
+  Tensor b = arange(100000, {Float32});
+  b.slice(0, 1, 100000).copy_(b.slice(0, 0, 99999));
+  CHECK(b.select(0, 99999).item<float>() == 99998);
+  CHECK(b.select(0, 1).item<float>() == 0);
+}
+
+TEST_CASE("int64 values print exactly") {
+  CHECK(tensor({(int64_t{1} << 53) + 1}).str() == "tensor([9007199254740993])");
+  CHECK(arange(INT64_MAX - 1, INT64_MAX).str() == "tensor([9223372036854775806])");
+}
