@@ -195,8 +195,11 @@ Executable::Executable(const ir::Graph& g) : impl_(std::make_unique<Impl>()) {
   if (!fn) throw Error("codegen::Executable", "graph has no @main");
   for (mlir::Type t : fn.getArgumentTypes()) {
     auto rt = llvm::cast<mlir::RankedTensorType>(t);
-    I.inputs.push_back({to_dtype(rt.getElementType()),
-                        std::vector<int64_t>(rt.getShape().begin(), rt.getShape().end())});
+    Param p{to_dtype(rt.getElementType()),
+            std::vector<int64_t>(rt.getShape().begin(), rt.getShape().end())};
+    for (int64_t& d : p.shape)
+      if (d == mlir::ShapedType::kDynamic) d = ir::kDynamic;
+    I.inputs.push_back(p);
   }
   auto ret = llvm::cast<mlir::func::ReturnOp>(fn.getBody().front().getTerminator());
   llvm::SmallVector<mlir::Type> arg_types(fn.getArgumentTypes());
@@ -223,8 +226,7 @@ Executable::Executable(const ir::Graph& g) : impl_(std::make_unique<Impl>()) {
     mlir::Block& body = fn.getBody().front();
     for (auto [i, r] : llvm::enumerate(ret.getOperands())) {
       mlir::Value out = body.addArgument(arg_types[I.inputs.size() + i], ret.getLoc());
-      auto mat = mlir::bufferization::MaterializeInDestinationOp::create(b, ret.getLoc(),
-                                                                         mlir::TypeRange{}, r, out);
+      auto mat = mlir::bufferization::MaterializeInDestinationOp::create(b, ret.getLoc(), r, out);
       mat.setRestrict(true);
       mat.setWritable(true);
     }
@@ -260,7 +262,10 @@ Executable::Executable(const ir::Graph& g) : impl_(std::make_unique<Impl>()) {
   auto tm = tmb->createTargetMachine();
   if (!tm) throw Error("codegen::Executable", llvm::toString(tm.takeError()));
   mlir::ExecutionEngineOptions opts;
-  opts.transformer = mlir::makeOptimizingTransformer(3, 0, tm->get());
+  // opts.transformer is a function_ref: the std::function must outlive create().
+  std::function<llvm::Error(llvm::Module*)> transformer =
+      mlir::makeOptimizingTransformer(3, 0, tm->get());
+  opts.transformer = transformer;
   opts.jitCodeGenOptLevel = llvm::CodeGenOptLevel::Aggressive;
   auto engine = mlir::ExecutionEngine::create(m, opts, std::move(*tm));
   if (!engine)
