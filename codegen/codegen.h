@@ -32,9 +32,9 @@ namespace kiln::codegen {
 /// `g` may be destroyed afterwards. Errors (an op without a lowering, a failing pass, LLVM
 /// errors) throw kiln::Error. run() only reads the compiled code.
 ///
-/// Dynamic (`?`) output dims are taken at run time from an input dim at the same position counted
-/// from the right (the lowering's rule that `?` dims do not broadcast); graphs whose dynamic output
-/// dims cannot be derived that way are rejected at compile time.
+/// Dynamic (`?`) output dims are read at run time from the input dim they were built from
+/// (followed through destination-style inits to tensor.empty / tensor.dim at compile time); graphs
+/// where that cannot be traced are rejected at compile time.
 class Executable {
  public:
   explicit Executable(const ir::Graph& g);

@@ -2,6 +2,7 @@
 // bufferization -> loops -> LLVM dialect -> ExecutionEngine (LLVM -O3, host CPU).
 // Pipeline and required registrations: /work/shared/notes/mlir22-toolchain.md, section 2.
 #include <mutex>
+#include <optional>
 
 #include "codegen/codegen.h"
 #include "codegen/lower.h"
@@ -46,6 +47,7 @@
 #include "mlir/ExecutionEngine/OptUtils.h"
 #include "mlir/IR/Diagnostics.h"
 #include "mlir/IR/MLIRContext.h"
+#include "mlir/Interfaces/DestinationStyleOpInterface.h"
 #include "mlir/Parser/Parser.h"
 #include "mlir/Pass/PassManager.h"
 #include "mlir/Pass/PassRegistry.h"
@@ -110,7 +112,31 @@ DType to_dtype(mlir::Type t) {
 struct Param {
   DType dtype;
   std::vector<int64_t> shape;  // kDynamic for `?`
+  std::vector<std::pair<int, int>> dyn_src;  // outputs: per dim, the (input, dim) giving a `?`
 };
+
+/// Which (function argument, dim) gives dynamic dim `d` of tensor `v`: follows destination-style
+/// inits down to a tensor.empty whose size is a tensor.dim of an argument.
+std::optional<std::pair<int, int>> dim_source(mlir::Value v, int64_t d) {
+  for (int guard = 0; guard < 256; ++guard) {
+    if (auto arg = llvm::dyn_cast<mlir::BlockArgument>(v))
+      return std::make_pair(static_cast<int>(arg.getArgNumber()), static_cast<int>(d));
+    mlir::Operation* op = v.getDefiningOp();
+    if (auto dps = llvm::dyn_cast<mlir::DestinationStyleOpInterface>(op)) {
+      v = dps.getTiedOpOperand(llvm::cast<mlir::OpResult>(v))->get();
+      continue;
+    }
+    auto empty = llvm::dyn_cast<mlir::tensor::EmptyOp>(op);
+    if (!empty) return std::nullopt;
+    auto dim = empty.getDynamicSize(static_cast<unsigned>(d)).getDefiningOp<mlir::tensor::DimOp>();
+    if (!dim) return std::nullopt;
+    std::optional<int64_t> index = dim.getConstantIndex();
+    if (!index) return std::nullopt;
+    v = dim.getSource();
+    d = *index;
+  }
+  return std::nullopt;
+}
 
 /// Memref descriptor of rank r as words: allocated, aligned, offset, sizes[r], strides[r].
 std::vector<int64_t> descriptor(void* data, const Shape& shape) {
@@ -196,7 +222,7 @@ Executable::Executable(const ir::Graph& g) : impl_(std::make_unique<Impl>()) {
   for (mlir::Type t : fn.getArgumentTypes()) {
     auto rt = llvm::cast<mlir::RankedTensorType>(t);
     Param p{to_dtype(rt.getElementType()),
-            std::vector<int64_t>(rt.getShape().begin(), rt.getShape().end())};
+            std::vector<int64_t>(rt.getShape().begin(), rt.getShape().end()), {}};
     for (int64_t& d : p.shape)
       if (d == mlir::ShapedType::kDynamic) d = ir::kDynamic;
     I.inputs.push_back(p);
@@ -206,17 +232,16 @@ Executable::Executable(const ir::Graph& g) : impl_(std::make_unique<Impl>()) {
   for (mlir::Value r : ret.getOperands()) {
     auto rt = llvm::cast<mlir::RankedTensorType>(r.getType());
     Param p{to_dtype(rt.getElementType()),
-            std::vector<int64_t>(rt.getShape().begin(), rt.getShape().end())};
+            std::vector<int64_t>(rt.getShape().begin(), rt.getShape().end()), {}};
+    p.dyn_src.assign(p.shape.size(), {-1, -1});
     for (size_t j = 0; j < p.shape.size(); ++j) {
       if (p.shape[j] != mlir::ShapedType::kDynamic) continue;
       p.shape[j] = ir::kDynamic;
-      size_t k = p.shape.size() - 1 - j;  // position from the right
-      bool found = false;
-      for (auto& in : I.inputs)
-        if (in.shape.size() > k && in.shape[in.shape.size() - 1 - k] == ir::kDynamic) found = true;
-      if (!found)
+      auto src = dim_source(r, static_cast<int64_t>(j));
+      if (!src)
         throw Error("codegen::Executable",
-                    "a dynamic output dim does not line up with a dynamic input dim (not yet)");
+                    "cannot tell a dynamic output dim from the inputs (not yet):\n" + I.linalg);
+      p.dyn_src[j] = *src;
     }
     I.outputs.push_back(p);
     arg_types.push_back(mlir::MemRefType::get(rt.getShape(), rt.getElementType()));
@@ -311,17 +336,8 @@ std::vector<Tensor> Executable::run(const std::vector<Tensor>& inputs) const {
         shape[j] = p.shape[j];
         continue;
       }
-      size_t k = p.shape.size() - 1 - j;
-      int64_t size = -1;
-      for (size_t i = 0; i < ins.size(); ++i) {
-        const auto& ps = I.inputs[i].shape;
-        if (ps.size() <= k || ps[ps.size() - 1 - k] != ir::kDynamic) continue;
-        int64_t s = ins[i].shape()[static_cast<int>(ps.size() - 1 - k)];
-        if (size >= 0 && s != size)
-          throw Error(where, "dynamic dims that the graph treats as equal differ: " +
-                                 std::to_string(size) + " vs " + std::to_string(s));
-        size = s;
-      }
+      auto [input, dim] = p.dyn_src[j];
+      int64_t size = ins[static_cast<size_t>(input)].shape()[dim];
       shape[j] = size;
     }
     outs.push_back(dispatch::empty(Shape(shape), p.dtype));
