@@ -12,3 +12,48 @@ namespace kiln::codegen {
 std::string lower_to_linalg(const ir::Graph& g, bool fuse = true);
 
 }  // namespace kiln::codegen
+
+#include <memory>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace kiln::codegen {
+
+/// A graph compiled to native code for the host CPU (MLIR JIT, LLVM -O3, host CPU features).
+///
+///   codegen::Executable exe(g);                 // lower -> fuse -> bufferize -> LLVM -> JIT
+///   std::vector<Tensor> out = exe.run({x});      // outputs allocated with dispatch::empty
+///
+/// Pipeline: convert-kiln-to-linalg, canonicalize, linalg-fuse-elementwise-ops, then the function
+/// is made destination-passing (each result goes to a caller-provided memref), one-shot
+/// bufferization across the function boundary, linalg -> loops, math polynomial approximation
+/// (tanh/exp/erf... as arith + fma), LLVM dialect, ExecutionEngine. Owns its MLIR context, so
+/// `g` may be destroyed afterwards. Errors (an op without a lowering, a failing pass, LLVM
+/// errors) throw kiln::Error. run() only reads the compiled code.
+///
+/// Dynamic (`?`) output dims are read at run time from the input dim they were built from
+/// (followed through destination-style inits to tensor.empty / tensor.dim at compile time); graphs
+/// where that cannot be traced are rejected at compile time.
+class Executable {
+ public:
+  explicit Executable(const ir::Graph& g);
+  ~Executable();
+  Executable(Executable&&) noexcept;
+  Executable& operator=(Executable&&) noexcept;
+
+  /// Runs the compiled graph. Inputs must match the graph's dtypes and static dims (checked);
+  /// non-contiguous inputs are made contiguous first. Returns one new tensor per graph output.
+  std::vector<Tensor> run(const std::vector<Tensor>& inputs) const;
+
+  /// Number of kernels (linalg ops, i.e. loop nests) after fusion.
+  int num_kernels() const;
+  /// The fused linalg-on-tensors IR the native code was generated from (for tests/debugging).
+  const std::string& linalg_ir() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace kiln::codegen

@@ -1,0 +1,186 @@
+// codegen::Executable: graphs compiled to native code (MLIR JIT) against eager mode.
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <vector>
+
+#include "codegen/codegen.h"
+#include "kiln/kiln.h"
+
+using namespace kiln;
+
+namespace {
+
+/// Largest |a - b| over all elements (float32, same shape); NaN positions must agree.
+double max_diff(const Tensor& a, const Tensor& b) {
+  REQUIRE(a.shape() == b.shape());
+  Tensor ac = a.contiguous(), bc = b.contiguous();
+  const float* pa = ac.data<float>();
+  const float* pb = bc.data<float>();
+  double m = 0;
+  for (int64_t i = 0; i < a.numel(); ++i) {
+    if (std::isnan(pa[i]) || std::isnan(pb[i])) {
+      if (!(std::isnan(pa[i]) && std::isnan(pb[i]))) return std::numeric_limits<double>::infinity();
+      continue;
+    }
+    m = std::max(m, std::abs(double(pa[i]) - double(pb[i])));
+  }
+  return m;
+}
+
+ir::Graph square_plus(const std::vector<int64_t>& shape, bool tanh = false) {
+  ir::Graph g;
+  ir::Value x = g.input(DType::Float32, shape);
+  ir::Value y = g.op(OpKind::Add, {g.op(OpKind::Mul, {x, x}), x});
+  if (tanh) y = g.op(OpKind::Tanh, {y});
+  g.output(y);
+  return g;
+}
+
+}  // namespace
+
+TEST_CASE("Executable: x*x + x on float32 [1000] and [3, 4] equals eager") {
+  for (Shape shape : {Shape{1000}, Shape{3, 4}}) {
+    codegen::Executable exe(square_plus(shape.vec()));
+    Tensor x = randn(shape);
+    std::vector<Tensor> out = exe.run({x});
+    REQUIRE(out.size() == 1);
+    CHECK(out[0].dtype() == DType::Float32);
+    CHECK(max_diff(out[0], add(mul(x, x), x)) == 0);
+  }
+}
+
+TEST_CASE("Executable: x*x + x, then tanh is one kernel") {
+  codegen::Executable exe(square_plus({ir::kDynamic}, /*tanh=*/true));
+  INFO(exe.linalg_ir());
+  CHECK(exe.num_kernels() == 1);
+  Tensor x = randn({4097});
+  // tanh is a polynomial approximation (math dialect): within 2e-6 absolute of eager's tanhf.
+  CHECK(max_diff(exe.run({x})[0], tanh(add(mul(x, x), x))) < 2e-6);
+}
+
+TEST_CASE("Executable: exp and gelu chains within tolerance of eager") {
+  ir::Graph g;
+  ir::Value x = g.input(DType::Float32, {64, 33});
+  g.output(g.op(OpKind::Exp, {g.op(OpKind::Mul, {x, x})}));
+  OpAttrs erf;  // mode 0 = exact (erf) gelu
+  g.output(g.op(OpKind::Gelu, {g.op(OpKind::Add, {x, x})}, erf));
+  codegen::Executable exe(g);
+  Tensor xt = randn({64, 33});
+  std::vector<Tensor> out = exe.run({xt});
+  REQUIRE(out.size() == 2);
+  Tensor e = exp(mul(xt, xt));
+  // Relative 1e-6 for exp (polynomial approximation), absolute 1e-6 for gelu.
+  double rel = max_diff(div(out[0], e), ones({64, 33}));
+  CHECK(rel < 2e-6);
+  CHECK(max_diff(out[1], gelu(add(xt, xt))) < 2e-6);
+}
+
+TEST_CASE("Executable: sum and amax reductions") {
+  ir::Graph g;
+  ir::Value x = g.input(DType::Float32, {5, 7});
+  OpAttrs rows;
+  rows.dims = {1};
+  g.output(g.op(OpKind::Sum, {x}, rows));
+  OpAttrs all;
+  all.all_dims = true;
+  g.output(g.op(OpKind::Amax, {x}, all));
+  codegen::Executable exe(g);
+  Tensor xt = randn({5, 7});
+  std::vector<Tensor> out = exe.run({xt});
+  REQUIRE(out.size() == 2);
+  CHECK(max_diff(out[0], sum(xt, {1})) < 1e-5);
+  CHECK(out[1].shape() == Shape{});
+  CHECK(max_diff(out[1], amax(xt)) == 0);
+}
+
+TEST_CASE("Executable: broadcasting [2,1,3] + [4,1]") {
+  ir::Graph g;
+  ir::Value a = g.input(DType::Float32, {2, 1, 3});
+  ir::Value b = g.input(DType::Float32, {4, 1});
+  g.output(g.op(OpKind::Add, {a, b}));
+  codegen::Executable exe(g);
+  Tensor at = randn({2, 1, 3}), bt = randn({4, 1});
+  std::vector<Tensor> out = exe.run({at, bt});
+  CHECK(out[0].shape() == Shape{2, 4, 3});
+  CHECK(max_diff(out[0], add(at, bt)) == 0);
+}
+
+TEST_CASE("Executable: maximum keeps NaN; non-contiguous input") {
+  ir::Graph g;
+  ir::Value a = g.input(DType::Float32, {3, 2});
+  ir::Value b = g.input(DType::Float32, {3, 2});
+  g.output(g.op(OpKind::Maximum, {a, b}));
+  codegen::Executable exe(g);
+  float nan = std::numeric_limits<float>::quiet_NaN();
+  Tensor at = from_vector<float>({1, nan, 3, 4, 5, 6}, {2, 3}).transpose(0, 1);  // [3, 2] strided
+  Tensor bt = from_vector<float>({2, 2, nan, 0, 0, 7}, {3, 2});
+  Tensor out = exe.run({at, bt})[0];
+  CHECK(max_diff(out, maximum(at, bt)) == 0);
+  CHECK(std::isnan(out.contiguous().data<float>()[2]));
+}
+
+TEST_CASE("Executable: a dynamic dim runs on two sizes without recompiling") {
+  codegen::Executable exe(square_plus({ir::kDynamic, 4}));
+  for (int64_t n : {3, 1000}) {
+    Tensor x = randn({n, 4});
+    Tensor out = exe.run({x})[0];
+    CHECK(out.shape() == Shape{n, 4});
+    CHECK(max_diff(out, add(mul(x, x), x)) == 0);
+  }
+}
+
+TEST_CASE("Executable: dynamic dims through a reduction ([?, ?] summed over dim 1)") {
+  ir::Graph g;
+  ir::Value x = g.input(DType::Float32, {ir::kDynamic, ir::kDynamic});
+  OpAttrs cols;
+  cols.dims = {1};
+  g.output(g.op(OpKind::Sum, {g.op(OpKind::Mul, {x, x})}, cols));
+  codegen::Executable exe(g);
+  for (Shape shape : {Shape{3, 5}, Shape{7, 2}}) {
+    Tensor xt = randn(shape);
+    Tensor out = exe.run({xt})[0];
+    CHECK(out.shape() == Shape{shape[0]});
+    CHECK(max_diff(out, sum(mul(xt, xt), {1})) < 1e-5);
+  }
+}
+
+TEST_CASE("Executable: errors are kiln::Error") {
+  codegen::Executable exe(square_plus({4}));
+  CHECK_THROWS_AS(exe.run({randn({5})}), Error);
+  CHECK_THROWS_AS(exe.run({}), Error);
+  ir::Graph g;
+  ir::Value b = g.input(DType::Bool, {4});
+  g.output(g.op(OpKind::Add, {b, b}));  // bool arithmetic: no lowering yet
+  CHECK_THROWS_AS(codegen::Executable(g), Error);
+}
+
+TEST_CASE("Executable: timing of x*x + x on 2^24 float32 (prints, not a check)", "[.timing]") {
+  const int64_t n = int64_t(1) << 24;
+  auto c0 = std::chrono::steady_clock::now();
+  codegen::Executable exe(square_plus({ir::kDynamic}));
+  double compile_ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - c0).count();
+  codegen::Executable exe_tanh(square_plus({ir::kDynamic}, /*tanh=*/true));
+  Tensor x = randn({n});
+  auto time = [](auto&& f) {
+    double best = 1e9;
+    for (int i = 0; i < 5; ++i) {
+      auto t0 = std::chrono::steady_clock::now();
+      f();
+      best = std::min(best, std::chrono::duration<double, std::milli>(
+                                std::chrono::steady_clock::now() - t0).count());
+    }
+    return best;
+  };
+  double jit = time([&] { exe.run({x}); });
+  double eager = time([&] { add(mul(x, x), x); });
+  double jit_tanh = time([&] { exe_tanh.run({x}); });
+  double eager_tanh = time([&] { tanh(add(mul(x, x), x)); });
+  std::printf("x*x + x on 2^24 float32: compiled %.2f ms, eager %.2f ms (compile %.1f ms)\n", jit,
+              eager, compile_ms);
+  std::printf("tanh(x*x + x) on 2^24 float32: compiled %.2f ms, eager %.2f ms\n", jit_tanh,
+              eager_tanh);
+}
