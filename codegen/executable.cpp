@@ -6,6 +6,7 @@
 
 #include "codegen/codegen.h"
 #include "codegen/lower.h"
+#include "codegen/runtime.h"
 #include "core/error.h"
 #include "eager/dispatch.h"
 #include "ir/dialect.h"
@@ -296,6 +297,13 @@ Executable::Executable(const ir::Graph& g) : impl_(std::make_unique<Impl>()) {
   if (!engine)
     throw Error("codegen::Executable: JIT", llvm::toString(engine.takeError()) + "\n" + I.messages);
   I.engine = std::move(*engine);
+  I.engine->registerSymbols([](llvm::orc::MangleAndInterner interner) {
+    llvm::orc::SymbolMap map;
+    for (const RuntimeSymbol& s : runtime_symbols())
+      map[interner(s.name)] = {llvm::orc::ExecutorAddr::fromPtr(s.address),
+                               llvm::JITSymbolFlags::Exported};
+    return map;
+  });
   // Generate machine code now (lazily done at the first lookup), so run() does not pay for it.
   auto fnptr = I.engine->lookupPacked("_mlir_ciface_main");
   if (!fnptr) throw Error("codegen::Executable: JIT", llvm::toString(fnptr.takeError()));

@@ -1,0 +1,17 @@
+#pragma once
+/// Functions that JIT-compiled code may call (extern kernels such as BLAS, parallel-for helpers).
+/// MLIR-free. Whatever JIT backs codegen::Executable must make every symbol listed here resolvable
+/// by name from the generated code.
+#include <vector>
+
+namespace kiln::codegen {
+
+struct RuntimeSymbol {
+  const char* name;  // the C symbol name the generated code calls
+  void* address;
+};
+
+/// All runtime symbols kiln provides to compiled code.
+const std::vector<RuntimeSymbol>& runtime_symbols();
+
+}  // namespace kiln::codegen
