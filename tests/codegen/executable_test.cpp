@@ -6,6 +6,7 @@
 #include <limits>
 #include <vector>
 
+#include "backends/cpu/parallel.h"
 #include "codegen/codegen.h"
 #include "kiln/kiln.h"
 
@@ -144,6 +145,70 @@ TEST_CASE("Executable: dynamic dims through a reduction ([?, ?] summed over dim 
     Tensor out = exe.run({xt})[0];
     CHECK(out.shape() == Shape{shape[0]});
     CHECK(max_diff(out, sum(mul(xt, xt), {1})) < 1e-5);
+  }
+}
+
+TEST_CASE("Executable: row-parallel graphs equal eager across block boundaries") {
+  cpu::set_num_threads(2);
+  SECTION("elementwise with a broadcast bias, rows not a multiple of the block") {
+    ir::Graph g;
+    ir::Value x = g.input(DType::Float32, {1237, 301});
+    ir::Value b = g.input(DType::Float32, {301});
+    g.output(g.op(OpKind::Tanh, {g.op(OpKind::Add, {g.op(OpKind::Mul, {x, x}), b})}));
+    codegen::Executable exe(g);
+    CHECK(exe.row_parallel());
+    Tensor xt = randn({1237, 301}), bt = randn({301});
+    CHECK(max_diff(exe.run({xt, bt})[0], tanh(add(mul(xt, xt), bt))) < 2e-6);
+    CHECK_THROWS_AS(exe.run({randn({1236, 301}), bt}), Error);  // dim 0 stays checked
+  }
+  SECTION("row reduction with keepdim, then a broadcast divide (softmax-like, 2 outputs)") {
+    ir::Graph g;
+    ir::Value x = g.input(DType::Float32, {2000, 257});
+    OpAttrs last;
+    last.dims = {1};
+    last.keepdim = true;
+    ir::Value e = g.op(OpKind::Exp, {x});
+    ir::Value s = g.op(OpKind::Sum, {e}, last);
+    g.output(g.op(OpKind::Div, {e, s}));
+    g.output(s);
+    codegen::Executable exe(g);
+    CHECK(exe.row_parallel());
+    Tensor xt = randn({2000, 257});
+    std::vector<Tensor> out = exe.run({xt});
+    Tensor es = sum(exp(xt), {1}, true);
+    CHECK(max_diff(div(out[1], es), ones({2000, 1})) < 1e-5);
+    CHECK(max_diff(out[0], div(exp(xt), es)) < 1e-6);
+  }
+  SECTION("x @ W + b: W and b are passed whole to every block") {
+    ir::Graph g;
+    ir::Value x = g.input(DType::Float32, {1500, 64});
+    ir::Value w = g.input(DType::Float32, {64, 48});
+    ir::Value b = g.input(DType::Float32, {48});
+    g.output(g.op(OpKind::Add, {g.op(OpKind::Matmul, {x, w}), b}));
+    codegen::Executable exe(g);
+    CHECK(exe.row_parallel());
+    Tensor xt = randn({1500, 64}), wt = randn({64, 48}), bt = randn({48});
+    CHECK(max_diff(exe.run({xt, wt, bt})[0], add(matmul(xt, wt), bt)) < 1e-4);
+  }
+  SECTION("a reduction over the rows is not split and still right") {
+    ir::Graph g;
+    ir::Value x = g.input(DType::Float32, {3000, 100});
+    OpAttrs rows;
+    rows.dims = {0};
+    g.output(g.op(OpKind::Sum, {g.op(OpKind::Mul, {x, x})}, rows));
+    codegen::Executable exe(g);
+    CHECK_FALSE(exe.row_parallel());
+    Tensor xt = randn({3000, 100});
+    Tensor ref = sum(mul(xt, xt), {0});
+    CHECK(max_diff(div(exe.run({xt})[0], ref), ones({100})) < 1e-5);
+  }
+  SECTION("the same result with 1 and 2 threads (blocks do not depend on the thread count)") {
+    codegen::Executable exe(square_plus({1 << 18}, /*tanh=*/true));
+    Tensor x = randn({1 << 18});
+    cpu::set_num_threads(1);
+    Tensor one = exe.run({x})[0];
+    cpu::set_num_threads(2);
+    CHECK(max_diff(exe.run({x})[0], one) == 0);
   }
 }
 
