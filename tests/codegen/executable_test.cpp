@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <limits>
+#include <thread>
 #include <vector>
 
 #include "backends/cpu/parallel.h"
@@ -210,6 +211,29 @@ TEST_CASE("Executable: row-parallel graphs equal eager across block boundaries")
     cpu::set_num_threads(2);
     CHECK(max_diff(exe.run({x})[0], one) == 0);
   }
+}
+
+TEST_CASE("Executable: concurrent run() from 4 threads on different sizes") {
+  codegen::Executable exe(square_plus({ir::kDynamic, 8}, /*tanh=*/true));
+  std::vector<Tensor> xs, refs;
+  for (int64_t n : {5, 700, 20000, 33}) {
+    xs.push_back(randn({n, 8}));
+    refs.push_back(tanh(add(mul(xs.back(), xs.back()), xs.back())));
+  }
+  std::vector<double> worst(xs.size(), 0);
+  std::vector<std::thread> threads;
+  for (size_t t = 0; t < xs.size(); ++t)
+    threads.emplace_back([&, t] {
+      for (int rep = 0; rep < 50; ++rep) {
+        Tensor out = exe.run({xs[t]})[0];
+        const float* o = out.data<float>();
+        const float* r = refs[t].data<float>();
+        for (int64_t i = 0; i < out.numel(); ++i)
+          worst[t] = std::max(worst[t], std::abs(double(o[i]) - double(r[i])));
+      }
+    });
+  for (auto& th : threads) th.join();
+  for (double w : worst) CHECK(w < 2e-6);
 }
 
 TEST_CASE("Executable: errors are kiln::Error") {
