@@ -144,7 +144,7 @@ std::optional<std::pair<int, int>> dim_source(mlir::Value v, int64_t d) {
 /// Below this many bytes of row-carrying operands a graph runs on the calling thread.
 constexpr int64_t kParallelMinBytes = 256 << 10;
 /// Bytes of row-carrying operands per call of a row-split graph.
-constexpr int64_t kBlockBytes = 128 << 10;
+constexpr int64_t kBlockBytes = 2048 << 10;
 
 /// Memref descriptor of rank r as words: allocated, aligned, offset, sizes[r], strides[r].
 std::vector<int64_t> descriptor(void* data, const Shape& shape) {

@@ -304,3 +304,32 @@ TEST_CASE("Executable: timing of row sums over [4096, 1024] float32 (prints, not
                 threads, best_jit, best_eager);
   }
 }
+
+TEST_CASE("Executable: timing of softmax from primitives on [4096, 1024] (prints, not a check)",
+          "[.timing]") {
+  ir::Graph g;
+  ir::Value x = g.input(DType::Float32, {4096, 1024});
+  OpAttrs last;
+  last.dims = {1};
+  last.keepdim = true;
+  ir::Value e = g.op(OpKind::Exp, {g.op(OpKind::Sub, {x, g.op(OpKind::Amax, {x}, last)})});
+  g.output(g.op(OpKind::Div, {e, g.op(OpKind::Sum, {e}, last)}));
+  codegen::Executable exe(g);
+  Tensor xt = randn({4096, 1024});
+  CHECK(max_diff(exe.run({xt})[0], softmax(xt, -1)) < 1e-6);
+  for (int threads : {1, 2}) {
+    cpu::set_num_threads(threads);
+    double best_jit = 1e9, best_eager = 1e9;
+    for (int i = 0; i < 20; ++i) {
+      auto t0 = std::chrono::steady_clock::now();
+      exe.run({xt});
+      auto t1 = std::chrono::steady_clock::now();
+      softmax(xt, -1);
+      auto t2 = std::chrono::steady_clock::now();
+      best_jit = std::min(best_jit, std::chrono::duration<double, std::milli>(t1 - t0).count());
+      best_eager = std::min(best_eager, std::chrono::duration<double, std::milli>(t2 - t1).count());
+    }
+    std::printf("softmax [4096, 1024], %d thread(s): compiled %.3f ms, eager %.3f ms\n", threads,
+                best_jit, best_eager);
+  }
+}
