@@ -117,8 +117,7 @@ std::vector<Param> read_params(Reader& r) {
   return params;
 }
 
-std::string serialize(const std::string& key, const CompiledMeta& meta,
-                      const std::string& object) {
+std::string serialize(const std::string& key, const CompiledMeta& meta, const std::string& object) {
   Writer payload;
   payload.str(version());
   payload.str(key);
@@ -212,8 +211,8 @@ std::string cache_dir(const CompileOptions& options, std::string& note) {
 void write_entry(const std::string& dir, const std::string& path, const std::string& bytes,
                  std::string& note) {
   static std::atomic<unsigned> counter{0};
-  std::string tmp = path + ".tmp." + std::to_string(::getpid()) + "." +
-                    std::to_string(counter.fetch_add(1));
+  std::string tmp =
+      path + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(counter.fetch_add(1));
   std::error_code ec;
   fs::create_directories(dir, ec);
   std::string error = ec ? ec.message() : "";
@@ -239,9 +238,12 @@ void write_entry(const std::string& dir, const std::string& path, const std::str
 
 const char* source_name(CompileStats::Source s) {
   switch (s) {
-    case CompileStats::Source::MemoryCache: return "memory cache hit";
-    case CompileStats::Source::DiskCache: return "disk cache hit";
-    default: return "compiled";
+    case CompileStats::Source::MemoryCache:
+      return "memory cache hit";
+    case CompileStats::Source::DiskCache:
+      return "disk cache hit";
+    default:
+      return "compiled";
   }
 }
 
@@ -322,11 +324,13 @@ std::shared_ptr<const CompiledCode> get_or_compile(const std::string& graph_mlir
     g_memory.emplace(memory_key, code);
   }
   stats.total_ms = total();
-  if (log_enabled(kLogCodegen))
-    log_text("object", std::to_string(code->object_bytes) + " bytes, " +
-                           source_name(stats.source) +
+  if (log_enabled(kLogCodegen)) {
+    char ms[32];
+    std::snprintf(ms, sizeof ms, ", %.2f ms", stats.total_ms);
+    log_text("object", std::to_string(code->object_bytes) + " bytes, " + source_name(stats.source) +
                            (stats.disk_note.empty() ? "" : ", disk cache: " + stats.disk_note) +
-                           ", " + std::to_string(stats.total_ms) + " ms");
+                           ms);
+  }
   return code;
 }
 

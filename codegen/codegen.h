@@ -73,10 +73,10 @@ void set_log_stages(std::string_view stages);
 /// Pipeline: convert-kiln-to-linalg, canonicalize, linalg-fuse-elementwise-ops, then the function
 /// is made destination-passing (each result goes to a caller-provided memref), one-shot
 /// bufferization across the function boundary, linalg -> loops, math polynomial approximation
-/// (tanh/exp/erf... as arith + fma), LLVM dialect, LLVM -O3 to an object file, ORC LLJIT. Owns its MLIR context, so
-/// `g` may be destroyed afterwards. Errors (an op without a lowering, a failing pass, LLVM
-/// errors) throw kiln::Error. run() only reads the compiled code, so concurrent run() calls are
-/// safe; Executables of the same graph share one copy of the code (the compile cache).
+/// (tanh/exp/erf... as arith + fma), LLVM dialect, LLVM -O3 to an object file, ORC LLJIT. Owns its
+/// MLIR context, so `g` may be destroyed afterwards. Errors (an op without a lowering, a failing
+/// pass, LLVM errors) throw kiln::Error. run() only reads the compiled code, so concurrent run()
+/// calls are safe; Executables of the same graph share one copy of the code (the compile cache).
 ///
 /// Dynamic (`?`) output dims are read at run time from the input dim they were built from
 /// (followed through destination-style inits to tensor.empty / tensor.dim at compile time); graphs

@@ -70,8 +70,8 @@ void add_packed_entry(llvm::Module& mod) {
   b.CreateRetVoid();
 }
 
-// KILN_LOGS: bits of LogStage; -1 until parsed.
-std::atomic<int> g_log_stages{-1};
+// Bits of LogStage: from KILN_LOGS (parsed once, on first use), then set_log_stages().
+std::atomic<int> g_log_stages{0};
 std::once_flag g_log_env_once;
 
 int parse_log_stages(std::string_view s) {
@@ -92,8 +92,7 @@ int parse_log_stages(std::string_view s) {
 void read_log_env() {
   std::call_once(g_log_env_once, [] {
     const char* env = std::getenv("KILN_LOGS");
-    int expected = -1;  // set_log_stages() before the first compile wins
-    g_log_stages.compare_exchange_strong(expected, env ? parse_log_stages(env) : 0);
+    g_log_stages.store(env ? parse_log_stages(env) : 0);
   });
 }
 
@@ -162,7 +161,7 @@ std::shared_ptr<const CompiledCode> load_object(const std::string& object, Compi
   llvm::orc::SymbolMap runtime;
   for (const RuntimeSymbol& s : runtime_symbols())
     runtime[(*jit)->mangleAndIntern(s.name)] = {llvm::orc::ExecutorAddr::fromPtr(s.address),
-                                                 llvm::JITSymbolFlags::Exported};
+                                                llvm::JITSymbolFlags::Exported};
   if (!runtime.empty())
     if (llvm::Error e = (*jit)->getMainJITDylib().define(llvm::orc::absoluteSymbols(runtime)))
       throw Error(where, llvm::toString(std::move(e)));

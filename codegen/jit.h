@@ -24,7 +24,7 @@ namespace kiln::codegen {
 /// One argument of @main as run() sees it.
 struct Param {
   DType dtype;
-  std::vector<int64_t> shape;  // ir::kDynamic for `?`
+  std::vector<int64_t> shape;                // ir::kDynamic for `?`
   std::vector<std::pair<int, int>> dyn_src;  // outputs: per dim, the (input, dim) giving a `?`
 };
 

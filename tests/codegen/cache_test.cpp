@@ -316,3 +316,30 @@ TEST_CASE("cache: set_log_stages dumps every stage to stderr") {
   CHECK(text.find("bytes, memory cache hit") != std::string::npos);
   CHECK(text.find("12345xf32") == std::string::npos);  // nothing logged once switched off
 }
+
+TEST_CASE("cache: Executables are built concurrently (same and different graphs)") {
+  TempCache cache;
+  // Inputs and expected values made here: Catch2 assertions and the RNG stay on this thread.
+  std::vector<std::vector<Tensor>> inputs = {{randn({40}), randn({40})}, {randn({41}), randn({41})}};
+  std::vector<Tensor> expected;
+  for (const auto& in : inputs) expected.push_back(eager_chain(in[0], in[1]));
+  std::vector<int> bad(4, 0);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t)
+    threads.emplace_back([&, t] {
+      try {
+        for (int i = 0; i < 3; ++i) {
+          const int k = t % 2;  // two threads per graph
+          codegen::Executable e(chain({40 + k}));
+          Tensor diff = abs(sub(e.run(inputs[k])[0], expected[k]));
+          if (amax(diff).item<double>() >= 1e-5) ++bad[t];
+          if (i == 1) codegen::clear_memory_cache();
+        }
+      } catch (const std::exception&) {
+        ++bad[t];
+      }
+    });
+  for (std::thread& t : threads) t.join();
+  CHECK(bad == std::vector<int>(4, 0));
+  CHECK(cache.entries().size() == 2);
+}
