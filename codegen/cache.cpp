@@ -18,6 +18,7 @@
 #include <set>
 #include <unordered_map>
 
+#include "codegen/source_hash.h"  // generated (build dir)
 #include "core/error.h"
 #include "llvm/ADT/StringExtras.h"
 #include "llvm/Config/llvm-config.h"
@@ -30,9 +31,11 @@ namespace fs = std::filesystem;
 
 constexpr char kMagic[8] = {'K', 'I', 'L', 'N', 'O', 'B', 'J', '\0'};
 constexpr uint32_t kFormat = 1;
-// Bump when the pipeline or the entry's metadata changes meaning: older entries then read as
-// stale and are rebuilt.
-constexpr const char* kCodegenVersion = "kiln-codegen 1, LLVM " LLVM_VERSION_STRING;
+// Entries of another version read as stale and are rebuilt. The source hash (codegen/, formulas,
+// the dialect; see CMakeLists.txt) changes with any pipeline edit; bump the number when the
+// entry's metadata changes meaning.
+constexpr const char* kCodegenVersion =
+    "kiln-codegen 1, sources " KILN_CODEGEN_SOURCE_HASH ", LLVM " LLVM_VERSION_STRING;
 
 std::mutex g_mutex;  // guards everything below
 std::unordered_map<std::string, std::shared_ptr<const CompiledCode>> g_memory;
