@@ -41,13 +41,15 @@ class ScopedEnv {
   std::optional<std::string> old_;
 };
 
+std::string make_temp_dir() {
+  char tmpl[] = "/tmp/kiln-cache-test-XXXXXX";
+  REQUIRE(::mkdtemp(tmpl) != nullptr);
+  return tmpl;
+}
+
 /// A fresh KILN_CACHE_DIR (removed afterwards) and an empty memory cache.
 struct TempCache {
-  std::string dir = [] {
-    char tmpl[] = "/tmp/kiln-cache-test-XXXXXX";
-    REQUIRE(::mkdtemp(tmpl) != nullptr);
-    return std::string(tmpl);
-  }();
+  std::string dir = make_temp_dir();
   ScopedEnv env{"KILN_CACHE_DIR", dir.c_str()};
   ScopedEnv enabled{"KILN_DISABLE_CACHE", nullptr};
   TempCache() { codegen::clear_memory_cache(); }
