@@ -47,7 +47,7 @@ struct CompileStats {
   double codegen_ms = 0;    ///< machine code emission (object file)
   double disk_ms = 0;       ///< reading (hit) or writing (miss) the disk cache entry
   double link_ms = 0;       ///< JIT-linking the object and looking up the entry point
-  double total_ms = 0;      ///< the whole constructor
+  double total_ms = 0;      ///< lookups, compile and JIT link together
   std::size_t object_bytes = 0;  ///< size of the object code
   /// Why the disk cache was not used or an entry was rejected ("" when neither happened), e.g.
   /// "disabled", "corrupted entry (checksum)", "stale entry (version)".
