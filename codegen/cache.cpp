@@ -30,7 +30,7 @@ namespace {
 namespace fs = std::filesystem;
 
 constexpr char kMagic[8] = {'K', 'I', 'L', 'N', 'O', 'B', 'J', '\0'};
-constexpr uint32_t kFormat = 1;
+constexpr uint32_t kFormat = 2;  // 2: row-split plan in the metadata
 // Entries of another version read as stale and are rebuilt. The source hash (codegen/, formulas,
 // the dialect; see CMakeLists.txt) changes with any pipeline edit; bump the number when the
 // entry's metadata changes meaning.
@@ -128,6 +128,9 @@ std::string serialize(const std::string& key, const CompiledMeta& meta, const st
   write_params(payload, meta.outputs);
   payload.u32(static_cast<uint32_t>(meta.kernels));
   payload.str(meta.linalg);
+  payload.u32(meta.row_split.splittable);
+  payload.u32(static_cast<uint32_t>(meta.row_split.sliced_input.size()));
+  for (bool sliced : meta.row_split.sliced_input) payload.u32(sliced);
   payload.str(object);
   Writer w;
   w.raw(kMagic, sizeof kMagic);
@@ -162,6 +165,10 @@ std::string deserialize(std::string_view bytes, const std::string& key, Entry& e
   entry.meta.outputs = read_params(r);
   entry.meta.kernels = static_cast<int>(r.u32());
   entry.meta.linalg = std::string(r.str());
+  entry.meta.row_split.splittable = r.u32() != 0;
+  entry.meta.row_split.sliced_input.resize(std::min<uint32_t>(r.u32(), 1u << 16));
+  for (size_t i = 0; i < entry.meta.row_split.sliced_input.size(); ++i)
+    entry.meta.row_split.sliced_input[i] = r.u32() != 0;
   entry.object = std::string(r.str());
   if (!r.ok || !r.in.empty()) return "corrupted entry (malformed)";
   return "";

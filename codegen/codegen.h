@@ -78,6 +78,12 @@ void set_log_stages(std::string_view stages);
 /// pass, LLVM errors) throw kiln::Error. run() only reads the compiled code, so concurrent run()
 /// calls are safe; Executables of the same graph share one copy of the code (the compile cache).
 ///
+/// Threads: when every kernel runs its outer loop over the rows of its operands (elementwise
+/// graphs, reductions and softmax-like graphs over inner dims, x @ W + b), dim 0 is compiled as
+/// `?` and run() calls the code on blocks of about 128 KiB of rows, spread over
+/// kiln::cpu::parallel_for's threads; each block keeps a multi-kernel graph's intermediates in
+/// cache. Results do not depend on the thread count (blocks do not depend on it).
+///
 /// Dynamic (`?`) output dims are read at run time from the input dim they were built from
 /// (followed through destination-style inits to tensor.empty / tensor.dim at compile time); graphs
 /// where that cannot be traced are rejected at compile time.
@@ -96,6 +102,10 @@ class Executable {
 
   /// Number of kernels (linalg ops, i.e. loop nests) after fusion.
   int num_kernels() const;
+  /// Whether run() splits the leading dim over the thread pool (codegen/row_split.h): every
+  /// kernel then runs inside one parallel loop over row blocks. Graphs under 256 KiB of
+  /// row-carrying data still run on the calling thread.
+  bool row_parallel() const;
   /// The fused linalg-on-tensors IR the native code was generated from (for tests/debugging).
   const std::string& linalg_ir() const;
   /// Cache outcome and compile time per stage of this Executable's construction.

@@ -9,6 +9,8 @@
 #include "codegen/codegen.h"
 #include "codegen/jit.h"
 #include "codegen/lower.h"
+#include "codegen/row_split.h"
+#include "backends/cpu/parallel.h"
 #include "core/error.h"
 #include "eager/dispatch.h"
 #include "ir/dialect.h"
@@ -124,6 +126,11 @@ std::optional<std::pair<int, int>> dim_source(mlir::Value v, int64_t d) {
   return std::nullopt;
 }
 
+/// Below this many bytes of row-carrying operands a graph runs on the calling thread.
+constexpr int64_t kParallelMinBytes = 256 << 10;
+/// Bytes of row-carrying operands per call of a row-split graph.
+constexpr int64_t kBlockBytes = 128 << 10;
+
 /// Memref descriptor of rank r as words: allocated, aligned, offset, sizes[r], strides[r].
 std::vector<int64_t> descriptor(void* data, const Shape& shape) {
   size_t r = static_cast<size_t>(shape.size());
@@ -150,11 +157,12 @@ void log_module(const char* stage, mlir::ModuleOp m) {
 
 }  // namespace
 
-// CompiledMeta: inputs, outputs, kernels, linalg (filled by compile(), or copied from the cache).
+// CompiledMeta: inputs, outputs, kernels, linalg, row_split (filled by compile(), or copied from
+// the cache).
 struct Executable::Impl : CompiledMeta {
   mlir::MLIRContext ctx;
   std::shared_ptr<const CompiledCode> code;  // shared with the compile cache
-  PackedFn fn = nullptr;
+  PackedFn entry = nullptr;                  // packed `_mlir_ciface_main`, from `code`
   CompileStats stats;
   std::string messages;
 
@@ -183,7 +191,7 @@ Executable::Executable(const ir::Graph& g, const CompileOptions& options)
     return object;
   });
   static_cast<CompiledMeta&>(I) = I.code->meta;
-  I.fn = I.code->fn;
+  I.entry = I.code->fn;
 }
 
 /// Runs the pipeline on the graph's text; fills the metadata and returns the object code.
@@ -204,6 +212,20 @@ std::string Executable::Impl::compile(const std::string& graph_mlir) {
   mlir::OwningOpRef<mlir::ModuleOp> module =
       mlir::parseSourceString<mlir::ModuleOp>(graph_mlir, &I.ctx);
   if (!module) throw Error("codegen::Executable", "cannot parse the graph: " + I.messages);
+  // The graph's own argument shapes: run() checks inputs against these even when dim 0 is
+  // relaxed to `?` below.
+  std::vector<std::vector<int64_t>> graph_shapes;
+  for (mlir::Type t : module->lookupSymbol<mlir::func::FuncOp>("main").getArgumentTypes()) {
+    auto rt = llvm::cast<mlir::RankedTensorType>(t);
+    graph_shapes.emplace_back(rt.getShape().begin(), rt.getShape().end());
+    for (int64_t& d : graph_shapes.back())
+      if (d == mlir::ShapedType::kDynamic) d = ir::kDynamic;
+  }
+  // 0. A dynamic leading dim lets run() split the rows over threads (row_split.h).
+  {
+    mlir::OwningOpRef<mlir::ModuleOp> relaxed(module->clone());
+    if (relax_leading_dim(*relaxed)) module = std::move(relaxed);
+  }
   mlir::ModuleOp m = *module;
 
   // 1. kiln -> linalg on tensors, fused.
@@ -228,18 +250,15 @@ std::string Executable::Impl::compile(const std::string& graph_mlir) {
     m.print(os);
   }
   if (log_enabled(kLogIr)) log_text("linalg fused", I.linalg);
+  auto fn = m.lookupSymbol<mlir::func::FuncOp>("main");
+  if (!fn) throw Error("codegen::Executable", "graph has no @main");
+  I.row_split = plan_row_split(fn);
 
   // 2. Destination-passing: @main(inputs..., out memrefs...) writes each result with
   // bufferization.materialize_in_destination and returns nothing.
-  auto fn = m.lookupSymbol<mlir::func::FuncOp>("main");
-  if (!fn) throw Error("codegen::Executable", "graph has no @main");
-  for (mlir::Type t : fn.getArgumentTypes()) {
+  for (auto [t, shape] : llvm::zip(fn.getArgumentTypes(), graph_shapes)) {
     auto rt = llvm::cast<mlir::RankedTensorType>(t);
-    Param p{to_dtype(rt.getElementType()),
-            std::vector<int64_t>(rt.getShape().begin(), rt.getShape().end()), {}};
-    for (int64_t& d : p.shape)
-      if (d == mlir::ShapedType::kDynamic) d = ir::kDynamic;
-    I.inputs.push_back(p);
+    I.inputs.push_back(Param{to_dtype(rt.getElementType()), shape, {}});
   }
   auto ret = llvm::cast<mlir::func::ReturnOp>(fn.getBody().front().getTerminator());
   llvm::SmallVector<mlir::Type> arg_types(fn.getArgumentTypes());
@@ -309,6 +328,7 @@ Executable::Executable(Executable&&) noexcept = default;
 Executable& Executable::operator=(Executable&&) noexcept = default;
 
 int Executable::num_kernels() const { return impl_->kernels; }
+bool Executable::row_parallel() const { return impl_->row_split.splittable; }
 const std::string& Executable::linalg_ir() const { return impl_->linalg; }
 const CompileStats& Executable::stats() const { return impl_->stats; }
 
@@ -346,17 +366,55 @@ std::vector<Tensor> Executable::run(const std::vector<Tensor>& inputs) const {
     }
     outs.push_back(dispatch::empty(Shape(shape), p.dtype));
   }
-  std::vector<std::vector<int64_t>> descs;
-  descs.reserve(ins.size() + outs.size());
-  for (const Tensor& t : ins) descs.push_back(descriptor(t.raw_data(), t.shape()));
-  for (const Tensor& t : outs) descs.push_back(descriptor(t.raw_data(), t.shape()));
-  std::vector<void*> ptrs(descs.size());
-  std::vector<void*> args(descs.size());
-  for (size_t i = 0; i < descs.size(); ++i) {
-    ptrs[i] = descs[i].data();
-    args[i] = &ptrs[i];
+  std::vector<const Tensor*> operands;
+  for (const Tensor& t : ins) operands.push_back(&t);
+  for (const Tensor& t : outs) operands.push_back(&t);
+  // Rows [lo, hi) of the sliced operands; the others whole.
+  auto call = [&](int64_t lo, int64_t hi, const std::vector<bool>& sliced) {
+    std::vector<std::vector<int64_t>> descs;
+    descs.reserve(operands.size());
+    for (size_t i = 0; i < operands.size(); ++i) {
+      const Tensor& t = *operands[i];
+      if (!sliced[i]) {
+        descs.push_back(descriptor(t.raw_data(), t.shape()));
+        continue;
+      }
+      Shape block = t.shape();
+      int64_t row_bytes = t.shape()[0] ? t.numel() / t.shape()[0] * static_cast<int64_t>(itemsize(t.dtype())) : 0;
+      block[0] = hi - lo;
+      descs.push_back(descriptor(static_cast<char*>(t.raw_data()) + lo * row_bytes, block));
+    }
+    std::vector<void*> ptrs(descs.size());
+    std::vector<void*> args(descs.size());
+    for (size_t i = 0; i < descs.size(); ++i) {
+      ptrs[i] = descs[i].data();
+      args[i] = &ptrs[i];
+    }
+    I.entry(args.data());
+  };
+  std::vector<bool> sliced(operands.size(), false);
+  int64_t rows = 0, row_bytes = 0;
+  if (I.row_split.splittable) {
+    for (size_t i = 0; i < operands.size(); ++i)
+      sliced[i] = i >= ins.size() || I.row_split.sliced_input[i];
+    rows = outs.empty() ? 0 : outs[0].shape()[0];
+    for (size_t i = 0; i < operands.size(); ++i) {
+      if (!sliced[i]) continue;
+      const Tensor& t = *operands[i];
+      if (t.shape()[0] != rows) rows = 0;  // unequal leading dims: run whole
+      else if (rows) row_bytes += t.numel() / rows * static_cast<int64_t>(itemsize(t.dtype()));
+    }
   }
-  I.fn(args.data());
+  if (rows < 2 || rows * row_bytes < kParallelMinBytes || cpu::num_threads() == 1) {
+    call(0, rows, std::vector<bool>(operands.size(), false));
+  } else {
+    // Blocks of about kBlockBytes, so a multi-loop graph's intermediates stay in cache.
+    int64_t block_rows = std::clamp<int64_t>(kBlockBytes / std::max<int64_t>(row_bytes, 1), 1, rows);
+    int64_t blocks = (rows + block_rows - 1) / block_rows;
+    cpu::parallel_for(0, blocks, 1, [&](int64_t b, int64_t e) {
+      for (int64_t k = b; k < e; ++k) call(k * block_rows, std::min(rows, (k + 1) * block_rows), sliced);
+    });
+  }
   for (const Tensor& t : outs) t.bump_version();
   return outs;
 }

@@ -28,11 +28,19 @@ struct Param {
   std::vector<std::pair<int, int>> dyn_src;  // outputs: per dim, the (input, dim) giving a `?`
 };
 
+/// How run() splits rows over threads (codegen/row_split.h).
+struct RowSplitPlan {
+  bool splittable = false;
+  /// Per argument of `main` (inputs, in order): whether it is sliced by rows.
+  std::vector<bool> sliced_input;
+};
+
 /// What run() needs besides the code; stored with the object in the disk cache.
 struct CompiledMeta {
   std::vector<Param> inputs, outputs;
   int kernels = 0;
   std::string linalg;
+  RowSplitPlan row_split;
 };
 
 /// `_mlir_ciface_main` behind a packed-arguments wrapper: args[i] points at argument i.

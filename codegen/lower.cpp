@@ -452,6 +452,10 @@ struct LowerReduce : mlir::OpRewritePattern<kiln::dialect::ReduceOp> {
               case OpKind::Amin: r = f::Minimum::eval(a, c).v; break;
               default: r = f::Add::eval(c, a).v; break;  // sum, mean
             }
+            // Like eager's vectorised reductions, the accumulation may be re-associated (LLVM
+            // then keeps several partial sums in vector lanes); the elementwise math is not.
+            if (auto add = r.getDefiningOp<mlir::arith::AddFOp>())
+              add.setFastmath(mlir::arith::FastMathFlags::reassoc);
           } else {
             switch (k) {
               case OpKind::Prod: r = mlir::arith::MulIOp::create(b, l, acc, x); break;
@@ -590,8 +594,21 @@ struct KilnToLinalgPass
 
 }  // namespace
 
+/// kiln.constant -> arith.constant with the same dense value (a tensor constant).
+struct LowerConstant : mlir::OpRewritePattern<kiln::dialect::ConstantOp> {
+  using OpRewritePattern::OpRewritePattern;
+  mlir::LogicalResult matchAndRewrite(kiln::dialect::ConstantOp op,
+                                      mlir::PatternRewriter& rw) const override {
+    auto value = llvm::dyn_cast<mlir::TypedAttr>(op.getValue());
+    if (!value) return rw.notifyMatchFailure(op, "not a typed attribute");
+    rw.replaceOpWithNewOp<mlir::arith::ConstantOp>(op, value);
+    return mlir::success();
+  }
+};
+
 void populate_kiln_to_linalg_patterns(mlir::RewritePatternSet& patterns) {
-  patterns.add<LowerElementwise, LowerReduce, LowerMatmul, LowerTranspose>(patterns.getContext());
+  patterns.add<LowerElementwise, LowerReduce, LowerMatmul, LowerTranspose, LowerConstant>(
+      patterns.getContext());
 }
 
 std::unique_ptr<mlir::Pass> create_kiln_to_linalg_pass() {

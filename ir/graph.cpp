@@ -116,6 +116,29 @@ Value Graph::op(OpKind kind, const std::vector<Value>& inputs, const OpAttrs& at
   return impl_->add(created->getResult(0));
 }
 
+Value Graph::constant(const Scalar& value, DType dtype) {
+  mlir::MLIRContext* ctx = &impl_->ctx;
+  mlir::Type et = kiln::dialect::element_type(ctx, dtype);
+  auto type = mlir::RankedTensorType::get({}, et);
+  mlir::Attribute element;
+  if (is_floating(dtype)) {
+    element = mlir::FloatAttr::get(et, value.to<double>());
+  } else if (dtype == DType::Bool) {
+    element = mlir::IntegerAttr::get(et, value.to<bool>() ? 1 : 0);
+  } else {
+    int64_t v = value.to<int64_t>();
+    KILN_CHECK(!value.is_floating() || static_cast<double>(v) == value.to<double>(), "constant",
+               Loc::current(), "{} is not an integer of dtype {}", value.to<double>(), name(dtype));
+    KILN_CHECK(dtype != DType::Int32 || (v >= INT32_MIN && v <= INT32_MAX), "constant",
+               Loc::current(), "{} does not fit dtype int32", v);
+    element = mlir::IntegerAttr::get(et, v);
+  }
+  mlir::OpBuilder b(impl_->ret);
+  auto op = kiln::dialect::ConstantOp::create(b, impl_->func.getLoc(), type,
+                                              mlir::DenseElementsAttr::get(type, element));
+  return impl_->add(op.getResult());
+}
+
 void Graph::output(Value v) {
   mlir::Value value = impl_->get(v, "output");
   impl_->ret->insertOperands(impl_->ret->getNumOperands(), value);

@@ -146,6 +146,18 @@ TEST_CASE("cache: a disk hit after the memory cache is cleared; dynamic dims sur
   CHECK_THROWS_AS(b.run({randn({5, 6}), randn({5, 6})}), Error);  // static dim still checked
 }
 
+TEST_CASE("cache: a disk hit keeps the row-split plan (threads over rows)") {
+  TempCache cache;
+  ir::Graph g = chain({512, 256});  // 1.5 MB of rows: run() splits them over the pool
+  codegen::Executable a = compile_fresh(g);
+  codegen::Executable b = compile_fresh(g);
+  REQUIRE(b.stats().source == Source::DiskCache);
+  CHECK(a.row_parallel());
+  CHECK(b.row_parallel());
+  check_chain(b, {512, 256});
+  CHECK_THROWS_AS(b.run({randn({511, 256}), randn({511, 256})}), Error);  // dim 0 still static
+}
+
 TEST_CASE("cache: corrupted or truncated entries are deleted and rebuilt") {
   TempCache cache;
   ir::Graph g = chain({100});

@@ -4,8 +4,10 @@
 #include <cmath>
 #include <cstdio>
 #include <limits>
+#include <thread>
 #include <vector>
 
+#include "backends/cpu/parallel.h"
 #include "codegen/codegen.h"
 #include "kiln/kiln.h"
 
@@ -145,6 +147,93 @@ TEST_CASE("Executable: dynamic dims through a reduction ([?, ?] summed over dim 
     CHECK(out.shape() == Shape{shape[0]});
     CHECK(max_diff(out, sum(mul(xt, xt), {1})) < 1e-5);
   }
+}
+
+TEST_CASE("Executable: row-parallel graphs equal eager across block boundaries") {
+  cpu::set_num_threads(2);
+  SECTION("elementwise with a broadcast bias, rows not a multiple of the block") {
+    ir::Graph g;
+    ir::Value x = g.input(DType::Float32, {1237, 301});
+    ir::Value b = g.input(DType::Float32, {301});
+    g.output(g.op(OpKind::Tanh, {g.op(OpKind::Add, {g.op(OpKind::Mul, {x, x}), b})}));
+    codegen::Executable exe(g);
+    CHECK(exe.row_parallel());
+    Tensor xt = randn({1237, 301}), bt = randn({301});
+    CHECK(max_diff(exe.run({xt, bt})[0], tanh(add(mul(xt, xt), bt))) < 2e-6);
+    CHECK_THROWS_AS(exe.run({randn({1236, 301}), bt}), Error);  // dim 0 stays checked
+  }
+  SECTION("row reduction with keepdim, then a broadcast divide (softmax-like, 2 outputs)") {
+    ir::Graph g;
+    ir::Value x = g.input(DType::Float32, {2000, 257});
+    OpAttrs last;
+    last.dims = {1};
+    last.keepdim = true;
+    ir::Value e = g.op(OpKind::Exp, {x});
+    ir::Value s = g.op(OpKind::Sum, {e}, last);
+    g.output(g.op(OpKind::Div, {e, s}));
+    g.output(s);
+    codegen::Executable exe(g);
+    CHECK(exe.row_parallel());
+    Tensor xt = randn({2000, 257});
+    std::vector<Tensor> out = exe.run({xt});
+    Tensor es = sum(exp(xt), {1}, true);
+    CHECK(max_diff(div(out[1], es), ones({2000, 1})) < 1e-5);
+    CHECK(max_diff(out[0], div(exp(xt), es)) < 1e-6);
+  }
+  SECTION("x @ W + b: W and b are passed whole to every block") {
+    ir::Graph g;
+    ir::Value x = g.input(DType::Float32, {1500, 64});
+    ir::Value w = g.input(DType::Float32, {64, 48});
+    ir::Value b = g.input(DType::Float32, {48});
+    g.output(g.op(OpKind::Add, {g.op(OpKind::Matmul, {x, w}), b}));
+    codegen::Executable exe(g);
+    CHECK(exe.row_parallel());
+    Tensor xt = randn({1500, 64}), wt = randn({64, 48}), bt = randn({48});
+    CHECK(max_diff(exe.run({xt, wt, bt})[0], add(matmul(xt, wt), bt)) < 1e-4);
+  }
+  SECTION("a reduction over the rows is not split and still right") {
+    ir::Graph g;
+    ir::Value x = g.input(DType::Float32, {3000, 100});
+    OpAttrs rows;
+    rows.dims = {0};
+    g.output(g.op(OpKind::Sum, {g.op(OpKind::Mul, {x, x})}, rows));
+    codegen::Executable exe(g);
+    CHECK_FALSE(exe.row_parallel());
+    Tensor xt = randn({3000, 100});
+    Tensor ref = sum(mul(xt, xt), {0});
+    CHECK(max_diff(div(exe.run({xt})[0], ref), ones({100})) < 1e-5);
+  }
+  SECTION("the same result with 1 and 2 threads (blocks do not depend on the thread count)") {
+    codegen::Executable exe(square_plus({1 << 18}, /*tanh=*/true));
+    Tensor x = randn({1 << 18});
+    cpu::set_num_threads(1);
+    Tensor one = exe.run({x})[0];
+    cpu::set_num_threads(2);
+    CHECK(max_diff(exe.run({x})[0], one) == 0);
+  }
+}
+
+TEST_CASE("Executable: concurrent run() from 4 threads on different sizes") {
+  codegen::Executable exe(square_plus({ir::kDynamic, 8}, /*tanh=*/true));
+  std::vector<Tensor> xs, refs;
+  for (int64_t n : {5, 700, 20000, 33}) {
+    xs.push_back(randn({n, 8}));
+    refs.push_back(tanh(add(mul(xs.back(), xs.back()), xs.back())));
+  }
+  std::vector<double> worst(xs.size(), 0);
+  std::vector<std::thread> threads;
+  for (size_t t = 0; t < xs.size(); ++t)
+    threads.emplace_back([&, t] {
+      for (int rep = 0; rep < 50; ++rep) {
+        Tensor out = exe.run({xs[t]})[0];
+        const float* o = out.data<float>();
+        const float* r = refs[t].data<float>();
+        for (int64_t i = 0; i < out.numel(); ++i)
+          worst[t] = std::max(worst[t], std::abs(double(o[i]) - double(r[i])));
+      }
+    });
+  for (auto& th : threads) th.join();
+  for (double w : worst) CHECK(w < 2e-6);
 }
 
 TEST_CASE("Executable: errors are kiln::Error") {
