@@ -100,8 +100,13 @@ class Executable {
   /// non-contiguous inputs are made contiguous first. Returns one new tensor per graph output.
   std::vector<Tensor> run(const std::vector<Tensor>& inputs) const;
 
-  /// Number of kernels (linalg ops, i.e. loop nests) after fusion.
+  /// Number of kernels after fusion, counted like TorchInductor counts them: a row-parallel
+  /// graph (see row_parallel()) is one kernel — one parallel loop over row blocks whose body
+  /// runs the graph's loop nests on the block, the way Inductor's CPU softmax is one kernel
+  /// with three inner loops; otherwise each loop nest is a kernel of its own.
   int num_kernels() const;
+  /// Number of loop nests (linalg ops) after fusion, e.g. 3 for softmax (max, sum of exp, divide).
+  int num_loop_nests() const;
   /// Whether run() splits the leading dim over the thread pool (codegen/row_split.h): every
   /// kernel then runs inside one parallel loop over row blocks. Graphs under 256 KiB of
   /// row-carrying data still run on the calling thread.

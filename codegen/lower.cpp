@@ -448,8 +448,10 @@ struct LowerReduce : mlir::OpRewritePattern<kiln::dialect::ReduceOp> {
             IrFloat a(x), c(acc);
             switch (k) {
               case OpKind::Prod: r = f::Mul::eval(c, a).v; break;
-              case OpKind::Amax: r = f::Maximum::eval(a, c).v; break;  // NaN wins
-              case OpKind::Amin: r = f::Minimum::eval(a, c).v; break;
+              // NaN wins, as in eager; arith.maximumf/minimumf (IEEE 754-2019 maximum) rather
+              // than the compare-and-select of formulas::Maximum, so LLVM vectorises the loop.
+              case OpKind::Amax: r = mlir::arith::MaximumFOp::create(b, l, x, acc); break;
+              case OpKind::Amin: r = mlir::arith::MinimumFOp::create(b, l, x, acc); break;
               default: r = f::Add::eval(c, a).v; break;  // sum, mean
             }
             // Like eager's vectorised reductions, the accumulation may be re-associated (LLVM
@@ -619,6 +621,7 @@ void register_codegen(mlir::DialectRegistry& registry) {
   registry.insert<mlir::arith::ArithDialect, mlir::linalg::LinalgDialect, mlir::math::MathDialect,
                   mlir::tensor::TensorDialect>();
   mlir::PassRegistration<KilnToLinalgPass>();
+  register_fusion_pass();
   mlir::registerLinalgPasses();  // linalg-fuse-elementwise-ops, ...
 }
 
@@ -636,7 +639,7 @@ std::string lower_to_linalg(const ir::Graph& g, bool fuse) {
   pm.addPass(create_kiln_to_linalg_pass());
   if (fuse) {
     pm.addPass(mlir::createCanonicalizerPass());
-    pm.addPass(mlir::createLinalgElementwiseOpFusionPass());
+    pm.addPass(create_fuse_elementwise_pass());
     pm.addPass(mlir::createCSEPass());
   }
   if (mlir::failed(pm.run(*module))) throw Error("lower_to_linalg", messages);

@@ -18,6 +18,11 @@ void populate_kiln_to_linalg_patterns(mlir::RewritePatternSet& patterns);
 /// Pass `convert-kiln-to-linalg` (on builtin.module).
 std::unique_ptr<mlir::Pass> create_kiln_to_linalg_pass();
 
+/// Pass `kiln-fuse-elementwise` (codegen/fusion.cpp): upstream elementwise fusion, except that a
+/// small elementwise producer with several consumers is fused (recomputed) into each of them.
+std::unique_ptr<mlir::Pass> create_fuse_elementwise_pass();
+void register_fusion_pass();
+
 /// Registers codegen's passes and the dialects its output uses (for kiln-opt).
 void register_codegen(mlir::DialectRegistry& registry);
 

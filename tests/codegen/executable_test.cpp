@@ -174,6 +174,9 @@ TEST_CASE("Executable: row-parallel graphs equal eager across block boundaries")
     g.output(s);
     codegen::Executable exe(g);
     CHECK(exe.row_parallel());
+    INFO(exe.linalg_ir());
+    CHECK(exe.num_loop_nests() == 2);  // exp fused into the sum, and into the divide
+    CHECK(exe.num_kernels() == 1);     // both inside one parallel loop over row blocks
     Tensor xt = randn({2000, 257});
     std::vector<Tensor> out = exe.run({xt});
     Tensor es = sum(exp(xt), {1}, true);
@@ -272,4 +275,32 @@ TEST_CASE("Executable: timing of x*x + x on 2^24 float32 (prints, not a check)",
               eager, compile_ms);
   std::printf("tanh(x*x + x) on 2^24 float32: compiled %.2f ms, eager %.2f ms\n", jit_tanh,
               eager_tanh);
+}
+
+TEST_CASE("Executable: timing of row sums over [4096, 1024] float32 (prints, not a check)",
+          "[.timing]") {
+  ir::Graph g;
+  ir::Value x = g.input(DType::Float32, {4096, 1024});
+  OpAttrs last;
+  last.dims = {1};
+  g.output(g.op(OpKind::Sum, {x}, last));
+  g.output(g.op(OpKind::Amax, {x}, last));
+  codegen::Executable exe(g);
+  Tensor xt = randn({4096, 1024});
+  for (int threads : {1, 2}) {
+    cpu::set_num_threads(threads);
+    double best_jit = 1e9, best_eager = 1e9;
+    for (int i = 0; i < 10; ++i) {
+      auto t0 = std::chrono::steady_clock::now();
+      exe.run({xt});
+      auto t1 = std::chrono::steady_clock::now();
+      sum(xt, {1});
+      amax(xt, {1});
+      auto t2 = std::chrono::steady_clock::now();
+      best_jit = std::min(best_jit, std::chrono::duration<double, std::milli>(t1 - t0).count());
+      best_eager = std::min(best_eager, std::chrono::duration<double, std::milli>(t2 - t1).count());
+    }
+    std::printf("sum and amax (dim 1) of [4096, 1024], %d thread(s): compiled %.3f ms, eager %.3f ms\n",
+                threads, best_jit, best_eager);
+  }
 }
