@@ -1,20 +1,19 @@
 // codegen::Executable: kiln graph -> linalg (fused) -> destination-passing function -> one-shot
-// bufferization -> loops -> LLVM dialect -> ExecutionEngine (LLVM -O3, host CPU).
+// bufferization -> loops -> LLVM dialect -> object code (codegen/jit.cpp), through the compile
+// cache (codegen/cache.cpp).
 // Pipeline and required registrations: /work/shared/notes/mlir22-toolchain.md, section 2.
 #include <mutex>
 #include <optional>
 
+#include "codegen/cache.h"
 #include "codegen/codegen.h"
+#include "codegen/jit.h"
 #include "codegen/lower.h"
 #include "codegen/row_split.h"
-#include "codegen/runtime.h"
 #include "backends/cpu/parallel.h"
 #include "core/error.h"
 #include "eager/dispatch.h"
 #include "ir/dialect.h"
-#include "llvm/ExecutionEngine/Orc/JITTargetMachineBuilder.h"
-#include "llvm/Support/ErrorHandling.h"
-#include "llvm/Support/TargetSelect.h"
 #include "mlir/Conversion/ArithToLLVM/ArithToLLVM.h"
 #include "mlir/Conversion/ControlFlowToLLVM/ControlFlowToLLVM.h"
 #include "mlir/Conversion/FuncToLLVM/ConvertFuncToLLVM.h"
@@ -46,8 +45,6 @@
 #include "mlir/Dialect/Tensor/IR/Tensor.h"
 #include "mlir/Dialect/Tensor/Transforms/BufferizableOpInterfaceImpl.h"
 #include "mlir/Dialect/UB/IR/UBOps.h"
-#include "mlir/ExecutionEngine/ExecutionEngine.h"
-#include "mlir/ExecutionEngine/OptUtils.h"
 #include "mlir/IR/Diagnostics.h"
 #include "mlir/IR/MLIRContext.h"
 #include "mlir/Interfaces/DestinationStyleOpInterface.h"
@@ -62,16 +59,10 @@
 namespace kiln::codegen {
 namespace {
 
-[[noreturn]] void fatal_handler(void*, const char* reason, bool) {
-  throw Error("codegen (LLVM fatal error)", reason);
-}
-
 void init_once() {
   static std::once_flag once;
   std::call_once(once, [] {
-    llvm::InitializeNativeTarget();
-    llvm::InitializeNativeTargetAsmPrinter();
-    llvm::install_fatal_error_handler(fatal_handler, nullptr);
+    init_llvm();
     mlir::registerTransformsPasses();
     mlir::registerConversionPasses();
     mlir::registerLinalgPasses();
@@ -111,12 +102,6 @@ DType to_dtype(mlir::Type t) {
   if (t.isInteger(64)) return DType::Int64;
   throw Error("codegen::Executable", "unsupported element type");
 }
-
-struct Param {
-  DType dtype;
-  std::vector<int64_t> shape;  // kDynamic for `?`
-  std::vector<std::pair<int, int>> dyn_src;  // outputs: per dim, the (input, dim) giving a `?`
-};
 
 /// Which (function argument, dim) gives dynamic dim `d` of tensor `v`: follows destination-style
 /// inits down to a tensor.empty whose size is a tensor.dim of an argument.
@@ -161,16 +146,24 @@ std::vector<int64_t> descriptor(void* data, const Shape& shape) {
   return d;
 }
 
+/// KILN_LOGS=ir: the module after `stage`.
+void log_module(const char* stage, mlir::ModuleOp m) {
+  if (!log_enabled(kLogIr)) return;
+  std::string text;
+  llvm::raw_string_ostream os(text);
+  m.print(os);
+  log_text(stage, text);
+}
+
 }  // namespace
 
-struct Executable::Impl {
+// CompiledMeta: inputs, outputs, kernels, linalg, row_split (filled by compile(), or copied from
+// the cache).
+struct Executable::Impl : CompiledMeta {
   mlir::MLIRContext ctx;
-  std::unique_ptr<mlir::ExecutionEngine> engine;
-  void (*entry)(void**) = nullptr;  // packed `_mlir_ciface_main`
-  RowSplitPlan row_split;
-  std::vector<Param> inputs, outputs;
-  int kernels = 0;
-  std::string linalg;
+  std::shared_ptr<const CompiledCode> code;  // shared with the compile cache
+  PackedFn entry = nullptr;                  // packed `_mlir_ciface_main`, from `code`
+  CompileStats stats;
   std::string messages;
 
   Impl() : ctx(mlir::MLIRContext::Threading::DISABLED) {}
@@ -184,11 +177,29 @@ struct Executable::Impl {
     if (mlir::failed(pm.run(m)))
       throw Error(std::string("codegen::Executable: ") + stage, messages);
   }
+
+  std::string compile(const std::string& graph_mlir);
 };
 
-Executable::Executable(const ir::Graph& g) : impl_(std::make_unique<Impl>()) {
-  init_once();
+Executable::Executable(const ir::Graph& g, const CompileOptions& options)
+    : impl_(std::make_unique<Impl>()) {
   Impl& I = *impl_;
+  const std::string text = g.to_mlir();
+  I.code = get_or_compile(text, options, I.stats, [&](CompiledMeta& meta) {
+    std::string object = I.compile(text);
+    meta = I;
+    return object;
+  });
+  static_cast<CompiledMeta&>(I) = I.code->meta;
+  I.entry = I.code->fn;
+}
+
+/// Runs the pipeline on the graph's text; fills the metadata and returns the object code.
+std::string Executable::Impl::compile(const std::string& graph_mlir) {
+  init_once();
+  Impl& I = *this;
+  Lap lap;
+  if (log_enabled(kLogIr)) log_text("kiln MLIR", graph_mlir);
   mlir::DialectRegistry registry;
   fill_registry(registry);
   I.ctx.appendDialectRegistry(registry);
@@ -199,7 +210,7 @@ Executable::Executable(const ir::Graph& g) : impl_(std::make_unique<Impl>()) {
     return mlir::success();
   });
   mlir::OwningOpRef<mlir::ModuleOp> module =
-      mlir::parseSourceString<mlir::ModuleOp>(g.to_mlir(), &I.ctx);
+      mlir::parseSourceString<mlir::ModuleOp>(graph_mlir, &I.ctx);
   if (!module) throw Error("codegen::Executable", "cannot parse the graph: " + I.messages);
   // The graph's own argument shapes: run() checks inputs against these even when dim 0 is
   // relaxed to `?` below.
@@ -240,6 +251,7 @@ Executable::Executable(const ir::Graph& g) : impl_(std::make_unique<Impl>()) {
     llvm::raw_string_ostream os(I.linalg);
     m.print(os);
   }
+  if (log_enabled(kLogIr)) log_text("linalg fused", I.linalg);
   auto fn = m.lookupSymbol<mlir::func::FuncOp>("main");
   if (!fn) throw Error("codegen::Executable", "graph has no @main");
   I.row_split = plan_row_split(fn);
@@ -283,6 +295,7 @@ Executable::Executable(const ir::Graph& g) : impl_(std::make_unique<Impl>()) {
     fn.setType(mlir::FunctionType::get(&I.ctx, arg_types, {}));
     fn->setAttr("llvm.emit_c_interface", mlir::UnitAttr::get(&I.ctx));
   }
+  I.stats.lower_ms = lap();
 
   // 3. Bufferize (kernels write the caller's buffers), loops.
   I.run_pipeline(m,
@@ -297,47 +310,19 @@ Executable::Executable(const ir::Graph& g) : impl_(std::make_unique<Impl>()) {
     if (mlir::failed(mlir::applyPatternsGreedily(m, std::move(patterns))))
       throw Error("codegen::Executable: math approximation", I.messages);
   }
+  I.stats.bufferize_ms = lap();
+  log_module("bufferized", m);
   // 5. LLVM dialect.
   I.run_pipeline(m,
                  "convert-scf-to-cf,expand-strided-metadata,lower-affine,convert-to-llvm,"
                  "reconcile-unrealized-casts",
                  "conversion to LLVM");
 
-  // 6. JIT at -O3 for the host CPU.
-  auto tmb = llvm::orc::JITTargetMachineBuilder::detectHost();
-  if (!tmb) throw Error("codegen::Executable", llvm::toString(tmb.takeError()));
-  tmb->setCodeGenOptLevel(llvm::CodeGenOptLevel::Aggressive);
-  auto tm = tmb->createTargetMachine();
-  if (!tm) throw Error("codegen::Executable", llvm::toString(tm.takeError()));
-  mlir::ExecutionEngineOptions opts;
-  // opts.transformer is a function_ref: the std::function must outlive create().
-  std::function<llvm::Error(llvm::Module*)> optimize =
-      mlir::makeOptimizingTransformer(3, 0, tm->get());
-  // The loop vectorizer prefers 256-bit vectors on these CPUs; kernels here are long
-  // streaming loops, where full AVX-512 width does not cost frequency that matters.
-  bool avx512 = tm->get()->getTargetFeatureString().contains("+avx512f");
-  std::function<llvm::Error(llvm::Module*)> transformer = [&](llvm::Module* module) {
-    if (avx512)
-      for (llvm::Function& f : *module) f.addFnAttr("prefer-vector-width", "512");
-    return optimize(module);
-  };
-  opts.transformer = transformer;
-  opts.jitCodeGenOptLevel = llvm::CodeGenOptLevel::Aggressive;
-  auto engine = mlir::ExecutionEngine::create(m, opts, std::move(*tm));
-  if (!engine)
-    throw Error("codegen::Executable: JIT", llvm::toString(engine.takeError()) + "\n" + I.messages);
-  I.engine = std::move(*engine);
-  I.engine->registerSymbols([](llvm::orc::MangleAndInterner interner) {
-    llvm::orc::SymbolMap map;
-    for (const RuntimeSymbol& s : runtime_symbols())
-      map[interner(s.name)] = {llvm::orc::ExecutorAddr::fromPtr(s.address),
-                               llvm::JITSymbolFlags::Exported};
-    return map;
-  });
-  // Generate machine code now (lazily done at the first lookup), so run() does not pay for it.
-  auto fnptr = I.engine->lookupPacked("_mlir_ciface_main");
-  if (!fnptr) throw Error("codegen::Executable: JIT", llvm::toString(fnptr.takeError()));
-  I.entry = *fnptr;
+  I.stats.llvm_dialect_ms = lap();
+  log_module("LLVM dialect", m);
+
+  // 6. LLVM -O3 for the host CPU, to an object file; get_or_compile() JIT-links it.
+  return emit_object(m, I.messages, I.stats);
 }
 
 Executable::~Executable() = default;
@@ -350,6 +335,7 @@ int Executable::num_kernels() const {
 int Executable::num_loop_nests() const { return impl_->kernels; }
 bool Executable::row_parallel() const { return impl_->row_split.splittable; }
 const std::string& Executable::linalg_ir() const { return impl_->linalg; }
+const CompileStats& Executable::stats() const { return impl_->stats; }
 
 std::vector<Tensor> Executable::run(const std::vector<Tensor>& inputs) const {
   const Impl& I = *impl_;

@@ -10,6 +10,7 @@
 /// without rows (a broadcast bias, a matmul's right-hand side) are passed whole to every call.
 #include <vector>
 
+#include "codegen/jit.h"  // RowSplitPlan (MLIR-free: cached with the object code)
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/IR/BuiltinOps.h"
 
@@ -21,12 +22,6 @@ namespace kiln::codegen {
 /// Returns false, possibly leaving `m` half-changed, when the graph cannot be relaxed: the
 /// caller then starts again from the graph's text.
 bool relax_leading_dim(mlir::ModuleOp m);
-
-struct RowSplitPlan {
-  bool splittable = false;
-  /// Per argument of `main` (inputs, in order): whether it is sliced by rows.
-  std::vector<bool> sliced_input;
-};
 
 /// Analyses fused linalg-on-tensors `fn` (results still returned as tensors): all results must
 /// be row-carrying, each argument either row-carrying with a dynamic dim 0 or used without rows.
