@@ -128,8 +128,11 @@ std::optional<std::pair<int, int>> dim_source(mlir::Value v, int64_t d) {
 
 /// Below this many bytes of row-carrying operands a graph runs on the calling thread.
 constexpr int64_t kParallelMinBytes = 256 << 10;
-/// Bytes of row-carrying operands per call of a row-split graph.
-constexpr int64_t kBlockBytes = 2048 << 10;
+/// Bytes of row-carrying operands per call of a row-split graph: small when the graph has
+/// several loop nests, so each block's data stays in L2 between them; large for one loop nest,
+/// where blocks only spread the work and each call costs about a microsecond.
+constexpr int64_t kBlockBytesMultiLoop = 128 << 10;
+constexpr int64_t kBlockBytesOneLoop = 4 << 20;
 
 /// Memref descriptor of rank r as words: allocated, aligned, offset, sizes[r], strides[r].
 std::vector<int64_t> descriptor(void* data, const Shape& shape) {
@@ -410,11 +413,11 @@ std::vector<Tensor> Executable::run(const std::vector<Tensor>& inputs) const {
       else if (rows) row_bytes += t.numel() / rows * static_cast<int64_t>(itemsize(t.dtype()));
     }
   }
-  if (rows < 2 || rows * row_bytes < kParallelMinBytes || cpu::num_threads() == 1) {
+  if (rows < 2 || rows * row_bytes < kParallelMinBytes) {
     call(0, rows, std::vector<bool>(operands.size(), false));
   } else {
-    // Blocks of about kBlockBytes, so a multi-loop graph's intermediates stay in cache.
-    int64_t block_rows = std::clamp<int64_t>(kBlockBytes / std::max<int64_t>(row_bytes, 1), 1, rows);
+    int64_t block_bytes = I.kernels > 1 ? kBlockBytesMultiLoop : kBlockBytesOneLoop;
+    int64_t block_rows = std::clamp<int64_t>(block_bytes / std::max<int64_t>(row_bytes, 1), 1, rows);
     int64_t blocks = (rows + block_rows - 1) / block_rows;
     cpu::parallel_for(0, blocks, 1, [&](int64_t b, int64_t e) {
       for (int64_t k = b; k < e; ++k) call(k * block_rows, std::min(rows, (k + 1) * block_rows), sliced);

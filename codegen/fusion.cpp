@@ -23,6 +23,10 @@ constexpr int kMaxRecomputedOps = 24;
 bool should_fuse(mlir::OpOperand* operand) {
   mlir::Operation* producer = operand->get().getDefiningOp();
   if (!producer) return false;
+  // A producer read with broadcasting (e.g. 1 / rowsum, [N, 1] into [N, K]) would be recomputed
+  // for every element of the consumer: it stays a (small) loop nest of its own.
+  if (auto consumer = llvm::dyn_cast<mlir::linalg::LinalgOp>(operand->getOwner()))
+    if (!consumer.getMatchingIndexingMap(operand).isPermutation()) return false;
   if (producer->hasOneUse()) return true;
   auto generic = llvm::dyn_cast<mlir::linalg::GenericOp>(producer);
   if (!generic) return false;
