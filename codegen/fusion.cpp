@@ -2,8 +2,9 @@
 //
 // Upstream `linalg-fuse-elementwise-ops` fuses a producer only into its single consumer. In
 // softmax, exp(x - max) feeds both the sum and the divide, so it would be written to memory and
-// read back. Here a cheap elementwise producer is fused into every consumer (recomputed, as
-// TorchInductor does); the original dies once its last use is fused.
+// read back. Here a cheap elementwise producer that feeds a reduction is fused into every
+// consumer (recomputed, as TorchInductor does); the original dies once its last use is fused.
+// A producer read with broadcasting is never fused (it would be recomputed per element).
 #include "codegen/lower.h"
 #include "mlir/Dialect/Affine/IR/AffineOps.h"
 #include "mlir/Dialect/Linalg/IR/Linalg.h"
@@ -16,9 +17,17 @@
 namespace kiln::codegen {
 namespace {
 
-/// A producer with several uses is duplicated into each consumer only while its body is this
-/// small, so repeated fusion cannot blow up the code (each duplicate re-computes the body).
+/// A producer with several uses is duplicated into a consumer only while the fused body stays
+/// this small: each duplicate re-computes the producer, and without a bound on the result a
+/// DAG such as (a + b, a - b) repeated n times would become a tree of 2^n ops (fault case FC-34).
 constexpr int kMaxRecomputedOps = 24;
+
+int body_size(mlir::Operation* op) {
+  int ops = 0;
+  if (auto generic = llvm::dyn_cast<mlir::linalg::GenericOp>(op))
+    generic.getBody()->walk([&](mlir::Operation*) { ++ops; });
+  return ops;
+}
 
 bool should_fuse(mlir::OpOperand* operand) {
   mlir::Operation* producer = operand->get().getDefiningOp();
@@ -28,11 +37,16 @@ bool should_fuse(mlir::OpOperand* operand) {
   if (auto consumer = llvm::dyn_cast<mlir::linalg::LinalgOp>(operand->getOwner()))
     if (!consumer.getMatchingIndexingMap(operand).isPermutation()) return false;
   if (producer->hasOneUse()) return true;
-  auto generic = llvm::dyn_cast<mlir::linalg::GenericOp>(producer);
-  if (!generic) return false;
-  int ops = 0;
-  generic.getBody()->walk([&](mlir::Operation*) { ++ops; });
-  return ops <= kMaxRecomputedOps;
+  if (!llvm::isa<mlir::linalg::GenericOp>(producer)) return false;
+  // Recompute only for a reduction among the users (softmax's exp feeds a sum and a divide):
+  // that saves writing and re-reading a full-size intermediate. Purely elementwise sharing is
+  // left to upstream's rule (store once, read twice), which keeps long DAGs linear to compile.
+  bool feeds_reduction = llvm::any_of(producer->getUsers(), [](mlir::Operation* user) {
+    auto linalg = llvm::dyn_cast<mlir::linalg::LinalgOp>(user);
+    return linalg && linalg.getNumReductionLoops() > 0;
+  });
+  return feeds_reduction &&
+         body_size(producer) + body_size(operand->getOwner()) <= kMaxRecomputedOps;
 }
 
 struct FuseElementwisePass
@@ -59,7 +73,11 @@ struct FuseElementwisePass
     mlir::tensor::CollapseShapeOp::getCanonicalizationPatterns(patterns, ctx);
     ctx->getLoadedDialect<mlir::linalg::LinalgDialect>()->getCanonicalizationPatterns(patterns);
     mlir::linalg::populateConstantFoldLinalgOperations(patterns, should_fuse);
-    if (mlir::failed(mlir::applyPatternsGreedily(getOperation(), std::move(patterns))))
+    // Region simplification after every round made long graphs quadratic (FC-34); CSE and
+    // canonicalization run as passes after this one.
+    mlir::GreedyRewriteConfig config;
+    config.setRegionSimplificationLevel(mlir::GreedySimplifyRegionLevel::Disabled);
+    if (mlir::failed(mlir::applyPatternsGreedily(getOperation(), std::move(patterns), config)))
       signalPassFailure();
   }
 };
