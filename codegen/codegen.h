@@ -6,7 +6,7 @@
 
 namespace kiln::codegen {
 
-/// Lowers a copy of `g` with convert-kiln-to-linalg (then, if `fuse`, canonicalize and
+/// Lowers a copy of `g` with kiln-decompose and convert-kiln-to-linalg (then, if `fuse`, canonicalize and
 /// linalg-fuse-elementwise-ops) and returns the MLIR text; `g` is unchanged. Ops without a
 /// lowering yet stay kiln ops. Throws kiln::Error with the MLIR diagnostics if a pass fails.
 std::string lower_to_linalg(const ir::Graph& g, bool fuse = true);
@@ -70,7 +70,7 @@ void set_log_stages(std::string_view stages);
 ///   codegen::Executable exe(g);                 // lower -> fuse -> bufferize -> LLVM -> JIT
 ///   std::vector<Tensor> out = exe.run({x});      // outputs allocated with dispatch::empty
 ///
-/// Pipeline: convert-kiln-to-linalg, canonicalize, linalg-fuse-elementwise-ops, then the function
+/// Pipeline: kiln-decompose, convert-kiln-to-linalg, canonicalize, linalg-fuse-elementwise-ops, then the function
 /// is made destination-passing (each result goes to a caller-provided memref), one-shot
 /// bufferization across the function boundary, linalg -> loops, math polynomial approximation
 /// (tanh/exp/erf... as arith + fma), LLVM dialect, LLVM -O3 to an object file, ORC LLJIT. Owns its

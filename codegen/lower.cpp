@@ -571,6 +571,20 @@ struct LowerTranspose : mlir::OpRewritePattern<kiln::dialect::ViewOp> {
   }
 };
 
+/// kiln.constant -> arith.constant (the decompositions' scalars and class ids; splats are then
+/// folded into the consuming generics by the elementwise fuser).
+struct LowerConstant : mlir::OpRewritePattern<kiln::dialect::ConstantOp> {
+  using OpRewritePattern::OpRewritePattern;
+
+  mlir::LogicalResult matchAndRewrite(kiln::dialect::ConstantOp op,
+                                      mlir::PatternRewriter& rw) const override {
+    auto value = llvm::dyn_cast<mlir::TypedAttr>(op.getValue());
+    if (!value) return rw.notifyMatchFailure(op, "not a typed attribute");
+    rw.replaceOpWithNewOp<mlir::arith::ConstantOp>(op, value);
+    return mlir::success();
+  }
+};
+
 struct KilnToLinalgPass
     : mlir::PassWrapper<KilnToLinalgPass, mlir::OperationPass<mlir::ModuleOp>> {
   MLIR_DEFINE_EXPLICIT_INTERNAL_INLINE_TYPE_ID(KilnToLinalgPass)
@@ -636,6 +650,7 @@ std::string lower_to_linalg(const ir::Graph& g, bool fuse) {
     return mlir::success();
   });
   mlir::PassManager pm(ctx);
+  pm.addPass(kiln::dialect::create_decompose_pass());
   pm.addPass(create_kiln_to_linalg_pass());
   if (fuse) {
     pm.addPass(mlir::createCanonicalizerPass());
