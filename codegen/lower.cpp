@@ -571,20 +571,6 @@ struct LowerTranspose : mlir::OpRewritePattern<kiln::dialect::ViewOp> {
   }
 };
 
-/// kiln.constant -> arith.constant (the decompositions' scalars and class ids; splats are then
-/// folded into the consuming generics by the elementwise fuser).
-struct LowerConstant : mlir::OpRewritePattern<kiln::dialect::ConstantOp> {
-  using OpRewritePattern::OpRewritePattern;
-
-  mlir::LogicalResult matchAndRewrite(kiln::dialect::ConstantOp op,
-                                      mlir::PatternRewriter& rw) const override {
-    auto value = llvm::dyn_cast<mlir::TypedAttr>(op.getValue());
-    if (!value) return rw.notifyMatchFailure(op, "not a typed attribute");
-    rw.replaceOpWithNewOp<mlir::arith::ConstantOp>(op, value);
-    return mlir::success();
-  }
-};
-
 struct KilnToLinalgPass
     : mlir::PassWrapper<KilnToLinalgPass, mlir::OperationPass<mlir::ModuleOp>> {
   MLIR_DEFINE_EXPLICIT_INTERNAL_INLINE_TYPE_ID(KilnToLinalgPass)
