@@ -43,7 +43,9 @@ struct Emitter {
   }
 };
 
-mlir::RankedTensorType type_of(mlir::Value v) { return llvm::cast<mlir::RankedTensorType>(v.getType()); }
+mlir::RankedTensorType type_of(mlir::Value v) {
+  return llvm::cast<mlir::RankedTensorType>(v.getType());
+}
 mlir::Type elem(mlir::Value v) { return type_of(v).getElementType(); }
 bool is_float(mlir::Value v) { return llvm::isa<mlir::FloatType>(elem(v)); }
 
@@ -81,13 +83,16 @@ mlir::Value variance(Emitter& E, mlir::Value x, const OpAttrs& a, bool is_std) {
   int64_t n = 1;
   for (int64_t i = 0; i < xt.getRank(); ++i) {
     if (!(mask >> i & 1)) continue;
-    if (xt.isDynamicDim(i)) dynamic = true;
-    else n *= xt.getDimSize(i);
+    if (xt.isDynamicDim(i))
+      dynamic = true;
+    else
+      n *= xt.getDimSize(i);
   }
   mlir::Value v;
   if (!dynamic) {
     double denom = static_cast<double>(n) - static_cast<double>(a.mode);
-    v = denom > 0 ? E.op(OpKind::Div, s, E.scalar(t, denom)) : E.op(OpKind::Mul, s, E.scalar(t, kNaN));
+    v = denom > 0 ? E.op(OpKind::Div, s, E.scalar(t, denom))
+                  : E.op(OpKind::Mul, s, E.scalar(t, kNaN));
   } else {
     // n is known at run time only: count the elements (x == x || x != x holds for NaN too).
     mlir::Type i64 = E.b.getI64Type();
@@ -179,14 +184,21 @@ mlir::Value mse_loss(Emitter& E, mlir::Value x, mlir::Value y, const OpAttrs& a)
 mlir::Value decompose(Emitter& E, OpKind kind, mlir::ValueRange in, const OpAttrs& a) {
   switch (kind) {
     case OpKind::Softmax:
-    case OpKind::LogSoftmax: return softmax(E, in[0], a.dim, kind == OpKind::LogSoftmax);
-    case OpKind::LayerNorm: return layer_norm(E, in, a);
+    case OpKind::LogSoftmax:
+      return softmax(E, in[0], a.dim, kind == OpKind::LogSoftmax);
+    case OpKind::LayerNorm:
+      return layer_norm(E, in, a);
     case OpKind::Var:
-    case OpKind::Std: return variance(E, in[0], a, kind == OpKind::Std);
-    case OpKind::LogSumExp: return is_float(in[0]) ? logsumexp(E, in[0], a) : mlir::Value();
-    case OpKind::NllLoss: return nll_loss(E, in[0], in[1], a);
-    case OpKind::MseLoss: return mse_loss(E, in[0], in[1], a);
-    default: return {};
+    case OpKind::Std:
+      return variance(E, in[0], a, kind == OpKind::Std);
+    case OpKind::LogSumExp:
+      return is_float(in[0]) ? logsumexp(E, in[0], a) : mlir::Value();
+    case OpKind::NllLoss:
+      return nll_loss(E, in[0], in[1], a);
+    case OpKind::MseLoss:
+      return mse_loss(E, in[0], in[1], a);
+    default:
+      return {};
   }
 }
 

@@ -25,11 +25,20 @@ std::vector<double> values(const Tensor& t) {
   std::vector<double> v(static_cast<size_t>(c.numel()));
   for (size_t i = 0; i < v.size(); ++i) {
     switch (c.dtype()) {
-      case DType::Float32: v[i] = c.data<float>()[i]; break;
-      case DType::Float64: v[i] = c.data<double>()[i]; break;
-      case DType::Int64: v[i] = static_cast<double>(c.data<int64_t>()[i]); break;
-      case DType::Int32: v[i] = c.data<int32_t>()[i]; break;
-      default: FAIL("unexpected dtype");
+      case DType::Float32:
+        v[i] = c.data<float>()[i];
+        break;
+      case DType::Float64:
+        v[i] = c.data<double>()[i];
+        break;
+      case DType::Int64:
+        v[i] = static_cast<double>(c.data<int64_t>()[i]);
+        break;
+      case DType::Int32:
+        v[i] = c.data<int32_t>()[i];
+        break;
+      default:
+        FAIL("unexpected dtype");
     }
   }
   return v;
@@ -70,7 +79,7 @@ void check_close(const Tensor& got, const std::vector<double>& ref, const Shape&
   std::string first;
   for (size_t i = 0; i < g.size(); ++i) {
     double r = ref[i], x = g[i];
-    bool ok = std::isnan(r) ? std::isnan(x)
+    bool ok = std::isnan(r)   ? std::isnan(x)
               : std::isinf(r) ? x == r
                               : std::abs(x - r) <= tol + tol * std::abs(r);
     if (!ok && bad++ == 0)
@@ -95,7 +104,9 @@ struct Split {
     int d = static_cast<int>(dim < 0 ? dim + s.size() : dim);
     for (int i = 0; i < s.size(); ++i) (i < d ? a : i == d ? n : b) *= s[i];
   }
-  size_t at(int64_t i, int64_t k, int64_t j) const { return static_cast<size_t>((i * n + k) * b + j); }
+  size_t at(int64_t i, int64_t k, int64_t j) const {
+    return static_cast<size_t>((i * n + k) * b + j);
+  }
 };
 
 double max_nan(const std::vector<double>& x, const Split& s, int64_t i, int64_t j) {
@@ -209,8 +220,8 @@ TEST_CASE("composite: softmax and log_softmax, dims -1 and 0, NaN/Inf rows") {
       for (int64_t dim : {-1, 0})
         for (bool log : {false, true}) {
           OpKind k = log ? OpKind::LogSoftmax : OpKind::Softmax;
-          std::string what = label(log ? "log_softmax" : "softmax", dt, shape,
-                                   "dim " + std::to_string(dim));
+          std::string what =
+              label(log ? "log_softmax" : "softmax", dt, shape, "dim " + std::to_string(dim));
           std::vector<double> v = randv(numel(shape), 7);
           add_specials(v, shape[1]);
           Tensor x = make(v, shape, dt);
@@ -272,8 +283,10 @@ TEST_CASE("composite: var and std (correction 0, 1 and > n), logsumexp, keepdim,
           Tensor x = make(v, shape, dt);
           Shape out = shape;
           int d = static_cast<int>(dim < 0 ? dim + 2 : dim);
-          if (keepdim) out[d] = 1;
-          else out.erase(d);
+          if (keepdim)
+            out[d] = 1;
+          else
+            out.erase(d);
           OpAttrs a;
           a.dims = {dim};
           a.keepdim = keepdim;
@@ -288,8 +301,8 @@ TEST_CASE("composite: var and std (correction 0, 1 and > n), logsumexp, keepdim,
             g.output(g.op(OpKind::Std, {xi}, a));
             codegen::Executable exe(g);
             std::vector<Tensor> res = exe.run({x});
-            check_both(res[0], var(x, {dim}, corr, keepdim), ref_var(values(x), shape, dim, corr, false),
-                       out, dt, "var " + what);
+            check_both(res[0], var(x, {dim}, corr, keepdim),
+                       ref_var(values(x), shape, dim, corr, false), out, dt, "var " + what);
             check_both(res[1], kiln::std(x, {dim}, corr, keepdim),
                        ref_var(values(x), shape, dim, corr, true), out, dt, "std " + what);
           }
@@ -350,8 +363,9 @@ TEST_CASE("composite: nll_loss (none/mean/sum, ignore_index, int32/int64 targets
     codegen::Executable exe(g);
     for (double target : {3.0, -100.0}) {
       Tensor t = make({target}, {}, DType::Int64);
-      check_both(exe.run({x, t})[0], nll_loss(x, t, Reduction::Mean), ref_nll(values(x), c, {target}, -100, 1),
-                 {}, dt, label("nll_loss 1-D", dt, {c}, "target " + std::to_string(target)));
+      check_both(exe.run({x, t})[0], nll_loss(x, t, Reduction::Mean),
+                 ref_nll(values(x), c, {target}, -100, 1), {}, dt,
+                 label("nll_loss 1-D", dt, {c}, "target " + std::to_string(target)));
     }
   }
 }
@@ -373,9 +387,11 @@ TEST_CASE("composite: mse_loss with broadcasting, none/mean/sum") {
         sq.push_back(d * d);
         total += d * d;
       }
-      std::vector<double> ref = mode == 0 ? sq : std::vector<double>{mode == 1 ? total / 76 : total};
+      std::vector<double> ref =
+          mode == 0 ? sq : std::vector<double>{mode == 1 ? total / 76 : total};
       check_both(exe.run({at, bt})[0], mse_loss(at, bt, static_cast<Reduction>(mode)), ref,
-                 mode == 0 ? Shape{4, 19} : Shape{}, dt, label("mse_loss", dt, {4, 19}, std::to_string(mode)));
+                 mode == 0 ? Shape{4, 19} : Shape{}, dt,
+                 label("mse_loss", dt, {4, 19}, std::to_string(mode)));
     }
 }
 
@@ -438,14 +454,19 @@ TEST_CASE("composite: no kiln op is left after lowering; kernel counts (printed)
   ir::Graph h;
   OpAttrs ln;
   ln.dims = {37};
-  h.output(h.op(OpKind::LayerNorm, {h.input(DType::Float32, {ir::kDynamic, 37}),
-                                    h.input(DType::Float32, {37}), h.input(DType::Float32, {37})},
+  h.output(h.op(OpKind::LayerNorm,
+                {h.input(DType::Float32, {ir::kDynamic, 37}), h.input(DType::Float32, {37}),
+                 h.input(DType::Float32, {37})},
                 ln));
   codegen::Executable lnx(h);
   std::printf("kernels after fusion: softmax [?, 37]: %d, layer_norm [?, 37] (weight, bias): %d\n",
               sm.num_kernels(), lnx.num_kernels());
   CHECK(sm.num_kernels() > 0);
   CHECK(lnx.num_kernels() > 0);
+  // Row splitting over threads (decided before decomposition): printed, not asserted.
+  ir::Graph st;
+  st.output(st.op(OpKind::Softmax, {st.input(DType::Float32, {4096, 37})}, last));
+  std::printf("softmax [4096, 37] row_parallel: %d\n", codegen::Executable(st).row_parallel());
 }
 
 // Known Executable bug (codegen/executable.cpp, not the decompositions): when two graph outputs
