@@ -469,6 +469,45 @@ TEST_CASE("composite: no kiln op is left after lowering; kernel counts (printed)
   std::printf("softmax [4096, 37] row_parallel: %d\n", codegen::Executable(st).row_parallel());
 }
 
+TEST_CASE("composite: large row counts (row-split execution where the plan allows it)") {
+  const int64_t rows = 4096;
+  for (DType dt : kFloats) {
+    std::vector<double> v = randv(rows * 64, 61);
+    add_specials(v, 64);
+    Shape shape{rows, 64};
+    Tensor x = make(v, shape, dt), w = make(randv(64, 62), {64}, dt),
+           b = make(randv(64, 63), {64}, dt);
+    for (int64_t dim : {-1, 0}) {
+      ir::Graph g;
+      OpAttrs a;
+      a.dim = dim;
+      g.output(g.op(OpKind::Softmax, {g.input(dt, shape.vec())}, a));
+      codegen::Executable exe(g);
+      std::printf("softmax %s [4096, 64] dim %lld row_parallel: %d\n", name(dt).data(),
+                  static_cast<long long>(dim), exe.row_parallel());
+      check_both(exe.run({x})[0], softmax(x, dim), ref_softmax(values(x), shape, dim, false), shape,
+                 dt, label("softmax", dt, shape, "dim " + std::to_string(dim)));
+    }
+    ir::Graph g;
+    OpAttrs ln;
+    ln.dims = {64};
+    g.output(g.op(OpKind::LayerNorm,
+                  {g.input(dt, shape.vec()), g.input(dt, {64}), g.input(dt, {64})}, ln));
+    codegen::Executable exe(g);
+    std::printf("layer_norm %s [4096, 64] row_parallel: %d\n", name(dt).data(), exe.row_parallel());
+    check_both(exe.run({x, w, b})[0], layer_norm(x, {64}, w, b),
+               ref_layer_norm(values(x), 64, values(w), values(b), 1e-5), shape, dt,
+               label("layer_norm", dt, shape));
+    ir::Graph vg;
+    OpAttrs col;
+    col.dims = {0};
+    col.mode = 1;
+    vg.output(vg.op(OpKind::Var, {vg.input(dt, shape.vec())}, col));
+    check_both(codegen::Executable(vg).run({x})[0], var(x, {0}, 1),
+               ref_var(values(x), shape, 0, 1, false), {64}, dt, label("var dim 0", dt, shape));
+  }
+}
+
 // Known Executable bug (codegen/executable.cpp, not the decompositions): when two graph outputs
 // are reductions whose zero-filled inits CSE merges into one linalg.fill, eliminate-empty-tensors
 // + one-shot-bufferize write both outputs from the same buffer, so output 1 equals output 0.
