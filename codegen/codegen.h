@@ -7,7 +7,7 @@
 namespace kiln::codegen {
 
 /// Lowers a copy of `g` with kiln-decompose and convert-kiln-to-linalg (then, if `fuse`,
-/// canonicalize and linalg-fuse-elementwise-ops) and returns the MLIR text; `g` is unchanged.
+/// canonicalize and kiln-fuse-elementwise) and returns the MLIR text; `g` is unchanged.
 /// Ops without a lowering yet stay kiln ops. Throws kiln::Error with the MLIR diagnostics if a
 /// pass fails.
 std::string lower_to_linalg(const ir::Graph& g, bool fuse = true);

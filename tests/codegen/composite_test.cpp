@@ -459,8 +459,10 @@ TEST_CASE("composite: no kiln op is left after lowering; kernel counts (printed)
                  h.input(DType::Float32, {37})},
                 ln));
   codegen::Executable lnx(h);
-  std::printf("kernels after fusion: softmax [?, 37]: %d, layer_norm [?, 37] (weight, bias): %d\n",
-              sm.num_kernels(), lnx.num_kernels());
+  std::printf(
+      "kernels after fusion (loop nests): softmax [?, 37]: %d (%d), layer_norm [?, 37] "
+      "(weight, bias): %d (%d)\n",
+      sm.num_kernels(), sm.num_loop_nests(), lnx.num_kernels(), lnx.num_loop_nests());
   CHECK(sm.num_kernels() > 0);
   CHECK(lnx.num_kernels() > 0);
   // Row splitting over threads (decided before decomposition): printed, not asserted.
