@@ -62,14 +62,17 @@ OpAttrs over_all() {
 
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
-// softmax = exp(x - m) / Σ exp(x - m); log_softmax = (x - m) - log Σ exp(x - m); m = amax (NaN
-// wins, as in eager). Subtracting m first keeps the precision of large logits.
+// softmax = exp(x - m) * (1 / Σ exp(x - m)); log_softmax = (x - m) - log Σ exp(x - m); m = amax
+// (NaN wins, as in eager). Subtracting m first keeps the precision of large logits. The
+// reciprocal, as in eager, is per row: after fusion it is loop-invariant in the inner loop, so
+// the per-element work is a multiply, not a divide.
 mlir::Value softmax(Emitter& E, mlir::Value x, int64_t dim, bool log) {
   OpAttrs r = over_dim(dim);
   mlir::Value d = E.op(OpKind::Sub, x, E.reduce(OpKind::Amax, x, r, true));
   mlir::Value e = E.op(OpKind::Exp, d);
   mlir::Value s = E.reduce(OpKind::Sum, e, r, true);
-  return log ? E.op(OpKind::Sub, d, E.op(OpKind::Log, s)) : E.op(OpKind::Div, e, s);
+  return log ? E.op(OpKind::Sub, d, E.op(OpKind::Log, s))
+             : E.op(OpKind::Mul, e, E.op(OpKind::Reciprocal, s));
 }
 
 // var = Σ (x - mean)² / (n - correction), nan when n - correction <= 0; std = sqrt(var).

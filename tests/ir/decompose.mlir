@@ -12,13 +12,14 @@
 // LOWER: linalg.transpose
 // LOWER-NOT: kiln.
 
-// softmax = exp(x - amax) / sum(exp(x - amax)), reductions with keepdim over the dim.
+// softmax = exp(x - amax) * reciprocal(sum(exp(x - amax))), reductions with keepdim over the dim.
 // CHECK-LABEL: func.func @softmax
 // CHECK: %[[M:.*]] = kiln.reduce "amax" %arg0 {dims = array<i64: -1>, keepdim} : (tensor<?x5xf32>) -> tensor<?x1xf32>
 // CHECK: %[[D:.*]] = kiln.elementwise "sub" %arg0, %[[M]] : (tensor<?x5xf32>, tensor<?x1xf32>) -> tensor<?x5xf32>
 // CHECK: %[[E:.*]] = kiln.elementwise "exp" %[[D]]
 // CHECK: %[[S:.*]] = kiln.reduce "sum" %[[E]] {dims = array<i64: -1>, keepdim}
-// CHECK: %[[Y:.*]] = kiln.elementwise "div" %[[E]], %[[S]] : (tensor<?x5xf32>, tensor<?x1xf32>) -> tensor<?x5xf32>
+// CHECK: %[[R:.*]] = kiln.elementwise "reciprocal" %[[S]] : (tensor<?x1xf32>) -> tensor<?x1xf32>
+// CHECK: %[[Y:.*]] = kiln.elementwise "mul" %[[E]], %[[R]] : (tensor<?x5xf32>, tensor<?x1xf32>) -> tensor<?x5xf32>
 // CHECK: return %[[Y]]
 func.func @softmax(%x: tensor<?x5xf32>) -> tensor<?x5xf32> {
   %0 = kiln.composite "softmax" %x {dim = -1 : i64} : (tensor<?x5xf32>) -> tensor<?x5xf32>
