@@ -6,9 +6,10 @@
 
 namespace kiln::codegen {
 
-/// Lowers a copy of `g` with convert-kiln-to-linalg (then, if `fuse`, canonicalize and
-/// linalg-fuse-elementwise-ops) and returns the MLIR text; `g` is unchanged. Ops without a
-/// lowering yet stay kiln ops. Throws kiln::Error with the MLIR diagnostics if a pass fails.
+/// Lowers a copy of `g` with kiln-decompose and convert-kiln-to-linalg (then, if `fuse`,
+/// canonicalize and kiln-fuse-elementwise) and returns the MLIR text; `g` is unchanged.
+/// Ops without a lowering yet stay kiln ops. Throws kiln::Error with the MLIR diagnostics if a
+/// pass fails.
 std::string lower_to_linalg(const ir::Graph& g, bool fuse = true);
 
 }  // namespace kiln::codegen
@@ -70,8 +71,8 @@ void set_log_stages(std::string_view stages);
 ///   codegen::Executable exe(g);                 // lower -> fuse -> bufferize -> LLVM -> JIT
 ///   std::vector<Tensor> out = exe.run({x});      // outputs allocated with dispatch::empty
 ///
-/// Pipeline: convert-kiln-to-linalg, canonicalize, linalg-fuse-elementwise-ops, then the function
-/// is made destination-passing (each result goes to a caller-provided memref), one-shot
+/// Pipeline: kiln-decompose, convert-kiln-to-linalg, canonicalize, elementwise fusion, then the
+/// function is made destination-passing (each result goes to a caller-provided memref), one-shot
 /// bufferization across the function boundary, linalg -> loops, math polynomial approximation
 /// (tanh/exp/erf... as arith + fma), LLVM dialect, LLVM -O3 to an object file, ORC LLJIT. Owns its
 /// MLIR context, so `g` may be destroyed afterwards. Errors (an op without a lowering, a failing

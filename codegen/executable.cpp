@@ -234,6 +234,7 @@ std::string Executable::Impl::compile(const std::string& graph_mlir) {
   // 1. kiln -> linalg on tensors, fused.
   {
     mlir::PassManager pm = mlir::PassManager::on<mlir::ModuleOp>(&I.ctx);
+    pm.addPass(kiln::dialect::create_decompose_pass());
     pm.addPass(create_kiln_to_linalg_pass());
     pm.addPass(mlir::createCanonicalizerPass());
     pm.addPass(create_fuse_elementwise_pass());

@@ -636,6 +636,7 @@ std::string lower_to_linalg(const ir::Graph& g, bool fuse) {
     return mlir::success();
   });
   mlir::PassManager pm(ctx);
+  pm.addPass(kiln::dialect::create_decompose_pass());
   pm.addPass(create_kiln_to_linalg_pass());
   if (fuse) {
     pm.addPass(mlir::createCanonicalizerPass());

@@ -2,6 +2,7 @@
 /// Lowering of the kiln dialect to upstream MLIR on tensors. Internal to codegen/ (MLIR inside).
 #include <memory>
 
+#include "ir/decompose.h"  // kiln-decompose, run before convert-kiln-to-linalg
 #include "mlir/IR/PatternMatch.h"
 #include "mlir/Pass/Pass.h"
 

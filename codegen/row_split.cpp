@@ -21,7 +21,8 @@ bool relax_leading_dim(mlir::ModuleOp m) {
   int64_t rows = out0.getDimSize(0);
   for (mlir::Operation& op : body.without_terminator())
     if (!llvm::isa<kiln::dialect::ElementwiseOp, kiln::dialect::ReduceOp,
-                   kiln::dialect::MatmulOp, kiln::dialect::ConstantOp>(op))
+                   kiln::dialect::MatmulOp, kiln::dialect::ConstantOp,
+                   kiln::dialect::CompositeOp>(op))  // re-inferred like the others
       return false;
 
   bool relaxed = false;

@@ -18,7 +18,8 @@ namespace kiln::codegen {
 
 /// Makes dim 0 of `main`'s arguments dynamic where it equals the first result's (static, > 1)
 /// dim 0, and re-infers every kiln op's result type (core's infer_meta). Only graphs of
-/// elementwise, reduce, matmul and constant ops are relaxed (views carry sizes in attributes).
+/// elementwise, reduce, matmul, composite and constant ops are relaxed (views carry sizes in
+/// attributes); composites are decomposed afterwards, on the relaxed types.
 /// Returns false, possibly leaving `m` half-changed, when the graph cannot be relaxed: the
 /// caller then starts again from the graph's text.
 bool relax_leading_dim(mlir::ModuleOp m);
