@@ -134,6 +134,35 @@ constexpr int64_t kParallelMinBytes = 256 << 10;
 constexpr int64_t kBlockBytesMultiLoop = 128 << 10;
 constexpr int64_t kBlockBytesOneLoop = 4 << 20;
 
+/// Gives every destination-style op its own init when CSE merged identical ones (e.g. the
+/// zero fills of two sums): eliminate-empty-tensors would otherwise turn the shared init into
+/// the first output's buffer, and the second result would be computed in that same buffer.
+void unshare_inits(mlir::func::FuncOp fn) {
+  llvm::SmallVector<mlir::OpOperand*> shared;
+  fn.walk([&](mlir::DestinationStyleOpInterface dps) {
+    for (mlir::OpOperand& init : dps.getDpsInitsMutable()) {
+      if (init.get().hasOneUse()) continue;
+      mlir::Operation* def = init.get().getDefiningOp();
+      if (llvm::isa_and_present<mlir::linalg::FillOp, mlir::tensor::EmptyOp>(def))
+        shared.push_back(&init);
+    }
+  });
+  for (mlir::OpOperand* init : shared) {
+    mlir::Operation* def = init->get().getDefiningOp();
+    mlir::OpBuilder b(init->getOwner());
+    mlir::Operation* copy = b.clone(*def);
+    if (auto fill = llvm::dyn_cast<mlir::linalg::FillOp>(copy)) {
+      // The fill's own destination must not be shared either.
+      mlir::Value dest = fill.getDpsInits()[0];
+      if (auto empty = dest.getDefiningOp<mlir::tensor::EmptyOp>()) {
+        b.setInsertionPoint(copy);
+        fill.getDpsInitsMutable()[0].set(b.clone(*empty.getOperation())->getResult(0));
+      }
+    }
+    init->set(copy->getResult(0));
+  }
+}
+
 /// Memref descriptor of rank r as words: allocated, aligned, offset, sizes[r], strides[r].
 std::vector<int64_t> descriptor(void* data, const Shape& shape) {
   size_t r = static_cast<size_t>(shape.size());
@@ -259,6 +288,7 @@ std::string Executable::Impl::compile(const std::string& graph_mlir) {
   auto fn = m.lookupSymbol<mlir::func::FuncOp>("main");
   if (!fn) throw Error("codegen::Executable", "graph has no @main");
   I.row_split = plan_row_split(fn);
+  unshare_inits(fn);
 
   // 2. Destination-passing: @main(inputs..., out memrefs...) writes each result with
   // bufferization.materialize_in_destination and returns nothing.

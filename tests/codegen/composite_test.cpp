@@ -510,11 +510,10 @@ TEST_CASE("composite: large row counts (row-split execution where the plan allow
   }
 }
 
-// Known Executable bug (codegen/executable.cpp, not the decompositions): when two graph outputs
-// are reductions whose zero-filled inits CSE merges into one linalg.fill, eliminate-empty-tensors
-// + one-shot-bufferize write both outputs from the same buffer, so output 1 equals output 0.
-// [!shouldfail]: this test starts failing once the bug is fixed; then drop the tag.
-TEST_CASE("Executable: two scalar reductions as outputs (known aliasing bug)", "[!shouldfail]") {
+// Two graph outputs that are reductions: CSE merges their zero-filled inits into one
+// linalg.fill; Executable gives each its own again (unshare_inits), else eliminate-empty-tensors
+// made both outputs share one buffer and output 1 came back equal to output 0.
+TEST_CASE("Executable: two scalar reductions as outputs get separate buffers") {
   ir::Graph g;
   ir::Value x = g.input(DType::Float32, {6});
   g.output(g.op(OpKind::Sum, {x}));
