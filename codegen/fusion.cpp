@@ -29,6 +29,16 @@ int body_size(mlir::Operation* op) {
   return ops;
 }
 
+/// Whether a generic's body calls a math-dialect function (exp, tanh, ...): dozens of
+/// instructions each as polynomials, more than writing and re-reading the value from cache.
+bool transcendental(mlir::Operation* op) {
+  bool found = false;
+  op->walk([&](mlir::Operation* inner) {
+    found |= inner->getDialect() && inner->getDialect()->getNamespace() == "math";
+  });
+  return found;
+}
+
 bool should_fuse(mlir::OpOperand* operand) {
   mlir::Operation* producer = operand->get().getDefiningOp();
   if (!producer) return false;
@@ -45,6 +55,7 @@ bool should_fuse(mlir::OpOperand* operand) {
     auto linalg = llvm::dyn_cast<mlir::linalg::LinalgOp>(user);
     return linalg && linalg.getNumReductionLoops() > 0;
   });
+  if (transcendental(producer)) return false;  // computed once, stored (eager does the same)
   return feeds_reduction &&
          body_size(producer) + body_size(operand->getOwner()) <= kMaxRecomputedOps;
 }

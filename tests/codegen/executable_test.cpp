@@ -334,3 +334,73 @@ TEST_CASE("Executable: timing of softmax from primitives on [4096, 1024] (prints
                 best_jit, best_eager);
   }
 }
+
+TEST_CASE("Executable: timing of softmax's parts on [4096, 1024] (prints, not a check)",
+          "[.timing]") {
+  cpu::set_num_threads(1);
+  OpAttrs last;
+  last.dims = {1};
+  last.keepdim = true;
+  auto time_graph = [&](const char* what, ir::Graph g, std::vector<Tensor> in) {
+    codegen::Executable exe(g);
+    double best = 1e9;
+    for (int i = 0; i < 20; ++i) {
+      auto t0 = std::chrono::steady_clock::now();
+      exe.run(in);
+      best = std::min(best, std::chrono::duration<double, std::milli>(
+                                std::chrono::steady_clock::now() - t0).count());
+    }
+    std::printf("%-28s %.3f ms (1 thread, %d loop nests)\n", what, best, exe.num_loop_nests());
+  };
+  Tensor x = randn({4096, 1024}), m = randn({4096, 1}), r = randn({4096, 1});
+  {
+    ir::Graph g;
+    ir::Value xi = g.input(DType::Float32, {4096, 1024});
+    g.output(g.op(OpKind::Amax, {xi}, last));
+    time_graph("amax", std::move(g), {x});
+  }
+  {
+    ir::Graph g;
+    ir::Value xi = g.input(DType::Float32, {4096, 1024});
+    ir::Value mi = g.input(DType::Float32, {4096, 1});
+    g.output(g.op(OpKind::Sum, {g.op(OpKind::Exp, {g.op(OpKind::Sub, {xi, mi})})}, last));
+    time_graph("sum(exp(x - m))", std::move(g), {x, m});
+  }
+  {
+    ir::Graph g;
+    ir::Value xi = g.input(DType::Float32, {4096, 1024});
+    ir::Value mi = g.input(DType::Float32, {4096, 1});
+    ir::Value ri = g.input(DType::Float32, {4096, 1});
+    g.output(g.op(OpKind::Mul, {g.op(OpKind::Exp, {g.op(OpKind::Sub, {xi, mi})}), ri}));
+    time_graph("exp(x - m) * r", std::move(g), {x, m, r});
+  }
+  {
+    ir::Graph g;
+    ir::Value xi = g.input(DType::Float32, {4096, 1024});
+    g.output(g.op(OpKind::Exp, {xi}));
+    time_graph("exp(x)", std::move(g), {x});
+  }
+  {
+    ir::Graph g;
+    OpAttrs a;
+    a.dim = -1;
+    g.output(g.op(OpKind::Softmax, {g.input(DType::Float32, {4096, 1024})}, a));
+    time_graph("softmax", std::move(g), {x});
+  }
+  double best = 1e9;
+  for (int i = 0; i < 20; ++i) {
+    auto t0 = std::chrono::steady_clock::now();
+    softmax(x, -1);
+    best = std::min(best, std::chrono::duration<double, std::milli>(
+                              std::chrono::steady_clock::now() - t0).count());
+  }
+  std::printf("%-28s %.3f ms (1 thread)\n", "eager softmax", best);
+  best = 1e9;
+  for (int i = 0; i < 20; ++i) {
+    auto t0 = std::chrono::steady_clock::now();
+    exp(x);
+    best = std::min(best, std::chrono::duration<double, std::milli>(
+                              std::chrono::steady_clock::now() - t0).count());
+  }
+  std::printf("%-28s %.3f ms (1 thread)\n", "eager exp", best);
+}
