@@ -507,6 +507,51 @@ struct LowerElementwise : mlir::OpRewritePattern<kiln::dialect::ElementwiseOp> {
   }
 };
 
+/// The loop nest of a kiln.reduce over its input: iterators, the result's indexing map, the
+/// result's `?` sizes and the number of reduced elements (index; null when none is reduced).
+struct ReduceLoops {
+  llvm::SmallVector<mlir::AffineExpr> out_exprs;
+  llvm::SmallVector<mlir::utils::IteratorType> iterators;
+  llvm::SmallVector<mlir::Value> dyn_sizes;
+  mlir::Value count;
+};
+
+std::optional<ReduceLoops> reduce_loops(mlir::PatternRewriter& rw, kiln::dialect::ReduceOp op,
+                                        OpKind kind) {
+  auto in_type = llvm::cast<mlir::RankedTensorType>(op.getInput().getType());
+  auto out_type = llvm::cast<mlir::RankedTensorType>(op.getResult().getType());
+  mlir::Location loc = op.getLoc();
+  int rank = static_cast<int>(in_type.getRank());
+  OpAttrs attrs = kiln::dialect::attrs_from_op(kind, op);
+  uint32_t mask;
+  try {
+    mask = kiln::reduction_mask(attrs, rank, op_info(kind).name.data(), Loc::current());
+  } catch (const Error&) {
+    return std::nullopt;
+  }
+  bool keepdim = op.getKeepdim();
+  ReduceLoops l;
+  for (int d = 0; d < rank; ++d) {
+    bool reduced = mask >> d & 1;
+    l.iterators.push_back(reduced ? mlir::utils::IteratorType::reduction
+                                  : mlir::utils::IteratorType::parallel);
+    if (!reduced) {
+      l.out_exprs.push_back(rw.getAffineDimExpr(d));
+      if (in_type.isDynamicDim(d)) l.dyn_sizes.push_back(mlir::tensor::DimOp::create(rw, loc, op.getInput(), d));
+    } else {
+      if (keepdim) l.out_exprs.push_back(rw.getAffineConstantExpr(0));
+      mlir::Value size = in_type.isDynamicDim(d)
+                             ? mlir::tensor::DimOp::create(rw, loc, op.getInput(), d).getResult()
+                             : mlir::arith::ConstantIndexOp::create(rw, loc, in_type.getDimSize(d)).getResult();
+      l.count = l.count ? mlir::arith::MulIOp::create(rw, loc, l.count, size).getResult() : size;
+    }
+  }
+  if (static_cast<int64_t>(l.out_exprs.size()) != out_type.getRank()) return std::nullopt;
+  // Result dims that are dynamic must come from the input; static ones are static there too.
+  if (l.dyn_sizes.size() != static_cast<size_t>(out_type.getNumDynamicDims())) return std::nullopt;
+  return l;
+}
+
 /// kiln.reduce sum/prod/amax/amin/mean -> linalg.fill + linalg.generic with reduction iterators
 /// (mean: then one elementwise generic dividing by the count). Int sum/prod accumulate in int64.
 struct LowerReduce : mlir::OpRewritePattern<kiln::dialect::ReduceOp> {
@@ -525,39 +570,12 @@ struct LowerReduce : mlir::OpRewritePattern<kiln::dialect::ReduceOp> {
     mlir::Location loc = op.getLoc();
     mlir::MLIRContext* ctx = rw.getContext();
     int rank = static_cast<int>(in_type.getRank());
-    OpAttrs attrs = kiln::dialect::attrs_from_op(*kind, op);
-    uint32_t mask;
-    try {
-      mask = kiln::reduction_mask(attrs, rank, op_info(*kind).name.data(), Loc::current());
-    } catch (const Error&) {
-      return rw.notifyMatchFailure(op, "bad dims");
-    }
-    bool keepdim = op.getKeepdim();
-
-    llvm::SmallVector<mlir::AffineExpr> out_exprs;
-    llvm::SmallVector<mlir::utils::IteratorType> iterators;
-    llvm::SmallVector<mlir::Value> dyn_sizes;
-    mlir::Value count;  // number of reduced elements (index), for mean
-    for (int d = 0; d < rank; ++d) {
-      bool reduced = mask >> d & 1;
-      iterators.push_back(reduced ? mlir::utils::IteratorType::reduction
-                                  : mlir::utils::IteratorType::parallel);
-      if (!reduced) {
-        out_exprs.push_back(rw.getAffineDimExpr(d));
-        if (in_type.isDynamicDim(d)) dyn_sizes.push_back(mlir::tensor::DimOp::create(rw, loc, op.getInput(), d));
-      } else {
-        if (keepdim) out_exprs.push_back(rw.getAffineConstantExpr(0));
-        mlir::Value size = in_type.isDynamicDim(d)
-                               ? mlir::tensor::DimOp::create(rw, loc, op.getInput(), d).getResult()
-                               : mlir::arith::ConstantIndexOp::create(rw, loc, in_type.getDimSize(d)).getResult();
-        count = count ? mlir::arith::MulIOp::create(rw, loc, count, size).getResult() : size;
-      }
-    }
-    if (static_cast<int64_t>(out_exprs.size()) != out_type.getRank())
-      return rw.notifyMatchFailure(op, "unexpected result rank");
-    // Result dims that are dynamic must come from the input; static ones are static there too.
-    if (dyn_sizes.size() != static_cast<size_t>(out_type.getNumDynamicDims()))
-      return rw.notifyMatchFailure(op, "result and input dynamic dims differ");
+    auto loops = reduce_loops(rw, op, *kind);
+    if (!loops) return rw.notifyMatchFailure(op, "bad dims or dynamic result dims");
+    llvm::SmallVector<mlir::AffineExpr>& out_exprs = loops->out_exprs;
+    llvm::SmallVector<mlir::utils::IteratorType>& iterators = loops->iterators;
+    llvm::SmallVector<mlir::Value>& dyn_sizes = loops->dyn_sizes;
+    mlir::Value count = loops->count;
 
     // Identity of the accumulation. Bool results (any/all, amax/amin of bool) are or/and.
     mlir::TypedAttr identity;
@@ -645,6 +663,87 @@ struct LowerReduce : mlir::OpRewritePattern<kiln::dialect::ReduceOp> {
                    })
                    .getResult(0);
     }
+    rw.replaceOp(op, result);
+    return mlir::success();
+  }
+};
+
+/// kiln.reduce var/std as eager computes them: the sum in float64, the mean rounded to the
+/// input type, squared deviations in the input type summed in float64, then / (n - correction)
+/// (NaN when that is <= 0), sqrt for std, rounded once to the result type.
+struct LowerVar : mlir::OpRewritePattern<kiln::dialect::ReduceOp> {
+  using OpRewritePattern::OpRewritePattern;
+
+  mlir::LogicalResult matchAndRewrite(kiln::dialect::ReduceOp op,
+                                      mlir::PatternRewriter& rw) const override {
+    auto kind = kiln::dialect::op_kind_from_name(op.getKind());
+    if (!kind || !(*kind == OpKind::Var || *kind == OpKind::Std))
+      return rw.notifyMatchFailure(op, "not var/std");
+    auto out = llvm::cast<mlir::RankedTensorType>(op.getResult().getType());
+    auto ft = llvm::dyn_cast<mlir::FloatType>(out.getElementType());
+    auto in = llvm::cast<mlir::RankedTensorType>(op.getInput().getType());
+    if (!ft || in.getElementType() != ft) return rw.notifyMatchFailure(op, "float input only");
+    auto loops = reduce_loops(rw, op, *kind);
+    if (!loops) return rw.notifyMatchFailure(op, "bad dims or dynamic result dims");
+    mlir::Location loc = op.getLoc();
+    mlir::MLIRContext* ctx = rw.getContext();
+    int64_t rank = in.getRank(), orank = out.getRank();
+    mlir::FloatType f64 = rw.getF64Type();
+    auto wide = mlir::RankedTensorType::get(out.getShape(), f64);
+    auto id_in = mlir::AffineMap::getMultiDimIdentityMap(rank, ctx);
+    auto out_map = mlir::AffineMap::get(rank, 0, loops->out_exprs, ctx);
+    auto id_out = mlir::AffineMap::getMultiDimIdentityMap(orank, ctx);
+    llvm::SmallVector<mlir::utils::IteratorType> parallel(orank, mlir::utils::IteratorType::parallel);
+    mlir::Value n = loops->count ? loops->count : mlir::arith::ConstantIndexOp::create(rw, loc, 1).getResult();
+    mlir::Value n_f = mlir::arith::SIToFPOp::create(
+        rw, loc, f64, mlir::arith::IndexCastOp::create(rw, loc, rw.getI64Type(), n));
+    auto zeros = [&] {
+      mlir::Value e = mlir::tensor::EmptyOp::create(rw, loc, out.getShape(), f64, loops->dyn_sizes);
+      mlir::Value z = mlir::arith::ConstantOp::create(rw, loc, mlir::FloatAttr::get(f64, 0.0));
+      return mlir::linalg::FillOp::create(rw, loc, mlir::ValueRange{z}, mlir::ValueRange{e}).getResult(0);
+    };
+    auto elementwise = [&](mlir::Value x, mlir::RankedTensorType to, auto body) {
+      mlir::Value e = mlir::tensor::EmptyOp::create(rw, loc, to.getShape(), to.getElementType(), loops->dyn_sizes);
+      return mlir::linalg::GenericOp::create(
+                 rw, loc, mlir::TypeRange{to}, mlir::ValueRange{x}, mlir::ValueRange{e},
+                 llvm::SmallVector<mlir::AffineMap>{id_out, id_out}, parallel,
+                 [&](mlir::OpBuilder& b, mlir::Location l, mlir::ValueRange args) {
+                   mlir::linalg::YieldOp::create(b, l, body(b, l, args[0]));
+                 })
+          .getResult(0);
+    };
+    // Pass 1: the mean, rounded to the input type.
+    mlir::Value sum = mlir::linalg::GenericOp::create(
+                          rw, loc, mlir::TypeRange{wide}, mlir::ValueRange{op.getInput()}, mlir::ValueRange{zeros()},
+                          llvm::SmallVector<mlir::AffineMap>{id_in, out_map}, loops->iterators,
+                          [&](mlir::OpBuilder& b, mlir::Location l, mlir::ValueRange args) {
+                            mlir::Value x = convert(b, l, args[0], f64);
+                            mlir::linalg::YieldOp::create(b, l, mlir::arith::AddFOp::create(b, l, args[1], x).getResult());
+                          })
+                          .getResult(0);
+    mlir::Value mean = elementwise(sum, out, [&](mlir::OpBuilder& b, mlir::Location l, mlir::Value v) {
+      mlir::Value m = mlir::arith::DivFOp::create(b, l, v, n_f);
+      return ft.isF64() ? m : mlir::arith::TruncFOp::create(b, l, ft, m).getResult();
+    });
+    // Pass 2: squared deviations (input type) summed in float64.
+    mlir::Value ss = mlir::linalg::GenericOp::create(
+                         rw, loc, mlir::TypeRange{wide}, mlir::ValueRange{op.getInput(), mean}, mlir::ValueRange{zeros()},
+                         llvm::SmallVector<mlir::AffineMap>{id_in, out_map, out_map}, loops->iterators,
+                         [&](mlir::OpBuilder& b, mlir::Location l, mlir::ValueRange args) {
+                           mlir::Value d = mlir::arith::SubFOp::create(b, l, args[0], args[1]);
+                           mlir::Value dd = convert(b, l, mlir::arith::MulFOp::create(b, l, d, d), f64);
+                           mlir::linalg::YieldOp::create(b, l, mlir::arith::AddFOp::create(b, l, args[2], dd).getResult());
+                         })
+                         .getResult(0);
+    double correction = static_cast<double>(kiln::dialect::attrs_from_op(*kind, op).mode);
+    bool is_std = *kind == OpKind::Std;
+    mlir::Value result = elementwise(ss, out, [&](mlir::OpBuilder& b, mlir::Location l, mlir::Value v) {
+      IrScope scope(b, l, f64);
+      IrFloat denom = IrFloat(n_f) - IrFloat(correction);
+      IrFloat var = select(denom > IrFloat(0.0), IrFloat(v) / denom, IrFloat(NAN));
+      mlir::Value r = (is_std ? sqrt(var) : var).v;
+      return ft.isF64() ? r : mlir::arith::TruncFOp::create(b, l, ft, r).getResult();
+    });
     rw.replaceOp(op, result);
     return mlir::success();
   }
@@ -1073,7 +1172,7 @@ struct KilnToLinalgPass
 }  // namespace
 
 void populate_kiln_to_linalg_patterns(mlir::RewritePatternSet& patterns) {
-  patterns.add<LowerElementwise, LowerReduce, LowerArgReduce, LowerMatmul, LowerTranspose,
+  patterns.add<LowerElementwise, LowerReduce, LowerVar, LowerArgReduce, LowerMatmul, LowerTranspose,
                LowerView>(patterns.getContext());
 }
 

@@ -269,6 +269,9 @@ std::vector<Case> cases_for(OpKind k) {
                            {fixed("transposed dim 1", {{4, 5}}, 0), dims({1}, false)},
                            {{"dynamic dim 1", {{kDyn, 5}}, {{{3, 5}}, {{6, 5}}}}, dims({1}, false)},
                            {{"dynamic dim 0", {{kDyn, 5}}, {{{3, 5}}, {{6, 5}}}}, dims({0}, false)}};
+      if (k == OpKind::Var || k == OpKind::Std)  // correction 1 (Bessel), also where n - 1 = 0
+        for (const Variant& v : {fixed("[4,5] dim 1 correction 1", {{4, 5}}), fixed("[1,5] dim 0 correction 1", {{1, 5}})})
+          rs.push_back({v, with([&](OpAttrs& a) { a.dims = Dims({v.what[1] == '4' ? 1 : 0}); a.mode = 1; })});
       for (DType d : kDTypes)
         for (const R& r : rs) add(r.v, {d}, r.a);
       break;
