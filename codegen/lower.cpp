@@ -668,21 +668,24 @@ struct LowerReduce : mlir::OpRewritePattern<kiln::dialect::ReduceOp> {
   }
 };
 
-/// kiln.reduce var/std as eager computes them: the sum in float64, the mean rounded to the
-/// input type, squared deviations in the input type summed in float64, then / (n - correction)
-/// (NaN when that is <= 0), sqrt for std, rounded once to the result type.
+/// kiln.reduce var/std/logsumexp, two passes as eager computes them. var/std: the sum in
+/// float64, the mean rounded to the input type, squared deviations in the input type summed in
+/// float64, / (n - correction) (NaN when that is <= 0), sqrt for std. logsumexp: m = amax (an
+/// infinite m becomes 0), exp(x - m) in the compute type summed in float64, log(sum) + m. The
+/// result is rounded once to the result type.
 struct LowerVar : mlir::OpRewritePattern<kiln::dialect::ReduceOp> {
   using OpRewritePattern::OpRewritePattern;
 
   mlir::LogicalResult matchAndRewrite(kiln::dialect::ReduceOp op,
                                       mlir::PatternRewriter& rw) const override {
     auto kind = kiln::dialect::op_kind_from_name(op.getKind());
-    if (!kind || !(*kind == OpKind::Var || *kind == OpKind::Std))
-      return rw.notifyMatchFailure(op, "not var/std");
+    if (!kind || !(*kind == OpKind::Var || *kind == OpKind::Std || *kind == OpKind::LogSumExp))
+      return rw.notifyMatchFailure(op, "not var/std/logsumexp");
+    bool lse = *kind == OpKind::LogSumExp;
     auto out = llvm::cast<mlir::RankedTensorType>(op.getResult().getType());
     auto ft = llvm::dyn_cast<mlir::FloatType>(out.getElementType());
     auto in = llvm::cast<mlir::RankedTensorType>(op.getInput().getType());
-    if (!ft || in.getElementType() != ft) return rw.notifyMatchFailure(op, "float input only");
+    if (!ft || (!lse && in.getElementType() != ft)) return rw.notifyMatchFailure(op, "float input only");
     auto loops = reduce_loops(rw, op, *kind);
     if (!loops) return rw.notifyMatchFailure(op, "bad dims or dynamic result dims");
     mlir::Location loc = op.getLoc();
@@ -697,11 +700,12 @@ struct LowerVar : mlir::OpRewritePattern<kiln::dialect::ReduceOp> {
     mlir::Value n = loops->count ? loops->count : mlir::arith::ConstantIndexOp::create(rw, loc, 1).getResult();
     mlir::Value n_f = mlir::arith::SIToFPOp::create(
         rw, loc, f64, mlir::arith::IndexCastOp::create(rw, loc, rw.getI64Type(), n));
-    auto zeros = [&] {
-      mlir::Value e = mlir::tensor::EmptyOp::create(rw, loc, out.getShape(), f64, loops->dyn_sizes);
-      mlir::Value z = mlir::arith::ConstantOp::create(rw, loc, mlir::FloatAttr::get(f64, 0.0));
+    auto filled = [&](mlir::FloatType t, double v) {
+      mlir::Value e = mlir::tensor::EmptyOp::create(rw, loc, out.getShape(), t, loops->dyn_sizes);
+      mlir::Value z = mlir::arith::ConstantOp::create(rw, loc, mlir::FloatAttr::get(t, v));
       return mlir::linalg::FillOp::create(rw, loc, mlir::ValueRange{z}, mlir::ValueRange{e}).getResult(0);
     };
+    auto zeros = [&] { return filled(f64, 0.0); };
     auto elementwise = [&](mlir::Value x, mlir::RankedTensorType to, auto body) {
       mlir::Value e = mlir::tensor::EmptyOp::create(rw, loc, to.getShape(), to.getElementType(), loops->dyn_sizes);
       return mlir::linalg::GenericOp::create(
@@ -712,29 +716,60 @@ struct LowerVar : mlir::OpRewritePattern<kiln::dialect::ReduceOp> {
                  })
           .getResult(0);
     };
-    // Pass 1: the mean, rounded to the input type.
-    mlir::Value sum = mlir::linalg::GenericOp::create(
-                          rw, loc, mlir::TypeRange{wide}, mlir::ValueRange{op.getInput()}, mlir::ValueRange{zeros()},
-                          llvm::SmallVector<mlir::AffineMap>{id_in, out_map}, loops->iterators,
-                          [&](mlir::OpBuilder& b, mlir::Location l, mlir::ValueRange args) {
-                            mlir::Value x = convert(b, l, args[0], f64);
-                            mlir::linalg::YieldOp::create(b, l, mlir::arith::AddFOp::create(b, l, args[1], x).getResult());
-                          })
-                          .getResult(0);
-    mlir::Value mean = elementwise(sum, out, [&](mlir::OpBuilder& b, mlir::Location l, mlir::Value v) {
-      mlir::Value m = mlir::arith::DivFOp::create(b, l, v, n_f);
-      return ft.isF64() ? m : mlir::arith::TruncFOp::create(b, l, ft, m).getResult();
-    });
-    // Pass 2: squared deviations (input type) summed in float64.
+    // Pass 1: the mean rounded to the input type, or logsumexp's max (0 if infinite).
+    mlir::Value center;
+    if (lse) {
+      mlir::Value mx = mlir::linalg::GenericOp::create(
+                           rw, loc, mlir::TypeRange{out}, mlir::ValueRange{op.getInput()}, mlir::ValueRange{filled(ft, -INFINITY)},
+                           llvm::SmallVector<mlir::AffineMap>{id_in, out_map}, loops->iterators,
+                           [&](mlir::OpBuilder& b, mlir::Location l, mlir::ValueRange args) {
+                             IrScope scope(b, l, ft);
+                             mlir::Value x = convert(b, l, args[0], ft);
+                             mlir::linalg::YieldOp::create(b, l, kiln::formulas::Maximum::eval(IrFloat(x), IrFloat(args[1])).v);
+                           })
+                           .getResult(0);
+      center = elementwise(mx, out, [&](mlir::OpBuilder& b, mlir::Location l, mlir::Value m) {
+        IrScope scope(b, l, ft);
+        return select(abs(IrFloat(m)) == IrFloat(INFINITY), IrFloat(0.0), IrFloat(m)).v;
+      });
+    } else {
+      mlir::Value sum = mlir::linalg::GenericOp::create(
+                            rw, loc, mlir::TypeRange{wide}, mlir::ValueRange{op.getInput()}, mlir::ValueRange{zeros()},
+                            llvm::SmallVector<mlir::AffineMap>{id_in, out_map}, loops->iterators,
+                            [&](mlir::OpBuilder& b, mlir::Location l, mlir::ValueRange args) {
+                              mlir::Value x = convert(b, l, args[0], f64);
+                              mlir::linalg::YieldOp::create(b, l, mlir::arith::AddFOp::create(b, l, args[1], x).getResult());
+                            })
+                            .getResult(0);
+      center = elementwise(sum, out, [&](mlir::OpBuilder& b, mlir::Location l, mlir::Value v) {
+        mlir::Value m = mlir::arith::DivFOp::create(b, l, v, n_f);
+        return ft.isF64() ? m : mlir::arith::TruncFOp::create(b, l, ft, m).getResult();
+      });
+    }
+    // Pass 2: (x - center)^2 or exp(x - center) in the compute type, summed in float64.
     mlir::Value ss = mlir::linalg::GenericOp::create(
-                         rw, loc, mlir::TypeRange{wide}, mlir::ValueRange{op.getInput(), mean}, mlir::ValueRange{zeros()},
+                         rw, loc, mlir::TypeRange{wide}, mlir::ValueRange{op.getInput(), center}, mlir::ValueRange{zeros()},
                          llvm::SmallVector<mlir::AffineMap>{id_in, out_map, out_map}, loops->iterators,
                          [&](mlir::OpBuilder& b, mlir::Location l, mlir::ValueRange args) {
-                           mlir::Value d = mlir::arith::SubFOp::create(b, l, args[0], args[1]);
-                           mlir::Value dd = convert(b, l, mlir::arith::MulFOp::create(b, l, d, d), f64);
-                           mlir::linalg::YieldOp::create(b, l, mlir::arith::AddFOp::create(b, l, args[2], dd).getResult());
+                           IrScope scope(b, l, ft);
+                           IrFloat d = IrFloat(convert(b, l, args[0], ft)) - IrFloat(args[1]);
+                           mlir::Value term = convert(b, l, (lse ? exp(d) : d * d).v, f64);
+                           mlir::linalg::YieldOp::create(b, l, mlir::arith::AddFOp::create(b, l, args[2], term).getResult());
                          })
                          .getResult(0);
+    if (lse) {
+      mlir::Value result = mlir::linalg::GenericOp::create(
+                               rw, loc, mlir::TypeRange{out}, mlir::ValueRange{ss, center}, mlir::ValueRange{filled(ft, 0.0)},
+                               llvm::SmallVector<mlir::AffineMap>{id_out, id_out, id_out}, parallel,
+                               [&](mlir::OpBuilder& b, mlir::Location l, mlir::ValueRange args) {
+                                 IrScope scope(b, l, f64);
+                                 mlir::Value r = (log(IrFloat(args[0])) + IrFloat(convert(b, l, args[1], f64))).v;
+                                 mlir::linalg::YieldOp::create(b, l, ft.isF64() ? r : mlir::arith::TruncFOp::create(b, l, ft, r).getResult());
+                               })
+                               .getResult(0);
+      rw.replaceOp(op, result);
+      return mlir::success();
+    }
     double correction = static_cast<double>(kiln::dialect::attrs_from_op(*kind, op).mode);
     bool is_std = *kind == OpKind::Std;
     mlir::Value result = elementwise(ss, out, [&](mlir::OpBuilder& b, mlir::Location l, mlir::Value v) {

@@ -84,10 +84,16 @@ func.func @matmuls(%a: tensor<2x3x4xf32>, %b: tensor<2x4x5xf32>, %v: tensor<4xi3
 // CHECK: linalg.generic {{.*}}outs(%{{.*}}, %{{.*}} : tensor<3xi32>, tensor<3xi64>)
 // CHECK: linalg.index 1
 // CHECK: arith.index_cast
-func.func @ints(%a: tensor<8xi32>, %b: tensor<8xi32>, %p: tensor<8xi1>, %q: tensor<8xi1>, %r: tensor<3x4xi32>) -> (tensor<8xi32>, tensor<8xi1>, tensor<i1>, tensor<3xi64>) {
+// logsumexp: max, then exp(x - max) summed in f64, then log + max.
+// CHECK: arith.cmpf ogt
+// CHECK: math.exp
+// CHECK: arith.extf %{{.*}} : f32 to f64
+// CHECK: math.log %{{.*}} : f64
+func.func @ints(%a: tensor<8xi32>, %b: tensor<8xi32>, %p: tensor<8xi1>, %q: tensor<8xi1>, %r: tensor<3x4xi32>, %f: tensor<3x4xf32>) -> (tensor<8xi32>, tensor<8xi1>, tensor<i1>, tensor<3xi64>, tensor<3xf32>) {
   %0 = kiln.elementwise "floor_divide" %a, %b : (tensor<8xi32>, tensor<8xi32>) -> tensor<8xi32>
   %1 = kiln.elementwise "add" %p, %q : (tensor<8xi1>, tensor<8xi1>) -> tensor<8xi1>
   %2 = kiln.reduce "any" %a : (tensor<8xi32>) -> tensor<i1>
   %3 = kiln.reduce "argmax" %r {dims = array<i64: 1>} : (tensor<3x4xi32>) -> tensor<3xi64>
-  return %0, %1, %2, %3 : tensor<8xi32>, tensor<8xi1>, tensor<i1>, tensor<3xi64>
+  %4 = kiln.reduce "logsumexp" %f {dims = array<i64: 1>} : (tensor<3x4xf32>) -> tensor<3xf32>
+  return %0, %1, %2, %3, %4 : tensor<8xi32>, tensor<8xi1>, tensor<i1>, tensor<3xi64>, tensor<3xf32>
 }
