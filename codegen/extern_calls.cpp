@@ -1,7 +1,7 @@
 // Extern kernels (as TorchInductor's): after bufferization, float32/float64 linalg.matmul and
 // linalg.batch_matmul on memrefs whose rows are unit-stride become a func.call to the runtime's
-// GEMM (codegen/runtime.cpp: BLAS sgemm / kiln's blocked gemm), which accumulates C += A·B as
-// the linalg op does (C is the zero fill the lowering made). Pointers, offsets, sizes and
+// GEMM (codegen/runtime.cpp: BLAS sgemm / kiln's blocked gemm): C = A·B + beta·C, beta = 1 as
+// the linalg op accumulates, or 0 when the zero fill of C just before is folded in. Pointers, offsets, sizes and
 // strides come from memref.extract_aligned_pointer_as_index / extract_strided_metadata, all as
 // `index`, so the runtime function takes int64_t arguments only.
 #include <cstdlib>
@@ -11,6 +11,7 @@
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/Dialect/Linalg/IR/Linalg.h"
 #include "mlir/Dialect/MemRef/IR/MemRef.h"
+#include "mlir/IR/Matchers.h"
 #include "mlir/Pass/PassRegistry.h"
 
 namespace kiln::codegen {
@@ -52,6 +53,10 @@ struct ExternCallsPass : mlir::PassWrapper<ExternCallsPass, mlir::OperationPass<
       if (!(elem.isF32() || elem.isF64()) || !unit_rows(a.getType(), elem) ||
           !unit_rows(b.getType(), elem) || !unit_rows(c.getType(), elem))
         continue;
+      // A zero fill of C just before: drop it and let the GEMM overwrite C (beta = 0).
+      auto fill = llvm::dyn_cast_or_null<mlir::linalg::FillOp>(op->getPrevNode());
+      bool overwrite = fill && fill.hasPureBufferSemantics() && fill.getDpsInits()[0] == c &&
+                       mlir::matchPattern(fill.getDpsInputs()[0], mlir::m_AnyZeroFloat());
       mlir::OpBuilder builder(op);
       mlir::Location loc = op.getLoc();
       int64_t rank = llvm::cast<mlir::MemRefType>(c.getType()).getRank();
@@ -69,6 +74,8 @@ struct ExternCallsPass : mlir::PassWrapper<ExternCallsPass, mlir::OperationPass<
         if (v == c) c_sizes.assign(md.getSizes().begin(), md.getSizes().end());
         if (v == a) a_sizes.assign(md.getSizes().begin(), md.getSizes().end());
       }
+      args.push_back(overwrite ? zero : one);  // beta
+      if (overwrite) fill->erase();
       if (rank == 3) args[0] = c_sizes[0];
       args[1] = c_sizes[rank - 2];  // m
       args[2] = c_sizes[rank - 1];  // n
