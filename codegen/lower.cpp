@@ -981,7 +981,9 @@ struct LowerMatmul : mlir::OpRewritePattern<kiln::dialect::MatmulOp> {
           if (auto ft = llvm::dyn_cast<mlir::FloatType>(t)) {
             IrScope scope(bb, l, ft);
             IrFloat p = IrFloat(alpha) * IrFloat(args[1]);
-            r = use_bias ? (p + IrFloat(beta) * IrFloat(c)).v : p.v;
+            // fma, as BLAS applies beta: beta * bias must not overflow on its own (the
+            // conformance test found inf - inf = NaN where eager gives -inf).
+            r = use_bias ? mlir::math::FmaOp::create(bb, l, beta, c, p.v).getResult() : p.v;
           } else {
             r = mlir::arith::MulIOp::create(bb, l, alpha, args[1]);
             if (use_bias)

@@ -2,8 +2,8 @@
 // dialect accepts (ir::Graph::op does not throw) and the codegen lowers (codegen::Executable
 // compiles it), sample inputs per category and dtype are run both ways and compared. Samples:
 // 0-d, empty (a 0-size dim), size-1 broadcasting, a transposed (non-contiguous) input, a `?` dim
-// run at two sizes, mixed dtypes, and values including ±0, ±inf, NaN, denormals and
-// INT_MIN/INT_MAX. Cases where eager raises (integer division by zero, 0 ** -1, ...) are
+// run at two sizes, mixed dtypes, and values including ±0, ±inf, NaN, denormals, large values
+// (1e10, -3e38: overflow in products) and INT_MIN/INT_MAX. Cases where eager raises (integer division by zero, 0 ** -1, ...) are
 // skipped: compiled code cannot raise (codegen/README.md says what it returns instead).
 //
 // Tolerances, for floating results (integer and bool results are always compared exactly, and
@@ -55,7 +55,7 @@ const DType kDTypes[] = {DType::Float32, DType::Float64, DType::Int32, DType::In
 std::vector<double> float_values() {
   const double inf = std::numeric_limits<double>::infinity();
   return {0.0, -0.0, 1.5,  -2.25, 0.5,  -0.1, 3.0,    -7.5,   100.0, -100.0, inf,
-          -inf, NAN, 1e-40, 2.0,  -1.0, 0.75, 1e-310, -3.5,   1.0,   0.25,   -0.5};
+          -inf, NAN, 1e-40, 2.0,  -1.0, 0.75, 1e-310, -3.5,   1.0,   0.25,   -0.5, 1e10, -3e38, 40.0};
 }
 
 template <class I> std::vector<int64_t> int_values() {

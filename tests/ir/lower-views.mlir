@@ -48,9 +48,8 @@ func.func @views(%x: tensor<4x6xf32>, %s: tensor<4x1xi32>, %d: tensor<?x5xf64>) 
 // CHECK: arith.addf
 // CHECK: %[[MM:.*]] = linalg.matmul ins(%arg5, %arg6 : tensor<3x4xf32>, tensor<4x5xf32>)
 // CHECK: linalg.generic {{.*}}ins(%arg4, %[[MM]] : tensor<5xf32>, tensor<3x5xf32>)
-// CHECK: arith.mulf %{{.*}}, %cst_0
-// CHECK: arith.mulf %{{.*}}, %cst :
-// CHECK: arith.addf
+// CHECK: %[[P:.*]] = arith.mulf %{{.*}}, %cst_0
+// CHECK: math.fma %cst, %in, %[[P]] : f32
 // EXTERN-DAG: func.func private @kiln_rt_gemm_f32(index, index, index, index, index, index, index, index, index, index, index, index, index, index, index, index, index)
 // The zero fill of C folds into the call: beta (the last argument) = 0.
 // EXTERN-LABEL: func.func @matmuls
