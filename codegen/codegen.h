@@ -6,38 +6,93 @@
 
 namespace kiln::codegen {
 
-/// Lowers a copy of `g` with convert-kiln-to-linalg (then, if `fuse`, canonicalize and
-/// linalg-fuse-elementwise-ops) and returns the MLIR text; `g` is unchanged. Ops without a
-/// lowering yet stay kiln ops. Throws kiln::Error with the MLIR diagnostics if a pass fails.
+/// Lowers a copy of `g` with kiln-decompose and convert-kiln-to-linalg (then, if `fuse`,
+/// canonicalize and kiln-fuse-elementwise) and returns the MLIR text; `g` is unchanged.
+/// Ops without a lowering yet stay kiln ops. Throws kiln::Error with the MLIR diagnostics if a
+/// pass fails.
 std::string lower_to_linalg(const ir::Graph& g, bool fuse = true);
 
 }  // namespace kiln::codegen
 
+#include <cstddef>
 #include <memory>
+#include <string_view>
 #include <vector>
 
 #include "core/tensor.h"
 
 namespace kiln::codegen {
 
+/// How an Executable should use the compile cache (see codegen/README.md, "Compile cache").
+struct CompileOptions {
+  /// Reuse / publish the compiled code in the process-wide in-memory cache.
+  bool memory_cache = true;
+  /// Reuse / publish the object code on disk. Also off when the environment disables it
+  /// (KILN_DISABLE_CACHE=1, or KILN_CACHE_DIR set but empty).
+  bool disk_cache = true;
+  /// Cache directory; empty = from the environment: $KILN_CACHE_DIR, else $XDG_CACHE_HOME/kiln,
+  /// else ~/.cache/kiln.
+  std::string cache_dir;
+};
+
+/// Where an Executable's code came from and what building it cost (milliseconds, wall clock).
+/// Stage times are 0 for the stages a cache hit skipped.
+struct CompileStats {
+  enum class Source { Compiled, MemoryCache, DiskCache };
+  Source source = Source::Compiled;
+  double key_ms = 0;        ///< building the cache key and the in-memory lookup
+  double lower_ms = 0;      ///< parse, kiln -> fused linalg, destination-passing rewrite
+  double bufferize_ms = 0;  ///< bufferization, loops, math approximation
+  double llvm_dialect_ms = 0;  ///< conversion to the LLVM dialect
+  double llvm_opt_ms = 0;   ///< translation to LLVM IR and the -O3 pipeline
+  double codegen_ms = 0;    ///< machine code emission (object file)
+  double disk_ms = 0;       ///< reading (hit) or writing (miss) the disk cache entry
+  double link_ms = 0;       ///< JIT-linking the object and looking up the entry point
+  double total_ms = 0;      ///< lookups, compile and JIT link together
+  std::size_t object_bytes = 0;  ///< size of the object code
+  /// Why the disk cache was not used or an entry was rejected ("" when neither happened), e.g.
+  /// "disabled", "corrupted entry (checksum)", "stale entry (version)".
+  std::string disk_note;
+};
+
+/// Drops every entry of the in-memory compile cache (live Executables keep their code).
+void clear_memory_cache();
+
+/// Selects the stage dumps written to stderr, as a comma list (the same syntax as the env var
+/// KILN_LOGS, which is read once at the first compile; this call replaces it):
+///   ir      -- the kiln MLIR before lowering, then the MLIR after each stage (linalg fused,
+///              bufferized, LLVM dialect), each under a header line naming the stage;
+///   codegen -- the LLVM IR after optimisation, the object size and the cache outcome.
+/// Unknown names are ignored; "" turns every dump off.
+void set_log_stages(std::string_view stages);
+
 /// A graph compiled to native code for the host CPU (MLIR JIT, LLVM -O3, host CPU features).
 ///
 ///   codegen::Executable exe(g);                 // lower -> fuse -> bufferize -> LLVM -> JIT
 ///   std::vector<Tensor> out = exe.run({x});      // outputs allocated with dispatch::empty
 ///
-/// Pipeline: convert-kiln-to-linalg, canonicalize, linalg-fuse-elementwise-ops, then the function
-/// is made destination-passing (each result goes to a caller-provided memref), one-shot
+/// Pipeline: kiln-decompose, convert-kiln-to-linalg, canonicalize, elementwise fusion, then the
+/// function is made destination-passing (each result goes to a caller-provided memref), one-shot
 /// bufferization across the function boundary, linalg -> loops, math polynomial approximation
-/// (tanh/exp/erf... as arith + fma), LLVM dialect, ExecutionEngine. Owns its MLIR context, so
-/// `g` may be destroyed afterwards. Errors (an op without a lowering, a failing pass, LLVM
-/// errors) throw kiln::Error. run() only reads the compiled code.
+/// (tanh/exp/erf... as arith + fma), LLVM dialect, LLVM -O3 to an object file, ORC LLJIT. Owns its
+/// MLIR context, so `g` may be destroyed afterwards. Errors (an op without a lowering, a failing
+/// pass, LLVM errors) throw kiln::Error. run() only reads the compiled code, so concurrent run()
+/// calls are safe; Executables of the same graph share one copy of the code (the compile cache).
+///
+/// Threads: when every kernel runs its outer loop over the rows of its operands (elementwise
+/// graphs, reductions and softmax-like graphs over inner dims, x @ W + b), dim 0 is compiled as
+/// `?` and run() calls the code on blocks of about 128 KiB of rows, spread over
+/// kiln::cpu::parallel_for's threads; each block keeps a multi-kernel graph's intermediates in
+/// cache. Results do not depend on the thread count (blocks do not depend on it).
 ///
 /// Dynamic (`?`) output dims are read at run time from the input dim they were built from
 /// (followed through destination-style inits to tensor.empty / tensor.dim at compile time); graphs
 /// where that cannot be traced are rejected at compile time.
 class Executable {
  public:
-  explicit Executable(const ir::Graph& g);
+  /// Compiles `g`, or reuses its code from the in-memory or disk compile cache (the key is the
+  /// graph's MLIR text, the host target and the codegen version).
+  explicit Executable(const ir::Graph& g, const CompileOptions& options = {});
   ~Executable();
   Executable(Executable&&) noexcept;
   Executable& operator=(Executable&&) noexcept;
@@ -46,10 +101,21 @@ class Executable {
   /// non-contiguous inputs are made contiguous first. Returns one new tensor per graph output.
   std::vector<Tensor> run(const std::vector<Tensor>& inputs) const;
 
-  /// Number of kernels (linalg ops, i.e. loop nests) after fusion.
+  /// Number of kernels after fusion, counted like TorchInductor counts them: a row-parallel
+  /// graph (see row_parallel()) is one kernel — one parallel loop over row blocks whose body
+  /// runs the graph's loop nests on the block, the way Inductor's CPU softmax is one kernel
+  /// with three inner loops; otherwise each loop nest is a kernel of its own.
   int num_kernels() const;
+  /// Number of loop nests (linalg ops) after fusion, e.g. 3 for softmax (max, sum of exp, divide).
+  int num_loop_nests() const;
+  /// Whether run() splits the leading dim over the thread pool (codegen/row_split.h): every
+  /// kernel then runs inside one parallel loop over row blocks. Graphs under 256 KiB of
+  /// row-carrying data still run on the calling thread.
+  bool row_parallel() const;
   /// The fused linalg-on-tensors IR the native code was generated from (for tests/debugging).
   const std::string& linalg_ir() const;
+  /// Cache outcome and compile time per stage of this Executable's construction.
+  const CompileStats& stats() const;
 
  private:
   struct Impl;

@@ -1,18 +1,19 @@
 // codegen::Executable: kiln graph -> linalg (fused) -> destination-passing function -> one-shot
-// bufferization -> loops -> LLVM dialect -> ExecutionEngine (LLVM -O3, host CPU).
+// bufferization -> loops -> LLVM dialect -> object code (codegen/jit.cpp), through the compile
+// cache (codegen/cache.cpp).
 // Pipeline and required registrations: /work/shared/notes/mlir22-toolchain.md, section 2.
 #include <mutex>
 #include <optional>
 
+#include "codegen/cache.h"
 #include "codegen/codegen.h"
+#include "codegen/jit.h"
 #include "codegen/lower.h"
-#include "codegen/runtime.h"
+#include "codegen/row_split.h"
+#include "backends/cpu/parallel.h"
 #include "core/error.h"
 #include "eager/dispatch.h"
 #include "ir/dialect.h"
-#include "llvm/ExecutionEngine/Orc/JITTargetMachineBuilder.h"
-#include "llvm/Support/ErrorHandling.h"
-#include "llvm/Support/TargetSelect.h"
 #include "mlir/Conversion/ArithToLLVM/ArithToLLVM.h"
 #include "mlir/Conversion/ControlFlowToLLVM/ControlFlowToLLVM.h"
 #include "mlir/Conversion/FuncToLLVM/ConvertFuncToLLVM.h"
@@ -44,8 +45,6 @@
 #include "mlir/Dialect/Tensor/IR/Tensor.h"
 #include "mlir/Dialect/Tensor/Transforms/BufferizableOpInterfaceImpl.h"
 #include "mlir/Dialect/UB/IR/UBOps.h"
-#include "mlir/ExecutionEngine/ExecutionEngine.h"
-#include "mlir/ExecutionEngine/OptUtils.h"
 #include "mlir/IR/Diagnostics.h"
 #include "mlir/IR/MLIRContext.h"
 #include "mlir/Interfaces/DestinationStyleOpInterface.h"
@@ -60,16 +59,10 @@
 namespace kiln::codegen {
 namespace {
 
-[[noreturn]] void fatal_handler(void*, const char* reason, bool) {
-  throw Error("codegen (LLVM fatal error)", reason);
-}
-
 void init_once() {
   static std::once_flag once;
   std::call_once(once, [] {
-    llvm::InitializeNativeTarget();
-    llvm::InitializeNativeTargetAsmPrinter();
-    llvm::install_fatal_error_handler(fatal_handler, nullptr);
+    init_llvm();
     mlir::registerTransformsPasses();
     mlir::registerConversionPasses();
     mlir::registerLinalgPasses();
@@ -111,12 +104,6 @@ DType to_dtype(mlir::Type t) {
   throw Error("codegen::Executable", "unsupported element type");
 }
 
-struct Param {
-  DType dtype;
-  std::vector<int64_t> shape;  // kDynamic for `?`
-  std::vector<std::pair<int, int>> dyn_src;  // outputs: per dim, the (input, dim) giving a `?`
-};
-
 /// Which (function argument, dim) gives dynamic dim `d` of tensor `v`: follows destination-style
 /// inits down to a tensor.empty whose size is a tensor.dim of an argument.
 std::optional<std::pair<int, int>> dim_source(mlir::Value v, int64_t d) {
@@ -140,6 +127,43 @@ std::optional<std::pair<int, int>> dim_source(mlir::Value v, int64_t d) {
   return std::nullopt;
 }
 
+/// Below this many bytes of row-carrying operands a graph runs on the calling thread.
+constexpr int64_t kParallelMinBytes = 256 << 10;
+/// Bytes of row-carrying operands per call of a row-split graph: small when the graph has
+/// several loop nests, so each block's data stays in L2 between them; large for one loop nest,
+/// where blocks only spread the work and each call costs about a microsecond.
+constexpr int64_t kBlockBytesMultiLoop = 128 << 10;
+constexpr int64_t kBlockBytesOneLoop = 4 << 20;
+
+/// Gives every destination-style op its own init when CSE merged identical ones (e.g. the
+/// zero fills of two sums): eliminate-empty-tensors would otherwise turn the shared init into
+/// the first output's buffer, and the second result would be computed in that same buffer.
+void unshare_inits(mlir::func::FuncOp fn) {
+  llvm::SmallVector<mlir::OpOperand*> shared;
+  fn.walk([&](mlir::DestinationStyleOpInterface dps) {
+    for (mlir::OpOperand& init : dps.getDpsInitsMutable()) {
+      if (init.get().hasOneUse()) continue;
+      mlir::Operation* def = init.get().getDefiningOp();
+      if (llvm::isa_and_present<mlir::linalg::FillOp, mlir::tensor::EmptyOp>(def))
+        shared.push_back(&init);
+    }
+  });
+  for (mlir::OpOperand* init : shared) {
+    mlir::Operation* def = init->get().getDefiningOp();
+    mlir::OpBuilder b(init->getOwner());
+    mlir::Operation* copy = b.clone(*def);
+    if (auto fill = llvm::dyn_cast<mlir::linalg::FillOp>(copy)) {
+      // The fill's own destination must not be shared either.
+      mlir::Value dest = fill.getDpsInits()[0];
+      if (auto empty = dest.getDefiningOp<mlir::tensor::EmptyOp>()) {
+        b.setInsertionPoint(copy);
+        fill.getDpsInitsMutable()[0].set(b.clone(*empty.getOperation())->getResult(0));
+      }
+    }
+    init->set(copy->getResult(0));
+  }
+}
+
 /// Memref descriptor of rank r as words: allocated, aligned, offset, sizes[r], strides[r].
 std::vector<int64_t> descriptor(void* data, const Shape& shape) {
   size_t r = static_cast<size_t>(shape.size());
@@ -155,14 +179,24 @@ std::vector<int64_t> descriptor(void* data, const Shape& shape) {
   return d;
 }
 
+/// KILN_LOGS=ir: the module after `stage`.
+void log_module(const char* stage, mlir::ModuleOp m) {
+  if (!log_enabled(kLogIr)) return;
+  std::string text;
+  llvm::raw_string_ostream os(text);
+  m.print(os);
+  log_text(stage, text);
+}
+
 }  // namespace
 
-struct Executable::Impl {
+// CompiledMeta: inputs, outputs, kernels, linalg, row_split (filled by compile(), or copied from
+// the cache).
+struct Executable::Impl : CompiledMeta {
   mlir::MLIRContext ctx;
-  std::unique_ptr<mlir::ExecutionEngine> engine;
-  std::vector<Param> inputs, outputs;
-  int kernels = 0;
-  std::string linalg;
+  std::shared_ptr<const CompiledCode> code;  // shared with the compile cache
+  PackedFn entry = nullptr;                  // packed `_mlir_ciface_main`, from `code`
+  CompileStats stats;
   std::string messages;
 
   Impl() : ctx(mlir::MLIRContext::Threading::DISABLED) {}
@@ -176,11 +210,29 @@ struct Executable::Impl {
     if (mlir::failed(pm.run(m)))
       throw Error(std::string("codegen::Executable: ") + stage, messages);
   }
+
+  std::string compile(const std::string& graph_mlir);
 };
 
-Executable::Executable(const ir::Graph& g) : impl_(std::make_unique<Impl>()) {
-  init_once();
+Executable::Executable(const ir::Graph& g, const CompileOptions& options)
+    : impl_(std::make_unique<Impl>()) {
   Impl& I = *impl_;
+  const std::string text = g.to_mlir();
+  I.code = get_or_compile(text, options, I.stats, [&](CompiledMeta& meta) {
+    std::string object = I.compile(text);
+    meta = I;
+    return object;
+  });
+  static_cast<CompiledMeta&>(I) = I.code->meta;
+  I.entry = I.code->fn;
+}
+
+/// Runs the pipeline on the graph's text; fills the metadata and returns the object code.
+std::string Executable::Impl::compile(const std::string& graph_mlir) {
+  init_once();
+  Impl& I = *this;
+  Lap lap;
+  if (log_enabled(kLogIr)) log_text("kiln MLIR", graph_mlir);
   mlir::DialectRegistry registry;
   fill_registry(registry);
   I.ctx.appendDialectRegistry(registry);
@@ -191,16 +243,31 @@ Executable::Executable(const ir::Graph& g) : impl_(std::make_unique<Impl>()) {
     return mlir::success();
   });
   mlir::OwningOpRef<mlir::ModuleOp> module =
-      mlir::parseSourceString<mlir::ModuleOp>(g.to_mlir(), &I.ctx);
+      mlir::parseSourceString<mlir::ModuleOp>(graph_mlir, &I.ctx);
   if (!module) throw Error("codegen::Executable", "cannot parse the graph: " + I.messages);
+  // The graph's own argument shapes: run() checks inputs against these even when dim 0 is
+  // relaxed to `?` below.
+  std::vector<std::vector<int64_t>> graph_shapes;
+  for (mlir::Type t : module->lookupSymbol<mlir::func::FuncOp>("main").getArgumentTypes()) {
+    auto rt = llvm::cast<mlir::RankedTensorType>(t);
+    graph_shapes.emplace_back(rt.getShape().begin(), rt.getShape().end());
+    for (int64_t& d : graph_shapes.back())
+      if (d == mlir::ShapedType::kDynamic) d = ir::kDynamic;
+  }
+  // 0. A dynamic leading dim lets run() split the rows over threads (row_split.h).
+  {
+    mlir::OwningOpRef<mlir::ModuleOp> relaxed(module->clone());
+    if (relax_leading_dim(*relaxed)) module = std::move(relaxed);
+  }
   mlir::ModuleOp m = *module;
 
   // 1. kiln -> linalg on tensors, fused.
   {
     mlir::PassManager pm = mlir::PassManager::on<mlir::ModuleOp>(&I.ctx);
+    pm.addPass(kiln::dialect::create_decompose_pass());
     pm.addPass(create_kiln_to_linalg_pass());
     pm.addPass(mlir::createCanonicalizerPass());
-    pm.addPass(mlir::createLinalgElementwiseOpFusionPass());
+    pm.addPass(create_fuse_elementwise_pass());
     pm.addPass(mlir::createCSEPass());
     if (mlir::failed(pm.run(m))) throw Error("codegen::Executable: lowering", I.messages);
   }
@@ -208,7 +275,9 @@ Executable::Executable(const ir::Graph& g) : impl_(std::make_unique<Impl>()) {
   m.walk([&](mlir::Operation* op) {
     if (llvm::isa<kiln::dialect::KilnDialect>(op->getDialect()))
       unlowered += op->getName().getStringRef().str() + " ";
-    if (llvm::isa<mlir::linalg::LinalgOp>(op)) ++I.kernels;
+    // A linalg.fill initialising a reduction's accumulator is not counted: it touches only
+    // the (smaller) output, right before the reduction that owns it.
+    if (llvm::isa<mlir::linalg::LinalgOp>(op) && !llvm::isa<mlir::linalg::FillOp>(op)) ++I.kernels;
   });
   if (!unlowered.empty())
     throw Error("codegen::Executable", "no lowering yet for: " + unlowered);
@@ -216,18 +285,17 @@ Executable::Executable(const ir::Graph& g) : impl_(std::make_unique<Impl>()) {
     llvm::raw_string_ostream os(I.linalg);
     m.print(os);
   }
+  if (log_enabled(kLogIr)) log_text("linalg fused", I.linalg);
+  auto fn = m.lookupSymbol<mlir::func::FuncOp>("main");
+  if (!fn) throw Error("codegen::Executable", "graph has no @main");
+  I.row_split = plan_row_split(fn);
+  unshare_inits(fn);
 
   // 2. Destination-passing: @main(inputs..., out memrefs...) writes each result with
   // bufferization.materialize_in_destination and returns nothing.
-  auto fn = m.lookupSymbol<mlir::func::FuncOp>("main");
-  if (!fn) throw Error("codegen::Executable", "graph has no @main");
-  for (mlir::Type t : fn.getArgumentTypes()) {
+  for (auto [t, shape] : llvm::zip(fn.getArgumentTypes(), graph_shapes)) {
     auto rt = llvm::cast<mlir::RankedTensorType>(t);
-    Param p{to_dtype(rt.getElementType()),
-            std::vector<int64_t>(rt.getShape().begin(), rt.getShape().end()), {}};
-    for (int64_t& d : p.shape)
-      if (d == mlir::ShapedType::kDynamic) d = ir::kDynamic;
-    I.inputs.push_back(p);
+    I.inputs.push_back(Param{to_dtype(rt.getElementType()), shape, {}});
   }
   auto ret = llvm::cast<mlir::func::ReturnOp>(fn.getBody().front().getTerminator());
   llvm::SmallVector<mlir::Type> arg_types(fn.getArgumentTypes());
@@ -262,6 +330,7 @@ Executable::Executable(const ir::Graph& g) : impl_(std::make_unique<Impl>()) {
     fn.setType(mlir::FunctionType::get(&I.ctx, arg_types, {}));
     fn->setAttr("llvm.emit_c_interface", mlir::UnitAttr::get(&I.ctx));
   }
+  I.stats.lower_ms = lap();
 
   // 3. Bufferize (kernels write the caller's buffers), loops.
   I.run_pipeline(m,
@@ -276,46 +345,32 @@ Executable::Executable(const ir::Graph& g) : impl_(std::make_unique<Impl>()) {
     if (mlir::failed(mlir::applyPatternsGreedily(m, std::move(patterns))))
       throw Error("codegen::Executable: math approximation", I.messages);
   }
+  I.stats.bufferize_ms = lap();
+  log_module("bufferized", m);
   // 5. LLVM dialect.
   I.run_pipeline(m,
                  "convert-scf-to-cf,expand-strided-metadata,lower-affine,convert-to-llvm,"
                  "reconcile-unrealized-casts",
                  "conversion to LLVM");
 
-  // 6. JIT at -O3 for the host CPU.
-  auto tmb = llvm::orc::JITTargetMachineBuilder::detectHost();
-  if (!tmb) throw Error("codegen::Executable", llvm::toString(tmb.takeError()));
-  tmb->setCodeGenOptLevel(llvm::CodeGenOptLevel::Aggressive);
-  auto tm = tmb->createTargetMachine();
-  if (!tm) throw Error("codegen::Executable", llvm::toString(tm.takeError()));
-  mlir::ExecutionEngineOptions opts;
-  // opts.transformer is a function_ref: the std::function must outlive create().
-  std::function<llvm::Error(llvm::Module*)> transformer =
-      mlir::makeOptimizingTransformer(3, 0, tm->get());
-  opts.transformer = transformer;
-  opts.jitCodeGenOptLevel = llvm::CodeGenOptLevel::Aggressive;
-  auto engine = mlir::ExecutionEngine::create(m, opts, std::move(*tm));
-  if (!engine)
-    throw Error("codegen::Executable: JIT", llvm::toString(engine.takeError()) + "\n" + I.messages);
-  I.engine = std::move(*engine);
-  I.engine->registerSymbols([](llvm::orc::MangleAndInterner interner) {
-    llvm::orc::SymbolMap map;
-    for (const RuntimeSymbol& s : runtime_symbols())
-      map[interner(s.name)] = {llvm::orc::ExecutorAddr::fromPtr(s.address),
-                               llvm::JITSymbolFlags::Exported};
-    return map;
-  });
-  // Generate machine code now (lazily done at the first lookup), so run() does not pay for it.
-  auto fnptr = I.engine->lookupPacked("_mlir_ciface_main");
-  if (!fnptr) throw Error("codegen::Executable: JIT", llvm::toString(fnptr.takeError()));
+  I.stats.llvm_dialect_ms = lap();
+  log_module("LLVM dialect", m);
+
+  // 6. LLVM -O3 for the host CPU, to an object file; get_or_compile() JIT-links it.
+  return emit_object(m, I.messages, I.stats);
 }
 
 Executable::~Executable() = default;
 Executable::Executable(Executable&&) noexcept = default;
 Executable& Executable::operator=(Executable&&) noexcept = default;
 
-int Executable::num_kernels() const { return impl_->kernels; }
+int Executable::num_kernels() const {
+  return impl_->row_split.splittable ? std::min(impl_->kernels, 1) : impl_->kernels;
+}
+int Executable::num_loop_nests() const { return impl_->kernels; }
+bool Executable::row_parallel() const { return impl_->row_split.splittable; }
 const std::string& Executable::linalg_ir() const { return impl_->linalg; }
+const CompileStats& Executable::stats() const { return impl_->stats; }
 
 std::vector<Tensor> Executable::run(const std::vector<Tensor>& inputs) const {
   const Impl& I = *impl_;
@@ -351,18 +406,55 @@ std::vector<Tensor> Executable::run(const std::vector<Tensor>& inputs) const {
     }
     outs.push_back(dispatch::empty(Shape(shape), p.dtype));
   }
-  std::vector<std::vector<int64_t>> descs;
-  descs.reserve(ins.size() + outs.size());
-  for (const Tensor& t : ins) descs.push_back(descriptor(t.raw_data(), t.shape()));
-  for (const Tensor& t : outs) descs.push_back(descriptor(t.raw_data(), t.shape()));
-  std::vector<void*> ptrs(descs.size());
-  std::vector<void*> args(descs.size());
-  for (size_t i = 0; i < descs.size(); ++i) {
-    ptrs[i] = descs[i].data();
-    args[i] = &ptrs[i];
+  std::vector<const Tensor*> operands;
+  for (const Tensor& t : ins) operands.push_back(&t);
+  for (const Tensor& t : outs) operands.push_back(&t);
+  // Rows [lo, hi) of the sliced operands; the others whole.
+  auto call = [&](int64_t lo, int64_t hi, const std::vector<bool>& sliced) {
+    std::vector<std::vector<int64_t>> descs;
+    descs.reserve(operands.size());
+    for (size_t i = 0; i < operands.size(); ++i) {
+      const Tensor& t = *operands[i];
+      if (!sliced[i]) {
+        descs.push_back(descriptor(t.raw_data(), t.shape()));
+        continue;
+      }
+      Shape block = t.shape();
+      int64_t row_bytes = t.shape()[0] ? t.numel() / t.shape()[0] * static_cast<int64_t>(itemsize(t.dtype())) : 0;
+      block[0] = hi - lo;
+      descs.push_back(descriptor(static_cast<char*>(t.raw_data()) + lo * row_bytes, block));
+    }
+    std::vector<void*> ptrs(descs.size());
+    std::vector<void*> args(descs.size());
+    for (size_t i = 0; i < descs.size(); ++i) {
+      ptrs[i] = descs[i].data();
+      args[i] = &ptrs[i];
+    }
+    I.entry(args.data());
+  };
+  std::vector<bool> sliced(operands.size(), false);
+  int64_t rows = 0, row_bytes = 0;
+  if (I.row_split.splittable) {
+    for (size_t i = 0; i < operands.size(); ++i)
+      sliced[i] = i >= ins.size() || I.row_split.sliced_input[i];
+    rows = outs.empty() ? 0 : outs[0].shape()[0];
+    for (size_t i = 0; i < operands.size(); ++i) {
+      if (!sliced[i]) continue;
+      const Tensor& t = *operands[i];
+      if (t.shape()[0] != rows) rows = 0;  // unequal leading dims: run whole
+      else if (rows) row_bytes += t.numel() / rows * static_cast<int64_t>(itemsize(t.dtype()));
+    }
   }
-  if (llvm::Error e = I.engine->invokePacked("_mlir_ciface_main", args))
-    throw Error(where, llvm::toString(std::move(e)));
+  if (rows < 2 || rows * row_bytes < kParallelMinBytes) {
+    call(0, rows, std::vector<bool>(operands.size(), false));
+  } else {
+    int64_t block_bytes = I.kernels > 1 ? kBlockBytesMultiLoop : kBlockBytesOneLoop;
+    int64_t block_rows = std::clamp<int64_t>(block_bytes / std::max<int64_t>(row_bytes, 1), 1, rows);
+    int64_t blocks = (rows + block_rows - 1) / block_rows;
+    cpu::parallel_for(0, blocks, 1, [&](int64_t b, int64_t e) {
+      for (int64_t k = b; k < e; ++k) call(k * block_rows, std::min(rows, (k + 1) * block_rows), sliced);
+    });
+  }
   for (const Tensor& t : outs) t.bump_version();
   return outs;
 }

@@ -629,10 +629,16 @@ struct LowerReduce : mlir::OpRewritePattern<kiln::dialect::ReduceOp> {
             IrFloat a(x), c(acc);
             switch (k) {
               case OpKind::Prod: r = f::Mul::eval(c, a).v; break;
-              case OpKind::Amax: r = f::Maximum::eval(a, c).v; break;  // NaN wins
-              case OpKind::Amin: r = f::Minimum::eval(a, c).v; break;
+              // NaN wins, as in eager; arith.maximumf/minimumf (IEEE 754-2019 maximum) rather
+              // than the compare-and-select of formulas::Maximum, so LLVM vectorises the loop.
+              case OpKind::Amax: r = mlir::arith::MaximumFOp::create(b, l, x, acc); break;
+              case OpKind::Amin: r = mlir::arith::MinimumFOp::create(b, l, x, acc); break;
               default: r = f::Add::eval(c, a).v; break;  // sum, mean
             }
+            // Like eager's vectorised reductions, the accumulation may be re-associated (LLVM
+            // then keeps several partial sums in vector lanes); the elementwise math is not.
+            if (auto add = r.getDefiningOp<mlir::arith::AddFOp>())
+              add.setFastmath(mlir::arith::FastMathFlags::reassoc);
           } else {
             switch (k) {
               case OpKind::Prod: r = mlir::arith::MulIOp::create(b, l, acc, x); break;
@@ -1208,9 +1214,21 @@ struct KilnToLinalgPass
 
 }  // namespace
 
+/// kiln.constant -> arith.constant with the same dense value (a tensor constant).
+struct LowerConstant : mlir::OpRewritePattern<kiln::dialect::ConstantOp> {
+  using OpRewritePattern::OpRewritePattern;
+  mlir::LogicalResult matchAndRewrite(kiln::dialect::ConstantOp op,
+                                      mlir::PatternRewriter& rw) const override {
+    auto value = llvm::dyn_cast<mlir::TypedAttr>(op.getValue());
+    if (!value) return rw.notifyMatchFailure(op, "not a typed attribute");
+    rw.replaceOpWithNewOp<mlir::arith::ConstantOp>(op, value);
+    return mlir::success();
+  }
+};
+
 void populate_kiln_to_linalg_patterns(mlir::RewritePatternSet& patterns) {
   patterns.add<LowerElementwise, LowerReduce, LowerVar, LowerArgReduce, LowerMatmul, LowerTranspose,
-               LowerView>(patterns.getContext());
+               LowerView, LowerConstant>(patterns.getContext());
 }
 
 std::unique_ptr<mlir::Pass> create_kiln_to_linalg_pass() {
@@ -1221,6 +1239,7 @@ void register_codegen(mlir::DialectRegistry& registry) {
   registry.insert<mlir::arith::ArithDialect, mlir::linalg::LinalgDialect, mlir::math::MathDialect,
                   mlir::memref::MemRefDialect, mlir::tensor::TensorDialect>();  // memref: kiln-extern-calls
   mlir::PassRegistration<KilnToLinalgPass>();
+  register_fusion_pass();
   register_extern_calls_pass();
   mlir::registerLinalgPasses();  // linalg-fuse-elementwise-ops, ...
 }
@@ -1236,10 +1255,11 @@ std::string lower_to_linalg(const ir::Graph& g, bool fuse) {
     return mlir::success();
   });
   mlir::PassManager pm(ctx);
+  pm.addPass(kiln::dialect::create_decompose_pass());
   pm.addPass(create_kiln_to_linalg_pass());
   if (fuse) {
     pm.addPass(mlir::createCanonicalizerPass());
-    pm.addPass(mlir::createLinalgElementwiseOpFusionPass());
+    pm.addPass(create_fuse_elementwise_pass());
     pm.addPass(mlir::createCSEPass());
   }
   if (mlir::failed(pm.run(*module))) throw Error("lower_to_linalg", messages);

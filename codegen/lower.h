@@ -2,6 +2,7 @@
 /// Lowering of the kiln dialect to upstream MLIR on tensors. Internal to codegen/ (MLIR inside).
 #include <memory>
 
+#include "ir/decompose.h"  // kiln-decompose, run before convert-kiln-to-linalg
 #include "mlir/IR/PatternMatch.h"
 #include "mlir/Pass/Pass.h"
 
@@ -18,6 +19,10 @@ void populate_kiln_to_linalg_patterns(mlir::RewritePatternSet& patterns);
 /// Pass `convert-kiln-to-linalg` (on builtin.module).
 std::unique_ptr<mlir::Pass> create_kiln_to_linalg_pass();
 
+/// Pass `kiln-fuse-elementwise` (codegen/fusion.cpp): upstream elementwise fusion, except that a
+/// small elementwise producer with several consumers is fused (recomputed) into each of them.
+std::unique_ptr<mlir::Pass> create_fuse_elementwise_pass();
+void register_fusion_pass();
 /// Pass `kiln-extern-calls` (codegen/extern_calls.cpp, on builtin.module, after bufferization):
 /// float linalg.matmul / batch_matmul on unit-stride memrefs -> func.call @kiln_rt_gemm_f32/f64
 /// (codegen/runtime.h). Does nothing when the environment sets KILN_NO_EXTERN_GEMM=1.

@@ -62,6 +62,17 @@ def Kiln_ViewOp : Kiln_Op<"view"> {
   let hasFolder = 1;
 }
 
+def Kiln_CompositeOp : Kiln_Op<"composite"> {
+  let summary = "normalization / loss row of the op table (softmax, log_softmax, layer_norm, "
+                "nll_loss, mse_loss); `kiln-decompose` rewrites it into primitive kiln ops";
+  let arguments = (ins StrAttr:$kind, Variadic<AnyRankedTensor>:$inputs,
+                       OptionalAttr<I64Attr>:$dim, OptionalAttr<DenseI64ArrayAttr>:$dims,
+                       OptionalAttr<F64Attr>:$eps, OptionalAttr<I64Attr>:$mode,
+                       OptionalAttr<I64Attr>:$ignore_index);
+  let results = (outs AnyRankedTensor:$result);
+  let assemblyFormat = "$kind $inputs attr-dict `:` functional-type($inputs, results)";
+}
+
 def Kiln_ConstantOp : Kiln_Op<"constant", [ConstantLike]> {
   let summary = "tensor constant";
   let arguments = (ins ElementsAttr:$value);

@@ -48,6 +48,8 @@ const char* dialect_op_for(OpKind op) {
     case OpCategory::IndexReduction: return "reduce";
     case OpCategory::Matmul: return "matmul";
     case OpCategory::View: return "view";
+    case OpCategory::Normalization:
+    case OpCategory::Loss: return "composite";
     default: return nullptr;
   }
 }
@@ -93,10 +95,8 @@ bool is_elementwise(OpKind op) {
 std::vector<mlir::RankedTensorType> infer_result_types(
     mlir::MLIRContext* ctx, OpKind op, llvm::ArrayRef<mlir::RankedTensorType> operands,
     const OpAttrs& attrs, Loc loc) {
+  // The number of operands is checked by infer_meta (layer_norm takes 1 to 3).
   const char* name = op_info(op).name.data();
-  int arity = op_info(op).arity;
-  KILN_CHECK(arity < 0 || static_cast<int>(operands.size()) == arity, name, loc,
-             "expects {} tensor inputs, got {}", arity, operands.size());
   std::vector<TensorMeta> metas;
   int max_rank = 0;
   for (auto t : operands) {
@@ -232,6 +232,19 @@ void attrs_to_named(OpKind kind, const OpAttrs& a, mlir::Builder& b,
         }
       }
       break;
+    case OpCategory::Normalization:
+      if (kind == OpKind::LayerNorm) {
+        add("dims", dims());
+        add("eps", b.getF64FloatAttr(a.eps));
+      } else if (a.dim != 0) {
+        add("dim", b.getI64IntegerAttr(a.dim));
+      }
+      break;
+    case OpCategory::Loss:
+      if (a.mode != 0) add("mode", b.getI64IntegerAttr(a.mode));
+      if (kind == OpKind::NllLoss && a.ignore_index != OpAttrs().ignore_index)
+        add("ignore_index", b.getI64IntegerAttr(a.ignore_index));
+      break;
     default: break;
   }
 }
@@ -258,12 +271,45 @@ OpAttrs attrs_from_op(OpKind kind, mlir::Operation* op) {
   i64("start", a.start);
   i64("end", a.end);
   i64("step", a.step);
+  i64("ignore_index", a.ignore_index);
+  if (auto e = op->getAttrOfType<mlir::FloatAttr>("eps")) a.eps = e.getValueAsDouble();
   if (op_info(kind).category == OpCategory::IndexReduction) {
     a.all_dims = a.dims.size() != 1;
     if (!a.all_dims) a.dim = a.dims[0];
   }
   if (kind == OpKind::Squeeze) a.all_dims = op->hasAttr("dims");
   return a;
+}
+
+mlir::Value create_op(mlir::OpBuilder& b, mlir::Location loc, OpKind kind,
+                      mlir::ValueRange operands, const OpAttrs& attrs, Loc where) {
+  const char* name = op_info(kind).name.data();
+  const char* mnemonic = dialect_op_for(kind);
+  KILN_CHECK(mnemonic != nullptr, name, where, "is not supported by the kiln IR yet");
+  llvm::SmallVector<mlir::RankedTensorType> types;
+  for (mlir::Value v : operands) types.push_back(llvm::cast<mlir::RankedTensorType>(v.getType()));
+  auto results = infer_result_types(b.getContext(), kind, types, attrs, where);
+  KILN_CHECK(results.size() == 1, name, where, "ops with {} results are not supported yet",
+             results.size());
+  llvm::SmallVector<mlir::NamedAttribute> named;
+  named.push_back(b.getNamedAttr("kind", b.getStringAttr(name)));
+  attrs_to_named(kind, attrs, b, named);
+  mlir::OperationState state(loc, std::string("kiln.") + mnemonic);
+  state.addOperands(operands);
+  state.addTypes(mlir::Type(results[0]));
+  state.addAttributes(named);
+  // ODS ops with Variadic operands do not need operandSegmentSizes (one variadic group).
+  return b.create(state)->getResult(0);
+}
+
+mlir::Value splat_constant(mlir::OpBuilder& b, mlir::Location loc, mlir::RankedTensorType type,
+                           double value) {
+  mlir::Type e = type.getElementType();
+  mlir::Attribute scalar =
+      llvm::isa<mlir::FloatType>(e)
+          ? mlir::Attribute(b.getFloatAttr(e, value))
+          : mlir::Attribute(b.getIntegerAttr(e, static_cast<int64_t>(value)));
+  return ConstantOp::create(b, loc, type, mlir::DenseElementsAttr::get(type, scalar));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -314,6 +360,9 @@ mlir::LogicalResult ElementwiseOp::verify() {
 mlir::LogicalResult ReduceOp::verify() { return verify_kiln_op(getOperation(), getKind(), "reduce"); }
 mlir::LogicalResult MatmulOp::verify() { return verify_kiln_op(getOperation(), getKind(), "matmul"); }
 mlir::LogicalResult ViewOp::verify() { return verify_kiln_op(getOperation(), getKind(), "view"); }
+mlir::LogicalResult CompositeOp::verify() {
+  return verify_kiln_op(getOperation(), getKind(), "composite");
+}
 
 mlir::LogicalResult ConstantOp::verify() {
   auto type = llvm::cast<mlir::RankedTensorType>(getResult().getType());

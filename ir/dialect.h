@@ -7,6 +7,7 @@
 #include "core/meta.h"
 #include "core/op.h"
 #include "mlir/Bytecode/BytecodeOpInterface.h"
+#include "mlir/IR/Builders.h"
 #include "mlir/IR/BuiltinTypes.h"
 #include "mlir/IR/Dialect.h"
 #include "mlir/IR/OpDefinition.h"
@@ -22,8 +23,8 @@ namespace kiln::dialect {
 /// The op-table row named `name` ("add", "sum", ...), if any.
 std::optional<OpKind> op_kind_from_name(llvm::StringRef name);
 
-/// The kiln op mnemonic ("elementwise", "reduce", "matmul", "view") that carries `op`, or
-/// nullptr when the IR does not cover the op's category yet.
+/// The kiln op mnemonic ("elementwise", "reduce", "matmul", "view", "composite") that carries
+/// `op`, or nullptr when the IR does not cover the op's category yet.
 const char* dialect_op_for(OpKind op);
 
 /// MLIR element type of a kiln dtype and back (nullopt for types kiln has no dtype for).
@@ -40,5 +41,16 @@ std::vector<mlir::RankedTensorType> infer_result_types(
 OpAttrs attrs_from_op(OpKind kind, mlir::Operation* op);
 void attrs_to_named(OpKind kind, const OpAttrs& attrs, mlir::Builder& b,
                     llvm::SmallVectorImpl<mlir::NamedAttribute>& out);
+
+/// Builds the kiln op for `kind` on `operands` at b's insertion point and returns its result
+/// (type from infer_result_types). Throws kiln::Error, with eager mode's message, for invalid
+/// inputs and for ops the IR does not cover.
+mlir::Value create_op(mlir::OpBuilder& b, mlir::Location loc, OpKind kind,
+                      mlir::ValueRange operands, const OpAttrs& attrs,
+                      Loc where = Loc::current());
+
+/// A kiln.constant of `type` with every element `value`.
+mlir::Value splat_constant(mlir::OpBuilder& b, mlir::Location loc, mlir::RankedTensorType type,
+                           double value);
 
 }  // namespace kiln::dialect

@@ -91,29 +91,46 @@ Value Graph::input(DType dtype, const std::vector<int64_t>& shape) {
 
 Value Graph::op(OpKind kind, const std::vector<Value>& inputs, const OpAttrs& attrs, Loc loc) {
   const char* name = op_info(kind).name.data();
-  const char* mnemonic = kiln::dialect::dialect_op_for(kind);
-  KILN_CHECK(mnemonic != nullptr, name, loc, "is not supported by the kiln IR yet");
-  llvm::SmallVector<mlir::Value> operands;
-  llvm::SmallVector<mlir::RankedTensorType> types;
-  for (Value v : inputs) {
-    operands.push_back(impl_->get(v, name));
-    types.push_back(llvm::cast<mlir::RankedTensorType>(operands.back().getType()));
-  }
-  auto results = kiln::dialect::infer_result_types(&impl_->ctx, kind, types, attrs, loc);
-  KILN_CHECK(results.size() == 1, name, loc, "ops with {} results are not supported yet",
-             results.size());
-
   mlir::OpBuilder b(impl_->ret);  // insert before the return
-  llvm::SmallVector<mlir::NamedAttribute> named;
-  named.push_back(b.getNamedAttr("kind", b.getStringAttr(name)));
-  kiln::dialect::attrs_to_named(kind, attrs, b, named);
-  mlir::OperationState state(impl_->loc_of(loc), std::string("kiln.") + mnemonic);
-  state.addOperands(operands);
-  state.addTypes(mlir::Type(results[0]));
-  state.addAttributes(named);
-  // ODS ops with Variadic operands do not need operandSegmentSizes (one variadic group).
-  mlir::Operation* created = b.create(state);
-  return impl_->add(created->getResult(0));
+  mlir::Location mloc = impl_->loc_of(loc);
+  llvm::SmallVector<mlir::Value> operands;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    // layer_norm's weight and bias are optional (an invalid Value, as eager's undefined Tensor).
+    bool optional = kind == OpKind::LayerNorm && i > 0;
+    if (optional && !inputs[i].valid()) continue;
+    if (optional && i == 2 && operands.size() == 1) {
+      // Bias without weight: weight = ones (exact), since the operand list is positional.
+      mlir::Type t = llvm::cast<mlir::RankedTensorType>(operands[0].getType()).getElementType();
+      auto type = mlir::RankedTensorType::get(
+          llvm::ArrayRef<int64_t>(attrs.dims.data(), attrs.dims.size()), t);
+      operands.push_back(kiln::dialect::splat_constant(b, mloc, type, 1.0));
+    }
+    operands.push_back(impl_->get(inputs[i], name));
+  }
+  return impl_->add(kiln::dialect::create_op(b, mloc, kind, operands, attrs, loc));
+}
+
+Value Graph::constant(const Scalar& value, DType dtype) {
+  mlir::MLIRContext* ctx = &impl_->ctx;
+  mlir::Type et = kiln::dialect::element_type(ctx, dtype);
+  auto type = mlir::RankedTensorType::get({}, et);
+  mlir::Attribute element;
+  if (is_floating(dtype)) {
+    element = mlir::FloatAttr::get(et, value.to<double>());
+  } else if (dtype == DType::Bool) {
+    element = mlir::IntegerAttr::get(et, value.to<bool>() ? 1 : 0);
+  } else {
+    int64_t v = value.to<int64_t>();
+    KILN_CHECK(!value.is_floating() || static_cast<double>(v) == value.to<double>(), "constant",
+               Loc::current(), "{} is not an integer of dtype {}", value.to<double>(), name(dtype));
+    KILN_CHECK(dtype != DType::Int32 || (v >= INT32_MIN && v <= INT32_MAX), "constant",
+               Loc::current(), "{} does not fit dtype int32", v);
+    element = mlir::IntegerAttr::get(et, v);
+  }
+  mlir::OpBuilder b(impl_->ret);
+  auto op = kiln::dialect::ConstantOp::create(b, impl_->func.getLoc(), type,
+                                              mlir::DenseElementsAttr::get(type, element));
+  return impl_->add(op.getResult());
 }
 
 void Graph::output(Value v) {

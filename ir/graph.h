@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "core/op.h"
+#include "core/scalar.h"
 
 namespace kiln::ir {
 
@@ -44,6 +45,9 @@ class Graph {
   /// the IR does not cover yet.
   Value op(OpKind op, const std::vector<Value>& inputs, const OpAttrs& attrs = {},
            Loc loc = Loc::current());
+  /// Adds a 0-d constant `value` of `dtype` (a `kiln.constant`), e.g. the 0.5 of `x * 0.5`.
+  /// Throws kiln::Error if the value does not fit the dtype (an integer out of range).
+  Value constant(const Scalar& value, DType dtype);
   /// Marks `v` as an output (a result of @main), in call order.
   void output(Value v);
 

@@ -1,5 +1,6 @@
 // kiln-opt: mlir-opt with the kiln dialect. Runs any registered pass pipeline on kiln IR, e.g.
 //   kiln-opt --canonicalize --cse file.mlir
+#include "ir/decompose.h"
 #include "ir/dialect.h"
 #include "mlir/Dialect/Arith/IR/Arith.h"
 #include "mlir/Dialect/Func/IR/FuncOps.h"
@@ -16,6 +17,7 @@ int main(int argc, char** argv) {
   registry.insert<kiln::dialect::KilnDialect, mlir::func::FuncDialect, mlir::arith::ArithDialect,
                   mlir::tensor::TensorDialect>();
   mlir::registerTransformsPasses();  // canonicalize, cse, symbol-dce, inline, ...
+  kiln::dialect::register_decompose_pass();  // kiln-decompose
 #if KILN_HAS_CODEGEN
   kiln::codegen::register_codegen(registry);  // convert-kiln-to-linalg, linalg, math
 #endif

@@ -5,8 +5,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <limits>
+#include <thread>
 #include <vector>
 
+#include "backends/cpu/parallel.h"
 #include "codegen/codegen.h"
 #include "kiln/kiln.h"
 
@@ -148,6 +150,96 @@ TEST_CASE("Executable: dynamic dims through a reduction ([?, ?] summed over dim 
   }
 }
 
+TEST_CASE("Executable: row-parallel graphs equal eager across block boundaries") {
+  cpu::set_num_threads(2);
+  SECTION("elementwise with a broadcast bias, rows not a multiple of the block") {
+    ir::Graph g;
+    ir::Value x = g.input(DType::Float32, {1237, 301});
+    ir::Value b = g.input(DType::Float32, {301});
+    g.output(g.op(OpKind::Tanh, {g.op(OpKind::Add, {g.op(OpKind::Mul, {x, x}), b})}));
+    codegen::Executable exe(g);
+    CHECK(exe.row_parallel());
+    Tensor xt = randn({1237, 301}), bt = randn({301});
+    CHECK(max_diff(exe.run({xt, bt})[0], tanh(add(mul(xt, xt), bt))) < 2e-6);
+    CHECK_THROWS_AS(exe.run({randn({1236, 301}), bt}), Error);  // dim 0 stays checked
+  }
+  SECTION("row reduction with keepdim, then a broadcast divide (softmax-like, 2 outputs)") {
+    ir::Graph g;
+    ir::Value x = g.input(DType::Float32, {2000, 257});
+    OpAttrs last;
+    last.dims = {1};
+    last.keepdim = true;
+    ir::Value e = g.op(OpKind::Exp, {x});
+    ir::Value s = g.op(OpKind::Sum, {e}, last);
+    g.output(g.op(OpKind::Div, {e, s}));
+    g.output(s);
+    codegen::Executable exe(g);
+    CHECK(exe.row_parallel());
+    INFO(exe.linalg_ir());
+    CHECK(exe.num_loop_nests() == 3);  // exp (computed once, stored), sum, divide
+    CHECK(exe.num_kernels() == 1);     // both inside one parallel loop over row blocks
+    Tensor xt = randn({2000, 257});
+    std::vector<Tensor> out = exe.run({xt});
+    Tensor es = sum(exp(xt), {1}, true);
+    CHECK(max_diff(div(out[1], es), ones({2000, 1})) < 1e-5);
+    CHECK(max_diff(out[0], div(exp(xt), es)) < 1e-6);
+  }
+  SECTION("x @ W + b: W and b are passed whole to every block") {
+    ir::Graph g;
+    ir::Value x = g.input(DType::Float32, {1500, 64});
+    ir::Value w = g.input(DType::Float32, {64, 48});
+    ir::Value b = g.input(DType::Float32, {48});
+    g.output(g.op(OpKind::Add, {g.op(OpKind::Matmul, {x, w}), b}));
+    codegen::Executable exe(g);
+    CHECK(exe.row_parallel());
+    Tensor xt = randn({1500, 64}), wt = randn({64, 48}), bt = randn({48});
+    CHECK(max_diff(exe.run({xt, wt, bt})[0], add(matmul(xt, wt), bt)) < 1e-4);
+  }
+  SECTION("a reduction over the rows is not split and still right") {
+    ir::Graph g;
+    ir::Value x = g.input(DType::Float32, {3000, 100});
+    OpAttrs rows;
+    rows.dims = {0};
+    g.output(g.op(OpKind::Sum, {g.op(OpKind::Mul, {x, x})}, rows));
+    codegen::Executable exe(g);
+    CHECK_FALSE(exe.row_parallel());
+    Tensor xt = randn({3000, 100});
+    Tensor ref = sum(mul(xt, xt), {0});
+    CHECK(max_diff(div(exe.run({xt})[0], ref), ones({100})) < 1e-5);
+  }
+  SECTION("the same result with 1 and 2 threads (blocks do not depend on the thread count)") {
+    codegen::Executable exe(square_plus({1 << 18}, /*tanh=*/true));
+    Tensor x = randn({1 << 18});
+    cpu::set_num_threads(1);
+    Tensor one = exe.run({x})[0];
+    cpu::set_num_threads(2);
+    CHECK(max_diff(exe.run({x})[0], one) == 0);
+  }
+}
+
+TEST_CASE("Executable: concurrent run() from 4 threads on different sizes") {
+  codegen::Executable exe(square_plus({ir::kDynamic, 8}, /*tanh=*/true));
+  std::vector<Tensor> xs, refs;
+  for (int64_t n : {5, 700, 20000, 33}) {
+    xs.push_back(randn({n, 8}));
+    refs.push_back(tanh(add(mul(xs.back(), xs.back()), xs.back())));
+  }
+  std::vector<double> worst(xs.size(), 0);
+  std::vector<std::thread> threads;
+  for (size_t t = 0; t < xs.size(); ++t)
+    threads.emplace_back([&, t] {
+      for (int rep = 0; rep < 50; ++rep) {
+        Tensor out = exe.run({xs[t]})[0];
+        const float* o = out.data<float>();
+        const float* r = refs[t].data<float>();
+        for (int64_t i = 0; i < out.numel(); ++i)
+          worst[t] = std::max(worst[t], std::abs(double(o[i]) - double(r[i])));
+      }
+    });
+  for (auto& th : threads) th.join();
+  for (double w : worst) CHECK(w < 2e-6);
+}
+
 TEST_CASE("Executable: errors are kiln::Error") {
   codegen::Executable exe(square_plus({4}));
   CHECK_THROWS_AS(exe.run({randn({5})}), Error);
@@ -188,6 +280,134 @@ TEST_CASE("Executable: timing of x*x + x on 2^24 float32 (prints, not a check)",
               eager_tanh);
 }
 
+TEST_CASE("Executable: timing of row sums over [4096, 1024] float32 (prints, not a check)",
+          "[.timing]") {
+  ir::Graph g;
+  ir::Value x = g.input(DType::Float32, {4096, 1024});
+  OpAttrs last;
+  last.dims = {1};
+  g.output(g.op(OpKind::Sum, {x}, last));
+  g.output(g.op(OpKind::Amax, {x}, last));
+  codegen::Executable exe(g);
+  Tensor xt = randn({4096, 1024});
+  for (int threads : {1, 2}) {
+    cpu::set_num_threads(threads);
+    double best_jit = 1e9, best_eager = 1e9;
+    for (int i = 0; i < 10; ++i) {
+      auto t0 = std::chrono::steady_clock::now();
+      exe.run({xt});
+      auto t1 = std::chrono::steady_clock::now();
+      sum(xt, {1});
+      amax(xt, {1});
+      auto t2 = std::chrono::steady_clock::now();
+      best_jit = std::min(best_jit, std::chrono::duration<double, std::milli>(t1 - t0).count());
+      best_eager = std::min(best_eager, std::chrono::duration<double, std::milli>(t2 - t1).count());
+    }
+    std::printf("sum and amax (dim 1) of [4096, 1024], %d thread(s): compiled %.3f ms, eager %.3f ms\n",
+                threads, best_jit, best_eager);
+  }
+}
+
+TEST_CASE("Executable: timing of softmax from primitives on [4096, 1024] (prints, not a check)",
+          "[.timing]") {
+  ir::Graph g;
+  ir::Value x = g.input(DType::Float32, {4096, 1024});
+  OpAttrs last;
+  last.dims = {1};
+  last.keepdim = true;
+  ir::Value e = g.op(OpKind::Exp, {g.op(OpKind::Sub, {x, g.op(OpKind::Amax, {x}, last)})});
+  // Like eager: multiply by 1 / sum.
+  g.output(g.op(OpKind::Mul, {e, g.op(OpKind::Reciprocal, {g.op(OpKind::Sum, {e}, last)})}));
+  codegen::Executable exe(g);
+  Tensor xt = randn({4096, 1024});
+  CHECK(max_diff(exe.run({xt})[0], softmax(xt, -1)) < 1e-6);
+  for (int threads : {1, 2}) {
+    cpu::set_num_threads(threads);
+    double best_jit = 1e9, best_eager = 1e9;
+    for (int i = 0; i < 20; ++i) {
+      auto t0 = std::chrono::steady_clock::now();
+      exe.run({xt});
+      auto t1 = std::chrono::steady_clock::now();
+      softmax(xt, -1);
+      auto t2 = std::chrono::steady_clock::now();
+      best_jit = std::min(best_jit, std::chrono::duration<double, std::milli>(t1 - t0).count());
+      best_eager = std::min(best_eager, std::chrono::duration<double, std::milli>(t2 - t1).count());
+    }
+    std::printf("softmax [4096, 1024], %d thread(s): compiled %.3f ms, eager %.3f ms\n", threads,
+                best_jit, best_eager);
+  }
+}
+
+TEST_CASE("Executable: timing of softmax's parts on [4096, 1024] (prints, not a check)",
+          "[.timing]") {
+  cpu::set_num_threads(1);
+  OpAttrs last;
+  last.dims = {1};
+  last.keepdim = true;
+  auto time_graph = [&](const char* what, ir::Graph g, std::vector<Tensor> in) {
+    codegen::Executable exe(g);
+    double best = 1e9;
+    for (int i = 0; i < 20; ++i) {
+      auto t0 = std::chrono::steady_clock::now();
+      exe.run(in);
+      best = std::min(best, std::chrono::duration<double, std::milli>(
+                                std::chrono::steady_clock::now() - t0).count());
+    }
+    std::printf("%-28s %.3f ms (1 thread, %d loop nests)\n", what, best, exe.num_loop_nests());
+  };
+  Tensor x = randn({4096, 1024}), m = randn({4096, 1}), r = randn({4096, 1});
+  {
+    ir::Graph g;
+    ir::Value xi = g.input(DType::Float32, {4096, 1024});
+    g.output(g.op(OpKind::Amax, {xi}, last));
+    time_graph("amax", std::move(g), {x});
+  }
+  {
+    ir::Graph g;
+    ir::Value xi = g.input(DType::Float32, {4096, 1024});
+    ir::Value mi = g.input(DType::Float32, {4096, 1});
+    g.output(g.op(OpKind::Sum, {g.op(OpKind::Exp, {g.op(OpKind::Sub, {xi, mi})})}, last));
+    time_graph("sum(exp(x - m))", std::move(g), {x, m});
+  }
+  {
+    ir::Graph g;
+    ir::Value xi = g.input(DType::Float32, {4096, 1024});
+    ir::Value mi = g.input(DType::Float32, {4096, 1});
+    ir::Value ri = g.input(DType::Float32, {4096, 1});
+    g.output(g.op(OpKind::Mul, {g.op(OpKind::Exp, {g.op(OpKind::Sub, {xi, mi})}), ri}));
+    time_graph("exp(x - m) * r", std::move(g), {x, m, r});
+  }
+  {
+    ir::Graph g;
+    ir::Value xi = g.input(DType::Float32, {4096, 1024});
+    g.output(g.op(OpKind::Exp, {xi}));
+    time_graph("exp(x)", std::move(g), {x});
+  }
+  {
+    ir::Graph g;
+    OpAttrs a;
+    a.dim = -1;
+    g.output(g.op(OpKind::Softmax, {g.input(DType::Float32, {4096, 1024})}, a));
+    time_graph("softmax", std::move(g), {x});
+  }
+  double best = 1e9;
+  for (int i = 0; i < 20; ++i) {
+    auto t0 = std::chrono::steady_clock::now();
+    softmax(x, -1);
+    best = std::min(best, std::chrono::duration<double, std::milli>(
+                              std::chrono::steady_clock::now() - t0).count());
+  }
+  std::printf("%-28s %.3f ms (1 thread)\n", "eager softmax", best);
+  best = 1e9;
+  for (int i = 0; i < 20; ++i) {
+    auto t0 = std::chrono::steady_clock::now();
+    exp(x);
+    best = std::min(best, std::chrono::duration<double, std::milli>(
+                              std::chrono::steady_clock::now() - t0).count());
+  }
+  std::printf("%-28s %.3f ms (1 thread)\n", "eager exp", best);
+}
+
 namespace {
 
 /// a @ b as a graph (float32, [m, k] @ [k, n]).
@@ -199,10 +419,13 @@ ir::Graph matmul_graph(int64_t m, int64_t k, int64_t n, DType dt = DType::Float3
 }
 
 /// Compiles `g` with the extern GEMM call (default) or with the generated loops
-/// (KILN_NO_EXTERN_GEMM=1, read by the kiln-extern-calls pass at compile time).
+/// (KILN_NO_EXTERN_GEMM=1, read by the kiln-extern-calls pass at compile time; not part of the
+/// compile cache's key, so both caches are bypassed).
 codegen::Executable compile(const ir::Graph& g, bool extern_gemm) {
   if (!extern_gemm) setenv("KILN_NO_EXTERN_GEMM", "1", 1);
-  codegen::Executable exe(g);
+  codegen::CompileOptions no_cache;
+  no_cache.memory_cache = no_cache.disk_cache = false;
+  codegen::Executable exe(g, no_cache);
   unsetenv("KILN_NO_EXTERN_GEMM");
   return exe;
 }

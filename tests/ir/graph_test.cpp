@@ -98,7 +98,7 @@ TEST_CASE("ir::Graph raises eager's error for invalid inputs") {
     CHECK(e.op() == "add");
     CHECK(e.message() == eager_message);
   }
-  CHECK_THROWS_AS(g.op(OpKind::Softmax, {a}), Error);  // category not covered yet
+  CHECK_THROWS_AS(g.op(OpKind::Cat, {a, a}), Error);  // category not covered yet
   CHECK_THROWS_AS(g.op(OpKind::Add, {a, ir::Value{}}), Error);
 }
 
@@ -149,4 +149,69 @@ TEST_CASE("ir::Graph: every elementwise op of the table builds and verifies, sta
       CHECK_NOTHROW(g.verify());
     }
   }
+}
+
+TEST_CASE("ir::Graph: composite ops (normalization, loss) build and verify, static and dynamic") {
+  for (bool dynamic : {false, true}) {
+    INFO((dynamic ? "dynamic" : "static"));
+    ir::Graph g;
+    int64_t n = dynamic ? kDynamic : 4;
+    ir::Value x = g.input(DType::Float32, {n, 6});
+    ir::Value t = g.input(DType::Int64, {n});
+    ir::Value w = g.input(DType::Float32, {6});
+    OpAttrs last;
+    last.dim = -1;
+    ir::Value sm = g.op(OpKind::Softmax, {x}, last);
+    ir::Value ls = g.op(OpKind::LogSoftmax, {x}, last);
+    OpAttrs ln;
+    ln.dims = {6};
+    ln.eps = 1e-3;
+    ir::Value y0 = g.op(OpKind::LayerNorm, {x}, ln);
+    ir::Value y1 = g.op(OpKind::LayerNorm, {x, w}, ln);
+    ir::Value y2 = g.op(OpKind::LayerNorm, {x, ir::Value{}, w}, ln);  // bias only
+    OpAttrs mean;
+    mean.mode = 1;
+    ir::Value nll = g.op(OpKind::NllLoss, {ls, t}, mean);
+    ir::Value mse = g.op(OpKind::MseLoss, {sm, x});  // reduction none
+    for (ir::Value v : {sm, ls, y0, y1, y2, mse}) {
+      CHECK(g.type(v).shape == std::vector<int64_t>{n, 6});
+      CHECK(g.type(v).dtype == DType::Float32);
+      g.output(v);
+    }
+    CHECK(g.type(nll).shape.empty());
+    g.output(nll);
+    CHECK_NOTHROW(g.verify());
+    std::string text = g.to_mlir();
+    INFO(text);
+    CHECK(contains(text, "kiln.composite \"softmax\" %arg0 {dim = -1 : i64}"));
+    CHECK(contains(text, "{dims = array<i64: 6>, eps = 1.000000e-03 : f64}"));
+    // The absent weight of the bias-only layer_norm is a ones constant (exact: y * 1 == y).
+    CHECK(contains(text, "kiln.constant dense<1.000000e+00> : tensor<6xf32>"));
+    CHECK(contains(text, "kiln.composite \"nll_loss\" %1, %arg1 {mode = 1 : i64}"));
+  }
+}
+
+TEST_CASE("ir::Graph: composite ops raise eager's errors") {
+  std::string eager_message;
+  try {
+    kiln::layer_norm(kiln::zeros({2, 8}), {4});
+  } catch (const Error& e) {
+    eager_message = e.message();
+  }
+  REQUIRE(!eager_message.empty());
+  ir::Graph g;
+  ir::Value x = g.input(DType::Float32, {2, 8});
+  OpAttrs ln;
+  ln.dims = {4};
+  try {
+    g.op(OpKind::LayerNorm, {x}, ln);
+    FAIL("no error");
+  } catch (const Error& e) {
+    CHECK(e.op() == "layer_norm");
+    CHECK(e.message() == eager_message);
+  }
+  OpAttrs bad_dim;
+  bad_dim.dim = 2;
+  CHECK_THROWS_AS(g.op(OpKind::Softmax, {x}, bad_dim), Error);
+  CHECK_THROWS_AS(g.op(OpKind::NllLoss, {x, x}), Error);  // float target
 }

@@ -78,3 +78,27 @@ func.func @bad_constant() -> tensor<2xf32> {
   %0 = kiln.constant dense<[1.0, 2.0, 3.0]> : tensor<3xf32> : tensor<2xf32>
   return %0 : tensor<2xf32>
 }
+
+// -----
+
+func.func @composite_wrong_category(%a: tensor<3xf32>) -> tensor<3xf32> {
+  // expected-error @+1 {{op kind "exp" belongs to kiln.elementwise}}
+  %0 = kiln.composite "exp" %a : (tensor<3xf32>) -> tensor<3xf32>
+  return %0 : tensor<3xf32>
+}
+
+// -----
+
+func.func @layer_norm_shape(%x: tensor<2x8xf32>) -> tensor<2x8xf32> {
+  // expected-error @+1 {{layer_norm: normalized_shape [4] does not match the last dims of input [2, 8]}}
+  %0 = kiln.composite "layer_norm" %x {dims = array<i64: 4>, eps = 1.0e-5 : f64} : (tensor<2x8xf32>) -> tensor<2x8xf32>
+  return %0 : tensor<2x8xf32>
+}
+
+// -----
+
+func.func @nll_loss_target(%x: tensor<2x8xf32>, %t: tensor<2xf32>) -> tensor<f32> {
+  // expected-error @+1 {{nll_loss: target must be int64 or int32, got float32}}
+  %0 = kiln.composite "nll_loss" %x, %t {mode = 1} : (tensor<2x8xf32>, tensor<2xf32>) -> tensor<f32>
+  return %0 : tensor<f32>
+}

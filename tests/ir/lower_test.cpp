@@ -156,3 +156,35 @@ TEST_CASE("codegen::lower_to_linalg: sum/prod/amax/amin/mean over dims, keepdim,
     }
   }
 }
+
+TEST_CASE("codegen::lower_to_linalg decomposes every composite row of the table completely") {
+  for (int i = 0; i < kNumOps; ++i) {
+    auto k = static_cast<OpKind>(i);
+    auto c = op_info(k).category;
+    bool composite = c == OpCategory::Normalization || c == OpCategory::Loss ||
+                     k == OpKind::Var || k == OpKind::Std || k == OpKind::LogSumExp;
+    if (!composite) continue;
+    for (DType dt : {DType::Float32, DType::Float64})
+      for (int64_t n : {int64_t{5}, ir::kDynamic}) {
+        INFO(op_name(k) << " " << name(dt) << " n " << n);
+        ir::Graph g;
+        ir::Value x = g.input(dt, {n, 7});
+        OpAttrs a;
+        a.dims = {1};
+        std::vector<ir::Value> in = {x};
+        if (k == OpKind::LayerNorm) {
+          a.dims = {7};
+          in = {x, g.input(dt, {7}), g.input(dt, {7})};
+        } else if (k == OpKind::NllLoss) {
+          in.push_back(g.input(DType::Int64, {n}));
+        } else if (k == OpKind::MseLoss) {
+          in.push_back(g.input(dt, {7}));
+        }
+        g.output(g.op(k, in, a));
+        std::string text = codegen::lower_to_linalg(g);
+        INFO(text);
+        CHECK(count(text, "kiln.") == 0);
+        CHECK(count(text, "linalg.generic") >= 1);
+      }
+  }
+}

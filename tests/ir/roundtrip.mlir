@@ -41,3 +41,15 @@ func.func @reduce_matmul_view(%x: tensor<8x?xf32>, %w: tensor<16x32xf32>, %bias:
   %a = kiln.matmul "addmm" %bias, %v, %w {beta = 0.0 : f64} : (tensor<32xf32>, tensor<?x16xf32>, tensor<16x32xf32>) -> tensor<?x32xf32>
   return %0, %a, %t, %1 : tensor<8x1xf32>, tensor<?x32xf32>, tensor<?x8xf32>, tensor<8xi64>
 }
+
+// CHECK-LABEL: func.func @composite
+func.func @composite(%x: tensor<?x8xf32>, %w: tensor<8xf32>, %t: tensor<?xi64>)
+    -> (tensor<?x8xf32>, tensor<?x8xf32>, tensor<f32>) {
+  // CHECK: kiln.composite "softmax" %arg0 {dim = -1 : i64} : (tensor<?x8xf32>) -> tensor<?x8xf32>
+  %0 = kiln.composite "softmax" %x {dim = -1} : (tensor<?x8xf32>) -> tensor<?x8xf32>
+  // CHECK: kiln.composite "layer_norm" %arg0, %arg1 {dims = array<i64: 8>, eps = 1.000000e-05 : f64} : (tensor<?x8xf32>, tensor<8xf32>) -> tensor<?x8xf32>
+  %1 = kiln.composite "layer_norm" %x, %w {dims = array<i64: 8>, eps = 1.0e-5 : f64} : (tensor<?x8xf32>, tensor<8xf32>) -> tensor<?x8xf32>
+  // CHECK: kiln.composite "nll_loss" %arg0, %arg2 {ignore_index = 0 : i64, mode = 2 : i64} : (tensor<?x8xf32>, tensor<?xi64>) -> tensor<f32>
+  %2 = kiln.composite "nll_loss" %x, %t {mode = 2, ignore_index = 0} : (tensor<?x8xf32>, tensor<?xi64>) -> tensor<f32>
+  return %0, %1, %2 : tensor<?x8xf32>, tensor<?x8xf32>, tensor<f32>
+}

@@ -1,0 +1,166 @@
+// Suite `fusion`: fused, JIT-compiled graphs (codegen::Executable) next to the same computation
+// in eager mode and this machine's copy bandwidth, all measured in the same run. GB/s counts
+// the bytes a perfectly fused kernel must move: inputs read once, outputs written once.
+#include <cstring>
+
+#include <fmt/format.h>
+
+#include "backends/cpu/parallel.h"
+#include "benchmarks/harness.h"
+#include "codegen/codegen.h"
+#include "kiln/kiln.h"
+
+namespace kiln::bench {
+namespace {
+
+constexpr char kSuite[] = "fusion";
+constexpr int64_t k16M = int64_t{1} << 24;
+constexpr int64_t kRows = 4096, kCols = 1024;
+constexpr double kF32 = sizeof(float);
+
+Benchmark copy_16m(const RunConfig&) {
+  Tensor src = filled({k16M}), dst = filled({k16M});
+  return {[src, dst] {
+            const float* s = src.data<float>();
+            float* d = dst.data<float>();
+            cpu::parallel_for(0, k16M, cpu::kGrainSize, [=](int64_t begin, int64_t end) {
+              std::memcpy(d + begin, s + begin, (end - begin) * sizeof(float));
+            });
+            do_not_optimize(d);
+          },
+          gb_per_s(2 * kF32 * k16M)};
+}
+
+// ---- the workloads, once as graphs and once as eager calls ----
+
+ir::Graph square_plus_graph() {
+  ir::Graph g;
+  ir::Value x = g.input(DType::Float32, {k16M});
+  g.output(g.op(OpKind::Add, {g.op(OpKind::Mul, {x, x}), x}));
+  return g;
+}
+
+// gelu written out: 0.5*x*(1+tanh(0.79788456*(x+0.044715*x^3))), nine elementwise ops.
+ir::Graph gelu_graph() {
+  ir::Graph g;
+  ir::Value x = g.input(DType::Float32, {k16M});
+  auto c = [&](double v) { return g.constant(Scalar(v), DType::Float32); };
+  auto mul = [&](ir::Value a, ir::Value b) { return g.op(OpKind::Mul, {a, b}); };
+  auto add = [&](ir::Value a, ir::Value b) { return g.op(OpKind::Add, {a, b}); };
+  ir::Value cube = mul(mul(x, x), x);
+  ir::Value t = g.op(OpKind::Tanh, {mul(add(x, mul(cube, c(0.044715))), c(0.79788456))});
+  g.output(mul(mul(x, c(0.5)), add(t, c(1.0))));
+  return g;
+}
+
+Tensor gelu_eager(const Tensor& x) {
+  Tensor cube = mul(mul(x, x), x);
+  Tensor t = tanh(mul(add(x, mul(cube, 0.044715)), 0.79788456));
+  return mul(mul(x, 0.5), add(t, 1.0));
+}
+
+ir::Graph softmax_graph() {
+  ir::Graph g;
+  OpAttrs a;
+  a.dim = -1;
+  g.output(g.op(OpKind::Softmax, {g.input(DType::Float32, {kRows, kCols})}, a));
+  return g;
+}
+
+ir::Graph layer_norm_graph() {
+  ir::Graph g;
+  ir::Value x = g.input(DType::Float32, {kRows, kCols});
+  ir::Value w = g.input(DType::Float32, {kCols});
+  ir::Value b = g.input(DType::Float32, {kCols});
+  OpAttrs a;
+  a.dims = Dims{kCols};
+  a.eps = 1e-5;
+  g.output(g.op(OpKind::LayerNorm, {x, w, b}, a));
+  return g;
+}
+
+/// A compiled case: the graph is compiled in setup (not timed), each call runs it.
+Benchmark compiled(ir::Graph g, std::vector<Tensor> inputs, double bytes) {
+  auto exe = std::make_shared<codegen::Executable>(g);
+  return {[exe, inputs] { do_not_optimize(exe->run(inputs)); }, gb_per_s(bytes)};
+}
+
+constexpr double k16MBytes2 = 2 * kF32 * k16M;  // one input read, one output written
+constexpr double kRowBytes2 = 2 * kF32 * kRows * kCols;
+
+std::vector<Case> cases() {
+  return {
+      {"copy_16M", Mode::Reference, "GB/s", copy_16m},
+      {"x_mul_x_plus_x_16M", Mode::Eager, "GB/s",
+       [](const RunConfig&) -> Benchmark {
+         Tensor x = filled({k16M});
+         return {[x] { do_not_optimize(add(mul(x, x), x)); }, gb_per_s(k16MBytes2)};
+       }},
+      {"x_mul_x_plus_x_16M", Mode::Compiled, "GB/s",
+       [](const RunConfig&) { return compiled(square_plus_graph(), {filled({k16M})}, k16MBytes2); }},
+      {"gelu_16M", Mode::Eager, "GB/s",
+       [](const RunConfig&) -> Benchmark {
+         Tensor x = filled({k16M}, -3.f, 3.f);
+         return {[x] { do_not_optimize(gelu_eager(x)); }, gb_per_s(k16MBytes2)};
+       }},
+      {"gelu_16M", Mode::Compiled, "GB/s",
+       [](const RunConfig&) {
+         return compiled(gelu_graph(), {filled({k16M}, -3.f, 3.f)}, k16MBytes2);
+       }},
+      {"softmax_4096x1024", Mode::Eager, "GB/s",
+       [](const RunConfig&) -> Benchmark {
+         Tensor x = filled({kRows, kCols}, -4.f, 4.f);
+         return {[x] { do_not_optimize(softmax(x, -1)); }, gb_per_s(kRowBytes2)};
+       }},
+      {"softmax_4096x1024", Mode::Compiled, "GB/s",
+       [](const RunConfig&) {
+         return compiled(softmax_graph(), {filled({kRows, kCols}, -4.f, 4.f)}, kRowBytes2);
+       }},
+      {"layer_norm_4096x1024", Mode::Eager, "GB/s",
+       [](const RunConfig&) -> Benchmark {
+         Tensor x = filled({kRows, kCols}, -4.f, 4.f), w = filled({kCols}), b = filled({kCols});
+         return {[x, w, b] { do_not_optimize(layer_norm(x, {kCols}, w, b)); },
+                 gb_per_s(kRowBytes2)};
+       }},
+      {"layer_norm_4096x1024", Mode::Compiled, "GB/s",
+       [](const RunConfig&) {
+         return compiled(layer_norm_graph(),
+                         {filled({kRows, kCols}, -4.f, 4.f), filled({kCols}), filled({kCols})},
+                         kRowBytes2);
+       }},
+  };
+}
+
+/// One targets line: `x` as a share of `ref`; "n/a" when a case it needs did not run.
+void check_line(std::string_view what, const Record* x, const Record* ref, double target) {
+  if (!x || !ref) {
+    fmt::print("  {:<40} n/a (a case it needs did not run)\n", what);
+    return;
+  }
+  double ratio = x->value / ref->value;
+  fmt::print("  {:<40} {:.3g} / {:.3g} {} = {:.0f} %   target >= {:.0f} %   {}\n", what,
+             x->value, ref->value, x->unit, 100 * ratio, 100 * target,
+             ratio >= target ? "ok" : "MISSED");
+}
+
+void summary(std::span<const Record> records) {
+  auto find = [&](std::string_view name, Mode mode) {
+    return find_record(records, kSuite, name, mode);
+  };
+  fmt::print("\ntargets (printed, not asserted; the machine is shared, expect +-20-30 %):\n");
+  const Record* copy = find("copy_16M", Mode::Reference);
+  check_line("x_mul_x_plus_x_16M compiled vs copy_16M", find("x_mul_x_plus_x_16M", Mode::Compiled),
+             copy, 0.85);
+  check_line("gelu_16M compiled vs copy_16M", find("gelu_16M", Mode::Compiled), copy, 0.85);
+  for (const char* name : {"x_mul_x_plus_x_16M", "gelu_16M", "softmax_4096x1024",
+                           "layer_norm_4096x1024"})
+    check_line(fmt::format("{} compiled vs eager", name), find(name, Mode::Compiled),
+               find(name, Mode::Eager), 1.0);
+  fmt::print("  softmax / layer_norm vs PyTorch: /usr/bin/python3 benchmarks/peers/fusion_torch.py\n");
+}
+
+[[maybe_unused]] const bool registered = register_suite(
+    {kSuite, "fused compiled graphs vs eager vs copy bandwidth (GB/s)", cases, summary});
+
+}  // namespace
+}  // namespace kiln::bench

@@ -1,0 +1,347 @@
+// The compile cache of codegen::Executable: a process-wide map from cache key to JIT-linked code,
+// then one file per graph and target on disk holding the object code and run()'s metadata.
+// Entry layout (little-endian, see README.md): magic "KILNOBJ\0", u32 format, u32 0,
+// u64 payload size, u64 xxh3 of the payload; payload = version, key, metadata, object.
+#include "codegen/cache.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <unordered_map>
+
+#include "codegen/source_hash.h"  // generated (build dir)
+#include "core/error.h"
+#include "llvm/ADT/StringExtras.h"
+#include "llvm/Config/llvm-config.h"
+#include "llvm/Support/xxhash.h"
+
+namespace kiln::codegen {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr char kMagic[8] = {'K', 'I', 'L', 'N', 'O', 'B', 'J', '\0'};
+constexpr uint32_t kFormat = 2;  // 2: row-split plan in the metadata
+// Entries of another version read as stale and are rebuilt. The source hash (codegen/, formulas,
+// the dialect; see CMakeLists.txt) changes with any pipeline edit; bump the number when the
+// entry's metadata changes meaning.
+constexpr const char* kCodegenVersion =
+    "kiln-codegen 1, sources " KILN_CODEGEN_SOURCE_HASH ", LLVM " LLVM_VERSION_STRING;
+
+std::mutex g_mutex;  // guards everything below
+std::unordered_map<std::string, std::shared_ptr<const CompiledCode>> g_memory;
+std::string g_version_override;
+std::set<std::string> g_unwritable_dirs;
+std::atomic<bool> g_warned{false};
+
+std::string version() {
+  std::lock_guard lock(g_mutex);
+  return g_version_override.empty() ? kCodegenVersion : g_version_override;
+}
+
+struct Writer {
+  std::string out;
+  void raw(const void* p, size_t n) { out.append(static_cast<const char*>(p), n); }
+  void u32(uint32_t v) { raw(&v, sizeof v); }
+  void u64(uint64_t v) { raw(&v, sizeof v); }
+  void str(std::string_view s) {
+    u64(s.size());
+    out.append(s);
+  }
+};
+
+/// Bounds-checked reads; after an overrun every read returns zeros and ok is false.
+struct Reader {
+  std::string_view in;
+  bool ok = true;
+  bool take(void* p, size_t n) {
+    if (!ok || in.size() < n) return ok = false;
+    std::memcpy(p, in.data(), n);
+    in.remove_prefix(n);
+    return true;
+  }
+  uint32_t u32() {
+    uint32_t v = 0;
+    take(&v, sizeof v);
+    return v;
+  }
+  uint64_t u64() {
+    uint64_t v = 0;
+    take(&v, sizeof v);
+    return v;
+  }
+  std::string_view str() {
+    uint64_t n = u64();
+    if (!ok || in.size() < n) {
+      ok = false;
+      return {};
+    }
+    std::string_view s = in.substr(0, n);
+    in.remove_prefix(n);
+    return s;
+  }
+};
+
+void write_params(Writer& w, const std::vector<Param>& params) {
+  w.u32(static_cast<uint32_t>(params.size()));
+  for (const Param& p : params) {
+    w.u32(static_cast<uint32_t>(p.dtype));
+    w.u32(static_cast<uint32_t>(p.shape.size()));
+    for (int64_t d : p.shape) w.u64(static_cast<uint64_t>(d));
+    w.u32(static_cast<uint32_t>(p.dyn_src.size()));
+    for (auto [input, dim] : p.dyn_src) {
+      w.u32(static_cast<uint32_t>(input));
+      w.u32(static_cast<uint32_t>(dim));
+    }
+  }
+}
+
+std::vector<Param> read_params(Reader& r) {
+  std::vector<Param> params(r.ok ? std::min<uint32_t>(r.u32(), 1u << 16) : 0);
+  for (Param& p : params) {
+    p.dtype = static_cast<DType>(r.u32());
+    p.shape.resize(std::min<uint32_t>(r.u32(), 64));
+    for (int64_t& d : p.shape) d = static_cast<int64_t>(r.u64());
+    p.dyn_src.resize(std::min<uint32_t>(r.u32(), 64));
+    for (auto& [input, dim] : p.dyn_src) {
+      input = static_cast<int>(r.u32());
+      dim = static_cast<int>(r.u32());
+    }
+  }
+  return params;
+}
+
+std::string serialize(const std::string& key, const CompiledMeta& meta, const std::string& object) {
+  Writer payload;
+  payload.str(version());
+  payload.str(key);
+  write_params(payload, meta.inputs);
+  write_params(payload, meta.outputs);
+  payload.u32(static_cast<uint32_t>(meta.kernels));
+  payload.str(meta.linalg);
+  payload.u32(meta.row_split.splittable);
+  payload.u32(static_cast<uint32_t>(meta.row_split.sliced_input.size()));
+  for (bool sliced : meta.row_split.sliced_input) payload.u32(sliced);
+  payload.str(object);
+  Writer w;
+  w.raw(kMagic, sizeof kMagic);
+  w.u32(kFormat);
+  w.u32(0);
+  w.u64(payload.out.size());
+  w.u64(llvm::xxh3_64bits(payload.out));
+  return w.out + payload.out;
+}
+
+struct Entry {
+  CompiledMeta meta;
+  std::string object;
+};
+
+/// Parses an entry for `key`; on failure returns why and leaves `entry` unspecified.
+std::string deserialize(std::string_view bytes, const std::string& key, Entry& entry) {
+  Reader r{bytes};
+  char magic[8];
+  r.take(magic, sizeof magic);
+  uint32_t format = r.u32();
+  r.u32();
+  uint64_t size = r.u64(), checksum = r.u64();
+  if (!r.ok) return "corrupted entry (truncated header)";
+  if (std::memcmp(magic, kMagic, sizeof magic) != 0) return "corrupted entry (magic)";
+  if (format != kFormat) return "stale entry (format)";
+  if (size != r.in.size()) return "corrupted entry (size)";
+  if (llvm::xxh3_64bits(r.in) != checksum) return "corrupted entry (checksum)";
+  if (r.str() != version()) return "stale entry (version)";
+  if (r.str() != key) return "stale entry (key)";  // a hash collision, in practice never
+  entry.meta.inputs = read_params(r);
+  entry.meta.outputs = read_params(r);
+  entry.meta.kernels = static_cast<int>(r.u32());
+  entry.meta.linalg = std::string(r.str());
+  entry.meta.row_split.splittable = r.u32() != 0;
+  entry.meta.row_split.sliced_input.resize(std::min<uint32_t>(r.u32(), 1u << 16));
+  for (size_t i = 0; i < entry.meta.row_split.sliced_input.size(); ++i)
+    entry.meta.row_split.sliced_input[i] = r.u32() != 0;
+  entry.object = std::string(r.str());
+  if (!r.ok || !r.in.empty()) return "corrupted entry (malformed)";
+  return "";
+}
+
+bool read_file(const std::string& path, std::string& out) {
+  FILE* f = std::fopen(path.c_str(), "rb");
+  if (!f) return false;
+  char buf[1 << 16];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) out.append(buf, n);
+  bool ok = !std::ferror(f);
+  std::fclose(f);
+  return ok;
+}
+
+void warn_once(const std::string& message) {
+  if (!g_warned.exchange(true)) std::fprintf(stderr, "kiln: warning: %s\n", message.c_str());
+}
+
+/// The disk cache directory for these options, or "" (with the reason in `note`) when off.
+std::string cache_dir(const CompileOptions& options, std::string& note) {
+  const char* disable = std::getenv("KILN_DISABLE_CACHE");
+  std::string dir;
+  if (!options.disk_cache) {
+    note = "disabled (CompileOptions)";
+  } else if (disable && *disable && std::strcmp(disable, "0") != 0) {
+    note = "disabled (KILN_DISABLE_CACHE)";
+  } else if (!options.cache_dir.empty()) {
+    dir = options.cache_dir;
+  } else if (const char* env = std::getenv("KILN_CACHE_DIR")) {
+    dir = env;
+    if (dir.empty()) note = "disabled (KILN_CACHE_DIR is empty)";
+  } else if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg && *xdg) {
+    dir = std::string(xdg) + "/kiln";
+  } else if (const char* home = std::getenv("HOME"); home && *home) {
+    dir = std::string(home) + "/.cache/kiln";
+  } else {
+    note = "disabled (no HOME)";
+  }
+  std::lock_guard lock(g_mutex);
+  if (!dir.empty() && g_unwritable_dirs.count(dir)) {
+    note = "disabled (unwritable cache dir)";
+    dir.clear();
+  }
+  return dir;
+}
+
+/// Writes `bytes` to `path` atomically (temp file + rename): readers see all of it or nothing.
+void write_entry(const std::string& dir, const std::string& path, const std::string& bytes,
+                 std::string& note) {
+  static std::atomic<unsigned> counter{0};
+  std::string tmp =
+      path + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(counter.fetch_add(1));
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  std::string error = ec ? ec.message() : "";
+  if (error.empty()) {
+    FILE* f = std::fopen(tmp.c_str(), "wb");
+    bool ok = f && std::fwrite(bytes.data(), 1, bytes.size(), f) == bytes.size();
+    if (f && std::fclose(f) != 0) ok = false;
+    if (ok) fs::rename(tmp, path, ec);
+    if (!ok || ec) {
+      error = ok ? ec.message() : std::strerror(errno);
+      fs::remove(tmp, ec);
+    }
+  }
+  if (error.empty()) return;
+  note = "disabled (unwritable cache dir)";
+  {
+    std::lock_guard lock(g_mutex);
+    g_unwritable_dirs.insert(dir);
+  }
+  warn_once("cannot write the compile cache in '" + dir + "' (" + error +
+            "); the disk cache is off for it");
+}
+
+const char* source_name(CompileStats::Source s) {
+  switch (s) {
+    case CompileStats::Source::MemoryCache:
+      return "memory cache hit";
+    case CompileStats::Source::DiskCache:
+      return "disk cache hit";
+    default:
+      return "compiled";
+  }
+}
+
+}  // namespace
+
+void clear_memory_cache() {
+  std::unordered_map<std::string, std::shared_ptr<const CompiledCode>> dropped;
+  std::lock_guard lock(g_mutex);
+  dropped.swap(g_memory);  // NB: destroyed after the unlock (declared first)
+}
+
+void set_codegen_version_for_testing(const std::string& v) {
+  std::lock_guard lock(g_mutex);
+  g_version_override = v;
+}
+
+std::shared_ptr<const CompiledCode> get_or_compile(const std::string& graph_mlir,
+                                                   const CompileOptions& options,
+                                                   CompileStats& stats, const CompileFn& compile) {
+  Lap total, lap;
+  init_llvm();
+  // The disk key leaves out the version, so a stale entry sits at the same path and is replaced.
+  const std::string key = host_target_id() + "\n" + graph_mlir;
+  const std::string memory_key = version() + "\n" + key;
+  std::shared_ptr<const CompiledCode> code;
+  if (options.memory_cache) {
+    std::lock_guard lock(g_mutex);
+    auto it = g_memory.find(memory_key);
+    if (it != g_memory.end()) code = it->second;
+  }
+  std::string dir, path;
+  if (!code) {
+    dir = cache_dir(options, stats.disk_note);
+    if (!dir.empty()) {
+      llvm::XXH128_hash_t h = llvm::xxh3_128bits(llvm::arrayRefFromStringRef(key));
+      char name[40];
+      std::snprintf(name, sizeof name, "%016llx%016llx.kobj",
+                    static_cast<unsigned long long>(h.high64),
+                    static_cast<unsigned long long>(h.low64));
+      path = dir + "/" + name;
+    }
+  }
+  stats.key_ms = lap();
+  if (code) {
+    stats.source = CompileStats::Source::MemoryCache;
+    stats.object_bytes = code->object_bytes;
+  } else if (std::string bytes; !path.empty() && read_file(path, bytes)) {
+    Entry entry;
+    std::string why = deserialize(bytes, key, entry);
+    stats.disk_ms = lap();
+    if (why.empty()) {
+      try {
+        code = load_object(entry.object, std::move(entry.meta), stats);
+        stats.source = CompileStats::Source::DiskCache;
+      } catch (const Error& e) {
+        why = std::string("unloadable entry: ") + e.what();
+      }
+    }
+    if (!why.empty()) {
+      stats.disk_note = why;
+      std::error_code ec;
+      fs::remove(path, ec);
+    }
+  }
+  if (!code) {
+    CompiledMeta meta;
+    std::string object = compile(meta);
+    std::string bytes = path.empty() ? "" : serialize(key, meta, object);
+    code = load_object(object, std::move(meta), stats);
+    if (!path.empty()) {
+      lap();
+      write_entry(dir, path, bytes, stats.disk_note);
+      stats.disk_ms = lap();
+    }
+  }
+  if (options.memory_cache && stats.source != CompileStats::Source::MemoryCache) {
+    std::lock_guard lock(g_mutex);
+    g_memory.emplace(memory_key, code);
+  }
+  stats.total_ms = total();
+  if (log_enabled(kLogCodegen)) {
+    char ms[32];
+    std::snprintf(ms, sizeof ms, ", %.2f ms", stats.total_ms);
+    log_text("object", std::to_string(code->object_bytes) + " bytes, " + source_name(stats.source) +
+                           (stats.disk_note.empty() ? "" : ", disk cache: " + stats.disk_note) +
+                           ms);
+  }
+  return code;
+}
+
+}  // namespace kiln::codegen

@@ -1,0 +1,203 @@
+// Object emission and JIT loading for codegen::Executable (ORC LLJIT), plus KILN_LOGS.
+// The cold path emits an object file itself, rather than letting a JIT compile IR, so that the
+// same bytes can be cached on disk and a warm start only links them (codegen/cache.cpp).
+#include "codegen/jit.h"
+
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <mutex>
+
+#include "codegen/runtime.h"
+#include "core/error.h"
+#include "llvm/ExecutionEngine/Orc/AbsoluteSymbols.h"
+#include "llvm/ExecutionEngine/Orc/JITTargetMachineBuilder.h"
+#include "llvm/ExecutionEngine/Orc/LLJIT.h"
+#include "llvm/IR/IRBuilder.h"
+#include "llvm/IR/LegacyPassManager.h"
+#include "llvm/IR/Module.h"
+#include "llvm/Support/ErrorHandling.h"
+#include "llvm/Support/MemoryBuffer.h"
+#include "llvm/Support/TargetSelect.h"
+#include "llvm/Support/raw_ostream.h"
+#include "llvm/Target/TargetMachine.h"
+#include "mlir/ExecutionEngine/OptUtils.h"
+#include "mlir/IR/BuiltinOps.h"
+#include "mlir/Target/LLVMIR/Export.h"
+
+namespace kiln::codegen {
+namespace {
+
+constexpr const char* kEntry = "_mlir_ciface_main";
+constexpr const char* kPackedEntry = "_mlir__mlir_ciface_main";  // ExecutionEngine's naming
+
+[[noreturn]] void fatal_handler(void*, const char* reason, bool) {
+  throw Error("codegen (LLVM fatal error)", reason);
+}
+
+/// The host's JIT target at -O3; PIC + small code model as JITLink expects on ELF/x86-64.
+const llvm::orc::JITTargetMachineBuilder& host_jtmb() {
+  static const llvm::orc::JITTargetMachineBuilder jtmb = [] {
+    init_llvm();
+    auto b = llvm::orc::JITTargetMachineBuilder::detectHost();
+    if (!b) throw Error("codegen::Executable", llvm::toString(b.takeError()));
+    b->setCodeGenOptLevel(llvm::CodeGenOptLevel::Aggressive);
+    b->setRelocationModel(llvm::Reloc::PIC_);
+    b->setCodeModel(llvm::CodeModel::Small);
+    return std::move(*b);
+  }();
+  return jtmb;
+}
+
+/// void _mlir__mlir_ciface_main(ptr args): loads each argument through args[i] and calls the
+/// C interface, so run() can call any arity through one function pointer.
+void add_packed_entry(llvm::Module& mod) {
+  llvm::Function* f = mod.getFunction(kEntry);
+  if (!f || !f->getReturnType()->isVoidTy())
+    throw Error("codegen::Executable: JIT", "no destination-passing @main in the LLVM module");
+  llvm::LLVMContext& ctx = mod.getContext();
+  llvm::Type* ptr = llvm::PointerType::get(ctx, 0);
+  auto* type = llvm::FunctionType::get(llvm::Type::getVoidTy(ctx), {ptr}, false);
+  auto* wrapper =
+      llvm::Function::Create(type, llvm::GlobalValue::ExternalLinkage, kPackedEntry, mod);
+  llvm::IRBuilder<> b(llvm::BasicBlock::Create(ctx, "entry", wrapper));
+  llvm::SmallVector<llvm::Value*> args;
+  for (llvm::Argument& param : f->args()) {
+    llvm::Value* slot = b.CreateConstGEP1_64(ptr, wrapper->getArg(0), param.getArgNo());
+    args.push_back(b.CreateLoad(param.getType(), b.CreateLoad(ptr, slot)));
+  }
+  b.CreateCall(f, args);
+  b.CreateRetVoid();
+}
+
+// Bits of LogStage: from KILN_LOGS (parsed once, on first use), then set_log_stages().
+std::atomic<int> g_log_stages{0};
+std::once_flag g_log_env_once;
+
+int parse_log_stages(std::string_view s) {
+  int bits = 0;
+  while (!s.empty()) {
+    size_t comma = s.find(',');
+    std::string_view item = s.substr(0, comma);
+    while (!item.empty() && item.front() == ' ') item.remove_prefix(1);
+    while (!item.empty() && item.back() == ' ') item.remove_suffix(1);
+    if (item == "ir") bits |= kLogIr;
+    if (item == "codegen") bits |= kLogCodegen;
+    if (comma == std::string_view::npos) break;
+    s.remove_prefix(comma + 1);
+  }
+  return bits;
+}
+
+void read_log_env() {
+  std::call_once(g_log_env_once, [] {
+    const char* env = std::getenv("KILN_LOGS");
+    g_log_stages.store(env ? parse_log_stages(env) : 0);
+  });
+}
+
+}  // namespace
+
+CompiledCode::CompiledCode() = default;
+CompiledCode::~CompiledCode() = default;
+
+void init_llvm() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    llvm::InitializeNativeTarget();
+    llvm::InitializeNativeTargetAsmPrinter();
+    llvm::install_fatal_error_handler(fatal_handler, nullptr);
+  });
+}
+
+const std::string& host_target_id() {
+  static const std::string id = [] {
+    const llvm::orc::JITTargetMachineBuilder& b = host_jtmb();
+    return b.getTargetTriple().str() + " " + b.getCPU() + " " + b.getFeatures().getString();
+  }();
+  return id;
+}
+
+std::string emit_object(mlir::ModuleOp m, const std::string& diagnostics, CompileStats& stats) {
+  Lap lap;
+  llvm::orc::JITTargetMachineBuilder jtmb = host_jtmb();  // createTargetMachine() is non-const
+  auto tm = jtmb.createTargetMachine();
+  if (!tm) throw Error("codegen::Executable: JIT", llvm::toString(tm.takeError()));
+  llvm::LLVMContext ctx;
+  std::unique_ptr<llvm::Module> mod = mlir::translateModuleToLLVMIR(m, ctx);
+  if (!mod) throw Error("codegen::Executable: translation to LLVM IR", diagnostics);
+  mod->setDataLayout((*tm)->createDataLayout());
+  mod->setTargetTriple((*tm)->getTargetTriple());
+  add_packed_entry(*mod);
+  // The loop vectorizer prefers 256-bit vectors on these CPUs; kernels here are long
+  // streaming loops, where full AVX-512 width does not cost frequency that matters.
+  if ((*tm)->getTargetFeatureString().contains("+avx512f"))
+    for (llvm::Function& f : *mod) f.addFnAttr("prefer-vector-width", "512");
+  if (llvm::Error e = mlir::makeOptimizingTransformer(3, 0, tm->get())(mod.get()))
+    throw Error("codegen::Executable: LLVM -O3", llvm::toString(std::move(e)));
+  stats.llvm_opt_ms = lap();
+  if (log_enabled(kLogCodegen)) {
+    std::string ir;
+    llvm::raw_string_ostream os(ir);
+    mod->print(os, nullptr);
+    log_text("LLVM IR after -O3", ir);
+  }
+  llvm::SmallVector<char, 0> object;
+  llvm::raw_svector_ostream os(object);
+  llvm::legacy::PassManager pm;
+  if ((*tm)->addPassesToEmitFile(pm, os, nullptr, llvm::CodeGenFileType::ObjectFile))
+    throw Error("codegen::Executable: JIT", "the host target cannot emit object files");
+  pm.run(*mod);
+  stats.codegen_ms = lap();
+  return std::string(object.begin(), object.end());
+}
+
+std::shared_ptr<const CompiledCode> load_object(const std::string& object, CompiledMeta meta,
+                                                CompileStats& stats) {
+  Lap lap;
+  const char* where = "codegen::Executable: JIT";
+  // No platform: the object has no static initialisers, and setting one up costs time.
+  auto jit = llvm::orc::LLJITBuilder()
+                 .setJITTargetMachineBuilder(host_jtmb())
+                 .setPlatformSetUp(llvm::orc::setUpInactivePlatform)
+                 .create();
+  if (!jit) throw Error(where, llvm::toString(jit.takeError()));
+  llvm::orc::SymbolMap runtime;
+  for (const RuntimeSymbol& s : runtime_symbols())
+    runtime[(*jit)->mangleAndIntern(s.name)] = {llvm::orc::ExecutorAddr::fromPtr(s.address),
+                                                llvm::JITSymbolFlags::Exported};
+  if (!runtime.empty())
+    if (llvm::Error e = (*jit)->getMainJITDylib().define(llvm::orc::absoluteSymbols(runtime)))
+      throw Error(where, llvm::toString(std::move(e)));
+  if (llvm::Error e = (*jit)->addObjectFile(llvm::MemoryBuffer::getMemBufferCopy(object, "kiln")))
+    throw Error(where, llvm::toString(std::move(e)));
+  auto entry = (*jit)->lookup(kPackedEntry);  // links now, so run() does not pay for it
+  if (!entry) throw Error(where, llvm::toString(entry.takeError()));
+  auto code = std::make_shared<CompiledCode>();
+  code->meta = std::move(meta);
+  code->fn = entry->toPtr<PackedFn>();
+  code->object_bytes = object.size();
+  code->jit = std::move(*jit);
+  stats.link_ms = lap();
+  stats.object_bytes = object.size();
+  return code;
+}
+
+bool log_enabled(LogStage stage) {
+  read_log_env();
+  return (g_log_stages.load(std::memory_order_relaxed) & stage) != 0;
+}
+
+void log_text(std::string_view stage, std::string_view text) {
+  std::string out = "// ----- kiln codegen: " + std::string(stage) + " -----\n";
+  out += text;
+  if (!out.empty() && out.back() != '\n') out += '\n';
+  std::fwrite(out.data(), 1, out.size(), stderr);
+}
+
+void set_log_stages(std::string_view stages) {
+  read_log_env();
+  g_log_stages.store(parse_log_stages(stages));
+}
+
+}  // namespace kiln::codegen

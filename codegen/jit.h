@@ -1,0 +1,93 @@
+#pragma once
+/// Internal to codegen/: the compiled form of a graph (metadata + JIT-linked object code), object
+/// emission and JIT loading for the host CPU, and the KILN_LOGS stage dumps. MLIR-free apart from
+/// a forward declaration, so the cache and tests can include it cheaply.
+#include <chrono>
+#include <cstddef>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "codegen/codegen.h"
+
+namespace mlir {
+class ModuleOp;
+}
+namespace llvm::orc {
+class LLJIT;
+}
+
+namespace kiln::codegen {
+
+/// One argument of @main as run() sees it.
+struct Param {
+  DType dtype;
+  std::vector<int64_t> shape;                // ir::kDynamic for `?`
+  std::vector<std::pair<int, int>> dyn_src;  // outputs: per dim, the (input, dim) giving a `?`
+};
+
+/// How run() splits rows over threads (codegen/row_split.h).
+struct RowSplitPlan {
+  bool splittable = false;
+  /// Per argument of `main` (inputs, in order): whether it is sliced by rows.
+  std::vector<bool> sliced_input;
+};
+
+/// What run() needs besides the code; stored with the object in the disk cache.
+struct CompiledMeta {
+  std::vector<Param> inputs, outputs;
+  int kernels = 0;
+  std::string linalg;
+  RowSplitPlan row_split;
+};
+
+/// `_mlir_ciface_main` behind a packed-arguments wrapper: args[i] points at argument i.
+using PackedFn = void (*)(void**);
+
+/// Code linked into its own LLJIT; `fn` stays valid while this object lives. Immutable once
+/// built, so Executables share it across threads.
+struct CompiledCode {
+  CompiledMeta meta;
+  PackedFn fn = nullptr;
+  std::size_t object_bytes = 0;
+  std::unique_ptr<llvm::orc::LLJIT> jit;
+  CompiledCode();
+  ~CompiledCode();
+};
+
+/// LLVM's native target and a fatal-error handler that throws kiln::Error; idempotent.
+void init_llvm();
+/// Triple, CPU name and CPU features of the host (the JIT's target), detected once.
+const std::string& host_target_id();
+
+/// LLVM-dialect module -> LLVM IR + packed entry wrapper -> -O3 -> object file bytes.
+/// `diagnostics` (the MLIR diagnostics collected so far) is quoted in errors.
+std::string emit_object(mlir::ModuleOp m, const std::string& diagnostics, CompileStats& stats);
+/// Links `object` into a new LLJIT whose main JITDylib also defines codegen/runtime.h's symbols
+/// (and sees the process's), then looks up the entry. Throws kiln::Error.
+std::shared_ptr<const CompiledCode> load_object(const std::string& object, CompiledMeta meta,
+                                                CompileStats& stats);
+
+enum LogStage : unsigned { kLogIr = 1, kLogCodegen = 2 };
+/// Whether KILN_LOGS (parsed once) or set_log_stages() selected `stage`.
+bool log_enabled(LogStage stage);
+/// Writes a header line naming `stage`, then `text`, to stderr in one piece.
+void log_text(std::string_view stage, std::string_view text);
+
+/// Milliseconds since construction or the previous call.
+class Lap {
+ public:
+  double operator()() {
+    auto now = std::chrono::steady_clock::now();
+    double ms = std::chrono::duration<double, std::milli>(now - last_).count();
+    last_ = now;
+    return ms;
+  }
+
+ private:
+  std::chrono::steady_clock::time_point last_ = std::chrono::steady_clock::now();
+};
+
+}  // namespace kiln::codegen

@@ -1,0 +1,166 @@
+// Row splitting of compiled graphs over the thread pool: relaxation and analysis (row_split.h).
+#include "codegen/row_split.h"
+
+#include "core/error.h"
+#include "ir/dialect.h"
+#include "mlir/Dialect/Arith/IR/Arith.h"
+#include "mlir/Dialect/Linalg/IR/Linalg.h"
+#include "mlir/Dialect/Tensor/IR/Tensor.h"
+#include "mlir/IR/Verifier.h"
+
+namespace kiln::codegen {
+
+bool relax_leading_dim(mlir::ModuleOp m) {
+  auto fn = m.lookupSymbol<mlir::func::FuncOp>("main");
+  if (!fn || fn.getBody().empty()) return false;
+  mlir::Block& body = fn.getBody().front();
+  auto ret = llvm::dyn_cast<mlir::func::ReturnOp>(body.getTerminator());
+  if (!ret || ret.getNumOperands() == 0) return false;
+  auto out0 = llvm::cast<mlir::RankedTensorType>(ret.getOperand(0).getType());
+  if (out0.getRank() == 0 || out0.isDynamicDim(0) || out0.getDimSize(0) <= 1) return false;
+  int64_t rows = out0.getDimSize(0);
+  for (mlir::Operation& op : body.without_terminator())
+    if (!llvm::isa<kiln::dialect::ElementwiseOp, kiln::dialect::ReduceOp,
+                   kiln::dialect::MatmulOp, kiln::dialect::ConstantOp,
+                   kiln::dialect::CompositeOp>(op))  // re-inferred like the others
+      return false;
+
+  bool relaxed = false;
+  for (mlir::BlockArgument a : body.getArguments()) {
+    auto t = llvm::cast<mlir::RankedTensorType>(a.getType());
+    if (t.getRank() == 0 || t.isDynamicDim(0) || t.getDimSize(0) != rows) continue;
+    llvm::SmallVector<int64_t> shape(t.getShape());
+    shape[0] = mlir::ShapedType::kDynamic;
+    a.setType(mlir::RankedTensorType::get(shape, t.getElementType()));
+    relaxed = true;
+  }
+  if (!relaxed) return false;
+  try {
+    for (mlir::Operation& op : body.without_terminator()) {
+      if (llvm::isa<kiln::dialect::ConstantOp>(op)) continue;
+      auto kind = kiln::dialect::op_kind_from_name(
+          op.getAttrOfType<mlir::StringAttr>("kind").getValue());
+      if (!kind) return false;
+      llvm::SmallVector<mlir::RankedTensorType> types;
+      for (mlir::Value v : op.getOperands())
+        types.push_back(llvm::cast<mlir::RankedTensorType>(v.getType()));
+      auto results = kiln::dialect::infer_result_types(
+          m.getContext(), *kind, types, kiln::dialect::attrs_from_op(*kind, &op));
+      if (results.size() != op.getNumResults()) return false;
+      for (auto [r, t] : llvm::zip(op.getResults(), results)) r.setType(t);
+    }
+  } catch (const Error&) {
+    return false;
+  }
+  fn.setType(mlir::FunctionType::get(m.getContext(), body.getArgumentTypes(),
+                                     ret.getOperandTypes()));
+  return mlir::succeeded(mlir::verify(m));
+}
+
+namespace {
+
+enum class Rows { kNone, kYes, kInit };  // kInit: tensor.empty, an init of either kind
+
+/// How an operand's indexing map uses loop d0: as its dim 0 only (rows), not at all (whole), or
+/// otherwise (not splittable).
+std::optional<bool> map_uses_rows(mlir::AffineMap map) {
+  bool uses = false;
+  for (unsigned i = 0; i < map.getNumResults(); ++i) {
+    bool here = map.getResult(i).isFunctionOfDim(0);
+    if (here && !(i == 0 && map.getResult(0) == mlir::getAffineDimExpr(0, map.getContext())))
+      return std::nullopt;
+    uses |= here;
+  }
+  return uses;
+}
+
+bool first_group_is_dim0(llvm::ArrayRef<mlir::ReassociationIndices> groups) {
+  return !groups.empty() && groups[0].size() == 1 && groups[0][0] == 0;
+}
+
+bool has_dynamic_rows(mlir::Value v) {
+  auto t = llvm::cast<mlir::RankedTensorType>(v.getType());
+  return t.getRank() > 0 && t.isDynamicDim(0);
+}
+
+}  // namespace
+
+RowSplitPlan plan_row_split(mlir::func::FuncOp fn) {
+  RowSplitPlan plan;
+  mlir::Block& body = fn.getBody().front();
+  llvm::DenseMap<mlir::Value, Rows> rows;  // what is known of each tensor value
+  // Arguments: sliced when any use reads them by rows (checked for consistency below).
+  for (mlir::BlockArgument a : body.getArguments()) {
+    auto t = llvm::cast<mlir::RankedTensorType>(a.getType());
+    bool by_rows = false;
+    for (mlir::OpOperand& use : a.getUses()) {
+      mlir::Operation* user = use.getOwner();
+      if (llvm::isa<mlir::func::ReturnOp>(user)) by_rows = true;
+      if (auto linalg = llvm::dyn_cast<mlir::linalg::LinalgOp>(user)) {
+        auto uses = map_uses_rows(linalg.getMatchingIndexingMap(&use));
+        if (!uses) return plan;
+        by_rows |= *uses;
+      }
+      if (llvm::isa<mlir::tensor::ExpandShapeOp, mlir::tensor::CollapseShapeOp>(user))
+        by_rows = true;
+    }
+    if (by_rows && (t.getRank() == 0 || !t.isDynamicDim(0))) return plan;
+    rows[a] = by_rows ? Rows::kYes : Rows::kNone;
+    plan.sliced_input.push_back(by_rows);
+  }
+  auto kind_of = [&](mlir::Value v) {
+    auto it = rows.find(v);
+    return it == rows.end() ? std::optional<Rows>() : std::optional<Rows>(it->second);
+  };
+  for (mlir::Operation& op : body) {
+    if (llvm::isa<mlir::tensor::EmptyOp>(op)) {
+      rows[op.getResult(0)] = Rows::kInit;
+      continue;
+    }
+    if (llvm::isa<mlir::arith::ConstantOp>(op)) {  // read whole by every block
+      rows[op.getResult(0)] = Rows::kNone;
+      continue;
+    }
+    if (llvm::isa<mlir::tensor::DimOp>(op)) continue;  // dim 0 of a slice is the block's rows
+    if (auto ret = llvm::dyn_cast<mlir::func::ReturnOp>(op)) {
+      for (mlir::Value v : ret.getOperands())
+        if (kind_of(v) != Rows::kYes) return plan;
+      continue;
+    }
+    if (llvm::isa<mlir::tensor::ExpandShapeOp, mlir::tensor::CollapseShapeOp>(op)) {
+      auto groups = llvm::isa<mlir::tensor::ExpandShapeOp>(op)
+                        ? llvm::cast<mlir::tensor::ExpandShapeOp>(op).getReassociationIndices()
+                        : llvm::cast<mlir::tensor::CollapseShapeOp>(op).getReassociationIndices();
+      auto src = kind_of(op.getOperand(0));
+      if (!src || !first_group_is_dim0(groups)) return plan;
+      if (*src == Rows::kYes && !has_dynamic_rows(op.getResult(0))) return plan;
+      rows[op.getResult(0)] = *src;
+      continue;
+    }
+    auto linalg = llvm::dyn_cast<mlir::linalg::LinalgOp>(op);
+    if (!linalg || linalg.getNumLoops() == 0 ||
+        linalg.getIteratorTypesArray()[0] != mlir::utils::IteratorType::parallel)
+      return plan;
+    // The loop body must not read the row index: in a block it would count from the block's start.
+    bool reads_row_index = false;
+    op.walk([&](mlir::linalg::IndexOp index) { reads_row_index |= index.getDim() == 0; });
+    if (reads_row_index) return plan;
+    for (mlir::OpOperand& operand : op.getOpOperands()) {
+      if (!llvm::isa<mlir::RankedTensorType>(operand.get().getType())) continue;  // scalars
+      auto uses = map_uses_rows(linalg.getMatchingIndexingMap(&operand));
+      auto known = kind_of(operand.get());
+      if (!uses || !known) return plan;
+      bool is_init = linalg.isDpsInit(&operand);
+      if (is_init && !*uses) return plan;  // every result must carry rows
+      if (*known != Rows::kInit && (*known == Rows::kYes) != *uses) return plan;
+    }
+    for (mlir::Value r : op.getResults()) {
+      if (!has_dynamic_rows(r)) return plan;  // a static size would not follow the block
+      rows[r] = Rows::kYes;
+    }
+  }
+  plan.splittable = true;
+  return plan;
+}
+
+}  // namespace kiln::codegen

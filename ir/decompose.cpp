@@ -1,0 +1,249 @@
+// kiln-decompose: composite ops -> primitive kiln ops, with the formulas of eager's kernels
+// (backends/cpu/normalization.cpp, reduce.cpp, loss.cpp), so that compiled results match eager
+// up to summation order. Each decomposition ends in a value of the composite's exact type;
+// an op whose decomposition fails (unsupported case, e.g. a dynamic class dim) is left as it is.
+#include "ir/decompose.h"
+
+#include <cmath>
+#include <limits>
+#include <numeric>
+
+#include "core/error.h"
+#include "core/meta.h"
+#include "ir/dialect.h"
+#include "mlir/IR/BuiltinOps.h"
+
+namespace kiln::dialect {
+namespace {
+
+/// Builds primitive kiln ops at one insertion point.
+struct Emitter {
+  mlir::OpBuilder& b;
+  mlir::Location loc;
+
+  mlir::Value op(OpKind k, mlir::ValueRange in, const OpAttrs& a = {}) {
+    return create_op(b, loc, k, in, a);
+  }
+  mlir::Value op(OpKind k, mlir::Value x) { return op(k, mlir::ValueRange{x}); }
+  mlir::Value op(OpKind k, mlir::Value x, mlir::Value y) { return op(k, mlir::ValueRange{x, y}); }
+  mlir::Value where(mlir::Value c, mlir::Value x, mlir::Value y) {
+    return op(OpKind::Where, mlir::ValueRange{c, x, y});
+  }
+  /// Reduction `k` over the dims of `over` (dims / all_dims), with the given keepdim.
+  mlir::Value reduce(OpKind k, mlir::Value x, const OpAttrs& over, bool keepdim) {
+    OpAttrs a;
+    a.dims = over.dims;
+    a.all_dims = over.all_dims;
+    a.keepdim = keepdim;
+    return op(k, mlir::ValueRange{x}, a);
+  }
+  /// A 0-d constant: broadcasts to anything and, being 0-d, does not promote a tensor's dtype.
+  mlir::Value scalar(mlir::Type t, double v) {
+    return splat_constant(b, loc, mlir::RankedTensorType::get({}, t), v);
+  }
+};
+
+mlir::RankedTensorType type_of(mlir::Value v) {
+  return llvm::cast<mlir::RankedTensorType>(v.getType());
+}
+mlir::Type elem(mlir::Value v) { return type_of(v).getElementType(); }
+bool is_float(mlir::Value v) { return llvm::isa<mlir::FloatType>(elem(v)); }
+
+OpAttrs over_dim(int64_t d) {
+  OpAttrs a;
+  a.dims = Dims{d};
+  return a;
+}
+OpAttrs over_all() {
+  OpAttrs a;
+  a.all_dims = true;
+  return a;
+}
+
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+
+// softmax = exp(x - m) * (1 / Σ exp(x - m)); log_softmax = (x - m) - log Σ exp(x - m); m = amax
+// (NaN wins, as in eager). Subtracting m first keeps the precision of large logits. The
+// reciprocal, as in eager, is per row: after fusion it is loop-invariant in the inner loop, so
+// the per-element work is a multiply, not a divide.
+mlir::Value softmax(Emitter& E, mlir::Value x, int64_t dim, bool log) {
+  OpAttrs r = over_dim(dim);
+  mlir::Value d = E.op(OpKind::Sub, x, E.reduce(OpKind::Amax, x, r, true));
+  mlir::Value e = E.op(OpKind::Exp, d);
+  mlir::Value s = E.reduce(OpKind::Sum, e, r, true);
+  return log ? E.op(OpKind::Sub, d, E.op(OpKind::Log, s))
+             : E.op(OpKind::Mul, e, E.op(OpKind::Reciprocal, s));
+}
+
+// var = Σ (x - mean)² / (n - correction), nan when n - correction <= 0; std = sqrt(var).
+mlir::Value variance(Emitter& E, mlir::Value x, const OpAttrs& a, bool is_std) {
+  mlir::Value d = E.op(OpKind::Sub, x, E.reduce(OpKind::Mean, x, a, true));
+  mlir::Value s = E.reduce(OpKind::Sum, E.op(OpKind::Mul, d, d), a, a.keepdim);
+  mlir::Type t = elem(s);
+  auto xt = type_of(x);
+  uint32_t mask = reduction_mask(a, static_cast<int>(xt.getRank()), "var", Loc::current());
+  bool dynamic = false;
+  int64_t n = 1;
+  for (int64_t i = 0; i < xt.getRank(); ++i) {
+    if (!(mask >> i & 1)) continue;
+    if (xt.isDynamicDim(i))
+      dynamic = true;
+    else
+      n *= xt.getDimSize(i);
+  }
+  mlir::Value v;
+  if (!dynamic) {
+    double denom = static_cast<double>(n) - static_cast<double>(a.mode);
+    v = denom > 0 ? E.op(OpKind::Div, s, E.scalar(t, denom))
+                  : E.op(OpKind::Mul, s, E.scalar(t, kNaN));
+  } else {
+    // n is known at run time only: count the elements (x == x || x != x holds for NaN too).
+    mlir::Type i64 = E.b.getI64Type();
+    mlir::Value all = E.op(OpKind::LogicalOr, E.op(OpKind::Eq, x, x), E.op(OpKind::Ne, x, x));
+    mlir::Value denom =
+        E.op(OpKind::Sub, E.reduce(OpKind::Sum, all, a, a.keepdim), E.scalar(i64, a.mode));
+    v = E.where(E.op(OpKind::Gt, denom, E.scalar(i64, 0)), E.op(OpKind::Div, s, denom),
+                E.scalar(t, kNaN));
+  }
+  return is_std ? E.op(OpKind::Sqrt, v) : v;
+}
+
+// logsumexp = m + log Σ exp(x - m), m = amax with ±inf replaced by 0 (eager, PyTorch), so a
+// slice of -inf gives -inf rather than nan.
+mlir::Value logsumexp(Emitter& E, mlir::Value x, const OpAttrs& a) {
+  mlir::Type t = elem(x);
+  auto finite_max = [&](bool keepdim) {
+    mlir::Value m = E.reduce(OpKind::Amax, x, a, keepdim);
+    mlir::Value inf = E.op(OpKind::Eq, E.op(OpKind::Abs, m), E.scalar(t, INFINITY));
+    return E.where(inf, E.scalar(t, 0), m);
+  };
+  mlir::Value m = finite_max(true);
+  mlir::Value s = E.reduce(OpKind::Sum, E.op(OpKind::Exp, E.op(OpKind::Sub, x, m)), a, a.keepdim);
+  // Without keepdim the max is reduced again rather than squeezed (views do not lower yet).
+  return E.op(OpKind::Add, E.op(OpKind::Log, s), a.keepdim ? m : finite_max(false));
+}
+
+// layer_norm = (x - mean) * rsqrt(var_biased + eps) [* weight] [+ bias] over the trailing
+// normalized_shape dims.
+mlir::Value layer_norm(Emitter& E, mlir::ValueRange in, const OpAttrs& a) {
+  mlir::Value x = in[0];
+  int64_t rank = type_of(x).getRank();
+  OpAttrs r;
+  for (int64_t i = rank - a.dims.size(); i < rank; ++i) r.dims.push_back(i);
+  mlir::Value d = E.op(OpKind::Sub, x, E.reduce(OpKind::Mean, x, r, true));
+  mlir::Value var = E.reduce(OpKind::Mean, E.op(OpKind::Mul, d, d), r, true);
+  mlir::Value rstd = E.op(OpKind::Rsqrt, E.op(OpKind::Add, var, E.scalar(elem(x), a.eps)));
+  mlir::Value y = E.op(OpKind::Mul, d, rstd);
+  if (in.size() > 1) y = E.op(OpKind::Mul, y, in[1]);
+  if (in.size() > 2) y = E.op(OpKind::Add, y, in[2]);
+  return y;
+}
+
+// nll_loss: the target's log-prob is picked by a one-hot mask (no gather primitive): class ids
+// [C, 1] == target [N] is [C, N]; Σ over classes of where(mask, xᵀ, 0). Ignored targets give 0;
+// mean divides by the number of the others (0/0 = nan, as eager). Out-of-range targets, which
+// eager rejects, give 0 here.
+mlir::Value nll_loss(Emitter& E, mlir::Value x, mlir::Value target, const OpAttrs& a) {
+  auto xt = type_of(x);
+  bool batched = xt.getRank() == 2;
+  int64_t classes = xt.getDimSize(batched ? 1 : 0);
+  if (classes == mlir::ShapedType::kDynamic) return {};
+  mlir::Type t = xt.getElementType(), i64 = E.b.getI64Type();
+  std::vector<int64_t> ids(static_cast<size_t>(classes));
+  std::iota(ids.begin(), ids.end(), int64_t{0});
+  auto id_type = batched ? mlir::RankedTensorType::get({classes, 1}, i64)
+                         : mlir::RankedTensorType::get({classes}, i64);
+  mlir::Value id = ConstantOp::create(E.b, E.loc, id_type,
+                                      mlir::DenseElementsAttr::get(id_type, llvm::ArrayRef(ids)));
+  mlir::Value xs = x;
+  if (batched) {
+    OpAttrs tr;
+    tr.dim1 = 1;
+    xs = E.op(OpKind::Transpose, mlir::ValueRange{x}, tr);
+  }
+  mlir::Value zero = E.scalar(t, 0);
+  mlir::Value picked =
+      E.reduce(OpKind::Sum, E.where(E.op(OpKind::Eq, target, id), xs, zero), over_dim(0), false);
+  // ignore_index in the target's dtype: a 0-d operand does not promote, and lowering never narrows.
+  mlir::Value ignore = E.scalar(elem(target), static_cast<double>(a.ignore_index));
+  mlir::Value valid = E.op(OpKind::Ne, target, ignore);
+  mlir::Value loss = E.where(valid, E.op(OpKind::Neg, picked), zero);
+  if (a.mode == 0) return loss;
+  mlir::Value total = E.reduce(OpKind::Sum, loss, over_all(), false);
+  if (a.mode == 2) return total;
+  return E.op(OpKind::Div, total, E.reduce(OpKind::Sum, valid, over_all(), false));
+}
+
+// mse_loss = (a - b)², then mean / sum over everything (float inputs only).
+mlir::Value mse_loss(Emitter& E, mlir::Value x, mlir::Value y, const OpAttrs& a) {
+  if (!is_float(x) || !is_float(y)) return {};
+  mlir::Value d = E.op(OpKind::Sub, x, y);
+  mlir::Value sq = E.op(OpKind::Mul, d, d);
+  if (a.mode == 0) return sq;
+  return E.reduce(a.mode == 1 ? OpKind::Mean : OpKind::Sum, sq, over_all(), false);
+}
+
+/// The decomposition of `kind`, or a null value for ops that stay as they are.
+mlir::Value decompose(Emitter& E, OpKind kind, mlir::ValueRange in, const OpAttrs& a) {
+  switch (kind) {
+    case OpKind::Softmax:
+    case OpKind::LogSoftmax:
+      return softmax(E, in[0], a.dim, kind == OpKind::LogSoftmax);
+    case OpKind::LayerNorm:
+      return layer_norm(E, in, a);
+    case OpKind::Var:
+    case OpKind::Std:
+      return variance(E, in[0], a, kind == OpKind::Std);
+    case OpKind::LogSumExp:
+      return is_float(in[0]) ? logsumexp(E, in[0], a) : mlir::Value();
+    case OpKind::NllLoss:
+      return nll_loss(E, in[0], in[1], a);
+    case OpKind::MseLoss:
+      return mse_loss(E, in[0], in[1], a);
+    default:
+      return {};
+  }
+}
+
+struct DecomposePass : mlir::PassWrapper<DecomposePass, mlir::OperationPass<mlir::ModuleOp>> {
+  MLIR_DEFINE_EXPLICIT_INTERNAL_INLINE_TYPE_ID(DecomposePass)
+  llvm::StringRef getArgument() const override { return "kiln-decompose"; }
+  llvm::StringRef getDescription() const override {
+    return "Rewrite composite kiln ops (softmax, log_softmax, layer_norm, var, std, logsumexp, "
+           "nll_loss, mse_loss) into primitive kiln ops";
+  }
+  void runOnOperation() override {
+    llvm::SmallVector<mlir::Operation*> ops;
+    getOperation().walk([&](mlir::Operation* op) {
+      if (llvm::isa<CompositeOp, ReduceOp>(op)) ops.push_back(op);
+    });
+    for (mlir::Operation* op : ops) {
+      auto kind = op_kind_from_name(op->getAttrOfType<mlir::StringAttr>("kind").getValue());
+      if (!kind) continue;
+      mlir::OpBuilder b(op);
+      Emitter E{b, op->getLoc()};
+      mlir::Operation* before = op->getPrevNode();
+      mlir::Value r;
+      try {
+        r = decompose(E, *kind, op->getOperands(), attrs_from_op(*kind, op));
+      } catch (const Error&) {
+        r = {};  // a case the primitives do not cover: keep the composite
+      }
+      if (r && r.getType() == op->getResult(0).getType()) {
+        op->getResult(0).replaceAllUsesWith(r);
+        op->erase();
+        continue;
+      }
+      // Drop what a failed decomposition built (users come after their operands).
+      while (op->getPrevNode() != before) op->getPrevNode()->erase();
+    }
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<mlir::Pass> create_decompose_pass() { return std::make_unique<DecomposePass>(); }
+
+void register_decompose_pass() { mlir::PassRegistration<DecomposePass>(); }
+
+}  // namespace kiln::dialect

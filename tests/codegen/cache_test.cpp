@@ -1,0 +1,359 @@
+// codegen's compile cache: in-memory and on-disk hits, bad entries rebuilt, no collisions,
+// KILN_LOGS dumps. Results are compared with eager kiln.
+#include <catch2/catch.hpp>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "codegen/cache.h"
+#include "codegen/codegen.h"
+#include "kiln/kiln.h"
+
+using namespace kiln;
+namespace fs = std::filesystem;
+using Source = codegen::CompileStats::Source;
+
+namespace {
+
+/// Sets an environment variable for one scope, then restores it.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old;
+    if (value) ::setenv(name, value, 1);
+    else ::unsetenv(name);
+  }
+  ~ScopedEnv() {
+    if (old_) ::setenv(name_, old_->c_str(), 1);
+    else ::unsetenv(name_);
+  }
+
+ private:
+  const char* name_;
+  std::optional<std::string> old_;
+};
+
+std::string make_temp_dir() {
+  char tmpl[] = "/tmp/kiln-cache-test-XXXXXX";
+  REQUIRE(::mkdtemp(tmpl) != nullptr);
+  return tmpl;
+}
+
+/// A fresh KILN_CACHE_DIR (removed afterwards) and an empty memory cache.
+struct TempCache {
+  std::string dir = make_temp_dir();
+  ScopedEnv env{"KILN_CACHE_DIR", dir.c_str()};
+  ScopedEnv enabled{"KILN_DISABLE_CACHE", nullptr};
+  TempCache() { codegen::clear_memory_cache(); }
+  ~TempCache() {
+    codegen::clear_memory_cache();
+    std::error_code ec;
+    fs::remove_all(dir, ec);
+  }
+  std::vector<fs::path> entries() const {
+    std::vector<fs::path> out;
+    for (const auto& e : fs::directory_iterator(dir)) out.push_back(e.path());
+    return out;
+  }
+};
+
+/// 10 elementwise ops: sigmoid(max(|-(((tanh(x*y + x) - y) * x)|, y)) + x.
+ir::Graph chain(const std::vector<int64_t>& shape, DType dtype = DType::Float32) {
+  ir::Graph g;
+  ir::Value x = g.input(dtype, shape), y = g.input(dtype, shape);
+  ir::Value v = g.op(OpKind::Tanh, {g.op(OpKind::Add, {g.op(OpKind::Mul, {x, y}), x})});
+  v = g.op(OpKind::Neg, {g.op(OpKind::Mul, {g.op(OpKind::Sub, {v, y}), x})});
+  v = g.op(OpKind::Sigmoid, {g.op(OpKind::Maximum, {g.op(OpKind::Abs, {v}), y})});
+  g.output(g.op(OpKind::Add, {v, x}));
+  return g;
+}
+
+Tensor eager_chain(const Tensor& x, const Tensor& y) {
+  Tensor v = neg(mul(sub(tanh(add(mul(x, y), x)), y), x));
+  return add(sigmoid(maximum(abs(v), y)), x);
+}
+
+double max_abs_diff(const Tensor& a, const Tensor& b) {
+  REQUIRE(a.shape() == b.shape());
+  REQUIRE(a.dtype() == b.dtype());
+  return amax(abs(sub(a, b))).item<double>();
+}
+
+/// Runs `exe` on random inputs of `shape` and checks it against eager (tanh/exp are polynomial
+/// approximations in compiled code).
+void check_chain(const codegen::Executable& exe, const Shape& shape,
+                 DType dtype = DType::Float32) {
+  Tensor x = randn(shape).to(dtype), y = randn(shape).to(dtype);
+  std::vector<Tensor> out = exe.run({x, y});
+  REQUIRE(out.size() == 1);
+  CHECK(max_abs_diff(out[0], eager_chain(x, y)) < 1e-5);
+}
+
+codegen::Executable compile_fresh(const ir::Graph& g) {
+  codegen::clear_memory_cache();
+  return codegen::Executable(g);
+}
+
+}  // namespace
+
+TEST_CASE("cache: a memory hit shares the code and does not recompile") {
+  TempCache cache;
+  ir::Graph g = chain({64, 33});
+  codegen::Executable a(g);
+  CHECK(a.stats().source == Source::Compiled);
+  CHECK(a.stats().llvm_opt_ms > 0);
+  codegen::Executable b(chain({64, 33}));  // an equal graph built again
+  CHECK(b.stats().source == Source::MemoryCache);
+  CHECK(b.stats().lower_ms == 0);
+  CHECK(b.stats().llvm_opt_ms == 0);
+  CHECK(b.stats().object_bytes == a.stats().object_bytes);
+  CHECK(b.num_kernels() == a.num_kernels());
+  CHECK(b.linalg_ir() == a.linalg_ir());
+  Tensor x = randn({64, 33}), y = randn({64, 33});
+  CHECK(max_abs_diff(a.run({x, y})[0], b.run({x, y})[0]) == 0);
+  check_chain(b, {64, 33});
+  // Without the memory cache it compiles again.
+  codegen::CompileOptions no_memory;
+  no_memory.memory_cache = false;
+  no_memory.disk_cache = false;
+  CHECK(codegen::Executable(g, no_memory).stats().source == Source::Compiled);
+}
+
+TEST_CASE("cache: a disk hit after the memory cache is cleared; dynamic dims survive") {
+  TempCache cache;
+  ir::Graph g = chain({ir::kDynamic, 7});
+  codegen::Executable a = compile_fresh(g);
+  CHECK(a.stats().source == Source::Compiled);
+  REQUIRE(cache.entries().size() == 1);
+  CHECK(cache.entries()[0].extension() == ".kobj");
+  codegen::Executable b = compile_fresh(g);
+  CHECK(b.stats().source == Source::DiskCache);
+  CHECK(b.stats().disk_note.empty());
+  CHECK(b.stats().lower_ms == 0);
+  CHECK(b.stats().object_bytes == a.stats().object_bytes);
+  CHECK(b.num_kernels() == 1);
+  CHECK(b.linalg_ir() == a.linalg_ir());
+  check_chain(b, {5, 7});
+  check_chain(b, {130, 7});
+  CHECK_THROWS_AS(b.run({randn({5, 6}), randn({5, 6})}), Error);  // static dim still checked
+}
+
+TEST_CASE("cache: a disk hit keeps the row-split plan (threads over rows)") {
+  TempCache cache;
+  ir::Graph g = chain({512, 256});  // 1.5 MB of rows: run() splits them over the pool
+  codegen::Executable a = compile_fresh(g);
+  codegen::Executable b = compile_fresh(g);
+  REQUIRE(b.stats().source == Source::DiskCache);
+  CHECK(a.row_parallel());
+  CHECK(b.row_parallel());
+  check_chain(b, {512, 256});
+  CHECK_THROWS_AS(b.run({randn({511, 256}), randn({511, 256})}), Error);  // dim 0 still static
+}
+
+TEST_CASE("cache: corrupted or truncated entries are deleted and rebuilt") {
+  TempCache cache;
+  ir::Graph g = chain({100});
+  compile_fresh(g);
+  REQUIRE(cache.entries().size() == 1);
+  const fs::path entry = cache.entries()[0];
+  const auto size = fs::file_size(entry);
+  // (what to do to the file, the expected note)
+  std::vector<std::pair<std::function<void()>, std::string>> damages = {
+      {[&] { fs::resize_file(entry, size / 2); }, "corrupted entry (size)"},
+      {[&] { fs::resize_file(entry, 10); }, "corrupted entry (truncated header)"},
+      {[&] { fs::resize_file(entry, 0); }, "corrupted entry (truncated header)"},
+      {[&] {
+         std::fstream f(entry, std::ios::in | std::ios::out | std::ios::binary);
+         f.seekp(static_cast<std::streamoff>(size - 100));
+         f.put('\x5a').put('\xa5');
+       },
+       "corrupted entry (checksum)"},
+      {[&] {
+         std::fstream f(entry, std::ios::in | std::ios::out | std::ios::binary);
+         f.put('X');
+       },
+       "corrupted entry (magic)"},
+  };
+  for (auto& [damage, note] : damages) {
+    INFO(note);
+    damage();
+    codegen::Executable rebuilt = compile_fresh(g);
+    CHECK(rebuilt.stats().source == Source::Compiled);
+    CHECK(rebuilt.stats().disk_note == note);
+    check_chain(rebuilt, {100});
+    codegen::Executable again = compile_fresh(g);  // the rewritten entry is good
+    CHECK(again.stats().source == Source::DiskCache);
+    check_chain(again, {100});
+    REQUIRE(fs::file_size(entry) == size);
+  }
+}
+
+TEST_CASE("cache: an entry of another codegen version is stale and rebuilt") {
+  TempCache cache;
+  ir::Graph g = chain({3, 4});
+  codegen::set_codegen_version_for_testing("kiln-codegen 0 (test)");
+  codegen::Executable old = compile_fresh(g);
+  codegen::set_codegen_version_for_testing("");
+  CHECK(old.stats().source == Source::Compiled);
+  codegen::Executable rebuilt = compile_fresh(g);
+  CHECK(rebuilt.stats().source == Source::Compiled);
+  CHECK(rebuilt.stats().disk_note == "stale entry (version)");
+  check_chain(rebuilt, {3, 4});
+  CHECK(cache.entries().size() == 1);  // replaced, not added
+  CHECK(compile_fresh(g).stats().source == Source::DiskCache);
+}
+
+TEST_CASE("cache: an unusable or disabled cache dir still compiles") {
+  TempCache cache;
+  ir::Graph g = chain({8});
+  SECTION("unwritable (a path below a regular file)") {
+    const std::string file = cache.dir + "/plain-file";
+    std::ofstream(file) << "x";
+    ScopedEnv env("KILN_CACHE_DIR", (file + "/kiln").c_str());
+    codegen::Executable a = compile_fresh(g);
+    CHECK(a.stats().source == Source::Compiled);
+    CHECK(a.stats().disk_note == "disabled (unwritable cache dir)");
+    check_chain(a, {8});
+    codegen::Executable b = compile_fresh(g);  // not tried again
+    CHECK(b.stats().source == Source::Compiled);
+    CHECK(b.stats().disk_note == "disabled (unwritable cache dir)");
+    CHECK(b.stats().disk_ms == 0);
+  }
+  SECTION("KILN_CACHE_DIR empty") {
+    ScopedEnv env("KILN_CACHE_DIR", "");
+    codegen::Executable a = compile_fresh(g);
+    CHECK(a.stats().disk_note == "disabled (KILN_CACHE_DIR is empty)");
+    check_chain(a, {8});
+    CHECK(cache.entries().empty());
+  }
+  SECTION("KILN_DISABLE_CACHE=1") {
+    ScopedEnv env("KILN_DISABLE_CACHE", "1");
+    codegen::Executable a = compile_fresh(g);
+    CHECK(a.stats().disk_note == "disabled (KILN_DISABLE_CACHE)");
+    CHECK(cache.entries().empty());
+  }
+  SECTION("CompileOptions::cache_dir overrides the environment") {
+    const std::string dir = cache.dir + "/explicit";
+    codegen::CompileOptions options;
+    options.cache_dir = dir;
+    codegen::clear_memory_cache();
+    codegen::Executable a(g, options);
+    CHECK(fs::exists(dir));
+    CHECK(cache.entries().size() == 1);  // just the explicit dir
+    codegen::clear_memory_cache();
+    CHECK(codegen::Executable(g, options).stats().source == Source::DiskCache);
+  }
+}
+
+TEST_CASE("cache: different shapes, dtypes and ops do not collide") {
+  TempCache cache;
+  ir::Graph other_op;
+  {
+    ir::Value x = other_op.input(DType::Float32, {3, 4}), y = other_op.input(DType::Float32, {3, 4});
+    other_op.output(other_op.op(OpKind::Sub, {x, y}));
+  }
+  for (int pass = 0; pass < 2; ++pass) {  // compile, then every one from disk
+    INFO("pass " << pass);
+    codegen::clear_memory_cache();
+    Source expected = pass == 0 ? Source::Compiled : Source::DiskCache;
+    codegen::Executable a(chain({3, 4})), b(chain({4, 3})), c(chain({3, 4}, DType::Float64)),
+        d(other_op);
+    for (const codegen::Executable* e : {&a, &b, &c, &d}) CHECK(e->stats().source == expected);
+    check_chain(a, {3, 4});
+    check_chain(b, {4, 3});
+    check_chain(c, {3, 4}, DType::Float64);
+    CHECK_THROWS_AS(a.run({randn({4, 3}), randn({4, 3})}), Error);
+    CHECK_THROWS_AS(c.run({randn({3, 4}), randn({3, 4})}), Error);  // float32 into float64
+    Tensor x = randn({3, 4}), y = randn({3, 4});
+    CHECK(max_abs_diff(d.run({x, y})[0], sub(x, y)) == 0);
+  }
+  CHECK(cache.entries().size() == 4);
+}
+
+TEST_CASE("cache: Executables sharing code run concurrently") {
+  TempCache cache;
+  codegen::Executable a(chain({257})), b(chain({257}));
+  REQUIRE(b.stats().source == Source::MemoryCache);
+  Tensor x = randn({257}), y = randn({257});
+  Tensor expected = a.run({x, y})[0];
+  std::vector<int> bad(4, 0);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t)
+    threads.emplace_back([&, t] {
+      const codegen::Executable& e = t % 2 ? a : b;
+      for (int i = 0; i < 50; ++i)
+        if (amax(abs(sub(e.run({x, y})[0], expected))).item<double>() != 0) ++bad[t];
+    });
+  for (std::thread& t : threads) t.join();
+  CHECK(bad == std::vector<int>(4, 0));
+}
+
+TEST_CASE("cache: set_log_stages dumps every stage to stderr") {
+  TempCache cache;
+  const std::string log = cache.dir + "/stderr.txt";
+  std::fflush(stderr);
+  int saved = ::dup(2);
+  FILE* f = std::fopen(log.c_str(), "w");
+  REQUIRE(f);
+  ::dup2(::fileno(f), 2);
+  codegen::set_log_stages("ir, codegen");
+  {
+    codegen::Executable a(chain({16}));
+    codegen::Executable b(chain({16}));  // a memory hit logs its outcome only
+  }
+  codegen::set_log_stages("");
+  codegen::Executable quiet(chain({12345}));
+  std::fflush(stderr);
+  ::dup2(saved, 2);
+  ::close(saved);
+  std::fclose(f);
+  std::ifstream in(log);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  for (const char* stage : {"kiln MLIR", "linalg fused", "bufferized", "LLVM dialect",
+                            "LLVM IR after -O3"}) {
+    INFO(stage);
+    CHECK(text.find(std::string("kiln codegen: ") + stage + " -----") != std::string::npos);
+  }
+  CHECK(text.find("kiln.elementwise") != std::string::npos);
+  CHECK(text.find("linalg.generic") != std::string::npos);
+  CHECK(text.find("llvm.func") != std::string::npos);
+  CHECK(text.find("define void @_mlir__mlir_ciface_main") != std::string::npos);
+  CHECK(text.find("bytes, compiled") != std::string::npos);
+  CHECK(text.find("bytes, memory cache hit") != std::string::npos);
+  CHECK(text.find("12345xf32") == std::string::npos);  // nothing logged once switched off
+}
+
+TEST_CASE("cache: Executables are built concurrently (same and different graphs)") {
+  TempCache cache;
+  // Inputs and expected values made here: Catch2 assertions and the RNG stay on this thread.
+  std::vector<std::vector<Tensor>> inputs = {{randn({40}), randn({40})}, {randn({41}), randn({41})}};
+  std::vector<Tensor> expected;
+  for (const auto& in : inputs) expected.push_back(eager_chain(in[0], in[1]));
+  std::vector<int> bad(4, 0);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t)
+    threads.emplace_back([&, t] {
+      try {
+        for (int i = 0; i < 3; ++i) {
+          const int k = t % 2;  // two threads per graph
+          codegen::Executable e(chain({40 + k}));
+          Tensor diff = abs(sub(e.run(inputs[k])[0], expected[k]));
+          if (amax(diff).item<double>() >= 1e-5) ++bad[t];
+          if (i == 1) codegen::clear_memory_cache();
+        }
+      } catch (const std::exception&) {
+        ++bad[t];
+      }
+    });
+  for (std::thread& t : threads) t.join();
+  CHECK(bad == std::vector<int>(4, 0));
+  CHECK(cache.entries().size() == 2);
+}

@@ -1,0 +1,156 @@
+// kiln-decompose: composite ops -> primitive kiln ops (ir/decompose.cpp), then all of it lowers
+// to linalg (no kiln op left) and fuses.
+// RUN: kiln-opt %s --kiln-decompose | FileCheck %s
+// RUN: kiln-opt %s --kiln-decompose | kiln-opt | FileCheck %s
+// RUN: kiln-opt %s --kiln-decompose --convert-kiln-to-linalg --canonicalize --linalg-fuse-elementwise-ops --cse \
+// RUN: | FileCheck %s --check-prefix=LOWER
+
+// LOWER-NOT: kiln.
+// LOWER-LABEL: func.func @softmax
+// LOWER-COUNT-2: linalg.fill
+// LOWER-LABEL: func.func @nll_loss
+// LOWER: linalg.transpose
+// LOWER-NOT: kiln.
+
+// softmax = exp(x - amax) * reciprocal(sum(exp(x - amax))), reductions with keepdim over the dim.
+// CHECK-LABEL: func.func @softmax
+// CHECK: %[[M:.*]] = kiln.reduce "amax" %arg0 {dims = array<i64: -1>, keepdim} : (tensor<?x5xf32>) -> tensor<?x1xf32>
+// CHECK: %[[D:.*]] = kiln.elementwise "sub" %arg0, %[[M]] : (tensor<?x5xf32>, tensor<?x1xf32>) -> tensor<?x5xf32>
+// CHECK: %[[E:.*]] = kiln.elementwise "exp" %[[D]]
+// CHECK: %[[S:.*]] = kiln.reduce "sum" %[[E]] {dims = array<i64: -1>, keepdim}
+// CHECK: %[[R:.*]] = kiln.elementwise "reciprocal" %[[S]] : (tensor<?x1xf32>) -> tensor<?x1xf32>
+// CHECK: %[[Y:.*]] = kiln.elementwise "mul" %[[E]], %[[R]] : (tensor<?x5xf32>, tensor<?x1xf32>) -> tensor<?x5xf32>
+// CHECK: return %[[Y]]
+func.func @softmax(%x: tensor<?x5xf32>) -> tensor<?x5xf32> {
+  %0 = kiln.composite "softmax" %x {dim = -1 : i64} : (tensor<?x5xf32>) -> tensor<?x5xf32>
+  return %0 : tensor<?x5xf32>
+}
+
+// log_softmax = (x - amax) - log(sum(exp(x - amax))); dim defaults to 0.
+// CHECK-LABEL: func.func @log_softmax
+// CHECK: %[[M:.*]] = kiln.reduce "amax" %arg0 {dims = array<i64: 0>, keepdim} : (tensor<3x5xf64>) -> tensor<1x5xf64>
+// CHECK: %[[D:.*]] = kiln.elementwise "sub" %arg0, %[[M]]
+// CHECK: %[[E:.*]] = kiln.elementwise "exp" %[[D]]
+// CHECK: %[[S:.*]] = kiln.reduce "sum" %[[E]] {dims = array<i64: 0>, keepdim}
+// CHECK: %[[L:.*]] = kiln.elementwise "log" %[[S]]
+// CHECK: %[[Y:.*]] = kiln.elementwise "sub" %[[D]], %[[L]] : (tensor<3x5xf64>, tensor<1x5xf64>) -> tensor<3x5xf64>
+// CHECK: return %[[Y]]
+func.func @log_softmax(%x: tensor<3x5xf64>) -> tensor<3x5xf64> {
+  %0 = kiln.composite "log_softmax" %x : (tensor<3x5xf64>) -> tensor<3x5xf64>
+  return %0 : tensor<3x5xf64>
+}
+
+// layer_norm = (x - mean) * rsqrt(mean((x - mean)^2) + eps) * w + b over the trailing dims;
+// without weight/bias, the last mul/add are absent.
+// CHECK-LABEL: func.func @layer_norm
+// CHECK: %[[MU:.*]] = kiln.reduce "mean" %arg0 {dims = array<i64: 1>, keepdim} : (tensor<?x8xf32>) -> tensor<?x1xf32>
+// CHECK: %[[D:.*]] = kiln.elementwise "sub" %arg0, %[[MU]]
+// CHECK: %[[SQ:.*]] = kiln.elementwise "mul" %[[D]], %[[D]]
+// CHECK: %[[V:.*]] = kiln.reduce "mean" %[[SQ]] {dims = array<i64: 1>, keepdim}
+// CHECK: %[[EPS:.*]] = kiln.constant dense<9.99999974E-6> : tensor<f32>
+// CHECK: %[[VE:.*]] = kiln.elementwise "add" %[[V]], %[[EPS]] : (tensor<?x1xf32>, tensor<f32>) -> tensor<?x1xf32>
+// CHECK: %[[R:.*]] = kiln.elementwise "rsqrt" %[[VE]]
+// CHECK: %[[N:.*]] = kiln.elementwise "mul" %[[D]], %[[R]]
+// CHECK: %[[W:.*]] = kiln.elementwise "mul" %[[N]], %arg1 : (tensor<?x8xf32>, tensor<8xf32>) -> tensor<?x8xf32>
+// CHECK: %[[Y:.*]] = kiln.elementwise "add" %[[W]], %arg2
+// CHECK: kiln.constant dense<1.000000e-03>
+// CHECK: kiln.elementwise "rsqrt"
+// CHECK: %[[Y2:.*]] = kiln.elementwise "mul"
+// CHECK-NOT: kiln.elementwise
+// CHECK: return %[[Y]], %[[Y2]]
+func.func @layer_norm(%x: tensor<?x8xf32>, %w: tensor<8xf32>, %b: tensor<8xf32>) -> (tensor<?x8xf32>, tensor<?x8xf32>) {
+  %0 = kiln.composite "layer_norm" %x, %w, %b {dims = array<i64: 8>, eps = 1.0e-05 : f64} : (tensor<?x8xf32>, tensor<8xf32>, tensor<8xf32>) -> tensor<?x8xf32>
+  %1 = kiln.composite "layer_norm" %x {dims = array<i64: 8>, eps = 1.0e-03 : f64} : (tensor<?x8xf32>) -> tensor<?x8xf32>
+  return %0, %1 : tensor<?x8xf32>, tensor<?x8xf32>
+}
+
+// var = sum((x - mean)^2) / (n - correction): a constant divisor for static reduced dims; for
+// a dynamic one, n is counted at run time and n - correction <= 0 selects nan. std = sqrt(var).
+// CHECK-LABEL: func.func @var_std
+// CHECK: %[[MU:.*]] = kiln.reduce "mean" %arg0 {dims = array<i64: 1>, keepdim} : (tensor<4x6xf32>) -> tensor<4x1xf32>
+// CHECK: %[[D:.*]] = kiln.elementwise "sub" %arg0, %[[MU]]
+// CHECK: %[[SQ:.*]] = kiln.elementwise "mul" %[[D]], %[[D]]
+// CHECK: %[[S:.*]] = kiln.reduce "sum" %[[SQ]] {dims = array<i64: 1>} : (tensor<4x6xf32>) -> tensor<4xf32>
+// CHECK: %[[FIVE:.*]] = kiln.constant dense<5.000000e+00> : tensor<f32>
+// CHECK: %[[V:.*]] = kiln.elementwise "div" %[[S]], %[[FIVE]]
+// CHECK: kiln.reduce "mean" %arg1 {dims = array<i64: 0>, keepdim} : (tensor<?x6xf64>) -> tensor<1x6xf64>
+// CHECK: %[[S2:.*]] = kiln.reduce "sum" %{{.*}} {dims = array<i64: 0>, keepdim} : (tensor<?x6xf64>) -> tensor<1x6xf64>
+// CHECK: %[[EQ:.*]] = kiln.elementwise "eq" %arg1, %arg1
+// CHECK: %[[NE:.*]] = kiln.elementwise "ne" %arg1, %arg1
+// CHECK: %[[ALL:.*]] = kiln.elementwise "logical_or" %[[EQ]], %[[NE]]
+// CHECK: %[[N:.*]] = kiln.reduce "sum" %[[ALL]] {dims = array<i64: 0>, keepdim} : (tensor<?x6xi1>) -> tensor<1x6xi64>
+// CHECK: %[[DEN:.*]] = kiln.elementwise "sub" %[[N]], %{{.*}} : (tensor<1x6xi64>, tensor<i64>) -> tensor<1x6xi64>
+// CHECK: %[[OK:.*]] = kiln.elementwise "gt" %[[DEN]]
+// CHECK: %[[Q:.*]] = kiln.elementwise "div" %[[S2]], %[[DEN]] : (tensor<1x6xf64>, tensor<1x6xi64>) -> tensor<1x6xf64>
+// CHECK: %[[NAN:.*]] = kiln.constant dense<0x7FF8000000000000> : tensor<f64>
+// CHECK: %[[V2:.*]] = kiln.elementwise "where" %[[OK]], %[[Q]], %[[NAN]]
+// CHECK: kiln.constant dense<6.000000e+00> : tensor<f32>
+// CHECK: %[[SD:.*]] = kiln.elementwise "sqrt"
+// CHECK: return %[[V]], %[[V2]], %[[SD]]
+func.func @var_std(%x: tensor<4x6xf32>, %y: tensor<?x6xf64>) -> (tensor<4xf32>, tensor<1x6xf64>, tensor<4x1xf32>) {
+  %0 = kiln.reduce "var" %x {dims = array<i64: 1>, mode = 1 : i64} : (tensor<4x6xf32>) -> tensor<4xf32>
+  %1 = kiln.reduce "var" %y {dims = array<i64: 0>, keepdim, mode = 1 : i64} : (tensor<?x6xf64>) -> tensor<1x6xf64>
+  %2 = kiln.reduce "std" %x {dims = array<i64: 1>, keepdim} : (tensor<4x6xf32>) -> tensor<4x1xf32>
+  return %0, %1, %2 : tensor<4xf32>, tensor<1x6xf64>, tensor<4x1xf32>
+}
+
+// logsumexp = log(sum(exp(x - m))) + m, m = amax with +-inf replaced by 0; without keepdim the
+// max is reduced a second time for the final add.
+// CHECK-LABEL: func.func @logsumexp
+// CHECK: %[[M:.*]] = kiln.reduce "amax" %arg0 {dims = array<i64: 1>, keepdim}
+// CHECK: %[[A:.*]] = kiln.elementwise "abs" %[[M]]
+// CHECK: %[[INF:.*]] = kiln.constant dense<0x7F800000> : tensor<f32>
+// CHECK: %[[ISINF:.*]] = kiln.elementwise "eq" %[[A]], %[[INF]]
+// CHECK: %[[ZERO:.*]] = kiln.constant dense<0.000000e+00> : tensor<f32>
+// CHECK: %[[MF:.*]] = kiln.elementwise "where" %[[ISINF]], %[[ZERO]], %[[M]]
+// CHECK: %[[D:.*]] = kiln.elementwise "sub" %arg0, %[[MF]]
+// CHECK: %[[E:.*]] = kiln.elementwise "exp" %[[D]]
+// CHECK: %[[S:.*]] = kiln.reduce "sum" %[[E]] {dims = array<i64: 1>} : (tensor<4x6xf32>) -> tensor<4xf32>
+// CHECK: %[[L:.*]] = kiln.elementwise "log" %[[S]]
+// CHECK: %[[M2:.*]] = kiln.reduce "amax" %arg0 {dims = array<i64: 1>} : (tensor<4x6xf32>) -> tensor<4xf32>
+// CHECK: %[[MF2:.*]] = kiln.elementwise "where" %{{.*}}, %{{.*}}, %[[M2]]
+// CHECK: %[[Y:.*]] = kiln.elementwise "add" %[[L]], %[[MF2]]
+// CHECK: kiln.reduce "sum" %{{.*}} {dims = array<i64: 1>, keepdim}
+// CHECK: %[[Y2:.*]] = kiln.elementwise "add" %{{.*}}, %{{.*}} : (tensor<4x1xf32>, tensor<4x1xf32>) -> tensor<4x1xf32>
+// CHECK: return %[[Y]], %[[Y2]]
+func.func @logsumexp(%x: tensor<4x6xf32>) -> (tensor<4xf32>, tensor<4x1xf32>) {
+  %0 = kiln.reduce "logsumexp" %x {dims = array<i64: 1>} : (tensor<4x6xf32>) -> tensor<4xf32>
+  %1 = kiln.reduce "logsumexp" %x {dims = array<i64: 1>, keepdim} : (tensor<4x6xf32>) -> tensor<4x1xf32>
+  return %0, %1 : tensor<4xf32>, tensor<4x1xf32>
+}
+
+// nll_loss: one-hot select (class ids [C, 1] == target, over x transposed to [C, N]), summed
+// over classes; ignored targets give 0; mean divides by the count of the others.
+// CHECK-LABEL: func.func @nll_loss
+// CHECK: %[[IDS:.*]] = kiln.constant dense<{{\[}}[0], [1], [2]]> : tensor<3x1xi64>
+// CHECK: %[[XT:.*]] = kiln.view "transpose" %arg0 {dim1 = 1 : i64} : (tensor<?x3xf32>) -> tensor<3x?xf32>
+// CHECK: %[[ZERO:.*]] = kiln.constant dense<0.000000e+00> : tensor<f32>
+// CHECK: %[[HOT:.*]] = kiln.elementwise "eq" %arg1, %[[IDS]] : (tensor<?xi64>, tensor<3x1xi64>) -> tensor<3x?xi1>
+// CHECK: %[[SEL:.*]] = kiln.elementwise "where" %[[HOT]], %[[XT]], %[[ZERO]]
+// CHECK: %[[P:.*]] = kiln.reduce "sum" %[[SEL]] {dims = array<i64: 0>} : (tensor<3x?xf32>) -> tensor<?xf32>
+// CHECK: %[[IGN:.*]] = kiln.constant dense<1> : tensor<i64>
+// CHECK: %[[VALID:.*]] = kiln.elementwise "ne" %arg1, %[[IGN]]
+// CHECK: %[[NEG:.*]] = kiln.elementwise "neg" %[[P]]
+// CHECK: %[[L:.*]] = kiln.elementwise "where" %[[VALID]], %[[NEG]], %[[ZERO]]
+// CHECK: %[[T:.*]] = kiln.reduce "sum" %[[L]] : (tensor<?xf32>) -> tensor<f32>
+// CHECK: %[[C:.*]] = kiln.reduce "sum" %[[VALID]] : (tensor<?xi1>) -> tensor<i64>
+// CHECK: %[[MEAN:.*]] = kiln.elementwise "div" %[[T]], %[[C]] : (tensor<f32>, tensor<i64>) -> tensor<f32>
+// CHECK: kiln.constant dense<-100> : tensor<i64>
+// CHECK: %[[NONE:.*]] = kiln.elementwise "where" %{{.*}} : (tensor<?xi1>, tensor<?xf32>, tensor<f32>) -> tensor<?xf32>
+// CHECK: return %[[MEAN]], %[[NONE]]
+func.func @nll_loss(%x: tensor<?x3xf32>, %t: tensor<?xi64>) -> (tensor<f32>, tensor<?xf32>) {
+  %0 = kiln.composite "nll_loss" %x, %t {mode = 1 : i64, ignore_index = 1 : i64} : (tensor<?x3xf32>, tensor<?xi64>) -> tensor<f32>
+  %1 = kiln.composite "nll_loss" %x, %t : (tensor<?x3xf32>, tensor<?xi64>) -> tensor<?xf32>
+  return %0, %1 : tensor<f32>, tensor<?xf32>
+}
+
+// mse_loss = mean((a - b)^2), broadcasting.
+// CHECK-LABEL: func.func @mse_loss
+// CHECK: %[[D:.*]] = kiln.elementwise "sub" %arg0, %arg1 : (tensor<4x3xf32>, tensor<3xf32>) -> tensor<4x3xf32>
+// CHECK: %[[SQ:.*]] = kiln.elementwise "mul" %[[D]], %[[D]]
+// CHECK: %[[M:.*]] = kiln.reduce "mean" %[[SQ]] : (tensor<4x3xf32>) -> tensor<f32>
+// CHECK: return %[[M]]
+func.func @mse_loss(%a: tensor<4x3xf32>, %b: tensor<3xf32>) -> tensor<f32> {
+  %0 = kiln.composite "mse_loss" %a, %b {mode = 1 : i64} : (tensor<4x3xf32>, tensor<3xf32>) -> tensor<f32>
+  return %0 : tensor<f32>
+}
