@@ -276,7 +276,11 @@ std::shared_ptr<const CompiledCode> get_or_compile(const std::string& graph_mlir
   Lap total, lap;
   init_llvm();
   // The disk key leaves out the version, so a stale entry sits at the same path and is replaced.
-  const std::string key = host_target_id() + "\n" + graph_mlir;
+  // Environment switches that change the generated code are part of the key.
+  const char* no_gemm = std::getenv("KILN_NO_EXTERN_GEMM");
+  const bool loops_for_gemm = no_gemm && *no_gemm && *no_gemm != '0';
+  const std::string key =
+      host_target_id() + (loops_for_gemm ? "\nno-extern-gemm" : "") + "\n" + graph_mlir;
   const std::string memory_key = version() + "\n" + key;
   std::shared_ptr<const CompiledCode> code;
   if (options.memory_cache) {

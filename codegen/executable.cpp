@@ -69,6 +69,7 @@ void init_once() {
     mlir::bufferization::registerBufferizationPasses();
     mlir::bufferization::registerBufferizationPipelines();
     mlir::memref::registerMemRefPasses();
+    register_extern_calls_pass();
   });
 }
 
@@ -335,7 +336,7 @@ std::string Executable::Impl::compile(const std::string& graph_mlir) {
   I.run_pipeline(m,
                  "eliminate-empty-tensors,one-shot-bufferize{bufferize-function-boundaries "
                  "function-boundary-type-conversion=identity-layout-map},"
-                 "buffer-deallocation-pipeline,func.func(convert-linalg-to-loops)",
+                 "buffer-deallocation-pipeline,kiln-extern-calls,func.func(convert-linalg-to-loops)",
                  "bufferization");
   // 4. tanh/exp/erf/... as polynomials (arith + fma) instead of scalar libm calls.
   {

@@ -4,8 +4,10 @@
 // dim reads index 0; a `?` dim is assumed not to broadcast, as in TorchInductor), dtype promotion
 // becomes arith casts in the body, and the body of floating ops is the formula of
 // core/formulas.h instantiated with IrFloat, a scalar algebra over MLIR values.
+#include <algorithm>
 #include <cstring>
 #include <cmath>
+#include <optional>
 
 #include "codegen/codegen.h"
 #include "codegen/lower.h"
@@ -18,9 +20,12 @@
 #include "core/formulas.h"
 #include "ir/dialect.h"
 #include "mlir/Dialect/Arith/IR/Arith.h"
+#include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/Dialect/Linalg/IR/Linalg.h"
 #include "mlir/Dialect/Linalg/Passes.h"
 #include "mlir/Dialect/Math/IR/Math.h"
+#include "mlir/Dialect/SCF/IR/SCF.h"
+#include "mlir/Dialect/MemRef/IR/MemRef.h"
 #include "mlir/Dialect/Tensor/IR/Tensor.h"
 #include "mlir/IR/AffineMap.h"
 #include "mlir/IR/DialectRegistry.h"
@@ -82,7 +87,7 @@ using P = mlir::arith::CmpFPredicate;
 IrMask operator<(IrFloat a, IrFloat b) { return cmp(P::OLT, a, b); }
 [[maybe_unused]] IrMask operator<=(IrFloat a, IrFloat b) { return cmp(P::OLE, a, b); }
 IrMask operator>(IrFloat a, IrFloat b) { return cmp(P::OGT, a, b); }
-[[maybe_unused]] IrMask operator>=(IrFloat a, IrFloat b) { return cmp(P::OGE, a, b); }
+IrMask operator>=(IrFloat a, IrFloat b) { return cmp(P::OGE, a, b); }
 IrMask operator==(IrFloat a, IrFloat b) { return cmp(P::OEQ, a, b); }
 IrMask operator!=(IrFloat a, IrFloat b) { return cmp(P::UNE, a, b); }
 IrMask operator&&(IrMask a, IrMask b) {
@@ -110,14 +115,7 @@ IrFloat bits_to_float(int32_t bits) {
   return IrFloat(static_cast<double>(f));
 }
 IrFloat exp2(IrFloat a) { return unary<mlir::math::Exp2Op>(a); }
-IrFloat expm1(IrFloat a) { return unary<mlir::math::ExpM1Op>(a); }
-IrFloat log(IrFloat a) { return unary<mlir::math::LogOp>(a); }
-IrFloat log2(IrFloat a) { return unary<mlir::math::Log2Op>(a); }
-IrFloat log1p(IrFloat a) { return unary<mlir::math::Log1pOp>(a); }
 IrFloat sqrt(IrFloat a) { return unary<mlir::math::SqrtOp>(a); }
-IrFloat sin(IrFloat a) { return unary<mlir::math::SinOp>(a); }
-IrFloat cos(IrFloat a) { return unary<mlir::math::CosOp>(a); }
-IrFloat tan(IrFloat a) { return unary<mlir::math::TanOp>(a); }
 IrFloat tanh(IrFloat a) { return unary<mlir::math::TanhOp>(a); }
 IrFloat erf(IrFloat a) { return unary<mlir::math::ErfOp>(a); }
 IrFloat erfc(IrFloat a) { return unary<mlir::math::ErfcOp>(a); }
@@ -128,7 +126,71 @@ IrFloat nearbyint(IrFloat a) { return unary<mlir::math::RoundEvenOp>(a); }  // h
 IrFloat fmod(IrFloat a, IrFloat b) { return binary<mlir::arith::RemFOp>(a, b); }
 IrFloat copysign(IrFloat a, IrFloat b) { return binary<mlir::math::CopySignOp>(a, b); }
 IrFloat pow(IrFloat a, IrFloat b) { return binary<mlir::math::PowFOp>(a, b); }
-IrFloat atan2(IrFloat a, IrFloat b) { return binary<mlir::math::Atan2Op>(a, b); }
+
+
+// Where the upstream lowering of a math op is wrong somewhere (each found by
+// tests/codegen/conformance_test.cpp against eager), the function computes around it.
+bool ir_f32() { return g_ir->type.isF32(); }
+IrFloat min_normal() { return IrFloat(ir_f32() ? 0x1p-126 : 0x1p-1022); }
+
+/// log / log2: the polynomial approximation takes denormals as the smallest normal number, so
+/// denormals are scaled by 2^64 first (`log_2` = log of 2 in the function's base).
+template <class Op> IrFloat log_scaled(IrFloat a, double log_2) {
+  IrMask tiny = a < min_normal();
+  IrFloat r = unary<Op>(select(tiny, a * IrFloat(0x1p64), a));
+  return select(tiny, r - IrFloat(64 * log_2), r);
+}
+IrFloat log(IrFloat a) { return log_scaled<mlir::math::LogOp>(a, 0.69314718055994530942); }
+IrFloat log2(IrFloat a) { return log_scaled<mlir::math::Log2Op>(a, 1.0); }
+
+/// log1p / expm1 on float64: MathToLLVM lowers them as log(1 + x) / exp(x) - 1, which loses
+/// every digit for tiny x; Goldberg's and Kahan's corrections restore them.
+IrFloat log1p(IrFloat a) {
+  if (ir_f32()) return unary<mlir::math::Log1pOp>(a);
+  IrFloat one(1.0), u = a + one;
+  IrFloat lu = unary<mlir::math::LogOp>(u);
+  IrFloat r = select(u == a, lu, lu * (a / (u - one)));  // u == a: huge x, +inf
+  return select(u == one, a, r);
+}
+IrFloat expm1(IrFloat a) {
+  if (ir_f32()) return unary<mlir::math::ExpM1Op>(a);
+  IrFloat one(1.0), u = unary<mlir::math::ExpOp>(a), um1 = u - one;
+  IrFloat r = um1 * (a / unary<mlir::math::LogOp>(u));
+  r = select(um1 == IrFloat(-1.0), um1, r);
+  r = select(u == IrFloat(INFINITY), u, r);
+  return select(u == one, a, r);
+}
+
+/// sin / cos / tan on float32: the approximations have no range reduction for large |x| (sin of
+/// 2^31 gave 0), so they run in float64 (libm, correctly reduced) and round once.
+template <class Op> IrFloat wide_trig(IrFloat a) {
+  if (!ir_f32()) return unary<Op>(a);
+  mlir::OpBuilder& b = *g_ir->b;
+  mlir::Value w = mlir::arith::ExtFOp::create(b, g_ir->loc, b.getF64Type(), a.v);
+  w = Op::create(b, g_ir->loc, w);
+  return IrFloat(mlir::arith::TruncFOp::create(b, g_ir->loc, g_ir->type, w).getResult());
+}
+IrFloat sin(IrFloat a) { return wide_trig<mlir::math::SinOp>(a); }
+IrFloat cos(IrFloat a) { return wide_trig<mlir::math::CosOp>(a); }
+IrFloat tan(IrFloat a) { return wide_trig<mlir::math::TanOp>(a); }
+
+/// atan2 on float32: the approximation gets signed zeros, denormal y and infinities wrong
+/// (atan2(0, 0) gave NaN, atan2(-0, -1) gave +pi); IEEE's special cases are selected around it.
+IrFloat atan2(IrFloat y, IrFloat x) {
+  IrFloat r = binary<mlir::math::Atan2Op>(y, x);
+  if (!ir_f32()) return r;
+  const double pi = 3.14159265358979323846;
+  IrFloat zero(0.0), inf(INFINITY);
+  IrMask x_neg = copysign(IrFloat(1.0), x) < zero;  // -0 included
+  IrMask x_inf = abs(x) == inf, y_inf = abs(y) == inf;
+  IrMask y_tiny = (y == zero) || ((abs(y) < min_normal()) && (abs(x) >= min_normal()));
+  r = select(y_tiny, select(x_neg, copysign(IrFloat(pi), y), copysign(zero, y)), r);
+  r = select(y_inf, copysign(IrFloat(pi / 2), y), r);
+  IrFloat at_inf = select(y_inf, copysign(select(x_neg, IrFloat(3 * pi / 4), IrFloat(pi / 4)), y),
+                          select(x_neg, copysign(IrFloat(pi), y), copysign(zero, y)));
+  r = select(x_inf, at_inf, r);
+  return select(isnan(x) || isnan(y), x + y, r);
+}
 
 /// exp: float32 uses the algorithm of eager's kernels (xsimd's Cephes-style expf: k =
 /// round(x / ln 2), Cody-Waite reduction, degree-5 polynomial, 2^k by exponent bits, 0 below
@@ -177,17 +239,69 @@ mlir::Value convert(mlir::OpBuilder& b, mlir::Location loc, mlir::Value v, mlir:
   return mlir::arith::ExtSIOp::create(b, loc, to, v);
 }
 
-/// An attribute scalar (alpha) as a constant of type `t`.
+/// An attribute scalar (alpha, clamp bounds) as a constant of type `t`. For integer types,
+/// integer attributes are taken exactly and float ones truncated (Scalar::to<int64_t>);
+/// `saturate` clamps to t's range, as eager's clamp bounds do.
 mlir::Value scalar_constant(mlir::OpBuilder& b, mlir::Location loc, mlir::Attribute a,
-                            mlir::Type t) {
+                            mlir::Type t, bool saturate = false) {
   double d = 1;
+  std::optional<int64_t> exact;
   if (auto f = llvm::dyn_cast_or_null<mlir::FloatAttr>(a)) d = f.getValueAsDouble();
-  if (auto i = llvm::dyn_cast_or_null<mlir::IntegerAttr>(a))
-    d = i.getType().isInteger(1) ? double(i.getValue().getBoolValue()) : double(i.getInt());
+  if (auto i = llvm::dyn_cast_or_null<mlir::IntegerAttr>(a)) {
+    exact = i.getType().isInteger(1) ? int64_t(i.getValue().getBoolValue()) : i.getInt();
+    d = double(*exact);
+  }
   if (auto ft = llvm::dyn_cast<mlir::FloatType>(t))
     return mlir::arith::ConstantOp::create(b, loc, t, mlir::FloatAttr::get(ft, d));
-  return mlir::arith::ConstantOp::create(b, loc, t,
-                                         mlir::IntegerAttr::get(t, static_cast<int64_t>(d)));
+  int64_t v = exact ? *exact : static_cast<int64_t>(d);
+  unsigned bits = t.getIntOrFloatBitWidth();
+  if (saturate && bits < 64) {
+    int64_t hi = (int64_t(1) << (bits - 1)) - 1;
+    v = std::clamp<int64_t>(v, -hi - 1, hi);
+  }
+  return mlir::arith::ConstantOp::create(b, loc, t, mlir::IntegerAttr::get(t, v));
+}
+
+/// Indexing map reading `operand` for a loop nest over `result` (right-aligned broadcasting: a
+/// static size-1 dim against a larger result dim reads index 0; `?` dims do not broadcast).
+/// `loops` >= result rank; extra loops (reduction dims) are not read.
+mlir::AffineMap broadcast_map(mlir::RankedTensorType operand, mlir::RankedTensorType result,
+                              int64_t loops) {
+  mlir::MLIRContext* ctx = operand.getContext();
+  int64_t off = result.getRank() - operand.getRank();
+  llvm::SmallVector<mlir::AffineExpr> exprs;
+  for (int64_t p = 0; p < operand.getRank(); ++p) {
+    int64_t d = p + off;
+    bool broadcast = !operand.isDynamicDim(p) && operand.getDimSize(p) == 1 &&
+                     result.getShape()[d] != 1;
+    exprs.push_back(broadcast ? mlir::getAffineConstantExpr(0, ctx)
+                              : mlir::getAffineDimExpr(d, ctx));
+  }
+  return mlir::AffineMap::get(loops, 0, exprs, ctx);
+}
+
+/// The sizes of `result`'s `?` dims for a loop nest whose loop j is result dim j: each is the
+/// tensor.dim of an operand dim read by loop j alone (maps[i] reads operands[i]). Empty optional
+/// when some `?` dim has no such operand dim.
+std::optional<llvm::SmallVector<mlir::Value>> dynamic_sizes(
+    mlir::OpBuilder& b, mlir::Location loc, mlir::RankedTensorType result,
+    mlir::ValueRange operands, llvm::ArrayRef<mlir::AffineMap> maps) {
+  llvm::SmallVector<mlir::Value> sizes;
+  for (int64_t j = 0; j < result.getRank(); ++j) {
+    if (!result.isDynamicDim(j)) continue;
+    mlir::Value size;
+    for (auto [v, map] : llvm::zip(operands, maps)) {
+      auto t = llvm::cast<mlir::RankedTensorType>(v.getType());
+      for (auto [p, e] : llvm::enumerate(map.getResults())) {
+        auto de = llvm::dyn_cast<mlir::AffineDimExpr>(e);
+        if (!size && de && de.getPosition() == j && t.isDynamicDim(static_cast<int64_t>(p)))
+          size = mlir::tensor::DimOp::create(b, loc, v, static_cast<int64_t>(p));
+      }
+    }
+    if (!size) return std::nullopt;
+    sizes.push_back(size);
+  }
+  return sizes;
 }
 
 // Elementwise kinds lowered for floating compute types, as (OpKind, formula) pairs. Their result
@@ -205,20 +319,8 @@ mlir::Value scalar_constant(mlir::OpBuilder& b, mlir::Location loc, mlir::Attrib
 DType result_type_of(std::span<const TensorMeta> metas) { return kiln::result_type(metas); }
 
 bool covered(OpKind k) {
-  switch (k) {
-#define X(K) case OpKind::K:
-    KILN_FLOAT_UNARY(X)
-    KILN_FLOAT_BINARY(X)
-    KILN_MASK_BINARY(X)
-#undef X
-    case OpKind::LogicalNot:
-    case OpKind::Where:
-    case OpKind::Add:
-    case OpKind::Sub:
-    case OpKind::Gelu:
-    case OpKind::Clamp: return true;
-    default: return false;
-  }
+  OpCategory c = op_info(k).category;
+  return c == OpCategory::Unary || c == OpCategory::Binary || c == OpCategory::Ternary;
 }
 
 /// The body: `args` already converted to the compute type `t`.
@@ -288,18 +390,91 @@ mlir::Value emit_formula(mlir::OpBuilder& b, mlir::Location loc, OpKind k,
     }
     default: break;
   }
-  if (is_bool) return {};  // bool arithmetic (add = or, ...) is not lowered yet
+  // Integer arithmetic (bool arithmetic arrives here as i32, eager's ComputeOf<bool>): the
+  // formulas' integer branches as selects; addi/subi/muli wrap like formulas' wrapping_*.
+  if (is_bool) return {};
+  auto c = [&](int64_t v) -> mlir::Value {
+    return ConstantOp::create(b, loc, t, mlir::IntegerAttr::get(t, v));
+  };
+  auto sel = [&](mlir::Value m, mlir::Value x, mlir::Value y) -> mlir::Value {
+    return SelectOp::create(b, loc, m, x, y);
+  };
+  auto icmp = [&](CP p, mlir::Value x, mlir::Value y) -> mlir::Value {
+    return CmpIOp::create(b, loc, p, x, y);
+  };
+  auto neg = [&](mlir::Value x) -> mlir::Value { return SubIOp::create(b, loc, c(0), x); };
+  mlir::Value x = args[0];
   switch (k) {
     case OpKind::Add:
     case OpKind::Sub: {
       mlir::Value rhs = alpha ? MulIOp::create(b, loc, alpha, args[1]).getResult() : args[1];
-      if (k == OpKind::Add) return AddIOp::create(b, loc, args[0], rhs);
-      return SubIOp::create(b, loc, args[0], rhs);
+      if (k == OpKind::Add) return AddIOp::create(b, loc, x, rhs);
+      return SubIOp::create(b, loc, x, rhs);
     }
-    case OpKind::Mul: return MulIOp::create(b, loc, args[0], args[1]);
-    case OpKind::Neg: {
-      mlir::Value zero = ConstantOp::create(b, loc, t, mlir::IntegerAttr::get(t, 0));
-      return SubIOp::create(b, loc, zero, args[0]);
+    case OpKind::Mul: return MulIOp::create(b, loc, x, args[1]);
+    case OpKind::Neg: return neg(x);
+    case OpKind::Abs: return sel(icmp(CP::slt, x, c(0)), neg(x), x);
+    case OpKind::Sign:
+      return sel(icmp(CP::sgt, x, c(0)), c(1), sel(icmp(CP::slt, x, c(0)), c(-1), x));
+    case OpKind::Relu: return sel(icmp(CP::slt, x, c(0)), c(0), x);
+    case OpKind::Floor:
+    case OpKind::Ceil:
+    case OpKind::Round:
+    case OpKind::Trunc: return x;
+    case OpKind::Maximum: return MaxSIOp::create(b, loc, x, args[1]);
+    case OpKind::Minimum: return MinSIOp::create(b, loc, x, args[1]);
+    case OpKind::Clamp: {
+      mlir::Value r = x;
+      if (alpha) r = MaxSIOp::create(b, loc, r, alpha);
+      if (beta) r = MinSIOp::create(b, loc, r, beta);
+      return r;
+    }
+    case OpKind::FloorDivide:
+    case OpKind::Remainder: {
+      // formulas::FloorDivide / Remainder. Divisors 0 and -1 never reach divsi/remsi (0 traps,
+      // INT_MIN / -1 overflows). A zero divisor gives 0 (eager raises; compiled code cannot).
+      mlir::Value y = args[1];
+      mlir::Value zero = icmp(CP::eq, y, c(0)), m1 = icmp(CP::eq, y, c(-1));
+      mlir::Value special = OrIOp::create(b, loc, zero, m1);
+      mlir::Value safe = sel(special, c(1), y);
+      mlir::Value q = DivSIOp::create(b, loc, x, safe), r = RemSIOp::create(b, loc, x, safe);
+      mlir::Value adjust = AndIOp::create(
+          b, loc, icmp(CP::ne, r, c(0)),
+          XOrIOp::create(b, loc, icmp(CP::slt, r, c(0)), icmp(CP::slt, y, c(0))));
+      if (k == OpKind::FloorDivide) {
+        mlir::Value fq = sel(adjust, SubIOp::create(b, loc, q, c(1)), q);
+        return sel(zero, c(0), sel(m1, neg(x), fq));
+      }
+      return sel(special, c(0), sel(adjust, AddIOp::create(b, loc, r, y), r));
+    }
+    case OpKind::Pow: {
+      // formulas::Pow: square-and-multiply unrolled over the exponent's bits (wrapping); a
+      // negative exponent gives 1/a^|b| truncated. 0 ** negative gives 0 (eager raises).
+      mlir::Value y = args[1];
+      auto odd = [&](mlir::Value e) { return icmp(CP::ne, AndIOp::create(b, loc, e, c(1)), c(0)); };
+      // A loop over the exponent's significant bits (a trip count LLVM cannot unroll), not an
+      // unrolled 32/64-deep select chain: on that chain LLVM 22's loop vectorizer took
+      // exponential time when the exponent was uniform (a 0-d tensor).
+      mlir::Value lb = mlir::arith::ConstantIndexOp::create(b, loc, 0);
+      mlir::Value bits = SubIOp::create(b, loc, c(t.getIntOrFloatBitWidth()),
+                                        mlir::math::CountLeadingZerosOp::create(b, loc, y));
+      mlir::Value ub = mlir::arith::IndexCastOp::create(b, loc, b.getIndexType(), bits);
+      mlir::Value step = mlir::arith::ConstantIndexOp::create(b, loc, 1);
+      auto loop = mlir::scf::ForOp::create(
+          b, loc, lb, ub, step, mlir::ValueRange{c(1), x, y},
+          [&](mlir::OpBuilder& lb_, mlir::Location l, mlir::Value, mlir::ValueRange it) {
+            mlir::OpBuilder::InsertionGuard guard(b);
+            b.setInsertionPoint(lb_.getInsertionBlock(), lb_.getInsertionPoint());
+            mlir::Value r = it[0], base = it[1], e = it[2];
+            r = sel(odd(e), MulIOp::create(b, l, r, base), r);
+            base = MulIOp::create(b, l, base, base);
+            e = ShRUIOp::create(b, l, e, c(1));
+            mlir::scf::YieldOp::create(b, l, mlir::ValueRange{r, base, e});
+          });
+      mlir::Value result = loop.getResult(0);
+      mlir::Value negative = sel(icmp(CP::eq, x, c(1)), c(1),
+                                 sel(icmp(CP::eq, x, c(-1)), sel(odd(y), c(-1), c(1)), c(0)));
+      return sel(icmp(CP::slt, y, c(0)), negative, result);
     }
     default: return {};
   }
@@ -317,8 +492,9 @@ struct LowerElementwise : mlir::OpRewritePattern<kiln::dialect::ElementwiseOp> {
     // Compute type: the result's, except for bool-result ops, which compute in the promoted
     // type of their inputs (core's result_type, as infer_meta does).
     bool to_bool = op_info(*kind).dtype_rule == DTypeRule::ToBool;
-    if (t.isInteger(1) && !to_bool && *kind != OpKind::Where) return rw.notifyMatchFailure(op, "bool arithmetic not lowered yet");
-    mlir::Type ct = t;
+    // Bool arithmetic computes in i32 and stores != 0, as eager does (add = or, mul = and, ...).
+    bool bool_arith = t.isInteger(1) && !to_bool && *kind != OpKind::Where;
+    mlir::Type ct = bool_arith ? mlir::Type(rw.getI32Type()) : t;
     if (to_bool) {
       std::vector<TensorMeta> metas;
       for (mlir::Value in : op.getInputs()) {
@@ -339,33 +515,11 @@ struct LowerElementwise : mlir::OpRewritePattern<kiln::dialect::ElementwiseOp> {
 
     // Indexing maps (right-aligned broadcasting) and the dynamic sizes of the result.
     llvm::SmallVector<mlir::AffineMap> maps;
-    llvm::SmallVector<mlir::Value> dyn_sizes;
-    for (mlir::Value in : op.getInputs()) {
-      auto it = llvm::cast<mlir::RankedTensorType>(in.getType());
-      int64_t off = rank - it.getRank();
-      llvm::SmallVector<mlir::AffineExpr> exprs;
-      for (int64_t p = 0; p < it.getRank(); ++p) {
-        int64_t d = p + off;
-        bool broadcast = !it.isDynamicDim(p) && it.getDimSize(p) == 1 &&
-                         result_type.getShape()[d] != 1;
-        exprs.push_back(broadcast ? rw.getAffineConstantExpr(0) : rw.getAffineDimExpr(d));
-      }
-      maps.push_back(mlir::AffineMap::get(rank, 0, exprs, ctx));
-    }
-    for (int64_t d = 0; d < rank; ++d) {
-      if (!result_type.isDynamicDim(d)) continue;
-      mlir::Value size;
-      for (mlir::Value in : op.getInputs()) {
-        auto it = llvm::cast<mlir::RankedTensorType>(in.getType());
-        int64_t p = d - (rank - it.getRank());
-        if (p >= 0 && it.isDynamicDim(p)) {
-          size = mlir::tensor::DimOp::create(rw, loc, in, p);
-          break;
-        }
-      }
-      if (!size) return rw.notifyMatchFailure(op, "no operand gives a dynamic result size");
-      dyn_sizes.push_back(size);
-    }
+    for (mlir::Value in : op.getInputs())
+      maps.push_back(broadcast_map(llvm::cast<mlir::RankedTensorType>(in.getType()), result_type, rank));
+    auto dyn = dynamic_sizes(rw, loc, result_type, op.getInputs(), maps);
+    if (!dyn) return rw.notifyMatchFailure(op, "no operand gives a dynamic result size");
+    llvm::SmallVector<mlir::Value> dyn_sizes = *dyn;
     maps.push_back(mlir::AffineMap::getMultiDimIdentityMap(rank, ctx));
     mlir::Value init = mlir::tensor::EmptyOp::create(rw, loc, result_type.getShape(), t, dyn_sizes);
     llvm::SmallVector<mlir::utils::IteratorType> iterators(rank, mlir::utils::IteratorType::parallel);
@@ -380,13 +534,17 @@ struct LowerElementwise : mlir::OpRewritePattern<kiln::dialect::ElementwiseOp> {
           llvm::SmallVector<mlir::Value> converted;
           for (auto [i, a] : llvm::enumerate(args.drop_back()))
             converted.push_back(k == OpKind::Where && i == 0 ? a : convert(b, l, a, ct));
+          bool sat = k == OpKind::Clamp;
           mlir::Value alpha =
-              alpha_attr ? scalar_constant(b, l, alpha_attr, ct) : mlir::Value();
-          mlir::Value beta = beta_attr ? scalar_constant(b, l, beta_attr, ct) : mlir::Value();
+              alpha_attr ? scalar_constant(b, l, alpha_attr, ct, sat) : mlir::Value();
+          mlir::Value beta = beta_attr ? scalar_constant(b, l, beta_attr, ct, sat) : mlir::Value();
           mlir::Value r = emit_formula(b, l, k, converted, alpha, beta, mode, ct);
           if (!r) {
             failed = true;
             r = args.back();
+          } else if (bool_arith) {
+            mlir::Value zero = mlir::arith::ConstantOp::create(b, l, ct, mlir::IntegerAttr::get(ct, 0));
+            r = mlir::arith::CmpIOp::create(b, l, mlir::arith::CmpIPredicate::ne, r, zero);
           }
           mlir::linalg::YieldOp::create(b, l, r);
         });
@@ -399,6 +557,51 @@ struct LowerElementwise : mlir::OpRewritePattern<kiln::dialect::ElementwiseOp> {
   }
 };
 
+/// The loop nest of a kiln.reduce over its input: iterators, the result's indexing map, the
+/// result's `?` sizes and the number of reduced elements (index; null when none is reduced).
+struct ReduceLoops {
+  llvm::SmallVector<mlir::AffineExpr> out_exprs;
+  llvm::SmallVector<mlir::utils::IteratorType> iterators;
+  llvm::SmallVector<mlir::Value> dyn_sizes;
+  mlir::Value count;
+};
+
+std::optional<ReduceLoops> reduce_loops(mlir::PatternRewriter& rw, kiln::dialect::ReduceOp op,
+                                        OpKind kind) {
+  auto in_type = llvm::cast<mlir::RankedTensorType>(op.getInput().getType());
+  auto out_type = llvm::cast<mlir::RankedTensorType>(op.getResult().getType());
+  mlir::Location loc = op.getLoc();
+  int rank = static_cast<int>(in_type.getRank());
+  OpAttrs attrs = kiln::dialect::attrs_from_op(kind, op);
+  uint32_t mask;
+  try {
+    mask = kiln::reduction_mask(attrs, rank, op_info(kind).name.data(), Loc::current());
+  } catch (const Error&) {
+    return std::nullopt;
+  }
+  bool keepdim = op.getKeepdim();
+  ReduceLoops l;
+  for (int d = 0; d < rank; ++d) {
+    bool reduced = mask >> d & 1;
+    l.iterators.push_back(reduced ? mlir::utils::IteratorType::reduction
+                                  : mlir::utils::IteratorType::parallel);
+    if (!reduced) {
+      l.out_exprs.push_back(rw.getAffineDimExpr(d));
+      if (in_type.isDynamicDim(d)) l.dyn_sizes.push_back(mlir::tensor::DimOp::create(rw, loc, op.getInput(), d));
+    } else {
+      if (keepdim) l.out_exprs.push_back(rw.getAffineConstantExpr(0));
+      mlir::Value size = in_type.isDynamicDim(d)
+                             ? mlir::tensor::DimOp::create(rw, loc, op.getInput(), d).getResult()
+                             : mlir::arith::ConstantIndexOp::create(rw, loc, in_type.getDimSize(d)).getResult();
+      l.count = l.count ? mlir::arith::MulIOp::create(rw, loc, l.count, size).getResult() : size;
+    }
+  }
+  if (static_cast<int64_t>(l.out_exprs.size()) != out_type.getRank()) return std::nullopt;
+  // Result dims that are dynamic must come from the input; static ones are static there too.
+  if (l.dyn_sizes.size() != static_cast<size_t>(out_type.getNumDynamicDims())) return std::nullopt;
+  return l;
+}
+
 /// kiln.reduce sum/prod/amax/amin/mean -> linalg.fill + linalg.generic with reduction iterators
 /// (mean: then one elementwise generic dividing by the count). Int sum/prod accumulate in int64.
 struct LowerReduce : mlir::OpRewritePattern<kiln::dialect::ReduceOp> {
@@ -408,53 +611,30 @@ struct LowerReduce : mlir::OpRewritePattern<kiln::dialect::ReduceOp> {
                                       mlir::PatternRewriter& rw) const override {
     auto kind = kiln::dialect::op_kind_from_name(op.getKind());
     if (!kind || !(*kind == OpKind::Sum || *kind == OpKind::Prod || *kind == OpKind::Amax ||
-                   *kind == OpKind::Amin || *kind == OpKind::Mean))
+                   *kind == OpKind::Amin || *kind == OpKind::Mean || *kind == OpKind::Any ||
+                   *kind == OpKind::All))
       return rw.notifyMatchFailure(op, "kind not lowered yet");
     auto in_type = llvm::cast<mlir::RankedTensorType>(op.getInput().getType());
     auto out_type = llvm::cast<mlir::RankedTensorType>(op.getResult().getType());
     mlir::Type t = out_type.getElementType();
-    if (t.isInteger(1)) return rw.notifyMatchFailure(op, "bool reductions not lowered yet");
     mlir::Location loc = op.getLoc();
     mlir::MLIRContext* ctx = rw.getContext();
     int rank = static_cast<int>(in_type.getRank());
-    OpAttrs attrs = kiln::dialect::attrs_from_op(*kind, op);
-    uint32_t mask;
-    try {
-      mask = kiln::reduction_mask(attrs, rank, op_info(*kind).name.data(), Loc::current());
-    } catch (const Error&) {
-      return rw.notifyMatchFailure(op, "bad dims");
-    }
-    bool keepdim = op.getKeepdim();
+    auto loops = reduce_loops(rw, op, *kind);
+    if (!loops) return rw.notifyMatchFailure(op, "bad dims or dynamic result dims");
+    llvm::SmallVector<mlir::AffineExpr>& out_exprs = loops->out_exprs;
+    llvm::SmallVector<mlir::utils::IteratorType>& iterators = loops->iterators;
+    llvm::SmallVector<mlir::Value>& dyn_sizes = loops->dyn_sizes;
+    mlir::Value count = loops->count;
 
-    llvm::SmallVector<mlir::AffineExpr> out_exprs;
-    llvm::SmallVector<mlir::utils::IteratorType> iterators;
-    llvm::SmallVector<mlir::Value> dyn_sizes;
-    mlir::Value count;  // number of reduced elements (index), for mean
-    for (int d = 0; d < rank; ++d) {
-      bool reduced = mask >> d & 1;
-      iterators.push_back(reduced ? mlir::utils::IteratorType::reduction
-                                  : mlir::utils::IteratorType::parallel);
-      if (!reduced) {
-        out_exprs.push_back(rw.getAffineDimExpr(d));
-        if (in_type.isDynamicDim(d)) dyn_sizes.push_back(mlir::tensor::DimOp::create(rw, loc, op.getInput(), d));
-      } else {
-        if (keepdim) out_exprs.push_back(rw.getAffineConstantExpr(0));
-        mlir::Value size = in_type.isDynamicDim(d)
-                               ? mlir::tensor::DimOp::create(rw, loc, op.getInput(), d).getResult()
-                               : mlir::arith::ConstantIndexOp::create(rw, loc, in_type.getDimSize(d)).getResult();
-        count = count ? mlir::arith::MulIOp::create(rw, loc, count, size).getResult() : size;
-      }
-    }
-    if (static_cast<int64_t>(out_exprs.size()) != out_type.getRank())
-      return rw.notifyMatchFailure(op, "unexpected result rank");
-    // Result dims that are dynamic must come from the input; static ones are static there too.
-    if (dyn_sizes.size() != static_cast<size_t>(out_type.getNumDynamicDims()))
-      return rw.notifyMatchFailure(op, "result and input dynamic dims differ");
-
-    // Identity of the accumulation.
+    // Identity of the accumulation. Bool results (any/all, amax/amin of bool) are or/and.
     mlir::TypedAttr identity;
     OpKind k = *kind;
-    if (auto ft = llvm::dyn_cast<mlir::FloatType>(t)) {
+    bool is_or = k == OpKind::Any || (t.isInteger(1) && k == OpKind::Amax);
+    bool is_and = k == OpKind::All || (t.isInteger(1) && k == OpKind::Amin);
+    if (is_or || is_and) {
+      identity = rw.getBoolAttr(is_and);
+    } else if (auto ft = llvm::dyn_cast<mlir::FloatType>(t)) {
       double v = k == OpKind::Prod ? 1.0 : k == OpKind::Amax ? -INFINITY : k == OpKind::Amin ? INFINITY : 0.0;
       identity = mlir::FloatAttr::get(ft, v);
     } else {
@@ -476,8 +656,24 @@ struct LowerReduce : mlir::OpRewritePattern<kiln::dialect::ReduceOp> {
         rw, loc, mlir::TypeRange{out_type}, mlir::ValueRange{op.getInput()},
         mlir::ValueRange{filled}, maps, iterators,
         [&](mlir::OpBuilder& b, mlir::Location l, mlir::ValueRange args) {
-          mlir::Value x = convert(b, l, args[0], t), acc = args[1], r;
+          mlir::Value acc = args[1], r;
           namespace f = kiln::formulas;
+          if (is_or || is_and) {
+            // x != 0 in the input's type (NaN counts as true, as in eager).
+            mlir::Value x = args[0], nz = x;
+            mlir::Type it = x.getType();
+            if (auto ft = llvm::dyn_cast<mlir::FloatType>(it))
+              nz = mlir::arith::CmpFOp::create(b, l, mlir::arith::CmpFPredicate::UNE, x,
+                                               mlir::arith::ConstantOp::create(b, l, mlir::FloatAttr::get(ft, 0.0)));
+            else if (!it.isInteger(1))
+              nz = mlir::arith::CmpIOp::create(b, l, mlir::arith::CmpIPredicate::ne, x,
+                                               mlir::arith::ConstantOp::create(b, l, mlir::IntegerAttr::get(it, 0)));
+            if (is_or) r = mlir::arith::OrIOp::create(b, l, acc, nz);
+            else r = mlir::arith::AndIOp::create(b, l, acc, nz);
+            mlir::linalg::YieldOp::create(b, l, r);
+            return;
+          }
+          mlir::Value x = convert(b, l, args[0], t);
           if (auto ft = llvm::dyn_cast<mlir::FloatType>(t)) {
             IrScope scope(b, l, ft);
             IrFloat a(x), c(acc);
@@ -528,41 +724,455 @@ struct LowerReduce : mlir::OpRewritePattern<kiln::dialect::ReduceOp> {
   }
 };
 
-/// kiln.matmul "matmul" on 2-D operands of the result's float type -> linalg.matmul into a
-/// zero-filled init (no alpha/beta, batch dims or 1-D operands yet).
+/// kiln.reduce var/std/logsumexp, two passes as eager computes them. var/std: the sum in
+/// float64, the mean rounded to the input type, squared deviations in the input type summed in
+/// float64, / (n - correction) (NaN when that is <= 0), sqrt for std. logsumexp: m = amax (an
+/// infinite m becomes 0), exp(x - m) in the compute type summed in float64, log(sum) + m. The
+/// result is rounded once to the result type.
+struct LowerVar : mlir::OpRewritePattern<kiln::dialect::ReduceOp> {
+  using OpRewritePattern::OpRewritePattern;
+
+  mlir::LogicalResult matchAndRewrite(kiln::dialect::ReduceOp op,
+                                      mlir::PatternRewriter& rw) const override {
+    auto kind = kiln::dialect::op_kind_from_name(op.getKind());
+    if (!kind || !(*kind == OpKind::Var || *kind == OpKind::Std || *kind == OpKind::LogSumExp))
+      return rw.notifyMatchFailure(op, "not var/std/logsumexp");
+    bool lse = *kind == OpKind::LogSumExp;
+    auto out = llvm::cast<mlir::RankedTensorType>(op.getResult().getType());
+    auto ft = llvm::dyn_cast<mlir::FloatType>(out.getElementType());
+    auto in = llvm::cast<mlir::RankedTensorType>(op.getInput().getType());
+    if (!ft || (!lse && in.getElementType() != ft)) return rw.notifyMatchFailure(op, "float input only");
+    auto loops = reduce_loops(rw, op, *kind);
+    if (!loops) return rw.notifyMatchFailure(op, "bad dims or dynamic result dims");
+    mlir::Location loc = op.getLoc();
+    mlir::MLIRContext* ctx = rw.getContext();
+    int64_t rank = in.getRank(), orank = out.getRank();
+    mlir::FloatType f64 = rw.getF64Type();
+    auto wide = mlir::RankedTensorType::get(out.getShape(), f64);
+    auto id_in = mlir::AffineMap::getMultiDimIdentityMap(rank, ctx);
+    auto out_map = mlir::AffineMap::get(rank, 0, loops->out_exprs, ctx);
+    auto id_out = mlir::AffineMap::getMultiDimIdentityMap(orank, ctx);
+    llvm::SmallVector<mlir::utils::IteratorType> parallel(orank, mlir::utils::IteratorType::parallel);
+    mlir::Value n = loops->count ? loops->count : mlir::arith::ConstantIndexOp::create(rw, loc, 1).getResult();
+    mlir::Value n_f = mlir::arith::SIToFPOp::create(
+        rw, loc, f64, mlir::arith::IndexCastOp::create(rw, loc, rw.getI64Type(), n));
+    auto filled = [&](mlir::FloatType t, double v) {
+      mlir::Value e = mlir::tensor::EmptyOp::create(rw, loc, out.getShape(), t, loops->dyn_sizes);
+      mlir::Value z = mlir::arith::ConstantOp::create(rw, loc, mlir::FloatAttr::get(t, v));
+      return mlir::linalg::FillOp::create(rw, loc, mlir::ValueRange{z}, mlir::ValueRange{e}).getResult(0);
+    };
+    auto zeros = [&] { return filled(f64, 0.0); };
+    auto elementwise = [&](mlir::Value x, mlir::RankedTensorType to, auto body) {
+      mlir::Value e = mlir::tensor::EmptyOp::create(rw, loc, to.getShape(), to.getElementType(), loops->dyn_sizes);
+      return mlir::linalg::GenericOp::create(
+                 rw, loc, mlir::TypeRange{to}, mlir::ValueRange{x}, mlir::ValueRange{e},
+                 llvm::SmallVector<mlir::AffineMap>{id_out, id_out}, parallel,
+                 [&](mlir::OpBuilder& b, mlir::Location l, mlir::ValueRange args) {
+                   mlir::linalg::YieldOp::create(b, l, body(b, l, args[0]));
+                 })
+          .getResult(0);
+    };
+    // Pass 1: the mean rounded to the input type, or logsumexp's max (0 if infinite).
+    mlir::Value center;
+    if (lse) {
+      mlir::Value mx = mlir::linalg::GenericOp::create(
+                           rw, loc, mlir::TypeRange{out}, mlir::ValueRange{op.getInput()}, mlir::ValueRange{filled(ft, -INFINITY)},
+                           llvm::SmallVector<mlir::AffineMap>{id_in, out_map}, loops->iterators,
+                           [&](mlir::OpBuilder& b, mlir::Location l, mlir::ValueRange args) {
+                             IrScope scope(b, l, ft);
+                             mlir::Value x = convert(b, l, args[0], ft);
+                             mlir::linalg::YieldOp::create(b, l, kiln::formulas::Maximum::eval(IrFloat(x), IrFloat(args[1])).v);
+                           })
+                           .getResult(0);
+      center = elementwise(mx, out, [&](mlir::OpBuilder& b, mlir::Location l, mlir::Value m) {
+        IrScope scope(b, l, ft);
+        return select(abs(IrFloat(m)) == IrFloat(INFINITY), IrFloat(0.0), IrFloat(m)).v;
+      });
+    } else {
+      mlir::Value sum = mlir::linalg::GenericOp::create(
+                            rw, loc, mlir::TypeRange{wide}, mlir::ValueRange{op.getInput()}, mlir::ValueRange{zeros()},
+                            llvm::SmallVector<mlir::AffineMap>{id_in, out_map}, loops->iterators,
+                            [&](mlir::OpBuilder& b, mlir::Location l, mlir::ValueRange args) {
+                              mlir::Value x = convert(b, l, args[0], f64);
+                              mlir::linalg::YieldOp::create(b, l, mlir::arith::AddFOp::create(b, l, args[1], x).getResult());
+                            })
+                            .getResult(0);
+      center = elementwise(sum, out, [&](mlir::OpBuilder& b, mlir::Location l, mlir::Value v) {
+        mlir::Value m = mlir::arith::DivFOp::create(b, l, v, n_f);
+        return ft.isF64() ? m : mlir::arith::TruncFOp::create(b, l, ft, m).getResult();
+      });
+    }
+    // Pass 2: (x - center)^2 or exp(x - center) in the compute type, summed in float64.
+    mlir::Value ss = mlir::linalg::GenericOp::create(
+                         rw, loc, mlir::TypeRange{wide}, mlir::ValueRange{op.getInput(), center}, mlir::ValueRange{zeros()},
+                         llvm::SmallVector<mlir::AffineMap>{id_in, out_map, out_map}, loops->iterators,
+                         [&](mlir::OpBuilder& b, mlir::Location l, mlir::ValueRange args) {
+                           IrScope scope(b, l, ft);
+                           IrFloat d = IrFloat(convert(b, l, args[0], ft)) - IrFloat(args[1]);
+                           mlir::Value term = convert(b, l, (lse ? exp(d) : d * d).v, f64);
+                           mlir::linalg::YieldOp::create(b, l, mlir::arith::AddFOp::create(b, l, args[2], term).getResult());
+                         })
+                         .getResult(0);
+    if (lse) {
+      mlir::Value result = mlir::linalg::GenericOp::create(
+                               rw, loc, mlir::TypeRange{out}, mlir::ValueRange{ss, center}, mlir::ValueRange{filled(ft, 0.0)},
+                               llvm::SmallVector<mlir::AffineMap>{id_out, id_out, id_out}, parallel,
+                               [&](mlir::OpBuilder& b, mlir::Location l, mlir::ValueRange args) {
+                                 IrScope scope(b, l, f64);
+                                 mlir::Value r = (log(IrFloat(args[0])) + IrFloat(convert(b, l, args[1], f64))).v;
+                                 mlir::linalg::YieldOp::create(b, l, ft.isF64() ? r : mlir::arith::TruncFOp::create(b, l, ft, r).getResult());
+                               })
+                               .getResult(0);
+      rw.replaceOp(op, result);
+      return mlir::success();
+    }
+    double correction = static_cast<double>(kiln::dialect::attrs_from_op(*kind, op).mode);
+    bool is_std = *kind == OpKind::Std;
+    mlir::Value result = elementwise(ss, out, [&](mlir::OpBuilder& b, mlir::Location l, mlir::Value v) {
+      IrScope scope(b, l, f64);
+      IrFloat denom = IrFloat(n_f) - IrFloat(correction);
+      IrFloat var = select(denom > IrFloat(0.0), IrFloat(v) / denom, IrFloat(NAN));
+      mlir::Value r = (is_std ? sqrt(var) : var).v;
+      return ft.isF64() ? r : mlir::arith::TruncFOp::create(b, l, ft, r).getResult();
+    });
+    rw.replaceOp(op, result);
+    return mlir::success();
+  }
+};
+
+/// kiln.reduce argmax/argmin -> one linalg.generic with two accumulators (extreme value,
+/// int64 index) and reduction loops in order: the first extreme wins, and the first NaN beats
+/// any number (as eager). All dims: the index is the row-major flat index.
+struct LowerArgReduce : mlir::OpRewritePattern<kiln::dialect::ReduceOp> {
+  using OpRewritePattern::OpRewritePattern;
+
+  mlir::LogicalResult matchAndRewrite(kiln::dialect::ReduceOp op,
+                                      mlir::PatternRewriter& rw) const override {
+    auto kind = kiln::dialect::op_kind_from_name(op.getKind());
+    if (!kind || !(*kind == OpKind::Argmax || *kind == OpKind::Argmin))
+      return rw.notifyMatchFailure(op, "not argmax/argmin");
+    bool is_max = *kind == OpKind::Argmax;
+    mlir::Value input = op.getInput();
+    auto in = llvm::cast<mlir::RankedTensorType>(input.getType());
+    auto out = llvm::cast<mlir::RankedTensorType>(op.getResult().getType());
+    mlir::Type t = in.getElementType();
+    if (t.isInteger(1)) return rw.notifyMatchFailure(op, "bool");
+    mlir::Location loc = op.getLoc();
+    mlir::MLIRContext* ctx = rw.getContext();
+    int64_t rank = in.getRank();
+    OpAttrs attrs = kiln::dialect::attrs_from_op(*kind, op);
+    int64_t dim = attrs.dim < 0 ? attrs.dim + rank : attrs.dim;
+    bool keepdim = op.getKeepdim();
+    llvm::SmallVector<mlir::AffineExpr> out_exprs;
+    llvm::SmallVector<mlir::utils::IteratorType> iterators;
+    for (int64_t d = 0; d < rank; ++d) {
+      bool reduced = attrs.all_dims || d == dim;
+      iterators.push_back(reduced ? mlir::utils::IteratorType::reduction
+                                  : mlir::utils::IteratorType::parallel);
+      if (!reduced) out_exprs.push_back(rw.getAffineDimExpr(d));
+      else if (keepdim) out_exprs.push_back(rw.getAffineConstantExpr(0));
+    }
+    if (static_cast<int64_t>(out_exprs.size()) != out.getRank())
+      return rw.notifyMatchFailure(op, "unexpected result rank");
+    auto out_map = mlir::AffineMap::get(rank, 0, out_exprs, ctx);
+    llvm::SmallVector<mlir::Value> dyn;  // kept dims that are `?` (reduced ones are 1 or gone)
+    for (int64_t d = 0; d < rank; ++d)
+      if (!(attrs.all_dims || d == dim) && in.isDynamicDim(d))
+        dyn.push_back(mlir::tensor::DimOp::create(rw, loc, input, d));
+    // Row-major strides of the reduced dims (the flat index when all dims are reduced).
+    llvm::SmallVector<mlir::Value> strides(rank);
+    mlir::Value stride = mlir::arith::ConstantIndexOp::create(rw, loc, 1);
+    for (int64_t d = rank - 1; d >= 0; --d) {
+      strides[d] = stride;
+      mlir::Value size = in.isDynamicDim(d) ? mlir::tensor::DimOp::create(rw, loc, input, d).getResult()
+                                            : mlir::arith::ConstantIndexOp::create(rw, loc, in.getDimSize(d)).getResult();
+      stride = mlir::arith::MulIOp::create(rw, loc, stride, size);
+    }
+    mlir::TypedAttr worst;
+    if (auto ft = llvm::dyn_cast<mlir::FloatType>(t))
+      worst = mlir::FloatAttr::get(ft, is_max ? -INFINITY : INFINITY);
+    else
+      worst = mlir::IntegerAttr::get(t, is_max ? llvm::APInt::getSignedMinValue(t.getIntOrFloatBitWidth())
+                                               : llvm::APInt::getSignedMaxValue(t.getIntOrFloatBitWidth()));
+    auto val_type = mlir::RankedTensorType::get(out.getShape(), t);
+    auto fill = [&](mlir::RankedTensorType tt, mlir::TypedAttr v) {
+      mlir::Value e = mlir::tensor::EmptyOp::create(rw, loc, tt.getShape(), tt.getElementType(), dyn);
+      mlir::Value c = mlir::arith::ConstantOp::create(rw, loc, v);
+      return mlir::linalg::FillOp::create(rw, loc, mlir::ValueRange{c}, mlir::ValueRange{e}).getResult(0);
+    };
+    mlir::Value vals = fill(val_type, worst), idxs = fill(out, rw.getI64IntegerAttr(0));
+    auto generic = mlir::linalg::GenericOp::create(
+        rw, loc, mlir::TypeRange{val_type, out}, mlir::ValueRange{input}, mlir::ValueRange{vals, idxs},
+        llvm::SmallVector<mlir::AffineMap>{mlir::AffineMap::getMultiDimIdentityMap(rank, ctx), out_map, out_map},
+        iterators, [&](mlir::OpBuilder& b, mlir::Location l, mlir::ValueRange args) {
+          mlir::Value x = args[0], cur = args[1], better;
+          if (llvm::isa<mlir::FloatType>(t)) {
+            using P = mlir::arith::CmpFPredicate;
+            mlir::Value strict = mlir::arith::CmpFOp::create(b, l, is_max ? P::OGT : P::OLT, x, cur);
+            mlir::Value first_nan = mlir::arith::AndIOp::create(
+                b, l, mlir::arith::CmpFOp::create(b, l, P::UNO, x, x),
+                mlir::arith::CmpFOp::create(b, l, P::ORD, cur, cur));
+            better = mlir::arith::OrIOp::create(b, l, strict, first_nan);
+          } else {
+            using P = mlir::arith::CmpIPredicate;
+            better = mlir::arith::CmpIOp::create(b, l, is_max ? P::sgt : P::slt, x, cur);
+          }
+          mlir::Value idx = mlir::arith::ConstantIndexOp::create(b, l, 0);
+          for (int64_t d = 0; d < rank; ++d)
+            if (attrs.all_dims || d == dim) {
+              mlir::Value i = mlir::linalg::IndexOp::create(b, l, d);
+              idx = mlir::arith::AddIOp::create(
+                  b, l, idx, attrs.all_dims ? mlir::arith::MulIOp::create(b, l, i, strides[d]).getResult() : i);
+            }
+          mlir::Value idx64 = mlir::arith::IndexCastOp::create(b, l, b.getI64Type(), idx);
+          mlir::linalg::YieldOp::create(
+              b, l, mlir::ValueRange{mlir::arith::SelectOp::create(b, l, better, x, cur),
+                                     mlir::arith::SelectOp::create(b, l, better, idx64, args[2])});
+        });
+    rw.replaceOp(op, generic.getResult(1));
+    return mlir::success();
+  }
+};
+
+/// kiln.matmul -> a contraction into a zero-filled init: linalg.matmul (2-D) / batch_matmul
+/// (3-D, same batch) when both operands have the float result type (so that extern_calls.cpp
+/// can hand them to BLAS), else a linalg.generic with a reduction loop over K, which covers
+/// 1-D operands, broadcast batch dims and mixed dtypes (operands converted to the result type
+/// in the body; integers wrap). addmm: then alpha * (a @ b) + beta * bias, bias ignored when
+/// beta == 0 (as eager's GEMM with beta = 0).
 struct LowerMatmul : mlir::OpRewritePattern<kiln::dialect::MatmulOp> {
   using OpRewritePattern::OpRewritePattern;
 
   mlir::LogicalResult matchAndRewrite(kiln::dialect::MatmulOp op,
                                       mlir::PatternRewriter& rw) const override {
-    if (op.getKind() != "matmul" || op.getInputs().size() != 2 || op.getAlpha() || op.getBeta())
-      return rw.notifyMatchFailure(op, "only plain 2-D matmul is lowered yet");
-    mlir::Value a = op.getInputs()[0], b = op.getInputs()[1];
+    auto kind = kiln::dialect::op_kind_from_name(op.getKind());
+    if (!kind) return rw.notifyMatchFailure(op, "unknown kind");
+    bool addmm = *kind == OpKind::Addmm;
+    if (op.getInputs().size() != (addmm ? 3u : 2u)) return rw.notifyMatchFailure(op, "arity");
+    mlir::Value a = op.getInputs()[addmm ? 1 : 0], b = op.getInputs()[addmm ? 2 : 1];
     auto ta = llvm::cast<mlir::RankedTensorType>(a.getType());
     auto tb = llvm::cast<mlir::RankedTensorType>(b.getType());
     auto out = llvm::cast<mlir::RankedTensorType>(op.getResult().getType());
     mlir::Type t = out.getElementType();
-    if (ta.getRank() != 2 || tb.getRank() != 2 || !llvm::isa<mlir::FloatType>(t) ||
-        ta.getElementType() != t || tb.getElementType() != t)
-      return rw.notifyMatchFailure(op, "only 2-D same-dtype float matmul is lowered yet");
     mlir::Location loc = op.getLoc();
-    llvm::SmallVector<mlir::Value> dyn;
-    if (out.isDynamicDim(0)) {
-      if (!ta.isDynamicDim(0)) return rw.notifyMatchFailure(op, "dynamic M without source");
-      dyn.push_back(mlir::tensor::DimOp::create(rw, loc, a, 0));
-    }
-    if (out.isDynamicDim(1)) {
-      if (!tb.isDynamicDim(1)) return rw.notifyMatchFailure(op, "dynamic N without source");
-      dyn.push_back(mlir::tensor::DimOp::create(rw, loc, b, 1));
-    }
-    mlir::Value init = mlir::tensor::EmptyOp::create(rw, loc, out.getShape(), t, dyn);
-    mlir::Value zero = mlir::arith::ConstantOp::create(
-        rw, loc, mlir::FloatAttr::get(llvm::cast<mlir::FloatType>(t), 0.0));
+    mlir::MLIRContext* ctx = rw.getContext();
+    int64_t ra = ta.getRank(), rb = tb.getRank(), ro = out.getRank();
+
+    // Loops: the result dims, then K. Batch dims broadcast right-aligned.
+    int64_t nb = ro - (ra >= 2) - (rb >= 2);
+    mlir::AffineExpr kx = rw.getAffineDimExpr(ro);
+    auto operand_map = [&](mlir::RankedTensorType tt, bool is_a) {
+      int64_t rr = tt.getRank();
+      llvm::SmallVector<mlir::AffineExpr> e;
+      for (int64_t i = 0; i + 2 < rr; ++i) {
+        int64_t d = nb - (rr - 2) + i;
+        bool bc = !tt.isDynamicDim(i) && tt.getDimSize(i) == 1 && out.getDimSize(d) != 1;
+        e.push_back(bc ? rw.getAffineConstantExpr(0) : rw.getAffineDimExpr(d));
+      }
+      if (rr >= 2 && is_a) e.push_back(rw.getAffineDimExpr(nb));
+      e.push_back(kx);
+      if (rr >= 2 && !is_a) e.push_back(rw.getAffineDimExpr(ro - 1));
+      return mlir::AffineMap::get(ro + 1, 0, e, ctx);
+    };
+    llvm::SmallVector<mlir::AffineMap> maps = {operand_map(ta, true), operand_map(tb, false)};
+    auto dyn = dynamic_sizes(rw, loc, out, mlir::ValueRange{a, b}, maps);
+    if (!dyn) return rw.notifyMatchFailure(op, "dynamic result dim without a source");
+    mlir::Value init = mlir::tensor::EmptyOp::create(rw, loc, out.getShape(), t, *dyn);
+    mlir::Value zero = mlir::arith::ConstantOp::create(rw, loc, rw.getZeroAttr(t));
     mlir::Value filled =
         mlir::linalg::FillOp::create(rw, loc, mlir::ValueRange{zero}, mlir::ValueRange{init}).getResult(0);
-    auto mm = mlir::linalg::MatmulOp::create(rw, loc, mlir::TypeRange{out}, mlir::ValueRange{a, b},
-                                             mlir::ValueRange{filled});
-    rw.replaceOp(op, mm->getResults());
+    bool same_float = llvm::isa<mlir::FloatType>(t) && ta.getElementType() == t && tb.getElementType() == t;
+    bool same_batch = ra == 3 && rb == 3 && ta.getShape()[0] == tb.getShape()[0] &&
+                      (ta.isDynamicDim(0) || ta.getDimSize(0) == out.getDimSize(0));
+    mlir::Value mm;
+    if (same_float && ra == 2 && rb == 2) {
+      mm = mlir::linalg::MatmulOp::create(rw, loc, mlir::TypeRange{out}, mlir::ValueRange{a, b},
+                                          mlir::ValueRange{filled})->getResult(0);
+    } else if (same_float && same_batch) {
+      mm = mlir::linalg::BatchMatmulOp::create(rw, loc, mlir::TypeRange{out}, mlir::ValueRange{a, b},
+                                               mlir::ValueRange{filled})->getResult(0);
+    } else {
+      llvm::SmallVector<mlir::AffineExpr> out_exprs;
+      for (int64_t d = 0; d < ro; ++d) out_exprs.push_back(rw.getAffineDimExpr(d));
+      maps.push_back(mlir::AffineMap::get(ro + 1, 0, out_exprs, ctx));
+      llvm::SmallVector<mlir::utils::IteratorType> iterators(ro, mlir::utils::IteratorType::parallel);
+      iterators.push_back(mlir::utils::IteratorType::reduction);
+      mm = mlir::linalg::GenericOp::create(
+               rw, loc, mlir::TypeRange{out}, mlir::ValueRange{a, b}, mlir::ValueRange{filled},
+               maps, iterators,
+               [&](mlir::OpBuilder& bb, mlir::Location l, mlir::ValueRange args) {
+                 mlir::Value x = convert(bb, l, args[0], t), y = convert(bb, l, args[1], t), r;
+                 if (auto ft = llvm::dyn_cast<mlir::FloatType>(t)) {
+                   IrScope scope(bb, l, ft);
+                   r = kiln::formulas::Add::eval(IrFloat(args[2]), IrFloat(x) * IrFloat(y)).v;
+                 } else {
+                   r = mlir::arith::AddIOp::create(
+                       bb, l, args[2], mlir::arith::MulIOp::create(bb, l, x, y));
+                 }
+                 mlir::linalg::YieldOp::create(bb, l, r);
+               })
+               .getResult(0);
+    }
+    if (!addmm) {
+      rw.replaceOp(op, mm);
+      return mlir::success();
+    }
+    // addmm epilogue: alpha * mm + beta * bias (one elementwise generic, fusable).
+    mlir::Value bias = op.getInputs()[0];
+    mlir::Attribute alpha_attr = op.getAlphaAttr(), beta_attr = op.getBetaAttr();
+    bool use_bias = true;
+    if (auto f = llvm::dyn_cast_or_null<mlir::FloatAttr>(beta_attr)) use_bias = f.getValueAsDouble() != 0;
+    if (auto i = llvm::dyn_cast_or_null<mlir::IntegerAttr>(beta_attr)) use_bias = !i.getValue().isZero();
+    auto tbias = llvm::cast<mlir::RankedTensorType>(bias.getType());
+    auto id = mlir::AffineMap::getMultiDimIdentityMap(ro, ctx);
+    llvm::SmallVector<mlir::AffineMap> emaps = {broadcast_map(tbias, out, ro), id, id};
+    mlir::Value empty = mlir::tensor::EmptyOp::create(rw, loc, out.getShape(), t, *dyn);
+    auto epilogue = mlir::linalg::GenericOp::create(
+        rw, loc, mlir::TypeRange{out}, mlir::ValueRange{bias, mm}, mlir::ValueRange{empty}, emaps,
+        llvm::SmallVector<mlir::utils::IteratorType>(ro, mlir::utils::IteratorType::parallel),
+        [&](mlir::OpBuilder& bb, mlir::Location l, mlir::ValueRange args) {
+          mlir::Value alpha = scalar_constant(bb, l, alpha_attr, t);
+          mlir::Value beta = scalar_constant(bb, l, beta_attr, t);
+          mlir::Value c = convert(bb, l, args[0], t), r;
+          if (auto ft = llvm::dyn_cast<mlir::FloatType>(t)) {
+            IrScope scope(bb, l, ft);
+            IrFloat p = IrFloat(alpha) * IrFloat(args[1]);
+            // fma, as BLAS applies beta: beta * bias must not overflow on its own (the
+            // conformance test found inf - inf = NaN where eager gives -inf).
+            r = use_bias ? mlir::math::FmaOp::create(bb, l, beta, c, p.v).getResult() : p.v;
+          } else {
+            r = mlir::arith::MulIOp::create(bb, l, alpha, args[1]);
+            if (use_bias)
+              r = mlir::arith::AddIOp::create(bb, l, r, mlir::arith::MulIOp::create(bb, l, beta, c));
+          }
+          mlir::linalg::YieldOp::create(bb, l, r);
+        });
+    rw.replaceOp(op, epilogue.getResults());
+    return mlir::success();
+  }
+};
+
+/// kiln.view view/slice/select/expand/squeeze/unsqueeze as values. view -> tensor.collapse_shape
+/// + expand_shape (of the contiguous value); the others -> a copying linalg.generic whose input map says which
+/// element each output element reads (slice: start + step * i; select: a constant index;
+/// expand, squeeze, unsqueeze: size-1 dims read index 0), so they fuse with their neighbours
+/// and keep destination-style results. Slice/select of a `?` dim are not lowered (the dialect
+/// infers their sizes from a sentinel).
+struct LowerView : mlir::OpRewritePattern<kiln::dialect::ViewOp> {
+  using OpRewritePattern::OpRewritePattern;
+
+  mlir::LogicalResult matchAndRewrite(kiln::dialect::ViewOp op,
+                                      mlir::PatternRewriter& rw) const override {
+    auto kind = kiln::dialect::op_kind_from_name(op.getKind());
+    if (!kind) return rw.notifyMatchFailure(op, "unknown kind");
+    auto in = llvm::cast<mlir::RankedTensorType>(op.getInput().getType());
+    auto out = llvm::cast<mlir::RankedTensorType>(op.getResult().getType());
+    mlir::Location loc = op.getLoc();
+    mlir::MLIRContext* ctx = rw.getContext();
+    int64_t r = in.getRank(), R = out.getRank();
+    OpAttrs a = kiln::dialect::attrs_from_op(*kind, op);
+    auto static_one = [](mlir::RankedTensorType tt, int64_t d) {
+      return !tt.isDynamicDim(d) && tt.getDimSize(d) == 1;
+    };
+    if (*kind == OpKind::View) {
+      // Collapse to 1-D, then expand to the result (tensor.reshape with a `?` result does not
+      // lower to LLVM). The one `?` result dim (the -1 of a `?` input) = numel / the rest.
+      mlir::Type et = in.getElementType();
+      mlir::Value flat = op.getInput();
+      auto flat_type = mlir::RankedTensorType::get(
+          {in.hasStaticShape() ? in.getNumElements() : mlir::ShapedType::kDynamic}, et);
+      llvm::SmallVector<mlir::ReassociationIndices> in_group(r ? 1 : 0), out_group(R > 1 ? 1 : 0);
+      for (int64_t i = 0; i < r; ++i) in_group[0].push_back(i);
+      for (int64_t j = 0; R > 1 && j < R; ++j) out_group[0].push_back(j);
+      if (r == 0) flat = mlir::tensor::ExpandShapeOp::create(rw, loc, flat_type, flat, in_group);
+      else if (r > 1) flat = mlir::tensor::CollapseShapeOp::create(rw, loc, flat, in_group);
+      if (out.hasStaticShape() && !flat_type.hasStaticShape())
+        flat = mlir::tensor::CastOp::create(
+            rw, loc, mlir::RankedTensorType::get({out.getNumElements()}, et), flat);
+      mlir::Value result;
+      if (R == 0) {
+        result = mlir::tensor::CollapseShapeOp::create(rw, loc, out, flat, out_group);
+      } else if (R == 1) {
+        result = flat.getType() == out ? flat : mlir::tensor::CastOp::create(rw, loc, out, flat).getResult();
+      } else {
+        llvm::SmallVector<mlir::OpFoldResult> sizes;
+        for (int64_t j = 0; j < R; ++j) {
+          if (!out.isDynamicDim(j)) {
+            sizes.push_back(rw.getIndexAttr(out.getDimSize(j)));
+            continue;
+          }
+          int64_t known = 1;
+          for (int64_t i = 0; i < R; ++i)
+            if (i != j) {
+              if (out.isDynamicDim(i)) return rw.notifyMatchFailure(op, "two dynamic dims");
+              known *= out.getDimSize(i);
+            }
+          if (known == 0) return rw.notifyMatchFailure(op, "-1 next to a 0 dim");
+          mlir::Value n = mlir::tensor::DimOp::create(rw, loc, flat, 0);
+          sizes.push_back(mlir::arith::DivUIOp::create(
+                              rw, loc, n, mlir::arith::ConstantIndexOp::create(rw, loc, known))
+                              .getResult());
+        }
+        result = mlir::tensor::ExpandShapeOp::create(rw, loc, out, flat, out_group, sizes);
+      }
+      rw.replaceOp(op, result);
+      return mlir::success();
+    }
+    llvm::SmallVector<mlir::AffineExpr> exprs(r);
+    auto wrap = [](int64_t d, int64_t n) { return d < 0 ? d + n : d; };
+    switch (*kind) {
+      case OpKind::Slice:
+      case OpKind::Select: {
+        int64_t d = wrap(a.dim, r);
+        if (d < 0 || d >= r || in.isDynamicDim(d)) return rw.notifyMatchFailure(op, "dim");
+        int64_t n = in.getDimSize(d);
+        for (int64_t i = 0; i < r; ++i)
+          if (i != d)
+            exprs[i] = rw.getAffineDimExpr(*kind == OpKind::Select && i > d ? i - 1 : i);
+        // An empty slice reads nothing: start 0 keeps the map within linalg's bounds check.
+        if (*kind == OpKind::Slice)
+          exprs[d] = rw.getAffineConstantExpr(out.getDimSize(d) == 0 ? 0 : std::clamp<int64_t>(wrap(a.start, n), 0, n)) +
+                     rw.getAffineDimExpr(d) * a.step;
+        else
+          exprs[d] = rw.getAffineConstantExpr(wrap(a.start, n));
+        break;
+      }
+      case OpKind::Expand:
+        for (int64_t i = 0; i < r; ++i) {
+          int64_t d = i + R - r;
+          bool bc = static_one(in, i) && out.getDimSize(d) != 1;
+          exprs[i] = bc ? rw.getAffineConstantExpr(0) : rw.getAffineDimExpr(d);
+        }
+        break;
+      case OpKind::Squeeze:
+      case OpKind::Unsqueeze: {
+        // Only size-1 dims come and go: the others keep their order.
+        int64_t j = 0;
+        for (int64_t i = 0; i < r; ++i) {
+          if (static_one(in, i)) {
+            exprs[i] = rw.getAffineConstantExpr(0);
+            continue;
+          }
+          while (j < R && static_one(out, j)) ++j;
+          if (j >= R) return rw.notifyMatchFailure(op, "dims do not match");
+          exprs[i] = rw.getAffineDimExpr(j++);
+        }
+        break;
+      }
+      default: return rw.notifyMatchFailure(op, "lowered by another pattern");
+    }
+    llvm::SmallVector<mlir::AffineMap> maps = {mlir::AffineMap::get(R, 0, exprs, ctx)};
+    auto dyn = dynamic_sizes(rw, loc, out, mlir::ValueRange{op.getInput()}, maps);
+    if (!dyn) return rw.notifyMatchFailure(op, "dynamic result dim without a source");
+    maps.push_back(mlir::AffineMap::getMultiDimIdentityMap(R, ctx));
+    mlir::Value init = mlir::tensor::EmptyOp::create(rw, loc, out.getShape(), out.getElementType(), *dyn);
+    auto copy = mlir::linalg::GenericOp::create(
+        rw, loc, mlir::TypeRange{out}, mlir::ValueRange{op.getInput()}, mlir::ValueRange{init}, maps,
+        llvm::SmallVector<mlir::utils::IteratorType>(R, mlir::utils::IteratorType::parallel),
+        [](mlir::OpBuilder& bb, mlir::Location l, mlir::ValueRange args) {
+          mlir::linalg::YieldOp::create(bb, l, args[0]);
+        });
+    rw.replaceOp(op, copy.getResults());
     return mlir::success();
   }
 };
@@ -590,7 +1200,7 @@ struct LowerTranspose : mlir::OpRewritePattern<kiln::dialect::ViewOp> {
       llvm::ArrayRef<int64_t> dims = *op.getDims();
       for (int64_t d : dims) perm.push_back(wrap(d));
     } else {
-      return rw.notifyMatchFailure(op, "view kind not lowered yet");
+      return rw.notifyMatchFailure(op, "lowered by LowerView");
     }
     mlir::Location loc = op.getLoc();
     llvm::SmallVector<mlir::Value> dyn;
@@ -606,6 +1216,28 @@ struct LowerTranspose : mlir::OpRewritePattern<kiln::dialect::ViewOp> {
   }
 };
 
+/// math.erf / math.erfc on float64 have neither a polynomial approximation nor an LLVM
+/// lowering: they become calls to libm's erf / erfc (the JIT resolves them in the process).
+void erf_f64_to_libm(mlir::ModuleOp m) {
+  llvm::SmallVector<mlir::Operation*> ops;
+  m.walk([&](mlir::Operation* op) {
+    if (llvm::isa<mlir::math::ErfOp, mlir::math::ErfcOp>(op) && op->getResult(0).getType().isF64())
+      ops.push_back(op);
+  });
+  for (mlir::Operation* op : ops) {
+    llvm::StringRef name = llvm::isa<mlir::math::ErfOp>(op) ? "erf" : "erfc";
+    mlir::Type f64 = op->getResult(0).getType();
+    if (!m.lookupSymbol(name)) {
+      mlir::OpBuilder mb = mlir::OpBuilder::atBlockBegin(m.getBody());
+      mlir::func::FuncOp::create(mb, m.getLoc(), name, mb.getFunctionType({f64}, {f64})).setPrivate();
+    }
+    mlir::OpBuilder b(op);
+    auto call = mlir::func::CallOp::create(b, op->getLoc(), name, mlir::TypeRange{f64}, op->getOperands());
+    op->replaceAllUsesWith(call);
+    op->erase();
+  }
+}
+
 struct KilnToLinalgPass
     : mlir::PassWrapper<KilnToLinalgPass, mlir::OperationPass<mlir::ModuleOp>> {
   MLIR_DEFINE_EXPLICIT_INTERNAL_INLINE_TYPE_ID(KilnToLinalgPass)
@@ -614,8 +1246,8 @@ struct KilnToLinalgPass
     return "Lower kiln.elementwise to linalg.generic on tensors";
   }
   void getDependentDialects(mlir::DialectRegistry& r) const override {
-    r.insert<mlir::arith::ArithDialect, mlir::linalg::LinalgDialect, mlir::math::MathDialect,
-             mlir::tensor::TensorDialect>();
+    r.insert<mlir::arith::ArithDialect, mlir::func::FuncDialect, mlir::linalg::LinalgDialect,
+             mlir::math::MathDialect, mlir::scf::SCFDialect, mlir::tensor::TensorDialect>();
   }
   void runOnOperation() override {
     mlir::RewritePatternSet patterns(&getContext());
@@ -626,6 +1258,7 @@ struct KilnToLinalgPass
     mlir::tensor::EmptyOp::getCanonicalizationPatterns(patterns, &getContext());
     if (mlir::failed(mlir::applyPatternsGreedily(getOperation(), std::move(patterns))))
       signalPassFailure();
+    erf_f64_to_libm(getOperation());
   }
 };
 
@@ -644,8 +1277,8 @@ struct LowerConstant : mlir::OpRewritePattern<kiln::dialect::ConstantOp> {
 };
 
 void populate_kiln_to_linalg_patterns(mlir::RewritePatternSet& patterns) {
-  patterns.add<LowerElementwise, LowerReduce, LowerMatmul, LowerTranspose, LowerConstant>(
-      patterns.getContext());
+  patterns.add<LowerElementwise, LowerReduce, LowerVar, LowerArgReduce, LowerMatmul, LowerTranspose,
+               LowerView, LowerConstant>(patterns.getContext());
 }
 
 std::unique_ptr<mlir::Pass> create_kiln_to_linalg_pass() {
@@ -654,9 +1287,10 @@ std::unique_ptr<mlir::Pass> create_kiln_to_linalg_pass() {
 
 void register_codegen(mlir::DialectRegistry& registry) {
   registry.insert<mlir::arith::ArithDialect, mlir::linalg::LinalgDialect, mlir::math::MathDialect,
-                  mlir::tensor::TensorDialect>();
+                  mlir::memref::MemRefDialect, mlir::tensor::TensorDialect>();  // memref: kiln-extern-calls
   mlir::PassRegistration<KilnToLinalgPass>();
   register_fusion_pass();
+  register_extern_calls_pass();
   mlir::registerLinalgPasses();  // linalg-fuse-elementwise-ops, ...
 }
 

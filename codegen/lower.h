@@ -23,6 +23,12 @@ std::unique_ptr<mlir::Pass> create_kiln_to_linalg_pass();
 /// small elementwise producer with several consumers is fused (recomputed) into each of them.
 std::unique_ptr<mlir::Pass> create_fuse_elementwise_pass();
 void register_fusion_pass();
+/// Pass `kiln-extern-calls` (codegen/extern_calls.cpp, on builtin.module, after bufferization):
+/// float linalg.matmul / batch_matmul on unit-stride memrefs -> func.call @kiln_rt_gemm_f32/f64
+/// (codegen/runtime.h). Does nothing when the environment sets KILN_NO_EXTERN_GEMM=1.
+std::unique_ptr<mlir::Pass> create_extern_calls_pass();
+/// Registers `kiln-extern-calls` for pass pipelines (idempotent, thread-safe).
+void register_extern_calls_pass();
 
 /// Registers codegen's passes and the dialects its output uses (for kiln-opt).
 void register_codegen(mlir::DialectRegistry& registry);

@@ -1,10 +1,14 @@
 // The table of runtime symbols (codegen/runtime.h). Each extern kernel adds its entry here.
 #include "codegen/runtime.h"
 
+#include <algorithm>
 #include <cstddef>
+#include <cstdint>
+#include <type_traits>
 #include <utility>
 
 #include "backends/cpu/allocator.h"
+#include "backends/cpu/blas.h"
 
 namespace kiln::codegen {
 namespace {
@@ -72,6 +76,47 @@ void* rt_aligned_alloc(size_t alignment, size_t nbytes) {
   return alignment <= kAlignment ? rt_malloc(nbytes) : nullptr;
 }
 
+/// C[i] = A[i] · B[i] + beta · C[i] for i < batch (beta 0 or 1), row-major with unit-stride
+/// rows; the calling convention of codegen/extern_calls.cpp: every argument an int64_t
+/// (pointers as integers, offsets in elements). float goes through cpu::sgemm (oneDNN), falling
+/// back to kiln's gemm when oneDNN rejects the leading dims.
+template <class T>
+void gemm_batched(int64_t batch, int64_t m, int64_t n, int64_t k, int64_t a, int64_t off_a,
+                  int64_t batch_a, int64_t lda, int64_t b, int64_t off_b, int64_t batch_b,
+                  int64_t ldb, int64_t c, int64_t off_c, int64_t batch_c, int64_t ldc,
+                  int64_t beta) {
+  if (m == 0 || n == 0) return;
+  for (int64_t i = 0; i < batch; ++i) {
+    const T* pa = reinterpret_cast<const T*>(a) + off_a + i * batch_a;
+    const T* pb = reinterpret_cast<const T*>(b) + off_b + i * batch_b;
+    T* pc = reinterpret_cast<T*>(c) + off_c + i * batch_c;
+    if (k == 0) {  // an empty sum: C = beta · C
+      if (beta == 0)
+        for (int64_t r = 0; r < m; ++r) std::fill_n(pc + r * ldc, n, T(0));
+      continue;
+    }
+    if constexpr (std::is_same_v<T, float>)
+      if (cpu::sgemm(false, false, m, n, k, 1.f, pa, lda, pb, ldb, float(beta), pc, ldc)) continue;
+    cpu::gemm<T>(m, n, k, T(1), pa, lda, 1, pb, ldb, 1, T(beta), pc, ldc);
+  }
+}
+
+extern "C" void kiln_rt_gemm_f32(int64_t batch, int64_t m, int64_t n, int64_t k, int64_t a,
+                                 int64_t off_a, int64_t batch_a, int64_t lda, int64_t b,
+                                 int64_t off_b, int64_t batch_b, int64_t ldb, int64_t c,
+                                 int64_t off_c, int64_t batch_c, int64_t ldc, int64_t beta) {
+  gemm_batched<float>(batch, m, n, k, a, off_a, batch_a, lda, b, off_b, batch_b, ldb, c, off_c,
+                      batch_c, ldc, beta);
+}
+
+extern "C" void kiln_rt_gemm_f64(int64_t batch, int64_t m, int64_t n, int64_t k, int64_t a,
+                                 int64_t off_a, int64_t batch_a, int64_t lda, int64_t b,
+                                 int64_t off_b, int64_t batch_b, int64_t ldb, int64_t c,
+                                 int64_t off_c, int64_t batch_c, int64_t ldc, int64_t beta) {
+  gemm_batched<double>(batch, m, n, k, a, off_a, batch_a, lda, b, off_b, batch_b, ldb, c, off_c,
+                       batch_c, ldc, beta);
+}
+
 }  // namespace
 
 const std::vector<RuntimeSymbol>& runtime_symbols() {
@@ -79,6 +124,8 @@ const std::vector<RuntimeSymbol>& runtime_symbols() {
       {"malloc", reinterpret_cast<void*>(&rt_malloc)},
       {"free", reinterpret_cast<void*>(&rt_free)},
       {"aligned_alloc", reinterpret_cast<void*>(&rt_aligned_alloc)},
+      {"kiln_rt_gemm_f32", reinterpret_cast<void*>(&kiln_rt_gemm_f32)},
+      {"kiln_rt_gemm_f64", reinterpret_cast<void*>(&kiln_rt_gemm_f64)},
   };
   return symbols;
 }

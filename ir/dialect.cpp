@@ -207,7 +207,12 @@ void attrs_to_named(OpKind kind, const OpAttrs& a, mlir::Builder& b,
       break;
     case OpCategory::Reduction:
     case OpCategory::IndexReduction:
-      if (!a.all_dims && !a.dims.empty()) add("dims", dims());
+      // argmax/argmin: `dims = [dim]`, or all dims (the flattened index) when absent.
+      if (op_info(kind).category == OpCategory::IndexReduction) {
+        if (!a.all_dims) add("dims", b.getDenseI64ArrayAttr({a.dim}));
+      } else if (!a.all_dims && !a.dims.empty()) {
+        add("dims", dims());
+      }
       if (a.keepdim) add("keepdim", b.getUnitAttr());
       if (a.mode != 0) add("mode", b.getI64IntegerAttr(a.mode));
       break;
@@ -216,7 +221,7 @@ void attrs_to_named(OpKind kind, const OpAttrs& a, mlir::Builder& b,
       if (!is_one(a.beta)) add("beta", scalar_attr(b, a.beta));
       break;
     case OpCategory::View:
-      if (!a.dims.empty()) add("dims", dims());
+      if (!a.dims.empty() || (kind == OpKind::Squeeze && a.all_dims)) add("dims", dims());  // squeeze(): dims = []
       if (a.dim != 0) add("dim", b.getI64IntegerAttr(a.dim));
       if (a.dim1 != 0) add("dim1", b.getI64IntegerAttr(a.dim1));
       if (kind == OpKind::Slice || kind == OpKind::Select) {
@@ -268,6 +273,11 @@ OpAttrs attrs_from_op(OpKind kind, mlir::Operation* op) {
   i64("step", a.step);
   i64("ignore_index", a.ignore_index);
   if (auto e = op->getAttrOfType<mlir::FloatAttr>("eps")) a.eps = e.getValueAsDouble();
+  if (op_info(kind).category == OpCategory::IndexReduction) {
+    a.all_dims = a.dims.size() != 1;
+    if (!a.all_dims) a.dim = a.dims[0];
+  }
+  if (kind == OpKind::Squeeze) a.all_dims = op->hasAttr("dims");
   return a;
 }
 

@@ -64,10 +64,13 @@ func.func @neg_exp(%x: tensor<f64>, %i: tensor<5xi64>) -> (tensor<f64>, tensor<5
   return %0, %1, %2 : tensor<f64>, tensor<5xi64>, tensor<5xf32>
 }
 
-// Kinds without a lowering yet stay as kiln ops.
-// CHECK-LABEL: func.func @not_yet
-// CHECK: kiln.elementwise "add"
-func.func @not_yet(%b: tensor<3xi1>) -> tensor<3xi1> {
+// Bool arithmetic computes in i32 and stores != 0 (as eager): add = or.
+// CHECK-LABEL: func.func @bool_add
+// CHECK: arith.extui %{{.*}} : i1 to i32
+// CHECK: %[[S:.*]] = arith.addi
+// CHECK: %[[R:.*]] = arith.cmpi ne, %[[S]], %c0_i32 : i32
+// CHECK: linalg.yield %[[R]] : i1
+func.func @bool_add(%b: tensor<3xi1>) -> tensor<3xi1> {
   %0 = kiln.elementwise "add" %b, %b : (tensor<3xi1>, tensor<3xi1>) -> tensor<3xi1>
   return %0 : tensor<3xi1>
 }
@@ -108,12 +111,11 @@ func.func @formulas(%x: tensor<8xf32>, %y: tensor<8xf32>) -> (tensor<8xf32>, ten
   return %0, %1, %2, %3 : tensor<8xf32>, tensor<8xf32>, tensor<8xf32>, tensor<8xf32>
 }
 
-// addmm and views other than transpose/permute are not lowered yet.
-// CHECK-LABEL: func.func @not_yet_matmul_view
-// CHECK: kiln.matmul "addmm"
-// CHECK: kiln.view "expand"
-func.func @not_yet_matmul_view(%bias: tensor<4xf32>, %a: tensor<3x2xf32>, %b: tensor<2x4xf32>, %s: tensor<3x1xf32>) -> (tensor<3x4xf32>, tensor<3x4xf32>) {
-  %0 = kiln.matmul "addmm" %bias, %a, %b : (tensor<4xf32>, tensor<3x2xf32>, tensor<2x4xf32>) -> tensor<3x4xf32>
-  %1 = kiln.view "expand" %s {dims = array<i64: -1, 4>} : (tensor<3x1xf32>) -> tensor<3x4xf32>
-  return %0, %1 : tensor<3x4xf32>, tensor<3x4xf32>
+// Kinds without a lowering stay as kiln ops: slice of a `?` dim (sizes from the dialect's
+// sentinel). Views, addmm, logsumexp: lower-views.mlir.
+// CHECK-LABEL: func.func @slice_dynamic_not_lowered
+// CHECK: kiln.view "slice"
+func.func @slice_dynamic_not_lowered(%x: tensor<?xf32>) -> tensor<2xf32> {
+  %0 = kiln.view "slice" %x {dim = 0 : i64, start = 0 : i64, end = 2 : i64, step = 1 : i64} : (tensor<?xf32>) -> tensor<2xf32>
+  return %0 : tensor<2xf32>
 }

@@ -1,0 +1,108 @@
+// Extern kernels (as TorchInductor's): after bufferization, float32/float64 linalg.matmul and
+// linalg.batch_matmul on memrefs whose rows are unit-stride become a func.call to the runtime's
+// GEMM (codegen/runtime.cpp: BLAS sgemm / kiln's blocked gemm): C = A·B + beta·C, beta = 1 as
+// the linalg op accumulates, or 0 when the zero fill of C just before is folded in. Pointers, offsets, sizes and
+// strides come from memref.extract_aligned_pointer_as_index / extract_strided_metadata, all as
+// `index`, so the runtime function takes int64_t arguments only.
+#include <cstdlib>
+
+#include "codegen/lower.h"
+#include "mlir/Dialect/Arith/IR/Arith.h"
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "mlir/Dialect/Linalg/IR/Linalg.h"
+#include "mlir/Dialect/MemRef/IR/MemRef.h"
+#include "mlir/IR/Matchers.h"
+#include "mlir/Pass/PassRegistry.h"
+
+namespace kiln::codegen {
+namespace {
+
+/// Rank 2 or 3 memref of f32/f64 whose last dim has static stride 1.
+bool unit_rows(mlir::Type t, mlir::Type elem) {
+  auto mt = llvm::dyn_cast<mlir::MemRefType>(t);
+  if (!mt || mt.getElementType() != elem || mt.getRank() < 2) return false;
+  llvm::SmallVector<int64_t> strides;
+  int64_t offset;
+  return mlir::succeeded(mt.getStridesAndOffset(strides, offset)) && strides.back() == 1;
+}
+
+struct ExternCallsPass : mlir::PassWrapper<ExternCallsPass, mlir::OperationPass<mlir::ModuleOp>> {
+  MLIR_DEFINE_EXPLICIT_INTERNAL_INLINE_TYPE_ID(ExternCallsPass)
+  llvm::StringRef getArgument() const override { return "kiln-extern-calls"; }
+  llvm::StringRef getDescription() const override {
+    return "Replace float matmul / batch_matmul on memrefs by calls to the runtime's GEMM";
+  }
+  void getDependentDialects(mlir::DialectRegistry& r) const override {
+    r.insert<mlir::arith::ArithDialect, mlir::func::FuncDialect, mlir::memref::MemRefDialect>();
+  }
+
+  void runOnOperation() override {
+    // KILN_NO_EXTERN_GEMM=1 keeps the generated loops (to compare them, see codegen/README.md).
+    if (const char* e = std::getenv("KILN_NO_EXTERN_GEMM"); e && *e && *e != '0') return;
+    mlir::ModuleOp module = getOperation();
+    llvm::SmallVector<mlir::linalg::LinalgOp> todo;
+    module.walk([&](mlir::linalg::LinalgOp op) {
+      auto mm = llvm::dyn_cast<mlir::linalg::MatmulOp>(op.getOperation());
+      auto bmm = llvm::dyn_cast<mlir::linalg::BatchMatmulOp>(op.getOperation());
+      if ((mm && !mm.hasUserDefinedMaps()) || (bmm && !bmm.hasUserDefinedMaps())) todo.push_back(op);
+    });
+    for (mlir::linalg::LinalgOp op : todo) {
+      if (!op.hasPureBufferSemantics()) continue;
+      mlir::Value a = op.getDpsInputs()[0], b = op.getDpsInputs()[1], c = op.getDpsInits()[0];
+      mlir::Type elem = llvm::cast<mlir::MemRefType>(c.getType()).getElementType();
+      if (!(elem.isF32() || elem.isF64()) || !unit_rows(a.getType(), elem) ||
+          !unit_rows(b.getType(), elem) || !unit_rows(c.getType(), elem))
+        continue;
+      // A zero fill of C just before: drop it and let the GEMM overwrite C (beta = 0).
+      auto fill = llvm::dyn_cast_or_null<mlir::linalg::FillOp>(op->getPrevNode());
+      bool overwrite = fill && fill.hasPureBufferSemantics() && fill.getDpsInits()[0] == c &&
+                       mlir::matchPattern(fill.getDpsInputs()[0], mlir::m_AnyZeroFloat());
+      mlir::OpBuilder builder(op);
+      mlir::Location loc = op.getLoc();
+      int64_t rank = llvm::cast<mlir::MemRefType>(c.getType()).getRank();
+      mlir::Value zero = mlir::arith::ConstantIndexOp::create(builder, loc, 0);
+      mlir::Value one = mlir::arith::ConstantIndexOp::create(builder, loc, 1);
+      // Per operand: pointer, offset, batch stride, leading dim; plus the sizes of C and A.
+      llvm::SmallVector<mlir::Value> args(4, one);
+      llvm::SmallVector<mlir::Value> c_sizes, a_sizes;
+      for (mlir::Value v : {a, b, c}) {
+        auto md = mlir::memref::ExtractStridedMetadataOp::create(builder, loc, v);
+        args.push_back(mlir::memref::ExtractAlignedPointerAsIndexOp::create(builder, loc, v));
+        args.push_back(md.getOffset());
+        args.push_back(rank == 3 ? md.getStrides()[0] : zero);
+        args.push_back(md.getStrides()[rank - 2]);
+        if (v == c) c_sizes.assign(md.getSizes().begin(), md.getSizes().end());
+        if (v == a) a_sizes.assign(md.getSizes().begin(), md.getSizes().end());
+      }
+      args.push_back(overwrite ? zero : one);  // beta
+      if (overwrite) fill->erase();
+      if (rank == 3) args[0] = c_sizes[0];
+      args[1] = c_sizes[rank - 2];  // m
+      args[2] = c_sizes[rank - 1];  // n
+      args[3] = a_sizes[rank - 1];  // k
+      std::string name = elem.isF32() ? "kiln_rt_gemm_f32" : "kiln_rt_gemm_f64";
+      if (!module.lookupSymbol<mlir::func::FuncOp>(name)) {
+        mlir::OpBuilder mb = mlir::OpBuilder::atBlockBegin(module.getBody());
+        llvm::SmallVector<mlir::Type> types(args.size(), mb.getIndexType());
+        auto fn = mlir::func::FuncOp::create(mb, loc, name, mb.getFunctionType(types, {}));
+        fn.setPrivate();
+      }
+      mlir::func::CallOp::create(builder, loc, name, mlir::TypeRange{}, args);
+      op->erase();
+    }
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<mlir::Pass> create_extern_calls_pass() { return std::make_unique<ExternCallsPass>(); }
+
+void register_extern_calls_pass() {
+  static bool once = [] {
+    mlir::PassRegistration<ExternCallsPass>();
+    return true;
+  }();
+  (void)once;
+}
+
+}  // namespace kiln::codegen
