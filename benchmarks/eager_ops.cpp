@@ -31,21 +31,7 @@ Benchmark overhead_add_1elem(const RunConfig&) {
   return {[a, b] { do_not_optimize(kiln::add(a, b)); }, ns_per_call()};
 }
 
-Benchmark copy_16m(const RunConfig&) {
-  // Raw buffers from the kiln allocator (64-byte aligned), written once so no page faults
-  // are timed. Split across kiln's threads like a kernel would be, so the ceiling matches
-  // the thread count the eager cases use.
-  Tensor src = filled({k16M}), dst = filled({k16M});
-  return {[src, dst] {
-            const float* s = src.data<float>();
-            float* d = dst.data<float>();
-            cpu::parallel_for(0, k16M, cpu::kGrainSize, [=](int64_t begin, int64_t end) {
-              std::memcpy(d + begin, s + begin, (end - begin) * sizeof(float));
-            });
-            do_not_optimize(d);
-          },
-          gb_per_s(2 * kF32 * k16M)};
-}
+Benchmark copy_16m(const RunConfig&) { return copy_reference(k16M); }
 
 Benchmark add_16m(const RunConfig&) {
   Tensor a = filled({k16M}), b = filled({k16M});

@@ -18,18 +18,7 @@ constexpr int64_t k16M = int64_t{1} << 24;
 constexpr int64_t kRows = 4096, kCols = 1024;
 constexpr double kF32 = sizeof(float);
 
-Benchmark copy_16m(const RunConfig&) {
-  Tensor src = filled({k16M}), dst = filled({k16M});
-  return {[src, dst] {
-            const float* s = src.data<float>();
-            float* d = dst.data<float>();
-            cpu::parallel_for(0, k16M, cpu::kGrainSize, [=](int64_t begin, int64_t end) {
-              std::memcpy(d + begin, s + begin, (end - begin) * sizeof(float));
-            });
-            do_not_optimize(d);
-          },
-          gb_per_s(2 * kF32 * k16M)};
-}
+Benchmark copy_16m(const RunConfig&) { return copy_reference(k16M); }
 
 // ---- the workloads, once as graphs and once as eager calls ----
 

@@ -3,10 +3,12 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <exception>
 #include <map>
 #include <memory>
 
+#include "backends/cpu/parallel.h"
 #include "eager/factories.h"
 
 namespace kiln::bench {
@@ -177,6 +179,19 @@ Tensor filled(const Shape& shape, float lo, float hi) {
     p[i] = lo + static_cast<float>(s >> 8) * scale;
   }
   return t;
+}
+
+Benchmark copy_reference(int64_t n) {
+  Tensor src = filled({n}), dst = filled({n});
+  return {[src, dst, n] {
+            const float* s = src.data<float>();
+            float* d = dst.data<float>();
+            cpu::parallel_for(0, n, cpu::kGrainSize, [=](int64_t begin, int64_t end) {
+              std::memcpy(d + begin, s + begin, (end - begin) * sizeof(float));
+            });
+            do_not_optimize(d);
+          },
+          gb_per_s(2.0 * sizeof(float) * static_cast<double>(n))};
 }
 
 }  // namespace kiln::bench

@@ -134,6 +134,11 @@ const Record* find_record(std::span<const Record> records, std::string_view suit
 /// touched before timing) with a deterministic pattern in [lo, hi]. Needs no kernels.
 Tensor filled(const Shape& shape, float lo = -1.f, float hi = 1.f);
 
+/// The copy-bandwidth ceiling: memcpy of `n` float32 between two kiln-allocated buffers (written
+/// once, so no page faults are timed), split over kiln's threads like a kernel; GB/s counts one
+/// read and one write.
+Benchmark copy_reference(int64_t n);
+
 /// Keeps the compiler from discarding a value computed only for timing.
 template <class T> inline void do_not_optimize(const T& value) {
   asm volatile("" : : "r,m"(value) : "memory");
