@@ -101,22 +101,6 @@ void gemm_batched(int64_t batch, int64_t m, int64_t n, int64_t k, int64_t a, int
   }
 }
 
-extern "C" void kiln_rt_gemm_f32(int64_t batch, int64_t m, int64_t n, int64_t k, int64_t a,
-                                 int64_t off_a, int64_t batch_a, int64_t lda, int64_t b,
-                                 int64_t off_b, int64_t batch_b, int64_t ldb, int64_t c,
-                                 int64_t off_c, int64_t batch_c, int64_t ldc, int64_t beta) {
-  gemm_batched<float>(batch, m, n, k, a, off_a, batch_a, lda, b, off_b, batch_b, ldb, c, off_c,
-                      batch_c, ldc, beta);
-}
-
-extern "C" void kiln_rt_gemm_f64(int64_t batch, int64_t m, int64_t n, int64_t k, int64_t a,
-                                 int64_t off_a, int64_t batch_a, int64_t lda, int64_t b,
-                                 int64_t off_b, int64_t batch_b, int64_t ldb, int64_t c,
-                                 int64_t off_c, int64_t batch_c, int64_t ldc, int64_t beta) {
-  gemm_batched<double>(batch, m, n, k, a, off_a, batch_a, lda, b, off_b, batch_b, ldb, c, off_c,
-                       batch_c, ldc, beta);
-}
-
 }  // namespace
 
 const std::vector<RuntimeSymbol>& runtime_symbols() {
@@ -124,8 +108,8 @@ const std::vector<RuntimeSymbol>& runtime_symbols() {
       {"malloc", reinterpret_cast<void*>(&rt_malloc)},
       {"free", reinterpret_cast<void*>(&rt_free)},
       {"aligned_alloc", reinterpret_cast<void*>(&rt_aligned_alloc)},
-      {"kiln_rt_gemm_f32", reinterpret_cast<void*>(&kiln_rt_gemm_f32)},
-      {"kiln_rt_gemm_f64", reinterpret_cast<void*>(&kiln_rt_gemm_f64)},
+      {"kiln_rt_gemm_f32", reinterpret_cast<void*>(&gemm_batched<float>)},
+      {"kiln_rt_gemm_f64", reinterpret_cast<void*>(&gemm_batched<double>)},
   };
   return symbols;
 }
