@@ -38,11 +38,18 @@ class StorageImpl {
   uint64_t version() const { return version_.load(std::memory_order_relaxed); }
   void bump_version() { version_.fetch_add(1, std::memory_order_relaxed); }
 
+  /// Creation order of storages in this process (strictly increasing). The tracer uses it to
+  /// tell tensors created inside a traced function from tensors captured from outside.
+  uint64_t serial() const { return serial_; }
+  /// The serial the next storage will get.
+  static uint64_t next_serial();
+
  private:
   void* data_;
   size_t nbytes_;
   Allocator* allocator_;
   std::atomic<uint64_t> version_{0};
+  uint64_t serial_;
 };
 
 using Storage = std::shared_ptr<StorageImpl>;

@@ -1,5 +1,7 @@
 #include "core/tensor.h"
 
+#include <utility>
+
 #include <algorithm>
 #include <cmath>
 #include <functional>
@@ -74,8 +76,17 @@ template <class Fn> void for_each_offset(const Tensor& t, Fn&& fn) {
 }
 }  // namespace
 
+namespace {
+thread_local HostReadObserver t_host_read_observer = nullptr;
+}  // namespace
+
+HostReadObserver set_host_read_observer(HostReadObserver observer) {
+  return std::exchange(t_host_read_observer, observer);
+}
+
 template <class T> T Tensor::item(Loc loc) const {
   KILN_CHECK(defined(), "item", loc, "tensor is undefined");
+  if (t_host_read_observer) t_host_read_observer(*this, loc);
   KILN_CHECK(numel() == 1, "item", loc, "a tensor with {} elements (shape {}) cannot be converted "
              "to a scalar", numel(), to_string(shape()));
   KILN_CHECK(device().is_cpu(), "item", loc, "tensor is on {}", device().str());
@@ -86,6 +97,7 @@ template <class T> T Tensor::item(Loc loc) const {
 
 template <class T> std::vector<T> Tensor::to_vector() const {
   KILN_CHECK(defined(), "to_vector", Loc::current(), "tensor is undefined");
+  if (t_host_read_observer) t_host_read_observer(*this, Loc::current());
   std::vector<T> out;
   out.reserve(numel());
   KILN_DISPATCH_ALL(dtype(), S, {

@@ -157,6 +157,11 @@ class Tensor {
   std::shared_ptr<TensorImpl> impl_;
 };
 
+/// Observer of values read to the host (item(), to_vector()) on the calling thread; the tracer
+/// uses it to end a graph segment at a data-dependent read. Returns the previous observer.
+using HostReadObserver = void (*)(const Tensor& t, Loc loc);
+HostReadObserver set_host_read_observer(HostReadObserver observer);
+
 /// Metadata of a tensor without data; what shape/dtype inference works on.
 struct TensorMeta {
   DType dtype = DType::Float32;

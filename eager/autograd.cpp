@@ -109,6 +109,7 @@ std::vector<Tensor> AccumulateGrad::apply(std::vector<Tensor>&& grads) {
   } else {
     m.grad = add(m.grad.detach(), g);
   }
+  if (auto* hook = dispatch::tracer_hook()) hook->on_grad_assigned(leaf);
   return {};
 }
 
@@ -410,6 +411,7 @@ void Tensor::set_grad(const Tensor& g) const {
              g.defined() ? std::string(name(g.dtype())) : "", g.defined() ? to_string(g.shape()) : "",
              name(dtype()), to_string(shape()));
   ensure_meta(*this).grad = g;
+  if (auto* hook = dispatch::tracer_hook()) hook->on_grad_assigned(*this);
 }
 bool Tensor::is_leaf() const {
   Meta* m = meta(*this);
@@ -483,7 +485,10 @@ std::vector<Tensor> grad(const std::vector<Tensor>& outputs, const std::vector<T
 
 void zero_grad(const std::vector<Tensor>& params) {
   for (const Tensor& p : params)
-    if (Meta* m = meta(p)) m->grad = Tensor();
+    if (Meta* m = meta(p)) {
+      m->grad = Tensor();
+      if (auto* hook = dispatch::tracer_hook()) hook->on_grad_assigned(p);
+    }
 }
 
 }  // namespace kiln

@@ -48,6 +48,7 @@ void check_inputs(const OpCall& c) {
 }  // namespace
 
 DispatchHook* set_tracer_hook(DispatchHook* hook) { return std::exchange(t_tracer_hook, hook); }
+DispatchHook* tracer_hook() { return t_tracer_hook; }
 DispatchHook* set_autograd_hook(DispatchHook* hook) {
   return std::exchange(g_autograd_hook, hook);
 }

@@ -25,12 +25,17 @@ class DispatchHook {
   /// Called once the outputs exist.
   virtual void after_kernel(const OpCall& call, const InferredMeta& meta,
                             std::vector<Tensor>& outs) {}
+  /// Called (tracer hook only) after autograd changed the .grad of leaf tensor `leaf`
+  /// (backward accumulating into it, set_grad, zero_grad).
+  virtual void on_grad_assigned(const Tensor& leaf) {}
 };
 
 namespace dispatch {
 
 /// Installs the tracer hook for the calling thread (nullptr removes it); returns the old one.
 DispatchHook* set_tracer_hook(DispatchHook* hook);
+/// The calling thread's tracer hook (nullptr when not tracing).
+DispatchHook* tracer_hook();
 /// Installs the process-wide autograd hook (nullptr removes it); returns the old one.
 DispatchHook* set_autograd_hook(DispatchHook* hook);
 

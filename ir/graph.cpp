@@ -72,6 +72,8 @@ struct Graph::Impl {
   }
 };
 
+bool supports(OpKind op) { return kiln::dialect::dialect_op_for(op) != nullptr; }
+
 Graph::Graph() : impl_(std::make_unique<Impl>()) {}
 Graph::~Graph() = default;
 Graph::Graph(Graph&&) noexcept = default;

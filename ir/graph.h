@@ -31,6 +31,10 @@ struct ValueType {
   std::vector<int64_t> shape;  // kDynamic for `?` dims
 };
 
+/// Whether Graph::op accepts `op` (the kiln dialect covers its category). The tracer runs the
+/// other ops on eager kernels between compiled regions.
+bool supports(OpKind op);
+
 class Graph {
  public:
   Graph();

@@ -1,6 +1,7 @@
 #pragma once
-/// The kiln API in one include: tensors, factories, eager ops.
+/// The kiln API in one include: tensors, factories, eager ops, compile().
 #include "core/tensor.h"
 #include "eager/autograd.h"
 #include "eager/factories.h"
 #include "eager/ops.h"
+#include "tracer/compile.h"

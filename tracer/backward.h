@@ -1,0 +1,28 @@
+#pragma once
+/// Internal: autograd through compiled functions. While tracing, the backward of the outputs
+/// is traced right after the forward (one joint trace, as AOTAutograd does); on replay the
+/// outputs get a grad_fn that runs the compiled backward plan.
+#include <memory>
+#include <vector>
+
+#include "tracer/function.h"
+#include "tracer/plan.h"
+#include "tracer/recorder.h"
+
+namespace kiln::tracer {
+
+/// After the function returned inside a trace: if grad mode is on and outputs require grad,
+/// traces kiln::grad of those outputs with respect to every argument / captured tensor that
+/// requires grad, with the incoming gradients as GradOutput values. Sets p.backward_begin,
+/// grad_inputs, grad_results, grad_outputs. A graph already freed by the function's own
+/// backward() leaves the program forward-only.
+void record_backward(Recorder& rec, Program& p, const std::vector<OutValue>& outs);
+
+/// After a replay: gives the differentiable outputs a grad_fn whose apply() runs `backward`
+/// on the saved values (or, for a double backward with create_graph, re-runs the forward and
+/// the backward on eager kernels so the gradient has history).
+void attach_backward(const std::shared_ptr<const Program>& p,
+                     const std::shared_ptr<Plan>& backward, const std::vector<int>& saved,
+                     RunState& st, std::vector<OutValue>& outs);
+
+}  // namespace kiln::tracer

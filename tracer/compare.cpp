@@ -1,0 +1,158 @@
+// kiln::compare and kiln::print.
+#include <cmath>
+
+#include "eager/autograd.h"
+#include "tracer/compile.h"
+#include "tracer/plan.h"
+#include "tracer/recorder.h"
+
+namespace kiln {
+
+void print(const Tensor& t, const std::string& label, Loc loc) {
+  auto show = [label](const std::vector<Tensor>& ts) {
+    tracer::untraced([&] {
+      if (label.empty()) fmt::print("{}\n", ts[0].str());
+      else fmt::print("{}: {}\n", label, ts[0].str());
+      std::fflush(stdout);
+    });
+  };
+  if (auto* rec = tracer::Recorder::current()) rec->on_callback("print", show, {t}, loc);
+  show({t});
+}
+
+std::string CompareReport::str() const {
+  std::string s;
+  for (size_t k = 0; k < outputs.size(); ++k)
+    s += fmt::format("output {}: max abs diff {:.3g}, max rel diff {:.3g}{}\n", k,
+                     outputs[k].max_abs, outputs[k].max_rel, outputs[k].ok ? "" : "  <- beyond tolerance");
+  s += ok ? "compiled matches eager\n" : "first divergence: " + first_divergence + "\n";
+  return s;
+}
+
+namespace tracer {
+namespace {
+
+std::vector<ArgValue> fresh_copies(const std::vector<ArgValue>& args) {
+  std::vector<ArgValue> out = args;
+  for (ArgValue& a : out)
+    if (a.kind == ArgValue::Kind::Tensor && a.tensor.defined()) {
+      bool rg = a.tensor.requires_grad();
+      a.tensor = untraced([&] { return a.tensor.detach().clone(); });
+      if (rg) a.tensor.requires_grad_(true);
+    }
+  return out;
+}
+
+// Max abs / rel difference of two tensors of one shape; `ok` within atol + rtol * |e|, with
+// NaN at the same positions.
+CompareReport::Output diff(const Tensor& eager, const Tensor& compiled, double rtol, double atol) {
+  CompareReport::Output o;
+  if (!eager.defined() || !compiled.defined()) {
+    o.ok = eager.defined() == compiled.defined();
+    return o;
+  }
+  if (eager.shape() != compiled.shape()) {
+    o.ok = false;
+    o.max_abs = o.max_rel = INFINITY;
+    return o;
+  }
+  std::vector<double> e = untraced([&] { return eager.to_vector<double>(); });
+  std::vector<double> c = untraced([&] { return compiled.to_vector<double>(); });
+  for (size_t i = 0; i < e.size(); ++i) {
+    if (std::isnan(e[i]) || std::isnan(c[i])) {
+      if (std::isnan(e[i]) != std::isnan(c[i])) o.ok = false;
+      continue;
+    }
+    if (e[i] == c[i]) continue;  // equal infinities included
+    double d = std::fabs(e[i] - c[i]);
+    o.max_abs = std::max(o.max_abs, d);
+    if (e[i] != 0) o.max_rel = std::max(o.max_rel, d / std::fabs(e[i]));
+    if (!(d <= atol + rtol * std::fabs(e[i]))) o.ok = false;
+  }
+  return o;
+}
+
+}  // namespace
+
+CompareReport compare(
+    const std::vector<ArgValue>& args,
+    const std::function<std::vector<OutValue>(const std::vector<ArgValue>&)>& call,
+    const CompileOptions& options) {
+  // The eager run, recorded: the recorder's tensors are eager's value of every op.
+  auto prog = std::make_shared<Program>();
+  std::vector<ArgValue> eager_args = fresh_copies(args);
+  std::vector<ArgValue> compiled_args = fresh_copies(args);
+  std::vector<OutValue> eager_outs;
+  Recorder rec(*prog);
+  for (size_t i = 0; i < eager_args.size(); ++i)
+    if (eager_args[i].kind == ArgValue::Kind::Tensor) rec.add_arg(eager_args[i].tensor, int(i));
+  rec.install();
+  eager_outs = call(eager_args);
+  rec.finish();
+  for (const OutValue& o : eager_outs)
+    prog->outputs.push_back(o.is_tensor && o.tensor.defined() ? rec.lookup(o.tensor) : -1);
+  rec.uninstall();
+
+  // The compiled run of the same program, every value kept, segment by segment.
+  RunState st;
+  st.args.resize(args.size());
+  st.scalars.resize(args.size());
+  for (size_t i = 0; i < args.size(); ++i) {
+    st.args[i] = compiled_args[i].tensor;
+    st.scalars[i] = compiled_args[i].scalar;
+  }
+  st.rng = generator_state();
+  st.in_place = prog->aliased_mutation;
+  st.slots.resize(prog->values.size());
+  CompareReport report;
+  PlanOptions po;
+  po.compile = options.backend == Backend::Cpu;
+  po.live_after.assign(prog->values.size(), true);
+  po.free_dead = false;
+  size_t begin = 0;
+  while (begin < prog->nodes.size()) {
+    size_t end = begin;
+    while (end < prog->nodes.size() && prog->nodes[end].kind != Node::Kind::Read) ++end;
+    if (end < prog->nodes.size()) ++end;
+    Plan plan(prog, begin, end, po);
+    std::optional<Scalar> read = plan.run(st);
+    for (size_t i = begin; i < end && report.first_divergence.empty(); ++i) {
+      const Node& n = prog->nodes[i];
+      if (n.kind != Node::Kind::Op) continue;
+      for (int v : n.out) {
+        if (!st.slots[v].defined()) continue;  // fused away (not needed outside its region)
+        CompareReport::Output d = diff(rec.tensor(v), st.slots[v], options.rtol, options.atol);
+        if (!d.ok) {
+          report.first_divergence = fmt::format(
+              "op '{}' at {}:{}: max abs diff {:.3g}, max rel diff {:.3g}", op_name(n.op),
+              n.loc.file_name(), n.loc.line(), d.max_abs, d.max_rel);
+          break;
+        }
+      }
+    }
+    if (read && prog->nodes[end - 1].kind == Node::Kind::Read) {
+      const Node& r = prog->nodes[end - 1];
+      if (read->to<double>() != r.read_value.to<double>()) {
+        if (report.first_divergence.empty())
+          report.first_divergence = fmt::format("host read at {}:{}: compiled {} vs eager {}",
+                                                r.loc.file_name(), r.loc.line(), read->str(),
+                                                r.read_value.str());
+        break;
+      }
+    }
+    begin = end;
+  }
+  for (size_t k = 0; k < prog->outputs.size(); ++k) {
+    int v = prog->outputs[k];
+    CompareReport::Output o;
+    if (v >= 0 && st.slots[v].defined())
+      o = diff(eager_outs[k].tensor, st.slots[v], options.rtol, options.atol);
+    report.outputs.push_back(o);
+    report.ok &= o.ok;
+  }
+  report.ok &= report.first_divergence.empty();
+  return report;
+}
+
+}  // namespace tracer
+}  // namespace kiln

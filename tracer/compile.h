@@ -1,0 +1,206 @@
+#pragma once
+/// kiln::compile — capture eager code into compiled graphs, like torch.compile / tf.function /
+/// jax.jit.
+///
+///   auto f = [](const Tensor& x, double s) { return (x * x + x) * s; };
+///   auto cf = kiln::compile(f);          // same signature as f
+///   Tensor y = cf(x, 2.0);                // 1st call: runs f eagerly while recording its ops,
+///                                         // compiles them; later calls replay compiled code
+///   std::cout << cf.explain();            // graphs, guards, recompiles, kernels
+///
+/// Semantics (tf.function's replay semantics; see tracer/README.md):
+///  * Host side effects in `fn` (printing, counters, reading globals) happen only while
+///    tracing, not on replay. Use kiln::print(t) for a print that runs on every call.
+///  * A specialisation is guarded by: each tensor argument's dtype, device, rank, sizes
+///    (symbolic ones: only "size >= 2"), contiguity (strides when not contiguous), requires_grad
+///    and aliasing with other arguments; each host scalar's value (its type once dynamic);
+///    grad mode and the default dtype; captured tensors (tensors `fn` uses without taking them
+///    as arguments) must still be alive with the same dtype and shape — they are graph inputs,
+///    never baked-in constants, so an optimizer updating them does not recompile.
+///  * Automatic dynamic: a recompile caused only by a size (or host-scalar value) change makes
+///    it symbolic, so a third size does not compile again.
+///  * A host read (item(), to_vector()) ends a graph segment; the value read is a guarded
+///    decision and each value seen gets its own continuation (a trace tree).
+///  * In-place ops on arguments and captured tensors are functionalised and written back at the
+///    end of the call; a function whose views see its own in-place writes runs its recorded
+///    ops on eager kernels with real aliasing instead.
+///  * When arguments or captured tensors require grad, the backward is traced with the forward;
+///    outputs carry a grad_fn that runs the compiled backward. A function that calls backward()
+///    and steps an optimizer is captured whole.
+///  * State kept across calls (optimizer moments) must be updated in place (x.copy_(...),
+///    x += ...), not rebound to new tensors: host assignments do not happen on replay.
+///  * KILN_COMPILE=0 turns every compiled function into plain eager calls.
+///  * KILN_LOGS=recompiles,guards,graph,breaks prints those events to stderr.
+#include <functional>
+#include <memory>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "tracer/function.h"
+
+namespace kiln {
+
+namespace tracer::detail {
+
+template <class T> struct is_tuple : std::false_type {};
+template <class... T> struct is_tuple<std::tuple<T...>> : std::true_type {};
+template <class A, class B> struct is_tuple<std::pair<A, B>> : std::true_type {};
+
+template <class A> ArgValue to_arg(const A& a) {
+  using D = std::decay_t<A>;
+  ArgValue v;
+  if constexpr (std::is_same_v<D, Tensor>) {
+    v.kind = ArgValue::Kind::Tensor;
+    v.tensor = a;
+  } else if constexpr (std::is_arithmetic_v<D>) {
+    v.kind = ArgValue::Kind::Scalar;
+    v.scalar = Scalar(a);
+  }
+  return v;
+}
+
+template <class R> void to_outs(const R& r, std::vector<OutValue>& out) {
+  using D = std::decay_t<R>;
+  if constexpr (std::is_same_v<D, Tensor>) {
+    out.push_back({true, r, {}});
+  } else if constexpr (std::is_arithmetic_v<D>) {
+    out.push_back({false, Tensor(), Scalar(r)});
+  } else if constexpr (std::is_same_v<D, std::vector<Tensor>>) {
+    for (const Tensor& t : r) out.push_back({true, t, {}});
+  } else if constexpr (is_tuple<D>::value) {
+    std::apply([&](const auto&... e) { (to_outs(e, out), ...); }, r);
+  } else {
+    static_assert(sizeof(D) == 0,
+                  "compile(): results must be Tensor, a host number, std::vector<Tensor>, or a "
+                  "tuple/pair of those");
+  }
+}
+
+template <class R> R from_outs(const std::vector<OutValue>& outs, size_t& i, size_t count) {
+  using D = std::decay_t<R>;
+  if constexpr (std::is_same_v<D, Tensor>) {
+    return outs[i++].tensor;
+  } else if constexpr (std::is_arithmetic_v<D>) {
+    return outs[i++].scalar.template to<D>();
+  } else if constexpr (std::is_same_v<D, std::vector<Tensor>>) {
+    std::vector<Tensor> v;
+    while (i < count) v.push_back(outs[i++].tensor);
+    return v;
+  } else if constexpr (is_tuple<D>::value) {
+    return std::apply(
+        [&](auto... proto) { return D{from_outs<decltype(proto)>(outs, i, count)...}; }, D{});
+  }
+}
+
+}  // namespace tracer::detail
+
+/// A compiled function: call it like the function it wraps.
+template <class F> class Compiled {
+ public:
+  Compiled(F fn, CompileOptions options, std::string name)
+      : fn_(std::make_shared<F>(std::move(fn))),
+        impl_(std::make_shared<tracer::CompiledFunction>(std::move(name), std::move(options))) {}
+
+  /// Calls the function: replays a compiled specialisation whose guards pass, or traces and
+  /// compiles a new one (running `fn` eagerly once). Errors are eager mode's kiln::Error,
+  /// naming the op and the user's line.
+  template <class... A> decltype(auto) operator()(A&&... args) const {
+    using R = std::invoke_result_t<F&, A&&...>;
+    std::vector<tracer::ArgValue> av{tracer::detail::to_arg(args)...};
+    if constexpr (std::is_void_v<R>) {
+      impl_->call(av, [&]() -> std::vector<tracer::OutValue> {
+        (*fn_)(std::forward<A>(args)...);
+        return {};
+      }, Loc::current());
+    } else {
+      std::vector<tracer::OutValue> outs = impl_->call(
+          av,
+          [&]() {
+            std::vector<tracer::OutValue> o;
+            tracer::detail::to_outs((*fn_)(std::forward<A>(args)...), o);
+            return o;
+          },
+          Loc::current());
+      size_t i = 0;
+      return tracer::detail::from_outs<R>(outs, i, outs.size());
+    }
+  }
+
+  /// A report of the graphs, segments, ops, fused kernels, guards, recompiles (with the guard
+  /// that failed) and cache entries.
+  std::string explain() const { return impl_->explain(); }
+  /// Traces (each with its compile) so far.
+  int compile_count() const { return impl_->compile_count(); }
+  /// Specialisations (guard sets x trace-tree branches) cached now.
+  int cache_entries() const { return impl_->cache_entries(); }
+  /// Drops every specialisation (the next call traces again).
+  void reset() { impl_->reset(); }
+  const CompileOptions& options() const { return impl_->options(); }
+
+ private:
+  std::shared_ptr<F> fn_;
+  std::shared_ptr<tracer::CompiledFunction> impl_;
+};
+
+/// Wraps `fn` (a lambda, function pointer or functor over Tensors and host numbers) for
+/// compiled execution. Arguments: Tensor (guarded), arithmetic host scalars (guarded by value
+/// until they become dynamic), anything else (passed through, not guarded: a constant of the
+/// trace). Results: Tensor, std::vector<Tensor>, tuples/pairs of those, host numbers (constants
+/// of the specialisation). The returned object shares its cache between copies; the cache and
+/// its compiled code are freed with the last copy.
+template <class F>
+Compiled<std::decay_t<F>> compile(F&& fn, CompileOptions options = {},
+                                  std::string name = "fn") {
+  return Compiled<std::decay_t<F>>(std::forward<F>(fn), std::move(options), std::move(name));
+}
+
+/// Prints `t` (its str()) to stdout on every call, traced or replayed: a host callback kept in
+/// the graph (C++ side effects in a compiled function otherwise happen only while tracing).
+void print(const Tensor& t, const std::string& label = "", Loc loc = Loc::current());
+
+/// Runs `fn` on `args` eagerly and compiled (a fresh compile) and reports, per output, the
+/// max abs / rel difference, and where they differ beyond tolerance, the first recorded op whose
+/// compiled value diverges from eager (its op name and source line).
+struct CompareReport {
+  struct Output {
+    double max_abs = 0, max_rel = 0;
+    bool ok = true;
+  };
+  std::vector<Output> outputs;
+  bool ok = true;
+  std::string first_divergence;  ///< "op 'exp' at file.cpp:12: max abs diff ..." or ""
+  std::string str() const;
+};
+
+namespace tracer {
+/// Type-erased kiln::compare (tracer/compare.cpp): `call` runs the function on the given
+/// arguments (compare passes fresh copies of the tensors to each run).
+CompareReport compare(
+    const std::vector<ArgValue>& args,
+    const std::function<std::vector<OutValue>(const std::vector<ArgValue>&)>& call,
+    const CompileOptions& options);
+}  // namespace tracer
+
+template <class F, class... A>
+CompareReport compare(F&& fn, const A&... args) {
+  std::tuple<const A&...> tup(args...);
+  std::vector<tracer::ArgValue> av{tracer::detail::to_arg(args)...};
+  auto call_with = [&](const std::vector<tracer::ArgValue>& in) {
+    return [&]<size_t... I>(std::index_sequence<I...>) {
+      auto pick = [&]<size_t J>(std::integral_constant<size_t, J>) -> decltype(auto) {
+        using D = std::decay_t<std::tuple_element_t<J, std::tuple<A...>>>;
+        if constexpr (std::is_same_v<D, Tensor>) return Tensor(in[J].tensor);
+        else return std::get<J>(tup);
+      };
+      std::vector<tracer::OutValue> o;
+      tracer::detail::to_outs(fn(pick(std::integral_constant<size_t, I>{})...), o);
+      return o;
+    }(std::index_sequence_for<A...>{});
+  };
+  return tracer::compare(av, call_with, CompileOptions{});
+}
+
+}  // namespace kiln

@@ -1,0 +1,691 @@
+#include "tracer/function.h"
+
+#include <atomic>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <shared_mutex>
+
+#include "eager/autograd.h"
+#include "eager/autograd_graph.h"
+#include "eager/dispatch.h"
+#include "tracer/backward.h"
+#include "tracer/generalize.h"
+#include "tracer/plan.h"
+#include "tracer/recorder.h"
+
+namespace kiln::tracer {
+
+bool compile_disabled() {
+  static const bool off = [] {
+    const char* v = std::getenv("KILN_COMPILE");
+    return v && (std::strcmp(v, "0") == 0 || std::strcmp(v, "false") == 0);
+  }();
+  return off;
+}
+
+namespace {
+
+// Internal: the replay reached a decision outcome the trace tree has no branch for.
+struct MissingBranch {
+  Scalar value;
+};
+
+bool same_scalar(const Scalar& a, const Scalar& b) {
+  if (a.kind() != b.kind()) return false;
+  if (a.is_floating()) {
+    double x = a.to<double>(), y = b.to<double>();
+    return std::memcmp(&x, &y, sizeof x) == 0 || (std::isnan(x) && std::isnan(y));
+  }
+  return a.to<int64_t>() == b.to<int64_t>();
+}
+
+struct ArgGuard {
+  ArgValue::Kind kind = ArgValue::Kind::Other;
+  // tensors
+  DType dtype = DType::Float32;
+  Device device = Device::cpu();
+  Shape shape;
+  Strides strides;  // checked only when !contiguous
+  bool contiguous = true;
+  bool requires_grad = false;
+  int alias_of = -1;        // first earlier tensor argument sharing the storage
+  uint64_t dyn_mask = 0;    // symbolic dims
+  uint64_t any_size = 0;    // symbolic dims that accept sizes 0 and 1 too (marked dynamic)
+  // host scalars
+  Scalar value;
+  bool dynamic_scalar = false;
+};
+
+int alias_index(const std::vector<ArgValue>& args, size_t i) {
+  for (size_t j = 0; j < i; ++j)
+    if (args[j].kind == ArgValue::Kind::Tensor &&
+        args[j].tensor.storage() == args[i].tensor.storage())
+      return static_cast<int>(j);
+  return -1;
+}
+
+// Empty when `a` passes guard `g`, else why not.
+std::string guard_failure(const ArgGuard& g, const std::vector<ArgValue>& args, size_t i) {
+  const ArgValue& a = args[i];
+  if (a.kind != g.kind) return fmt::format("argument {} changed kind", i);
+  if (a.kind == ArgValue::Kind::Scalar) {
+    if (a.scalar.kind() != g.value.kind())
+      return fmt::format("argument {} (host scalar) changed type", i);
+    if (!g.dynamic_scalar && !same_scalar(a.scalar, g.value))
+      return fmt::format("argument {} (host scalar) is {}, expected {}", i, a.scalar.str(),
+                         g.value.str());
+    return {};
+  }
+  if (a.kind != ArgValue::Kind::Tensor) return {};
+  const Tensor& t = a.tensor;
+  if (!t.defined()) return fmt::format("argument {} is an undefined tensor", i);
+  if (t.dtype() != g.dtype)
+    return fmt::format("argument {}: dtype is {}, expected {}", i, name(t.dtype()), name(g.dtype));
+  if (t.device() != g.device) return fmt::format("argument {}: device changed", i);
+  if (t.dim() != g.shape.size())
+    return fmt::format("argument {}: rank is {}, expected {}", i, t.dim(), g.shape.size());
+  for (int d = 0; d < t.dim(); ++d) {
+    int64_t s = t.shape()[d];
+    if (g.dyn_mask >> d & 1) {
+      if (!(g.any_size >> d & 1) && s < 2)
+        return fmt::format("argument {}: size of dim {} is {}, the symbolic dim needs >= 2", i,
+                           d, s);
+    } else if (s != g.shape[d]) {
+      return fmt::format("argument {}: size of dim {} is {}, expected {}", i, d, s, g.shape[d]);
+    }
+  }
+  if (t.is_contiguous() != g.contiguous)
+    return fmt::format("argument {}: {} contiguous", i, g.contiguous ? "no longer" : "now");
+  if (!g.contiguous && t.strides() != g.strides)
+    return fmt::format("argument {}: strides are {}, expected {}", i, to_string(t.strides()),
+                       to_string(g.strides));
+  if (t.requires_grad() != g.requires_grad)
+    return fmt::format("argument {}: requires_grad is {}, expected {}", i, t.requires_grad(),
+                       g.requires_grad);
+  if (alias_index(args, i) != g.alias_of)
+    return fmt::format("argument {}: aliasing with other arguments changed", i);
+  return {};
+}
+
+std::string describe_guard(const ArgGuard& g, size_t i) {
+  switch (g.kind) {
+    case ArgValue::Kind::Scalar:
+      return g.dynamic_scalar
+                 ? fmt::format("arg {}: host scalar of kind {} (dynamic)", i,
+                               g.value.is_floating() ? "float" : g.value.is_bool() ? "bool" : "int")
+                 : fmt::format("arg {}: host scalar == {}", i, g.value.str());
+    case ArgValue::Kind::Tensor: {
+      std::string dims;
+      for (int d = 0; d < g.shape.size(); ++d) {
+        if (d) dims += ", ";
+        dims += (g.dyn_mask >> d & 1) ? fmt::format("s{}.{}{}", i, d, (g.any_size >> d & 1) ? "" : ">=2")
+                                      : std::to_string(g.shape[d]);
+      }
+      return fmt::format("arg {}: Tensor {} [{}] {}{}, requires_grad={}{}", i, name(g.dtype), dims,
+                         g.device.str(), g.contiguous ? ", contiguous" : ", strides " + to_string(g.strides),
+                         g.requires_grad,
+                         g.alias_of >= 0 ? fmt::format(", same storage as arg {}", g.alias_of) : "");
+    }
+    default: return fmt::format("arg {}: not a tensor or scalar (not guarded)", i);
+  }
+}
+
+// A stretch of a trace between host reads; children by the value read at its end.
+struct Segment {
+  std::shared_ptr<const Program> program;
+  size_t begin = 0, end = 0;
+  bool leaf = false;
+  std::unique_ptr<Plan> plan;
+  std::vector<std::pair<Scalar, std::unique_ptr<Segment>>> children;
+  // Leaf only: the traced backward.
+  std::shared_ptr<Plan> backward;
+  std::vector<int> saved;  // values the backward reads from the forward
+
+  Segment* child(const Scalar& v) const {
+    for (auto& [k, s] : children)
+      if (same_scalar(k, v)) return s.get();
+    return nullptr;
+  }
+  int leaves() const {
+    if (leaf) return 1;
+    int n = 0;
+    for (auto& c : children) n += c.second->leaves();
+    return n;
+  }
+};
+
+struct Entry {
+  int id = 0;
+  std::vector<ArgGuard> guards;
+  bool grad_enabled = true;
+  DType default_dtype = DType::Float32;
+  bool dynamic = false;
+  std::string reason;
+  std::unique_ptr<Segment> root;
+  std::atomic<int64_t> hits{0};
+};
+
+// Segments of `p` from node `from`: a chain split after each Read node.
+std::unique_ptr<Segment> make_chain(const std::shared_ptr<const Program>& p, size_t from,
+                                    const CompileOptions& o) {
+  size_t fwd_end = std::min(p->backward_begin, p->nodes.size());
+  size_t end = from;
+  while (end < fwd_end && p->nodes[end].kind != Node::Kind::Read) ++end;
+  auto seg = std::make_unique<Segment>();
+  seg->program = p;
+  seg->begin = from;
+  seg->leaf = end == fwd_end;
+  seg->end = seg->leaf ? end : end + 1;
+  PlanOptions po;
+  po.compile = o.backend == Backend::Cpu;
+  po.live_after.assign(p->values.size(), false);
+  po.free_dead = seg->leaf;
+  if (seg->leaf) {
+    for (int v : p->outputs) if (v >= 0) po.live_after[v] = true;
+    for (auto& [src, v] : p->write_backs) po.live_after[v] = true;
+    for (auto& [leaf, g] : p->grad_assignments) {
+      po.live_after[leaf] = true;
+      if (g >= 0) po.live_after[g] = true;
+    }
+    if (p->backward_begin < p->nodes.size()) {
+      std::vector<bool> def(p->values.size(), false);
+      for (size_t i = p->backward_begin; i < p->nodes.size(); ++i)
+        for (int v : p->nodes[i].out) def[v] = true;
+      std::vector<bool> seen(p->values.size(), false);
+      for (size_t i = p->backward_begin; i < p->nodes.size(); ++i)
+        for (int v : p->nodes[i].in)
+          if (v >= 0 && !def[v] && !seen[v]) {
+            seen[v] = true;
+            seg->saved.push_back(v);
+            po.live_after[v] = true;
+          }
+      for (int v : p->grad_inputs) po.live_after[v] = true;
+      PlanOptions bo;
+      bo.compile = po.compile;
+      bo.live_after.assign(p->values.size(), false);
+      for (int v : p->grad_results) if (v >= 0) bo.live_after[v] = true;
+      seg->backward = std::make_shared<Plan>(p, p->backward_begin, p->nodes.size(), bo);
+    }
+  }
+  seg->plan = std::make_unique<Plan>(p, seg->begin, seg->end, po);
+  if (!seg->leaf) {
+    const Node& read = p->nodes[end];
+    seg->children.push_back({read.read_value, make_chain(p, end + 1, o)});
+  }
+  return seg;
+}
+
+void describe_tree(const Segment& s, int depth, std::string& out) {
+  std::string pad(2 * depth, ' ');
+  out += fmt::format("{}  segment: {} ops -> {} compiled region(s), {} kernel(s), {} eager op(s)\n",
+                     pad, s.plan->num_ops(), s.plan->num_regions(), s.plan->num_kernels(),
+                     s.plan->num_eager_ops());
+  std::string steps = s.plan->describe();
+  for (size_t a = 0; a < steps.size();) {
+    size_t b = steps.find('\n', a);
+    out += pad + steps.substr(a, b - a + 1);
+    a = b + 1;
+  }
+  if (s.backward)
+    out += fmt::format("{}  backward: {} ops -> {} compiled region(s), {} kernel(s), {} eager op(s)\n",
+                       pad, s.backward->num_ops(), s.backward->num_regions(),
+                       s.backward->num_kernels(), s.backward->num_eager_ops());
+  for (auto& [v, c] : s.children) {
+    out += fmt::format("{}  on host value {}:\n", pad, v.str());
+    describe_tree(*c, depth + 1, out);
+  }
+}
+
+}  // namespace
+
+struct CompiledFunction::Impl {
+  const std::string& name;
+  const CompileOptions& options;
+  Impl(const std::string& n, const CompileOptions& o) : name(n), options(o) {}
+
+  std::vector<OutValue> replay(Entry& e, const std::vector<ArgValue>& args);
+  std::vector<OutValue> trace(const std::vector<ArgValue>& args, const Invoke& invoke, Loc loc,
+                              Entry* failed, const std::string& miss_reason);
+
+  mutable std::shared_mutex mu;
+  std::vector<std::shared_ptr<Entry>> entries;
+  std::vector<std::string> recompiles;  // each trace after the first, with its reason
+  std::atomic<int> traces{0};
+  std::atomic<bool> eager_only{false};
+  std::string eager_reason;
+  int next_id = 0;
+  // Automatic dynamic: dims / scalars that changed and caused a recompile.
+  std::vector<std::pair<int, int>> auto_dims;
+  std::vector<int> auto_scalars;
+  std::atomic<int64_t> eager_calls{0};
+};
+
+CompiledFunction::CompiledFunction(std::string name, CompileOptions options)
+    : name_(std::move(name)), options_(std::move(options)) {
+  impl_ = std::make_unique<Impl>(name_, options_);
+}
+CompiledFunction::~CompiledFunction() = default;
+
+int CompiledFunction::compile_count() const { return impl_->traces.load(); }
+int CompiledFunction::cache_entries() const {
+  std::shared_lock lock(impl_->mu);
+  int n = 0;
+  for (auto& e : impl_->entries) n += e->root->leaves();
+  return n;
+}
+void CompiledFunction::reset() {
+  std::unique_lock lock(impl_->mu);
+  impl_->entries.clear();
+  impl_->recompiles.clear();
+  impl_->auto_dims.clear();
+  impl_->auto_scalars.clear();
+  impl_->traces = 0;
+  impl_->eager_only = false;
+  impl_->eager_reason.clear();
+}
+
+namespace {
+
+bool passes(const Entry& e, const std::vector<ArgValue>& args) {
+  if (e.guards.size() != args.size() || is_grad_enabled() != e.grad_enabled ||
+      default_dtype() != e.default_dtype)
+    return false;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const ArgGuard& g = e.guards[i];
+    const ArgValue& a = args[i];
+    if (a.kind != g.kind) return false;
+    if (a.kind == ArgValue::Kind::Tensor) {
+      // The common case inline; guard_failure() has the full set.
+      const Tensor& t = a.tensor;
+      if (!t.defined() || t.dtype() != g.dtype || t.dim() != g.shape.size()) return false;
+      if (g.dyn_mask == 0 && t.shape() != g.shape) return false;
+    }
+    if (!guard_failure(g, args, i).empty()) return false;
+  }
+  return true;
+}
+
+std::string entry_failure(const Entry& e, const std::vector<ArgValue>& args) {
+  if (e.guards.size() != args.size()) return "number of arguments changed";
+  if (is_grad_enabled() != e.grad_enabled)
+    return fmt::format("grad mode is {}, expected {}", is_grad_enabled(), e.grad_enabled);
+  if (default_dtype() != e.default_dtype)
+    return fmt::format("default dtype is {}, expected {}", name(default_dtype()),
+                       name(e.default_dtype));
+  for (size_t i = 0; i < args.size(); ++i)
+    if (std::string f = guard_failure(e.guards[i], args, i); !f.empty()) return f;
+  return {};
+}
+
+// The dims and scalars in which `args` differ from entry `e` when nothing else differs.
+bool only_sizes_differ(const Entry& e, const std::vector<ArgValue>& args,
+                       std::vector<std::pair<int, int>>& dims, std::vector<int>& scalars) {
+  if (e.guards.size() != args.size() || is_grad_enabled() != e.grad_enabled ||
+      default_dtype() != e.default_dtype)
+    return false;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const ArgGuard& g = e.guards[i];
+    const ArgValue& a = args[i];
+    if (a.kind != g.kind) return false;
+    if (a.kind == ArgValue::Kind::Scalar) {
+      if (a.scalar.kind() != g.value.kind()) return false;
+      if (!g.dynamic_scalar && !same_scalar(a.scalar, g.value)) scalars.push_back(i);
+    } else if (a.kind == ArgValue::Kind::Tensor) {
+      const Tensor& t = a.tensor;
+      if (t.dtype() != g.dtype || t.dim() != g.shape.size() ||
+          t.is_contiguous() != g.contiguous || !g.contiguous ||
+          t.requires_grad() != g.requires_grad || alias_index(args, i) != g.alias_of)
+        return false;
+      for (int d = 0; d < t.dim(); ++d)
+        if (!(g.dyn_mask >> d & 1) && t.shape()[d] != g.shape[d]) dims.push_back({int(i), d});
+    }
+  }
+  return !dims.empty() || !scalars.empty();
+}
+
+}  // namespace
+
+std::vector<OutValue> CompiledFunction::call(const std::vector<ArgValue>& args,
+                                             const Invoke& invoke, Loc loc) {
+  Impl& im = *impl_;
+  // Inside another function's trace, this function's ops become part of that trace.
+  if (compile_disabled() || Recorder::current() != nullptr) return invoke();
+  if (im.eager_only.load(std::memory_order_relaxed)) {
+    ++im.eager_calls;
+    return invoke();
+  }
+  std::string miss_reason;
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    std::shared_ptr<Entry> entry;
+    {
+      std::shared_lock lock(im.mu);
+      for (auto& e : im.entries)
+        if (passes(*e, args)) {
+          entry = e;
+          break;
+        }
+      if (entry) {
+        try {
+          ++entry->hits;
+          return im.replay(*entry, args);
+        } catch (const MissingBranch& m) {
+          miss_reason = fmt::format("host read gave {}, a value not seen before", m.value.str());
+        } catch (const GuardFailure& g) {
+          miss_reason = g.reason;
+        } catch (const Error& err) {
+          if (!entry->dynamic) throw;
+          // A symbolic specialisation could not run these sizes: drop it and specialise.
+          miss_reason = fmt::format("symbolic replay failed ({}); specialising", err.message());
+          entry->dynamic = false;
+        }
+      }
+    }
+    std::unique_lock lock(im.mu);
+    // Another thread may have traced this guard set meanwhile.
+    bool found = false;
+    for (auto& e : im.entries)
+      if (e.get() != entry.get() && passes(*e, args)) found = true;
+    if (found) continue;
+    return im.trace(args, invoke, loc, entry.get(), miss_reason);
+  }
+  return invoke();
+}
+
+}  // namespace kiln::tracer
+
+namespace kiln::tracer {
+namespace {
+
+// KILN_LOGS topics of the tracer: recompiles, guards, graph, breaks (read once).
+bool log_enabled(std::string_view topic) {
+  static const std::string logs = [] {
+    const char* v = std::getenv("KILN_LOGS");
+    return std::string(v ? v : "");
+  }();
+  size_t pos = 0;
+  while (pos <= logs.size()) {
+    size_t end = logs.find(',', pos);
+    if (end == std::string::npos) end = logs.size();
+    if (std::string_view(logs).substr(pos, end - pos) == topic) return true;
+    pos = end + 1;
+  }
+  return false;
+}
+
+bool insert_branch(Segment& root, const std::shared_ptr<const Program>& p,
+                   const CompileOptions& o) {
+  Segment* seg = &root;
+  while (!seg->leaf) {
+    size_t r = seg->end - 1;
+    if (r >= p->nodes.size() || p->nodes[r].kind != Node::Kind::Read) return false;
+    Segment* c = seg->child(p->nodes[r].read_value);
+    if (!c) {
+      seg->children.push_back({p->nodes[r].read_value, make_chain(p, r + 1, o)});
+      return true;
+    }
+    seg = c;
+  }
+  return false;
+}
+
+std::vector<Shape> arg_shapes(const Program& p, size_t n) {
+  std::vector<Shape> out(n);
+  for (size_t v = 0; v < p.values.size(); ++v) {
+    int s = p.values[v].source;
+    if (s >= 0 && p.sources[s].kind == SourceKind::Arg) out[p.sources[s].index] = p.values[v].shape;
+  }
+  return out;
+}
+
+}  // namespace
+
+std::vector<OutValue> CompiledFunction::Impl::replay(Entry& e, const std::vector<ArgValue>& args) {
+  RunState st;
+  st.args.resize(args.size());
+  st.scalars.resize(args.size());
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (args[i].kind == ArgValue::Kind::Tensor) st.args[i] = args[i].tensor;
+    if (args[i].kind == ArgValue::Kind::Scalar) st.scalars[i] = args[i].scalar;
+  }
+  st.rng = generator_state();
+  Segment* seg = e.root.get();
+  st.in_place = seg->program->aliased_mutation;
+  for (;;) {
+    if (st.slots.size() < seg->program->values.size()) st.slots.resize(seg->program->values.size());
+    std::optional<Scalar> read = seg->plan->run(st);
+    if (seg->leaf) break;
+    Segment* c = seg->child(*read);
+    if (!c) throw MissingBranch{*read};
+    seg = c;
+  }
+  const Program& p = *seg->program;
+  if (p.rng_consumed) set_generator_state({st.rng.seed, st.rng.offset + p.rng_consumed});
+  {
+    NoGradGuard no_grad;
+    if (!st.in_place) {
+      for (auto& [src, v] : p.write_backs) {
+        const Source& s = p.sources[src];
+        Tensor target = s.kind == SourceKind::Arg ? st.args[s.index] : Tensor(s.captured.lock());
+        if (target.defined()) target.copy_(st.value(p, v));
+      }
+    }
+    for (auto& [leaf, g] : p.grad_assignments)
+      st.value(p, leaf).set_grad(g >= 0 ? st.value(p, g) : Tensor());
+  }
+  std::vector<OutValue> outs(p.outputs.size());
+  for (size_t k = 0; k < outs.size(); ++k) {
+    if (p.outputs[k] >= 0) {
+      outs[k].tensor = st.value(p, p.outputs[k]);
+    } else if (!p.output_undefined[k]) {
+      outs[k].is_tensor = false;
+      outs[k].scalar = p.output_constants[k];
+    }
+  }
+  if (seg->backward && is_grad_enabled()) attach_backward(seg->program, seg->backward, seg->saved, st, outs);
+  return outs;
+}
+
+std::vector<OutValue> CompiledFunction::Impl::trace(const std::vector<ArgValue>& args,
+                                                    const Invoke& invoke, Loc loc,
+                                                    Entry* failed,
+                                                    const std::string& miss_reason) {
+  bool missing_branch = failed && miss_reason.rfind("host read", 0) == 0;
+  if (failed && !missing_branch)
+    std::erase_if(entries, [&](const std::shared_ptr<Entry>& e) { return e.get() == failed; });
+  int leaves = 0;
+  for (auto& e : entries) leaves += e->root->leaves();
+  std::string reason = miss_reason;
+  if (reason.empty() && !entries.empty()) reason = entry_failure(*entries.back(), args);
+  if (leaves >= options.cache_size_limit) {
+    eager_only = true;
+    eager_reason = reason;
+    fmt::print(stderr,
+               "kiln.compile: '{}' reached cache_size_limit ({}); it runs eagerly from now on. "
+               "The guard that keeps failing: {}\n",
+               name, options.cache_size_limit, reason);
+    return invoke();
+  }
+
+  // Automatic dynamic: a recompile caused only by sizes / scalar values makes them symbolic.
+  const Entry* base = nullptr;
+  std::vector<std::pair<int, int>> changed_dims;
+  std::vector<int> changed_scalars;
+  if (options.dynamic == Dynamic::Auto && !missing_branch)
+    for (auto& e : entries) {
+      changed_dims.clear(), changed_scalars.clear();
+      if (e->root->leaf && only_sizes_differ(*e, args, changed_dims, changed_scalars)) {
+        base = e.get();
+        break;
+      }
+    }
+
+  auto prog = std::make_shared<Program>();
+  std::vector<OutValue> outs;
+  {
+    Recorder rec(*prog);
+    for (size_t i = 0; i < args.size(); ++i)
+      if (args[i].kind == ArgValue::Kind::Tensor) rec.add_arg(args[i].tensor, static_cast<int>(i));
+    rec.install();
+    outs = invoke();
+    record_backward(rec, *prog, outs);
+    rec.finish();
+    for (const OutValue& o : outs) {
+      bool undefined = o.is_tensor && !o.tensor.defined();
+      prog->outputs.push_back(o.is_tensor && !undefined ? rec.lookup(o.tensor) : -1);
+      prog->output_constants.push_back(o.is_tensor ? Scalar() : o.scalar);
+      prog->output_undefined.push_back(undefined);
+    }
+    rec.uninstall();
+  }
+  int n = ++traces;
+  bool has_reads = false;
+  for (const Node& node : prog->nodes) {
+    if (node.kind != Node::Kind::Read) continue;
+    has_reads = true;
+    KILN_CHECK(!options.fullgraph, "compile", node.loc,
+               "fullgraph=true, but '{}' reads a tensor value to the host here (item() / "
+               "to_vector() / a comparison used as a C++ bool), which splits the graph",
+               name);
+    if (log_enabled("breaks"))
+      fmt::print(stderr, "kiln.compile: '{}': graph break at {}:{} (host read, value {})\n", name,
+                 node.loc.file_name(), node.loc.line(), node.read_value.str());
+  }
+  if (n > 1 && log_enabled("recompiles"))
+    fmt::print(stderr, "kiln.compile: '{}' recompiling (trace #{}): {}\n", name, n, reason);
+  if (prog->aliased_mutation && has_reads) {
+    // A replay would have changed the real tensors before finding an unseen branch.
+    recompiles.push_back(fmt::format("trace #{} not cached: {} and host reads", n,
+                                     prog->aliased_mutation_reason));
+    return outs;
+  }
+
+  if (missing_branch && insert_branch(*failed->root, prog, options)) {
+    recompiles.push_back(fmt::format("trace #{}: new branch: {}", n, reason));
+    if (log_enabled("graph")) fmt::print(stderr, "kiln.compile: '{}' branch added\n", name);
+    return outs;
+  }
+
+  auto e = std::make_shared<Entry>();
+  e->id = next_id++;
+  e->grad_enabled = is_grad_enabled();
+  e->default_dtype = default_dtype();
+  e->guards.resize(args.size());
+  for (size_t i = 0; i < args.size(); ++i) {
+    ArgGuard& g = e->guards[i];
+    g.kind = args[i].kind;
+    if (g.kind == ArgValue::Kind::Scalar) g.value = args[i].scalar;
+    if (g.kind != ArgValue::Kind::Tensor) continue;
+    const Tensor& t = args[i].tensor;
+    g.dtype = t.dtype();
+    g.device = t.device();
+    g.shape = t.shape();
+    g.contiguous = t.is_contiguous();
+    if (!g.contiguous) g.strides = t.strides();
+    g.requires_grad = t.requires_grad();
+    g.alias_of = alias_index(args, i);
+  }
+  // Symbolic dims: marked ones (optimistic: checked by replay, see call()), then automatic.
+  std::vector<std::pair<int, int>> marked;
+  for (auto [a, d] : options.dynamic_dims)
+    if (a >= 0 && a < int(args.size()) && args[a].kind == ArgValue::Kind::Tensor && d >= 0 &&
+        d < args[a].tensor.dim())
+      marked.push_back({a, d});
+  if (options.dynamic == Dynamic::Always)
+    for (size_t a = 0; a < args.size(); ++a)
+      if (args[a].kind == ArgValue::Kind::Tensor && e->guards[a].contiguous)
+        for (int d = 0; d < args[a].tensor.dim(); ++d) marked.push_back({int(a), d});
+  std::string how;
+  if (base) {
+    for (auto d : changed_dims)
+      if (std::find(auto_dims.begin(), auto_dims.end(), d) == auto_dims.end()) auto_dims.push_back(d);
+    for (int s : changed_scalars)
+      if (std::find(auto_scalars.begin(), auto_scalars.end(), s) == auto_scalars.end())
+        auto_scalars.push_back(s);
+    std::vector<std::pair<int, int>> dims = auto_dims;
+    for (size_t a = 0; a < base->guards.size(); ++a)
+      for (int d = 0; d < 64; ++d)
+        if (base->guards[a].dyn_mask >> d & 1) dims.push_back({int(a), d});
+    std::vector<Scalar> old_scalars, new_scalars;
+    for (size_t i = 0; i < args.size(); ++i) {
+      old_scalars.push_back(base->guards[i].value);
+      new_scalars.push_back(args[i].scalar);
+    }
+    const Program& old = *base->root->program;
+    std::string why = generalize(*prog, old, arg_shapes(*prog, args.size()),
+                                 arg_shapes(old, args.size()), new_scalars, old_scalars, dims,
+                                 auto_scalars);
+    if (why.empty()) {
+      for (auto [a, d] : dims) e->guards[a].dyn_mask |= uint64_t(1) << d;
+      for (int s : auto_scalars)
+        if (e->guards[s].kind == ArgValue::Kind::Scalar) e->guards[s].dynamic_scalar = true;
+      e->dynamic = true;
+      how = "; the changed sizes/scalars are symbolic from now on";
+    } else {
+      how = fmt::format("; not made symbolic: {}", why);
+    }
+  } else if (!marked.empty()) {
+    mark_symbolic(*prog, arg_shapes(*prog, args.size()), marked);
+    for (auto [a, d] : marked) {
+      e->guards[a].dyn_mask |= uint64_t(1) << d;
+      if (options.dynamic != Dynamic::Always) e->guards[a].any_size |= uint64_t(1) << d;
+    }
+    e->dynamic = true;
+  }
+  e->reason = n == 1 ? "first call" : reason + how;
+  if (n > 1) recompiles.push_back(fmt::format("trace #{}: {}{}", n, reason, how));
+  e->root = make_chain(prog, 0, options);
+  if (log_enabled("guards")) {
+    std::string gs;
+    for (size_t i = 0; i < e->guards.size(); ++i) gs += "  " + describe_guard(e->guards[i], i) + "\n";
+    fmt::print(stderr, "kiln.compile: '{}' guards of specialisation #{}:\n{}", name, e->id, gs);
+  }
+  if (log_enabled("graph")) {
+    std::string tree;
+    describe_tree(*e->root, 0, tree);
+    fmt::print(stderr, "kiln.compile: '{}' specialisation #{}:\n{}", name, e->id, tree);
+  }
+  entries.push_back(std::move(e));
+  return outs;
+}
+
+std::string CompiledFunction::explain() const {
+  const Impl& im = *impl_;
+  std::shared_lock lock(im.mu);
+  int leaves = 0;
+  for (auto& e : im.entries) leaves += e->root->leaves();
+  std::string out = fmt::format(
+      "compiled function '{}': {} trace(s), {} cache entr{} (limit {}), backend {}, dynamic {}\n",
+      name_, im.traces.load(), leaves, leaves == 1 ? "y" : "ies", options_.cache_size_limit,
+      options_.backend == Backend::Cpu ? "cpu" : "eager",
+      options_.dynamic == Dynamic::Auto ? "auto" : options_.dynamic == Dynamic::Always ? "always" : "never");
+  if (im.eager_only)
+    out += fmt::format("  runs eagerly (cache limit reached; {} eager call(s)); last failing guard: {}\n",
+                       im.eager_calls.load(), im.eager_reason);
+  for (auto& e : im.entries) {
+    out += fmt::format("specialisation #{} ({}; {} replay(s)):\n  guards:\n", e->id, e->reason,
+                       e->hits.load());
+    for (size_t i = 0; i < e->guards.size(); ++i)
+      out += "    " + describe_guard(e->guards[i], i) + "\n";
+    out += fmt::format("    grad mode == {}; default dtype == {}\n", e->grad_enabled,
+                       kiln::name(e->default_dtype));
+    const Program& p = *e->root->program;
+    int captured = 0;
+    for (const Source& s : p.sources) captured += s.kind == SourceKind::Captured;
+    if (captured)
+      out += fmt::format("    {} captured tensor(s): alive, same dtype and shape (lifted to graph inputs)\n",
+                         captured);
+    if (p.aliased_mutation)
+      out += fmt::format("  runs on eager kernels with real aliasing: {}\n", p.aliased_mutation_reason);
+    out += "  trace tree:\n";
+    describe_tree(*e->root, 1, out);
+  }
+  if (!im.recompiles.empty()) {
+    out += "recompiles:\n";
+    for (const std::string& r : im.recompiles) out += "  " + r + "\n";
+  }
+  return out;
+}
+
+}  // namespace kiln::tracer

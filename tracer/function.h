@@ -1,0 +1,103 @@
+#pragma once
+/// The type-erased core of kiln::compile (tracer/compile.h is the typed front end): the
+/// specialisation cache of one compiled function, its guards, trace trees and replay.
+#include <functional>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace kiln {
+
+/// How compile() treats sizes and host scalars (see CompileOptions::dynamic).
+enum class Dynamic : uint8_t {
+  Auto,    ///< specialise first; a dim (scalar) that changes and causes a recompile becomes
+           ///< symbolic (a runtime argument) — "automatic dynamic", as TorchDynamo
+  Always,  ///< every dim of every tensor argument and every host scalar is symbolic from the start
+  Never,   ///< every distinct size / scalar value gets its own specialisation
+};
+
+/// Where compiled graphs run.
+enum class Backend : uint8_t {
+  Cpu,    ///< the CPU codegen (kiln MLIR -> LLVM), ops it does not cover on eager kernels
+  Eager,  ///< every recorded op on eager kernels (same capture, guards and replay; for bisecting)
+};
+
+/// Options of one compiled function. They travel with the function, never through globals, so
+/// functions compiled with different options can run on different threads at the same time.
+struct CompileOptions {
+  Dynamic dynamic = Dynamic::Auto;
+  /// Dims marked symbolic from the first trace: (argument position, dim), like
+  /// torch._dynamo.mark_dynamic. Such a dim never specialises, size 1 included.
+  std::vector<std::pair<int, int>> dynamic_dims;
+  /// Error (naming the user's line) instead of a graph break at a data-dependent host read.
+  bool fullgraph = false;
+  /// Specialisations (guard sets and trace-tree branches) before the function runs eagerly,
+  /// with one warning naming the guard that keeps failing. TorchDynamo's default is 8.
+  int cache_size_limit = 8;
+  Backend backend = Backend::Cpu;
+  /// Also run eagerly on every call and compare (kiln::Error when beyond tolerance, naming
+  /// the first diverging op). Slow; for debugging.
+  bool check = false;
+  /// Relative / absolute tolerance of `check` and kiln::compare.
+  double rtol = 1e-5, atol = 1e-6;
+  /// Marks a dim dynamic (returns *this for chaining).
+  CompileOptions& mark_dynamic(int arg, int dim) {
+    dynamic_dims.push_back({arg, dim});
+    return *this;
+  }
+};
+
+namespace tracer {
+
+/// One argument of a call: a tensor, a host scalar, or something else (hashed by nothing:
+/// passed through and treated as a constant of the trace, like a C++ closure).
+struct ArgValue {
+  enum class Kind : uint8_t { Tensor, Scalar, Other } kind = Kind::Other;
+  kiln::Tensor tensor;
+  kiln::Scalar scalar;
+};
+
+/// One result of the function: a tensor or a host value (a constant of its specialisation).
+struct OutValue {
+  bool is_tensor = true;
+  kiln::Tensor tensor;
+  kiln::Scalar scalar;
+};
+
+/// Calls the user's function on the real arguments and converts its result.
+using Invoke = std::function<std::vector<OutValue>()>;
+
+class CompiledFunction {
+ public:
+  CompiledFunction(std::string name, CompileOptions options);
+  ~CompiledFunction();
+  CompiledFunction(const CompiledFunction&) = delete;
+  CompiledFunction& operator=(const CompiledFunction&) = delete;
+
+  /// Runs a call: replays a matching specialisation, or traces `invoke` (which runs the function
+  /// eagerly) and adds one. Thread-safe.
+  std::vector<OutValue> call(const std::vector<ArgValue>& args, const Invoke& invoke,
+                             Loc loc);
+
+  std::string explain() const;
+  int compile_count() const;
+  int cache_entries() const;
+  void reset();
+  const CompileOptions& options() const { return options_; }
+  const std::string& name() const { return name_; }
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+  std::string name_;
+  CompileOptions options_;
+};
+
+/// Whether KILN_COMPILE=0 turned compile() into plain eager calls (read once).
+bool compile_disabled();
+
+}  // namespace tracer
+}  // namespace kiln

@@ -1,0 +1,35 @@
+#pragma once
+/// Internal: automatic dynamic shapes and scalars by comparing two traces.
+///
+/// When a call misses only because of sizes (or host-scalar values), the function is traced
+/// again and the new trace is compared with the old one, op by op. Every integer that differs
+/// (a dim of a value, a view's target shape, a slice bound) must be the same multiple of one of
+/// the changed argument dims in both traces; every wrapped constant that differs must equal a
+/// changed host-scalar argument in both. Then those become symbolic (SymInt / ScalarArg) and the
+/// new specialisation serves every size. Anything else that differs (another op, a host value
+/// computed from a size, a read value) keeps the specialisation static.
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "tracer/program.h"
+
+namespace kiln::tracer {
+
+/// Makes `nw` symbolic in `dims` ((argument, dim)) and `scalars` (argument positions) by
+/// comparison with `old`. Returns "" on success, else why not (then `nw` is left usable as a
+/// static specialisation).
+std::string generalize(Program& nw, const Program& old, const std::vector<Shape>& new_shapes,
+                       const std::vector<Shape>& old_shapes,
+                       const std::vector<Scalar>& new_scalars,
+                       const std::vector<Scalar>& old_scalars,
+                       const std::vector<std::pair<int, int>>& dims,
+                       const std::vector<int>& scalars);
+
+/// Marks dims symbolic from the first trace (CompileOptions::dynamic_dims / Dynamic::Always):
+/// the arguments' dims, and every value dim / shape attribute equal to the traced size when
+/// that size is >= 2. Optimistic: a replay that fails with these sizes re-traces.
+void mark_symbolic(Program& p, const std::vector<Shape>& shapes,
+                   const std::vector<std::pair<int, int>>& dims);
+
+}  // namespace kiln::tracer

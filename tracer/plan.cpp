@@ -1,0 +1,414 @@
+#include "tracer/plan.h"
+
+#include <unordered_map>
+
+#include "codegen/codegen.h"
+#include "eager/autograd.h"
+#include "eager/dispatch.h"
+#include "ir/graph.h"
+#include "tracer/recorder.h"
+
+namespace kiln::tracer {
+
+// ------------------------------------ RunState ------------------------------------
+
+const Tensor& RunState::value(const Program& p, int v) {
+  Tensor& slot = slots[v];
+  if (slot.defined()) return slot;
+  int si = p.values[v].source;
+  KILN_CHECK(si >= 0, "compile", Loc::current(),
+             "internal error: value %{} used before it was computed", v);
+  const Source& s = p.sources[si];
+  switch (s.kind) {
+    case SourceKind::Arg: slot = args[s.index]; break;
+    case SourceKind::ScalarArg: slot = dispatch::wrap_scalar(scalars[s.index]); break;
+    case SourceKind::Constant: slot = dispatch::wrap_scalar(s.scalar); break;
+    case SourceKind::Captured: {
+      auto impl = s.captured.lock();
+      if (!impl) throw GuardFailure{"a tensor the function captured was freed"};
+      slot = Tensor(std::move(impl));
+      const ValueInfo& vi = p.values[v];
+      if (slot.dtype() != vi.dtype || slot.shape() != vi.shape)
+        throw GuardFailure{fmt::format("a captured tensor changed from {} {} to {} {}",
+                                       name(vi.dtype), to_string(vi.shape), name(slot.dtype()),
+                                       to_string(slot.shape()))};
+      break;
+    }
+    case SourceKind::GradOf: {
+      Tensor g = value(p, s.index).grad();
+      if (!g.defined()) throw GuardFailure{"the .grad the function read is no longer defined"};
+      slot = g;
+      break;
+    }
+    case SourceKind::Snapshot:
+      slot = in_place ? untraced([&] { return s.snapshot.clone(); }) : s.snapshot;
+      break;
+    case SourceKind::GradOutput:
+      KILN_CHECK(false, "compile", Loc::current(), "internal error: missing incoming gradient");
+  }
+  return slot;
+}
+
+// ------------------------------------ steps ------------------------------------
+
+namespace {
+
+// Ops whose attributes hold sizes or counters that the region's MLIR would bake in.
+OpAttrs resolved_attrs(const Node& n, const RunState& st) {
+  OpAttrs a = n.attrs;
+  for (const SymAttr& s : n.sym_attrs) {
+    int64_t v = st.eval(s.sym);
+    switch (s.field) {
+      case SymAttr::Dims: a.dims[s.index] = v; break;
+      case SymAttr::Start: a.start = v; break;
+      case SymAttr::End: a.end = v; break;
+    }
+  }
+  if (op_info(n.op).category == OpCategory::Random) {
+    a.seed = st.rng.seed;
+    a.offset = st.rng.offset + n.rng_delta;
+  }
+  return a;
+}
+
+bool lowerable(const Program& p, const Node& n) {
+  if (n.kind != Node::Kind::Op || !n.sym_attrs.empty()) return false;
+  if (n.op == OpKind::Contiguous) return true;  // a copy: the same value in a functional graph
+  if (n.in_place) {
+    // Functional copy_/fill_: broadcast the source to the destination (same dtype only).
+    if (n.op == OpKind::Fill) return true;
+    return p.values[n.in[0]].dtype == p.values[n.in[1]].dtype;
+  }
+  return ir::supports(n.op);
+}
+
+std::vector<int64_t> dims_of(const ValueInfo& v, bool dynamic) {
+  std::vector<int64_t> d(v.shape.data(), v.shape.data() + v.shape.size());
+  if (dynamic)
+    for (size_t i = 0; i < v.sym.size() && i < d.size(); ++i)
+      if (v.sym[i].arg >= 0) d[i] = ir::kDynamic;
+  return d;
+}
+
+}  // namespace
+
+struct Plan::Region {
+  std::vector<size_t> nodes;
+  struct Input {
+    int value;
+    DType dtype;  // wrapped scalars enter in their op's compute dtype
+  };
+  std::vector<Input> inputs;
+  std::vector<int> outputs;                   // graph outputs, in order
+  std::vector<std::pair<int, int>> aliases;   // (value, value it equals) resolved after the run
+  std::shared_ptr<codegen::Executable> exe;   // compiled with symbolic dims (or static)
+  bool static_only = false;                   // exe only valid for the traced shapes
+  std::string mlir;
+  bool eager_fallback = false;  // neither build worked: run the nodes eagerly
+  std::string fallback_reason;
+};
+
+struct Plan::Step {
+  enum class Kind { Region, Eager, Read, Callback } kind;
+  size_t node = 0;
+  std::unique_ptr<Region> region;
+  std::vector<int> free_after;
+};
+
+namespace {
+
+// Builds the region's graph; `dynamic` puts `?` where the program has symbolic dims.
+// Returns the graph and fills inputs/outputs/aliases.
+ir::Graph region_graph(const Program& p, const std::vector<size_t>& nodes,
+                       const std::vector<bool>& used_outside, bool dynamic,
+                       std::vector<int>& inputs_v, std::vector<DType>& inputs_t,
+                       std::vector<int>& outputs, std::vector<std::pair<int, int>>& aliases) {
+  ir::Graph g;
+  std::unordered_map<int, ir::Value> val;
+  std::unordered_map<int32_t, int> input_value;  // graph input id -> program value
+  std::map<std::pair<int, DType>, ir::Value> consts;
+  inputs_v.clear(), inputs_t.clear(), outputs.clear(), aliases.clear();
+  auto get = [&](int v, const Node& n) -> ir::Value {
+    if (v < 0) return ir::Value{};
+    if (auto it = val.find(v); it != val.end()) return it->second;
+    const ValueInfo& vi = p.values[v];
+    DType dt = vi.wrapped ? n.meta.compute_dtype : vi.dtype;
+    if (n.op == OpKind::Where && v == n.in[0]) dt = vi.dtype;
+    if (vi.source >= 0 && p.sources[vi.source].kind == SourceKind::Constant) {
+      auto key = std::make_pair(v, dt);
+      if (auto it = consts.find(key); it != consts.end()) return it->second;
+      return consts[key] = g.constant(p.sources[vi.source].scalar, dt);
+    }
+    ir::Value in = g.input(dt, dims_of(vi, dynamic));
+    inputs_v.push_back(v), inputs_t.push_back(dt);
+    input_value[in.id] = v;
+    if (!vi.wrapped) val[v] = in;
+    return in;
+  };
+  for (size_t i : nodes) {
+    const Node& n = p.nodes[i];
+    std::vector<ir::Value> ins;
+    for (int v : n.in) ins.push_back(get(v, n));
+    int out = n.out[0];
+    if (n.op == OpKind::Contiguous) {
+      val[out] = ins[0];
+    } else if (n.in_place && n.op == OpKind::Fill) {
+      const ValueInfo& d = p.values[out];
+      OpAttrs a;
+      a.dims = d.shape;
+      ir::Value c = g.constant(n.attrs.alpha, d.dtype);
+      val[out] = d.shape.size() == 0 ? c : g.op(OpKind::Expand, {c}, a, n.loc);
+    } else if (n.in_place) {  // copy_(dst, src), same dtype
+      const ValueInfo& d = p.values[out];
+      const ValueInfo& s = p.values[n.in[1]];
+      if (s.shape == d.shape && !s.wrapped) {
+        val[out] = ins[1];
+      } else {
+        OpAttrs a;
+        a.dims = d.shape;
+        val[out] = g.op(OpKind::Expand, {ins[1]}, a, n.loc);
+      }
+    } else {
+      val[out] = g.op(n.op, ins, n.attrs, n.loc);
+    }
+  }
+  // Graph inputs passed straight through (copy_ of an input) are aliases, not outputs.
+  for (size_t i : nodes) {
+    int out = p.nodes[i].out[0];
+    if (!used_outside[out]) continue;
+    ir::Value v = val[out];
+    if (auto it = input_value.find(v.id); it != input_value.end()) {
+      aliases.push_back({out, it->second});
+      continue;
+    }
+    g.output(v);
+    outputs.push_back(out);
+  }
+  return g;
+}
+
+}  // namespace
+
+Plan::Plan(std::shared_ptr<const Program> program, size_t begin, size_t end,
+           const PlanOptions& options)
+    : p_(std::move(program)), begin_(begin), end_(end) {
+  const Program& p = *p_;
+  // Last step using each value, to free intermediates early.
+  std::vector<bool> used_later = options.live_after;
+  used_later.resize(p.values.size(), false);
+
+  std::unique_ptr<Region> open;
+  auto close = [&] {
+    if (!open) return;
+    steps_.push_back({Step::Kind::Region, 0, std::move(open), {}});
+    open.reset();
+  };
+  for (size_t i = begin; i < end; ++i) {
+    const Node& n = p.nodes[i];
+    if (n.kind == Node::Kind::Op && options.compile && !p.aliased_mutation && lowerable(p, n)) {
+      if (!open) open = std::make_unique<Region>();
+      open->nodes.push_back(i);
+      continue;
+    }
+    close();
+    Step::Kind k = n.kind == Node::Kind::Read       ? Step::Kind::Read
+                   : n.kind == Node::Kind::Callback ? Step::Kind::Callback
+                                                    : Step::Kind::Eager;
+    steps_.push_back({k, i, nullptr, {}});
+  }
+  close();
+
+  // Values each step reads, and which values are needed outside each region.
+  auto reads = [&](const Step& s, auto&& f) {
+    if (s.region) {
+      for (size_t i : s.region->nodes)
+        for (int v : p.nodes[i].in) if (v >= 0) f(v);
+    } else {
+      for (int v : p.nodes[s.node].in) if (v >= 0) f(v);
+    }
+  };
+  std::vector<int> last_use(p.values.size(), -1);
+  for (size_t k = 0; k < steps_.size(); ++k)
+    reads(steps_[k], [&](int v) { last_use[v] = static_cast<int>(k); });
+  // A value a region defines is a graph output if anything outside the region reads it.
+  std::vector<int> defined_in(p.values.size(), -1);
+  for (size_t k = 0; k < steps_.size(); ++k)
+    if (steps_[k].region)
+      for (size_t i : steps_[k].region->nodes)
+        for (int v : p.nodes[i].out) defined_in[v] = static_cast<int>(k);
+  std::vector<bool> used_outside_region = used_later;
+  for (size_t k = 0; k < steps_.size(); ++k)
+    reads(steps_[k], [&](int v) {
+      if (defined_in[v] != static_cast<int>(k)) used_outside_region[v] = true;
+    });
+  for (Step& s : steps_) {
+    if (s.region) {
+      build_region(*s.region, PlanOptions{options.compile, used_outside_region, false});
+      ++num_regions_;
+      num_kernels_ += s.region->exe ? s.region->exe->num_kernels()
+                                    : static_cast<int>(s.region->nodes.size());
+      if (s.region->eager_fallback) num_eager_ += s.region->nodes.size();
+    } else if (s.kind == Step::Kind::Eager) {
+      ++num_eager_;
+      ++num_kernels_;
+    }
+  }
+  if (options.free_dead) {
+    for (size_t v = 0; v < p.values.size(); ++v)
+      if (last_use[v] >= 0 && !used_later[v] && p.values[v].source < 0)
+        steps_[last_use[v]].free_after.push_back(static_cast<int>(v));
+  }
+}
+
+Plan::~Plan() = default;
+
+void Plan::build_region(Region& r, const PlanOptions& o) {
+  const Program& p = *p_;
+  bool has_sym = false;
+  for (size_t i : r.nodes)
+    for (int v : p.nodes[i].in)
+      if (v >= 0)
+        for (const SymInt& s : p.values[v].sym) has_sym |= s.arg >= 0;
+  std::vector<int> in_v;
+  std::vector<DType> in_t;
+  std::string first_error;
+  for (bool dynamic : {true, false}) {
+    if (dynamic && !has_sym) continue;
+    try {
+      ir::Graph g = region_graph(p, r.nodes, o.live_after, dynamic, in_v, in_t, r.outputs,
+                                 r.aliases);
+      r.inputs.clear();
+      for (size_t k = 0; k < in_v.size(); ++k) r.inputs.push_back({in_v[k], in_t[k]});
+      r.mlir = g.to_mlir();
+      if (g.num_outputs() > 0) r.exe = std::make_shared<codegen::Executable>(g);
+      r.static_only = has_sym && !dynamic;
+      return;
+    } catch (const Error& e) {
+      if (first_error.empty()) first_error = e.what();
+    }
+  }
+  r.eager_fallback = true;
+  r.fallback_reason = first_error;
+}
+
+void run_node_eagerly(const Program& p, const Node& n, RunState& st) {
+  std::vector<Tensor> ins;
+  for (int v : n.in) ins.push_back(v >= 0 ? st.value(p, v) : Tensor());
+  OpCall c{n.op, std::move(ins), resolved_attrs(n, st), n.loc};
+  if (n.in_place && !st.in_place) {
+    // Functional: the new value is a fresh tensor; the old one stays as it was.
+    const Tensor& dst = c.inputs[0];
+    Tensor fresh = dispatch::empty(dst.shape(), dst.dtype());
+    if (n.op == OpKind::CopyInto) fresh.copy_(c.inputs[1], n.loc);
+    else fresh.fill_(n.attrs.alpha, n.loc);
+    st.slots[n.out[0]] = fresh;
+    return;
+  }
+  std::vector<Tensor> outs = dispatch::call(std::move(c));
+  for (size_t k = 0; k < n.out.size() && k < outs.size(); ++k) st.slots[n.out[k]] = outs[k];
+}
+
+void Plan::run_eager(const Node& n, RunState& st) const { run_node_eagerly(*p_, n, st); }
+
+void Plan::run_region(const Region& r, RunState& st) const {
+  const Program& p = *p_;
+  if (r.eager_fallback) {
+    for (size_t i : r.nodes) run_eager(p.nodes[i], st);
+    return;
+  }
+  std::vector<Tensor> ins;
+  ins.reserve(r.inputs.size());
+  for (const Region::Input& in : r.inputs) {
+    const Tensor& t = st.value(p, in.value);
+    if (t.dtype() == in.dtype) {
+      ins.push_back(t);
+    } else {  // a wrapped host scalar entering in its op's compute dtype
+      Tensor c = dispatch::empty({}, in.dtype);
+      c.copy_(t);
+      ins.push_back(c);
+    }
+  }
+  std::vector<Tensor> outs;
+  if (r.exe) {
+    const codegen::Executable* exe = r.exe.get();
+    if (r.static_only) {
+      // Compiled for the traced shapes only (the symbolic build failed): other shapes run the
+      // region's ops on eager kernels.
+      for (size_t k = 0; k < ins.size(); ++k)
+        if (ins[k].shape() != p.values[r.inputs[k].value].shape) {
+          for (size_t i : r.nodes) run_eager(p.nodes[i], st);
+          return;
+        }
+    }
+    outs = exe->run(ins);
+  }
+  for (size_t k = 0; k < r.outputs.size(); ++k) st.slots[r.outputs[k]] = std::move(outs[k]);
+  for (auto& [v, src] : r.aliases) st.slots[v] = st.value(p, src);
+}
+
+std::optional<Scalar> Plan::run(RunState& st) const {
+  const Program& p = *p_;
+  NoGradGuard no_grad;
+  for (const Step& s : steps_) {
+    switch (s.kind) {
+      case Step::Kind::Region: run_region(*s.region, st); break;
+      case Step::Kind::Eager: run_eager(p.nodes[s.node], st); break;
+      case Step::Kind::Callback: {
+        const Node& n = p.nodes[s.node];
+        std::vector<Tensor> ins;
+        for (int v : n.in) ins.push_back(st.value(p, v));
+        n.callback(ins);
+        break;
+      }
+      case Step::Kind::Read: return read_scalar(st.value(p, p.nodes[s.node].in[0]));
+    }
+    for (int v : s.free_after) st.slots[v] = Tensor();
+  }
+  return std::nullopt;
+}
+
+std::string Plan::describe() const {
+  const Program& p = *p_;
+  std::string out;
+  for (const Step& s : steps_) {
+    if (s.region) {
+      const Region& r = *s.region;
+      std::string ops;
+      for (size_t i : r.nodes) ops += std::string(ops.empty() ? "" : " ") + op_name(p.nodes[i].op).data();
+      if (r.eager_fallback)
+        out += fmt::format("    eager region ({} ops: {}) - not compiled: {}\n", r.nodes.size(),
+                           ops, r.fallback_reason);
+      else
+        out += fmt::format("    compiled region: {} ops -> {} kernel(s){}: {}\n", r.nodes.size(),
+                           r.exe ? r.exe->num_kernels() : 0,
+                           r.static_only ? " (traced shapes only)" : "", ops);
+      continue;
+    }
+    const Node& n = p.nodes[s.node];
+    switch (s.kind) {
+      case Step::Kind::Eager:
+        out += fmt::format("    eager op: {} ({}:{})\n", op_name(n.op), n.loc.file_name(),
+                           n.loc.line());
+        break;
+      case Step::Kind::Read:
+        out += fmt::format("    host read at {}:{} (value while tracing: {})\n",
+                           n.loc.file_name(), n.loc.line(), n.read_value.str());
+        break;
+      case Step::Kind::Callback:
+        out += fmt::format("    host callback {} ({}:{})\n", n.callback_name, n.loc.file_name(),
+                           n.loc.line());
+        break;
+      default: break;
+    }
+  }
+  return out;
+}
+
+std::string Plan::graphs() const {
+  std::string out;
+  for (const Step& s : steps_)
+    if (s.region && !s.region->mlir.empty()) out += s.region->mlir;
+  return out;
+}
+
+}  // namespace kiln::tracer

@@ -1,0 +1,88 @@
+#pragma once
+/// Internal: how a range of a Program runs. The range is partitioned into steps: compiled
+/// regions (maximal runs of ops the kiln IR covers, built into one ir::Graph and compiled by
+/// codegen::Executable, where fusion makes them few kernels) and single ops on eager kernels
+/// (ops the IR does not cover yet, random ops, ops with size-dependent attributes once sizes
+/// are symbolic), host reads and callbacks.
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "eager/factories.h"
+#include "tracer/program.h"
+
+namespace kiln::codegen {
+class Executable;
+}
+
+namespace kiln::tracer {
+
+/// Raised internally when a captured tensor no longer matches the trace (freed, or its
+/// metadata changed): the call is traced again.
+struct GuardFailure {
+  std::string reason;
+};
+
+/// The state of one call while its plans run.
+struct RunState {
+  std::vector<Tensor> slots;         // by value id
+  std::vector<Tensor> args;          // tensor arguments by position (undefined for scalars)
+  std::vector<Scalar> scalars;       // host-scalar arguments by position
+  GeneratorState rng{};              // generator state at the start of the call
+  /// Values keep real aliasing: in-place ops run in place (Program::aliased_mutation).
+  bool in_place = false;
+
+  /// The tensor of value v, materialising sources on first use.
+  const Tensor& value(const Program& p, int v);
+  /// Size of dim `dim` of tensor argument `arg`, times `factor` (symbolic ints).
+  int64_t eval(const SymInt& s) const { return s.factor * args[s.arg].shape()[s.dim]; }
+};
+
+struct PlanOptions {
+  bool compile = true;  ///< false: every op on eager kernels (backend = eager)
+  /// Values used after the range (outputs, write-backs, later segments); all others may be
+  /// freed after their last use when `free_dead` is set.
+  std::vector<bool> live_after;
+  bool free_dead = true;
+};
+
+class Plan {
+ public:
+  Plan(std::shared_ptr<const Program> program, size_t begin, size_t end,
+       const PlanOptions& options);
+  ~Plan();
+
+  /// Runs the steps. If the range ends with a Read node, returns the value it read.
+  std::optional<Scalar> run(RunState& st) const;
+
+  int num_regions() const { return num_regions_; }
+  int num_eager_ops() const { return num_eager_; }
+  /// Kernels of the compiled regions (codegen's count) plus one per eager op.
+  int num_kernels() const { return num_kernels_; }
+  int num_ops() const { return static_cast<int>(end_ - begin_); }
+  /// One line per step, for explain().
+  std::string describe() const;
+  /// The kiln MLIR of every compiled region (KILN_LOGS=graph).
+  std::string graphs() const;
+
+ private:
+  struct Region;
+  struct Step;
+  void build_region(Region& r, const PlanOptions& options);
+  void run_region(const Region& r, RunState& st) const;
+  void run_eager(const Node& n, RunState& st) const;
+
+  std::shared_ptr<const Program> p_;
+  size_t begin_, end_;
+  std::vector<Step> steps_;
+  int num_regions_ = 0, num_eager_ = 0, num_kernels_ = 0;
+};
+
+/// Runs node `n` of `p` on eager kernels on st's slots (used by plans and by the eager
+/// re-execution of a compiled forward for double backward).
+void run_node_eagerly(const Program& p, const Node& n, RunState& st);
+
+}  // namespace kiln::tracer

@@ -1,0 +1,112 @@
+#pragma once
+/// Internal: a recorded trace. A Program is the list of ops one call of the user's function ran,
+/// over numbered values, with where each value without a producing op comes from. It is the
+/// tracer's own IR: shape-free enough to replay, and partitioned (tracer/plan.h) into compiled
+/// regions (kiln MLIR -> codegen::Executable) and ops run on eager kernels.
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/meta.h"
+
+namespace kiln::tracer {
+
+/// Where a value that no recorded op produced comes from.
+enum class SourceKind : uint8_t {
+  Arg,         ///< tensor argument `index` of the call
+  ScalarArg,   ///< host-scalar argument `index`, made a 0-d tensor at run time (dynamic scalar)
+  Constant,    ///< a host scalar wrapped as a 0-d tensor (`x * 2.0`): `scalar`
+  Captured,    ///< a tensor the function captured from outside (held weakly, guarded)
+  GradOf,      ///< the .grad, at call time, of the leaf that is value `index`
+  Snapshot,    ///< a tensor created inside the function outside the dispatcher (arange, from
+               ///< data): a copy of its contents at first use, materialised fresh per run
+  GradOutput,  ///< the incoming gradient of output `index` (backward programs)
+};
+
+struct Source {
+  SourceKind kind = SourceKind::Arg;
+  int index = 0;
+  Scalar scalar;
+  std::weak_ptr<TensorImpl> captured;
+  Tensor snapshot;
+};
+
+/// A dim or an attribute integer that follows a symbolic size: value = factor * size of
+/// (arg, dim) at run time.
+struct SymInt {
+  int arg = -1, dim = 0;
+  int64_t factor = 1;
+};
+
+/// Where a symbolic integer sits in an op's attributes.
+struct SymAttr {
+  enum Field : uint8_t { Dims, Start, End } field;
+  int index = 0;  // element of attrs.dims
+  SymInt sym;
+};
+
+struct Node {
+  enum class Kind : uint8_t {
+    Op,        ///< a dispatched op (in-place ops already functionalised, see `in_place`)
+    Read,      ///< a value read to the host (item()): a guarded decision on `read_value`
+    Callback,  ///< a host callback (kiln::print) that runs on every call
+  };
+  Kind kind = Kind::Op;
+  OpKind op = OpKind::Add;
+  OpAttrs attrs;
+  Loc loc;
+  std::vector<int> in;   ///< value ids; -1 for an absent optional input
+  std::vector<int> out;  ///< value ids
+  InferredMeta meta;     ///< what the dispatcher inferred at trace time
+  /// copy_/fill_: in the functional program `out[0]` is the new value of `in[0]`.
+  bool in_place = false;
+  /// Random ops: attrs.offset - the generator offset at the start of the call.
+  uint64_t rng_delta = 0;
+  std::vector<SymAttr> sym_attrs;
+  Scalar read_value;  ///< Read: the value seen while tracing
+  std::function<void(const std::vector<Tensor>&)> callback;
+  std::string callback_name;
+};
+
+struct ValueInfo {
+  DType dtype = DType::Float32;
+  Shape shape;
+  bool wrapped = false;     ///< a wrapped host scalar (type promotion like a Scalar)
+  int source = -1;          ///< index into Program::sources, or -1 if an op produced it
+  std::vector<SymInt> sym;  ///< per dim: arg < 0 when static
+};
+
+struct Program {
+  std::vector<ValueInfo> values;
+  std::vector<Source> sources;
+  std::vector<Node> nodes;
+  /// Nodes [0, backward_begin) are the forward, the rest the traced backward (joint trace).
+  size_t backward_begin = SIZE_MAX;
+  /// Outputs of the function: a value id, or -1 with `output_constants[i]` (a host value).
+  std::vector<int> outputs;
+  std::vector<Scalar> output_constants;
+  std::vector<bool> output_undefined;
+  /// In-place writes to arguments / captured tensors: (source index, final value id).
+  std::vector<std::pair<int, int>> write_backs;
+  /// .grad of leaves at the end of the call: (value id of the leaf, value id or -1 = none).
+  std::vector<std::pair<int, int>> grad_assignments;
+  /// Backward: for each forward output value (by output position), its GradOutput value id;
+  /// for each value requiring grad (inputs/captured), the value id of its gradient or -1.
+  std::vector<int> grad_inputs;     // value ids of the differentiable sources
+  std::vector<int> grad_results;    // gradient value id per grad_inputs entry (-1 = none)
+  std::vector<int> grad_outputs;    // GradOutput value id per output (-1 = not differentiable)
+  /// Generator offset consumed by one call (random ops).
+  uint64_t rng_consumed = 0;
+  /// A tensor was mutated while another view of its storage was in use: replay runs every
+  /// op on eager kernels on the real tensors (exact aliasing), see plan.cpp.
+  bool aliased_mutation = false;
+  std::string aliased_mutation_reason;
+
+  int add_value(const ValueInfo& v) {
+    values.push_back(v);
+    return static_cast<int>(values.size()) - 1;
+  }
+};
+
+}  // namespace kiln::tracer

@@ -1,0 +1,229 @@
+#include "tracer/recorder.h"
+
+#include <tuple>
+#include <utility>
+
+#include "eager/autograd.h"
+#include "eager/factories.h"
+
+namespace kiln::tracer {
+namespace {
+
+thread_local Recorder* t_current = nullptr;
+
+void observe_read(const Tensor& t, Loc loc) {
+  if (t_current) t_current->on_read(t, loc);
+}
+
+bool is_random(OpKind op) { return op_info(op).category == OpCategory::Random; }
+
+}  // namespace
+
+Scalar read_scalar(const Tensor& t) {
+  return untraced([&]() -> Scalar {
+    if (is_floating(t.dtype())) return t.item<double>();
+    if (t.dtype() == DType::Bool) return t.item<bool>();
+    return t.item<int64_t>();
+  });
+}
+
+namespace {
+int compare_dims(const Dims& a, const Dims& b) {
+  if (a.size() != b.size()) return a.size() < b.size() ? -1 : 1;
+  for (int i = 0; i < a.size(); ++i)
+    if (a[i] != b[i]) return a[i] < b[i] ? -1 : 1;
+  return 0;
+}
+}  // namespace
+
+bool Recorder::GeoKey::operator<(const GeoKey& o) const {
+  if (std::tie(storage, offset, dtype) != std::tie(o.storage, o.offset, o.dtype))
+    return std::tie(storage, offset, dtype) < std::tie(o.storage, o.offset, o.dtype);
+  if (int c = compare_dims(shape, o.shape)) return c < 0;
+  return compare_dims(strides, o.strides) < 0;
+}
+
+Recorder::GeoKey Recorder::key_of(const Tensor& t) {
+  return {t.storage().get(), t.offset(), t.dtype(), t.shape(), t.strides()};
+}
+
+Recorder::Recorder(Program& program)
+    : p_(program),
+      start_serial_(StorageImpl::next_serial()),
+      rng_start_(generator_state().offset) {}
+
+Recorder::~Recorder() { uninstall(); }
+
+Recorder* Recorder::current() { return t_current; }
+
+void Recorder::install() {
+  if (installed_) return;
+  prev_hook_ = dispatch::set_tracer_hook(this);
+  prev_observer_ = set_host_read_observer(&observe_read);
+  prev_current_ = std::exchange(t_current, this);
+  installed_ = true;
+}
+
+void Recorder::uninstall() {
+  if (!installed_) return;
+  dispatch::set_tracer_hook(prev_hook_);
+  set_host_read_observer(prev_observer_);
+  t_current = prev_current_;
+  installed_ = false;
+}
+
+int Recorder::new_value(const Tensor& t, int source) {
+  ValueInfo info;
+  info.dtype = t.dtype();
+  info.shape = t.shape();
+  info.wrapped = t.impl()->wrapped_number;
+  info.source = source;
+  int v = p_.add_value(info);
+  tensors_.push_back(t);
+  auto it = writes_.find(t.storage().get());
+  write_count_.push_back(it == writes_.end() ? 0 : it->second);
+  by_impl_[t.impl()] = v;
+  by_geometry_[key_of(t)] = v;
+  return v;
+}
+
+int Recorder::add_arg(const Tensor& t, int index) {
+  if (auto it = by_impl_.find(t.impl()); it != by_impl_.end()) return it->second;  // same tensor twice
+  Source s;
+  s.kind = SourceKind::Arg;
+  s.index = index;
+  return add_source(t, std::move(s));
+}
+
+int Recorder::add_source(const Tensor& t, Source src) {
+  p_.sources.push_back(std::move(src));
+  return new_value(t, static_cast<int>(p_.sources.size()) - 1);
+}
+
+// A value recorded so far for `t`, or -1. A value made before its storage was last written
+// in place is stale: the functional program has a newer value for that memory only if `t` has
+// the written tensor's exact geometry; otherwise `t` is an alias that saw the write, which the
+// functional program cannot express (Program::aliased_mutation).
+int Recorder::find(const Tensor& t) {
+  int v = -1;
+  if (auto it = by_impl_.find(t.impl()); it != by_impl_.end()) v = it->second;
+  auto w = writes_.find(t.storage().get());
+  uint64_t writes = w == writes_.end() ? 0 : w->second;
+  if (v >= 0 && write_count_[v] == writes) return v;
+  if (auto it = by_geometry_.find(key_of(t)); it != by_geometry_.end()) {
+    if (write_count_[it->second] == writes) return it->second;
+  }
+  if (v >= 0 || writes > 0) {
+    if (!p_.aliased_mutation)
+      p_.aliased_mutation_reason = fmt::format(
+          "a view (shape {}) of a tensor that was changed in place was used afterwards",
+          to_string(t.shape()));
+    p_.aliased_mutation = true;
+    if (v >= 0) return v;
+  }
+  return -1;
+}
+
+int Recorder::lookup(const Tensor& t) {
+  int v = find(t);
+  if (v >= 0) return v;
+  Source s;
+  if (t.storage()->serial() >= start_serial_) {
+    if (t.impl()->wrapped_number) {
+      s.kind = SourceKind::Constant;
+      s.scalar = read_scalar(t);
+    } else {
+      s.kind = SourceKind::Snapshot;
+      s.snapshot = untraced([&] { return t.detach().clone(); });
+    }
+    return add_source(t, std::move(s));
+  }
+  // The .grad of a leaf the function already uses: re-read from that leaf on every run.
+  for (size_t i = 0; i < tensors_.size(); ++i) {
+    int src = p_.values[i].source;
+    if (src < 0) continue;
+    SourceKind k = p_.sources[src].kind;
+    if (k != SourceKind::Arg && k != SourceKind::Captured) continue;
+    Tensor g = tensors_[i].grad();
+    if (g.defined() && (g.is_same(t) || (!(key_of(g) < key_of(t)) && !(key_of(t) < key_of(g))))) {
+      s.kind = SourceKind::GradOf;
+      s.index = static_cast<int>(i);
+      return add_source(t, std::move(s));
+    }
+  }
+  s.kind = SourceKind::Captured;
+  s.captured = t.impl_ptr();
+  return add_source(t, std::move(s));
+}
+
+void Recorder::after_kernel(const OpCall& call, const InferredMeta& meta,
+                            std::vector<Tensor>& outs) {
+  Node n;
+  n.kind = Node::Kind::Op;
+  n.op = call.op;
+  n.attrs = call.attrs;
+  n.loc = call.loc;
+  n.meta = meta;
+  for (const Tensor& t : call.inputs) n.in.push_back(t.defined() ? lookup(t) : -1);
+  if (is_random(call.op)) n.rng_delta = call.attrs.offset - rng_start_;
+  n.in_place = call.op == OpKind::CopyInto || call.op == OpKind::Fill;
+  if (n.in_place) {
+    // The functional program gets a new value for the written tensor; older values of its
+    // memory become stale (see find()).
+    const Tensor& dst = outs[0];
+    ++writes_[dst.storage().get()];
+    n.out.push_back(new_value(dst, -1));
+  } else {
+    for (const Tensor& t : outs) n.out.push_back(new_value(t, -1));
+  }
+  p_.nodes.push_back(std::move(n));
+}
+
+void Recorder::on_grad_assigned(const Tensor& leaf) {
+  if (grad_leaf_set_.insert(leaf.impl()).second) grad_leaves_.push_back(leaf);
+}
+
+void Recorder::on_read(const Tensor& t, Loc loc) {
+  Node n;
+  n.kind = Node::Kind::Read;
+  n.loc = loc;
+  n.in.push_back(lookup(t));
+  n.read_value = read_scalar(t);
+  p_.nodes.push_back(std::move(n));
+}
+
+void Recorder::on_callback(const std::string& name,
+                           std::function<void(const std::vector<Tensor>&)> fn,
+                           const std::vector<Tensor>& tensors, Loc loc) {
+  Node n;
+  n.kind = Node::Kind::Callback;
+  n.loc = loc;
+  n.callback = std::move(fn);
+  n.callback_name = name;
+  for (const Tensor& t : tensors) n.in.push_back(lookup(t));
+  p_.nodes.push_back(std::move(n));
+}
+
+void Recorder::finish() {
+  // Arguments and captured tensors whose memory the function changed in place.
+  size_t n_values = tensors_.size();
+  for (size_t v = 0; v < n_values; ++v) {
+    int src = p_.values[v].source;
+    if (src < 0) continue;
+    SourceKind k = p_.sources[src].kind;
+    if (k != SourceKind::Arg && k != SourceKind::Captured) continue;
+    auto w = writes_.find(tensors_[v].storage().get());
+    if (w == writes_.end()) continue;
+    auto it = by_geometry_.find(key_of(tensors_[v]));
+    if (it != by_geometry_.end() && it->second != static_cast<int>(v))
+      p_.write_backs.push_back({src, it->second});
+  }
+  for (const Tensor& leaf : grad_leaves_) {
+    int lv = lookup(leaf);
+    Tensor g = leaf.grad();
+    p_.grad_assignments.push_back({lv, g.defined() ? lookup(g) : -1});
+  }
+  p_.rng_consumed = generator_state().offset - rng_start_;
+}
+
+}  // namespace kiln::tracer

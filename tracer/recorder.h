@@ -1,0 +1,103 @@
+#pragma once
+/// Internal: records one call of the user's function into a Program. The function runs eagerly
+/// on its real inputs (so host reads see real values and errors are eager's); the recorder sees
+/// every dispatched op through the thread's tracer hook and numbers the tensors it touches.
+#include <map>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "eager/dispatch.h"
+#include "tracer/program.h"
+
+namespace kiln::tracer {
+
+class Recorder final : public DispatchHook {
+ public:
+  explicit Recorder(Program& program);
+  ~Recorder() override;
+  Recorder(const Recorder&) = delete;
+  Recorder& operator=(const Recorder&) = delete;
+
+  /// Installs this recorder as the calling thread's tracer hook and host-read observer;
+  /// uninstall() (or the destructor) restores the previous ones.
+  void install();
+  void uninstall();
+
+  /// Registers tensor argument `index` (before the function runs).
+  int add_arg(const Tensor& t, int index);
+  /// Registers a value with source `src` for tensor `t` (GradOutput placeholders).
+  int add_source(const Tensor& t, Source src);
+  /// The value id of `t`: a value recorded so far, or a new source (captured, snapshot, ...).
+  int lookup(const Tensor& t);
+  /// The tensor of value `v` as it was while tracing.
+  const Tensor& tensor(int v) const { return tensors_[v]; }
+
+  bool before_kernel(const OpCall& call, const InferredMeta& meta,
+                     std::vector<Tensor>& outs) override {
+    return false;
+  }
+  void after_kernel(const OpCall& call, const InferredMeta& meta,
+                    std::vector<Tensor>& outs) override;
+  void on_grad_assigned(const Tensor& leaf) override;
+  /// item()/to_vector(): records a Read node with the value about to be read.
+  void on_read(const Tensor& t, Loc loc);
+  /// kiln::print / host callbacks.
+  void on_callback(const std::string& name, std::function<void(const std::vector<Tensor>&)> fn,
+                   const std::vector<Tensor>& tensors, Loc loc);
+
+  /// Ends the trace: write-backs of mutated arguments / captured tensors and the final .grad
+  /// of leaves touched by autograd.
+  void finish();
+
+  /// The recorder of the calling thread, or nullptr.
+  static Recorder* current();
+
+ private:
+  struct GeoKey {
+    const StorageImpl* storage;
+    int64_t offset;
+    DType dtype;
+    Shape shape;
+    Strides strides;
+    bool operator<(const GeoKey& o) const;
+  };
+  static GeoKey key_of(const Tensor& t);
+  int new_value(const Tensor& t, int source);
+  int find(const Tensor& t);
+
+  Program& p_;
+  uint64_t start_serial_;
+  uint64_t rng_start_;
+  bool installed_ = false;
+  DispatchHook* prev_hook_ = nullptr;
+  HostReadObserver prev_observer_ = nullptr;
+  Recorder* prev_current_ = nullptr;
+  std::vector<Tensor> tensors_;                 // by value id (keeps impls alive)
+  std::vector<uint64_t> write_count_;           // storage writes seen when the value was made
+  std::unordered_map<const TensorImpl*, int> by_impl_;
+  std::map<GeoKey, int> by_geometry_;
+  std::unordered_map<const StorageImpl*, uint64_t> writes_;  // in-place writes per storage
+  std::vector<Tensor> grad_leaves_;
+  std::unordered_set<const TensorImpl*> grad_leaf_set_;
+};
+
+/// Runs `fn` with the calling thread's tracer hook and read observer removed (the tracer's own
+/// tensor work must not be recorded).
+template <class F> decltype(auto) untraced(F&& fn) {
+  DispatchHook* hook = dispatch::set_tracer_hook(nullptr);
+  HostReadObserver obs = set_host_read_observer(nullptr);
+  struct Restore {
+    DispatchHook* h;
+    HostReadObserver o;
+    ~Restore() {
+      dispatch::set_tracer_hook(h);
+      set_host_read_observer(o);
+    }
+  } restore{hook, obs};
+  return fn();
+}
+
+/// The host value of a one-element tensor as a Scalar of its dtype's kind (not recorded).
+Scalar read_scalar(const Tensor& t);
+
+}  // namespace kiln::tracer
