@@ -1,7 +1,6 @@
 #include "nn/optim.h"
 
-#include <cmath>
-
+#include "core/dtype.h"
 #include "eager/autograd.h"
 #include "eager/factories.h"
 #include "eager/ops.h"
@@ -23,6 +22,15 @@ SGD::SGD(std::vector<Tensor> params, SGDOptions o) : Optimizer(std::move(params)
   KILN_CHECK(!o.nesterov || (o.momentum > 0 && o.dampening == 0), "SGD", Loc::current(),
              "nesterov needs momentum > 0 and dampening = 0");
   momentum_.resize(params_.size());
+  started_.resize(params_.size());
+  // State exists before the first step (compiled replay cannot create it later).
+  if (o.momentum != 0) {
+    NoGradGuard ng;
+    for (size_t i = 0; i < params_.size(); ++i) {
+      momentum_[i] = zeros_like(params_[i]);
+      started_[i] = zeros({}, {DType::Bool});
+    }
+  }
 }
 
 void SGD::step() {
@@ -34,8 +42,11 @@ void SGD::step() {
     if (options.weight_decay != 0) g = g + p * options.weight_decay;
     if (options.momentum != 0) {
       Tensor& buf = momentum_[i];
-      if (!buf.defined()) buf = g.clone();
-      else buf = buf * options.momentum + g * (1 - options.dampening);
+      KILN_CHECK(buf.defined(), "SGD.step", Loc::current(),
+                 "momentum was 0 at construction; set it in SGDOptions when creating the SGD");
+      // buf = started ? momentum·buf + (1−damp)·g : g, written into the same buffer.
+      buf.copy_(where(started_[i], buf * options.momentum + g * (1 - options.dampening), g));
+      started_[i].fill_(true);
       g = options.nesterov ? g + buf * options.momentum : buf;
     }
     p -= g * options.lr;
@@ -47,28 +58,40 @@ AdamW::AdamW(std::vector<Tensor> params, AdamWOptions o) : Optimizer(std::move(p
                  o.beta2 < 1 && o.weight_decay >= 0,
              "AdamW", Loc::current(), "invalid options: lr {}, betas ({}, {}), eps {}, wd {}", o.lr,
              o.beta1, o.beta2, o.eps, o.weight_decay);
-  m_.resize(params_.size());
-  v_.resize(params_.size());
+  // State exists before the first step (compiled replay cannot create it later).
+  NoGradGuard ng;
+  m_.reserve(params_.size());
+  v_.reserve(params_.size());
+  for (const Tensor& p : params_) {
+    m_.push_back(zeros_like(p));
+    v_.push_back(zeros_like(p));
+  }
+  step_ = zeros({}, {DType::Float64});
 }
+
+int64_t AdamW::step_count() const { return static_cast<int64_t>(step_.item<double>()); }
 
 void AdamW::step() {
   NoGradGuard ng;
-  ++t_;
-  double bc1 = 1 - std::pow(options.beta1, static_cast<double>(t_));
-  double bc2 = 1 - std::pow(options.beta2, static_cast<double>(t_));
+  step_ += 1;
+  // Bias corrections from the step tensor (0-d float64), not from a host counter.
+  Tensor bc1 = 1 - pow(full({}, options.beta1, {DType::Float64}), step_);
+  Tensor bc2 = 1 - pow(full({}, options.beta2, {DType::Float64}), step_);
+  Tensor inv_sqrt_bc2 = 1 / sqrt(bc2);
+  Tensor step_size = options.lr / bc1;
   for (size_t i = 0; i < params_.size(); ++i) {
     Tensor& p = params_[i];
     Tensor g = p.grad();
     if (!g.defined()) continue;
-    if (!m_[i].defined()) {
-      m_[i] = zeros_like(p);
-      v_[i] = zeros_like(p);
-    }
     if (options.weight_decay != 0) p *= 1 - options.lr * options.weight_decay;
-    m_[i] = m_[i] * options.beta1 + g * (1 - options.beta1);
-    v_[i] = v_[i] * options.beta2 + g * g * (1 - options.beta2);
-    Tensor denom = sqrt(v_[i]) * (1 / std::sqrt(bc2)) + options.eps;
-    p -= m_[i] / denom * (options.lr / bc1);
+    Tensor& m = m_[i];
+    Tensor& v = v_[i];
+    m *= options.beta1;
+    m += g * (1 - options.beta1);
+    v *= options.beta2;
+    v += g * g * (1 - options.beta2);
+    Tensor denom = sqrt(v) * inv_sqrt_bc2 + options.eps;
+    p -= m / denom * step_size;
   }
 }
 
@@ -76,13 +99,15 @@ Tensor clip_grad_norm_(const std::vector<Tensor>& params, double max_norm) {
   NoGradGuard ng;
   Tensor total = zeros({}, {DType::Float64});
   for (const Tensor& p : params)
-    if (p.grad().defined()) total = total + sum(p.grad().to(DType::Float64) * p.grad().to(DType::Float64));
-  double norm = std::sqrt(total.item<double>());
-  double scale = max_norm / (norm + 1e-6);
-  if (scale < 1)
-    for (const Tensor& p : params)
-      if (Tensor g = p.grad(); g.defined()) g *= scale;
-  return full({}, norm);
+    if (Tensor g = p.grad(); g.defined()) {
+      Tensor g64 = g.to(DType::Float64);
+      total += sum(g64 * g64);
+    }
+  Tensor norm = sqrt(total);
+  Tensor scale = clamp(max_norm / (norm + 1e-6), std::nullopt, 1.0);
+  for (const Tensor& p : params)
+    if (Tensor g = p.grad(); g.defined()) g *= scale;
+  return norm.to(default_dtype());
 }
 
 }  // namespace kiln::nn

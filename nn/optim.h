@@ -1,6 +1,27 @@
 #pragma once
 /// Optimisers. step() updates parameters in place under no_grad (so a parameter shared with a
 /// module sees the update); parameters without a gradient are skipped.
+///
+/// Design: compiled replay. kiln::compile captures a whole training step (forward, backward,
+/// optimizer.step()) by recording the eager ops it runs and replays the recorded ops later
+/// without running this host code again. So that a replayed step() is the same computation as
+/// an eager one, the optimisers follow three rules:
+///  1. All state that lives across steps (momentum buffers, Adam moments, the step count,
+///     SGD's "first step" flags) is created in the constructor, never lazily inside step().
+///  2. State is only ever updated in place through tensor ops (`m *= b1; m += g * (1 - b1)`,
+///     `buf.copy_(...)`, `step_ += 1`); the Tensor objects (their TensorImpl) never change,
+///     so the tensors a recorded graph reads and writes stay the optimiser's state.
+///  3. Nothing in step() or clip_grad_norm_ depends on a per-step host value or reads a tensor
+///     back to the host (no .item(), which would force a graph break): AdamW's step count is a
+///     0-d float64 tensor and its bias corrections 1−β1ᵗ, 1−β2ᵗ are computed from it with tensor
+///     ops; SGD's first-step rule (buf = g) is selected with `where` on a 0-d bool flag per
+///     parameter; clip_grad_norm_ computes its scale as a tensor.
+/// 0-d float64 operands take part in type promotion as 0-d tensors (as in PyTorch): combined
+/// with float32 parameters of rank > 0 the result stays float32, and the float64 value is
+/// rounded to float32 exactly as a host double Scalar is, so the results equal the eager
+/// host-scalar formulas. Host options (lr, betas, …) are read at every step() call; under
+/// compile they are baked into the recorded graph. Whether a parameter has a gradient is
+/// decided on the host (`p.grad().defined()`); the tracer guards on it.
 #include <vector>
 
 #include "core/tensor.h"
@@ -29,15 +50,21 @@ struct SGDOptions {
 };
 
 /// Stochastic gradient descent as torch.optim.SGD: g += wd·p; buf = momentum·buf + (1−damp)·g
-/// (buf = g on the first step); g = nesterov ? g + momentum·buf : buf; p −= lr·g.
+/// (buf = g on a parameter's first step with a gradient); g = nesterov ? g + momentum·buf : buf;
+/// p −= lr·g. With momentum ≠ 0 (at construction) every parameter gets a zero buffer and a 0-d
+/// bool "started" flag up front; the first-step rule is buf ← where(started, momentum·buf +
+/// (1−damp)·g, g), which is exact.
 class SGD : public Optimizer {
  public:
   SGD(std::vector<Tensor> params, SGDOptions options);
   void step() override;
   SGDOptions options;
+  /// The momentum buffer of parameter i (undefined without momentum); updated in place.
+  const Tensor& momentum_buffer(size_t i) const { return momentum_[i]; }
 
  private:
-  std::vector<Tensor> momentum_;
+  std::vector<Tensor> momentum_;  // per parameter, zeros like it (momentum ≠ 0 only)
+  std::vector<Tensor> started_;   // per parameter, 0-d bool: has had a step with a gradient
 };
 
 struct AdamWOptions {
@@ -50,20 +77,32 @@ struct AdamWOptions {
 /// Adam with decoupled weight decay (Loshchilov & Hutter 2019), as torch.optim.AdamW:
 /// p *= 1 − lr·wd; m = β1 m + (1−β1) g; v = β2 v + (1−β2) g²;
 /// p −= (lr / (1−β1ᵗ)) · m / (√v / √(1−β2ᵗ) + eps).
+/// t is one count for the optimiser (incremented by every step() call), held in a 0-d float64
+/// tensor; m and v are zeros like each parameter from construction on.
 class AdamW : public Optimizer {
  public:
   AdamW(std::vector<Tensor> params, AdamWOptions options = {});
   void step() override;
   AdamWOptions options;
-  int64_t step_count() const { return t_; }
+  /// The number of step() calls so far (reads the step tensor to the host).
+  int64_t step_count() const;
+  /// The state tensors (updated in place, never replaced): the step count (0-d float64) and
+  /// the first / second moments of parameter i.
+  const Tensor& step_tensor() const { return step_; }
+  const Tensor& exp_avg(size_t i) const { return m_[i]; }
+  const Tensor& exp_avg_sq(size_t i) const { return v_[i]; }
 
  private:
   std::vector<Tensor> m_, v_;
-  int64_t t_ = 0;
+  Tensor step_;
 };
 
-/// Scales gradients in place so their total 2-norm is at most max_norm (scale
-/// max_norm / (norm + 1e-6) when norm > max_norm); returns the norm before clipping (0-d).
+/// Scales gradients in place so their total 2-norm is at most max_norm, as
+/// torch.nn.utils.clip_grad_norm_: scale = min(max_norm / (norm + 1e-6), 1) is computed as a
+/// 0-d tensor and multiplied into every gradient (a no-op ×1 when norm ≤ max_norm; a nan/inf
+/// norm propagates into the gradients, as in PyTorch). The norm is accumulated in float64.
+/// Returns the norm before clipping as a 0-d tensor of the default float dtype, without
+/// reading anything back to the host.
 Tensor clip_grad_norm_(const std::vector<Tensor>& params, double max_norm);
 
 }  // namespace kiln::nn

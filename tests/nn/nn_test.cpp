@@ -147,6 +147,165 @@ TEST_CASE("clip_grad_norm_ scales gradients to the max norm") {
   CHECK(b.grad().item<float>() == Approx(0.8).epsilon(1e-5));
 }
 
+TEST_CASE("AdamW over 3 steps matches a float64 reference of torch.optim.AdamW") {
+  // Gradient of sum(c·p²) is 2c·p, so it changes with p from step to step.
+  const std::vector<double> p0 = {1.0, -2.0, 0.5, 3.0}, c = {0.5, 1.5, -2.0, 0.25};
+  AdamWOptions o{.lr = 0.05, .beta1 = 0.8, .beta2 = 0.95, .eps = 1e-6, .weight_decay = 0.1};
+  Tensor p = from_vector(std::vector<float>(p0.begin(), p0.end()), {4}).requires_grad_();
+  Tensor cf = from_vector(std::vector<float>(c.begin(), c.end()), {4});
+  AdamW opt({p}, o);
+  // Hand-computed float64 reference (torch.optim.AdamW, single-tensor path).
+  std::vector<double> rp = p0, rm(4, 0), rv(4, 0);
+  for (int t = 1; t <= 3; ++t) {
+    opt.zero_grad();
+    (cf * p * p).sum().backward();
+    opt.step();
+    double bc1 = 1 - std::pow(o.beta1, t), bc2 = 1 - std::pow(o.beta2, t);
+    for (size_t i = 0; i < 4; ++i) {
+      double g = 2 * c[i] * rp[i];
+      rp[i] *= 1 - o.lr * o.weight_decay;
+      rm[i] = o.beta1 * rm[i] + (1 - o.beta1) * g;
+      rv[i] = o.beta2 * rv[i] + (1 - o.beta2) * g * g;
+      double denom = std::sqrt(rv[i]) / std::sqrt(bc2) + o.eps;
+      rp[i] -= o.lr / bc1 * rm[i] / denom;
+    }
+    auto got = p.to_vector<float>(), m = opt.exp_avg(0).to_vector<float>(),
+         v = opt.exp_avg_sq(0).to_vector<float>();
+    for (size_t i = 0; i < 4; ++i) {
+      CHECK(got[i] == Approx(rp[i]).epsilon(1e-5));
+      CHECK(m[i] == Approx(rm[i]).epsilon(1e-5));
+      CHECK(v[i] == Approx(rv[i]).epsilon(1e-5));
+    }
+    CHECK(opt.step_count() == t);
+  }
+  CHECK(p.dtype() == DType::Float32);
+  CHECK(opt.exp_avg(0).dtype() == DType::Float32);
+  CHECK(opt.step_tensor().dtype() == DType::Float64);
+  CHECK(opt.step_tensor().dim() == 0);
+}
+
+TEST_CASE("optimiser state exists up front and is updated in place") {
+  Tensor a = tensor({1.0f, 2.0f}).requires_grad_(), b = tensor({-1.0f}).requires_grad_();
+  AdamW adam({a, b});
+  // Created in the constructor, before any step.
+  REQUIRE(adam.exp_avg(0).defined());
+  REQUIRE(adam.exp_avg_sq(1).defined());
+  REQUIRE(adam.step_tensor().defined());
+  CHECK(adam.step_count() == 0);
+  auto step_impl = adam.step_tensor().impl_ptr();
+  auto m0 = adam.exp_avg(0).impl_ptr(), v0 = adam.exp_avg_sq(0).impl_ptr();
+  auto m1 = adam.exp_avg(1).impl_ptr(), v1 = adam.exp_avg_sq(1).impl_ptr();
+  Tensor a_before = a, b_before = b;
+  for (int s = 0; s < 3; ++s) {
+    adam.zero_grad();
+    (a * a).sum().backward();  // b gets no gradient: skipped
+    adam.step();
+    CHECK(adam.step_tensor().impl_ptr() == step_impl);
+    CHECK(adam.exp_avg(0).impl_ptr() == m0);
+    CHECK(adam.exp_avg_sq(0).impl_ptr() == v0);
+    CHECK(adam.exp_avg(1).impl_ptr() == m1);
+    CHECK(adam.exp_avg_sq(1).impl_ptr() == v1);
+    CHECK(a.is_same(a_before));
+  }
+  CHECK(adam.step_count() == 3);
+  CHECK(adam.exp_avg(0).to_vector<float>() != V{0, 0});
+  CHECK(b.item<float>() == -1.0f);  // never had a gradient: untouched
+  CHECK(adam.exp_avg(1).item<float>() == 0.0f);
+  CHECK(b.is_same(b_before));
+
+  Tensor q = tensor({1.0f}).requires_grad_();
+  SGD sgd({q}, {.lr = 0.1, .momentum = 0.9});
+  REQUIRE(sgd.momentum_buffer(0).defined());
+  auto buf = sgd.momentum_buffer(0).impl_ptr();
+  std::vector<float> seen;
+  for (int s = 0; s < 2; ++s) {
+    sgd.zero_grad();
+    (q * q).sum().backward();
+    sgd.step();
+    CHECK(sgd.momentum_buffer(0).impl_ptr() == buf);
+    seen.push_back(sgd.momentum_buffer(0).item<float>());
+  }
+  // buf = g = 2 on the first step, then 0.9·2 + 1.6 = 3.4.
+  CHECK(seen[0] == Approx(2.0));
+  CHECK(seen[1] == Approx(3.4));
+}
+
+TEST_CASE("clip_grad_norm_ returns the norm as a tensor and leaves small gradients alone") {
+  Tensor a = tensor({{1.0f, -2.0f}, {2.0f, 0.0f}}).requires_grad_();
+  Tensor b = tensor({4.0f}).requires_grad_(), none = tensor({7.0f}).requires_grad_();
+  (a * tensor({{0.5f, 1.5f}, {-1.0f, 3.0f}})).sum().backward();  // grads 0.5 1.5 -1 3
+  (b * 2.0f).sum().backward();                                    // grad 2
+  // norm = sqrt(0.25 + 2.25 + 1 + 9 + 4) = sqrt(16.5)
+  double norm = std::sqrt(16.5);
+  Tensor n = clip_grad_norm_({a, b, none}, 2.0);
+  CHECK(n.dim() == 0);
+  CHECK(n.dtype() == DType::Float32);
+  CHECK(n.item<float>() == Approx(norm));
+  double scale = 2.0 / (norm + 1e-6);
+  auto ga = a.grad().to_vector<float>();
+  V want = {0.5f, 1.5f, -1.0f, 3.0f};
+  for (size_t i = 0; i < 4; ++i) CHECK(ga[i] == Approx(want[i] * scale).epsilon(1e-6));
+  CHECK(b.grad().item<float>() == Approx(2 * scale).epsilon(1e-6));
+  CHECK_FALSE(none.grad().defined());
+  // The clipped norm is max_norm (up to the 1e-6 guard).
+  double clipped = std::sqrt(sum(a.grad() * a.grad()).item<float>() + 4 * scale * scale);
+  CHECK(clipped == Approx(2.0).epsilon(1e-5));
+  // Below max_norm the gradients are unchanged (scale clamps to exactly 1).
+  auto before = a.grad().to_vector<float>();
+  Tensor n2 = clip_grad_norm_({a, b}, 100.0);
+  CHECK(n2.item<float>() == Approx(2.0).epsilon(1e-5));
+  CHECK(a.grad().to_vector<float>() == before);
+}
+
+TEST_CASE("tensor-state optimisers equal the host-scalar eager formulas bitwise") {
+  // The pre-compile implementation (host step counter, lazily created, rebound state) written
+  // out with the same float32 ops; the tensor-state optimisers must give identical bits.
+  manual_seed(3);
+  Tensor w0 = randn({3, 5}), x = randn({4, 3});
+  auto loss = [&](const Tensor& w) { return (tanh(matmul(x, w)) * matmul(x, w)).sum(); };
+  {
+    AdamWOptions o{.lr = 0.01, .beta1 = 0.85, .beta2 = 0.99, .eps = 1e-7, .weight_decay = 0.05};
+    Tensor w = w0.clone().requires_grad_(), r = w0.clone().requires_grad_();
+    AdamW opt({w}, o);
+    Tensor m = zeros_like(r), v = zeros_like(r);
+    for (int t = 1; t <= 6; ++t) {
+      opt.zero_grad();
+      loss(w).backward();
+      opt.step();
+      r.set_grad(Tensor());
+      loss(r).backward();
+      NoGradGuard ng;
+      Tensor g = r.grad();
+      double bc1 = 1 - std::pow(o.beta1, double(t)), bc2 = 1 - std::pow(o.beta2, double(t));
+      r *= 1 - o.lr * o.weight_decay;
+      m = m * o.beta1 + g * (1 - o.beta1);
+      v = v * o.beta2 + g * g * (1 - o.beta2);
+      r -= m / (sqrt(v) * (1 / std::sqrt(bc2)) + o.eps) * (o.lr / bc1);
+      CHECK(w.to_vector<float>() == r.to_vector<float>());
+    }
+  }
+  for (bool nesterov : {false, true}) {
+    SGDOptions o{.lr = 0.05, .momentum = 0.9, .dampening = nesterov ? 0 : 0.3,
+                 .weight_decay = 0.01, .nesterov = nesterov};
+    Tensor w = w0.clone().requires_grad_(), r = w0.clone().requires_grad_();
+    SGD opt({w}, o);
+    Tensor buf;
+    for (int t = 1; t <= 4; ++t) {
+      opt.zero_grad();
+      loss(w).backward();
+      opt.step();
+      r.set_grad(Tensor());
+      loss(r).backward();
+      NoGradGuard ng;
+      Tensor g = r.grad() + r * o.weight_decay;
+      buf = buf.defined() ? buf * o.momentum + g * (1 - o.dampening) : g.clone();
+      g = nesterov ? g + buf * o.momentum : buf;
+      r -= g * o.lr;
+      CHECK(w.to_vector<float>() == r.to_vector<float>());
+    }
+  }
+}
+
 TEST_CASE("state_dict round-trips through a safetensors file") {
   manual_seed(5);
   auto make = [] {
