@@ -148,6 +148,14 @@ Tensor operator/(const Tensor& a, Scalar b) { return div(a, b); }
 Tensor operator+(Scalar a, const Tensor& b) { return add(wrap(a), b); }
 Tensor operator-(Scalar a, const Tensor& b) { return sub(wrap(a), b); }
 Tensor operator*(Scalar a, const Tensor& b) { return mul(wrap(a), b); }
+Tensor operator<(const Tensor& a, const Tensor& b) { return lt(a, b); }
+Tensor operator<=(const Tensor& a, const Tensor& b) { return le(a, b); }
+Tensor operator>(const Tensor& a, const Tensor& b) { return gt(a, b); }
+Tensor operator>=(const Tensor& a, const Tensor& b) { return ge(a, b); }
+Tensor operator<(const Tensor& a, Scalar b) { return lt(a, b); }
+Tensor operator<=(const Tensor& a, Scalar b) { return le(a, b); }
+Tensor operator>(const Tensor& a, Scalar b) { return gt(a, b); }
+Tensor operator>=(const Tensor& a, Scalar b) { return ge(a, b); }
 Tensor operator/(Scalar a, const Tensor& b) { return div(wrap(a), b); }
 
 Tensor sum(const Tensor& x, const Dims& d, bool k, Loc loc) { return reduce(OpKind::Sum, x, d, k, loc); }

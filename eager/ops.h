@@ -112,6 +112,15 @@ Tensor operator+(Scalar a, const Tensor& b);
 Tensor operator-(Scalar a, const Tensor& b);
 Tensor operator*(Scalar a, const Tensor& b);
 Tensor operator/(Scalar a, const Tensor& b);
+/// Elementwise comparisons (bool tensors), as in PyTorch: `(x > 0).item<bool>()`.
+Tensor operator<(const Tensor& a, const Tensor& b);
+Tensor operator<=(const Tensor& a, const Tensor& b);
+Tensor operator>(const Tensor& a, const Tensor& b);
+Tensor operator>=(const Tensor& a, const Tensor& b);
+Tensor operator<(const Tensor& a, Scalar b);
+Tensor operator<=(const Tensor& a, Scalar b);
+Tensor operator>(const Tensor& a, Scalar b);
+Tensor operator>=(const Tensor& a, Scalar b);
 
 // ================================ reductions ================================
 // `dims` empty = every dim. keepdim keeps reduced dims with size 1.

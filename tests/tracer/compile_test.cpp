@@ -1,5 +1,7 @@
-// kiln::compile: replay, guards, recompiles, automatic dynamic, trace trees, mutation.
+// kiln::compile: replay, guards, recompiles, automatic dynamic, trace trees, mutation, errors.
 #include <catch2/catch.hpp>
+
+#include <thread>
 
 #include "kiln/kiln.h"
 
@@ -7,14 +9,358 @@ using namespace kiln;
 
 namespace {
 std::vector<float> vec(const Tensor& t) { return t.to_vector<float>(); }
+bool contains(const std::string& s, const std::string& part) {
+  return s.find(part) != std::string::npos;
+}
 }  // namespace
 
-TEST_CASE("compile: x*x + x replays compiled code with eager's values", "[compile]") {
+TEST_CASE("compile: x*x + x replays one fused kernel with eager's values", "[compile]") {
   auto cf = compile([](const Tensor& x) { return x * x + x; });
   Tensor x = from_vector<float>({1, 2, 3, 4}, {4});
-  CHECK(vec(cf(x)) == std::vector<float>{2, 6, 12, 20});
-  CHECK(vec(cf(x)) == std::vector<float>{2, 6, 12, 20});
+  CHECK(vec(cf(x)) == std::vector<float>{2, 6, 12, 20});  // trace (eager)
+  CHECK(vec(cf(x)) == std::vector<float>{2, 6, 12, 20});  // replay (compiled)
+  CHECK(vec(cf(from_vector<float>({-1, 0.5f, 10, 0}, {4}))) == std::vector<float>{0, 0.75f, 110, 0});
   CHECK(cf.compile_count() == 1);
   INFO(cf.explain());
-  CHECK(cf.explain().find("compiled region: 2 ops -> 1 kernel") != std::string::npos);
+  CHECK(contains(cf.explain(), "compiled region: 2 ops -> 1 kernel"));
+}
+
+TEST_CASE("compile: functors, free functions, tuples, vectors and host results", "[compile]") {
+  struct Affine {
+    Tensor w;
+    Tensor operator()(const Tensor& x) const { return x * w + 1.0; }
+  };
+  Tensor w = from_vector<float>({2, 3}, {2});
+  auto cf = compile(Affine{w});
+  for (int i = 0; i < 2; ++i) CHECK(vec(cf(from_vector<float>({1, 1}, {2}))) == std::vector<float>{3, 4});
+
+  auto pair_fn = compile([](const Tensor& a, const Tensor& b) { return std::make_pair(a + b, a - b); });
+  for (int i = 0; i < 2; ++i) {
+    auto [s, d] = pair_fn(from_vector<float>({5}, {1}), from_vector<float>({3}, {1}));
+    CHECK(vec(s) == std::vector<float>{8});
+    CHECK(vec(d) == std::vector<float>{2});
+  }
+  auto list_fn = compile([](const Tensor& a) { return std::vector<Tensor>{a * 2.0, a.sum()}; });
+  for (int i = 0; i < 2; ++i) {
+    std::vector<Tensor> r = list_fn(from_vector<float>({1, 2}, {2}));
+    CHECK(vec(r[0]) == std::vector<float>{2, 4});
+    CHECK(vec(r[1]) == std::vector<float>{3});
+  }
+  // FC-13: a host result decided by static facts (rank) is a constant of its specialisation.
+  auto rank_fn = compile([](const Tensor& x) -> int64_t { return x.dim() > 0 ? x.size(-1) : 1; });
+  CHECK(rank_fn(scalar_tensor(1.0)) == 1);
+  CHECK(rank_fn(ones({2})) == 2);
+  CHECK(rank_fn(scalar_tensor(1.0)) == 1);
+  CHECK(rank_fn(ones({2})) == 2);
+}
+
+TEST_CASE("compile: host side effects happen while tracing only; kiln::print on every call",
+          "[compile]") {
+  int host_calls = 0;
+  auto cf = compile([&](const Tensor& x) {
+    ++host_calls;  // a C++ side effect: tracing only (tf.function semantics)
+    return x + 1.0;
+  });
+  for (int i = 0; i < 3; ++i) cf(ones({2}));
+  CHECK(host_calls == 1);
+  CHECK(cf.compile_count() == 1);
+
+  auto printing = compile([](const Tensor& x) {
+    Tensor y = x * 3.0;
+    kiln::print(y, "y");
+    return y + 1.0;
+  });
+  CHECK(vec(printing(ones({2}))) == std::vector<float>{4, 4});
+  CHECK(vec(printing(full({2}, 2.0f))) == std::vector<float>{7, 7});
+  CHECK(contains(printing.explain(), "host callback print"));
+}
+
+TEST_CASE("compile: guards on dtype, rank, size, contiguity, requires_grad, grad mode",
+          "[compile]") {
+  auto cf = compile([](const Tensor& x) { return x * x; }, {.dynamic = Dynamic::Never});
+  Tensor a = from_vector<float>({1, 2, 3, 4}, {2, 2});
+  CHECK(vec(cf(a)) == std::vector<float>{1, 4, 9, 16});
+  CHECK(vec(cf(a)) == std::vector<float>{1, 4, 9, 16});
+  CHECK(cf.compile_count() == 1);
+  CHECK(cf(a.to(DType::Float64)).dtype() == DType::Float64);  // dtype
+  CHECK(cf.compile_count() == 2);
+  CHECK(vec(cf(a.t())) == std::vector<float>{1, 9, 4, 16});  // non-contiguous
+  CHECK(cf.compile_count() == 3);
+  CHECK(vec(cf(a.view({4}))) == std::vector<float>{1, 4, 9, 16});  // rank
+  CHECK(cf.compile_count() == 4);
+  {
+    NoGradGuard ng;  // grad mode
+    CHECK(vec(cf(a)) == std::vector<float>{1, 4, 9, 16});
+  }
+  CHECK(cf.compile_count() == 5);
+  std::string ex = cf.explain();
+  INFO(ex);
+  CHECK(contains(ex, "arg 0: Tensor float32 [2, 2]"));
+  CHECK(contains(ex, "recompiles:"));
+  CHECK(contains(ex, "dtype is float64, expected float32"));
+}
+
+TEST_CASE("compile: automatic dynamic — batch sizes 8, 16, 32 compile twice", "[compile]") {
+  Tensor w = from_vector<float>({1, 2, 3, 4}, {4});
+  auto cf = compile([&](const Tensor& x) { return (x * w + 1.0).sum({1}); });
+  for (int64_t b : {8, 16, 32, 64, 16, 8}) {
+    Tensor x = ones({b, 4});
+    Tensor y = cf(x);
+    REQUIRE(y.shape() == Shape{b});
+    CHECK(vec(y) == std::vector<float>(b, 14));
+  }
+  INFO(cf.explain());
+  CHECK(cf.compile_count() == 2);
+  CHECK(contains(cf.explain(), "s0.0>=2"));
+}
+
+TEST_CASE("compile: automatic dynamic follows view shapes that are multiples of the batch",
+          "[compile]") {
+  auto cf = compile([](const Tensor& x) {
+    int64_t b = x.size(0);
+    return (x.view({b * 3, 2}) * 2.0).sum({1});
+  });
+  for (int64_t b : {4, 6, 10}) {
+    Tensor x = ones({b, 6});
+    Tensor y = cf(x);
+    REQUIRE(y.shape() == Shape{b * 3});
+    CHECK(vec(y) == std::vector<float>(b * 3, 4));
+  }
+  INFO(cf.explain());
+  CHECK(cf.compile_count() == 2);
+}
+
+TEST_CASE("compile: a host value computed from a size keeps the specialisation static",
+          "[compile]") {
+  auto cf = compile([](const Tensor& x) { return x * static_cast<double>(x.size(0)); });
+  for (int64_t n : {2, 3, 4, 3}) CHECK(vec(cf(ones({n}))) == std::vector<float>(n, float(n)));
+  CHECK(cf.compile_count() == 3);
+  CHECK(contains(cf.explain(), "not made symbolic"));
+}
+
+TEST_CASE("compile: marked dynamic dims compile once, size 1 included (FC-12)", "[compile]") {
+  // f(x, y) = y + 2 with an empty x: one compile for both calls.
+  auto f = compile([](const Tensor& x, const Tensor& y) { return y + 2.0; });
+  CHECK(vec(f(empty({0}), from_vector<float>({1, 2}, {2}))) == std::vector<float>{3, 4});
+  CHECK(vec(f(from_vector<float>({5, 6}, {2}), from_vector<float>({1, 2}, {2}))) ==
+        std::vector<float>{3, 4});
+  // g(x, b) = x + b with x.dim0 dynamic: 1 row, then 4 rows, one compile.
+  auto g = compile([](const Tensor& x, const Tensor& b) { return x + b; },
+                   CompileOptions{}.mark_dynamic(0, 0));
+  Tensor b = from_vector<float>({1, 2, 3}, {3});
+  CHECK(vec(g(ones({1, 3}), b)) == std::vector<float>{2, 3, 4});
+  std::vector<float> four;
+  for (int i = 0; i < 4; ++i) four.insert(four.end(), {2, 3, 4});
+  CHECK(vec(g(ones({4, 3}), b)) == four);
+  CHECK(g.compile_count() == 1);
+  // g2(x, y) = x + y with x [B, 3], y [B, 1], B dynamic: a generic kernel must broadcast right.
+  auto g2 = compile([](const Tensor& x, const Tensor& y) { return x + y; },
+                    CompileOptions{}.mark_dynamic(0, 0).mark_dynamic(1, 0));
+  CHECK(vec(g2(ones({1, 3}), full({1, 1}, 1.0f))) == std::vector<float>{2, 2, 2});
+  Tensor y4 = from_vector<float>({0, 1, 2, 3}, {4, 1});
+  CHECK(vec(g2(ones({4, 3}), y4)) == std::vector<float>{1, 1, 1, 2, 2, 2, 3, 3, 3, 4, 4, 4});
+}
+
+TEST_CASE("compile: host scalars specialise, then become dynamic (FC-08)", "[compile]") {
+  auto cf = compile([](const Tensor& x, double n) { return x * n; });
+  Tensor x = from_vector<float>({1, 2}, {2});
+  for (int n = 1; n <= 50; ++n) {
+    std::vector<float> got = vec(cf(x, double(n)));
+    REQUIRE(got == std::vector<float>{float(n), float(2 * n)});
+  }
+  INFO(cf.explain());
+  CHECK(cf.compile_count() == 2);  // K = 1: the first value specialises, the second makes it dynamic
+  CHECK(contains(cf.explain(), "argument 1 (host scalar) is 2, expected 1"));
+  CHECK(contains(cf.explain(), "host scalar of kind float (dynamic)"));
+}
+
+TEST_CASE("compile: host branches on arguments are guarded (FC-10)", "[compile]") {
+  auto g = compile([](bool p, const Tensor& x) { return p ? x * 1.0 : -x; });
+  Tensor x = ones({3});
+  CHECK(vec(g(true, x)) == std::vector<float>{1, 1, 1});
+  CHECK(vec(g(false, x)) == std::vector<float>{-1, -1, -1});
+  CHECK(vec(g(true, x)) == std::vector<float>{1, 1, 1});
+  CHECK(vec(g(false, x)) == std::vector<float>{-1, -1, -1});
+}
+
+TEST_CASE("compile: data-dependent branches build a trace tree", "[compile]") {
+  // The AutoGraph example: x > 0 ? x*x : x+x.
+  auto f = compile([](const Tensor& x) {
+    if ((x > 0.0).item<bool>()) return x * x;
+    return x + x;
+  });
+  CHECK(f(scalar_tensor(5.0)).item<double>() == 25);
+  CHECK(f(scalar_tensor(-3.0)).item<double>() == -6);
+  CHECK(f(scalar_tensor(4.0)).item<double>() == 16);   // replays branch "true"
+  CHECK(f(scalar_tensor(-1.0)).item<double>() == -2);  // replays branch "false"
+  CHECK(f.compile_count() == 2);
+  std::string ex = f.explain();
+  INFO(ex);
+  CHECK(contains(ex, "host read at"));
+  CHECK(contains(ex, "on host value true"));
+  CHECK(contains(ex, "on host value false"));
+  CHECK(f.cache_entries() == 2);
+}
+
+TEST_CASE("compile: fullgraph turns a host read into an error naming the line", "[compile]") {
+  auto f = compile(
+      [](const Tensor& x) {
+        if ((x.sum() > 0.0).item<bool>()) return x;
+        return -x;
+      },
+      {.fullgraph = true});
+  try {
+    f(ones({2}));
+    FAIL("expected an error");
+  } catch (const Error& e) {
+    CHECK(contains(e.what(), "fullgraph"));
+    CHECK(contains(e.what(), "compile_test.cpp"));
+  }
+}
+
+TEST_CASE("compile: a length read with item() re-traces per value (FC-14)", "[compile]") {
+  auto f = compile([](const Tensor& t) { return sum(ones({t.item<int64_t>()})); });
+  CHECK(f(scalar_tensor(int64_t(5))).item<double>() == 5);
+  CHECK(f(scalar_tensor(int64_t(0))).item<double>() == 0);
+  CHECK(f(scalar_tensor(int64_t(7))).item<double>() == 7);
+  CHECK(f(scalar_tensor(int64_t(5))).item<double>() == 5);
+  CHECK(f.compile_count() == 3);
+}
+
+TEST_CASE("compile: cache_size_limit falls back to eager with one warning", "[compile]") {
+  auto f = compile([](const Tensor& x) { return x + 1.0; },
+                   {.dynamic = Dynamic::Never, .cache_size_limit = 3});
+  for (int64_t n = 1; n <= 6; ++n) CHECK(vec(f(zeros({n}))) == std::vector<float>(n, 1));
+  CHECK(f.compile_count() == 3);
+  CHECK(f.cache_entries() == 3);
+  CHECK(contains(f.explain(), "cache limit reached"));
+  CHECK(contains(f.explain(), "size of dim 0 is"));
+}
+
+TEST_CASE("compile: in-place ops on arguments are written back (FC-17)", "[compile]") {
+  auto f = compile([](Tensor x) {
+    Tensor y = dropout(x, 0.5, /*training=*/false);  // returns x itself
+    y += y;
+    return y;
+  });
+  for (int i = 0; i < 2; ++i) {
+    Tensor x = ones({2, 2});
+    Tensor y = f(x);
+    CHECK(vec(y) == std::vector<float>(4, 2));
+    CHECK(vec(x) == std::vector<float>(4, 2));  // the caller's tensor changed too
+  }
+  // A captured tensor updated in place (a running counter) keeps counting on replay.
+  Tensor counter = zeros({1});
+  auto step = compile([&](const Tensor& x) {
+    counter += x.sum();
+    return counter * 1.0;
+  });
+  for (int i = 1; i <= 4; ++i) CHECK(step(ones({3})).item<float>() == 3.0f * i);
+  CHECK(counter.item<float>() == 12);
+  CHECK(step.compile_count() == 1);
+}
+
+TEST_CASE("compile: mutation through views keeps eager's aliasing", "[compile]") {
+  auto f = compile([](Tensor x) {
+    Tensor row = x.select(0, 1);
+    row.fill_(7.0);
+    return x.sum();
+  });
+  for (int i = 0; i < 2; ++i) {
+    Tensor x = zeros({3, 2});
+    CHECK(f(x).item<float>() == 14);
+    CHECK(vec(x) == std::vector<float>{0, 0, 7, 7, 0, 0});
+  }
+  // Overlapping arguments: the same tensor twice.
+  auto g = compile([](Tensor a, Tensor b) {
+    a += 1.0;
+    return b * 1.0;
+  });
+  for (int i = 0; i < 2; ++i) {
+    Tensor t = zeros({2});
+    CHECK(vec(g(t, t)) == std::vector<float>{1, 1});
+    CHECK(vec(t) == std::vector<float>{1, 1});
+  }
+}
+
+TEST_CASE("compile: errors name the op and the user's line", "[compile]") {
+  auto f = compile([](const Tensor& a, const Tensor& b) { return add(a, b); });
+  try {
+    f(ones({2}), ones({3}));
+    FAIL("expected an error");
+  } catch (const Error& e) {
+    CHECK(e.op() == "add");
+    CHECK(contains(e.what(), "[2]"));
+    CHECK(contains(e.what(), "[3]"));
+    CHECK(contains(e.what(), "compile_test.cpp"));
+  }
+  // Out-of-range index at run time (FC-27), in both the trace and the replay.
+  Tensor x = randn({2, 2, 2, 2});
+  auto sel = compile([](const Tensor& x, const Tensor& idx) { return index_select(x, 0, idx) * 2.0; });
+  Tensor ok = from_vector<int64_t>({1}, {1});
+  CHECK(sel(x, ok).shape() == Shape{1, 2, 2, 2});
+  CHECK(sel(x, ok).shape() == Shape{1, 2, 2, 2});
+  for (int i = 0; i < 2; ++i) {
+    try {
+      sel(x, from_vector<int64_t>({2}, {1}));
+      FAIL("expected an error");
+    } catch (const Error& e) {
+      CHECK(e.op() == "index_select");
+      CHECK(contains(e.what(), "2"));
+      CHECK(contains(e.what(), "compile_test.cpp"));
+    }
+  }
+}
+
+TEST_CASE("compile: backend eager and compare() agree with eager", "[compile]") {
+  auto fn = [](const Tensor& x) { return softmax(x * 2.0 + 1.0, -1); };
+  Tensor x = randn({4, 8});
+  auto a = compile(fn, {.backend = Backend::Eager});
+  auto b = compile(fn);
+  for (int i = 0; i < 2; ++i) {
+    std::vector<float> e = vec(fn(x)), ea = vec(a(x)), eb = vec(b(x));
+    for (size_t k = 0; k < e.size(); ++k) {
+      CHECK(ea[k] == e[k]);
+      CHECK(eb[k] == Approx(e[k]).epsilon(1e-6));
+    }
+  }
+  CompareReport r = kiln::compare(fn, x);
+  INFO(r.str());
+  CHECK(r.ok);
+  REQUIRE(r.outputs.size() == 1);
+  CHECK(r.outputs[0].max_rel < 1e-5);
+}
+
+TEST_CASE("compile: many threads share one compiled function; compile once per guard set",
+          "[compile][threads]") {
+  auto f = compile([](const Tensor& x) { return x * x + 1.0; }, {.dynamic = Dynamic::Never});
+  std::vector<std::thread> threads;
+  std::atomic<int> wrong{0};
+  for (int t = 0; t < 8; ++t)
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < 200; ++i) {
+        int64_t n = 1 + (i + t) % 3;
+        Tensor x = full({n}, float(t));
+        std::vector<float> y = f(x).to_vector<float>();
+        if (y != std::vector<float>(n, float(t * t + 1))) ++wrong;
+      }
+    });
+  for (auto& th : threads) th.join();
+  CHECK(wrong == 0);
+  CHECK(f.compile_count() == 3);
+}
+
+TEST_CASE("compile: dropping a compiled function frees what its traces hold (FC-32)",
+          "[compile]") {
+  std::weak_ptr<StorageImpl> held;
+  {
+    auto g = compile([&] {
+      Tensor big = ones({1024, 256});
+      held = big.storage();
+      return big * 1.0;
+    });
+    g();
+    g();
+  }
+  CHECK(held.expired());
 }
