@@ -196,7 +196,9 @@ std::unique_ptr<Segment> make_chain(const std::shared_ptr<const Program>& p, siz
       std::vector<bool> seen(p->values.size(), false);
       for (size_t i = p->backward_begin; i < p->nodes.size(); ++i)
         for (int v : p->nodes[i].in)
-          if (v >= 0 && !def[v] && !seen[v]) {
+          if (v >= 0 && !def[v] && !seen[v] &&
+              !(p->values[v].source >= 0 &&
+                p->sources[p->values[v].source].kind == SourceKind::GradOutput)) {
             seen[v] = true;
             seg->saved.push_back(v);
             po.live_after[v] = true;
@@ -513,10 +515,10 @@ std::vector<OutValue> CompiledFunction::Impl::trace(const std::vector<ArgValue>&
   std::vector<std::pair<int, int>> changed_dims;
   std::vector<int> changed_scalars;
   if (options.dynamic == Dynamic::Auto && !missing_branch)
-    for (auto& e : entries) {
+    for (auto it = entries.rbegin(); it != entries.rend(); ++it) {  // the most recent first
       changed_dims.clear(), changed_scalars.clear();
-      if (e->root->leaf && only_sizes_differ(*e, args, changed_dims, changed_scalars)) {
-        base = e.get();
+      if ((*it)->root->leaf && only_sizes_differ(**it, args, changed_dims, changed_scalars)) {
+        base = it->get();
         break;
       }
     }

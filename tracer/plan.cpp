@@ -32,6 +32,9 @@ const Tensor& RunState::value(const Program& p, int v) {
         throw GuardFailure{fmt::format("a captured tensor changed from {} {} to {} {}",
                                        name(vi.dtype), to_string(vi.shape), name(slot.dtype()),
                                        to_string(slot.shape()))};
+      if (slot.requires_grad() != s.requires_grad)
+        throw GuardFailure{fmt::format("requires_grad of a captured tensor ({} {}) is now {}",
+                                       name(vi.dtype), to_string(vi.shape), slot.requires_grad())};
       break;
     }
     case SourceKind::GradOf: {

@@ -29,6 +29,7 @@ struct Source {
   int index = 0;
   Scalar scalar;
   std::weak_ptr<TensorImpl> captured;
+  bool requires_grad = false;  ///< Captured: guarded
   Tensor snapshot;
 };
 

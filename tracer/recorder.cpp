@@ -153,6 +153,7 @@ int Recorder::lookup(const Tensor& t) {
   }
   s.kind = SourceKind::Captured;
   s.captured = t.impl_ptr();
+  s.requires_grad = t.requires_grad();
   return add_source(t, std::move(s));
 }
 

@@ -1,0 +1,192 @@
+// compile() with autograd: compiled backward, whole training steps, double backward, RNG.
+#include <catch2/catch.hpp>
+
+#include "kiln/kiln.h"
+#include "nn/layers.h"
+#include "nn/optim.h"
+
+using namespace kiln;
+
+namespace {
+std::vector<float> vec(const Tensor& t) { return t.to_vector<float>(); }
+bool contains(const std::string& s, const std::string& part) {
+  return s.find(part) != std::string::npos;
+}
+}  // namespace
+
+TEST_CASE("compile tutorial: c = a*b is 300 with gradients 20 and 15", "[compile][autograd]") {
+  auto mul_fn = compile([](const Tensor& a, const Tensor& b) { return a * b; });
+  for (int i = 0; i < 3; ++i) {  // trace, then replays
+    Tensor a = scalar_tensor(15.0).requires_grad_();
+    Tensor b = scalar_tensor(20.0).requires_grad_();
+    Tensor c = mul_fn(a, b);
+    CHECK(c.item<double>() == 300);
+    c.backward();
+    CHECK(a.grad().item<double>() == 20);
+    CHECK(b.grad().item<double>() == 15);
+    if (i > 0) CHECK(c.grad_fn_name() == "CompiledFunctionBackward");
+  }
+  CHECK(mul_fn.compile_count() == 1);
+  CHECK(contains(mul_fn.explain(), "backward:"));
+}
+
+TEST_CASE("compile tutorial: dynamic_computation, one trace per branch", "[compile][autograd]") {
+  auto dynamic_computation = compile([](const Tensor& x) {
+    if (abs(x).item<double>() > 0) return x * x + x;
+    return zeros_like(x);
+  });
+  for (int i = 0; i < 3; ++i) {
+    Tensor x = scalar_tensor(2.0).requires_grad_();
+    Tensor y = dynamic_computation(x);
+    CHECK(y.item<double>() == 6);
+    y.backward();
+    CHECK(x.grad().item<double>() == 5);
+    Tensor z = dynamic_computation(scalar_tensor(0.0));
+    CHECK(z.item<double>() == 0);
+  }
+  INFO(dynamic_computation.explain());
+  // Branch "2.0 with grad" and the guard set "no grad" with branch "0.0".
+  CHECK(dynamic_computation.compile_count() == 2);
+  CHECK(dynamic_computation.cache_entries() == 2);
+}
+
+TEST_CASE("compile: graph traced under no_grad is not reused with grad (FC-20)",
+          "[compile][autograd]") {
+  Tensor w = from_vector<float>({2, 3}, {2}).requires_grad_();
+  auto f = compile([&](const Tensor& x) { return sum(w * x); });
+  {
+    NoGradGuard ng;
+    Tensor out = f(ones({2}));
+    CHECK(out.item<float>() == 5);
+    CHECK_FALSE(out.requires_grad());
+  }
+  for (int i = 0; i < 2; ++i) {
+    w.set_grad(Tensor());
+    Tensor out = f(ones({2}));
+    CHECK(out.item<float>() == 5);
+    REQUIRE(out.requires_grad());
+    out.backward();
+    CHECK(vec(w.grad()) == std::vector<float>{1, 1});
+  }
+  // Flipping requires_grad off and on selects the right variant.
+  w.requires_grad_(false);
+  CHECK_FALSE(f(ones({2})).requires_grad());
+  w.requires_grad_(true);
+  w.set_grad(Tensor());
+  Tensor out = f(full({2}, 2.0f));
+  REQUIRE(out.requires_grad());
+  out.backward();
+  CHECK(vec(w.grad()) == std::vector<float>{2, 2});
+}
+
+TEST_CASE("compile: double backward through compiled code (FC-21)", "[compile][autograd]") {
+  auto f = compile([](const Tensor& x) { return pow(x, 5); });
+  for (int rep = 0; rep < 2; ++rep) {
+    for (double x0 : {1.0, 2.0}) {
+      Tensor x = scalar_tensor(x0).requires_grad_();
+      Tensor y = f(x);
+      Tensor g = grad({y}, {x}, {}, /*create_graph=*/true)[0];
+      Tensor gg = grad({g}, {x})[0];
+      CHECK(g.item<double>() == Approx(5 * std::pow(x0, 4)));
+      CHECK(gg.item<double>() == Approx(20 * std::pow(x0, 3)));
+    }
+  }
+  // Intermediates of the forward matter for the second derivative: y = (x^2)^2 * x.
+  auto h = compile([](const Tensor& x) { Tensor s = x * x; return s * s * x; });
+  for (int rep = 0; rep < 2; ++rep) {
+    Tensor x = scalar_tensor(2.0).requires_grad_();
+    Tensor g = grad({h(x)}, {x}, {}, true)[0];
+    CHECK(g.item<double>() == Approx(80));
+    CHECK(grad({g}, {x})[0].item<double>() == Approx(160));
+  }
+}
+
+TEST_CASE("compile: backward of a fused MLP forward equals eager", "[compile][autograd]") {
+  manual_seed(3);
+  nn::Linear l1(8, 16), l2(16, 4);
+  auto fn = [&](const Tensor& x) { return sum(tanh(l2.forward(relu(l1.forward(x))))); };
+  auto cf = compile(fn);
+  Tensor x = randn({5, 8});
+  std::vector<Tensor> params = {l1.parameters()[0], l1.parameters()[1], l2.parameters()[0],
+                                l2.parameters()[1]};
+  zero_grad(params);
+  Tensor ye = fn(x);
+  ye.backward();
+  std::vector<std::vector<float>> ge;
+  for (const Tensor& p : params) ge.push_back(vec(p.grad()));
+  for (int i = 0; i < 2; ++i) {
+    zero_grad(params);
+    Tensor y = cf(x);
+    CHECK(y.item<float>() == Approx(ye.item<float>()).epsilon(1e-5));
+    y.backward();
+    for (size_t k = 0; k < params.size(); ++k) {
+      std::vector<float> g = vec(params[k].grad());
+      REQUIRE(g.size() == ge[k].size());
+      for (size_t j = 0; j < g.size(); ++j) CHECK(g[j] == Approx(ge[k][j]).margin(1e-5).epsilon(1e-4));
+    }
+  }
+}
+
+TEST_CASE("compile: a whole training step (forward, backward, AdamW) equals eager",
+          "[compile][autograd]") {
+  auto make = [] {
+    manual_seed(11);
+    auto model = std::make_shared<nn::Sequential>(std::initializer_list<std::shared_ptr<nn::Module>>{
+        std::make_shared<nn::Linear>(6, 12), std::make_shared<nn::ReLU>(),
+        std::make_shared<nn::Dropout>(0.25), std::make_shared<nn::Linear>(12, 3)});
+    return model;
+  };
+  auto eager_model = make();
+  auto compiled_model = make();
+  nn::AdamW eager_opt(eager_model->parameters(), {.lr = 1e-2});
+  nn::AdamW compiled_opt(compiled_model->parameters(), {.lr = 1e-2});
+  auto step_fn = [](nn::Module& m, nn::Optimizer& opt) {
+    return [&m, &opt](const Tensor& x, const Tensor& y) {
+      opt.zero_grad();
+      Tensor loss = cross_entropy(m.forward(x), y);
+      loss.backward();
+      opt.step();
+      return loss.detach();
+    };
+  };
+  auto eager_step = step_fn(*eager_model, eager_opt);
+  auto compiled_step = compile(step_fn(*compiled_model, compiled_opt));
+  manual_seed(5);
+  Tensor x = randn({16, 6});
+  Tensor y = from_vector<int64_t>({0, 1, 2, 0, 1, 2, 0, 1, 2, 0, 1, 2, 0, 1, 2, 0}, {16});
+  for (int s = 0; s < 6; ++s) {
+    manual_seed(100 + s);  // same dropout masks in both modes
+    float le = eager_step(x, y).item<float>();
+    manual_seed(100 + s);
+    float lc = compiled_step(x, y).item<float>();
+    CHECK(lc == Approx(le).epsilon(1e-5));
+    CHECK(generator_state().offset > 0);
+  }
+  auto pe = eager_model->parameters(), pc = compiled_model->parameters();
+  for (size_t k = 0; k < pe.size(); ++k) {
+    std::vector<float> a = vec(pe[k]), b = vec(pc[k]);
+    for (size_t j = 0; j < a.size(); ++j) CHECK(b[j] == Approx(a[j]).margin(1e-5));
+  }
+  CHECK(compiled_opt.step_count() == 6);
+  INFO(compiled_step.explain());
+  CHECK(compiled_step.compile_count() == 1);
+}
+
+TEST_CASE("compile: dropout draws eager's numbers for the same seed and offset",
+          "[compile][rng]") {
+  auto f = compile([](const Tensor& x) { return dropout(x * 1.0, 0.5, true) + 0.0; });
+  Tensor x = ones({64});
+  for (int i = 0; i < 3; ++i) {
+    manual_seed(42 + i);
+    std::vector<float> e = vec(dropout(x * 1.0, 0.5, true) + 0.0);
+    GeneratorState after_eager = generator_state();
+    manual_seed(42 + i);
+    std::vector<float> c = vec(f(x));
+    CHECK(c == e);
+    CHECK(generator_state().offset == after_eager.offset);
+  }
+  // Consecutive calls draw fresh numbers, as eager does.
+  manual_seed(1);
+  std::vector<float> a = vec(f(x)), b = vec(f(x));
+  CHECK(a != b);
+}
