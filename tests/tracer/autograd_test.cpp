@@ -50,7 +50,7 @@ TEST_CASE("compile tutorial: dynamic_computation, one trace per branch", "[compi
   CHECK(dynamic_computation.cache_entries() == 2);
 }
 
-TEST_CASE("compile: graph traced under no_grad is not reused with grad (FC-20)",
+TEST_CASE("FC-20 (compile): graph traced under no_grad is not reused with grad",
           "[compile][autograd]") {
   Tensor w = from_vector<float>({2, 3}, {2}).requires_grad_();
   auto f = compile([&](const Tensor& x) { return sum(w * x); });
@@ -79,7 +79,7 @@ TEST_CASE("compile: graph traced under no_grad is not reused with grad (FC-20)",
   CHECK(vec(w.grad()) == std::vector<float>{2, 2});
 }
 
-TEST_CASE("compile: double backward through compiled code (FC-21)", "[compile][autograd]") {
+TEST_CASE("FC-21 (compile): double backward through compiled code", "[compile][autograd]") {
   auto f = compile([](const Tensor& x) { return pow(x, 5); });
   for (int rep = 0; rep < 2; ++rep) {
     for (double x0 : {1.0, 2.0}) {

@@ -25,7 +25,7 @@ TEST_CASE("compile: x*x + x replays one fused kernel with eager's values", "[com
   CHECK(contains(cf.explain(), "compiled region: 2 ops -> 1 kernel"));
 }
 
-TEST_CASE("compile: functors, free functions, tuples, vectors and host results", "[compile]") {
+TEST_CASE("FC-13 (compile): functors, tuples, vectors and host results decided by static facts", "[compile]") {
   struct Affine {
     Tensor w;
     Tensor operator()(const Tensor& x) const { return x * w + 1.0; }
@@ -138,7 +138,7 @@ TEST_CASE("compile: a host value computed from a size keeps the specialisation s
   CHECK(contains(cf.explain(), "not made symbolic"));
 }
 
-TEST_CASE("compile: marked dynamic dims compile once, size 1 included (FC-12)", "[compile]") {
+TEST_CASE("FC-12 (compile): marked dynamic dims compile once, size 1 included", "[compile]") {
   // f(x, y) = y + 2 with an empty x: one compile for both calls.
   auto f = compile([](const Tensor& x, const Tensor& y) { return y + 2.0; });
   CHECK(vec(f(empty({0}), from_vector<float>({1, 2}, {2}))) == std::vector<float>{3, 4});
@@ -161,7 +161,7 @@ TEST_CASE("compile: marked dynamic dims compile once, size 1 included (FC-12)", 
   CHECK(vec(g2(ones({4, 3}), y4)) == std::vector<float>{1, 1, 1, 2, 2, 2, 3, 3, 3, 4, 4, 4});
 }
 
-TEST_CASE("compile: host scalars specialise, then become dynamic (FC-08)", "[compile]") {
+TEST_CASE("FC-08 (compile): host scalars specialise, then become dynamic", "[compile]") {
   auto cf = compile([](const Tensor& x, double n) { return x * n; });
   Tensor x = from_vector<float>({1, 2}, {2});
   for (int n = 1; n <= 50; ++n) {
@@ -174,7 +174,7 @@ TEST_CASE("compile: host scalars specialise, then become dynamic (FC-08)", "[com
   CHECK(contains(cf.explain(), "host scalar of kind float (dynamic)"));
 }
 
-TEST_CASE("compile: host branches on arguments are guarded (FC-10)", "[compile]") {
+TEST_CASE("FC-10 (compile): host branches on arguments are guarded", "[compile]") {
   auto g = compile([](bool p, const Tensor& x) { return p ? x * 1.0 : -x; });
   Tensor x = ones({3});
   CHECK(vec(g(true, x)) == std::vector<float>{1, 1, 1});
@@ -218,7 +218,7 @@ TEST_CASE("compile: fullgraph turns a host read into an error naming the line", 
   }
 }
 
-TEST_CASE("compile: a length read with item() re-traces per value (FC-14)", "[compile]") {
+TEST_CASE("FC-14 (compile): a length read with item() re-traces per value", "[compile]") {
   auto f = compile([](const Tensor& t) { return sum(ones({t.item<int64_t>()})); });
   CHECK(f(scalar_tensor(int64_t(5))).item<double>() == 5);
   CHECK(f(scalar_tensor(int64_t(0))).item<double>() == 0);
@@ -237,7 +237,7 @@ TEST_CASE("compile: cache_size_limit falls back to eager with one warning", "[co
   CHECK(contains(f.explain(), "size of dim 0 is"));
 }
 
-TEST_CASE("compile: in-place ops on arguments are written back (FC-17)", "[compile]") {
+TEST_CASE("FC-17 (compile): in-place ops on arguments are written back", "[compile]") {
   auto f = compile([](Tensor x) {
     Tensor y = dropout(x, 0.5, /*training=*/false);  // returns x itself
     y += y;
@@ -283,7 +283,7 @@ TEST_CASE("compile: mutation through views keeps eager's aliasing", "[compile]")
   }
 }
 
-TEST_CASE("compile: errors name the op and the user's line", "[compile]") {
+TEST_CASE("FC-27 (compile): errors name the op and the user's line; bad indices raise", "[compile]") {
   auto f = compile([](const Tensor& a, const Tensor& b) { return add(a, b); });
   try {
     f(ones({2}), ones({3}));
@@ -350,7 +350,7 @@ TEST_CASE("compile: many threads share one compiled function; compile once per g
   CHECK(f.compile_count() == 3);
 }
 
-TEST_CASE("compile: dropping a compiled function frees what its traces hold (FC-32)",
+TEST_CASE("FC-32 (compile): dropping a compiled function frees what its traces hold",
           "[compile]") {
   std::weak_ptr<StorageImpl> held;
   {
