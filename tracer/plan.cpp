@@ -370,6 +370,12 @@ std::optional<Scalar> Plan::run(RunState& st) const {
   return std::nullopt;
 }
 
+int Plan::num_ops() const {
+  int n = 0;
+  for (size_t i = begin_; i < end_; ++i) n += p_->nodes[i].kind == Node::Kind::Op;
+  return n;
+}
+
 std::string Plan::describe() const {
   const Program& p = *p_;
   std::string out;

@@ -62,7 +62,8 @@ class Plan {
   int num_eager_ops() const { return num_eager_; }
   /// Kernels of the compiled regions (codegen's count) plus one per eager op.
   int num_kernels() const { return num_kernels_; }
-  int num_ops() const { return static_cast<int>(end_ - begin_); }
+  /// Recorded ops in the range (host reads and callbacks not counted).
+  int num_ops() const;
   /// One line per step, for explain().
   std::string describe() const;
   /// The kiln MLIR of every compiled region (KILN_LOGS=graph).

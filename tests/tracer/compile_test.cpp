@@ -364,3 +364,16 @@ TEST_CASE("FC-32 (compile): dropping a compiled function frees what its traces h
   }
   CHECK(held.expired());
 }
+
+// Run by ctest a second time with KILN_COMPILE=0 (test "tracer_kiln_compile_0").
+TEST_CASE("KILN_COMPILE=0 turns compile() into plain eager calls", "[.kiln_compile_0]") {
+  REQUIRE(tracer::compile_disabled());
+  int host_calls = 0;
+  auto cf = compile([&](const Tensor& x) {
+    ++host_calls;
+    return x * 2.0;
+  });
+  for (int i = 0; i < 3; ++i) CHECK(vec(cf(ones({2}))) == std::vector<float>{2, 2});
+  CHECK(host_calls == 3);
+  CHECK(cf.compile_count() == 0);
+}
