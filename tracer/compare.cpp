@@ -20,6 +20,12 @@ void print(const Tensor& t, const std::string& label, Loc loc) {
   show({t});
 }
 
+namespace tracer {
+void note_host_value(std::function<Scalar()> reader, Loc loc) {
+  if (auto* rec = Recorder::current()) rec->on_host_value(std::move(reader), loc);
+}
+}  // namespace tracer
+
 std::string CompareReport::str() const {
   std::string s;
   for (size_t k = 0; k < outputs.size(); ++k)
@@ -30,7 +36,6 @@ std::string CompareReport::str() const {
 }
 
 namespace tracer {
-namespace {
 
 std::vector<ArgValue> fresh_copies(const std::vector<ArgValue>& args) {
   std::vector<ArgValue> out = args;
@@ -42,6 +47,8 @@ std::vector<ArgValue> fresh_copies(const std::vector<ArgValue>& args) {
     }
   return out;
 }
+
+namespace {
 
 // Max abs / rel difference of two tensors of one shape; `ok` within atol + rtol * |e|, with
 // NaN at the same positions.
@@ -152,6 +159,25 @@ CompareReport compare(
   }
   report.ok &= report.first_divergence.empty();
   return report;
+}
+
+
+void check_outputs(
+    const std::vector<OutValue>& compiled, const std::vector<OutValue>& eager,
+    const std::vector<ArgValue>& copies,
+    const std::function<std::vector<OutValue>(const std::vector<ArgValue>&)>& call,
+    const CompileOptions& options) {
+  for (size_t k = 0; k < compiled.size() && k < eager.size(); ++k) {
+    if (!compiled[k].is_tensor) continue;
+    CompareReport::Output d = diff(eager[k].tensor, compiled[k].tensor, options.rtol, options.atol);
+    if (d.ok) continue;
+    CompareReport r = compare(copies, call, options);
+    throw Error("compile",
+                fmt::format("check: output {} differs from eager (max abs diff {:.3g}, max rel "
+                            "diff {:.3g}); first divergence: {}",
+                            k, d.max_abs, d.max_rel,
+                            r.first_divergence.empty() ? "not found" : r.first_divergence));
+  }
 }
 
 }  // namespace tracer

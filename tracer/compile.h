@@ -95,7 +95,36 @@ template <class R> R from_outs(const std::vector<OutValue>& outs, size_t& i, siz
   }
 }
 
+/// Calls fn(args...) with each Tensor argument replaced by the tensor in `in` (same position).
+template <class F, class... A>
+std::vector<OutValue> invoke_with(F& fn, const std::tuple<const A&...>& args,
+                                  const std::vector<ArgValue>& in) {
+  return [&]<size_t... I>(std::index_sequence<I...>) {
+    auto pick = [&]<size_t J>(std::integral_constant<size_t, J>) -> decltype(auto) {
+      using D = std::decay_t<std::tuple_element_t<J, std::tuple<A...>>>;
+      if constexpr (std::is_same_v<D, Tensor>) return Tensor(in[J].tensor);
+      else return std::get<J>(args);
+    };
+    std::vector<OutValue> o;
+    to_outs(fn(pick(std::integral_constant<size_t, I>{})...), o);
+    return o;
+  }(std::index_sequence_for<A...>{});
+}
+
 }  // namespace tracer::detail
+
+namespace tracer {
+/// Copies of the tensor arguments (same values, dtype, requires_grad), for runs that must not
+/// see each other's in-place writes.
+std::vector<ArgValue> fresh_copies(const std::vector<ArgValue>& args);
+/// CompileOptions::check: compares a compiled call's outputs with an eager run's; throws
+/// kiln::Error naming the output and (via compare on `copies`) the first diverging op.
+void check_outputs(
+    const std::vector<OutValue>& compiled, const std::vector<OutValue>& eager,
+    const std::vector<ArgValue>& copies,
+    const std::function<std::vector<OutValue>(const std::vector<ArgValue>&)>& call,
+    const CompileOptions& options);
+}  // namespace tracer
 
 /// A compiled function: call it like the function it wraps.
 template <class F> class Compiled {
@@ -115,6 +144,23 @@ template <class F> class Compiled {
         (*fn_)(std::forward<A>(args)...);
         return {};
       }, Loc::current());
+    } else if (impl_->options().check && !tracer::compile_disabled()) {
+      // Eager on copies of the arguments taken before the compiled call can change them.
+      std::tuple<const std::decay_t<A>&...> tup(args...);
+      std::vector<tracer::ArgValue> eager_args = tracer::fresh_copies(av);
+      std::vector<tracer::ArgValue> spare = tracer::fresh_copies(av);
+      std::vector<tracer::OutValue> outs = impl_->call(
+          av,
+          [&]() { return tracer::detail::invoke_with(*fn_, tup, av); },
+          Loc::current());
+      std::vector<tracer::OutValue> eager = tracer::detail::invoke_with(*fn_, tup, eager_args);
+      tracer::check_outputs(outs, eager, spare,
+                            [&](const std::vector<tracer::ArgValue>& in) {
+                              return tracer::detail::invoke_with(*fn_, tup, in);
+                            },
+                            impl_->options());
+      size_t i = 0;
+      return tracer::detail::from_outs<R>(outs, i, outs.size());
     } else {
       std::vector<tracer::OutValue> outs = impl_->call(
           av,
@@ -157,6 +203,26 @@ Compiled<std::decay_t<F>> compile(F&& fn, CompileOptions options = {},
   return Compiled<std::decay_t<F>>(std::forward<F>(fn), std::move(options), std::move(name));
 }
 
+namespace tracer {
+/// Records a read of host state while tracing (kiln::guarded); no-op otherwise.
+void note_host_value(std::function<Scalar()> reader, Loc loc);
+}  // namespace tracer
+
+/// Returns `variable` and, inside a compiled function, makes the function's specialisation
+/// depend on it: on every call the variable is read again and each value seen gets its own
+/// branch (like a host read of a tensor). Use it for host state that is not an argument —
+/// a flag, a mode, a counter the function branches on — since C++ reads of such state are
+/// invisible to the tracer and would otherwise be constants of the trace:
+///   auto h = kiln::compile([&](const Tensor& x) {
+///     return kiln::guarded(m.flag) ? x * x : x * x + 1.0; });
+/// The variable must outlive the compiled function (it is read by reference). T: a bool,
+/// integer or floating-point type.
+template <class T> T guarded(const T& variable, Loc loc = Loc::current()) {
+  static_assert(std::is_arithmetic_v<T>, "kiln::guarded: a bool, integer or floating variable");
+  tracer::note_host_value([p = &variable] { return Scalar(*p); }, loc);
+  return variable;
+}
+
 /// Prints `t` (its str()) to stdout on every call, traced or replayed: a host callback kept in
 /// the graph (C++ side effects in a compiled function otherwise happen only while tracing).
 void print(const Tensor& t, const std::string& label = "", Loc loc = Loc::current());
@@ -188,19 +254,11 @@ template <class F, class... A>
 CompareReport compare(F&& fn, const A&... args) {
   std::tuple<const A&...> tup(args...);
   std::vector<tracer::ArgValue> av{tracer::detail::to_arg(args)...};
-  auto call_with = [&](const std::vector<tracer::ArgValue>& in) {
-    return [&]<size_t... I>(std::index_sequence<I...>) {
-      auto pick = [&]<size_t J>(std::integral_constant<size_t, J>) -> decltype(auto) {
-        using D = std::decay_t<std::tuple_element_t<J, std::tuple<A...>>>;
-        if constexpr (std::is_same_v<D, Tensor>) return Tensor(in[J].tensor);
-        else return std::get<J>(tup);
-      };
-      std::vector<tracer::OutValue> o;
-      tracer::detail::to_outs(fn(pick(std::integral_constant<size_t, I>{})...), o);
-      return o;
-    }(std::index_sequence_for<A...>{});
-  };
-  return tracer::compare(av, call_with, CompileOptions{});
+  return tracer::compare(
+      av, [&](const std::vector<tracer::ArgValue>& in) {
+        return tracer::detail::invoke_with(fn, tup, in);
+      },
+      CompileOptions{});
 }
 
 }  // namespace kiln

@@ -363,7 +363,10 @@ std::optional<Scalar> Plan::run(RunState& st) const {
         n.callback(ins);
         break;
       }
-      case Step::Kind::Read: return read_scalar(st.value(p, p.nodes[s.node].in[0]));
+      case Step::Kind::Read: {
+        const Node& n = p.nodes[s.node];
+        return n.host_reader ? n.host_reader() : read_scalar(st.value(p, n.in[0]));
+      }
     }
     for (int v : s.free_after) st.slots[v] = Tensor();
   }
@@ -400,8 +403,9 @@ std::string Plan::describe() const {
                            n.loc.line());
         break;
       case Step::Kind::Read:
-        out += fmt::format("    host read at {}:{} (value while tracing: {})\n",
-                           n.loc.file_name(), n.loc.line(), n.read_value.str());
+        out += fmt::format("    {} at {}:{} (value while tracing: {})\n",
+                           n.host_reader ? "guarded host value" : "host read", n.loc.file_name(),
+                           n.loc.line(), n.read_value.str());
         break;
       case Step::Kind::Callback:
         out += fmt::format("    host callback {} ({}:{})\n", n.callback_name, n.loc.file_name(),

@@ -50,7 +50,7 @@ struct SymAttr {
 struct Node {
   enum class Kind : uint8_t {
     Op,        ///< a dispatched op (in-place ops already functionalised, see `in_place`)
-    Read,      ///< a value read to the host (item()): a guarded decision on `read_value`
+    Read,      ///< a value read to the host (item(), kiln::guarded): a guarded decision
     Callback,  ///< a host callback (kiln::print) that runs on every call
   };
   Kind kind = Kind::Op;
@@ -66,6 +66,8 @@ struct Node {
   uint64_t rng_delta = 0;
   std::vector<SymAttr> sym_attrs;
   Scalar read_value;  ///< Read: the value seen while tracing
+  /// Read of host state (kiln::guarded): reads the variable again on every call.
+  std::function<Scalar()> host_reader;
   std::function<void(const std::vector<Tensor>&)> callback;
   std::string callback_name;
 };

@@ -193,6 +193,15 @@ void Recorder::on_read(const Tensor& t, Loc loc) {
   p_.nodes.push_back(std::move(n));
 }
 
+void Recorder::on_host_value(std::function<Scalar()> reader, Loc loc) {
+  Node n;
+  n.kind = Node::Kind::Read;
+  n.loc = loc;
+  n.read_value = reader();
+  n.host_reader = std::move(reader);
+  p_.nodes.push_back(std::move(n));
+}
+
 void Recorder::on_callback(const std::string& name,
                            std::function<void(const std::vector<Tensor>&)> fn,
                            const std::vector<Tensor>& tensors, Loc loc) {

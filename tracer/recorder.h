@@ -41,6 +41,8 @@ class Recorder final : public DispatchHook {
   void on_grad_assigned(const Tensor& leaf) override;
   /// item()/to_vector(): records a Read node with the value about to be read.
   void on_read(const Tensor& t, Loc loc);
+  /// kiln::guarded: a host variable the function's result depends on.
+  void on_host_value(std::function<Scalar()> reader, Loc loc);
   /// kiln::print / host callbacks.
   void on_callback(const std::string& name, std::function<void(const std::vector<Tensor>&)> fn,
                    const std::vector<Tensor>& tensors, Loc loc);

@@ -181,6 +181,29 @@ TEST_CASE("FC-10 (compile): host branches on arguments are guarded", "[compile]"
   CHECK(vec(g(false, x)) == std::vector<float>{-1, -1, -1});
   CHECK(vec(g(true, x)) == std::vector<float>{1, 1, 1});
   CHECK(vec(g(false, x)) == std::vector<float>{-1, -1, -1});
+  // Host state that is not an argument: declared with kiln::guarded, re-read on every call.
+  struct Module {
+    bool flag = false;
+  } m;
+  auto h = compile([&](const Tensor& x) { return kiln::guarded(m.flag) ? x * x : x * x + 1.0; });
+  Tensor two = from_vector<float>({2}, {1});
+  CHECK(h(two).item<float>() == 5);
+  CHECK(h(two).item<float>() == 5);
+  m.flag = true;
+  CHECK(h(two).item<float>() == 4);
+  CHECK(h(two).item<float>() == 4);
+  m.flag = false;
+  CHECK(h(two).item<float>() == 5);
+  CHECK(h.compile_count() == 2);  // one re-trace per new value; both branches kept
+  CHECK(contains(h.explain(), "guarded host value"));
+  // Unannotated host state is a constant of the trace (tf.function semantics); check = true
+  // catches the stale result instead of returning it.
+  bool unguarded = false;
+  auto stale = compile([&](const Tensor& x) { return unguarded ? x * x : x * x + 1.0; },
+                       {.check = true});
+  CHECK(stale(two).item<float>() == 5);
+  unguarded = true;
+  CHECK_THROWS_WITH(stale(two), Catch::Contains("differs from eager"));
 }
 
 TEST_CASE("compile: data-dependent branches build a trace tree", "[compile]") {
@@ -324,6 +347,8 @@ TEST_CASE("compile: backend eager and compare() agree with eager", "[compile]") 
       CHECK(eb[k] == Approx(e[k]).epsilon(1e-6));
     }
   }
+  auto checked = compile(fn, {.check = true});
+  for (int i = 0; i < 2; ++i) CHECK(checked(x).shape() == Shape{4, 8});
   CompareReport r = kiln::compare(fn, x);
   INFO(r.str());
   CHECK(r.ok);
