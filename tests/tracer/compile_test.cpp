@@ -402,3 +402,13 @@ TEST_CASE("KILN_COMPILE=0 turns compile() into plain eager calls", "[.kiln_compi
   CHECK(host_calls == 3);
   CHECK(cf.compile_count() == 0);
 }
+
+TEST_CASE("repro: slice of rows then transpose then matmul", "[.repro]") {
+  Tensor w = randn({96, 32}), b = randn({96}), x = randn({2, 8, 32});
+  auto f = compile([&](const Tensor& x) {
+    Tensor wq = w.slice(0, 0, 32), bq = b.slice(0, 0, 32);
+    return matmul(x, wq.t()) + bq;
+  });
+  f(x);
+  fmt::print("{}", f.explain());
+}
