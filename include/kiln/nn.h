@@ -7,3 +7,18 @@
 #include "nn/optim.h"
 #include "nn/serialize.h"
 #include "nn/transformer.h"
+
+namespace kiln {
+
+/// compile() of a module's forward: `auto cm = kiln::compile(model); Tensor y = cm(x);`. The
+/// module is used by reference (it must outlive the compiled function); its parameters are
+/// captured tensors (guarded, graph inputs), so optimizer steps do not recompile.
+template <class M>
+  requires std::derived_from<M, nn::Module>
+auto compile(M& module, CompileOptions options = {}) {
+  std::string name = module.name();
+  return kiln::compile([&module](const Tensor& x) { return module.forward(x); },
+                       std::move(options), std::move(name));
+}
+
+}  // namespace kiln

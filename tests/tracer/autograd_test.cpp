@@ -2,7 +2,7 @@
 #include <catch2/catch.hpp>
 
 #include "kiln/kiln.h"
-#include "nn/layers.h"
+#include "kiln/nn.h"
 #include "nn/optim.h"
 #include "nn/transformer.h"
 
@@ -232,4 +232,25 @@ TEST_CASE("compile: a Transformer encoder training step equals eager", "[compile
   if (std::getenv("KILN_TEST_EXPLAIN")) fmt::print("{}", compiled_step.explain());
   INFO(compiled_step.explain());
   CHECK(compiled_step.compile_count() == 1);
+}
+
+TEST_CASE("compile: an nn::Module's forward, parameters captured", "[compile][autograd]") {
+  manual_seed(8);
+  nn::Sequential model{std::make_shared<nn::Linear>(4, 8), std::make_shared<nn::GELU>(),
+                       std::make_shared<nn::Linear>(8, 2)};
+  auto cm = kiln::compile(model);
+  Tensor x = randn({3, 4});
+  std::vector<float> e = vec(model(x));
+  for (int i = 0; i < 2; ++i) {
+    std::vector<float> c = vec(cm(x));
+    for (size_t k = 0; k < e.size(); ++k) CHECK(c[k] == Approx(e[k]).margin(1e-6));
+  }
+  // An in-place parameter update is seen by the next replay without recompiling.
+  {
+    NoGradGuard ng;
+    for (Tensor p : model.parameters()) p *= 0.5;
+  }
+  std::vector<float> e2 = vec(model(x)), c2 = vec(cm(x));
+  for (size_t k = 0; k < e2.size(); ++k) CHECK(c2[k] == Approx(e2[k]).margin(1e-6));
+  CHECK(cm.compile_count() == 1);
 }
