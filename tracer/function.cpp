@@ -6,6 +6,7 @@
 #include <cstring>
 #include <mutex>
 #include <shared_mutex>
+#include <unordered_set>
 
 #include "eager/autograd.h"
 #include "eager/autograd_graph.h"
@@ -262,6 +263,7 @@ struct CompiledFunction::Impl {
   std::vector<std::pair<int, int>> auto_dims;
   std::vector<int> auto_scalars;
   std::atomic<int64_t> eager_calls{0};
+  int uncached_in_a_row = 0;
 };
 
 CompiledFunction::CompiledFunction(std::string name, CompileOptions options)
@@ -416,6 +418,33 @@ bool log_enabled(std::string_view topic) {
   return false;
 }
 
+// Tensors the function created (op results, tensors made from host data) that nothing the
+// tracer knows of should hold once the recording is dropped: not outputs, not arguments or
+// captured tensors written in place, not .grad of leaves. Skipped when outputs carry eager
+// autograd history (the eager graph then holds intermediates).
+void escape_candidates(const Recorder& rec, const Program& p, const std::vector<OutValue>& outs,
+                       std::vector<std::pair<std::weak_ptr<TensorImpl>, int>>& out) {
+  for (const OutValue& o : outs)
+    if (o.is_tensor && o.tensor.defined() && o.tensor.requires_grad()) return;
+  std::unordered_set<const TensorImpl*> known;
+  for (const OutValue& o : outs)
+    if (o.is_tensor && o.tensor.defined()) known.insert(o.tensor.impl());
+  for (size_t v = 0; v < p.values.size(); ++v) {
+    int s = p.values[v].source;
+    if (s >= 0 && p.sources[s].kind != SourceKind::Snapshot) known.insert(rec.tensor(v).impl());
+  }
+  for (auto& [leaf, g] : p.grad_assignments)
+    if (g >= 0) known.insert(rec.tensor(g).impl());
+  std::unordered_set<const TensorImpl*> seen;
+  for (size_t v = 0; v < p.values.size(); ++v) {
+    int s = p.values[v].source;
+    if (s >= 0 && p.sources[s].kind != SourceKind::Snapshot) continue;
+    const Tensor& t = rec.tensor(v);
+    if (t.impl()->wrapped_number || known.count(t.impl()) || !seen.insert(t.impl()).second) continue;
+    out.push_back({t.impl_ptr(), static_cast<int>(v)});
+  }
+}
+
 bool insert_branch(Segment& root, const std::shared_ptr<const Program>& p,
                    const CompileOptions& o) {
   Segment* seg = &root;
@@ -502,7 +531,7 @@ std::vector<OutValue> CompiledFunction::Impl::trace(const std::vector<ArgValue>&
   if (reason.empty() && !entries.empty()) reason = entry_failure(*entries.back(), args);
   if (leaves >= options.cache_size_limit) {
     eager_only = true;
-    eager_reason = reason;
+    eager_reason = fmt::format("cache limit reached; the guard that kept failing: {}", reason);
     fmt::print(stderr,
                "kiln.compile: '{}' reached cache_size_limit ({}); it runs eagerly from now on. "
                "The guard that keeps failing: {}\n",
@@ -525,6 +554,7 @@ std::vector<OutValue> CompiledFunction::Impl::trace(const std::vector<ArgValue>&
 
   auto prog = std::make_shared<Program>();
   std::vector<OutValue> outs;
+  std::vector<std::pair<std::weak_ptr<TensorImpl>, int>> candidates;
   {
     Recorder rec(*prog);
     for (size_t i = 0; i < args.size(); ++i)
@@ -540,8 +570,31 @@ std::vector<OutValue> CompiledFunction::Impl::trace(const std::vector<ArgValue>&
       prog->output_undefined.push_back(undefined);
     }
     rec.uninstall();
+    escape_candidates(rec, *prog, outs, candidates);
   }
   int n = ++traces;
+  // A tensor created by the function that outlives the call was stored in host state (e.g. an
+  // optimizer's lazily created moments): a replay would not recreate it there, so this trace
+  // is not cached; the next call traces with that state as a captured tensor.
+  for (auto& [weak, v] : candidates) {
+    if (weak.expired()) continue;
+    std::string where = "?";
+    for (const Node& node : prog->nodes)
+      for (int o : node.out)
+        if (o == v) where = fmt::format("{} at {}:{}", op_name(node.op), node.loc.file_name(), node.loc.line());
+    std::string why = fmt::format(
+        "trace #{} not cached: a tensor it created ({}) outlives the call in host state; "
+        "update such state in place", n, where);
+    recompiles.push_back(why);
+    if (log_enabled("recompiles")) fmt::print(stderr, "kiln.compile: '{}': {}\n", name, why);
+    if (++uncached_in_a_row >= 3) {
+      eager_only = true;
+      eager_reason = why;
+      fmt::print(stderr, "kiln.compile: '{}' runs eagerly from now on: {}\n", name, why);
+    }
+    return outs;
+  }
+  uncached_in_a_row = 0;
   bool has_reads = false;
   for (const Node& node : prog->nodes) {
     if (node.kind != Node::Kind::Read) continue;
@@ -663,8 +716,8 @@ std::string CompiledFunction::explain() const {
       options_.backend == Backend::Cpu ? "cpu" : "eager",
       options_.dynamic == Dynamic::Auto ? "auto" : options_.dynamic == Dynamic::Always ? "always" : "never");
   if (im.eager_only)
-    out += fmt::format("  runs eagerly (cache limit reached; {} eager call(s)); last failing guard: {}\n",
-                       im.eager_calls.load(), im.eager_reason);
+    out += fmt::format("  runs eagerly from now on ({} eager call(s)): {}\n", im.eager_calls.load(),
+                       im.eager_reason);
   for (auto& e : im.entries) {
     out += fmt::format("specialisation #{} ({}; {} replay(s)):\n  guards:\n", e->id, e->reason,
                        e->hits.load());

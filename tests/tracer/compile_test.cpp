@@ -412,3 +412,27 @@ TEST_CASE("repro: slice of rows then transpose then matmul", "[.repro]") {
   f(x);
   fmt::print("{}", f.explain());
 }
+
+TEST_CASE("compile: state created on the first call is not baked into the replay", "[compile]") {
+  // A lazily created accumulator (the pattern of an optimizer creating its moments on the first
+  // step): the first trace stores a tensor it created in host state, so it is not cached.
+  Tensor acc;
+  auto f = compile([&](const Tensor& x) {
+    if (!acc.defined()) acc = zeros({2});
+    acc += x;
+    return acc * 1.0;
+  });
+  for (int i = 1; i <= 4; ++i) CHECK(vec(f(ones({2}))) == std::vector<float>(2, float(i)));
+  CHECK(vec(acc) == std::vector<float>{4, 4});
+  INFO(f.explain());
+  CHECK(f.compile_count() == 2);
+  CHECK(contains(f.explain(), "not cached"));
+  // Rebinding state on every call can never be replayed: after 3 tries it runs eagerly.
+  Tensor total = zeros({1});
+  auto g = compile([&](const Tensor& x) {
+    total = total + x.sum();
+    return total * 1.0;
+  });
+  for (int i = 1; i <= 5; ++i) CHECK(g(ones({2})).item<float>() == 2.0f * i);
+  CHECK(contains(g.explain(), "runs eagerly"));
+}
