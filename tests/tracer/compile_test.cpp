@@ -436,3 +436,12 @@ TEST_CASE("compile: state created on the first call is not baked into the replay
   for (int i = 1; i <= 5; ++i) CHECK(g(ones({2})).item<float>() == 2.0f * i);
   CHECK(contains(g.explain(), "runs eagerly"));
 }
+
+// Run by ctest with KILN_LOGS=recompiles,guards,graph,breaks (test "tracer_logs"), which checks
+// the log lines on stderr.
+TEST_CASE("KILN_LOGS prints guards, graphs, breaks and recompiles", "[.logs]") {
+  auto f = compile([](const Tensor& x) { return (x.sum() > 0.0).item<bool>() ? x * 2.0 : x; },
+                   {.dynamic = Dynamic::Never}, "logged");
+  f(ones({2}));
+  f(ones({3}));
+}
