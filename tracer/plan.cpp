@@ -1,5 +1,7 @@
 #include "tracer/plan.h"
 
+#include <atomic>
+#include <thread>
 #include <unordered_map>
 
 #include "codegen/codegen.h"
@@ -244,9 +246,30 @@ Plan::Plan(std::shared_ptr<const Program> program, size_t begin, size_t end,
     reads(steps_[k], [&](int v) {
       if (defined_in[v] != static_cast<int>(k)) used_outside_region[v] = true;
     });
+  // Regions compile independently (each its own MLIR context and JIT), so compile them on
+  // all cores: LLVM's -O3 dominates the time of a first call.
+  std::vector<Region*> regions;
+  for (Step& s : steps_)
+    if (s.region) regions.push_back(s.region.get());
+  PlanOptions region_options{options.compile, used_outside_region, false};
+  std::atomic<size_t> next{0};
+  auto work = [&] {
+    for (size_t i; (i = next.fetch_add(1)) < regions.size();) {
+      try {
+        build_region(*regions[i], region_options);
+      } catch (const std::exception& e) {  // not a kiln::Error: still never lose the call
+        regions[i]->eager_fallback = true;
+        regions[i]->fallback_reason = e.what();
+      }
+    }
+  };
+  size_t workers = std::min<size_t>(std::max(1u, std::thread::hardware_concurrency()), regions.size());
+  std::vector<std::thread> threads;
+  for (size_t k = 1; k < workers; ++k) threads.emplace_back(work);
+  work();
+  for (std::thread& t : threads) t.join();
   for (Step& s : steps_) {
     if (s.region) {
-      build_region(*s.region, PlanOptions{options.compile, used_outside_region, false});
       ++num_regions_;
       num_kernels_ += s.region->exe ? s.region->exe->num_kernels()
                                     : static_cast<int>(s.region->nodes.size());
@@ -391,9 +414,11 @@ std::string Plan::describe() const {
         out += fmt::format("    eager region ({} ops: {}) - not compiled: {}\n", r.nodes.size(),
                            ops, r.fallback_reason);
       else
-        out += fmt::format("    compiled region: {} ops -> {} kernel(s){}: {}\n", r.nodes.size(),
+        out += fmt::format("    compiled region: {} ops -> {} kernel(s){}{}: {}\n", r.nodes.size(),
                            r.exe ? r.exe->num_kernels() : 0,
-                           r.static_only ? " (traced shapes only)" : "", ops);
+                           r.static_only ? " (traced shapes only)" : "",
+                           r.exe ? fmt::format(", built in {:.0f} ms", r.exe->stats().total_ms) : "",
+                           ops);
       continue;
     }
     const Node& n = p.nodes[s.node];
