@@ -58,6 +58,21 @@ template <class A> ArgValue to_arg(const A& a) {
   } else if constexpr (std::is_arithmetic_v<D>) {
     v.kind = ArgValue::Kind::Scalar;
     v.scalar = Scalar(a);
+  } else if constexpr (std::is_enum_v<D>) {
+    v.kind = ArgValue::Kind::Scalar;
+    v.scalar = Scalar(static_cast<int64_t>(a));
+    v.fixed = true;
+  } else if constexpr (std::is_same_v<D, std::vector<Tensor>>) {
+    v.kind = ArgValue::Kind::TensorList;
+    v.list = a;
+  } else if constexpr (std::equality_comparable<D> && std::copy_constructible<D>) {
+    v.other = &a;
+    v.other_copy = [](const void* p) -> std::shared_ptr<const void> {
+      return std::make_shared<D>(*static_cast<const D*>(p));
+    };
+    v.other_equal = [](const void* x, const void* y) {
+      return static_cast<bool>(*static_cast<const D*>(x) == *static_cast<const D*>(y));
+    };
   }
   return v;
 }
@@ -192,9 +207,12 @@ template <class F> class Compiled {
 };
 
 /// Wraps `fn` (a lambda, function pointer or functor over Tensors and host numbers) for
-/// compiled execution. Arguments: Tensor (guarded), arithmetic host scalars (guarded by value
-/// until they become dynamic), anything else (passed through, not guarded: a constant of the
-/// trace). Results: Tensor, std::vector<Tensor>, tuples/pairs of those, host numbers (constants
+/// compiled execution. Arguments: Tensor and std::vector<Tensor> (guarded per tensor; a list
+/// by its length too), arithmetic host scalars (guarded by value until they become dynamic),
+/// enums and other copyable, equality-comparable values (a std::string mode; guarded by value:
+/// a different value traces again), anything else (a module, a reference to a struct: passed
+/// through, not guarded — what `fn` reads from it is a constant of the trace; see
+/// kiln::guarded). Results: Tensor, std::vector<Tensor>, tuples/pairs of those, host numbers (constants
 /// of the specialisation). The returned object shares its cache between copies; the cache and
 /// its compiled code are freed with the last copy.
 template <class F>

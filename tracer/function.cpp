@@ -57,6 +57,10 @@ struct ArgGuard {
   // host scalars
   Scalar value;
   bool dynamic_scalar = false;
+  bool fixed = false;  // list length / enum: never dynamic
+  // other values guarded by equality
+  std::shared_ptr<const void> other;
+  bool (*other_equal)(const void*, const void*) = nullptr;
 };
 
 int alias_index(const std::vector<ArgValue>& args, size_t i) {
@@ -79,7 +83,11 @@ std::string guard_failure(const ArgGuard& g, const std::vector<ArgValue>& args, 
                          g.value.str());
     return {};
   }
-  if (a.kind != ArgValue::Kind::Tensor) return {};
+  if (a.kind == ArgValue::Kind::Other) {
+    if (g.other_equal && (!a.other || !g.other_equal(g.other.get(), a.other)))
+      return fmt::format("argument {} (a host value) changed", i);
+    return {};
+  }
   const Tensor& t = a.tensor;
   if (!t.defined()) return fmt::format("argument {} is an undefined tensor", i);
   if (t.dtype() != g.dtype)
@@ -129,7 +137,9 @@ std::string describe_guard(const ArgGuard& g, size_t i) {
                          g.requires_grad,
                          g.alias_of >= 0 ? fmt::format(", same storage as arg {}", g.alias_of) : "");
     }
-    default: return fmt::format("arg {}: not a tensor or scalar (not guarded)", i);
+    default:
+      return g.other_equal ? fmt::format("arg {}: host value == the traced one (by operator==)", i)
+                           : fmt::format("arg {}: not guarded (not a tensor, number or comparable value)", i);
   }
 }
 
@@ -335,7 +345,12 @@ bool only_sizes_differ(const Entry& e, const std::vector<ArgValue>& args,
     if (a.kind != g.kind) return false;
     if (a.kind == ArgValue::Kind::Scalar) {
       if (a.scalar.kind() != g.value.kind()) return false;
-      if (!g.dynamic_scalar && !same_scalar(a.scalar, g.value)) scalars.push_back(i);
+      if (!g.dynamic_scalar && !same_scalar(a.scalar, g.value)) {
+        if (g.fixed) return false;
+        scalars.push_back(i);
+      }
+    } else if (a.kind == ArgValue::Kind::Other) {
+      if (!guard_failure(g, args, i).empty()) return false;
     } else if (a.kind == ArgValue::Kind::Tensor) {
       const Tensor& t = a.tensor;
       if (t.dtype() != g.dtype || t.dim() != g.shape.size() ||
@@ -351,9 +366,33 @@ bool only_sizes_differ(const Entry& e, const std::vector<ArgValue>& args,
 
 }  // namespace
 
-std::vector<OutValue> CompiledFunction::call(const std::vector<ArgValue>& args,
+std::vector<OutValue> CompiledFunction::call(const std::vector<ArgValue>& given,
                                              const Invoke& invoke, Loc loc) {
   Impl& im = *impl_;
+  // Tensor lists are flattened: their length (guarded by value), then one tensor per element.
+  bool has_list = false;
+  for (const ArgValue& a : given) has_list |= a.kind == ArgValue::Kind::TensorList;
+  std::vector<ArgValue> flat;
+  if (has_list) {
+    for (const ArgValue& a : given) {
+      if (a.kind != ArgValue::Kind::TensorList) {
+        flat.push_back(a);
+        continue;
+      }
+      ArgValue n;
+      n.kind = ArgValue::Kind::Scalar;
+      n.scalar = Scalar(static_cast<int64_t>(a.list.size()));
+      n.fixed = true;
+      flat.push_back(n);
+      for (const Tensor& t : a.list) {
+        ArgValue e;
+        e.kind = ArgValue::Kind::Tensor;
+        e.tensor = t;
+        flat.push_back(e);
+      }
+    }
+  }
+  const std::vector<ArgValue>& args = has_list ? flat : given;
   // Inside another function's trace, this function's ops become part of that trace.
   if (compile_disabled() || Recorder::current() != nullptr) return invoke();
   if (im.eager_only.load(std::memory_order_relaxed)) {
@@ -630,7 +669,12 @@ std::vector<OutValue> CompiledFunction::Impl::trace(const std::vector<ArgValue>&
   for (size_t i = 0; i < args.size(); ++i) {
     ArgGuard& g = e->guards[i];
     g.kind = args[i].kind;
+    g.fixed = args[i].fixed;
     if (g.kind == ArgValue::Kind::Scalar) g.value = args[i].scalar;
+    if (g.kind == ArgValue::Kind::Other && args[i].other_copy) {
+      g.other = args[i].other_copy(args[i].other);
+      g.other_equal = args[i].other_equal;
+    }
     if (g.kind != ArgValue::Kind::Tensor) continue;
     const Tensor& t = args[i].tensor;
     g.dtype = t.dtype();

@@ -55,9 +55,16 @@ namespace tracer {
 /// One argument of a call: a tensor, a host scalar, or something else (hashed by nothing:
 /// passed through and treated as a constant of the trace, like a C++ closure).
 struct ArgValue {
-  enum class Kind : uint8_t { Tensor, Scalar, Other } kind = Kind::Other;
+  enum class Kind : uint8_t { Tensor, Scalar, TensorList, Other } kind = Kind::Other;
   kiln::Tensor tensor;
   kiln::Scalar scalar;
+  std::vector<kiln::Tensor> list;  ///< TensorList: guarded per element, length by value
+  /// The length of a TensorList (flattened internally): guarded by value, never dynamic.
+  bool fixed = false;
+  /// Other arguments that are copyable and equality-comparable are guarded by value:
+  const void* other = nullptr;
+  std::shared_ptr<const void> (*other_copy)(const void*) = nullptr;
+  bool (*other_equal)(const void*, const void*) = nullptr;
 };
 
 /// One result of the function: a tensor or a host value (a constant of its specialisation).

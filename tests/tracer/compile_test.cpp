@@ -445,3 +445,30 @@ TEST_CASE("KILN_LOGS prints guards, graphs, breaks and recompiles", "[.logs]") {
   f(ones({2}));
   f(ones({3}));
 }
+
+TEST_CASE("compile: tensor lists, enums and comparable host values are guarded", "[compile]") {
+  auto sum_all = compile([](const std::vector<Tensor>& xs) {
+    Tensor s = xs[0] * 1.0;
+    for (size_t i = 1; i < xs.size(); ++i) s = s + xs[i];
+    return s;
+  });
+  CHECK(vec(sum_all(std::vector<Tensor>{ones({2}), ones({2})})) == std::vector<float>{2, 2});
+  CHECK(vec(sum_all(std::vector<Tensor>{full({2}, 3.0f), ones({2})})) == std::vector<float>{4, 4});
+  CHECK(vec(sum_all(std::vector<Tensor>{ones({2}), ones({2}), ones({2})})) == std::vector<float>{3, 3});
+  CHECK(sum_all.compile_count() == 2);  // the length is guarded; new tensors are not captured
+
+  enum class Mode { Square, Negate };
+  auto by_enum = compile([](const Tensor& x, Mode m) { return m == Mode::Square ? x * x : -x; });
+  CHECK(vec(by_enum(full({1}, 3.0f), Mode::Square)) == std::vector<float>{9});
+  CHECK(vec(by_enum(full({1}, 3.0f), Mode::Negate)) == std::vector<float>{-3});
+  CHECK(vec(by_enum(full({1}, 3.0f), Mode::Square)) == std::vector<float>{9});
+
+  auto by_name = compile([](const Tensor& x, const std::string& op) {
+    return op == "double" ? x * 2.0 : x + 1.0;
+  });
+  CHECK(vec(by_name(ones({1}), std::string("double"))) == std::vector<float>{2});
+  CHECK(vec(by_name(ones({1}), std::string("inc"))) == std::vector<float>{2});
+  CHECK(vec(by_name(full({1}, 5.0f), std::string("double"))) == std::vector<float>{10});
+  CHECK(vec(by_name(full({1}, 5.0f), std::string("inc"))) == std::vector<float>{6});
+  CHECK(by_name.compile_count() == 2);
+}
