@@ -3,6 +3,8 @@
 //    up (the first call traces and compiles), so each timed call is the guard check plus the
 //    replay — ns per call, mode compiled; beside the plain eager call of the same function,
 //    mode eager.
+//  * call_overhead_4_tensors: the same 1-op function with 4 tensor arguments (4 sets of tensor
+//    guards checked per call) — ns per call; the guard target is <= 1 µs for 4 tensors.
 //  * transformer_layer_compile: the first call of a fresh kiln::compile of the reference
 //    Transformer layer's forward + backward (nn::TransformerEncoderLayer: d_model 256, 4 heads,
 //    FFN 1024, gelu, dropout 0.1, batch_first; input [8, 128, 256]; the layer's parameters
@@ -50,6 +52,18 @@ Benchmark compiled_1op(const RunConfig&) {
     throw std::runtime_error(fmt::format("expected 1 compile after warm-up, got {}:\n{}",
                                          cf.compile_count(), cf.explain()));
   return {[cf, x] { do_not_optimize(cf(x)); }, ns_per_call()};
+}
+
+// ---- call_overhead_4_tensors: guards of 4 tensor arguments ----
+
+Benchmark compiled_4args(const RunConfig&) {
+  Tensor a = filled({1}), b = filled({1}), c = filled({1}), d = filled({1});
+  auto cf = kiln::compile(
+      [](const Tensor& a, const Tensor& b, const Tensor& c, const Tensor& d) { return one_op(a); },
+      CompileOptions{}, "call_overhead_4_tensors");
+  cf(a, b, c, d);
+  cf(a, b, c, d);
+  return {[cf, a, b, c, d] { do_not_optimize(cf(a, b, c, d)); }, ns_per_call()};
 }
 
 // ---- transformer_layer_compile ----
@@ -134,6 +148,7 @@ std::vector<Case> cases() {
   std::vector<Case> out = {
       {"call_overhead_1op", Mode::Eager, "ns", eager_1op},
       {"call_overhead_1op", Mode::Compiled, "ns", compiled_1op},
+      {"call_overhead_4_tensors", Mode::Compiled, "ns", compiled_4args},
       {"transformer_layer_compile", Mode::Compiled, "ms", transformer_cold},
       {"transformer_layer_compile_warm", Mode::Compiled, "ms", transformer_warm},
   };
@@ -168,6 +183,10 @@ void summary(std::span<const Record> records) {
                call_c->value <= kCallTargetNs ? "met" : "MISSED");
   else
     fmt::print("  {:<44} n/a (the case did not run)\n", "call_overhead_1op compiled");
+  if (const Record* c4 = find("call_overhead_4_tensors", Mode::Compiled))
+    fmt::print("  {:<44} {:8.0f} ns   target <= {:.0f} ns   {}\n",
+               "call_overhead_4_tensors (4 guards + replay)", c4->value, kCallTargetNs,
+               c4->value <= kCallTargetNs ? "met" : "MISSED");
   if (call_c && call_e)
     fmt::print("  {:<44} {:8.0f} ns   (compiled / eager {:.2f}x)\n",
                "call_overhead_1op eager (information)", call_e->value,
