@@ -203,9 +203,19 @@ Plan::Plan(std::shared_ptr<const Program> program, size_t begin, size_t end,
   used_later.resize(p.values.size(), false);
 
   std::unique_ptr<Region> open;
+  // A region pays a JIT compile (tens of ms per kernel); one with a single op that computes
+  // (views are free on eager kernels) has nothing to fuse, so its ops run on eager kernels.
   auto close = [&] {
     if (!open) return;
-    steps_.push_back({Step::Kind::Region, 0, std::move(open), {}});
+    int computing = 0;
+    for (size_t i : open->nodes)
+      computing += op_info(p.nodes[i].op).category != OpCategory::View &&
+                   p.nodes[i].op != OpKind::Contiguous;
+    if (computing >= 2) {
+      steps_.push_back({Step::Kind::Region, 0, std::move(open), {}});
+    } else {
+      for (size_t i : open->nodes) steps_.push_back({Step::Kind::Eager, i, nullptr, {}});
+    }
     open.reset();
   };
   for (size_t i = begin; i < end; ++i) {
