@@ -1,6 +1,6 @@
 // Suite compile-time: how long codegen::Executable takes to get a 10-op elementwise float32
 // graph ready to run.
-//  * elementwise_10op_cold: a full compile (MLIR pipeline, LLVM -O3, object code, JIT link) with
+//  * elementwise_10op_cold: a full compile (MLIR pipeline, LLVM -O2, object code, JIT link) with
 //    the in-memory and disk caches bypassed — ms.
 //  * elementwise_10op_warm: a new Executable of the same graph served from the disk cache (a
 //    fresh temporary directory; the in-memory cache is cleared before each call) — ms.
@@ -99,7 +99,7 @@ void summary(std::span<const Record> records) {
   try {
     codegen::CompileStats s = codegen::Executable(chain10(), uncached).stats();
     fmt::print("  one cold compile by stage: lower {:.1f}, bufferize {:.1f}, LLVM dialect {:.1f}, "
-               "LLVM -O3 {:.1f}, codegen {:.1f}, JIT link {:.1f}; total {:.1f} ms, object {} "
+               "LLVM -O2 {:.1f}, codegen {:.1f}, JIT link {:.1f}; total {:.1f} ms, object {} "
                "bytes\n",
                s.lower_ms, s.bufferize_ms, s.llvm_dialect_ms, s.llvm_opt_ms, s.codegen_ms,
                s.link_ms, s.total_ms, s.object_bytes);

@@ -44,7 +44,7 @@ struct CompileStats {
   double lower_ms = 0;      ///< parse, kiln -> fused linalg, destination-passing rewrite
   double bufferize_ms = 0;  ///< bufferization, loops, math approximation
   double llvm_dialect_ms = 0;  ///< conversion to the LLVM dialect
-  double llvm_opt_ms = 0;   ///< translation to LLVM IR and the -O3 pipeline
+  double llvm_opt_ms = 0;   ///< translation to LLVM IR and the -O2 pipeline
   double codegen_ms = 0;    ///< machine code emission (object file)
   double disk_ms = 0;       ///< reading (hit) or writing (miss) the disk cache entry
   double link_ms = 0;       ///< JIT-linking the object and looking up the entry point
@@ -66,7 +66,7 @@ void clear_memory_cache();
 /// Unknown names are ignored; "" turns every dump off.
 void set_log_stages(std::string_view stages);
 
-/// A graph compiled to native code for the host CPU (MLIR JIT, LLVM -O3, host CPU features).
+/// A graph compiled to native code for the host CPU (MLIR JIT, LLVM -O2, host CPU features).
 ///
 ///   codegen::Executable exe(g);                 // lower -> fuse -> bufferize -> LLVM -> JIT
 ///   std::vector<Tensor> out = exe.run({x});      // outputs allocated with dispatch::empty
@@ -74,7 +74,7 @@ void set_log_stages(std::string_view stages);
 /// Pipeline: kiln-decompose, convert-kiln-to-linalg, canonicalize, elementwise fusion, then the
 /// function is made destination-passing (each result goes to a caller-provided memref), one-shot
 /// bufferization across the function boundary, linalg -> loops, math polynomial approximation
-/// (tanh/exp/erf... as arith + fma), LLVM dialect, LLVM -O3 to an object file, ORC LLJIT. Owns its
+/// (tanh/exp/erf... as arith + fma), LLVM dialect, LLVM -O2 to an object file, ORC LLJIT. Owns its
 /// MLIR context, so `g` may be destroyed afterwards. Errors (an op without a lowering, a failing
 /// pass, LLVM errors) throw kiln::Error. run() only reads the compiled code, so concurrent run()
 /// calls are safe; Executables of the same graph share one copy of the code (the compile cache).

@@ -356,7 +356,7 @@ std::string Executable::Impl::compile(const std::string& graph_mlir) {
   I.stats.llvm_dialect_ms = lap();
   log_module("LLVM dialect", m);
 
-  // 6. LLVM -O3 for the host CPU, to an object file; get_or_compile() JIT-links it.
+  // 6. LLVM -O2 for the host CPU, to an object file; get_or_compile() JIT-links it.
   return emit_object(m, I.messages, I.stats);
 }
 

@@ -62,7 +62,7 @@ void init_llvm();
 /// Triple, CPU name and CPU features of the host (the JIT's target), detected once.
 const std::string& host_target_id();
 
-/// LLVM-dialect module -> LLVM IR + packed entry wrapper -> -O3 -> object file bytes.
+/// LLVM-dialect module -> LLVM IR + packed entry wrapper -> -O2 -> object file bytes.
 /// `diagnostics` (the MLIR diagnostics collected so far) is quoted in errors.
 std::string emit_object(mlir::ModuleOp m, const std::string& diagnostics, CompileStats& stats);
 /// Links `object` into a new LLJIT whose main JITDylib also defines codegen/runtime.h's symbols

@@ -257,7 +257,7 @@ Plan::Plan(std::shared_ptr<const Program> program, size_t begin, size_t end,
       if (defined_in[v] != static_cast<int>(k)) used_outside_region[v] = true;
     });
   // Regions compile independently (each its own MLIR context and JIT), so compile them on
-  // all cores: LLVM's -O3 dominates the time of a first call.
+  // all cores: LLVM's optimiser and code generator dominate the time of a first call.
   std::vector<Region*> regions;
   for (Step& s : steps_)
     if (s.region) regions.push_back(s.region.get());

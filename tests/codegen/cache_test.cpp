@@ -318,7 +318,7 @@ TEST_CASE("cache: set_log_stages dumps every stage to stderr") {
   std::ifstream in(log);
   std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   for (const char* stage : {"kiln MLIR", "linalg fused", "bufferized", "LLVM dialect",
-                            "LLVM IR after -O3"}) {
+                            "LLVM IR after -O2"}) {
     INFO(stage);
     CHECK(text.find(std::string("kiln codegen: ") + stage + " -----") != std::string::npos);
   }
