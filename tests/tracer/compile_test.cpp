@@ -472,3 +472,23 @@ TEST_CASE("compile: tensor lists, enums and comparable host values are guarded",
   CHECK(vec(by_name(full({1}, 5.0f), std::string("inc"))) == std::vector<float>{6});
   CHECK(by_name.compile_count() == 2);
 }
+
+namespace {
+Tensor free_function(const Tensor& x) { return x * 3.0 + 1.0; }
+}  // namespace
+
+TEST_CASE("compile: free functions, reset(), and compiled functions called inside a trace",
+          "[compile]") {
+  auto cf = compile(free_function);
+  CHECK(vec(cf(ones({2}))) == std::vector<float>{4, 4});
+  CHECK(vec(cf(ones({2}))) == std::vector<float>{4, 4});
+  CHECK(cf.compile_count() == 1);
+  cf.reset();
+  CHECK(cf.cache_entries() == 0);
+  CHECK(vec(cf(ones({2}))) == std::vector<float>{4, 4});
+  CHECK(cf.compile_count() == 1);  // counted again from the reset
+  // An inner compiled function called while the outer one traces becomes part of its trace.
+  auto outer = compile([&](const Tensor& x) { return cf(x) * 2.0; });
+  for (int i = 0; i < 2; ++i) CHECK(vec(outer(ones({2}))) == std::vector<float>{8, 8});
+  CHECK(contains(outer.explain(), "mul add mul"));
+}
