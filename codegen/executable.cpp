@@ -39,6 +39,7 @@
 #include "mlir/Dialect/Math/IR/Math.h"
 #include "mlir/Dialect/Math/Transforms/Passes.h"
 #include "mlir/Dialect/MemRef/IR/MemRef.h"
+#include "mlir/Dialect/MemRef/Utils/MemRefUtils.h"
 #include "mlir/Dialect/MemRef/Transforms/Passes.h"
 #include "mlir/Dialect/SCF/IR/SCF.h"
 #include "mlir/Dialect/SCF/Transforms/BufferizableOpInterfaceImpl.h"
@@ -105,7 +106,7 @@ DType to_dtype(mlir::Type t) {
 }
 
 /// Which (function argument, dim) gives dynamic dim `d` of tensor `v`: follows destination-style
-/// inits down to a tensor.empty whose size is a tensor.dim of an argument.
+/// inits down to a tensor.empty (or tensor.extract_slice) whose size is a tensor.dim of an argument.
 std::optional<std::pair<int, int>> dim_source(mlir::Value v, int64_t d) {
   for (int guard = 0; guard < 256; ++guard) {
     if (auto arg = llvm::dyn_cast<mlir::BlockArgument>(v))
@@ -115,9 +116,18 @@ std::optional<std::pair<int, int>> dim_source(mlir::Value v, int64_t d) {
       v = dps.getTiedOpOperand(llvm::cast<mlir::OpResult>(v))->get();
       continue;
     }
-    auto empty = llvm::dyn_cast<mlir::tensor::EmptyOp>(op);
-    if (!empty) return std::nullopt;
-    auto dim = empty.getDynamicSize(static_cast<unsigned>(d)).getDefiningOp<mlir::tensor::DimOp>();
+    mlir::Value size;
+    if (auto empty = llvm::dyn_cast<mlir::tensor::EmptyOp>(op)) {
+      size = empty.getDynamicSize(static_cast<unsigned>(d));
+    } else if (auto slice = llvm::dyn_cast<mlir::tensor::ExtractSliceOp>(op)) {
+      // A prefix slice lowered from kiln.view "slice" (lower.cpp; not rank-reducing): its
+      // dynamic sizes are tensor.dim of the source.
+      if (slice.getSourceType().getRank() != slice.getResultType().getRank()) return std::nullopt;
+      size = llvm::dyn_cast_if_present<mlir::Value>(slice.getMixedSizes()[d]);
+    } else {
+      return std::nullopt;
+    }
+    auto dim = size ? size.getDefiningOp<mlir::tensor::DimOp>() : mlir::tensor::DimOp();
     if (!dim) return std::nullopt;
     std::optional<int64_t> index = dim.getConstantIndex();
     if (!index) return std::nullopt;
@@ -336,8 +346,23 @@ std::string Executable::Impl::compile(const std::string& graph_mlir) {
   I.run_pipeline(m,
                  "eliminate-empty-tensors,one-shot-bufferize{bufferize-function-boundaries "
                  "function-boundary-type-conversion=identity-layout-map},"
-                 "buffer-deallocation-pipeline,kiln-extern-calls,func.func(convert-linalg-to-loops)",
+                 "buffer-deallocation-pipeline,kiln-extern-calls",
                  "bufferization");
+  // A memref.copy from/to a non-contiguous view (a graph output that is a prefix slice of an
+  // input: tensor.extract_slice -> memref.subview) would lower to a call of MLIR's runtime
+  // `memrefCopy`, which the JIT does not provide: copy with loops instead. (Contiguous ones
+  // become memcpy, the test MemRefToLLVM makes.)
+  m.walk([&](mlir::memref::CopyOp copy) {
+    auto contiguous = [](mlir::Value v) {
+      auto t = llvm::dyn_cast<mlir::MemRefType>(v.getType());
+      return t && (t.getLayout().isIdentity() || mlir::memref::isStaticShapeAndContiguousRowMajor(t));
+    };
+    if (contiguous(copy.getSource()) && contiguous(copy.getTarget())) return;
+    mlir::OpBuilder b(copy);
+    mlir::linalg::CopyOp::create(b, copy.getLoc(), copy.getSource(), copy.getTarget());
+    copy.erase();
+  });
+  I.run_pipeline(m, "func.func(convert-linalg-to-loops)", "loops");
   // 4. tanh/exp/erf/... as polynomials (arith + fma) instead of scalar libm calls.
   {
     mlir::RewritePatternSet patterns(&I.ctx);

@@ -1119,6 +1119,7 @@ struct LowerView : mlir::OpRewritePattern<kiln::dialect::ViewOp> {
       return mlir::success();
     }
     llvm::SmallVector<mlir::AffineExpr> exprs(r);
+    mlir::Value src = op.getInput();  // what the copy reads (a prefix of it for some slices)
     auto wrap = [](int64_t d, int64_t n) { return d < 0 ? d + n : d; };
     switch (*kind) {
       case OpKind::Slice:
@@ -1130,10 +1131,29 @@ struct LowerView : mlir::OpRewritePattern<kiln::dialect::ViewOp> {
           if (i != d)
             exprs[i] = rw.getAffineDimExpr(*kind == OpKind::Select && i > d ? i - 1 : i);
         // An empty slice reads nothing: start 0 keeps the map within linalg's bounds check.
-        if (*kind == OpKind::Slice)
-          exprs[d] = rw.getAffineConstantExpr(out.getDimSize(d) == 0 ? 0 : std::clamp<int64_t>(wrap(a.start, n), 0, n)) +
-                     rw.getAffineDimExpr(d) * a.step;
-        else
+        int64_t start = *kind != OpKind::Slice || out.getDimSize(d) == 0
+                            ? 0
+                            : std::clamp<int64_t>(wrap(a.start, n), 0, n);
+        if (*kind == OpKind::Slice && start == 0 && a.step == 1 && out.getDimSize(d) != n) {
+          // `0 + 1 * i` folds to the plain dim `i`, and linalg takes a plain dim expr as "this
+          // operand's dim IS the loop's range": a generic (or the consumer it fuses into) that
+          // read the [n] input with it would get n iterations instead of the slice's size (the
+          // verifier rejects it: "inferred input/output operand ... to be n"). So the prefix
+          // is cut off first (tensor.extract_slice: a subview after bufferization, no copy);
+          // the copy below reads it with the identity map and still fuses with its neighbours.
+          llvm::SmallVector<mlir::OpFoldResult> offsets(r, rw.getIndexAttr(0)),
+              strides(r, rw.getIndexAttr(1)), sizes;
+          for (int64_t i = 0; i < r; ++i)
+            sizes.push_back(in.isDynamicDim(i)
+                                ? mlir::OpFoldResult(
+                                      mlir::tensor::DimOp::create(rw, loc, src, i).getResult())
+                                : mlir::OpFoldResult(rw.getIndexAttr(
+                                      i == d ? out.getDimSize(d) : in.getDimSize(i))));
+          src = mlir::tensor::ExtractSliceOp::create(rw, loc, src, offsets, sizes, strides);
+          exprs[d] = rw.getAffineDimExpr(d);
+        } else if (*kind == OpKind::Slice) {
+          exprs[d] = rw.getAffineConstantExpr(start) + rw.getAffineDimExpr(d) * a.step;
+        } else
           exprs[d] = rw.getAffineConstantExpr(wrap(a.start, n));
         break;
       }
@@ -1162,12 +1182,12 @@ struct LowerView : mlir::OpRewritePattern<kiln::dialect::ViewOp> {
       default: return rw.notifyMatchFailure(op, "lowered by another pattern");
     }
     llvm::SmallVector<mlir::AffineMap> maps = {mlir::AffineMap::get(R, 0, exprs, ctx)};
-    auto dyn = dynamic_sizes(rw, loc, out, mlir::ValueRange{op.getInput()}, maps);
+    auto dyn = dynamic_sizes(rw, loc, out, mlir::ValueRange{src}, maps);
     if (!dyn) return rw.notifyMatchFailure(op, "dynamic result dim without a source");
     maps.push_back(mlir::AffineMap::getMultiDimIdentityMap(R, ctx));
     mlir::Value init = mlir::tensor::EmptyOp::create(rw, loc, out.getShape(), out.getElementType(), *dyn);
     auto copy = mlir::linalg::GenericOp::create(
-        rw, loc, mlir::TypeRange{out}, mlir::ValueRange{op.getInput()}, mlir::ValueRange{init}, maps,
+        rw, loc, mlir::TypeRange{out}, mlir::ValueRange{src}, mlir::ValueRange{init}, maps,
         llvm::SmallVector<mlir::utils::IteratorType>(R, mlir::utils::IteratorType::parallel),
         [](mlir::OpBuilder& bb, mlir::Location l, mlir::ValueRange args) {
           mlir::linalg::YieldOp::create(bb, l, args[0]);

@@ -22,13 +22,23 @@ bool relax_leading_dim(mlir::ModuleOp m) {
   for (mlir::Operation& op : body.without_terminator())
     if (!llvm::isa<kiln::dialect::ElementwiseOp, kiln::dialect::ReduceOp,
                    kiln::dialect::MatmulOp, kiln::dialect::ConstantOp,
-                   kiln::dialect::CompositeOp>(op))  // re-inferred like the others
+                   kiln::dialect::CompositeOp,   // re-inferred like the others
+                   kiln::dialect::ViewOp>(op))  // only of values that keep their type (below)
       return false;
 
+  llvm::DenseMap<mlir::Value, mlir::Type> before;  // the graph's own types
+  for (mlir::BlockArgument a : body.getArguments()) before[a] = a.getType();
+  for (mlir::Operation& op : body.without_terminator())
+    for (mlir::Value r : op.getResults()) before[r] = r.getType();
   bool relaxed = false;
   for (mlir::BlockArgument a : body.getArguments()) {
     auto t = llvm::cast<mlir::RankedTensorType>(a.getType());
     if (t.getRank() == 0 || t.isDynamicDim(0) || t.getDimSize(0) != rows) continue;
+    // An input that views read keeps its sizes (a [3E, E] in-projection weight when 3E = rows).
+    if (llvm::any_of(a.getUsers(), [](mlir::Operation* u) {
+          return llvm::isa<kiln::dialect::ViewOp>(u);
+        }))
+      continue;
     llvm::SmallVector<int64_t> shape(t.getShape());
     shape[0] = mlir::ShapedType::kDynamic;
     a.setType(mlir::RankedTensorType::get(shape, t.getElementType()));
@@ -38,6 +48,11 @@ bool relax_leading_dim(mlir::ModuleOp m) {
   try {
     for (mlir::Operation& op : body.without_terminator()) {
       if (llvm::isa<kiln::dialect::ConstantOp>(op)) continue;
+      // A view carries sizes in its attributes: only views of values without rows (a weight
+      // sliced into q/k/v parts, transposed) stay, computed whole by every row block.
+      if (llvm::isa<kiln::dialect::ViewOp>(op) &&
+          llvm::any_of(op.getOperands(), [&](mlir::Value v) { return v.getType() != before[v]; }))
+        return false;
       auto kind = kiln::dialect::op_kind_from_name(
           op.getAttrOfType<mlir::StringAttr>("kind").getValue());
       if (!kind) return false;
@@ -92,6 +107,13 @@ RowSplitPlan plan_row_split(mlir::func::FuncOp fn) {
   // Arguments: sliced when any use reads them by rows (checked for consistency below).
   for (mlir::BlockArgument a : body.getArguments()) {
     auto t = llvm::cast<mlir::RankedTensorType>(a.getType());
+    if (t.getRank() == 0 || !t.isDynamicDim(0)) {
+      // Cannot carry rows (they are `?`): passed whole. Any read by rows is rejected below;
+      // reads through a view's map (a weight's slice: d0 + 32) are loop nests without rows.
+      rows[a] = Rows::kNone;
+      plan.sliced_input.push_back(false);
+      continue;
+    }
     bool by_rows = false;
     for (mlir::OpOperand& use : a.getUses()) {
       mlir::Operation* user = use.getOwner();
@@ -104,7 +126,6 @@ RowSplitPlan plan_row_split(mlir::func::FuncOp fn) {
       if (llvm::isa<mlir::tensor::ExpandShapeOp, mlir::tensor::CollapseShapeOp>(user))
         by_rows = true;
     }
-    if (by_rows && (t.getRank() == 0 || !t.isDynamicDim(0))) return plan;
     rows[a] = by_rows ? Rows::kYes : Rows::kNone;
     plan.sliced_input.push_back(by_rows);
   }
@@ -122,6 +143,12 @@ RowSplitPlan plan_row_split(mlir::func::FuncOp fn) {
       continue;
     }
     if (llvm::isa<mlir::tensor::DimOp>(op)) continue;  // dim 0 of a slice is the block's rows
+    if (auto slice = llvm::dyn_cast<mlir::tensor::ExtractSliceOp>(op)) {
+      // A prefix of a value without rows (lower.cpp's slices from 0): read whole by every block.
+      if (kind_of(slice.getSource()) != Rows::kNone) return plan;
+      rows[slice.getResult()] = Rows::kNone;
+      continue;
+    }
     if (auto ret = llvm::dyn_cast<mlir::func::ReturnOp>(op)) {
       for (mlir::Value v : ret.getOperands())
         if (kind_of(v) != Rows::kYes) return plan;
@@ -138,6 +165,18 @@ RowSplitPlan plan_row_split(mlir::func::FuncOp fn) {
       continue;
     }
     auto linalg = llvm::dyn_cast<mlir::linalg::LinalgOp>(op);
+    // A loop nest over values without rows only (a weight's transpose or slice) with static
+    // results: every block computes it whole (it cannot carry rows: those are `?`).
+    if (linalg && llvm::none_of(op.getResults(), has_dynamic_rows) &&
+        llvm::all_of(op.getOpOperands(), [&](mlir::OpOperand& operand) {
+          if (!llvm::isa<mlir::RankedTensorType>(operand.get().getType())) return true;
+          auto known = kind_of(operand.get());
+          return known && (*known == Rows::kNone ||
+                           (*known == Rows::kInit && linalg.isDpsInit(&operand)));
+        })) {
+      for (mlir::Value r : op.getResults()) rows[r] = Rows::kNone;
+      continue;
+    }
     if (!linalg || linalg.getNumLoops() == 0 ||
         linalg.getIteratorTypesArray()[0] != mlir::utils::IteratorType::parallel)
       return plan;

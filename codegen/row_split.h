@@ -18,8 +18,9 @@ namespace kiln::codegen {
 
 /// Makes dim 0 of `main`'s arguments dynamic where it equals the first result's (static, > 1)
 /// dim 0, and re-infers every kiln op's result type (core's infer_meta). Only graphs of
-/// elementwise, reduce, matmul, composite and constant ops are relaxed (views carry sizes in
-/// attributes); composites are decomposed afterwards, on the relaxed types.
+/// elementwise, reduce, matmul, composite and constant ops, and views of values whose type does
+/// not change (views carry sizes in attributes: a weight's slices and transposes), are relaxed;
+/// composites are decomposed afterwards, on the relaxed types.
 /// Returns false, possibly leaving `m` half-changed, when the graph cannot be relaxed: the
 /// caller then starts again from the graph's text.
 bool relax_leading_dim(mlir::ModuleOp m);

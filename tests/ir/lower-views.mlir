@@ -99,3 +99,22 @@ func.func @ints(%a: tensor<8xi32>, %b: tensor<8xi32>, %p: tensor<8xi1>, %q: tens
   %4 = kiln.reduce "logsumexp" %f {dims = array<i64: 1>} : (tensor<3x4xf32>) -> tensor<3xf32>
   return %0, %1, %2, %3, %4 : tensor<8xi32>, tensor<8xi1>, tensor<i1>, tensor<3xi64>, tensor<3xf32>
 }
+
+// A slice from 0 with step 1 reads its prefix through tensor.extract_slice: the copy's map
+// `0 + 1 * i` would fold to the plain dim `i`, which linalg takes as the input's full size (the
+// [96] input would give the [32] copy 96 iterations; nn::MultiheadAttention's in-projection).
+// CHECK-LABEL: func.func @prefix_slices
+// CHECK: %[[W:.*]] = tensor.extract_slice %arg0[0, 0] [32, 32] [1, 1] : tensor<96x32xf32> to tensor<32x32xf32>
+// CHECK: linalg.generic {indexing_maps = [#[[ID2:map[0-9]*]], #[[ID2]]], {{.*}}ins(%[[W]] : tensor<32x32xf32>)
+// CHECK: %[[B:.*]] = tensor.extract_slice %arg1[0] [32] [1] : tensor<96xf32> to tensor<32xf32>
+// CHECK: linalg.generic {{.*}}ins(%[[B]] : tensor<32xf32>)
+// CHECK: %[[D:.*]] = tensor.dim %arg2, %c0
+// CHECK: tensor.extract_slice %arg2[0, 0] [%[[D]], 0] [1, 1] : tensor<?x6xf32> to tensor<?x0xf32>
+// CHECK: linalg.generic {{.*}}outs({{.*}} : tensor<?x3xf32>)
+func.func @prefix_slices(%w: tensor<96x32xf32>, %b: tensor<96xf32>, %x: tensor<?x6xf32>) -> (tensor<32x32xf32>, tensor<32xf32>, tensor<?x0xf32>, tensor<?x3xf32>) {
+  %0 = kiln.view "slice" %w {end = 32 : i64, start = 0 : i64, step = 1 : i64} : (tensor<96x32xf32>) -> tensor<32x32xf32>
+  %1 = kiln.view "slice" %b {end = 32 : i64, start = 0 : i64, step = 1 : i64} : (tensor<96xf32>) -> tensor<32xf32>
+  %2 = kiln.view "slice" %x {dim = 1 : i64, end = 0 : i64, start = 0 : i64, step = 1 : i64} : (tensor<?x6xf32>) -> tensor<?x0xf32>
+  %3 = kiln.view "slice" %x {dim = 1 : i64, end = 6 : i64, start = 0 : i64, step = 2 : i64} : (tensor<?x6xf32>) -> tensor<?x3xf32>
+  return %0, %1, %2, %3 : tensor<32x32xf32>, tensor<32xf32>, tensor<?x0xf32>, tensor<?x3xf32>
+}
