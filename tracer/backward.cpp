@@ -31,7 +31,6 @@ void record_backward(Recorder& rec, Program& p, const std::vector<OutValue>& out
   }
   if (inputs.empty()) return;
   size_t mark = p.nodes.size();
-  size_t n_values = p.values.size(), n_sources = p.sources.size();
   p.grad_outputs.assign(outs.size(), -1);
   std::vector<Tensor> placeholders;
   for (size_t j = 0; j < req_outs.size(); ++j) {
@@ -51,7 +50,6 @@ void record_backward(Recorder& rec, Program& p, const std::vector<OutValue>& out
   } catch (const Error&) {
     // The function already ran backward() on these outputs (a whole training step).
     p.nodes.resize(mark);
-    (void)n_values, (void)n_sources;
     p.backward_begin = SIZE_MAX;
     p.grad_outputs.clear();
   }

@@ -421,7 +421,6 @@ std::vector<OutValue> CompiledFunction::call(const std::vector<ArgValue>& given,
           if (!entry->dynamic) throw;
           // A symbolic specialisation could not run these sizes: drop it and specialise.
           miss_reason = fmt::format("symbolic replay failed ({}); specialising", err.message());
-          entry->dynamic = false;
         }
       }
     }
