@@ -1,5 +1,6 @@
 // kiln-bench: runs registered benchmark suites, prints a table and optionally writes JSON.
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -18,7 +19,7 @@ namespace kb = kiln::bench;
 namespace {
 
 constexpr std::string_view kUsage =
-    "usage: kiln-bench SUITE... [--json FILE] [--threads N] [--quick] [--filter TEXT]\n"
+    "usage: kiln-bench SUITE... [--json FILE] [--threads N] [--quick] [--full] [--filter TEXT]\n"
     "       kiln-bench --list\n"
     "\n"
     "Runs the named benchmark suites and prints one row per case: median / min / max time of\n"
@@ -27,6 +28,8 @@ constexpr std::string_view kUsage =
     "  --json FILE    also write the records as a JSON array to FILE\n"
     "  --threads N    kiln's CPU threads (default: KILN_NUM_THREADS or all hardware threads)\n"
     "  --quick        fewer repetitions and a shorter warm-up (a suite in a few seconds)\n"
+    "  --full         the reference workloads at their original sizes (transformer: d_model 768,\n"
+    "                 12 layers, batch 32, seq 512); sets KILN_BENCH_FULL=1\n"
     "  --filter TEXT  run only cases whose name contains TEXT\n"
     "  --list         list the suites and their cases\n"
     "  --help         this text\n"
@@ -61,6 +64,8 @@ Args parse_args(int argc, char** argv) {
       args.list = true;
     } else if (a == "--quick") {
       args.quick = true;
+    } else if (a == "--full") {
+      ::setenv("KILN_BENCH_FULL", "1", 1);
     } else if (a == "--json") {
       args.json_path = value();
     } else if (a == "--filter") {
@@ -222,10 +227,21 @@ int main(int argc, char** argv) {
 
   std::vector<kb::Record> records;
   print_header(widths);
+  // Progress on stderr (the table on stdout stays clean): case k of n, elapsed, a rough ETA
+  // from the mean time per case so far.
+  size_t total = 0, done = 0;
+  for (const auto& list : cases) total += list.size();
+  auto t0 = std::chrono::steady_clock::now();
   for (size_t i = 0; i < selected.size(); ++i) {
     for (const kb::Case& c : cases[i]) {
+      double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      std::string eta = done ? fmt::format(", ETA ~{:.0f} s", elapsed / done * (total - done)) : "";
+      fmt::print(stderr, "[{}/{}] {}/{} ({}) ... {:.0f} s elapsed{}\n", done + 1, total,
+                 selected[i]->name, c.name, kb::mode_name(c.mode), elapsed, eta);
       records.push_back(kb::run_case(*selected[i], c, config));
       print_row(records.back(), widths);
+      std::fflush(stdout);
+      ++done;
     }
   }
 

@@ -221,24 +221,35 @@ struct Executable::Impl : CompiledMeta {
       throw Error(std::string("codegen::Executable: ") + stage, messages);
   }
 
-  std::string compile(const std::string& graph_mlir);
+  std::string compile(const std::string& graph_mlir, bool relax);
+  bool relaxed = false;  // compile() relaxed dim 0 to `?` (row_split.h)
 };
 
-Executable::Executable(const ir::Graph& g, const CompileOptions& options)
-    : impl_(std::make_unique<Impl>()) {
-  Impl& I = *impl_;
+Executable::Executable(const ir::Graph& g, const CompileOptions& options) {
   const std::string text = g.to_mlir();
-  I.code = get_or_compile(text, options, I.stats, [&](CompiledMeta& meta) {
-    std::string object = I.compile(text);
-    meta = I;
-    return object;
-  });
-  static_cast<CompiledMeta&>(I) = I.code->meta;
-  I.entry = I.code->fn;
+  auto build = [&](bool relax) {
+    impl_ = std::make_unique<Impl>();
+    Impl& I = *impl_;
+    I.code = get_or_compile(text, options, I.stats, [&](CompiledMeta& meta) {
+      std::string object = I.compile(text, relax);
+      meta = I;
+      return object;
+    });
+    static_cast<CompiledMeta&>(I) = I.code->meta;
+    I.entry = I.code->fn;
+  };
+  try {
+    build(true);
+  } catch (const Error&) {
+    // The row-split relaxation of dim 0 can leave a `?` that later stages cannot trace back to
+    // an input; the graph with its own static shapes still compiles (on one thread).
+    if (!impl_ || !impl_->relaxed) throw;
+    build(false);
+  }
 }
 
 /// Runs the pipeline on the graph's text; fills the metadata and returns the object code.
-std::string Executable::Impl::compile(const std::string& graph_mlir) {
+std::string Executable::Impl::compile(const std::string& graph_mlir, bool relax) {
   init_once();
   Impl& I = *this;
   Lap lap;
@@ -265,9 +276,12 @@ std::string Executable::Impl::compile(const std::string& graph_mlir) {
       if (d == mlir::ShapedType::kDynamic) d = ir::kDynamic;
   }
   // 0. A dynamic leading dim lets run() split the rows over threads (row_split.h).
-  {
-    mlir::OwningOpRef<mlir::ModuleOp> relaxed(module->clone());
-    if (relax_leading_dim(*relaxed)) module = std::move(relaxed);
+  if (relax) {
+    mlir::OwningOpRef<mlir::ModuleOp> relaxed_module(module->clone());
+    if (relax_leading_dim(*relaxed_module)) {
+      module = std::move(relaxed_module);
+      I.relaxed = true;
+    }
   }
   mlir::ModuleOp m = *module;
 

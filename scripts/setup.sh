@@ -11,6 +11,7 @@ packages=(
   libxsimd-dev     # portable SIMD batches with vectorised exp/log/tanh/erf
   libclang-rt-22-dev  # sanitizer runtimes for -DKILN_SANITIZE=address,undefined with clang
   g++ python3
+  python3-matplotlib  # charts of the demo report (scripts/report.py)
 )
 
 missing=()

@@ -1,0 +1,116 @@
+// Suite transformer: the reference Transformer training benchmark (PyTorch vs TensorFlow:
+// d_model 768, 12 heads, 12 layers, batch 32, seq 512) scaled to this CPU — TransformerEncoder
+// with d_model 256, 4 heads, FFN 1024, gelu, dropout 0.1, batch_first, 2 layers; batch 8,
+// seq 128; AdamW lr 1e-4; loss = output.sum(); 5 warm-up steps, 50 timed — run eagerly and with
+// the whole training step compiled (forward, backward, optimizer) in the same process, from the
+// same initial weights. Case transformer_step, samples/s, modes eager and compiled, with the
+// benchmark's fields total_time (s) and avg_step_time (ms). KILN_BENCH_FULL=1 (kiln-bench
+// --full) runs the original sizes.
+// Targets: compiled >= 1.5x kiln eager, >= 1.3x PyTorch 1.13 eager at its best setting here
+// (169 ms/step = 47.5 samples/s measured with 2 threads; benchmarks/peers/transformer_torch.py).
+#include <cstdlib>
+#include <memory>
+
+#include <fmt/format.h>
+
+#include "benchmarks/harness.h"
+#include "kiln/nn.h"
+
+namespace kiln::bench {
+namespace {
+
+constexpr char kSuite[] = "transformer";
+constexpr double kPyTorchSamplesPerS = 47.5;
+
+struct Sizes {
+  int64_t d_model = 256, heads = 4, ffn = 1024, layers = 2, batch = 8, seq = 128;
+};
+
+Sizes sizes() {
+  const char* full = std::getenv("KILN_BENCH_FULL");
+  if (full && *full && *full != '0') return {768, 12, 3072, 12, 32, 512};
+  return {};
+}
+
+// One training step of a fresh model (seed 0: both modes start from the same weights).
+struct Trainer {
+  std::shared_ptr<nn::TransformerEncoder> model;
+  std::shared_ptr<nn::AdamW> opt;
+  Tensor x;
+  explicit Trainer(const Sizes& s) {
+    manual_seed(0);
+    nn::TransformerEncoderLayerOptions o;
+    o.d_model = s.d_model;
+    o.nhead = s.heads;
+    o.dim_feedforward = s.ffn;
+    o.dropout = 0.1;
+    o.activation = "gelu";
+    o.batch_first = true;
+    model = std::make_shared<nn::TransformerEncoder>(o, s.layers);
+    opt = std::make_shared<nn::AdamW>(model->parameters(), nn::AdamWOptions{.lr = 1e-4});
+    x = randn({s.batch, s.seq, s.d_model});
+  }
+  Tensor step() {
+    opt->zero_grad();
+    Tensor loss = model->forward(x).sum();
+    loss.backward();
+    opt->step();
+    return loss.detach();
+  }
+};
+
+Benchmark eager_step(const RunConfig&) {
+  Sizes s = sizes();
+  auto t = std::make_shared<Trainer>(s);
+  return {[t] { do_not_optimize(t->step()); }, per_second(double(s.batch))};
+}
+
+Benchmark compiled_step(const RunConfig&) {
+  Sizes s = sizes();
+  auto t = std::make_shared<Trainer>(s);
+  auto step = kiln::compile([t] { return t->step(); }, CompileOptions{}, "transformer_step");
+  return {[t, step] { do_not_optimize(step()); }, per_second(double(s.batch))};
+}
+
+std::vector<Case> cases() {
+  std::vector<Case> out = {{"transformer_step", Mode::Eager, "samples/s", eager_step},
+                           {"transformer_step", Mode::Compiled, "samples/s", compiled_step}};
+  for (Case& c : out) {
+    c.fixed_warmup = 5;  // the compiled mode traces and compiles in its first warm-up step
+    c.fixed_reps = 50;
+    c.quick_warmup = 2;
+    c.quick_reps = 5;
+  }
+  return out;
+}
+
+void summary(std::span<const Record> records) {
+  const Record* e = find_record(records, kSuite, "transformer_step", Mode::Eager);
+  const Record* c = find_record(records, kSuite, "transformer_step", Mode::Compiled);
+  if (!e && !c) return;
+  Sizes s = sizes();
+  fmt::print("\nTransformer training benchmark (d_model {}, {} heads, {} layers, batch {}, seq {}):\n",
+             s.d_model, s.heads, s.layers, s.batch, s.seq);
+  for (const Record* r : {e, c}) {
+    if (!r) continue;
+    fmt::print("  framework/mode: kiln/{:<9} total_time: {:.3f} s  avg_step_time: {:.1f} ms  "
+               "throughput: {:.1f} samples/s\n",
+               mode_name(r->mode), r->extra[0].second, r->extra[1].second, r->value);
+  }
+  if (e && c) {
+    double speedup = c->value / e->value;
+    fmt::print("  speed-up compiled / eager: {:.2f}x   target >= 1.5x   {}\n", speedup,
+               speedup >= 1.5 ? "met" : "MISSED");
+  }
+  if (c && s.batch == 8)
+    fmt::print("  compiled / PyTorch 1.13 eager ({} samples/s, 2 threads): {:.2f}x   target >= 1.3x   {}\n",
+               kPyTorchSamplesPerS, c->value / kPyTorchSamplesPerS,
+               c->value / kPyTorchSamplesPerS >= 1.3 ? "met" : "MISSED");
+}
+
+[[maybe_unused]] const bool registered = register_suite(
+    {kSuite, "Transformer encoder training step (fwd + bwd + AdamW), eager vs compiled", cases,
+     summary});
+
+}  // namespace
+}  // namespace kiln::bench
