@@ -23,6 +23,7 @@
 // benchmarks/peers/digits_torch.py); max loss difference ≤ 1e-5.
 //
 // The data is found at $KILN_DATA_DIR/digits.csv.gz, else <source dir>/data/digits.csv.gz.
+// KILN_BENCH_EXPLAIN=1 prints the compiled step's whole explain() in the summary.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -395,7 +396,7 @@ void summary(std::span<const Record> records) {
     fmt::print("  {:<44} {:8.2f}x        target >= 2x          {}\n", "compiled / kiln eager",
                vs_eager, verdict(vs_eager >= 2));
     fmt::print("  {:<44} {:8.2f}x        target >= 2x          {}\n",
-               "compiled / PyTorch 1.13 (3,860 steps/s, 1 thr)", vs_torch, verdict(vs_torch >= 2));
+               "compiled / PyTorch 1.13 (3,860 st/s, 1 thr)", vs_torch, verdict(vs_torch >= 2));
   }
   if (diff)
     fmt::print("  {:<44} {:8.2g}         target <= {:.0e}       {}\n",
@@ -403,7 +404,12 @@ void summary(std::span<const Record> records) {
                verdict(diff->value <= kLossDiffTarget));
 
   const std::string& text = res.compiled.explain;
-  fmt::print("  compiled step: {} trace(s); explain():\n", res.compiled.compile_count);
+  if (const char* full = std::getenv("KILN_BENCH_EXPLAIN"); full && *full && *full != '0') {
+    fmt::print("  compiled step: {} trace(s); explain():\n{}", res.compiled.compile_count, text);
+    return;
+  }
+  fmt::print("  compiled step: {} trace(s); explain() (all of it with KILN_BENCH_EXPLAIN=1):\n",
+             res.compiled.compile_count);
   size_t begin = 0;
   int shown = 0;
   while (begin < text.size()) {

@@ -68,9 +68,9 @@ struct Benchmark {
   /// For a case that measured itself in its setup (e.g. a whole training run whose figures
   /// several cases report): the time of one call in seconds. The harness then never calls
   /// `body` (it may be empty) and reports this time as median, min and max.
-  std::optional<double> measured_s;
+  std::optional<double> measured_s = std::nullopt;
   /// Case-specific figures appended to the record's extra JSON keys.
-  std::vector<std::pair<std::string, double>> extra;
+  std::vector<std::pair<std::string, double>> extra = {};
 };
 
 /// Thrown by a setup to skip a case that cannot run here (e.g. a missing reference library).
