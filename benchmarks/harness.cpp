@@ -105,7 +105,9 @@ Record run_case(const Suite& suite, const Case& c, const RunConfig& config) {
     const Policy p = policy_for(config);
 
     std::vector<double> per_call;  // seconds
-    if (c.fixed_reps > 0) {
+    if (bench.measured_s) {
+      per_call = {*bench.measured_s};
+    } else if (c.fixed_reps > 0) {
       int warm = config.quick ? c.quick_warmup : c.fixed_warmup;
       int reps = config.quick ? c.quick_reps : c.fixed_reps;
       for (int i = 0; i < warm; ++i) bench.body();
@@ -147,7 +149,9 @@ Record run_case(const Suite& suite, const Case& c, const RunConfig& config) {
     rec.max_ms = *hi * 1e3;
     rec.value = bench.value(median);
     // Fixed-step cases (training steps) report throughput over all timed steps.
-    if (c.fixed_reps > 0) rec.value = bench.value(rec.extra[0].second / per_call.size());
+    if (c.fixed_reps > 0 && !bench.measured_s)
+      rec.value = bench.value(rec.extra[0].second / per_call.size());
+    rec.extra.insert(rec.extra.end(), bench.extra.begin(), bench.extra.end());
   } catch (const Skipped& e) {
     rec.status = Status::Skipped;
     rec.error = e.what();

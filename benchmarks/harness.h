@@ -24,6 +24,7 @@
 /// recorded as failed with the message; the remaining cases still run.
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -64,6 +65,12 @@ ValueFn per_second(double count_per_call);
 struct Benchmark {
   std::function<void()> body;  ///< one call of the measured operation
   ValueFn value;               ///< from the median seconds per call
+  /// For a case that measured itself in its setup (e.g. a whole training run whose figures
+  /// several cases report): the time of one call in seconds. The harness then never calls
+  /// `body` (it may be empty) and reports this time as median, min and max.
+  std::optional<double> measured_s = std::nullopt;
+  /// Case-specific figures appended to the record's extra JSON keys.
+  std::vector<std::pair<std::string, double>> extra = {};
 };
 
 /// Thrown by a setup to skip a case that cannot run here (e.g. a missing reference library).
