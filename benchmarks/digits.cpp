@@ -322,6 +322,9 @@ Benchmark accuracy_case(const RunConfig& config, bool compiled) {
              {"final_loss", m.epochs.back().mean_loss},
              {"best_accuracy", best},
              {"test_samples", static_cast<double>(r.n_test)}};
+  // The training curve, for the report's loss chart (scripts/report.py).
+  for (size_t e = 0; e < m.epochs.size(); ++e)
+    b.extra.emplace_back(fmt::format("loss_epoch_{}", e + 1), m.epochs[e].mean_loss);
   return b;
 }
 

@@ -1,0 +1,89 @@
+#!/usr/bin/python3
+"""kiln and PyTorch side by side in one run: the transformer, digits and fusion workloads.
+
+Runs `kiln-bench transformer digits fusion` (eager and compiled) and the PyTorch peers
+(transformer_torch.py, digits_torch.py, fusion_torch.py; Debian's python3-torch 1.13, CPU),
+then prints, per case, kiln eager, kiln compiled, PyTorch, and the ratios kiln / PyTorch.
+
+Usage: /usr/bin/python3 benchmarks/peers/side_by_side.py [--build build] [--quick] [--threads N]
+
+BLAS: kiln multiplies float32 matrices with oneDNN's sgemm (libdnnl, loaded at run time; no
+OpenBLAS). Debian's PyTorch uses OpenBLAS, whose kernel choice depends on OPENBLAS_CORETYPE:
+this script sets it to SkylakeX (the fastest on this AVX-512 CPU, as measured) unless it is
+already set, and prints what each side used.
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+HIGHER_IS_BETTER = {"GB/s", "GFLOP/s", "steps/s", "samples/s", "percent"}
+
+
+def run(cmd, env=None):
+    print("+", " ".join(cmd), flush=True)
+    subprocess.run(cmd, check=False, env=env)
+
+
+def load(path):
+    try:
+        return json.load(open(path))
+    except (OSError, ValueError):
+        return []
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--build", default=os.path.join(ROOT, "build"))
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--threads", type=int, default=os.cpu_count())
+    args = ap.parse_args()
+
+    env = dict(os.environ)
+    env.setdefault("OPENBLAS_CORETYPE", "SkylakeX")
+    env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    tmp = tempfile.mkdtemp(prefix="kiln-peers-")
+    kiln_json = os.path.join(tmp, "kiln.json")
+    bench = [os.path.join(args.build, "benchmarks", "kiln-bench"), "transformer", "digits", "fusion",
+             "--json", kiln_json, "--threads", str(args.threads)] + (["--quick"] if args.quick else [])
+    run(bench, env)
+    peers = []
+    for script, extra in (("transformer_torch.py", ["--threads", str(args.threads)]),
+                          ("digits_torch.py", ["--threads", str(args.threads)]
+                           + (["--epochs", "3"] if args.quick else [])),
+                          ("fusion_torch.py", ["--threads", str(args.threads)])):
+        out = os.path.join(tmp, script + ".json")
+        run([sys.executable, os.path.join(HERE, script), "--json", out] + extra, env)
+        peers += load(out)
+
+    kiln = load(kiln_json)
+    print(f"\nBLAS: kiln = oneDNN sgemm (libdnnl); PyTorch = OpenBLAS with "
+          f"OPENBLAS_CORETYPE={env['OPENBLAS_CORETYPE']}; {args.threads} thread(s) each\n")
+    print(f"{'case':<28} {'unit':<10} {'kiln eager':>11} {'kiln comp.':>11} {'PyTorch':>11} "
+          f"{'eager/PT':>9} {'comp./PT':>9}")
+    for p in peers:
+        if p.get("value") is None:
+            continue
+        ks = {r["mode"]: r for r in kiln if r["case"] == p["case"] and r.get("value") is not None}
+        if not ks:
+            continue
+
+        def ratio(r):
+            if not r or r["unit"] != p["unit"]:
+                return ""
+            v = r["value"] / p["value"] if p["unit"] in HIGHER_IS_BETTER else p["value"] / r["value"]
+            return f"{v:.2f}x"
+
+        e, c = ks.get("eager"), ks.get("compiled")
+        print(f"{p['case']:<28} {p['unit']:<10} {e['value'] if e else float('nan'):>11.4g} "
+              f"{c['value'] if c else float('nan'):>11.4g} {p['value']:>11.4g} {ratio(e):>9} "
+              f"{ratio(c):>9}")
+    print("\n(ratios > 1: kiln faster)")
+
+
+if __name__ == "__main__":
+    main()
