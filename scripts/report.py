@@ -69,8 +69,8 @@ def main():
             e, c = modes.get("eager"), modes.get("compiled")
             other = modes.get("reference") or modes.get("peer")
             unit = (e or c or other)["unit"]
-            sp = speedup(e, c)
-            if sp is not None:
+            sp = speedup(e, c) if unit not in ("percent", "relative") else None
+            if sp is not None:  # speeds only
                 bars.append((f"{suite}/{case}", sp))
             lines.append(f"| {case} | {unit} | {fmt(e['value']) if e else ''} | "
                          f"{fmt(c['value']) if c else ''} | {fmt(other['value']) if other else ''} | "
