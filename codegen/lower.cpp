@@ -934,6 +934,38 @@ struct LowerArgReduce : mlir::OpRewritePattern<kiln::dialect::ReduceOp> {
   }
 };
 
+/// The value `v` (rank r) is a transpose of its source's last two dims: a kiln.view transpose /
+/// permute, or (when the greedy driver lowered it first) a linalg.transpose. Returns the source.
+mlir::Value transposed_source(mlir::Value v, int64_t r) {
+  if (r < 2) return {};
+  auto swaps_last = [&](llvm::ArrayRef<int64_t> perm) {
+    if (static_cast<int64_t>(perm.size()) != r) return false;
+    for (int64_t i = 0; i + 2 < r; ++i)
+      if (perm[i] != i) return false;
+    return perm[r - 2] == r - 1 && perm[r - 1] == r - 2;
+  };
+  if (auto tr = v.getDefiningOp<mlir::linalg::TransposeOp>())
+    return swaps_last(tr.getPermutation()) ? tr.getInput() : mlir::Value();
+  auto view = v.getDefiningOp<kiln::dialect::ViewOp>();
+  if (!view) return {};
+  auto wrap = [&](int64_t d) { return d < 0 ? d + r : d; };
+  llvm::SmallVector<int64_t> perm;
+  for (int64_t i = 0; i < r; ++i) perm.push_back(i);
+  if (view.getKind() == "transpose") {
+    int64_t d0 = wrap(static_cast<int64_t>(view.getDim().value_or(0)));
+    int64_t d1 = wrap(static_cast<int64_t>(view.getDim1().value_or(0)));
+    if (d0 < 0 || d0 >= r || d1 < 0 || d1 >= r) return {};
+    std::swap(perm[d0], perm[d1]);
+  } else if (view.getKind() == "permute" && view.getDims()) {
+    perm.clear();
+    llvm::ArrayRef<int64_t> dims = *view.getDims();
+    for (int64_t d : dims) perm.push_back(wrap(d));
+  } else {
+    return {};
+  }
+  return swaps_last(perm) ? view.getInput() : mlir::Value();
+}
+
 /// kiln.matmul -> a contraction into a zero-filled init: linalg.matmul (2-D) / batch_matmul
 /// (3-D, same batch) when both operands have the float result type (so that extern_calls.cpp
 /// can hand them to BLAS), else a linalg.generic with a reduction loop over K, which covers
@@ -975,22 +1007,89 @@ struct LowerMatmul : mlir::OpRewritePattern<kiln::dialect::MatmulOp> {
       return mlir::AffineMap::get(ro + 1, 0, e, ctx);
     };
     llvm::SmallVector<mlir::AffineMap> maps = {operand_map(ta, true), operand_map(tb, false)};
-    auto dyn = dynamic_sizes(rw, loc, out, mlir::ValueRange{a, b}, maps);
-    if (!dyn) return rw.notifyMatchFailure(op, "dynamic result dim without a source");
-    mlir::Value init = mlir::tensor::EmptyOp::create(rw, loc, out.getShape(), t, *dyn);
-    mlir::Value zero = mlir::arith::ConstantOp::create(rw, loc, rw.getZeroAttr(t));
-    mlir::Value filled =
-        mlir::linalg::FillOp::create(rw, loc, mlir::ValueRange{zero}, mlir::ValueRange{init}).getResult(0);
     bool same_float = llvm::isa<mlir::FloatType>(t) && ta.getElementType() == t && tb.getElementType() == t;
     bool same_batch = ra == 3 && rb == 3 && ta.getShape()[0] == tb.getShape()[0] &&
                       (ta.isDynamicDim(0) || ta.getDimSize(0) == out.getDimSize(0));
+    // x [..., M, K] @ w [K, N] with x of rank >= 3: one GEMM over the collapsed rows.
+    bool rows_gemm = same_float && ra >= 3 && rb == 2;
+    bool named = same_float && ((ra == 2 && rb == 2) || same_batch || rows_gemm);
+    // A named contraction reads a transpose of its operand's last two dims (Linear's x @ W.t(),
+    // its backward's g.t() @ x, attention's q @ k.transpose(-2, -1)) in place: transposed
+    // indexing maps, which kiln-extern-calls passes to BLAS as trans flags, instead of a copy.
+    bool trans_a = false, trans_b = false;
+    if (named) {
+      if (!rows_gemm)  // a collapsed x must be contiguous: its transpose stays a copy
+        if (mlir::Value src = transposed_source(a, ra)) a = src, trans_a = true;
+      if (mlir::Value src = transposed_source(b, rb)) b = src, trans_b = true;
+      auto swap_last = [&](mlir::AffineMap m) {
+        llvm::SmallVector<mlir::AffineExpr> e(m.getResults());
+        std::swap(e[e.size() - 2], e[e.size() - 1]);
+        return mlir::AffineMap::get(m.getNumDims(), 0, e, ctx);
+      };
+      if (trans_a) maps[0] = swap_last(maps[0]);
+      if (trans_b) maps[1] = swap_last(maps[1]);
+    }
+    auto dyn = dynamic_sizes(rw, loc, out, mlir::ValueRange{a, b}, maps);
+    if (!dyn) return rw.notifyMatchFailure(op, "dynamic result dim without a source");
+    mlir::Value zero = mlir::arith::ConstantOp::create(rw, loc, rw.getZeroAttr(t));
     mlir::Value mm;
-    if (same_float && ra == 2 && rb == 2) {
-      mm = mlir::linalg::MatmulOp::create(rw, loc, mlir::TypeRange{out}, mlir::ValueRange{a, b},
-                                          mlir::ValueRange{filled})->getResult(0);
+    if (rows_gemm) {
+      // collapse x to [M', K] (M' = x's leading dims), a 2-D GEMM into [M', N], expand back.
+      llvm::SmallVector<mlir::ReassociationIndices> groups(2);
+      for (int64_t i = 0; i + 1 < ra; ++i) groups[0].push_back(i);
+      groups[1].push_back(ra - 1);
+      mlir::Value a2 = mlir::tensor::CollapseShapeOp::create(rw, loc, a, groups);
+      auto ta2 = llvm::cast<mlir::RankedTensorType>(a2.getType());
+      auto out2 = mlir::RankedTensorType::get({ta2.getDimSize(0), out.getDimSize(ro - 1)}, t);
+      llvm::SmallVector<mlir::Value> dyn2;
+      if (out2.isDynamicDim(0)) dyn2.push_back(mlir::tensor::DimOp::create(rw, loc, a2, 0));
+      if (out2.isDynamicDim(1)) dyn2.push_back(mlir::tensor::DimOp::create(rw, loc, b, trans_b ? 0 : 1));
+      mlir::Value init2 = mlir::tensor::EmptyOp::create(rw, loc, out2.getShape(), t, dyn2);
+      mlir::Value filled2 =
+          mlir::linalg::FillOp::create(rw, loc, mlir::ValueRange{zero}, mlir::ValueRange{init2}).getResult(0);
+      mlir::Value mm2 =
+          trans_b ? mlir::linalg::MatmulTransposeBOp::create(rw, loc, mlir::TypeRange{out2}, mlir::ValueRange{a2, b},
+                                                             mlir::ValueRange{filled2})->getResult(0)
+                  : mlir::linalg::MatmulOp::create(rw, loc, mlir::TypeRange{out2}, mlir::ValueRange{a2, b},
+                                                   mlir::ValueRange{filled2})->getResult(0);
+      llvm::SmallVector<mlir::OpFoldResult> sizes;
+      for (int64_t d = 0, di = 0; d < ro; ++d)
+        sizes.push_back(out.isDynamicDim(d) ? mlir::OpFoldResult((*dyn)[di++])
+                                            : mlir::OpFoldResult(rw.getIndexAttr(out.getDimSize(d))));
+      llvm::SmallVector<mlir::ReassociationIndices> out_groups(2);
+      for (int64_t i = 0; i + 1 < ro; ++i) out_groups[0].push_back(i);
+      out_groups[1].push_back(ro - 1);
+      mm = mlir::tensor::ExpandShapeOp::create(rw, loc, out, mm2, out_groups, sizes);
+    }
+    mlir::Value init = rows_gemm ? mlir::Value() : mlir::tensor::EmptyOp::create(rw, loc, out.getShape(), t, *dyn);
+    mlir::Value filled = rows_gemm ? mlir::Value()
+                                   : mlir::linalg::FillOp::create(rw, loc, mlir::ValueRange{zero},
+                                                                  mlir::ValueRange{init}).getResult(0);
+    auto create_mm = [&]<class Plain, class TA, class TB>() {
+      mlir::Operation* o;
+      if (trans_a && trans_b) {  // both: user-defined maps
+        auto m = Plain::create(rw, loc, mlir::TypeRange{out}, mlir::ValueRange{a, b}, mlir::ValueRange{filled});
+        llvm::SmallVector<mlir::AffineMap> all = maps;
+        all.push_back(llvm::cast<mlir::linalg::LinalgOp>(m.getOperation()).getIndexingMapsArray().back());
+        // the loops above are linalg's order too: batch..., m, n, k.
+        m->setAttr("indexing_maps", rw.getAffineMapArrayAttr(all));
+        o = m.getOperation();
+      } else if (trans_a) {
+        o = TA::create(rw, loc, mlir::TypeRange{out}, mlir::ValueRange{a, b}, mlir::ValueRange{filled}).getOperation();
+      } else if (trans_b) {
+        o = TB::create(rw, loc, mlir::TypeRange{out}, mlir::ValueRange{a, b}, mlir::ValueRange{filled}).getOperation();
+      } else {
+        o = Plain::create(rw, loc, mlir::TypeRange{out}, mlir::ValueRange{a, b}, mlir::ValueRange{filled}).getOperation();
+      }
+      return o->getResult(0);
+    };
+    if (rows_gemm) {
+    } else if (same_float && ra == 2 && rb == 2) {
+      mm = create_mm.template operator()<mlir::linalg::MatmulOp, mlir::linalg::MatmulTransposeAOp,
+                                         mlir::linalg::MatmulTransposeBOp>();
     } else if (same_float && same_batch) {
-      mm = mlir::linalg::BatchMatmulOp::create(rw, loc, mlir::TypeRange{out}, mlir::ValueRange{a, b},
-                                               mlir::ValueRange{filled})->getResult(0);
+      mm = create_mm.template operator()<mlir::linalg::BatchMatmulOp, mlir::linalg::BatchMatmulTransposeAOp,
+                                         mlir::linalg::BatchMatmulTransposeBOp>();
     } else {
       llvm::SmallVector<mlir::AffineExpr> out_exprs;
       for (int64_t d = 0; d < ro; ++d) out_exprs.push_back(rw.getAffineDimExpr(d));

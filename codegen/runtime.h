@@ -2,6 +2,7 @@
 /// Functions that JIT-compiled code may call (extern kernels such as BLAS, parallel-for helpers).
 /// MLIR-free. Whatever JIT backs codegen::Executable must make every symbol listed here resolvable
 /// by name from the generated code.
+#include <cstdint>
 #include <vector>
 
 namespace kiln::codegen {
@@ -13,5 +14,9 @@ struct RuntimeSymbol {
 
 /// All runtime symbols kiln provides to compiled code.
 const std::vector<RuntimeSymbol>& runtime_symbols();
+
+/// How many times compiled code has called the runtime GEMM (kiln_rt_gemm_f32/f64) in this
+/// process: tests check with it that a graph's matmuls went to BLAS.
+uint64_t gemm_calls();
 
 }  // namespace kiln::codegen
