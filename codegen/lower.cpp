@@ -1012,7 +1012,12 @@ struct LowerMatmul : mlir::OpRewritePattern<kiln::dialect::MatmulOp> {
                       (ta.isDynamicDim(0) || ta.getDimSize(0) == out.getDimSize(0));
     // x [..., M, K] @ w [K, N] with x of rank >= 3: one GEMM over the collapsed rows.
     bool rows_gemm = same_float && ra >= 3 && rb == 2;
-    bool named = same_float && ((ra == 2 && rb == 2) || same_batch || rows_gemm);
+    // [b1, ..., M, K] @ [b1, ..., K, N] (rank >= 4, the same batch dims): the batch dims
+    // collapsed into one, a batch_matmul (attention's [B, H, T, D] products).
+    bool deep_batch = same_float && ra >= 4 && ra == rb;
+    for (int64_t i = 0; deep_batch && i + 2 < ra; ++i)
+      deep_batch = ta.getDimSize(i) == tb.getDimSize(i) && ta.getDimSize(i) == out.getDimSize(i);
+    bool named = same_float && ((ra == 2 && rb == 2) || same_batch || rows_gemm || deep_batch);
     // A named contraction reads a transpose of its operand's last two dims (Linear's x @ W.t(),
     // its backward's g.t() @ x, attention's q @ k.transpose(-2, -1)) in place: transposed
     // indexing maps, which kiln-extern-calls passes to BLAS as trans flags, instead of a copy.
@@ -1032,64 +1037,89 @@ struct LowerMatmul : mlir::OpRewritePattern<kiln::dialect::MatmulOp> {
     auto dyn = dynamic_sizes(rw, loc, out, mlir::ValueRange{a, b}, maps);
     if (!dyn) return rw.notifyMatchFailure(op, "dynamic result dim without a source");
     mlir::Value zero = mlir::arith::ConstantOp::create(rw, loc, rw.getZeroAttr(t));
-    mlir::Value mm;
-    if (rows_gemm) {
-      // collapse x to [M', K] (M' = x's leading dims), a 2-D GEMM into [M', N], expand back.
-      llvm::SmallVector<mlir::ReassociationIndices> groups(2);
-      for (int64_t i = 0; i + 1 < ra; ++i) groups[0].push_back(i);
-      groups[1].push_back(ra - 1);
-      mlir::Value a2 = mlir::tensor::CollapseShapeOp::create(rw, loc, a, groups);
-      auto ta2 = llvm::cast<mlir::RankedTensorType>(a2.getType());
-      auto out2 = mlir::RankedTensorType::get({ta2.getDimSize(0), out.getDimSize(ro - 1)}, t);
-      llvm::SmallVector<mlir::Value> dyn2;
-      if (out2.isDynamicDim(0)) dyn2.push_back(mlir::tensor::DimOp::create(rw, loc, a2, 0));
-      if (out2.isDynamicDim(1)) dyn2.push_back(mlir::tensor::DimOp::create(rw, loc, b, trans_b ? 0 : 1));
-      mlir::Value init2 = mlir::tensor::EmptyOp::create(rw, loc, out2.getShape(), t, dyn2);
-      mlir::Value filled2 =
-          mlir::linalg::FillOp::create(rw, loc, mlir::ValueRange{zero}, mlir::ValueRange{init2}).getResult(0);
-      mlir::Value mm2 =
-          trans_b ? mlir::linalg::MatmulTransposeBOp::create(rw, loc, mlir::TypeRange{out2}, mlir::ValueRange{a2, b},
-                                                             mlir::ValueRange{filled2})->getResult(0)
-                  : mlir::linalg::MatmulOp::create(rw, loc, mlir::TypeRange{out2}, mlir::ValueRange{a2, b},
-                                                   mlir::ValueRange{filled2})->getResult(0);
+    // Dims [0, n) of v collapsed into one, the rest kept.
+    auto collapse_leading = [&](mlir::Value v, int64_t n) {
+      int64_t r = llvm::cast<mlir::RankedTensorType>(v.getType()).getRank();
+      llvm::SmallVector<mlir::ReassociationIndices> groups(1);
+      for (int64_t i = 0; i < n; ++i) groups[0].push_back(i);
+      for (int64_t i = n; i < r; ++i) groups.push_back({i});
+      return n == 1 ? v : mlir::tensor::CollapseShapeOp::create(rw, loc, v, groups).getResult();
+    };
+    // The named op (plain, transpose-A, transpose-B; both transposed: the plain op's maps with
+    // A's and B's last two results swapped) on a, b into a zero-filled [.., M, N] of type rt.
+    auto create_mm = [&]<class Plain, class TA, class TB>(mlir::Value x, mlir::Value y,
+                                                           mlir::RankedTensorType rt) {
+      int64_t r = rt.getRank();
+      llvm::SmallVector<mlir::Value> dyn_rt;
+      for (int64_t d = 0; d < r; ++d) {
+        if (!rt.isDynamicDim(d)) continue;
+        if (d < r - 2) dyn_rt.push_back(mlir::tensor::DimOp::create(rw, loc, x, d));
+        else if (d == r - 2) dyn_rt.push_back(mlir::tensor::DimOp::create(rw, loc, x, trans_a ? r - 1 : r - 2));
+        else dyn_rt.push_back(mlir::tensor::DimOp::create(rw, loc, y, trans_b ? r - 2 : r - 1));
+      }
+      mlir::Value init = mlir::tensor::EmptyOp::create(rw, loc, rt.getShape(), t, dyn_rt);
+      mlir::Value f =
+          mlir::linalg::FillOp::create(rw, loc, mlir::ValueRange{zero}, mlir::ValueRange{init}).getResult(0);
+      mlir::Operation* o;
+      if (trans_a && trans_b) {
+        auto m = Plain::create(rw, loc, mlir::TypeRange{rt}, mlir::ValueRange{x, y}, mlir::ValueRange{f});
+        llvm::SmallVector<mlir::AffineMap> all =
+            llvm::cast<mlir::linalg::LinalgOp>(m.getOperation()).getIndexingMapsArray();
+        for (int i = 0; i < 2; ++i) {
+          llvm::SmallVector<mlir::AffineExpr> e(all[i].getResults());
+          std::swap(e[e.size() - 2], e[e.size() - 1]);
+          all[i] = mlir::AffineMap::get(all[i].getNumDims(), 0, e, ctx);
+        }
+        m->setAttr("indexing_maps", rw.getAffineMapArrayAttr(all));
+        o = m.getOperation();
+      } else if (trans_a) {
+        o = TA::create(rw, loc, mlir::TypeRange{rt}, mlir::ValueRange{x, y}, mlir::ValueRange{f}).getOperation();
+      } else if (trans_b) {
+        o = TB::create(rw, loc, mlir::TypeRange{rt}, mlir::ValueRange{x, y}, mlir::ValueRange{f}).getOperation();
+      } else {
+        o = Plain::create(rw, loc, mlir::TypeRange{rt}, mlir::ValueRange{x, y}, mlir::ValueRange{f}).getOperation();
+      }
+      return o->getResult(0);
+    };
+    // A product over the first n dims of `out` collapsed into one, expanded back to `out`.
+    auto expand_back = [&](mlir::Value r, int64_t n) -> mlir::Value {
+      if (n == 1) return r;
       llvm::SmallVector<mlir::OpFoldResult> sizes;
       for (int64_t d = 0, di = 0; d < ro; ++d)
         sizes.push_back(out.isDynamicDim(d) ? mlir::OpFoldResult((*dyn)[di++])
                                             : mlir::OpFoldResult(rw.getIndexAttr(out.getDimSize(d))));
-      llvm::SmallVector<mlir::ReassociationIndices> out_groups(2);
-      for (int64_t i = 0; i + 1 < ro; ++i) out_groups[0].push_back(i);
-      out_groups[1].push_back(ro - 1);
-      mm = mlir::tensor::ExpandShapeOp::create(rw, loc, out, mm2, out_groups, sizes);
-    }
-    mlir::Value init = rows_gemm ? mlir::Value() : mlir::tensor::EmptyOp::create(rw, loc, out.getShape(), t, *dyn);
-    mlir::Value filled = rows_gemm ? mlir::Value()
-                                   : mlir::linalg::FillOp::create(rw, loc, mlir::ValueRange{zero},
-                                                                  mlir::ValueRange{init}).getResult(0);
-    auto create_mm = [&]<class Plain, class TA, class TB>() {
-      mlir::Operation* o;
-      if (trans_a && trans_b) {  // both: user-defined maps
-        auto m = Plain::create(rw, loc, mlir::TypeRange{out}, mlir::ValueRange{a, b}, mlir::ValueRange{filled});
-        llvm::SmallVector<mlir::AffineMap> all = maps;
-        all.push_back(llvm::cast<mlir::linalg::LinalgOp>(m.getOperation()).getIndexingMapsArray().back());
-        // the loops above are linalg's order too: batch..., m, n, k.
-        m->setAttr("indexing_maps", rw.getAffineMapArrayAttr(all));
-        o = m.getOperation();
-      } else if (trans_a) {
-        o = TA::create(rw, loc, mlir::TypeRange{out}, mlir::ValueRange{a, b}, mlir::ValueRange{filled}).getOperation();
-      } else if (trans_b) {
-        o = TB::create(rw, loc, mlir::TypeRange{out}, mlir::ValueRange{a, b}, mlir::ValueRange{filled}).getOperation();
-      } else {
-        o = Plain::create(rw, loc, mlir::TypeRange{out}, mlir::ValueRange{a, b}, mlir::ValueRange{filled}).getOperation();
-      }
-      return o->getResult(0);
+      llvm::SmallVector<mlir::ReassociationIndices> groups(1);
+      for (int64_t i = 0; i < n; ++i) groups[0].push_back(i);
+      for (int64_t i = n; i < ro; ++i) groups.push_back({i});
+      return mlir::tensor::ExpandShapeOp::create(rw, loc, out, r, groups, sizes);
     };
+    mlir::Value mm, filled;
+    if (!named) {
+      mlir::Value init = mlir::tensor::EmptyOp::create(rw, loc, out.getShape(), t, *dyn);
+      filled = mlir::linalg::FillOp::create(rw, loc, mlir::ValueRange{zero}, mlir::ValueRange{init}).getResult(0);
+    }
     if (rows_gemm) {
-    } else if (same_float && ra == 2 && rb == 2) {
+      mlir::Value a2 = collapse_leading(a, ra - 1);  // [M', K]
+      auto out2 = mlir::RankedTensorType::get(
+          {llvm::cast<mlir::RankedTensorType>(a2.getType()).getDimSize(0), out.getDimSize(ro - 1)}, t);
+      mm = expand_back(create_mm.template operator()<mlir::linalg::MatmulOp, mlir::linalg::MatmulTransposeAOp,
+                                                     mlir::linalg::MatmulTransposeBOp>(a2, b, out2),
+                       ra - 1);
+    } else if (deep_batch) {
+      mlir::Value a3 = collapse_leading(a, ra - 2), b3 = collapse_leading(b, rb - 2);
+      auto out3 = mlir::RankedTensorType::get(
+          {llvm::cast<mlir::RankedTensorType>(a3.getType()).getDimSize(0), out.getDimSize(ro - 2),
+           out.getDimSize(ro - 1)}, t);
+      mm = expand_back(create_mm.template operator()<mlir::linalg::BatchMatmulOp,
+                                                     mlir::linalg::BatchMatmulTransposeAOp,
+                                                     mlir::linalg::BatchMatmulTransposeBOp>(a3, b3, out3),
+                       ra - 2);
+    } else if (named && ra == 2) {
       mm = create_mm.template operator()<mlir::linalg::MatmulOp, mlir::linalg::MatmulTransposeAOp,
-                                         mlir::linalg::MatmulTransposeBOp>();
-    } else if (same_float && same_batch) {
+                                         mlir::linalg::MatmulTransposeBOp>(a, b, out);
+    } else if (named) {
       mm = create_mm.template operator()<mlir::linalg::BatchMatmulOp, mlir::linalg::BatchMatmulTransposeAOp,
-                                         mlir::linalg::BatchMatmulTransposeBOp>();
+                                         mlir::linalg::BatchMatmulTransposeBOp>(a, b, out);
     } else {
       llvm::SmallVector<mlir::AffineExpr> out_exprs;
       for (int64_t d = 0; d < ro; ++d) out_exprs.push_back(rw.getAffineDimExpr(d));

@@ -10,6 +10,7 @@
 
 #include "backends/cpu/parallel.h"
 #include "codegen/codegen.h"
+#include "codegen/runtime.h"
 #include "kiln/kiln.h"
 
 using namespace kiln;
@@ -756,4 +757,20 @@ TEST_CASE("Executable: attention scores q @ k.transpose(-2, -1) is a batched GEM
   Tensor qt = randn({6, 40, 32}), kt = randn({6, 40, 32});
   std::vector<Tensor> out = run_counting_gemm(exe, {qt, kt});
   CHECK(rel_diff(out[0], matmul(qt, kt.transpose(-2, -1))) < 1e-4);
+}
+
+TEST_CASE("Executable: 4-D attention products are one batched GEMM (batch dims collapsed)") {
+  for (DType dt : {DType::Float32, DType::Float64}) {
+    INFO("dtype " << kiln::name(dt));
+    ir::Graph g;
+    ir::Value q = g.input(dt, {2, 3, 40, 32});
+    ir::Value k = g.input(dt, {2, 3, 40, 32});
+    ir::Value s = g.op(OpKind::Matmul, {q, g.op(OpKind::Transpose, {k}, transpose_attrs(-2, -1))});
+    g.output(g.op(OpKind::Matmul, {s, k}));  // scores @ v with v = k
+    codegen::Executable exe(g);
+    check_gemm_ir(exe);
+    Tensor qt = randn({2, 3, 40, 32}).to(dt), kt = randn({2, 3, 40, 32}).to(dt);
+    std::vector<Tensor> out = run_counting_gemm(exe, {qt, kt}, 2);
+    CHECK(rel_diff(out[0], matmul(matmul(qt, kt.transpose(-2, -1)), kt)) < 1e-4);
+  }
 }

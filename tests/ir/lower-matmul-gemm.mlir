@@ -54,6 +54,22 @@ func.func @scores(%q: tensor<4x8x16xf32>, %k: tensor<4x8x16xf32>) -> tensor<4x8x
   return %s : tensor<4x8x8xf32>
 }
 
+// Rank 4, the same batch dims ([B, H, T, D] attention): batch dims collapsed, one batch_matmul.
+// CHECK-LABEL: func.func @heads
+// CHECK-NOT: linalg.transpose
+// CHECK: %[[Q:.*]] = tensor.collapse_shape %arg0 {{\[}}[0, 1], [2], [3]] : tensor<?x4x8x16xf32> into tensor<?x8x16xf32>
+// CHECK: %[[K:.*]] = tensor.collapse_shape %arg1 {{\[}}[0, 1], [2], [3]] : tensor<?x4x8x16xf32> into tensor<?x8x16xf32>
+// CHECK: %[[S:.*]] = linalg.batch_matmul indexing_maps = [{{.*}}] ins(%[[Q]], %[[K]] : tensor<?x8x16xf32>, tensor<?x8x16xf32>) outs(%{{.*}} : tensor<?x8x8xf32>)
+// CHECK: tensor.expand_shape %[[S]] {{\[}}[0, 1], [2], [3]] output_shape [%{{.*}}, 4, 8, 8] : tensor<?x8x8xf32> into tensor<?x4x8x8xf32>
+// EXTERN-LABEL: func.func @heads
+// EXTERN: call @kiln_rt_gemm_f32({{.*}}, %c0{{[_0-9]*}}, %c0{{[_0-9]*}}, %c1{{[_0-9]*}}) :
+// EXTERN-NOT: linalg.batch_matmul
+func.func @heads(%q: tensor<?x4x8x16xf32>, %k: tensor<?x4x8x16xf32>) -> tensor<?x4x8x8xf32> {
+  %kt = kiln.view "transpose" %k {dim = -2, dim1 = -1} : (tensor<?x4x8x16xf32>) -> tensor<?x4x16x8xf32>
+  %s = kiln.matmul "matmul" %q, %kt : (tensor<?x4x8x16xf32>, tensor<?x4x16x8xf32>) -> tensor<?x4x8x8xf32>
+  return %s : tensor<?x4x8x8xf32>
+}
+
 // Both operands transposed: (b^T a^T) with user-defined maps, both flags set.
 // CHECK-LABEL: func.func @both
 // CHECK-NOT: linalg.transpose
