@@ -124,6 +124,9 @@ std::optional<std::pair<int, int>> dim_source(mlir::Value v, int64_t d) {
       // dynamic sizes are tensor.dim of the source.
       if (slice.getSourceType().getRank() != slice.getResultType().getRank()) return std::nullopt;
       size = llvm::dyn_cast_if_present<mlir::Value>(slice.getMixedSizes()[d]);
+    } else if (auto expand = llvm::dyn_cast<mlir::tensor::ExpandShapeOp>(op)) {
+      // lower.cpp's expand of a GEMM over collapsed rows: output_shape names the size.
+      size = llvm::dyn_cast_if_present<mlir::Value>(expand.getMixedOutputShape()[d]);
     } else {
       return std::nullopt;
     }
