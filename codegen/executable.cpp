@@ -7,6 +7,7 @@
 
 #include "codegen/cache.h"
 #include "codegen/codegen.h"
+#include "codegen/runtime.h"
 #include "codegen/jit.h"
 #include "codegen/lower.h"
 #include "codegen/row_split.h"
@@ -480,6 +481,7 @@ std::vector<Tensor> Executable::run(const std::vector<Tensor>& inputs) const {
     int64_t block_rows = std::clamp<int64_t>(block_bytes / std::max<int64_t>(row_bytes, 1), 1, rows);
     int64_t blocks = (rows + block_rows - 1) / block_rows;
     cpu::parallel_for(0, blocks, 1, [&](int64_t b, int64_t e) {
+      SerialGemmScope serial_gemm;  // the blocks are the parallelism (runtime.h)
       for (int64_t k = b; k < e; ++k) call(k * block_rows, std::min(rows, (k + 1) * block_rows), sliced);
     });
   }

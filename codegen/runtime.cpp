@@ -83,6 +83,7 @@ void* rt_aligned_alloc(size_t alignment, size_t nbytes) {
 /// (pointers as integers, offsets in elements). float goes through cpu::sgemm (oneDNN), falling
 /// back to kiln's gemm when oneDNN rejects the leading dims.
 std::atomic<uint64_t> g_gemm_calls{0};
+thread_local bool t_serial_gemm = false;  // SerialGemmScope
 
 template <class T>
 void gemm_batched(int64_t batch, int64_t m, int64_t n, int64_t k, int64_t a, int64_t off_a,
@@ -101,7 +102,8 @@ void gemm_batched(int64_t batch, int64_t m, int64_t n, int64_t k, int64_t a, int
       continue;
     }
     if constexpr (std::is_same_v<T, float>)
-      if (cpu::sgemm(trans_a != 0, trans_b != 0, m, n, k, 1.f, pa, lda, pb, ldb, float(beta), pc, ldc))
+      if (cpu::sgemm(trans_a != 0, trans_b != 0, m, n, k, 1.f, pa, lda, pb, ldb, float(beta), pc, ldc,
+                     t_serial_gemm ? 1 : 0))
         continue;
     // op(A)[i, p] = A[i·lda + p], or A[p·lda + i] transposed; op(B) likewise.
     cpu::gemm<T>(m, n, k, T(1), pa, trans_a ? 1 : lda, trans_a ? lda : 1, pb, trans_b ? 1 : ldb,
@@ -110,6 +112,9 @@ void gemm_batched(int64_t batch, int64_t m, int64_t n, int64_t k, int64_t a, int
 }
 
 }  // namespace
+
+SerialGemmScope::SerialGemmScope() : previous_(t_serial_gemm) { t_serial_gemm = true; }
+SerialGemmScope::~SerialGemmScope() { t_serial_gemm = previous_; }
 
 uint64_t gemm_calls() { return g_gemm_calls.load(std::memory_order_relaxed); }
 

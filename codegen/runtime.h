@@ -19,4 +19,18 @@ const std::vector<RuntimeSymbol>& runtime_symbols();
 /// process: tests check with it that a graph's matmuls went to BLAS.
 uint64_t gemm_calls();
 
+/// While alive on a thread, the runtime GEMM runs single-threaded on that thread: Executable::run
+/// sets it around each row block it runs on the thread pool (the blocks are the parallelism;
+/// a threaded BLAS inside each block would oversubscribe the cores).
+class SerialGemmScope {
+ public:
+  SerialGemmScope();
+  ~SerialGemmScope();
+  SerialGemmScope(const SerialGemmScope&) = delete;
+  SerialGemmScope& operator=(const SerialGemmScope&) = delete;
+
+ private:
+  bool previous_;
+};
+
 }  // namespace kiln::codegen
