@@ -31,22 +31,26 @@ bool unit_rows(mlir::Type t, mlir::Type elem) {
 
 /// (trans_a, trans_b) of a matmul / batch_matmul whose indexing maps are the plain ones or
 /// read A and/or B transposed in their last two dims (linalg.matmul_transpose_a/b, ...:
-/// lower.cpp folds a weight's transpose into them); nullopt for any other maps (broadcasts).
+/// lower.cpp folds a weight's transpose into them), A of a batch_matmul possibly without a
+/// batch dim (broadcast: batch stride 0); nullopt for any other maps.
 std::optional<std::pair<bool, bool>> transpose_flags(mlir::linalg::LinalgOp op) {
   llvm::SmallVector<mlir::AffineMap> maps = op.getIndexingMapsArray();
   if (maps.size() != 3) return std::nullopt;
   unsigned nb = op.getNumLoops() - 3;  // batch loops (0 or 1)
   auto d = [&](unsigned i) { return mlir::getAffineDimExpr(i, op.getContext()); };
-  auto is = [&](mlir::AffineMap m, unsigned x, unsigned y) {
-    if (m.getNumResults() != nb + 2) return false;
-    for (unsigned i = 0; i < nb; ++i)
+  // bcast: the operand has no batch dim (A of a batch_matmul read by every batch: 2-D @ 3-D).
+  auto is = [&](mlir::AffineMap m, unsigned x, unsigned y, bool bcast = false) {
+    unsigned lead = bcast ? 0 : nb;
+    if (m.getNumResults() != lead + 2) return false;
+    for (unsigned i = 0; i < lead; ++i)
       if (m.getResult(i) != d(i)) return false;
-    return m.getResult(nb) == d(x) && m.getResult(nb + 1) == d(y);
+    return m.getResult(lead) == d(x) && m.getResult(lead + 1) == d(y);
   };
   unsigned m = nb, n = nb + 1, k = nb + 2;
   if (!is(maps[2], m, n)) return std::nullopt;
-  bool ta = is(maps[0], k, m), tb = is(maps[1], n, k);
-  if (!ta && !is(maps[0], m, k)) return std::nullopt;
+  bool bcast = nb == 1 && maps[0].getNumResults() == 2;
+  bool ta = is(maps[0], k, m, bcast), tb = is(maps[1], n, k);
+  if (!ta && !is(maps[0], m, k, bcast)) return std::nullopt;
   if (!tb && !is(maps[1], k, n)) return std::nullopt;
   return std::make_pair(ta, tb);
 }
@@ -92,14 +96,17 @@ struct ExternCallsPass : mlir::PassWrapper<ExternCallsPass, mlir::OperationPass<
       // Per operand: pointer, offset, batch stride, leading dim; plus the sizes of C and A.
       llvm::SmallVector<mlir::Value> args(4, one);
       llvm::SmallVector<mlir::Value> c_sizes, a_sizes;
-      for (mlir::Value v : {a, b, c}) {
+      for (int i = 0; i < 3; ++i) {
+        mlir::Value v = i == 0 ? a : i == 1 ? b : c;
+        // A 2-D A of a batch_matmul (broadcast over the batch): batch stride 0.
+        int64_t rv = llvm::cast<mlir::MemRefType>(v.getType()).getRank();
         auto md = mlir::memref::ExtractStridedMetadataOp::create(builder, loc, v);
         args.push_back(mlir::memref::ExtractAlignedPointerAsIndexOp::create(builder, loc, v));
         args.push_back(md.getOffset());
-        args.push_back(rank == 3 ? md.getStrides()[0] : zero);
-        args.push_back(md.getStrides()[rank - 2]);
-        if (v == c) c_sizes.assign(md.getSizes().begin(), md.getSizes().end());
-        if (v == a) a_sizes.assign(md.getSizes().begin(), md.getSizes().end());
+        args.push_back(rv == 3 ? md.getStrides()[0] : zero);
+        args.push_back(md.getStrides()[rv - 2]);
+        if (i == 2) c_sizes.assign(md.getSizes().begin(), md.getSizes().end());
+        if (i == 0) a_sizes.assign(md.getSizes().begin(), md.getSizes().end());
       }
       args.push_back(overwrite ? zero : one);  // beta
       args.push_back(trans_a ? one : zero);
@@ -108,7 +115,8 @@ struct ExternCallsPass : mlir::PassWrapper<ExternCallsPass, mlir::OperationPass<
       if (rank == 3) args[0] = c_sizes[0];
       args[1] = c_sizes[rank - 2];                         // m
       args[2] = c_sizes[rank - 1];                         // n
-      args[3] = a_sizes[trans_a ? rank - 2 : rank - 1];  // k
+      int64_t ra = static_cast<int64_t>(a_sizes.size());
+      args[3] = a_sizes[trans_a ? ra - 2 : ra - 1];  // k
       std::string name = elem.isF32() ? "kiln_rt_gemm_f32" : "kiln_rt_gemm_f64";
       if (!module.lookupSymbol<mlir::func::FuncOp>(name)) {
         mlir::OpBuilder mb = mlir::OpBuilder::atBlockBegin(module.getBody());

@@ -1017,13 +1017,18 @@ struct LowerMatmul : mlir::OpRewritePattern<kiln::dialect::MatmulOp> {
     bool deep_batch = same_float && ra >= 4 && ra == rb;
     for (int64_t i = 0; deep_batch && i + 2 < ra; ++i)
       deep_batch = ta.getDimSize(i) == tb.getDimSize(i) && ta.getDimSize(i) == out.getDimSize(i);
-    bool named = same_float && ((ra == 2 && rb == 2) || same_batch || rows_gemm || deep_batch);
+    // a [M, K] @ b [B, K, N]: a batch_matmul whose A map has no batch dim (batch stride 0).
+    bool bcast_a = same_float && ra == 2 && rb == 3;
+    bool named =
+        same_float && ((ra == 2 && rb == 2) || same_batch || rows_gemm || deep_batch || bcast_a);
     // A named contraction reads a transpose of its operand's last two dims (Linear's x @ W.t(),
     // its backward's g.t() @ x, attention's q @ k.transpose(-2, -1)) in place: transposed
     // indexing maps, which kiln-extern-calls passes to BLAS as trans flags, instead of a copy.
     bool trans_a = false, trans_b = false;
     if (named) {
-      if (!rows_gemm)  // a collapsed x must be contiguous: its transpose stays a copy
+      // A collapsed x must be contiguous, and linalg rejects a transposed broadcast A map
+      // ("Invalid broadcast requested"): their transposes stay copies.
+      if (!rows_gemm && !bcast_a)
         if (mlir::Value src = transposed_source(a, ra)) a = src, trans_a = true;
       if (mlir::Value src = transposed_source(b, rb)) b = src, trans_b = true;
       auto swap_last = [&](mlir::AffineMap m) {
@@ -1114,6 +1119,23 @@ struct LowerMatmul : mlir::OpRewritePattern<kiln::dialect::MatmulOp> {
                                                      mlir::linalg::BatchMatmulTransposeAOp,
                                                      mlir::linalg::BatchMatmulTransposeBOp>(a3, b3, out3),
                        ra - 2);
+    } else if (bcast_a) {
+      llvm::SmallVector<mlir::Value> dyn_rt;
+      if (out.isDynamicDim(0)) dyn_rt.push_back(mlir::tensor::DimOp::create(rw, loc, b, 0));
+      if (out.isDynamicDim(1)) dyn_rt.push_back(mlir::tensor::DimOp::create(rw, loc, a, trans_a ? 1 : 0));
+      if (out.isDynamicDim(2)) dyn_rt.push_back(mlir::tensor::DimOp::create(rw, loc, b, trans_b ? 1 : 2));
+      mlir::Value init = mlir::tensor::EmptyOp::create(rw, loc, out.getShape(), t, dyn_rt);
+      mlir::Value f =
+          mlir::linalg::FillOp::create(rw, loc, mlir::ValueRange{zero}, mlir::ValueRange{init}).getResult(0);
+      auto bm = mlir::linalg::BatchMatmulOp::create(rw, loc, mlir::TypeRange{out}, mlir::ValueRange{a, b},
+                                                    mlir::ValueRange{f});
+      auto e = [&](unsigned i) { return rw.getAffineDimExpr(i); };  // (batch, m, n, k)
+      llvm::SmallVector<mlir::AffineMap> bmaps = {
+          mlir::AffineMap::get(4, 0, {trans_a ? e(3) : e(1), trans_a ? e(1) : e(3)}, ctx),
+          mlir::AffineMap::get(4, 0, {e(0), trans_b ? e(2) : e(3), trans_b ? e(3) : e(2)}, ctx),
+          mlir::AffineMap::get(4, 0, {e(0), e(1), e(2)}, ctx)};
+      bm->setAttr("indexing_maps", rw.getAffineMapArrayAttr(bmaps));
+      mm = bm->getResult(0);
     } else if (named && ra == 2) {
       mm = create_mm.template operator()<mlir::linalg::MatmulOp, mlir::linalg::MatmulTransposeAOp,
                                          mlir::linalg::MatmulTransposeBOp>(a, b, out);

@@ -774,3 +774,24 @@ TEST_CASE("Executable: 4-D attention products are one batched GEMM (batch dims c
     CHECK(rel_diff(out[0], matmul(matmul(qt, kt.transpose(-2, -1)), kt)) < 1e-4);
   }
 }
+
+TEST_CASE("Executable: 2-D @ 3-D is one batched GEMM with a shared left operand") {
+  for (DType dt : {DType::Float32, DType::Float64}) {
+    INFO("dtype " << kiln::name(dt));
+    ir::Graph g;
+    ir::Value a = g.input(dt, {48, 64});
+    ir::Value b = g.input(dt, {5, 64, 40});
+    ir::Value w = g.input(dt, {5, 48, 32});
+    g.output(g.op(OpKind::Matmul, {a, b}));
+    // a.t() @ w: a copy of a.t() (linalg has no transposed broadcast map), then the GEMM
+    g.output(g.op(OpKind::Matmul, {g.op(OpKind::Transpose, {a}, transpose_attrs(0, 1)), w}));
+    codegen::Executable exe(g);
+    INFO(exe.linalg_ir());
+    CHECK(exe.linalg_ir().find("linalg.batch_matmul") != std::string::npos);
+    Tensor at = randn({48, 64}).to(dt), bt = randn({5, 64, 40}).to(dt), wt_ = randn({5, 48, 32}).to(dt);
+    std::vector<Tensor> out = run_counting_gemm(exe, {at, bt, wt_}, 2);
+    REQUIRE(out.size() == 2);
+    CHECK(rel_diff(out[0], matmul(at, bt)) < 1e-4);
+    CHECK(rel_diff(out[1], matmul(at.t(), wt_)) < 1e-4);
+  }
+}

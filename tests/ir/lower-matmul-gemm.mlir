@@ -85,3 +85,14 @@ func.func @both(%a: tensor<5x3xf32>, %b: tensor<7x5xf32>) -> tensor<3x7xf32> {
 // LLVM: declare void @kiln_rt_gemm_f32(i64, i64, i64, i64, i64, i64, i64, i64, i64, i64, i64, i64, i64, i64, i64, i64, i64, i64, i64)
 // LLVM-LABEL: define {{.*}} @linear(
 // LLVM: call void @kiln_rt_gemm_f32(
+
+// 2-D @ 3-D: a batch_matmul whose A has no batch dim (batch stride 0 in the GEMM call).
+// CHECK-LABEL: func.func @shared_lhs
+// CHECK: linalg.batch_matmul indexing_maps = [{{.*}}] ins(%arg0, %arg1 : tensor<5x3xf32>, tensor<4x3x7xf32>) outs(%{{.*}} : tensor<4x5x7xf32>)
+// EXTERN-LABEL: func.func @shared_lhs
+// EXTERN: call @kiln_rt_gemm_f32(
+// EXTERN-NOT: linalg.batch_matmul
+func.func @shared_lhs(%a: tensor<5x3xf32>, %b: tensor<4x3x7xf32>) -> tensor<4x5x7xf32> {
+  %r = kiln.matmul "matmul" %a, %b : (tensor<5x3xf32>, tensor<4x3x7xf32>) -> tensor<4x5x7xf32>
+  return %r : tensor<4x5x7xf32>
+}
