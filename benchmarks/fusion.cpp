@@ -1,6 +1,7 @@
 // Suite `fusion`: fused, JIT-compiled graphs (codegen::Executable) next to the same computation
 // in eager mode and this machine's copy bandwidth, all measured in the same run. GB/s counts
-// the bytes a perfectly fused kernel must move: inputs read once, outputs written once.
+// the bytes a perfectly fused kernel must move: inputs read once, outputs written once;
+// linear_8x128x256_to_1024 (x @ W.t() + b) is in GFLOP/s (the compiled one calls BLAS).
 #include <cstring>
 
 #include <fmt/format.h>
@@ -68,6 +69,28 @@ ir::Graph layer_norm_graph() {
   return g;
 }
 
+// nn::Linear as the tracer records it: x [8, 128, 256] @ W.t() + b with W [1024, 256]. Compiled,
+// the weight's transpose folds into the GEMM (trans_b) and x's rows collapse into one GEMM.
+constexpr int64_t kLinB = 8, kLinT = 128, kLinK = 256, kLinN = 1024;
+constexpr double kLinearFlops = 2.0 * kLinB * kLinT * kLinK * kLinN;
+
+ir::Graph linear_graph() {
+  ir::Graph g;
+  ir::Value x = g.input(DType::Float32, {kLinB, kLinT, kLinK});
+  ir::Value w = g.input(DType::Float32, {kLinN, kLinK});
+  ir::Value b = g.input(DType::Float32, {kLinN});
+  OpAttrs t;
+  t.dim = 0;
+  t.dim1 = 1;
+  g.output(g.op(OpKind::Add, {g.op(OpKind::Matmul, {x, g.op(OpKind::Transpose, {w}, t)}), b}));
+  return g;
+}
+
+std::vector<Tensor> linear_inputs() {
+  return {filled({kLinB, kLinT, kLinK}, -1.f, 1.f), filled({kLinN, kLinK}, -0.1f, 0.1f),
+          filled({kLinN})};
+}
+
 /// A compiled case: the graph is compiled in setup (not timed), each call runs it.
 Benchmark compiled(ir::Graph g, std::vector<Tensor> inputs, double bytes) {
   auto exe = std::make_shared<codegen::Executable>(g);
@@ -117,6 +140,18 @@ std::vector<Case> cases() {
                          {filled({kRows, kCols}, -4.f, 4.f), filled({kCols}), filled({kCols})},
                          kRowBytes2);
        }},
+      {"linear_8x128x256_to_1024", Mode::Eager, "GFLOP/s",
+       [](const RunConfig&) -> Benchmark {
+         std::vector<Tensor> in = linear_inputs();
+         return {[in] { do_not_optimize(add(matmul(in[0], in[1].t()), in[2])); },
+                 gflop_per_s(kLinearFlops)};
+       }},
+      {"linear_8x128x256_to_1024", Mode::Compiled, "GFLOP/s",
+       [](const RunConfig&) -> Benchmark {
+         auto exe = std::make_shared<codegen::Executable>(linear_graph());
+         std::vector<Tensor> in = linear_inputs();
+         return {[exe, in] { do_not_optimize(exe->run(in)); }, gflop_per_s(kLinearFlops)};
+       }},
   };
 }
 
@@ -144,7 +179,7 @@ void summary(std::span<const Record> records) {
   fmt::print("compiled / eager (information; kiln's eager softmax and layer_norm are single fused\n"
              "kernels already, the target for those two is PyTorch eager, see below):\n");
   for (const char* name : {"x_mul_x_plus_x_16M", "gelu_16M", "softmax_4096x1024",
-                           "layer_norm_4096x1024"}) {
+                           "layer_norm_4096x1024", "linear_8x128x256_to_1024"}) {
     const Record *c = find(name, Mode::Compiled), *e = find(name, Mode::Eager);
     if (c && e) fmt::print("  {:<40} {:.2f}x\n", name, c->value / e->value);
   }
@@ -153,7 +188,8 @@ void summary(std::span<const Record> records) {
 }
 
 [[maybe_unused]] const bool registered = register_suite(
-    {kSuite, "fused compiled graphs vs eager vs copy bandwidth (GB/s)", cases, summary});
+    {kSuite, "fused compiled graphs vs eager vs copy bandwidth (GB/s), Linear (GFLOP/s)", cases,
+     summary});
 
 }  // namespace
 }  // namespace kiln::bench

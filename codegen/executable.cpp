@@ -7,6 +7,7 @@
 
 #include "codegen/cache.h"
 #include "codegen/codegen.h"
+#include "codegen/runtime.h"
 #include "codegen/jit.h"
 #include "codegen/lower.h"
 #include "codegen/row_split.h"
@@ -124,6 +125,9 @@ std::optional<std::pair<int, int>> dim_source(mlir::Value v, int64_t d) {
       // dynamic sizes are tensor.dim of the source.
       if (slice.getSourceType().getRank() != slice.getResultType().getRank()) return std::nullopt;
       size = llvm::dyn_cast_if_present<mlir::Value>(slice.getMixedSizes()[d]);
+    } else if (auto expand = llvm::dyn_cast<mlir::tensor::ExpandShapeOp>(op)) {
+      // lower.cpp's expand of a GEMM over collapsed rows: output_shape names the size.
+      size = llvm::dyn_cast_if_present<mlir::Value>(expand.getMixedOutputShape()[d]);
     } else {
       return std::nullopt;
     }
@@ -491,6 +495,7 @@ std::vector<Tensor> Executable::run(const std::vector<Tensor>& inputs) const {
     int64_t block_rows = std::clamp<int64_t>(block_bytes / std::max<int64_t>(row_bytes, 1), 1, rows);
     int64_t blocks = (rows + block_rows - 1) / block_rows;
     cpu::parallel_for(0, blocks, 1, [&](int64_t b, int64_t e) {
+      SerialGemmScope serial_gemm;  // the blocks are the parallelism (runtime.h)
       for (int64_t k = b; k < e; ++k) call(k * block_rows, std::min(rows, (k + 1) * block_rows), sliced);
     });
   }

@@ -42,6 +42,13 @@ bool transcendental(mlir::Operation* op) {
 bool should_fuse(mlir::OpOperand* operand) {
   mlir::Operation* producer = operand->get().getDefiningOp();
   if (!producer) return false;
+  // A named matmul stays one: the reshape-by-expansion patterns would fold lower.cpp's
+  // collapse/expand of its rows into it and generalise it, and only named matmuls become
+  // GEMM calls (kiln-extern-calls).
+  auto named_matmul = [](mlir::Operation* op) {
+    return llvm::isa<mlir::linalg::MatmulOp, mlir::linalg::BatchMatmulOp>(op);
+  };
+  if (named_matmul(producer) || named_matmul(operand->getOwner())) return false;
   // A producer read with broadcasting (e.g. 1 / rowsum, [N, 1] into [N, K]) would be recomputed
   // for every element of the consumer: it stays a (small) loop nest of its own.
   if (auto consumer = llvm::dyn_cast<mlir::linalg::LinalgOp>(operand->getOwner()))

@@ -934,6 +934,38 @@ struct LowerArgReduce : mlir::OpRewritePattern<kiln::dialect::ReduceOp> {
   }
 };
 
+/// The value `v` (rank r) is a transpose of its source's last two dims: a kiln.view transpose /
+/// permute, or (when the greedy driver lowered it first) a linalg.transpose. Returns the source.
+mlir::Value transposed_source(mlir::Value v, int64_t r) {
+  if (r < 2) return {};
+  auto swaps_last = [&](llvm::ArrayRef<int64_t> perm) {
+    if (static_cast<int64_t>(perm.size()) != r) return false;
+    for (int64_t i = 0; i + 2 < r; ++i)
+      if (perm[i] != i) return false;
+    return perm[r - 2] == r - 1 && perm[r - 1] == r - 2;
+  };
+  if (auto tr = v.getDefiningOp<mlir::linalg::TransposeOp>())
+    return swaps_last(tr.getPermutation()) ? tr.getInput() : mlir::Value();
+  auto view = v.getDefiningOp<kiln::dialect::ViewOp>();
+  if (!view) return {};
+  auto wrap = [&](int64_t d) { return d < 0 ? d + r : d; };
+  llvm::SmallVector<int64_t> perm;
+  for (int64_t i = 0; i < r; ++i) perm.push_back(i);
+  if (view.getKind() == "transpose") {
+    int64_t d0 = wrap(static_cast<int64_t>(view.getDim().value_or(0)));
+    int64_t d1 = wrap(static_cast<int64_t>(view.getDim1().value_or(0)));
+    if (d0 < 0 || d0 >= r || d1 < 0 || d1 >= r) return {};
+    std::swap(perm[d0], perm[d1]);
+  } else if (view.getKind() == "permute" && view.getDims()) {
+    perm.clear();
+    llvm::ArrayRef<int64_t> dims = *view.getDims();
+    for (int64_t d : dims) perm.push_back(wrap(d));
+  } else {
+    return {};
+  }
+  return swaps_last(perm) ? view.getInput() : mlir::Value();
+}
+
 /// kiln.matmul -> a contraction into a zero-filled init: linalg.matmul (2-D) / batch_matmul
 /// (3-D, same batch) when both operands have the float result type (so that extern_calls.cpp
 /// can hand them to BLAS), else a linalg.generic with a reduction loop over K, which covers
@@ -975,22 +1007,141 @@ struct LowerMatmul : mlir::OpRewritePattern<kiln::dialect::MatmulOp> {
       return mlir::AffineMap::get(ro + 1, 0, e, ctx);
     };
     llvm::SmallVector<mlir::AffineMap> maps = {operand_map(ta, true), operand_map(tb, false)};
-    auto dyn = dynamic_sizes(rw, loc, out, mlir::ValueRange{a, b}, maps);
-    if (!dyn) return rw.notifyMatchFailure(op, "dynamic result dim without a source");
-    mlir::Value init = mlir::tensor::EmptyOp::create(rw, loc, out.getShape(), t, *dyn);
-    mlir::Value zero = mlir::arith::ConstantOp::create(rw, loc, rw.getZeroAttr(t));
-    mlir::Value filled =
-        mlir::linalg::FillOp::create(rw, loc, mlir::ValueRange{zero}, mlir::ValueRange{init}).getResult(0);
     bool same_float = llvm::isa<mlir::FloatType>(t) && ta.getElementType() == t && tb.getElementType() == t;
     bool same_batch = ra == 3 && rb == 3 && ta.getShape()[0] == tb.getShape()[0] &&
                       (ta.isDynamicDim(0) || ta.getDimSize(0) == out.getDimSize(0));
-    mlir::Value mm;
-    if (same_float && ra == 2 && rb == 2) {
-      mm = mlir::linalg::MatmulOp::create(rw, loc, mlir::TypeRange{out}, mlir::ValueRange{a, b},
-                                          mlir::ValueRange{filled})->getResult(0);
-    } else if (same_float && same_batch) {
-      mm = mlir::linalg::BatchMatmulOp::create(rw, loc, mlir::TypeRange{out}, mlir::ValueRange{a, b},
-                                               mlir::ValueRange{filled})->getResult(0);
+    // x [..., M, K] @ w [K, N] with x of rank >= 3: one GEMM over the collapsed rows.
+    bool rows_gemm = same_float && ra >= 3 && rb == 2;
+    // [b1, ..., M, K] @ [b1, ..., K, N] (rank >= 4, the same batch dims): the batch dims
+    // collapsed into one, a batch_matmul (attention's [B, H, T, D] products).
+    bool deep_batch = same_float && ra >= 4 && ra == rb;
+    for (int64_t i = 0; deep_batch && i + 2 < ra; ++i)
+      deep_batch = ta.getDimSize(i) == tb.getDimSize(i) && ta.getDimSize(i) == out.getDimSize(i);
+    // a [M, K] @ b [B, K, N]: a batch_matmul whose A map has no batch dim (batch stride 0).
+    bool bcast_a = same_float && ra == 2 && rb == 3;
+    bool named =
+        same_float && ((ra == 2 && rb == 2) || same_batch || rows_gemm || deep_batch || bcast_a);
+    // A named contraction reads a transpose of its operand's last two dims (Linear's x @ W.t(),
+    // its backward's g.t() @ x, attention's q @ k.transpose(-2, -1)) in place: transposed
+    // indexing maps, which kiln-extern-calls passes to BLAS as trans flags, instead of a copy.
+    bool trans_a = false, trans_b = false;
+    if (named) {
+      // A collapsed x must be contiguous, and linalg rejects a transposed broadcast A map
+      // ("Invalid broadcast requested"): their transposes stay copies.
+      if (!rows_gemm && !bcast_a)
+        if (mlir::Value src = transposed_source(a, ra)) a = src, trans_a = true;
+      if (mlir::Value src = transposed_source(b, rb)) b = src, trans_b = true;
+      auto swap_last = [&](mlir::AffineMap m) {
+        llvm::SmallVector<mlir::AffineExpr> e(m.getResults());
+        std::swap(e[e.size() - 2], e[e.size() - 1]);
+        return mlir::AffineMap::get(m.getNumDims(), 0, e, ctx);
+      };
+      if (trans_a) maps[0] = swap_last(maps[0]);
+      if (trans_b) maps[1] = swap_last(maps[1]);
+    }
+    auto dyn = dynamic_sizes(rw, loc, out, mlir::ValueRange{a, b}, maps);
+    if (!dyn) return rw.notifyMatchFailure(op, "dynamic result dim without a source");
+    mlir::Value zero = mlir::arith::ConstantOp::create(rw, loc, rw.getZeroAttr(t));
+    // Dims [0, n) of v collapsed into one, the rest kept.
+    auto collapse_leading = [&](mlir::Value v, int64_t n) {
+      int64_t r = llvm::cast<mlir::RankedTensorType>(v.getType()).getRank();
+      llvm::SmallVector<mlir::ReassociationIndices> groups(1);
+      for (int64_t i = 0; i < n; ++i) groups[0].push_back(i);
+      for (int64_t i = n; i < r; ++i) groups.push_back({i});
+      return n == 1 ? v : mlir::tensor::CollapseShapeOp::create(rw, loc, v, groups).getResult();
+    };
+    // The named op (plain, transpose-A, transpose-B; both transposed: the plain op's maps with
+    // A's and B's last two results swapped) on a, b into a zero-filled [.., M, N] of type rt.
+    auto create_mm = [&]<class Plain, class TA, class TB>(mlir::Value x, mlir::Value y,
+                                                           mlir::RankedTensorType rt) {
+      int64_t r = rt.getRank();
+      llvm::SmallVector<mlir::Value> dyn_rt;
+      for (int64_t d = 0; d < r; ++d) {
+        if (!rt.isDynamicDim(d)) continue;
+        if (d < r - 2) dyn_rt.push_back(mlir::tensor::DimOp::create(rw, loc, x, d));
+        else if (d == r - 2) dyn_rt.push_back(mlir::tensor::DimOp::create(rw, loc, x, trans_a ? r - 1 : r - 2));
+        else dyn_rt.push_back(mlir::tensor::DimOp::create(rw, loc, y, trans_b ? r - 2 : r - 1));
+      }
+      mlir::Value init = mlir::tensor::EmptyOp::create(rw, loc, rt.getShape(), t, dyn_rt);
+      mlir::Value f =
+          mlir::linalg::FillOp::create(rw, loc, mlir::ValueRange{zero}, mlir::ValueRange{init}).getResult(0);
+      mlir::Operation* o;
+      if (trans_a && trans_b) {
+        auto m = Plain::create(rw, loc, mlir::TypeRange{rt}, mlir::ValueRange{x, y}, mlir::ValueRange{f});
+        llvm::SmallVector<mlir::AffineMap> all =
+            llvm::cast<mlir::linalg::LinalgOp>(m.getOperation()).getIndexingMapsArray();
+        for (int i = 0; i < 2; ++i) {
+          llvm::SmallVector<mlir::AffineExpr> e(all[i].getResults());
+          std::swap(e[e.size() - 2], e[e.size() - 1]);
+          all[i] = mlir::AffineMap::get(all[i].getNumDims(), 0, e, ctx);
+        }
+        m->setAttr("indexing_maps", rw.getAffineMapArrayAttr(all));
+        o = m.getOperation();
+      } else if (trans_a) {
+        o = TA::create(rw, loc, mlir::TypeRange{rt}, mlir::ValueRange{x, y}, mlir::ValueRange{f}).getOperation();
+      } else if (trans_b) {
+        o = TB::create(rw, loc, mlir::TypeRange{rt}, mlir::ValueRange{x, y}, mlir::ValueRange{f}).getOperation();
+      } else {
+        o = Plain::create(rw, loc, mlir::TypeRange{rt}, mlir::ValueRange{x, y}, mlir::ValueRange{f}).getOperation();
+      }
+      return o->getResult(0);
+    };
+    // A product over the first n dims of `out` collapsed into one, expanded back to `out`.
+    auto expand_back = [&](mlir::Value r, int64_t n) -> mlir::Value {
+      if (n == 1) return r;
+      llvm::SmallVector<mlir::OpFoldResult> sizes;
+      for (int64_t d = 0, di = 0; d < ro; ++d)
+        sizes.push_back(out.isDynamicDim(d) ? mlir::OpFoldResult((*dyn)[di++])
+                                            : mlir::OpFoldResult(rw.getIndexAttr(out.getDimSize(d))));
+      llvm::SmallVector<mlir::ReassociationIndices> groups(1);
+      for (int64_t i = 0; i < n; ++i) groups[0].push_back(i);
+      for (int64_t i = n; i < ro; ++i) groups.push_back({i});
+      return mlir::tensor::ExpandShapeOp::create(rw, loc, out, r, groups, sizes);
+    };
+    mlir::Value mm, filled;
+    if (!named) {
+      mlir::Value init = mlir::tensor::EmptyOp::create(rw, loc, out.getShape(), t, *dyn);
+      filled = mlir::linalg::FillOp::create(rw, loc, mlir::ValueRange{zero}, mlir::ValueRange{init}).getResult(0);
+    }
+    if (rows_gemm) {
+      mlir::Value a2 = collapse_leading(a, ra - 1);  // [M', K]
+      auto out2 = mlir::RankedTensorType::get(
+          {llvm::cast<mlir::RankedTensorType>(a2.getType()).getDimSize(0), out.getDimSize(ro - 1)}, t);
+      mm = expand_back(create_mm.template operator()<mlir::linalg::MatmulOp, mlir::linalg::MatmulTransposeAOp,
+                                                     mlir::linalg::MatmulTransposeBOp>(a2, b, out2),
+                       ra - 1);
+    } else if (deep_batch) {
+      mlir::Value a3 = collapse_leading(a, ra - 2), b3 = collapse_leading(b, rb - 2);
+      auto out3 = mlir::RankedTensorType::get(
+          {llvm::cast<mlir::RankedTensorType>(a3.getType()).getDimSize(0), out.getDimSize(ro - 2),
+           out.getDimSize(ro - 1)}, t);
+      mm = expand_back(create_mm.template operator()<mlir::linalg::BatchMatmulOp,
+                                                     mlir::linalg::BatchMatmulTransposeAOp,
+                                                     mlir::linalg::BatchMatmulTransposeBOp>(a3, b3, out3),
+                       ra - 2);
+    } else if (bcast_a) {
+      llvm::SmallVector<mlir::Value> dyn_rt;
+      if (out.isDynamicDim(0)) dyn_rt.push_back(mlir::tensor::DimOp::create(rw, loc, b, 0));
+      if (out.isDynamicDim(1)) dyn_rt.push_back(mlir::tensor::DimOp::create(rw, loc, a, trans_a ? 1 : 0));
+      if (out.isDynamicDim(2)) dyn_rt.push_back(mlir::tensor::DimOp::create(rw, loc, b, trans_b ? 1 : 2));
+      mlir::Value init = mlir::tensor::EmptyOp::create(rw, loc, out.getShape(), t, dyn_rt);
+      mlir::Value f =
+          mlir::linalg::FillOp::create(rw, loc, mlir::ValueRange{zero}, mlir::ValueRange{init}).getResult(0);
+      auto bm = mlir::linalg::BatchMatmulOp::create(rw, loc, mlir::TypeRange{out}, mlir::ValueRange{a, b},
+                                                    mlir::ValueRange{f});
+      auto e = [&](unsigned i) { return rw.getAffineDimExpr(i); };  // (batch, m, n, k)
+      llvm::SmallVector<mlir::AffineMap> bmaps = {
+          mlir::AffineMap::get(4, 0, {trans_a ? e(3) : e(1), trans_a ? e(1) : e(3)}, ctx),
+          mlir::AffineMap::get(4, 0, {e(0), trans_b ? e(2) : e(3), trans_b ? e(3) : e(2)}, ctx),
+          mlir::AffineMap::get(4, 0, {e(0), e(1), e(2)}, ctx)};
+      bm->setAttr("indexing_maps", rw.getAffineMapArrayAttr(bmaps));
+      mm = bm->getResult(0);
+    } else if (named && ra == 2) {
+      mm = create_mm.template operator()<mlir::linalg::MatmulOp, mlir::linalg::MatmulTransposeAOp,
+                                         mlir::linalg::MatmulTransposeBOp>(a, b, out);
+    } else if (named) {
+      mm = create_mm.template operator()<mlir::linalg::BatchMatmulOp, mlir::linalg::BatchMatmulTransposeAOp,
+                                         mlir::linalg::BatchMatmulTransposeBOp>(a, b, out);
     } else {
       llvm::SmallVector<mlir::AffineExpr> out_exprs;
       for (int64_t d = 0; d < ro; ++d) out_exprs.push_back(rw.getAffineDimExpr(d));

@@ -133,6 +133,12 @@ RowSplitPlan plan_row_split(mlir::func::FuncOp fn) {
     auto it = rows.find(v);
     return it == rows.end() ? std::optional<Rows>() : std::optional<Rows>(it->second);
   };
+  // Rows of a value per row of the block (1 but after a collapse of the leading dims).
+  llvm::DenseMap<mlir::Value, int64_t> per_row;
+  auto multiplier = [&](mlir::Value v) {
+    auto it = per_row.find(v);
+    return it == per_row.end() ? int64_t{1} : it->second;
+  };
   for (mlir::Operation& op : body) {
     if (llvm::isa<mlir::tensor::EmptyOp>(op)) {
       rows[op.getResult(0)] = Rows::kInit;
@@ -151,17 +157,37 @@ RowSplitPlan plan_row_split(mlir::func::FuncOp fn) {
     }
     if (auto ret = llvm::dyn_cast<mlir::func::ReturnOp>(op)) {
       for (mlir::Value v : ret.getOperands())
-        if (kind_of(v) != Rows::kYes) return plan;
+        if (kind_of(v) != Rows::kYes || multiplier(v) != 1) return plan;
       continue;
     }
     if (llvm::isa<mlir::tensor::ExpandShapeOp, mlir::tensor::CollapseShapeOp>(op)) {
-      auto groups = llvm::isa<mlir::tensor::ExpandShapeOp>(op)
-                        ? llvm::cast<mlir::tensor::ExpandShapeOp>(op).getReassociationIndices()
-                        : llvm::cast<mlir::tensor::CollapseShapeOp>(op).getReassociationIndices();
+      bool expand = llvm::isa<mlir::tensor::ExpandShapeOp>(op);
+      auto groups = expand ? llvm::cast<mlir::tensor::ExpandShapeOp>(op).getReassociationIndices()
+                           : llvm::cast<mlir::tensor::CollapseShapeOp>(op).getReassociationIndices();
       auto src = kind_of(op.getOperand(0));
-      if (!src || !first_group_is_dim0(groups)) return plan;
-      if (*src == Rows::kYes && !has_dynamic_rows(op.getResult(0))) return plan;
+      if (!src) return plan;
       rows[op.getResult(0)] = *src;
+      if (first_group_is_dim0(groups)) {
+        if (*src == Rows::kYes && !has_dynamic_rows(op.getResult(0))) return plan;
+        per_row[op.getResult(0)] = multiplier(op.getOperand(0));
+        continue;
+      }
+      // The leading dims collapsed into one (lower.cpp's x [?, T, K] -> [? * T, K] before a
+      // GEMM) or expanded back: each block row is `multiplier` rows of the value. Static inner
+      // dims only, and an expand must divide exactly what a collapse multiplied.
+      if (*src != Rows::kYes || groups.empty() || groups[0][0] != 0 ||
+          !has_dynamic_rows(op.getResult(0)))
+        return plan;
+      auto shaped = llvm::cast<mlir::RankedTensorType>(expand ? op.getResult(0).getType()
+                                                              : op.getOperand(0).getType());
+      int64_t inner = 1;
+      for (size_t i = 1; i < groups[0].size(); ++i) {
+        if (shaped.isDynamicDim(groups[0][i])) return plan;
+        inner *= shaped.getDimSize(groups[0][i]);
+      }
+      int64_t mult = multiplier(op.getOperand(0));
+      if (expand && (inner == 0 || mult % inner != 0)) return plan;
+      per_row[op.getResult(0)] = expand ? mult / inner : mult * inner;
       continue;
     }
     auto linalg = llvm::dyn_cast<mlir::linalg::LinalgOp>(op);
@@ -184,6 +210,7 @@ RowSplitPlan plan_row_split(mlir::func::FuncOp fn) {
     bool reads_row_index = false;
     op.walk([&](mlir::linalg::IndexOp index) { reads_row_index |= index.getDim() == 0; });
     if (reads_row_index) return plan;
+    std::optional<int64_t> mult;  // every operand read by rows: the same rows per block row
     for (mlir::OpOperand& operand : op.getOpOperands()) {
       if (!llvm::isa<mlir::RankedTensorType>(operand.get().getType())) continue;  // scalars
       auto uses = map_uses_rows(linalg.getMatchingIndexingMap(&operand));
@@ -192,10 +219,15 @@ RowSplitPlan plan_row_split(mlir::func::FuncOp fn) {
       bool is_init = linalg.isDpsInit(&operand);
       if (is_init && !*uses) return plan;  // every result must carry rows
       if (*known != Rows::kInit && (*known == Rows::kYes) != *uses) return plan;
+      if (*known == Rows::kYes && !is_init) {  // inits follow their sizes (tensor.dim of inputs)
+        if (mult && *mult != multiplier(operand.get())) return plan;
+        mult = multiplier(operand.get());
+      }
     }
     for (mlir::Value r : op.getResults()) {
       if (!has_dynamic_rows(r)) return plan;  // a static size would not follow the block
       rows[r] = Rows::kYes;
+      if (mult && *mult != 1) per_row[r] = *mult;
     }
   }
   plan.splittable = true;

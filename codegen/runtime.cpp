@@ -2,6 +2,7 @@
 #include "codegen/runtime.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <type_traits>
@@ -76,15 +77,20 @@ void* rt_aligned_alloc(size_t alignment, size_t nbytes) {
   return alignment <= kAlignment ? rt_malloc(nbytes) : nullptr;
 }
 
-/// C[i] = A[i] · B[i] + beta · C[i] for i < batch (beta 0 or 1), row-major with unit-stride
-/// rows; the calling convention of codegen/extern_calls.cpp: every argument an int64_t
+/// C[i] = op(A[i]) · op(B[i]) + beta · C[i] for i < batch (beta 0 or 1; op(X) = Xᵀ when trans_x
+/// is 1, BLAS conventions: lda/ldb are the stored matrices' row strides), row-major with
+/// unit-stride rows; the calling convention of codegen/extern_calls.cpp: every argument an int64_t
 /// (pointers as integers, offsets in elements). float goes through cpu::sgemm (oneDNN), falling
 /// back to kiln's gemm when oneDNN rejects the leading dims.
+std::atomic<uint64_t> g_gemm_calls{0};
+thread_local bool t_serial_gemm = false;  // SerialGemmScope
+
 template <class T>
 void gemm_batched(int64_t batch, int64_t m, int64_t n, int64_t k, int64_t a, int64_t off_a,
                   int64_t batch_a, int64_t lda, int64_t b, int64_t off_b, int64_t batch_b,
                   int64_t ldb, int64_t c, int64_t off_c, int64_t batch_c, int64_t ldc,
-                  int64_t beta) {
+                  int64_t beta, int64_t trans_a, int64_t trans_b) {
+  g_gemm_calls.fetch_add(1, std::memory_order_relaxed);
   if (m == 0 || n == 0) return;
   for (int64_t i = 0; i < batch; ++i) {
     const T* pa = reinterpret_cast<const T*>(a) + off_a + i * batch_a;
@@ -96,12 +102,21 @@ void gemm_batched(int64_t batch, int64_t m, int64_t n, int64_t k, int64_t a, int
       continue;
     }
     if constexpr (std::is_same_v<T, float>)
-      if (cpu::sgemm(false, false, m, n, k, 1.f, pa, lda, pb, ldb, float(beta), pc, ldc)) continue;
-    cpu::gemm<T>(m, n, k, T(1), pa, lda, 1, pb, ldb, 1, T(beta), pc, ldc);
+      if (cpu::sgemm(trans_a != 0, trans_b != 0, m, n, k, 1.f, pa, lda, pb, ldb, float(beta), pc, ldc,
+                     t_serial_gemm ? 1 : 0))
+        continue;
+    // op(A)[i, p] = A[i·lda + p], or A[p·lda + i] transposed; op(B) likewise.
+    cpu::gemm<T>(m, n, k, T(1), pa, trans_a ? 1 : lda, trans_a ? lda : 1, pb, trans_b ? 1 : ldb,
+                 trans_b ? ldb : 1, T(beta), pc, ldc);
   }
 }
 
 }  // namespace
+
+SerialGemmScope::SerialGemmScope() : previous_(t_serial_gemm) { t_serial_gemm = true; }
+SerialGemmScope::~SerialGemmScope() { t_serial_gemm = previous_; }
+
+uint64_t gemm_calls() { return g_gemm_calls.load(std::memory_order_relaxed); }
 
 const std::vector<RuntimeSymbol>& runtime_symbols() {
   static const std::vector<RuntimeSymbol> symbols = {

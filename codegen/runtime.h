@@ -2,6 +2,7 @@
 /// Functions that JIT-compiled code may call (extern kernels such as BLAS, parallel-for helpers).
 /// MLIR-free. Whatever JIT backs codegen::Executable must make every symbol listed here resolvable
 /// by name from the generated code.
+#include <cstdint>
 #include <vector>
 
 namespace kiln::codegen {
@@ -13,5 +14,23 @@ struct RuntimeSymbol {
 
 /// All runtime symbols kiln provides to compiled code.
 const std::vector<RuntimeSymbol>& runtime_symbols();
+
+/// How many times compiled code has called the runtime GEMM (kiln_rt_gemm_f32/f64) in this
+/// process: tests check with it that a graph's matmuls went to BLAS.
+uint64_t gemm_calls();
+
+/// While alive on a thread, the runtime GEMM runs single-threaded on that thread: Executable::run
+/// sets it around each row block it runs on the thread pool (the blocks are the parallelism;
+/// a threaded BLAS inside each block would oversubscribe the cores).
+class SerialGemmScope {
+ public:
+  SerialGemmScope();
+  ~SerialGemmScope();
+  SerialGemmScope(const SerialGemmScope&) = delete;
+  SerialGemmScope& operator=(const SerialGemmScope&) = delete;
+
+ private:
+  bool previous_;
+};
 
 }  // namespace kiln::codegen

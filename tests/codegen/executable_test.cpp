@@ -10,6 +10,7 @@
 
 #include "backends/cpu/parallel.h"
 #include "codegen/codegen.h"
+#include "codegen/runtime.h"
 #include "kiln/kiln.h"
 
 using namespace kiln;
@@ -626,5 +627,171 @@ TEST_CASE("Executable: slices and selects of inputs feeding elementwise ops and 
     Tensor ref = add(add(matmul(xt, w1t.slice(0, 0, 32, 2).t()), matmul(xt, w1t.slice(0, 0, 16))),
                      bt.slice(0, 16, 32));
     CHECK(max_diff(exe.run({wt, bt, xt})[0], ref) <= 1e-5 * max_abs(ref));
+  }
+}
+
+// Linear layers as the tracer records them: the matmuls must reach the runtime GEMM (BLAS), with
+// the weight's transpose folded into the call (trans flags) instead of copied, and an N-D x
+// collapsed into one GEMM over its rows (codegen/lower.cpp, extern_calls.cpp).
+namespace {
+
+/// max |a - b| / max |b| in float64 (same shape).
+double rel_diff(const Tensor& a, const Tensor& b) {
+  REQUIRE(a.shape() == b.shape());
+  Tensor a64 = a.to(DType::Float64).contiguous(), b64 = b.to(DType::Float64).contiguous();
+  double scale = amax(abs(b64), {}).item<double>();
+  double d = amax(abs(sub(a64, b64)), {}).item<double>();
+  return scale == 0 ? d : d / scale;
+}
+
+OpAttrs transpose_attrs(int64_t d0, int64_t d1) {
+  OpAttrs t;  // as Tensor::transpose(d0, d1)
+  t.dim = d0;
+  t.dim1 = d1;
+  return t;
+}
+
+/// The fused IR reads `w` in place: no transpose copy, a (possibly transposed-map) named matmul.
+void check_gemm_ir(const codegen::Executable& exe) {
+  const std::string& ir = exe.linalg_ir();
+  INFO(ir);
+  CHECK(ir.find("linalg.transpose") == std::string::npos);
+  CHECK((ir.find("linalg.matmul") != std::string::npos ||
+         ir.find("linalg.batch_matmul") != std::string::npos));
+}
+
+/// Runs `exe` and checks that it called the runtime GEMM `calls` times at least.
+std::vector<Tensor> run_counting_gemm(const codegen::Executable& exe, const std::vector<Tensor>& in,
+                                      uint64_t calls = 1) {
+  uint64_t before = codegen::gemm_calls();
+  std::vector<Tensor> out = exe.run(in);
+  CHECK(codegen::gemm_calls() - before >= calls);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("Executable: Linear forward x @ W.t() + b runs one GEMM with trans_b (2-D and 3-D)") {
+  for (DType dt : {DType::Float32, DType::Float64}) {
+    for (Shape xs : {Shape{8, 128, 256}, Shape{64, 256}, Shape{2, 3, 5, 256}}) {
+      INFO("dtype " << kiln::name(dt) << ", x " << to_string(xs));
+      ir::Graph g;
+      ir::Value x = g.input(dt, xs.vec());
+      ir::Value w = g.input(dt, {1024, 256});
+      ir::Value b = g.input(dt, {1024});
+      ir::Value wt = g.op(OpKind::Transpose, {w}, transpose_attrs(0, 1));
+      g.output(g.op(OpKind::Add, {g.op(OpKind::Matmul, {x, wt}), b}));
+      codegen::Executable exe(g);
+      check_gemm_ir(exe);
+      if (xs.size() > 2) CHECK(exe.linalg_ir().find("tensor.collapse_shape") != std::string::npos);
+      // x's rows split over the thread pool; w is passed whole and never copied per block.
+      CHECK(exe.row_parallel());
+      Tensor xt = randn(xs).to(dt), wt_ = randn({1024, 256}).to(dt), bt = randn({1024}).to(dt);
+      std::vector<Tensor> out = run_counting_gemm(exe, {xt, wt_, bt});
+      REQUIRE(out.size() == 1);
+      REQUIRE(out[0].dtype() == dt);
+      CHECK(rel_diff(out[0], add(matmul(xt, wt_.t()), bt)) < 1e-4);
+    }
+  }
+}
+
+TEST_CASE("Executable: Linear backward products run GEMMs with trans flags") {
+  // grad_out [B*T, N], input [B*T, K], w [N, K]: grad_w = g.t() @ x (trans_a),
+  // grad_x = g @ w (plain), and both transposed: x.t() @ g.t()... as (g @ x).t() is not a
+  // product; (w.t() @ g.t()) = (g @ w).t() exercises trans_a and trans_b together.
+  const int64_t bt_rows = 1024, n = 512, k = 256;
+  for (DType dt : {DType::Float32, DType::Float64}) {
+    INFO("dtype " << kiln::name(dt));
+    Tensor gt = randn({bt_rows, n}).to(dt), xt = randn({bt_rows, k}).to(dt), wt_ = randn({n, k}).to(dt);
+    {
+      ir::Graph g;
+      ir::Value go = g.input(dt, {bt_rows, n});
+      ir::Value x = g.input(dt, {bt_rows, k});
+      g.output(g.op(OpKind::Matmul, {g.op(OpKind::Transpose, {go}, transpose_attrs(0, 1)), x}));
+      codegen::Executable exe(g);
+      check_gemm_ir(exe);
+      std::vector<Tensor> out = run_counting_gemm(exe, {gt, xt});
+      CHECK(rel_diff(out[0], matmul(gt.t(), xt)) < 1e-4);
+    }
+    {
+      ir::Graph g;
+      ir::Value w = g.input(dt, {n, k});
+      ir::Value go = g.input(dt, {bt_rows, n});
+      g.output(g.op(OpKind::Matmul, {g.op(OpKind::Transpose, {w}, transpose_attrs(0, 1)),
+                                     g.op(OpKind::Transpose, {go}, transpose_attrs(-1, -2))}));
+      codegen::Executable exe(g);
+      check_gemm_ir(exe);
+      std::vector<Tensor> out = run_counting_gemm(exe, {wt_, gt});
+      CHECK(rel_diff(out[0], matmul(wt_.t(), gt.t())) < 1e-4);
+    }
+    {  // 3-D: grad_w = g.reshape(-1, N).t() @ x.reshape(-1, K), grad_x = g @ w
+      ir::Graph g;
+      ir::Value go = g.input(dt, {8, 128, n});
+      ir::Value x = g.input(dt, {8, 128, k});
+      ir::Value w = g.input(dt, {n, k});
+      OpAttrs v2n, v2k;
+      v2n.dims = Dims({-1, n});
+      v2k.dims = Dims({-1, k});
+      ir::Value g2 = g.op(OpKind::View, {go}, v2n);
+      ir::Value x2 = g.op(OpKind::View, {x}, v2k);
+      g.output(g.op(OpKind::Matmul, {g.op(OpKind::Transpose, {g2}, transpose_attrs(0, 1)), x2}));
+      g.output(g.op(OpKind::Matmul, {go, w}));
+      codegen::Executable exe(g);
+      check_gemm_ir(exe);
+      Tensor g3 = randn({8, 128, n}).to(dt), x3 = randn({8, 128, k}).to(dt);
+      std::vector<Tensor> out = run_counting_gemm(exe, {g3, x3, wt_}, 2);
+      REQUIRE(out.size() == 2);
+      CHECK(rel_diff(out[0], matmul(g3.view({-1, n}).t(), x3.view({-1, k}))) < 1e-4);
+      CHECK(rel_diff(out[1], matmul(g3, wt_)) < 1e-4);
+    }
+  }
+}
+
+TEST_CASE("Executable: attention scores q @ k.transpose(-2, -1) is a batched GEMM with trans_b") {
+  ir::Graph g;
+  ir::Value q = g.input(DType::Float32, {6, 40, 32});
+  ir::Value k = g.input(DType::Float32, {6, 40, 32});
+  g.output(g.op(OpKind::Matmul, {q, g.op(OpKind::Transpose, {k}, transpose_attrs(-2, -1))}));
+  codegen::Executable exe(g);
+  check_gemm_ir(exe);
+  Tensor qt = randn({6, 40, 32}), kt = randn({6, 40, 32});
+  std::vector<Tensor> out = run_counting_gemm(exe, {qt, kt});
+  CHECK(rel_diff(out[0], matmul(qt, kt.transpose(-2, -1))) < 1e-4);
+}
+
+TEST_CASE("Executable: 4-D attention products are one batched GEMM (batch dims collapsed)") {
+  for (DType dt : {DType::Float32, DType::Float64}) {
+    INFO("dtype " << kiln::name(dt));
+    ir::Graph g;
+    ir::Value q = g.input(dt, {2, 3, 40, 32});
+    ir::Value k = g.input(dt, {2, 3, 40, 32});
+    ir::Value s = g.op(OpKind::Matmul, {q, g.op(OpKind::Transpose, {k}, transpose_attrs(-2, -1))});
+    g.output(g.op(OpKind::Matmul, {s, k}));  // scores @ v with v = k
+    codegen::Executable exe(g);
+    check_gemm_ir(exe);
+    Tensor qt = randn({2, 3, 40, 32}).to(dt), kt = randn({2, 3, 40, 32}).to(dt);
+    std::vector<Tensor> out = run_counting_gemm(exe, {qt, kt}, 2);
+    CHECK(rel_diff(out[0], matmul(matmul(qt, kt.transpose(-2, -1)), kt)) < 1e-4);
+  }
+}
+
+TEST_CASE("Executable: 2-D @ 3-D is one batched GEMM with a shared left operand") {
+  for (DType dt : {DType::Float32, DType::Float64}) {
+    INFO("dtype " << kiln::name(dt));
+    ir::Graph g;
+    ir::Value a = g.input(dt, {48, 64});
+    ir::Value b = g.input(dt, {5, 64, 40});
+    ir::Value w = g.input(dt, {5, 48, 32});
+    g.output(g.op(OpKind::Matmul, {a, b}));
+    // a.t() @ w: a copy of a.t() (linalg has no transposed broadcast map), then the GEMM
+    g.output(g.op(OpKind::Matmul, {g.op(OpKind::Transpose, {a}, transpose_attrs(0, 1)), w}));
+    codegen::Executable exe(g);
+    INFO(exe.linalg_ir());
+    CHECK(exe.linalg_ir().find("linalg.batch_matmul") != std::string::npos);
+    Tensor at = randn({48, 64}).to(dt), bt = randn({5, 64, 40}).to(dt), wt_ = randn({5, 48, 32}).to(dt);
+    std::vector<Tensor> out = run_counting_gemm(exe, {at, bt, wt_}, 2);
+    REQUIRE(out.size() == 2);
+    CHECK(rel_diff(out[0], matmul(at, bt)) < 1e-4);
+    CHECK(rel_diff(out[1], matmul(at.t(), wt_)) < 1e-4);
   }
 }
