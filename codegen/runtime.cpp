@@ -101,9 +101,12 @@ void gemm_batched(int64_t batch, int64_t m, int64_t n, int64_t k, int64_t a, int
         for (int64_t r = 0; r < m; ++r) std::fill_n(pc + r * ldc, n, T(0));
       continue;
     }
+    // Small products run on one thread, as eager matmul does (backends/cpu/matmul.cpp): waking
+    // oneDNN's second OpenMP thread costs ~25 us here, more than a 64x128x128 product takes.
+    const bool small = 2.0 * double(m) * double(n) * double(k) < 16e6;
     if constexpr (std::is_same_v<T, float>)
       if (cpu::sgemm(trans_a != 0, trans_b != 0, m, n, k, 1.f, pa, lda, pb, ldb, float(beta), pc, ldc,
-                     t_serial_gemm ? 1 : 0))
+                     t_serial_gemm || small ? 1 : 0))
         continue;
     // op(A)[i, p] = A[i·lda + p], or A[p·lda + i] transposed; op(B) likewise.
     cpu::gemm<T>(m, n, k, T(1), pa, trans_a ? 1 : lda, trans_a ? lda : 1, pb, trans_b ? 1 : ldb,
