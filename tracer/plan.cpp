@@ -1,6 +1,7 @@
 #include "tracer/plan.h"
 
 #include <atomic>
+#include <chrono>
 #include <thread>
 #include <unordered_map>
 
@@ -110,6 +111,13 @@ struct Plan::Region {
   bool static_only = false;                   // exe only valid for the traced shapes
   std::string mlir;
   bool eager_fallback = false;  // neither build worked: run the nodes eagerly
+  // Measured choice between the compiled code and the region's ops on eager kernels: the first
+  // kTrials runs alternate and are timed; then the faster one is kept (kiln's eager kernels are
+  // fused and multi-threaded too, and win for some shapes, e.g. a lone reduction over rows).
+  static constexpr int kTrials = 6;
+  mutable std::atomic<int> trials{0};
+  mutable std::atomic<int64_t> compiled_ns{0}, eager_ns{0};
+  mutable std::atomic<int> choice{-1};  // -1 measuring, 0 compiled, 1 eager kernels
   std::string fallback_reason;
 };
 
@@ -348,10 +356,44 @@ void Plan::run_eager(const Node& n, RunState& st) const { run_node_eagerly(*p_, 
 
 void Plan::run_region(const Region& r, RunState& st) const {
   const Program& p = *p_;
-  if (r.eager_fallback) {
+  auto run_eagerly = [&] {
     for (size_t i : r.nodes) run_eager(p.nodes[i], st);
+    // Values only the region itself used are not kept (the compiled code never made them).
+    std::vector<bool> keep(p.values.size(), false);
+    for (int v : r.outputs) keep[v] = true;
+    for (auto& [v, src] : r.aliases) keep[v] = true;
+    for (size_t i : r.nodes)
+      for (int v : p.nodes[i].out)
+        if (!keep[v]) st.slots[v] = Tensor();
+  };
+  if (r.eager_fallback) {
+    run_eagerly();
     return;
   }
+  if (int c = r.choice.load(std::memory_order_relaxed); c != 0) {
+    if (c == 1) {
+      run_eagerly();
+      return;
+    }
+    int trial = r.trials.fetch_add(1, std::memory_order_relaxed);
+    if (trial < Region::kTrials) {
+      auto t0 = std::chrono::steady_clock::now();
+      bool eager = trial % 2 == 1;
+      if (eager) run_eagerly();
+      else run_compiled(r, st);
+      int64_t ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                       std::chrono::steady_clock::now() - t0).count();
+      (eager ? r.eager_ns : r.compiled_ns).fetch_add(ns, std::memory_order_relaxed);
+      if (trial == Region::kTrials - 1)
+        r.choice.store(r.eager_ns.load() < r.compiled_ns.load() * 0.9 ? 1 : 0);
+      return;
+    }
+  }
+  run_compiled(r, st);
+}
+
+void Plan::run_compiled(const Region& r, RunState& st) const {
+  const Program& p = *p_;
   std::vector<Tensor> ins;
   ins.reserve(r.inputs.size());
   for (const Region::Input& in : r.inputs) {
@@ -424,10 +466,14 @@ std::string Plan::describe() const {
         out += fmt::format("    eager region ({} ops: {}) - not compiled: {}\n", r.nodes.size(),
                            ops, r.fallback_reason);
       else
-        out += fmt::format("    compiled region: {} ops -> {} kernel(s){}{}: {}\n", r.nodes.size(),
+        out += fmt::format("    compiled region: {} ops -> {} kernel(s){}{}{}: {}\n", r.nodes.size(),
                            r.exe ? r.exe->num_kernels() : 0,
                            r.static_only ? " (traced shapes only)" : "",
                            r.exe ? fmt::format(", built in {:.0f} ms", r.exe->stats().total_ms) : "",
+                           r.choice.load() == 1
+                               ? fmt::format(", runs on eager kernels (measured {:.0f} vs {:.0f} us)",
+                                             r.eager_ns.load() / 3e3, r.compiled_ns.load() / 3e3)
+                               : "",
                            ops);
       continue;
     }

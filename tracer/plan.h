@@ -74,6 +74,7 @@ class Plan {
   struct Step;
   void build_region(Region& r, const PlanOptions& options);
   void run_region(const Region& r, RunState& st) const;
+  void run_compiled(const Region& r, RunState& st) const;
   void run_eager(const Node& n, RunState& st) const;
 
   std::shared_ptr<const Program> p_;
