@@ -114,7 +114,7 @@ struct Plan::Region {
   // Measured choice between the compiled code and the region's ops on eager kernels: the first
   // kTrials runs alternate and are timed; then the faster one is kept (kiln's eager kernels are
   // fused and multi-threaded too, and win for some shapes, e.g. a lone reduction over rows).
-  static constexpr int kTrials = 6;
+  static constexpr int kTrials = 8;  // the first two (one each way) only warm up
   mutable std::atomic<int> trials{0};
   mutable std::atomic<int64_t> compiled_ns{0}, eager_ns{0};
   mutable std::atomic<int> choice{-1};  // -1 measuring, 0 compiled, 1 eager kernels
@@ -383,9 +383,9 @@ void Plan::run_region(const Region& r, RunState& st) const {
       else run_compiled(r, st);
       int64_t ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
                        std::chrono::steady_clock::now() - t0).count();
-      (eager ? r.eager_ns : r.compiled_ns).fetch_add(ns, std::memory_order_relaxed);
+      if (trial >= 2) (eager ? r.eager_ns : r.compiled_ns).fetch_add(ns, std::memory_order_relaxed);
       if (trial == Region::kTrials - 1)
-        r.choice.store(r.eager_ns.load() < r.compiled_ns.load() * 0.9 ? 1 : 0);
+        r.choice.store(r.eager_ns.load() < r.compiled_ns.load() * 0.8 ? 1 : 0);
       return;
     }
   }
