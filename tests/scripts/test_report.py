@@ -1,0 +1,41 @@
+#!/usr/bin/python3
+"""Test of scripts/report.py: speed-ups from known records, the tables, and the charts."""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def main():
+    records = [
+        {"suite": "digits", "case": "digits_mlp_step", "mode": "eager", "value": 100.0, "unit": "steps/s"},
+        {"suite": "digits", "case": "digits_mlp_step", "mode": "compiled", "value": 250.0, "unit": "steps/s"},
+        {"suite": "digits", "case": "digits_mlp_accuracy", "mode": "eager", "value": 97.0, "unit": "percent",
+         "loss_epoch_1": 1.5, "loss_epoch_2": 0.7},
+        {"suite": "digits", "case": "digits_mlp_accuracy", "mode": "compiled", "value": 97.0, "unit": "percent",
+         "loss_epoch_1": 1.5, "loss_epoch_2": 0.7},
+        {"suite": "x", "case": "latency", "mode": "eager", "value": 10.0, "unit": "ms"},
+        {"suite": "x", "case": "latency", "mode": "compiled", "value": 4.0, "unit": "ms"},
+        {"suite": "x", "case": "broken", "mode": "compiled", "value": None, "unit": "ms",
+         "status": "failed", "error": "boom"},
+    ]
+    out = tempfile.mkdtemp(prefix="kiln-report-test-")
+    path = os.path.join(out, "results.json")
+    json.dump(records, open(path, "w"))
+    subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "report.py"), path, out], check=True)
+    md = open(os.path.join(out, "report.md")).read()
+    assert "| digits_mlp_step | steps/s | 100 | 250 |  | 2.50x |" in md, md
+    assert "| latency | ms | 10.00 | 4.00 |  | 2.50x |" in md, md  # time: eager / compiled
+    assert "| digits_mlp_accuracy | percent | 97.00 | 97.00 |  |  |" in md, md  # no speed-up
+    assert "| broken | ms |  | failed |" in md, md
+    for png in ("speedup.png", "loss.png"):
+        data = open(os.path.join(out, png), "rb").read()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 1000, png
+    print("report.py: ok")
+
+
+if __name__ == "__main__":
+    main()
