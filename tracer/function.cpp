@@ -302,10 +302,14 @@ void CompiledFunction::reset() {
 
 namespace {
 
+// The entry's argument count and global state (grad mode, default dtype) match the call.
+bool globals_match(const Entry& e, const std::vector<ArgValue>& args) {
+  return e.guards.size() == args.size() && is_grad_enabled() == e.grad_enabled &&
+         default_dtype() == e.default_dtype;
+}
+
 bool passes(const Entry& e, const std::vector<ArgValue>& args) {
-  if (e.guards.size() != args.size() || is_grad_enabled() != e.grad_enabled ||
-      default_dtype() != e.default_dtype)
-    return false;
+  if (!globals_match(e, args)) return false;
   for (size_t i = 0; i < args.size(); ++i) {
     const ArgGuard& g = e.guards[i];
     const ArgValue& a = args[i];
@@ -336,9 +340,7 @@ std::string entry_failure(const Entry& e, const std::vector<ArgValue>& args) {
 // The dims and scalars in which `args` differ from entry `e` when nothing else differs.
 bool only_sizes_differ(const Entry& e, const std::vector<ArgValue>& args,
                        std::vector<std::pair<int, int>>& dims, std::vector<int>& scalars) {
-  if (e.guards.size() != args.size() || is_grad_enabled() != e.grad_enabled ||
-      default_dtype() != e.default_dtype)
-    return false;
+  if (!globals_match(e, args)) return false;
   for (size_t i = 0; i < args.size(); ++i) {
     const ArgGuard& g = e.guards[i];
     const ArgValue& a = args[i];

@@ -2,18 +2,15 @@
 #include <catch2/catch.hpp>
 
 #include "kiln/kiln.h"
+#include "tracer/util.h"
 #include "kiln/nn.h"
 #include "nn/optim.h"
 #include "nn/transformer.h"
 
 using namespace kiln;
+using kiln::testing::contains;
+using kiln::testing::vec;
 
-namespace {
-std::vector<float> vec(const Tensor& t) { return t.to_vector<float>(); }
-bool contains(const std::string& s, const std::string& part) {
-  return s.find(part) != std::string::npos;
-}
-}  // namespace
 
 TEST_CASE("compile tutorial: c = a*b is 300 with gradients 20 and 15", "[compile][autograd]") {
   auto mul_fn = compile([](const Tensor& a, const Tensor& b) { return a * b; });

@@ -4,15 +4,12 @@
 #include <thread>
 
 #include "kiln/kiln.h"
+#include "tracer/util.h"
 
 using namespace kiln;
+using kiln::testing::contains;
+using kiln::testing::vec;
 
-namespace {
-std::vector<float> vec(const Tensor& t) { return t.to_vector<float>(); }
-bool contains(const std::string& s, const std::string& part) {
-  return s.find(part) != std::string::npos;
-}
-}  // namespace
 
 TEST_CASE("compile: x*x + x replays one fused kernel with eager's values", "[compile]") {
   auto cf = compile([](const Tensor& x) { return x * x + x; });

@@ -6,12 +6,12 @@
 #include <thread>
 
 #include "kiln/kiln.h"
+#include "tracer/util.h"
 
 using namespace kiln;
+using kiln::testing::contains;
+using kiln::testing::vec;
 
-namespace {
-std::vector<float> vec(const Tensor& t) { return t.to_vector<float>(); }
-}  // namespace
 
 TEST_CASE("FC-02 (compile): NaN kept by max / argmax") {
   auto f = compile([](const Tensor& x) { return std::make_pair(amax(x, {}, false), argmax(x)); });
