@@ -39,20 +39,26 @@ func.func @softmax(%x: tensor<?x1024xf32>) -> tensor<?x1024xf32> {
 }
 
 // layer_norm's centring: d = x - mean feeds the sum of squares and the output. kiln recomputes
-// the cheap d in both consumers (d is never stored): sum; sum of squares; output.
-// Upstream fuses d into neither (it has two uses) and keeps it as a fourth loop nest.
+// the cheap d in both consumers (d is never stored): sum; sum of squares; output (each float32
+// sum accumulates in float64 and is rounded once by a small [?, 1] loop).
+// Upstream fuses d into neither (it has two uses) and keeps it as a loop nest of its own.
 // CHECK-LABEL: func.func @centred
 // CHECK: linalg.generic {{.*}}iterator_types = ["parallel", "reduction"]
+// CHECK: arith.extf
+// CHECK: linalg.generic {{.*}}iterator_types = ["parallel", "parallel"]
+// CHECK: arith.truncf
 // CHECK: linalg.generic {{.*}}iterator_types = ["parallel", "reduction"]
 // CHECK: arith.subf
 // CHECK: arith.mulf
+// CHECK: linalg.generic {{.*}}iterator_types = ["parallel", "parallel"]
+// CHECK: arith.truncf
 // CHECK: linalg.generic {{.*}}iterator_types = ["parallel", "parallel"]
 // CHECK: arith.subf
 // CHECK: arith.mulf
 // CHECK-NOT: linalg.generic
 // CHECK: return
 // UPSTREAM-LABEL: func.func @centred
-// UPSTREAM-COUNT-4: linalg.generic
+// UPSTREAM-COUNT-5: linalg.generic
 // UPSTREAM-NOT: linalg.generic
 func.func @centred(%x: tensor<?x1024xf32>, %r: tensor<?x1xf32>) -> (tensor<?x1024xf32>, tensor<?x1xf32>) {
   %m = kiln.reduce "mean" %x {dims = array<i64: 1>, keepdim} : (tensor<?x1024xf32>) -> tensor<?x1xf32>

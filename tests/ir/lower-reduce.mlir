@@ -12,14 +12,17 @@
 // CHECK-DAG: #[[ALL:.*]] = affine_map<(d0, d1) -> ()>
 // CHECK-DAG: #[[ROW:.*]] = affine_map<(d0, d1) -> (d0)>
 // CHECK-LABEL: func.func @reduce
-// mean over dim 1, keepdim: sum, then divide by the count (4)
-// CHECK-DAG: %[[FOUR:.*]] = arith.constant 4.000000e+00 : f32
+// mean over dim 1, keepdim: float32 summed in float64 (as eager), divided by the count (4),
+// rounded to float32 once
+// CHECK-DAG: %[[FOUR:.*]] = arith.constant 4.000000e+00 : f64
 // CHECK-DAG: %[[NEGINF:.*]] = arith.constant 0xFF800000 : f32
 // CHECK-DAG: %[[IMAX:.*]] = arith.constant 2147483647 : i32
 // CHECK: %[[S:.*]] = linalg.generic {indexing_maps = [#[[ID]], #[[KEEP]]], iterator_types = ["parallel", "reduction"]}
-// CHECK: arith.addf {{.*}} fastmath<reassoc>
+// CHECK: arith.extf %{{.*}} : f32 to f64
+// CHECK-NEXT: arith.addf {{.*}} fastmath<reassoc> : f64
 // CHECK: linalg.generic
-// CHECK: arith.divf %{{.*}}, %[[FOUR]]
+// CHECK: arith.divf %{{.*}}, %[[FOUR]] : f64
+// CHECK-NEXT: arith.truncf %{{.*}} : f64 to f32
 // amax over dim 0 keeps NaN (arith.maximumf), starting from -inf
 // CHECK: linalg.fill ins(%[[NEGINF]] : f32)
 // CHECK: linalg.generic {indexing_maps = [#[[ID]], #[[COL]]], iterator_types = ["reduction", "parallel"]}
