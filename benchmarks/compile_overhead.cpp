@@ -172,29 +172,24 @@ void summary(std::span<const Record> records) {
   const Record* call_e = find("call_overhead_1op", Mode::Eager);
   const Record* cold = find("transformer_layer_compile", Mode::Compiled);
   const Record* warm = find("transformer_layer_compile_warm", Mode::Compiled);
-  bool ran_any = false;
-  for (const Record& r : records) ran_any |= r.suite == kSuite;
-  if (!ran_any) return;
+  if (!suite_ran(records, kSuite)) return;
 
   fmt::print("\ncompile-overhead targets (printed, not asserted; the machine is shared):\n");
   if (call_c)
-    fmt::print("  {:<44} {:8.0f} ns   target <= {:.0f} ns   {}\n",
-               "call_overhead_1op compiled (guard + replay)", call_c->value, kCallTargetNs,
-               call_c->value <= kCallTargetNs ? "met" : "MISSED");
+    print_target("call_overhead_1op compiled (guard + replay)", call_c->value, "ns",
+                 kCallTargetNs, true);
   else
     fmt::print("  {:<44} n/a (the case did not run)\n", "call_overhead_1op compiled");
   if (const Record* c4 = find("call_overhead_4_tensors", Mode::Compiled))
-    fmt::print("  {:<44} {:8.0f} ns   target <= {:.0f} ns   {}\n",
-               "call_overhead_4_tensors (4 guards + replay)", c4->value, kCallTargetNs,
-               c4->value <= kCallTargetNs ? "met" : "MISSED");
+    print_target("call_overhead_4_tensors (4 guards + replay)", c4->value, "ns", kCallTargetNs,
+                 true);
   if (call_c && call_e)
     fmt::print("  {:<44} {:8.0f} ns   (compiled / eager {:.2f}x)\n",
                "call_overhead_1op eager (information)", call_e->value,
                call_c->value / call_e->value);
   if (cold)
-    fmt::print("  {:<44} {:8.1f} ms   target <= {:.0f} ms   {}\n",
-               "transformer_layer_compile cold (median)", cold->median_ms, kColdTargetMs,
-               cold->median_ms <= kColdTargetMs ? "met" : "MISSED");
+    print_target("transformer_layer_compile cold (median)", cold->median_ms, "ms", kColdTargetMs,
+                 true);
   else
     fmt::print("  {:<44} n/a (the case did not run or failed)\n", "transformer_layer_compile cold");
   if (warm)

@@ -360,9 +360,7 @@ std::vector<Case> cases() {
 std::string verdict(bool met) { return met ? "met" : "MISSED"; }
 
 void summary(std::span<const Record> records) {
-  bool ran_any = false;
-  for (const Record& r : records) ran_any |= r.suite == kSuite;
-  if (!ran_any) return;
+  if (!suite_ran(records, kSuite)) return;
   auto find = [&](std::string_view name, Mode mode) {
     return find_record(records, kSuite, name, mode);
   };

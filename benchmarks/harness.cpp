@@ -162,6 +162,20 @@ Record run_case(const Suite& suite, const Case& c, const RunConfig& config) {
   return rec;
 }
 
+bool suite_ran(std::span<const Record> records, std::string_view suite) {
+  for (const Record& r : records)
+    if (r.suite == suite) return true;
+  return false;
+}
+
+void print_target(std::string_view label, double value, std::string_view unit, double target,
+                  bool at_most) {
+  bool met = at_most ? value <= target : value >= target;
+  fmt::print("  {:<44} {:8.{}f} {}   target {} {:.0f} {}   {}\n", label, value,
+             value < 100 ? 1 : 0, unit, at_most ? "<=" : ">=", target, unit,
+             met ? "met" : "MISSED");
+}
+
 const Record* find_record(std::span<const Record> records, std::string_view suite,
                           std::string_view case_name, Mode mode) {
   for (const Record& r : records)

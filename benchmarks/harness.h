@@ -131,6 +131,13 @@ const Suite* find_suite(std::string_view name);
 /// Warms up, calibrates and times one case; never throws for errors of the case itself.
 Record run_case(const Suite& suite, const Case& c, const RunConfig& config);
 
+/// Whether any case of `suite` is among `records` (summaries print nothing otherwise).
+bool suite_ran(std::span<const Record> records, std::string_view suite);
+/// One summary line "  <label> <value> <unit>   target <op> <target> <unit>   met|MISSED":
+/// `at_most` for targets that are ceilings (times), otherwise floors (throughputs).
+void print_target(std::string_view label, double value, std::string_view unit, double target,
+                  bool at_most);
+
 /// The record of `case_name` in `mode` that succeeded, or nullptr.
 const Record* find_record(std::span<const Record> records, std::string_view suite,
                           std::string_view case_name, Mode mode);

@@ -260,7 +260,8 @@ struct CompiledFunction::Impl {
 
   std::vector<OutValue> replay(Entry& e, const std::vector<ArgValue>& args);
   std::vector<OutValue> trace(const std::vector<ArgValue>& args, const Invoke& invoke, Loc loc,
-                              Entry* failed, const std::string& miss_reason);
+                              Entry* failed, bool missing_branch,
+                              const std::string& miss_reason);
 
   mutable std::shared_mutex mu;
   std::vector<std::shared_ptr<Entry>> entries;
@@ -402,7 +403,9 @@ std::vector<OutValue> CompiledFunction::call(const std::vector<ArgValue>& given,
     return invoke();
   }
   std::string miss_reason;
+  bool missing_branch = false;  // the replay reached a host value no branch was traced for
   for (int attempt = 0; attempt < 3; ++attempt) {
+    missing_branch = false;
     std::shared_ptr<Entry> entry;
     {
       std::shared_lock lock(im.mu);
@@ -417,6 +420,7 @@ std::vector<OutValue> CompiledFunction::call(const std::vector<ArgValue>& given,
           return im.replay(*entry, args);
         } catch (const MissingBranch& m) {
           miss_reason = fmt::format("host read gave {}, a value not seen before", m.value.str());
+          missing_branch = true;
         } catch (const GuardFailure& g) {
           miss_reason = g.reason;
         } catch (const Error& err) {
@@ -432,7 +436,7 @@ std::vector<OutValue> CompiledFunction::call(const std::vector<ArgValue>& given,
     for (auto& e : im.entries)
       if (e.get() != entry.get() && passes(*e, args)) found = true;
     if (found) continue;
-    return im.trace(args, invoke, loc, entry.get(), miss_reason);
+    return im.trace(args, invoke, loc, entry.get(), missing_branch, miss_reason);
   }
   return invoke();
 }
@@ -560,9 +564,10 @@ std::vector<OutValue> CompiledFunction::Impl::replay(Entry& e, const std::vector
 
 std::vector<OutValue> CompiledFunction::Impl::trace(const std::vector<ArgValue>& args,
                                                     const Invoke& invoke, Loc loc,
-                                                    Entry* failed,
+                                                    Entry* failed, bool missing_branch,
                                                     const std::string& miss_reason) {
-  bool missing_branch = failed && miss_reason.rfind("host read", 0) == 0;
+  // A failed entry whose guards no longer hold (a captured tensor freed, a symbolic replay that
+  // failed) is dropped; one that only lacks a branch gets the new branch below.
   if (failed && !missing_branch)
     std::erase_if(entries, [&](const std::shared_ptr<Entry>& e) { return e.get() == failed; });
   int leaves = 0;

@@ -109,7 +109,6 @@ struct Plan::Region {
   std::vector<std::pair<int, int>> aliases;   // (value, value it equals) resolved after the run
   std::shared_ptr<codegen::Executable> exe;   // compiled with symbolic dims (or static)
   bool static_only = false;                   // exe only valid for the traced shapes
-  std::string mlir;
   bool eager_fallback = false;  // neither build worked: run the nodes eagerly
   // Measured choice between the compiled code and the region's ops on eager kernels: the first
   // kTrials runs alternate and are timed; then eager kernels are kept if 5 % faster (kiln's eager
@@ -325,7 +324,6 @@ void Plan::build_region(Region& r, const PlanOptions& o) {
                                  r.aliases);
       r.inputs.clear();
       for (size_t k = 0; k < in_v.size(); ++k) r.inputs.push_back({in_v[k], in_t[k]});
-      r.mlir = g.to_mlir();
       if (g.num_outputs() > 0) r.exe = std::make_shared<codegen::Executable>(g);
       r.static_only = has_sym && !dynamic;
       return;
@@ -497,13 +495,6 @@ std::string Plan::describe() const {
       default: break;
     }
   }
-  return out;
-}
-
-std::string Plan::graphs() const {
-  std::string out;
-  for (const Step& s : steps_)
-    if (s.region && !s.region->mlir.empty()) out += s.region->mlir;
   return out;
 }
 

@@ -66,8 +66,6 @@ class Plan {
   int num_ops() const;
   /// One line per step, for explain().
   std::string describe() const;
-  /// The kiln MLIR of every compiled region (KILN_LOGS=graph).
-  std::string graphs() const;
 
  private:
   struct Region;
