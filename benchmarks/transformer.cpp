@@ -9,6 +9,7 @@
 // Targets: compiled >= 1.5x kiln eager, >= 1.3x PyTorch 1.13 eager at its best setting here
 // (169 ms/step = 47.5 samples/s measured with 2 threads; benchmarks/peers/transformer_torch.py).
 #include <cstdlib>
+#include <functional>
 #include <memory>
 
 #include <fmt/format.h>
@@ -65,11 +66,22 @@ Benchmark eager_step(const RunConfig&) {
   return {[t] { do_not_optimize(t->step()); }, per_second(double(s.batch))};
 }
 
+// KILN_BENCH_EXPLAIN=1: the compiled step's explain() once the case is done (with
+// KILN_PROFILE=1 it gives each region's and eager op's average time).
+struct ExplainAtEnd {
+  std::function<std::string()> explain;
+  ~ExplainAtEnd() {
+    const char* v = std::getenv("KILN_BENCH_EXPLAIN");
+    if (v && *v && *v != '0') fmt::print("{}", explain());
+  }
+};
+
 Benchmark compiled_step(const RunConfig&) {
   Sizes s = sizes();
   auto t = std::make_shared<Trainer>(s);
   auto step = kiln::compile([t] { return t->step(); }, CompileOptions{}, "transformer_step");
-  return {[t, step] { do_not_optimize(step()); }, per_second(double(s.batch))};
+  auto at_end = std::make_shared<ExplainAtEnd>(ExplainAtEnd{[step] { return step.explain(); }});
+  return {[t, step, at_end] { do_not_optimize(step()); }, per_second(double(s.batch))};
 }
 
 std::vector<Case> cases() {
