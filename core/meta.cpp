@@ -393,6 +393,8 @@ InferredMeta random(OpKind op, std::span<const TensorMeta> in, const OpAttrs& a,
     return {in[0].dtype, {{in[0].dtype, in[0].shape}}};
   }
   for (int64_t v : a.dims) KILN_CHECK(v >= 0, nm, loc, "negative size in {}", to_string(a.dims));
+  if (op == OpKind::DropoutMask)
+    KILN_CHECK(a.p >= 0 && a.p <= 1, nm, loc, "probability must be in [0, 1], got {}", a.p);
   if (op == OpKind::RandInt) {
     KILN_CHECK(a.low.to<int64_t>() < a.high.to<int64_t>(), nm, loc,
                "low ({}) must be less than high ({})", a.low.str(), a.high.str());

@@ -232,8 +232,17 @@ Plan::Plan(std::shared_ptr<const Program> program, size_t begin, size_t end,
     }
     open.reset();
   };
+  // Random ops that read no value (dropout masks, rand/randn): first, so they do not split the
+  // compiled regions. Each replays at its own generator offset, so the order does not matter.
+  auto hoisted = [&](const Node& n) {
+    return n.kind == Node::Kind::Op && n.in.empty() &&
+           op_info(n.op).category == OpCategory::Random;
+  };
+  for (size_t i = begin; i < end; ++i)
+    if (hoisted(p.nodes[i])) steps_.push_back({Step::Kind::Eager, i, nullptr, {}});
   for (size_t i = begin; i < end; ++i) {
     const Node& n = p.nodes[i];
+    if (hoisted(n)) continue;
     if (n.kind == Node::Kind::Op && options.compile && !p.aliased_mutation && lowerable(p, n)) {
       if (!open) open = std::make_unique<Region>();
       open->nodes.push_back(i);

@@ -5,6 +5,7 @@
 
 #include "eager/autograd.h"
 #include "eager/factories.h"
+#include "eager/ops.h"
 
 namespace kiln::tracer {
 namespace {
@@ -157,8 +158,37 @@ int Recorder::lookup(const Tensor& t) {
   return add_source(t, std::move(s));
 }
 
+// Dropout is recorded as where(mask != 0, x * mask, 0) with mask = dropout_mask(same seed,
+// offset and p): the values of eager's dropout kernel (kept: x * scale; dropped: 0, also for
+// x = inf/nan), but the multiply fuses into the compiled regions, the mask (a random op that
+// reads no value) runs before them instead of splitting them (plan.cpp), and the backward's
+// dropout, which eager autograd computes by drawing the same mask again, reuses the forward's.
+bool Recorder::record_dropout_as_mask(const OpCall& call, const std::vector<Tensor>& outs) {
+  const Tensor& x = call.inputs[0];
+  const Tensor& out = outs[0];
+  if (!x.defined() || x.dtype() != out.dtype() || call.attrs.p <= 0) return false;
+  const Shape& shape = out.shape();
+  Tensor& mask = dropout_masks_[{call.attrs.seed, call.attrs.offset, call.attrs.p, out.dtype(),
+                                 std::vector<int64_t>(shape.begin(), shape.end())}];
+  NoGradGuard no_grad;  // recorded ops only: the eager autograd graph already has the dropout
+  if (!mask.defined()) {
+    OpAttrs a = call.attrs;
+    a.dims = shape;
+    a.dtype = out.dtype();
+    mask = dispatch::call1({OpKind::DropoutMask, {}, a, call.loc});
+  }
+  Tensor masked = kiln::where(kiln::ne(mask, 0, call.loc), kiln::mul(x, mask, call.loc), 0,
+                              call.loc);
+  int v = lookup(masked);
+  by_impl_[out.impl()] = v;
+  by_geometry_[key_of(out)] = v;
+  stand_ins_.push_back(out);  // keeps its impl and storage addresses from being reused
+  return true;
+}
+
 void Recorder::after_kernel(const OpCall& call, const InferredMeta& meta,
                             std::vector<Tensor>& outs) {
+  if (call.op == OpKind::Dropout && record_dropout_as_mask(call, outs)) return;
   Node n;
   n.kind = Node::Kind::Op;
   n.op = call.op;

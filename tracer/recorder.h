@@ -3,6 +3,7 @@
 /// on its real inputs (so host reads see real values and errors are eager's); the recorder sees
 /// every dispatched op through the thread's tracer hook and numbers the tensors it touches.
 #include <map>
+#include <tuple>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -66,6 +67,7 @@ class Recorder final : public DispatchHook {
   static GeoKey key_of(const Tensor& t);
   int new_value(const Tensor& t, int source);
   int find(const Tensor& t);
+  bool record_dropout_as_mask(const OpCall& call, const std::vector<Tensor>& outs);
 
   Program& p_;
   uint64_t start_serial_;
@@ -81,6 +83,9 @@ class Recorder final : public DispatchHook {
   std::unordered_map<const StorageImpl*, uint64_t> writes_;  // in-place writes per storage
   std::vector<Tensor> grad_leaves_;
   std::unordered_set<const TensorImpl*> grad_leaf_set_;
+  // Dropout masks by (seed, offset, p, dtype, shape): a backward's dropout reuses its forward's.
+  std::map<std::tuple<uint64_t, uint64_t, double, DType, std::vector<int64_t>>, Tensor> dropout_masks_;
+  std::vector<Tensor> stand_ins_;  // eager outputs recorded as another op's value
 };
 
 /// Runs `fn` with the calling thread's tracer hook and read observer removed (the tracer's own

@@ -15,6 +15,7 @@
 //           (the high half of a 64×64-bit product: no division, bias < range / 2^64)
 //   dropout keep element i iff to_uniform_float(w(i)) >= p (compared in double); kept: x · (1 / (1 - p)) with the
 //           scale rounded to x's dtype; dropped (and everything when p == 1): 0
+//   dropout_mask  the same with x = 1: the scale where dropout keeps element i, else 0
 // The eager factories reserve 2, 4, 2 and 1 words per element respectively (eager/factories.cpp,
 // eager/ops.cpp), so consecutive draws never share counters.
 #include <algorithm>
@@ -163,14 +164,31 @@ void randint(const OpCall& call, const Tensor& out) {
   });
 }
 
+// u >= p with u a multiple of 2^-24 in [0, 1): dropout compares the 24-bit integer instead.
+uint32_t dropout_threshold(double p) {
+  return static_cast<uint32_t>(std::min(std::ceil(p * 0x1.0p24), 0x1.0p24));
+}
+template <class T> T dropout_scale(double p) { return p >= 1.0 ? T(0) : static_cast<T>(1.0 / (1.0 - p)); }
+
+void dropout_mask(const OpCall& call, const Tensor& out) {
+  const OpAttrs& a = call.attrs;
+  const uint32_t threshold = dropout_threshold(a.p);
+  KILN_DISPATCH_FLOAT(out.dtype(), T, {
+    const T scale = dropout_scale<T>(a.p);
+    T* o = out.data<T>();
+    for_tiles(a, out.numel(), 1, [&](int64_t lo, int64_t hi, const WordTile& w) {
+      for (int64_t i = lo; i < hi; ++i)
+        o[i] = (w[static_cast<uint64_t>(i)] >> 8) >= threshold ? scale : T(0);
+    });
+  });
+}
+
 void dropout(const OpCall& call, const Tensor& out) {
   const OpAttrs& a = call.attrs;
   const Tensor& x = call.inputs[0];
-  const bool drop_all = a.p >= 1.0;
-  // u >= p with u a multiple of 2^-24 in [0, 1): compare the 24-bit integer instead.
-  const uint32_t threshold = static_cast<uint32_t>(std::min(std::ceil(a.p * 0x1.0p24), 0x1.0p24));
+  const uint32_t threshold = dropout_threshold(a.p);
   KILN_DISPATCH_FLOAT(out.dtype(), T, {
-    const T scale = drop_all ? T(0) : static_cast<T>(1.0 / (1.0 - a.p));
+    const T scale = dropout_scale<T>(a.p);
     StridedLoop<2> loop(out.shape(), {&out, &x});
     const int64_t os = loop.inner_stride(0), xs = loop.inner_stride(1);
     for_tiles(a, loop.numel(), 1, [&](int64_t lo, int64_t hi, const WordTile& w) {
@@ -200,6 +218,7 @@ void random_kernel(const OpCall& call, const InferredMeta& meta, std::span<Tenso
     case OpKind::Normal: normal(call, outs[0]); break;
     case OpKind::RandInt: randint(call, outs[0]); break;
     case OpKind::Dropout: dropout(call, outs[0]); break;
+    case OpKind::DropoutMask: dropout_mask(call, outs[0]); break;
     default: throw Error(call.name(), "not a random op", call.loc);
   }
 }

@@ -10,6 +10,7 @@
 
 #include "backends/cpu/parallel.h"
 #include "core/philox.h"
+#include "eager/dispatch.h"
 #include "kiln/kiln.h"
 
 using namespace kiln;
@@ -185,4 +186,34 @@ TEST_CASE("dropout") {
   CHECK(dropout(x, 0.0).is_same(x));
   CHECK_THROWS_AS(dropout(x, 1.5), Error);
   CHECK_THROWS_AS(dropout(tensor({1, 2}), 0.5), Error);
+}
+
+TEST_CASE("dropout_mask: dropout's scale or 0 per element, from the same words") {
+  for (double p : {0.1, 0.5, 1.0}) {
+    manual_seed(4);
+    Tensor x = arange(1, 3001, 1, {Float32}).view({30, 100});
+    GeneratorState s = generator_state();
+    std::vector<float> y = dropout(x, p).to_vector<float>();
+    OpAttrs a;
+    a.dims = {30, 100};
+    a.dtype = DType::Float32;
+    a.p = p;
+    a.seed = s.seed;
+    a.offset = s.offset;
+    std::vector<float> m = dispatch::call1({OpKind::DropoutMask, {}, a}).to_vector<float>();
+    std::vector<float> xv = x.to_vector<float>();
+    const float scale = p < 1 ? static_cast<float>(1.0 / (1.0 - p)) : 0.f;
+    for (size_t i = 0; i < y.size(); ++i) {
+      CHECK((m[i] == 0 || m[i] == scale));
+      CHECK(y[i] == xv[i] * m[i]);  // kept: x * scale exactly; dropped: 0
+    }
+  }
+  OpAttrs bad;
+  bad.dims = {2};
+  bad.dtype = DType::Float32;
+  bad.p = 1.5;
+  CHECK_THROWS_AS(dispatch::call1({OpKind::DropoutMask, {}, bad}), Error);
+  bad.p = 0.5;
+  bad.dtype = DType::Int64;
+  CHECK_THROWS_AS(dispatch::call1({OpKind::DropoutMask, {}, bad}), Error);
 }

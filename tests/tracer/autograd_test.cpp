@@ -1,5 +1,6 @@
 // compile() with autograd: compiled backward, whole training steps, double backward, RNG.
 #include <catch2/catch.hpp>
+#include <cmath>
 
 #include "kiln/kiln.h"
 #include "tracer/util.h"
@@ -187,6 +188,40 @@ TEST_CASE("compile: dropout draws eager's numbers for the same seed and offset",
   manual_seed(1);
   std::vector<float> a = vec(f(x)), b = vec(f(x));
   CHECK(a != b);
+}
+
+TEST_CASE("compile: dropout is x * mask in the compiled region; the backward reuses the mask",
+          "[compile][rng][autograd]") {
+  // Dropped elements are 0 even where x is inf or nan (as eager's kernel), kept ones x * 2.
+  Tensor w = from_vector<float>({1, 2, 3, 4, 5, 6, 7, 8}, {8});
+  w.requires_grad_();
+  auto step = [&](const Tensor& x) {
+    w.set_grad(Tensor());
+    Tensor y = dropout(x * w, 0.5, true);
+    (y * y).sum().backward();
+    return y.detach();
+  };
+  auto f = compile(step);
+  Tensor x = from_vector<float>({1, -2, INFINITY, NAN, -INFINITY, 0.5f, -0.f, 3}, {8});
+  for (int i = 0; i < 4; ++i) {
+    manual_seed(7 + i);
+    std::vector<float> ye = vec(step(x)), ge = vec(w.grad());
+    manual_seed(7 + i);
+    std::vector<float> yc = vec(f(x)), gc = vec(w.grad());
+    for (size_t j = 0; j < ye.size(); ++j) {
+      INFO("call " << i << " element " << j);
+      CHECK((std::isnan(ye[j]) ? std::isnan(yc[j]) : yc[j] == ye[j]));
+      CHECK((std::isnan(ge[j]) ? std::isnan(gc[j]) : gc[j] == ge[j]));
+    }
+  }
+  // One mask per dropout: the forward's, drawn before the compiled region.
+  std::string text = f.explain();
+  INFO(text);
+  size_t masks = 0;
+  for (size_t at = 0; (at = text.find("eager op: dropout_mask", at)) != std::string::npos; ++at) ++masks;
+  CHECK(masks == 1);
+  CHECK(text.find("eager op: dropout (") == std::string::npos);
+  CHECK(text.find("compiled region") != std::string::npos);
 }
 
 TEST_CASE("compile: a Transformer encoder training step equals eager", "[compile][autograd][transformer]") {
