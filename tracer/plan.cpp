@@ -122,7 +122,7 @@ struct Plan::Region {
   mutable std::atomic<int> choice{-1};  // -1 measuring, 0 compiled, 1 eager kernels
   std::string fallback_reason;
   // one_hot nodes: eager raises for a class index outside [0, num_classes), the compiled code
-  // gives a zero row. Their indices are checked after a compiled run (check_indices).
+  // gives a zero row. Their indices are checked after a compiled run (run_compiled).
   std::vector<size_t> one_hots;
 };
 
