@@ -239,6 +239,39 @@ mlir::Value convert(mlir::OpBuilder& b, mlir::Location loc, mlir::Value v, mlir:
   return mlir::arith::ExtSIOp::create(b, loc, to, v);
 }
 
+/// `to` (Cast) of scalar `v` to element type `to`, as eager's copy_cast computes it (a
+/// static_cast, compiled for x86-64): to bool = x != 0 (NaN is true); integers narrow by
+/// wrapping; float -> int truncates toward zero, and NaN or a value outside the target's range
+/// gives the target's minimum (the cvtt* instructions' "integer indefinite" that eager's casts
+/// compile to; a bare fptosi would be poison there, so the range is selected explicitly).
+mlir::Value cast_value(mlir::OpBuilder& b, mlir::Location loc, mlir::Value v, mlir::Type to) {
+  using namespace mlir::arith;
+  mlir::Type from = v.getType();
+  if (from == to) return v;
+  bool from_float = llvm::isa<mlir::FloatType>(from);
+  if (to.isInteger(1)) {
+    if (from_float)
+      return CmpFOp::create(b, loc, CmpFPredicate::UNE, v,
+                            ConstantOp::create(b, loc, from, b.getFloatAttr(from, 0.0)));
+    return CmpIOp::create(b, loc, CmpIPredicate::ne, v,
+                          ConstantOp::create(b, loc, from, b.getIntegerAttr(from, 0)));
+  }
+  if (llvm::isa<mlir::FloatType>(to)) return convert(b, loc, v, to);  // rounds to nearest
+  unsigned bits = to.getIntOrFloatBitWidth();
+  if (from_float) {
+    double limit = std::ldexp(1.0, static_cast<int>(bits) - 1);  // 2^31 / 2^63, exact in f32
+    auto c = [&](double x) { return ConstantOp::create(b, loc, from, b.getFloatAttr(from, x)); };
+    mlir::Value in_range = AndIOp::create(b, loc, CmpFOp::create(b, loc, CmpFPredicate::OGE, v, c(-limit)),
+                                          CmpFOp::create(b, loc, CmpFPredicate::OLT, v, c(limit)));
+    mlir::Value min = ConstantOp::create(
+        b, loc, to, b.getIntegerAttr(to, llvm::APInt::getSignedMinValue(bits)));
+    return SelectOp::create(b, loc, in_range, FPToSIOp::create(b, loc, to, v), min);
+  }
+  if (from.isInteger(1)) return ExtUIOp::create(b, loc, to, v);
+  if (from.getIntOrFloatBitWidth() < bits) return ExtSIOp::create(b, loc, to, v);
+  return TruncIOp::create(b, loc, to, v);
+}
+
 /// An attribute scalar (alpha, clamp bounds) as a constant of type `t`. For integer types,
 /// integer attributes are taken exactly and float ones truncated (Scalar::to<int64_t>);
 /// `saturate` clamps to t's range, as eager's clamp bounds do.
@@ -320,7 +353,8 @@ DType result_type_of(std::span<const TensorMeta> metas) { return kiln::result_ty
 
 bool covered(OpKind k) {
   OpCategory c = op_info(k).category;
-  return c == OpCategory::Unary || c == OpCategory::Binary || c == OpCategory::Ternary;
+  return c == OpCategory::Unary || c == OpCategory::Binary || c == OpCategory::Ternary ||
+         k == OpKind::Cast;
 }
 
 /// The body: `args` already converted to the compute type `t`.
@@ -531,6 +565,10 @@ struct LowerElementwise : mlir::OpRewritePattern<kiln::dialect::ElementwiseOp> {
     auto generic = mlir::linalg::GenericOp::create(
         rw, loc, mlir::TypeRange{result_type}, op.getInputs(), mlir::ValueRange{init}, maps,
         iterators, [&](mlir::OpBuilder& b, mlir::Location l, mlir::ValueRange args) {
+          if (k == OpKind::Cast) {  // one convert from the input's type to the result's
+            mlir::linalg::YieldOp::create(b, l, cast_value(b, l, args[0], t));
+            return;
+          }
           llvm::SmallVector<mlir::Value> converted;
           for (auto [i, a] : llvm::enumerate(args.drop_back()))
             converted.push_back(k == OpKind::Where && i == 0 ? a : convert(b, l, a, ct));
@@ -1455,6 +1493,44 @@ struct KilnToLinalgPass
 
 }  // namespace
 
+/// kiln.index "one_hot": out[..., c] = int64(x[...] == c), one generic over the result whose
+/// input map drops the class dim, so it fuses with the cast and multiply that follow it in
+/// nll_loss's backward. A class index outside [0, C) equals no c: its row is all zeros (eager
+/// raises; compiled code cannot. The tracer keeps eager's error by checking the indices after
+/// the region runs, tracer/plan.cpp).
+struct LowerOneHot : mlir::OpRewritePattern<kiln::dialect::IndexOp> {
+  using OpRewritePattern::OpRewritePattern;
+  mlir::LogicalResult matchAndRewrite(kiln::dialect::IndexOp op,
+                                      mlir::PatternRewriter& rw) const override {
+    if (kiln::dialect::op_kind_from_name(op.getKind()) != OpKind::OneHot || op.getInputs().size() != 1)
+      return rw.notifyMatchFailure(op, "kind not lowered yet");
+    mlir::Value x = op.getInputs()[0];
+    auto out = llvm::cast<mlir::RankedTensorType>(op.getResult().getType());
+    mlir::Location loc = op.getLoc();
+    mlir::MLIRContext* ctx = rw.getContext();
+    int64_t rank = out.getRank();
+    llvm::SmallVector<mlir::AffineExpr> exprs;
+    for (int64_t d = 0; d + 1 < rank; ++d) exprs.push_back(mlir::getAffineDimExpr(d, ctx));
+    llvm::SmallVector<mlir::AffineMap> maps = {mlir::AffineMap::get(rank, 0, exprs, ctx)};
+    auto dyn = dynamic_sizes(rw, loc, out, mlir::ValueRange{x}, maps);
+    if (!dyn) return rw.notifyMatchFailure(op, "no operand gives a dynamic result size");
+    maps.push_back(mlir::AffineMap::getMultiDimIdentityMap(rank, ctx));
+    mlir::Value init = mlir::tensor::EmptyOp::create(rw, loc, out.getShape(), out.getElementType(), *dyn);
+    llvm::SmallVector<mlir::utils::IteratorType> iterators(rank, mlir::utils::IteratorType::parallel);
+    auto generic = mlir::linalg::GenericOp::create(
+        rw, loc, mlir::TypeRange{out}, mlir::ValueRange{x}, mlir::ValueRange{init}, maps, iterators,
+        [&](mlir::OpBuilder& b, mlir::Location l, mlir::ValueRange args) {
+          mlir::Type i64 = b.getI64Type();
+          mlir::Value c = mlir::linalg::IndexOp::create(b, l, rank - 1);
+          c = mlir::arith::IndexCastOp::create(b, l, i64, c);
+          mlir::Value eq = mlir::arith::CmpIOp::create(b, l, mlir::arith::CmpIPredicate::eq, args[0], c);
+          mlir::linalg::YieldOp::create(b, l, mlir::arith::ExtUIOp::create(b, l, i64, eq).getResult());
+        });
+    rw.replaceOp(op, generic.getResults());
+    return mlir::success();
+  }
+};
+
 /// kiln.constant -> arith.constant with the same dense value (a tensor constant).
 struct LowerConstant : mlir::OpRewritePattern<kiln::dialect::ConstantOp> {
   using OpRewritePattern::OpRewritePattern;
@@ -1469,7 +1545,7 @@ struct LowerConstant : mlir::OpRewritePattern<kiln::dialect::ConstantOp> {
 
 void populate_kiln_to_linalg_patterns(mlir::RewritePatternSet& patterns) {
   patterns.add<LowerElementwise, LowerReduce, LowerVar, LowerArgReduce, LowerMatmul, LowerTranspose,
-               LowerView, LowerConstant>(patterns.getContext());
+               LowerView, LowerOneHot, LowerConstant>(patterns.getContext());
 }
 
 std::unique_ptr<mlir::Pass> create_kiln_to_linalg_pass() {

@@ -22,7 +22,7 @@ bool relax_leading_dim(mlir::ModuleOp m) {
   for (mlir::Operation& op : body.without_terminator())
     if (!llvm::isa<kiln::dialect::ElementwiseOp, kiln::dialect::ReduceOp,
                    kiln::dialect::MatmulOp, kiln::dialect::ConstantOp,
-                   kiln::dialect::CompositeOp,   // re-inferred like the others
+                   kiln::dialect::CompositeOp, kiln::dialect::IndexOp,  // re-inferred like the others
                    kiln::dialect::ViewOp>(op))  // only of values that keep their type (below)
       return false;
 

@@ -25,10 +25,11 @@ class Kiln_Op<string mnemonic, list<Trait> traits = []>
 defvar KilnScalarAttr = OptionalAttr<TypedAttrInterface>;
 
 def Kiln_ElementwiseOp : Kiln_Op<"elementwise"> {
-  let summary = "elementwise op (unary, binary or ternary row of the op table), broadcasting";
+  let summary = "elementwise op (unary, binary or ternary row of the op table, or the cast `to` "
+                "with its target element type in `dtype`), broadcasting";
   let arguments = (ins StrAttr:$kind, Variadic<AnyRankedTensor>:$inputs,
                        KilnScalarAttr:$alpha, KilnScalarAttr:$beta,
-                       OptionalAttr<I64Attr>:$mode);
+                       OptionalAttr<I64Attr>:$mode, OptionalAttr<TypeAttr>:$dtype);
   let results = (outs AnyRankedTensor:$result);
   let assemblyFormat = "$kind $inputs attr-dict `:` functional-type($inputs, results)";
 }
@@ -69,6 +70,14 @@ def Kiln_CompositeOp : Kiln_Op<"composite"> {
                        OptionalAttr<I64Attr>:$dim, OptionalAttr<DenseI64ArrayAttr>:$dims,
                        OptionalAttr<F64Attr>:$eps, OptionalAttr<I64Attr>:$mode,
                        OptionalAttr<I64Attr>:$ignore_index);
+  let results = (outs AnyRankedTensor:$result);
+  let assemblyFormat = "$kind $inputs attr-dict `:` functional-type($inputs, results)";
+}
+
+def Kiln_IndexOp : Kiln_Op<"index"> {
+  let summary = "index-category row of the op table: one_hot (`mode` = num_classes)";
+  let arguments = (ins StrAttr:$kind, Variadic<AnyRankedTensor>:$inputs,
+                       OptionalAttr<I64Attr>:$mode);
   let results = (outs AnyRankedTensor:$result);
   let assemblyFormat = "$kind $inputs attr-dict `:` functional-type($inputs, results)";
 }

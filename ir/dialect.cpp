@@ -50,6 +50,11 @@ const char* dialect_op_for(OpKind op) {
     case OpCategory::View: return "view";
     case OpCategory::Normalization:
     case OpCategory::Loss: return "composite";
+    // `to` is elementwise (a convert per element), so it fuses with its neighbours; the other
+    // Copy rows are in-place or identities the tracer handles itself.
+    case OpCategory::Copy: return op == OpKind::Cast ? "elementwise" : nullptr;
+    // Of the Index rows only one_hot is covered (a compare with the class index per element).
+    case OpCategory::Index: return op == OpKind::OneHot ? "index" : nullptr;
     default: return nullptr;
   }
 }
@@ -240,6 +245,12 @@ void attrs_to_named(OpKind kind, const OpAttrs& a, mlir::Builder& b,
         add("dim", b.getI64IntegerAttr(a.dim));
       }
       break;
+    case OpCategory::Copy:
+      if (kind == OpKind::Cast) add("dtype", mlir::TypeAttr::get(element_type(b.getContext(), a.dtype)));
+      break;
+    case OpCategory::Index:
+      if (kind == OpKind::OneHot) add("mode", b.getI64IntegerAttr(a.mode));  // num_classes
+      break;
     case OpCategory::Loss:
       if (a.mode != 0) add("mode", b.getI64IntegerAttr(a.mode));
       if (kind == OpKind::NllLoss && a.ignore_index != OpAttrs().ignore_index)
@@ -273,6 +284,8 @@ OpAttrs attrs_from_op(OpKind kind, mlir::Operation* op) {
   i64("step", a.step);
   i64("ignore_index", a.ignore_index);
   if (auto e = op->getAttrOfType<mlir::FloatAttr>("eps")) a.eps = e.getValueAsDouble();
+  if (auto t = op->getAttrOfType<mlir::TypeAttr>("dtype"))
+    if (auto d = dtype_of(t.getValue())) a.dtype = *d;
   if (op_info(kind).category == OpCategory::IndexReduction) {
     a.all_dims = a.dims.size() != 1;
     if (!a.all_dims) a.dim = a.dims[0];
@@ -326,6 +339,8 @@ mlir::LogicalResult verify_kiln_op(mlir::Operation* op, llvm::StringRef kind_nam
     return op->emitOpError() << "op kind \"" << kind_name << "\" belongs to "
                              << (expected ? "kiln." + std::string(expected)
                                           : std::string("no kiln op yet"));
+  if (*kind == OpKind::Cast && !op->hasAttr("dtype"))
+    return op->emitOpError() << "\"to\" needs its target element type in `dtype`";
   llvm::SmallVector<mlir::RankedTensorType> operands;
   for (mlir::Value v : op->getOperands()) operands.push_back(llvm::cast<mlir::RankedTensorType>(v.getType()));
   std::vector<mlir::RankedTensorType> inferred;
@@ -360,6 +375,7 @@ mlir::LogicalResult ElementwiseOp::verify() {
 mlir::LogicalResult ReduceOp::verify() { return verify_kiln_op(getOperation(), getKind(), "reduce"); }
 mlir::LogicalResult MatmulOp::verify() { return verify_kiln_op(getOperation(), getKind(), "matmul"); }
 mlir::LogicalResult ViewOp::verify() { return verify_kiln_op(getOperation(), getKind(), "view"); }
+mlir::LogicalResult IndexOp::verify() { return verify_kiln_op(getOperation(), getKind(), "index"); }
 mlir::LogicalResult CompositeOp::verify() {
   return verify_kiln_op(getOperation(), getKind(), "composite");
 }

@@ -23,8 +23,8 @@ namespace kiln::dialect {
 /// The op-table row named `name` ("add", "sum", ...), if any.
 std::optional<OpKind> op_kind_from_name(llvm::StringRef name);
 
-/// The kiln op mnemonic ("elementwise", "reduce", "matmul", "view", "composite") that carries
-/// `op`, or nullptr when the IR does not cover the op's category yet.
+/// The kiln op mnemonic ("elementwise", "reduce", "matmul", "view", "composite", "index") that
+/// carries `op`, or nullptr when the IR does not cover the op yet.
 const char* dialect_op_for(OpKind op);
 
 /// MLIR element type of a kiln dtype and back (nullopt for types kiln has no dtype for).

@@ -1,5 +1,6 @@
 #include "tracer/plan.h"
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <thread>
@@ -120,6 +121,9 @@ struct Plan::Region {
   mutable std::atomic<int64_t> compiled_ns{0}, eager_ns{0};
   mutable std::atomic<int> choice{-1};  // -1 measuring, 0 compiled, 1 eager kernels
   std::string fallback_reason;
+  // one_hot nodes: eager raises for a class index outside [0, num_classes), the compiled code
+  // gives a zero row. Their indices are checked after a compiled run (run_compiled).
+  std::vector<size_t> one_hots;
 };
 
 struct Plan::Step {
@@ -138,8 +142,10 @@ namespace {
 
 // Builds the region's graph; `dynamic` puts `?` where the program has symbolic dims.
 // Returns the graph and fills inputs/outputs/aliases.
+// `checked`: values the run checks after the region (one_hot's indices), made outputs too.
 ir::Graph region_graph(const Program& p, const std::vector<size_t>& nodes,
-                       const std::vector<bool>& used_outside, bool dynamic,
+                       const std::vector<bool>& used_outside, const std::vector<int>& checked,
+                       bool dynamic,
                        std::vector<int>& inputs_v, std::vector<DType>& inputs_t,
                        std::vector<int>& outputs, std::vector<std::pair<int, int>>& aliases) {
   ir::Graph g;
@@ -202,6 +208,15 @@ ir::Graph region_graph(const Program& p, const std::vector<size_t>& nodes,
     }
     g.output(v);
     outputs.push_back(out);
+  }
+  // Last, so that they do not change which output decides the row split (codegen/row_split.cpp).
+  for (int v : checked) {
+    auto it = val.find(v);
+    if (it == val.end() || input_value.count(it->second.id) ||
+        std::find(outputs.begin(), outputs.end(), v) != outputs.end())
+      continue;  // a region input, or already an output
+    g.output(it->second);
+    outputs.push_back(v);
   }
   return g;
 }
@@ -330,12 +345,18 @@ void Plan::build_region(Region& r, const PlanOptions& o) {
         for (const SymInt& s : p.values[v].sym) has_sym |= s.arg >= 0;
   std::vector<int> in_v;
   std::vector<DType> in_t;
+  std::vector<int> checked;
+  for (size_t i : r.nodes)
+    if (p.nodes[i].op == OpKind::OneHot) {
+      r.one_hots.push_back(i);
+      checked.push_back(p.nodes[i].in[0]);
+    }
   std::string first_error;
   for (bool dynamic : {true, false}) {
     if (dynamic && !has_sym) continue;
     try {
-      ir::Graph g = region_graph(p, r.nodes, o.live_after, dynamic, in_v, in_t, r.outputs,
-                                 r.aliases);
+      ir::Graph g = region_graph(p, r.nodes, o.live_after, checked, dynamic, in_v, in_t,
+                                 r.outputs, r.aliases);
       r.inputs.clear();
       for (size_t k = 0; k < in_v.size(); ++k) r.inputs.push_back({in_v[k], in_t[k]});
       if (g.num_outputs() > 0) r.exe = std::make_shared<codegen::Executable>(g);
@@ -436,6 +457,18 @@ void Plan::run_compiled(const Region& r, RunState& st) const {
   }
   for (size_t k = 0; k < r.outputs.size(); ++k) st.slots[r.outputs[k]] = std::move(outs[k]);
   for (auto& [v, src] : r.aliases) st.slots[v] = st.value(p, src);
+  // one_hot's indices (int64, as infer_meta requires): one out of range re-runs the node on
+  // eager kernels, which raises eager's error (a scan of N values, cheap next to the region).
+  for (size_t i : r.one_hots) {
+    const Node& n = p.nodes[i];
+    Tensor x = st.value(p, n.in[0]).contiguous();
+    const int64_t* d = x.data<int64_t>();
+    for (int64_t e = 0; e < x.numel(); ++e)
+      if (d[e] < 0 || d[e] >= n.attrs.mode) {
+        run_eager(n, st);
+        break;
+      }
+  }
 }
 
 bool profiling() {

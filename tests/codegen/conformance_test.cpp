@@ -15,6 +15,8 @@
 //            libm / xsimd: rtol 1e-5, atol 1e-6 (float64, libm vs xsimd: rtol 1e-10).
 //   accum  — sums (sum/mean/prod, matmul/addmm): another summation order (and BLAS):
 //            float32 rtol 1e-5, atol 1e-5; float64 rtol 1e-12, atol 1e-12.
+// `to` is compared over every dtype pair (exact: casts of ±inf, NaN and out-of-range floats to
+// integers included), one_hot on valid class indices (out of range, eager raises).
 // Known eager bug, so compared with libm: float64 log/log2 of denormals.
 // A final table prints ops lowered / accepted by the dialect / in the table, and why the others
 // are not lowered.
@@ -46,6 +48,7 @@ struct Case {
   std::vector<DType> dtypes;  // per input
   OpAttrs attrs;
   int transposed = -1;        // this input is passed as a transposed (non-contiguous) view
+  int64_t classes = 0;        // one_hot: input 0 holds int64 class indices in [0, classes)
 };
 
 const DType kDTypes[] = {DType::Float32, DType::Float64, DType::Int32, DType::Int64, DType::Bool};
@@ -116,7 +119,7 @@ Tol tolerance(OpKind k, DType out) {
     case OpKind::Ceil: case OpKind::Round: case OpKind::Trunc: case OpKind::Sqrt:
     case OpKind::Reciprocal: case OpKind::Maximum: case OpKind::Minimum: case OpKind::Clamp:
     case OpKind::FloorDivide: case OpKind::Remainder: case OpKind::Where: case OpKind::Amax:
-    case OpKind::Amin:
+    case OpKind::Amin: case OpKind::Cast: case OpKind::OneHot:
       return {};
     default:
       if (op_info(k).category == OpCategory::View) return {};
@@ -356,6 +359,30 @@ std::vector<Case> cases_for(OpKind k) {
         for (const V& v : vs) add(v.v, {d}, v.a);
       break;
     }
+    case OpCategory::Copy:
+    case OpCategory::Index:
+      if (k == OpKind::Cast) {  // every dtype pair, on the special values of make_values
+        std::vector<Variant> vs = {fixed("0-d", {{}}), fixed("empty", {{0, 3}}),
+                                   fixed("[4,5]", {{4, 5}}), fixed("transposed", {{4, 5}}, 0),
+                                   {"dynamic", {{kDyn, 3}}, {{{2, 3}}, {{7, 3}}}}};
+        for (DType from : kDTypes)
+          for (DType to : kDTypes)
+            for (const Variant& v : vs)
+              add(v, {from}, with([&](OpAttrs& a) { a.dtype = to; }), " to " + std::string(name(to)));
+        break;
+      }
+      if (k == OpKind::OneHot) {
+        std::vector<Variant> vs = {fixed("[6]", {{6}}), fixed("0-d", {{}}), fixed("empty", {{0}}),
+                                   fixed("[4,5]", {{4, 5}}), fixed("transposed", {{4, 5}}, 0),
+                                   {"dynamic", {{kDyn, 3}}, {{{2, 3}}, {{7, 3}}}}};
+        for (int64_t n : {1, 4, 7})
+          for (const Variant& v : vs) {
+            add(v, {DType::Int64}, with([&](OpAttrs& a) { a.mode = n; }), " classes " + std::to_string(n));
+            out.back().classes = n;
+          }
+        break;
+      }
+      [[fallthrough]];
     default: {
       // Categories the dialect has no op for yet: one probe, which Graph::op rejects.
       int n = info.arity < 0 ? 2 : info.arity;
@@ -429,6 +456,12 @@ TEST_CASE("Conformance: compiled == eager over the op table") {
           for (size_t j = 0; j < c.runs[run].size(); ++j)
             inputs.push_back(make_input(c.dtypes[j], c.runs[run][j], static_cast<int>(j + run),
                                         static_cast<int>(j) == c.transposed, nonzero));
+          if (c.classes > 0) {  // valid class indices (out of range, eager raises)
+            bool tr = c.transposed == 0 && inputs[0].dim() >= 2;  // keep the strided layout
+            Tensor t = tr ? inputs[0].transpose(-2, -1) : inputs[0];
+            t = remainder(abs(t), Scalar(c.classes));
+            inputs[0] = tr ? t.transpose(-2, -1) : t;
+          }
           Tensor want;
           try {
             want = dispatch::call1(OpCall{k, inputs, c.attrs, Loc::current()});

@@ -215,3 +215,61 @@ TEST_CASE("ir::Graph: composite ops raise eager's errors") {
   CHECK_THROWS_AS(g.op(OpKind::Softmax, {x}, bad_dim), Error);
   CHECK_THROWS_AS(g.op(OpKind::NllLoss, {x, x}), Error);  // float target
 }
+
+TEST_CASE("ir::Graph: to (every dtype pair) and one_hot build, verify and round-trip their attrs") {
+  const DType all[] = {DType::Bool, DType::Int32, DType::Int64, DType::Float32, DType::Float64};
+  for (bool dynamic : {false, true})
+    for (DType from : all)
+      for (DType to : all) {
+        INFO(name(from) << " -> " << name(to) << (dynamic ? " dynamic" : ""));
+        ir::Graph g;
+        std::vector<int64_t> shape = {dynamic ? kDynamic : 2, 3};
+        OpAttrs a;
+        a.dtype = to;
+        ir::Value y = g.op(OpKind::Cast, {g.input(from, shape)}, a);
+        g.output(y);
+        CHECK(g.type(y).dtype == to);
+        CHECK(g.type(y).shape == shape);
+        CHECK_NOTHROW(g.verify());
+      }
+  ir::Graph g;
+  OpAttrs a;
+  a.dtype = DType::Float64;
+  g.output(g.op(OpKind::Cast, {g.input(DType::Int32, {3})}, a));
+  OpAttrs c;
+  c.mode = 7;  // num_classes
+  ir::Value oh = g.op(OpKind::OneHot, {g.input(DType::Int64, {kDynamic, 2})}, c);
+  CHECK(g.type(oh).dtype == DType::Int64);
+  CHECK(g.type(oh).shape == std::vector<int64_t>{kDynamic, 2, 7});
+  g.output(oh);
+  CHECK_NOTHROW(g.verify());
+  std::string text = g.to_mlir();
+  INFO(text);
+  CHECK(contains(text, "kiln.elementwise \"to\" %arg0 {dtype = f64} : (tensor<3xi32>) -> tensor<3xf64>"));
+  CHECK(contains(text, "kiln.index \"one_hot\" %arg1 {mode = 7 : i64} : (tensor<?x2xi64>) -> tensor<?x2x7xi64>"));
+  CHECK(ir::supports(OpKind::Cast));
+  CHECK(ir::supports(OpKind::OneHot));
+  CHECK_FALSE(ir::supports(OpKind::Gather));  // the other Index rows are not covered yet
+}
+
+TEST_CASE("ir::Graph: one_hot raises eager's errors") {
+  std::string eager_message;
+  try {
+    kiln::one_hot(kiln::zeros({3}, DType::Int32), 4);
+  } catch (const Error& e) {
+    eager_message = e.message();
+  }
+  REQUIRE(!eager_message.empty());
+  ir::Graph g;
+  OpAttrs c;
+  c.mode = 4;
+  try {
+    g.op(OpKind::OneHot, {g.input(DType::Int32, {3})}, c);
+    FAIL("no error");
+  } catch (const Error& e) {
+    CHECK(e.op() == "one_hot");
+    CHECK(e.message() == eager_message);
+  }
+  c.mode = 0;
+  CHECK_THROWS_AS(g.op(OpKind::OneHot, {g.input(DType::Int64, {3})}, c), Error);
+}

@@ -102,3 +102,43 @@ func.func @nll_loss_target(%x: tensor<2x8xf32>, %t: tensor<2xf32>) -> tensor<f32
   %0 = kiln.composite "nll_loss" %x, %t {mode = 1} : (tensor<2x8xf32>, tensor<2xf32>) -> tensor<f32>
   return %0 : tensor<f32>
 }
+
+// -----
+
+func.func @cast_without_dtype(%a: tensor<3xf32>) -> tensor<3xi32> {
+  // expected-error @+1 {{"to" needs its target element type in `dtype`}}
+  %0 = kiln.elementwise "to" %a : (tensor<3xf32>) -> tensor<3xi32>
+  return %0 : tensor<3xi32>
+}
+
+// -----
+
+func.func @cast_result_not_dtype(%a: tensor<3xf32>) -> tensor<3xi32> {
+  // expected-error @+1 {{does not match the type 'tensor<3xi64>' inferred for "to"}}
+  %0 = kiln.elementwise "to" %a {dtype = i64} : (tensor<3xf32>) -> tensor<3xi32>
+  return %0 : tensor<3xi32>
+}
+
+// -----
+
+func.func @one_hot_int32(%a: tensor<3xi32>) -> tensor<3x4xi64> {
+  // expected-error @+1 {{one_hot: indices must be int64, got int32}}
+  %0 = kiln.index "one_hot" %a {mode = 4 : i64} : (tensor<3xi32>) -> tensor<3x4xi64>
+  return %0 : tensor<3x4xi64>
+}
+
+// -----
+
+func.func @one_hot_wrong_classes(%a: tensor<3xi64>) -> tensor<3x4xi64> {
+  // expected-error @+1 {{does not match the type 'tensor<3x5xi64>' inferred for "one_hot"}}
+  %0 = kiln.index "one_hot" %a {mode = 5 : i64} : (tensor<3xi64>) -> tensor<3x4xi64>
+  return %0 : tensor<3x4xi64>
+}
+
+// -----
+
+func.func @gather_not_covered(%a: tensor<3xf32>, %i: tensor<3xi64>) -> tensor<3xf32> {
+  // expected-error @+1 {{op kind "gather" belongs to no kiln op yet}}
+  %0 = kiln.index "gather" %a, %i : (tensor<3xf32>, tensor<3xi64>) -> tensor<3xf32>
+  return %0 : tensor<3xf32>
+}

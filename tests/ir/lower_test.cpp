@@ -188,3 +188,46 @@ TEST_CASE("codegen::lower_to_linalg decomposes every composite row of the table 
       }
   }
 }
+
+TEST_CASE("codegen::lower_to_linalg: to between every dtype pair is one generic of arith casts") {
+  const DType all[] = {DType::Bool, DType::Int32, DType::Int64, DType::Float32, DType::Float64};
+  for (DType from : all)
+    for (DType to : all) {
+      INFO(name(from) << " -> " << name(to));
+      ir::Graph g;
+      OpAttrs a;
+      a.dtype = to;
+      g.output(g.op(OpKind::Cast, {g.input(from, {ir::kDynamic, 3})}, a));
+      std::string text = codegen::lower_to_linalg(g);
+      INFO(text);
+      CHECK(count(text, "kiln.") == 0);
+      CHECK(count(text, "linalg.generic") == (from == to ? 0 : 1));  // same dtype: folded away
+      bool f_from = from == DType::Float32 || from == DType::Float64;
+      bool i_to = to == DType::Int32 || to == DType::Int64;
+      // float -> int: NaN and out-of-range values select the target's minimum, as eager.
+      if (f_from && i_to) CHECK(count(text, "arith.fptosi") == 1);
+      if (f_from && i_to) CHECK(count(text, "arith.select") == 1);
+      if (to == DType::Bool && from != DType::Bool)
+        CHECK(count(text, f_from ? "arith.cmpf une" : "arith.cmpi ne") == 1);
+    }
+}
+
+TEST_CASE("codegen::lower_to_linalg: one_hot compares linalg.index of the class dim") {
+  ir::Graph g;
+  OpAttrs c;
+  c.mode = 10;
+  OpAttrs f;
+  f.dtype = DType::Float32;
+  ir::Value oh = g.op(OpKind::OneHot, {g.input(DType::Int64, {ir::kDynamic})}, c);
+  g.output(g.op(OpKind::Cast, {oh}, f));
+  std::string unfused = codegen::lower_to_linalg(g, /*fuse=*/false);
+  INFO(unfused);
+  CHECK(count(unfused, "kiln.") == 0);
+  CHECK(count(unfused, "linalg.index 1 : index") == 1);
+  CHECK(count(unfused, "arith.cmpi eq") == 1);
+  CHECK(count(unfused, "linalg.generic") == 2);
+  std::string fused = codegen::lower_to_linalg(g);
+  INFO(fused);
+  CHECK(count(fused, "linalg.generic") == 1);
+  CHECK(count(fused, "tensor<?x10xf32>") >= 1);
+}

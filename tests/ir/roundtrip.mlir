@@ -53,3 +53,14 @@ func.func @composite(%x: tensor<?x8xf32>, %w: tensor<8xf32>, %t: tensor<?xi64>)
   %2 = kiln.composite "nll_loss" %x, %t {mode = 2, ignore_index = 0} : (tensor<?x8xf32>, tensor<?xi64>) -> tensor<f32>
   return %0, %1, %2 : tensor<?x8xf32>, tensor<?x8xf32>, tensor<f32>
 }
+
+// CHECK-LABEL: func.func @cast_one_hot
+func.func @cast_one_hot(%t: tensor<?xi64>, %x: tensor<4xf64>) -> (tensor<?x10xf32>, tensor<4xi1>) {
+  // CHECK: %[[O:.*]] = kiln.index "one_hot" %arg0 {mode = 10 : i64} : (tensor<?xi64>) -> tensor<?x10xi64>
+  %0 = kiln.index "one_hot" %t {mode = 10 : i64} : (tensor<?xi64>) -> tensor<?x10xi64>
+  // CHECK: kiln.elementwise "to" %[[O]] {dtype = f32} : (tensor<?x10xi64>) -> tensor<?x10xf32>
+  %1 = kiln.elementwise "to" %0 {dtype = f32} : (tensor<?x10xi64>) -> tensor<?x10xf32>
+  // CHECK: kiln.elementwise "to" %arg1 {dtype = i1} : (tensor<4xf64>) -> tensor<4xi1>
+  %2 = kiln.elementwise "to" %x {dtype = i1} : (tensor<4xf64>) -> tensor<4xi1>
+  return %1, %2 : tensor<?x10xf32>, tensor<4xi1>
+}
