@@ -109,7 +109,8 @@ struct Plan::Region {
   std::vector<std::pair<int, int>> aliases;   // (value, value it equals) resolved after the run
   // Outputs that are views of the region's inputs (a weight's W.t() saved for backward): not
   // graph outputs (a materialised copy per call, and an output without rows stops the row
-  // split), but these view nodes, run on eager kernels after the compiled code (free views).
+  // split), but these view nodes, run on eager kernels after the compiled code (free views);
+  // also contiguous() of an input (a copy only when the input is strided).
   std::vector<size_t> views;
   std::shared_ptr<codegen::Executable> exe;   // compiled with symbolic dims (or static)
   bool static_only = false;                   // exe only valid for the traced shapes
@@ -221,7 +222,10 @@ ir::Graph region_graph(const Program& p, const std::vector<size_t>& nodes,
     }
     ir::Value v = val[out];
     if (auto it = input_value.find(v.id); it != input_value.end()) {
-      aliases.push_back({out, it->second});
+      // contiguous() of an input: run it (the input may be a strided view, e.g. from the
+      // rule above in an earlier region, and a later view() needs the contiguous value).
+      if (p.nodes[i].op == OpKind::Contiguous) in_views[i] = true;
+      else aliases.push_back({out, it->second});
       continue;
     }
     g.output(v);
