@@ -117,6 +117,15 @@ std::optional<std::pair<int, int>> dim_source(mlir::Value v, int64_t d) {
       v = dps.getTiedOpOperand(llvm::cast<mlir::OpResult>(v))->get();
       continue;
     }
+    if (auto collapse = llvm::dyn_cast<mlir::tensor::CollapseShapeOp>(op)) {
+      // A view that keeps dim d as one source dim (attention's heads merged back: [?, T, H, D]
+      // -> [?, T, H * D]): that dim of the source.
+      auto groups = collapse.getReassociationIndices();
+      if (static_cast<size_t>(d) >= groups.size() || groups[d].size() != 1) return std::nullopt;
+      v = collapse.getSrc();
+      d = groups[d][0];
+      continue;
+    }
     mlir::Value size;
     if (auto empty = llvm::dyn_cast<mlir::tensor::EmptyOp>(op)) {
       size = empty.getDynamicSize(static_cast<unsigned>(d));

@@ -776,6 +776,26 @@ TEST_CASE("Executable: layer_norm -> Linear -> gelu, and attention heads of a Li
     CHECK(max_diff(out[0], mul(qr, 0.25)) < 1e-5 * max_abs(qr));
     CHECK(max_diff(out[1], qr.transpose(-1, -2)) < 1e-5 * max_abs(qr));
   }
+  {  // heads merged back: (attn @ v).transpose(1, 2).view(B, T, E), then the out-projection
+    ir::Graph g;
+    ir::Value av = g.input(DType::Float32, {B, H, T, T}), vv = g.input(DType::Float32, {B, H, T, D});
+    ir::Value wv = g.input(DType::Float32, {E, E}), bv = g.input(DType::Float32, {E});
+    OpAttrs merged;
+    merged.dims = Dims({B, T, E});
+    ir::Value m = g.op(OpKind::View, {g.op(OpKind::Transpose, {g.op(OpKind::Matmul, {av, vv})}, transpose_attrs(1, 2))}, merged);
+    g.output(m);
+    g.output(g.op(OpKind::Add, {g.op(OpKind::Matmul, {m, g.op(OpKind::Transpose, {wv}, transpose_attrs(0, 1))}), bv}));
+    codegen::Executable exe(g);
+    INFO(exe.linalg_ir());
+    CHECK(exe.row_parallel());
+    Tensor at = softmax(randn({B, H, T, T}), -1), vt = randn({B, H, T, D});
+    std::vector<Tensor> out = run_counting_gemm(exe, {at, vt, wq, bq}, 2);
+    REQUIRE(out.size() == 2);
+    Tensor mr = matmul(at, vt).transpose(1, 2).reshape({B, T, E});
+    Tensor yr = add(matmul(mr, wq.t()), bq);
+    CHECK(max_diff(out[0], mr) < 1e-5 * max_abs(mr));
+    CHECK(max_diff(out[1], yr) < 1e-5 * max_abs(yr));
+  }
 }
 
 // The transformer benchmark's Linear regions (d_model 256, feed-forward 1024, batch 8 x 128),
