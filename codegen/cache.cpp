@@ -30,7 +30,7 @@ namespace {
 namespace fs = std::filesystem;
 
 constexpr char kMagic[8] = {'K', 'I', 'L', 'N', 'O', 'B', 'J', '\0'};
-constexpr uint32_t kFormat = 2;  // 2: row-split plan in the metadata
+constexpr uint32_t kFormat = 3;  // 2: row-split plan in the metadata; 3: its gemm flag
 // Entries of another version read as stale and are rebuilt. The source hash (codegen/, formulas,
 // the dialect; see CMakeLists.txt) changes with any pipeline edit; bump the number when the
 // entry's metadata changes meaning.
@@ -131,6 +131,7 @@ std::string serialize(const std::string& key, const CompiledMeta& meta, const st
   payload.u32(meta.row_split.splittable);
   payload.u32(static_cast<uint32_t>(meta.row_split.sliced_input.size()));
   for (bool sliced : meta.row_split.sliced_input) payload.u32(sliced);
+  payload.u32(meta.row_split.gemm);
   payload.str(object);
   Writer w;
   w.raw(kMagic, sizeof kMagic);
@@ -169,6 +170,7 @@ std::string deserialize(std::string_view bytes, const std::string& key, Entry& e
   entry.meta.row_split.sliced_input.resize(std::min<uint32_t>(r.u32(), 1u << 16));
   for (size_t i = 0; i < entry.meta.row_split.sliced_input.size(); ++i)
     entry.meta.row_split.sliced_input[i] = r.u32() != 0;
+  entry.meta.row_split.gemm = r.u32() != 0;
   entry.object = std::string(r.str());
   if (!r.ok || !r.in.empty()) return "corrupted entry (malformed)";
   return "";

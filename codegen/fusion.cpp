@@ -6,11 +6,13 @@
 // consumer (recomputed, as TorchInductor does); the original dies once its last use is fused.
 // A producer read with broadcasting is never fused (it would be recomputed per element).
 #include "codegen/lower.h"
+#include "mlir/Dialect/Arith/IR/Arith.h"
 #include "mlir/Dialect/Affine/IR/AffineOps.h"
 #include "mlir/Dialect/Linalg/IR/Linalg.h"
 #include "mlir/Dialect/Linalg/Transforms/Transforms.h"
 #include "mlir/Dialect/Tensor/IR/Tensor.h"
 #include "mlir/Dialect/Tensor/Transforms/Transforms.h"
+#include "mlir/IR/Matchers.h"
 #include "mlir/Pass/Pass.h"
 #include "mlir/Transforms/GreedyPatternRewriteDriver.h"
 
@@ -67,6 +69,143 @@ bool should_fuse(mlir::OpOperand* operand) {
          body_size(producer) + body_size(operand->getOwner()) <= kMaxRecomputedOps;
 }
 
+/// x @ w + bias: a float linalg.matmul / batch_matmul into a zero fill (possibly expanded back
+/// from collapsed rows, lower.cpp), whose only use is an elementwise `addf` with a tensor that
+/// does not vary along the collapsed rows (a bias [N], or a full [M, N] addend without collapse).
+/// The addend is broadcast into the GEMM's C instead (a copy loop), and the GEMM accumulates
+/// into it (beta = 1 in the extern call, as eager's addmm): one pass over the output instead
+/// of a GEMM into a temporary and then an add loop. Run before fusion, while the add is still
+/// a generic of its own (gelu(x @ w + b) becomes gelu(GEMM with C = b)).
+/// Whether `user` and tensor.dim ops with a constant index are the only users of `v`.
+bool only_use_but_dims(mlir::Value v, mlir::Operation* user) {
+  bool found = false;
+  for (mlir::Operation* u : v.getUsers()) {
+    if (u == user && !found) {
+      found = true;
+      continue;
+    }
+    auto dim = llvm::dyn_cast<mlir::tensor::DimOp>(u);
+    if (!dim || !dim.getConstantIndex()) return false;
+  }
+  return found;
+}
+
+void fold_addend_into_gemm(mlir::ModuleOp module) {
+  llvm::SmallVector<mlir::linalg::GenericOp> adds;
+  module.walk([&](mlir::linalg::GenericOp g) { adds.push_back(g); });
+  for (mlir::linalg::GenericOp add : adds) {
+    if (add.getNumDpsInputs() != 2 || add.getNumDpsInits() != 1 || add->getNumResults() != 1 ||
+        add.getNumReductionLoops() != 0)
+      continue;
+    mlir::Block* body = add.getBody();
+    auto addf = llvm::dyn_cast<mlir::arith::AddFOp>(body->front());
+    if (!addf || &body->front() == body->getTerminator() || addf->getNextNode() != body->getTerminator() ||
+        body->getTerminator()->getOperand(0) != addf.getResult() ||
+        addf.getFastmath() != mlir::arith::FastMathFlags::none)
+      continue;
+    mlir::Value in0 = body->getArgument(0), in1 = body->getArgument(1);
+    if (!((addf.getLhs() == in0 && addf.getRhs() == in1) || (addf.getLhs() == in1 && addf.getRhs() == in0)))
+      continue;
+    llvm::SmallVector<mlir::AffineMap> maps = add.getIndexingMapsArray();
+    int64_t rank = add.getNumLoops();
+    if (!maps[2].isIdentity()) continue;
+    for (int mi = 0; mi < 2; ++mi) {
+      mlir::Value prod = add.getDpsInputs()[mi], addend = add.getDpsInputs()[1 - mi];
+      if (!maps[mi].isIdentity() || !only_use_but_dims(prod, add)) continue;
+      auto expand = prod.getDefiningOp<mlir::tensor::ExpandShapeOp>();
+      mlir::Value mmv = expand ? expand.getSrc() : prod;
+      mlir::Operation* mm = mmv.getDefiningOp();
+      if (!mm || !llvm::isa<mlir::linalg::MatmulOp, mlir::linalg::BatchMatmulOp>(mm) ||
+          !only_use_but_dims(mmv, expand ? expand.getOperation() : add.getOperation()))
+        continue;
+      auto dps = llvm::cast<mlir::linalg::LinalgOp>(mm);
+      auto fill = dps.getDpsInits()[0].getDefiningOp<mlir::linalg::FillOp>();
+      if (!fill || !fill->getResult(0).hasOneUse() ||
+          !mlir::matchPattern(fill.getDpsInputs()[0], mlir::m_AnyZeroFloat()))
+        continue;
+      auto mt = llvm::cast<mlir::RankedTensorType>(mmv.getType());
+      auto at = llvm::cast<mlir::RankedTensorType>(addend.getType());
+      if (at.getElementType() != mt.getElementType()) continue;
+      // The addend's map in the GEMM's result space: with an expand of groups
+      // [[0, ..., lead], [lead + 1], ...], the addend must not vary along dims 0..lead.
+      int64_t lead = rank - mt.getRank();
+      if (expand) {
+        auto groups = expand.getReassociationIndices();
+        bool plain = static_cast<int64_t>(groups.size()) == mt.getRank();
+        for (size_t g = 0; plain && g < groups.size(); ++g)
+          plain = static_cast<int64_t>(groups[g].size()) == (g == 0 ? lead + 1 : 1);
+        if (!plain) continue;
+      } else if (lead != 0) {
+        continue;
+      }
+      // The addend's dims in the GEMM's result space (increasing: a linalg.broadcast, whose
+      // init kiln-fuse-elementwise's patterns leave alone, unlike a generic's; then the GEMM's
+      // C can be the graph's output buffer).
+      llvm::SmallVector<int64_t> kept;
+      bool ok = true;
+      for (mlir::AffineExpr e : maps[1 - mi].getResults()) {
+        auto d = llvm::dyn_cast<mlir::AffineDimExpr>(e);
+        int64_t pos = d ? d.getPosition() : -1;
+        if (!d || (lead > 0 && pos <= lead)) {
+          ok = false;
+          break;
+        }
+        pos = lead > 0 ? pos - lead : pos;
+        if (!kept.empty() && pos <= kept.back()) ok = false;
+        kept.push_back(pos);
+      }
+      if (!ok) continue;
+      // The sizes read from the old results (the add's init): from the GEMM's init instead.
+      mlir::Value init = fill.getDpsInits()[0];
+      for (mlir::Value v : {prod, mmv}) {
+        for (mlir::Operation* user : llvm::make_early_inc_range(v.getUsers())) {
+          auto dim = llvm::dyn_cast<mlir::tensor::DimOp>(user);
+          if (!dim) continue;
+          mlir::OpBuilder db(dim);
+          int64_t d = *dim.getConstantIndex();
+          mlir::Value size;
+          if (v == mmv) {
+            size = mlir::tensor::DimOp::create(db, dim.getLoc(), init, d);
+          } else {
+            mlir::OpFoldResult s = expand.getMixedOutputShape()[d];
+            size = llvm::isa<mlir::Value>(s)
+                       ? llvm::cast<mlir::Value>(s)
+                       : mlir::arith::ConstantIndexOp::create(
+                             db, dim.getLoc(), *mlir::getConstantIntValue(s)).getResult();
+          }
+          dim.getResult().replaceAllUsesWith(size);
+          dim->erase();
+        }
+      }
+      // At the add: the addend and the GEMM's operands dominate it.
+      mlir::OpBuilder b(add);
+      mlir::Location loc = add.getLoc();
+      int64_t mrank = mt.getRank();
+      llvm::SmallVector<int64_t> added;
+      for (int64_t d = 0; d < mrank; ++d)
+        if (!llvm::is_contained(kept, d)) added.push_back(d);
+      mlir::Value c =
+          added.empty()
+              ? mlir::linalg::CopyOp::create(b, loc, addend, init)->getResult(0)
+              : mlir::linalg::BroadcastOp::create(b, loc, addend, init, added)->getResult(0);
+      mlir::Operation* mm2 = b.clone(*mm);
+      llvm::cast<mlir::linalg::LinalgOp>(mm2).getDpsInitsMutable()[0].set(c);
+      mlir::Value r = mm2->getResult(0);
+      if (expand) {
+        mlir::Operation* e2 = b.clone(*expand.getOperation());
+        e2->setOperand(0, r);
+        r = e2->getResult(0);
+      }
+      add->getResult(0).replaceAllUsesWith(r);
+      add->erase();
+      if (expand) expand->erase();
+      mm->erase();
+      fill->erase();
+      break;
+    }
+  }
+}
+
 struct FuseElementwisePass
     : mlir::PassWrapper<FuseElementwisePass, mlir::OperationPass<mlir::ModuleOp>> {
   MLIR_DEFINE_EXPLICIT_INTERNAL_INLINE_TYPE_ID(FuseElementwisePass)
@@ -80,6 +219,7 @@ struct FuseElementwisePass
   }
   void runOnOperation() override {
     mlir::MLIRContext* ctx = &getContext();
+    fold_addend_into_gemm(getOperation());
     mlir::RewritePatternSet patterns(ctx);
     // The same pattern set as upstream's pass, with kiln's control function.
     mlir::linalg::populateElementwiseOpsFusionPatterns(patterns, should_fuse);

@@ -33,6 +33,8 @@ struct RowSplitPlan {
   bool splittable = false;
   /// Per argument of `main` (inputs, in order): whether it is sliced by rows.
   std::vector<bool> sliced_input;
+  /// The graph has a named matmul (a GEMM call): run() gives each thread one block of rows.
+  bool gemm = false;
 };
 
 /// What run() needs besides the code; stored with the object in the disk cache.

@@ -1111,7 +1111,8 @@ struct LowerMatmul : mlir::OpRewritePattern<kiln::dialect::MatmulOp> {
     // The named op (plain, transpose-A, transpose-B; both transposed: the plain op's maps with
     // A's and B's last two results swapped) on a, b into a zero-filled [.., M, N] of type rt.
     auto create_mm = [&]<class Plain, class TA, class TB>(mlir::Value x, mlir::Value y,
-                                                           mlir::RankedTensorType rt) {
+                                                           mlir::RankedTensorType rt,
+                                                           mlir::Value init = {}) {
       int64_t r = rt.getRank();
       llvm::SmallVector<mlir::Value> dyn_rt;
       for (int64_t d = 0; d < r; ++d) {
@@ -1120,7 +1121,7 @@ struct LowerMatmul : mlir::OpRewritePattern<kiln::dialect::MatmulOp> {
         else if (d == r - 2) dyn_rt.push_back(mlir::tensor::DimOp::create(rw, loc, x, trans_a ? r - 1 : r - 2));
         else dyn_rt.push_back(mlir::tensor::DimOp::create(rw, loc, y, trans_b ? r - 2 : r - 1));
       }
-      mlir::Value init = mlir::tensor::EmptyOp::create(rw, loc, rt.getShape(), t, dyn_rt);
+      if (!init) init = mlir::tensor::EmptyOp::create(rw, loc, rt.getShape(), t, dyn_rt);
       mlir::Value f =
           mlir::linalg::FillOp::create(rw, loc, mlir::ValueRange{zero}, mlir::ValueRange{init}).getResult(0);
       mlir::Operation* o;
@@ -1165,8 +1166,12 @@ struct LowerMatmul : mlir::OpRewritePattern<kiln::dialect::MatmulOp> {
       mlir::Value a2 = collapse_leading(a, ra - 1);  // [M', K]
       auto out2 = mlir::RankedTensorType::get(
           {llvm::cast<mlir::RankedTensorType>(a2.getType()).getDimSize(0), out.getDimSize(ro - 1)}, t);
+      // The init is the result's shape collapsed (not an empty of the collapsed shape): then
+      // eliminate-empty-tensors can make the graph output the GEMM's C through the
+      // expand_shape, instead of a temporary copied into the output.
+      mlir::Value init = collapse_leading(mlir::tensor::EmptyOp::create(rw, loc, out.getShape(), t, *dyn), ra - 1);
       mm = expand_back(create_mm.template operator()<mlir::linalg::MatmulOp, mlir::linalg::MatmulTransposeAOp,
-                                                     mlir::linalg::MatmulTransposeBOp>(a2, b, out2),
+                                                     mlir::linalg::MatmulTransposeBOp>(a2, b, out2, init),
                        ra - 1);
     } else if (deep_batch) {
       mlir::Value a3 = collapse_leading(a, ra - 2), b3 = collapse_leading(b, rb - 2);
@@ -1232,6 +1237,12 @@ struct LowerMatmul : mlir::OpRewritePattern<kiln::dialect::MatmulOp> {
     bool use_bias = true;
     if (auto f = llvm::dyn_cast_or_null<mlir::FloatAttr>(beta_attr)) use_bias = f.getValueAsDouble() != 0;
     if (auto i = llvm::dyn_cast_or_null<mlir::IntegerAttr>(beta_attr)) use_bias = !i.getValue().isZero();
+    auto unit = [](mlir::Attribute a) {
+      if (!a) return true;  // alpha/beta default to 1
+      if (auto f = llvm::dyn_cast<mlir::FloatAttr>(a)) return f.getValueAsDouble() == 1.0;
+      if (auto i = llvm::dyn_cast<mlir::IntegerAttr>(a)) return i.getValue().isOne();
+      return false;
+    };
     auto tbias = llvm::cast<mlir::RankedTensorType>(bias.getType());
     auto id = mlir::AffineMap::getMultiDimIdentityMap(ro, ctx);
     llvm::SmallVector<mlir::AffineMap> emaps = {broadcast_map(tbias, out, ro), id, id};
@@ -1240,9 +1251,15 @@ struct LowerMatmul : mlir::OpRewritePattern<kiln::dialect::MatmulOp> {
         rw, loc, mlir::TypeRange{out}, mlir::ValueRange{bias, mm}, mlir::ValueRange{empty}, emaps,
         llvm::SmallVector<mlir::utils::IteratorType>(ro, mlir::utils::IteratorType::parallel),
         [&](mlir::OpBuilder& bb, mlir::Location l, mlir::ValueRange args) {
+          mlir::Value c = convert(bb, l, args[0], t), r;
+          // alpha = beta = 1 (nn::Linear on 2-D input): a plain add, the same value as the fma
+          // below, which kiln-fuse-elementwise folds into the GEMM as its C (fusion.cpp).
+          if (llvm::isa<mlir::FloatType>(t) && use_bias && unit(alpha_attr) && unit(beta_attr)) {
+            mlir::linalg::YieldOp::create(bb, l, mlir::ValueRange{mlir::arith::AddFOp::create(bb, l, args[1], c)});
+            return;
+          }
           mlir::Value alpha = scalar_constant(bb, l, alpha_attr, t);
           mlir::Value beta = scalar_constant(bb, l, beta_attr, t);
-          mlir::Value c = convert(bb, l, args[0], t), r;
           if (auto ft = llvm::dyn_cast<mlir::FloatType>(t)) {
             IrScope scope(bb, l, ft);
             IrFloat p = IrFloat(alpha) * IrFloat(args[1]);
@@ -1317,6 +1334,15 @@ struct LowerView : mlir::OpRewritePattern<kiln::dialect::ViewOp> {
               known *= out.getDimSize(i);
             }
           if (known == 0) return rw.notifyMatchFailure(op, "-1 next to a 0 dim");
+          // A view that keeps dim 0 (row_split.cpp relaxes attention's x.view(B, T, H, D)):
+          // the input's dim 0, which Executable traces back to an input (not numel / rest).
+          int64_t in_rest = 1;
+          for (int64_t i = 1; i < r && in_rest > 0; ++i)
+            in_rest = in.isDynamicDim(i) ? -1 : in_rest * in.getDimSize(i);
+          if (j == 0 && r >= 1 && in.isDynamicDim(0) && in_rest == known) {
+            sizes.push_back(mlir::tensor::DimOp::create(rw, loc, op.getInput(), 0).getResult());
+            continue;
+          }
           mlir::Value n = mlir::tensor::DimOp::create(rw, loc, flat, 0);
           sizes.push_back(mlir::arith::DivUIOp::create(
                               rw, loc, n, mlir::arith::ConstantIndexOp::create(rw, loc, known))

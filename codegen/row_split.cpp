@@ -10,6 +10,29 @@
 
 namespace kiln::codegen {
 
+namespace {
+
+/// Whether view `v` of a value whose dim 0 becomes `?` keeps dim 0 in place (transpose or permute
+/// of other dims; a view whose dim 0 is the input's); rewrites such a view's sizes to dim 0 = -1
+/// (`in`, `out`: the static types before relaxation).
+bool keeps_rows(kiln::dialect::ViewOp v, mlir::RankedTensorType in, mlir::RankedTensorType out) {
+  int64_t r = in.getRank();
+  auto wrap = [&](int64_t d) { return d < 0 ? d + r : d; };
+  llvm::StringRef kind = v.getKind();
+  if (kind == "transpose")
+    return wrap(v.getDim().value_or(0)) != 0 && wrap(v.getDim1().value_or(0)) != 0;
+  if (kind == "permute") return v.getDims() && !v.getDims()->empty() && wrap((*v.getDims())[0]) == 0;
+  if (kind != "view" || !v.getDims() || out.getRank() == 0 || !out.hasStaticShape() ||
+      out.getDimSize(0) != in.getDimSize(0))
+    return false;
+  llvm::SmallVector<int64_t> dims(out.getShape());  // any other -1 resolved
+  dims[0] = -1;
+  v.setDimsAttr(mlir::DenseI64ArrayAttr::get(v.getContext(), dims));
+  return true;
+}
+
+}  // namespace
+
 bool relax_leading_dim(mlir::ModuleOp m) {
   auto fn = m.lookupSymbol<mlir::func::FuncOp>("main");
   if (!fn || fn.getBody().empty()) return false;
@@ -48,10 +71,14 @@ bool relax_leading_dim(mlir::ModuleOp m) {
   try {
     for (mlir::Operation& op : body.without_terminator()) {
       if (llvm::isa<kiln::dialect::ConstantOp>(op)) continue;
-      // A view carries sizes in its attributes: only views of values without rows (a weight
-      // sliced into q/k/v parts, transposed) stay, computed whole by every row block.
-      if (llvm::isa<kiln::dialect::ViewOp>(op) &&
-          llvm::any_of(op.getOperands(), [&](mlir::Value v) { return v.getType() != before[v]; }))
+      // A view carries sizes in its attributes: views of values without rows (a weight sliced
+      // into q/k/v parts, transposed) stay, computed whole by every row block; views of values
+      // with rows only when they keep dim 0 (attention's heads: x.view(B, T, H, D).transpose(1,
+      // 2)), a view's dim 0 then becoming -1.
+      if (auto view = llvm::dyn_cast<kiln::dialect::ViewOp>(op);
+          view && view.getInput().getType() != before[view.getInput()] &&
+          !keeps_rows(view, llvm::cast<mlir::RankedTensorType>(before[view.getInput()]),
+                      llvm::cast<mlir::RankedTensorType>(before[view.getResult()])))
         return false;
       auto kind = kiln::dialect::op_kind_from_name(
           op.getAttrOfType<mlir::StringAttr>("kind").getValue());
@@ -167,6 +194,7 @@ RowSplitPlan plan_row_split(mlir::func::FuncOp fn) {
       auto src = kind_of(op.getOperand(0));
       if (!src) return plan;
       rows[op.getResult(0)] = *src;
+      if (*src == Rows::kInit) continue;  // lower.cpp's GEMM init: the output's empty, collapsed
       if (first_group_is_dim0(groups)) {
         if (*src == Rows::kYes && !has_dynamic_rows(op.getResult(0))) return plan;
         per_row[op.getResult(0)] = multiplier(op.getOperand(0));
@@ -191,6 +219,7 @@ RowSplitPlan plan_row_split(mlir::func::FuncOp fn) {
       continue;
     }
     auto linalg = llvm::dyn_cast<mlir::linalg::LinalgOp>(op);
+    plan.gemm |= llvm::isa<mlir::linalg::MatmulOp, mlir::linalg::BatchMatmulOp>(op);
     // A loop nest over values without rows only (a weight's transpose or slice) with static
     // results: every block computes it whole (it cannot carry rows: those are `?`).
     if (linalg && llvm::none_of(op.getResults(), has_dynamic_rows) &&

@@ -22,7 +22,10 @@ namespace {
 struct Block {
   size_t capacity;  // bytes after the header
 };
-constexpr size_t kSlots = 8;
+// All intermediates of a graph are live at once (deallocated at the end of the function): the
+// MHA in-projection region has 14. With 8 slots the surplus went through malloc/mmap and
+// page-faulted on every call (4.6 ms per call instead of 2.8 ms).
+constexpr size_t kSlots = 32;
 constexpr size_t kPage = 4096;
 constexpr size_t kMaxCachedBlock = size_t{16} << 20;
 

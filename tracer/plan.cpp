@@ -108,6 +108,11 @@ struct Plan::Region {
   std::vector<Input> inputs;
   std::vector<int> outputs;                   // graph outputs, in order
   std::vector<std::pair<int, int>> aliases;   // (value, value it equals) resolved after the run
+  // Outputs that are views of the region's inputs (a weight's W.t() saved for backward): not
+  // graph outputs (a materialised copy per call, and an output without rows stops the row
+  // split), but these view nodes, run on eager kernels after the compiled code (free views);
+  // also contiguous() of an input (a copy only when the input is strided).
+  std::vector<size_t> views;
   std::shared_ptr<codegen::Executable> exe;   // compiled with symbolic dims (or static)
   bool static_only = false;                   // exe only valid for the traced shapes
   bool eager_fallback = false;  // neither build worked: run the nodes eagerly
@@ -141,18 +146,19 @@ struct Plan::Step {
 namespace {
 
 // Builds the region's graph; `dynamic` puts `?` where the program has symbolic dims.
-// Returns the graph and fills inputs/outputs/aliases.
+// Returns the graph and fills inputs/outputs/aliases/views.
 // `checked`: values the run checks after the region (one_hot's indices), made outputs too.
 ir::Graph region_graph(const Program& p, const std::vector<size_t>& nodes,
                        const std::vector<bool>& used_outside, const std::vector<int>& checked,
                        bool dynamic,
                        std::vector<int>& inputs_v, std::vector<DType>& inputs_t,
-                       std::vector<int>& outputs, std::vector<std::pair<int, int>>& aliases) {
+                       std::vector<int>& outputs, std::vector<std::pair<int, int>>& aliases,
+                       std::vector<size_t>& views) {
   ir::Graph g;
   std::unordered_map<int, ir::Value> val;
   std::unordered_map<int32_t, int> input_value;  // graph input id -> program value
   std::map<std::pair<int, DType>, ir::Value> consts;
-  inputs_v.clear(), inputs_t.clear(), outputs.clear(), aliases.clear();
+  inputs_v.clear(), inputs_t.clear(), outputs.clear(), aliases.clear(), views.clear();
   auto get = [&](int v, const Node& n) -> ir::Value {
     if (v < 0) return ir::Value{};
     if (auto it = val.find(v); it != val.end()) return it->second;
@@ -197,13 +203,35 @@ ir::Graph region_graph(const Program& p, const std::vector<size_t>& nodes,
       val[out] = g.op(n.op, ins, n.attrs, n.loc);
     }
   }
+  // Views (chains of them) of values the region reads: node of each, else none.
+  std::unordered_map<int, size_t> producer;
+  for (size_t i : nodes) producer[p.nodes[i].out[0]] = i;
+  std::vector<size_t> view_nodes;
+  auto view_chain = [&](int v) {
+    view_nodes.clear();
+    for (auto it = producer.find(v); it != producer.end(); it = producer.find(p.nodes[it->second].in[0])) {
+      const Node& n = p.nodes[it->second];
+      if (op_info(n.op).category != OpCategory::View || n.in_place || n.in.empty() || n.in[0] < 0)
+        return false;
+      view_nodes.push_back(it->second);
+    }
+    return !view_nodes.empty();
+  };
+  std::vector<bool> in_views(p.nodes.size(), false);
   // Graph inputs passed straight through (copy_ of an input) are aliases, not outputs.
   for (size_t i : nodes) {
     int out = p.nodes[i].out[0];
     if (!used_outside[out]) continue;
+    if (view_chain(out)) {
+      for (size_t k : view_nodes) in_views[k] = true;
+      continue;
+    }
     ir::Value v = val[out];
     if (auto it = input_value.find(v.id); it != input_value.end()) {
-      aliases.push_back({out, it->second});
+      // contiguous() of an input: run it (the input may be a strided view, e.g. from the
+      // rule above in an earlier region, and a later view() needs the contiguous value).
+      if (p.nodes[i].op == OpKind::Contiguous) in_views[i] = true;
+      else aliases.push_back({out, it->second});
       continue;
     }
     g.output(v);
@@ -218,6 +246,8 @@ ir::Graph region_graph(const Program& p, const std::vector<size_t>& nodes,
     g.output(it->second);
     outputs.push_back(v);
   }
+  for (size_t i : nodes)
+    if (in_views[i]) views.push_back(i);
   return g;
 }
 
@@ -356,7 +386,7 @@ void Plan::build_region(Region& r, const PlanOptions& o) {
     if (dynamic && !has_sym) continue;
     try {
       ir::Graph g = region_graph(p, r.nodes, o.live_after, checked, dynamic, in_v, in_t,
-                                 r.outputs, r.aliases);
+                                 r.outputs, r.aliases, r.views);
       r.inputs.clear();
       for (size_t k = 0; k < in_v.size(); ++k) r.inputs.push_back({in_v[k], in_t[k]});
       if (g.num_outputs() > 0) r.exe = std::make_shared<codegen::Executable>(g);
@@ -397,6 +427,7 @@ void Plan::run_region(const Region& r, RunState& st) const {
     std::vector<bool> keep(p.values.size(), false);
     for (int v : r.outputs) keep[v] = true;
     for (auto& [v, src] : r.aliases) keep[v] = true;
+    for (size_t i : r.views) keep[p.nodes[i].out[0]] = true;
     for (size_t i : r.nodes)
       for (int v : p.nodes[i].out)
         if (!keep[v]) st.slots[v] = Tensor();
@@ -457,6 +488,7 @@ void Plan::run_compiled(const Region& r, RunState& st) const {
   }
   for (size_t k = 0; k < r.outputs.size(); ++k) st.slots[r.outputs[k]] = std::move(outs[k]);
   for (auto& [v, src] : r.aliases) st.slots[v] = st.value(p, src);
+  for (size_t i : r.views) run_eager(p.nodes[i], st);
   // one_hot's indices (int64, as infer_meta requires): one out of range re-runs the node on
   // eager kernels, which raises eager's error (a scan of N values, cheap next to the region).
   for (size_t i : r.one_hots) {

@@ -1,4 +1,5 @@
 // codegen::Executable: graphs compiled to native code (MLIR JIT) against eager mode.
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <cmath>
@@ -695,6 +696,156 @@ TEST_CASE("Executable: Linear forward x @ W.t() + b runs one GEMM with trans_b (
       CHECK(rel_diff(out[0], add(matmul(xt, wt_.t()), bt)) < 1e-4);
     }
   }
+}
+
+// x @ W.t() + b (nn::Linear as traced on [B, T, K]) and addmm (2-D): the bias is the GEMM's C
+// (broadcast into the output, then the GEMM accumulates: beta = 1), no add loop after the GEMM
+// (codegen/fusion.cpp); the GEMM writes the graph's output buffer (through the expand_shape).
+TEST_CASE("Executable: Linear's bias is the GEMM's C (broadcast, then accumulate) vs float64") {
+  for (DType dt : {DType::Float32, DType::Float64}) {
+    for (bool addmm : {false, true}) {
+      Shape xs = addmm ? Shape{256, 128} : Shape{8, 64, 128};
+      INFO("dtype " << kiln::name(dt) << (addmm ? ", addmm" : ", matmul + add"));
+      ir::Graph g;
+      ir::Value x = g.input(dt, xs.vec());
+      ir::Value w = g.input(dt, {96, 128});
+      ir::Value b = g.input(dt, {96});
+      ir::Value wt = g.op(OpKind::Transpose, {w}, transpose_attrs(0, 1));
+      g.output(addmm ? g.op(OpKind::Addmm, {b, x, wt})
+                     : g.op(OpKind::Add, {g.op(OpKind::Matmul, {x, wt}), b}));
+      codegen::Executable exe(g);
+      const std::string& ir = exe.linalg_ir();
+      INFO(ir);
+      CHECK(ir.find("linalg.broadcast") != std::string::npos);
+      CHECK(ir.find("linalg.generic") == std::string::npos);
+      CHECK(ir.find("linalg.fill") == std::string::npos);
+      CHECK(exe.num_loop_nests() == 2);  // the bias broadcast and the GEMM
+      CHECK(exe.row_parallel());
+      Tensor xt = randn(xs).to(dt), wt_ = randn({96, 128}).to(dt), bt = (randn({96}) * 10).to(dt);
+      std::vector<Tensor> out = run_counting_gemm(exe, {xt, wt_, bt});
+      REQUIRE(out.size() == 1);
+      Tensor ref = add(matmul(xt.to(DType::Float64), wt_.to(DType::Float64).t()), bt.to(DType::Float64));
+      CHECK(rel_diff(out[0], ref) < (dt == DType::Float32 ? 2e-6 : 1e-14));
+      CHECK(rel_diff(out[0], add(matmul(xt, wt_.t()), bt)) < (dt == DType::Float32 ? 2e-6 : 1e-14));
+    }
+  }
+}
+
+// The transformer's feed-forward input and MHA in-projection: layer_norm -> Linear -> gelu with
+// the bias in the GEMM, and the heads view x.view(B, T, H, D).transpose(1, 2) of a GEMM's
+// result (dim 0 kept: still row-parallel, row_split.cpp), against eager.
+TEST_CASE("Executable: layer_norm -> Linear -> gelu, and attention heads of a Linear, row-parallel") {
+  const int64_t B = 8, T = 64, E = 64, F = 256, H = 4, D = E / H;
+  Tensor x = randn({B, T, E}), lw = randn({E}), lb = randn({E});
+  Tensor w1 = randn({F, E}) * 0.1, b1 = randn({F}), wq = randn({E, E}) * 0.1, bq = randn({E});
+  {
+    ir::Graph g;
+    ir::Value xv = g.input(DType::Float32, {B, T, E});
+    ir::Value lwv = g.input(DType::Float32, {E}), lbv = g.input(DType::Float32, {E});
+    ir::Value wv = g.input(DType::Float32, {F, E}), bv = g.input(DType::Float32, {F});
+    OpAttrs ln;
+    ln.dims = Dims{E};
+    ln.eps = 1e-5;
+    ir::Value h = g.op(OpKind::LayerNorm, {xv, lwv, lbv}, ln);
+    ir::Value y = g.op(OpKind::Add, {g.op(OpKind::Matmul, {h, g.op(OpKind::Transpose, {wv}, transpose_attrs(0, 1))}), bv});
+    g.output(g.op(OpKind::Gelu, {y}));
+    codegen::Executable exe(g);
+    INFO(exe.linalg_ir());
+    CHECK(exe.row_parallel());
+    CHECK(exe.linalg_ir().find("linalg.broadcast") != std::string::npos);
+    std::vector<Tensor> out = run_counting_gemm(exe, {x, lw, lb, w1, b1});
+    Tensor ref = gelu(add(matmul(layer_norm(x, {E}, lw, lb), w1.t()), b1));
+    CHECK(max_diff(out[0], ref) < 1e-5 * max_abs(ref));
+  }
+  {
+    ir::Graph g;
+    ir::Value xv = g.input(DType::Float32, {B, T, E});
+    ir::Value wv = g.input(DType::Float32, {E, E}), bv = g.input(DType::Float32, {E});
+    ir::Value y = g.op(OpKind::Add, {g.op(OpKind::Matmul, {xv, g.op(OpKind::Transpose, {wv}, transpose_attrs(0, 1))}), bv});
+    OpAttrs heads;
+    heads.dims = Dims({B, T, H, D});
+    ir::Value q = g.op(OpKind::Transpose, {g.op(OpKind::View, {y}, heads)}, transpose_attrs(1, 2));
+    g.output(g.op(OpKind::Mul, {q, g.constant(Scalar(0.25), DType::Float32)}));
+    g.output(g.op(OpKind::Transpose, {q}, transpose_attrs(-1, -2)));
+    codegen::Executable exe(g);
+    INFO(exe.linalg_ir());
+    CHECK(exe.row_parallel());
+    std::vector<Tensor> out = run_counting_gemm(exe, {x, wq, bq});
+    REQUIRE(out.size() == 2);
+    Tensor qr = add(matmul(x, wq.t()), bq).view({B, T, H, D}).transpose(1, 2);
+    CHECK(max_diff(out[0], mul(qr, 0.25)) < 1e-5 * max_abs(qr));
+    CHECK(max_diff(out[1], qr.transpose(-1, -2)) < 1e-5 * max_abs(qr));
+  }
+  {  // heads merged back: (attn @ v).transpose(1, 2).view(B, T, E), then the out-projection
+    ir::Graph g;
+    ir::Value av = g.input(DType::Float32, {B, H, T, T}), vv = g.input(DType::Float32, {B, H, T, D});
+    ir::Value wv = g.input(DType::Float32, {E, E}), bv = g.input(DType::Float32, {E});
+    OpAttrs merged;
+    merged.dims = Dims({B, T, E});
+    ir::Value m = g.op(OpKind::View, {g.op(OpKind::Transpose, {g.op(OpKind::Matmul, {av, vv})}, transpose_attrs(1, 2))}, merged);
+    g.output(m);
+    g.output(g.op(OpKind::Add, {g.op(OpKind::Matmul, {m, g.op(OpKind::Transpose, {wv}, transpose_attrs(0, 1))}), bv}));
+    codegen::Executable exe(g);
+    INFO(exe.linalg_ir());
+    CHECK(exe.row_parallel());
+    Tensor at = softmax(randn({B, H, T, T}), -1), vt = randn({B, H, T, D});
+    std::vector<Tensor> out = run_counting_gemm(exe, {at, vt, wq, bq}, 2);
+    REQUIRE(out.size() == 2);
+    Tensor mr = matmul(at, vt).transpose(1, 2).reshape({B, T, E});
+    Tensor yr = add(matmul(mr, wq.t()), bq);
+    CHECK(max_diff(out[0], mr) < 1e-5 * max_abs(mr));
+    CHECK(max_diff(out[1], yr) < 1e-5 * max_abs(yr));
+  }
+}
+
+// The transformer benchmark's Linear regions (d_model 256, feed-forward 1024, batch 8 x 128),
+// compiled vs the same ops on eager kernels: medians of 60 alternating runs, so that load from
+// other jobs on the shared machine hits both about equally.
+TEST_CASE("Executable: timing of the transformer's Linear regions vs eager (prints, not a check)",
+          "[.timing]") {
+  const int64_t B = 8, T = 128, E = 256, F = 1024;
+  auto now = [] { return std::chrono::steady_clock::now(); };
+  auto report = [&](const char* name, const codegen::Executable& exe, const std::vector<Tensor>& in,
+                    auto&& eager) {
+    std::vector<double> tc, te;
+    for (int i = 0; i < 61; ++i) {
+      auto t0 = now();
+      exe.run(in);
+      auto t1 = now();
+      eager();
+      auto t2 = now();
+      if (i == 0) continue;  // warm-up
+      tc.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
+      te.push_back(std::chrono::duration<double, std::micro>(t2 - t1).count());
+    }
+    std::sort(tc.begin(), tc.end());
+    std::sort(te.begin(), te.end());
+    std::printf("%-40s eager %7.0f us, compiled %7.0f us (medians): compiled / eager %.2f\n", name,
+                te[30], tc[30], tc[30] / te[30]);
+  };
+  for (auto [K, N] : {std::pair<int64_t, int64_t>{F, E}, {E, F}}) {
+    ir::Graph g;
+    ir::Value x = g.input(DType::Float32, {B, T, K});
+    ir::Value w = g.input(DType::Float32, {N, K});
+    ir::Value b = g.input(DType::Float32, {N});
+    g.output(g.op(OpKind::Add, {g.op(OpKind::Matmul, {x, g.op(OpKind::Transpose, {w}, transpose_attrs(0, 1))}), b}));
+    std::vector<Tensor> in = {randn({B, T, K}), randn({N, K}) * 0.05, randn({N})};
+    report(K == F ? "x [8,128,1024] @ W.t() + b -> 256" : "x [8,128,256] @ W.t() + b -> 1024",
+           codegen::Executable(g), in, [&] { return add(matmul(in[0], in[1].t()), in[2]); });
+  }
+  ir::Graph g;
+  ir::Value x = g.input(DType::Float32, {B, T, E}), r = g.input(DType::Float32, {B, T, E});
+  ir::Value lw = g.input(DType::Float32, {E}), lb = g.input(DType::Float32, {E});
+  ir::Value w = g.input(DType::Float32, {F, E}), b = g.input(DType::Float32, {F});
+  OpAttrs ln;
+  ln.dims = Dims{E};
+  ln.eps = 1e-5;
+  ir::Value h = g.op(OpKind::LayerNorm, {g.op(OpKind::Add, {x, r}), lw, lb}, ln);
+  g.output(g.op(OpKind::Gelu, {g.op(OpKind::Add, {g.op(OpKind::Matmul, {h, g.op(OpKind::Transpose, {w}, transpose_attrs(0, 1))}), b})}));
+  std::vector<Tensor> in = {randn({B, T, E}), randn({B, T, E}), randn({E}), randn({E}), randn({F, E}) * 0.05, randn({F})};
+  report("gelu(layer_norm(x + r) @ W.t() + b)", codegen::Executable(g), in, [&] {
+    return gelu(add(matmul(layer_norm(add(in[0], in[1]), {E}, in[2], in[3]), in[4].t()), in[5]));
+  });
 }
 
 TEST_CASE("Executable: Linear backward products run GEMMs with trans flags") {

@@ -126,6 +126,41 @@ TEST_CASE("compile: backward of a fused MLP forward equals eager", "[compile][au
   }
 }
 
+// The forward of x @ W.t() + b keeps W.t() for the backward: a view of an input, which the
+// region returns as an eager view (no copy) instead of a graph output, so the region stays
+// row-parallel (one kernel; a [K, N] output has no rows); the bias folds into the GEMM.
+TEST_CASE("compile: Linear on [B, T, K] with grad: W.t() saved as a view, one row-parallel kernel",
+          "[compile][autograd]") {
+  manual_seed(5);
+  nn::Linear lin(64, 48);
+  Tensor x = randn({4, 32, 64});
+  auto fn = [&](const Tensor& x) { return lin.forward(x); };
+  auto cf = compile(fn);
+  std::vector<Tensor> params = lin.parameters();
+  Tensor g = randn({4, 32, 48});
+  zero_grad(params);
+  Tensor ye = fn(x);
+  ye.backward(g);
+  std::vector<std::vector<float>> ge;
+  for (const Tensor& p : params) ge.push_back(vec(p.grad()));
+  for (int i = 0; i < 3; ++i) {
+    zero_grad(params);
+    Tensor y = cf(x);
+    std::vector<float> a = vec(y), b = vec(ye);
+    REQUIRE(a.size() == b.size());
+    for (size_t j = 0; j < a.size(); ++j) CHECK(a[j] == Approx(b[j]).margin(1e-5).epsilon(1e-5));
+    y.backward(g);
+    for (size_t k = 0; k < params.size(); ++k) {
+      std::vector<float> gk = vec(params[k].grad());
+      REQUIRE(gk.size() == ge[k].size());
+      for (size_t j = 0; j < gk.size(); ++j) CHECK(gk[j] == Approx(ge[k][j]).margin(1e-5).epsilon(1e-4));
+    }
+  }
+  std::string ex = cf.explain();
+  INFO(ex);
+  CHECK(contains(ex, "compiled region: 3 ops -> 1 kernel(s)"));
+}
+
 TEST_CASE("compile: a whole training step (forward, backward, AdamW) equals eager",
           "[compile][autograd]") {
   auto make = [] {

@@ -489,3 +489,24 @@ TEST_CASE("compile: free functions, reset(), and compiled functions called insid
   for (int i = 0; i < 2; ++i) CHECK(vec(outer(ones({2}))) == std::vector<float>{8, 8});
   CHECK(contains(outer.explain(), "mul add mul"));
 }
+
+// A region's output that is a view of one of its inputs (w.t()) is an eager view, strided; a
+// later region's contiguous() of it must then be a real contiguous tensor, not an alias of the
+// strided input, or a later eager view() of it fails (it did in the transformer's backward).
+TEST_CASE("compile: contiguous() of an input that is a strided view, then view() on eager kernels",
+          "[compile]") {
+  auto fn = [](const Tensor& x, const Tensor& w) {
+    Tensor s = x * 2.0 + 1.0;   // region 1, which also returns w.t() (a view of its input)
+    Tensor wt = w.t();
+    Tensor c = cat({s, s}, 0);  // eager
+    Tensor d = wt.contiguous();  // region 2: contiguous() of its input wt
+    Tensor e = c * 3.0 + 1.0;
+    Tensor f = cat({e, e}, 0);  // eager
+    Tensor v = d.view({-1});    // a lone view: an eager step
+    return cat({v, v}, 0).sum() * 0.5 + f.sum();
+  };
+  auto cf = compile(fn);
+  Tensor x = randn({4, 3}), w = randn({3, 5});
+  double expect = fn(x, w).item<double>();
+  for (int i = 0; i < 10; ++i) CHECK(cf(x, w).item<double>() == Approx(expect).epsilon(1e-5));
+}
