@@ -403,6 +403,12 @@ void Plan::build_region(Region& r, const PlanOptions& o) {
 void run_node_eagerly(const Program& p, const Node& n, RunState& st) {
   std::vector<Tensor> ins;
   for (int v : n.in) ins.push_back(v >= 0 ? st.value(p, v) : Tensor());
+  // A value can have another layout than while tracing (compiled regions return contiguous
+  // tensors where eager returned views, and the other way round): a functional `view` of a
+  // strided value copies first, as reshape does, instead of failing on strides it never saw.
+  if (n.op == OpKind::View && !st.in_place && !ins.empty() && ins[0].defined() &&
+      !ins[0].is_contiguous())
+    ins[0] = ins[0].contiguous();
   OpCall c{n.op, std::move(ins), resolved_attrs(n, st), n.loc};
   if (n.in_place && !st.in_place) {
     // Functional: the new value is a fresh tensor; the old one stays as it was.

@@ -510,3 +510,20 @@ TEST_CASE("compile: contiguous() of an input that is a strided view, then view()
   double expect = fn(x, w).item<double>();
   for (int i = 0; i < 10; ++i) CHECK(cf(x, w).item<double>() == Approx(expect).epsilon(1e-5));
 }
+
+TEST_CASE("compile: a view on eager kernels of a value a compiled region made contiguous",
+          "[compile]") {
+  // y is a strided view while tracing, a contiguous tensor when region 1 runs compiled; the
+  // lone transpose + view below run on eager kernels, where y.t() is then strided (the
+  // Transformer step's attention-heads gradient failed this way).
+  auto fn = [](const Tensor& x) {
+    Tensor y = (x * 2.0 + 1.0).transpose(0, 1);  // region 1: [3, 4]
+    Tensor c = cat({y, y}, 0);                  // eager
+    Tensor z = y.transpose(0, 1).view({-1});    // contiguous while tracing
+    return cat({z, c.reshape({-1})}, 0);
+  };
+  auto cf = compile(fn);
+  Tensor x = randn({4, 3});
+  std::vector<float> expect = vec(fn(x));
+  for (int i = 0; i < 10; ++i) CHECK(vec(cf(x)) == expect);
+}
