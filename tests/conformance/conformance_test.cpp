@@ -93,13 +93,13 @@ Grad grad_class(OpKind k) {
     case OpKind::IndexSelect: case OpKind::Gather: case OpKind::Embedding:
     case OpKind::MaskedFill: case OpKind::IndexAdd: case OpKind::ScatterAdd: case OpKind::Tril:
     case OpKind::Triu: case OpKind::Dropout: case OpKind::NllLoss: case OpKind::MseLoss:
+    case OpKind::FloorDivide: case OpKind::Remainder: case OpKind::Fill:
       return Grad::Yes;
-    case OpKind::LogicalNot: case OpKind::FloorDivide: case OpKind::Remainder: case OpKind::Eq:
+    case OpKind::LogicalNot: case OpKind::Eq:
     case OpKind::Ne: case OpKind::Lt: case OpKind::Le: case OpKind::Gt: case OpKind::Ge:
     case OpKind::LogicalAnd: case OpKind::LogicalOr: case OpKind::LogicalXor: case OpKind::All:
     case OpKind::Any: case OpKind::Argmax: case OpKind::Argmin: case OpKind::OneHot:
     case OpKind::Uniform: case OpKind::Normal: case OpKind::RandInt: case OpKind::DropoutMask:
-    case OpKind::Fill:
       return Grad::No;
     default: return Grad::Unknown;
   }
@@ -207,13 +207,39 @@ std::string message_problem(const std::string& msg, OpKind k, const std::vector<
 // ------------------------------------ bookkeeping ------------------------------------
 
 struct Stats {
-  int compared = 0, raised = 0, compiled = 0, compiled_raised = 0, gradchecked = 0,
+  int compared = 0, raised = 0, compiled = 0, compiled_raised = 0, lowered = 0, gradchecked = 0,
       compiled_backward = 0, no_grad_checked = 0, failures = 0;
 };
 std::map<std::string, Stats> g_stats;
 int g_total_failures = 0;
 
+/// Known kiln bugs this suite found and that are not fixed yet: a failure whose op matches and
+/// whose message contains both strings is reported (printed) instead of failing. An entry that
+/// no longer reproduces FAILS the test ("remove it"), so the list cannot go stale.
+struct KnownBug {
+  const char* op;
+  const char* sample;  // substring of the failure message (sample label and check)
+  const char* check;   // second substring
+  const char* what;
+  int hits = 0;
+};
+KnownBug g_known_bugs[] = {
+    {"std", "float32", "eager vs reference",
+     "float32 var/std square (x - mean) in float32 before the double accumulation "
+     "(backends/cpu/reduce.cpp variance): std of values near ±3e38 is inf though the result "
+     "(1.5e38) is representable; PyTorch gives 1.5e38"},
+    {"fill_", "value#0 int", "compiled (fused) call 2",
+     "kiln::compile of x.fill_(2.5) (a float value into an int32/int64 argument) followed by "
+     "another op (-(-x)): the replay raises 'kiln::compile: internal error: value %1 used before "
+     "it was computed' (tracer/plan.cpp RunState::value)"},
+};
+
 void failure(const std::string& op, const std::string& what) {
+  for (KnownBug& b : g_known_bugs)
+    if (op == b.op && what.find(b.sample) != std::string::npos && what.find(b.check) != std::string::npos) {
+      if (b.hits++ == 0) std::printf("known bug (%s): %s\n  first case: %s\n", b.op, b.what, what.c_str());
+      return;
+    }
   ++g_stats[op].failures;
   ++g_total_failures;
   if (g_stats[op].failures <= 6) FAIL_CHECK(what);
@@ -236,7 +262,10 @@ std::string check_random(OpKind k, const std::vector<Tensor>& in, const OpAttrs&
     for (size_t j = 0; j < o.f.size(); ++j) {
       double xv = x.f[j], v = o.f[j];
       bool zero = v == 0;
-      bool kept = round_to(o.dtype, xv * scale) == v || (std::isnan(xv) && std::isnan(v));
+      // x * scale in the dtype (scale itself rounded first: allow 2 ulp of float32/float64).
+      double want = round_to(o.dtype, xv * scale), ulp = o.dtype == DType::Float32 ? 1.2e-7 : 2.3e-16;
+      bool kept = want == v || std::fabs(v - want) <= 2 * ulp * std::fabs(want) ||
+                  (std::isnan(xv) && std::isnan(v));
       if (!zero && !kept) {
         std::snprintf(buf, sizeof buf, "element %zu: x %.9g gave %.9g, neither 0 nor x/(1-p)", j, xv, v);
         return buf;
@@ -337,18 +366,28 @@ void check_eager(OpKind k, const Sample& s, const Ref& ref) {
 }
 
 /// Check 2 (and 4, compiled): a one-op compiled function vs eager, trace and two replays.
-void check_compiled(OpKind k, const Sample& s, const Ref& ref) {
+/// A region with a single computing op runs on eager kernels (tracer/plan.cpp: nothing to
+/// fuse), so `fused` compiles op followed by neg(neg(·)) (logical_not twice for bool), which is
+/// bitwise the identity: the op is then part of a compiled region where the IR covers it.
+void check_compiled(OpKind k, const Sample& s, const Ref& ref, bool fused) {
   std::string op(kiln::op_info(k).name);
   Stats& st = g_stats[op];
   OpAttrs a = s.attrs;
-  auto cf = kiln::compile([k, a](const std::vector<Tensor>& xs) { return call(k, xs, a); });
+  auto cf = kiln::compile([k, a, fused](const std::vector<Tensor>& xs) {
+    Tensor y = call(k, xs, a);
+    if (!fused) return y;
+    return y.dtype() == DType::Bool ? kiln::logical_not(kiln::logical_not(y)) : kiln::neg(kiln::neg(y));
+  });
   for (int it = 0; it < 3; ++it) {
     std::vector<Tensor> in = s.make();
-    std::string lab = label(k, s) + " compiled call " + std::to_string(it + 1) + " on " + describe(in);
+    std::string lab = label(k, s) + (fused ? " compiled (fused) call " : " compiled call ") +
+                      std::to_string(it + 1) + " on " + describe(in);
     Tensor got;
     try {
       if (is_random(k)) kiln::manual_seed(23);
-      got = cf(in);
+      std::vector<Tensor> args = in;  // trailing absent optional inputs (layer_norm) dropped
+      while (!args.empty() && !args.back().defined()) args.pop_back();
+      got = cf(args);
     } catch (const Error& e) {
       if (!ref.raises) return failure(op, lab + ": compiled raised: " + e.what());
       std::string p = message_problem(e.what(), k, in, value_error(ref.why));
@@ -371,13 +410,15 @@ void check_compiled(OpKind k, const Sample& s, const Ref& ref) {
     if (!d.empty()) return failure(op, lab + ": compiled vs eager: " + d);
     ++st.compiled;
   }
+  // Whether the op ran as native code (a compiled region) or on eager kernels inside the plan.
+  if (!ref.raises && cf.explain().find("compiled region:") != std::string::npos) ++st.lowered;
 }
 
-/// Positions of the inputs that are differentiated: the float inputs (copy_: only the source).
-std::vector<size_t> grad_positions(OpKind k, const std::vector<Tensor>& in) {
+/// Positions of the inputs that are differentiated: the float64 inputs.
+std::vector<size_t> grad_positions(const std::vector<Tensor>& in) {
   std::vector<size_t> p;
   for (size_t q = 0; q < in.size(); ++q)
-    if (in[q].defined() && in[q].dtype() == DType::Float64 && !(in_place(k) && q == 0)) p.push_back(q);
+    if (in[q].defined() && in[q].dtype() == DType::Float64) p.push_back(q);
   return p;
 }
 
@@ -399,7 +440,6 @@ void check_grad(OpKind k) {
       std::vector<size_t> pos;
       for (size_t q = 0; q < in.size(); ++q)
         if (in[q].defined() && is_float(in[q].dtype()) && !in_place(k)) pos.push_back(q);
-      if (!is_random(k) && pos.empty()) continue;
       if (reference(k, in, s.attrs).raises) continue;
       for (size_t q : pos) in[q] = in[q].to(DType::Float64).detach().requires_grad_();
       Tensor out;
@@ -421,15 +461,16 @@ void check_grad(OpKind k) {
     if (done >= 3) break;
     std::vector<Tensor> base = s.make();
     if (reference(k, base, s.attrs).raises) continue;
-    std::vector<size_t> pos = grad_positions(k, base);
+    std::vector<size_t> pos = grad_positions(base);
     if (pos.empty()) continue;
     ++done;
     OpAttrs a = s.attrs;
-    // fn(float inputs) = op(inputs with those replaced); in-place ops get a fresh destination.
+    // fn(float inputs) = op(inputs with those replaced); in-place ops write a clone of their
+    // destination (differentiable: clone is `contiguous`), not the leaf.
     auto fn = [k, a, base, pos](const std::vector<Tensor>& xs) {
       std::vector<Tensor> full = base;
-      if (in_place(k)) full[0] = base[0].clone();
       for (size_t q = 0; q < pos.size(); ++q) full[pos[q]] = xs[q];
+      if (in_place(k)) full[0] = full[0].clone();
       if (is_random(k)) kiln::manual_seed(5);
       return call(k, full, a);
     };
@@ -448,6 +489,10 @@ void check_grad(OpKind k) {
     };
     std::vector<Tensor> el = leaves();
     Tensor eo = fn(el);
+    if (!eo.requires_grad()) {
+      failure(op, label(k, s) + ": classed differentiable, but the output does not require grad");
+      continue;
+    }
     Tensor w = make(eo.dtype(), Ix(eo.shape().begin(), eo.shape().end()), 9, Pool::Smooth);
     eo.backward(w);
     auto cf = kiln::compile([fn](const std::vector<Tensor>& ys) { return fn(ys); });
@@ -526,33 +571,72 @@ TEST_CASE("Conformance over the op table: reference, compiled, gradients, errors
       }
       any_ok |= !ref.raises;
       if (verbose) std::fprintf(stderr, "  [%s]\n", s.what.c_str());
-      check_eager(k, s, ref);
-      if (s.compiled || ref.raises) check_compiled(k, s, ref);
+      try {
+        check_eager(k, s, ref);
+        if (s.compiled || ref.raises) check_compiled(k, s, ref, false);
+        if (s.compiled && !ref.raises) check_compiled(k, s, ref, true);
+      } catch (const std::exception& e) {
+        failure(op, label(k, s) + ": threw: " + e.what());
+      }
     }
     if (!any_ok) failure(op, op + ": no sample with a result: add one in tests/conformance/samples.cpp");
-    check_grad(k);
+    try {
+      check_grad(k);
+    } catch (const std::exception& e) {
+      failure(op, op + ": gradient checks threw: " + e.what());
+    }
   }
   double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::printf("\nOp-table conformance (tests/conformance): per op, samples equal to the reference /\n"
               "raising the expected error (eager) / compiled runs equal to eager / raising compiled /\n"
+              "compiled samples that ran as native code (the rest: eager kernels in the plan) /\n"
               "gradchecks / compiled backward runs equal to eager / not-differentiable checks / failures\n");
   Stats tot;
   int ops_all4 = 0;
   for (const std::string& op : order) {
     const Stats& s = g_stats[op];
-    std::printf("  %-14s %4d %4d %4d %4d %3d %3d %2d %s\n", op.c_str(), s.compared, s.raised,
-                s.compiled, s.compiled_raised, s.gradchecked, s.compiled_backward,
+    std::printf("  %-14s %4d %4d %4d %4d %3d %3d %3d %2d %s\n", op.c_str(), s.compared, s.raised,
+                s.compiled, s.compiled_raised, s.lowered, s.gradchecked, s.compiled_backward,
                 s.no_grad_checked, s.failures ? ("FAILED " + std::to_string(s.failures)).c_str() : "");
     tot.compared += s.compared, tot.raised += s.raised, tot.compiled += s.compiled;
-    tot.compiled_raised += s.compiled_raised, tot.gradchecked += s.gradchecked;
+    tot.compiled_raised += s.compiled_raised, tot.gradchecked += s.gradchecked, tot.lowered += s.lowered;
     tot.compiled_backward += s.compiled_backward, tot.no_grad_checked += s.no_grad_checked;
     ops_all4 += s.compared > 0 && s.raised > 0 && s.compiled > 0 && s.compiled_raised > 0 &&
                 (s.gradchecked > 0 ? s.compiled_backward > 0 : s.no_grad_checked > 0);
   }
   std::printf("ops: %zu, with all four checks: %d; reference %d, errors %d, compiled %d, compiled "
-              "errors %d, gradchecks %d, compiled backward %d, not differentiable %d; %.1f s\n",
-              order.size(), ops_all4, tot.compared, tot.raised, tot.compiled, tot.compiled_raised,
+              "errors %d, native samples %d, gradchecks %d, compiled backward %d, not differentiable "
+              "%d; %.1f s\n",
+              order.size(), ops_all4, tot.compared, tot.raised, tot.compiled, tot.compiled_raised, tot.lowered,
               tot.gradchecked, tot.compiled_backward, tot.no_grad_checked, secs);
+  for (const KnownBug& b : g_known_bugs) {
+    INFO("known bug no longer reproduces (fixed?): remove it from g_known_bugs: " << b.op << ": " << b.what);
+    if (!only || b.op == std::string(only)) CHECK(b.hits > 0);
+  }
   CHECK(g_total_failures == 0);
   if (!only) CHECK(ops_all4 == kiln::kNumOps);
+}
+
+// Minimal reproductions of the compiled-backward bugs above (not run by ctest: "[.repro]").
+TEST_CASE("repro: compiled identity / strided slice backward", "[.repro]") {
+  using kiln::Tensor;
+  auto show = [](const char* what, int call, const Tensor& y, const Tensor& x) {
+    std::printf("%s call %d: requires_grad %d same %d grad %s\n", what, call, y.requires_grad(),
+                y.is_same(x), x.grad().defined() ? x.grad().str().c_str() : "undefined");
+  };
+  auto c1 = kiln::compile([](const Tensor& x) { return x.contiguous(); });
+  auto c2 = kiln::compile([](const std::vector<Tensor>& xs) { return xs[0].contiguous(); });
+  auto c3 = kiln::compile([](const Tensor& x) { return x.slice(1, 1, 5, 2); });
+  for (int i = 0; i < 3; ++i) {
+    Tensor x = kiln::ones({3}, {DType::Float64}).requires_grad_();
+    Tensor y = c1(x);
+    show("contiguous(Tensor)", i, y, x);
+    Tensor x2 = kiln::ones({3}, {DType::Float64}).requires_grad_();
+    Tensor y2 = c2(std::vector<Tensor>{x2});
+    show("contiguous(list)", i, y2, x2);
+    Tensor x3 = kiln::ones({2, 6}, {DType::Float64}).requires_grad_();
+    Tensor y3 = c3(x3);
+    if (y3.requires_grad()) y3.backward(kiln::from_vector<double>({1, 2, 3, 4}, {2, 2}));
+    show("slice step 2", i, y3, x3);
+  }
 }

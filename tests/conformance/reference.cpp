@@ -43,7 +43,7 @@ double float_fn(OpKind k, const std::vector<double>& v, const OpAttrs& a, bool& 
         double inner = std::sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x);
         return 0.5 * x * (1.0 + std::tanh(inner));
       }
-      return 0.5 * x * (1.0 + std::erf(x / std::sqrt(2.0)));
+      return 0.5 * x * std::erfc(-x / std::sqrt(2.0));  // = 0.5x(1 + erf(x/√2)), no cancellation
     case OpKind::Silu: return x / (1.0 + std::exp(-x));
     case OpKind::Erf: return std::erf(x);
     case OpKind::Floor: return std::floor(x);
@@ -62,7 +62,14 @@ double float_fn(OpKind k, const std::vector<double>& v, const OpAttrs& a, bool& 
     case OpKind::Sub: return x - a.alpha.to<double>() * y;
     case OpKind::Mul: return x * y;
     case OpKind::Div: return x / y;
-    case OpKind::FloorDivide: return std::floor(x / y);
+    case OpKind::FloorDivide: {  // Python's float //: inf // 2 is nan, -0.0 keeps its sign
+      if (y == 0) return x / y;
+      double mod = std::fmod(x, y), div = (x - mod) / y;
+      if (mod != 0 && ((y < 0) != (mod < 0))) div -= 1;
+      if (div == 0) return std::copysign(0.0, x / y);
+      double fl = std::floor(div);
+      return div - fl > 0.5 ? fl + 1 : fl;
+    }
     case OpKind::Remainder: {
       if (y == 0) return kNaN;
       double r = std::fmod(x, y);
@@ -191,6 +198,7 @@ Ref elementwise(OpKind k, const std::vector<Arr>& in, const OpAttrs& a) {
   if (info.dtype_rule == kiln::DTypeRule::ToBool) dt = DType::Bool;
   DType compute = info.dtype_rule == kiln::DTypeRule::ToBool ? c : dt;
   Ref r = result(out, dt, k == OpKind::Where ? Tol::Exact : elementwise_tol(k, a));
+  if (k == OpKind::Gelu) r.tol = Tol::Accum, r.mag.assign(r.f.size(), 0.0);
   bool known = true;
   std::string raise;
   for_each_index(out, [&](const Ix& idx, int64_t j) {
@@ -206,6 +214,8 @@ Ref elementwise(OpKind k, const std::vector<Arr>& in, const OpAttrs& a) {
       std::vector<double> v;
       for (const Arr& x : in) v.push_back(as_float(x, bcast_at(x, idx), compute));
       double y = float_fn(k, v, a, known);
+      // gelu's 1 + erf / 1 + tanh cancels for x << 0: the error scales with |x|, not |y|.
+      if (k == OpKind::Gelu) r.mag[static_cast<size_t>(j)] = std::fabs(y) + 1e-3 * std::fabs(v[0]);
       if (is_float(dt)) set_f(r, j, y);
       else set_i(r, j, y != 0);
     } else {
@@ -285,7 +295,7 @@ Ref reduction(OpKind k, const Arr& x, const OpAttrs& a) {
     default: dt = x.dtype;
   }
   Tol tol = (k == OpKind::Sum || k == OpKind::Mean || k == OpKind::Prod || k == OpKind::Var ||
-             k == OpKind::Std) ? Tol::Accum : k == OpKind::LogSumExp ? Tol::Approx : Tol::Exact;
+             k == OpKind::Std || k == OpKind::LogSumExp) ? Tol::Accum : Tol::Exact;
   Ref r = result(out, dt, tol);
   if (tol == Tol::Accum) r.mag.assign(static_cast<size_t>(nout), 0.0);
   for (int64_t o = 0; o < nout; ++o) {
@@ -362,6 +372,7 @@ Ref reduction(OpKind k, const Arr& x, const OpAttrs& a) {
           v = mx + std::log(s);
         }
         set_f(r, o, v);
+        r.mag[static_cast<size_t>(o)] = std::fabs(mx) + std::fabs(v) + 1;
         break;
       }
       case OpKind::All:
@@ -441,7 +452,9 @@ Ref normalization(OpKind k, const std::vector<Tensor>& inputs, const OpAttrs& a)
   }
   int64_t d = wrap_dim(a.dim, std::max<int64_t>(rank, 1));
   if (d < 0 || d >= std::max<int64_t>(rank, 1)) return raises("dim out of range");
-  Ref r = result(x.shape, dt, Tol::Approx);
+  // softmax: relative (Approx); log_softmax = x − m − log s cancels: error ~ eps·(|x − m| + log s + 1).
+  Ref r = result(x.shape, dt, k == OpKind::Softmax ? Tol::Approx : Tol::Accum);
+  if (k == OpKind::LogSoftmax) r.mag.assign(r.f.size(), 1.0);
   if (rank == 0) {
     set_f(r, 0, k == OpKind::Softmax ? 1.0 : 0.0);
     if (std::isnan(x.f[0]) || std::isinf(x.f[0])) set_f(r, 0, kNaN);
@@ -461,6 +474,7 @@ Ref normalization(OpKind k, const std::vector<Tensor>& inputs, const OpAttrs& a)
         double xv = round_to(dt, x.f[at(e)]);
         set_f(r, static_cast<int64_t>(at(e)),
               k == OpKind::Softmax ? std::exp(xv - mx) / s : xv - mx - std::log(s));
+        if (k == OpKind::LogSoftmax && std::isfinite(xv - mx)) r.mag[at(e)] = std::fabs(xv - mx) + std::log(s) + 1;
       }
     }
   return r;
@@ -710,6 +724,10 @@ Ref copy(OpKind k, const std::vector<Tensor>& inputs, const OpAttrs& a) {
       return r;
     }
     case OpKind::Fill: {
+      if (is_int(x.dtype) && a.alpha.is_floating()) {
+        double v = a.alpha.to<double>(), lim = x.dtype == DType::Int32 ? 2147483648.0 : 9223372036854775808.0;
+        if (!(v >= -lim && v < lim)) return raises("value overflows the dtype");
+      }
       Ref r = result(x.shape, x.dtype);
       r.aliases_input0 = true;
       Arr v;
@@ -818,11 +836,7 @@ Ref index_op(OpKind k, const std::vector<Tensor>& inputs, const OpAttrs& a) {
     }
     case OpKind::OneHot: {
       if (x.dtype != DType::Int64) return raises("indices must be int64");
-      int64_t c = a.mode;
-      if (c == -1) {
-        if (x.numel() == 0) return raises("num_classes -1 of an empty tensor");
-        c = *std::max_element(x.i.begin(), x.i.end()) + 1;
-      }
+      int64_t c = a.mode;  // the op takes num_classes >= 1 (the public one_hot resolves -1)
       if (c < 1) return raises("num_classes must be positive");
       for (int64_t v : x.i) if (v < 0 || v >= c) return raises("class out of range");
       Ix out = s;
@@ -994,7 +1008,22 @@ Ref reference(OpKind k, const std::vector<Tensor>& inputs, const OpAttrs& a) {
     case C::Shape: return cat(inputs, a);
     case C::Index: return index_op(k, inputs, a);
     case C::Loss: return loss(k, inputs, a);
-    case C::Random: {
+    case C::Random: {  // values are checked by property; here only what must raise
+      bool p_ok = a.p >= 0 && a.p <= 1;
+      if (k == OpKind::Dropout) {
+        if (!p_ok) return raises("probability outside [0, 1]");
+        if (!is_float(inputs[0].dtype())) return raises("input must be floating point");
+      } else {
+        for (int64_t d : a.dims)
+          if (d < 0) return raises("negative size");
+        if (k == OpKind::DropoutMask && !p_ok) return raises("probability outside [0, 1]");
+        if (k == OpKind::RandInt) {
+          if (a.dtype == DType::Bool) return raises("bool dtype");
+          if (a.low.to<int64_t>() >= a.high.to<int64_t>()) return raises("low >= high");
+        } else if (!is_float(a.dtype)) {
+          return raises("dtype must be floating point");
+        }
+      }
       Ref r;
       r.property_only = true;
       return r;
