@@ -8,8 +8,10 @@
 //  2. compiled vs eager: kiln::compile of a one-op function, called three times (the trace, then
 //     two replays: compiled regions alternate compiled code and eager kernels on their first
 //     runs), each compared with a fresh eager call: NaN positions identical, infinities equal.
-//     Ops the kiln IR does not cover run on eager kernels inside compiled functions, and must
-//     still equal eager; tests/codegen/conformance_test.cpp compares the lowered ops' code.
+//     Also "fused": the op followed by neg(neg(.)) (bitwise identity), so that it lands in a
+//     native compiled region where the IR covers it (a lone op runs on eager kernels). Ops the
+//     IR does not cover run on eager kernels inside compiled functions and must still equal
+//     eager; tests/codegen/conformance_test.cpp compares the lowered ops' code too.
 //  3. gradients (ops classed Yes in grad_class): gradcheck (tests/gradcheck.h: central finite
 //     differences in float64) on float64 samples with smooth values, then compiled backward
 //     (outputs of a compiled function, .backward(w)) vs eager backward. Ops classed No: their
@@ -617,26 +619,61 @@ TEST_CASE("Conformance over the op table: reference, compiled, gradients, errors
   if (!only) CHECK(ops_all4 == kiln::kNumOps);
 }
 
-// Minimal reproductions of the compiled-backward bugs above (not run by ctest: "[.repro]").
-TEST_CASE("repro: compiled identity / strided slice backward", "[.repro]") {
+// Regression tests of the kiln bugs this suite found and that were fixed (each is also covered
+// by the table-driven test above).
+TEST_CASE("regressions: bugs found by the op-table conformance suite", "[conformance]") {
   using kiln::Tensor;
-  auto show = [](const char* what, int call, const Tensor& y, const Tensor& x) {
-    std::printf("%s call %d: requires_grad %d same %d grad %s\n", what, call, y.requires_grad(),
-                y.is_same(x), x.grad().defined() ? x.grad().str().c_str() : "undefined");
-  };
-  auto c1 = kiln::compile([](const Tensor& x) { return x.contiguous(); });
-  auto c2 = kiln::compile([](const std::vector<Tensor>& xs) { return xs[0].contiguous(); });
-  auto c3 = kiln::compile([](const Tensor& x) { return x.slice(1, 1, 5, 2); });
-  for (int i = 0; i < 3; ++i) {
-    Tensor x = kiln::ones({3}, {DType::Float64}).requires_grad_();
-    Tensor y = c1(x);
-    show("contiguous(Tensor)", i, y, x);
-    Tensor x2 = kiln::ones({3}, {DType::Float64}).requires_grad_();
-    Tensor y2 = c2(std::vector<Tensor>{x2});
-    show("contiguous(list)", i, y2, x2);
-    Tensor x3 = kiln::ones({2, 6}, {DType::Float64}).requires_grad_();
-    Tensor y3 = c3(x3);
-    if (y3.requires_grad()) y3.backward(kiln::from_vector<double>({1, 2, 3, 4}, {2, 2}));
-    show("slice step 2", i, y3, x3);
+  SECTION("float64 log / log2 of denormals (xsimd)") {
+    Tensor x = kiln::from_vector<double>({1e-310, 4.9e-324, 2e-308, 1.0}, {4});
+    std::vector<double> l = kiln::log(x).to_vector<double>(), l2 = kiln::log2(x).to_vector<double>();
+    std::vector<double> xs = x.to_vector<double>();
+    for (size_t i = 0; i < xs.size(); ++i) {
+      CHECK(std::fabs(l[i] - std::log(xs[i])) <= 1e-13 * std::fabs(std::log(xs[i])) + 1e-300);
+      CHECK(std::fabs(l2[i] - std::log2(xs[i])) <= 1e-13 * std::fabs(std::log2(xs[i])) + 1e-300);
+    }
+  }
+  SECTION("index_add / scatter_add on bool tensors") {
+    Tensor x = kiln::from_vector<bool>({false, false, true}, {3});
+    Tensor src = kiln::from_vector<bool>({true, true}, {2});
+    Tensor idx = kiln::from_vector<int64_t>({0, 0}, {2});
+    CHECK(kiln::index_add(x, 0, idx, src).to_vector<bool>() == std::vector<bool>{true, false, true});
+    CHECK(kiln::scatter_add(x, 0, idx, src).to_vector<bool>() == std::vector<bool>{true, false, true});
+  }
+  SECTION("scatter_add: the gradient of src has src's shape when src is larger than index") {
+    Tensor x = kiln::zeros({2, 3}, {DType::Float64});
+    Tensor src = kiln::ones({2, 4}, {DType::Float64}).requires_grad_();
+    Tensor idx = kiln::from_vector<int64_t>({2, 0, 1, 1}, {2, 2});
+    kiln::scatter_add(x, 1, idx, src).sum().backward();
+    REQUIRE(src.grad().defined());
+    CHECK(src.grad().shape() == kiln::Shape({2, 4}));
+    CHECK(src.grad().to_vector<double>() == std::vector<double>{1, 1, 0, 0, 1, 1, 0, 0});
+  }
+  SECTION("compiled backward: a strided slice, and a backward that passes the gradient through") {
+    auto slice = kiln::compile([](const Tensor& x) { return x.slice(1, 1, 5, 2); });
+    auto pass = kiln::compile([](const Tensor& x) {
+      return kiln::dispatch::call1(kiln::OpCall{OpKind::Contiguous, {x}, {}, kiln::Loc::current()});
+    });
+    for (int call = 0; call < 3; ++call) {
+      INFO("call " << call);
+      Tensor x = kiln::ones({2, 6}, {DType::Float64}).requires_grad_();
+      slice(x).backward(kiln::from_vector<double>({1, 2, 3, 4}, {2, 2}));
+      CHECK(x.grad().to_vector<double>() == std::vector<double>{0, 1, 0, 2, 0, 0, 0, 3, 0, 4, 0, 0});
+      Tensor z = kiln::ones({3}, {DType::Float64}).requires_grad_();
+      Tensor y = pass(z);
+      REQUIRE(y.requires_grad());
+      y.backward(kiln::from_vector<double>({1, 2, 3}, {3}));
+      CHECK(z.grad().to_vector<double>() == std::vector<double>{1, 2, 3});
+    }
+  }
+  SECTION("shape / dtype errors name the op, the input dtypes and shapes") {
+    try {
+      kiln::matmul(kiln::ones({2, 3}), kiln::ones({4}, {DType::Float64}));
+      FAIL("no error");
+    } catch (const kiln::Error& e) {
+      std::string m = e.what();
+      CHECK(m.rfind("kiln::matmul:", 0) == 0);
+      CHECK(m.find("float32 [2, 3]") != std::string::npos);
+      CHECK(m.find("float64 [4]") != std::string::npos);
+    }
   }
 }

@@ -1001,13 +1001,21 @@ Ref reference(OpKind k, const std::vector<Tensor>& inputs, const OpAttrs& a) {
     }
     case C::Reduction:
     case C::IndexReduction: return reduction(k, read(inputs[0]), a);
-    case C::Normalization: return normalization(k, inputs, a);
-    case C::Matmul: return matmul(k, inputs, a);
+    case C::Normalization:
+      if (k != OpKind::Softmax && k != OpKind::LogSoftmax && k != OpKind::LayerNorm) break;
+      return normalization(k, inputs, a);
+    case C::Matmul:
+      if (k != OpKind::Matmul && k != OpKind::Addmm) break;
+      return matmul(k, inputs, a);
     case C::View: return view(k, read(inputs[0]), a);
     case C::Copy: return copy(k, inputs, a);
-    case C::Shape: return cat(inputs, a);
+    case C::Shape:
+      if (k != OpKind::Cat) break;
+      return cat(inputs, a);
     case C::Index: return index_op(k, inputs, a);
-    case C::Loss: return loss(k, inputs, a);
+    case C::Loss:
+      if (k != OpKind::NllLoss && k != OpKind::MseLoss) break;
+      return loss(k, inputs, a);
     case C::Random: {  // values are checked by property; here only what must raise
       bool p_ok = a.p >= 0 && a.p <= 1;
       if (k == OpKind::Dropout) {
