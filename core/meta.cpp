@@ -485,12 +485,28 @@ uint32_t reduction_mask(const OpAttrs& attrs, int rank, const char* op, Loc loc)
 static InferredMeta infer_meta_unchecked(OpKind op, std::span<const TensorMeta> inputs,
                                          const OpAttrs& attrs, Loc loc);
 
+/// What an invalid call was given, appended to every error infer_meta raises so that each one
+/// names the op (Error's prefix), the input dtypes and the input shapes, whatever check failed:
+/// "got float32 [2, 3], int64 [4]"; random ops (no tensor inputs): their dtype and size attrs.
+static std::string inputs_str(OpKind op, std::span<const TensorMeta> inputs, const OpAttrs& a) {
+  std::string s;
+  for (const TensorMeta& m : inputs)
+    s += fmt::format("{}{} {}", s.empty() ? "" : ", ", name(m.dtype), to_string(m.shape));
+  if (inputs.empty() && op_info(op).category == OpCategory::Random)
+    s = fmt::format("dtype {}, size {}", name(a.dtype), to_string(a.dims));
+  return s.empty() ? "no tensor inputs" : s;
+}
+
 InferredMeta infer_meta(OpKind op, std::span<const TensorMeta> inputs, const OpAttrs& attrs,
                         Loc loc) {
-  InferredMeta m = infer_meta_unchecked(op, inputs, attrs, loc);
-  for (const OutputMeta& o : m.outputs)
-    check_shape(o.shape, itemsize(o.dtype), op_name(op).data(), loc);
-  return m;
+  try {
+    InferredMeta m = infer_meta_unchecked(op, inputs, attrs, loc);
+    for (const OutputMeta& o : m.outputs)
+      check_shape(o.shape, itemsize(o.dtype), op_name(op).data(), loc);
+    return m;
+  } catch (const Error& e) {
+    throw Error(e.op(), e.message() + " (got " + inputs_str(op, inputs, attrs) + ")", e.where());
+  }
 }
 
 static InferredMeta infer_meta_unchecked(OpKind op, std::span<const TensorMeta> inputs,

@@ -269,10 +269,12 @@ std::vector<Tensor> view(const BackwardContext& c, const Tensor& g) {
       int64_t n = in.shape[d];
       int64_t start = std::clamp<int64_t>(a.start < 0 ? a.start + n : a.start, 0, n);
       if (a.step == 1) return {pad_slice(g, in, d, start)};
-      Tensor z = zeros_of(in);
-      NoGradGuard no_grad;  // strided slices: not differentiable a second time
-      z.slice(d, a.start, a.end, a.step).copy_(g);
-      return {z};
+      // Strided: g's rows added back at start, start + step, ... with index_add (differentiable
+      // again). It was an in-place copy_ into a strided view of zeros, which compiled backward
+      // replayed wrongly (the rows became ones; found by tests/conformance).
+      int64_t len = g.shape()[d];
+      Tensor idx = arange(Scalar(start), Scalar(start + len * a.step), Scalar(a.step), {DType::Int64});
+      return {index_add(zeros_of(in), d, idx, g)};
     }
     case K::Select: {
       int d = wrap_dim(a.dim, r, "select");
@@ -320,8 +322,20 @@ std::vector<Tensor> other(const BackwardContext& c, const Tensor& g) {
       return {scatter_add(zeros_of(c.input_meta[0]), c.attrs.dim, c.inputs[1], g)};
     case K::IndexAdd:
       return {g, Tensor(), c.needs_grad[2] ? index_select(g, c.attrs.dim, c.inputs[1]) : Tensor()};
-    case K::ScatterAdd:
-      return {g, Tensor(), c.needs_grad[2] ? gather(g, c.attrs.dim, c.inputs[1]) : Tensor()};
+    case K::ScatterAdd: {
+      if (!c.needs_grad[2]) return {g, Tensor(), Tensor()};
+      // src may be larger than index (only its leading index.shape block is scattered): the
+      // rest of src gets a zero gradient, so the gradient has src's shape.
+      Tensor gs = gather(g, c.attrs.dim, c.inputs[1]);
+      const Shape& ss = c.input_meta[2].shape;
+      for (int q = 0; q < ss.size(); ++q)
+        if (gs.shape()[q] < ss[q]) {
+          Shape pad = gs.shape();
+          pad[q] = ss[q] - gs.shape()[q];
+          gs = cat({gs, zeros(pad, {gs.dtype()})}, q);
+        }
+      return {g, Tensor(), gs};
+    }
     case K::MaskedFill: return {masked_fill(g, c.inputs[1], 0)};
     case K::Tril: return {tril(g, c.attrs.mode)};
     case K::Triu: return {triu(g, c.attrs.mode)};

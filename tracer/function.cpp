@@ -200,7 +200,12 @@ std::unique_ptr<Segment> make_chain(const std::shared_ptr<const Program>& p, siz
       po.live_after[leaf] = true;
       if (g >= 0) po.live_after[g] = true;
     }
-    if (p->backward_begin < p->nodes.size()) {
+    // A traced backward with no ops (the gradient passes through unchanged: contiguous, a
+    // same-dtype `to`, a 0-d transpose) still needs its plan: without it replays attached no
+    // grad_fn and the outputs did not require grad (found by tests/conformance).
+    bool traced_backward = false;
+    for (int v : p->grad_outputs) traced_backward |= v >= 0;
+    if (p->backward_begin < p->nodes.size() || traced_backward) {
       std::vector<bool> def(p->values.size(), false);
       for (size_t i = p->backward_begin; i < p->nodes.size(); ++i)
         for (int v : p->nodes[i].out) def[v] = true;

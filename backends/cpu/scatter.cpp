@@ -13,6 +13,12 @@ template <class I> void check_range(const Tensor& idx, int64_t size, const OpCal
                size);
 }
 
+/// dst += v; bool: logical or (true + true stays true, as in PyTorch).
+template <class T> inline void add_to(T& dst, T v) {
+  if constexpr (std::is_same_v<T, bool>) dst = dst || v;
+  else dst += v;
+}
+
 template <class T, class I>
 void index_add(const Tensor& out, int d, const Tensor& idx, const Tensor& src) {
   // out and src contiguous; view both as [outer, size_d, inner].
@@ -27,7 +33,7 @@ void index_add(const Tensor& out, int d, const Tensor& idx, const Tensor& src) {
     for (int64_t j = 0; j < n_src; ++j) {
       T* dst = o + (a * n_out + ix[j]) * inner;
       const T* from = s + (a * n_src + j) * inner;
-      for (int64_t k = 0; k < inner; ++k) dst[k] += from[k];
+      for (int64_t k = 0; k < inner; ++k) add_to(dst[k], from[k]);
     }
 }
 
@@ -45,7 +51,7 @@ void scatter_add(const Tensor& out, int d, const Tensor& idx, const Tensor& src)
       so += pos[k] * src.strides()[k];
       oo += (k == d ? static_cast<int64_t>(ix[e]) : pos[k]) * out.strides()[k];
     }
-    o[oo] += s[so];
+    add_to(o[oo], s[so]);
     for (int k = r - 1; k >= 0; --k) {
       if (++pos[k] < idx.shape()[k]) break;
       pos[k] = 0;
@@ -65,7 +71,8 @@ void scatter_kernel(const OpCall& c, const InferredMeta&, std::span<Tensor> outs
   copy_cast(out, x);
   auto run = [&]<class I>() {
     check_range<I>(idx, size, c, d);
-    KILN_DISPATCH_NUMERIC(x.dtype(), T, {
+    // Every dtype: bool tensors used to be skipped (the result was x, the source ignored).
+    KILN_DISPATCH_ALL(x.dtype(), T, {
       if (c.op == OpKind::IndexAdd) index_add<T, I>(out, d, idx, src);
       else scatter_add<T, I>(out, d, idx, src);
     });
