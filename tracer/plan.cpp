@@ -429,6 +429,9 @@ void Plan::run_region(const Region& r, RunState& st) const {
   const Program& p = *p_;
   auto run_eagerly = [&] {
     for (size_t i : r.nodes) run_eager(p.nodes[i], st);
+    // A region the codegen rejected has no reliable output list (its graph was not finished):
+    // keep everything; the plan frees values after their last use anyway.
+    if (r.eager_fallback) return;
     // Values only the region itself used are not kept (the compiled code never made them).
     std::vector<bool> keep(p.values.size(), false);
     for (int v : r.outputs) keep[v] = true;

@@ -230,10 +230,6 @@ KnownBug g_known_bugs[] = {
      "float32 var/std square (x - mean) in float32 before the double accumulation "
      "(backends/cpu/reduce.cpp variance): std of values near ±3e38 is inf though the result "
      "(1.5e38) is representable; PyTorch gives 1.5e38"},
-    {"fill_", "value#0 int", "compiled (fused) call 2",
-     "kiln::compile of x.fill_(2.5) (a float value into an int32/int64 argument) followed by "
-     "another op (-(-x)): the replay raises 'kiln::compile: internal error: value %1 used before "
-     "it was computed' (tracer/plan.cpp RunState::value)"},
 };
 
 void failure(const std::string& op, const std::string& what) {

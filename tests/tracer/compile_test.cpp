@@ -527,3 +527,18 @@ TEST_CASE("compile: a view on eager kernels of a value a compiled region made co
   std::vector<float> expect = vec(fn(x));
   for (int i = 0; i < 10; ++i) CHECK(vec(cf(x)) == expect);
 }
+
+TEST_CASE("compile: a region the codegen rejects keeps its values on eager kernels", "[compile]") {
+  // fill_(2.5) into an int64 argument: the region's graph is rejected (2.5 is no int64
+  // constant), so its ops run eagerly on every replay; the written value is still returned
+  // and written back (the conformance suite found replays losing it).
+  auto f = compile([](Tensor x) {
+    x.fill_(2.5);
+    return -(-x);
+  });
+  for (int i = 0; i < 3; ++i) {
+    Tensor x = from_vector<int64_t>({1, 2, 3}, {3});
+    CHECK(f(x).to_vector<int64_t>() == std::vector<int64_t>{2, 2, 2});
+    CHECK(x.to_vector<int64_t>() == std::vector<int64_t>{2, 2, 2});
+  }
+}
