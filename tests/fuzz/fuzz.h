@@ -4,6 +4,7 @@
 // (delta debugging over ops, then shapes) and a printer that writes a failing program as a
 // standalone C++ repro. See tests/fuzz/README.md.
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -67,8 +68,18 @@ struct Tolerance {
 /// returns "" when every call agrees, else a description of the first difference.
 std::string check(const Program& p, const Tolerance& tol = {});
 
-/// Delta debugging: a smaller program for which check() still fails. `budget`: max checks.
-Program shrink(const Program& p, const Tolerance& tol = {}, int budget = 400);
+/// A check: "" when the program passes, else what failed.
+using Checker = std::function<std::string(const Program&)>;
+
+/// Delta debugging: a smaller program for which `fails` still reports a failure (default:
+/// check(p, tol)). `budget`: max checks.
+Program shrink(const Program& p, const Tolerance& tol = {}, int budget = 400,
+               const Checker& fails = nullptr);
+
+/// The program as one line of integers, and back (kiln-fuzz --program FILE; the shrinker of
+/// crashes runs each candidate in a child process).
+std::string serialize(const Program& p);
+Program deserialize(const std::string& text);
 
 /// A standalone C++ program (kiln's public API) reproducing `p`'s failing calls.
 std::string to_cpp(const Program& p, const std::string& failure);
