@@ -191,7 +191,11 @@ std::unique_ptr<Segment> make_chain(const std::shared_ptr<const Program>& p, siz
   seg->end = seg->leaf ? end : end + 1;
   PlanOptions po;
   po.compile = o.backend == Backend::Cpu;
-  po.live_after.assign(p->values.size(), false);
+  // A segment that ends at a host read is followed by segments (of branches traced now or
+  // later) that may read any value it computed: every value stays live after it, so a value a
+  // compiled region computes is one of the region's outputs (the fuzzer's "branch keeps an
+  // earlier value": a value computed before a read and used after it was never set).
+  po.live_after.assign(p->values.size(), !seg->leaf);
   po.free_dead = seg->leaf;
   if (seg->leaf) {
     for (int v : p->outputs) if (v >= 0) po.live_after[v] = true;

@@ -97,6 +97,30 @@ std::vector<int64_t> dims_of(const ValueInfo& v, bool dynamic) {
   return d;
 }
 
+// Whether a value has a symbolic dim.
+bool has_symbolic(const ValueInfo& v) {
+  for (const SymInt& s : v.sym)
+    if (s.arg >= 0) return true;
+  return false;
+}
+
+// Whether two values of the same traced shape have the same symbolic dims.
+bool same_symbols(const ValueInfo& a, const ValueInfo& b) {
+  for (size_t i = 0; i < std::max(a.sym.size(), b.sym.size()); ++i) {
+    SymInt x = i < a.sym.size() ? a.sym[i] : SymInt{}, y = i < b.sym.size() ? b.sym[i] : SymInt{};
+    if (x.arg != y.arg || (x.arg >= 0 && (x.dim != y.dim || x.factor != y.factor))) return false;
+  }
+  return true;
+}
+
+// `src` broadcast to `dst`'s (possibly symbolic) shape: where(dst == dst, src, src). A
+// functional fill_/copy_ in a graph with `?` dims, where an expand would bake in the traced
+// shape (the fuzzer's "fill_ of a dynamic-size value keeps the size it was traced with").
+ir::Value broadcast_like(ir::Graph& g, ir::Value dst, ir::Value src, Loc loc) {
+  ir::Value cond = g.op(OpKind::Eq, {dst, dst}, {}, loc);
+  return g.op(OpKind::Where, {cond, src, src}, {}, loc);
+}
+
 }  // namespace
 
 struct Plan::Region {
@@ -188,12 +212,17 @@ ir::Graph region_graph(const Program& p, const std::vector<size_t>& nodes,
       OpAttrs a;
       a.dims = d.shape;
       ir::Value c = g.constant(n.attrs.alpha, d.dtype);
-      val[out] = d.shape.size() == 0 ? c : g.op(OpKind::Expand, {c}, a, n.loc);
+      if (dynamic && has_symbolic(d))  // expand's shape would be the traced one: broadcast
+        val[out] = broadcast_like(g, ins[0], c, n.loc);
+      else
+        val[out] = d.shape.size() == 0 ? c : g.op(OpKind::Expand, {c}, a, n.loc);
     } else if (n.in_place) {  // copy_(dst, src), same dtype
       const ValueInfo& d = p.values[out];
       const ValueInfo& s = p.values[n.in[1]];
-      if (s.shape == d.shape && !s.wrapped) {
+      if (s.shape == d.shape && !s.wrapped && (!dynamic || same_symbols(s, d))) {
         val[out] = ins[1];
+      } else if (dynamic && has_symbolic(d)) {
+        val[out] = broadcast_like(g, ins[0], ins[1], n.loc);
       } else {
         OpAttrs a;
         a.dims = d.shape;
@@ -429,9 +458,6 @@ void Plan::run_region(const Region& r, RunState& st) const {
   const Program& p = *p_;
   auto run_eagerly = [&] {
     for (size_t i : r.nodes) run_eager(p.nodes[i], st);
-    // A region the codegen rejected has no reliable output list (its graph was not finished):
-    // keep everything; the plan frees values after their last use anyway.
-    if (r.eager_fallback) return;
     // Values only the region itself used are not kept (the compiled code never made them).
     std::vector<bool> keep(p.values.size(), false);
     for (int v : r.outputs) keep[v] = true;
@@ -442,7 +468,10 @@ void Plan::run_region(const Region& r, RunState& st) const {
         if (!keep[v]) st.slots[v] = Tensor();
   };
   if (r.eager_fallback) {
-    run_eagerly();
+    // The graph was never built, so r.outputs is empty: keep every value (the plan's
+    // free_after frees them), else values read after the region are gone (the fuzzer's
+    // "fill_ of an int64 tensor with -1.5 then read": the codegen rejects the constant).
+    for (size_t i : r.nodes) run_eager(p.nodes[i], st);
     return;
   }
   if (int c = r.choice.load(std::memory_order_relaxed); c != 0) {

@@ -255,8 +255,19 @@ void Recorder::finish() {
     auto w = writes_.find(tensors_[v].storage().get());
     if (w == writes_.end()) continue;
     auto it = by_geometry_.find(key_of(tensors_[v]));
-    if (it != by_geometry_.end() && it->second != static_cast<int>(v))
+    if (it == by_geometry_.end() || write_count_[it->second] != w->second) {
+      // Written through a view of another geometry (`x.view({n}) += 1`, `x.select(0, 1)
+      // .fill_(7)`) and not read back whole: the functional program has no value of the whole
+      // tensor after the write to copy back, so replay on the real tensors (the fuzzer's
+      // "in-place write through a view of an argument is lost on replay").
+      if (!p_.aliased_mutation)
+        p_.aliased_mutation_reason = fmt::format(
+            "an argument or captured tensor (shape {}) was changed in place through a view",
+            to_string(tensors_[v].shape()));
+      p_.aliased_mutation = true;
+    } else if (it->second != static_cast<int>(v)) {
       p_.write_backs.push_back({src, it->second});
+    }
   }
   for (const Tensor& leaf : grad_leaves_) {
     int lv = lookup(leaf);

@@ -133,7 +133,10 @@ void layer_norm(const OpCall& call, Tensor& out) {
   const T* wp = w.defined() ? w.data<T>() : nullptr;
   const T* bp = bias.defined() ? bias.data<T>() : nullptr;
   const double eps = call.attrs.eps;
-  // y = (x·rstd − mean·rstd)·w + b, with the weight/bias variant chosen outside the loop.
+  // y = (x − mean)·rstd·w + b, with the weight/bias variant chosen outside the loop. Not
+  // x·rstd − mean·rstd: that cancels catastrophically when var ≈ 0 (rstd ≈ 1/sqrt(eps)), so a
+  // constant row gave ±ulp(|x|·316) instead of 0 (found by tests/fuzz); the compiled
+  // decomposition (ir/decompose.cpp) computes (x − mean)·rstd too.
   auto run = [&](auto has_w, auto has_b) {
     parallel_for(0, rows, std::max<int64_t>(1, kGrainSize / m), [&](int64_t lo, int64_t hi) {
       using V = Vec<T>;
@@ -151,10 +154,9 @@ void layer_norm(const OpCall& call, Tensor& out) {
                                    }) /
                            m;
         const T rstd = static_cast<T>(1.0 / std::sqrt(var + eps));
-        const T shift = -mt * rstd;
         auto body = [&](auto v, int64_t i) {
           using W = decltype(v);
-          W z = v * rstd + shift;
+          W z = (v - mt) * rstd;
           if constexpr (decltype(has_w)::value) z = z * vload<W>(wp + i);
           if constexpr (decltype(has_b)::value) z = z + vload<W>(bp + i);
           vstore(yr + i, z);
