@@ -9,7 +9,8 @@
 #     test executables (no benchmarks/examples) and running them (tests/README.md, "Sanitizers").
 # KILN_SKIP_SANITIZERS=1 skips stage 2 (fast local runs). KILN_SANITIZER_TESTS (a space list of
 # core eager nn ir codegen tracer) picks stage 2's tests; the default is the tests that do not
-# need the JIT (core eager nn ir): the JIT ones under ASan are not validated yet (tests/README.md).
+# need the JIT (core eager nn ir) plus the tracer's (JIT) tests; codegen's are opt-in
+# (tests/README.md).
 # ThreadSanitizer is not part of this script (too slow for CI's budget): see tests/README.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -24,7 +25,7 @@ if [[ "${KILN_SKIP_SANITIZERS:-0}" == 1 ]]; then
   exit 0
 fi
 asan=${KILN_ASAN_BUILD_DIR:-$build-asan}
-tests=(${KILN_SANITIZER_TESTS:-core eager nn ir})
+tests=(${KILN_SANITIZER_TESTS:-core eager nn ir tracer})
 start=$SECONDS
 cmake -S . -B "$asan" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g1" "-DCMAKE_C_FLAGS_RELWITHDEBINFO=-O1 -g1" \
