@@ -38,7 +38,11 @@ constexpr const char* kCodegenVersion =
     "kiln-codegen 1, sources " KILN_CODEGEN_SOURCE_HASH ", LLVM " LLVM_VERSION_STRING;
 
 std::mutex g_mutex;  // guards everything below
-std::unordered_map<std::string, std::shared_ptr<const CompiledCode>> g_memory;
+// Weak: the code lives as long as an Executable uses it, not as long as the process (dropping a
+// compiled function frees its JIT; a later equal graph links the disk entry again). Expired
+// entries are swept when the map has doubled since the last sweep.
+std::unordered_map<std::string, std::weak_ptr<const CompiledCode>> g_memory;
+std::size_t g_memory_sweep_at = 64;
 std::string g_version_override;
 std::set<std::string> g_unwritable_dirs;
 std::atomic<bool> g_warned{false};
@@ -262,9 +266,8 @@ const char* source_name(CompileStats::Source s) {
 }  // namespace
 
 void clear_memory_cache() {
-  std::unordered_map<std::string, std::shared_ptr<const CompiledCode>> dropped;
   std::lock_guard lock(g_mutex);
-  dropped.swap(g_memory);  // NB: destroyed after the unlock (declared first)
+  g_memory.clear();
 }
 
 void set_codegen_version_for_testing(const std::string& v) {
@@ -288,7 +291,7 @@ std::shared_ptr<const CompiledCode> get_or_compile(const std::string& graph_mlir
   if (options.memory_cache) {
     std::lock_guard lock(g_mutex);
     auto it = g_memory.find(memory_key);
-    if (it != g_memory.end()) code = it->second;
+    if (it != g_memory.end()) code = it->second.lock();
   }
   std::string dir, path;
   if (!code) {
@@ -337,7 +340,11 @@ std::shared_ptr<const CompiledCode> get_or_compile(const std::string& graph_mlir
   }
   if (options.memory_cache && stats.source != CompileStats::Source::MemoryCache) {
     std::lock_guard lock(g_mutex);
-    g_memory.emplace(memory_key, code);
+    g_memory.insert_or_assign(memory_key, code);
+    if (g_memory.size() >= g_memory_sweep_at) {
+      std::erase_if(g_memory, [](const auto& e) { return e.second.expired(); });
+      g_memory_sweep_at = std::max<std::size_t>(64, 2 * g_memory.size());
+    }
   }
   stats.total_ms = total();
   if (log_enabled(kLogCodegen)) {

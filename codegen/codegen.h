@@ -58,6 +58,21 @@ struct CompileStats {
 /// Drops every entry of the in-memory compile cache (live Executables keep their code).
 void clear_memory_cache();
 
+/// Compiled code objects (one ORC LLJIT with its linked object each) alive now. Executables of
+/// the same graph share one; the in-memory cache does not keep code alive on its own, so the
+/// code is freed with the last Executable (or compiled function) using it.
+int64_t live_compiled_code_count();
+
+/// Faults injected into the compile pipeline, for tests of its error paths (process-wide, until
+/// reset with None; compiles that hit a cache skip the pipeline, so disable the caches):
+enum class InjectedFault {
+  None,
+  InvalidMlir,     ///< the parsed module is broken (its @main loses its terminator)
+  InvalidLlvmIr,   ///< the translated LLVM module gets a function without a terminator
+  LlvmFatalError,  ///< llvm::report_fatal_error during object emission
+};
+void inject_fault_for_testing(InjectedFault fault);
+
 /// Selects the stage dumps written to stderr, as a comma list (the same syntax as the env var
 /// KILN_LOGS, which is read once at the first compile; this call replaces it):
 ///   ir      -- the kiln MLIR before lowering, then the MLIR after each stage (linalg fused,

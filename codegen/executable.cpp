@@ -48,6 +48,7 @@
 #include "mlir/Dialect/Tensor/Transforms/BufferizableOpInterfaceImpl.h"
 #include "mlir/Dialect/UB/IR/UBOps.h"
 #include "mlir/IR/Diagnostics.h"
+#include "mlir/IR/Verifier.h"
 #include "mlir/IR/MLIRContext.h"
 #include "mlir/Interfaces/DestinationStyleOpInterface.h"
 #include "mlir/Parser/Parser.h"
@@ -347,6 +348,12 @@ std::string Executable::Impl::compile(const std::string& graph_mlir, bool relax)
     }
   }
   mlir::ModuleOp m = *module;
+  if (injected_fault() == InjectedFault::InvalidMlir)
+    m.lookupSymbol<mlir::func::FuncOp>("main").getBody().front().getTerminator()->erase();
+  // The parser verified the graph; the relaxation above rewrote it. Lowering an invalid module
+  // can crash inside MLIR's patterns instead of failing, so check it once more.
+  if (mlir::failed(mlir::verify(m)))
+    throw Error("codegen::Executable: invalid module", I.messages);
 
   // 1. kiln -> linalg on tensors, fused.
   {

@@ -10,6 +10,8 @@
 
 #include "codegen/runtime.h"
 #include "core/error.h"
+#include "ir/graph_internal.h"
+#include "llvm/IR/Verifier.h"
 #include "llvm/ExecutionEngine/Orc/AbsoluteSymbols.h"
 #include "llvm/ExecutionEngine/Orc/JITTargetMachineBuilder.h"
 #include "llvm/ExecutionEngine/Orc/LLJIT.h"
@@ -30,10 +32,6 @@ namespace {
 
 constexpr const char* kEntry = "_mlir_ciface_main";
 constexpr const char* kPackedEntry = "_mlir__mlir_ciface_main";  // ExecutionEngine's naming
-
-[[noreturn]] void fatal_handler(void*, const char* reason, bool) {
-  throw Error("codegen (LLVM fatal error)", reason);
-}
 
 /// The host's JIT target (machine code at CodeGenOptLevel::Aggressive); PIC + small code model as JITLink expects on ELF/x86-64.
 const llvm::orc::JITTargetMachineBuilder& host_jtmb() {
@@ -98,15 +96,25 @@ void read_log_env() {
 
 }  // namespace
 
-CompiledCode::CompiledCode() = default;
-CompiledCode::~CompiledCode() = default;
+namespace {
+std::atomic<int64_t> g_live_code{0};
+std::atomic<int> g_fault{0};
+}  // namespace
+
+CompiledCode::CompiledCode() { g_live_code.fetch_add(1, std::memory_order_relaxed); }
+CompiledCode::~CompiledCode() { g_live_code.fetch_sub(1, std::memory_order_relaxed); }
+
+int64_t live_compiled_code_count() { return g_live_code.load(std::memory_order_relaxed); }
+
+void inject_fault_for_testing(InjectedFault f) { g_fault.store(static_cast<int>(f)); }
+InjectedFault injected_fault() { return static_cast<InjectedFault>(g_fault.load()); }
 
 void init_llvm() {
   static std::once_flag once;
   std::call_once(once, [] {
     llvm::InitializeNativeTarget();
     llvm::InitializeNativeTargetAsmPrinter();
-    llvm::install_fatal_error_handler(fatal_handler, nullptr);
+    ir::install_llvm_error_handler();  // report_fatal_error -> kiln::Error
   });
 }
 
@@ -129,6 +137,20 @@ std::string emit_object(mlir::ModuleOp m, const std::string& diagnostics, Compil
   mod->setDataLayout((*tm)->createDataLayout());
   mod->setTargetTriple((*tm)->getTargetTriple());
   add_packed_entry(*mod);
+  if (injected_fault() == InjectedFault::LlvmFatalError)
+    llvm::report_fatal_error("injected (kiln test)");
+  if (injected_fault() == InjectedFault::InvalidLlvmIr) {  // a block without a terminator
+    auto* type = llvm::FunctionType::get(llvm::Type::getVoidTy(ctx), false);
+    auto* bad = llvm::Function::Create(type, llvm::GlobalValue::ExternalLinkage, "kiln_bad", *mod);
+    llvm::BasicBlock::Create(ctx, "entry", bad);
+  }
+  // Broken IR would crash (not throw in) the optimiser or the backend: check it first.
+  {
+    std::string problems;
+    llvm::raw_string_ostream vos(problems);
+    if (llvm::verifyModule(*mod, &vos))
+      throw Error("codegen::Executable: invalid LLVM IR", vos.str() + diagnostics);
+  }
   // The loop vectorizer prefers 256-bit vectors on these CPUs; kernels here are long
   // streaming loops, where full AVX-512 width does not cost frequency that matters.
   if ((*tm)->getTargetFeatureString().contains("+avx512f"))

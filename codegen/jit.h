@@ -61,6 +61,9 @@ struct CompiledCode {
 
 /// LLVM's native target and a fatal-error handler that throws kiln::Error; idempotent.
 void init_llvm();
+
+/// The fault set by inject_fault_for_testing (codegen.h).
+InjectedFault injected_fault();
 /// Triple, CPU name and CPU features of the host (the JIT's target), detected once.
 const std::string& host_target_id();
 

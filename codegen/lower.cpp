@@ -15,6 +15,7 @@
 #include "core/meta.h"
 #include "ir/graph_internal.h"
 #include "mlir/IR/Diagnostics.h"
+#include "mlir/IR/Verifier.h"
 #include "mlir/Pass/PassManager.h"
 #include "mlir/Transforms/Passes.h"
 #include "core/formulas.h"
@@ -1597,6 +1598,7 @@ std::string lower_to_linalg(const ir::Graph& g, bool fuse) {
     os << d.getLocation() << ": " << d << "\n";
     return mlir::success();
   });
+  if (mlir::failed(mlir::verify(*module))) throw Error("lower_to_linalg: invalid graph", messages);
   mlir::PassManager pm(ctx);
   pm.addPass(kiln::dialect::create_decompose_pass());
   pm.addPass(create_kiln_to_linalg_pass());

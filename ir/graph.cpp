@@ -11,8 +11,22 @@
 #include "mlir/IR/Verifier.h"
 #include "mlir/Pass/PassManager.h"
 #include "mlir/Transforms/Passes.h"
+#include "llvm/Support/ErrorHandling.h"
+
+#include <mutex>
 
 namespace kiln::ir {
+
+namespace {
+[[noreturn]] void llvm_fatal_error(void*, const char* reason, bool) {
+  throw Error("LLVM fatal error (in kiln's MLIR/LLVM code)", reason);
+}
+}  // namespace
+
+void install_llvm_error_handler() {
+  static std::once_flag once;
+  std::call_once(once, [] { llvm::install_fatal_error_handler(llvm_fatal_error, nullptr); });
+}
 
 struct Graph::Impl {
   mlir::MLIRContext ctx;
@@ -23,6 +37,7 @@ struct Graph::Impl {
   std::vector<ValueType> types;
 
   Impl() {
+    install_llvm_error_handler();
     ctx.loadDialect<kiln::dialect::KilnDialect, mlir::func::FuncDialect>();
     mlir::OpBuilder b(&ctx);
     auto loc = b.getUnknownLoc();

@@ -1,6 +1,17 @@
 #!/usr/bin/env bash
 # Sets up (if needed), configures, builds and runs kiln's whole test suite. Non-zero on failure.
 # Usage: scripts/test.sh            (build dir: build/, override with KILN_BUILD_DIR)
+#
+# Two stages (CI runs both):
+#  1. the normal Release build and every ctest test;
+#  2. the sanitizer stage: a second build dir ($KILN_BUILD_DIR-asan) with
+#     -DKILN_SANITIZE=address,undefined (ASan + UBSan + LeakSanitizer) at -O1, building only the
+#     test executables (no benchmarks/examples) and running them (tests/README.md, "Sanitizers").
+# KILN_SKIP_SANITIZERS=1 skips stage 2 (fast local runs). KILN_SANITIZER_TESTS (a space list of
+# core eager nn ir codegen tracer) picks stage 2's tests; the default is the tests that do not
+# need the JIT (core eager nn ir) plus the tracer's (JIT) tests; codegen's are opt-in
+# (tests/README.md).
+# ThreadSanitizer is not part of this script (too slow for CI's budget): see tests/README.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -8,3 +19,19 @@ build=${KILN_BUILD_DIR:-build}
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release
 cmake --build "$build" -j "$(nproc)"
 ctest --test-dir "$build" --output-on-failure -j "$(nproc)"
+
+if [[ "${KILN_SKIP_SANITIZERS:-0}" == 1 ]]; then
+  echo "test.sh: sanitizer stage skipped (KILN_SKIP_SANITIZERS=1)"
+  exit 0
+fi
+asan=${KILN_ASAN_BUILD_DIR:-$build-asan}
+tests=(${KILN_SANITIZER_TESTS:-core eager nn ir tracer})
+start=$SECONDS
+cmake -S . -B "$asan" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+  "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g1" "-DCMAKE_C_FLAGS_RELWITHDEBINFO=-O1 -g1" \
+  -DKILN_SANITIZE=address,undefined >/dev/null
+cmake --build "$asan" -j "$(nproc)" --target "${tests[@]/#/test_}"
+built=$SECONDS
+regex="^($(IFS='|'; echo "${tests[*]}"))\$"
+ctest --test-dir "$asan" --output-on-failure -j "$(nproc)" -R "$regex"
+echo "test.sh: sanitizer stage: build $((built - start)) s, tests $((SECONDS - built)) s"

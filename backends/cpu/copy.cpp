@@ -1,11 +1,25 @@
 // copy_cast and the Copy-category kernels: contiguous, to(dtype), copy_, fill_.
 #include <cstring>
+#include <limits>
+#include <type_traits>
 
 #include "backends/cpu/kernels.h"
 #include "backends/cpu/loops.h"
 
 namespace kiln::cpu {
 namespace {
+
+/// static_cast<D>(s), except float -> signed integer: NaN, +-inf and values outside D's range
+/// (UB for static_cast; UBSan's float-cast-overflow) give D's minimum, the x86 cvtt* "integer
+/// indefinite" the unchecked cast produced here and the compiled code selects explicitly
+/// (codegen/README.md, Cast).
+template <class D, class S> inline D cast_value(S s) {
+  if constexpr (std::is_floating_point_v<S> && std::is_integral_v<D> && std::is_signed_v<D>) {
+    constexpr S lo = static_cast<S>(std::numeric_limits<D>::min());  // -2^31 / -2^63: exact
+    if (!(s >= lo && s < -lo)) return std::numeric_limits<D>::min();
+  }
+  return static_cast<D>(s);
+}
 
 template <class D, class S> void cast_run(char* dst, const char* src, int64_t n, int64_t ds,
                                           int64_t ss) {
@@ -15,18 +29,18 @@ template <class D, class S> void cast_run(char* dst, const char* src, int64_t n,
     if constexpr (std::is_same_v<D, S>) {
       std::memcpy(d, s, n * sizeof(D));
     } else {
-      for (int64_t i = 0; i < n; ++i) d[i] = static_cast<D>(s[i]);
+      for (int64_t i = 0; i < n; ++i) d[i] = cast_value<D>(s[i]);
     }
     return;
   }
   if (ds == sizeof(D) && ss == 0) {
-    D v = static_cast<D>(*reinterpret_cast<const S*>(src));
+    D v = cast_value<D>(*reinterpret_cast<const S*>(src));
     D* d = reinterpret_cast<D*>(dst);
     for (int64_t i = 0; i < n; ++i) d[i] = v;
     return;
   }
   for (int64_t i = 0; i < n; ++i)
-    *reinterpret_cast<D*>(dst + i * ds) = static_cast<D>(*reinterpret_cast<const S*>(src + i * ss));
+    *reinterpret_cast<D*>(dst + i * ds) = cast_value<D>(*reinterpret_cast<const S*>(src + i * ss));
 }
 
 template <class T> void fill(const Tensor& t, T v) {

@@ -1,0 +1,148 @@
+// Resources of compiled functions: many threads on one function (run under ThreadSanitizer too,
+// tests/README.md), memory flat over 100,000 calls once the cache limit is reached, and compiled
+// code freed with the function.
+#include <catch2/catch.hpp>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <thread>
+#include <vector>
+
+#include "codegen/codegen.h"
+#include "kiln/kiln.h"
+
+using namespace kiln;
+
+namespace {
+
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+constexpr bool kSanitized = true;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+constexpr bool kSanitized = true;
+#else
+constexpr bool kSanitized = false;
+#endif
+#else
+constexpr bool kSanitized = false;
+#endif
+
+/// Resident set size in bytes (/proc/self/statm, field 2).
+long rss_bytes() {
+  long pages_total = 0, pages_resident = 0;
+  if (FILE* f = std::fopen("/proc/self/statm", "r")) {
+    if (std::fscanf(f, "%ld %ld", &pages_total, &pages_resident) != 2) pages_resident = 0;
+    std::fclose(f);
+  }
+  return pages_resident * sysconf(_SC_PAGESIZE);
+}
+
+}  // namespace
+
+TEST_CASE("resources: 8 threads x 1,000 calls of one compiled function, 3 alternating shapes",
+          "[compile][threads][tsan]") {
+  auto f = compile([](const Tensor& x) { return x * x + 1.0; }, {.dynamic = Dynamic::Never});
+  // Ranks 1, 2, 3; the last is over 256 KiB, so its runs split rows over the thread pool too.
+  const std::vector<Shape> shapes = {{7}, {3, 5}, {4, 128, 160}};
+  constexpr int kThreads = 8, kCalls = 1000;
+  std::atomic<int> wrong{0}, errors{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t)
+    threads.emplace_back([&, t] {
+      try {
+        for (int i = 0; i < kCalls; ++i) {
+          const Shape& s = shapes[(i + t) % 3];
+          Tensor x = full(s, float(t));
+          Tensor y = f(x);
+          if (y.shape() != s) {
+            ++wrong;
+            continue;
+          }
+          for (float v : y.to_vector<float>())
+            if (v != float(t * t + 1)) {
+              ++wrong;
+              break;
+            }
+        }
+      } catch (...) {
+        ++errors;
+      }
+    });
+  for (auto& th : threads) th.join();
+  CHECK(errors == 0);
+  CHECK(wrong == 0);
+  CHECK(f.compile_count() == 3);  // once per guard set, whichever thread got there first
+  CHECK(f.cache_entries() == 3);
+}
+
+TEST_CASE("resources: memory stays flat over 100,000 calls once the cache limit is reached",
+          "[compile][memory]") {
+  // Every size is its own specialisation (Dynamic::Never): after cache_size_limit entries the
+  // function runs eagerly with one warning. Nothing per call may accumulate (recompile
+  // reasons, guard failures, explain() history, codegen caches).
+  auto f = compile([](const Tensor& x) { return x * x + 1.0; },
+                   {.dynamic = Dynamic::Never, .cache_size_limit = 8});
+  // Under ASan/TSan the quarantine and shadow memory grow RSS by design: fewer calls, no RSS check.
+  const int calls = kSanitized ? 10'000 : 100'000;
+  auto run = [&](int n, int offset) {
+    for (int i = 0; i < n; ++i) {
+      int64_t size = 1 + (i + offset) % 50;  // 50 shapes, 8 compiled
+      Tensor y = f(full({size}, 2.0f));
+      if (i % 997 == 0) REQUIRE(y.to_vector<float>() == std::vector<float>(size, 5.0f));
+    }
+  };
+  run(2'000, 0);  // warm-up: fills the cache, the warning, allocator pools, lazy statics
+  REQUIRE(f.compile_count() == 8);
+  const long before = rss_bytes();
+  run(calls, 2'000);
+  const long after = rss_bytes();
+  CHECK(f.compile_count() == 8);
+  CHECK(f.cache_entries() == 8);
+  std::printf("resources: RSS %.1f MiB before, %.1f MiB after %d calls\n", before / 1048576.0,
+              after / 1048576.0, calls);
+  // Slack: 2 MiB for malloc arena fragmentation and lazily touched pages.
+  if (!kSanitized) CHECK(after - before <= 2L * 1024 * 1024);
+}
+
+TEST_CASE("resources: memory stays flat over 100,000 replays with changing shapes",
+          "[compile][memory]") {
+  // Automatic dynamic: the second size makes dim 0 symbolic, so every later size (>= 2) replays
+  // the compiled code; nothing per call may accumulate.
+  auto f = compile([](const Tensor& x) { return x * x + 1.0; });
+  const int calls = kSanitized ? 10'000 : 100'000;
+  auto run = [&](int n, int offset) {
+    for (int i = 0; i < n; ++i) {
+      int64_t size = 2 + (i + offset) % 50;
+      Tensor y = f(full({size}, 2.0f));
+      if (i % 997 == 0) REQUIRE(y.to_vector<float>() == std::vector<float>(size, 5.0f));
+    }
+  };
+  run(2'000, 0);
+  const int compiles = f.compile_count();
+  CHECK(compiles <= 2);
+  const long before = rss_bytes();
+  run(calls, 2'000);
+  const long after = rss_bytes();
+  CHECK(f.compile_count() == compiles);
+  std::printf("resources: RSS %.1f MiB before, %.1f MiB after %d replays\n", before / 1048576.0,
+              after / 1048576.0, calls);
+  if (!kSanitized) CHECK(after - before <= 2L * 1024 * 1024);
+}
+
+TEST_CASE("resources: dropping a compiled function frees its compiled code", "[compile][memory]") {
+  const int64_t before = codegen::live_compiled_code_count();
+  {
+    // A graph no other test compiles, so its code is not shared with a live function.
+    auto f = compile([](const Tensor& x) { return (x - 0.125) * (x + 3.0) * 7.0; },
+                     {.dynamic = Dynamic::Never});
+    for (int64_t n : {5, 6, 7}) f(full({n}, 1.0f));
+    CHECK(f.compile_count() == 3);
+    CHECK(codegen::live_compiled_code_count() == before + 3);
+    f.reset();
+    CHECK(codegen::live_compiled_code_count() == before);
+    f(full({5}, 1.0f));
+    CHECK(codegen::live_compiled_code_count() == before + 1);
+  }
+  CHECK(codegen::live_compiled_code_count() == before);
+}
