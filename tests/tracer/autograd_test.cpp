@@ -10,6 +10,7 @@
 
 using namespace kiln;
 using kiln::testing::contains;
+using kiln::testing::training_step;
 using kiln::testing::vec;
 
 
@@ -174,17 +175,8 @@ TEST_CASE("compile: a whole training step (forward, backward, AdamW) equals eage
   auto compiled_model = make();
   nn::AdamW eager_opt(eager_model->parameters(), {.lr = 1e-2});
   nn::AdamW compiled_opt(compiled_model->parameters(), {.lr = 1e-2});
-  auto step_fn = [](nn::Module& m, nn::Optimizer& opt) {
-    return [&m, &opt](const Tensor& x, const Tensor& y) {
-      opt.zero_grad();
-      Tensor loss = cross_entropy(m.forward(x), y);
-      loss.backward();
-      opt.step();
-      return loss.detach();
-    };
-  };
-  auto eager_step = step_fn(*eager_model, eager_opt);
-  auto compiled_step = compile(step_fn(*compiled_model, compiled_opt));
+  auto eager_step = training_step(*eager_model, eager_opt);
+  auto compiled_step = compile(training_step(*compiled_model, compiled_opt));
   manual_seed(5);
   Tensor x = randn({16, 6});
   Tensor y = from_vector<int64_t>({0, 1, 2, 0, 1, 2, 0, 1, 2, 0, 1, 2, 0, 1, 2, 0}, {16});

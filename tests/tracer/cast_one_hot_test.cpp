@@ -13,6 +13,7 @@
 
 using namespace kiln;
 using kiln::testing::contains;
+using kiln::testing::training_step;
 using kiln::testing::vec;
 
 namespace {
@@ -22,16 +23,6 @@ std::shared_ptr<nn::Sequential> make_model() {
   return std::make_shared<nn::Sequential>(std::initializer_list<std::shared_ptr<nn::Module>>{
       std::make_shared<nn::Linear>(6, 12), std::make_shared<nn::ReLU>(),
       std::make_shared<nn::Linear>(12, 5)});
-}
-
-auto step_fn(nn::Module& m, nn::Optimizer& opt) {
-  return [&m, &opt](const Tensor& x, const Tensor& y) {
-    opt.zero_grad();
-    Tensor loss = cross_entropy(m.forward(x), y);
-    loss.backward();
-    opt.step();
-    return loss.detach();
-  };
 }
 
 std::string error_of(const std::function<void()>& f) {
@@ -50,8 +41,8 @@ TEST_CASE("compile: cross_entropy's backward compiles one_hot and to, and equals
   auto eager_model = make_model(), compiled_model = make_model();
   nn::AdamW eager_opt(eager_model->parameters(), {.lr = 1e-2});
   nn::AdamW compiled_opt(compiled_model->parameters(), {.lr = 1e-2});
-  auto eager_step = step_fn(*eager_model, eager_opt);
-  auto compiled_step = compile(step_fn(*compiled_model, compiled_opt));
+  auto eager_step = training_step(*eager_model, eager_opt);
+  auto compiled_step = compile(training_step(*compiled_model, compiled_opt));
   manual_seed(5);
   Tensor x = randn({16, 6});
   // -100 is nll_loss's ignore_index: where(valid, target, 0) before the one_hot.
