@@ -66,7 +66,16 @@ constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 // (NaN wins, as in eager). Subtracting m first keeps the precision of large logits. The
 // reciprocal, as in eager, is per row: after fusion it is loop-invariant in the inner loop, so
 // the per-element work is a multiply, not a divide.
-mlir::Value softmax(Emitter& E, mlir::Value x, int64_t dim, bool log) {
+// Integer inputs are converted to the result's float type first, as eager does: `x - m` in
+// int64 wraps for INT64_MIN (the fuzzer's softmax of a NaN cast to int64).
+mlir::Value softmax(Emitter& E, mlir::Value x, int64_t dim, bool log, mlir::Type result) {
+  if (!is_float(x)) {
+    std::optional<DType> t = dtype_of(result);
+    if (!t) return {};
+    OpAttrs c;
+    c.dtype = *t;
+    x = E.op(OpKind::Cast, mlir::ValueRange{x}, c);
+  }
   OpAttrs r = over_dim(dim);
   mlir::Value d = E.op(OpKind::Sub, x, E.reduce(OpKind::Amax, x, r, true));
   mlir::Value e = E.op(OpKind::Exp, d);
@@ -184,11 +193,12 @@ mlir::Value mse_loss(Emitter& E, mlir::Value x, mlir::Value y, const OpAttrs& a)
 }
 
 /// The decomposition of `kind`, or a null value for ops that stay as they are.
-mlir::Value decompose(Emitter& E, OpKind kind, mlir::ValueRange in, const OpAttrs& a) {
+mlir::Value decompose(Emitter& E, OpKind kind, mlir::ValueRange in, const OpAttrs& a,
+                      mlir::Type result) {
   switch (kind) {
     case OpKind::Softmax:
     case OpKind::LogSoftmax:
-      return softmax(E, in[0], a.dim, kind == OpKind::LogSoftmax);
+      return softmax(E, in[0], a.dim, kind == OpKind::LogSoftmax, result);
     case OpKind::LayerNorm:
       return layer_norm(E, in, a);
     case OpKind::Var:
@@ -225,7 +235,8 @@ struct DecomposePass : mlir::PassWrapper<DecomposePass, mlir::OperationPass<mlir
       mlir::Operation* before = op->getPrevNode();
       mlir::Value r;
       try {
-        r = decompose(E, *kind, op->getOperands(), attrs_from_op(*kind, op));
+        r = decompose(E, *kind, op->getOperands(), attrs_from_op(*kind, op),
+                      llvm::cast<mlir::RankedTensorType>(op->getResult(0).getType()).getElementType());
       } catch (const Error&) {
         r = {};  // a case the primitives do not cover: keep the composite
       }

@@ -1,11 +1,13 @@
 #include "tracer/function.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <shared_mutex>
+#include <tuple>
 #include <unordered_set>
 
 #include "eager/autograd.h"
@@ -173,10 +175,35 @@ struct Entry {
   bool grad_enabled = true;
   DType default_dtype = DType::Float32;
   bool dynamic = false;
+  // Duck sizing: argument dims ((arg, dim) pairs) that were equal in the traces a symbolic
+  // entry was made from; one symbol stands for both, so they must stay equal.
+  std::vector<std::pair<std::pair<int, int>, std::pair<int, int>>> equal_dims;
+  // Symbolic entries: size sets (sizes_key) a fresh trace confirmed, or refuted (those calls
+  // go on to other entries). Written under the function's lock; bounded.
+  std::vector<std::vector<int64_t>> checked_sizes, refuted_sizes;
   std::string reason;
   std::unique_ptr<Segment> root;
   std::atomic<int64_t> hits{0};
 };
+
+// The sizes of the symbolic dims of the call's tensor arguments, in order.
+std::vector<int64_t> sizes_key(const Entry& e, const std::vector<ArgValue>& args) {
+  std::vector<int64_t> key;
+  for (size_t i = 0; i < args.size() && i < e.guards.size(); ++i)
+    if (e.guards[i].dyn_mask && args[i].kind == ArgValue::Kind::Tensor)
+      for (int d = 0; d < args[i].tensor.dim(); ++d)
+        if (e.guards[i].dyn_mask >> d & 1) key.push_back(args[i].tensor.shape()[d]);
+  return key;
+}
+
+bool contains(const std::vector<std::vector<int64_t>>& sets, const std::vector<int64_t>& key) {
+  return std::find(sets.begin(), sets.end(), key) != sets.end();
+}
+
+void remember(std::vector<std::vector<int64_t>>& sets, std::vector<int64_t> key) {
+  if (sets.size() >= 64) sets.erase(sets.begin());  // bounded: memory must not grow per size
+  sets.push_back(std::move(key));
+}
 
 // Segments of `p` from node `from`: a chain split after each Read node.
 std::unique_ptr<Segment> make_chain(const std::shared_ptr<const Program>& p, size_t from,
@@ -268,9 +295,14 @@ struct CompiledFunction::Impl {
   Impl(const std::string& n, const CompileOptions& o) : name(n), options(o) {}
 
   std::vector<OutValue> replay(Entry& e, const std::vector<ArgValue>& args);
+  /// Traces the call. `failed`: the entry whose replay failed (`missing_branch`: for want of
+  /// a branch). `unchecked`: a symbolic entry the call passes with sizes not yet confirmed;
+  /// the trace confirms them (then nothing is compiled) or refutes them (a new entry).
   std::vector<OutValue> trace(const std::vector<ArgValue>& args, const Invoke& invoke, Loc loc,
                               Entry* failed, bool missing_branch,
-                              const std::string& miss_reason);
+                              const std::string& miss_reason, Entry* unchecked = nullptr);
+  /// The first entry the call passes, and whether its sizes still need a confirming trace.
+  std::pair<std::shared_ptr<Entry>, bool> find_entry(const std::vector<ArgValue>& args) const;
 
   mutable std::shared_mutex mu;
   std::vector<std::shared_ptr<Entry>> entries;
@@ -284,6 +316,7 @@ struct CompiledFunction::Impl {
   std::vector<int> auto_scalars;
   std::atomic<int64_t> eager_calls{0};
   int uncached_in_a_row = 0;
+  int size_checks = 0;  // traces that confirmed a symbolic entry for new sizes
 };
 
 CompiledFunction::CompiledFunction(std::string name, CompileOptions options)
@@ -332,6 +365,9 @@ bool passes(const Entry& e, const std::vector<ArgValue>& args) {
     }
     if (!guard_failure(g, args, i).empty()) return false;
   }
+  for (auto [x, y] : e.equal_dims)
+    if (args[x.first].tensor.shape()[x.second] != args[y.first].tensor.shape()[y.second])
+      return false;
   return true;
 }
 
@@ -344,6 +380,10 @@ std::string entry_failure(const Entry& e, const std::vector<ArgValue>& args) {
                        name(e.default_dtype));
   for (size_t i = 0; i < args.size(); ++i)
     if (std::string f = guard_failure(e.guards[i], args, i); !f.empty()) return f;
+  for (auto [x, y] : e.equal_dims)
+    if (args[x.first].tensor.shape()[x.second] != args[y.first].tensor.shape()[y.second])
+      return fmt::format("argument {} dim {} and argument {} dim {} are no longer equal",
+                         x.first, x.second, y.first, y.second);
   return {};
 }
 
@@ -377,6 +417,18 @@ bool only_sizes_differ(const Entry& e, const std::vector<ArgValue>& args,
 }
 
 }  // namespace
+
+std::pair<std::shared_ptr<Entry>, bool> CompiledFunction::Impl::find_entry(
+    const std::vector<ArgValue>& args) const {
+  for (const std::shared_ptr<Entry>& e : entries) {
+    if (!passes(*e, args)) continue;
+    if (!e->dynamic) return {e, false};
+    std::vector<int64_t> key = sizes_key(*e, args);
+    if (contains(e->refuted_sizes, key)) continue;
+    return {e, !contains(e->checked_sizes, key)};
+  }
+  return {nullptr, false};
+}
 
 std::vector<OutValue> CompiledFunction::call(const std::vector<ArgValue>& given,
                                              const Invoke& invoke, Loc loc) {
@@ -416,14 +468,11 @@ std::vector<OutValue> CompiledFunction::call(const std::vector<ArgValue>& given,
   for (int attempt = 0; attempt < 3; ++attempt) {
     missing_branch = false;
     std::shared_ptr<Entry> entry;
+    bool unchecked = false;
     {
       std::shared_lock lock(im.mu);
-      for (auto& e : im.entries)
-        if (passes(*e, args)) {
-          entry = e;
-          break;
-        }
-      if (entry) {
+      std::tie(entry, unchecked) = im.find_entry(args);
+      if (entry && !unchecked) {
         try {
           ++entry->hits;
           return im.replay(*entry, args);
@@ -440,11 +489,10 @@ std::vector<OutValue> CompiledFunction::call(const std::vector<ArgValue>& given,
       }
     }
     std::unique_lock lock(im.mu);
-    // Another thread may have traced this guard set meanwhile.
-    bool found = false;
-    for (auto& e : im.entries)
-      if (e.get() != entry.get() && passes(*e, args)) found = true;
-    if (found) continue;
+    // Another thread may have traced or confirmed this guard set meanwhile.
+    auto [now, now_unchecked] = im.find_entry(args);
+    if (now && (now != entry || now_unchecked != unchecked)) continue;
+    if (unchecked) return im.trace(args, invoke, loc, nullptr, false, {}, entry.get());
     return im.trace(args, invoke, loc, entry.get(), missing_branch, miss_reason);
   }
   return invoke();
@@ -523,6 +571,45 @@ std::vector<Shape> arg_shapes(const Program& p, size_t n) {
   return out;
 }
 
+// check_symbolic's answer when the trace took a branch the entry has not traced.
+constexpr std::string_view kMissingBranch = "no branch traced for a host value";
+
+// Empty when trace `t` of the call is what symbolic entry `e` computes for its sizes.
+std::string check_symbolic(const Entry& e, const Program& t, const std::vector<ArgValue>& args) {
+  const Segment* seg = e.root.get();
+  while (!seg->leaf) {
+    size_t r = seg->end - 1;
+    if (r >= t.nodes.size() || t.nodes[r].kind != Node::Kind::Read)
+      return "the trace has no host read where the specialisation has one";
+    seg = seg->child(t.nodes[r].read_value);
+    if (!seg) return std::string(kMissingBranch);
+  }
+  std::vector<Scalar> scalars(args.size());
+  for (size_t i = 0; i < args.size(); ++i)
+    if (args[i].kind == ArgValue::Kind::Scalar) scalars[i] = args[i].scalar;
+  return conforms(t, *seg->program, arg_shapes(t, args.size()), scalars);
+}
+
+// Duck sizing (as TorchDynamo does): symbolic dims of equal size in the traces the entry was
+// made from (`now`, and `before` when it was generalised from two) cannot be told apart by
+// the sizes the traces recorded, so the entry requires them equal.
+void duck_size(Entry& e, const std::vector<std::pair<int, int>>& dims,
+               const std::vector<Shape>& now, const std::vector<Shape>& before) {
+  auto size = [](const std::vector<Shape>& s, std::pair<int, int> ad) -> int64_t {
+    auto [a, d] = ad;
+    return a < int(s.size()) && d < s[a].size() ? s[a][d] : -1;
+  };
+  for (size_t i = 0; i < dims.size(); ++i)
+    for (size_t j = i + 1; j < dims.size(); ++j) {
+      if (dims[i] == dims[j] || size(now, dims[i]) != size(now, dims[j]) || size(now, dims[i]) < 2)
+        continue;
+      if (!before.empty() && (size(before, dims[i]) != size(before, dims[j]) ||
+                              size(before, dims[i]) == size(now, dims[i])))
+        continue;
+      e.equal_dims.push_back({dims[i], dims[j]});
+    }
+}
+
 }  // namespace
 
 std::vector<OutValue> CompiledFunction::Impl::replay(Entry& e, const std::vector<ArgValue>& args) {
@@ -574,7 +661,8 @@ std::vector<OutValue> CompiledFunction::Impl::replay(Entry& e, const std::vector
 std::vector<OutValue> CompiledFunction::Impl::trace(const std::vector<ArgValue>& args,
                                                     const Invoke& invoke, Loc loc,
                                                     Entry* failed, bool missing_branch,
-                                                    const std::string& miss_reason) {
+                                                    const std::string& miss_reason,
+                                                    Entry* unchecked) {
   // A failed entry whose guards no longer hold (a captured tensor freed, a symbolic replay that
   // failed) is dropped; one that only lacks a branch gets the new branch below.
   if (failed && !missing_branch)
@@ -583,7 +671,7 @@ std::vector<OutValue> CompiledFunction::Impl::trace(const std::vector<ArgValue>&
   for (auto& e : entries) leaves += e->root->leaves();
   std::string reason = miss_reason;
   if (reason.empty() && !entries.empty()) reason = entry_failure(*entries.back(), args);
-  if (leaves >= options.cache_size_limit) {
+  if (leaves >= options.cache_size_limit && !unchecked) {
     eager_only = true;
     eager_reason = fmt::format("cache limit reached; the guard that kept failing: {}", reason);
     fmt::print(stderr,
@@ -625,6 +713,33 @@ std::vector<OutValue> CompiledFunction::Impl::trace(const std::vector<ArgValue>&
     }
     rec.uninstall();
     escape_candidates(rec, *prog, outs, candidates);
+  }
+  if (unchecked) {
+    // The symbolic entry's formulas were inferred from two traces; this trace of new sizes
+    // confirms them, or the call gets an entry of its own (the trace already gave its result).
+    std::string why = check_symbolic(*unchecked, *prog, args);
+    std::vector<int64_t> key = sizes_key(*unchecked, args);
+    if (why.empty()) {
+      remember(unchecked->checked_sizes, std::move(key));
+      ++size_checks;
+      return outs;
+    }
+    if (why == kMissingBranch) {
+      if (insert_branch(*unchecked->root, prog, options))
+        recompiles.push_back(fmt::format("trace #{}: new branch of specialisation #{}", ++traces,
+                                         unchecked->id));
+      return outs;
+    }
+    remember(unchecked->refuted_sizes, std::move(key));
+    reason = fmt::format("specialisation #{} (symbolic) does not hold for these sizes: {}",
+                         unchecked->id, why);
+    if (log_enabled("recompiles"))
+      fmt::print(stderr, "kiln.compile: '{}': {}\n", name, reason);
+    if (leaves >= options.cache_size_limit) {
+      eager_only = true;
+      eager_reason = fmt::format("cache limit reached; the guard that kept failing: {}", reason);
+      return outs;
+    }
   }
   int n = ++traces;
   // A tensor created by the function that outlives the call was stored in host state (e.g. an
@@ -731,6 +846,7 @@ std::vector<OutValue> CompiledFunction::Impl::trace(const std::vector<ArgValue>&
                                  arg_shapes(old, args.size()), new_scalars, old_scalars, dims,
                                  auto_scalars);
     if (why.empty()) {
+      duck_size(*e, dims, arg_shapes(*prog, args.size()), arg_shapes(old, args.size()));
       for (auto [a, d] : dims) e->guards[a].dyn_mask |= uint64_t(1) << d;
       for (int s : auto_scalars)
         if (e->guards[s].kind == ArgValue::Kind::Scalar) e->guards[s].dynamic_scalar = true;
@@ -741,6 +857,7 @@ std::vector<OutValue> CompiledFunction::Impl::trace(const std::vector<ArgValue>&
     }
   } else if (!marked.empty()) {
     mark_symbolic(*prog, arg_shapes(*prog, args.size()), marked);
+    duck_size(*e, marked, arg_shapes(*prog, args.size()), {});
     for (auto [a, d] : marked) {
       e->guards[a].dyn_mask |= uint64_t(1) << d;
       if (options.dynamic != Dynamic::Always) e->guards[a].any_size |= uint64_t(1) << d;
@@ -782,8 +899,14 @@ std::string CompiledFunction::explain() const {
                        e->hits.load());
     for (size_t i = 0; i < e->guards.size(); ++i)
       out += "    " + describe_guard(e->guards[i], i) + "\n";
+    for (auto [x, y] : e->equal_dims)
+      out += fmt::format("    arg {} dim {} == arg {} dim {} (equal in the traces)\n", x.first,
+                         x.second, y.first, y.second);
     out += fmt::format("    grad mode == {}; default dtype == {}\n", e->grad_enabled,
                        kiln::name(e->default_dtype));
+    if (e->dynamic)
+      out += fmt::format("  symbolic: confirmed by a trace for {} size set(s), refuted for {}\n",
+                         e->checked_sizes.size(), e->refuted_sizes.size());
     const Program& p = *e->root->program;
     int captured = 0;
     for (const Source& s : p.sources) captured += s.kind == SourceKind::Captured;

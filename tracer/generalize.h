@@ -26,6 +26,15 @@ std::string generalize(Program& nw, const Program& old, const std::vector<Shape>
                        const std::vector<std::pair<int, int>>& dims,
                        const std::vector<int>& scalars);
 
+/// Empty when `trace` (a fresh trace of a call whose tensor arguments have `shapes` and whose
+/// host scalars are `scalars`) is what the symbolic program `sym` computes at those sizes: the
+/// same ops, every size / bound / view shape equal to its symbolic formula, the same
+/// constants. Else the first difference. Automatic dynamic shapes infer formulas from two traces
+/// and cannot see the C++ arithmetic that made an integer (`x.size(0) / 2` is 1 for sizes 2
+/// and 3), so a symbolic specialisation is checked this way once per new size set.
+std::string conforms(const Program& trace, const Program& sym, const std::vector<Shape>& shapes,
+                     const std::vector<Scalar>& scalars);
+
 /// Marks dims symbolic from the first trace (CompileOptions::dynamic_dims / Dynamic::Always):
 /// the arguments' dims, and every value dim / shape attribute equal to the traced size when
 /// that size is >= 2. Optimistic: a replay that fails with these sizes re-traces.

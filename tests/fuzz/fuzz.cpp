@@ -194,18 +194,18 @@ Tensor apply(const Program& p, const Node& n, int self, std::vector<Tensor>& val
       break;
     }
     case Op::Slice: {
-      // start 0 or 1; end: the size, the size - 1, or start + 1 / start + 2. Not bounds like
-      // size / 2: kiln's automatic dynamic takes an integer equal in two traces for a constant
-      // (floor(2/2) == floor(3/2)), a known limitation (tests/fuzz/README.md, "Findings").
+      // start 0 or 1; end: the size, the size - 1, start + 1 / start + 2, or size / 2 (equal
+      // for sizes 2 and 3: automatic dynamic must not take it for a constant, finding 7).
       int d = wrap_dim(n.p[0], rank);
-      int lo = n.p[1] % 2, kind = n.p[2] % 4, step = 1 + n.p[3] % 2;
+      int lo = n.p[1] % 2, kind = n.p[2] % 5, step = 1 + n.p[3] % 2;
       std::string hi_text = kind == 0   ? fmt::format("{}.size({})", a, d)
                             : kind == 1 ? fmt::format("{}.size({}) - 1", a, d)
+                            : kind == 4 ? fmt::format("{}.size({}) / 2", a, d)
                                         : fmt::format("{}", lo + kind - 1);
       set(fmt::format("{}.slice({}, {}, {}, {})", a, d, lo, hi_text, step));
       if (!code) {
         int64_t sz = A.size(d);
-        int64_t hi = kind == 0 ? sz : kind == 1 ? sz - 1 : lo + kind - 1;
+        int64_t hi = kind == 0 ? sz : kind == 1 ? sz - 1 : kind == 4 ? sz / 2 : lo + kind - 1;
         r = A.slice(d, lo, hi, step);
       }
       break;

@@ -119,3 +119,79 @@ TEST_CASE("fuzz: a GEMM over two dynamic batch dims does not crash the process",
     CHECK(vec(c)[0] == 9.f);
   }
 }
+
+TEST_CASE("fuzz: a clone of an argument changed in place afterwards keeps the old values",
+          "[compile][fuzz]") {
+  // Seed 4 program 1933: the compiled clone was the argument itself (a copy is the same value
+  // in a functional graph), so the write-back of `a += a` changed the returned tensor too.
+  auto f = [](Tensor a) {
+    Tensor c = a.clone();
+    a += a;
+    return c;
+  };
+  auto g = [](Tensor a) {
+    Tensor d = a.contiguous().clone();
+    a *= 3.0;
+    return std::vector<Tensor>{d, a.clone()};
+  };
+  auto cf = compile(f);
+  auto cg = compile(g);
+  for (int i = 0; i < 3; ++i) {
+    Tensor x = kiln::scalar_tensor(0.5f);
+    CHECK(cf(x).item<float>() == 0.5f);
+    CHECK(x.item<float>() == 1.f);
+    Tensor y = from_vector<float>({0.5f, -1.f}, {2});
+    std::vector<Tensor> d = cg(y);
+    CHECK(vec(d[0]) == std::vector<float>{0.5f, -1.f});
+    CHECK(vec(d[1]) == std::vector<float>{1.5f, -3.f});
+    CHECK(vec(y) == std::vector<float>{1.5f, -3.f});
+  }
+}
+
+TEST_CASE("fuzz: a slice bound computed from a size is not taken for a constant",
+          "[compile][fuzz]") {
+  // Sizes 2 and 3 both give the bound 1 for `x.size(0) / 2`; the symbolic specialisation made
+  // from those two traces sliced [0, 1) for every size (a silent wrong shape).
+  auto f = [](const Tensor& x) { return x.slice(0, 0, x.size(0) / 2) * 2.0; };
+  auto cf = compile(f);
+  for (int n : {2, 3, 6, 6, 7, 3, 10, 7}) {
+    Tensor x = kiln::arange(n, kiln::Float32);
+    Tensor c = cf(x), e = f(x);
+    REQUIRE(c.shape() == e.shape());
+    CHECK(vec(c) == vec(e));
+  }
+}
+
+TEST_CASE("fuzz: two argument dims equal in both traces are not confused", "[compile][fuzz]") {
+  // Seed 3 program 460: sizes [0, 2, 2] then [0, 5, 5] made one symbol of both dims, so
+  // [0, 6, 8] gave shape [1, 0, 6, 6].
+  auto f = [](const Tensor& a) { return a.view({1, a.size(0), a.size(1), a.size(2)}) + 1.0; };
+  auto cf = compile(f);
+  std::vector<Shape> shapes = {{0, 2, 2}, {0, 5, 5}, {0, 6, 8}, {0, 6, 8}, {0, 7, 9}, {0, 3, 3}};
+  for (const Shape& s : shapes) {
+    Tensor x = kiln::arange(s[0] * s[1] * s[2], kiln::Float32).view(s);
+    Tensor c = cf(x), e = f(x);
+    REQUIRE(c.shape() == e.shape());
+    CHECK(vec(c) == vec(e));
+  }
+}
+
+TEST_CASE("fuzz: softmax of int64 values with INT64_MIN matches eager", "[compile][fuzz]") {
+  // Seed 5 program 92: the compiled decomposition subtracted the max in int64, where
+  // INT64_MIN - 1 wraps, and gave 0 / NaN instead of eager's float softmax.
+  auto f = [](const Tensor& a) {
+    Tensor i = a.to(kiln::Int64);
+    return std::vector<Tensor>{kiln::softmax(i, 0), kiln::log_softmax(i, 0)};
+  };
+  auto cf = compile(f);
+  for (int k = 0; k < 3; ++k) {
+    Tensor x = from_vector<double>({1.125, 1.5, 0.375, NAN}, {4});
+    std::vector<Tensor> c = cf(x);
+    double z = 2 + std::exp(-1.0);  // exp(1 - 1) twice, exp(0 - 1), exp(INT64_MIN - 1) = 0
+    std::vector<float> sm = vec(c[0]), lsm = vec(c[1]);
+    CHECK(sm[0] == Approx(1 / z));
+    CHECK(sm[2] == Approx(std::exp(-1.0) / z));
+    CHECK(sm[3] == 0.f);
+    CHECK(lsm[0] == Approx(-std::log(z)));
+  }
+}
