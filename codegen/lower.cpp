@@ -208,8 +208,12 @@ IrFloat exp(IrFloat a) {
   for (int32_t c : {0x3c098d8b, 0x3d2aa957, 0x3e2aa9a5, 0x3f000000}) y = fma(y, x, bits_to_float(c));
   IrFloat r = fma(y, x * x, x) + IrFloat(1.0);
   // r * 2^k: k + 127 in the exponent bits (k is within [-128, 128] where the result is kept).
+  // k is clamped first: fptosi of NaN/inf is poison, and LLVM folds a poison exp of a constant
+  // NaN (a mean over 0 elements, 0/0) into garbage instead of NaN (found by the fuzzer).
   mlir::Type i32 = b.getI32Type();
-  mlir::Value ki = mlir::arith::FPToSIOp::create(b, loc, i32, k.v);
+  mlir::Value k_low = mlir::arith::MaxNumFOp::create(b, loc, k.v, bits_to_float(0xc3000000).v);   // -128
+  mlir::Value k_safe = mlir::arith::MinNumFOp::create(b, loc, k_low, bits_to_float(0x43000000).v);  // 128
+  mlir::Value ki = mlir::arith::FPToSIOp::create(b, loc, i32, k_safe);
   mlir::Value biased = mlir::arith::AddIOp::create(
       b, loc, ki, mlir::arith::ConstantOp::create(b, loc, i32, b.getI32IntegerAttr(127)));
   mlir::Value shifted = mlir::arith::ShLIOp::create(

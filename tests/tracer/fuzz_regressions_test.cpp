@@ -195,3 +195,18 @@ TEST_CASE("fuzz: softmax of int64 values with INT64_MIN matches eager", "[compil
     CHECK(lsm[0] == Approx(-std::log(z)));
   }
 }
+
+TEST_CASE("fuzz: sigmoid of the mean of an empty slice is NaN compiled too", "[compile][fuzz]") {
+  // Seed 6 program 1673: the mean over 0 elements is 0/0, a constant NaN once the shape is
+  // known; the compiled exp converted round(NaN / ln 2) to int (poison in LLVM) and returned
+  // garbage (-6.7e-34, 1.2e22) instead of NaN.
+  auto f = [](const Tensor& a) {
+    Tensor v = kiln::mean(a.slice(0, 0, a.size(0) - 1), {}, false);
+    return std::vector<Tensor>{kiln::sigmoid(v), kiln::exp(v), kiln::tanh(v), kiln::gelu(v)};
+  };
+  auto cf = compile(f);
+  for (int k = 0; k < 3; ++k) {
+    std::vector<Tensor> c = cf(from_vector<float>({1.625f}, {1}));
+    for (const Tensor& t : c) CHECK(std::isnan(t.item<float>()));
+  }
+}
