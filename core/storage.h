@@ -37,6 +37,8 @@ class StorageImpl {
   /// autograd can detect a saved tensor modified after it was saved.
   uint64_t version() const { return version_.load(std::memory_order_relaxed); }
   void bump_version() { version_.fetch_add(1, std::memory_order_relaxed); }
+  /// Sets the counter (a storage that takes over another's role continues its count).
+  void set_version(uint64_t v) { version_.store(v, std::memory_order_relaxed); }
 
   /// Creation order of storages in this process (strictly increasing). The tracer uses it to
   /// tell tensors created inside a traced function from tensors captured from outside.

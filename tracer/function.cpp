@@ -610,6 +610,42 @@ void duck_size(Entry& e, const std::vector<std::pair<int, int>>& dims,
     }
 }
 
+// Whether the new value `v` of a tensor the function changes in place can become that tensor's
+// storage instead of being copied into it (an optimizer's parameters and moments: the copies
+// were a third of a compiled AdamW step). Only when nothing else can see either buffer: the
+// target's storage has no other tensor (no views, no second handle), the value's buffer is
+// this call's own (not returned, not saved for backward, not a .grad, not written back twice),
+// and both are dense with the same shape and dtype.
+bool can_adopt(const Program& p, const Segment& seg, int v, const Tensor& target,
+               const RunState& st) {
+  if (v < 0 || v >= static_cast<int>(st.slots.size())) return false;
+  const Tensor& value = st.slots[v];
+  if (!value.defined() || value.impl_ptr().use_count() != 1 ||
+      value.storage().use_count() != 1 || target.storage().use_count() != 1)
+    return false;
+  if (value.dtype() != target.dtype() || value.shape() != target.shape() ||
+      value.device() != target.device() || !value.is_contiguous() || !target.is_contiguous() ||
+      value.offset() != 0 || target.offset() != 0 ||
+      value.storage()->nbytes() != target.storage()->nbytes())
+    return false;
+  int writes = 0;
+  for (auto& wb : p.write_backs) writes += wb.second == v;
+  if (writes != 1 || std::find(p.outputs.begin(), p.outputs.end(), v) != p.outputs.end() ||
+      std::find(seg.saved.begin(), seg.saved.end(), v) != seg.saved.end())
+    return false;
+  for (auto& [leaf, g] : p.grad_assignments)
+    if (leaf == v || g == v) return false;
+  return true;
+}
+
+// `target` takes over `value`'s buffer, as if copied into (its version counter moves on).
+void adopt(Tensor& target, Tensor& value) {
+  uint64_t version = target.version() + 1;
+  target.impl()->storage = value.storage();
+  target.storage()->set_version(version);
+  value = Tensor();
+}
+
 }  // namespace
 
 std::vector<OutValue> CompiledFunction::Impl::replay(Entry& e, const std::vector<ArgValue>& args) {
@@ -639,7 +675,9 @@ std::vector<OutValue> CompiledFunction::Impl::replay(Entry& e, const std::vector
       for (auto& [src, v] : p.write_backs) {
         const Source& s = p.sources[src];
         Tensor target = s.kind == SourceKind::Arg ? st.args[s.index] : Tensor(s.captured.lock());
-        if (target.defined()) target.copy_(st.value(p, v));
+        if (!target.defined()) continue;
+        if (can_adopt(p, *seg, v, target, st)) adopt(target, st.slots[v]);
+        else target.copy_(st.value(p, v));
       }
     }
     for (auto& [leaf, g] : p.grad_assignments)

@@ -542,3 +542,44 @@ TEST_CASE("compile: a region the codegen rejects keeps its values on eager kerne
     CHECK(x.to_vector<int64_t>() == std::vector<int64_t>{2, 2, 2});
   }
 }
+
+TEST_CASE("compile: in-place updates of captured tensors reach every handle and view",
+          "[compile]") {
+  // A written-back value may become the target's buffer instead of being copied into it
+  // (function.cpp, adopt): only when nothing else sees either buffer.
+  Tensor m = zeros({4});
+  Tensor viewed = zeros({4});
+  Tensor v = viewed.view({2, 2});  // a view held by the caller: must see the update
+  auto cf = compile([&](const Tensor& x) {
+    NoGradGuard ng;
+    m *= 0.5;
+    m += x;
+    viewed += x;
+    Tensor q = m * 2.0;
+    return q;
+  });
+  std::vector<float> expect_m(4, 0.f), expect_viewed(4, 0.f);
+  for (int k = 0; k < 4; ++k) {
+    Tensor x = from_vector<float>({1, 2, 3, 4}, {4});
+    uint64_t before = m.version();
+    Tensor q = cf(x);
+    for (int i = 0; i < 4; ++i) {
+      expect_m[i] = expect_m[i] * 0.5f + float(i + 1);
+      expect_viewed[i] += float(i + 1);
+    }
+    CHECK(vec(m) == expect_m);
+    CHECK(vec(viewed) == expect_viewed);
+    CHECK(vec(v.view({4})) == expect_viewed);
+    CHECK(m.version() > before);
+    q.fill_(-1.0);  // the result is its own tensor, not m's buffer
+    CHECK(vec(m) == expect_m);
+  }
+  CHECK(cf.compile_count() == 1);
+  // m's new values became its buffer on replays (the path this test is about); `viewed`,
+  // shared with a view, was copied into.
+  const void* m_data = m.raw_data();
+  const void* viewed_data = viewed.raw_data();
+  cf(from_vector<float>({1, 2, 3, 4}, {4}));
+  CHECK(m.raw_data() != m_data);
+  CHECK(viewed.raw_data() == viewed_data);
+}
