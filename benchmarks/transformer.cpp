@@ -79,7 +79,9 @@ struct ExplainAtEnd {
 Benchmark compiled_step(const RunConfig&) {
   Sizes s = sizes();
   auto t = std::make_shared<Trainer>(s);
-  auto step = kiln::compile([t] { return t->step(); }, CompileOptions{}, "transformer_step");
+  // Buffer donation (like JAX's donate_argnums for a training step): see digits.cpp.
+  auto step = kiln::compile([t] { return t->step(); }, CompileOptions{.donate_buffers = true},
+                            "transformer_step");
   auto at_end = std::make_shared<ExplainAtEnd>(ExplainAtEnd{[step] { return step.explain(); }});
   return {[t, step, at_end] { do_not_optimize(step()); }, per_second(double(s.batch))};
 }

@@ -610,9 +610,10 @@ void duck_size(Entry& e, const std::vector<std::pair<int, int>>& dims,
     }
 }
 
-// Whether the new value `v` of a tensor the function changes in place can become that tensor's
-// storage instead of being copied into it (an optimizer's parameters and moments: the copies
-// were a third of a compiled AdamW step). Only when nothing else can see either buffer: the
+// CompileOptions::donate_buffers: whether the new value `v` of a tensor the function changes in
+// place can become that tensor's storage instead of being copied into it (an optimizer's
+// parameters and moments: the copies were a third of a compiled AdamW step). Only when nothing
+// else can see either buffer: the
 // target's storage has no other tensor (no views, no second handle), the value's buffer is
 // this call's own (not returned, not saved for backward, not a .grad, not written back twice),
 // and both are dense with the same shape and dtype.
@@ -676,7 +677,7 @@ std::vector<OutValue> CompiledFunction::Impl::replay(Entry& e, const std::vector
         const Source& s = p.sources[src];
         Tensor target = s.kind == SourceKind::Arg ? st.args[s.index] : Tensor(s.captured.lock());
         if (!target.defined()) continue;
-        if (can_adopt(p, *seg, v, target, st)) adopt(target, st.slots[v]);
+        if (options.donate_buffers && can_adopt(p, *seg, v, target, st)) adopt(target, st.slots[v]);
         else target.copy_(st.value(p, v));
       }
     }

@@ -43,6 +43,14 @@ struct CompileOptions {
   bool check = false;
   /// Relative / absolute tolerance of `check` and kiln::compare.
   double rtol = 1e-5, atol = 1e-6;
+  /// Buffer donation (like JAX's donate_argnums), for training steps: a tensor the function
+  /// updates in place (an argument, or a captured parameter / optimizer state) may be given
+  /// the buffer of its new value instead of having the value copied into it. Values, shape,
+  /// dtype, autograd state and every Tensor handle are what eager leaves; a raw data() pointer
+  /// taken before the call no longer points at the tensor's elements. Only tensors that share
+  /// their buffer with nothing else (no views) are donated; the others are copied into.
+  /// Off by default: eager in-place ops keep a tensor's buffer, and so do compiled ones.
+  bool donate_buffers = false;
   /// Marks a dim dynamic (returns *this for chaining).
   CompileOptions& mark_dynamic(int arg, int dim) {
     dynamic_dims.push_back({arg, dim});

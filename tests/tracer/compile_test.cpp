@@ -543,10 +543,10 @@ TEST_CASE("compile: a region the codegen rejects keeps its values on eager kerne
   }
 }
 
-TEST_CASE("compile: in-place updates of captured tensors reach every handle and view",
+TEST_CASE("compile: donated buffers: in-place updates reach every handle and view",
           "[compile]") {
-  // A written-back value may become the target's buffer instead of being copied into it
-  // (function.cpp, adopt): only when nothing else sees either buffer.
+  // With donate_buffers a written-back value may become the target's buffer instead of being
+  // copied into it (function.cpp, adopt): only when nothing else sees either buffer.
   Tensor m = zeros({4});
   Tensor viewed = zeros({4});
   Tensor v = viewed.view({2, 2});  // a view held by the caller: must see the update
@@ -557,7 +557,7 @@ TEST_CASE("compile: in-place updates of captured tensors reach every handle and 
     viewed += x;
     Tensor q = m * 2.0;
     return q;
-  });
+  }, CompileOptions{.donate_buffers = true});
   std::vector<float> expect_m(4, 0.f), expect_viewed(4, 0.f);
   for (int k = 0; k < 4; ++k) {
     Tensor x = from_vector<float>({1, 2, 3, 4}, {4});
@@ -582,4 +582,16 @@ TEST_CASE("compile: in-place updates of captured tensors reach every handle and 
   cf(from_vector<float>({1, 2, 3, 4}, {4}));
   CHECK(m.raw_data() != m_data);
   CHECK(viewed.raw_data() == viewed_data);
+
+  // Without donation (the default) a compiled in-place update keeps the buffer, as eager does.
+  Tensor kept = zeros({4});
+  auto kf = compile([&](const Tensor& x) {
+    NoGradGuard ng;
+    kept += x;
+    return Tensor();
+  });
+  const void* kept_data = kept.raw_data();
+  for (int k = 0; k < 3; ++k) kf(from_vector<float>({1, 2, 3, 4}, {4}));
+  CHECK(kept.raw_data() == kept_data);
+  CHECK(vec(kept) == std::vector<float>{3, 6, 9, 12});
 }
