@@ -258,9 +258,24 @@ ir::Graph region_graph(const Program& p, const std::vector<size_t>& nodes,
     ir::Value v = val[out];
     if (auto it = input_value.find(v.id); it != input_value.end()) {
       // contiguous() of an input: run it (the input may be a strided view, e.g. from the
-      // rule above in an earlier region, and a later view() needs the contiguous value).
-      if (p.nodes[i].op == OpKind::Contiguous) in_views[i] = true;
-      else aliases.push_back({out, it->second});
+      // rule above in an earlier region, and a later view() needs the contiguous value), and
+      // the contiguous() calls it reads (`a.clone().clone()`: the values in between were never
+      // computed, the fuzzer's "value used before it was computed"); a pass-through copy_ in
+      // the chain is an alias of the input.
+      if (p.nodes[i].op != OpKind::Contiguous) {
+        aliases.push_back({out, it->second});
+        continue;
+      }
+      for (size_t k = i;;) {
+        in_views[k] = true;
+        auto pr = producer.find(p.nodes[k].in[0]);
+        if (pr == producer.end()) break;
+        if (p.nodes[pr->second].op != OpKind::Contiguous) {
+          aliases.push_back({p.nodes[k].in[0], it->second});
+          break;
+        }
+        k = pr->second;
+      }
       continue;
     }
     g.output(v);

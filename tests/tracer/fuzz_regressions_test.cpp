@@ -210,3 +210,22 @@ TEST_CASE("fuzz: sigmoid of the mean of an empty slice is NaN compiled too", "[c
     for (const Tensor& t : c) CHECK(std::isnan(t.item<float>()));
   }
 }
+
+TEST_CASE("fuzz: a clone of a clone of an argument after a host read", "[compile][fuzz]") {
+  // Seed 7 program 2965: the region made of `a.clone().clone()` (identities in the functional
+  // graph) re-ran the outer contiguous() on eager kernels, reading the inner one's value, which
+  // was never computed: "value %4 used before it was computed".
+  auto f = [](const Tensor& a) {
+    Tensor v = a.sum().item<double>() > 0 ? kiln::neg(a) : a * 2.0;  // unused, as in the repro
+    Tensor d = kiln::matmul(a, a);                                     // unused
+    (void)v, (void)d;
+    return a.clone().clone();
+  };
+  auto cf = compile(f);
+  for (int k = 0; k < 3; ++k) {
+    Tensor x = from_vector<float>({1.5f, -0.5f}, {2});
+    Tensor c = cf(x);
+    CHECK(vec(c) == std::vector<float>{1.5f, -0.5f});
+    CHECK(c.raw_data() != x.raw_data());
+  }
+}
