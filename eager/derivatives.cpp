@@ -209,9 +209,13 @@ std::vector<Tensor> normalization(const BackwardContext& c, const Tensor& g) {
       const Tensor& w = c.inputs.size() > 1 ? c.inputs[1] : Tensor();
       Dims dims;
       for (int i = 0; i < c.attrs.dims.size(); ++i) dims.push_back(x.dim() - c.attrs.dims.size() + i);
-      Tensor xc = x - mean(x, dims, true);
-      Tensor rstd = rsqrt(mean(xc * xc, dims, true) + c.attrs.eps);
-      Tensor xhat = xc * rstd;
+      // xhat and rstd from layer_norm and std, which keep their statistics in double: the
+      // float32 xc·xc of rsqrt(mean(xc·xc) + eps) overflowed (rstd 0, xhat NaN) on rows near
+      // the float32 limits whose gradient is representable. sd² would overflow above 2^64,
+      // where eps no longer counts and rstd is 1/sd.
+      Tensor xhat = layer_norm(x, c.attrs.dims, Tensor(), Tensor(), c.attrs.eps);
+      Tensor sd = kiln::std(x, dims, 0, true);
+      Tensor rstd = where(gt(sd, 0x1p60), reciprocal(sd), rsqrt(sd * sd + c.attrs.eps));
       std::vector<Tensor> out(3);
       Tensor gxhat = w.defined() ? g * w : g;
       if (c.needs_grad[0])

@@ -84,8 +84,21 @@ mlir::Value softmax(Emitter& E, mlir::Value x, int64_t dim, bool log, mlir::Type
              : E.op(OpKind::Mul, e, E.op(OpKind::Reciprocal, s));
 }
 
+/// x converted to element type t (x itself when it already has it).
+mlir::Value cast_to(Emitter& E, mlir::Value x, mlir::Type t) {
+  if (elem(x) == t) return x;
+  std::optional<DType> d = dtype_of(t);
+  if (!d) return {};
+  OpAttrs c;
+  c.dtype = *d;
+  return E.op(OpKind::Cast, mlir::ValueRange{x}, c);
+}
+
 // var = Σ (x - mean)² / (n - correction), nan when n - correction <= 0; std = sqrt(var).
-mlir::Value variance(Emitter& E, mlir::Value x, const OpAttrs& a, bool is_std) {
+// Computed in float64 and rounded once at the end, like eager's double accumulation: a
+// float32 (x - mean)² overflows for |x - mean| > 1.8e19, so std of [3e38, -3e38] was inf.
+mlir::Value variance(Emitter& E, mlir::Value x, const OpAttrs& a, bool is_std, mlir::Type result) {
+  x = cast_to(E, x, E.b.getF64Type());
   mlir::Value d = E.op(OpKind::Sub, x, E.reduce(OpKind::Mean, x, a, true));
   mlir::Value s = E.reduce(OpKind::Sum, E.op(OpKind::Mul, d, d), a, a.keepdim);
   mlir::Type t = elem(s);
@@ -114,7 +127,7 @@ mlir::Value variance(Emitter& E, mlir::Value x, const OpAttrs& a, bool is_std) {
     v = E.where(E.op(OpKind::Gt, denom, E.scalar(i64, 0)), E.op(OpKind::Div, s, denom),
                 E.scalar(t, kNaN));
   }
-  return is_std ? E.op(OpKind::Sqrt, v) : v;
+  return cast_to(E, is_std ? E.op(OpKind::Sqrt, v) : v, result);
 }
 
 // logsumexp = m + log Σ exp(x - m), m = amax with ±inf replaced by 0 (eager, PyTorch), so a
@@ -133,16 +146,32 @@ mlir::Value logsumexp(Emitter& E, mlir::Value x, const OpAttrs& a) {
 }
 
 // layer_norm = (x - mean) * rsqrt(var_biased + eps) [* weight] [+ bias] over the trailing
-// normalized_shape dims.
+// normalized_shape dims. mean and var in float64 (float32 (x - mean)² overflows where the
+// result is O(1): [8.5e37, -2.8e19, 8.5e37, -2.8e19] gave 0, the answer is ±1); the
+// normalisation itself stays in x's type. Rows with var > kLayerNormScaledVar are normalised as
+// (x·s - mean·s)·(rstd/s), s = 1/16, so x - mean cannot overflow nor rstd be subnormal: the
+// constants and formula of eager's kernel (backends/cpu/normalization.cpp), whose s = 1 rows
+// compute exactly (x - mean)·rstd.
+constexpr double kLayerNormScaledVar = 0x1p190;
+constexpr double kLayerNormScale = 0x1p-4;
+
 mlir::Value layer_norm(Emitter& E, mlir::ValueRange in, const OpAttrs& a) {
   mlir::Value x = in[0];
+  mlir::Type t = elem(x), f64 = E.b.getF64Type();
   int64_t rank = type_of(x).getRank();
   OpAttrs r;
   for (int64_t i = rank - a.dims.size(); i < rank; ++i) r.dims.push_back(i);
-  mlir::Value d = E.op(OpKind::Sub, x, E.reduce(OpKind::Mean, x, r, true));
+  mlir::Value x64 = cast_to(E, x, f64);
+  mlir::Value mean = E.reduce(OpKind::Mean, x64, r, true);
+  mlir::Value d = E.op(OpKind::Sub, x64, mean);
   mlir::Value var = E.reduce(OpKind::Mean, E.op(OpKind::Mul, d, d), r, true);
-  mlir::Value rstd = E.op(OpKind::Rsqrt, E.op(OpKind::Add, var, E.scalar(elem(x), a.eps)));
-  mlir::Value y = E.op(OpKind::Mul, d, rstd);
+  mlir::Value rstd = E.op(OpKind::Rsqrt, E.op(OpKind::Add, var, E.scalar(f64, a.eps)));
+  mlir::Value s64 = E.where(E.op(OpKind::Gt, var, E.scalar(f64, kLayerNormScaledVar)),
+                            E.scalar(f64, kLayerNormScale), E.scalar(f64, 1.0));
+  mlir::Value s = cast_to(E, s64, t);
+  mlir::Value ms = E.op(OpKind::Mul, cast_to(E, mean, t), s);
+  mlir::Value rs = cast_to(E, E.op(OpKind::Div, rstd, s64), t);
+  mlir::Value y = E.op(OpKind::Mul, E.op(OpKind::Sub, E.op(OpKind::Mul, x, s), ms), rs);
   if (in.size() > 1) y = E.op(OpKind::Mul, y, in[1]);
   if (in.size() > 2) y = E.op(OpKind::Add, y, in[2]);
   return y;
@@ -183,13 +212,21 @@ mlir::Value nll_loss(Emitter& E, mlir::Value x, mlir::Value target, const OpAttr
   return E.op(OpKind::Div, total, E.reduce(OpKind::Sum, valid, over_all(), false));
 }
 
-// mse_loss = (a - b)², then mean / sum over everything (float inputs only).
-mlir::Value mse_loss(Emitter& E, mlir::Value x, mlir::Value y, const OpAttrs& a) {
+// mse_loss = (a - b)², then mean / sum over everything (float inputs only). The mean is taken
+// in float64 (as eager's double sum): float32 squares overflow past 1.8e19 where the mean of
+// [2e19², 0] = 2e38 is representable. A sum that overflows is inf either way.
+mlir::Value mse_loss(Emitter& E, mlir::Value x, mlir::Value y, const OpAttrs& a,
+                     mlir::Type result) {
   if (!is_float(x) || !is_float(y)) return {};
+  if (a.mode == 1) {
+    x = cast_to(E, x, E.b.getF64Type());
+    y = cast_to(E, y, E.b.getF64Type());
+  }
   mlir::Value d = E.op(OpKind::Sub, x, y);
   mlir::Value sq = E.op(OpKind::Mul, d, d);
   if (a.mode == 0) return sq;
-  return E.reduce(a.mode == 1 ? OpKind::Mean : OpKind::Sum, sq, over_all(), false);
+  if (a.mode == 2) return E.reduce(OpKind::Sum, sq, over_all(), false);
+  return cast_to(E, E.reduce(OpKind::Mean, sq, over_all(), false), result);
 }
 
 /// The decomposition of `kind`, or a null value for ops that stay as they are.
@@ -203,13 +240,13 @@ mlir::Value decompose(Emitter& E, OpKind kind, mlir::ValueRange in, const OpAttr
       return layer_norm(E, in, a);
     case OpKind::Var:
     case OpKind::Std:
-      return variance(E, in[0], a, kind == OpKind::Std);
+      return variance(E, in[0], a, kind == OpKind::Std, result);
     case OpKind::LogSumExp:
       return is_float(in[0]) ? logsumexp(E, in[0], a) : mlir::Value();
     case OpKind::NllLoss:
       return nll_loss(E, in[0], in[1], a);
     case OpKind::MseLoss:
-      return mse_loss(E, in[0], in[1], a);
+      return mse_loss(E, in[0], in[1], a, result);
     default:
       return {};
   }

@@ -91,11 +91,16 @@ void mse_loss(const OpCall& call, Tensor& out) {
                  const T* u = reinterpret_cast<const T*>(p[0]);
                  const T* v = reinterpret_cast<const T*>(p[1]);
                  if (sa == sizeof(T) && sb == sizeof(T)) {
-                   s += sum_run(u, n, [v](auto x, int64_t i) {
+                   double f = sum_run(u, n, [v](auto x, int64_t i) {
                      auto d = x - vload<decltype(x)>(v + i);
                      return d * d;
                    });
-                   return;
+                   // A float32 square overflows past 1.8e19 where the mean may still be
+                   // representable: such a run (or one with inf / NaN) is redone in double.
+                   if (std::isfinite(f)) {
+                     s += f;
+                     return;
+                   }
                  }
                  for (int64_t i = 0; i < n; ++i) {
                    double d = static_cast<double>(*reinterpret_cast<const T*>(p[0] + i * sa)) -

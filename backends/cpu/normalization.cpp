@@ -12,6 +12,13 @@ namespace {
 
 using namespace simd;
 
+// layer_norm near the float32 limits: a row whose (biased, double) variance exceeds
+// kLayerNormScaledVar is normalised as (x·s − mean·s)·(rstd/s), s = kLayerNormScale. Below it
+// |x − mean| ≤ sqrt(n·var) stays far under FLT_MAX and rstd ≥ 2^-95 is a normal float32; above
+// it x − mean (up to 2·FLT_MAX) would overflow and rstd (down to 2^-129) be subnormal, while
+// s = 1/16 keeps both in range. ir/decompose.cpp (layer_norm) uses the same two constants.
+constexpr double kLayerNormScaledVar = 0x1p190;
+constexpr double kLayerNormScale = 0x1p-4;
 constexpr int64_t kStripe = 1024;  // max columns per task when the softmax dim is not the last
 
 template <class T>
@@ -137,6 +144,8 @@ void layer_norm(const OpCall& call, Tensor& out) {
   // x·rstd − mean·rstd: that cancels catastrophically when var ≈ 0 (rstd ≈ 1/sqrt(eps)), so a
   // constant row gave ±ulp(|x|·316) instead of 0 (found by tests/fuzz); the compiled
   // decomposition (ir/decompose.cpp) computes (x − mean)·rstd too.
+  // Statistics: the float fast path (sum_run), redone in double where it lost range
+  // (needs_exact_moments); rows past kLayerNormScaledVar are normalised scaled (see above).
   auto run = [&](auto has_w, auto has_b) {
     parallel_for(0, rows, std::max<int64_t>(1, kGrainSize / m), [&](int64_t lo, int64_t hi) {
       using V = Vec<T>;
@@ -145,25 +154,42 @@ void layer_norm(const OpCall& call, Tensor& out) {
         const T* xr = xp + r * m;
         if (r + 1 < hi) prefetch(xr + m, m);
         T* yr = yp + r * m;
-        const double mean = sum_run(xr, m, [](auto v, int64_t) { return v; }) / m;
-        const T mt = static_cast<T>(mean);
-        const double var = sum_run(xr, m,
-                                   [mt](auto v, int64_t) {
-                                     auto d = v - mt;
-                                     return d * d;
-                                   }) /
-                           m;
-        const T rstd = static_cast<T>(1.0 / std::sqrt(var + eps));
-        auto body = [&](auto v, int64_t i) {
-          using W = decltype(v);
-          W z = (v - mt) * rstd;
-          if constexpr (decltype(has_w)::value) z = z * vload<W>(wp + i);
-          if constexpr (decltype(has_b)::value) z = z + vload<W>(bp + i);
-          vstore(yr + i, z);
+        double mean = sum_run(xr, m, [](auto v, int64_t) { return v; }) / m;
+        T mt = static_cast<T>(mean);
+        double m2 = sum_run(xr, m, [mt](auto v, int64_t) {
+          auto d = v - mt;
+          return d * d;
+        });
+        if (needs_exact_moments<T>(m2)) {
+          exact_moments(xr, m, 1, mean, m2);
+          mt = static_cast<T>(mean);
+        }
+        const double var = m2 / m;
+        const double rstd = 1.0 / std::sqrt(var + eps);
+        auto normalize = [&](auto scaled) {
+          constexpr bool kScaled = decltype(scaled)::value;
+          const T s = kScaled ? T(kLayerNormScale) : T(1);
+          const T ms = mt * s;
+          const T rs = static_cast<T>(kScaled ? rstd / kLayerNormScale : rstd);
+          auto body = [&](auto v, int64_t i) {
+            using W = decltype(v);
+            W z;
+            if constexpr (kScaled)
+              z = (v * s - ms) * rs;
+            else
+              z = (v - mt) * rs;
+            if constexpr (decltype(has_w)::value) z = z * vload<W>(wp + i);
+            if constexpr (decltype(has_b)::value) z = z + vload<W>(bp + i);
+            vstore(yr + i, z);
+          };
+          int64_t i = 0;
+          for (; i + L <= m; i += L) body(V::load_unaligned(xr + i), i);
+          for (; i < m; ++i) body(xr[i], i);
         };
-        int64_t i = 0;
-        for (; i + L <= m; i += L) body(V::load_unaligned(xr + i), i);
-        for (; i < m; ++i) body(xr[i], i);
+        if (var > kLayerNormScaledVar)
+          normalize(std::true_type());
+        else
+          normalize(std::false_type());
       }
     });
   };

@@ -418,7 +418,8 @@ void extreme(const Ctx& c, T* params = nullptr) {
       });
 }
 
-// var / std: two passes (mean, then Σ(x − mean)²), both accumulated in double.
+// var / std: two passes (mean, then Σ(x − mean)²), both accumulated in double; a float32
+// output whose fast path lost range (needs_exact_moments) is redone with every step in double.
 template <class T>
 void variance(const Ctx& c, bool is_std) {
   const Plan& p = c.p;
@@ -454,7 +455,13 @@ void variance(const Ctx& c, bool is_std) {
             acc);
       },
       add,
-      [&](int64_t, int64_t oi, double v) {
+      [&](int64_t o, int64_t oi, double v) {
+        if (needs_exact_moments<T>(v)) {
+          // Output o's values: column o % k2 of outer block o / k2, k2 apart.
+          const T* x0 = reinterpret_cast<const T*>(p.base) + p.in_off(o / p.k2) + o % p.k2;
+          double m;
+          exact_moments(x0, p.r, p.k2, m, v);
+        }
         double var = denom > 0 ? v / denom : std::numeric_limits<double>::quiet_NaN();
         out[oi] = static_cast<T>(is_std ? std::sqrt(var) : var);
       });

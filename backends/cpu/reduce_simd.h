@@ -101,6 +101,46 @@ double sum_run(const T* x, int64_t n, const F& f) {
   return total + static_cast<double>(t);
 }
 
+/// Whether a float32 fast-path Σ(x − mean)² (float squares and partial sums, see sum_run) may
+/// have lost range: an overflowed square or partial sum (inf, or NaN through an overflowed
+/// mean) or squares small enough to underflow. Such rows are redone by exact_moments: std of
+/// [3e38, -3e38] was inf and layer_norm of [8.5e37, -2.8e19, ...] NaN, though both results are
+/// representable. Float64 inputs are summed in double throughout and never need it.
+template <class T>
+inline bool needs_exact_moments(double m2) {
+  if constexpr (std::is_same_v<T, float>)
+    return !(m2 >= 0x1p-80) || m2 == std::numeric_limits<double>::infinity();
+  else
+    return false;
+}
+
+/// Mean and Σ(x − mean)² of the n values x[0], x[st], ..., x[(n-1)·st], with every operation
+/// in double (a float32 value squared in double neither overflows nor underflows). Slow, scalar;
+/// for the rows needs_exact_moments picks.
+template <class T>
+void exact_moments(const T* x, int64_t n, int64_t st, double& mean, double& m2) {
+  double s0 = 0, s1 = 0;
+  int64_t i = 0;
+  for (; i + 2 <= n; i += 2) {
+    s0 += static_cast<double>(x[i * st]);
+    s1 += static_cast<double>(x[(i + 1) * st]);
+  }
+  if (i < n) s0 += static_cast<double>(x[i * st]);
+  mean = (s0 + s1) / static_cast<double>(n);
+  s0 = s1 = 0;
+  for (i = 0; i + 2 <= n; i += 2) {
+    double d0 = static_cast<double>(x[i * st]) - mean;
+    double d1 = static_cast<double>(x[(i + 1) * st]) - mean;
+    s0 += d0 * d0;
+    s1 += d1 * d1;
+  }
+  if (i < n) {
+    double d = static_cast<double>(x[i * st]) - mean;
+    s0 += d * d;
+  }
+  m2 = s0 + s1;
+}
+
 /// NaN-propagating max (kMax) or min of x[0..n) combined with `init`.
 template <bool kMax, class T>
 T extreme_run(const T* x, int64_t n, T init) {

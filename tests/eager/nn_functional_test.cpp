@@ -268,3 +268,46 @@ TEST_CASE("mse_loss") {
   CHECK(mse_loss(empty({0}), empty({0}), Reduction::Sum).item<float>() == 0);
   CHECK_THROWS_AS(mse_loss(a, tensor<float>({1, 2})), kiln::Error);
 }
+
+TEST_CASE("layer_norm of float32 rows whose variance overflows float32") {
+  // float64 reference: the row [a, b, a, b] normalises to [1, -1, 1, -1]; [c, -c, -c, -c] to
+  // [√3, -1/√3, -1/√3, -1/√3]. The float32 variance (1.8e75, 8.7e76) overflowed and gave NaN;
+  // in the second row x - mean (5.1e38) itself is past FLT_MAX.
+  const float a = 8.5e37f, b = -2.8e19f, c = 3.4e38f;
+  Tensor x = from_vector<float>({a, b, a, b, c, -c, -c, -c, 1, 2, 3, 4}, {3, 4}).requires_grad_();
+  Tensor y = layer_norm(x, {4});
+  std::vector<float> v = y.to_vector<float>();
+  const double r3 = std::sqrt(3.0), n = std::sqrt(1.25 + 1e-5);
+  const std::vector<double> want = {1, -1, 1, -1, r3, -1 / r3, -1 / r3, -1 / r3,
+                                    -1.5 / n, -0.5 / n, 0.5 / n, 1.5 / n};
+  for (size_t i = 0; i < want.size(); ++i) CHECK(v[i] == Approx(want[i]).epsilon(1e-5));
+  // Backward of Σ y·[1, 0, 0, 0]: rstd·(g - mean g - xhat·mean(g·xhat)); for row 0 rstd is
+  // 1/4.25e37, so dx = [0.5, 0, -0.5, 0]·rstd (it was NaN: rstd from a float32 variance).
+  (y * from_vector<float>({1, 0, 0, 0}, {4})).sum().backward();
+  std::vector<float> g = x.grad().to_vector<float>();
+  CHECK(g[0] == Approx(1.1764706047943377e-38).epsilon(1e-4));
+  CHECK(g[2] == Approx(-1.1764706047943375e-38).epsilon(1e-4));
+  CHECK(std::abs(g[1]) < 1e-43f);
+  CHECK(std::abs(g[3]) < 1e-43f);
+  for (int i = 4; i < 8; ++i) CHECK(std::abs(g[i]) < 1e-43f);  // float64: ~1e-55
+  // Row 2 (ordinary): [0.75, -0.25, -0.25, -0.25]·rstd - xhat·mean(g·xhat)·rstd.
+  const double x0 = -1.5 / n, mgx = x0 / 4;
+  for (int j = 0; j < 4; ++j) {
+    double xh = (j - 1.5) / n, gj = j == 0 ? 1.0 : 0.0;
+    CHECK(g[8 + j] == Approx((gj - 0.25 - xh * mgx) / n).epsilon(1e-4));
+  }
+}
+
+TEST_CASE("mse_loss mean of float32 differences whose squares overflow float32") {
+  // (2e19)² = 4e38 is past FLT_MAX, the mean over 2 elements (2e38) is not: the float32
+  // square made it inf. float64: (2e19f)² / 2.
+  const float d = 2e19f;
+  Tensor a = tensor<float>({d, 1}), b = tensor<float>({0, 1});
+  CHECK(mse_loss(a, b).item<float>() == Approx(static_cast<double>(d) * d / 2).epsilon(1e-6));
+  CHECK(std::isinf(mse_loss(a, b, Reduction::Sum).item<float>()));  // 4e38: inf is right
+  // A long contiguous run (the SIMD path with float partial sums).
+  std::vector<float> big(1000, 0.f);
+  big[3] = d;
+  Tensor x = from_vector(big, {1000}), z = zeros({1000});
+  CHECK(mse_loss(x, z).item<float>() == Approx(static_cast<double>(d) * d / 1000).epsilon(1e-6));
+}

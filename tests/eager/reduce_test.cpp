@@ -583,3 +583,20 @@ TEST_CASE("reduction errors") {
   CHECK_THROWS_AS(argmax(tensor<bool>({true})), kiln::Error);
   CHECK_THROWS_WITH(amax(empty({2, 0}), {1}), Catch::Contains("size 0"));
 }
+
+TEST_CASE("std of float32 values near the float32 limit is not inf") {
+  // (x - mean)² was squared in float32 and overflowed (inf) although std is representable.
+  // float64: mean 0, var = 3e38², std = |3e38| with correction 0.
+  const float big = 3e38f;
+  Tensor x = from_vector<float>({big, -big}, {2});
+  CHECK(kiln::std(x, {}, 0).item<float>() == big);
+  // With correction 1 the answer, 3e38·√2 = 4.2e38, is past FLT_MAX: inf is right there.
+  CHECK(std::isinf(kiln::std(x, {}, 1).item<float>()));
+  CHECK(std::isinf(var(x, {}, 0).item<float>()));  // 9e76: not representable
+  // Over dim 0 of [2, 2] (the column path): [std(3e38, -3e38), std(1, 1)] = [3e38, 0].
+  Tensor y = from_vector<float>({big, 1, -big, 1}, {2, 2});
+  CHECK(kiln::std(y, {0}, 0).to_vector<float>() == std::vector<float>{big, 0});
+  // Tiny values: float32 squares of 1e-25 underflow to 0; std is 1e-25.
+  Tensor t = from_vector<float>({1e-25f, -1e-25f}, {2});
+  CHECK(kiln::std(t, {}, 0).item<float>() == Approx(1e-25).epsilon(1e-6));
+}

@@ -40,21 +40,34 @@ func.func @log_softmax(%x: tensor<3x5xf64>) -> tensor<3x5xf64> {
   return %0 : tensor<3x5xf64>
 }
 
-// layer_norm = (x - mean) * rsqrt(mean((x - mean)^2) + eps) * w + b over the trailing dims;
-// without weight/bias, the last mul/add are absent.
+// layer_norm: mean and var in f64 (a float32 (x - mean)^2 overflows where the result is O(1)),
+// rsqrt(var + eps); rows with var > 2^190 use s = 1/16, others s = 1: y = (x*s - mean*s) *
+// (rstd/s) in f32, then * w + b. Without weight/bias, the last mul/add are absent.
 // CHECK-LABEL: func.func @layer_norm
-// CHECK: %[[MU:.*]] = kiln.reduce "mean" %arg0 {dims = array<i64: 1>, keepdim} : (tensor<?x8xf32>) -> tensor<?x1xf32>
-// CHECK: %[[D:.*]] = kiln.elementwise "sub" %arg0, %[[MU]]
+// CHECK: %[[X:.*]] = kiln.elementwise "to" %arg0 {dtype = f64} : (tensor<?x8xf32>) -> tensor<?x8xf64>
+// CHECK: %[[MU:.*]] = kiln.reduce "mean" %[[X]] {dims = array<i64: 1>, keepdim} : (tensor<?x8xf64>) -> tensor<?x1xf64>
+// CHECK: %[[D:.*]] = kiln.elementwise "sub" %[[X]], %[[MU]]
 // CHECK: %[[SQ:.*]] = kiln.elementwise "mul" %[[D]], %[[D]]
 // CHECK: %[[V:.*]] = kiln.reduce "mean" %[[SQ]] {dims = array<i64: 1>, keepdim}
-// CHECK: %[[EPS:.*]] = kiln.constant dense<9.99999974E-6> : tensor<f32>
-// CHECK: %[[VE:.*]] = kiln.elementwise "add" %[[V]], %[[EPS]] : (tensor<?x1xf32>, tensor<f32>) -> tensor<?x1xf32>
+// CHECK: %[[EPS:.*]] = kiln.constant dense<1.000000e-05> : tensor<f64>
+// CHECK: %[[VE:.*]] = kiln.elementwise "add" %[[V]], %[[EPS]] : (tensor<?x1xf64>, tensor<f64>) -> tensor<?x1xf64>
 // CHECK: %[[R:.*]] = kiln.elementwise "rsqrt" %[[VE]]
-// CHECK: %[[N:.*]] = kiln.elementwise "mul" %[[D]], %[[R]]
+// CHECK: %[[BIG:.*]] = kiln.constant dense<1.5692754338466702E+57> : tensor<f64>
+// CHECK: %[[SCALED:.*]] = kiln.elementwise "gt" %[[V]], %[[BIG]]
+// CHECK: %[[S64:.*]] = kiln.elementwise "where" %[[SCALED]], %{{.*}}, %{{.*}} : (tensor<?x1xi1>, tensor<f64>, tensor<f64>) -> tensor<?x1xf64>
+// CHECK: %[[S:.*]] = kiln.elementwise "to" %[[S64]] {dtype = f32}
+// CHECK: %[[MU32:.*]] = kiln.elementwise "to" %[[MU]] {dtype = f32}
+// CHECK: %[[MS:.*]] = kiln.elementwise "mul" %[[MU32]], %[[S]]
+// CHECK: %[[RS64:.*]] = kiln.elementwise "div" %[[R]], %[[S64]]
+// CHECK: %[[RS:.*]] = kiln.elementwise "to" %[[RS64]] {dtype = f32}
+// CHECK: %[[XS:.*]] = kiln.elementwise "mul" %arg0, %[[S]] : (tensor<?x8xf32>, tensor<?x1xf32>) -> tensor<?x8xf32>
+// CHECK: %[[DS:.*]] = kiln.elementwise "sub" %[[XS]], %[[MS]]
+// CHECK: %[[N:.*]] = kiln.elementwise "mul" %[[DS]], %[[RS]]
 // CHECK: %[[W:.*]] = kiln.elementwise "mul" %[[N]], %arg1 : (tensor<?x8xf32>, tensor<8xf32>) -> tensor<?x8xf32>
 // CHECK: %[[Y:.*]] = kiln.elementwise "add" %[[W]], %arg2
 // CHECK: kiln.constant dense<1.000000e-03>
 // CHECK: kiln.elementwise "rsqrt"
+// CHECK: kiln.elementwise "sub"
 // CHECK: %[[Y2:.*]] = kiln.elementwise "mul"
 // CHECK-NOT: kiln.elementwise
 // CHECK: return %[[Y]], %[[Y2]]
@@ -64,15 +77,19 @@ func.func @layer_norm(%x: tensor<?x8xf32>, %w: tensor<8xf32>, %b: tensor<8xf32>)
   return %0, %1 : tensor<?x8xf32>, tensor<?x8xf32>
 }
 
-// var = sum((x - mean)^2) / (n - correction): a constant divisor for static reduced dims; for
-// a dynamic one, n is counted at run time and n - correction <= 0 selects nan. std = sqrt(var).
+// var = sum((x - mean)^2) / (n - correction), in f64 for f32 inputs (cast back once at the
+// end): a constant divisor for static reduced dims; for a dynamic one, n is counted at run time
+// and n - correction <= 0 selects nan. std = sqrt(var).
 // CHECK-LABEL: func.func @var_std
-// CHECK: %[[MU:.*]] = kiln.reduce "mean" %arg0 {dims = array<i64: 1>, keepdim} : (tensor<4x6xf32>) -> tensor<4x1xf32>
-// CHECK: %[[D:.*]] = kiln.elementwise "sub" %arg0, %[[MU]]
+// CHECK: %[[X:.*]] = kiln.elementwise "to" %arg0 {dtype = f64} : (tensor<4x6xf32>) -> tensor<4x6xf64>
+// CHECK: %[[MU:.*]] = kiln.reduce "mean" %[[X]] {dims = array<i64: 1>, keepdim} : (tensor<4x6xf64>) -> tensor<4x1xf64>
+// CHECK: %[[D:.*]] = kiln.elementwise "sub" %[[X]], %[[MU]]
 // CHECK: %[[SQ:.*]] = kiln.elementwise "mul" %[[D]], %[[D]]
-// CHECK: %[[S:.*]] = kiln.reduce "sum" %[[SQ]] {dims = array<i64: 1>} : (tensor<4x6xf32>) -> tensor<4xf32>
-// CHECK: %[[FIVE:.*]] = kiln.constant dense<5.000000e+00> : tensor<f32>
-// CHECK: %[[V:.*]] = kiln.elementwise "div" %[[S]], %[[FIVE]]
+// CHECK: %[[S:.*]] = kiln.reduce "sum" %[[SQ]] {dims = array<i64: 1>} : (tensor<4x6xf64>) -> tensor<4xf64>
+// CHECK: %[[FIVE:.*]] = kiln.constant dense<5.000000e+00> : tensor<f64>
+// CHECK: %[[V64:.*]] = kiln.elementwise "div" %[[S]], %[[FIVE]]
+// CHECK: %[[V:.*]] = kiln.elementwise "to" %[[V64]] {dtype = f32} : (tensor<4xf64>) -> tensor<4xf32>
+// CHECK-NOT: kiln.elementwise "to"
 // CHECK: kiln.reduce "mean" %arg1 {dims = array<i64: 0>, keepdim} : (tensor<?x6xf64>) -> tensor<1x6xf64>
 // CHECK: %[[S2:.*]] = kiln.reduce "sum" %{{.*}} {dims = array<i64: 0>, keepdim} : (tensor<?x6xf64>) -> tensor<1x6xf64>
 // CHECK: %[[EQ:.*]] = kiln.elementwise "eq" %arg1, %arg1
@@ -84,8 +101,9 @@ func.func @layer_norm(%x: tensor<?x8xf32>, %w: tensor<8xf32>, %b: tensor<8xf32>)
 // CHECK: %[[Q:.*]] = kiln.elementwise "div" %[[S2]], %[[DEN]] : (tensor<1x6xf64>, tensor<1x6xi64>) -> tensor<1x6xf64>
 // CHECK: %[[NAN:.*]] = kiln.constant dense<0x7FF8000000000000> : tensor<f64>
 // CHECK: %[[V2:.*]] = kiln.elementwise "where" %[[OK]], %[[Q]], %[[NAN]]
-// CHECK: kiln.constant dense<6.000000e+00> : tensor<f32>
-// CHECK: %[[SD:.*]] = kiln.elementwise "sqrt"
+// CHECK: kiln.constant dense<6.000000e+00> : tensor<f64>
+// CHECK: %[[SQRT:.*]] = kiln.elementwise "sqrt"
+// CHECK: %[[SD:.*]] = kiln.elementwise "to" %[[SQRT]] {dtype = f32} : (tensor<4x1xf64>) -> tensor<4x1xf32>
 // CHECK: return %[[V]], %[[V2]], %[[SD]]
 func.func @var_std(%x: tensor<4x6xf32>, %y: tensor<?x6xf64>) -> (tensor<4xf32>, tensor<1x6xf64>, tensor<4x1xf32>) {
   %0 = kiln.reduce "var" %x {dims = array<i64: 1>, mode = 1 : i64} : (tensor<4x6xf32>) -> tensor<4xf32>
@@ -144,12 +162,16 @@ func.func @nll_loss(%x: tensor<?x3xf32>, %t: tensor<?xi64>) -> (tensor<f32>, ten
   return %0, %1 : tensor<f32>, tensor<?xf32>
 }
 
-// mse_loss = mean((a - b)^2), broadcasting.
+// mse_loss = mean((a - b)^2), broadcasting; the mean in f64 (f32 squares overflow where the
+// mean is representable), cast back once.
 // CHECK-LABEL: func.func @mse_loss
-// CHECK: %[[D:.*]] = kiln.elementwise "sub" %arg0, %arg1 : (tensor<4x3xf32>, tensor<3xf32>) -> tensor<4x3xf32>
+// CHECK: %[[A:.*]] = kiln.elementwise "to" %arg0 {dtype = f64} : (tensor<4x3xf32>) -> tensor<4x3xf64>
+// CHECK: %[[B:.*]] = kiln.elementwise "to" %arg1 {dtype = f64} : (tensor<3xf32>) -> tensor<3xf64>
+// CHECK: %[[D:.*]] = kiln.elementwise "sub" %[[A]], %[[B]] : (tensor<4x3xf64>, tensor<3xf64>) -> tensor<4x3xf64>
 // CHECK: %[[SQ:.*]] = kiln.elementwise "mul" %[[D]], %[[D]]
-// CHECK: %[[M:.*]] = kiln.reduce "mean" %[[SQ]] : (tensor<4x3xf32>) -> tensor<f32>
-// CHECK: return %[[M]]
+// CHECK: %[[M:.*]] = kiln.reduce "mean" %[[SQ]] : (tensor<4x3xf64>) -> tensor<f64>
+// CHECK: %[[Y:.*]] = kiln.elementwise "to" %[[M]] {dtype = f32} : (tensor<f64>) -> tensor<f32>
+// CHECK: return %[[Y]]
 func.func @mse_loss(%a: tensor<4x3xf32>, %b: tensor<3xf32>) -> tensor<f32> {
   %0 = kiln.composite "mse_loss" %a, %b {mode = 1 : i64} : (tensor<4x3xf32>, tensor<3xf32>) -> tensor<f32>
   return %0 : tensor<f32>

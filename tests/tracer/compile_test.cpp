@@ -543,6 +543,7 @@ TEST_CASE("compile: a region the codegen rejects keeps its values on eager kerne
   }
 }
 
+<<<<<<< HEAD
 TEST_CASE("compile: donated buffers: in-place updates reach every handle and view",
           "[compile]") {
   // With donate_buffers a written-back value may become the target's buffer instead of being
@@ -594,4 +595,18 @@ TEST_CASE("compile: donated buffers: in-place updates reach every handle and vie
   for (int k = 0; k < 3; ++k) kf(from_vector<float>({1, 2, 3, 4}, {4}));
   CHECK(kept.raw_data() == kept_data);
   CHECK(vec(kept) == std::vector<float>{3, 6, 9, 12});
+=======
+TEST_CASE("compile: mse_loss mean of float32 differences whose squares overflow float32") {
+  // float64: mean((2e19f)², 0) = 2e38, representable though each float32 square (4e38) is not;
+  // the compiled mean was inf (float32 squares), eager too (float32 partial sums).
+  auto f = [](const Tensor& a, const Tensor& b) { return kiln::mse_loss(a, b); };
+  auto cf = compile(f);
+  const float d = 2e19f;
+  const double want = static_cast<double>(d) * d / 2;
+  for (int k = 0; k < 3; ++k) {
+    Tensor a = from_vector<float>({d, 1}, {2}), b = from_vector<float>({0, 1}, {2});
+    CHECK(cf(a, b).item<float>() == Approx(want).epsilon(1e-6));
+    CHECK(f(a, b).item<float>() == Approx(want).epsilon(1e-6));
+  }
+>>>>>>> helper-stats
 }

@@ -227,5 +227,45 @@ TEST_CASE("fuzz: a clone of a clone of an argument after a host read", "[compile
     Tensor c = cf(x);
     CHECK(vec(c) == std::vector<float>{1.5f, -0.5f});
     CHECK(c.raw_data() != x.raw_data());
+TEST_CASE("fuzz: layer_norm of float32 rows whose variance overflows float32", "[compile][fuzz]") {
+  // The variance (1.8e75) overflows float32 while (x - mean)·rsqrt(var + eps) is O(1): eager
+  // gave NaN, the compiled decomposition (float32 mean/var) 0; float64 says [1, -1, 1, -1].
+  // The second row also has x - mean = 5.1e38 past FLT_MAX (float64: [√3, -1/√3, ...]); std
+  // of [3e38, -3e38] (correction 0) is 3e38, and was inf.
+  auto f = [](const Tensor& x, const Tensor& w, const Tensor& b) {
+    return std::vector<Tensor>{kiln::layer_norm(x, {4}), kiln::layer_norm(x, {4}, w, b),
+                               kiln::std(x, {1}, 0), kiln::var(x, {1}, 1)};
+  };
+  auto cf = compile(f);
+  const float a = 8.5e37f, b = -2.8e19f, c = 3.4e38f, s = 3e38f;
+  Tensor x = from_vector<float>({a, b, a, b, c, -c, -c, -c, s, -s, s, -s, 1, 2, 3, NAN}, {4, 4});
+  Tensor w = from_vector<float>({2, 1, 1, 1}, {4}), bias = from_vector<float>({0, 0, 0, 1}, {4});
+  const double r3 = std::sqrt(3.0);
+  const std::vector<double> ln = {1, -1, 1, -1, r3, -1 / r3, -1 / r3, -1 / r3, 1, -1, 1, -1};
+  for (int k = 0; k < 3; ++k) {
+    std::vector<Tensor> c_out = cf(x, w, bias), e_out = f(x, w, bias);
+    std::vector<float> ce = vec(c_out[0]), ee = vec(e_out[0]);
+    std::vector<float> cw = vec(c_out[1]), ew = vec(e_out[1]);
+    for (size_t i = 0; i < ln.size(); ++i) {
+      double wi = i % 4 == 0 ? 2 : 1, bi = i % 4 == 3 ? 1 : 0;
+      CHECK(ce[i] == Approx(ln[i]).epsilon(1e-5));
+      CHECK(ee[i] == Approx(ln[i]).epsilon(1e-5));
+      CHECK(cw[i] == Approx(ln[i] * wi + bi).epsilon(1e-5));
+      CHECK(ew[i] == Approx(ln[i] * wi + bi).epsilon(1e-5));
+    }
+    for (int i = 12; i < 16; ++i) {  // a row with a NaN is NaN in both modes
+      CHECK(std::isnan(ce[i]));
+      CHECK(std::isnan(ee[i]));
+    }
+    // std: [4.25e37 (|a - b| / 2), 2.9e38 (c·√3 / 2), 3e38, NaN].
+    for (const std::vector<Tensor>* o : {&c_out, &e_out}) {
+      std::vector<float> sd = vec((*o)[2]), v = vec((*o)[3]);
+      CHECK(sd[0] == Approx((static_cast<double>(a) - b) / 2).epsilon(1e-6));
+      CHECK(sd[1] == Approx(c * r3 / 2).epsilon(1e-6));
+      CHECK(sd[2] == s);
+      CHECK(std::isnan(sd[3]));
+      CHECK(std::isinf(v[0]));  // 2.4e75: not representable
+      CHECK(std::isnan(v[3]));
+    }
   }
 }
