@@ -543,7 +543,6 @@ TEST_CASE("compile: a region the codegen rejects keeps its values on eager kerne
   }
 }
 
-<<<<<<< HEAD
 TEST_CASE("compile: donated buffers: in-place updates reach every handle and view",
           "[compile]") {
   // With donate_buffers a written-back value may become the target's buffer instead of being
@@ -595,7 +594,8 @@ TEST_CASE("compile: donated buffers: in-place updates reach every handle and vie
   for (int k = 0; k < 3; ++k) kf(from_vector<float>({1, 2, 3, 4}, {4}));
   CHECK(kept.raw_data() == kept_data);
   CHECK(vec(kept) == std::vector<float>{3, 6, 9, 12});
-=======
+}
+
 TEST_CASE("compile: mse_loss mean of float32 differences whose squares overflow float32") {
   // float64: mean((2e19f)², 0) = 2e38, representable though each float32 square (4e38) is not;
   // the compiled mean was inf (float32 squares), eager too (float32 partial sums).
@@ -608,5 +608,4 @@ TEST_CASE("compile: mse_loss mean of float32 differences whose squares overflow 
     CHECK(cf(a, b).item<float>() == Approx(want).epsilon(1e-6));
     CHECK(f(a, b).item<float>() == Approx(want).epsilon(1e-6));
   }
->>>>>>> helper-stats
 }

@@ -227,6 +227,9 @@ TEST_CASE("fuzz: a clone of a clone of an argument after a host read", "[compile
     Tensor c = cf(x);
     CHECK(vec(c) == std::vector<float>{1.5f, -0.5f});
     CHECK(c.raw_data() != x.raw_data());
+  }
+}
+
 TEST_CASE("fuzz: layer_norm of float32 rows whose variance overflows float32", "[compile][fuzz]") {
   // The variance (1.8e75) overflows float32 while (x - mean)·rsqrt(var + eps) is O(1): eager
   // gave NaN, the compiled decomposition (float32 mean/var) 0; float64 says [1, -1, 1, -1].
