@@ -160,7 +160,7 @@ void layer_norm(const OpCall& call, Tensor& out) {
           auto d = v - mt;
           return d * d;
         });
-        if (needs_exact_moments<T>(m2)) {
+        if (needs_exact_moments<T>(m2, m, mean)) {
           exact_moments(xr, m, 1, mean, m2);
           mt = static_cast<T>(mean);
         }

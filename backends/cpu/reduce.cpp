@@ -456,7 +456,7 @@ void variance(const Ctx& c, bool is_std) {
       },
       add,
       [&](int64_t o, int64_t oi, double v) {
-        if (needs_exact_moments<T>(v)) {
+        if (needs_exact_moments<T>(v, p.r, static_cast<double>(mean[o]))) {
           // Output o's values: column o % k2 of outer block o / k2, k2 apart.
           const T* x0 = reinterpret_cast<const T*>(p.base) + p.in_off(o / p.k2) + o % p.k2;
           double m;

@@ -272,3 +272,24 @@ TEST_CASE("fuzz: layer_norm of float32 rows whose variance overflows float32", "
     }
   }
 }
+
+TEST_CASE("fuzz: layer_norm and var of a constant float32 row are exactly 0", "[compile][fuzz]") {
+  // Seed 7 program 8864: layer_norm(sigmoid(b) + 2) of a constant row [2.731, 2.731, 2.731]:
+  // eager's float32 mean was an ulp off (3x rounds in float32), and (x - mean)·rstd with
+  // rstd ≈ 1/sqrt(eps) made that -7.5e-5; the compiled (float64 statistics) gave 0.
+  auto f = [](const Tensor& x) {
+    return std::vector<Tensor>{kiln::layer_norm(x, {3}), kiln::var(x, {1}, 0, false)};
+  };
+  auto cf = compile(f);
+  const float c = 1.f / (1.f + std::exp(-1.f)) + 2.f;
+  for (int k = 0; k < 3; ++k) {
+    Tensor x = from_vector<float>({c, c, c, 1.f, 2.f, 3.f}, {2, 3});
+    for (const std::vector<Tensor>& r : {f(x), cf(x)}) {
+      std::vector<float> ln = vec(r[0]), v = vec(r[1]);
+      for (int i = 0; i < 3; ++i) CHECK(ln[i] == 0.f);
+      CHECK(ln[3] == Approx(-1.2247357).epsilon(1e-5));  // (1 - 2) / sqrt(2/3 + 1e-5)
+      CHECK(v[0] == 0.f);
+      CHECK(v[1] == Approx(2.0 / 3.0));
+    }
+  }
+}
