@@ -10,9 +10,8 @@
 #  3. the ThreadSanitizer stage: $KILN_BUILD_DIR-tsan with -DKILN_SANITIZE=thread, test_tracer
 #     only, running the threaded compile() tests (ctest tracer_tsan: 8 threads x 1,000 calls).
 # KILN_SKIP_SANITIZERS=1 skips stages 2 and 3 (fast local runs). KILN_SANITIZER_TESTS (a space
-# list of core eager nn ir codegen tracer) picks stage 2's tests; the default is the tests that
-# do not need the JIT (core eager nn ir) plus the tracer's (JIT) tests; codegen's are opt-in
-# (tests/README.md).
+# list of core eager nn ir codegen tracer) picks stage 2's tests; the default is all of them,
+# the JIT tests (codegen, tracer) included (tests/README.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -26,7 +25,7 @@ if [[ "${KILN_SKIP_SANITIZERS:-0}" == 1 ]]; then
   exit 0
 fi
 asan=${KILN_ASAN_BUILD_DIR:-$build-asan}
-tests=(${KILN_SANITIZER_TESTS:-core eager nn ir tracer})
+tests=(${KILN_SANITIZER_TESTS:-core eager nn ir codegen tracer})
 start=$SECONDS
 cmake -S . -B "$asan" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g1" "-DCMAKE_C_FLAGS_RELWITHDEBINFO=-O1 -g1" \
