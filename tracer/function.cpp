@@ -635,7 +635,7 @@ bool can_adopt(const Program& p, const Segment& seg, int v, const Tensor& target
       std::find(seg.saved.begin(), seg.saved.end(), v) != seg.saved.end())
     return false;
   for (auto& [leaf, g] : p.grad_assignments)
-    if (leaf == v || g == v) return false;
+    if (g == v) return false;
   return true;
 }
 
@@ -672,17 +672,25 @@ std::vector<OutValue> CompiledFunction::Impl::replay(Entry& e, const std::vector
   if (p.rng_consumed) set_generator_state({st.rng.seed, st.rng.offset + p.rng_consumed});
   {
     NoGradGuard no_grad;
+    // A leaf the function changed in place (an optimizer's parameter) is recorded by its final
+    // value; its .grad belongs to the real tensor that value is written back to, not to the
+    // value (replays left parameters' .grad as the trace set it).
+    std::vector<std::pair<int, Tensor>> written;
     if (!st.in_place) {
       for (auto& [src, v] : p.write_backs) {
         const Source& s = p.sources[src];
         Tensor target = s.kind == SourceKind::Arg ? st.args[s.index] : Tensor(s.captured.lock());
         if (!target.defined()) continue;
+        written.push_back({v, target});
         if (options.donate_buffers && can_adopt(p, *seg, v, target, st)) adopt(target, st.slots[v]);
         else target.copy_(st.value(p, v));
       }
     }
-    for (auto& [leaf, g] : p.grad_assignments)
-      st.value(p, leaf).set_grad(g >= 0 ? st.value(p, g) : Tensor());
+    for (auto& [leaf, g] : p.grad_assignments) {
+      Tensor grad = g >= 0 ? st.value(p, g) : Tensor();
+      auto w = std::find_if(written.begin(), written.end(), [&](auto& e) { return e.first == leaf; });
+      (w != written.end() ? w->second : st.value(p, leaf)).set_grad(grad);
+    }
   }
   std::vector<OutValue> outs(p.outputs.size());
   for (size_t k = 0; k < outs.size(); ++k) {

@@ -609,3 +609,30 @@ TEST_CASE("compile: mse_loss mean of float32 differences whose squares overflow 
     CHECK(f(a, b).item<float>() == Approx(want).epsilon(1e-6));
   }
 }
+
+TEST_CASE("compile: parameters' .grad after a compiled training step is this step's gradient",
+          "[compile]") {
+  // The step changes the parameters in place (AdamW), so they are recorded by their final
+  // values; replays set .grad on those values instead of the parameters, which kept the grad of
+  // the traced call (W.grad stayed 3 while the true gradient was 6, 9, 12).
+  for (bool donate : {false, true}) {
+    manual_seed(1);
+    auto lin = std::make_shared<nn::Linear>(4, 2);
+    nn::AdamW opt(lin->parameters(), nn::AdamWOptions{.lr = 1e-2});
+    auto step = [&](const Tensor& x) {
+      opt.zero_grad();
+      Tensor loss = lin->forward(x).sum();
+      loss.backward();
+      opt.step();
+      return loss.detach();
+    };
+    auto cstep = compile(step, CompileOptions{.donate_buffers = donate});
+    for (int i = 0; i < 4; ++i) {
+      cstep(full({3, 4}, double(i + 1)));
+      // d/dW sum(x Wᵀ + b) = the column sums of x = 3 (i + 1); d/db = 3 rows.
+      CHECK(vec(lin->weight.grad()) == std::vector<float>(8, 3.f * float(i + 1)));
+      CHECK(vec(lin->bias.grad()) == std::vector<float>(2, 3.f));
+    }
+    CHECK(cstep.compile_count() == 1);
+  }
+}
