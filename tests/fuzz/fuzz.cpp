@@ -91,12 +91,15 @@ int wrap_dim(int p, int rank) { return rank <= 0 ? 0 : ((p % rank) + rank) % ran
 // that may be near 0). The
 // generator does not feed the first into the second: such a difference is the comparison's
 // limit, not a kiln bug (tests/fuzz/README.md, finding 9).
+bool inexact_unary(int p) {
+  int k = p % kNumUnary;
+  return k != 0 && k != 1 && k != 2 && k != 8 && k != 9;  // neg, abs, relu, floor, not
+}
+
 bool makes_inexact(const Node& n) {
   switch (n.op) {
-    case Op::Unary: {
-      int k = n.p[0] % kNumUnary;
-      return k != 0 && k != 1 && k != 2 && k != 8 && k != 9;  // neg, abs, relu, floor, not
-    }
+    case Op::Unary: return inexact_unary(n.p[0]);
+    case Op::Branch: return inexact_unary(n.p[0]) || inexact_unary(n.p[1]);  // either side
     case Op::Binary: return n.p[0] % 7 == 3;     // div
     case Op::BinScalar: return n.p[0] % 5 == 3;  // div
     case Op::Reduce: return n.p[0] % 3 == 1;                        // mean
