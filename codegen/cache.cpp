@@ -6,6 +6,8 @@
 
 #include <unistd.h>
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
@@ -136,6 +138,8 @@ std::string serialize(const std::string& key, const CompiledMeta& meta, const st
   payload.u32(static_cast<uint32_t>(meta.row_split.sliced_input.size()));
   for (bool sliced : meta.row_split.sliced_input) payload.u32(sliced);
   payload.u32(meta.row_split.gemm);
+  payload.str(meta.ptx);
+  payload.u32(static_cast<uint32_t>(meta.gpu_kernels));
   payload.str(object);
   Writer w;
   w.raw(kMagic, sizeof kMagic);
@@ -175,6 +179,8 @@ std::string deserialize(std::string_view bytes, const std::string& key, Entry& e
   for (size_t i = 0; i < entry.meta.row_split.sliced_input.size(); ++i)
     entry.meta.row_split.sliced_input[i] = r.u32() != 0;
   entry.meta.row_split.gemm = r.u32() != 0;
+  entry.meta.ptx = std::string(r.str());
+  entry.meta.gpu_kernels = static_cast<int>(r.u32());
   entry.object = std::string(r.str());
   if (!r.ok || !r.in.empty()) return "corrupted entry (malformed)";
   return "";
@@ -284,8 +290,12 @@ std::shared_ptr<const CompiledCode> get_or_compile(const std::string& graph_mlir
   // Environment switches that change the generated code are part of the key.
   const char* no_gemm = std::getenv("KILN_NO_EXTERN_GEMM");
   const bool loops_for_gemm = no_gemm && *no_gemm && *no_gemm != '0';
-  const std::string key =
-      host_target_id() + (loops_for_gemm ? "\nno-extern-gemm" : "") + "\n" + graph_mlir;
+  const std::string gpu_target =
+      options.device.is_cuda() ? fmt::format("\ncuda {} {} O{}", options.gpu.chip,
+                                             options.gpu.features, options.gpu.opt_level)
+                               : "";
+  const std::string key = host_target_id() + gpu_target +
+                          (loops_for_gemm ? "\nno-extern-gemm" : "") + "\n" + graph_mlir;
   const std::string memory_key = version() + "\n" + key;
   std::shared_ptr<const CompiledCode> code;
   if (options.memory_cache) {

@@ -23,7 +23,18 @@ std::string lower_to_linalg(const ir::Graph& g, bool fuse = true);
 
 namespace kiln::codegen {
 
-/// How an Executable should use the compile cache (see codegen/README.md, "Compile cache").
+/// The NVIDIA GPU that CUDA code is generated for (PTX through LLVM's NVPTX target).
+struct GpuTarget {
+  /// Streaming-multiprocessor architecture of the PTX ("sm_90": H100/H200).
+  std::string chip = "sm_90";
+  /// PTX ISA version. sm_90 needs PTX >= 7.8; LLVM's default (+ptx60) aborts the process for it.
+  std::string features = "+ptx80";
+  /// LLVM optimisation level of the device code.
+  int opt_level = 3;
+};
+
+/// How an Executable should use the compile cache (see codegen/README.md, "Compile cache"), and
+/// which device it runs on.
 struct CompileOptions {
   /// Reuse / publish the compiled code in the process-wide in-memory cache.
   bool memory_cache = true;
@@ -32,7 +43,12 @@ struct CompileOptions {
   bool disk_cache = true;
   /// Cache directory; empty = from the environment: $KILN_CACHE_DIR, else $XDG_CACHE_HOME/kiln,
   /// else ~/.cache/kiln.
-  std::string cache_dir;
+  std::string cache_dir = {};
+  /// Device of the inputs and outputs: cpu (LLVM JIT for the host), or cuda:N (kernels as PTX,
+  /// launched by JIT-compiled host code; codegen/README.md, "GPU").
+  Device device = Device::cpu();
+  /// The GPU target when `device` is a CUDA device.
+  GpuTarget gpu = {};
 };
 
 /// Where an Executable's code came from and what building it cost (milliseconds, wall clock).
@@ -131,6 +147,11 @@ class Executable {
   const std::string& linalg_ir() const;
   /// Cache outcome and compile time per stage of this Executable's construction.
   const CompileStats& stats() const;
+  /// CUDA Executables: the PTX of all kernels (one module; "" for a graph without kernels, or
+  /// on cpu). Produced without a GPU; `ptxas -arch=sm_90` assembles it.
+  const std::string& ptx() const;
+  /// The device the code runs on (CompileOptions::device).
+  Device device() const;
 
  private:
   struct Impl;

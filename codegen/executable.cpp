@@ -6,6 +6,7 @@
 #include <optional>
 
 #include "codegen/cache.h"
+#include "codegen/gpu_lowering.h"
 #include "codegen/codegen.h"
 #include "codegen/runtime.h"
 #include "codegen/jit.h"
@@ -62,6 +63,9 @@
 namespace kiln::codegen {
 namespace {
 
+/// Whether CUDA code can be linked and run here (a driver and a device).
+bool cuda_available() { return false; }  // TODO(issue 7): kiln::cuda::is_available()
+
 void init_once() {
   static std::once_flag once;
   std::call_once(once, [] {
@@ -96,6 +100,7 @@ void fill_registry(mlir::DialectRegistry& r) {
   mlir::ub::registerConvertUBToLLVMInterface(r);
   mlir::registerBuiltinDialectTranslation(r);
   mlir::registerLLVMDialectTranslation(r);
+  fill_gpu_registry(r);
 }
 
 DType to_dtype(mlir::Type t) {
@@ -287,6 +292,8 @@ struct Executable::Impl : CompiledMeta {
 
   std::string compile(const std::string& graph_mlir, bool relax);
   bool relaxed = false;  // compile() relaxed dim 0 to `?` (row_split.h)
+  Device device = Device::cpu();
+  GpuTarget gpu;
 };
 
 Executable::Executable(const ir::Graph& g, const CompileOptions& options) {
@@ -294,6 +301,8 @@ Executable::Executable(const ir::Graph& g, const CompileOptions& options) {
   auto build = [&](bool relax) {
     impl_ = std::make_unique<Impl>();
     Impl& I = *impl_;
+    I.device = options.device;
+    I.gpu = options.gpu;
     I.code = get_or_compile(text, options, I.stats, [&](CompiledMeta& meta) {
       std::string object = I.compile(text, relax);
       meta = I;
@@ -302,6 +311,36 @@ Executable::Executable(const ir::Graph& g, const CompileOptions& options) {
     static_cast<CompiledMeta&>(I) = I.code->meta;
     I.entry = I.code->fn;
   };
+  if (options.device.is_cuda()) {
+    // Dim 0 is relaxed to `?` as on cpu: the row-split analysis then tells which loop nests
+    // may run as one kernel over rows (gpu_lowering.h).
+    if (cuda_available()) {
+      try {
+        build(true);
+      } catch (const Error&) {
+        if (!impl_ || !impl_->relaxed) throw;
+        build(false);
+      }
+      return;
+    }
+    // Without a device the code is still generated (the PTX, for tests and inspection), but
+    // not linked: run() throws "no CUDA device".
+    impl_ = std::make_unique<Impl>();
+    impl_->device = options.device;
+    impl_->gpu = options.gpu;
+    Lap total;
+    try {
+      impl_->compile(text, true);
+    } catch (const Error&) {
+      if (!impl_->relaxed) throw;
+      impl_ = std::make_unique<Impl>();
+      impl_->device = options.device;
+      impl_->gpu = options.gpu;
+      impl_->compile(text, false);
+    }
+    impl_->stats.total_ms = total();
+    return;
+  }
   try {
     build(true);
   } catch (const Error&) {
@@ -433,6 +472,17 @@ std::string Executable::Impl::compile(const std::string& graph_mlir, bool relax)
                  "buffer-deallocation-pipeline,kiln-extern-calls",
                  "bufferization");
   forward_output_copies(fn);
+  if (I.device.is_cuda()) {
+    const bool row_separable = I.row_split.splittable && !I.row_split.gemm;
+    I.row_split = RowSplitPlan{};  // run() launches kernels; their threads are the parallelism
+    GpuLowered gpu;
+    lower_for_gpu(m, I.gpu, row_separable, I.messages, gpu);
+    I.ptx = std::move(gpu.ptx);
+    I.gpu_kernels = gpu.kernels;
+    I.stats.bufferize_ms = lap();
+    log_module("GPU kernels (PTX) and host code in the LLVM dialect", m);
+    return emit_object(m, I.messages, I.stats);
+  }
   // A memref.copy from/to a non-contiguous view (a graph output that is a prefix slice of an
   // input: tensor.extract_slice -> memref.subview) would lower to a call of MLIR's runtime
   // `memrefCopy`, which the JIT does not provide: copy with loops instead. (Contiguous ones
@@ -492,8 +542,11 @@ Executable::Executable(Executable&&) noexcept = default;
 Executable& Executable::operator=(Executable&&) noexcept = default;
 
 int Executable::num_kernels() const {
+  if (impl_->device.is_cuda()) return impl_->gpu_kernels;
   return impl_->row_split.splittable ? std::min(impl_->kernels, 1) : impl_->kernels;
 }
+const std::string& Executable::ptx() const { return impl_->ptx; }
+Device Executable::device() const { return impl_->device; }
 int Executable::num_loop_nests() const { return impl_->kernels; }
 bool Executable::row_parallel() const { return impl_->row_split.splittable; }
 const std::string& Executable::linalg_ir() const { return impl_->linalg; }
@@ -502,6 +555,9 @@ const CompileStats& Executable::stats() const { return impl_->stats; }
 std::vector<Tensor> Executable::run(const std::vector<Tensor>& inputs) const {
   const Impl& I = *impl_;
   const char* where = "codegen::Executable::run";
+  if (I.device.is_cuda() && !I.entry)
+    throw Error(where, "no CUDA device: the code for " + I.device.str() +
+                           " was generated but cannot run here");
   if (inputs.size() != I.inputs.size())
     throw Error(where, "expected " + std::to_string(I.inputs.size()) + " inputs, got " +
                            std::to_string(inputs.size()));

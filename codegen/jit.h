@@ -43,6 +43,9 @@ struct CompiledMeta {
   int kernels = 0;
   std::string linalg;
   RowSplitPlan row_split;
+  /// CUDA code: the kernels' PTX (empty on cpu) and their count.
+  std::string ptx;
+  int gpu_kernels = 0;
 };
 
 /// `_mlir_ciface_main` behind a packed-arguments wrapper: args[i] points at argument i.

@@ -1,0 +1,398 @@
+// The GPU half of the pipeline: bufferized loops -> gpu.launch_func kernels -> NVVM -> PTX
+// (LLVM's NVPTX target, in process), host code in the LLVM dialect.
+// Pipeline, registrations and gotchas: /work/shared/notes/mlir22-toolchain.md, section 3.
+#include "codegen/gpu_lowering.h"
+
+#include <mutex>
+
+#include "codegen/jit.h"
+#include "core/error.h"
+#include "llvm/Support/TargetSelect.h"
+#include "mlir/Dialect/Arith/IR/Arith.h"
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "mlir/Dialect/GPU/IR/GPUDialect.h"
+#include "mlir/Dialect/GPU/Pipelines/Passes.h"
+#include "mlir/Dialect/GPU/Transforms/Passes.h"
+#include "mlir/Dialect/LLVMIR/NVVMDialect.h"
+#include "mlir/Dialect/LLVMIR/LLVMDialect.h"
+#include "mlir/Dialect/Linalg/IR/Linalg.h"
+#include "mlir/Dialect/Math/IR/Math.h"
+#include "mlir/Dialect/Math/Transforms/Passes.h"
+#include "mlir/Dialect/MemRef/IR/MemRef.h"
+#include "mlir/Dialect/NVGPU/IR/NVGPUDialect.h"
+#include "mlir/Dialect/SCF/IR/SCF.h"
+#include "mlir/Dialect/SCF/Transforms/Passes.h"
+#include "mlir/Dialect/SCF/Utils/Utils.h"
+#include "mlir/IR/PatternMatch.h"
+#include "mlir/Interfaces/SideEffectInterfaces.h"
+#include "mlir/Pass/PassManager.h"
+#include "mlir/Pass/PassRegistry.h"
+#include "mlir/Target/LLVM/NVVM/Target.h"
+#include "mlir/Target/LLVMIR/Dialect/GPU/GPUToLLVMIRTranslation.h"
+#include "mlir/Target/LLVMIR/Dialect/NVVM/NVVMToLLVMIRTranslation.h"
+#include "mlir/Transforms/GreedyPatternRewriteDriver.h"
+#include "mlir/Transforms/Passes.h"
+
+namespace kiln::codegen {
+namespace {
+
+void init_gpu_once() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    LLVMInitializeNVPTXTargetInfo();
+    LLVMInitializeNVPTXTarget();
+    LLVMInitializeNVPTXTargetMC();
+    LLVMInitializeNVPTXAsmPrinter();
+    mlir::registerGPUPasses();
+    mlir::registerSCFPasses();
+    mlir::gpu::registerGPUToNVVMPipeline();
+  });
+}
+
+void run(mlir::ModuleOp m, const std::string& pipeline, const char* stage,
+         const std::string& messages) {
+  mlir::PassManager pm = mlir::PassManager::on<mlir::ModuleOp>(m.getContext());
+  std::string err;
+  llvm::raw_string_ostream es(err);
+  if (mlir::failed(mlir::parsePassPipeline(pipeline, pm, es)))
+    throw Error(std::string("codegen (gpu): ") + stage, "bad pipeline: " + err);
+  if (mlir::failed(pm.run(m))) throw Error(std::string("codegen (gpu): ") + stage, messages);
+}
+
+/// The runtime GEMM calls (kiln-extern-calls) go to cuBLAS: same arguments, device pointers.
+void call_cuda_gemm(mlir::ModuleOp m) {
+  for (const char* name : {"kiln_rt_gemm_f32", "kiln_rt_gemm_f64"}) {
+    auto fn = m.lookupSymbol<mlir::func::FuncOp>(name);
+    if (!fn) continue;
+    std::string cuda_name = std::string("kiln_rt_cuda_") + (name + 8);  // kiln_rt_cuda_gemm_f32
+    if (mlir::failed(mlir::SymbolTable::replaceAllSymbolUses(
+            fn, mlir::StringAttr::get(m.getContext(), cuda_name), m)))
+      throw Error("codegen (gpu)", "cannot rename the GEMM call " + std::string(name));
+    fn.setName(cuda_name);
+  }
+}
+
+/// memref.copy would be a host memcpy of device memory: a copy loop (a kernel) instead.
+void copies_to_loops(mlir::ModuleOp m) {
+  llvm::SmallVector<mlir::memref::CopyOp> copies;
+  m.walk([&](mlir::memref::CopyOp c) { copies.push_back(c); });
+  for (mlir::memref::CopyOp c : copies) {
+    mlir::OpBuilder b(c);
+    mlir::linalg::CopyOp::create(b, c.getLoc(), c.getSource(), c.getTarget());
+    c.erase();
+  }
+}
+
+/// A loop nest without a parallel dim (a full reduction into a 0-d value, a 0-d fill or
+/// elementwise op) would run on the host and read device memory: it goes inside a parallel
+/// loop of one iteration, so it becomes a kernel of one thread.
+void wrap_serial_nests(mlir::func::FuncOp fn) {
+  llvm::SmallVector<mlir::linalg::LinalgOp> serial;
+  for (mlir::Operation& op : fn.getBody().front())
+    if (auto l = llvm::dyn_cast<mlir::linalg::LinalgOp>(op);
+        l && l.hasPureBufferSemantics() && l.getNumParallelLoops() == 0)
+      serial.push_back(l);
+  for (mlir::linalg::LinalgOp l : serial) {
+    mlir::OpBuilder b(l);
+    mlir::Location loc = l.getLoc();
+    mlir::Value zero = mlir::arith::ConstantIndexOp::create(b, loc, 0);
+    mlir::Value one = mlir::arith::ConstantIndexOp::create(b, loc, 1);
+    auto par = mlir::scf::ParallelOp::create(b, loc, mlir::ValueRange{zero},
+                                             mlir::ValueRange{one}, mlir::ValueRange{one});
+    l->moveBefore(par.getBody()->getTerminator());
+  }
+}
+
+/// Loads and stores left at the top level (a 0-d value computed from 0-d values, e.g. a full
+/// sum's rounding to float32) go inside a one-iteration parallel loop too. A run of such ops
+/// whose values are used after it stays (the check after kernel outlining reports it).
+void wrap_host_accesses(mlir::func::FuncOp fn) {
+  mlir::Block& block = fn.getBody().front();
+  auto touches_memory = [](mlir::Operation* op) {
+    bool found = false;
+    op->walk([&](mlir::Operation* x) {
+      found |= llvm::isa<mlir::memref::LoadOp, mlir::memref::StoreOp>(x);
+    });
+    return found;
+  };
+  auto wrappable = [](mlir::Operation* op) {
+    return !llvm::isa<mlir::scf::ParallelOp, mlir::memref::AllocOp, mlir::memref::DeallocOp,
+                      mlir::func::CallOp, mlir::func::ReturnOp>(op) &&
+           (op->getNumRegions() == 0 || llvm::isa<mlir::scf::ForOp>(op));
+  };
+  llvm::SmallVector<mlir::Operation*> run;
+  auto flush = [&] {
+    bool memory = llvm::any_of(run, touches_memory);
+    bool escapes = false;
+    for (mlir::Operation* op : run)
+      for (mlir::Value r : op->getResults())
+        for (mlir::Operation* user : r.getUsers())
+          escapes |= !llvm::is_contained(run, block.findAncestorOpInBlock(*user));
+    if (memory && !escapes) {
+      mlir::OpBuilder b(run.front());
+      mlir::Location loc = run.front()->getLoc();
+      mlir::Value zero = mlir::arith::ConstantIndexOp::create(b, loc, 0);
+      mlir::Value one = mlir::arith::ConstantIndexOp::create(b, loc, 1);
+      auto par = mlir::scf::ParallelOp::create(b, loc, mlir::ValueRange{zero},
+                                               mlir::ValueRange{one}, mlir::ValueRange{one});
+      for (mlir::Operation* op : run) op->moveBefore(par.getBody()->getTerminator());
+    }
+    run.clear();
+  };
+  for (mlir::Operation& op : llvm::make_early_inc_range(block)) {
+    // Constants stay outside (other nests use them too).
+    if (op.hasTrait<mlir::OpTrait::ConstantLike>()) continue;
+    if (wrappable(&op)) run.push_back(&op);
+    else flush();
+  }
+  flush();
+}
+
+/// The top-level parallel loops of `fn`.
+llvm::SmallVector<mlir::scf::ParallelOp> top_level_loops(mlir::func::FuncOp fn) {
+  llvm::SmallVector<mlir::scf::ParallelOp> loops;
+  for (mlir::Operation& op : fn.getBody().front())
+    if (auto p = llvm::dyn_cast<mlir::scf::ParallelOp>(op)) loops.push_back(p);
+  return loops;
+}
+
+bool has_serial_loop(mlir::scf::ParallelOp p) {
+  bool found = false;
+  p.walk([&](mlir::scf::ForOp) { found = true; });
+  return found;
+}
+
+/// Rewrites a parallel loop over (d0, d1, ...) as a parallel loop over d0 whose body loops over
+/// the other dims sequentially (one thread per row).
+void keep_rows_parallel(mlir::scf::ParallelOp p) {
+  if (p.getNumLoops() == 1) return;
+  mlir::OpBuilder b(p);
+  mlir::Location loc = p.getLoc();
+  auto outer = mlir::scf::ParallelOp::create(b, loc, p.getLowerBound().take_front(1),
+                                             p.getUpperBound().take_front(1),
+                                             p.getStep().take_front(1));
+  b.setInsertionPoint(outer.getBody()->getTerminator());
+  llvm::SmallVector<mlir::Value> ivs = {outer.getInductionVars()[0]};
+  for (unsigned d = 1; d < p.getNumLoops(); ++d) {
+    auto loop = mlir::scf::ForOp::create(b, loc, p.getLowerBound()[d], p.getUpperBound()[d],
+                                         p.getStep()[d]);
+    ivs.push_back(loop.getInductionVar());
+    b.setInsertionPoint(loop.getBody()->getTerminator());
+  }
+  mlir::IRMapping map;
+  for (auto [old_iv, new_iv] : llvm::zip(p.getInductionVars(), ivs)) map.map(old_iv, new_iv);
+  for (mlir::Operation& op : p.getBody()->without_terminator()) b.clone(op, map);
+  p.erase();
+}
+
+bool is_row_loop(mlir::scf::ParallelOp p) {
+  return !mlir::getConstantIntValue(p.getUpperBound()[0]).has_value();
+}
+
+/// Row mode, for graphs the row-split analysis found row-separable (codegen/row_split.h: every
+/// nest runs over the same rows, row i of a result reads only row i of what came before;
+/// dim 0 is the only `?`): consecutive loop nests over the rows become one loop over rows,
+/// i.e. one kernel with a thread per row (softmax, layer_norm: one kernel instead of 4-11), as
+/// the CPU row split runs them per block of rows. Returns whether any nests were merged.
+bool fuse_rows(mlir::func::FuncOp fn) {
+  mlir::Block& block = fn.getBody().front();
+  auto loops = top_level_loops(fn);
+  if (loops.size() < 2 || llvm::none_of(loops, has_serial_loop)) return false;
+  // Allocations go up to where their sizes are known, so they do not separate loops.
+  for (auto alloc : llvm::to_vector(block.getOps<mlir::memref::AllocOp>())) {
+    mlir::Operation* after = nullptr;
+    for (mlir::Value v : alloc->getOperands())
+      if (mlir::Operation* def = v.getDefiningOp();
+          def && (!after || after->isBeforeInBlock(def)))
+        after = def;
+    if (after) alloc->moveAfter(after);
+    else alloc->moveBefore(&block.front());
+  }
+  for (mlir::scf::ParallelOp p : loops)
+    if (is_row_loop(p)) keep_rows_parallel(p);
+  bool merged = false;
+  mlir::scf::ParallelOp leader;
+  llvm::SmallVector<mlir::Operation*> between;  // pure ops after the leader
+  for (mlir::Operation& op : llvm::make_early_inc_range(block)) {
+    auto p = llvm::dyn_cast<mlir::scf::ParallelOp>(op);
+    if (!p || !is_row_loop(p)) {
+      bool pure = mlir::isMemoryEffectFree(&op) && op.getNumRegions() == 0;
+      if (leader && pure) between.push_back(&op);
+      else leader = nullptr;
+      continue;
+    }
+    bool movable = leader != nullptr;
+    for (mlir::Operation* x : between)
+      for (mlir::Value v : x->getOperands())
+        if (mlir::Operation* def = v.getDefiningOp();
+            def && def->getBlock() == &block && !def->isBeforeInBlock(leader) &&
+            !llvm::is_contained(between, def))
+          movable = false;
+    if (!movable) {
+      leader = p;
+      between.clear();
+      continue;
+    }
+    for (mlir::Operation* x : between) x->moveBefore(leader);
+    between.clear();
+    // p's body after the leader's, with p's row index the leader's.
+    mlir::OpBuilder b(leader.getBody()->getTerminator());
+    mlir::IRMapping map;
+    map.map(p.getInductionVars()[0], leader.getInductionVars()[0]);
+    for (mlir::Operation& inner : p.getBody()->without_terminator()) b.clone(inner, map);
+    p.erase();
+    merged = true;
+  }
+  return merged;
+}
+
+/// An elementwise nest over (d0, ..., dk) becomes one loop over all its elements, so that
+/// neighbouring threads touch neighbouring elements (coalesced), and small inner dims do not
+/// waste threads.
+void linearize(mlir::func::FuncOp fn) {
+  mlir::IRRewriter rewriter(fn.getContext());
+  for (mlir::scf::ParallelOp p : top_level_loops(fn)) {
+    if (p.getNumLoops() < 2) continue;
+    std::vector<unsigned> all(p.getNumLoops());
+    for (unsigned i = 0; i < all.size(); ++i) all[i] = i;
+    mlir::collapseParallelLoops(rewriter, p, {all});
+  }
+}
+
+/// Intermediates live in device memory: the host code's malloc/free (memref.alloc lowered)
+/// become the CUDA runtime's (codegen/runtime.cpp). gpu.alloc would need async tokens.
+void allocate_on_device(mlir::ModuleOp m) {
+  for (auto [from, to] : {std::pair{"malloc", "kiln_rt_cuda_malloc"},
+                          std::pair{"aligned_alloc", "kiln_rt_cuda_aligned_alloc"},
+                          std::pair{"free", "kiln_rt_cuda_free"}}) {
+    mlir::Operation* fn = mlir::SymbolTable::lookupSymbolIn(m, from);
+    if (!fn) continue;
+    if (mlir::failed(mlir::SymbolTable::replaceAllSymbolUses(
+            fn, mlir::StringAttr::get(m.getContext(), to), m)))
+      throw Error("codegen (gpu)", std::string("cannot redirect ") + from);
+    mlir::SymbolTable::setSymbolName(fn, to);
+  }
+}
+
+/// gpu-kernel-outlining puts each kernel in a gpu.module of its own, i.e. a PTX module each:
+/// one module holds them all, so the graph is one PTX text loaded once.
+void merge_gpu_modules(mlir::ModuleOp m) {
+  llvm::SmallVector<mlir::gpu::GPUModuleOp> modules(m.getOps<mlir::gpu::GPUModuleOp>());
+  if (modules.size() < 2) return;
+  // Kernels are named after their (unique) module: the outlined functions of different modules
+  // may share a name.
+  mlir::gpu::GPUModuleOp first = modules.front();
+  mlir::Block& body = first.getBodyRegion().front();
+  m.walk([&](mlir::gpu::LaunchFuncOp launch) {
+    mlir::StringAttr module_name = launch.getKernelModuleName();
+    launch.setKernelAttr(mlir::SymbolRefAttr::get(
+        first.getNameAttr(), {mlir::FlatSymbolRefAttr::get(module_name)}));
+  });
+  for (mlir::gpu::GPUModuleOp mod : modules) {
+    for (mlir::Operation& op : llvm::make_early_inc_range(mod.getBodyRegion().front())) {
+      auto f = llvm::dyn_cast<mlir::gpu::GPUFuncOp>(op);
+      if (!f) continue;
+      f.setName(mod.getName());
+      if (mod != first) op.moveBefore(&body, body.end());
+    }
+  }
+  for (mlir::gpu::GPUModuleOp other : llvm::drop_begin(modules)) other.erase();
+}
+
+/// NVVM has no frem (it needs libdevice's fmod): a % b = fma(-trunc(a / b), b, a) in kernels.
+/// Exact while the quotient's integer part is exact (|a / b| < 2^24 for float32, 2^53 for
+/// float64); beyond that it is off by multiples of b (codegen/README.md, "GPU").
+void expand_remf(mlir::ModuleOp m) {
+  llvm::SmallVector<mlir::arith::RemFOp> rems;
+  m.walk([&](mlir::gpu::GPUModuleOp g) { g.walk([&](mlir::arith::RemFOp r) { rems.push_back(r); }); });
+  for (mlir::arith::RemFOp r : rems) {
+    mlir::OpBuilder b(r);
+    mlir::Location loc = r.getLoc();
+    mlir::Value q = mlir::arith::DivFOp::create(b, loc, r.getLhs(), r.getRhs());
+    mlir::Value t = mlir::math::TruncOp::create(b, loc, q);
+    mlir::Value neg = mlir::arith::NegFOp::create(b, loc, t);
+    mlir::Value res = mlir::math::FmaOp::create(b, loc, neg, r.getRhs(), r.getLhs());
+    r.getResult().replaceAllUsesWith(res);
+    r.erase();
+  }
+}
+
+/// KILN_LOGS=ir: the module after `stage`.
+void log_stage(const char* stage, mlir::ModuleOp m) {
+  if (!log_enabled(kLogIr)) return;
+  std::string text;
+  llvm::raw_string_ostream os(text);
+  m.print(os);
+  log_text(stage, text);
+}
+
+}  // namespace
+
+void fill_gpu_registry(mlir::DialectRegistry& r) {
+  r.insert<mlir::gpu::GPUDialect, mlir::NVVM::NVVMDialect, mlir::nvgpu::NVGPUDialect>();
+  mlir::NVVM::registerNVVMTargetInterfaceExternalModels(r);
+  mlir::registerGPUDialectTranslation(r);
+  // #gpu.select_object, the default offloading handler: without it translating gpu.binary
+  // segfaults inside MLIR.
+  mlir::gpu::registerOffloadingLLVMTranslationInterfaceExternalModels(r);
+  mlir::registerNVVMDialectTranslation(r);
+}
+
+void lower_for_gpu(mlir::ModuleOp m, const GpuTarget& target, bool row_separable,
+                   std::string& messages, GpuLowered& out) {
+  init_gpu_once();
+  auto fn = m.lookupSymbol<mlir::func::FuncOp>("main");
+  if (!fn) throw Error("codegen (gpu)", "graph has no @main");
+  call_cuda_gemm(m);
+  copies_to_loops(m);
+  wrap_serial_nests(fn);
+  run(m, "func.func(convert-linalg-to-parallel-loops),canonicalize,cse", "parallel loops",
+      messages);
+  fn = m.lookupSymbol<mlir::func::FuncOp>("main");
+  wrap_host_accesses(fn);
+  if (!(row_separable && fuse_rows(fn))) linearize(fn);
+  log_stage("GPU parallel loops", m);
+  // Blocks of 256 threads (no-min-max-bounds: with an affine.min bound
+  // convert-parallel-loops-to-gpu silently leaves the loop on the host).
+  run(m,
+      "func.func(scf-parallel-loop-tiling{parallel-loop-tile-sizes=256 no-min-max-bounds=true},"
+      "gpu-map-parallel-loops,convert-parallel-loops-to-gpu),gpu-kernel-outlining,canonicalize,"
+      "cse",
+      "kernels", messages);
+  merge_gpu_modules(m);
+  // Anything that touches memory outside a kernel now would dereference device pointers on the
+  // host.
+  std::string host_access;
+  fn = m.lookupSymbol<mlir::func::FuncOp>("main");
+  fn.walk([&](mlir::Operation* op) {
+    if (llvm::isa<mlir::memref::LoadOp, mlir::memref::StoreOp, mlir::scf::ParallelOp,
+                  mlir::linalg::LinalgOp>(op))
+      host_access = op->getName().getStringRef().str();
+  });
+  if (!host_access.empty())
+    throw Error("codegen (gpu)", "a " + host_access + " stayed on the host (not a kernel)");
+  // tanh, erf, log, ...: polynomials (arith + fma), so no libdevice is needed.
+  {
+    mlir::RewritePatternSet patterns(m.getContext());
+    mlir::populateMathPolynomialApproximationPatterns(patterns);
+    if (mlir::failed(mlir::applyPatternsGreedily(m, std::move(patterns))))
+      throw Error("codegen (gpu): math approximation", messages);
+  }
+  expand_remf(m);
+  out.kernels = 0;
+  m.walk([&](mlir::gpu::GPUFuncOp f) { out.kernels += f.isKernel(); });
+  // The default cubin-features (+ptx60) aborts the process for sm_90: always set it.
+  run(m,
+      "gpu-lower-to-nvvm-pipeline{cubin-chip=" + target.chip + " cubin-features=" +
+          target.features + " cubin-format=isa opt-level=" + std::to_string(target.opt_level) +
+          "}",
+      "NVVM and PTX", messages);
+  allocate_on_device(m);
+  out.ptx.clear();
+  m.walk([&](mlir::gpu::BinaryOp bin) {
+    for (mlir::Attribute a : bin.getObjects())
+      if (auto obj = llvm::dyn_cast<mlir::gpu::ObjectAttr>(a)) out.ptx += obj.getObject().str();
+  });
+}
+
+}  // namespace kiln::codegen

@@ -1,0 +1,153 @@
+// CUDA code generation without a GPU: the PTX of fused graphs (codegen::Executable with
+// CompileOptions::device = cuda), its kernel count, and that ptxas assembles it.
+#include <catch2/catch.hpp>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <string>
+
+#include "codegen/codegen.h"
+#include "kiln/kiln.h"
+
+using namespace kiln;
+
+namespace {
+
+codegen::CompileOptions cuda_options() {
+  codegen::CompileOptions o;
+  o.device = Device::cuda();
+  o.disk_cache = false;
+  return o;
+}
+
+/// `.entry` kernels in `ptx`.
+int entries(const std::string& ptx) {
+  int n = 0;
+  for (size_t at = ptx.find(".entry"); at != std::string::npos; at = ptx.find(".entry", at + 1))
+    ++n;
+  return n;
+}
+
+/// ptxas from $CUDA_HOME, /usr/local/cuda or PATH; "" when absent.
+std::string find_ptxas() {
+  for (const char* env : {"CUDA_HOME", "CUDA_PATH"})
+    if (const char* d = std::getenv(env); d && *d && std::filesystem::exists(std::string(d) + "/bin/ptxas"))
+      return std::string(d) + "/bin/ptxas";
+  if (std::filesystem::exists("/usr/local/cuda/bin/ptxas")) return "/usr/local/cuda/bin/ptxas";
+  return std::system("command -v ptxas > /dev/null 2>&1") == 0 ? "ptxas" : "";
+}
+
+/// Assembles `ptx` for sm_90 with ptxas; skips (WARN) when ptxas is not installed.
+void check_assembles(const std::string& ptx, const std::string& name) {
+  std::string ptxas = find_ptxas();
+  if (ptxas.empty()) {
+    WARN("skipped: ptxas not found (install the CUDA toolkit to check " << name << ")");
+    return;
+  }
+  auto dir = std::filesystem::temp_directory_path();
+  std::string in = (dir / ("kiln_" + name + ".ptx")).string();
+  std::string out = (dir / ("kiln_" + name + ".cubin")).string();
+  std::ofstream(in) << ptx;
+  std::string cmd = ptxas + " -arch=sm_90 " + in + " -o " + out + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  REQUIRE(p);
+  std::string log;
+  char buf[512];
+  while (fgets(buf, sizeof buf, p)) log += buf;
+  int rc = pclose(p);
+  INFO(cmd << "\n" << log);
+  CHECK(rc == 0);
+  CHECK(std::filesystem::file_size(out) > 0);
+  std::filesystem::remove(in);
+  std::filesystem::remove(out);
+}
+
+}  // namespace
+
+TEST_CASE("gpu ptx: fused x*x + x is one kernel and assembles for sm_90") {
+  for (std::vector<int64_t> shape : {std::vector<int64_t>{1 << 20}, std::vector<int64_t>{300, 7}}) {
+    ir::Graph g;
+    ir::Value x = g.input(DType::Float32, shape);
+    g.output(g.op(OpKind::Add, {g.op(OpKind::Mul, {x, x}), x}));
+    codegen::Executable exe(g, cuda_options());
+    CHECK(exe.device() == Device::cuda());
+    const std::string& ptx = exe.ptx();
+    CHECK(ptx.find(".target sm_90") != std::string::npos);
+    CHECK(entries(ptx) == 1);
+    CHECK(exe.num_kernels() == 1);
+    // One element per thread, x loaded once: mul then add.
+    CHECK(std::regex_search(ptx, std::regex(R"(mul\.rn\.f32)")));
+    CHECK(std::regex_search(ptx, std::regex(R"(add\.rn\.f32)")));
+    check_assembles(ptx, "square_plus");
+  }
+}
+
+TEST_CASE("gpu ptx: a gelu chain is one kernel without libdevice calls") {
+  ir::Graph g;
+  ir::Value x = g.input(DType::Float32, {4096, 1024});
+  OpAttrs exact;  // erf gelu
+  OpAttrs tanh_mode;
+  tanh_mode.mode = 1;
+  ir::Value y = g.op(OpKind::Gelu, {g.op(OpKind::Add, {g.op(OpKind::Mul, {x, x}), x})}, exact);
+  g.output(g.op(OpKind::Gelu, {g.op(OpKind::Tanh, {y})}, tanh_mode));
+  codegen::Executable exe(g, cuda_options());
+  CHECK(entries(exe.ptx()) == 1);
+  CHECK(exe.ptx().find("__nv_") == std::string::npos);  // polynomials, no libdevice
+  check_assembles(exe.ptx(), "gelu_chain");
+}
+
+TEST_CASE("gpu ptx: softmax over rows is at most 2 kernels") {
+  ir::Graph g;
+  OpAttrs a;
+  a.dim = -1;
+  g.output(g.op(OpKind::Softmax, {g.input(DType::Float32, {512, 4096})}, a));
+  codegen::Executable exe(g, cuda_options());
+  INFO(exe.ptx());
+  CHECK(entries(exe.ptx()) >= 1);
+  CHECK(entries(exe.ptx()) <= 2);
+  check_assembles(exe.ptx(), "softmax");
+}
+
+TEST_CASE("gpu ptx: layer_norm and a full sum") {
+  {
+    ir::Graph g;
+    ir::Value x = g.input(DType::Float32, {256, 768});
+    OpAttrs ln;
+    ln.dims = {768};
+    g.output(g.op(OpKind::LayerNorm, {x}, ln));
+    codegen::Executable exe(g, cuda_options());
+    CHECK(entries(exe.ptx()) <= 2);
+    check_assembles(exe.ptx(), "layer_norm");
+  }
+  {
+    ir::Graph g;
+    g.output(g.op(OpKind::Sum, {g.input(DType::Float32, {1000})}));
+    codegen::Executable exe(g, cuda_options());
+    CHECK(entries(exe.ptx()) >= 1);
+    check_assembles(exe.ptx(), "sum_all");
+  }
+}
+
+TEST_CASE("gpu ptx: a matmul with a bias and gelu epilogue: cuBLAS plus one kernel") {
+  ir::Graph g;
+  ir::Value x = g.input(DType::Float32, {1024, 256});
+  ir::Value w = g.input(DType::Float32, {256, 1024});
+  ir::Value b = g.input(DType::Float32, {1024});
+  OpAttrs exact;
+  g.output(g.op(OpKind::Gelu, {g.op(OpKind::Add, {g.op(OpKind::Matmul, {x, w}), b})}, exact));
+  codegen::Executable exe(g, cuda_options());
+  // The GEMM is a host call of cuBLAS, the bias its C (a broadcast kernel) and gelu a kernel.
+  INFO(exe.ptx());
+  CHECK(entries(exe.ptx()) == 2);
+  check_assembles(exe.ptx(), "matmul_epilogue");
+}
+
+TEST_CASE("gpu ptx: CUDA executables without a device refuse to run") {
+  ir::Graph g;
+  ir::Value x = g.input(DType::Float32, {8});
+  g.output(g.op(OpKind::Add, {x, x}));
+  codegen::Executable exe(g, cuda_options());
+  CHECK_THROWS_WITH(exe.run({ones({8})}), Catch::Contains("no CUDA device"));
+}
