@@ -131,6 +131,10 @@ class Executable {
   /// Runs the compiled graph. Inputs must match the graph's dtypes and static dims (checked);
   /// non-contiguous inputs are made contiguous first. Returns one new tensor per graph output.
   std::vector<Tensor> run(const std::vector<Tensor>& inputs) const;
+  /// Runs the compiled graph writing into `outputs`: contiguous tensors of the graph's output
+  /// dtypes and shapes on the Executable's device, sharing no memory with the inputs (checked;
+  /// kiln::Error otherwise). Eager CUDA ops run their one-op kernels this way.
+  void run_into(const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs) const;
 
   /// Number of kernels after fusion, counted like TorchInductor counts them: a row-parallel
   /// graph (see row_parallel()) is one kernel — one parallel loop over row blocks whose body
@@ -154,6 +158,8 @@ class Executable {
   Device device() const;
 
  private:
+  std::vector<Tensor> checked_inputs(const std::vector<Tensor>& inputs) const;
+  void launch(const std::vector<Tensor>& ins, const std::vector<Tensor>& outs) const;
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

@@ -66,6 +66,10 @@ namespace {
 /// Whether CUDA code can be linked and run here (a driver and a device).
 bool cuda_available() { return false; }  // TODO(issue 7): kiln::cuda::is_available()
 
+/// After the host code of a CUDA graph returned: waits for its kernels and raises the first
+/// error the runtime functions recorded (they cannot throw through JIT-compiled frames).
+void cuda_finish_run(const char* where) {}  // TODO(issue 7)
+
 void init_once() {
   static std::once_flag once;
   std::call_once(once, [] {
@@ -553,6 +557,56 @@ const std::string& Executable::linalg_ir() const { return impl_->linalg; }
 const CompileStats& Executable::stats() const { return impl_->stats; }
 
 std::vector<Tensor> Executable::run(const std::vector<Tensor>& inputs) const {
+  std::vector<Tensor> ins = checked_inputs(inputs);
+  std::vector<Tensor> outs;
+  for (const Param& p : impl_->outputs) {
+    std::vector<int64_t> shape(p.shape.size());
+    for (size_t j = 0; j < p.shape.size(); ++j) {
+      if (p.shape[j] != ir::kDynamic) {
+        shape[j] = p.shape[j];
+        continue;
+      }
+      auto [input, dim] = p.dyn_src[j];
+      shape[j] = ins[static_cast<size_t>(input)].shape()[dim];
+    }
+    outs.push_back(dispatch::empty(Shape(shape), p.dtype, impl_->device));
+  }
+  launch(ins, outs);
+  return outs;
+}
+
+void Executable::run_into(const std::vector<Tensor>& inputs,
+                          const std::vector<Tensor>& outputs) const {
+  const Impl& I = *impl_;
+  const char* where = "codegen::Executable::run_into";
+  std::vector<Tensor> ins = checked_inputs(inputs);
+  if (outputs.size() != I.outputs.size())
+    throw Error(where, fmt::format("expected {} outputs, got {}", I.outputs.size(), outputs.size()));
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    const Tensor& t = outputs[i];
+    const Param& p = I.outputs[i];
+    bool ok = t.dtype() == p.dtype && t.device() == I.device && t.is_contiguous() &&
+              static_cast<size_t>(t.dim()) == p.shape.size();
+    for (size_t j = 0; ok && j < p.shape.size(); ++j) {
+      int64_t want = p.shape[j] != ir::kDynamic
+                         ? p.shape[j]
+                         : ins[static_cast<size_t>(p.dyn_src[j].first)].shape()[p.dyn_src[j].second];
+      ok = t.shape()[static_cast<int>(j)] == want;
+    }
+    if (!ok)
+      throw Error(where, fmt::format("output {}: expected a contiguous {} tensor on {} of the "
+                                     "graph's shape, got {} {} on {}",
+                                     i, name(p.dtype), I.device.str(), name(t.dtype()),
+                                     to_string(t.shape()), t.device().str()));
+    // Outputs are written while inputs are read: they must not share memory.
+    for (const Tensor& in : ins)
+      if (in.storage() == t.storage())
+        throw Error(where, fmt::format("output {} shares memory with an input", i));
+  }
+  launch(ins, outputs);
+}
+
+std::vector<Tensor> Executable::checked_inputs(const std::vector<Tensor>& inputs) const {
   const Impl& I = *impl_;
   const char* where = "codegen::Executable::run";
   if (I.device.is_cuda() && !I.entry)
@@ -572,23 +626,16 @@ std::vector<Tensor> Executable::run(const std::vector<Tensor>& inputs) const {
     for (size_t j = 0; ok && j < p.shape.size(); ++j)
       ok = p.shape[j] == ir::kDynamic || p.shape[j] == t.shape()[static_cast<int>(j)];
     if (!ok) throw Error(where, "input " + std::to_string(i) + ": shape does not match the graph");
-    if (t.device() != Device::cpu()) throw Error(where, "inputs must be CPU tensors");
+    if (t.device() != I.device)
+      throw Error(where, fmt::format("input {} is on {}, the code was compiled for {}", i,
+                                     t.device().str(), I.device.str()));
     ins.push_back(t.is_contiguous() ? t : t.contiguous());
   }
-  std::vector<Tensor> outs;
-  for (const Param& p : I.outputs) {
-    std::vector<int64_t> shape(p.shape.size());
-    for (size_t j = 0; j < p.shape.size(); ++j) {
-      if (p.shape[j] != ir::kDynamic) {
-        shape[j] = p.shape[j];
-        continue;
-      }
-      auto [input, dim] = p.dyn_src[j];
-      int64_t size = ins[static_cast<size_t>(input)].shape()[dim];
-      shape[j] = size;
-    }
-    outs.push_back(dispatch::empty(Shape(shape), p.dtype));
-  }
+  return ins;
+}
+
+void Executable::launch(const std::vector<Tensor>& ins, const std::vector<Tensor>& outs) const {
+  const Impl& I = *impl_;
   std::vector<const Tensor*> operands;
   for (const Tensor& t : ins) operands.push_back(&t);
   for (const Tensor& t : outs) operands.push_back(&t);
@@ -648,8 +695,8 @@ std::vector<Tensor> Executable::run(const std::vector<Tensor>& inputs) const {
       for (int64_t k = b; k < e; ++k) call(k * block_rows, std::min(rows, (k + 1) * block_rows), sliced);
     });
   }
+  if (I.device.is_cuda()) cuda_finish_run("codegen::Executable::run");
   for (const Tensor& t : outs) t.bump_version();
-  return outs;
 }
 
 }  // namespace kiln::codegen

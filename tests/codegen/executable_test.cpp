@@ -948,3 +948,16 @@ TEST_CASE("Executable: 2-D @ 3-D is one batched GEMM with a shared left operand"
     CHECK(rel_diff(out[1], matmul(at.t(), wt_)) < 1e-4);
   }
 }
+
+TEST_CASE("Executable::run_into writes the caller's outputs and checks them") {
+  codegen::Executable exe(square_plus({3, 4}));
+  Tensor x = randn({3, 4});
+  Tensor out = zeros({3, 4});
+  exe.run_into({x}, {out});
+  CHECK(max_diff(out, add(mul(x, x), x)) == 0);
+  CHECK_THROWS_WITH(exe.run_into({x}, {zeros({4, 3})}), Catch::Contains("output 0"));
+  CHECK_THROWS_WITH(exe.run_into({x}, {zeros({3, 4}, TensorOptions{DType::Float64})}),
+                    Catch::Contains("output 0"));
+  CHECK_THROWS_WITH(exe.run_into({x}, {x}), Catch::Contains("shares memory with an input"));
+  CHECK_THROWS_WITH(exe.run_into({x}, {}), Catch::Contains("expected 1 outputs"));
+}
