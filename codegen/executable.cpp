@@ -13,6 +13,7 @@
 #include "codegen/lower.h"
 #include "codegen/row_split.h"
 #include "backends/cpu/parallel.h"
+#include "backends/cuda/driver.h"
 #include "core/error.h"
 #include "eager/dispatch.h"
 #include "ir/dialect.h"
@@ -60,15 +61,28 @@
 #include "mlir/Transforms/GreedyPatternRewriteDriver.h"
 #include "mlir/Transforms/Passes.h"
 
+extern "C" void mgpuSetDefaultDevice(int32_t device);  // backends/cuda/mlir_runtime.cpp
+
 namespace kiln::codegen {
 namespace {
 
 /// Whether CUDA code can be linked and run here (a driver and a device).
-bool cuda_available() { return false; }  // TODO(issue 7): kiln::cuda::is_available()
+bool cuda_available() { return cuda::is_available(); }
 
-/// After the host code of a CUDA graph returned: waits for its kernels and raises the first
-/// error the runtime functions recorded (they cannot throw through JIT-compiled frames).
-void cuda_finish_run(const char* where) {}  // TODO(issue 7)
+/// Before CUDA host code runs: the device its runtime calls (allocations, cuBLAS) use.
+void cuda_start_run(Device device) {
+  cuda::set_current_device(device.index);
+  mgpuSetDefaultDevice(device.index);
+  set_cuda_runtime_device(device.index);
+}
+
+/// After the host code of a CUDA graph returned: raises the first error the runtime functions
+/// recorded (they cannot throw through JIT-compiled frames). Kernels run on the kiln stream,
+/// ordered with copies; reading results on the host waits for them.
+void cuda_finish_run(const char* where) {
+  if (std::optional<Error> e = take_cuda_runtime_error())
+    throw Error(where, e->what());
+}
 
 void init_once() {
   static std::once_flag once;
@@ -662,6 +676,7 @@ void Executable::launch(const std::vector<Tensor>& ins, const std::vector<Tensor
     }
     I.entry(args.data());
   };
+  if (I.device.is_cuda()) cuda_start_run(I.device);
   std::vector<bool> sliced(operands.size(), false);
   int64_t rows = 0, row_bytes = 0;
   if (I.row_split.splittable) {

@@ -3,6 +3,7 @@
 // same bytes can be cached on disk and a warm start only links them (codegen/cache.cpp).
 #include "codegen/jit.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
@@ -15,6 +16,7 @@
 #include "llvm/ExecutionEngine/Orc/AbsoluteSymbols.h"
 #include "llvm/ExecutionEngine/Orc/JITTargetMachineBuilder.h"
 #include "llvm/ExecutionEngine/Orc/LLJIT.h"
+#include "llvm/IR/Constants.h"
 #include "llvm/IR/IRBuilder.h"
 #include "llvm/IR/LegacyPassManager.h"
 #include "llvm/IR/Module.h"
@@ -102,7 +104,10 @@ std::atomic<int> g_fault{0};
 }  // namespace
 
 CompiledCode::CompiledCode() { g_live_code.fetch_add(1, std::memory_order_relaxed); }
-CompiledCode::~CompiledCode() { g_live_code.fetch_sub(1, std::memory_order_relaxed); }
+CompiledCode::~CompiledCode() {
+  if (fini) fini();  // before the JIT (and the code) goes
+  g_live_code.fetch_sub(1, std::memory_order_relaxed);
+}
 
 int64_t live_compiled_code_count() { return g_live_code.load(std::memory_order_relaxed); }
 
@@ -126,6 +131,45 @@ const std::string& host_target_id() {
   return id;
 }
 
+namespace {
+
+/// CUDA host code loads its PTX module in a static constructor and unloads it in a destructor
+/// (llvm.global_ctors / global_dtors, from MLIR's gpu.binary translation). The JIT runs no
+/// platform (and an object's .init_array would need one), so they become two exported
+/// functions that load_object() and ~CompiledCode() call: kKilnInit and kKilnFini.
+constexpr const char* kKilnInit = "kiln_static_init";
+constexpr const char* kKilnFini = "kiln_static_fini";
+
+void expose_static_initializers(llvm::Module& mod) {
+  for (auto [array_name, fn_name] : {std::pair{"llvm.global_ctors", kKilnInit},
+                                     std::pair{"llvm.global_dtors", kKilnFini}}) {
+    llvm::GlobalVariable* array = mod.getGlobalVariable(array_name);
+    if (!array) continue;
+    std::vector<std::pair<uint64_t, llvm::Function*>> fns;
+    if (auto* init = llvm::dyn_cast_or_null<llvm::ConstantArray>(
+            array->hasInitializer() ? array->getInitializer() : nullptr))
+      for (llvm::Value* op : init->operands()) {
+        auto* entry = llvm::cast<llvm::ConstantStruct>(op);
+        auto* prio = llvm::cast<llvm::ConstantInt>(entry->getOperand(0));
+        if (auto* f = llvm::dyn_cast<llvm::Function>(entry->getOperand(1)))
+          fns.emplace_back(prio->getZExtValue(), f);
+      }
+    // Constructors by ascending priority, destructors by descending.
+    std::stable_sort(fns.begin(), fns.end(), [&](auto& a, auto& b) {
+      return array_name[11] == 'c' ? a.first < b.first : a.first > b.first;
+    });
+    array->eraseFromParent();
+    llvm::LLVMContext& ctx = mod.getContext();
+    auto* type = llvm::FunctionType::get(llvm::Type::getVoidTy(ctx), false);
+    auto* f = llvm::Function::Create(type, llvm::GlobalValue::ExternalLinkage, fn_name, mod);
+    llvm::IRBuilder<> b(llvm::BasicBlock::Create(ctx, "entry", f));
+    for (auto& [prio, callee] : fns) b.CreateCall(callee);
+    b.CreateRetVoid();
+  }
+}
+
+}  // namespace
+
 std::string emit_object(mlir::ModuleOp m, const std::string& diagnostics, CompileStats& stats) {
   Lap lap;
   llvm::orc::JITTargetMachineBuilder jtmb = host_jtmb();  // createTargetMachine() is non-const
@@ -137,6 +181,7 @@ std::string emit_object(mlir::ModuleOp m, const std::string& diagnostics, Compil
   mod->setDataLayout((*tm)->createDataLayout());
   mod->setTargetTriple((*tm)->getTargetTriple());
   add_packed_entry(*mod);
+  expose_static_initializers(*mod);
   if (injected_fault() == InjectedFault::LlvmFatalError)
     llvm::report_fatal_error("injected (kiln test)");
   if (injected_fault() == InjectedFault::InvalidLlvmIr) {  // a block without a terminator
@@ -201,6 +246,14 @@ std::shared_ptr<const CompiledCode> load_object(const std::string& object, Compi
   auto code = std::make_shared<CompiledCode>();
   code->meta = std::move(meta);
   code->fn = entry->toPtr<PackedFn>();
+  // Static initialisers (CUDA code: loading its PTX module), see expose_static_initializers.
+  if (auto init = (*jit)->lookup(kKilnInit)) {
+    init->toPtr<void (*)()>()();
+    if (auto fini = (*jit)->lookup(kKilnFini)) code->fini = fini->toPtr<void (*)()>();
+    else llvm::consumeError(fini.takeError());
+  } else {
+    llvm::consumeError(init.takeError());
+  }
   code->object_bytes = object.size();
   code->jit = std::move(*jit);
   stats.link_ms = lap();

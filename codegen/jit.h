@@ -58,6 +58,8 @@ struct CompiledCode {
   PackedFn fn = nullptr;
   std::size_t object_bytes = 0;
   std::unique_ptr<llvm::orc::LLJIT> jit;
+  /// The code's static destructors (CUDA: unloads its PTX module), or nullptr.
+  void (*fini)() = nullptr;
   CompiledCode();
   ~CompiledCode();
 };

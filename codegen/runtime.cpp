@@ -125,13 +125,17 @@ SerialGemmScope::~SerialGemmScope() { t_serial_gemm = previous_; }
 uint64_t gemm_calls() { return g_gemm_calls.load(std::memory_order_relaxed); }
 
 const std::vector<RuntimeSymbol>& runtime_symbols() {
-  static const std::vector<RuntimeSymbol> symbols = {
-      {"malloc", reinterpret_cast<void*>(&rt_malloc)},
-      {"free", reinterpret_cast<void*>(&rt_free)},
-      {"aligned_alloc", reinterpret_cast<void*>(&rt_aligned_alloc)},
-      {"kiln_rt_gemm_f32", reinterpret_cast<void*>(&gemm_batched<float>)},
-      {"kiln_rt_gemm_f64", reinterpret_cast<void*>(&gemm_batched<double>)},
-  };
+  static const std::vector<RuntimeSymbol> symbols = [] {
+    std::vector<RuntimeSymbol> s = {
+        {"malloc", reinterpret_cast<void*>(&rt_malloc)},
+        {"free", reinterpret_cast<void*>(&rt_free)},
+        {"aligned_alloc", reinterpret_cast<void*>(&rt_aligned_alloc)},
+        {"kiln_rt_gemm_f32", reinterpret_cast<void*>(&gemm_batched<float>)},
+        {"kiln_rt_gemm_f64", reinterpret_cast<void*>(&gemm_batched<double>)},
+    };
+    for (const RuntimeSymbol& r : cuda_runtime_symbols()) s.push_back(r);
+    return s;
+  }();
   return symbols;
 }
 

@@ -3,7 +3,10 @@
 /// MLIR-free. Whatever JIT backs codegen::Executable must make every symbol listed here resolvable
 /// by name from the generated code.
 #include <cstdint>
+#include <optional>
 #include <vector>
+
+#include "core/error.h"
 
 namespace kiln::codegen {
 
@@ -12,8 +15,17 @@ struct RuntimeSymbol {
   void* address;
 };
 
-/// All runtime symbols kiln provides to compiled code.
+/// All runtime symbols kiln provides to compiled code (the CPU ones and cuda_runtime_symbols()).
 const std::vector<RuntimeSymbol>& runtime_symbols();
+
+/// CUDA host code's runtime (codegen/cuda_runtime.cpp): kiln_rt_cuda_malloc/free (device memory
+/// of intermediates), kiln_rt_cuda_gemm_f32/f64 (cuBLAS), and MLIR's mgpu* functions.
+std::vector<RuntimeSymbol> cuda_runtime_symbols();
+/// The device that the calling thread's CUDA host code runs on (the GEMM's cuBLAS handle).
+void set_cuda_runtime_device(int index);
+/// The first error a CUDA runtime function recorded on this thread since the last call (and
+/// clears it); they cannot throw through JIT-compiled frames.
+std::optional<Error> take_cuda_runtime_error();
 
 /// How many times compiled code has called the runtime GEMM (kiln_rt_gemm_f32/f64) in this
 /// process: tests check with it that a graph's matmuls went to BLAS.

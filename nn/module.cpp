@@ -14,6 +14,27 @@ Tensor Module::register_parameter(const std::string& n, Tensor t) {
   params_.emplace_back(n, t);
   return t;
 }
+void Module::to(Device device) {
+  StateDict all = named_parameters();
+  for (auto& entry : named_buffers()) all.push_back(entry);
+  std::vector<Tensor> moved;
+  {
+    NoGradGuard no_grad;
+    for (const auto& [n, t] : all)
+      moved.push_back(t.defined() ? t.detach().to(device).contiguous() : t);
+  }
+  // All copies made (an error above leaves the module as it was); now retarget the handles.
+  for (size_t i = 0; i < all.size(); ++i) {
+    Tensor t = all[i].second;
+    if (!t.defined() || t.device() == device) continue;
+    TensorImpl* impl = t.impl();
+    impl->storage = moved[i].storage();
+    impl->strides = moved[i].strides();
+    impl->offset = moved[i].offset();
+    if (t.grad().defined()) t.set_grad(Tensor());
+  }
+}
+
 Tensor Module::register_buffer(const std::string& n, Tensor t) {
   buffers_.emplace_back(n, t);
   return t;

@@ -39,6 +39,12 @@ class Module {
   /// Sets .grad of every parameter to undefined.
   void zero_grad();
 
+  /// Moves every parameter and buffer (and the submodules') to `device`, in place like
+  /// PyTorch's module.to(device): the handles the module and the caller hold now refer to the
+  /// device copy (contiguous), requires_grad is kept and .grad is dropped. Throws kiln::Error
+  /// ("no CUDA device: ...") when the device is not available; nothing is moved then.
+  void to(Device device);
+
   /// Parameters and buffers by dotted name.
   StateDict state_dict() const;
   /// Copies values from `dict` into this module's tensors (in place, under no_grad). With

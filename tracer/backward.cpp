@@ -60,12 +60,14 @@ namespace {
 class CompiledBackward final : public autograd::Node {
  public:
   CompiledBackward(std::shared_ptr<const Program> p, std::shared_ptr<Plan> plan, RunState saved,
-                   std::vector<Shape> out_shapes, std::vector<DType> out_dtypes)
+                   std::vector<Shape> out_shapes, std::vector<DType> out_dtypes,
+                   std::vector<Device> out_devices)
       : p_(std::move(p)),
         plan_(std::move(plan)),
         saved_(std::move(saved)),
         out_shapes_(std::move(out_shapes)),
-        out_dtypes_(std::move(out_dtypes)) {}
+        out_dtypes_(std::move(out_dtypes)),
+        out_devices_(std::move(out_devices)) {}
 
   std::string name() const override { return "CompiledFunctionBackward"; }
   int num_outputs() const override { return static_cast<int>(p_->outputs.size()); }
@@ -76,7 +78,13 @@ class CompiledBackward final : public autograd::Node {
     for (size_t k = 0; k < p.grad_outputs.size() && k < grads.size(); ++k) {
       int gv = p.grad_outputs[k];
       if (gv < 0) continue;
-      st.slots[gv] = grads[k].defined() ? grads[k] : zeros(out_shapes_[k], {out_dtypes_[k]});
+      if (grads[k].defined()) {
+        st.slots[gv] = grads[k];
+      } else {
+        TensorOptions o(out_dtypes_[k]);
+        o.device = out_devices_[k];
+        st.slots[gv] = zeros(out_shapes_[k], o);
+      }
     }
     if (is_grad_enabled()) {
       // create_graph: the saved forward values carry no history, so recompute the forward
@@ -108,6 +116,7 @@ class CompiledBackward final : public autograd::Node {
   RunState saved_;
   std::vector<Shape> out_shapes_;
   std::vector<DType> out_dtypes_;
+  std::vector<Device> out_devices_;
 };
 
 }  // namespace
@@ -128,12 +137,15 @@ void attach_backward(const std::shared_ptr<const Program>& pp,
   for (int v : saved) keep.slots[v] = st.value(p, v);
   std::vector<Shape> shapes(outs.size());
   std::vector<DType> dtypes(outs.size(), DType::Float32);
+  std::vector<Device> devices(outs.size(), Device::cpu());
   for (size_t k = 0; k < outs.size(); ++k)
     if (outs[k].is_tensor && outs[k].tensor.defined()) {
       shapes[k] = outs[k].tensor.shape();
       dtypes[k] = outs[k].tensor.dtype();
+      devices[k] = outs[k].tensor.device();
     }
-  auto node = std::make_shared<CompiledBackward>(pp, backward, std::move(keep), shapes, dtypes);
+  auto node = std::make_shared<CompiledBackward>(pp, backward, std::move(keep), shapes, dtypes,
+                                                 devices);
   for (int v : p.grad_inputs) node->next_edges.push_back(autograd::gradient_edge(st.value(p, v)));
   for (size_t k = 0; k < outs.size(); ++k) {
     int v = p.grad_outputs.empty() ? -1 : p.grad_outputs[k];

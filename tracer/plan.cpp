@@ -138,6 +138,7 @@ struct Plan::Region {
   // also contiguous() of an input (a copy only when the input is strided).
   std::vector<size_t> views;
   std::shared_ptr<codegen::Executable> exe;   // compiled with symbolic dims (or static)
+  Device device = Device::cpu();              // where exe runs: its inputs' device
   bool static_only = false;                   // exe only valid for the traced shapes
   bool eager_fallback = false;  // neither build worked: run the nodes eagerly
   // Measured choice between the compiled code and the region's ops on eager kernels: the first
@@ -433,7 +434,13 @@ void Plan::build_region(Region& r, const PlanOptions& o) {
                                  r.outputs, r.aliases, r.views);
       r.inputs.clear();
       for (size_t k = 0; k < in_v.size(); ++k) r.inputs.push_back({in_v[k], in_t[k]});
-      if (g.num_outputs() > 0) r.exe = std::make_shared<codegen::Executable>(g);
+      // The region runs on its inputs' device (compile() picks the backend per region).
+      r.device = Device::cpu();
+      for (int v : in_v)
+        if (!p.values[v].wrapped && p.values[v].device.is_cuda()) r.device = p.values[v].device;
+      codegen::CompileOptions co;
+      co.device = r.device;
+      if (g.num_outputs() > 0) r.exe = std::make_shared<codegen::Executable>(g, co);
       r.static_only = has_sym && !dynamic;
       return;
     } catch (const Error& e) {
@@ -457,7 +464,7 @@ void run_node_eagerly(const Program& p, const Node& n, RunState& st) {
   if (n.in_place && !st.in_place) {
     // Functional: the new value is a fresh tensor; the old one stays as it was.
     const Tensor& dst = c.inputs[0];
-    Tensor fresh = dispatch::empty(dst.shape(), dst.dtype());
+    Tensor fresh = dispatch::empty(dst.shape(), dst.dtype(), dst.device());
     if (n.op == OpKind::CopyInto) fresh.copy_(c.inputs[1], n.loc);
     else fresh.fill_(n.attrs.alpha, n.loc);
     st.slots[n.out[0]] = fresh;
@@ -517,10 +524,10 @@ void Plan::run_compiled(const Region& r, RunState& st) const {
   ins.reserve(r.inputs.size());
   for (const Region::Input& in : r.inputs) {
     const Tensor& t = st.value(p, in.value);
-    if (t.dtype() == in.dtype) {
+    if (t.dtype() == in.dtype && t.device() == r.device) {
       ins.push_back(t);
-    } else {  // a wrapped host scalar entering in its op's compute dtype
-      Tensor c = dispatch::empty({}, in.dtype);
+    } else {  // a wrapped host scalar entering in its op's compute dtype, or a host value
+      Tensor c = dispatch::empty(t.shape(), in.dtype, r.device);
       c.copy_(t);
       ins.push_back(c);
     }

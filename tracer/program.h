@@ -76,6 +76,7 @@ struct ValueInfo {
   DType dtype = DType::Float32;
   Shape shape;
   bool wrapped = false;     ///< a wrapped host scalar (type promotion like a Scalar)
+  Device device = Device::cpu();
   int source = -1;          ///< index into Program::sources, or -1 if an op produced it
   std::vector<SymInt> sym;  ///< per dim: arg < 0 when static
 };

@@ -78,6 +78,7 @@ int Recorder::new_value(const Tensor& t, int source) {
   info.dtype = t.dtype();
   info.shape = t.shape();
   info.wrapped = t.impl()->wrapped_number;
+  info.device = t.device();
   info.source = source;
   int v = p_.add_value(info);
   tensors_.push_back(t);
@@ -176,6 +177,7 @@ bool Recorder::record_dropout_as_mask(const OpCall& call, const std::vector<Tens
     a.dims = shape;
     a.dtype = out.dtype();
     mask = dispatch::call1({OpKind::DropoutMask, {}, a, call.loc});
+    if (x.device() != mask.device()) mask = mask.to(x.device());  // drawn on the host
   }
   Tensor masked = kiln::where(kiln::ne(mask, 0, call.loc), kiln::mul(x, mask, call.loc), 0,
                               call.loc);

@@ -1,0 +1,156 @@
+// Eager ops on CUDA tensors (issue 7). Kernels are generated, not hand-written: an op call
+// becomes a one-op kiln graph, compiled for the tensors' device by the same pipeline as compiled
+// graphs (codegen/gpu_lowering.cpp) and cached per (op, attributes, dtypes, shapes). So one
+// lowering per op serves the CPU, compiled GPU graphs and eager GPU ops, and every eager GPU
+// kernel's PTX is checked on machines without a GPU (tests/conformance/gpu_ptx_ops_test.cpp).
+// Ops the codegen does not lower (in-place copy_/fill_, cat, gather/scatter, random ops,
+// strided copies) run their CPU kernel on host copies of the operands' storages and copy the
+// written storages back: correct for every op, slow (codegen/README.md, "GPU").
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+
+#include "backends/cpu/allocator.h"
+#include "backends/cuda/copy.h"
+#include "codegen/codegen.h"
+#include "eager/autograd.h"
+#include "eager/dispatch.h"
+
+namespace kiln::codegen {
+namespace {
+
+/// Everything that selects a one-op kernel: op, attributes, and per input dtype and shape.
+std::string kernel_key(const OpCall& c, Device device) {
+  const OpAttrs& a = c.attrs;
+  std::string key = fmt::format(
+      "{} {} dims={} all={} keep={} dim={},{} slice={},{},{} alpha={} beta={} clamp={}{} eps={} "
+      "p={} mode={} ignore={} dtype={} low={} high={} seed={},{}",
+      c.name(), device.str(), to_string(a.dims), a.all_dims, a.keepdim, a.dim, a.dim1,
+      a.start, a.end, a.step, a.alpha.str(), a.beta.str(), a.has_low, a.has_high,
+      a.eps, a.p, a.mode, a.ignore_index, name(a.dtype), a.low.str(), a.high.str(),
+      a.seed, a.offset);
+  for (const Tensor& t : c.inputs)
+    key += t.defined() ? fmt::format(" {}{}", name(t.dtype()), to_string(t.shape())) : " -";
+  return key;
+}
+
+struct KernelCache {
+  std::mutex mutex;
+  // nullptr: the op has no GPU lowering for this key (runs on the host).
+  std::unordered_map<std::string, std::shared_ptr<const Executable>> kernels;
+};
+KernelCache& cache() {
+  static KernelCache* c = new KernelCache;  // never destroyed: kernels may run at exit
+  return *c;
+}
+
+/// The compiled one-op kernel of `c`, or nullptr when the op has no GPU lowering.
+std::shared_ptr<const Executable> one_op_kernel(const OpCall& c, const InferredMeta& meta,
+                                                Device device) {
+  if (meta.outputs.size() != 1) return nullptr;
+  for (const Tensor& t : c.inputs)
+    if (!t.defined()) return nullptr;
+  std::string key = kernel_key(c, device);
+  KernelCache& kc = cache();
+  {
+    std::lock_guard lock(kc.mutex);
+    if (auto it = kc.kernels.find(key); it != kc.kernels.end()) return it->second;
+  }
+  std::shared_ptr<const Executable> exe;
+  try {
+    ir::Graph g;
+    std::vector<ir::Value> vals;
+    for (const Tensor& t : c.inputs) vals.push_back(g.input(t.dtype(), t.shape().vec()));
+    g.output(g.op(c.op, vals, c.attrs));
+    CompileOptions options;
+    options.device = device;
+    exe = std::make_shared<const Executable>(g, options);
+  } catch (const Error&) {
+    exe = nullptr;  // not in the IR, or no lowering: the host path
+  }
+  std::lock_guard lock(kc.mutex);
+  return kc.kernels.emplace(key, exe).first->second;
+}
+
+/// Runs `c` with its CPU kernel on host copies: each CUDA storage an operand uses is copied to
+/// the host once, the op runs through the CPU dispatcher on views of those copies with the
+/// same offsets and strides, and the results (and, for in-place ops, the written storage) go
+/// back to the device.
+void run_on_host(const OpCall& c, std::span<Tensor> outs) {
+  std::unordered_map<const StorageImpl*, Storage> host;
+  auto mirror = [&](const Tensor& t) -> Tensor {
+    if (!t.defined() || t.device().is_cpu()) return t;
+    Storage& h = host[t.storage().get()];
+    if (!h) {
+      h = std::make_shared<StorageImpl>(t.storage()->nbytes(), cpu::allocator());
+      cuda::copy_to_host(h->data(), t.storage()->data(), h->nbytes());
+    }
+    auto impl = std::make_shared<TensorImpl>();
+    impl->storage = h;
+    impl->shape = t.shape();
+    impl->strides = t.strides();
+    impl->offset = t.offset();
+    impl->dtype = t.dtype();
+    impl->wrapped_number = t.impl()->wrapped_number;
+    return Tensor(std::move(impl));
+  };
+  OpCall hc = c;
+  for (Tensor& t : hc.inputs) t = mirror(t);
+  std::vector<Tensor> results;
+  {
+    NoGradGuard no_grad;
+    DispatchHook* tracer = dispatch::set_tracer_hook(nullptr);
+    try {
+      results = dispatch::call(std::move(hc));
+    } catch (...) {
+      dispatch::set_tracer_hook(tracer);
+      throw;
+    }
+    dispatch::set_tracer_hook(tracer);
+  }
+  if (op_info(c.op).category != OpCategory::View &&
+      (c.op == OpKind::CopyInto || c.op == OpKind::Fill)) {
+    const Tensor& dst = c.inputs[0];
+    const Storage& h = host.at(dst.storage().get());
+    cuda::copy_to_device(dst.storage()->data(), h->data(), h->nbytes());
+    return;
+  }
+  for (size_t i = 0; i < outs.size(); ++i) {
+    Tensor r = results[i].contiguous();
+    cuda::copy_to_device(outs[i].raw_data(), r.raw_data(),
+                         static_cast<size_t>(r.numel()) * itemsize(r.dtype()));
+  }
+}
+
+/// The dispatcher's kernel for CUDA tensors (eager/dispatch.h, set_device_kernel).
+void cuda_kernel(const OpCall& c, const InferredMeta& meta, std::span<Tensor> outs) {
+  Device device = Device::cpu();
+  for (const Tensor& t : c.inputs)
+    if (t.defined() && t.device().is_cuda()) device = t.device();
+  bool in_place = c.op == OpKind::CopyInto || c.op == OpKind::Fill;
+  if (!in_place) {
+    if (auto exe = one_op_kernel(c, meta, device)) {
+      // 0-d host scalars (wrapped numbers, CPU 0-d tensors) go to the device first.
+      std::vector<Tensor> ins;
+      for (const Tensor& t : c.inputs) ins.push_back(t.device() == device ? t : t.to(device));
+      exe->run_into(ins, std::vector<Tensor>(outs.begin(), outs.end()));
+      return;
+    }
+  }
+  run_on_host(c, outs);
+}
+
+/// Installed when this file is linked (kiln_tracer links it whole; CMakeLists.txt).
+const bool g_registered = [] {
+  dispatch::set_device_kernel(DeviceType::CUDA, &cuda_kernel);
+  return true;
+}();
+
+}  // namespace
+
+void clear_cuda_kernel_cache() {
+  std::lock_guard lock(cache().mutex);
+  cache().kernels.clear();
+}
+
+}  // namespace kiln::codegen
