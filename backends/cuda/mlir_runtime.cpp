@@ -175,8 +175,7 @@ void* mgpuMemAlloc(uint64_t size_bytes, CUstream /*stream*/, bool is_host_shared
   return guarded("mgpuMemAlloc", static_cast<void*>(nullptr), [&]() -> void* {
     if (is_host_shared)
       throw kiln::Error("mgpuMemAlloc", "host-shared (managed) allocations are not supported");
-    // The allocator's blocks are not ordered on any stream: wait for work that may still use
-    // a block freed by an earlier mgpuMemFree before handing it out again.
+    // Reuse is safe: mgpuMemFree waits for the stream before a block goes back to the cache.
     return reinterpret_cast<void*>(caching_allocator(t_default_device).allocate(size_bytes));
   });
 }
