@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <cstdlib>
+#include <memory>
 #include <mutex>
 #include <utility>
 #include <vector>
@@ -98,8 +99,17 @@ std::string text_with(const DriverApi& api, CUresult result) {
   return out;
 }
 
+// Every driver ever loaded (one, except in tests that swap drivers): kept alive, because
+// modules, streams and storages made with one may outlive a swap.
+std::mutex g_loaded_mutex;
+std::vector<std::unique_ptr<Driver>>* g_loaded = new std::vector<std::unique_ptr<Driver>>();
+
 Driver* load(const std::string& requested_path) {
-  auto* d = new Driver();  // never freed: objects made with it may outlive a test's swap
+  Driver* d;
+  {
+    std::lock_guard<std::mutex> lock(g_loaded_mutex);
+    d = g_loaded->emplace_back(std::make_unique<Driver>()).get();
+  }
   std::string path = requested_path;
   if (path.empty()) {
     const char* env = std::getenv("KILN_CUDA_DRIVER");
@@ -144,7 +154,8 @@ Driver& state() {
   std::call_once(g_default_once, [] {
     Driver* expected = nullptr;
     Driver* loaded = load("");
-    if (!g_driver.compare_exchange_strong(expected, loaded)) delete loaded;
+    // A test's replacement may have been stored first; it wins.
+    g_driver.compare_exchange_strong(expected, loaded);
   });
   return *g_driver.load(std::memory_order_acquire);
 }

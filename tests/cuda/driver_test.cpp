@@ -122,8 +122,9 @@ TEST_CASE("the MLIR runtime functions record errors instead of throwing through 
   }
   REQUIRE(load != nullptr);
   REQUIRE(alloc != nullptr);
-  using LoadFn = void* (*)(void*, size_t);
-  using AllocFn = void* (*)(uint64_t, void*, bool);
+  // The exact types of the C functions (UBSan's -fsanitize=function checks indirect calls).
+  using LoadFn = cuda::CUmodule (*)(void*, size_t);
+  using AllocFn = void* (*)(uint64_t, cuda::CUstream, bool);
   char ptx[] = ".version 8.0";
   CHECK(reinterpret_cast<LoadFn>(load)(ptx, sizeof(ptx)) == nullptr);
   CHECK(reinterpret_cast<AllocFn>(alloc)(64, nullptr, false) == nullptr);  // not recorded: 2nd
