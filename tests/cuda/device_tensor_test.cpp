@@ -143,3 +143,25 @@ TEST_CASE("moving a CUDA tensor to the cpu without a driver is a clear error") {
   CHECK(a.to(Device::cuda(0)).is_same(a));
   CHECK(error_message([&] { (void)a.cpu(); }) == "no CUDA device: " + d.status.reason);
 }
+
+TEST_CASE("factories take a device; *_like factories follow the tensor's device") {
+  test::ScopedDriver d("/nonexistent/libcuda.so.1");
+  std::string expected = "no CUDA device: " + d.status.reason;
+  TensorOptions on_cuda;
+  on_cuda.device = Device::cuda();
+  CHECK(error_message([&] { (void)zeros({2}, on_cuda); }) == expected);
+  CHECK(error_message([&] { (void)empty({2}, on_cuda); }) == expected);
+  CHECK(error_message([&] { (void)arange(4, on_cuda); }) == expected);
+  CHECK(error_message([&] { (void)randn({3}, on_cuda); }) == expected);
+  CHECK(error_message([&] { (void)tensor({1.0f}, on_cuda); }) == expected);
+  Tensor a = fake_cuda_tensor({1, 2}, {2});
+  CHECK(error_message([&] { (void)zeros_like(a); }) == expected);
+  CHECK(error_message([&] { (void)empty_like(a); }) == expected);
+  // Explicitly on the cpu, or like a cpu tensor: no CUDA involved.
+  TensorOptions on_cpu;
+  on_cpu.device = Device::cpu();
+  CHECK(zeros_like(a, on_cpu).device() == Device::cpu());
+  CHECK(zeros_like(a, on_cpu).to_vector<float>() == std::vector<float>{0, 0});
+  CHECK(ones_like(tensor({1.0, 2.0})).device() == Device::cpu());
+  CHECK(full({2}, 3, on_cpu).to_vector<int64_t>() == std::vector<int64_t>{3, 3});
+}

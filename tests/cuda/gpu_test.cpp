@@ -176,3 +176,21 @@ DONE:
   std::vector<float> got = out.cpu().to_vector<float>();
   for (int i = 0; i < 1000; ++i) CHECK(got[i] == 2.0f * i);
 }
+
+TEST_CASE("gpu: factories on the device hold the values they hold on the cpu") {
+  KILN_REQUIRE_CUDA_OR_SKIP();
+  TensorOptions on_cuda;
+  on_cuda.device = Device::cuda();
+  Tensor z = zeros({2, 3}, on_cuda);
+  CHECK(z.device() == Device::cuda(0));
+  CHECK(z.cpu().to_vector<float>() == std::vector<float>(6, 0.0f));
+  CHECK(arange(5, on_cuda).cpu().to_vector<int64_t>() == std::vector<int64_t>{0, 1, 2, 3, 4});
+  CHECK(ones_like(z).device() == Device::cuda(0));
+  CHECK(ones_like(z).cpu().to_vector<float>() == std::vector<float>(6, 1.0f));
+  manual_seed(7);
+  Tensor r_cpu = randn({16});
+  manual_seed(7);
+  Tensor r_cuda = randn({16}, on_cuda);
+  CHECK(r_cuda.device() == Device::cuda(0));
+  CHECK(r_cuda.cpu().to_vector<float>() == r_cpu.to_vector<float>());
+}
