@@ -4,6 +4,11 @@
 /// does. Sizes are rounded up to 512 B below 1 MiB and to 2 MiB from 1 MiB on. A block is
 /// reused only for a request of the same rounded size (no splitting).
 ///
+/// A freed block may be handed out again while kernels queued before the free still read it:
+/// that is safe because all of kiln's device work on a device runs on its one kiln stream
+/// (copy.h), in order (as with PyTorch's per-stream caching). Work on other streams must
+/// synchronise before freeing.
+///
 /// The caching logic (CachingAllocator) sits over a small backing interface (DeviceMemory) so
 /// that tests drive it with a fake; cuda::allocator(i) is the real one over cuMemAlloc.
 #include <cstddef>
