@@ -89,7 +89,8 @@ template <class T> T Tensor::item(Loc loc) const {
   if (t_host_read_observer) t_host_read_observer(*this, loc);
   KILN_CHECK(numel() == 1, "item", loc, "a tensor with {} elements (shape {}) cannot be converted "
              "to a scalar", numel(), to_string(shape()));
-  KILN_CHECK(device().is_cpu(), "item", loc, "tensor is on {}", device().str());
+  KILN_CHECK(device().is_cpu(), "item", loc, "tensor is on {}; call .cpu() first",
+             device().str());
   T out{};
   KILN_DISPATCH_ALL(dtype(), S, { out = static_cast<T>(*static_cast<const S*>(raw_data())); });
   return out;
@@ -98,6 +99,8 @@ template <class T> T Tensor::item(Loc loc) const {
 template <class T> std::vector<T> Tensor::to_vector() const {
   KILN_CHECK(defined(), "to_vector", Loc::current(), "tensor is undefined");
   if (t_host_read_observer) t_host_read_observer(*this, Loc::current());
+  KILN_CHECK(device().is_cpu(), "to_vector", Loc::current(), "tensor is on {}; call .cpu() first",
+             device().str());
   std::vector<T> out;
   out.reserve(numel());
   KILN_DISPATCH_ALL(dtype(), S, {
@@ -152,6 +155,11 @@ void format_dim(const std::vector<std::string>& cells, const Shape& shape, int d
 
 std::string Tensor::str() const {
   if (!defined()) return "tensor(undefined)";
+  // Device memory cannot be read from here (core does not know the backends).
+  if (!device().is_cpu())
+    return fmt::format("tensor(<values on {}; call .cpu() to print them>, shape={}, dtype={}, "
+                       "device={})",
+                       device().str(), to_string(shape()), name(dtype()), device().str());
   bool summarise = numel() > kSummariseAbove;
   // Collect the printed elements (only edges when summarising), in row-major order.
   std::vector<double> vals;

@@ -57,7 +57,8 @@ class Tensor {
   /// True when the tensor's elements cover one dense block (any order of dims).
   bool is_non_overlapping_and_dense() const;
 
-  /// Pointer to the first element (storage base + offset). T must match dtype().
+  /// Pointer to the first element (storage base + offset). T must match dtype(). For a CUDA
+  /// tensor this is a device address: pass it to kernels, never dereference it on the host.
   template <class T> T* data() const {
     check_data_type(dtype_of<T>());
     return static_cast<T*>(impl_->storage->data()) + impl_->offset;
@@ -72,7 +73,8 @@ class Tensor {
   uint64_t version() const { return checked()->storage->version(); }
   void bump_version() const { checked()->storage->bump_version(); }
 
-  /// The value of a one-element tensor as T. Throws kiln::Error if numel() != 1.
+  /// The value of a one-element tensor as T. Throws kiln::Error if numel() != 1 or the tensor
+  /// is not on the cpu ("tensor is on cuda:0; call .cpu() first"; likewise to_vector()).
   template <class T> T item(Loc loc = Loc::current()) const;
   /// Copies the elements (in logical row-major order) into a vector of T, converting.
   template <class T> std::vector<T> to_vector() const;
@@ -80,6 +82,14 @@ class Tensor {
   // ---- op methods (defined in eager/) ----
   /// This tensor converted to `dtype` (C++ conversion rules); *this itself if already `dtype`.
   Tensor to(DType dtype, Loc loc = Loc::current()) const;
+  /// This tensor on `device`: *this itself if already there, otherwise a contiguous copy
+  /// (same shape, dtype and values). Recorded by autograd: the gradient goes back to the
+  /// source device. Throws kiln::Error "no CUDA device: ..." when CUDA is unavailable.
+  Tensor to(Device device, Loc loc = Loc::current()) const;
+  /// to(Device::cpu()).
+  Tensor cpu(Loc loc = Loc::current()) const;
+  /// to(Device::cuda(index)).
+  Tensor cuda(int index = 0, Loc loc = Loc::current()) const;
   Tensor clone(Loc loc = Loc::current()) const;
   Tensor contiguous(Loc loc = Loc::current()) const;
   Tensor& copy_(const Tensor& src, Loc loc = Loc::current());

@@ -6,6 +6,7 @@
 ///   → view construction, or input dtype conversion + output allocation + backend kernel
 ///   → version-counter bump for in-place ops
 ///   → autograd hook (records a backward node when an input requires grad)
+#include <span>
 #include <vector>
 
 #include "core/meta.h"
@@ -44,8 +45,22 @@ std::vector<Tensor> call(OpCall&& call);
 /// call() for single-output ops.
 Tensor call1(OpCall&& call);
 
-/// A new contiguous tensor with uninitialised elements, from the device's allocator.
+/// A new contiguous tensor with uninitialised elements, from the device's allocator
+/// (cuda::allocator(i) for Device::cuda(i)). Throws kiln::Error "no CUDA device: ..." for a
+/// CUDA device when CUDA is unavailable.
 Tensor empty(const Shape& shape, DType dtype, Device device = Device::cpu());
+
+/// The kernels of a non-cpu device: computes op `call` into `outs`, which the dispatcher has
+/// allocated on the inputs' device with the shapes/dtypes of `meta` (for in-place ops, outs[0]
+/// is inputs[0]). Unlike cpu kernels, device kernels see the inputs in their own dtypes (the
+/// dispatcher converts nothing; meta.compute_dtype says what to compute in) and may see 0-d
+/// cpu "wrapped number" inputs (Python-style scalars). Views never reach the kernel.
+using DeviceKernel = void (*)(const OpCall& call, const InferredMeta& meta,
+                              std::span<Tensor> outs);
+/// Registers the kernel provider for `type` (nullptr removes it); returns the old one. For
+/// CUDA it is installed by kiln's codegen; without one, every non-view op on CUDA tensors
+/// throws kiln::Error "<op>: no CUDA kernels registered ...".
+DeviceKernel set_device_kernel(DeviceType type, DeviceKernel kernel);
 
 /// A 0-d tensor holding host scalar `s` marked as a wrapped number (promotes like a Scalar).
 Tensor wrap_scalar(Scalar s);

@@ -12,6 +12,21 @@ namespace {
 
 DType float_or(const TensorOptions& o) { return o.dtype.value_or(default_dtype()); }
 
+TensorOptions options(DType dtype, std::optional<Device> device) {
+  TensorOptions o(dtype);
+  o.device = device;
+  return o;
+}
+// Options of a *_like factory: the tensor's dtype and device unless `opts` says otherwise.
+TensorOptions like(const Tensor& x, const TensorOptions& opts) {
+  return options(opts.dtype.value_or(x.dtype()), opts.device.value_or(x.device()));
+}
+// A tensor built on the cpu, moved to the requested device.
+Tensor on_device(const Tensor& t, const TensorOptions& opts, Loc loc) {
+  Device d = opts.device.value_or(Device::cpu());
+  return d.is_cpu() ? t : t.to(d, loc);
+}
+
 Tensor random_op(OpKind op, const Shape& shape, DType dtype, Scalar low, Scalar high,
                  uint64_t draws_per_element, Loc loc) {
   OpAttrs a;
@@ -32,14 +47,18 @@ GeneratorState g_rng{67280421310721ull, 0};
 
 Tensor empty(const Shape& shape, TensorOptions opts, Loc loc) {
   check_shape(shape, itemsize(float_or(opts)), "empty", loc);
-  return dispatch::empty(shape, float_or(opts), opts.device);
+  return dispatch::empty(shape, float_or(opts), opts.device.value_or(Device::cpu()));
 }
-Tensor zeros(const Shape& shape, TensorOptions opts, Loc loc) { return full(shape, 0, {float_or(opts)}, loc); }
-Tensor ones(const Shape& shape, TensorOptions opts, Loc loc) { return full(shape, 1, {float_or(opts)}, loc); }
+Tensor zeros(const Shape& shape, TensorOptions opts, Loc loc) {
+  return full(shape, 0, options(float_or(opts), opts.device), loc);
+}
+Tensor ones(const Shape& shape, TensorOptions opts, Loc loc) {
+  return full(shape, 1, options(float_or(opts), opts.device), loc);
+}
 Tensor full(const Shape& shape, Scalar value, TensorOptions opts, Loc loc) {
   Tensor t = empty(shape, {opts.dtype.value_or(value.dtype())}, loc);
   t.fill_(value, loc);
-  return t;
+  return on_device(t, opts, loc);
 }
 
 Tensor arange(Scalar end, TensorOptions opts, Loc loc) { return arange(0, end, 1, opts, loc); }
@@ -63,7 +82,7 @@ Tensor arange(Scalar start, Scalar end, Scalar step, TensorOptions opts, Loc loc
       p[i] = all_int ? static_cast<T>(start.to<int64_t>() + i * step.to<int64_t>())
                      : static_cast<T>(s + static_cast<double>(i) * st);
   });
-  return out;
+  return on_device(out, opts, loc);
 }
 
 Tensor linspace(double start, double end, int64_t steps, TensorOptions opts, Loc loc) {
@@ -78,7 +97,7 @@ Tensor linspace(double start, double end, int64_t steps, TensorOptions opts, Loc
       p[i] = static_cast<T>(i < half ? start + step * static_cast<double>(i)
                                      : end - step * static_cast<double>(steps - 1 - i));
   });
-  return out;
+  return on_device(out, opts, loc);
 }
 
 Tensor eye(int64_t n, int64_t m, TensorOptions opts, Loc loc) {
@@ -89,36 +108,38 @@ Tensor eye(int64_t n, int64_t m, TensorOptions opts, Loc loc) {
     T* p = out.data<T>();
     for (int64_t i = 0; i < std::min(n, m); ++i) p[i * m + i] = T(1);
   });
-  return out;
+  return on_device(out, opts, loc);
 }
 
 Tensor rand(const Shape& shape, TensorOptions opts, Loc loc) {
-  return random_op(OpKind::Uniform, shape, float_or(opts), 0, 1, 2, loc);
+  return on_device(random_op(OpKind::Uniform, shape, float_or(opts), 0, 1, 2, loc), opts, loc);
 }
 Tensor randn(const Shape& shape, TensorOptions opts, Loc loc) {
-  return random_op(OpKind::Normal, shape, float_or(opts), 0, 1, 4, loc);
+  return on_device(random_op(OpKind::Normal, shape, float_or(opts), 0, 1, 4, loc), opts, loc);
 }
 Tensor randint(int64_t low, int64_t high, const Shape& shape, TensorOptions opts, Loc loc) {
-  return random_op(OpKind::RandInt, shape, opts.dtype.value_or(DType::Int64), low, high, 2, loc);
+  return on_device(
+      random_op(OpKind::RandInt, shape, opts.dtype.value_or(DType::Int64), low, high, 2, loc),
+      opts, loc);
 }
 
 Tensor empty_like(const Tensor& x, TensorOptions opts, Loc loc) {
-  return empty(x.shape(), {opts.dtype.value_or(x.dtype())}, loc);
+  return empty(x.shape(), like(x, opts), loc);
 }
 Tensor zeros_like(const Tensor& x, TensorOptions opts, Loc loc) {
-  return zeros(x.shape(), {opts.dtype.value_or(x.dtype())}, loc);
+  return zeros(x.shape(), like(x, opts), loc);
 }
 Tensor ones_like(const Tensor& x, TensorOptions opts, Loc loc) {
-  return ones(x.shape(), {opts.dtype.value_or(x.dtype())}, loc);
+  return ones(x.shape(), like(x, opts), loc);
 }
 Tensor full_like(const Tensor& x, Scalar value, TensorOptions opts, Loc loc) {
-  return full(x.shape(), value, {opts.dtype.value_or(x.dtype())}, loc);
+  return full(x.shape(), value, like(x, opts), loc);
 }
 Tensor rand_like(const Tensor& x, TensorOptions opts, Loc loc) {
-  return rand(x.shape(), {opts.dtype.value_or(x.dtype())}, loc);
+  return rand(x.shape(), like(x, opts), loc);
 }
 Tensor randn_like(const Tensor& x, TensorOptions opts, Loc loc) {
-  return randn(x.shape(), {opts.dtype.value_or(x.dtype())}, loc);
+  return randn(x.shape(), like(x, opts), loc);
 }
 
 template <class T>
@@ -133,7 +154,7 @@ Tensor from_vector(const std::vector<T>& values, const Shape& shape, Loc loc) {
 
 template <class T> Tensor tensor(std::initializer_list<T> values, TensorOptions opts, Loc loc) {
   Tensor t = from_vector(std::vector<T>(values), {static_cast<int64_t>(values.size())}, loc);
-  return opts.dtype && *opts.dtype != t.dtype() ? t.to(*opts.dtype, loc) : t;
+  return on_device(opts.dtype && *opts.dtype != t.dtype() ? t.to(*opts.dtype, loc) : t, opts, loc);
 }
 
 template <class T>
@@ -146,7 +167,7 @@ Tensor tensor(std::initializer_list<std::initializer_list<T>> rows, TensorOption
     flat.insert(flat.end(), r.begin(), r.end());
   }
   Tensor t = from_vector(flat, {static_cast<int64_t>(rows.size()), cols}, loc);
-  return opts.dtype && *opts.dtype != t.dtype() ? t.to(*opts.dtype, loc) : t;
+  return on_device(opts.dtype && *opts.dtype != t.dtype() ? t.to(*opts.dtype, loc) : t, opts, loc);
 }
 
 #define KILN_INSTANTIATE(T)                                                                 \

@@ -8,10 +8,14 @@
 
 namespace kiln {
 
-/// Options for factories: dtype (default: float32 / the default dtype) and device.
+/// Options for factories: dtype (default: float32 / the default dtype) and device (default:
+/// the cpu; for the *_like factories, the device of the given tensor). On a CUDA device,
+/// factories that compute their values (full, arange, rand, tensor, ...) compute them on the
+/// host and copy them over (random tensors thus hold the same values on every device);
+/// empty() allocates on the device directly.
 struct TensorOptions {
   std::optional<DType> dtype;
-  Device device = Device::cpu();
+  std::optional<Device> device;
   TensorOptions() = default;
   TensorOptions(DType t) : dtype(t) {}  // NOLINT: lets users write zeros({2}, kiln::Int64)
 };

@@ -1,0 +1,157 @@
+#include "backends/cuda/blas.h"
+
+#include <dlfcn.h>
+
+#include <array>
+#include <cstdlib>
+#include <limits>
+#include <mutex>
+#include <vector>
+
+#include "backends/cuda/copy.h"
+#include "backends/cuda/driver.h"
+
+namespace kiln::cuda {
+namespace {
+
+using Status = int;  // cublasStatus_t
+struct HandleStruct;
+using Handle = HandleStruct*;  // cublasHandle_t
+constexpr int kOpN = 0, kOpT = 1;
+constexpr int kMaxDevices = 64;
+
+template <class T>
+using GemmStridedBatched = Status (*)(Handle, int transa, int transb, int m, int n, int k,
+                                      const T* alpha, const T* A, int lda, long long stride_a,
+                                      const T* B, int ldb, long long stride_b, const T* beta,
+                                      T* C, int ldc, long long stride_c, int batch);
+
+struct Blas {
+  bool loaded = false;
+  std::string reason;
+  Status (*create)(Handle*) = nullptr;
+  Status (*set_stream)(Handle, CUstream) = nullptr;
+  const char* (*status_string)(Status) = nullptr;  // absent in old versions
+  GemmStridedBatched<float> sgemm = nullptr;
+  GemmStridedBatched<double> dgemm = nullptr;
+  std::mutex handle_mutex;
+  std::array<Handle, kMaxDevices> handles{};
+};
+
+Blas& blas() {
+  static Blas* b = [] {
+    auto* out = new Blas();  // never freed: handles stay valid until exit
+    std::vector<std::string> candidates;
+    if (const char* env = std::getenv("KILN_CUBLAS"); env && *env) candidates = {env};
+    else candidates = {"libcublas.so.13", "libcublas.so.12", "libcublas.so"};
+    void* lib = nullptr;
+    std::string errors;
+    for (const std::string& path : candidates) {
+      lib = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+      if (lib) break;
+      const char* e = dlerror();
+      errors += (errors.empty() ? "" : "; ") + std::string(e ? e : path + ": dlopen failed");
+    }
+    if (!lib) {
+      out->reason = errors;
+      return out;
+    }
+    out->create = reinterpret_cast<decltype(out->create)>(dlsym(lib, "cublasCreate_v2"));
+    out->set_stream = reinterpret_cast<decltype(out->set_stream)>(dlsym(lib, "cublasSetStream_v2"));
+    out->status_string =
+        reinterpret_cast<decltype(out->status_string)>(dlsym(lib, "cublasGetStatusString"));
+    out->sgemm = reinterpret_cast<decltype(out->sgemm)>(dlsym(lib, "cublasSgemmStridedBatched"));
+    out->dgemm = reinterpret_cast<decltype(out->dgemm)>(dlsym(lib, "cublasDgemmStridedBatched"));
+    if (!out->create || !out->set_stream || !out->sgemm || !out->dgemm) {
+      out->reason = "the cuBLAS library lacks cublasCreate_v2/cublasSetStream_v2/"
+                    "cublas[SD]gemmStridedBatched";
+      return out;
+    }
+    out->loaded = true;
+    return out;
+  }();
+  return *b;
+}
+
+std::string status_text(const Blas& b, Status s) {
+  const char* text = b.status_string ? b.status_string(s) : nullptr;
+  return fmt::format("{} ({})", text ? text : "cuBLAS error", s);
+}
+
+Handle handle_for(int device, Loc loc) {
+  CUstream stream = kiln_stream(device, loc);  // checks driver and index
+  Blas& b = blas();
+  KILN_CHECK(b.loaded, "cuda gemm", loc, "cuBLAS not found: {}", b.reason);
+  std::lock_guard<std::mutex> lock(b.handle_mutex);
+  Handle& h = b.handles[device];
+  if (!h) {
+    set_current_device(device, loc);
+    Status s = b.create(&h);
+    KILN_CHECK(s == 0, "cublasCreate", loc, "{}", status_text(b, s));
+    s = b.set_stream(h, stream);
+    KILN_CHECK(s == 0, "cublasSetStream", loc, "{}", status_text(b, s));
+  }
+  return h;
+}
+
+}  // namespace
+
+bool blas_available() noexcept {
+  try {
+    return is_available() && blas().loaded;
+  } catch (...) {
+    return false;
+  }
+}
+
+std::string blas_unavailable_reason() noexcept {
+  try {
+    if (!is_available()) return "no CUDA device: " + unavailable_reason();
+    return blas().loaded ? "" : "cuBLAS not found: " + blas().reason;
+  } catch (...) {
+    return "cuBLAS state could not be read";
+  }
+}
+
+void gemm_strided_batched(DType dtype, bool trans_a, bool trans_b, int64_t m, int64_t n,
+                          int64_t k, double alpha, const void* a, int64_t lda, int64_t stride_a,
+                          const void* b, int64_t ldb, int64_t stride_b, double beta, void* c,
+                          int64_t ldc, int64_t stride_c, int64_t batch, int device, Loc loc) {
+  KILN_CHECK(dtype == DType::Float32 || dtype == DType::Float64, "cuda gemm", loc,
+             "dtype {} is not supported (float32, float64)", name(dtype));
+  constexpr int64_t kIntMax = std::numeric_limits<int>::max();
+  KILN_CHECK(m >= 0 && n >= 0 && k >= 0 && batch >= 0, "cuda gemm", loc,
+             "negative size: m={} n={} k={} batch={}", m, n, k, batch);
+  KILN_CHECK(m <= kIntMax && n <= kIntMax && k <= kIntMax && batch <= kIntMax && lda <= kIntMax &&
+                 ldb <= kIntMax && ldc <= kIntMax,
+             "cuda gemm", loc, "sizes beyond int32 are not supported: m={} n={} k={} batch={}", m,
+             n, k, batch);
+  KILN_CHECK(ldc >= std::max<int64_t>(n, 1) && lda >= std::max<int64_t>(trans_a ? m : k, 1) &&
+                 ldb >= std::max<int64_t>(trans_b ? k : n, 1),
+             "cuda gemm", loc, "leading dimensions too small: lda={} ldb={} ldc={} for m={} n={} "
+             "k={} trans_a={} trans_b={}", lda, ldb, ldc, m, n, k, trans_a, trans_b);
+  Handle h = handle_for(device, loc);
+  if (m == 0 || n == 0 || batch == 0) return;
+  set_current_device(device, loc);
+  Blas& lib = blas();
+  // Row-major C (m x n) is column-major C^T (n x m) = op(B)^T (n x k) @ op(A)^T (k x m): pass B
+  // first with the column-major view of each stored matrix (leading dimension = row stride).
+  int op_first = trans_b ? kOpT : kOpN, op_second = trans_a ? kOpT : kOpN;
+  Status s;
+  if (dtype == DType::Float32) {
+    float alpha_f = static_cast<float>(alpha), beta_f = static_cast<float>(beta);
+    s = lib.sgemm(h, op_first, op_second, int(n), int(m), int(k), &alpha_f,
+                  static_cast<const float*>(b), int(ldb), stride_b, static_cast<const float*>(a),
+                  int(lda), stride_a, &beta_f, static_cast<float*>(c), int(ldc), stride_c,
+                  int(batch));
+  } else {
+    s = lib.dgemm(h, op_first, op_second, int(n), int(m), int(k), &alpha,
+                  static_cast<const double*>(b), int(ldb), stride_b,
+                  static_cast<const double*>(a), int(lda), stride_a, &beta,
+                  static_cast<double*>(c), int(ldc), stride_c, int(batch));
+  }
+  KILN_CHECK(s == 0, "cuda gemm", loc, "cublas{}gemmStridedBatched(m={}, n={}, k={}, batch={}): {}",
+             dtype == DType::Float32 ? 'S' : 'D', m, n, k, batch, status_text(lib, s));
+}
+
+}  // namespace kiln::cuda
