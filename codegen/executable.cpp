@@ -329,36 +329,10 @@ Executable::Executable(const ir::Graph& g, const CompileOptions& options) {
     static_cast<CompiledMeta&>(I) = I.code->meta;
     I.entry = I.code->fn;
   };
-  if (options.device.is_cuda()) {
-    // Dim 0 is relaxed to `?` as on cpu: the row-split analysis then tells which loop nests
-    // may run as one kernel over rows (gpu_lowering.h).
-    if (cuda_available()) {
-      try {
-        build(true);
-      } catch (const Error&) {
-        if (!impl_ || !impl_->relaxed) throw;
-        build(false);
-      }
-      return;
-    }
-    // Without a device the code is still generated (the PTX, for tests and inspection), but
-    // not linked: run() throws "no CUDA device".
-    impl_ = std::make_unique<Impl>();
-    impl_->device = options.device;
-    impl_->gpu = options.gpu;
-    Lap total;
-    try {
-      impl_->compile(text, true);
-    } catch (const Error&) {
-      if (!impl_->relaxed) throw;
-      impl_ = std::make_unique<Impl>();
-      impl_->device = options.device;
-      impl_->gpu = options.gpu;
-      impl_->compile(text, false);
-    }
-    impl_->stats.total_ms = total();
-    return;
-  }
+  // CUDA: dim 0 is relaxed to `?` as on cpu, and the row-split analysis tells which loop nests
+  // may run as one kernel over rows (gpu_lowering.h). Without a device the host code is still
+  // linked (every runtime symbol resolves) but its PTX module is not loaded, and run() says
+  // there is no CUDA device.
   try {
     build(true);
   } catch (const Error&) {
@@ -623,9 +597,9 @@ void Executable::run_into(const std::vector<Tensor>& inputs,
 std::vector<Tensor> Executable::checked_inputs(const std::vector<Tensor>& inputs) const {
   const Impl& I = *impl_;
   const char* where = "codegen::Executable::run";
-  if (I.device.is_cuda() && !I.entry)
-    throw Error(where, "no CUDA device: the code for " + I.device.str() +
-                           " was generated but cannot run here");
+  if (I.device.is_cuda() && !cuda_available())
+    throw Error(where, "no CUDA device: " + cuda::unavailable_reason() + " (the code for " +
+                           I.device.str() + " was generated but cannot run here)");
   if (inputs.size() != I.inputs.size())
     throw Error(where, "expected " + std::to_string(I.inputs.size()) + " inputs, got " +
                            std::to_string(inputs.size()));

@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <mutex>
 
+#include "backends/cuda/driver.h"
 #include "codegen/runtime.h"
 #include "core/error.h"
 #include "ir/graph_internal.h"
@@ -247,11 +248,13 @@ std::shared_ptr<const CompiledCode> load_object(const std::string& object, Compi
   code->meta = std::move(meta);
   code->fn = entry->toPtr<PackedFn>();
   // Static initialisers (CUDA code: loading its PTX module), see expose_static_initializers.
-  if (auto init = (*jit)->lookup(kKilnInit)) {
+  // Without a CUDA device, CUDA code is linked but not initialised (it cannot run).
+  const bool can_init = code->meta.ptx.empty() || cuda::is_available();
+  if (auto init = (*jit)->lookup(kKilnInit); init && can_init) {
     init->toPtr<void (*)()>()();
     if (auto fini = (*jit)->lookup(kKilnFini)) code->fini = fini->toPtr<void (*)()>();
     else llvm::consumeError(fini.takeError());
-  } else {
+  } else if (!init) {
     llvm::consumeError(init.takeError());
   }
   code->object_bytes = object.size();
