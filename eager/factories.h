@@ -18,6 +18,7 @@ struct TensorOptions {
   std::optional<Device> device;
   TensorOptions() = default;
   TensorOptions(DType t) : dtype(t) {}  // NOLINT: lets users write zeros({2}, kiln::Int64)
+  TensorOptions(Device d) : device(d) {}  // NOLINT: zeros({2}, Device::cuda())
 };
 
 inline constexpr DType Bool = DType::Bool;

@@ -1,0 +1,157 @@
+// Suite `gpu`: the CUDA backend on the device (issue 7; benchmarks/gpu/run_device_check.sh).
+// Every case is skipped without a CUDA device. GB/s counts the bytes a perfectly fused kernel
+// must move (inputs read once, outputs written once); the device-to-device copy is the ceiling
+// the fused kernels are compared with (summary: % of copy). Each timed call waits for the
+// device (cuda::synchronize), so times are wall-clock per call, launch overhead included.
+#include <fmt/format.h>
+
+#include "backends/cuda/blas.h"
+#include "backends/cuda/copy.h"
+#include "backends/cuda/driver.h"
+#include "benchmarks/harness.h"
+#include "codegen/codegen.h"
+#include "kiln/kiln.h"
+
+namespace kiln::bench {
+namespace {
+
+constexpr char kSuite[] = "gpu";
+constexpr int64_t k256M = int64_t{1} << 28;  // 2^28 float32 = 1 GiB
+constexpr int64_t kRows = 65536, kCols = 4096;
+constexpr int64_t kGemm = 8192;
+constexpr double kF32 = sizeof(float);
+
+void require_device() {
+  if (!cuda::is_available()) throw Skipped("no CUDA device: " + cuda::unavailable_reason());
+}
+
+Tensor device_randn(const Shape& shape) { return randn(shape).to(Device::cuda()); }
+
+Benchmark d2d_copy(const RunConfig&) {
+  require_device();
+  Tensor src = device_randn({k256M});
+  Tensor dst = empty({k256M}, Device::cuda());
+  size_t bytes = static_cast<size_t>(k256M) * sizeof(float);
+  return {[=] {
+            cuda::copy_device_to_device(dst.raw_data(), 0, src.raw_data(), 0, bytes);
+            cuda::synchronize(0);
+          },
+          gb_per_s(2.0 * static_cast<double>(bytes))};
+}
+
+/// A compiled graph on the device, writing a preallocated output.
+Benchmark compiled_graph(const ir::Graph& g, std::vector<Tensor> ins, double bytes) {
+  codegen::CompileOptions o;
+  o.device = Device::cuda();
+  auto exe = std::make_shared<codegen::Executable>(g, o);
+  std::vector<Tensor> outs = exe->run(ins);  // shapes, and a warm-up
+  cuda::synchronize(0);
+  return {[=] {
+            exe->run_into(ins, outs);
+            cuda::synchronize(0);
+          },
+          gb_per_s(bytes)};
+}
+
+Benchmark square_plus(const RunConfig&) {
+  require_device();
+  ir::Graph g;
+  ir::Value x = g.input(DType::Float32, {k256M});
+  g.output(g.op(OpKind::Add, {g.op(OpKind::Mul, {x, x}), x}));
+  return compiled_graph(g, {device_randn({k256M})}, 2 * kF32 * k256M);
+}
+
+Benchmark gelu_chain(const RunConfig&) {
+  require_device();
+  ir::Graph g;
+  ir::Value x = g.input(DType::Float32, {k256M});
+  OpAttrs tanh_mode;
+  tanh_mode.mode = 1;
+  g.output(g.op(OpKind::Gelu, {g.op(OpKind::Add, {g.op(OpKind::Mul, {x, x}), x})}, tanh_mode));
+  return compiled_graph(g, {device_randn({k256M})}, 2 * kF32 * k256M);
+}
+
+Benchmark softmax(const RunConfig&) {
+  require_device();
+  ir::Graph g;
+  OpAttrs a;
+  a.dim = -1;
+  g.output(g.op(OpKind::Softmax, {g.input(DType::Float32, {kRows, kCols})}, a));
+  return compiled_graph(g, {device_randn({kRows, kCols})}, 2 * kF32 * kRows * kCols);
+}
+
+Benchmark eager_square_plus(const RunConfig&) {
+  require_device();
+  Tensor x = device_randn({k256M});
+  return {[=] {
+            do_not_optimize(add(mul(x, x), x));
+            cuda::synchronize(0);
+          },
+          gb_per_s(2 * kF32 * k256M)};
+}
+
+Benchmark cublas_sgemm(const RunConfig&) {
+  require_device();
+  if (!cuda::blas_available()) throw Skipped("cuBLAS not found: " + cuda::blas_unavailable_reason());
+  Tensor a = device_randn({kGemm, kGemm}), b = device_randn({kGemm, kGemm});
+  Tensor c = empty({kGemm, kGemm}, Device::cuda());
+  return {[=] {
+            cuda::gemm_strided_batched(DType::Float32, false, false, kGemm, kGemm, kGemm, 1.0,
+                                       a.raw_data(), kGemm, 0, b.raw_data(), kGemm, 0, 0.0,
+                                       c.raw_data(), kGemm, 0, 1);
+            cuda::synchronize(0);
+          },
+          gflop_per_s(2.0 * kGemm * kGemm * kGemm)};
+}
+
+Benchmark eager_matmul(const RunConfig&) {
+  require_device();
+  Tensor a = device_randn({kGemm, kGemm}), b = device_randn({kGemm, kGemm});
+  return {[=] {
+            do_not_optimize(matmul(a, b));
+            cuda::synchronize(0);
+          },
+          gflop_per_s(2.0 * kGemm * kGemm * kGemm)};
+}
+
+Benchmark bf16_gemm(const RunConfig&) {
+  throw Skipped("kiln has no bfloat16 dtype yet (float32 and float64 GEMMs only)");
+}
+
+std::vector<Case> cases() {
+  std::vector<Case> out = {
+      {"d2d_copy_1GiB", Mode::Reference, "GB/s", d2d_copy},
+      {"square_plus_2^28", Mode::Compiled, "GB/s", square_plus},
+      {"square_plus_2^28", Mode::Eager, "GB/s", eager_square_plus},
+      {"gelu_chain_2^28", Mode::Compiled, "GB/s", gelu_chain},
+      {"softmax_65536x4096", Mode::Compiled, "GB/s", softmax},
+      {"sgemm_8192", Mode::Reference, "GFLOP/s", cublas_sgemm},
+      {"matmul_8192_f32", Mode::Eager, "GFLOP/s", eager_matmul},
+      {"gemm_8192_bf16", Mode::Reference, "GFLOP/s", bf16_gemm},
+  };
+  return out;
+}
+
+void summary(std::span<const Record> records) {
+  const Record* copy = find_record(records, kSuite, "d2d_copy_1GiB", Mode::Reference);
+  if (!copy || copy->status != Status::Ok) return;
+  fmt::print("\nGPU ({}): device-to-device copy {:.0f} GB/s (the ceiling)\n",
+             cuda::device_props(0).name, copy->value);
+  for (const char* name : {"square_plus_2^28", "gelu_chain_2^28", "softmax_65536x4096"}) {
+    const Record* r = find_record(records, kSuite, name, Mode::Compiled);
+    if (!r || r->status != Status::Ok) continue;
+    double pct = 100.0 * r->value / copy->value;
+    fmt::print("  {:<20} compiled {:7.0f} GB/s = {:5.1f} % of copy{}\n", name, r->value, pct,
+               std::string(name).starts_with("softmax") ? ""
+               : pct >= 85                               ? "   target >= 85 %  met"
+                                                         : "   target >= 85 %  MISSED");
+  }
+}
+
+[[maybe_unused]] const bool registered = register_suite(
+    {kSuite, "CUDA backend on the device: copy ceiling, fused kernels, softmax, cuBLAS (skipped "
+             "without a GPU)",
+     cases, summary});
+
+}  // namespace
+}  // namespace kiln::bench

@@ -1,0 +1,109 @@
+// CUDA end to end (issue 7): eager ops on the device against the CPU, compiled against eager,
+// autograd and an optimizer step. Tag [cuda]. The device tests WARN "skipped: no CUDA device"
+// and return on machines without a GPU (benchmarks/gpu/run_device_check.sh runs them on one);
+// the tests of what happens without a device run everywhere.
+#include <catch2/catch.hpp>
+#include <cmath>
+
+#include "backends/cuda/driver.h"
+#include "kiln/kiln.h"
+#include "kiln/nn.h"
+#include "nn/optim.h"
+
+using namespace kiln;
+
+namespace {
+
+#define REQUIRE_CUDA_OR_SKIP()                                                          \
+  do {                                                                                  \
+    if (!cuda::is_available()) {                                                        \
+      WARN("skipped: no CUDA device (" << cuda::unavailable_reason() << ")");           \
+      return;                                                                           \
+    }                                                                                   \
+  } while (0)
+
+/// Largest |a - b| / (1 + |b|) over the elements (a on any device, b on the cpu).
+double rel_diff(const Tensor& a, const Tensor& b) {
+  Tensor ac = a.cpu().to(DType::Float64).contiguous(), bc = b.to(DType::Float64).contiguous();
+  REQUIRE(ac.shape() == bc.shape());
+  double m = 0;
+  const double* pa = ac.data<double>();
+  const double* pb = bc.data<double>();
+  for (int64_t i = 0; i < ac.numel(); ++i) {
+    if (std::isnan(pa[i]) != std::isnan(pb[i])) return INFINITY;
+    if (!std::isnan(pa[i])) m = std::max(m, std::abs(pa[i] - pb[i]) / (1 + std::abs(pb[i])));
+  }
+  return m;
+}
+
+}  // namespace
+
+TEST_CASE("cuda: without a device, moving a module leaves it on the cpu", "[cuda]") {
+  if (cuda::is_available()) return;  // the device case is below
+  nn::Linear lin(4, 3);
+  Tensor w = lin.parameters()[0];
+  std::vector<float> before = w.to_vector<float>();
+  CHECK_THROWS_WITH(lin.to(Device::cuda()), Catch::Contains("no CUDA device"));
+  CHECK(w.device() == Device::cpu());
+  CHECK(w.to_vector<float>() == before);
+  CHECK_THROWS_WITH(randn({2, 2}, Device::cuda()), Catch::Contains("no CUDA device"));
+}
+
+TEST_CASE("cuda: eager ops on the device equal the cpu's", "[cuda]") {
+  REQUIRE_CUDA_OR_SKIP();
+  Tensor x = randn({64, 33}), y = randn({64, 33}), w = randn({33, 17});
+  Tensor xd = x.cuda(), yd = y.cuda(), wd = w.cuda();
+  CHECK(rel_diff(add(mul(xd, xd), xd), add(mul(x, x), x)) == 0);
+  CHECK(rel_diff(add(xd, 2.5), add(x, 2.5)) == 0);  // a host scalar with a device tensor
+  CHECK(rel_diff(exp(xd), exp(x)) < 1e-6);
+  CHECK(rel_diff(tanh(xd), tanh(x)) < 1e-6);
+  CHECK(rel_diff(gelu(xd), gelu(x)) < 1e-6);
+  CHECK(rel_diff(softmax(xd, -1), softmax(x, -1)) < 1e-6);
+  CHECK(rel_diff(layer_norm(xd, {33}), layer_norm(x, {33})) < 1e-5);
+  CHECK(rel_diff(sum(xd), sum(x)) < 1e-6);
+  CHECK(rel_diff(matmul(xd, wd), matmul(x, w)) < 1e-5);
+  CHECK(rel_diff(where(gt(xd, yd), xd, yd), where(gt(x, y), x, y)) == 0);
+  CHECK(rel_diff(xd.t().contiguous(), x.t().contiguous()) == 0);            // a strided copy
+  CHECK(rel_diff(cat({xd, yd}, 0), cat({x, y}, 0)) == 0);                   // host path
+  Tensor idx = from_vector<int64_t>({3, 0, 7}, {3});
+  CHECK(rel_diff(index_select(xd, 0, idx.cuda()), index_select(x, 0, idx)) == 0);
+  Tensor z = zeros({5}, Device::cuda());
+  z.fill_(1.5);
+  CHECK(z.cpu().to_vector<float>() == std::vector<float>(5, 1.5f));
+}
+
+TEST_CASE("cuda: compiled functions on the device equal eager", "[cuda]") {
+  REQUIRE_CUDA_OR_SKIP();
+  auto f = [](const Tensor& x, const Tensor& w) {
+    return softmax(gelu(add(matmul(x, w), 1.0)), -1);
+  };
+  auto cf = compile(f);
+  Tensor x = randn({128, 64}).cuda(), w = randn({64, 32}).cuda();
+  Tensor expect = f(x, w);
+  Tensor got = cf(x, w);
+  CHECK(got.device() == Device::cuda());
+  CHECK(rel_diff(got, expect.cpu()) < 1e-5);
+  CHECK(rel_diff(cf(x, w), expect.cpu()) < 1e-5);  // replay
+  CHECK(cf.explain().find("cuda") != std::string::npos);
+}
+
+TEST_CASE("cuda: autograd and an AdamW step on the device match the cpu", "[cuda]") {
+  REQUIRE_CUDA_OR_SKIP();
+  manual_seed(3);
+  nn::Linear cpu_lin(8, 4), gpu_lin(8, 4);
+  gpu_lin.load_state_dict(cpu_lin.state_dict());
+  gpu_lin.to(Device::cuda());
+  nn::AdamW cpu_opt(cpu_lin.parameters()), gpu_opt(gpu_lin.parameters());
+  Tensor x = randn({16, 8});
+  for (int step = 0; step < 3; ++step) {
+    for (auto [lin, opt, in] : {std::tuple<nn::Linear*, nn::AdamW*, Tensor>{&cpu_lin, &cpu_opt, x},
+                                {&gpu_lin, &gpu_opt, x.cuda()}}) {
+      opt->zero_grad();
+      Tensor loss = mul(lin->forward(in), lin->forward(in)).sum();
+      loss.backward();
+      opt->step();
+    }
+  }
+  for (size_t i = 0; i < cpu_lin.parameters().size(); ++i)
+    CHECK(rel_diff(gpu_lin.parameters()[i], cpu_lin.parameters()[i]) < 1e-5);
+}
