@@ -92,6 +92,8 @@ class Tensor {
   Tensor cuda(int index = 0, Loc loc = Loc::current()) const;
   Tensor clone(Loc loc = Loc::current()) const;
   Tensor contiguous(Loc loc = Loc::current()) const;
+  /// Copies `src` (broadcast to this shape, converted to this dtype) into this tensor; a
+  /// source on another device is moved to this tensor's device first.
   Tensor& copy_(const Tensor& src, Loc loc = Loc::current());
   Tensor& fill_(Scalar value, Loc loc = Loc::current());
   Tensor view(const Shape& shape, Loc loc = Loc::current()) const;

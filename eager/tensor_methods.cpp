@@ -33,6 +33,11 @@ Tensor Tensor::to(DType dtype, Loc loc) const {
 Tensor Tensor::clone(Loc loc) const { return dispatch::call1({OpKind::Contiguous, {*this}, {}, loc}); }
 Tensor Tensor::contiguous(Loc loc) const { return is_contiguous() ? *this : clone(loc); }
 Tensor& Tensor::copy_(const Tensor& src, Loc loc) {
+  // Across devices (as in PyTorch): move the source over first, then copy on this device.
+  if (defined() && src.defined() && src.device() != device() && !src.impl()->wrapped_number) {
+    dispatch::call({OpKind::CopyInto, {*this, src.to(device(), loc)}, {}, loc});
+    return *this;
+  }
   dispatch::call({OpKind::CopyInto, {*this, src}, {}, loc});
   return *this;
 }

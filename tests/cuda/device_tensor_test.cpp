@@ -165,3 +165,18 @@ TEST_CASE("factories take a device; *_like factories follow the tensor's device"
   CHECK(ones_like(tensor({1.0, 2.0})).device() == Device::cpu());
   CHECK(full({2}, 3, on_cpu).to_vector<int64_t>() == std::vector<int64_t>{3, 3});
 }
+
+TEST_CASE("copy_ from another device moves the source over first") {
+  Tensor a = fake_cuda_tensor({1, 2}, {2});
+  {
+    // cpu source into a cuda tensor: the transfer needs the driver.
+    test::ScopedDriver d("/nonexistent/libcuda.so.1");
+    CHECK(error_message([&] { a.copy_(tensor({3.0f, 4.0f})); }) ==
+          "no CUDA device: " + d.status.reason);
+  }
+  {
+    test::ScopedDriver d("/nonexistent/libcuda.so.1");
+    Tensor c = tensor({0.0f, 0.0f});
+    CHECK(error_message([&] { c.copy_(a); }) == "no CUDA device: " + d.status.reason);
+  }
+}
