@@ -6,11 +6,14 @@
 // Ops the codegen does not lower (in-place copy_/fill_, cat, gather/scatter, random ops,
 // strided copies) run their CPU kernel on host copies of the operands' storages and copy the
 // written storages back: correct for every op, slow (codegen/README.md, "GPU").
+#include <algorithm>
 #include <memory>
+#include <optional>
 #include <mutex>
 #include <unordered_map>
 
 #include "backends/cpu/allocator.h"
+#include "backends/cpu/kernels.h"
 #include "backends/cuda/copy.h"
 #include "codegen/codegen.h"
 #include "eager/autograd.h"
@@ -19,18 +22,64 @@
 namespace kiln::codegen {
 namespace {
 
-/// Everything that selects a one-op kernel: op, attributes, and per input dtype and shape.
-std::string kernel_key(const OpCall& c, Device device) {
+/// One input of a one-op kernel: the tensor passed to the kernel and, for a dense permuted view
+/// (W.t()), the permutation the graph applies to it (the tensor passed is the contiguous base).
+struct KernelInput {
+  Tensor tensor;
+  std::optional<Dims> permute;
+};
+
+/// `t` as a kernel input on `device`, or nullopt when the host path must take it (a strided
+/// view that is not a dense permutation). 0-d host scalars are converted to `compute` (as
+/// compile() feeds wrapped scalars) and copied to the device (a copy, not Tensor::to, which
+/// compile()'s tracing rejects).
+std::optional<KernelInput> kernel_input(const Tensor& t, DType compute, Device device) {
+  if (t.device() != device) {
+    Tensor host = t;
+    if (t.impl()->wrapped_number && t.dtype() != compute) {
+      host = dispatch::empty({}, compute);
+      cpu::copy_cast(host, t);
+    }
+    Tensor d = dispatch::empty(host.shape(), host.dtype(), device);
+    cuda::copy_to_device(d.raw_data(), host.raw_data(), itemsize(host.dtype()), device.index);
+    return KernelInput{d, std::nullopt};
+  }
+  if (t.is_contiguous()) return KernelInput{t, std::nullopt};
+  if (!t.is_non_overlapping_and_dense()) return std::nullopt;
+  // The base's dims are t's dims by decreasing stride; t = base.permute(inverse order).
+  const int r = t.dim();
+  std::vector<int> order(r);
+  for (int i = 0; i < r; ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int a, int b) { return t.strides()[a] > t.strides()[b]; });
+  auto impl = std::make_shared<TensorImpl>(*t.impl());
+  impl->autograd.reset();
+  Shape base_shape = t.shape();
+  Dims perm = t.shape();  // resized below
+  for (int j = 0; j < r; ++j) {
+    base_shape[j] = t.shape()[order[j]];
+    perm[order[j]] = j;
+  }
+  impl->shape = base_shape;
+  impl->strides = contiguous_strides(base_shape);
+  Tensor base(std::move(impl));
+  if (!base.is_contiguous()) return std::nullopt;
+  return KernelInput{base, perm};
+}
+
+/// Everything that selects a one-op kernel: op, attributes, and per input dtype, shape and
+/// permutation.
+std::string kernel_key(const OpCall& c, const std::vector<KernelInput>& ins, Device device) {
   const OpAttrs& a = c.attrs;
   std::string key = fmt::format(
       "{} {} dims={} all={} keep={} dim={},{} slice={},{},{} alpha={} beta={} clamp={}{} eps={} "
       "p={} mode={} ignore={} dtype={} low={} high={} seed={},{}",
-      c.name(), device.str(), to_string(a.dims), a.all_dims, a.keepdim, a.dim, a.dim1,
-      a.start, a.end, a.step, a.alpha.str(), a.beta.str(), a.has_low, a.has_high,
-      a.eps, a.p, a.mode, a.ignore_index, name(a.dtype), a.low.str(), a.high.str(),
-      a.seed, a.offset);
-  for (const Tensor& t : c.inputs)
-    key += t.defined() ? fmt::format(" {}{}", name(t.dtype()), to_string(t.shape())) : " -";
+      c.name(), device.str(), to_string(a.dims), a.all_dims, a.keepdim, a.dim, a.dim1, a.start,
+      a.end, a.step, a.alpha.str(), a.beta.str(), a.has_low, a.has_high, a.eps, a.p, a.mode,
+      a.ignore_index, name(a.dtype), a.low.str(), a.high.str(), a.seed, a.offset);
+  for (const KernelInput& in : ins)
+    key += fmt::format(" {}{}{}", name(in.tensor.dtype()), to_string(in.tensor.shape()),
+                       in.permute ? "^" + to_string(*in.permute) : "");
   return key;
 }
 
@@ -44,13 +93,11 @@ KernelCache& cache() {
   return *c;
 }
 
-/// The compiled one-op kernel of `c`, or nullptr when the op has no GPU lowering.
-std::shared_ptr<const Executable> one_op_kernel(const OpCall& c, const InferredMeta& meta,
+/// The compiled one-op kernel of `c` on `ins`, or nullptr when the op has no GPU lowering.
+std::shared_ptr<const Executable> one_op_kernel(const OpCall& c,
+                                                const std::vector<KernelInput>& ins,
                                                 Device device) {
-  if (meta.outputs.size() != 1) return nullptr;
-  for (const Tensor& t : c.inputs)
-    if (!t.defined()) return nullptr;
-  std::string key = kernel_key(c, device);
+  std::string key = kernel_key(c, ins, device);
   KernelCache& kc = cache();
   {
     std::lock_guard lock(kc.mutex);
@@ -60,7 +107,15 @@ std::shared_ptr<const Executable> one_op_kernel(const OpCall& c, const InferredM
   try {
     ir::Graph g;
     std::vector<ir::Value> vals;
-    for (const Tensor& t : c.inputs) vals.push_back(g.input(t.dtype(), t.shape().vec()));
+    for (const KernelInput& in : ins) {
+      ir::Value v = g.input(in.tensor.dtype(), in.tensor.shape().vec());
+      if (in.permute) {
+        OpAttrs p;
+        p.dims = *in.permute;
+        v = g.op(OpKind::Permute, {v}, p);
+      }
+      vals.push_back(v);
+    }
     g.output(g.op(c.op, vals, c.attrs));
     CompileOptions options;
     options.device = device;
@@ -83,7 +138,7 @@ void run_on_host(const OpCall& c, std::span<Tensor> outs) {
     Storage& h = host[t.storage().get()];
     if (!h) {
       h = std::make_shared<StorageImpl>(t.storage()->nbytes(), cpu::allocator());
-      cuda::copy_to_host(h->data(), t.storage()->data(), h->nbytes());
+      cuda::copy_to_host(h->data(), t.storage()->data(), h->nbytes(), t.device().index);
     }
     auto impl = std::make_shared<TensorImpl>();
     impl->storage = h;
@@ -95,6 +150,7 @@ void run_on_host(const OpCall& c, std::span<Tensor> outs) {
     return Tensor(std::move(impl));
   };
   OpCall hc = c;
+  hc.attrs.device = Device::cpu();  // ops without inputs (random ops) draw on the host
   for (Tensor& t : hc.inputs) t = mirror(t);
   std::vector<Tensor> results;
   {
@@ -111,32 +167,43 @@ void run_on_host(const OpCall& c, std::span<Tensor> outs) {
   if (op_info(c.op).category != OpCategory::View &&
       (c.op == OpKind::CopyInto || c.op == OpKind::Fill)) {
     const Tensor& dst = c.inputs[0];
+    if (dst.device().is_cpu()) return;  // written in place on the host already
     const Storage& h = host.at(dst.storage().get());
-    cuda::copy_to_device(dst.storage()->data(), h->data(), h->nbytes());
+    cuda::copy_to_device(dst.storage()->data(), h->data(), h->nbytes(), dst.device().index);
     return;
   }
   for (size_t i = 0; i < outs.size(); ++i) {
     Tensor r = results[i].contiguous();
     cuda::copy_to_device(outs[i].raw_data(), r.raw_data(),
-                         static_cast<size_t>(r.numel()) * itemsize(r.dtype()));
+                         static_cast<size_t>(r.numel()) * itemsize(r.dtype()),
+                         outs[i].device().index);
   }
 }
 
 /// The dispatcher's kernel for CUDA tensors (eager/dispatch.h, set_device_kernel).
 void cuda_kernel(const OpCall& c, const InferredMeta& meta, std::span<Tensor> outs) {
-  Device device = Device::cpu();
+  Device device = c.attrs.device;
   for (const Tensor& t : c.inputs)
     if (t.defined() && t.device().is_cuda()) device = t.device();
-  bool in_place = c.op == OpKind::CopyInto || c.op == OpKind::Fill;
-  if (!in_place) {
-    if (auto exe = one_op_kernel(c, meta, device)) {
-      // 0-d host scalars (wrapped numbers, CPU 0-d tensors) go to the device first.
-      std::vector<Tensor> ins;
-      for (const Tensor& t : c.inputs) ins.push_back(t.device() == device ? t : t.to(device));
-      exe->run_into(ins, std::vector<Tensor>(outs.begin(), outs.end()));
+  // In-place ops and strided copies (whose one-op graph would see a contiguous input) take the
+  // host path, as do ops with several results or absent optional inputs.
+  bool generated = c.op != OpKind::CopyInto && c.op != OpKind::Fill &&
+                   c.op != OpKind::Contiguous && meta.outputs.size() == 1;
+  std::vector<KernelInput> ins;
+  for (const Tensor& t : c.inputs) {
+    if (!generated) break;
+    std::optional<KernelInput> in;
+    if (t.defined()) in = kernel_input(t, meta.compute_dtype, device);
+    if (in) ins.push_back(std::move(*in));
+    else generated = false;
+  }
+  if (generated)
+    if (auto exe = one_op_kernel(c, ins, device)) {
+      std::vector<Tensor> tensors;
+      for (const KernelInput& in : ins) tensors.push_back(in.tensor);
+      exe->run_into(tensors, std::vector<Tensor>(outs.begin(), outs.end()));
       return;
     }
-  }
   run_on_host(c, outs);
 }
 

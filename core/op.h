@@ -56,6 +56,7 @@ struct OpAttrs {
   DType dtype = DType::Float32; // cast/random target dtype
   Scalar low = 0, high = 1;     // rand/randint range; randn mean/std
   uint64_t seed = 0, offset = 0;  // Philox key and counter offset (random ops)
+  Device device = Device::cpu();  // where ops without tensor inputs (random ops) create it
 };
 
 /// One op invocation: what the dispatcher hands to hooks and kernels.

@@ -46,7 +46,10 @@ Tensor expand_back(const Tensor& t, const Shape& in_shape, const OpAttrs& a) {
   return r.expand(in_shape);
 }
 
-Tensor zeros_of(const TensorMeta& m) { return zeros(m.shape, {m.dtype}); }
+/// Zeros of an input's shape and dtype on the gradient's device.
+Tensor zeros_of(const TensorMeta& m, const Tensor& g) {
+  return zeros(m.shape, {m.dtype, g.device()});
+}
 
 // Gradient of a slice [start, start + len) with step 1 along dim: g padded with zeros.
 Tensor pad_slice(const Tensor& g, const TensorMeta& in, int dim, int64_t start) {
@@ -55,12 +58,12 @@ Tensor pad_slice(const Tensor& g, const TensorMeta& in, int dim, int64_t start) 
   Shape s = in.shape;
   if (start > 0) {
     s[dim] = start;
-    parts.push_back(zeros(s, {g.dtype()}));
+    parts.push_back(zeros(s, {g.dtype(), g.device()}));
   }
   parts.push_back(g);
   if (start + len < total) {
     s[dim] = total - start - len;
-    parts.push_back(zeros(s, {g.dtype()}));
+    parts.push_back(zeros(s, {g.dtype(), g.device()}));
   }
   return parts.size() == 1 ? g : cat(parts, dim);
 }
@@ -278,7 +281,7 @@ std::vector<Tensor> view(const BackwardContext& c, const Tensor& g) {
       // replayed wrongly (the rows became ones; found by tests/conformance).
       int64_t len = g.shape()[d];
       Tensor idx = arange(Scalar(start), Scalar(start + len * a.step), Scalar(a.step), {DType::Int64});
-      return {index_add(zeros_of(in), d, idx, g)};
+      return {index_add(zeros_of(in, g), d, idx, g)};
     }
     case K::Select: {
       int d = wrap_dim(a.dim, r, "select");
@@ -317,13 +320,13 @@ std::vector<Tensor> other(const BackwardContext& c, const Tensor& g) {
       return out;
     }
     case K::IndexSelect:
-      return {index_add(zeros_of(c.input_meta[0]), c.attrs.dim, c.inputs[1], g)};
+      return {index_add(zeros_of(c.input_meta[0], g), c.attrs.dim, c.inputs[1], g)};
     case K::Embedding: {
       int64_t dim = c.input_meta[0].shape[1];
-      return {index_add(zeros_of(c.input_meta[0]), 0, c.inputs[1].reshape({-1}), g.reshape({-1, dim}))};
+      return {index_add(zeros_of(c.input_meta[0], g), 0, c.inputs[1].reshape({-1}), g.reshape({-1, dim}))};
     }
     case K::Gather:
-      return {scatter_add(zeros_of(c.input_meta[0]), c.attrs.dim, c.inputs[1], g)};
+      return {scatter_add(zeros_of(c.input_meta[0], g), c.attrs.dim, c.inputs[1], g)};
     case K::IndexAdd:
       return {g, Tensor(), c.needs_grad[2] ? index_select(g, c.attrs.dim, c.inputs[1]) : Tensor()};
     case K::ScatterAdd: {
@@ -336,7 +339,7 @@ std::vector<Tensor> other(const BackwardContext& c, const Tensor& g) {
         if (gs.shape()[q] < ss[q]) {
           Shape pad = gs.shape();
           pad[q] = ss[q] - gs.shape()[q];
-          gs = cat({gs, zeros(pad, {gs.dtype()})}, q);
+          gs = cat({gs, zeros(pad, {gs.dtype(), gs.device()})}, q);
         }
       return {g, Tensor(), gs};
     }

@@ -27,9 +27,12 @@ Tensor on_device(const Tensor& t, const TensorOptions& opts, Loc loc) {
   return d.is_cpu() ? t : t.to(d, loc);
 }
 
+// Drawn where the tensor lives (attrs.device): counter-based Philox gives the same numbers on
+// every device, and inside compile() the draw is a recorded op (a transfer could not be).
 Tensor random_op(OpKind op, const Shape& shape, DType dtype, Scalar low, Scalar high,
-                 uint64_t draws_per_element, Loc loc) {
+                 uint64_t draws_per_element, Device device, Loc loc) {
   OpAttrs a;
+  a.device = device;
   a.dims = shape;
   a.dtype = dtype;
   a.low = low;
@@ -112,15 +115,16 @@ Tensor eye(int64_t n, int64_t m, TensorOptions opts, Loc loc) {
 }
 
 Tensor rand(const Shape& shape, TensorOptions opts, Loc loc) {
-  return on_device(random_op(OpKind::Uniform, shape, float_or(opts), 0, 1, 2, loc), opts, loc);
+  return random_op(OpKind::Uniform, shape, float_or(opts), 0, 1, 2,
+                   opts.device.value_or(Device::cpu()), loc);
 }
 Tensor randn(const Shape& shape, TensorOptions opts, Loc loc) {
-  return on_device(random_op(OpKind::Normal, shape, float_or(opts), 0, 1, 4, loc), opts, loc);
+  return random_op(OpKind::Normal, shape, float_or(opts), 0, 1, 4,
+                   opts.device.value_or(Device::cpu()), loc);
 }
 Tensor randint(int64_t low, int64_t high, const Shape& shape, TensorOptions opts, Loc loc) {
-  return on_device(
-      random_op(OpKind::RandInt, shape, opts.dtype.value_or(DType::Int64), low, high, 2, loc),
-      opts, loc);
+  return random_op(OpKind::RandInt, shape, opts.dtype.value_or(DType::Int64), low, high, 2,
+                   opts.device.value_or(Device::cpu()), loc);
 }
 
 Tensor empty_like(const Tensor& x, TensorOptions opts, Loc loc) {

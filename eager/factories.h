@@ -19,6 +19,7 @@ struct TensorOptions {
   TensorOptions() = default;
   TensorOptions(DType t) : dtype(t) {}  // NOLINT: lets users write zeros({2}, kiln::Int64)
   TensorOptions(Device d) : device(d) {}  // NOLINT: zeros({2}, Device::cuda())
+  TensorOptions(std::optional<DType> t, std::optional<Device> d) : dtype(t), device(d) {}
 };
 
 inline constexpr DType Bool = DType::Bool;

@@ -25,7 +25,7 @@ if [[ "${KILN_SKIP_SANITIZERS:-0}" == 1 ]]; then
   exit 0
 fi
 asan=${KILN_ASAN_BUILD_DIR:-$build-asan}
-tests=(${KILN_SANITIZER_TESTS:-core eager nn ir codegen tracer})
+tests=(${KILN_SANITIZER_TESTS:-core eager nn ir codegen tracer cuda})
 start=$SECONDS
 cmake -S . -B "$asan" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g1" "-DCMAKE_C_FLAGS_RELWITHDEBINFO=-O1 -g1" \

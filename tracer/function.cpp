@@ -936,7 +936,7 @@ std::string CompiledFunction::explain() const {
   std::string out = fmt::format(
       "compiled function '{}': {} trace(s), {} cache entr{} (limit {}), backend {}, dynamic {}\n",
       name_, im.traces.load(), leaves, leaves == 1 ? "y" : "ies", options_.cache_size_limit,
-      options_.backend == Backend::Cpu ? "cpu" : "eager",
+      options_.backend == Backend::Cpu ? "codegen (cpu / cuda per region)" : "eager",
       options_.dynamic == Dynamic::Auto ? "auto" : options_.dynamic == Dynamic::Always ? "always" : "never");
   if (im.eager_only)
     out += fmt::format("  runs eagerly from now on ({} eager call(s)): {}\n", im.eager_calls.load(),

@@ -21,7 +21,9 @@ enum class Dynamic : uint8_t {
 
 /// Where compiled graphs run.
 enum class Backend : uint8_t {
-  Cpu,    ///< the CPU codegen (kiln MLIR -> LLVM), ops it does not cover on eager kernels
+  /// The codegen for each region's device: kiln MLIR -> LLVM for cpu tensors, -> PTX kernels for
+  /// CUDA tensors (the name predates the CUDA backend); ops it does not cover on eager kernels.
+  Cpu,
   Eager,  ///< every recorded op on eager kernels (same capture, guards and replay; for bisecting)
 };
 

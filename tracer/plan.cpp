@@ -635,8 +635,9 @@ std::string Plan::describe() const {
         out += fmt::format("    eager region ({} ops: {}) - not compiled: {}\n", r.nodes.size(),
                            ops, r.fallback_reason);
       else
-        out += fmt::format("    compiled region: {} ops -> {} kernel(s){}{}{}: {}\n", r.nodes.size(),
-                           r.exe ? r.exe->num_kernels() : 0,
+        out += fmt::format("    compiled region: {} ops -> {} kernel(s){}{}{}{}: {}\n",
+                           r.nodes.size(), r.exe ? r.exe->num_kernels() : 0,
+                           r.device.is_cuda() ? " on " + r.device.str() : "",
                            r.static_only ? " (traced shapes only)" : "",
                            r.exe ? fmt::format(", built in {:.0f} ms", r.exe->stats().total_ms) : "",
                            r.choice.load() == 1

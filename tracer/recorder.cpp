@@ -176,8 +176,8 @@ bool Recorder::record_dropout_as_mask(const OpCall& call, const std::vector<Tens
     OpAttrs a = call.attrs;
     a.dims = shape;
     a.dtype = out.dtype();
+    a.device = x.device();
     mask = dispatch::call1({OpKind::DropoutMask, {}, a, call.loc});
-    if (x.device() != mask.device()) mask = mask.to(x.device());  // drawn on the host
   }
   Tensor masked = kiln::where(kiln::ne(mask, 0, call.loc), kiln::mul(x, mask, call.loc), 0,
                               call.loc);
