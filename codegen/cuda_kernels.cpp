@@ -7,6 +7,7 @@
 // strided copies) run their CPU kernel on host copies of the operands' storages and copy the
 // written storages back: correct for every op, slow (codegen/README.md, "GPU").
 #include <algorithm>
+#include <cstring>
 #include <memory>
 #include <optional>
 #include <mutex>
@@ -15,6 +16,7 @@
 #include "backends/cpu/allocator.h"
 #include "backends/cpu/kernels.h"
 #include "backends/cuda/copy.h"
+#include "backends/cuda/driver.h"
 #include "codegen/codegen.h"
 #include "eager/autograd.h"
 #include "eager/dispatch.h"
@@ -180,13 +182,52 @@ void run_on_host(const OpCall& c, std::span<Tensor> outs) {
   }
 }
 
+/// fill_ and copy_ on contiguous device memory without a host round trip: fills as driver
+/// memsets of the value's bit pattern (1, 4 or 8 bytes with equal halves, e.g. 0), copies of
+/// the same dtype and shape from another buffer as one device-to-device copy. Returns false
+/// for the other cases (the host path).
+bool in_place_on_device(const OpCall& c) {
+  const Tensor& dst = c.inputs[0];
+  if (!dst.device().is_cuda() || !dst.is_contiguous() || dst.numel() == 0) return false;
+  const int device = dst.device().index;
+  const size_t n = static_cast<size_t>(dst.numel()), size = itemsize(dst.dtype());
+  if (c.op == OpKind::Fill) {
+    uint64_t bits = 0;
+    KILN_DISPATCH_ALL(dst.dtype(), T, {
+      T v = c.attrs.alpha.to<T>();
+      std::memcpy(&bits, &v, sizeof(T));
+    });
+    if (size == 1) {
+      cuda::memset_device(dst.raw_data(), static_cast<unsigned char>(bits), n, device, c.loc);
+      return true;
+    }
+    size_t words = size == 4 ? n : 2 * n;
+    if (size == 8 && (bits >> 32) != (bits & 0xffffffffu)) return false;
+    if (size != 4 && size != 8) return false;
+    cuda::set_current_device(device, c.loc);
+    cuda::check(cuda::driver("fill_", c.loc)
+                    .cuMemsetD32Async(reinterpret_cast<cuda::CUdeviceptr>(dst.raw_data()),
+                                      static_cast<unsigned>(bits & 0xffffffffu), words,
+                                      cuda::kiln_stream(device, c.loc)),
+                "fill_", c.loc);
+    return true;
+  }
+  const Tensor& src = c.inputs[1];
+  if (c.op != OpKind::CopyInto || src.device() != dst.device() || src.dtype() != dst.dtype() ||
+      src.shape() != dst.shape() || !src.is_contiguous() || src.storage() == dst.storage())
+    return false;
+  cuda::copy_device_to_device(dst.raw_data(), device, src.raw_data(), device, n * size, c.loc);
+  return true;
+}
+
 /// The dispatcher's kernel for CUDA tensors (eager/dispatch.h, set_device_kernel).
 void cuda_kernel(const OpCall& c, const InferredMeta& meta, std::span<Tensor> outs) {
   Device device = c.attrs.device;
   for (const Tensor& t : c.inputs)
     if (t.defined() && t.device().is_cuda()) device = t.device();
-  // In-place ops and strided copies (whose one-op graph would see a contiguous input) take the
-  // host path, as do ops with several results or absent optional inputs.
+  if ((c.op == OpKind::Fill || c.op == OpKind::CopyInto) && in_place_on_device(c)) return;
+  // Other in-place ops and strided copies (whose one-op graph would see a contiguous input)
+  // take the host path, as do ops with several results or absent optional inputs.
   bool generated = c.op != OpKind::CopyInto && c.op != OpKind::Fill &&
                    c.op != OpKind::Contiguous && meta.outputs.size() == 1;
   std::vector<KernelInput> ins;

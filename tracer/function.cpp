@@ -958,7 +958,7 @@ std::string CompiledFunction::explain() const {
     int captured = 0;
     for (const Source& s : p.sources) captured += s.kind == SourceKind::Captured;
     if (captured)
-      out += fmt::format("    {} captured tensor(s): alive, same dtype and shape (lifted to graph inputs)\n",
+      out += fmt::format("    {} captured tensor(s): alive, same dtype, shape and device (lifted to graph inputs)\n",
                          captured);
     if (p.aliased_mutation)
       out += fmt::format("  runs on eager kernels with real aliasing: {}\n", p.aliased_mutation_reason);

@@ -36,6 +36,10 @@ const Tensor& RunState::value(const Program& p, int v) {
         throw GuardFailure{fmt::format("a captured tensor changed from {} {} to {} {}",
                                        name(vi.dtype), to_string(vi.shape), name(slot.dtype()),
                                        to_string(slot.shape()))};
+      if (slot.device() != vi.device)  // module.to(device) after compiling
+        throw GuardFailure{fmt::format("a captured tensor ({} {}) moved from {} to {}",
+                                       name(vi.dtype), to_string(vi.shape), vi.device.str(),
+                                       slot.device().str())};
       if (slot.requires_grad() != s.requires_grad)
         throw GuardFailure{fmt::format("requires_grad of a captured tensor ({} {}) is now {}",
                                        name(vi.dtype), to_string(vi.shape), slot.requires_grad())};
