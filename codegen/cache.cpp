@@ -291,9 +291,10 @@ std::shared_ptr<const CompiledCode> get_or_compile(const std::string& graph_mlir
   const char* no_gemm = std::getenv("KILN_NO_EXTERN_GEMM");
   const bool loops_for_gemm = no_gemm && *no_gemm && *no_gemm != '0';
   const std::string gpu_target =
-      options.device.is_cuda() ? fmt::format("\ncuda {} {} O{}", options.gpu.chip,
-                                             options.gpu.features, options.gpu.opt_level)
-                               : "";
+      options.device.is_cuda()
+          ? fmt::format("\ncuda {} {} O{} {}", options.gpu.chip, options.gpu.features,
+                        options.gpu.opt_level, options.gpu.threads_per_block)
+          : "";
   const std::string key = host_target_id() + gpu_target +
                           (loops_for_gemm ? "\nno-extern-gemm" : "") + "\n" + graph_mlir;
   const std::string memory_key = version() + "\n" + key;

@@ -31,6 +31,14 @@ struct GpuTarget {
   std::string features = "+ptx80";
   /// LLVM optimisation level of the device code.
   int opt_level = 3;
+  /// Threads per block of the generated kernels (the parallel loops' tile); the grid follows
+  /// from the loop bounds. 256 keeps 8 blocks resident per SM on sm_80/sm_90 and fits every
+  /// device's 1024-thread limit.
+  int threads_per_block = 256;
+  /// The default target with the environment's overrides: KILN_CUDA_ARCH (e.g. "sm_80"),
+  /// KILN_CUDA_PTX_FEATURES (e.g. "+ptx78"), KILN_CUDA_THREADS_PER_BLOCK. compile() and eager
+  /// CUDA ops use it.
+  static GpuTarget from_env();
 };
 
 /// How an Executable should use the compile cache (see codegen/README.md, "Compile cache"), and

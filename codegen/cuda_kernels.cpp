@@ -121,6 +121,7 @@ std::shared_ptr<const Executable> one_op_kernel(const OpCall& c,
     g.output(g.op(c.op, vals, c.attrs));
     CompileOptions options;
     options.device = device;
+    options.gpu = GpuTarget::from_env();
     exe = std::make_shared<const Executable>(g, options);
   } catch (const Error&) {
     exe = nullptr;  // not in the IR, or no lowering: the host path

@@ -3,6 +3,7 @@
 // Pipeline, registrations and gotchas: /work/shared/notes/mlir22-toolchain.md, section 3.
 #include "codegen/gpu_lowering.h"
 
+#include <cstdlib>
 #include <mutex>
 
 #include "codegen/jit.h"
@@ -328,6 +329,24 @@ void log_stage(const char* stage, mlir::ModuleOp m) {
 
 }  // namespace
 
+GpuTarget GpuTarget::from_env() {
+  GpuTarget t;
+  auto env = [](const char* name) -> std::string {
+    const char* v = std::getenv(name);
+    return v && *v ? v : "";
+  };
+  if (std::string a = env("KILN_CUDA_ARCH"); !a.empty()) t.chip = a;
+  if (std::string f = env("KILN_CUDA_PTX_FEATURES"); !f.empty()) t.features = f;
+  if (std::string n = env("KILN_CUDA_THREADS_PER_BLOCK"); !n.empty()) {
+    int v = std::atoi(n.c_str());
+    if (v < 32 || v > 1024 || v % 32 != 0)
+      throw Error("KILN_CUDA_THREADS_PER_BLOCK",
+                  "must be a multiple of 32 in [32, 1024], got \"" + n + "\"");
+    t.threads_per_block = v;
+  }
+  return t;
+}
+
 void fill_gpu_registry(mlir::DialectRegistry& r) {
   r.insert<mlir::gpu::GPUDialect, mlir::NVVM::NVVMDialect, mlir::nvgpu::NVGPUDialect>();
   mlir::NVVM::registerNVVMTargetInterfaceExternalModels(r);
@@ -352,10 +371,11 @@ void lower_for_gpu(mlir::ModuleOp m, const GpuTarget& target, bool row_separable
   wrap_host_accesses(fn);
   if (!(row_separable && fuse_rows(fn))) linearize(fn);
   log_stage("GPU parallel loops", m);
-  // Blocks of 256 threads (no-min-max-bounds: with an affine.min bound
+  // Blocks of threads_per_block threads (no-min-max-bounds: with an affine.min bound
   // convert-parallel-loops-to-gpu silently leaves the loop on the host).
   run(m,
-      "func.func(scf-parallel-loop-tiling{parallel-loop-tile-sizes=256 no-min-max-bounds=true},"
+      "func.func(scf-parallel-loop-tiling{parallel-loop-tile-sizes=" +
+          std::to_string(target.threads_per_block) + " no-min-max-bounds=true},"
       "gpu-map-parallel-loops,convert-parallel-loops-to-gpu),gpu-kernel-outlining,canonicalize,"
       "cse",
       "kernels", messages);

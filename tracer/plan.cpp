@@ -444,6 +444,7 @@ void Plan::build_region(Region& r, const PlanOptions& o) {
         if (!p.values[v].wrapped && p.values[v].device.is_cuda()) r.device = p.values[v].device;
       codegen::CompileOptions co;
       co.device = r.device;
+      if (r.device.is_cuda()) co.gpu = codegen::GpuTarget::from_env();
       if (g.num_outputs() > 0) r.exe = std::make_shared<codegen::Executable>(g, co);
       r.static_only = has_sym && !dynamic;
       return;
