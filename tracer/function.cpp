@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <thread>
 #include <shared_mutex>
 #include <tuple>
 #include <unordered_set>
@@ -255,10 +256,28 @@ std::unique_ptr<Segment> make_chain(const std::shared_ptr<const Program>& p, siz
       bo.compile = po.compile;
       bo.live_after.assign(p->values.size(), false);
       for (int v : p->grad_results) if (v >= 0) bo.live_after[v] = true;
-      seg->backward = std::make_shared<Plan>(p, p->backward_begin, p->nodes.size(), bo);
+      // The backward's regions compile on another thread while the forward's compile here:
+      // each plan alone may not have enough regions to keep every core busy (the Transformer
+      // layer's forward is one region).
+      std::exception_ptr backward_error;
+      std::thread backward_builder([&, bo = std::move(bo)] {
+        try {
+          seg->backward = std::make_shared<Plan>(p, p->backward_begin, p->nodes.size(), bo);
+        } catch (...) {
+          backward_error = std::current_exception();
+        }
+      });
+      try {
+        seg->plan = std::make_unique<Plan>(p, seg->begin, seg->end, po);
+      } catch (...) {
+        backward_builder.join();
+        throw;
+      }
+      backward_builder.join();
+      if (backward_error) std::rethrow_exception(backward_error);
     }
   }
-  seg->plan = std::make_unique<Plan>(p, seg->begin, seg->end, po);
+  if (!seg->plan) seg->plan = std::make_unique<Plan>(p, seg->begin, seg->end, po);
   if (!seg->leaf) {
     const Node& read = p->nodes[end];
     seg->children.push_back({read.read_value, make_chain(p, end + 1, o)});
