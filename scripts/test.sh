@@ -10,7 +10,7 @@
 #  3. the ThreadSanitizer stage: $KILN_BUILD_DIR-tsan with -DKILN_SANITIZE=thread, test_tracer
 #     only, running the threaded compile() tests (ctest tracer_tsan: 8 threads x 1,000 calls).
 # KILN_SKIP_SANITIZERS=1 skips stages 2 and 3 (fast local runs). KILN_SANITIZER_TESTS (a space
-# list of core eager nn ir codegen tracer) picks stage 2's tests; the default is all of them,
+# list of core eager nn ir codegen tracer cuda) picks stage 2's tests; the default is all of them,
 # the JIT tests (codegen, tracer) included (tests/README.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
