@@ -140,6 +140,7 @@ std::string serialize(const std::string& key, const CompiledMeta& meta, const st
   payload.u32(meta.row_split.gemm);
   payload.str(meta.ptx);
   payload.u32(static_cast<uint32_t>(meta.gpu_kernels));
+  payload.u32(static_cast<uint32_t>(meta.cuda_device));
   payload.str(object);
   Writer w;
   w.raw(kMagic, sizeof kMagic);
@@ -181,6 +182,7 @@ std::string deserialize(std::string_view bytes, const std::string& key, Entry& e
   entry.meta.row_split.gemm = r.u32() != 0;
   entry.meta.ptx = std::string(r.str());
   entry.meta.gpu_kernels = static_cast<int>(r.u32());
+  entry.meta.cuda_device = static_cast<int>(r.u32());
   entry.object = std::string(r.str());
   if (!r.ok || !r.in.empty()) return "corrupted entry (malformed)";
   return "";
@@ -292,8 +294,9 @@ std::shared_ptr<const CompiledCode> get_or_compile(const std::string& graph_mlir
   const bool loops_for_gemm = no_gemm && *no_gemm && *no_gemm != '0';
   const std::string gpu_target =
       options.device.is_cuda()
-          ? fmt::format("\ncuda {} {} O{} {}", options.gpu.chip, options.gpu.features,
-                        options.gpu.opt_level, options.gpu.threads_per_block)
+          ? fmt::format("\n{} {} {} O{} {}", options.device.str(), options.gpu.chip,
+                        options.gpu.features, options.gpu.opt_level,
+                        options.gpu.threads_per_block)
           : "";
   const std::string key = host_target_id() + gpu_target +
                           (loops_for_gemm ? "\nno-extern-gemm" : "") + "\n" + graph_mlir;

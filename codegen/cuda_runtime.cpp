@@ -2,7 +2,9 @@
 // ones (backends/cuda/mlir_runtime.cpp): intermediates' device memory and the GEMM on cuBLAS.
 // Like every runtime function they must not throw through JIT-compiled frames: the first error
 // is recorded per thread and Executable::run raises it (take_cuda_runtime_error).
+#include <algorithm>
 #include <optional>
+#include <string>
 
 #include "backends/cuda/blas.h"
 #include "backends/cuda/mlir_runtime.h"
@@ -27,9 +29,13 @@ void record(const Error& e) {
 void* rt_cuda_malloc(size_t nbytes) { return mgpuMemAlloc(nbytes, nullptr, false); }
 void* rt_cuda_aligned_alloc(size_t alignment, size_t nbytes) {
   // Device allocations are 256-byte aligned (cuMemAlloc), more than compiled code asks for.
-  return alignment <= 256 ? rt_cuda_malloc(nbytes) : nullptr;
+  if (alignment <= 256) return rt_cuda_malloc(nbytes);
+  record(Error("kiln_rt_cuda_aligned_alloc", "alignment " + std::to_string(alignment) +
+                                                 " above the device's 256 bytes"));
+  return nullptr;
 }
-// Frees wait for the queued kernels that may still read the block (mgpuMemFree).
+// Everything runs on the kiln stream, so a freed block reused by a later allocation is only
+// touched by work queued after the work that used it.
 void rt_cuda_free(void* ptr) { mgpuMemFree(ptr, nullptr); }
 
 /// The CPU GEMM's calling convention (codegen/runtime.cpp, extern_calls.cpp) on cuBLAS:
@@ -40,8 +46,13 @@ void rt_cuda_gemm(int64_t batch, int64_t m, int64_t n, int64_t k, int64_t a, int
                   int64_t ldb, int64_t c, int64_t off_c, int64_t batch_c, int64_t ldc,
                   int64_t beta, int64_t trans_a, int64_t trans_b) {
   const int64_t size = static_cast<int64_t>(itemsize(D));
+  if (t_error || cuda::runtime_error_pending()) return;  // operands may be null (a failed alloc)
   try {
     if (m == 0 || n == 0) return;
+    if (k == 0) {  // an empty sum: C = beta C, which cuBLAS computes (its lda/ldb must be >= 1)
+      lda = std::max<int64_t>(lda, 1);
+      ldb = std::max<int64_t>(ldb, 1);
+    }
     cuda::gemm_strided_batched(D, trans_a != 0, trans_b != 0, m, n, k, 1.0,
                                reinterpret_cast<const char*>(a) + off_a * size, lda, batch_a,
                                reinterpret_cast<const char*>(b) + off_b * size, ldb, batch_b,

@@ -471,6 +471,7 @@ std::string Executable::Impl::compile(const std::string& graph_mlir, bool relax)
     lower_for_gpu(m, I.gpu, row_separable, I.messages, gpu);
     I.ptx = std::move(gpu.ptx);
     I.gpu_kernels = gpu.kernels;
+    I.cuda_device = I.device.index;
     I.stats.bufferize_ms = lap();
     log_module("GPU kernels (PTX) and host code in the LLVM dialect", m);
     return emit_object(m, I.messages, I.stats);

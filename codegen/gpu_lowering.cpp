@@ -369,7 +369,8 @@ void lower_for_gpu(mlir::ModuleOp m, const GpuTarget& target, bool row_separable
       messages);
   fn = m.lookupSymbol<mlir::func::FuncOp>("main");
   wrap_host_accesses(fn);
-  if (!(row_separable && fuse_rows(fn))) linearize(fn);
+  if (row_separable) fuse_rows(fn);
+  linearize(fn);  // nests left multi-dimensional (grid y/z are limited to 65535)
   log_stage("GPU parallel loops", m);
   // Blocks of threads_per_block threads (no-min-max-bounds: with an affine.min bound
   // convert-parallel-loops-to-gpu silently leaves the loop on the host).

@@ -30,6 +30,8 @@
 #include "mlir/IR/BuiltinOps.h"
 #include "mlir/Target/LLVMIR/Export.h"
 
+extern "C" void mgpuSetDefaultDevice(int32_t device);  // backends/cuda/mlir_runtime.cpp
+
 namespace kiln::codegen {
 namespace {
 
@@ -101,12 +103,24 @@ void read_log_env() {
 
 namespace {
 std::atomic<int64_t> g_live_code{0};
+
+/// Makes CUDA device `index` current for the calling thread, for the driver and for the mgpu*
+/// runtime functions (backends/cuda/mlir_runtime.cpp), when CUDA is available.
+void select_cuda_device(int index) {
+  if (!cuda::is_available()) return;
+  cuda::set_current_device(index);
+  mgpuSetDefaultDevice(index);
+}
 std::atomic<int> g_fault{0};
 }  // namespace
 
 CompiledCode::CompiledCode() { g_live_code.fetch_add(1, std::memory_order_relaxed); }
 CompiledCode::~CompiledCode() {
-  if (fini) fini();  // before the JIT (and the code) goes
+  if (fini) {  // before the JIT (and the code) goes
+    select_cuda_device(meta.cuda_device);
+    fini();
+    (void)take_cuda_runtime_error();  // an unload failure must not surface in an unrelated run
+  }
   g_live_code.fetch_sub(1, std::memory_order_relaxed);
 }
 
@@ -251,7 +265,10 @@ std::shared_ptr<const CompiledCode> load_object(const std::string& object, Compi
   // Without a CUDA device, CUDA code is linked but not initialised (it cannot run).
   const bool can_init = code->meta.ptx.empty() || cuda::is_available();
   if (auto init = (*jit)->lookup(kKilnInit); init && can_init) {
+    select_cuda_device(code->meta.cuda_device);  // the module loads into this device's context
     init->toPtr<void (*)()>()();
+    if (std::optional<Error> e = take_cuda_runtime_error())  // e.g. PTX the driver rejects
+      throw Error(where, std::string("loading the CUDA kernels: ") + e->what());
     if (auto fini = (*jit)->lookup(kKilnFini)) code->fini = fini->toPtr<void (*)()>();
     else llvm::consumeError(fini.takeError());
   } else if (!init) {

@@ -46,6 +46,7 @@ struct CompiledMeta {
   /// CUDA code: the kernels' PTX (empty on cpu) and their count.
   std::string ptx;
   int gpu_kernels = 0;
+  int cuda_device = 0;  ///< the CUDA device whose context loads the PTX module
 };
 
 /// `_mlir_ciface_main` behind a packed-arguments wrapper: args[i] points at argument i.

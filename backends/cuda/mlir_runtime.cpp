@@ -54,6 +54,7 @@ const DriverApi& current(const char* op) {
 }  // namespace
 
 std::optional<Error> take_runtime_error() { return std::exchange(t_first_error, std::nullopt); }
+bool runtime_error_pending() { return t_first_error.has_value(); }
 
 }  // namespace kiln::cuda
 
@@ -106,6 +107,12 @@ CUfunction mgpuModuleGetFunction(CUmodule module, const char* name) {
 void mgpuLaunchKernel(CUfunction function, intptr_t grid_x, intptr_t grid_y, intptr_t grid_z,
                       intptr_t block_x, intptr_t block_y, intptr_t block_z, int32_t shared_bytes,
                       CUstream stream, void** params, void** extra, size_t /*params_count*/) {
+  // After an earlier failure (an allocation that returned null) a launch would write through
+  // bad pointers and poison the context for the whole process: skip it; the caller raises the
+  // recorded error. An empty grid (a dim of size 0) has nothing to do.
+  if (t_first_error) return;
+  if (grid_x <= 0 || grid_y <= 0 || grid_z <= 0 || block_x <= 0 || block_y <= 0 || block_z <= 0)
+    return;
   guarded_void("mgpuLaunchKernel", [&] {
     CUresult r = current("mgpuLaunchKernel")
                      .cuLaunchKernel(function, unsigned(grid_x), unsigned(grid_y),
@@ -191,6 +198,7 @@ void mgpuMemFree(void* ptr, CUstream stream) {
 }
 
 void mgpuMemcpy(void* dst, void* src, size_t size_bytes, CUstream stream) {
+  if (t_first_error) return;  // see mgpuLaunchKernel
   guarded_void("mgpuMemcpy", [&] {
     // Unified addressing: the driver tells host from device pointers.
     check_runtime(current("mgpuMemcpy").cuMemcpyAsync(reinterpret_cast<CUdeviceptr>(dst),
@@ -201,6 +209,7 @@ void mgpuMemcpy(void* dst, void* src, size_t size_bytes, CUstream stream) {
 }
 
 void mgpuMemset32(void* dst, unsigned int value, size_t count, CUstream stream) {
+  if (t_first_error) return;  // see mgpuLaunchKernel
   guarded_void("mgpuMemset32", [&] {
     check_runtime(current("mgpuMemset32").cuMemsetD32Async(reinterpret_cast<CUdeviceptr>(dst),
                                                             value, count, stream),
@@ -209,6 +218,7 @@ void mgpuMemset32(void* dst, unsigned int value, size_t count, CUstream stream) 
 }
 
 void mgpuMemset16(void* dst, unsigned short value, size_t count, CUstream stream) {
+  if (t_first_error) return;  // see mgpuLaunchKernel
   guarded_void("mgpuMemset16", [&] {
     check_runtime(current("mgpuMemset16").cuMemsetD16Async(reinterpret_cast<CUdeviceptr>(dst),
                                                             value, count, stream),

@@ -26,5 +26,8 @@ std::vector<std::pair<const char*, void*>> mlir_runtime_symbols();
 /// The first error recorded by an mgpu* function on the calling thread since the last call
 /// (and clears it); nullopt when none.
 std::optional<Error> take_runtime_error();
+/// Whether an error is recorded on the calling thread (launches, copies and memsets are then
+/// skipped: after a failed allocation they would write through null pointers).
+bool runtime_error_pending();
 
 }  // namespace kiln::cuda
