@@ -256,10 +256,4 @@ const bool g_registered = [] {
 }();
 
 }  // namespace
-
-void clear_cuda_kernel_cache() {
-  std::lock_guard lock(cache().mutex);
-  cache().kernels.clear();
-}
-
 }  // namespace kiln::codegen
