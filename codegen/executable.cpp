@@ -276,15 +276,6 @@ std::vector<int64_t> descriptor(void* data, const Shape& shape) {
   return d;
 }
 
-/// KILN_LOGS=ir: the module after `stage`.
-void log_module(const char* stage, mlir::ModuleOp m) {
-  if (!log_enabled(kLogIr)) return;
-  std::string text;
-  llvm::raw_string_ostream os(text);
-  m.print(os);
-  log_text(stage, text);
-}
-
 }  // namespace
 
 // CompiledMeta: inputs, outputs, kernels, linalg, row_split (filled by compile(), or copied from
@@ -299,13 +290,7 @@ struct Executable::Impl : CompiledMeta {
   Impl() : ctx(mlir::MLIRContext::Threading::DISABLED) {}
 
   void run_pipeline(mlir::ModuleOp m, const std::string& pipeline, const char* stage) {
-    mlir::PassManager pm = mlir::PassManager::on<mlir::ModuleOp>(&ctx);
-    std::string err;
-    llvm::raw_string_ostream es(err);
-    if (mlir::failed(mlir::parsePassPipeline(pipeline, pm, es)))
-      throw Error(std::string("codegen::Executable: ") + stage, "bad pipeline: " + err);
-    if (mlir::failed(pm.run(m)))
-      throw Error(std::string("codegen::Executable: ") + stage, messages);
+    run_pass_pipeline(m, pipeline, stage, messages);
   }
 
   std::string compile(const std::string& graph_mlir, bool relax);

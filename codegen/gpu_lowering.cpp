@@ -52,12 +52,7 @@ void init_gpu_once() {
 
 void run(mlir::ModuleOp m, const std::string& pipeline, const char* stage,
          const std::string& messages) {
-  mlir::PassManager pm = mlir::PassManager::on<mlir::ModuleOp>(m.getContext());
-  std::string err;
-  llvm::raw_string_ostream es(err);
-  if (mlir::failed(mlir::parsePassPipeline(pipeline, pm, es)))
-    throw Error(std::string("codegen (gpu): ") + stage, "bad pipeline: " + err);
-  if (mlir::failed(pm.run(m))) throw Error(std::string("codegen (gpu): ") + stage, messages);
+  run_pass_pipeline(m, pipeline, std::string("GPU ") + stage, messages);
 }
 
 /// The runtime GEMM calls (kiln-extern-calls) go to cuBLAS: same arguments, device pointers.
@@ -318,15 +313,6 @@ void expand_remf(mlir::ModuleOp m) {
   }
 }
 
-/// KILN_LOGS=ir: the module after `stage`.
-void log_stage(const char* stage, mlir::ModuleOp m) {
-  if (!log_enabled(kLogIr)) return;
-  std::string text;
-  llvm::raw_string_ostream os(text);
-  m.print(os);
-  log_text(stage, text);
-}
-
 }  // namespace
 
 GpuTarget GpuTarget::from_env() {
@@ -371,7 +357,7 @@ void lower_for_gpu(mlir::ModuleOp m, const GpuTarget& target, bool row_separable
   wrap_host_accesses(fn);
   if (row_separable) fuse_rows(fn);
   linearize(fn);  // nests left multi-dimensional (grid y/z are limited to 65535)
-  log_stage("GPU parallel loops", m);
+  log_module("GPU parallel loops", m);
   // Blocks of threads_per_block threads (no-min-max-bounds: with an affine.min bound
   // convert-parallel-loops-to-gpu silently leaves the loop on the host).
   run(m,

@@ -28,6 +28,8 @@
 #include "llvm/Target/TargetMachine.h"
 #include "mlir/ExecutionEngine/OptUtils.h"
 #include "mlir/IR/BuiltinOps.h"
+#include "mlir/Pass/PassManager.h"
+#include "mlir/Pass/PassRegistry.h"
 #include "mlir/Target/LLVMIR/Export.h"
 
 extern "C" void mgpuSetDefaultDevice(int32_t device);  // backends/cuda/mlir_runtime.cpp
@@ -291,6 +293,25 @@ void log_text(std::string_view stage, std::string_view text) {
   out += text;
   if (!out.empty() && out.back() != '\n') out += '\n';
   std::fwrite(out.data(), 1, out.size(), stderr);
+}
+
+void log_module(std::string_view stage, mlir::ModuleOp m) {
+  if (!log_enabled(kLogIr)) return;
+  std::string text;
+  llvm::raw_string_ostream os(text);
+  m.print(os);
+  log_text(stage, text);
+}
+
+void run_pass_pipeline(mlir::ModuleOp m, const std::string& pipeline, std::string_view stage,
+                       const std::string& diagnostics) {
+  mlir::PassManager pm = mlir::PassManager::on<mlir::ModuleOp>(m.getContext());
+  std::string err;
+  llvm::raw_string_ostream es(err);
+  const std::string where = "codegen::Executable: " + std::string(stage);
+  if (mlir::failed(mlir::parsePassPipeline(pipeline, pm, es)))
+    throw Error(where, "bad pipeline: " + err);
+  if (mlir::failed(pm.run(m))) throw Error(where, diagnostics);
 }
 
 void set_log_stages(std::string_view stages) {

@@ -86,6 +86,12 @@ enum LogStage : unsigned { kLogIr = 1, kLogCodegen = 2 };
 bool log_enabled(LogStage stage);
 /// Writes a header line naming `stage`, then `text`, to stderr in one piece.
 void log_text(std::string_view stage, std::string_view text);
+/// KILN_LOGS=ir: prints module `m` under a header naming `stage`.
+void log_module(std::string_view stage, mlir::ModuleOp m);
+/// Parses and runs the textual pass `pipeline` on `m`; throws kiln::Error naming `stage` with
+/// `diagnostics` (the MLIR diagnostics collected so far) when it fails.
+void run_pass_pipeline(mlir::ModuleOp m, const std::string& pipeline, std::string_view stage,
+                       const std::string& diagnostics);
 
 /// Milliseconds since construction or the previous call.
 class Lap {
