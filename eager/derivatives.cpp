@@ -252,7 +252,17 @@ std::vector<Tensor> linalg(const BackwardContext& c, const Tensor& g) {
   if (b.dim() == 1) g2 = g2.unsqueeze(-1);
   std::vector<Tensor> out(2);
   if (c.needs_grad[0]) out[0] = sum_to(matmul(g2, b2.transpose(-1, -2)), a2.shape()).reshape(a.shape());
-  if (c.needs_grad[1]) out[1] = sum_to(matmul(a2.transpose(-1, -2), g2), b2.shape()).reshape(b.shape());
+  if (c.needs_grad[1]) {
+    if (b2.dim() == 2 && a2.dim() > 2) {
+      // b is shared by every batch (a linear layer's weight): sum_b a_bᵀ·g_b is one GEMM over
+      // the folded rows, [K, B·M]·[B·M, N] (PyTorch folds the same way), instead of B products
+      // [B, K, N] then a sum over B.
+      const int64_t k = a2.shape().back(), n = g2.shape().back();
+      out[1] = matmul(a2.reshape({-1, k}).t(), g2.reshape({-1, n})).reshape(b.shape());
+    } else {
+      out[1] = sum_to(matmul(a2.transpose(-1, -2), g2), b2.shape()).reshape(b.shape());
+    }
+  }
   return out;
 }
 
