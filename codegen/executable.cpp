@@ -12,6 +12,7 @@
 #include "codegen/jit.h"
 #include "codegen/lower.h"
 #include "codegen/row_split.h"
+#include "codegen/cpu_parallel.h"
 #include "backends/cpu/parallel.h"
 #include "backends/cuda/driver.h"
 #include "core/error.h"
@@ -23,6 +24,7 @@
 #include "mlir/Conversion/IndexToLLVM/IndexToLLVM.h"
 #include "mlir/Conversion/MathToLLVM/MathToLLVM.h"
 #include "mlir/Conversion/MemRefToLLVM/MemRefToLLVM.h"
+#include "mlir/Conversion/OpenMPToLLVM/ConvertOpenMPToLLVM.h"
 #include "mlir/Conversion/Passes.h"
 #include "mlir/Conversion/UBToLLVM/UBToLLVM.h"
 #include "mlir/Dialect/Affine/IR/AffineOps.h"
@@ -58,6 +60,7 @@
 #include "mlir/Pass/PassRegistry.h"
 #include "mlir/Target/LLVMIR/Dialect/Builtin/BuiltinToLLVMIRTranslation.h"
 #include "mlir/Target/LLVMIR/Dialect/LLVMIR/LLVMToLLVMIRTranslation.h"
+#include "mlir/Target/LLVMIR/Dialect/OpenMP/OpenMPToLLVMIRTranslation.h"
 #include "mlir/Transforms/GreedyPatternRewriteDriver.h"
 #include "mlir/Transforms/Passes.h"
 
@@ -118,6 +121,8 @@ void fill_registry(mlir::DialectRegistry& r) {
   mlir::ub::registerConvertUBToLLVMInterface(r);
   mlir::registerBuiltinDialectTranslation(r);
   mlir::registerLLVMDialectTranslation(r);
+  mlir::registerConvertOpenMPToLLVMInterface(r);  // cpu_parallel.h
+  mlir::registerOpenMPDialectTranslation(r);
   fill_gpu_registry(r);
 }
 
@@ -475,7 +480,15 @@ std::string Executable::Impl::compile(const std::string& graph_mlir, bool relax)
     mlir::linalg::CopyOp::create(b, copy.getLoc(), copy.getSource(), copy.getTarget());
     copy.erase();
   });
-  I.run_pipeline(m, "func.func(convert-linalg-to-loops)", "loops");
+  if (I.row_split.splittable) {
+    I.run_pipeline(m, "func.func(convert-linalg-to-loops)", "loops");  // run() splits the rows
+  } else {
+    // Each loop nest shared out over the thread pool (cpu_parallel.h).
+    I.run_pipeline(m, "func.func(convert-linalg-to-parallel-loops)", "loops");
+    prepare_parallel_loops(m);
+    I.run_pipeline(m, "convert-scf-to-openmp", "parallel loops");
+    finish_parallel_loops(m);
+  }
   // 4. tanh/exp/erf/... as polynomials (arith + fma) instead of scalar libm calls.
   {
     mlir::RewritePatternSet patterns(&I.ctx);

@@ -14,6 +14,8 @@
 #include "core/error.h"
 #include "ir/graph_internal.h"
 #include "llvm/IR/Verifier.h"
+#include "llvm/Object/ELFObjectFile.h"
+#include <unistd.h>
 #include "llvm/ExecutionEngine/Orc/AbsoluteSymbols.h"
 #include "llvm/ExecutionEngine/Orc/JITTargetMachineBuilder.h"
 #include "llvm/ExecutionEngine/Orc/LLJIT.h"
@@ -239,6 +241,57 @@ std::string emit_object(mlir::ModuleOp m, const std::string& diagnostics, Compil
   return std::string(object.begin(), object.end());
 }
 
+namespace {
+
+/// KILN_PERF_MAP=1: appends the loaded code's functions (outlined parallel loops included) to
+/// /tmp/perf-<pid>.map, which `perf report` reads to name JIT-compiled code. Addresses come
+/// from the entry's: every function of the object is in its one .text section.
+void write_perf_map(const std::string& object, uint64_t entry_address) {
+  static const bool enabled = [] {
+    const char* v = std::getenv("KILN_PERF_MAP");
+    return v && *v && *v != '0';
+  }();
+  if (!enabled) return;
+  auto obj = llvm::object::ObjectFile::createObjectFile(
+      llvm::MemoryBufferRef(object, "kiln"));
+  if (!obj) {
+    llvm::consumeError(obj.takeError());
+    return;
+  }
+  struct Fn { std::string name; uint64_t offset, size; };
+  std::vector<Fn> fns;
+  uint64_t entry_offset = 0;
+  bool found = false;
+  for (const llvm::object::SymbolRef& sym : (*obj)->symbols()) {
+    auto type = sym.getType();
+    auto name = sym.getName();
+    auto value = sym.getValue();
+    if (!type || !name || !value) {
+      if (!type) llvm::consumeError(type.takeError());
+      if (!name) llvm::consumeError(name.takeError());
+      if (!value) llvm::consumeError(value.takeError());
+      continue;
+    }
+    if (*type != llvm::object::SymbolRef::ST_Function) continue;
+    uint64_t size = llvm::object::ELFSymbolRef(sym).getSize();
+    fns.push_back({name->str(), *value, size});
+    if (*name == kPackedEntry) entry_offset = *value, found = true;
+  }
+  if (!found) return;
+  static std::mutex mu;
+  std::lock_guard<std::mutex> lock(mu);
+  std::string path = "/tmp/perf-" + std::to_string(getpid()) + ".map";
+  if (FILE* f = std::fopen(path.c_str(), "a")) {
+    for (const Fn& fn : fns)
+      std::fprintf(f, "%llx %llx kiln:%s\n",
+                   static_cast<unsigned long long>(entry_address - entry_offset + fn.offset),
+                   static_cast<unsigned long long>(fn.size), fn.name.c_str());
+    std::fclose(f);
+  }
+}
+
+}  // namespace
+
 std::shared_ptr<const CompiledCode> load_object(const std::string& object, CompiledMeta meta,
                                                 CompileStats& stats) {
   Lap lap;
@@ -263,6 +316,7 @@ std::shared_ptr<const CompiledCode> load_object(const std::string& object, Compi
   auto code = std::make_shared<CompiledCode>();
   code->meta = std::move(meta);
   code->fn = entry->toPtr<PackedFn>();
+  write_perf_map(object, entry->getValue());
   // Static initialisers (CUDA code: loading its PTX module), see expose_static_initializers.
   // Without a CUDA device, CUDA code is linked but not initialised (it cannot run).
   const bool can_init = code->meta.ptx.empty() || cuda::is_available();

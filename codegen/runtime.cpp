@@ -10,6 +10,7 @@
 
 #include "backends/cpu/allocator.h"
 #include "backends/cpu/blas.h"
+#include "codegen/omp_runtime.h"
 
 namespace kiln::codegen {
 namespace {
@@ -133,6 +134,7 @@ const std::vector<RuntimeSymbol>& runtime_symbols() {
         {"kiln_rt_gemm_f32", reinterpret_cast<void*>(&gemm_batched<float>)},
         {"kiln_rt_gemm_f64", reinterpret_cast<void*>(&gemm_batched<double>)},
     };
+    for (const RuntimeSymbol& r : omp_runtime_symbols()) s.push_back(r);
     for (const RuntimeSymbol& r : cuda_runtime_symbols()) s.push_back(r);
     return s;
   }();

@@ -481,6 +481,18 @@ void run_node_eagerly(const Program& p, const Node& n, RunState& st) {
 
 void Plan::run_eager(const Node& n, RunState& st) const { run_node_eagerly(*p_, n, st); }
 
+namespace {
+/// KILN_ALWAYS_COMPILED=1: compiled regions always run their compiled code, never the measured
+/// choice of eager kernels (to profile or debug the compiled code itself).
+bool always_compiled() {
+  static const bool on = [] {
+    const char* v = std::getenv("KILN_ALWAYS_COMPILED");
+    return v && *v && *v != '0';
+  }();
+  return on;
+}
+}  // namespace
+
 void Plan::run_region(const Region& r, RunState& st) const {
   const Program& p = *p_;
   auto run_eagerly = [&] {
@@ -507,7 +519,7 @@ void Plan::run_region(const Region& r, RunState& st) const {
       return;
     }
     int trial = r.trials.fetch_add(1, std::memory_order_relaxed);
-    if (trial < Region::kTrials) {
+    if (trial < Region::kTrials && !always_compiled()) {
       auto t0 = std::chrono::steady_clock::now();
       bool eager = trial % 2 == 1;
       if (eager) run_eagerly();

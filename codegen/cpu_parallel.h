@@ -1,0 +1,29 @@
+#pragma once
+/// Multi-threading inside a compiled graph that cannot be split by rows (row_split.h): each
+/// top-level parallel loop nest is shared out over kiln's thread pool. Internal to codegen/
+/// (MLIR inside).
+///
+/// After `convert-linalg-to-parallel-loops`, every `scf.parallel` directly in @main keeps its
+/// leading dims parallel (all but the innermost, which becomes an `scf.for` so that LLVM still
+/// vectorises it; a 1-D loop stays parallel), is preceded by a call
+/// `kiln_rt_parallel_work(iterations)` (runtime: small nests run on the calling thread), and is
+/// then lowered by MLIR's `convert-scf-to-openmp`. Parallel loops anywhere else (inside a
+/// sequential loop, e.g. a column sum's inner loop) become `scf.for` nests: forking per outer
+/// iteration costs more than it gains. The OpenMP entry points the lowered code calls
+/// (`__kmpc_fork_call`, `__kmpc_for_static_init_8u`, ...) are kiln's own, over its thread pool
+/// (omp_runtime.cpp), so no OpenMP runtime with its own (spinning) threads is loaded.
+#include "mlir/IR/BuiltinOps.h"
+
+namespace kiln::codegen {
+
+/// Rewrites @main's `scf.parallel` loops as described above. Throws kiln::Error for a parallel
+/// loop with reductions (convert-linalg-to-parallel-loops makes none).
+void prepare_parallel_loops(mlir::ModuleOp m);
+
+/// After convert-scf-to-openmp: inlines the `memref.alloca_scope` it wraps each loop body in
+/// when the body allocates nothing on the stack (kiln's never do). Its loops would otherwise
+/// become several blocks inside the scope, which the scope does not allow, and conversion to
+/// the LLVM dialect fails.
+void finish_parallel_loops(mlir::ModuleOp m);
+
+}  // namespace kiln::codegen

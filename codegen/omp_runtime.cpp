@@ -1,0 +1,125 @@
+// The OpenMP entry points that MLIR's convert-scf-to-openmp code calls, over kiln's thread pool
+// (cpu_parallel.h). Only what that lowering emits for a parallel loop without reductions:
+//   __kmpc_fork_call(loc, argc, microtask, args...)  run microtask on every thread of a team
+//   __kmpc_for_static_init_8u(...)                   this thread's block of the iterations
+//   __kmpc_for_static_fini, __kmpc_barrier           nothing to do (see below)
+//   __kmpc_global_thread_num                         the thread's index in its team
+// A team is a cpu::parallel_for over team indices, so it never spins and nests (a graph run
+// inside a row block or another parallel_for) run inline, one team member after the other.
+// That is why the barrier is a no-op: the lowering places it at the end of the work-sharing
+// loop, right before the region's join, and the join (parallel_for returning) already waits
+// for every member; members never wait for each other inside a region.
+#include <algorithm>
+#include <cstdarg>
+#include <cstdint>
+#include <limits>
+
+#include "backends/cpu/parallel.h"
+#include "codegen/omp_runtime.h"
+#include "codegen/runtime.h"
+
+namespace kiln::codegen {
+namespace {
+
+struct Team {
+  int32_t index = 0;
+  int32_t size = 1;
+};
+thread_local Team t_team;
+// Iterations of the next parallel loop (kiln_rt_parallel_work, called right before it).
+thread_local int64_t t_next_work = std::numeric_limits<int64_t>::max();
+
+using Microtask = void (*)(int32_t* global_tid, int32_t* bound_tid, ...);
+constexpr int kMaxArgs = 4;  // the lowering passes the captured values as one struct pointer
+
+void rt_parallel_work(int64_t iterations) { t_next_work = iterations; }
+
+int32_t kmpc_global_thread_num(void*) { return t_team.index; }
+
+void run_member(Microtask fn, int32_t argc, void* const* args, Team team) {
+  const Team outer = t_team;
+  t_team = team;
+  int32_t gtid = team.index, btid = 0;
+  switch (argc) {
+    case 0: fn(&gtid, &btid); break;
+    case 1: fn(&gtid, &btid, args[0]); break;
+    case 2: fn(&gtid, &btid, args[0], args[1]); break;
+    case 3: fn(&gtid, &btid, args[0], args[1], args[2]); break;
+    default: fn(&gtid, &btid, args[0], args[1], args[2], args[3]); break;
+  }
+  t_team = outer;
+}
+
+void kmpc_fork_call(void*, int32_t argc, Microtask fn, ...) {
+  void* args[kMaxArgs] = {};
+  va_list ap;
+  va_start(ap, fn);
+  for (int32_t i = 0; i < std::min(argc, kMaxArgs); ++i) args[i] = va_arg(ap, void*);
+  va_end(ap);
+  const int64_t work = t_next_work;
+  t_next_work = std::numeric_limits<int64_t>::max();
+  const int threads = cpu::num_threads();
+  if (threads <= 1 || work < kParallelMinIterations) {
+    run_member(fn, argc, args, Team{0, 1});
+    return;
+  }
+  cpu::parallel_for(0, threads, 1, [&](int64_t begin, int64_t end) {
+    SerialGemmScope serial_gemm;  // the team members are the parallelism
+    for (int64_t i = begin; i < end; ++i)
+      run_member(fn, argc, args, Team{static_cast<int32_t>(i), threads});
+  });
+}
+
+/// Static schedule without chunks (schedule 34): member i of n gets the i-th of n nearly equal
+/// contiguous blocks of [*lower, *upper] (inclusive bounds, increment 1 as the lowering
+/// normalises loops). An empty block is returned as upper = lower - 1, which the lowered loop
+/// (trip count upper - lower + 1) runs zero times; an empty loop arrives the same way.
+template <class T>
+void static_init(int32_t* last, T* lower, T* upper, T* stride) {
+  using U = std::make_unsigned_t<T>;
+  const U lo = static_cast<U>(*lower), hi = static_cast<U>(*upper);
+  const U trip = hi - lo + 1;  // 0: empty
+  const U n = static_cast<U>(t_team.size), i = static_cast<U>(t_team.index);
+  const U base = trip / n, extra = trip % n;
+  const U begin = i * base + std::min(i, extra), count = base + (i < extra ? 1 : 0);
+  *lower = static_cast<T>(lo + begin);
+  *upper = static_cast<T>(lo + begin + count - 1);
+  *stride = static_cast<T>(trip);
+  *last = count > 0 && begin + count == trip;
+}
+
+void kmpc_for_static_init_8u(void*, int32_t, int32_t, int32_t* last, uint64_t* lower,
+                             uint64_t* upper, uint64_t* stride, int64_t, int64_t) {
+  static_init(last, lower, upper, stride);
+}
+void kmpc_for_static_init_8(void*, int32_t, int32_t, int32_t* last, int64_t* lower,
+                            int64_t* upper, int64_t* stride, int64_t, int64_t) {
+  static_init(last, lower, upper, stride);
+}
+void kmpc_for_static_init_4u(void*, int32_t, int32_t, int32_t* last, uint32_t* lower,
+                             uint32_t* upper, uint32_t* stride, int32_t, int32_t) {
+  static_init(last, lower, upper, stride);
+}
+void kmpc_for_static_init_4(void*, int32_t, int32_t, int32_t* last, int32_t* lower,
+                            int32_t* upper, int32_t* stride, int32_t, int32_t) {
+  static_init(last, lower, upper, stride);
+}
+void kmpc_nothing(void*, int32_t) {}
+
+}  // namespace
+
+std::vector<RuntimeSymbol> omp_runtime_symbols() {
+  return {
+      {"kiln_rt_parallel_work", reinterpret_cast<void*>(&rt_parallel_work)},
+      {"__kmpc_global_thread_num", reinterpret_cast<void*>(&kmpc_global_thread_num)},
+      {"__kmpc_fork_call", reinterpret_cast<void*>(&kmpc_fork_call)},
+      {"__kmpc_for_static_init_8u", reinterpret_cast<void*>(&kmpc_for_static_init_8u)},
+      {"__kmpc_for_static_init_8", reinterpret_cast<void*>(&kmpc_for_static_init_8)},
+      {"__kmpc_for_static_init_4u", reinterpret_cast<void*>(&kmpc_for_static_init_4u)},
+      {"__kmpc_for_static_init_4", reinterpret_cast<void*>(&kmpc_for_static_init_4)},
+      {"__kmpc_for_static_fini", reinterpret_cast<void*>(&kmpc_nothing)},
+      {"__kmpc_barrier", reinterpret_cast<void*>(&kmpc_nothing)},
+  };
+}
+
+}  // namespace kiln::codegen
