@@ -10,9 +10,11 @@
 // loop, right before the region's join, and the join (parallel_for returning) already waits
 // for every member; members never wait for each other inside a region.
 #include <algorithm>
+#include <atomic>
 #include <cstdarg>
 #include <cstdint>
 #include <limits>
+#include <type_traits>
 
 #include "backends/cpu/parallel.h"
 #include "codegen/omp_runtime.h"
@@ -26,6 +28,7 @@ struct Team {
   int32_t size = 1;
 };
 thread_local Team t_team;
+std::atomic<uint64_t> g_parallel_runs{0};
 // Iterations of the next parallel loop (kiln_rt_parallel_work, called right before it).
 thread_local int64_t t_next_work = std::numeric_limits<int64_t>::max();
 
@@ -63,6 +66,7 @@ void kmpc_fork_call(void*, int32_t argc, Microtask fn, ...) {
     run_member(fn, argc, args, Team{0, 1});
     return;
   }
+  g_parallel_runs.fetch_add(1, std::memory_order_relaxed);
   cpu::parallel_for(0, threads, 1, [&](int64_t begin, int64_t end) {
     SerialGemmScope serial_gemm;  // the team members are the parallelism
     for (int64_t i = begin; i < end; ++i)
@@ -70,22 +74,17 @@ void kmpc_fork_call(void*, int32_t argc, Microtask fn, ...) {
   });
 }
 
-/// Static schedule without chunks (schedule 34): member i of n gets the i-th of n nearly equal
-/// contiguous blocks of [*lower, *upper] (inclusive bounds, increment 1 as the lowering
-/// normalises loops). An empty block is returned as upper = lower - 1, which the lowered loop
-/// (trip count upper - lower + 1) runs zero times; an empty loop arrives the same way.
 template <class T>
 void static_init(int32_t* last, T* lower, T* upper, T* stride) {
   using U = std::make_unsigned_t<T>;
-  const U lo = static_cast<U>(*lower), hi = static_cast<U>(*upper);
-  const U trip = hi - lo + 1;  // 0: empty
-  const U n = static_cast<U>(t_team.size), i = static_cast<U>(t_team.index);
-  const U base = trip / n, extra = trip % n;
-  const U begin = i * base + std::min(i, extra), count = base + (i < extra ? 1 : 0);
-  *lower = static_cast<T>(lo + begin);
-  *upper = static_cast<T>(lo + begin + count - 1);
-  *stride = static_cast<T>(trip);
-  *last = count > 0 && begin + count == trip;
+  // The trip count in T's width (upper = lower - 1 is the empty loop in any width).
+  const U trip = static_cast<U>(static_cast<U>(*upper) - static_cast<U>(*lower) + U{1});
+  const uint64_t lo = static_cast<U>(*lower);
+  StaticBlock b = static_block(lo, lo + uint64_t{trip} - 1, t_team.index, t_team.size);
+  *lower = static_cast<T>(b.lower);
+  *upper = static_cast<T>(b.upper);
+  *stride = static_cast<T>(b.trip);
+  *last = b.last;
 }
 
 void kmpc_for_static_init_8u(void*, int32_t, int32_t, int32_t* last, uint64_t* lower,
@@ -107,6 +106,16 @@ void kmpc_for_static_init_4(void*, int32_t, int32_t, int32_t* last, int32_t* low
 void kmpc_nothing(void*, int32_t) {}
 
 }  // namespace
+
+StaticBlock static_block(uint64_t lower, uint64_t upper, int32_t index, int32_t size) {
+  const uint64_t trip = upper - lower + 1;  // 0: empty
+  const uint64_t n = static_cast<uint64_t>(size), i = static_cast<uint64_t>(index);
+  const uint64_t base = trip / n, extra = trip % n;
+  const uint64_t begin = i * base + std::min(i, extra), count = base + (i < extra ? 1 : 0);
+  return {lower + begin, lower + begin + count - 1, trip, count > 0 && begin + count == trip};
+}
+
+uint64_t parallel_loop_runs() { return g_parallel_runs.load(std::memory_order_relaxed); }
 
 std::vector<RuntimeSymbol> omp_runtime_symbols() {
   return {

@@ -12,6 +12,17 @@ namespace kiln::codegen {
 /// kernels (cpu::kGrainSize); waking a pool thread costs more than such a loop takes.
 inline constexpr int64_t kParallelMinIterations = 32768;
 
+/// Member `index` of a team of `size`'s block of the loop [lower, upper] (inclusive bounds,
+/// unsigned, increment 1; upper = lower - 1 is the empty loop): the index-th of `size` nearly
+/// equal contiguous blocks, the first trip % size one longer (OpenMP's static schedule without
+/// chunks, which __kmpc_for_static_init implements). An empty block has upper = lower - 1.
+/// trip: the loop's iteration count; last: this block ends the loop.
+struct StaticBlock {
+  uint64_t lower, upper, trip;
+  bool last;
+};
+StaticBlock static_block(uint64_t lower, uint64_t upper, int32_t index, int32_t size);
+
 /// kiln_rt_parallel_work and the __kmpc_* entry points, for runtime_symbols().
 std::vector<RuntimeSymbol> omp_runtime_symbols();
 

@@ -10,6 +10,7 @@
 
 #include "backends/cpu/allocator.h"
 #include "backends/cpu/blas.h"
+#include "backends/cpu/parallel.h"
 #include "codegen/omp_runtime.h"
 
 namespace kiln::codegen {
@@ -96,26 +97,35 @@ void gemm_batched(int64_t batch, int64_t m, int64_t n, int64_t k, int64_t a, int
                   int64_t beta, int64_t trans_a, int64_t trans_b) {
   g_gemm_calls.fetch_add(1, std::memory_order_relaxed);
   if (m == 0 || n == 0) return;
-  for (int64_t i = 0; i < batch; ++i) {
+  // Small products run on one thread, as eager matmul does (backends/cpu/matmul.cpp): waking
+  // oneDNN's second OpenMP thread costs ~25 us here, more than a 64x128x128 product takes. A
+  // batch of them (attention's per-head products) is spread over kiln's pool instead.
+  const bool small = 2.0 * double(m) * double(n) * double(k) < 16e6;
+  auto product = [&](int64_t i, bool serial) {
     const T* pa = reinterpret_cast<const T*>(a) + off_a + i * batch_a;
     const T* pb = reinterpret_cast<const T*>(b) + off_b + i * batch_b;
     T* pc = reinterpret_cast<T*>(c) + off_c + i * batch_c;
     if (k == 0) {  // an empty sum: C = beta · C
       if (beta == 0)
         for (int64_t r = 0; r < m; ++r) std::fill_n(pc + r * ldc, n, T(0));
-      continue;
+      return;
     }
-    // Small products run on one thread, as eager matmul does (backends/cpu/matmul.cpp): waking
-    // oneDNN's second OpenMP thread costs ~25 us here, more than a 64x128x128 product takes.
-    const bool small = 2.0 * double(m) * double(n) * double(k) < 16e6;
     if constexpr (std::is_same_v<T, float>)
-      if (cpu::sgemm(trans_a != 0, trans_b != 0, m, n, k, 1.f, pa, lda, pb, ldb, float(beta), pc, ldc,
-                     t_serial_gemm || small ? 1 : 0))
-        continue;
+      if (cpu::sgemm(trans_a != 0, trans_b != 0, m, n, k, 1.f, pa, lda, pb, ldb, float(beta), pc,
+                     ldc, serial ? 1 : 0))
+        return;
     // op(A)[i, p] = A[i·lda + p], or A[p·lda + i] transposed; op(B) likewise.
     cpu::gemm<T>(m, n, k, T(1), pa, trans_a ? 1 : lda, trans_a ? lda : 1, pb, trans_b ? 1 : ldb,
                  trans_b ? ldb : 1, T(beta), pc, ldc);
+  };
+  if (small && batch > 1 && !t_serial_gemm) {
+    const int64_t grain = std::max<int64_t>(1, int64_t(8e6 / (2.0 * double(m) * double(n) * double(k))));
+    cpu::parallel_for(0, batch, grain, [&](int64_t lo, int64_t hi) {
+      for (int64_t i = lo; i < hi; ++i) product(i, true);
+    });
+    return;
   }
+  for (int64_t i = 0; i < batch; ++i) product(i, t_serial_gemm || small);
 }
 
 }  // namespace

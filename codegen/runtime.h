@@ -31,6 +31,11 @@ std::optional<Error> take_cuda_runtime_error();
 /// process: tests check with it that a graph's matmuls went to BLAS.
 uint64_t gemm_calls();
 
+/// How many parallel loops compiled code has run on more than one thread in this process (the
+/// loop nests of graphs that are not row-splittable; codegen/cpu_parallel.h): tests check with
+/// it that large loops were shared out and small ones were not.
+uint64_t parallel_loop_runs();
+
 /// While alive on a thread, the runtime GEMM runs single-threaded on that thread: Executable::run
 /// sets it around each row block it runs on the thread pool (the blocks are the parallelism;
 /// a threaded BLAS inside each block would oversubscribe the cores).

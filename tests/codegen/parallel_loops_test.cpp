@@ -1,0 +1,118 @@
+// Loop nests of graphs that are not row-splittable, shared out over the thread pool
+// (codegen/cpu_parallel.h, codegen/omp_runtime.cpp), against eager mode.
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "backends/cpu/parallel.h"
+#include "codegen/codegen.h"
+#include "codegen/omp_runtime.h"
+#include "codegen/runtime.h"
+#include "kiln/kiln.h"
+
+using namespace kiln;
+
+namespace {
+
+/// Largest |a - b| / (1 + |b|) over all elements (float32, same shape).
+double max_rel_diff(const Tensor& a, const Tensor& b) {
+  REQUIRE(a.shape() == b.shape());
+  Tensor ac = a.contiguous(), bc = b.contiguous();
+  double m = 0;
+  for (int64_t i = 0; i < a.numel(); ++i) {
+    double x = ac.data<float>()[i], y = bc.data<float>()[i];
+    m = std::max(m, std::abs(x - y) / (1 + std::abs(y)));
+  }
+  return m;
+}
+
+/// out = x * sum(x) + transpose(x): the full sum reads every row, so the graph cannot be split
+/// by rows; its elementwise nest (and the transpose) can run in parallel.
+ir::Graph scaled_plus_transpose(int64_t n) {
+  ir::Graph g;
+  ir::Value x = g.input(DType::Float32, {n, n});
+  ir::Value s = g.op(OpKind::Sum, {x});
+  OpAttrs t;
+  t.dim = 0;
+  t.dim1 = 1;
+  ir::Value xt = g.op(OpKind::Transpose, {x}, t);
+  g.output(g.op(OpKind::Add, {g.op(OpKind::Mul, {x, s}), xt}));
+  return g;
+}
+
+Tensor reference(const Tensor& x) { return add(mul(x, sum(x)), x.t()); }
+
+}  // namespace
+
+TEST_CASE("parallel loops: static schedule blocks cover the loop exactly once") {
+  using codegen::static_block;
+  // 5 iterations over 2 members: [10, 12] and [13, 14].
+  auto a = static_block(10, 14, 0, 2), b = static_block(10, 14, 1, 2);
+  CHECK(a.lower == 10);
+  CHECK(a.upper == 12);
+  CHECK_FALSE(a.last);
+  CHECK(b.lower == 13);
+  CHECK(b.upper == 14);
+  CHECK(b.last);
+  CHECK(a.trip == 5);
+  // One iteration over 3 members: the others get empty blocks (upper = lower - 1).
+  CHECK(static_block(7, 7, 0, 3).upper == 7);
+  for (int i = 1; i < 3; ++i) {
+    auto e = static_block(7, 7, i, 3);
+    CHECK(e.upper + 1 == e.lower);
+    CHECK_FALSE(e.last);
+  }
+  // The empty loop (upper = lower - 1, also 0 - 1 wrapping): empty for everyone.
+  for (uint64_t lower : {uint64_t{0}, uint64_t{100}})
+    for (int i = 0; i < 2; ++i) {
+      auto e = static_block(lower, lower - 1, i, 2);
+      CHECK(e.trip == 0);
+      CHECK(e.upper + 1 == e.lower);
+    }
+  // Every split of [0, n) for n < 40, 1..5 members: contiguous, disjoint, complete.
+  for (uint64_t n = 1; n < 40; ++n)
+    for (int size = 1; size <= 5; ++size) {
+      uint64_t next = 0;
+      for (int i = 0; i < size; ++i) {
+        auto blk = static_block(0, n - 1, i, size);
+        CHECK(blk.lower == next);
+        next = blk.upper + 1;
+      }
+      CHECK(next == n);
+    }
+}
+
+TEST_CASE("parallel loops: a graph that is not row-splittable runs its loops on the pool") {
+  const int saved = cpu::num_threads();
+  cpu::set_num_threads(2);
+  codegen::Executable exe(scaled_plus_transpose(601));  // 361,201 elements, odd sizes
+  CHECK_FALSE(exe.row_parallel());
+  Tensor x = randn({601, 601});
+  const uint64_t before = codegen::parallel_loop_runs();
+  Tensor out = exe.run({x})[0];
+  CHECK(codegen::parallel_loop_runs() > before);
+  CHECK(max_rel_diff(out, reference(x)) < 1e-4);
+
+  SECTION("one thread: the same values, nothing shared out") {
+    cpu::set_num_threads(1);
+    const uint64_t at = codegen::parallel_loop_runs();
+    CHECK(max_rel_diff(exe.run({x})[0], out) == 0);
+    CHECK(codegen::parallel_loop_runs() == at);
+  }
+  SECTION("small loops stay on the calling thread") {
+    codegen::Executable small(scaled_plus_transpose(37));
+    Tensor xs = randn({37, 37});
+    const uint64_t at = codegen::parallel_loop_runs();
+    CHECK(max_rel_diff(small.run({xs})[0], reference(xs)) < 1e-4);
+    CHECK(codegen::parallel_loop_runs() == at);
+  }
+  SECTION("runs from inside the pool (nested: the team runs inline) give the same values") {
+    std::vector<Tensor> outs(4);
+    cpu::parallel_for(0, 4, 1, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) outs[i] = exe.run({x})[0];
+    });
+    for (const Tensor& o : outs) CHECK(max_rel_diff(o, out) == 0);
+  }
+  cpu::set_num_threads(saved);
+}
