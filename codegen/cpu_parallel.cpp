@@ -1,7 +1,12 @@
 // Parallel loop nests of graphs that are not row-splittable (cpu_parallel.h).
 #include "codegen/cpu_parallel.h"
 
+#include <algorithm>
+#include <optional>
+
+#include "codegen/omp_runtime.h"
 #include "core/error.h"
+#include "mlir/Dialect/Utils/StaticValueUtils.h"
 #include "mlir/Dialect/Arith/IR/Arith.h"
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/Dialect/MemRef/IR/MemRef.h"
@@ -65,6 +70,18 @@ void prepare_parallel_loops(mlir::ModuleOp m) {
     if (p.getNumResults() != 0)
       throw Error("codegen::Executable", "a parallel loop with reductions is not supported");
     if (p->getParentOp() != fn.getOperation()) {
+      split_parallel(p, 0);
+      continue;
+    }
+    // A nest with fewer iterations than the runtime would share out, known now: sequential,
+    // so small graphs (the digits MLP's) pay no fork call per loop.
+    std::optional<int64_t> iterations = int64_t{1};
+    for (auto [lb, ub] : llvm::zip(p.getLowerBound(), p.getUpperBound())) {
+      auto l = mlir::getConstantIntValue(lb), u = mlir::getConstantIntValue(ub);
+      if (!l || !u) iterations.reset();
+      else if (iterations) *iterations *= std::max<int64_t>(*u - *l, 0);
+    }
+    if (iterations && *iterations < kParallelMinIterations) {
       split_parallel(p, 0);
       continue;
     }

@@ -6,7 +6,8 @@
 /// After `convert-linalg-to-parallel-loops`, every `scf.parallel` directly in @main keeps its
 /// leading dims parallel (all but the innermost, which becomes an `scf.for` so that LLVM still
 /// vectorises it; a 1-D loop stays parallel), is preceded by a call
-/// `kiln_rt_parallel_work(iterations)` (runtime: small nests run on the calling thread), and is
+/// `kiln_rt_parallel_work(iterations)` (runtime: small nests run on the calling thread; a nest
+/// whose static sizes are already below that stays sequential code), and is
 /// then lowered by MLIR's `convert-scf-to-openmp`. Parallel loops anywhere else (inside a
 /// sequential loop, e.g. a column sum's inner loop) become `scf.for` nests: forking per outer
 /// iteration costs more than it gains. The OpenMP entry points the lowered code calls

@@ -29,6 +29,7 @@ double max_rel_diff(const Tensor& a, const Tensor& b) {
 
 /// out = x * sum(x) + transpose(x): the full sum reads every row, so the graph cannot be split
 /// by rows; its elementwise nest (and the transpose) can run in parallel.
+/// n = ir::kDynamic: [?, ?].
 ir::Graph scaled_plus_transpose(int64_t n) {
   ir::Graph g;
   ir::Value x = g.input(DType::Float32, {n, n});
@@ -98,6 +99,17 @@ TEST_CASE("parallel loops: a graph that is not row-splittable runs its loops on 
     cpu::set_num_threads(1);
     const uint64_t at = codegen::parallel_loop_runs();
     CHECK(max_rel_diff(exe.run({x})[0], out) == 0);
+    CHECK(codegen::parallel_loop_runs() == at);
+  }
+  SECTION("dynamic sizes: the runtime shares out large loops only") {
+    codegen::Executable dyn(scaled_plus_transpose(ir::kDynamic));
+    CHECK_FALSE(dyn.row_parallel());
+    uint64_t at = codegen::parallel_loop_runs();
+    CHECK(max_rel_diff(dyn.run({x})[0], reference(x)) < 1e-4);
+    CHECK(codegen::parallel_loop_runs() > at);
+    Tensor xs = randn({37, 37});
+    at = codegen::parallel_loop_runs();
+    CHECK(max_rel_diff(dyn.run({xs})[0], reference(xs)) < 1e-4);
     CHECK(codegen::parallel_loop_runs() == at);
   }
   SECTION("small loops stay on the calling thread") {
