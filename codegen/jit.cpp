@@ -9,13 +9,14 @@
 #include <cstdlib>
 #include <mutex>
 
+#include <unistd.h>
+
 #include "backends/cuda/driver.h"
 #include "codegen/runtime.h"
 #include "core/error.h"
 #include "ir/graph_internal.h"
 #include "llvm/IR/Verifier.h"
 #include "llvm/Object/ELFObjectFile.h"
-#include <unistd.h>
 #include "llvm/ExecutionEngine/Orc/AbsoluteSymbols.h"
 #include "llvm/ExecutionEngine/Orc/JITTargetMachineBuilder.h"
 #include "llvm/ExecutionEngine/Orc/LLJIT.h"
