@@ -87,20 +87,10 @@ void static_init(int32_t* last, T* lower, T* upper, T* stride) {
   *last = b.last;
 }
 
-void kmpc_for_static_init_8u(void*, int32_t, int32_t, int32_t* last, uint64_t* lower,
-                             uint64_t* upper, uint64_t* stride, int64_t, int64_t) {
-  static_init(last, lower, upper, stride);
-}
-void kmpc_for_static_init_8(void*, int32_t, int32_t, int32_t* last, int64_t* lower,
-                            int64_t* upper, int64_t* stride, int64_t, int64_t) {
-  static_init(last, lower, upper, stride);
-}
-void kmpc_for_static_init_4u(void*, int32_t, int32_t, int32_t* last, uint32_t* lower,
-                             uint32_t* upper, uint32_t* stride, int32_t, int32_t) {
-  static_init(last, lower, upper, stride);
-}
-void kmpc_for_static_init_4(void*, int32_t, int32_t, int32_t* last, int32_t* lower,
-                            int32_t* upper, int32_t* stride, int32_t, int32_t) {
+// __kmpc_for_static_init_{4,4u,8,8u}: bounds of type T, increment and chunk of type S.
+template <class T, class S>
+void kmpc_for_static_init(void*, int32_t, int32_t, int32_t* last, T* lower, T* upper, T* stride,
+                          S, S) {
   static_init(last, lower, upper, stride);
 }
 void kmpc_nothing(void*, int32_t) {}
@@ -122,10 +112,14 @@ std::vector<RuntimeSymbol> omp_runtime_symbols() {
       {"kiln_rt_parallel_work", reinterpret_cast<void*>(&rt_parallel_work)},
       {"__kmpc_global_thread_num", reinterpret_cast<void*>(&kmpc_global_thread_num)},
       {"__kmpc_fork_call", reinterpret_cast<void*>(&kmpc_fork_call)},
-      {"__kmpc_for_static_init_8u", reinterpret_cast<void*>(&kmpc_for_static_init_8u)},
-      {"__kmpc_for_static_init_8", reinterpret_cast<void*>(&kmpc_for_static_init_8)},
-      {"__kmpc_for_static_init_4u", reinterpret_cast<void*>(&kmpc_for_static_init_4u)},
-      {"__kmpc_for_static_init_4", reinterpret_cast<void*>(&kmpc_for_static_init_4)},
+      {"__kmpc_for_static_init_8u",
+       reinterpret_cast<void*>(&kmpc_for_static_init<uint64_t, int64_t>)},
+      {"__kmpc_for_static_init_8",
+       reinterpret_cast<void*>(&kmpc_for_static_init<int64_t, int64_t>)},
+      {"__kmpc_for_static_init_4u",
+       reinterpret_cast<void*>(&kmpc_for_static_init<uint32_t, int32_t>)},
+      {"__kmpc_for_static_init_4",
+       reinterpret_cast<void*>(&kmpc_for_static_init<int32_t, int32_t>)},
       {"__kmpc_for_static_fini", reinterpret_cast<void*>(&kmpc_nothing)},
       {"__kmpc_barrier", reinterpret_cast<void*>(&kmpc_nothing)},
   };
