@@ -1,7 +1,8 @@
 #pragma once
 /// A small thread pool for the CPU kernels. It never spins for long: on 2-vCPU machines a
-/// spinning pool made 2 threads slower than 1 (notes/cpu-performance.md), so idle workers
-/// sleep on a condition variable after a brief (~microseconds) spin.
+/// spinning pool made 2 threads slower than 1 (notes/cpu-performance.md), so an idle worker
+/// waits at most 50 us for the next parallel region (back-to-back eager ops and compiled loops
+/// then skip the ~10 us futex wake-up) and then sleeps on a condition variable.
 #include <cstdint>
 #include <functional>
 
