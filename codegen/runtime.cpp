@@ -97,10 +97,10 @@ void gemm_batched(int64_t batch, int64_t m, int64_t n, int64_t k, int64_t a, int
                   int64_t beta, int64_t trans_a, int64_t trans_b) {
   g_gemm_calls.fetch_add(1, std::memory_order_relaxed);
   if (m == 0 || n == 0) return;
-  // Small products run on one thread, as eager matmul does (backends/cpu/matmul.cpp): waking
-  // oneDNN's second OpenMP thread costs ~25 us here, more than a 64x128x128 product takes. A
-  // batch of them (attention's per-head products) is spread over kiln's pool instead.
-  const bool small = 2.0 * double(m) * double(n) * double(k) < 16e6;
+  // As eager matmul does (backends/cpu/matmul.cpp): a batch of small products (attention's
+  // per-head products) is spread over kiln's pool one product per thread; a single or large
+  // product is split by cpu::sgemm itself.
+  const bool small = 2.0 * double(m) * double(n) * double(k) < cpu::kSpreadGemmBatchMaxFlops;
   auto product = [&](int64_t i, bool serial) {
     const T* pa = reinterpret_cast<const T*>(a) + off_a + i * batch_a;
     const T* pb = reinterpret_cast<const T*>(b) + off_b + i * batch_b;
@@ -119,13 +119,14 @@ void gemm_batched(int64_t batch, int64_t m, int64_t n, int64_t k, int64_t a, int
                  trans_b ? ldb : 1, T(beta), pc, ldc);
   };
   if (small && batch > 1 && !t_serial_gemm) {
-    const int64_t grain = std::max<int64_t>(1, int64_t(8e6 / (2.0 * double(m) * double(n) * double(k))));
+    const int64_t grain = std::max<int64_t>(
+        1, int64_t(cpu::kSpreadGemmBatchMaxFlops / 2 / (2.0 * double(m) * double(n) * double(k))));
     cpu::parallel_for(0, batch, grain, [&](int64_t lo, int64_t hi) {
       for (int64_t i = lo; i < hi; ++i) product(i, true);
     });
     return;
   }
-  for (int64_t i = 0; i < batch; ++i) product(i, t_serial_gemm || small);
+  for (int64_t i = 0; i < batch; ++i) product(i, t_serial_gemm);
 }
 
 }  // namespace

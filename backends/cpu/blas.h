@@ -19,9 +19,21 @@ namespace kiln::cpu {
 /// k == 0 gives C = beta · C.
 ///
 /// Calls dnnl_sgemm directly (this is the call kiln::matmul makes for a 2-D float32 product,
-/// so benchmarks can time it as the "direct BLAS" reference), on `threads` OpenMP threads
-/// (0: kiln's num_threads()). Without oneDNN it runs kiln's blocked kernel (gemm<float>).
-/// Returns false, writing nothing, if oneDNN rejects the arguments (a bad leading dimension).
+/// so benchmarks can time it as the "direct BLAS" reference). oneDNN runs single-threaded;
+/// products of at least kSplitGemmMinFlops are split into `threads` row blocks of C (column
+/// blocks when m is small) on kiln's pool (0: num_threads(); 1: no split). Without oneDNN it
+/// runs kiln's blocked kernel (gemm<float>). Returns false, writing nothing, if oneDNN rejects
+/// the arguments (a bad leading dimension).
+/// Products below this many flops (2·m·n·k) run on one thread: waking a second thread costs
+/// more than it saves (measured with oneDNN, 2 vCPUs: 64x128x64 6.1 us on 1 thread, 7.0 us
+/// split; 64x128x128 11.2 us on 1 thread, 8.0 us split).
+inline constexpr double kSplitGemmMinFlops = 1.5e6;
+/// Fewest rows (or columns) of C in one block of a split product.
+inline constexpr int64_t kSplitGemmMinRows = 16;
+/// A batch of products each below this many flops is spread over the pool one product per
+/// thread (attention's per-head products) instead of splitting each product.
+inline constexpr double kSpreadGemmBatchMaxFlops = 16e6;
+
 bool sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
            const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
            int64_t ldc, int threads = 0) noexcept;

@@ -13,10 +13,6 @@
 namespace kiln::cpu {
 namespace {
 
-// Below this many flops a product runs on one thread (measured with oneDNN's sgemm, 2 vCPUs:
-// 1 thread wins up to ~190^3, 2 threads from ~256^3).
-constexpr double kMinParallelFlops = 16e6;
-
 // One operand seen as a batch of matrices: element (b, i, j) is at
 // data + batch_offset(b) + i * rs + j * cs (element strides).
 struct MatrixOperand {
@@ -163,14 +159,13 @@ void batched_gemm(const OpCall& call, MatrixOperand a, MatrixOperand b, Shape ba
     }
     gemm<T>(m, n, k, alpha, pa + oa, a.rs, a.cs, pb + ob, b.rs, b.cs, beta, cp, n);
   };
-  // Products under kMinParallelFlops run on one thread: waking a second OpenMP thread costs
-  // ~25 us here, which made 64^3 ten times slower on 2 threads than on 1. Many small products
-  // are spread over kiln's pool instead, one thread each.
+  // A batch of small products is spread over the pool, one product per thread; a single or
+  // large product is split by sgemm itself (blas.h).
   const double flops = 2.0 * static_cast<double>(m) * static_cast<double>(n) * k;
-  if (flops >= kMinParallelFlops) {
+  if (nb == 1 || flops >= kSpreadGemmBatchMaxFlops) {
     for (int64_t bi = 0; bi < nb; ++bi) product(bi, 0);
   } else {
-    const int64_t grain = static_cast<int64_t>(std::ceil(kMinParallelFlops / 2 / flops));
+    const int64_t grain = static_cast<int64_t>(std::ceil(kSpreadGemmBatchMaxFlops / 2 / flops));
     parallel_for(0, nb, grain, [&](int64_t lo, int64_t hi) {
       for (int64_t bi = lo; bi < hi; ++bi) product(bi, 1);
     });

@@ -351,3 +351,41 @@ TEST_CASE("blas.h: gemm on arbitrary strides and sgemm transposes") {
     CHECK(std::getenv("OMP_WAIT_POLICY") != nullptr);
   }
 }
+
+TEST_CASE("blas.h: sgemm split into row or column blocks on the pool matches a float64 reference") {
+  // Products of at least kSplitGemmMinFlops are split into blocks of C, one per thread: rows
+  // (offsets into A and C) or, for a short C, columns (offsets into B and C). Every operand
+  // layout, a padded C (ldc > n) and beta = 1 check that each block reads and writes its part.
+  const int saved = cpu::num_threads();
+  cpu::set_num_threads(2);
+  struct Case { int64_t m, n, k; bool ta, tb; };
+  for (Case s : {Case{96, 80, 256, false, false}, Case{96, 80, 256, true, false},
+                 Case{96, 80, 256, false, true}, Case{96, 80, 256, true, true},
+                 Case{8, 4096, 64, false, true}, Case{8, 4096, 64, true, false}}) {
+    CAPTURE(s.m, s.n, s.k, s.ta, s.tb);
+    REQUIRE(2.0 * s.m * s.n * s.k >= cpu::kSplitGemmMinFlops);
+    const int64_t lda = (s.ta ? s.m : s.k) + 3, ldb = (s.tb ? s.k : s.n) + 5, ldc = s.n + 7;
+    std::vector<double> ad = values((s.ta ? s.k : s.m) * lda, 6), bd = values((s.tb ? s.n : s.k) * ldb, 7),
+                        cd = values(s.m * ldc, 8);
+    std::vector<float> a(ad.begin(), ad.end()), b(bd.begin(), bd.end()), c(cd.begin(), cd.end());
+    for (int threads : {1, 2}) {
+      std::vector<float> out = c;
+      REQUIRE(cpu::sgemm(s.ta, s.tb, s.m, s.n, s.k, 0.5f, a.data(), lda, b.data(), ldb, 1.f,
+                         out.data(), ldc, threads));
+      bool ok = true;
+      for (int64_t i = 0; i < s.m; ++i)
+        for (int64_t j = 0; j < ldc; ++j) {
+          double want = c[i * ldc + j];  // padding past n is left alone
+          if (j < s.n) {
+            double sum = 0;
+            for (int64_t p = 0; p < s.k; ++p)
+              sum += double(a[s.ta ? p * lda + i : i * lda + p]) * b[s.tb ? j * ldb + p : p * ldb + j];
+            want += 0.5 * sum;
+          }
+          ok &= std::abs(out[i * ldc + j] - want) <= 1e-4 * (1 + std::abs(want));
+        }
+      CHECK(ok);
+    }
+  }
+  cpu::set_num_threads(saved);
+}
