@@ -224,14 +224,14 @@ bool sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float al
     return true;
   }
   // oneDNN runs on one OpenMP thread; kiln's pool supplies the parallelism by splitting C into
-  // row (or column) blocks. Waking oneDNN's passive OpenMP team cost ~20 us per product on this
-  // 2-vCPU VM, and the split was as fast or faster from 2 MFLOP up to 1024x256x1024 (up to 25 %
-  // faster on transposed operands; figures at kSplitGemmMinFlops in blas.h).
-  if (d.omp_set_num_threads && t_omp_threads != 1) {
-    d.omp_set_num_threads(1);
-    t_omp_threads = 1;
-  }
+  // row (or column) blocks, so that one pool serves every kernel and no OpenMP team sleeps and
+  // wakes beside it. Figures at kSplitGemmMinFlops in blas.h.
   auto call = [&](int64_t rows, int64_t cols, const float* pa, const float* pb, float* pc) {
+    // A per-thread setting: set on whichever thread runs this block.
+    if (d.omp_set_num_threads && t_omp_threads != 1) {
+      d.omp_set_num_threads(1);
+      t_omp_threads = 1;
+    }
     return d.sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', rows, cols, k, alpha, pa, lda, pb,
                    ldb, beta, pc, ldc) == 0;
   };

@@ -24,15 +24,18 @@ namespace kiln::cpu {
 /// blocks when m is small) on kiln's pool (0: num_threads(); 1: no split). Without oneDNN it
 /// runs kiln's blocked kernel (gemm<float>). Returns false, writing nothing, if oneDNN rejects
 /// the arguments (a bad leading dimension).
-/// Products below this many flops (2·m·n·k) run on one thread: waking a second thread costs
-/// more than it saves (measured with oneDNN, 2 vCPUs: 64x128x64 6.1 us on 1 thread, 7.0 us
-/// split; 64x128x128 11.2 us on 1 thread, 8.0 us split).
-inline constexpr double kSplitGemmMinFlops = 1.5e6;
+/// Products below this many flops (2·m·n·k) run on one thread. In a loop over the same warm
+/// operands a 2-way split already pays from ~2 MFLOP (2 vCPUs: 64x128x128 11.2 us on 1 thread,
+/// 8.0 us split), but in a training step the calling thread has just written A and B, and the
+/// other thread's cache misses on them made the digits MLP step (64x128x128 products) 25-40 %
+/// slower. From 16 MFLOP on the split matched or beat oneDNN's own OpenMP threads (1024x768x256
+/// 1.01 ms either way; 256x1024x1024 with A transposed 1.43 ms split, 1.73-1.97 ms OpenMP).
+inline constexpr double kSplitGemmMinFlops = 16e6;
 /// Fewest rows (or columns) of C in one block of a split product.
 inline constexpr int64_t kSplitGemmMinRows = 16;
 /// A batch of products each below this many flops is spread over the pool one product per
 /// thread (attention's per-head products) instead of splitting each product.
-inline constexpr double kSpreadGemmBatchMaxFlops = 16e6;
+inline constexpr double kSpreadGemmBatchMaxFlops = kSplitGemmMinFlops;
 
 bool sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
            const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,

@@ -17,6 +17,10 @@ namespace {
 
 thread_local bool t_in_parallel = false;
 
+// Tasks are claimed, not assigned: the caller and every awake worker take the next unclaimed
+// task until none is left. A worker that is slow to wake (a futex wake-up costs 10-40 us on
+// this VM) then finds its tasks done by the caller, so a parallel region is never much slower
+// than running it on the calling thread.
 class ThreadPool {
  public:
   explicit ThreadPool(int n) { resize(n); }
@@ -28,76 +32,92 @@ class ThreadPool {
     stop_all();
     stop_ = false;
     // New workers start at the current generation: the last task_ is gone by now.
-    const uint64_t gen = generation_.load();
-    for (int i = 1; i < n; ++i) workers_.emplace_back([this, i, gen] { worker_loop(i, gen); });
+    const uint32_t gen = generation();
+    for (int i = 1; i < n; ++i) workers_.emplace_back([this, gen] { worker_loop(gen); });
   }
 
-  // Runs task(i) for i in [0, n) with the caller doing i = 0; returns when all are done.
+  // Runs task(i) for every i in [0, n), on the caller and the workers; returns when all are done.
   void run(int n, const std::function<void(int)>& task) {
     std::lock_guard<std::mutex> run_lock(run_mu_);  // one parallel region at a time
     bool wake;
+    uint32_t gen;
     {
       std::lock_guard<std::mutex> lock(mu_);
       task_ = &task;
       ntasks_ = n;
-      pending_.store(n - 1, std::memory_order_release);
-      generation_.fetch_add(1, std::memory_order_release);
+      unfinished_.store(n, std::memory_order_relaxed);
+      gen = generation() + 1;
+      claim_.store(uint64_t{gen} << 32, std::memory_order_release);  // new generation, index 0
       wake = sleepers_ > 0;
     }
-    // A spinning worker sees the new generation by itself: no futex wake-up (~10 us here).
+    // A spinning worker sees the new generation by itself: no futex wake-up.
     if (wake) cv_.notify_all();
     t_in_parallel = true;
-    task(0);
+    run_claimed(gen, task, n);
     t_in_parallel = false;
-    // Wait for the workers: spin briefly, then sleep.
-    for (int spin = 0; spin < 2000 && pending_.load(std::memory_order_acquire) > 0; ++spin)
+    // Wait for tasks the workers claimed: spin briefly, then sleep.
+    for (int spin = 0; spin < 2000 && unfinished_.load(std::memory_order_acquire) > 0; ++spin)
       _mm_pause();
-    if (pending_.load(std::memory_order_acquire) > 0) {
+    if (unfinished_.load(std::memory_order_acquire) > 0) {
       std::unique_lock<std::mutex> lock(mu_);
-      done_cv_.wait(lock, [&] { return pending_.load(std::memory_order_acquire) == 0; });
+      done_cv_.wait(lock, [&] { return unfinished_.load(std::memory_order_acquire) == 0; });
     }
   }
 
  private:
-  void worker_loop(int id, uint64_t seen) {
+  uint32_t generation() const {
+    return static_cast<uint32_t>(claim_.load(std::memory_order_acquire) >> 32);
+  }
+
+  // Claims and runs tasks of generation `gen` until none is left. task_ stays valid while a
+  // claimed task is unfinished: run() waits for unfinished_ == 0 before it returns.
+  void run_claimed(uint32_t gen, const std::function<void(int)>& task, int n) {
+    uint64_t c = claim_.load(std::memory_order_acquire);
+    for (;;) {
+      if (static_cast<uint32_t>(c >> 32) != gen || static_cast<int>(c & 0xffffffffu) >= n) return;
+      if (!claim_.compare_exchange_weak(c, c + 1, std::memory_order_acq_rel)) continue;
+      task(static_cast<int>(c & 0xffffffffu));
+      if (unfinished_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+        std::lock_guard<std::mutex> lock(mu_);
+        done_cv_.notify_one();
+      }
+      c = claim_.load(std::memory_order_acquire);
+    }
+  }
+
+  void worker_loop(uint32_t seen) {
     t_in_parallel = true;
     for (;;) {
+      spin_until_new_generation(seen);
       const std::function<void(int)>* task;
       int n;
-      spin_until_new_generation(seen);
       {
         std::unique_lock<std::mutex> lock(mu_);
-        auto ready = [&] { return stop_ || generation_.load(std::memory_order_relaxed) != seen; };
+        auto ready = [&] { return stop_ || generation() != seen; };
         if (!ready()) {
           ++sleepers_;
           cv_.wait(lock, ready);
           --sleepers_;
         }
         if (stop_) return;
-        seen = generation_.load(std::memory_order_relaxed);
+        seen = generation();
         task = task_;
         n = ntasks_;
       }
-      if (id < n) {
-        (*task)(id);
-        if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
-          std::lock_guard<std::mutex> lock(mu_);
-          done_cv_.notify_one();
-        }
-      }
+      run_claimed(seen, *task, n);
     }
   }
 
   // Eager ops and compiled loops come back to back, each a parallel region: waiting a little
   // for the next one before sleeping saves the futex wake-up of each region (~10 us on this VM:
-  // 13.4 -> 2.7 us per region after 10 us of serial work). Bounded, so an idle pool, or one
-  // sharing the cores with oneDNN's OpenMP threads during a GEMM, leaves the CPU within kSpin.
-  void spin_until_new_generation(uint64_t seen) const {
+  // 13.4 -> 2.7 us per region after 10 us of serial work). Bounded, so an idle pool leaves the
+  // CPU within kSpin.
+  void spin_until_new_generation(uint32_t seen) const {
     constexpr auto kSpin = std::chrono::microseconds(50);
     const auto start = std::chrono::steady_clock::now();
     for (;;) {
       for (int i = 0; i < 16; ++i) {
-        if (generation_.load(std::memory_order_acquire) != seen) return;
+        if (generation() != seen) return;
         _mm_pause();
       }
       if (std::chrono::steady_clock::now() - start > kSpin) return;
@@ -117,11 +137,14 @@ class ThreadPool {
   std::vector<std::thread> workers_;
   std::mutex mu_, run_mu_;
   std::condition_variable cv_, done_cv_;
-  const std::function<void(int)>* task_ = nullptr;
+  const std::function<void(int)>* task_ = nullptr;  // guarded by mu_, with ntasks_
   int ntasks_ = 0;
-  std::atomic<uint64_t> generation_{0};
-  int sleepers_ = 0;  // workers waiting on cv_ (guarded by mu_)
-  std::atomic<int> pending_{0};
+  // Generation (high 32 bits, one per run()) and the next unclaimed task index (low 32 bits),
+  // in one word so that a worker still holding the last generation can never claim a task of
+  // the next one.
+  std::atomic<uint64_t> claim_{0};
+  std::atomic<int> unfinished_{0};  // tasks of the current run() not yet finished
+  int sleepers_ = 0;                // workers waiting on cv_ (guarded by mu_)
   bool stop_ = false;
 };
 

@@ -359,9 +359,9 @@ TEST_CASE("blas.h: sgemm split into row or column blocks on the pool matches a f
   const int saved = cpu::num_threads();
   cpu::set_num_threads(2);
   struct Case { int64_t m, n, k; bool ta, tb; };
-  for (Case s : {Case{96, 80, 256, false, false}, Case{96, 80, 256, true, false},
-                 Case{96, 80, 256, false, true}, Case{96, 80, 256, true, true},
-                 Case{8, 4096, 64, false, true}, Case{8, 4096, 64, true, false}}) {
+  for (Case s : {Case{96, 80, 1100, false, false}, Case{96, 80, 1100, true, false},
+                 Case{96, 80, 1100, false, true}, Case{96, 80, 1100, true, true},
+                 Case{8, 4096, 256, false, true}, Case{8, 4096, 256, true, false}}) {
     CAPTURE(s.m, s.n, s.k, s.ta, s.tb);
     REQUIRE(2.0 * s.m * s.n * s.k >= cpu::kSplitGemmMinFlops);
     const int64_t lda = (s.ta ? s.m : s.k) + 3, ldb = (s.tb ? s.k : s.n) + 5, ldc = s.n + 7;
