@@ -2,7 +2,9 @@
 /// A small thread pool for the CPU kernels. It never spins for long: on 2-vCPU machines a
 /// spinning pool made 2 threads slower than 1 (notes/cpu-performance.md), so an idle worker
 /// waits at most 50 us for the next parallel region (back-to-back eager ops and compiled loops
-/// then skip the ~10 us futex wake-up) and then sleeps on a condition variable.
+/// then skip the ~10 us futex wake-up) and then sleeps on a condition variable. Chunks are
+/// claimed by whichever thread is free, so a worker that is slow to wake leaves its chunk to
+/// the caller instead of holding the region up.
 #include <cstdint>
 #include <functional>
 
