@@ -1,0 +1,105 @@
+// cpu::parallel_for and its pool: every index exactly once, chunk sizes, nesting, regions after
+// the workers went to sleep, and regions started from several threads at once.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "backends/cpu/parallel.h"
+
+using namespace kiln;
+
+namespace {
+
+// Restores the pool size when a test ends.
+struct ThreadCount {
+  int saved = cpu::num_threads();
+  explicit ThreadCount(int n) { cpu::set_num_threads(n); }
+  ~ThreadCount() { cpu::set_num_threads(saved); }
+};
+
+// Runs parallel_for(begin, end, grain) and checks that the chunks cover [begin, end) exactly
+// once, that there are at most num_threads() of them, and that all but the last hold at least
+// `grain` indices.
+void check_cover(int64_t begin, int64_t end, int64_t grain) {
+  CAPTURE(begin, end, grain, cpu::num_threads());
+  std::vector<std::atomic<int>> hits(static_cast<size_t>(std::max<int64_t>(end - begin, 0)));
+  std::mutex mu;
+  std::vector<std::pair<int64_t, int64_t>> chunks;
+  cpu::parallel_for(begin, end, grain, [&](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i) hits[i - begin].fetch_add(1);
+    std::lock_guard<std::mutex> lock(mu);
+    chunks.emplace_back(lo, hi);
+  });
+  bool once = true;
+  for (auto& h : hits) once &= h.load() == 1;
+  CHECK(once);
+  if (end <= begin) {
+    CHECK(chunks.empty());
+    return;
+  }
+  CHECK(chunks.size() <= static_cast<size_t>(cpu::num_threads()));
+  std::sort(chunks.begin(), chunks.end());
+  for (size_t c = 0; c + 1 < chunks.size(); ++c) CHECK(chunks[c].second - chunks[c].first >= grain);
+}
+
+}  // namespace
+
+TEST_CASE("parallel_for: every index exactly once, at most one chunk per thread") {
+  for (int threads : {1, 2, 3, 4}) {
+    ThreadCount tc(threads);
+    for (int64_t n : {0, 1, 2, 3, 7, 64, 1000, 100003})
+      for (int64_t grain : {1, 2, 5, 1000, 1 << 20}) check_cover(-3, n - 3, grain);
+  }
+}
+
+TEST_CASE("parallel_for: a region after the workers went to sleep still covers everything") {
+  // Idle workers spin for at most 50 us, then sleep: the next region must wake them (or the
+  // caller claims their chunks). Alternate short and long gaps.
+  ThreadCount tc(2);
+  for (int round = 0; round < 40; ++round) {
+    if (round % 2) std::this_thread::sleep_for(std::chrono::microseconds(200));
+    check_cover(0, 4096, 1);
+  }
+}
+
+TEST_CASE("parallel_for: nested calls run inline on the calling thread") {
+  ThreadCount tc(2);
+  std::atomic<int> inner_chunks{0}, total{0};
+  cpu::parallel_for(0, 2, 1, [&](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i) {
+      const std::thread::id outer = std::this_thread::get_id();
+      cpu::parallel_for(0, 1000, 1, [&](int64_t a, int64_t b) {
+        CHECK(std::this_thread::get_id() == outer);
+        inner_chunks.fetch_add(1);
+        total.fetch_add(static_cast<int>(b - a));
+      });
+    }
+  });
+  CHECK(inner_chunks.load() == 2);  // one inline chunk per outer index
+  CHECK(total.load() == 2000);
+}
+
+TEST_CASE("parallel_for: regions started from several threads at once") {
+  ThreadCount tc(2);
+  std::atomic<bool> ok{true};
+  std::vector<std::thread> users;
+  for (int u = 0; u < 4; ++u)
+    users.emplace_back([&, u] {
+      for (int r = 0; r < 300; ++r) {
+        const int64_t n = 1 + (u * 131 + r * 17) % 5000;
+        std::vector<std::atomic<int>> hits(static_cast<size_t>(n));
+        cpu::parallel_for(0, n, 1, [&](int64_t lo, int64_t hi) {
+          for (int64_t i = lo; i < hi; ++i) hits[i].fetch_add(1);
+        });
+        for (auto& h : hits)
+          if (h.load() != 1) ok = false;
+      }
+    });
+  for (auto& t : users) t.join();
+  CHECK(ok.load());
+}
