@@ -8,7 +8,8 @@
 #     -DKILN_SANITIZE=address,undefined (ASan + UBSan + LeakSanitizer) at -O1, building only the
 #     test executables (no benchmarks/examples) and running them (tests/README.md, "Sanitizers");
 #  3. the ThreadSanitizer stage: $KILN_BUILD_DIR-tsan with -DKILN_SANITIZE=thread, test_tracer
-#     only, running the threaded compile() tests (ctest tracer_tsan: 8 threads x 1,000 calls).
+#     and test_eager, running the threaded compile() tests (ctest tracer_tsan: 8 threads x 1,000
+#     calls) and the thread pool's tests (ctest eager_tsan).
 # KILN_SKIP_SANITIZERS=1 skips stages 2 and 3 (fast local runs). KILN_SANITIZER_TESTS (a space
 # list of core eager nn ir codegen tracer cuda) picks stage 2's tests; the default is all of them,
 # the JIT tests (codegen, tracer) included (tests/README.md).
@@ -41,7 +42,7 @@ start=$SECONDS
 cmake -S . -B "$tsan" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g1" "-DCMAKE_C_FLAGS_RELWITHDEBINFO=-O1 -g1" \
   -DKILN_SANITIZE=thread >/dev/null
-cmake --build "$tsan" -j "$(nproc)" --target test_tracer
+cmake --build "$tsan" -j "$(nproc)" --target test_tracer test_eager
 built=$SECONDS
-ctest --test-dir "$tsan" --output-on-failure -R '^tracer_tsan$'
+ctest --test-dir "$tsan" --output-on-failure -R '^(tracer|eager)_tsan$'
 echo "test.sh: ThreadSanitizer stage: build $((built - start)) s, tests $((SECONDS - built)) s"

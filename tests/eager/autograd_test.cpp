@@ -137,7 +137,7 @@ TEST_CASE("a view whose base changed in place is not silently differentiated") {
   CHECK(x.grad().to_vector<double>() == std::vector<double>{2, 2, 0});
 }
 
-TEST_CASE("backward from several threads into one leaf accumulates every gradient") {
+TEST_CASE("backward from several threads into one leaf accumulates every gradient", "[threads]") {
   Tensor w = ones({128}).requires_grad_();
   std::vector<std::thread> ts;
   for (int t = 0; t < 8; ++t)

@@ -49,7 +49,7 @@ void check_cover(int64_t begin, int64_t end, int64_t grain) {
 
 }  // namespace
 
-TEST_CASE("parallel_for: every index exactly once, at most one chunk per thread") {
+TEST_CASE("parallel_for: every index exactly once, at most one chunk per thread", "[threads]") {
   for (int threads : {1, 2, 3, 4}) {
     ThreadCount tc(threads);
     for (int64_t n : {0, 1, 2, 3, 7, 64, 1000, 100003})
@@ -57,7 +57,7 @@ TEST_CASE("parallel_for: every index exactly once, at most one chunk per thread"
   }
 }
 
-TEST_CASE("parallel_for: a region after the workers went to sleep still covers everything") {
+TEST_CASE("parallel_for: a region after the workers went to sleep still covers everything", "[threads]") {
   // Idle workers spin for at most 50 us, then sleep: the next region must wake them (or the
   // caller claims their chunks). Alternate short and long gaps.
   ThreadCount tc(2);
@@ -67,7 +67,7 @@ TEST_CASE("parallel_for: a region after the workers went to sleep still covers e
   }
 }
 
-TEST_CASE("parallel_for: nested calls run inline on the calling thread") {
+TEST_CASE("parallel_for: nested calls run inline on the calling thread", "[threads]") {
   ThreadCount tc(2);
   std::atomic<int> inner_chunks{0}, total{0};
   std::atomic<bool> same_thread{true};  // Catch2's CHECK is not thread-safe: check afterwards
@@ -86,7 +86,7 @@ TEST_CASE("parallel_for: nested calls run inline on the calling thread") {
   CHECK(total.load() == 2000);
 }
 
-TEST_CASE("parallel_for: regions started from several threads at once") {
+TEST_CASE("parallel_for: regions started from several threads at once", "[threads]") {
   ThreadCount tc(2);
   std::atomic<bool> ok{true};
   std::vector<std::thread> users;
