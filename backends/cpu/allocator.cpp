@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/sanitizers.h"
 
 namespace kiln::cpu {
 namespace {
@@ -24,17 +25,7 @@ constexpr size_t kMaxCached = size_t{2} << 30;    // keep at most 2 GiB of free 
 constexpr size_t kSmallBlock = size_t{4} << 10;
 constexpr size_t kSmallPerClass = 16;
 // Recycled blocks would hide use-after-free from AddressSanitizer.
-#if defined(__SANITIZE_ADDRESS__)
-constexpr bool kCacheSmall = false;
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-constexpr bool kCacheSmall = false;
-#else
-constexpr bool kCacheSmall = true;
-#endif
-#else
-constexpr bool kCacheSmall = true;
-#endif
+constexpr bool kCacheSmall = !kAddressSanitizer;
 
 size_t size_class(size_t n) {
   // Round up to 1/8 steps of the next power of two, so reuse wastes at most ~12 %.

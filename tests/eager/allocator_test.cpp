@@ -7,22 +7,10 @@
 #include <vector>
 
 #include "backends/cpu/allocator.h"
+#include "core/sanitizers.h"
 
 using namespace kiln;
 
-namespace {
-#if defined(__SANITIZE_ADDRESS__)
-constexpr bool kAsan = true;
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-constexpr bool kAsan = true;
-#else
-constexpr bool kAsan = false;
-#endif
-#else
-constexpr bool kAsan = false;
-#endif
-}  // namespace
 
 TEST_CASE("cpu allocator: aligned, writable blocks of every size range") {
   Allocator* a = cpu::allocator();
@@ -38,7 +26,7 @@ TEST_CASE("cpu allocator: aligned, writable blocks of every size range") {
 }
 
 TEST_CASE("cpu allocator: freed blocks are reused by size class, at most 16 small ones each") {
-  if (kAsan) {
+  if (kAddressSanitizer) {
     SUCCEED("AddressSanitizer build: blocks below 1 MiB are not cached");
     return;
   }

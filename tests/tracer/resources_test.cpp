@@ -10,23 +10,14 @@
 #include <vector>
 
 #include "codegen/codegen.h"
+#include "core/sanitizers.h"
 #include "kiln/kiln.h"
 
 using namespace kiln;
 
 namespace {
 
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-constexpr bool kSanitized = true;
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
-constexpr bool kSanitized = true;
-#else
-constexpr bool kSanitized = false;
-#endif
-#else
-constexpr bool kSanitized = false;
-#endif
+constexpr bool kSanitized = kAddressSanitizer || kThreadSanitizer;
 
 /// Resident set size in bytes (/proc/self/statm, field 2).
 long rss_bytes() {
