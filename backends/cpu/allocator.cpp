@@ -1,6 +1,5 @@
 #include "backends/cpu/allocator.h"
 
-#include <malloc.h>
 #include <sys/mman.h>
 
 #include <array>
@@ -18,10 +17,14 @@ namespace {
 constexpr size_t kLargeBlock = size_t{1} << 20;   // cache blocks from 1 MiB up
 constexpr size_t kHugePage = size_t{2} << 20;
 constexpr size_t kMaxCached = size_t{2} << 30;    // keep at most 2 GiB of free blocks
-// Blocks from 4 KiB to 1 MiB are kept too, per size class: glibc's malloc and free of such
+// Blocks from 4 KiB to 1 MiB are kept too, per size class. glibc's malloc and free of such
 // blocks (not in its per-thread cache; they split and merge chunks) were 15-18 % of the eager
-// digits MLP step. At most kSmallPerClass blocks of each class are kept (about 75 MiB at most
-// over all classes).
+// digits MLP step, and its frees shrink the heap: each shrink flushes the TLB of every CPU
+// running the process with an inter-processor interrupt, which with kiln's second thread
+// awake took 20-40 % of that step (265 us on 1 thread, 600 us on 2, in brk ->
+// flush_tlb_mm_range). Telling glibc to keep freed memory instead (mallopt) made small ops
+// after a large workload 3x slower (eager add of 1 element: 308 -> 904 ns). At most
+// kSmallPerClass blocks of each class are kept (about 75 MiB at most over all classes).
 constexpr size_t kSmallBlock = size_t{4} << 10;
 constexpr size_t kSmallPerClass = 16;
 // Recycled blocks would hide use-after-free from AddressSanitizer.
@@ -139,27 +142,8 @@ class CachingAllocator final : public Allocator {
   size_t cached_ = 0, hits_ = 0, misses_ = 0;
 };
 
-// glibc returns freed memory to the OS eagerly: it shrinks the heap once 128 KiB lie free at
-// its top and gives each free block of 128 KiB+ back with munmap. Every such return flushes
-// the TLB of each CPU running the process with an inter-processor interrupt. With kiln's
-// second thread busy that cost 20-40 % of a small training step here (the digits MLP step:
-// 265 us on 1 thread, 600 us on 2, all in brk -> flush_tlb_mm_range). Kiln's tensors and
-// oneDNN's packing buffers are freed and allocated again every step, so the heap keeps up to
-// 64 MiB free and blocks below 32 MiB stay in it. Not when the user tuned malloc through
-// glibc's environment variables.
-void keep_freed_memory() {
-  if (std::getenv("MALLOC_TRIM_THRESHOLD_") || std::getenv("MALLOC_MMAP_THRESHOLD_") ||
-      std::getenv("GLIBC_TUNABLES"))
-    return;
-  mallopt(M_MMAP_THRESHOLD, 32 << 20);
-  mallopt(M_TRIM_THRESHOLD, 64 << 20);
-}
-
 CachingAllocator& instance() {
-  static auto* a = [] {
-    keep_freed_memory();
-    return new CachingAllocator();  // never destroyed: tensors may outlive statics
-  }();
+  static auto* a = new CachingAllocator();  // never destroyed: tensors may outlive statics
   return *a;
 }
 

@@ -4,9 +4,6 @@
 /// page faults on a fresh 64 MiB buffer cost ~25 ms here (notes/cpu-performance.md). Blocks of
 /// 4 KiB to 1 MiB are cached too, up to 16 per size class (not under AddressSanitizer, where
 /// recycling would hide use-after-free); smaller ones go straight to malloc.
-/// Its first use sets glibc's malloc to keep freed memory (mallopt: trim threshold 64 MiB,
-/// mmap threshold 32 MiB), because returning it flushes every CPU's TLB with an interrupt;
-/// skipped when MALLOC_TRIM_THRESHOLD_, MALLOC_MMAP_THRESHOLD_ or GLIBC_TUNABLES is set.
 #include <cstddef>
 
 #include "core/storage.h"
