@@ -27,9 +27,11 @@ namespace kiln::cpu {
 /// Products below this many flops (2·m·n·k) run on one thread. In a loop over the same warm
 /// operands a 2-way split already pays from ~2 MFLOP (2 vCPUs: 64x128x128 11.2 us on 1 thread,
 /// 8.0 us split), but in a training step the calling thread has just written A and B, and the
-/// other thread's cache misses on them made the digits MLP step (64x128x128 products) 25-40 %
-/// slower. From 16 MFLOP on the split matched or beat oneDNN's own OpenMP threads (1024x768x256
-/// 1.01 ms either way; 256x1024x1024 with A transposed 1.43 ms split, 1.73-1.97 ms OpenMP).
+/// other thread's cache misses on them made the digits MLP step (64x128x128 products) 27-48 %
+/// slower. From 16 MFLOP on the split matched oneDNN's own 2 OpenMP threads (1024x768x256 about
+/// 1.0 ms either way), beat them on transposed operands (256x1024x1024, A transposed:
+/// 1.41-1.49 ms split, 1.73-1.97 ms OpenMP) and lost on 1024x1024x256 (1.55-1.75 ms against
+/// 1.41-1.48 ms).
 inline constexpr double kSplitGemmMinFlops = 16e6;
 /// Fewest rows (or columns) of C in one block of a split product.
 inline constexpr int64_t kSplitGemmMinRows = 16;
