@@ -23,6 +23,10 @@
 #include <limits>
 #include <numbers>
 
+#ifdef __AVX2__
+#include <immintrin.h>
+#endif
+
 #include "backends/cpu/kernels.h"
 #include "backends/cpu/loops.h"
 #include "core/philox.h"
@@ -33,9 +37,79 @@ namespace {
 // Elements per parallel chunk.
 constexpr int64_t kRandomGrain = 16384;
 
+#ifdef __AVX2__
+// hi and lo halves of the 32x32-bit products a[l] * m[l] for the 8 lanes: vpmuludq multiplies
+// the even lanes, so the odd ones are shifted down and multiplied separately.
+inline void mul_hi_lo(__m256i a, __m256i m, __m256i& hi, __m256i& lo) {
+  const __m256i even = _mm256_mul_epu32(a, m);
+  const __m256i odd = _mm256_mul_epu32(_mm256_srli_epi64(a, 32), m);
+  lo = _mm256_blend_epi32(even, _mm256_slli_epi64(odd, 32), 0xAA);
+  hi = _mm256_blend_epi32(_mm256_srli_epi64(even, 32), odd, 0xAA);
+}
+
+// Philox blocks for counters ctr0, ctr0 + 1, ... (high counter word 0): out[4b + w] is word w
+// of block b, the same rounds as philox::philox4x32. Written by hand in AVX2: 4 vectors of 8
+// blocks go through the rounds together, so one vector's multiply latency hides behind the
+// others'. Per word on an AMD EPYC (Zen 3): 0.92 ns; one vector at a time 1.22 ns; the
+// compiler's vectorisation of the portable loop below 2.0 ns.
+void philox_blocks(uint64_t seed, uint64_t ctr0, int64_t nblocks, uint32_t* out) {
+  constexpr int kVecs = 4, kBlocks = 8 * kVecs;
+  const __m256i m0 = _mm256_set1_epi32(static_cast<int>(philox::kM0));
+  const __m256i m1 = _mm256_set1_epi32(static_cast<int>(philox::kM1));
+  for (int64_t base = 0; base < nblocks; base += kBlocks) {
+    __m256i c0[kVecs], c1[kVecs], c2[kVecs], c3[kVecs];
+    alignas(32) uint32_t lo[kBlocks], hi[kBlocks];
+    for (int l = 0; l < kBlocks; ++l) {
+      const uint64_t ctr = ctr0 + static_cast<uint64_t>(base + l);
+      lo[l] = static_cast<uint32_t>(ctr);
+      hi[l] = static_cast<uint32_t>(ctr >> 32);
+    }
+    for (int v = 0; v < kVecs; ++v) {
+      c0[v] = _mm256_load_si256(reinterpret_cast<const __m256i*>(lo + 8 * v));
+      c1[v] = _mm256_load_si256(reinterpret_cast<const __m256i*>(hi + 8 * v));
+      c2[v] = c3[v] = _mm256_setzero_si256();
+    }
+    uint32_t k0 = static_cast<uint32_t>(seed), k1 = static_cast<uint32_t>(seed >> 32);
+    for (int r = 0; r < 10; ++r) {
+      const __m256i key0 = _mm256_set1_epi32(static_cast<int>(k0));
+      const __m256i key1 = _mm256_set1_epi32(static_cast<int>(k1));
+      for (int v = 0; v < kVecs; ++v) {
+        __m256i hi0, lo0, hi1, lo1;
+        mul_hi_lo(c0[v], m0, hi0, lo0);
+        mul_hi_lo(c2[v], m1, hi1, lo1);
+        c0[v] = _mm256_xor_si256(_mm256_xor_si256(hi1, c1[v]), key0);
+        c2[v] = _mm256_xor_si256(_mm256_xor_si256(hi0, c3[v]), key1);
+        c1[v] = lo1;
+        c3[v] = lo0;
+      }
+      k0 += philox::kW0;
+      k1 += philox::kW1;
+    }
+    for (int v = 0; v < kVecs; ++v) {
+      // Transpose word-major lanes (c0[l] = word 0 of block l) to block-major output.
+      const __m256i a = _mm256_unpacklo_epi32(c0[v], c1[v]);  // blocks 0, 1 | 4, 5: words 0, 1
+      const __m256i b = _mm256_unpackhi_epi32(c0[v], c1[v]);  // blocks 2, 3 | 6, 7
+      const __m256i c = _mm256_unpacklo_epi32(c2[v], c3[v]);  // words 2, 3
+      const __m256i d = _mm256_unpackhi_epi32(c2[v], c3[v]);
+      const __m256i b0 = _mm256_unpacklo_epi64(a, c), b1 = _mm256_unpackhi_epi64(a, c);
+      const __m256i b2 = _mm256_unpacklo_epi64(b, d), b3 = _mm256_unpackhi_epi64(b, d);
+      alignas(32) uint32_t words[32];
+      const int64_t first = base + 8 * v;  // first block of this vector
+      const bool whole = first + 8 <= nblocks;
+      uint32_t* dst = whole ? out + 4 * first : words;
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), _mm256_permute2x128_si256(b0, b1, 0x20));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + 8), _mm256_permute2x128_si256(b2, b3, 0x20));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + 16), _mm256_permute2x128_si256(b0, b1, 0x31));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + 24), _mm256_permute2x128_si256(b2, b3, 0x31));
+      if (!whole && first < nblocks)
+        std::copy(words, words + 4 * (nblocks - first), out + 4 * first);
+    }
+  }
+}
+#else
 // Philox blocks for counters ctr0, ctr0 + 1, ... (high counter word 0): out[4b + w] is word w
 // of block b. The same rounds as philox::philox4x32, laid out over 16 lanes so that the
-// compiler vectorises them (about 10× faster than one block at a time).
+// compiler vectorises them (about 10x faster than one block at a time).
 void philox_blocks(uint64_t seed, uint64_t ctr0, int64_t nblocks, uint32_t* out) {
   constexpr int kLanes = 16;
   for (int64_t base = 0; base < nblocks; base += kLanes) {
@@ -69,6 +143,7 @@ void philox_blocks(uint64_t seed, uint64_t ctr0, int64_t nblocks, uint32_t* out)
     }
   }
 }
+#endif
 
 // The words of one tile of a draw: w[j] is word j.
 class WordTile {
@@ -81,6 +156,8 @@ class WordTile {
     philox_blocks(seed_, offset_ + block0_, static_cast<int64_t>((last + 3) / 4 - block0_), buf_);
   }
   uint32_t operator[](uint64_t j) const { return buf_[j - 4 * block0_]; }
+  /// Word j onwards, as an array (the tile holds words up to the `last` of fill()).
+  const uint32_t* from(uint64_t j) const { return buf_ + (j - 4 * block0_); }
 
  private:
   uint64_t seed_, offset_, block0_ = 0;
@@ -170,6 +247,18 @@ uint32_t dropout_threshold(double p) {
 }
 template <class T> T dropout_scale(double p) { return p >= 1.0 ? T(0) : static_cast<T>(1.0 / (1.0 - p)); }
 
+// out[e] = x[e] * scale (x = nullptr: scale) where word e's top 24 bits are >= threshold, else
+// 0, also where x[e] is inf or NaN. Branch-free, with no-alias parameters, so it vectorises
+// (the branchy form inside the tile lambdas compiled to scalar code: 1.7-3.4 ns per element).
+template <class T>
+void keep_where(const uint32_t* __restrict words, uint32_t threshold, const T* __restrict x,
+                T scale, T* __restrict out, int64_t n) {
+  for (int64_t e = 0; e < n; ++e) {
+    const T kept = x ? x[e] * scale : scale;
+    out[e] = (words[e] >> 8) >= threshold ? kept : T(0);
+  }
+}
+
 void dropout_mask(const OpCall& call, const Tensor& out) {
   const OpAttrs& a = call.attrs;
   const uint32_t threshold = dropout_threshold(a.p);
@@ -177,8 +266,7 @@ void dropout_mask(const OpCall& call, const Tensor& out) {
     const T scale = dropout_scale<T>(a.p);
     T* o = out.data<T>();
     for_tiles(a, out.numel(), 1, [&](int64_t lo, int64_t hi, const WordTile& w) {
-      for (int64_t i = lo; i < hi; ++i)
-        o[i] = (w[static_cast<uint64_t>(i)] >> 8) >= threshold ? scale : T(0);
+      keep_where<T>(w.from(static_cast<uint64_t>(lo)), threshold, nullptr, scale, o + lo, hi - lo);
     });
   });
 }
@@ -195,9 +283,8 @@ void dropout(const OpCall& call, const Tensor& out) {
       uint64_t i = static_cast<uint64_t>(lo);  // flat index of the run's first element
       loop.run(lo, hi, [&](const std::array<char*, 2>& ptr, int64_t n) {
         if (os == sizeof(T) && xs == sizeof(T)) {
-          T* o = reinterpret_cast<T*>(ptr[0]);
-          const T* v = reinterpret_cast<const T*>(ptr[1]);
-          for (int64_t e = 0; e < n; ++e) o[e] = (w[i + e] >> 8) >= threshold ? v[e] * scale : T(0);
+          keep_where<T>(w.from(i), threshold, reinterpret_cast<const T*>(ptr[1]), scale,
+                        reinterpret_cast<T*>(ptr[0]), n);
         } else {
           for (int64_t e = 0; e < n; ++e) {
             const T v = *reinterpret_cast<const T*>(ptr[1] + e * xs);

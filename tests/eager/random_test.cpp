@@ -72,6 +72,32 @@ TEST_CASE("random ops follow the documented Philox counter layout") {
   CHECK(generator_state().offset == off + 3);
 }
 
+TEST_CASE("Philox words of long draws match the scalar generator, across a counter carry") {
+  // Draws of several tiles with a ragged end go through the vectorised block generator; the
+  // counter offset starts 40 blocks below 2^32, so the low counter word wraps mid-draw and
+  // the high word must carry.
+  const uint64_t seed = 0x0123456789abcdefULL;
+  manual_seed(seed);
+  const uint64_t off = (uint64_t{1} << 32) - 40;
+  set_generator_state({seed, off});
+  const int64_t n = 3 * 4096 + 77;
+  std::vector<float> m = dropout(ones({n}), 0.25).to_vector<float>();
+  int64_t bad = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const bool keep =
+        philox::to_uniform_float(philox::bits(seed, off, static_cast<uint64_t>(i))) >= 0.25f;
+    bad += m[static_cast<size_t>(i)] != (keep ? 1.f / 0.75f : 0.f);
+  }
+  CHECK(bad == 0);
+  // rand reads every other word: element i is word 2i.
+  const uint64_t off2 = generator_state().offset;
+  std::vector<float> u = rand({n}).to_vector<float>();
+  for (int64_t i = 0; i < n; ++i)
+    bad += u[static_cast<size_t>(i)] !=
+           philox::to_uniform_float(philox::bits(seed, off2, 2 * static_cast<uint64_t>(i)));
+  CHECK(bad == 0);
+}
+
 TEST_CASE("random ops are deterministic and independent of the thread count") {
   manual_seed(42);
   Tensor a = rand({100000});
