@@ -34,7 +34,9 @@
 namespace kiln::cpu {
 namespace {
 
-// Elements per parallel chunk.
+// Elements per parallel chunk. With 4096, the digits step's two [64, 128] masks ran on both
+// threads and took 20-27 us against 9-13 us on one: waking the other thread costs more than
+// the 8 us of Philox it takes over (kiln-bench digits, KILN_PROFILE=1 KILN_BENCH_EXPLAIN=1).
 constexpr int64_t kRandomGrain = 16384;
 
 #ifdef __AVX2__

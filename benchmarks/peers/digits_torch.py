@@ -9,7 +9,7 @@ final test accuracy and steps/s over the epochs after the first (only the step c
 for each thread count. Initial weights and dropout masks come from torch's generator, so the
 losses are not kiln's step for step; the split and the batch order are the same.
 
-Needs Debian's python3-torch (not installed by scripts/setup.sh). Usage (Debian's python):
+Needs Debian's python3-torch and libopenblas0-pthread (not installed by scripts/setup.sh). Usage (Debian's python):
   /usr/bin/python3 benchmarks/peers/digits_torch.py [--threads 1 2] [--epochs 20] [--json FILE]
 """
 import argparse

@@ -3,7 +3,7 @@
 x*x + x and the tanh-gelu formula on 2^24 float32, in PyTorch eager mode, GB/s counted like
 kiln-bench (one input read + one output written per element).
 
-Needs Debian's python3-torch (not installed by scripts/setup.sh). Usage (Debian's python):
+Needs Debian's python3-torch and libopenblas0-pthread (not installed by scripts/setup.sh). Usage (Debian's python):
   /usr/bin/python3 benchmarks/peers/fusion_torch.py [--threads N] [--json FILE]
 """
 import argparse

@@ -8,9 +8,13 @@ then prints, per case, kiln eager, kiln compiled, PyTorch, and the ratios kiln /
 Usage: /usr/bin/python3 benchmarks/peers/side_by_side.py [--build build] [--quick] [--threads N]
 
 BLAS: kiln multiplies float32 matrices with oneDNN's sgemm (libdnnl, loaded at run time; no
-OpenBLAS). Debian's PyTorch uses OpenBLAS, whose kernel choice depends on OPENBLAS_CORETYPE:
-this script sets it to SkylakeX (the fastest on this AVX-512 CPU, as measured) unless it is
-already set, and prints what each side used.
+OpenBLAS). Debian's PyTorch calls the system BLAS (libblas.so.3): install OpenBLAS
+(`apt-get install python3-torch libopenblas0-pthread`), else Debian's reference BLAS runs
+its matrix products ~20x slower (1024^3: 3.7 against 72 GFLOP/s on one Zen 3 core). OpenBLAS
+0.3.21 falls back to slow kernels on CPUs it does not know (the AVX-512 Xeon of
+notes/cpu-performance.md): on a CPU with AVX-512 this script sets OPENBLAS_CORETYPE=SkylakeX
+unless it is set; elsewhere OpenBLAS's own choice stands (it picks Zen on an AMD EPYC Zen 3).
+It prints what each side used.
 """
 import argparse
 import json
@@ -29,6 +33,23 @@ def run(cmd, env=None):
     subprocess.run(cmd, check=False, env=env)
 
 
+def cpu_has(flag):
+    try:
+        with open("/proc/cpuinfo") as f:
+            return any(line.startswith("flags") and flag in line.split() for line in f)
+    except OSError:
+        return False
+
+
+def system_blas():
+    """The library behind libblas.so.3, which Debian's PyTorch calls for its products."""
+    for d in ("/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib"):
+        path = os.path.join(d, "libblas.so.3")
+        if os.path.exists(path):
+            return os.path.realpath(path)
+    return "(libblas.so.3 not found)"
+
+
 def load(path):
     try:
         return json.load(open(path))
@@ -44,7 +65,12 @@ def main():
     args = ap.parse_args()
 
     env = dict(os.environ)
-    env.setdefault("OPENBLAS_CORETYPE", "SkylakeX")
+    if cpu_has("avx512f"):
+        env.setdefault("OPENBLAS_CORETYPE", "SkylakeX")
+    blas = system_blas()
+    if "openblas" not in blas:
+        print(f"warning: PyTorch's BLAS is {blas}, not OpenBLAS: its matrix products will be "
+              "~20x slower (apt-get install libopenblas0-pthread)", flush=True)
     env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     tmp = tempfile.mkdtemp(prefix="kiln-peers-")
     kiln_json = os.path.join(tmp, "kiln.json")
@@ -61,8 +87,9 @@ def main():
         peers += load(out)
 
     kiln = load(kiln_json)
-    print(f"\nBLAS: kiln = oneDNN sgemm (libdnnl); PyTorch = OpenBLAS with "
-          f"OPENBLAS_CORETYPE={env['OPENBLAS_CORETYPE']}; {args.threads} thread(s) each\n")
+    print(f"\nBLAS: kiln = oneDNN sgemm (libdnnl); PyTorch = {blas} with "
+          f"OPENBLAS_CORETYPE={env.get('OPENBLAS_CORETYPE', '(unset: its own choice)')}; "
+          f"{args.threads} thread(s) each\n")
     print(f"{'case':<28} {'unit':<10} {'kiln eager':>11} {'kiln comp.':>11} {'PyTorch':>11} "
           f"{'eager/PT':>9} {'comp./PT':>9}")
     for p in peers:

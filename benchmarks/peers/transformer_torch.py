@@ -8,7 +8,7 @@ The same workloads, for a same-machine comparison:
   mlp: 64→128→10 (ReLU), batch 64, SGD lr 0.01, cross-entropy.
 
 Needs Debian's python3-torch (not installed by scripts/setup.sh; `apt-get install
-python3-torch`). Usage (Debian's python, not a pyenv one): /usr/bin/python3 benchmarks/peers/transformer_torch.py [--threads N] [--json FILE]
+python3-torch libopenblas0-pthread`). Usage (Debian's python, not a pyenv one): /usr/bin/python3 benchmarks/peers/transformer_torch.py [--threads N] [--json FILE]
 Prints the benchmark's fields and optionally writes kiln-bench-style JSON records (mode "peer").
 It reports the BLAS core type and thread settings it ran with.
 """
