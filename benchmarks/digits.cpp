@@ -414,6 +414,7 @@ void summary(std::span<const Record> records) {
                vs_eager, verdict(vs_eager >= 2));
     fmt::print("  {:<44} {:8.2f}x        target >= 2x          {}\n",
                "compiled / PyTorch 1.13 (3,860 st/s, 1 thr)", vs_torch, verdict(vs_torch >= 2));
+    print_peer_note();
   }
   if (diff)
     fmt::print("  {:<44} {:8.2g}         target <= {:.0e}       {}\n",

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 #include <exception>
+#include <fstream>
 #include <map>
 #include <memory>
 
@@ -210,6 +211,33 @@ Benchmark copy_reference(int64_t n) {
             do_not_optimize(d);
           },
           gb_per_s(2.0 * sizeof(float) * static_cast<double>(n))};
+}
+
+std::string cpu_description() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line, model, isa = "no AVX2";
+  while (std::getline(in, line)) {
+    if (model.empty() && line.starts_with("model name")) {
+      size_t start = line.find_first_not_of(' ', line.find(':') + 1);
+      if (line.find(':') != std::string::npos && start != std::string::npos) model = line.substr(start);
+    }
+    if (line.starts_with("flags")) {
+      auto has = [&](std::string_view flag) {
+        return line.find(fmt::format(" {} ", flag)) != std::string::npos ||
+               line.ends_with(fmt::format(" {}", flag));
+      };
+      isa = has("avx512f") ? "AVX-512" : has("avx2") ? "AVX2" : "no AVX2";
+      break;
+    }
+  }
+  return model.empty() ? "unknown CPU" : fmt::format("{} ({})", model, isa);
+}
+
+void print_peer_note() {
+  fmt::print("  (the PyTorch figure was measured on an Intel Xeon with AVX-512, "
+             "notes/cpu-performance.md;\n   this CPU: {}; benchmarks/peers/side_by_side.py "
+             "measures PyTorch here)\n",
+             cpu_description());
 }
 
 }  // namespace kiln::bench

@@ -138,6 +138,16 @@ bool suite_ran(std::span<const Record> records, std::string_view suite);
 void print_target(std::string_view label, double value, std::string_view unit, double target,
                   bool at_most);
 
+/// The CPU's model name and widest vector ISA, e.g. "AMD EPYC (AVX2)" or "Intel(R) Xeon(R) ...
+/// (AVX-512)", from /proc/cpuinfo ("unknown CPU" where it cannot be read). Figures from
+/// different CPUs are not comparable: kiln-bench prints this in its header.
+std::string cpu_description();
+
+/// The note under a summary's PyTorch ratio: its fixed peer figure was measured on another
+/// machine (notes/cpu-performance.md: Intel Xeon, AVX-512), and
+/// benchmarks/peers/side_by_side.py measures PyTorch on this one.
+void print_peer_note();
+
 /// The record of `case_name` in `mode` that succeeded, or nullptr.
 const Record* find_record(std::span<const Record> records, std::string_view suite,
                           std::string_view case_name, Mode mode);

@@ -210,8 +210,9 @@ int main(int argc, char** argv) {
 
   if (args.threads > 0) kiln::cpu::set_num_threads(args.threads);
   kb::RunConfig config{args.quick, kiln::cpu::num_threads()};
-  fmt::print("kiln-bench: {} thread(s) of {} hardware, {}\n", config.threads,
-             std::thread::hardware_concurrency(), args.quick ? "quick" : "full repetitions");
+  fmt::print("kiln-bench: {} thread(s) of {} hardware, {}; CPU: {}\n", config.threads,
+             std::thread::hardware_concurrency(), args.quick ? "quick" : "full repetitions",
+             kb::cpu_description());
 
   // Build every case list first: the table's columns fit the longest name.
   std::vector<std::vector<kb::Case>> cases;
