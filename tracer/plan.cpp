@@ -642,6 +642,20 @@ void append_profile(std::string& out, size_t line_start, const StepT& s) {
 std::string Plan::describe() const {
   const Program& p = *p_;
   std::string out;
+  // ", runs on eager kernels (measured E vs compiled C us)" once the trials chose, with the mean
+  // of the timed trials each way; "" while measuring or where nothing was measured.
+  auto measured_choice = [](const Region& r) -> std::string {
+    const int choice = r.choice.load();
+    if (choice < 0 || r.trials.load() < Region::kTrials) return "";
+    const int timed = (Region::kTrials - 2) / 2;  // per way; the first two only warm up
+    const double eager_us = r.eager_ns.load() / 1e3 / timed;
+    const double compiled_us = r.compiled_ns.load() / 1e3 / timed;
+    return choice == 1
+               ? fmt::format(", runs on eager kernels (measured {:.0f} vs compiled {:.0f} us)",
+                             eager_us, compiled_us)
+               : fmt::format(", runs compiled (measured {:.0f} vs eager kernels {:.0f} us)",
+                             compiled_us, eager_us);
+  };
   for (const Step& s : steps_) {
     size_t line_start = out.size();
     if (s.region) {
@@ -657,10 +671,7 @@ std::string Plan::describe() const {
                            r.device.is_cuda() ? " on " + r.device.str() : "",
                            r.static_only ? " (traced shapes only)" : "",
                            r.exe ? fmt::format(", built in {:.0f} ms", r.exe->stats().total_ms) : "",
-                           r.choice.load() == 1
-                               ? fmt::format(", runs on eager kernels (measured {:.0f} vs {:.0f} us)",
-                                             r.eager_ns.load() / 3e3, r.compiled_ns.load() / 3e3)
-                               : "",
+                           measured_choice(r),
                            ops);
       append_profile(out, line_start, s);
       continue;
