@@ -234,9 +234,8 @@ std::string cpu_description() {
 }
 
 void print_peer_note() {
-  fmt::print("  (the PyTorch figure was measured on an Intel Xeon with AVX-512, "
-             "notes/cpu-performance.md;\n   this CPU: {}; benchmarks/peers/side_by_side.py "
-             "measures PyTorch here)\n",
+  fmt::print("  (the PyTorch figure was measured on 2 vCPUs of an Intel Xeon with AVX-512;\n"
+             "   this CPU: {}; benchmarks/peers/side_by_side.py measures PyTorch here)\n",
              cpu_description());
 }
 

@@ -48,6 +48,107 @@ void split_parallel(mlir::scf::ParallelOp p, unsigned keep) {
   p.erase();
 }
 
+constexpr char kInterchanged[] = "kiln.reduction_outside_columns";
+/// Columns of the innermost parallel dim per block of an interchanged reduction nest: few
+/// enough that a 256-column sum still gives 4 blocks to share out, enough for a vector loop.
+constexpr int64_t kColumnBlock = 64;
+
+/// A reduction over leading dims (a bias gradient: [rows, cols] -> [cols]) lowers to
+///   scf.for %i (rows) { scf.parallel %j (cols) { out[j] += in[i, j] } }
+/// whose parallel loop, nested in a sequential one, would run on one thread. Rewritten as
+///   scf.parallel %jb (blocks of kColumnBlock cols) { scf.for %i { scf.for %j in block {...} } }
+/// so the column blocks are shared out and the innermost loop still runs over contiguous
+/// columns. Legal because the nests come from linalg ops, whose output elements are indexed by
+/// the parallel dims only: different columns never touch the same element, and each column
+/// still adds its rows in the same order. Only perfect nests (each loop body holds just the next loop) of
+/// scf.for loops without iter_args around one scf.parallel with step-1 loops are rewritten;
+/// the nest's total iterations go to kiln_rt_parallel_work as for other nests. Returns
+/// whether `outer` was rewritten (and erased).
+bool interchange_reduction_nest(mlir::scf::ForOp outer) {
+  llvm::SmallVector<mlir::scf::ForOp> fors{outer};
+  mlir::scf::ParallelOp par;
+  for (;;) {
+    mlir::scf::ForOp f = fors.back();
+    if (!f.getInitArgs().empty() || f.getNumResults() != 0) return false;
+    mlir::Block* body = f.getBody();
+    if (body->getOperations().size() != 2) return false;  // the next loop and the yield
+    mlir::Operation* next = &body->front();
+    if (auto inner = llvm::dyn_cast<mlir::scf::ForOp>(next)) {
+      fors.push_back(inner);
+      continue;
+    }
+    par = llvm::dyn_cast<mlir::scf::ParallelOp>(next);
+    break;
+  }
+  if (!par || par.getNumResults() != 0) return false;
+  for (mlir::Value step : par.getStep())
+    if (mlir::getConstantIntValue(step) != 1) return false;
+  // Loop bounds must come from outside the nest (they are hoisted constants or dims).
+  auto outside = [&](mlir::Value v) {
+    return !outer->isAncestor(v.getParentBlock()->getParentOp());
+  };
+  for (mlir::scf::ForOp f : fors)
+    if (!outside(f.getLowerBound()) || !outside(f.getUpperBound()) || !outside(f.getStep()))
+      return false;
+  for (mlir::Value v : llvm::concat<const mlir::Value>(par.getLowerBound(), par.getUpperBound()))
+    if (!outside(v)) return false;
+
+  // Total iterations: small static nests stay sequential code (as in prepare_parallel_loops).
+  std::optional<int64_t> iterations = int64_t{1};
+  auto count = [&](mlir::Value lb, mlir::Value ub) {
+    auto l = mlir::getConstantIntValue(lb), u = mlir::getConstantIntValue(ub);
+    if (!l || !u) iterations.reset();
+    else if (iterations) *iterations *= std::max<int64_t>(*u - *l, 0);
+  };
+  for (mlir::scf::ForOp f : fors) count(f.getLowerBound(), f.getUpperBound());
+  for (auto [lb, ub] : llvm::zip(par.getLowerBound(), par.getUpperBound())) count(lb, ub);
+  if (iterations && *iterations < kParallelMinIterations) return false;
+
+  mlir::OpBuilder b(outer);
+  mlir::Location loc = outer.getLoc();
+  auto cst = [&](int64_t v) { return mlir::arith::ConstantIndexOp::create(b, loc, v).getResult(); };
+  mlir::Value work = cst(1);
+  auto trips = [&](mlir::Value lb, mlir::Value ub) {
+    work = mlir::arith::MulIOp::create(b, loc, work, mlir::arith::SubIOp::create(b, loc, ub, lb));
+  };
+  for (mlir::scf::ForOp f : fors) trips(f.getLowerBound(), f.getUpperBound());
+  for (auto [lb, ub] : llvm::zip(par.getLowerBound(), par.getUpperBound())) trips(lb, ub);
+  mlir::func::CallOp::create(b, loc, kWorkHint, mlir::TypeRange{}, mlir::ValueRange{work});
+
+  const unsigned n = par.getNumLoops();
+  mlir::Value col_lb = par.getLowerBound()[n - 1], col_ub = par.getUpperBound()[n - 1];
+  mlir::Value block = cst(kColumnBlock), one = cst(1), zero = cst(0);
+  mlir::Value blocks = mlir::arith::CeilDivSIOp::create(
+      b, loc, mlir::arith::SubIOp::create(b, loc, col_ub, col_lb), block);
+  llvm::SmallVector<mlir::Value> lbs(par.getLowerBound().take_front(n - 1));
+  llvm::SmallVector<mlir::Value> ubs(par.getUpperBound().take_front(n - 1));
+  llvm::SmallVector<mlir::Value> steps(par.getStep().take_front(n - 1));
+  lbs.push_back(zero), ubs.push_back(blocks), steps.push_back(one);
+  mlir::Block* body = par.getBody();
+  auto np = mlir::scf::ParallelOp::create(
+      b, loc, lbs, ubs, steps, [&](mlir::OpBuilder& nb, mlir::Location, mlir::ValueRange ivs) {
+        mlir::IRMapping map;
+        for (unsigned d = 0; d + 1 < n; ++d) map.map(body->getArgument(d), ivs[d]);
+        mlir::Value first = mlir::arith::AddIOp::create(
+            nb, loc, col_lb, mlir::arith::MulIOp::create(nb, loc, ivs[n - 1], block));
+        mlir::Value last = mlir::arith::MinSIOp::create(
+            nb, loc, mlir::arith::AddIOp::create(nb, loc, first, block), col_ub);
+        for (mlir::scf::ForOp f : fors) {
+          auto nf = mlir::scf::ForOp::create(nb, loc, f.getLowerBound(), f.getUpperBound(),
+                                             f.getStep());
+          map.map(f.getInductionVar(), nf.getInductionVar());
+          nb.setInsertionPoint(nf.getBody()->getTerminator());
+        }
+        auto cols = mlir::scf::ForOp::create(nb, loc, first, last, one);
+        map.map(body->getArgument(n - 1), cols.getInductionVar());
+        nb.setInsertionPoint(cols.getBody()->getTerminator());
+        for (mlir::Operation& op : body->without_terminator()) nb.clone(op, map);
+      });
+  np->setAttr(kInterchanged, b.getUnitAttr());
+  outer.erase();
+  return true;
+}
+
 }  // namespace
 
 void prepare_parallel_loops(mlir::ModuleOp m) {
@@ -63,6 +164,17 @@ void prepare_parallel_loops(mlir::ModuleOp m) {
     auto decl = mlir::func::FuncOp::create(mb, m.getLoc(), kWorkHint,
                                            mb.getFunctionType({index}, {}));
     decl.setPrivate();
+  }
+  llvm::SmallVector<mlir::scf::ForOp> top_fors;
+  for (mlir::Operation& op : fn.getBody().front())
+    if (auto f = llvm::dyn_cast<mlir::scf::ForOp>(op)) top_fors.push_back(f);
+  bool interchanged = false;
+  for (mlir::scf::ForOp f : top_fors) interchanged |= interchange_reduction_nest(f);
+  if (interchanged) {
+    loops.clear();
+    fn.walk([&](mlir::scf::ParallelOp p) {
+      if (!p->hasAttr(kInterchanged)) loops.push_back(p);
+    });
   }
   // walk() is post-order: loops nested in others come first and are made sequential before
   // their parent is rewritten (clone then copies the sequential form).

@@ -8,9 +8,11 @@
 /// vectorises it; a 1-D loop stays parallel), is preceded by a call
 /// `kiln_rt_parallel_work(iterations)` (runtime: small nests run on the calling thread; a nest
 /// whose static sizes are already below that stays sequential code), and is
-/// then lowered by MLIR's `convert-scf-to-openmp`. Parallel loops anywhere else (inside a
-/// sequential loop, e.g. a column sum's inner loop) become `scf.for` nests: forking per outer
-/// iteration costs more than it gains. The OpenMP entry points the lowered code calls
+/// then lowered by MLIR's `convert-scf-to-openmp`. A reduction over leading dims (a column
+/// sum: `scf.for` rows around an `scf.parallel` over columns) is first turned inside out: an
+/// `scf.parallel` over blocks of 64 columns around the row loop and a loop over the block's
+/// columns, so it is shared out too. Other parallel loops inside a sequential loop become
+/// `scf.for` nests: forking per outer iteration costs more than it gains. The OpenMP entry points the lowered code calls
 /// (`__kmpc_fork_call`, `__kmpc_for_static_init_8u`, ...) are kiln's own, over its thread pool
 /// (omp_runtime.cpp), so no OpenMP runtime with its own (spinning) threads is loaded.
 #include "mlir/IR/BuiltinOps.h"

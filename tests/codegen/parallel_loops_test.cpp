@@ -128,3 +128,57 @@ TEST_CASE("parallel loops: a graph that is not row-splittable runs its loops on 
   }
   cpu::set_num_threads(saved);
 }
+
+TEST_CASE("parallel loops: sums over leading dims share out blocks of columns") {
+  // sum over rows ([rows, cols] -> [cols], a bias gradient) lowers to a row loop around a
+  // parallel column loop; cpu_parallel.cpp moves blocks of columns outside the row loop.
+  // Against a float64 reference, with odd sizes (a partial last block), static and dynamic.
+  const int saved = cpu::num_threads();
+  cpu::set_num_threads(2);
+  auto column_sums = [](int64_t a, int64_t b, int64_t c) {
+    ir::Graph g;
+    ir::Value x = g.input(DType::Float32, {a, b, c});
+    OpAttrs lead;
+    lead.dims = {0, 1};
+    OpAttrs first;
+    first.dims = {0};
+    g.output(g.op(OpKind::Sum, {g.op(OpKind::Mul, {x, x})}, lead));  // [c]
+    g.output(g.op(OpKind::Sum, {x}, first));                          // [b, c]
+    return g;
+  };
+  auto check = [](const std::vector<Tensor>& out, const Tensor& x) {
+    const int64_t a = x.shape()[0], b = x.shape()[1], c = x.shape()[2];
+    const float* p = x.contiguous().data<float>();
+    REQUIRE(out.size() == 2);
+    double worst = 0;
+    for (int64_t k = 0; k < c; ++k) {
+      double want = 0;
+      for (int64_t i = 0; i < a * b; ++i) want += double(p[i * c + k]) * p[i * c + k];
+      worst = std::max(worst, std::abs(out[0].contiguous().data<float>()[k] - want) / (1 + want));
+    }
+    for (int64_t j = 0; j < b; ++j)
+      for (int64_t k = 0; k < c; ++k) {
+        double want = 0;
+        for (int64_t i = 0; i < a; ++i) want += p[(i * b + j) * c + k];
+        worst = std::max(worst, std::abs(out[1].contiguous().data<float>()[j * c + k] - want) /
+                                    (1 + std::abs(want)));
+      }
+    CHECK(worst < 1e-5);
+  };
+  // 722,400 elements; the results' own nests (fill, rounding to float32) stay below
+  // kParallelMinIterations, so only the moved reductions run on the pool.
+  Tensor x = randn({40, 60, 301});
+  codegen::Executable exe(column_sums(40, 60, 301));
+  CHECK_FALSE(exe.row_parallel());
+  uint64_t at = codegen::parallel_loop_runs();
+  check(exe.run({x}), x);
+  CHECK(codegen::parallel_loop_runs() >= at + 2);
+
+  codegen::Executable dyn(column_sums(ir::kDynamic, ir::kDynamic, ir::kDynamic));
+  at = codegen::parallel_loop_runs();
+  check(dyn.run({x}), x);
+  CHECK(codegen::parallel_loop_runs() >= at + 2);
+  Tensor small = randn({2, 3, 67});
+  check(dyn.run({small}), small);
+  cpu::set_num_threads(saved);
+}
