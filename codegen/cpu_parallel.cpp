@@ -2,7 +2,6 @@
 #include "codegen/cpu_parallel.h"
 
 #include <algorithm>
-#include <optional>
 
 #include "codegen/omp_runtime.h"
 #include "core/error.h"
@@ -48,6 +47,34 @@ void split_parallel(mlir::scf::ParallelOp p, unsigned keep) {
   p.erase();
 }
 
+/// (lower, upper) bounds of every loop of a nest.
+using Bounds = llvm::SmallVector<std::pair<mlir::Value, mlir::Value>>;
+
+void append_bounds(Bounds& out, mlir::ValueRange lbs, mlir::ValueRange ubs) {
+  for (auto [lb, ub] : llvm::zip(lbs, ubs)) out.emplace_back(lb, ub);
+}
+
+/// A nest with fewer iterations than the runtime would share out, known now: it stays
+/// sequential code, so small graphs (the digits MLP's) pay no fork call per loop.
+bool statically_small(const Bounds& nest) {
+  int64_t iterations = 1;
+  for (auto [lb, ub] : nest) {
+    auto l = mlir::getConstantIntValue(lb), u = mlir::getConstantIntValue(ub);
+    if (!l || !u) return false;
+    iterations *= std::max<int64_t>(*u - *l, 0);
+  }
+  return iterations < kParallelMinIterations;
+}
+
+/// kiln_rt_parallel_work(iterations of the whole nest) at `b`'s insertion point (the runtime
+/// runs small ones on the calling thread).
+void call_work_hint(mlir::OpBuilder& b, mlir::Location loc, const Bounds& nest) {
+  mlir::Value work = mlir::arith::ConstantIndexOp::create(b, loc, 1);
+  for (auto [lb, ub] : nest)
+    work = mlir::arith::MulIOp::create(b, loc, work, mlir::arith::SubIOp::create(b, loc, ub, lb));
+  mlir::func::CallOp::create(b, loc, kWorkHint, mlir::TypeRange{}, mlir::ValueRange{work});
+}
+
 constexpr char kInterchanged[] = "kiln.reduction_outside_columns";
 /// Columns of the innermost parallel dim per block of an interchanged reduction nest: few
 /// enough that a 256-column sum still gives 4 blocks to share out, enough for a vector loop.
@@ -60,18 +87,18 @@ constexpr int64_t kColumnBlock = 64;
 /// so the column blocks are shared out and the innermost loop still runs over contiguous
 /// columns. Legal because the nests come from linalg ops, whose output elements are indexed by
 /// the parallel dims only: different columns never touch the same element, and each column
-/// still adds its rows in the same order. Only perfect nests (each loop body holds just the next loop) of
-/// scf.for loops without iter_args around one scf.parallel with step-1 loops are rewritten;
-/// the nest's total iterations go to kiln_rt_parallel_work as for other nests. Returns
-/// whether `outer` was rewritten (and erased).
-bool interchange_reduction_nest(mlir::scf::ForOp outer) {
+/// still adds its rows in the same order. Only perfect nests (each loop body holds just the
+/// next loop) of scf.for loops without iter_args around one scf.parallel with step-1 loops are
+/// rewritten; small static nests are left alone, and the others get the work hint like other
+/// nests (`outer` is then erased).
+void interchange_reduction_nest(mlir::scf::ForOp outer) {
   llvm::SmallVector<mlir::scf::ForOp> fors{outer};
   mlir::scf::ParallelOp par;
   for (;;) {
     mlir::scf::ForOp f = fors.back();
-    if (!f.getInitArgs().empty() || f.getNumResults() != 0) return false;
+    if (!f.getInitArgs().empty() || f.getNumResults() != 0) return;
     mlir::Block* body = f.getBody();
-    if (body->getOperations().size() != 2) return false;  // the next loop and the yield
+    if (body->getOperations().size() != 2) return;  // the next loop and the yield
     mlir::Operation* next = &body->front();
     if (auto inner = llvm::dyn_cast<mlir::scf::ForOp>(next)) {
       fors.push_back(inner);
@@ -80,40 +107,29 @@ bool interchange_reduction_nest(mlir::scf::ForOp outer) {
     par = llvm::dyn_cast<mlir::scf::ParallelOp>(next);
     break;
   }
-  if (!par || par.getNumResults() != 0) return false;
+  if (!par || par.getNumResults() != 0) return;
   for (mlir::Value step : par.getStep())
-    if (mlir::getConstantIntValue(step) != 1) return false;
+    if (mlir::getConstantIntValue(step) != 1) return;
   // Loop bounds must come from outside the nest (they are hoisted constants or dims).
   auto outside = [&](mlir::Value v) {
     return !outer->isAncestor(v.getParentBlock()->getParentOp());
   };
   for (mlir::scf::ForOp f : fors)
     if (!outside(f.getLowerBound()) || !outside(f.getUpperBound()) || !outside(f.getStep()))
-      return false;
+      return;
   for (mlir::Value v : llvm::concat<const mlir::Value>(par.getLowerBound(), par.getUpperBound()))
-    if (!outside(v)) return false;
+    if (!outside(v)) return;
 
-  // Total iterations: small static nests stay sequential code (as in prepare_parallel_loops).
-  std::optional<int64_t> iterations = int64_t{1};
-  auto count = [&](mlir::Value lb, mlir::Value ub) {
-    auto l = mlir::getConstantIntValue(lb), u = mlir::getConstantIntValue(ub);
-    if (!l || !u) iterations.reset();
-    else if (iterations) *iterations *= std::max<int64_t>(*u - *l, 0);
-  };
-  for (mlir::scf::ForOp f : fors) count(f.getLowerBound(), f.getUpperBound());
-  for (auto [lb, ub] : llvm::zip(par.getLowerBound(), par.getUpperBound())) count(lb, ub);
-  if (iterations && *iterations < kParallelMinIterations) return false;
+  Bounds nest;
+  for (mlir::scf::ForOp f : fors)
+    append_bounds(nest, f.getLowerBound(), f.getUpperBound());
+  append_bounds(nest, par.getLowerBound(), par.getUpperBound());
+  if (statically_small(nest)) return;
 
   mlir::OpBuilder b(outer);
   mlir::Location loc = outer.getLoc();
   auto cst = [&](int64_t v) { return mlir::arith::ConstantIndexOp::create(b, loc, v).getResult(); };
-  mlir::Value work = cst(1);
-  auto trips = [&](mlir::Value lb, mlir::Value ub) {
-    work = mlir::arith::MulIOp::create(b, loc, work, mlir::arith::SubIOp::create(b, loc, ub, lb));
-  };
-  for (mlir::scf::ForOp f : fors) trips(f.getLowerBound(), f.getUpperBound());
-  for (auto [lb, ub] : llvm::zip(par.getLowerBound(), par.getUpperBound())) trips(lb, ub);
-  mlir::func::CallOp::create(b, loc, kWorkHint, mlir::TypeRange{}, mlir::ValueRange{work});
+  call_work_hint(b, loc, nest);
 
   const unsigned n = par.getNumLoops();
   mlir::Value col_lb = par.getLowerBound()[n - 1], col_ub = par.getUpperBound()[n - 1];
@@ -146,7 +162,6 @@ bool interchange_reduction_nest(mlir::scf::ForOp outer) {
       });
   np->setAttr(kInterchanged, b.getUnitAttr());
   outer.erase();
-  return true;
 }
 
 }  // namespace
@@ -154,9 +169,9 @@ bool interchange_reduction_nest(mlir::scf::ForOp outer) {
 void prepare_parallel_loops(mlir::ModuleOp m) {
   auto fn = m.lookupSymbol<mlir::func::FuncOp>("main");
   if (!fn) return;
-  llvm::SmallVector<mlir::scf::ParallelOp> loops;
-  fn.walk([&](mlir::scf::ParallelOp p) { loops.push_back(p); });
-  if (loops.empty()) return;
+  bool any = false;
+  fn.walk([&](mlir::scf::ParallelOp) { any = true; });
+  if (!any) return;
   mlir::OpBuilder mb(m.getBodyRegion());
   mlir::Type index = mb.getIndexType();
   if (!m.lookupSymbol<mlir::func::FuncOp>(kWorkHint)) {
@@ -165,17 +180,15 @@ void prepare_parallel_loops(mlir::ModuleOp m) {
                                            mb.getFunctionType({index}, {}));
     decl.setPrivate();
   }
+  // Reductions over leading dims first; their new parallel loops are finished already.
   llvm::SmallVector<mlir::scf::ForOp> top_fors;
   for (mlir::Operation& op : fn.getBody().front())
     if (auto f = llvm::dyn_cast<mlir::scf::ForOp>(op)) top_fors.push_back(f);
-  bool interchanged = false;
-  for (mlir::scf::ForOp f : top_fors) interchanged |= interchange_reduction_nest(f);
-  if (interchanged) {
-    loops.clear();
-    fn.walk([&](mlir::scf::ParallelOp p) {
-      if (!p->hasAttr(kInterchanged)) loops.push_back(p);
-    });
-  }
+  for (mlir::scf::ForOp f : top_fors) interchange_reduction_nest(f);
+  llvm::SmallVector<mlir::scf::ParallelOp> loops;
+  fn.walk([&](mlir::scf::ParallelOp p) {
+    if (!p->hasAttr(kInterchanged)) loops.push_back(p);
+  });
   // walk() is post-order: loops nested in others come first and are made sequential before
   // their parent is rewritten (clone then copies the sequential form).
   for (mlir::scf::ParallelOp p : loops) {
@@ -185,25 +198,14 @@ void prepare_parallel_loops(mlir::ModuleOp m) {
       split_parallel(p, 0);
       continue;
     }
-    // A nest with fewer iterations than the runtime would share out, known now: sequential,
-    // so small graphs (the digits MLP's) pay no fork call per loop.
-    std::optional<int64_t> iterations = int64_t{1};
-    for (auto [lb, ub] : llvm::zip(p.getLowerBound(), p.getUpperBound())) {
-      auto l = mlir::getConstantIntValue(lb), u = mlir::getConstantIntValue(ub);
-      if (!l || !u) iterations.reset();
-      else if (iterations) *iterations *= std::max<int64_t>(*u - *l, 0);
-    }
-    if (iterations && *iterations < kParallelMinIterations) {
+    Bounds nest;
+    append_bounds(nest, p.getLowerBound(), p.getUpperBound());
+    if (statically_small(nest)) {
       split_parallel(p, 0);
       continue;
     }
-    // Iterations of the whole nest (the runtime runs small ones on the calling thread).
     mlir::OpBuilder b(p);
-    mlir::Location loc = p.getLoc();
-    mlir::Value work = mlir::arith::ConstantIndexOp::create(b, loc, 1);
-    for (auto [lb, ub] : llvm::zip(p.getLowerBound(), p.getUpperBound()))
-      work = mlir::arith::MulIOp::create(b, loc, work, mlir::arith::SubIOp::create(b, loc, ub, lb));
-    mlir::func::CallOp::create(b, loc, kWorkHint, mlir::TypeRange{}, mlir::ValueRange{work});
+    call_work_hint(b, p.getLoc(), nest);
     if (p.getNumLoops() > 1) split_parallel(p, p.getNumLoops() - 1);
   }
 }
