@@ -10,7 +10,8 @@
 /// whose static sizes are already below that stays sequential code), and is
 /// then lowered by MLIR's `convert-scf-to-openmp`. A reduction over leading dims (a column
 /// sum: `scf.for` rows around an `scf.parallel` over columns) is first turned inside out: an
-/// `scf.parallel` over blocks of 64 columns around the row loop and a loop over the block's
+/// `scf.parallel` over blocks of columns (one per thread, width from
+/// `kiln_rt_column_block(cols)` at run time) around the row loop and a loop over the block's
 /// columns, so it is shared out too. Other parallel loops inside a sequential loop become
 /// `scf.for` nests: forking per outer iteration costs more than it gains. The OpenMP entry points the lowered code calls
 /// (`__kmpc_fork_call`, `__kmpc_for_static_init_8u`, ...) are kiln's own, over its thread pool

@@ -37,6 +37,8 @@ constexpr int kMaxArgs = 4;  // the lowering passes the captured values as one s
 
 void rt_parallel_work(int64_t iterations) { t_next_work = iterations; }
 
+int64_t rt_column_block(int64_t cols) { return column_block(cols, cpu::num_threads()); }
+
 int32_t kmpc_global_thread_num(void*) { return t_team.index; }
 
 void run_member(Microtask fn, int32_t argc, void* const* args, Team team) {
@@ -105,11 +107,18 @@ StaticBlock static_block(uint64_t lower, uint64_t upper, int32_t index, int32_t 
   return {lower + begin, lower + begin + count - 1, trip, count > 0 && begin + count == trip};
 }
 
+int64_t column_block(int64_t cols, int threads) {
+  constexpr int64_t kVector = 16;
+  const int64_t per_thread = (std::max<int64_t>(cols, 1) + std::max(threads, 1) - 1) / std::max(threads, 1);
+  return std::max<int64_t>((per_thread + kVector - 1) / kVector * kVector, kVector);
+}
+
 uint64_t parallel_loop_runs() { return g_parallel_runs.load(std::memory_order_relaxed); }
 
 std::vector<RuntimeSymbol> omp_runtime_symbols() {
   return {
       {"kiln_rt_parallel_work", reinterpret_cast<void*>(&rt_parallel_work)},
+      {"kiln_rt_column_block", reinterpret_cast<void*>(&rt_column_block)},
       {"__kmpc_global_thread_num", reinterpret_cast<void*>(&kmpc_global_thread_num)},
       {"__kmpc_fork_call", reinterpret_cast<void*>(&kmpc_fork_call)},
       {"__kmpc_for_static_init_8u",

@@ -23,7 +23,12 @@ struct StaticBlock {
 };
 StaticBlock static_block(uint64_t lower, uint64_t upper, int32_t index, int32_t size);
 
-/// kiln_rt_parallel_work and the __kmpc_* entry points, for runtime_symbols().
+/// Columns per block of a reduction over leading dims (cpu_parallel.cpp) for `cols` columns and
+/// a pool of `threads`: one block per thread, a multiple of 16 columns (a 64-byte vector of
+/// floats), at least 16. Any width gives the same sums (each column adds its rows in order).
+int64_t column_block(int64_t cols, int threads);
+
+/// kiln_rt_parallel_work, kiln_rt_column_block and the __kmpc_* entry points, for runtime_symbols().
 std::vector<RuntimeSymbol> omp_runtime_symbols();
 
 }  // namespace kiln::codegen

@@ -84,6 +84,25 @@ TEST_CASE("parallel loops: static schedule blocks cover the loop exactly once") 
     }
 }
 
+TEST_CASE("parallel loops: column sums get one block of whole vectors per thread") {
+  using codegen::column_block;
+  CHECK(column_block(1024, 2) == 512);
+  CHECK(column_block(256, 2) == 128);
+  CHECK(column_block(301, 2) == 160);  // 151 rounded up to whole 16-float vectors
+  CHECK(column_block(256, 16) == 16);
+  CHECK(column_block(1000, 1) == 1008);
+  CHECK(column_block(3, 4) == 16);   // never below one vector
+  CHECK(column_block(0, 2) == 16);   // an empty nest still gets a valid (unused) width
+  // The blocks cover every column with at most `threads` blocks.
+  for (int64_t cols = 1; cols < 300; cols += 7)
+    for (int threads = 1; threads <= 6; ++threads) {
+      int64_t w = column_block(cols, threads);
+      CHECK(w % 16 == 0);
+      CHECK((cols + w - 1) / w <= threads);
+      CHECK((cols + w - 1) / w * w >= cols);
+    }
+}
+
 TEST_CASE("parallel loops: a graph that is not row-splittable runs its loops on the pool") {
   const int saved = cpu::num_threads();
   cpu::set_num_threads(2);
