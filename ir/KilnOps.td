@@ -32,6 +32,7 @@ def Kiln_ElementwiseOp : Kiln_Op<"elementwise"> {
                        OptionalAttr<I64Attr>:$mode, OptionalAttr<TypeAttr>:$dtype);
   let results = (outs AnyRankedTensor:$result);
   let assemblyFormat = "$kind $inputs attr-dict `:` functional-type($inputs, results)";
+  let hasFolder = 1;
 }
 
 def Kiln_ReduceOp : Kiln_Op<"reduce"> {

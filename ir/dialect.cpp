@@ -1,6 +1,8 @@
 #include "ir/dialect.h"
 
+#include <algorithm>
 #include <string>
+#include <utility>
 
 #include "core/error.h"
 #include "mlir/IR/Builders.h"
@@ -395,12 +397,55 @@ mlir::LogicalResult ConstantOp::verify() {
 
 mlir::OpFoldResult ConstantOp::fold(FoldAdaptor) { return getValue(); }
 
+namespace {
+
+/// Whether `v` is a kiln.constant whose every element is 1 (float or integer).
+bool is_splat_one(mlir::Value v) {
+  auto c = v.getDefiningOp<ConstantOp>();
+  if (!c) return false;
+  auto dense = llvm::dyn_cast<mlir::DenseElementsAttr>(c.getValue());
+  if (!dense || !dense.isSplat()) return false;
+  mlir::Type t = dense.getElementType();
+  if (llvm::isa<mlir::FloatType>(t)) return dense.getSplatValue<llvm::APFloat>().isExactlyValue(1.0);
+  if (t.isInteger(1)) return false;  // bool * true is a logical and, kept as written
+  if (llvm::isa<mlir::IntegerType>(t)) return dense.getSplatValue<llvm::APInt>().isOne();
+  return false;
+}
+
+/// The pair of dims a kiln.view "transpose" swaps, wrapped into [0, rank) and ordered.
+std::pair<int64_t, int64_t> swapped_dims(ViewOp t) {
+  int64_t r = llvm::cast<mlir::RankedTensorType>(t.getInput().getType()).getRank();
+  auto wrap = [&](int64_t d) { return d < 0 ? d + r : d; };
+  int64_t a = wrap(t.getDim().value_or(0)), b = wrap(t.getDim1().value_or(0));
+  return {std::min(a, b), std::max(a, b)};
+}
+
+}  // namespace
+
+/// x * 1 -> x when the product has x's type (no broadcast, no promotion): exact for every
+/// value, NaN and -0 included. Autograd's addmm backward scales the weight gradient by alpha = 1;
+/// without the multiply in between, lowering sees the GEMM whose result is transposed.
+mlir::OpFoldResult ElementwiseOp::fold(FoldAdaptor) {
+  if (getKind() != "mul" || getInputs().size() != 2) return {};
+  for (int i = 0; i < 2; ++i) {
+    mlir::Value x = getInputs()[i], other = getInputs()[1 - i];
+    if (x.getType() == getResult().getType() && is_splat_one(other)) return x;
+  }
+  return {};
+}
+
 mlir::OpFoldResult ViewOp::fold(FoldAdaptor) {
+  auto kind = op_kind_from_name(getKind());
+  if (!kind) return {};
+  // transpose(transpose(x)) of the same two dims is x (the backward of x.t() in x @ W.t()).
+  if (*kind == OpKind::Transpose)
+    if (auto inner = getInput().getDefiningOp<ViewOp>())
+      if (inner.getKind() == "transpose" && swapped_dims(inner) == swapped_dims(*this) &&
+          inner.getInput().getType() == getResult().getType())
+        return inner.getInput();
   auto in = llvm::cast<mlir::RankedTensorType>(getInput().getType());
   auto out = llvm::cast<mlir::RankedTensorType>(getResult().getType());
   if (in != out || !in.hasStaticShape()) return {};
-  auto kind = op_kind_from_name(getKind());
-  if (!kind) return {};
   switch (*kind) {
     case OpKind::View:
     case OpKind::Expand:

@@ -900,6 +900,71 @@ TEST_CASE("Executable: Linear backward products run GEMMs with trans flags") {
   }
 }
 
+// Autograd's weight gradient of x @ W.t() is (x.t() @ g).t() (scaled by addmm's alpha = 1):
+// kiln-decompose rewrites it into g.t() @ x, so the GEMM writes the result in place (trans_a)
+// instead of a GEMM into a temporary and a transposing copy. Against float64 references; a
+// product with another use, and a batched product that broadcasts, keep their transposes.
+TEST_CASE("Executable: a transposed product (x.t() @ g).t() is one GEMM without a transpose copy") {
+  for (DType dt : {DType::Float32, DType::Float64}) {
+    INFO("dtype " << kiln::name(dt));
+    const double tol = dt == DType::Float32 ? 2e-6 : 1e-13;
+    Tensor xt = randn({96, 40}).to(dt), gt = randn({96, 24}).to(dt);
+    auto ref = [](const Tensor& a, const Tensor& b) {  // (a.t() @ b).t() in float64
+      return matmul(a.to(DType::Float64).t(), b.to(DType::Float64)).t();
+    };
+    {
+      ir::Graph g;
+      ir::Value x = g.input(dt, {96, 40});
+      ir::Value go = g.input(dt, {96, 24});
+      ir::Value one = g.constant(Scalar(1.0), dt);
+      ir::Value prod = g.op(OpKind::Matmul, {g.op(OpKind::Transpose, {x}, transpose_attrs(0, 1)), go});
+      g.output(g.op(OpKind::Transpose, {g.op(OpKind::Mul, {prod, one})}, transpose_attrs(0, 1)));
+      codegen::Executable exe(g);
+      check_gemm_ir(exe);
+      std::vector<Tensor> out = run_counting_gemm(exe, {xt, gt});
+      REQUIRE(out[0].shape() == Shape({24, 40}));
+      CHECK(rel_diff(out[0], ref(xt, gt)) < tol);
+    }
+    {  // 3-D, equal batch dims: (a @ b).transpose(-1, -2) = b^T @ a^T per batch
+      ir::Graph g;
+      ir::Value a = g.input(dt, {4, 16, 8});
+      ir::Value b = g.input(dt, {4, 8, 12});
+      g.output(g.op(OpKind::Transpose, {g.op(OpKind::Matmul, {a, b})}, transpose_attrs(-1, -2)));
+      codegen::Executable exe(g);
+      check_gemm_ir(exe);
+      Tensor a3 = randn({4, 16, 8}).to(dt), b3 = randn({4, 8, 12}).to(dt);
+      std::vector<Tensor> out = run_counting_gemm(exe, {a3, b3});
+      Tensor want = matmul(a3.to(DType::Float64), b3.to(DType::Float64)).transpose(-1, -2);
+      CHECK(rel_diff(out[0], want) < tol);
+    }
+    {  // the product is also an output: computed once, its transpose stays a copy
+      ir::Graph g;
+      ir::Value x = g.input(dt, {96, 40});
+      ir::Value go = g.input(dt, {96, 24});
+      ir::Value prod = g.op(OpKind::Matmul, {g.op(OpKind::Transpose, {x}, transpose_attrs(0, 1)), go});
+      g.output(prod);
+      g.output(g.op(OpKind::Transpose, {prod}, transpose_attrs(0, 1)));
+      codegen::Executable exe(g);
+      CHECK(exe.linalg_ir().find("linalg.transpose") != std::string::npos);
+      std::vector<Tensor> out = exe.run({xt, gt});
+      REQUIRE(out.size() == 2);
+      CHECK(rel_diff(out[0], ref(xt, gt).t()) < tol);
+      CHECK(rel_diff(out[1], ref(xt, gt)) < tol);
+    }
+    {  // a broadcast batch ([16, 8] @ [4, 8, 12]) is left as written
+      ir::Graph g;
+      ir::Value a = g.input(dt, {16, 8});
+      ir::Value b = g.input(dt, {4, 8, 12});
+      g.output(g.op(OpKind::Transpose, {g.op(OpKind::Matmul, {a, b})}, transpose_attrs(-1, -2)));
+      codegen::Executable exe(g);
+      Tensor a2 = randn({16, 8}).to(dt), b3 = randn({4, 8, 12}).to(dt);
+      std::vector<Tensor> out = exe.run({a2, b3});
+      Tensor want = matmul(a2.to(DType::Float64), b3.to(DType::Float64)).transpose(-1, -2);
+      CHECK(rel_diff(out[0], want) < tol);
+    }
+  }
+}
+
 TEST_CASE("Executable: attention scores q @ k.transpose(-2, -1) is a batched GEMM with trans_b") {
   ir::Graph g;
   ir::Value q = g.input(DType::Float32, {6, 40, 32});

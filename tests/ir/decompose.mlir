@@ -176,3 +176,41 @@ func.func @mse_loss(%a: tensor<4x3xf32>, %b: tensor<3xf32>) -> tensor<f32> {
   %0 = kiln.composite "mse_loss" %a, %b {mode = 1 : i64} : (tensor<4x3xf32>, tensor<3xf32>) -> tensor<f32>
   return %0 : tensor<f32>
 }
+
+// A weight gradient as autograd records it, (x^T @ g * 1)^T: the multiply by 1 and the
+// double transpose fold away and the product becomes g^T @ x (lowering reads g transposed).
+// CHECK-LABEL: func.func @transposed_product
+// CHECK-NEXT: %[[GT:.*]] = kiln.view "transpose" %arg1 {dim1 = 1 : i64} : (tensor<64x24xf32>) -> tensor<24x64xf32>
+// CHECK-NEXT: %[[P:.*]] = kiln.matmul "matmul" %[[GT]], %arg0 : (tensor<24x64xf32>, tensor<64x40xf32>) -> tensor<24x40xf32>
+// CHECK-NEXT: return %[[P]]
+func.func @transposed_product(%x: tensor<64x40xf32>, %g: tensor<64x24xf32>) -> tensor<24x40xf32> {
+  %xt = kiln.view "transpose" %x {dim1 = 1} : (tensor<64x40xf32>) -> tensor<40x64xf32>
+  %p = kiln.matmul "matmul" %xt, %g : (tensor<40x64xf32>, tensor<64x24xf32>) -> tensor<40x24xf32>
+  %one = kiln.constant dense<1.0> : tensor<f32> : tensor<f32>
+  %s = kiln.elementwise "mul" %p, %one : (tensor<40x24xf32>, tensor<f32>) -> tensor<40x24xf32>
+  %t = kiln.view "transpose" %s {dim = -1, dim1 = -2} : (tensor<40x24xf32>) -> tensor<24x40xf32>
+  return %t : tensor<24x40xf32>
+}
+
+// Kept: a product with another use, a transpose of other dims, a multiply by 1 that broadcasts,
+// a multiply by 2.
+// CHECK-LABEL: func.func @kept_as_written
+// CHECK: %[[P:.*]] = kiln.matmul "matmul" %arg0, %arg1
+// CHECK: kiln.view "transpose" %[[P]]
+// CHECK: %[[B:.*]] = kiln.matmul "matmul" %arg2, %arg3
+// CHECK: kiln.view "transpose" %[[B]] {dim = 0 : i64, dim1 = 1 : i64}
+// CHECK: kiln.elementwise "mul" %arg4, %{{.*}} : (tensor<3xf32>, tensor<2x3xf32>)
+// CHECK: kiln.elementwise "mul" %arg4, %{{.*}} : (tensor<3xf32>, tensor<f32>)
+func.func @kept_as_written(%a: tensor<4x5xf32>, %b: tensor<5x6xf32>, %c: tensor<2x4x5xf32>,
+                           %d: tensor<2x5x6xf32>, %v: tensor<3xf32>)
+    -> (tensor<4x6xf32>, tensor<6x4xf32>, tensor<4x2x6xf32>, tensor<2x3xf32>, tensor<3xf32>) {
+  %p = kiln.matmul "matmul" %a, %b : (tensor<4x5xf32>, tensor<5x6xf32>) -> tensor<4x6xf32>
+  %pt = kiln.view "transpose" %p {dim1 = 1} : (tensor<4x6xf32>) -> tensor<6x4xf32>
+  %bp = kiln.matmul "matmul" %c, %d : (tensor<2x4x5xf32>, tensor<2x5x6xf32>) -> tensor<2x4x6xf32>
+  %bt = kiln.view "transpose" %bp {dim = 0, dim1 = 1} : (tensor<2x4x6xf32>) -> tensor<4x2x6xf32>
+  %ones = kiln.constant dense<1.0> : tensor<2x3xf32> : tensor<2x3xf32>
+  %m = kiln.elementwise "mul" %v, %ones : (tensor<3xf32>, tensor<2x3xf32>) -> tensor<2x3xf32>
+  %two = kiln.constant dense<2.0> : tensor<f32> : tensor<f32>
+  %m2 = kiln.elementwise "mul" %v, %two : (tensor<3xf32>, tensor<f32>) -> tensor<3xf32>
+  return %p, %pt, %bt, %m, %m2 : tensor<4x6xf32>, tensor<6x4xf32>, tensor<4x2x6xf32>, tensor<2x3xf32>, tensor<3xf32>
+}
