@@ -77,9 +77,6 @@ void call_work_hint(mlir::OpBuilder& b, mlir::Location loc, const Bounds& nest) 
 }
 
 constexpr char kInterchanged[] = "kiln.reduction_outside_columns";
-/// Columns of the innermost parallel dim per block of an interchanged reduction nest: few
-/// enough that a 256-column sum still gives 4 blocks to share out, enough for a vector loop.
-constexpr int64_t kColumnBlock = 512;
 
 /// A reduction over leading dims (a bias gradient: [rows, cols] -> [cols]) lowers to
 ///   scf.for %i (rows) { scf.parallel %j (cols) { out[j] += in[i, j] } }
@@ -89,8 +86,8 @@ constexpr int64_t kColumnBlock = 512;
 /// columns. The width w comes from the runtime (kiln_rt_column_block: one block per thread),
 /// so each row's run of a block is as long as it can be: with 64-column blocks every row of a
 /// [1024, 1024] sum read 256 bytes from each input and then jumped a page, and the FFN bias
-/// gradient's nest took 1.2 ms instead of 0.8. Legal because the nests come from linalg ops, whose output elements are indexed by
-/// the parallel dims only: different columns never touch the same element, and each column
+/// gradient's nest took 1.2 ms instead of 0.8. Legal because the nests come from linalg ops,
+/// whose output elements are indexed by the parallel dims only: different columns never touch the same element, and each column
 /// still adds its rows in the same order. Only perfect nests (each loop body holds just the
 /// next loop) of scf.for loops without iter_args around one scf.parallel with step-1 loops are
 /// rewritten; small static nests are left alone, and the others get the work hint like other

@@ -109,7 +109,8 @@ StaticBlock static_block(uint64_t lower, uint64_t upper, int32_t index, int32_t 
 
 int64_t column_block(int64_t cols, int threads) {
   constexpr int64_t kVector = 16;
-  const int64_t per_thread = (std::max<int64_t>(cols, 1) + std::max(threads, 1) - 1) / std::max(threads, 1);
+  const int64_t teams = std::max(threads, 1);
+  const int64_t per_thread = (std::max<int64_t>(cols, 1) + teams - 1) / teams;
   return std::max<int64_t>((per_thread + kVector - 1) / kVector * kVector, kVector);
 }
 

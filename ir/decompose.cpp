@@ -255,13 +255,14 @@ mlir::Value decompose(Emitter& E, OpKind kind, mlir::ValueRange in, const OpAttr
   }
 }
 
-/// transpose(a @ b) over the last two dims -> transpose(b) @ transpose(a), for a plain matmul of
-/// two operands of the result's rank (a 2-D operand broadcast over a batch stays) whose only use is the transpose (through
-/// views that keep its type). The product of the transposes is the same matrix; what changes is
-/// that lowering folds each operand transpose into the GEMM's flags, or (with the folders of
-/// kiln.view) it cancels against a transpose already there. A weight gradient gᵀ-style
-/// `(xᵀ @ g)ᵀ` then becomes one GEMM gᵀ @ x written in place, instead of a GEMM into a
-/// temporary and a transposing copy (a gather loop: 20 % of the digits MLP's compiled step).
+/// transpose(a @ b) over the last two dims -> transpose(b) @ transpose(a), for a plain matmul
+/// whose operands have the result's rank (a 2-D operand broadcast over a batch is left alone)
+/// and whose only use is the transpose (through views that keep its type). The product of the
+/// transposes is the same matrix; what changes is that lowering folds each operand transpose
+/// into the GEMM's flags, or (with kiln.view's folder) it cancels against a transpose already
+/// there. Autograd's weight gradient (xᵀ @ g)ᵀ then becomes one GEMM gᵀ @ x written in place,
+/// instead of a GEMM into a temporary and a transposing copy (a gather loop: 20 % of the
+/// digits MLP's compiled step).
 struct TransposedProduct : mlir::OpRewritePattern<ViewOp> {
   using OpRewritePattern::OpRewritePattern;
 
