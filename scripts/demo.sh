@@ -5,7 +5,7 @@
 # (report.md, results.json, speedup.png, loss.png) to report/ (or --out DIR).
 #
 # Usage: scripts/demo.sh [--quick] [--full] [--out DIR] [--suites "s1 s2 ..."]
-#   --quick   fewer repetitions / epochs (about 2 minutes after the build)
+#   --quick   fewer repetitions / epochs (about 25 s after the build, against 40-60 s)
 #   --full    the Transformer at its original sizes (d_model 768, 12 layers, batch 32, seq 512)
 #   Other arguments go to kiln-bench (e.g. --threads N, --filter TEXT).
 set -euo pipefail

@@ -33,7 +33,7 @@ struct CompileOptions {
   Dynamic dynamic = Dynamic::Auto;
   /// Dims marked symbolic from the first trace: (argument position, dim), like
   /// torch._dynamo.mark_dynamic. Such a dim never specialises, size 1 included.
-  std::vector<std::pair<int, int>> dynamic_dims;
+  std::vector<std::pair<int, int>> dynamic_dims{};
   /// Error (naming the user's line) instead of a graph break at a data-dependent host read.
   bool fullgraph = false;
   /// Specialisations (guard sets and trace-tree branches) before the function runs eagerly,
