@@ -4,10 +4,10 @@
 // an op whose decomposition fails (unsupported case, e.g. a dynamic class dim) is left as it is.
 #include "ir/decompose.h"
 
-#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <numeric>
+#include <utility>
 
 #include "core/error.h"
 #include "core/meta.h"
@@ -270,9 +270,8 @@ struct TransposedProduct : mlir::OpRewritePattern<ViewOp> {
     if (view.getKind() != "transpose") return mlir::failure();
     auto out = type_of(view.getResult());
     const int64_t r = out.getRank();
-    auto wrap = [&](int64_t d) { return d < 0 ? d + r : d; };
-    int64_t d0 = wrap(view.getDim().value_or(0)), d1 = wrap(view.getDim1().value_or(0));
-    if (r < 2 || std::min(d0, d1) != r - 2 || std::max(d0, d1) != r - 1) return mlir::failure();
+    if (r < 2 || swapped_dims(view) != std::pair<int64_t, int64_t>{r - 2, r - 1})
+      return mlir::failure();
     mlir::Value src = view.getInput();
     while (auto v = src.getDefiningOp<ViewOp>()) {
       if (v.getKind() != "view" || v.getInput().getType() != v.getResult().getType() ||

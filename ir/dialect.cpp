@@ -412,15 +412,14 @@ bool is_splat_one(mlir::Value v) {
   return false;
 }
 
-/// The pair of dims a kiln.view "transpose" swaps, wrapped into [0, rank) and ordered.
+}  // namespace
+
 std::pair<int64_t, int64_t> swapped_dims(ViewOp t) {
   int64_t r = llvm::cast<mlir::RankedTensorType>(t.getInput().getType()).getRank();
   auto wrap = [&](int64_t d) { return d < 0 ? d + r : d; };
   int64_t a = wrap(t.getDim().value_or(0)), b = wrap(t.getDim1().value_or(0));
   return {std::min(a, b), std::max(a, b)};
 }
-
-}  // namespace
 
 /// x * 1 -> x when the product has x's type (no broadcast, no promotion): exact for every
 /// value, NaN and -0 included. Autograd's addmm backward scales the weight gradient by alpha = 1;

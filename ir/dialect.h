@@ -2,6 +2,7 @@
 /// The `kiln` MLIR dialect (generated from KilnOps.td) and the glue between it and core's op
 /// table. Internal to ir/ and codegen/: this header pulls in MLIR.
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include "core/meta.h"
@@ -52,5 +53,9 @@ mlir::Value create_op(mlir::OpBuilder& b, mlir::Location loc, OpKind kind,
 /// A kiln.constant of `type` with every element `value`.
 mlir::Value splat_constant(mlir::OpBuilder& b, mlir::Location loc, mlir::RankedTensorType type,
                            double value);
+
+/// The two dims a kiln.view "transpose" swaps, wrapped into [0, rank) (negative dims count
+/// from the end) and ordered: (min, max).
+std::pair<int64_t, int64_t> swapped_dims(ViewOp transpose);
 
 }  // namespace kiln::dialect
