@@ -93,10 +93,13 @@ std::string known_suites() {
 }
 
 void print_list() {
+  size_t width = 0;  // the longest case name, so the mode and unit columns line up
+  for (const kb::Suite* s : kb::suites())
+    for (const kb::Case& c : s->cases()) width = std::max(width, c.name.size());
   for (const kb::Suite* s : kb::suites()) {
     fmt::print("{}  — {}\n", s->name, s->description);
     for (const kb::Case& c : s->cases())
-      fmt::print("    {:<24} {:<10} {}\n", c.name, kb::mode_name(c.mode), c.unit);
+      fmt::print("    {:<{}}  {:<10} {}\n", c.name, width, kb::mode_name(c.mode), c.unit);
   }
 }
 

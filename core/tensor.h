@@ -35,6 +35,9 @@ struct TensorImpl {
   std::shared_ptr<AutogradMeta> autograd;
 };
 
+struct TensorOperand;
+struct ScalarOperand;
+
 class Tensor {
  public:
   /// An undefined tensor (no storage); most ops reject it with kiln::Error.
@@ -119,15 +122,15 @@ class Tensor {
   /// Entries of `index` (int32/int64, 0-d or 1-D) along `dim`; see kiln::index_select.
   Tensor index_select(int64_t dim, const Tensor& index, Loc loc = Loc::current()) const;
 
-  // In-place arithmetic (bumps the version counter).
-  Tensor& operator+=(const Tensor& o);
-  Tensor& operator-=(const Tensor& o);
-  Tensor& operator*=(const Tensor& o);
-  Tensor& operator/=(const Tensor& o);
-  Tensor& operator+=(Scalar o);
-  Tensor& operator-=(Scalar o);
-  Tensor& operator*=(Scalar o);
-  Tensor& operator/=(Scalar o);
+  // In-place arithmetic (bumps the version counter); errors name the caller's line.
+  Tensor& operator+=(TensorOperand o);
+  Tensor& operator-=(TensorOperand o);
+  Tensor& operator*=(TensorOperand o);
+  Tensor& operator/=(TensorOperand o);
+  Tensor& operator+=(ScalarOperand o);
+  Tensor& operator-=(ScalarOperand o);
+  Tensor& operator*=(ScalarOperand o);
+  Tensor& operator/=(ScalarOperand o);
 
   // ---- autograd (defined in eager/autograd.cpp) ----
   /// Whether gradients are recorded for ops on this tensor.
@@ -167,6 +170,23 @@ class Tensor {
   [[noreturn]] static void throw_undefined();
   void check_data_type(DType requested) const;
   std::shared_ptr<TensorImpl> impl_;
+};
+
+/// An operand of an operator (`a * b`, `x += y`) with the caller's source line. Operators
+/// cannot take a defaulted `Loc` argument, so the operand takes it when it converts: errors
+/// from `a * b` then name the line of `a * b`, as they do for `mul(a, b)`.
+struct TensorOperand {
+  TensorOperand(const Tensor& t, Loc where = Loc::current()) : tensor(t), loc(where) {}
+  const Tensor& tensor;
+  Loc loc;
+};
+/// A host-number operand of an in-place operator (`x *= 2`), with the caller's source line.
+struct ScalarOperand {
+  template <class T>
+    requires std::is_constructible_v<Scalar, T>
+  ScalarOperand(T v, Loc where = Loc::current()) : scalar(v), loc(where) {}
+  Scalar scalar;
+  Loc loc;
 };
 
 /// Observer of values read to the host (item(), to_vector()) on the calling thread; the tracer

@@ -136,27 +136,27 @@ Tensor where(const Tensor& cond, Scalar a, Scalar b, Loc loc) {
   return where(cond, wrap(a), wrap(b), loc);
 }
 
-Tensor operator-(const Tensor& x) { return neg(x); }
-Tensor operator+(const Tensor& a, const Tensor& b) { return add(a, b); }
-Tensor operator-(const Tensor& a, const Tensor& b) { return sub(a, b); }
-Tensor operator*(const Tensor& a, const Tensor& b) { return mul(a, b); }
-Tensor operator/(const Tensor& a, const Tensor& b) { return div(a, b); }
-Tensor operator+(const Tensor& a, Scalar b) { return add(a, b); }
-Tensor operator-(const Tensor& a, Scalar b) { return sub(a, b); }
-Tensor operator*(const Tensor& a, Scalar b) { return mul(a, b); }
-Tensor operator/(const Tensor& a, Scalar b) { return div(a, b); }
-Tensor operator+(Scalar a, const Tensor& b) { return add(wrap(a), b); }
-Tensor operator-(Scalar a, const Tensor& b) { return sub(wrap(a), b); }
-Tensor operator*(Scalar a, const Tensor& b) { return mul(wrap(a), b); }
-Tensor operator<(const Tensor& a, const Tensor& b) { return lt(a, b); }
-Tensor operator<=(const Tensor& a, const Tensor& b) { return le(a, b); }
-Tensor operator>(const Tensor& a, const Tensor& b) { return gt(a, b); }
-Tensor operator>=(const Tensor& a, const Tensor& b) { return ge(a, b); }
-Tensor operator<(const Tensor& a, Scalar b) { return lt(a, b); }
-Tensor operator<=(const Tensor& a, Scalar b) { return le(a, b); }
-Tensor operator>(const Tensor& a, Scalar b) { return gt(a, b); }
-Tensor operator>=(const Tensor& a, Scalar b) { return ge(a, b); }
-Tensor operator/(Scalar a, const Tensor& b) { return div(wrap(a), b); }
+Tensor operator-(TensorOperand x) { return neg(x.tensor, x.loc); }
+Tensor operator+(TensorOperand a, const Tensor& b) { return add(a.tensor, b, 1, a.loc); }
+Tensor operator-(TensorOperand a, const Tensor& b) { return sub(a.tensor, b, 1, a.loc); }
+Tensor operator*(TensorOperand a, const Tensor& b) { return mul(a.tensor, b, a.loc); }
+Tensor operator/(TensorOperand a, const Tensor& b) { return div(a.tensor, b, a.loc); }
+Tensor operator+(TensorOperand a, Scalar b) { return add(a.tensor, b, 1, a.loc); }
+Tensor operator-(TensorOperand a, Scalar b) { return sub(a.tensor, b, 1, a.loc); }
+Tensor operator*(TensorOperand a, Scalar b) { return mul(a.tensor, b, a.loc); }
+Tensor operator/(TensorOperand a, Scalar b) { return div(a.tensor, b, a.loc); }
+Tensor operator+(Scalar a, TensorOperand b) { return add(wrap(a), b.tensor, 1, b.loc); }
+Tensor operator-(Scalar a, TensorOperand b) { return sub(wrap(a), b.tensor, 1, b.loc); }
+Tensor operator*(Scalar a, TensorOperand b) { return mul(wrap(a), b.tensor, b.loc); }
+Tensor operator/(Scalar a, TensorOperand b) { return div(wrap(a), b.tensor, b.loc); }
+Tensor operator<(TensorOperand a, const Tensor& b) { return lt(a.tensor, b, a.loc); }
+Tensor operator<=(TensorOperand a, const Tensor& b) { return le(a.tensor, b, a.loc); }
+Tensor operator>(TensorOperand a, const Tensor& b) { return gt(a.tensor, b, a.loc); }
+Tensor operator>=(TensorOperand a, const Tensor& b) { return ge(a.tensor, b, a.loc); }
+Tensor operator<(TensorOperand a, Scalar b) { return lt(a.tensor, b, a.loc); }
+Tensor operator<=(TensorOperand a, Scalar b) { return le(a.tensor, b, a.loc); }
+Tensor operator>(TensorOperand a, Scalar b) { return gt(a.tensor, b, a.loc); }
+Tensor operator>=(TensorOperand a, Scalar b) { return ge(a.tensor, b, a.loc); }
 
 Tensor sum(const Tensor& x, const Dims& d, bool k, Loc loc) { return reduce(OpKind::Sum, x, d, k, loc); }
 Tensor mean(const Tensor& x, const Dims& d, bool k, Loc loc) { return reduce(OpKind::Mean, x, d, k, loc); }

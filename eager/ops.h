@@ -99,28 +99,29 @@ Tensor where(const Tensor& cond, Scalar a, const Tensor& b, Loc loc = Loc::curre
 /// Both branches host scalars: the result has their dtype (bool, int64 or the default float).
 Tensor where(const Tensor& cond, Scalar a, Scalar b, Loc loc = Loc::current());
 
-Tensor operator-(const Tensor& x);
-Tensor operator+(const Tensor& a, const Tensor& b);
-Tensor operator-(const Tensor& a, const Tensor& b);
-Tensor operator*(const Tensor& a, const Tensor& b);
-Tensor operator/(const Tensor& a, const Tensor& b);
-Tensor operator+(const Tensor& a, Scalar b);
-Tensor operator-(const Tensor& a, Scalar b);
-Tensor operator*(const Tensor& a, Scalar b);
-Tensor operator/(const Tensor& a, Scalar b);
-Tensor operator+(Scalar a, const Tensor& b);
-Tensor operator-(Scalar a, const Tensor& b);
-Tensor operator*(Scalar a, const Tensor& b);
-Tensor operator/(Scalar a, const Tensor& b);
+// Operators: errors name the line of the expression (TensorOperand, core/tensor.h).
+Tensor operator-(TensorOperand x);
+Tensor operator+(TensorOperand a, const Tensor& b);
+Tensor operator-(TensorOperand a, const Tensor& b);
+Tensor operator*(TensorOperand a, const Tensor& b);
+Tensor operator/(TensorOperand a, const Tensor& b);
+Tensor operator+(TensorOperand a, Scalar b);
+Tensor operator-(TensorOperand a, Scalar b);
+Tensor operator*(TensorOperand a, Scalar b);
+Tensor operator/(TensorOperand a, Scalar b);
+Tensor operator+(Scalar a, TensorOperand b);
+Tensor operator-(Scalar a, TensorOperand b);
+Tensor operator*(Scalar a, TensorOperand b);
+Tensor operator/(Scalar a, TensorOperand b);
 /// Elementwise comparisons (bool tensors), as in PyTorch: `(x > 0).item<bool>()`.
-Tensor operator<(const Tensor& a, const Tensor& b);
-Tensor operator<=(const Tensor& a, const Tensor& b);
-Tensor operator>(const Tensor& a, const Tensor& b);
-Tensor operator>=(const Tensor& a, const Tensor& b);
-Tensor operator<(const Tensor& a, Scalar b);
-Tensor operator<=(const Tensor& a, Scalar b);
-Tensor operator>(const Tensor& a, Scalar b);
-Tensor operator>=(const Tensor& a, Scalar b);
+Tensor operator<(TensorOperand a, const Tensor& b);
+Tensor operator<=(TensorOperand a, const Tensor& b);
+Tensor operator>(TensorOperand a, const Tensor& b);
+Tensor operator>=(TensorOperand a, const Tensor& b);
+Tensor operator<(TensorOperand a, Scalar b);
+Tensor operator<=(TensorOperand a, Scalar b);
+Tensor operator>(TensorOperand a, Scalar b);
+Tensor operator>=(TensorOperand a, Scalar b);
 
 // ================================ reductions ================================
 // `dims` empty = every dim. keepdim keeps reduced dims with size 1.

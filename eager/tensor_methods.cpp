@@ -140,13 +140,29 @@ Tensor Tensor::index_select(int64_t dim, const Tensor& index, Loc loc) const {
   return kiln::index_select(*this, dim, index, loc);
 }
 
-Tensor& Tensor::operator+=(const Tensor& o) { return in_place(*this, add(*this, o), "add_", Loc::current()); }
-Tensor& Tensor::operator-=(const Tensor& o) { return in_place(*this, sub(*this, o), "sub_", Loc::current()); }
-Tensor& Tensor::operator*=(const Tensor& o) { return in_place(*this, mul(*this, o), "mul_", Loc::current()); }
-Tensor& Tensor::operator/=(const Tensor& o) { return in_place(*this, div(*this, o), "div_", Loc::current()); }
-Tensor& Tensor::operator+=(Scalar o) { return in_place(*this, add(*this, o), "add_", Loc::current()); }
-Tensor& Tensor::operator-=(Scalar o) { return in_place(*this, sub(*this, o), "sub_", Loc::current()); }
-Tensor& Tensor::operator*=(Scalar o) { return in_place(*this, mul(*this, o), "mul_", Loc::current()); }
-Tensor& Tensor::operator/=(Scalar o) { return in_place(*this, div(*this, o), "div_", Loc::current()); }
+Tensor& Tensor::operator+=(TensorOperand o) {
+  return in_place(*this, add(*this, o.tensor, 1, o.loc), "add_", o.loc);
+}
+Tensor& Tensor::operator-=(TensorOperand o) {
+  return in_place(*this, sub(*this, o.tensor, 1, o.loc), "sub_", o.loc);
+}
+Tensor& Tensor::operator*=(TensorOperand o) {
+  return in_place(*this, mul(*this, o.tensor, o.loc), "mul_", o.loc);
+}
+Tensor& Tensor::operator/=(TensorOperand o) {
+  return in_place(*this, div(*this, o.tensor, o.loc), "div_", o.loc);
+}
+Tensor& Tensor::operator+=(ScalarOperand o) {
+  return in_place(*this, add(*this, o.scalar, 1, o.loc), "add_", o.loc);
+}
+Tensor& Tensor::operator-=(ScalarOperand o) {
+  return in_place(*this, sub(*this, o.scalar, 1, o.loc), "sub_", o.loc);
+}
+Tensor& Tensor::operator*=(ScalarOperand o) {
+  return in_place(*this, mul(*this, o.scalar, o.loc), "mul_", o.loc);
+}
+Tensor& Tensor::operator/=(ScalarOperand o) {
+  return in_place(*this, div(*this, o.scalar, o.loc), "div_", o.loc);
+}
 
 }  // namespace kiln

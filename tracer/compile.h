@@ -53,7 +53,7 @@ template <class A> ArgValue to_arg(const A& a) {
   using D = std::decay_t<A>;
   ArgValue v;
   if constexpr (std::is_same_v<D, Tensor>) {
-    v.kind = ArgValue::Kind::Tensor;
+    v.kind = a.defined() ? ArgValue::Kind::Tensor : ArgValue::Kind::Undefined;
     v.tensor = a;
   } else if constexpr (std::is_arithmetic_v<D>) {
     v.kind = ArgValue::Kind::Scalar;

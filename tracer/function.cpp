@@ -77,7 +77,13 @@ int alias_index(const std::vector<ArgValue>& args, size_t i) {
 // Empty when `a` passes guard `g`, else why not.
 std::string guard_failure(const ArgGuard& g, const std::vector<ArgValue>& args, size_t i) {
   const ArgValue& a = args[i];
-  if (a.kind != g.kind) return fmt::format("argument {} changed kind", i);
+  if (a.kind != g.kind) {
+    if (a.kind == ArgValue::Kind::Undefined || g.kind == ArgValue::Kind::Undefined)
+      return fmt::format("argument {} is {} undefined tensor", i,
+                         a.kind == ArgValue::Kind::Undefined ? "now an" : "no longer an");
+    return fmt::format("argument {} changed kind", i);
+  }
+  if (a.kind == ArgValue::Kind::Undefined) return {};
   if (a.kind == ArgValue::Kind::Scalar) {
     if (a.scalar.kind() != g.value.kind())
       return fmt::format("argument {} (host scalar) changed type", i);
@@ -140,6 +146,8 @@ std::string describe_guard(const ArgGuard& g, size_t i) {
                          g.requires_grad,
                          g.alias_of >= 0 ? fmt::format(", same storage as arg {}", g.alias_of) : "");
     }
+    case ArgValue::Kind::Undefined:
+      return fmt::format("arg {}: undefined Tensor", i);
     default:
       return g.other_equal ? fmt::format("arg {}: host value == the traced one (by operator==)", i)
                            : fmt::format("arg {}: not guarded (not a tensor, number or comparable value)", i);
@@ -469,7 +477,7 @@ std::vector<OutValue> CompiledFunction::call(const std::vector<ArgValue>& given,
       flat.push_back(n);
       for (const Tensor& t : a.list) {
         ArgValue e;
-        e.kind = ArgValue::Kind::Tensor;
+        e.kind = t.defined() ? ArgValue::Kind::Tensor : ArgValue::Kind::Undefined;
         e.tensor = t;
         flat.push_back(e);
       }

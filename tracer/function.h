@@ -65,7 +65,9 @@ namespace tracer {
 /// One argument of a call: a tensor, a host scalar, or something else (hashed by nothing:
 /// passed through and treated as a constant of the trace, like a C++ closure).
 struct ArgValue {
-  enum class Kind : uint8_t { Tensor, Scalar, TensorList, Other } kind = Kind::Other;
+  /// Undefined: a default-constructed Tensor (an optional tensor left out, as None is in
+  /// PyTorch); guarded as undefined and passed to the function as it is.
+  enum class Kind : uint8_t { Tensor, Scalar, TensorList, Other, Undefined } kind = Kind::Other;
   kiln::Tensor tensor;
   kiln::Scalar scalar;
   std::vector<kiln::Tensor> list;  ///< TensorList: guarded per element, length by value

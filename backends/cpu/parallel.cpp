@@ -17,6 +17,11 @@ namespace {
 
 thread_local bool t_in_parallel = false;
 
+// MXCSR bits 6-15: denormals-are-zero, exception masks, rounding, flush-to-zero (the low six
+// are sticky exception flags, which each thread keeps).
+constexpr uint32_t kCsrControl = 0xFFC0;
+constexpr uint32_t kFlushDenormal = 1u << 15 | 1u << 6;  // FTZ | DAZ
+
 // Tasks are claimed, not assigned: the caller and every awake worker take the next unclaimed
 // task until none is left. A worker that is slow to wake (a futex wake-up costs 10-40 us on
 // this VM) then finds its tasks done by the caller, so a parallel region is never much slower
@@ -45,6 +50,7 @@ class ThreadPool {
       std::lock_guard<std::mutex> lock(mu_);
       task_ = &task;
       ntasks_ = n;
+      csr_control_ = _mm_getcsr() & kCsrControl;
       unfinished_.store(n, std::memory_order_relaxed);
       gen = generation() + 1;
       claim_.store(uint64_t{gen} << 32, std::memory_order_release);  // new generation, index 0
@@ -103,6 +109,7 @@ class ThreadPool {
         seen = generation();
         task = task_;
         n = ntasks_;
+        follow_csr(csr_control_);
       }
       run_claimed(seen, *task, n);
     }
@@ -122,6 +129,13 @@ class ThreadPool {
       }
       if (std::chrono::steady_clock::now() - start > kSpin) return;
     }
+  }
+
+  // Workers run with the caller's floating-point controls (MXCSR: flush-to-zero,
+  // denormals-are-zero, rounding), as if the caller ran every chunk itself.
+  static void follow_csr(uint32_t control) {
+    const uint32_t csr = _mm_getcsr();
+    if ((csr & kCsrControl) != control) _mm_setcsr((csr & ~kCsrControl) | control);
   }
 
   void stop_all() {
@@ -145,6 +159,7 @@ class ThreadPool {
   std::atomic<uint64_t> claim_{0};
   std::atomic<int> unfinished_{0};  // tasks of the current run() not yet finished
   int sleepers_ = 0;                // workers waiting on cv_ (guarded by mu_)
+  uint32_t csr_control_ = 0;        // the caller's MXCSR control bits (guarded by mu_)
   bool stop_ = false;
 };
 
@@ -168,6 +183,11 @@ ThreadPool& pool() {
 }  // namespace
 
 int num_threads() { return pool().size(); }
+bool set_flush_denormal(bool on) {
+  const uint32_t csr = _mm_getcsr();
+  _mm_setcsr(on ? csr | kFlushDenormal : csr & ~kFlushDenormal);
+  return true;
+}
 void set_num_threads(int n) { pool().resize(std::clamp(n, 1, kMaxThreads)); }
 
 void parallel_for(int64_t begin, int64_t end, int64_t grain,

@@ -19,9 +19,14 @@ int num_threads();
 /// running kiln ops.
 void set_num_threads(int n);
 
+/// Flush-to-zero and denormals-are-zero for float math on the calling thread (x86 MXCSR);
+/// parallel_for's workers follow the caller's setting. Returns true (supported).
+bool set_flush_denormal(bool on);
+
 /// Runs fn(begin, end) over [begin, end) split into at most num_threads() contiguous chunks of
 /// at least `grain` iterations; runs inline when the range is smaller than 2 * grain or when
-/// called from inside another parallel_for. fn must not throw.
+/// called from inside another parallel_for. fn must not throw. Every chunk runs with the
+/// caller's floating-point controls (flush-to-zero, rounding).
 void parallel_for(int64_t begin, int64_t end, int64_t grain,
                   const std::function<void(int64_t, int64_t)>& fn);
 

@@ -4,4 +4,5 @@
 #include "eager/autograd.h"
 #include "eager/factories.h"
 #include "eager/ops.h"
+#include "eager/settings.h"
 #include "tracer/compile.h"

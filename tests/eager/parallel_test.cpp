@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "backends/cpu/parallel.h"
+#include "kiln/kiln.h"
 
 using namespace kiln;
 
@@ -104,4 +105,51 @@ TEST_CASE("parallel_for: regions started from several threads at once", "[thread
     });
   for (auto& t : users) t.join();
   CHECK(ok.load());
+}
+
+TEST_CASE("set_flush_denormal: denormal results and inputs are zero on every thread", "[threads]") {
+  ThreadCount four(4);  // more workers than this machine's cores: every chunk still follows
+  struct Restore {
+    ~Restore() { set_flush_denormal(false); }
+  } restore;
+  const int64_t n = 4 * cpu::kGrainSize;  // one chunk per thread
+  Tensor tiny = full({n}, 1e-20f);        // normal; its square 1e-40 is denormal in float32
+  Tensor denormal = full({n}, 1e-40f);    // stored as is: a fill does no arithmetic
+  auto count_zero = [](const Tensor& t) {
+    std::vector<float> v = t.to_vector<float>();
+    return std::count(v.begin(), v.end(), 0.0f);
+  };
+  // The pool: each chunk waits until another thread has started one, so workers run some.
+  {
+    set_flush_denormal(true);
+    std::atomic<int> started{0}, flushed{0};
+    std::mutex mu;
+    std::vector<std::thread::id> ids;
+    cpu::parallel_for(0, 2, 1, [&](int64_t, int64_t) {
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        ids.push_back(std::this_thread::get_id());
+      }
+      started.fetch_add(1);
+      auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+      while (started.load() < 2 && std::chrono::steady_clock::now() < deadline)
+        std::this_thread::yield();
+      volatile float x = 1e-20f;
+      if (x * x == 0.0f) flushed.fetch_add(1);
+    });
+    set_flush_denormal(false);
+    REQUIRE(ids.size() == 2);
+    CHECK(ids[0] != ids[1]);
+    CHECK(flushed.load() == 2);
+  }
+  // Eager ops.
+  REQUIRE(count_zero(tiny * tiny) == 0);
+  REQUIRE(count_zero(denormal * 1.0f) == 0);
+  CHECK(set_flush_denormal(true));
+  CHECK(count_zero(tiny * tiny) == n);       // flush to zero (results)
+  CHECK(count_zero(denormal * 1.0f) == n);   // denormals are zero (inputs)
+  CHECK(count_zero(tiny * 2.0f) == 0);       // normal values are untouched
+  CHECK(set_flush_denormal(false));
+  std::vector<float> back = (tiny * tiny).to_vector<float>();
+  CHECK(std::all_of(back.begin(), back.end(), [](float v) { return v == 1e-20f * 1e-20f; }));
 }

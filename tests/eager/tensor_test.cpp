@@ -187,6 +187,38 @@ TEST_CASE("errors name the op, the shapes and the caller's line") {
   CHECK_THROWS_AS(Tensor().contiguous(), Error);
 }
 
+TEST_CASE("errors from operators name the line of the expression") {
+  Tensor a = ones({2}), b = ones({3});
+  auto line_of = [](auto&& f) -> unsigned {
+    try {
+      f();
+    } catch (const Error& e) {
+      CHECK_THAT(e.what(), Catch::Contains("tensor_test.cpp"));
+      return e.where().line();
+    }
+    FAIL("expected kiln::Error");
+    return 0;
+  };
+  // Each lambda body is on one line, so the error's line is the lambda's.
+  unsigned l = __LINE__; CHECK(line_of([&] { return a * b; }) == l);
+  l = __LINE__; CHECK(line_of([&] { return a + b; }) == l);
+  l = __LINE__; CHECK(line_of([&] { return a - b; }) == l);
+  l = __LINE__; CHECK(line_of([&] { return a / b; }) == l);
+  l = __LINE__; CHECK(line_of([&] { return a < b; }) == l);
+  l = __LINE__; CHECK(line_of([&] { return a >= b; }) == l);
+  l = __LINE__; CHECK(line_of([&] { return -Tensor(); }) == l);
+  l = __LINE__; CHECK(line_of([&] { return 2.0 * Tensor(); }) == l);
+  l = __LINE__; CHECK(line_of([&] { return Tensor() + 1; }) == l);
+  l = __LINE__; CHECK(line_of([&] { Tensor c = ones({2}); c += b; }) == l);
+  l = __LINE__; CHECK(line_of([&] { Tensor c = ones({2}, {DType::Int64}); c *= 0.5; }) == l);
+  // The values are those of the named functions.
+  Tensor x = from_vector<float>({1, 2}, {2});
+  CHECK((x * x + 1.5f - x / 2.0).to_vector<float>() == std::vector<float>{2.0f, 4.5f});
+  x *= 3;
+  x -= ones({2});
+  CHECK(x.to_vector<float>() == std::vector<float>{2.0f, 5.0f});
+}
+
 TEST_CASE("default dtype") {
   CHECK(default_dtype() == DType::Float32);
   set_default_dtype(DType::Float64);

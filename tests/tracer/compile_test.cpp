@@ -349,6 +349,66 @@ TEST_CASE("FC-27 (compile): errors name the op and the user's line; bad indices 
   }
 }
 
+TEST_CASE("compile: an undefined tensor argument is an optional input, guarded as undefined",
+          "[compile]") {
+  // As None for an optional tensor in PyTorch: the function sees the undefined tensor.
+  auto f = compile([](const Tensor& x, const Tensor& bias) {
+    Tensor y = x * x;
+    return bias.defined() ? y + bias : y;
+  });
+  Tensor x = from_vector<float>({1, 2, 3}, {3});
+  Tensor bias = from_vector<float>({10, 20, 30}, {3});
+  for (int i = 0; i < 2; ++i) {  // the trace, then the replay
+    CHECK(vec(f(x, Tensor())) == std::vector<float>{1, 4, 9});
+    CHECK(vec(f(x, bias)) == std::vector<float>{11, 24, 39});
+  }
+  CHECK(f.compile_count() == 2);
+  std::string ex = f.explain();
+  INFO(ex);
+  CHECK(contains(ex, "arg 1: undefined Tensor"));
+  CHECK(contains(ex, "argument 1 is no longer an undefined tensor"));
+  // Using it is eager's error, at the user's line, on every call.
+  auto g = compile([](const Tensor& x, const Tensor& y) { return x * y; });
+  const unsigned line = __LINE__ - 1;
+  for (int i = 0; i < 2; ++i) {
+    try {
+      g(x, Tensor());
+      FAIL("expected an error");
+    } catch (const Error& e) {
+      CHECK(e.op() == "mul");
+      CHECK(contains(e.what(), "undefined"));
+      CHECK(e.where().line() == line);
+    }
+  }
+  // An undefined element of a tensor list too.
+  auto h = compile([](const std::vector<Tensor>& ts) {
+    Tensor s = zeros({3});
+    for (const Tensor& t : ts) if (t.defined()) s = s + t;
+    return s;
+  });
+  CHECK(vec(h(std::vector<Tensor>{x, Tensor(), bias})) == std::vector<float>{11, 22, 33});
+  CHECK(vec(h(std::vector<Tensor>{x, Tensor(), bias})) == std::vector<float>{11, 22, 33});
+  CHECK(h.compile_count() == 1);
+}
+
+TEST_CASE("compile: set_flush_denormal applies to compiled loops on every thread", "[compile]") {
+  struct Restore {
+    ~Restore() { set_flush_denormal(false); }
+  } restore;
+  auto f = compile([](const Tensor& x) { return x * x * 2.0f; });
+  Tensor tiny = full({1 << 18}, 1e-20f);  // x * x = 1e-40 is denormal in float32
+  auto all_equal = [](const Tensor& t, float v) {
+    std::vector<float> e = t.to_vector<float>();
+    return std::all_of(e.begin(), e.end(), [&](float x) { return x == v; });
+  };
+  set_flush_denormal(true);
+  for (int i = 0; i < 12; ++i) CHECK(all_equal(f(tiny), 0.0f));  // traced, timed, replayed
+  set_flush_denormal(false);
+  volatile float x = 1e-20f;  // computed at run time, without flushing
+  CHECK(all_equal(f(tiny), x * x * 2.0f));
+  CHECK(x * x * 2.0f != 0.0f);
+}
+
 TEST_CASE("compile: backend eager and compare() agree with eager", "[compile]") {
   auto fn = [](const Tensor& x) { return softmax(x * 2.0 + 1.0, -1); };
   Tensor x = randn({4, 8});
