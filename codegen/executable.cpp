@@ -129,7 +129,7 @@ void fill_registry(mlir::DialectRegistry& r) {
 DType to_dtype(mlir::Type t) {
   if (t.isF32()) return DType::Float32;
   if (t.isF64()) return DType::Float64;
-  if (t.isInteger(1)) return DType::Bool;
+  if (t.isInteger(1) || t.isInteger(8)) return DType::Bool;  // i8: bools_as_bytes (lower.h)
   if (t.isInteger(32)) return DType::Int32;
   if (t.isInteger(64)) return DType::Int64;
   throw Error("codegen::Executable", "unsupported element type");
@@ -381,10 +381,15 @@ std::string Executable::Impl::compile(const std::string& graph_mlir, bool relax)
     mlir::PassManager pm = mlir::PassManager::on<mlir::ModuleOp>(&I.ctx);
     pm.addPass(kiln::dialect::create_decompose_pass());
     pm.addPass(create_kiln_to_linalg_pass());
-    pm.addPass(mlir::createCanonicalizerPass());
+    if (mlir::failed(pm.run(m))) throw Error("codegen::Executable: lowering", I.messages);
+  }
+  if (auto main = m.lookupSymbol<mlir::func::FuncOp>("main")) bools_as_bytes(main);
+  {
+    mlir::PassManager pm = mlir::PassManager::on<mlir::ModuleOp>(&I.ctx);
+    pm.addPass(mlir::createCanonicalizerPass());  // also folds the dims bools_as_bytes reads
     pm.addPass(create_fuse_elementwise_pass());
     pm.addPass(mlir::createCSEPass());
-    if (mlir::failed(pm.run(m))) throw Error("codegen::Executable: lowering", I.messages);
+    if (mlir::failed(pm.run(m))) throw Error("codegen::Executable: fusion", I.messages);
   }
   std::string unlowered;
   m.walk([&](mlir::Operation* op) {

@@ -8,6 +8,9 @@
 
 namespace mlir {
 class DialectRegistry;
+namespace func {
+class FuncOp;
+}
 }
 
 namespace kiln::codegen {
@@ -29,6 +32,11 @@ void register_fusion_pass();
 std::unique_ptr<mlir::Pass> create_extern_calls_pass();
 /// Registers `kiln-extern-calls` for pass pipelines (idempotent, thread-safe).
 void register_extern_calls_pass();
+
+/// Bool (i1) tensor arguments and results of `fn` become i8 (kiln's one byte per bool), with
+/// the conversions next to their uses, to be fused into them (codegen/bool_bytes.cpp). Run after
+/// convert-kiln-to-linalg, before fusion.
+void bools_as_bytes(mlir::func::FuncOp fn);
 
 /// Registers codegen's passes and the dialects its output uses (for kiln-opt).
 void register_codegen(mlir::DialectRegistry& registry);

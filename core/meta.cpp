@@ -399,6 +399,9 @@ InferredMeta random(OpKind op, std::span<const TensorMeta> in, const OpAttrs& a,
     KILN_CHECK(a.low.to<int64_t>() < a.high.to<int64_t>(), nm, loc,
                "low ({}) must be less than high ({})", a.low.str(), a.high.str());
     KILN_CHECK(a.dtype != DType::Bool, nm, loc, "dtype bool is not supported");
+  } else if (op == OpKind::DropoutMask) {
+    KILN_CHECK(is_floating(a.dtype) || a.dtype == DType::Bool, nm, loc,
+               "dtype must be floating point or bool, got {}", name(a.dtype));
   } else {
     KILN_CHECK(is_floating(a.dtype), nm, loc, "dtype must be floating point, got {}",
                name(a.dtype));

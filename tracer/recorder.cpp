@@ -159,28 +159,31 @@ int Recorder::lookup(const Tensor& t) {
   return add_source(t, std::move(s));
 }
 
-// Dropout is recorded as where(mask != 0, x * mask, 0) with mask = dropout_mask(same seed,
-// offset and p): the values of eager's dropout kernel (kept: x * scale; dropped: 0, also for
-// x = inf/nan), but the multiply fuses into the compiled regions, the mask (a random op that
-// reads no value) runs before them instead of splitting them (plan.cpp), and the backward's
-// dropout, which eager autograd computes by drawing the same mask again, reuses the forward's.
+// Dropout is recorded as where(mask, x * scale, 0) with mask = dropout_mask(same seed, offset
+// and p) as bool (true where kept): the values of eager's dropout kernel (kept: x * scale with
+// scale = 1 / (1 - p) in x's dtype; dropped: 0, also for x = inf/nan), but the multiply fuses
+// into the compiled regions, which read one byte per element of the mask; the mask (a random
+// op that reads no value) runs before them instead of splitting them (plan.cpp), and the
+// backward's dropout, which eager autograd computes by drawing the same mask again, reuses the
+// forward's.
 bool Recorder::record_dropout_as_mask(const OpCall& call, const std::vector<Tensor>& outs) {
   const Tensor& x = call.inputs[0];
   const Tensor& out = outs[0];
   if (!x.defined() || x.dtype() != out.dtype() || call.attrs.p <= 0) return false;
   const Shape& shape = out.shape();
-  Tensor& mask = dropout_masks_[{call.attrs.seed, call.attrs.offset, call.attrs.p, out.dtype(),
+  Tensor& mask = dropout_masks_[{call.attrs.seed, call.attrs.offset, call.attrs.p,
                                  std::vector<int64_t>(shape.begin(), shape.end())}];
   NoGradGuard no_grad;  // recorded ops only: the eager autograd graph already has the dropout
   if (!mask.defined()) {
     OpAttrs a = call.attrs;
     a.dims = shape;
-    a.dtype = out.dtype();
+    a.dtype = DType::Bool;
     a.device = x.device();
     mask = dispatch::call1({OpKind::DropoutMask, {}, a, call.loc});
   }
-  Tensor masked = kiln::where(kiln::ne(mask, 0, call.loc), kiln::mul(x, mask, call.loc), 0,
-                              call.loc);
+  // p == 1 keeps nothing, so the scale is never used.
+  const double scale = call.attrs.p < 1 ? 1.0 / (1.0 - call.attrs.p) : 0.0;
+  Tensor masked = kiln::where(mask, kiln::mul(x, scale, call.loc), 0, call.loc);
   int v = lookup(masked);
   by_impl_[out.impl()] = v;
   by_geometry_[key_of(out)] = v;

@@ -83,8 +83,8 @@ class Recorder final : public DispatchHook {
   std::unordered_map<const StorageImpl*, uint64_t> writes_;  // in-place writes per storage
   std::vector<Tensor> grad_leaves_;
   std::unordered_set<const TensorImpl*> grad_leaf_set_;
-  // Dropout masks by (seed, offset, p, dtype, shape): a backward's dropout reuses its forward's.
-  std::map<std::tuple<uint64_t, uint64_t, double, DType, std::vector<int64_t>>, Tensor> dropout_masks_;
+  // Dropout masks by (seed, offset, p, shape): a backward's dropout reuses its forward's.
+  std::map<std::tuple<uint64_t, uint64_t, double, std::vector<int64_t>>, Tensor> dropout_masks_;
   std::vector<Tensor> stand_ins_;  // eager outputs recorded as another op's value
 };
 

@@ -15,7 +15,8 @@
 //           (the high half of a 64×64-bit product: no division, bias < range / 2^64)
 //   dropout keep element i iff to_uniform_float(w(i)) >= p (compared in double); kept: x · (1 / (1 - p)) with the
 //           scale rounded to x's dtype; dropped (and everything when p == 1): 0
-//   dropout_mask  the same with x = 1: the scale where dropout keeps element i, else 0
+//   dropout_mask  the same with x = 1: the scale where dropout keeps element i, else 0; as
+//           bool: true where dropout keeps element i
 // The eager factories reserve 2, 4, 2 and 1 words per element respectively (eager/factories.cpp,
 // eager/ops.cpp), so consecutive draws never share counters.
 #include <algorithm>
@@ -306,6 +307,14 @@ void keep_where(const uint32_t* __restrict words, uint32_t threshold, const T* _
 void dropout_mask(const OpCall& call, const Tensor& out) {
   const OpAttrs& a = call.attrs;
   const uint32_t threshold = dropout_threshold(a.p);
+  if (out.dtype() == DType::Bool) {  // 1 byte per element: what compiled dropout reads
+    bool* o = out.data<bool>();
+    for_tiles(a, out.numel(), 1, [&](int64_t lo, int64_t hi, const WordTile& w) {
+      keep_where<bool>(w.from(static_cast<uint64_t>(lo)), threshold, nullptr, true, o + lo,
+                       hi - lo);
+    });
+    return;
+  }
   KILN_DISPATCH_FLOAT(out.dtype(), T, {
     const T scale = dropout_scale<T>(a.p);
     T* o = out.data<T>();

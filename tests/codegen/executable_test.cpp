@@ -1026,3 +1026,32 @@ TEST_CASE("Executable::run_into writes the caller's outputs and checks them") {
   CHECK_THROWS_WITH(exe.run_into({x}, {x}), Catch::Contains("shares memory with an input"));
   CHECK_THROWS_WITH(exe.run_into({x}, {}), Catch::Contains("expected 1 outputs"));
 }
+
+TEST_CASE("Executable: bool inputs and outputs are bytes, read and written inside the fused loops") {
+  // A mask used twice (as a dropout mask is, forward and backward) and a bool result.
+  for (bool dynamic : {false, true}) {
+    INFO("dynamic rows " << dynamic);
+    ir::Graph g;
+    const int64_t rows = dynamic ? ir::kDynamic : 37;
+    ir::Value mask = g.input(DType::Bool, {rows, 129});
+    ir::Value x = g.input(DType::Float32, {rows, 129});
+    ir::Value zero = g.constant(0.0, DType::Float32);
+    ir::Value two = g.constant(2.0, DType::Float32);
+    g.output(g.op(OpKind::Where, {mask, g.op(OpKind::Mul, {x, two}), zero}));
+    g.output(g.op(OpKind::Where, {mask, x, g.op(OpKind::Neg, {x})}));
+    g.output(g.op(OpKind::LogicalAnd, {mask, g.op(OpKind::Gt, {x, zero})}));
+    codegen::Executable exe(g);
+    INFO(exe.linalg_ir());
+    // Bytes at the boundary, and no bool tensor between loops.
+    CHECK(exe.linalg_ir().find("129xi8>") != std::string::npos);
+    CHECK(exe.linalg_ir().find("129xi1>") == std::string::npos);
+    Tensor m = rand({37, 129}) > 0.3;
+    Tensor xv = randn({37, 129});
+    std::vector<Tensor> out = exe.run({m, xv});
+    REQUIRE(out.size() == 3);
+    CHECK(out[2].dtype() == DType::Bool);
+    CHECK(out[0].to_vector<float>() == where(m, xv * 2.0f, 0.0f).to_vector<float>());
+    CHECK(out[1].to_vector<float>() == where(m, xv, -xv).to_vector<float>());
+    CHECK(out[2].to_vector<bool>() == logical_and(m, xv > 0).to_vector<bool>());
+  }
+}

@@ -229,10 +229,17 @@ TEST_CASE("dropout_mask: dropout's scale or 0 per element, from the same words")
     std::vector<float> m = dispatch::call1({OpKind::DropoutMask, {}, a}).to_vector<float>();
     std::vector<float> xv = x.to_vector<float>();
     const float scale = p < 1 ? static_cast<float>(1.0 / (1.0 - p)) : 0.f;
+    a.dtype = DType::Bool;
+    std::vector<bool> keep = dispatch::call1({OpKind::DropoutMask, {}, a}).to_vector<bool>();
+    size_t kept = 0;
     for (size_t i = 0; i < y.size(); ++i) {
       CHECK((m[i] == 0 || m[i] == scale));
       CHECK(y[i] == xv[i] * m[i]);  // kept: x * scale exactly; dropped: 0
+      CHECK(keep[i] == (m[i] != 0));  // the bool mask: true where kept
+      kept += keep[i];
     }
+    if (p == 1.0) CHECK(kept == 0);
+    if (p == 0.1) CHECK(kept > 2600);  // about 2700 of 3000
   }
   OpAttrs bad;
   bad.dims = {2};
