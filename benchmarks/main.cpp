@@ -10,6 +10,7 @@
 #include <vector>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "backends/cpu/parallel.h"
 #include "benchmarks/harness.h"
@@ -35,7 +36,7 @@ constexpr std::string_view kUsage =
     "  --help         this text\n"
     "\n"
     "Exit status: 0 when every case ran or was skipped, 1 when a case failed or the JSON file\n"
-    "could not be written, 2 on bad usage or an unknown suite.\n";
+    "could not be written, 2 on bad usage, an unknown suite or a --filter that matches nothing.\n";
 
 struct Args {
   std::vector<std::string> suites;
@@ -227,6 +228,14 @@ int main(int argc, char** argv) {
         list.push_back(std::move(c));
     widths.suite = std::max(widths.suite, s->name.size());
     for (const kb::Case& c : list) widths.name = std::max(widths.name, c.name.size());
+  }
+
+  size_t matched = 0;
+  for (const auto& list : cases) matched += list.size();
+  if (matched == 0) {
+    fmt::print(stderr, "kiln-bench: no case of {} matches --filter '{}' (see --list)\n",
+               fmt::join(args.suites, ", "), args.filter);
+    return 2;
   }
 
   std::vector<kb::Record> records;

@@ -477,7 +477,7 @@ uint32_t reduction_mask(const OpAttrs& attrs, int rank, const char* op, Loc loc)
   if (attrs.all_dims || attrs.dims.empty()) return rank ? (1u << rank) - 1 : 0;
   uint32_t mask = 0;
   for (int64_t d : attrs.dims) {
-    int w = wrap_dim(d, rank, op);
+    int w = wrap_dim(d, rank, op, loc);
     KILN_CHECK(!(mask >> w & 1), op, loc, "dim {} appears more than once in {}", w,
                to_string(attrs.dims));
     if (rank) mask |= 1u << w;

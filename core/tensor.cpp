@@ -8,13 +8,13 @@
 
 namespace kiln {
 
-int64_t Tensor::size(int64_t d) const {
-  KILN_CHECK(dim() > 0, "size", Loc::current(), "dim {} requested, but the tensor has no dims", d);
-  return shape()[wrap_dim(d, dim(), "size")];
+int64_t Tensor::size(int64_t d, Loc loc) const {
+  KILN_CHECK(dim() > 0, "size", loc, "dim {} requested, but the tensor has no dims", d);
+  return shape()[wrap_dim(d, dim(), "size", loc)];
 }
-int64_t Tensor::stride(int64_t d) const {
-  KILN_CHECK(dim() > 0, "stride", Loc::current(), "dim {} requested, but the tensor has no dims", d);
-  return strides()[wrap_dim(d, dim(), "stride")];
+int64_t Tensor::stride(int64_t d, Loc loc) const {
+  KILN_CHECK(dim() > 0, "stride", loc, "dim {} requested, but the tensor has no dims", d);
+  return strides()[wrap_dim(d, dim(), "stride", loc)];
 }
 
 bool Tensor::is_contiguous() const {
@@ -48,9 +48,9 @@ void Tensor::throw_undefined() {
   throw Error("tensor", "the tensor is undefined (default-constructed)");
 }
 
-void Tensor::check_data_type(DType requested) const {
-  KILN_CHECK(defined(), "data", Loc::current(), "tensor is undefined");
-  KILN_CHECK(requested == dtype(), "data", Loc::current(),
+void Tensor::check_data_type(DType requested, Loc loc) const {
+  KILN_CHECK(defined(), "data", loc, "tensor is undefined");
+  KILN_CHECK(requested == dtype(), "data", loc,
              "requested element type {} but the tensor holds {}", name(requested), name(dtype()));
 }
 

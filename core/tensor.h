@@ -52,8 +52,8 @@ class Tensor {
   int64_t offset() const { return checked()->offset; }
   int dim() const { return checked()->shape.size(); }
   /// Size of dim `d` (negative counts from the end). Throws kiln::Error if out of range.
-  int64_t size(int64_t d) const;
-  int64_t stride(int64_t d) const;
+  int64_t size(int64_t d, Loc loc = Loc::current()) const;
+  int64_t stride(int64_t d, Loc loc = Loc::current()) const;
   int64_t numel() const { return kiln::numel(checked()->shape); }
   size_t itemsize() const { return kiln::itemsize(checked()->dtype); }
   bool is_contiguous() const;
@@ -62,8 +62,8 @@ class Tensor {
 
   /// Pointer to the first element (storage base + offset). T must match dtype(). For a CUDA
   /// tensor this is a device address: pass it to kernels, never dereference it on the host.
-  template <class T> T* data() const {
-    check_data_type(dtype_of<T>());
+  template <class T> T* data(Loc loc = Loc::current()) const {
+    check_data_type(dtype_of<T>(), loc);
     return static_cast<T*>(impl_->storage->data()) + impl_->offset;
   }
   void* raw_data() const {
@@ -168,7 +168,7 @@ class Tensor {
     return impl_.get();
   }
   [[noreturn]] static void throw_undefined();
-  void check_data_type(DType requested) const;
+  void check_data_type(DType requested, Loc loc) const;
   std::shared_ptr<TensorImpl> impl_;
 };
 

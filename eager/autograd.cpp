@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <mutex>
+#include <optional>
 #include <queue>
 #include <unordered_map>
 #include <unordered_set>
@@ -45,12 +46,26 @@ SavedTensor::SavedTensor(const Tensor& t, bool is_output, const std::shared_ptr<
   }
 }
 
+namespace {
+thread_local std::optional<Loc> t_backward_site;
+
+// Sets backward_call_site() for the duration of a backward() or grad() call.
+class BackwardSite {
+ public:
+  explicit BackwardSite(Loc loc) : previous_(t_backward_site) { t_backward_site = loc; }
+  ~BackwardSite() { t_backward_site = previous_; }
+
+ private:
+  std::optional<Loc> previous_;
+};
+}  // namespace
+
+Loc backward_call_site(Loc fallback) { return t_backward_site.value_or(fallback); }
+
 Tensor SavedTensor::unpack(const std::shared_ptr<Node>& node, const char* op) const {
-  KILN_CHECK(!released_, op, Loc::current(),
-             "trying to backward through the graph a second time (or to read saved tensors "
-             "after they were freed); pass retain_graph=true to the first backward");
+  KILN_CHECK(!released_, op, backward_call_site(), "{}", kGraphFreedMessage);
   if (!data_.defined()) return data_;
-  KILN_CHECK(data_.version() == version_, op, Loc::current(),
+  KILN_CHECK(data_.version() == version_, op, backward_call_site(),
              "one of the tensors needed for gradient computation has been modified by an "
              "in-place operation: the saved {} tensor of shape {} is at version {}, expected "
              "version {}",
@@ -449,6 +464,7 @@ void Tensor::backward(const Tensor& gradient, bool retain_graph, bool create_gra
   KILN_CHECK(is_floating(g.dtype()), "backward", loc, "gradient must be floating point, got {}",
              name(g.dtype()));
   g = g.to(dtype(), loc);  // gradients take the tensor's dtype, as in PyTorch
+  BackwardSite site(loc);
   run_backward({gradient_edge(*this)}, {g}, retain_graph || create_graph, create_graph, {});
 }
 
@@ -473,6 +489,7 @@ std::vector<Tensor> grad(const std::vector<Tensor>& outputs, const std::vector<T
                "input {} does not require grad", i);
     capture.push_back(gradient_edge(inputs[i]));
   }
+  BackwardSite site(loc);
   std::vector<Tensor> out =
       run_backward(roots, root_grads, retain_graph.value_or(create_graph), create_graph, capture);
   for (size_t i = 0; i < out.size(); ++i) {

@@ -19,6 +19,15 @@ struct Edge {
   bool valid() const { return fn != nullptr; }
 };
 
+/// The error when a backward reaches a node whose saved tensors an earlier backward freed.
+inline constexpr const char* kGraphFreedMessage =
+    "trying to backward through the graph a second time (or to read saved tensors after they "
+    "were freed); pass retain_graph=true to the first backward";
+
+/// The user's line of the backward() or grad() call running on this thread (errors of the
+/// backward pass name it), or `fallback` outside one.
+Loc backward_call_site(Loc fallback = Loc::current());
+
 /// A tensor saved for backward. Inputs are kept as they are; outputs are kept without their
 /// autograd state (that would make a reference cycle through the node) and re-attached to the
 /// node on unpack. The version at save time is checked on unpack.

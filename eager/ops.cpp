@@ -157,6 +157,20 @@ Tensor operator<(TensorOperand a, Scalar b) { return lt(a.tensor, b, a.loc); }
 Tensor operator<=(TensorOperand a, Scalar b) { return le(a.tensor, b, a.loc); }
 Tensor operator>(TensorOperand a, Scalar b) { return gt(a.tensor, b, a.loc); }
 Tensor operator>=(TensorOperand a, Scalar b) { return ge(a.tensor, b, a.loc); }
+Tensor operator<(Scalar a, TensorOperand b) { return gt(b.tensor, a, b.loc); }
+Tensor operator<=(Scalar a, TensorOperand b) { return ge(b.tensor, a, b.loc); }
+Tensor operator>(Scalar a, TensorOperand b) { return lt(b.tensor, a, b.loc); }
+Tensor operator>=(Scalar a, TensorOperand b) { return le(b.tensor, a, b.loc); }
+Tensor operator==(TensorOperand a, const Tensor& b) { return eq(a.tensor, b, a.loc); }
+Tensor operator!=(TensorOperand a, const Tensor& b) { return ne(a.tensor, b, a.loc); }
+Tensor operator==(TensorOperand a, Scalar b) { return eq(a.tensor, b, a.loc); }
+Tensor operator!=(TensorOperand a, Scalar b) { return ne(a.tensor, b, a.loc); }
+Tensor operator==(Scalar a, TensorOperand b) { return eq(b.tensor, a, b.loc); }
+Tensor operator!=(Scalar a, TensorOperand b) { return ne(b.tensor, a, b.loc); }
+Tensor operator%(TensorOperand a, const Tensor& b) { return remainder(a.tensor, b, a.loc); }
+Tensor operator%(TensorOperand a, Scalar b) { return remainder(a.tensor, b, a.loc); }
+Tensor operator%(Scalar a, TensorOperand b) { return remainder(wrap(a), b.tensor, b.loc); }
+Tensor operator!(TensorOperand x) { return logical_not(x.tensor, x.loc); }
 
 Tensor sum(const Tensor& x, const Dims& d, bool k, Loc loc) { return reduce(OpKind::Sum, x, d, k, loc); }
 Tensor mean(const Tensor& x, const Dims& d, bool k, Loc loc) { return reduce(OpKind::Mean, x, d, k, loc); }
@@ -227,13 +241,13 @@ Tensor stack(const std::vector<Tensor>& xs, int64_t dim, Loc loc) {
     KILN_CHECK(x.defined() && x.shape() == xs[0].shape(), "stack", loc,
                "all tensors must have the same shape, got {} and {}", to_string(xs[0].shape()),
                x.defined() ? to_string(x.shape()) : "undefined");
-  int d = wrap_dim(dim, xs[0].dim() + 1, "stack");
+  int d = wrap_dim(dim, xs[0].dim() + 1, "stack", loc);
   std::vector<Tensor> us;
   for (const Tensor& x : xs) us.push_back(x.unsqueeze(d, loc));
   return cat(us, d, loc);
 }
 std::vector<Tensor> split(const Tensor& x, const std::vector<int64_t>& sizes, int64_t dim, Loc loc) {
-  int d = wrap_dim(dim, x.dim(), "split");
+  int d = wrap_dim(dim, x.dim(), "split", loc);
   int64_t total = 0;
   for (int64_t s : sizes) {
     KILN_CHECK(s >= 0, "split", loc, "negative split size {}", s);
@@ -251,7 +265,7 @@ std::vector<Tensor> split(const Tensor& x, const std::vector<int64_t>& sizes, in
 }
 std::vector<Tensor> split(const Tensor& x, int64_t size, int64_t dim, Loc loc) {
   KILN_CHECK(size > 0, "split", loc, "split size must be positive, got {}", size);
-  int d = wrap_dim(dim, x.dim(), "split");
+  int d = wrap_dim(dim, x.dim(), "split", loc);
   std::vector<int64_t> sizes;
   for (int64_t at = 0; at < x.size(d); at += size) sizes.push_back(std::min(size, x.size(d) - at));
   if (sizes.empty()) sizes.push_back(0);

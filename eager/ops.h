@@ -122,6 +122,22 @@ Tensor operator<(TensorOperand a, Scalar b);
 Tensor operator<=(TensorOperand a, Scalar b);
 Tensor operator>(TensorOperand a, Scalar b);
 Tensor operator>=(TensorOperand a, Scalar b);
+Tensor operator<(Scalar a, TensorOperand b);
+Tensor operator<=(Scalar a, TensorOperand b);
+Tensor operator>(Scalar a, TensorOperand b);
+Tensor operator>=(Scalar a, TensorOperand b);
+/// Elementwise equality (bool tensors), as in PyTorch; `is_same()` tells tensor identity.
+Tensor operator==(TensorOperand a, const Tensor& b);
+Tensor operator!=(TensorOperand a, const Tensor& b);
+Tensor operator==(TensorOperand a, Scalar b);
+Tensor operator!=(TensorOperand a, Scalar b);
+Tensor operator==(Scalar a, TensorOperand b);
+Tensor operator!=(Scalar a, TensorOperand b);
+/// remainder (Python's %: the sign of the divisor) and logical_not.
+Tensor operator%(TensorOperand a, const Tensor& b);
+Tensor operator%(TensorOperand a, Scalar b);
+Tensor operator%(Scalar a, TensorOperand b);
+Tensor operator!(TensorOperand x);
 
 // ================================ reductions ================================
 // `dims` empty = every dim. keepdim keeps reduced dims with size 1.

@@ -73,6 +73,9 @@ class CompiledBackward final : public autograd::Node {
   int num_outputs() const override { return static_cast<int>(p_->outputs.size()); }
 
   std::vector<Tensor> apply(std::vector<Tensor>&& grads) override {
+    // As eager's nodes: a second backward needs retain_graph on the first.
+    KILN_CHECK(!released_, "backward", autograd::backward_call_site(), "{}",
+               autograd::kGraphFreedMessage);
     const Program& p = *p_;
     RunState st = saved_;
     for (size_t k = 0; k < p.grad_outputs.size() && k < grads.size(); ++k) {
@@ -111,9 +114,15 @@ class CompiledBackward final : public autograd::Node {
     return out;
   }
 
+  void release() override {
+    saved_ = RunState{};
+    released_ = true;
+  }
+
   std::shared_ptr<const Program> p_;
   std::shared_ptr<Plan> plan_;
   RunState saved_;
+  bool released_ = false;
   std::vector<Shape> out_shapes_;
   std::vector<DType> out_dtypes_;
   std::vector<Device> out_devices_;

@@ -64,6 +64,15 @@ TEST_CASE("gradient accumulation, zero_grad, retain_graph, detach, no_grad") {
   y.backward();
   CHECK(x.grad().to_vector<double>() == std::vector<double>{4, 8});  // accumulated twice
   CHECK_THROWS_WITH(y.backward(), Catch::Contains("retain_graph"));
+  // The error names the line of the backward() call, not a line inside kiln.
+  const unsigned line = __LINE__ + 2;
+  try {
+    y.backward();
+    FAIL("expected kiln::Error");
+  } catch (const Error& e) {
+    CHECK(e.where().line() == line);
+    CHECK_THAT(e.what(), Catch::Contains("autograd_test.cpp"));
+  }
   zero_grad({x});
   CHECK_FALSE(x.grad().defined());
 

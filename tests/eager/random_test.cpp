@@ -226,11 +226,11 @@ TEST_CASE("dropout_mask: dropout's scale or 0 per element, from the same words")
     a.p = p;
     a.seed = s.seed;
     a.offset = s.offset;
-    std::vector<float> m = dispatch::call1({OpKind::DropoutMask, {}, a}).to_vector<float>();
+    std::vector<float> m = dispatch::call1({OpKind::DropoutMask, {}, a, Loc::current()}).to_vector<float>();
     std::vector<float> xv = x.to_vector<float>();
     const float scale = p < 1 ? static_cast<float>(1.0 / (1.0 - p)) : 0.f;
     a.dtype = DType::Bool;
-    std::vector<bool> keep = dispatch::call1({OpKind::DropoutMask, {}, a}).to_vector<bool>();
+    std::vector<bool> keep = dispatch::call1({OpKind::DropoutMask, {}, a, Loc::current()}).to_vector<bool>();
     size_t kept = 0;
     for (size_t i = 0; i < y.size(); ++i) {
       CHECK((m[i] == 0 || m[i] == scale));
@@ -245,8 +245,8 @@ TEST_CASE("dropout_mask: dropout's scale or 0 per element, from the same words")
   bad.dims = {2};
   bad.dtype = DType::Float32;
   bad.p = 1.5;
-  CHECK_THROWS_AS(dispatch::call1({OpKind::DropoutMask, {}, bad}), Error);
+  CHECK_THROWS_AS(dispatch::call1({OpKind::DropoutMask, {}, bad, Loc::current()}), Error);
   bad.p = 0.5;
   bad.dtype = DType::Int64;
-  CHECK_THROWS_AS(dispatch::call1({OpKind::DropoutMask, {}, bad}), Error);
+  CHECK_THROWS_AS(dispatch::call1({OpKind::DropoutMask, {}, bad, Loc::current()}), Error);
 }

@@ -211,6 +211,23 @@ TEST_CASE("errors from operators name the line of the expression") {
   l = __LINE__; CHECK(line_of([&] { return Tensor() + 1; }) == l);
   l = __LINE__; CHECK(line_of([&] { Tensor c = ones({2}); c += b; }) == l);
   l = __LINE__; CHECK(line_of([&] { Tensor c = ones({2}, {DType::Int64}); c *= 0.5; }) == l);
+  l = __LINE__; CHECK(line_of([&] { return 2 < Tensor(); }) == l);
+  l = __LINE__; CHECK(line_of([&] { return a == b; }) == l);
+  l = __LINE__; CHECK(line_of([&] { return a % b; }) == l);
+  l = __LINE__; CHECK(line_of([&] { return !Tensor(); }) == l);
+  // Scalars on the left, equality, remainder and not, as in PyTorch.
+  Tensor v = from_vector<int64_t>({-3, 0, 2, 5}, {4});
+  CHECK((1 < v).to_vector<bool>() == std::vector<bool>{false, false, true, true});
+  CHECK((0 >= v).to_vector<bool>() == std::vector<bool>{true, true, false, false});
+  CHECK((2 <= v).to_vector<bool>() == (v >= 2).to_vector<bool>());
+  CHECK((2 > v).to_vector<bool>() == (v < 2).to_vector<bool>());
+  CHECK((v == 2).to_vector<bool>() == std::vector<bool>{false, false, true, false});
+  CHECK((0 != v).to_vector<bool>() == std::vector<bool>{true, false, true, true});
+  CHECK((v == v).to_vector<bool>() == std::vector<bool>(4, true));
+  CHECK((v != v + 1).to_vector<bool>() == std::vector<bool>(4, true));
+  CHECK((v % 3).to_vector<int64_t>() == std::vector<int64_t>{0, 0, 2, 2});  // sign of the divisor
+  CHECK((7 % (v + 4)).to_vector<int64_t>() == std::vector<int64_t>{0, 3, 1, 7});
+  CHECK((!(v > 0)).to_vector<bool>() == std::vector<bool>{true, true, false, false});
   // The values are those of the named functions.
   Tensor x = from_vector<float>({1, 2}, {2});
   CHECK((x * x + 1.5f - x / 2.0).to_vector<float>() == std::vector<float>{2.0f, 4.5f});

@@ -30,6 +30,31 @@ TEST_CASE("compile tutorial: c = a*b is 300 with gradients 20 and 15", "[compile
   CHECK(contains(mul_fn.explain(), "backward:"));
 }
 
+TEST_CASE("compile: a second backward through compiled code needs retain_graph, as in eager",
+          "[compile][autograd]") {
+  auto f = compile([](const Tensor& t) { return (t * t).sum(); });
+  for (int i = 0; i < 4; ++i) {  // the trace (eager nodes), then replays (the compiled node)
+    INFO("call " << i);
+    Tensor w = tensor({1.0, 2.0, 3.0}).requires_grad_();
+    Tensor r = f(w);
+    r.backward();
+    const unsigned line = __LINE__ + 2;
+    try {
+      r.backward();
+      FAIL("expected kiln::Error");
+    } catch (const Error& e) {
+      CHECK(contains(e.what(), "second time"));
+      CHECK(e.where().line() == line);
+    }
+    CHECK(w.grad().to_vector<double>() == std::vector<double>{2, 4, 6});  // not added twice
+    // With retain_graph the second backward runs and accumulates.
+    Tensor r2 = f(w);
+    r2.backward({}, /*retain_graph=*/true);
+    r2.backward();
+    CHECK(w.grad().to_vector<double>() == std::vector<double>{6, 12, 18});
+  }
+}
+
 TEST_CASE("compile tutorial: dynamic_computation, one trace per branch", "[compile][autograd]") {
   auto dynamic_computation = compile([](const Tensor& x) {
     if (abs(x).item<double>() > 0) return x * x + x;
