@@ -2,7 +2,12 @@
 
 #include <fmt/format.h>
 
+#include "core/error.h"
+
 namespace kiln {
+void Scalar::throw_too_large(uint64_t v, std::source_location loc) {
+  throw Error("scalar", fmt::format("{} does not fit int64, kiln's widest integer", v), loc);
+}
 DType Scalar::dtype() const {
   switch (kind_) {
     case Kind::Bool: return DType::Bool;

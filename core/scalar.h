@@ -1,6 +1,7 @@
 #pragma once
 /// Scalar: a host number (bool, integer or floating) passed to ops, e.g. `add(x, 2.5)`.
 #include <cstdint>
+#include <source_location>
 #include <string>
 #include <type_traits>
 
@@ -13,8 +14,13 @@ class Scalar {
   enum class Kind : uint8_t { Bool, Int, Float };
   Scalar() : kind_(Kind::Int), i_(0) {}
   Scalar(bool v) : kind_(Kind::Bool), i_(v) {}
+  /// Unsigned values above INT64_MAX throw kiln::Error (kiln's integers are at most int64).
   template <class T, std::enable_if_t<std::is_integral_v<T> && !std::is_same_v<T, bool>, int> = 0>
-  Scalar(T v) : kind_(Kind::Int), i_(static_cast<int64_t>(v)) {}
+  Scalar(T v, std::source_location loc = std::source_location::current())
+      : kind_(Kind::Int), i_(static_cast<int64_t>(v)) {
+    if constexpr (std::is_unsigned_v<T>)
+      if (static_cast<uint64_t>(v) > static_cast<uint64_t>(INT64_MAX)) throw_too_large(v, loc);
+  }
   template <class T, std::enable_if_t<std::is_floating_point_v<T>, int> = 0>
   Scalar(T v) : kind_(Kind::Float), d_(static_cast<double>(v)) {}
 
@@ -31,6 +37,7 @@ class Scalar {
   std::string str() const;
 
  private:
+  [[noreturn]] static void throw_too_large(uint64_t v, std::source_location loc);
   Kind kind_;
   union {
     int64_t i_;

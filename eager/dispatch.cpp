@@ -128,6 +128,15 @@ std::vector<Tensor> call(OpCall&& c) {
   for (const Tensor& t : c.inputs)
     if (t.defined()) metas[j++] = TensorMeta::of(t);
   InferredMeta meta = infer_meta(c.op, std::span<const TensorMeta>(metas, n), c.attrs, c.loc);
+  // A host integer computed in int32 must fit it (PyTorch raises too): wrapping would give a
+  // silently wrong result, e.g. int32 x + 2^40 == x.
+  if (meta.compute_dtype == DType::Int32)
+    for (const Tensor& t : c.inputs)
+      if (t.defined() && t.impl()->wrapped_number && t.dtype() == DType::Int64) {
+        const int64_t v = *t.data<int64_t>();
+        KILN_CHECK(v >= INT32_MIN && v <= INT32_MAX, c.name(), c.loc,
+                   "the scalar {} cannot be converted to int32 without overflow", v);
+      }
 
   std::vector<Tensor> outs;
   if (t_tracer_hook && t_tracer_hook->before_kernel(c, meta, outs)) {

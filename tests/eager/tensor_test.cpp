@@ -236,6 +236,27 @@ TEST_CASE("errors from operators name the line of the expression") {
   CHECK(x.to_vector<float>() == std::vector<float>{2.0f, 5.0f});
 }
 
+TEST_CASE("host integers that do not fit the op's integer type raise instead of wrapping") {
+  Tensor i64 = from_vector<int64_t>({1, 2, 3}, {3});
+  Tensor i32 = i64.to(DType::Int32);
+  const unsigned line = __LINE__ + 2;
+  try {
+    Tensor r = i64 + static_cast<size_t>(-1);  // 2^64 - 1: not an int64
+    FAIL("expected kiln::Error");
+  } catch (const Error& e) {
+    CHECK_THAT(e.message(), Catch::Contains("18446744073709551615"));
+    CHECK(e.where().line() == line);
+  }
+  CHECK_THROWS_WITH(i32 + (int64_t(1) << 40), Catch::Contains("int32 without overflow"));
+  CHECK_THROWS_WITH(i32 * (int64_t(INT32_MIN) - 1), Catch::Contains("int32 without overflow"));
+  // In range: computed in the tensor's type, as before.
+  CHECK((i32 - 3 + int64_t(INT32_MAX)).to_vector<int32_t>() ==
+        std::vector<int32_t>{INT32_MAX - 2, INT32_MAX - 1, INT32_MAX});
+  CHECK((i64 + (int64_t(1) << 40)).to_vector<int64_t>()[0] == (int64_t(1) << 40) + 1);
+  CHECK((i64 + size_t(7)).to_vector<int64_t>() == std::vector<int64_t>{8, 9, 10});
+  CHECK((i32 + 2.5).dtype() == DType::Float32);  // a float scalar promotes, as in PyTorch
+}
+
 TEST_CASE("default dtype") {
   CHECK(default_dtype() == DType::Float32);
   set_default_dtype(DType::Float64);
