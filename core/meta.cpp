@@ -274,6 +274,8 @@ InferredMeta view(OpKind op, std::span<const TensorMeta> in, const OpAttrs& a, L
       break;
     }
     case OpKind::Unsqueeze: {
+      KILN_CHECK(r < kMaxRank, nm, loc, "the result would have rank {}, kiln's maximum is {}",
+                 r + 1, kMaxRank);
       int d = wrap_dim(a.dim, r + 1, nm, loc);
       out = s;
       out.insert(d, 1);

@@ -6,18 +6,18 @@
 
 namespace kiln {
 
-static void check_rank(size_t n) {
+static void check_rank(size_t n, std::source_location loc = std::source_location::current()) {
   if (n > static_cast<size_t>(kMaxRank))
-    throw Error("shape", fmt::format("rank {} exceeds kiln's maximum rank {}", n, kMaxRank));
+    throw Error("shape", fmt::format("rank {} exceeds kiln's maximum rank {}", n, kMaxRank), loc);
 }
 
-Dims::Dims(std::initializer_list<int64_t> v) {
-  check_rank(v.size());
+Dims::Dims(std::initializer_list<int64_t> v, std::source_location loc) {
+  check_rank(v.size(), loc);
   std::copy(v.begin(), v.end(), d_);
   n_ = static_cast<int>(v.size());
 }
-Dims::Dims(const std::vector<int64_t>& v) {
-  check_rank(v.size());
+Dims::Dims(const std::vector<int64_t>& v, std::source_location loc) {
+  check_rank(v.size(), loc);
   std::copy(v.begin(), v.end(), d_);
   n_ = static_cast<int>(v.size());
 }

@@ -16,8 +16,10 @@ inline constexpr int kMaxRank = 12;
 class Dims {
  public:
   Dims() = default;
-  Dims(std::initializer_list<int64_t> v);
-  explicit Dims(const std::vector<int64_t>& v);
+  /// More than kMaxRank values throw kiln::Error naming the caller's line.
+  Dims(std::initializer_list<int64_t> v, std::source_location loc = std::source_location::current());
+  explicit Dims(const std::vector<int64_t>& v,
+                std::source_location loc = std::source_location::current());
   /// `n` copies of `value`.
   static Dims filled(int n, int64_t value);
 

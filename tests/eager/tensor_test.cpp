@@ -236,6 +236,26 @@ TEST_CASE("errors from operators name the line of the expression") {
   CHECK(x.to_vector<float>() == std::vector<float>{2.0f, 5.0f});
 }
 
+TEST_CASE("more than 12 dims is an error at the caller's line") {
+  unsigned line = __LINE__ + 2;
+  try {
+    Tensor t = ones(Shape(std::vector<int64_t>(13, 1)));
+    FAIL("expected kiln::Error");
+  } catch (const Error& e) {
+    CHECK_THAT(e.message(), Catch::Contains("rank 13"));
+    CHECK(e.where().line() == line);
+  }
+  Tensor x = ones({1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1});  // 12 dims: fine
+  line = __LINE__ + 2;
+  try {
+    x.unsqueeze(0);
+    FAIL("expected kiln::Error");
+  } catch (const Error& e) {
+    CHECK(e.op() == "unsqueeze");
+    CHECK(e.where().line() == line);
+  }
+}
+
 TEST_CASE("host integers that do not fit the op's integer type raise instead of wrapping") {
   Tensor i64 = from_vector<int64_t>({1, 2, 3}, {3});
   Tensor i32 = i64.to(DType::Int32);
