@@ -19,8 +19,10 @@
 // Their median_ms is the measured time: the mean step for digits_mlp_step, the whole run of
 // that mode (training + evaluation) otherwise.
 // Targets (checked by the summary; accuracy only on full runs): accuracy ≥ 95 % in both modes;
-// compiled step ≥ 2× kiln eager and ≥ 2× PyTorch 1.13 (3,860 steps/s at 1 thread, measured by
-// benchmarks/peers/digits_torch.py); max loss difference ≤ 1e-5.
+// compiled step ≥ 2× kiln eager and ≥ 2× PyTorch 1.13; max loss difference ≤ 1e-5. The issue
+// gives PyTorch as a fixed 3,860 steps/s, but the team's notes measured that figure on another
+// workload (MLP 64→128→10, SGD, no dropout: train-eager's mlp_64_128_10). The summary prints
+// the ratio to it as information; benchmarks/peers/side_by_side.py measures PyTorch on this one.
 //
 // The data is found at $KILN_DATA_DIR/digits.csv.gz, else <source dir>/data/digits.csv.gz.
 // KILN_BENCH_EXPLAIN=1 prints the compiled step's whole explain() in the summary.
@@ -412,9 +414,10 @@ void summary(std::span<const Record> records) {
     double vs_eager = step_c->value / step_e->value, vs_torch = step_c->value / kTorchStepsPerS;
     fmt::print("  {:<44} {:8.2f}x        target >= 2x          {}\n", "compiled / kiln eager",
                vs_eager, verdict(vs_eager >= 2));
-    fmt::print("  {:<44} {:8.2f}x        target >= 2x          {}\n",
-               "compiled / PyTorch 1.13 (3,860 st/s, 1 thr)", vs_torch, verdict(vs_torch >= 2));
-    print_peer_note();
+    fmt::print("  {:<44} {:8.2f}x        (information: another workload)\n",
+               "compiled / PyTorch 1.13's 3,860 st/s", vs_torch);
+    fmt::print("  (3,860 st/s is PyTorch's step of an MLP 64-128-10 with SGD and no dropout, not this\n"
+               "   one; benchmarks/peers/side_by_side.py runs PyTorch on this workload, target >= 2x)\n");
   }
   if (diff)
     fmt::print("  {:<44} {:8.2g}         target <= {:.0e}       {}\n",
