@@ -7,6 +7,7 @@
 #include <exception>
 #include <source_location>
 #include <string>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -25,6 +26,8 @@ class Error : public std::exception {
   const std::string& op() const { return op_; }
   const std::string& message() const { return message_; }
   const Loc& where() const { return where_; }
+  /// Names the public function the user called instead (see kiln::as_op).
+  void set_op(std::string op);
 
  private:
   std::string op_, message_, full_;
@@ -37,5 +40,32 @@ class Error : public std::exception {
     if (!(cond)) [[unlikely]]                                           \
       throw ::kiln::Error((op), ::fmt::format(__VA_ARGS__), (loc));     \
   } while (0)
+
+/// The outermost kiln::as_op running on this thread (nullptr outside any): the tracer records
+/// it with each op so that replayed code raises the errors under the same name as eager code.
+const char* public_op();
+void set_public_op(const char* op);
+
+/// Runs `body`, the work of the public function `op` done by other ops, so that an Error raised
+/// anywhere inside names `op`, the function the user called: `ones({-1})` reports `ones`, not
+/// the `empty` that checked the shape; `cross_entropy` with a bad target reports
+/// `cross_entropy`, not its `nll_loss`. Nested calls keep the outermost name. Errors thrown on
+/// pool threads are renamed too: they reach the caller before they reach here.
+template <class F>
+decltype(auto) as_op(const char* op, F&& body) {
+  struct Scope {
+    const char* outer = public_op();
+    explicit Scope(const char* op) {
+      if (!outer) set_public_op(op);
+    }
+    ~Scope() { set_public_op(outer); }
+  } scope(op);
+  try {
+    return std::forward<F>(body)();
+  } catch (Error& e) {
+    e.set_op(op);
+    throw;
+  }
+}
 
 }  // namespace kiln

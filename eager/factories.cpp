@@ -53,15 +53,17 @@ Tensor empty(const Shape& shape, TensorOptions opts, Loc loc) {
   return dispatch::empty(shape, float_or(opts), opts.device.value_or(Device::cpu()));
 }
 Tensor zeros(const Shape& shape, TensorOptions opts, Loc loc) {
-  return full(shape, 0, options(float_or(opts), opts.device), loc);
+  return as_op("zeros", [&] { return full(shape, 0, options(float_or(opts), opts.device), loc); });
 }
 Tensor ones(const Shape& shape, TensorOptions opts, Loc loc) {
-  return full(shape, 1, options(float_or(opts), opts.device), loc);
+  return as_op("ones", [&] { return full(shape, 1, options(float_or(opts), opts.device), loc); });
 }
 Tensor full(const Shape& shape, Scalar value, TensorOptions opts, Loc loc) {
-  Tensor t = empty(shape, {opts.dtype.value_or(value.dtype())}, loc);
-  t.fill_(value, loc);
-  return on_device(t, opts, loc);
+  return as_op("full", [&] {
+    Tensor t = empty(shape, {opts.dtype.value_or(value.dtype())}, loc);
+    t.fill_(value, loc);
+    return on_device(t, opts, loc);
+  });
 }
 
 Tensor arange(Scalar end, TensorOptions opts, Loc loc) { return arange(0, end, 1, opts, loc); }
@@ -127,23 +129,37 @@ Tensor randint(int64_t low, int64_t high, const Shape& shape, TensorOptions opts
                    opts.device.value_or(Device::cpu()), loc);
 }
 
+// The *_like factories: `fn` makes a tensor of x's shape with x's dtype and device unless
+// `opts` says otherwise; errors name `op`.
+template <class F>
+Tensor like_factory(const char* op, const Tensor& x, TensorOptions opts, Loc loc, F fn) {
+  KILN_CHECK(x.defined(), op, loc, "the tensor to take the shape of is undefined");
+  return as_op(op, [&] { return fn(x.shape(), like(x, opts)); });
+}
+
 Tensor empty_like(const Tensor& x, TensorOptions opts, Loc loc) {
-  return empty(x.shape(), like(x, opts), loc);
+  return like_factory("empty_like", x, opts, loc,
+                      [&](const Shape& s, TensorOptions o) { return empty(s, o, loc); });
 }
 Tensor zeros_like(const Tensor& x, TensorOptions opts, Loc loc) {
-  return zeros(x.shape(), like(x, opts), loc);
+  return like_factory("zeros_like", x, opts, loc,
+                      [&](const Shape& s, TensorOptions o) { return zeros(s, o, loc); });
 }
 Tensor ones_like(const Tensor& x, TensorOptions opts, Loc loc) {
-  return ones(x.shape(), like(x, opts), loc);
+  return like_factory("ones_like", x, opts, loc,
+                      [&](const Shape& s, TensorOptions o) { return ones(s, o, loc); });
 }
 Tensor full_like(const Tensor& x, Scalar value, TensorOptions opts, Loc loc) {
-  return full(x.shape(), value, like(x, opts), loc);
+  return like_factory("full_like", x, opts, loc,
+                      [&](const Shape& s, TensorOptions o) { return full(s, value, o, loc); });
 }
 Tensor rand_like(const Tensor& x, TensorOptions opts, Loc loc) {
-  return rand(x.shape(), like(x, opts), loc);
+  return like_factory("rand_like", x, opts, loc,
+                      [&](const Shape& s, TensorOptions o) { return rand(s, o, loc); });
 }
 Tensor randn_like(const Tensor& x, TensorOptions opts, Loc loc) {
-  return randn(x.shape(), like(x, opts), loc);
+  return like_factory("randn_like", x, opts, loc,
+                      [&](const Shape& s, TensorOptions o) { return randn(s, o, loc); });
 }
 
 template <class T>

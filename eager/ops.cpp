@@ -227,9 +227,12 @@ Tensor addmm(const Tensor& bias, const Tensor& a, const Tensor& b, Scalar beta, 
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Loc loc) {
   KILN_CHECK(weight.defined() && weight.dim() == 2, "linear", loc,
              "weight must be 2-D [out_features, in_features]");
-  if (bias.defined() && x.defined() && x.dim() == 2) return addmm(bias, x, weight.t(loc), 1, 1, loc);
-  Tensor y = matmul(x, weight.t(loc), loc);
-  return bias.defined() ? add(y, bias, 1, loc) : y;
+  return as_op("linear", [&] {
+    if (bias.defined() && x.defined() && x.dim() == 2)
+      return addmm(bias, x, weight.t(loc), 1, 1, loc);
+    Tensor y = matmul(x, weight.t(loc), loc);
+    return bias.defined() ? add(y, bias, 1, loc) : y;
+  });
 }
 
 Tensor cat(const std::vector<Tensor>& xs, int64_t dim, Loc loc) {
@@ -318,7 +321,9 @@ Tensor triu(const Tensor& x, int64_t diagonal, Loc loc) {
   a.mode = diagonal;
   return unary(OpKind::Triu, x, loc, a);
 }
-Tensor broadcast_to(const Tensor& x, const Shape& shape, Loc loc) { return x.expand(shape, loc); }
+Tensor broadcast_to(const Tensor& x, const Shape& shape, Loc loc) {
+  return as_op("broadcast_to", [&] { return x.expand(shape, loc); });
+}
 
 Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight,
                   const Tensor& bias, double eps, Loc loc) {
@@ -345,7 +350,9 @@ Tensor nll_loss(const Tensor& log_probs, const Tensor& target, Reduction reducti
 }
 Tensor cross_entropy(const Tensor& logits, const Tensor& target, Reduction reduction,
                      int64_t ignore_index, Loc loc) {
-  return nll_loss(log_softmax(logits, 1, loc), target, reduction, ignore_index, loc);
+  return as_op("cross_entropy", [&] {
+    return nll_loss(log_softmax(logits, 1, loc), target, reduction, ignore_index, loc);
+  });
 }
 Tensor mse_loss(const Tensor& a, const Tensor& b, Reduction reduction, Loc loc) {
   OpAttrs at;

@@ -10,16 +10,21 @@ Tensor view_op(OpKind op, const Tensor& x, OpAttrs a, Loc loc) {
   return dispatch::call1({op, {x}, std::move(a), loc});
 }
 
-// In-place update: x = op(x, y) written back into x's storage (dtype of x kept; a result of a
-// higher category, e.g. float into an int tensor, is an error as in PyTorch).
-Tensor& in_place(Tensor& x, const Tensor& result, const char* op, Loc loc) {
-  KILN_CHECK(category(result.dtype()) <= category(x.dtype()), op, loc,
-             "result type {} can't be cast to the in-place output type {}", name(result.dtype()),
-             name(x.dtype()));
-  KILN_CHECK(result.shape() == x.shape(), op, loc,
-             "output with shape {} doesn't match the broadcast shape {}", to_string(x.shape()),
-             to_string(result.shape()));
-  return x.copy_(result, loc);
+// In-place update: x = op(x, y), the result of `compute`, written back into x's storage (dtype
+// of x kept; a result of a higher category, e.g. float into an int tensor, is an error as in
+// PyTorch). Every error names the in-place op (`add_` for `x += y`).
+template <class F>
+Tensor& in_place(Tensor& x, const char* op, Loc loc, F compute) {
+  return as_op(op, [&]() -> Tensor& {
+    Tensor result = compute();
+    KILN_CHECK(category(result.dtype()) <= category(x.dtype()), op, loc,
+               "result type {} can't be cast to the in-place output type {}",
+               name(result.dtype()), name(x.dtype()));
+    KILN_CHECK(result.shape() == x.shape(), op, loc,
+               "output with shape {} doesn't match the broadcast shape {}", to_string(x.shape()),
+               to_string(result.shape()));
+    return x.copy_(result, loc);
+  });
 }
 
 }  // namespace
@@ -30,8 +35,13 @@ Tensor Tensor::to(DType dtype, Loc loc) const {
   a.dtype = dtype;
   return dispatch::call1({OpKind::Cast, {*this}, a, loc});
 }
-Tensor Tensor::clone(Loc loc) const { return dispatch::call1({OpKind::Contiguous, {*this}, {}, loc}); }
-Tensor Tensor::contiguous(Loc loc) const { return is_contiguous() ? *this : clone(loc); }
+Tensor Tensor::clone(Loc loc) const {
+  return as_op("clone", [&] { return dispatch::call1({OpKind::Contiguous, {*this}, {}, loc}); });
+}
+Tensor Tensor::contiguous(Loc loc) const {
+  if (defined() && is_contiguous()) return *this;
+  return as_op("contiguous", [&] { return clone(loc); });
+}
 Tensor& Tensor::copy_(const Tensor& src, Loc loc) {
   // Across devices (as in PyTorch): move the source over first, then copy on this device.
   if (defined() && src.defined() && src.device() != device() && !src.impl()->wrapped_number) {
@@ -58,10 +68,12 @@ Tensor Tensor::reshape(const Shape& shape, Loc loc) const {
   // A view when the strides allow it, a copy otherwise.
   OpAttrs a;
   a.dims = shape;
-  InferredMeta m = infer_meta(OpKind::View, std::array{TensorMeta::of(*this)}, a, loc);
-  Strides st;
-  if (view_strides(this->shape(), strides(), m.outputs[0].shape, st)) return view(shape, loc);
-  return clone(loc).view(shape, loc);
+  return as_op("reshape", [&] {
+    InferredMeta m = infer_meta(OpKind::View, std::array{TensorMeta::of(*this)}, a, loc);
+    Strides st;
+    if (view_strides(this->shape(), strides(), m.outputs[0].shape, st)) return view(shape, loc);
+    return clone(loc).view(shape, loc);
+  });
 }
 Tensor Tensor::transpose(int64_t d0, int64_t d1, Loc loc) const {
   OpAttrs a;
@@ -141,28 +153,28 @@ Tensor Tensor::index_select(int64_t dim, const Tensor& index, Loc loc) const {
 }
 
 Tensor& Tensor::operator+=(TensorOperand o) {
-  return in_place(*this, add(*this, o.tensor, 1, o.loc), "add_", o.loc);
+  return in_place(*this, "add_", o.loc, [&] { return add(*this, o.tensor, 1, o.loc); });
 }
 Tensor& Tensor::operator-=(TensorOperand o) {
-  return in_place(*this, sub(*this, o.tensor, 1, o.loc), "sub_", o.loc);
+  return in_place(*this, "sub_", o.loc, [&] { return sub(*this, o.tensor, 1, o.loc); });
 }
 Tensor& Tensor::operator*=(TensorOperand o) {
-  return in_place(*this, mul(*this, o.tensor, o.loc), "mul_", o.loc);
+  return in_place(*this, "mul_", o.loc, [&] { return mul(*this, o.tensor, o.loc); });
 }
 Tensor& Tensor::operator/=(TensorOperand o) {
-  return in_place(*this, div(*this, o.tensor, o.loc), "div_", o.loc);
+  return in_place(*this, "div_", o.loc, [&] { return div(*this, o.tensor, o.loc); });
 }
 Tensor& Tensor::operator+=(ScalarOperand o) {
-  return in_place(*this, add(*this, o.scalar, 1, o.loc), "add_", o.loc);
+  return in_place(*this, "add_", o.loc, [&] { return add(*this, o.scalar, 1, o.loc); });
 }
 Tensor& Tensor::operator-=(ScalarOperand o) {
-  return in_place(*this, sub(*this, o.scalar, 1, o.loc), "sub_", o.loc);
+  return in_place(*this, "sub_", o.loc, [&] { return sub(*this, o.scalar, 1, o.loc); });
 }
 Tensor& Tensor::operator*=(ScalarOperand o) {
-  return in_place(*this, mul(*this, o.scalar, o.loc), "mul_", o.loc);
+  return in_place(*this, "mul_", o.loc, [&] { return mul(*this, o.scalar, o.loc); });
 }
 Tensor& Tensor::operator/=(ScalarOperand o) {
-  return in_place(*this, div(*this, o.scalar, o.loc), "div_", o.loc);
+  return in_place(*this, "div_", o.loc, [&] { return div(*this, o.scalar, o.loc); });
 }
 
 }  // namespace kiln

@@ -461,7 +461,9 @@ void Plan::build_region(Region& r, const PlanOptions& o) {
   r.fallback_reason = first_error;
 }
 
-void run_node_eagerly(const Program& p, const Node& n, RunState& st) {
+namespace {
+
+void run_op_node(const Program& p, const Node& n, RunState& st) {
   std::vector<Tensor> ins;
   for (int v : n.in) ins.push_back(v >= 0 ? st.value(p, v) : Tensor());
   // A value can have another layout than while tracing (compiled regions return contiguous
@@ -482,6 +484,13 @@ void run_node_eagerly(const Program& p, const Node& n, RunState& st) {
   }
   std::vector<Tensor> outs = dispatch::call(std::move(c));
   for (size_t k = 0; k < n.out.size() && k < outs.size(); ++k) st.slots[n.out[k]] = outs[k];
+}
+
+}  // namespace
+
+void run_node_eagerly(const Program& p, const Node& n, RunState& st) {
+  if (n.public_op) return as_op(n.public_op, [&] { run_op_node(p, n, st); });
+  run_op_node(p, n, st);
 }
 
 void Plan::run_eager(const Node& n, RunState& st) const { run_node_eagerly(*p_, n, st); }

@@ -57,6 +57,9 @@ struct Node {
   OpKind op = OpKind::Add;
   OpAttrs attrs;
   Loc loc;
+  /// The public function that issued the op (kiln::as_op: `cross_entropy` for its nll_loss),
+  /// or nullptr: replayed errors carry its name, as eager's do.
+  const char* public_op = nullptr;
   std::vector<int> in;   ///< value ids; -1 for an absent optional input
   std::vector<int> out;  ///< value ids
   InferredMeta meta;     ///< what the dispatcher inferred at trace time

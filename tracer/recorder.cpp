@@ -199,6 +199,7 @@ void Recorder::after_kernel(const OpCall& call, const InferredMeta& meta,
   n.op = call.op;
   n.attrs = call.attrs;
   n.loc = call.loc;
+  n.public_op = public_op();
   n.meta = meta;
   for (const Tensor& t : call.inputs) n.in.push_back(t.defined() ? lookup(t) : -1);
   if (is_random(call.op)) n.rng_delta = call.attrs.offset - rng_start_;

@@ -236,6 +236,55 @@ TEST_CASE("errors from operators name the line of the expression") {
   CHECK(x.to_vector<float>() == std::vector<float>{2.0f, 5.0f});
 }
 
+TEST_CASE("errors name the function the user called, not the op inside it that checked") {
+  // Each of these public functions is built from other ops; the error must name it and the
+  // line of the call, and nothing the caller holds may change.
+  auto op_of = [](auto&& f) -> std::string {
+    try {
+      f();
+    } catch (const Error& e) {
+      CHECK_THAT(e.what(), Catch::Contains("tensor_test.cpp"));
+      return e.op();
+    }
+    FAIL("expected kiln::Error");
+    return "";
+  };
+  Tensor row = from_vector<float>({1, 2, 3}, {3});
+  Tensor wide = row.expand({2, 3});
+  CHECK(op_of([&] { wide += 1; }) == "add_");
+  CHECK(op_of([&] { wide *= 2; }) == "mul_");
+  CHECK(op_of([&] { Tensor c = ones({2}); c -= row; }) == "sub_");
+  CHECK(row.to_vector<float>() == std::vector<float>{1, 2, 3});  // untouched by the failed ops
+  CHECK(op_of([&] { return ones({-1}); }) == "ones");
+  CHECK(op_of([&] { return zeros({2, -1}); }) == "zeros");
+  CHECK(op_of([&] { return full({-1}, 2.0); }) == "full");
+  CHECK(op_of([&] { return zeros_like(Tensor()); }) == "zeros_like");
+  CHECK(op_of([&] { return ones_like(Tensor()); }) == "ones_like");
+  CHECK(op_of([&] { return full_like(Tensor(), 1); }) == "full_like");
+  CHECK(op_of([&] { return empty_like(Tensor()); }) == "empty_like");
+  CHECK(op_of([&] { return rand_like(ones({2}, {DType::Int32})); }) == "rand_like");
+  CHECK(op_of([&] { return broadcast_to(row, {2, 4}); }) == "broadcast_to");
+  Tensor logits = ones({4, 10});
+  CHECK(op_of([&] { return cross_entropy(logits, full({4}, 12, {DType::Int64})); }) ==
+        "cross_entropy");
+  CHECK(op_of([&] { return cross_entropy(logits, zeros({5}, {DType::Int64})); }) ==
+        "cross_entropy");
+  CHECK(op_of([&] { return nll_loss(logits, zeros({5}, {DType::Int64})); }) == "nll_loss");
+  CHECK(op_of([&] { return linear(logits, ones({3, 9})); }) == "linear");
+  CHECK(op_of([&] { return linear(logits, ones({3, 9}), ones({3})); }) == "linear");
+  CHECK(op_of([&] { return ones({6}).reshape({4, -1}); }) == "reshape");
+  CHECK(op_of([&] { return Tensor().clone(); }) == "clone");
+  CHECK(op_of([&] { return Tensor().contiguous(); }) == "contiguous");
+  CHECK(op_of([&] { Tensor c = ones({2, 3}); c.copy_(ones({4})); }) == "copy_");
+  // The values of the functions themselves are unchanged.
+  CHECK(ones({2}).to_vector<float>() == std::vector<float>{1, 1});
+  CHECK(broadcast_to(row, {2, 3}).to_vector<float>() == std::vector<float>{1, 2, 3, 1, 2, 3});
+  CHECK(zeros_like(row).to_vector<float>() == std::vector<float>{0, 0, 0});
+  Tensor uniform = ones({1, 4});  // equal logits: loss log(4)
+  CHECK(cross_entropy(uniform, zeros({1}, {DType::Int64})).item<float>() ==
+        Approx(std::log(4.0)).epsilon(1e-6));
+}
+
 TEST_CASE("more than 12 dims is an error at the caller's line") {
   unsigned line = __LINE__ + 2;
   try {
