@@ -117,6 +117,7 @@ std::vector<Tensor> AccumulateGrad::apply(std::vector<Tensor>&& grads) {
   Meta& m = ensure_meta(leaf);
   Tensor g = grads[0];
   if (!m.grad.defined()) {
+    if (auto* hook = dispatch::tracer_hook()) hook->on_grad_found_undefined(leaf);
     // Keep a private copy unless the graph is being recorded (create_graph).
     m.grad = is_grad_enabled() ? g : (g.impl()->autograd ? g.detach().clone() : g.clone());
   } else if (is_grad_enabled()) {

@@ -29,6 +29,9 @@ class DispatchHook {
   /// Called (tracer hook only) after autograd changed the .grad of leaf tensor `leaf`
   /// (backward accumulating into it, set_grad, zero_grad).
   virtual void on_grad_assigned(const Tensor& leaf) {}
+  /// Called (tracer hook only) when backward is about to give leaf tensor `leaf` its first
+  /// .grad: the result depends on the .grad being undefined (else it would accumulate).
+  virtual void on_grad_found_undefined(const Tensor& leaf) {}
 };
 
 namespace dispatch {

@@ -3,8 +3,40 @@
 #include "eager/autograd.h"
 #include "eager/autograd_graph.h"
 #include "eager/factories.h"
+#include "eager/ops.h"
+
+#include <algorithm>
+#include <unordered_set>
 
 namespace kiln::tracer {
+
+namespace {
+
+// reach[i]: a path of autograd edges leads from `root` to target edge i.
+std::vector<bool> reachable(const autograd::Edge& root, const std::vector<autograd::Edge>& targets) {
+  std::vector<bool> reach(targets.size(), false);
+  auto mark = [&](const autograd::Edge& e) {
+    for (size_t i = 0; i < targets.size(); ++i)
+      if (e.fn == targets[i].fn && e.input_nr == targets[i].input_nr) reach[i] = true;
+  };
+  std::vector<autograd::Node*> stack;
+  std::unordered_set<autograd::Node*> seen;
+  mark(root);
+  if (root.valid()) stack.push_back(root.fn.get());
+  while (!stack.empty()) {
+    autograd::Node* n = stack.back();
+    stack.pop_back();
+    if (!seen.insert(n).second) continue;
+    for (const autograd::Edge& e : n->next_edges) {
+      if (!e.valid()) continue;
+      mark(e);
+      stack.push_back(e.fn.get());
+    }
+  }
+  return reach;
+}
+
+}  // namespace
 
 void record_backward(Recorder& rec, Program& p, const std::vector<OutValue>& outs) {
   if (!is_grad_enabled()) return;
@@ -32,6 +64,11 @@ void record_backward(Recorder& rec, Program& p, const std::vector<OutValue>& out
   if (inputs.empty()) return;
   size_t mark = p.nodes.size();
   p.grad_outputs.assign(outs.size(), -1);
+  std::vector<autograd::Edge> input_edges;
+  for (const Tensor& t : inputs) input_edges.push_back(autograd::gradient_edge(t));
+  p.grad_reach.assign(outs.size(), std::vector<bool>(inputs.size(), false));
+  for (size_t j = 0; j < req_outs.size(); ++j)
+    p.grad_reach[req_pos[j]] = reachable(autograd::gradient_edge(req_outs[j]), input_edges);
   std::vector<Tensor> placeholders;
   for (size_t j = 0; j < req_outs.size(); ++j) {
     Tensor g = untraced([&] { return ones_like(req_outs[j].detach()); });
@@ -52,6 +89,7 @@ void record_backward(Recorder& rec, Program& p, const std::vector<OutValue>& out
     p.nodes.resize(mark);
     p.backward_begin = SIZE_MAX;
     p.grad_outputs.clear();
+    p.grad_reach.clear();
   }
 }
 
@@ -78,17 +116,21 @@ class CompiledBackward final : public autograd::Node {
                autograd::kGraphFreedMessage);
     const Program& p = *p_;
     RunState st = saved_;
+    // Outputs that got no gradient (unused by the loss) run the traced backward with zeros.
+    std::vector<bool> no_grad(p.grad_outputs.size(), false);
     for (size_t k = 0; k < p.grad_outputs.size() && k < grads.size(); ++k) {
       int gv = p.grad_outputs[k];
       if (gv < 0) continue;
       if (grads[k].defined()) {
         st.slots[gv] = grads[k];
       } else {
+        no_grad[k] = true;
         TensorOptions o(out_dtypes_[k]);
         o.device = out_devices_[k];
         st.slots[gv] = zeros(out_shapes_[k], o);
       }
     }
+    bool partial = std::find(no_grad.begin(), no_grad.end(), true) != no_grad.end();
     if (is_grad_enabled()) {
       // create_graph: the saved forward values carry no history, so recompute the forward
       // and the backward on eager kernels from the real inputs (exact higher-order grads).
@@ -104,10 +146,60 @@ class CompiledBackward final : public autograd::Node {
       return results(e);
     }
     plan_->run(st);
-    return results(st);
+    std::vector<Tensor> out = results(st);
+    if (partial && !without_unreached(out, no_grad)) return eager_backward(grads);
+    return out;
   }
 
  private:
+  // With some outputs' gradients missing, eager backward never runs their part of the graph:
+  // inputs only they reach get no gradient, and their backward formulas never see a zero
+  // gradient. The zeros give the same values (backward is linear in its gradient: J^T 0 = 0)
+  // unless a formula is singular there (sqrt at 0: 0 * inf = NaN). Drops the gradients of the
+  // unreached inputs; false when a result is not finite, so that eager_backward decides.
+  bool without_unreached(std::vector<Tensor>& out, const std::vector<bool>& no_grad) const {
+    const Program& p = *p_;
+    for (size_t i = 0; i < out.size(); ++i) {
+      bool reached = false;
+      for (size_t k = 0; k < no_grad.size() && !reached; ++k)
+        reached = p.grad_outputs[k] >= 0 && !no_grad[k] && k < p.grad_reach.size() &&
+                  p.grad_reach[k][i];
+      if (!reached) out[i] = Tensor();
+    }
+    for (const Tensor& g : out) {
+      if (!g.defined() || !is_floating(g.dtype())) continue;
+      // sum(g * 0) is 0 exactly when every element is finite, NaN otherwise.
+      if (!(sum(mul(g, 0)).to(DType::Float64).item<double>() == 0)) return false;
+    }
+    return true;
+  }
+
+  // Eager's exact answer: the forward again on eager kernels, recording autograd, and a
+  // backward from the outputs that have gradients only.
+  std::vector<Tensor> eager_backward(const std::vector<Tensor>& grads) const {
+    const Program& p = *p_;
+    RunState e;
+    e.args = saved_.args;
+    e.scalars = saved_.scalars;
+    e.rng = saved_.rng;
+    e.slots.resize(p.values.size());
+    std::vector<Tensor> roots, root_grads, inputs;
+    {
+      EnableGradGuard enable;
+      for (size_t i = 0; i < p.nodes.size() && i < p.backward_begin; ++i)
+        if (p.nodes[i].kind == tracer::Node::Kind::Op) run_node_eagerly(p, p.nodes[i], e);
+      for (size_t k = 0; k < p.grad_outputs.size() && k < grads.size(); ++k) {
+        if (p.grad_outputs[k] < 0 || !grads[k].defined()) continue;
+        roots.push_back(e.value(p, p.outputs[k]));
+        root_grads.push_back(grads[k]);
+      }
+      for (int v : p.grad_inputs) inputs.push_back(e.value(p, v));
+    }
+    return kiln::grad(roots, inputs, root_grads, /*create_graph=*/false, /*retain_graph=*/false,
+                      /*allow_unused=*/true);
+  }
+
+
   std::vector<Tensor> results(RunState& st) const {
     std::vector<Tensor> out;
     for (int v : p_->grad_results) out.push_back(v >= 0 ? st.value(*p_, v) : Tensor());

@@ -689,6 +689,9 @@ std::vector<OutValue> CompiledFunction::Impl::replay(Entry& e, const std::vector
   st.in_place = seg->program->aliased_mutation;
   for (;;) {
     if (st.slots.size() < seg->program->values.size()) st.slots.resize(seg->program->values.size());
+    for (int v : seg->program->grad_undefined_at_call)
+      if (st.value(*seg->program, v).grad().defined())
+        throw GuardFailure{"the .grad that backward set was undefined when traced and is now defined"};
     std::optional<Scalar> read = seg->plan->run(st);
     if (seg->leaf) break;
     Segment* c = seg->child(*read);
@@ -987,6 +990,9 @@ std::string CompiledFunction::explain() const {
     if (captured)
       out += fmt::format("    {} captured tensor(s): alive, same dtype, shape and device (lifted to graph inputs)\n",
                          captured);
+    if (!p.grad_undefined_at_call.empty())
+      out += fmt::format("    {} leaf .grad(s) that backward sets: undefined at the call\n",
+                         p.grad_undefined_at_call.size());
     if (p.aliased_mutation)
       out += fmt::format("  runs on eager kernels with real aliasing: {}\n", p.aliased_mutation_reason);
     out += "  trace tree:\n";

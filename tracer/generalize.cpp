@@ -96,7 +96,9 @@ std::string same_structure(const Program& a, const Program& b) {
       return "a different tensor was captured";
   }
   if (a.outputs != b.outputs || a.write_backs != b.write_backs ||
-      a.grad_assignments != b.grad_assignments || a.rng_consumed != b.rng_consumed ||
+      a.grad_assignments != b.grad_assignments ||
+      a.grad_undefined_at_call != b.grad_undefined_at_call || a.grad_reach != b.grad_reach ||
+      a.rng_consumed != b.rng_consumed ||
       a.backward_begin != b.backward_begin || a.aliased_mutation != b.aliased_mutation ||
       a.output_constants.size() != b.output_constants.size())
     return "the traces' results differ";

@@ -98,11 +98,18 @@ struct Program {
   std::vector<std::pair<int, int>> write_backs;
   /// .grad of leaves at the end of the call: (value id of the leaf, value id or -1 = none).
   std::vector<std::pair<int, int>> grad_assignments;
+  /// Leaves (value ids) whose .grad backward found undefined and set: a guard, since a .grad
+  /// defined at the call would be accumulated into instead (checked before each replay).
+  std::vector<int> grad_undefined_at_call;
   /// Backward: for each forward output value (by output position), its GradOutput value id;
   /// for each value requiring grad (inputs/captured), the value id of its gradient or -1.
   std::vector<int> grad_inputs;     // value ids of the differentiable sources
   std::vector<int> grad_results;    // gradient value id per grad_inputs entry (-1 = none)
   std::vector<int> grad_outputs;    // GradOutput value id per output (-1 = not differentiable)
+  /// grad_reach[k][i]: output k has a differentiable path to grad_inputs[i] (the eager autograd
+  /// graph seen while tracing). A replay whose output k gets no gradient leaves input i
+  /// without one unless another output with a gradient reaches it, as eager backward does.
+  std::vector<std::vector<bool>> grad_reach;
   /// Generator offset consumed by one call (random ops).
   uint64_t rng_consumed = 0;
   /// A tensor was mutated while another view of its storage was in use: replay runs every

@@ -1,5 +1,6 @@
 #include "tracer/recorder.h"
 
+#include <algorithm>
 #include <tuple>
 #include <utility>
 
@@ -218,6 +219,16 @@ void Recorder::after_kernel(const OpCall& call, const InferredMeta& meta,
 
 void Recorder::on_grad_assigned(const Tensor& leaf) {
   if (grad_leaf_set_.insert(leaf.impl()).second) grad_leaves_.push_back(leaf);
+}
+
+// Backward gives `leaf` its first .grad. Unless the function itself reset that .grad before
+// (zero_grad in a training step), the trace depends on the .grad being undefined at the call.
+void Recorder::on_grad_found_undefined(const Tensor& leaf) {
+  if (grad_leaf_set_.count(leaf.impl())) return;
+  int v = lookup(leaf);
+  if (std::find(p_.grad_undefined_at_call.begin(), p_.grad_undefined_at_call.end(), v) ==
+      p_.grad_undefined_at_call.end())
+    p_.grad_undefined_at_call.push_back(v);
 }
 
 void Recorder::on_read(const Tensor& t, Loc loc) {

@@ -40,6 +40,7 @@ class Recorder final : public DispatchHook {
   void after_kernel(const OpCall& call, const InferredMeta& meta,
                     std::vector<Tensor>& outs) override;
   void on_grad_assigned(const Tensor& leaf) override;
+  void on_grad_found_undefined(const Tensor& leaf) override;
   /// item()/to_vector(): records a Read node with the value about to be read.
   void on_read(const Tensor& t, Loc loc);
   /// kiln::guarded: a host variable the function's result depends on.
