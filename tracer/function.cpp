@@ -328,6 +328,9 @@ struct CompiledFunction::Impl {
   std::vector<OutValue> trace(const std::vector<ArgValue>& args, const Invoke& invoke, Loc loc,
                               Entry* failed, bool missing_branch,
                               const std::string& miss_reason, Entry* unchecked = nullptr);
+  /// Adds the storages that the trace of `p` captured to captured_storages, then records which
+  /// of its arguments share one (the guard Program::args_sharing_captured).
+  void remember_captured(Program& p, Recorder& rec);
   /// The first entry the call passes, and whether its sizes still need a confirming trace.
   std::pair<std::shared_ptr<Entry>, bool> find_entry(const std::vector<ArgValue>& args) const;
 
@@ -343,6 +346,8 @@ struct CompiledFunction::Impl {
   std::vector<int> auto_scalars;
   std::atomic<int64_t> eager_calls{0};
   int uncached_in_a_row = 0;
+  /// Storages of the tensors any trace captured (Program::args_sharing_captured).
+  std::vector<std::weak_ptr<StorageImpl>> captured_storages;
   int size_checks = 0;  // traces that confirmed a symbolic entry for new sizes
 };
 
@@ -676,6 +681,48 @@ void adopt(Tensor& target, Tensor& value) {
 
 }  // namespace
 
+namespace {
+
+// The guards that replay checks on the tensors themselves (a captured tensor alive and
+// unchanged, a .grad undefined as when traced), all before the segment runs: a GuardFailure
+// after an in-place write or a write-back would apply the function's mutations twice (the
+// call is traced again from the mutated arguments).
+void check_sources(const Program& p, RunState& st,
+                   const std::vector<std::weak_ptr<StorageImpl>>& captured) {
+  for (size_t v = 0; v < p.values.size(); ++v) {
+    int s = p.values[v].source;
+    if (s >= 0 && (p.sources[s].kind == SourceKind::Captured || p.sources[s].kind == SourceKind::GradOf))
+      st.value(p, static_cast<int>(v));
+  }
+  for (int v : p.grad_undefined_at_call)
+    if (st.value(p, v).grad().defined())
+      throw GuardFailure{"the .grad that backward set was undefined when traced and is now defined"};
+  if (!p.write_backs.empty() || p.aliased_mutation) {
+    auto now = args_sharing(p, captured, [&](int v) -> const Tensor& { return st.value(p, v); });
+    if (now != p.args_sharing_captured)
+      throw GuardFailure{now.size() < p.args_sharing_captured.size()
+                             ? "an argument no longer shares memory with a captured tensor"
+                             : "an argument shares memory with a captured tensor"};
+  }
+}
+
+}  // namespace
+
+void CompiledFunction::Impl::remember_captured(Program& p, Recorder& rec) {
+  std::erase_if(captured_storages, [](const auto& w) { return w.expired(); });
+  for (size_t v = 0; v < p.values.size(); ++v) {
+    int s = p.values[v].source;
+    if (s < 0 || p.sources[s].kind != SourceKind::Captured) continue;
+    const Storage& st = rec.tensor(static_cast<int>(v)).storage();
+    bool known = std::any_of(captured_storages.begin(), captured_storages.end(),
+                             [&](const auto& w) { return w.lock() == st; });
+    if (!known) captured_storages.push_back(st);
+  }
+  if (!p.write_backs.empty() || p.aliased_mutation)
+    p.args_sharing_captured = args_sharing(
+        p, captured_storages, [&](int v) -> const Tensor& { return rec.tensor(v); });
+}
+
 std::vector<OutValue> CompiledFunction::Impl::replay(Entry& e, const std::vector<ArgValue>& args) {
   RunState st;
   st.args.resize(args.size());
@@ -689,9 +736,7 @@ std::vector<OutValue> CompiledFunction::Impl::replay(Entry& e, const std::vector
   st.in_place = seg->program->aliased_mutation;
   for (;;) {
     if (st.slots.size() < seg->program->values.size()) st.slots.resize(seg->program->values.size());
-    for (int v : seg->program->grad_undefined_at_call)
-      if (st.value(*seg->program, v).grad().defined())
-        throw GuardFailure{"the .grad that backward set was undefined when traced and is now defined"};
+    check_sources(*seg->program, st, captured_storages);
     std::optional<Scalar> read = seg->plan->run(st);
     if (seg->leaf) break;
     Segment* c = seg->child(*read);
@@ -790,6 +835,7 @@ std::vector<OutValue> CompiledFunction::Impl::trace(const std::vector<ArgValue>&
     }
     rec.uninstall();
     escape_candidates(rec, *prog, outs, candidates);
+    remember_captured(*prog, rec);
   }
   if (unchecked) {
     // The symbolic entry's formulas were inferred from two traces; this trace of new sizes

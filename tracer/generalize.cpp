@@ -98,6 +98,7 @@ std::string same_structure(const Program& a, const Program& b) {
   if (a.outputs != b.outputs || a.write_backs != b.write_backs ||
       a.grad_assignments != b.grad_assignments ||
       a.grad_undefined_at_call != b.grad_undefined_at_call || a.grad_reach != b.grad_reach ||
+      a.args_sharing_captured != b.args_sharing_captured ||
       a.rng_consumed != b.rng_consumed ||
       a.backward_begin != b.backward_begin || a.aliased_mutation != b.aliased_mutation ||
       a.output_constants.size() != b.output_constants.size())

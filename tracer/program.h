@@ -116,11 +116,36 @@ struct Program {
   /// op on eager kernels on the real tensors (exact aliasing), see plan.cpp.
   bool aliased_mutation = false;
   std::string aliased_mutation_reason;
+  /// Argument values whose memory is that of a tensor some trace of the function captured,
+  /// in a program that changes memory in place: a guard. `f(w)` for a captured `w` that `f`
+  /// mutates is traced as mutating its argument; replaying either trace for the other kind of
+  /// call would mutate the wrong tensor.
+  std::vector<int> args_sharing_captured;
 
   int add_value(const ValueInfo& v) {
     values.push_back(v);
     return static_cast<int>(values.size()) - 1;
   }
 };
+
+/// The argument values of `p` whose tensor (`tensor_of(value id)`) shares memory with one of
+/// `captured` (storages of tensors the function's traces captured).
+template <class TensorOf>
+std::vector<int> args_sharing(const Program& p, const std::vector<std::weak_ptr<StorageImpl>>& captured,
+                              TensorOf&& tensor_of) {
+  std::vector<int> out;
+  for (size_t v = 0; v < p.values.size(); ++v) {
+    int s = p.values[v].source;
+    if (s < 0 || p.sources[s].kind != SourceKind::Arg) continue;
+    const Tensor& t = tensor_of(static_cast<int>(v));
+    if (!t.defined()) continue;
+    for (const auto& c : captured)
+      if (!c.owner_before(t.storage()) && !t.storage().owner_before(c)) {
+        out.push_back(static_cast<int>(v));
+        break;
+      }
+  }
+  return out;
+}
 
 }  // namespace kiln::tracer

@@ -60,6 +60,27 @@ TEST_CASE("compile: an output without a gradient adds nothing, as in eager backw
   CHECK(g.compile_count() == 1);
 }
 
+TEST_CASE("compile: a replay that fails a guard changes nothing before the call is traced again",
+          "[compile][autograd]") {
+  // Found by a fresh-user trial: with an input that requires grad changed in place, a replay
+  // wrote the input back, then found a captured tensor freed and traced the call again from
+  // the already-doubled input (4x instead of 2x). Guards on tensors are now checked first.
+  auto f = compile([](Tensor x) {
+    x *= 2.0;
+    return x * 1.0;
+  });
+  for (int k = 1; k <= 4; ++k) {
+    INFO("call " << k);
+    Tensor leaf = full({2}, double(k)).requires_grad_();
+    Tensor x = leaf * 1.0;
+    Tensor y = f(x);
+    CHECK(vec(x) == std::vector<float>{2.0f * k, 2.0f * k});
+    CHECK(vec(y) == std::vector<float>{2.0f * k, 2.0f * k});
+    y.sum().backward();
+    CHECK(vec(leaf.grad()) == std::vector<float>{2, 2});
+  }
+}
+
 TEST_CASE("compile: backward() inside a compiled function accumulates into .grad as in eager",
           "[compile][autograd]") {
   // The trace saw w.grad undefined and set it; replays with a defined .grad must add to it

@@ -297,6 +297,26 @@ TEST_CASE("FC-17 (compile): in-place ops on arguments are written back", "[compi
   CHECK(step.compile_count() == 1);
 }
 
+TEST_CASE("compile: an argument that is a captured tensor the function mutates", "[compile]") {
+  // Found by a fresh-user trial: f(w) for a captured w that f changes in place replayed the
+  // trace of an unrelated argument, so x kept w's old value (r = 8 instead of 16).
+  Tensor w = ones({2});
+  auto f = compile([&](const Tensor& x) {
+    w += x;
+    return w * x;
+  });
+  CHECK(vec(f(full({2}, 1.0))) == std::vector<float>{2, 2});  // trace: w = 2
+  CHECK(vec(f(full({2}, 1.0))) == std::vector<float>{3, 3});  // replay: w = 3
+  Tensor r = f(w);  // x is w: w = 6, r = 6 * 6
+  CHECK(vec(w) == std::vector<float>{6, 6});
+  CHECK(vec(r) == std::vector<float>{36, 36});
+  r = f(w);  // replay of the aliased trace: w = 12, r = 144
+  CHECK(vec(r) == std::vector<float>{144, 144});
+  r = f(full({2}, 1.0));  // unrelated again: w = 13
+  CHECK(vec(r) == std::vector<float>{13, 13});
+  CHECK(contains(f.explain(), "shares memory with a captured tensor"));
+}
+
 TEST_CASE("compile: mutation through views keeps eager's aliasing", "[compile]") {
   auto f = compile([](Tensor x) {
     Tensor row = x.select(0, 1);
