@@ -723,6 +723,44 @@ void CompiledFunction::Impl::remember_captured(Program& p, Recorder& rec) {
         p, captured_storages, [&](int v) -> const Tensor& { return rec.tensor(v); });
 }
 
+namespace {
+
+// Outputs that are an argument or captured tensor the function changed in place, or views of
+// one, are that tensor or the same views of it, as in eager (`x *= 3; return x;` returns x
+// itself): their slots become the written-to tensor and the view ops run again on it.
+void alias_written_outputs(const Program& p, const std::vector<std::pair<int, Tensor>>& written,
+                           RunState& st) {
+  size_t end = std::min(p.backward_begin, p.nodes.size());
+  auto producer = [&](int v) -> const Node* {
+    for (size_t i = end; i-- > 0;)
+      for (int o : p.nodes[i].out)
+        if (o == v) return &p.nodes[i];
+    return nullptr;
+  };
+  for (int out : p.outputs) {
+    std::vector<const Node*> chain;  // view ops from the output back to a written value
+    for (int v = out; v >= 0;) {
+      auto w = std::find_if(written.begin(), written.end(), [&](auto& e) { return e.first == v; });
+      if (w != written.end()) {
+        st.slots[v] = w->second;
+        bool was_in_place = st.in_place;
+        st.in_place = true;  // real views, not copies
+        for (auto n = chain.rbegin(); n != chain.rend(); ++n) run_node_eagerly(p, **n, st);
+        st.in_place = was_in_place;
+        break;
+      }
+      const Node* n = producer(v);
+      if (!n || n->kind != Node::Kind::Op || n->in_place || n->in.empty() ||
+          op_info(n->op).category != OpCategory::View)
+        break;
+      chain.push_back(n);
+      v = n->in[0];
+    }
+  }
+}
+
+}  // namespace
+
 std::vector<OutValue> CompiledFunction::Impl::replay(Entry& e, const std::vector<ArgValue>& args) {
   RunState st;
   st.args.resize(args.size());
@@ -766,6 +804,7 @@ std::vector<OutValue> CompiledFunction::Impl::replay(Entry& e, const std::vector
       auto w = std::find_if(written.begin(), written.end(), [&](auto& e) { return e.first == leaf; });
       (w != written.end() ? w->second : st.value(p, leaf)).set_grad(grad);
     }
+    if (!written.empty()) alias_written_outputs(p, written, st);
   }
   std::vector<OutValue> outs(p.outputs.size());
   for (size_t k = 0; k < outs.size(); ++k) {

@@ -317,6 +317,46 @@ TEST_CASE("compile: an argument that is a captured tensor the function mutates",
   CHECK(contains(f.explain(), "shares memory with a captured tensor"));
 }
 
+TEST_CASE("compile: returning a tensor the function changed in place returns that tensor",
+          "[compile]") {
+  // Found by a fresh-user trial: replays returned a copy, so writes through the result no
+  // longer reached the argument (eager: `x *= 3; return x;` returns x itself).
+  for (bool donate : {false, true}) {
+    auto f = compile([](Tensor x) {
+      x *= 3.0;
+      return x;
+    }, CompileOptions{.donate_buffers = donate});
+    auto g = compile([](Tensor x) {
+      x += 1.0;
+      return x.slice(0, 0, 2);
+    }, CompileOptions{.donate_buffers = donate});
+    Tensor w = ones({2});
+    auto h = compile([&] {
+      w *= 2.0;
+      return w;
+    }, CompileOptions{.donate_buffers = donate});
+    for (int call = 0; call < 3; ++call) {  // trace, then replays
+      INFO("donate " << donate << ", call " << call);
+      Tensor x = ones({3});
+      Tensor y = f(x);
+      CHECK(y.is_same(x));
+      y += 1.0;
+      CHECK(vec(x) == std::vector<float>{4, 4, 4});
+      Tensor z = ones({3});
+      Tensor v = g(z);
+      CHECK(v.shape() == Shape{2});
+      v.fill_(9.0);
+      CHECK(vec(z) == std::vector<float>{9, 9, 2});
+      Tensor r = h();
+      CHECK(r.is_same(w));
+      float expected = static_cast<float>(2 << call);  // 2, 4, 8
+      CHECK(vec(w) == std::vector<float>{expected, expected});
+    }
+    CHECK(f.compile_count() == 1);
+    CHECK(g.compile_count() == 1);
+  }
+}
+
 TEST_CASE("compile: mutation through views keeps eager's aliasing", "[compile]") {
   auto f = compile([](Tensor x) {
     Tensor row = x.select(0, 1);
