@@ -105,7 +105,11 @@ class CompiledBackward final : public autograd::Node {
         saved_(std::move(saved)),
         out_shapes_(std::move(out_shapes)),
         out_dtypes_(std::move(out_dtypes)),
-        out_devices_(std::move(out_devices)) {}
+        out_devices_(std::move(out_devices)) {
+    for (size_t v = 0; v < saved_.slots.size(); ++v)
+      if (saved_.slots[v].defined())
+        saved_versions_.push_back({static_cast<int>(v), saved_.slots[v].version()});
+  }
 
   std::string name() const override { return "CompiledFunctionBackward"; }
   int num_outputs() const override { return static_cast<int>(p_->outputs.size()); }
@@ -114,6 +118,16 @@ class CompiledBackward final : public autograd::Node {
     // As eager's nodes: a second backward needs retain_graph on the first.
     KILN_CHECK(!released_, "backward", autograd::backward_call_site(), "{}",
                autograd::kGraphFreedMessage);
+    // As eager's saved tensors: a saved value (an output, say) changed in place since the call
+    // would give a wrong gradient.
+    for (auto& [v, version] : saved_versions_) {
+      const Tensor& t = saved_.slots[v];
+      KILN_CHECK(t.version() == version, "backward", autograd::backward_call_site(),
+                 "one of the tensors needed for gradient computation has been modified by an "
+                 "in-place operation: a tensor of shape {} saved by the compiled function is at "
+                 "version {}, expected version {}",
+                 to_string(t.shape()), t.version(), version);
+    }
     const Program& p = *p_;
     RunState st = saved_;
     // Outputs that got no gradient (unused by the loss) run the traced backward with zeros.
@@ -208,6 +222,7 @@ class CompiledBackward final : public autograd::Node {
 
   void release() override {
     saved_ = RunState{};
+    saved_versions_.clear();
     released_ = true;
   }
 
@@ -215,6 +230,7 @@ class CompiledBackward final : public autograd::Node {
   std::shared_ptr<Plan> plan_;
   RunState saved_;
   bool released_ = false;
+  std::vector<std::pair<int, uint64_t>> saved_versions_;  // (value id, version when saved)
   std::vector<Shape> out_shapes_;
   std::vector<DType> out_dtypes_;
   std::vector<Device> out_devices_;

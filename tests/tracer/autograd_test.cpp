@@ -81,6 +81,31 @@ TEST_CASE("compile: a replay that fails a guard changes nothing before the call 
   }
 }
 
+TEST_CASE("compile: a saved output changed in place before backward raises, as in eager",
+          "[compile][autograd]") {
+  // Found by a fresh-user trial: replays' backward used the changed value (gradient 2 for
+  // exp at 0) where eager raises.
+  auto f = compile([](const Tensor& x) { return exp(x); });
+  for (int call = 0; call < 3; ++call) {
+    INFO("call " << call);
+    Tensor b = zeros({2}).requires_grad_();
+    Tensor y = f(b);
+    Tensor z = y * 1.0;
+    y.detach() += 1.0;  // shares y's version counter
+    unsigned line = __LINE__ + 2;
+    try {
+      z.sum().backward();
+      FAIL("expected kiln::Error");
+    } catch (const Error& e) {
+      CHECK_THAT(e.message(), Catch::Contains("modified by an in-place operation"));
+      CHECK(e.where().line() == line);
+    }
+    Tensor c = zeros({2}).requires_grad_();
+    f(c).sum().backward();  // unchanged: exp'(0) = 1
+    CHECK(vec(c.grad()) == std::vector<float>{1, 1});
+  }
+}
+
 TEST_CASE("compile: backward() inside a compiled function accumulates into .grad as in eager",
           "[compile][autograd]") {
   // The trace saw w.grad undefined and set it; replays with a defined .grad must add to it
