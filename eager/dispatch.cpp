@@ -81,6 +81,22 @@ DeviceKernel device_kernel(Device device, const OpCall& c) {
 
 DispatchHook* set_tracer_hook(DispatchHook* hook) { return std::exchange(t_tracer_hook, hook); }
 DispatchHook* tracer_hook() { return t_tracer_hook; }
+
+void note_host_value(const void* key, std::string_view what,
+                     const std::function<HostReader()>& make, Loc loc) {
+  if (!t_tracer_hook) return;
+  HostValue h{key, make(), Scalar(), std::string(what), loc};
+  std::optional<Scalar> now = h.reader();
+  KILN_CHECK(now.has_value(), "compile", loc, "internal error: host value {} unreadable", what);
+  h.value = *now;
+  t_tracer_hook->on_host_value(h);
+}
+
+Tensor host_input(Scalar value, const std::function<HostReader()>& make, Loc loc) {
+  Tensor t = wrap_scalar(value);
+  if (t_tracer_hook) t_tracer_hook->on_host_input(t, make(), loc);
+  return t;
+}
 DispatchHook* set_autograd_hook(DispatchHook* hook) {
   return std::exchange(g_autograd_hook, hook);
 }

@@ -6,12 +6,29 @@
 ///   → view construction, or input dtype conversion + output allocation + backend kernel
 ///   → version-counter bump for in-place ops
 ///   → autograd hook (records a backward node when an input requires grad)
+#include <functional>
+#include <optional>
 #include <span>
+#include <string>
+#include <string_view>
 #include <vector>
 
 #include "core/meta.h"
 
 namespace kiln {
+
+/// Reads a host value for a compiled function at call time; std::nullopt when the state it
+/// reads is gone (its owner was destroyed): the compiled function then traces again.
+using HostReader = std::function<std::optional<Scalar>()>;
+
+/// Host state a traced function's result depends on (see dispatch::note_host_value).
+struct HostValue {
+  const void* key = nullptr;  ///< identifies the state (one guard per key and `what`)
+  HostReader reader;          ///< reads it again on every call
+  Scalar value;               ///< the value seen while tracing
+  std::string what;           ///< for explain(): "kiln::guarded", "Dropout.is_training()"
+  Loc loc;
+};
 
 /// An extension point on the dispatch path. Hooks see every op with its validated metadata.
 class DispatchHook {
@@ -32,6 +49,13 @@ class DispatchHook {
   /// Called (tracer hook only) when backward is about to give leaf tensor `leaf` its first
   /// .grad: the result depends on the .grad being undefined (else it would accumulate).
   virtual void on_grad_found_undefined(const Tensor& leaf) {}
+  /// Called (tracer hook only) when the traced function's result depends on host state read
+  /// through `reader` (kiln::guarded, Module::is_training(), an optimizer's host branches); the
+  /// tracer guards the value read now, re-read at every call (dispatch::note_host_value).
+  virtual void on_host_value(const HostValue& value) {}
+  /// Called (tracer hook only) for `t`, a 0-d wrapped host number made by
+  /// dispatch::host_input: the tracer makes it a runtime input read by `reader` on every call.
+  virtual void on_host_input(const Tensor& t, const HostReader& reader, Loc loc) {}
 };
 
 namespace dispatch {
@@ -67,6 +91,23 @@ DeviceKernel set_device_kernel(DeviceType type, DeviceKernel kernel);
 
 /// A 0-d tensor holding host scalar `s` marked as a wrapped number (promotes like a Scalar).
 Tensor wrap_scalar(Scalar s);
+
+/// Inside a traced (compiled) function, makes its specialisation depend on host state: the
+/// value `reader` gives now is guarded and `reader` is called again on every call of the
+/// compiled function (before it replays anything); a different value traces again (or picks
+/// the entry traced for it), and explain() names `what` and `loc`. No-op, without calling
+/// `reader`, when nothing is being traced. `key` identifies the state: a function reading the
+/// same key (and `what`) twice gets one guard. kiln::guarded, Module::is_training() and the
+/// optimisers' host branches use it.
+void note_host_value(const void* key, std::string_view what,
+                     const std::function<HostReader()>& make, Loc loc);
+
+/// `value` as a 0-d wrapped host number (type promotion like a Scalar operand) that, inside a
+/// traced function, is a runtime input of the compiled graph read by `reader` on every call
+/// instead of a constant of the trace: a change between calls takes effect without a
+/// recompile. Outside a trace it is just wrap_scalar(value). The optimisers' hyperparameters
+/// use it (nn/optim.h). `reader` must give a value of `value`'s kind (floating, integer, bool).
+Tensor host_input(Scalar value, const std::function<HostReader()>& make, Loc loc);
 
 }  // namespace dispatch
 }  // namespace kiln

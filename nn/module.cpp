@@ -1,6 +1,7 @@
 #include "nn/module.h"
 
 #include "eager/autograd.h"
+#include "eager/dispatch.h"
 #include "nn/serialize.h"
 
 namespace kiln::nn {
@@ -67,8 +68,18 @@ StateDict Module::named_buffers(bool recurse) const {
   return out;
 }
 
+bool Module::is_training() const {
+  const std::shared_ptr<bool>& cell = training_.cell;
+  // Traced: one guard per module (its flag's cell), named by its class in explain().
+  if (dispatch::tracer_hook())
+    dispatch::note_host_value(cell.get(), name() + ".is_training()", [&] {
+      return HostReader([cell]() -> std::optional<Scalar> { return Scalar(*cell); });
+    }, Loc::current());
+  return *cell;
+}
+
 void Module::train(bool on) {
-  training_ = on;
+  *training_.cell = on;
   for (auto& [n, m] : children_) m->train(on);
 }
 

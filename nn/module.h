@@ -34,7 +34,12 @@ class Module {
   /// Sets training mode here and in every submodule (affects Dropout).
   virtual void train(bool on = true);
   void eval() { train(false); }
-  bool is_training() const { return training_; }
+  /// Whether the module is in training mode. Inside a compiled function (kiln::compile of the
+  /// module, or of a function that calls it) the read is a guarded host value, like
+  /// kiln::guarded: the compiled function checks the flag on every call, so train() / eval()
+  /// after compiling traces again (or replays the entry traced in that mode), as
+  /// torch.compile does. Modules that read their mode must read it here.
+  bool is_training() const;
 
   /// Sets .grad of every parameter to undefined.
   void zero_grad();
@@ -73,7 +78,19 @@ class Module {
  private:
   void collect(const std::string& prefix, bool recurse, bool params, StateDict& out) const;
 
-  bool training_ = true;
+  // The training flag in a cell of its own, so a compiled function's guard can keep reading it
+  // even after the module is gone (a module built inside the compiled function). A copy of a
+  // module gets its own cell.
+  struct Flag {
+    std::shared_ptr<bool> cell = std::make_shared<bool>(true);
+    Flag() = default;
+    Flag(const Flag& o) : cell(std::make_shared<bool>(*o.cell)) {}
+    Flag& operator=(const Flag& o) {
+      *cell = *o.cell;
+      return *this;
+    }
+  };
+  Flag training_;
   StateDict params_, buffers_;
   std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
 };

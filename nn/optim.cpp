@@ -2,6 +2,7 @@
 
 #include "core/dtype.h"
 #include "eager/autograd.h"
+#include "eager/dispatch.h"
 #include "eager/factories.h"
 #include "eager/ops.h"
 
@@ -14,6 +15,37 @@ Optimizer::Optimizer(std::vector<Tensor> params) : params_(std::move(params)) {
 }
 
 void Optimizer::zero_grad() { kiln::zero_grad(params_); }
+
+namespace {
+// Reads *value while `alive` (its optimizer) is.
+template <class T> HostReader read_nonzero(const std::shared_ptr<const int>& alive, const T* value) {
+  return [alive = std::weak_ptr<const int>(alive), value]() -> std::optional<Scalar> {
+    if (alive.expired()) return std::nullopt;
+    return Scalar(*value != T{});
+  };
+}
+}  // namespace
+
+Tensor Optimizer::option(std::function<double()> read) const {
+  return dispatch::host_input(read(), [&] {
+    return HostReader([alive = std::weak_ptr<const int>(alive_), read]() -> std::optional<Scalar> {
+      if (alive.expired()) return std::nullopt;
+      return Scalar(read());
+    });
+  }, Loc::current());
+}
+
+bool Optimizer::option_set(const double& value, std::string_view what) const {
+  dispatch::note_host_value(&value, what,
+                            [&] { return read_nonzero(alive_, &value); }, Loc::current());
+  return value != 0;
+}
+
+bool Optimizer::option_set(const bool& value, std::string_view what) const {
+  dispatch::note_host_value(&value, what,
+                            [&] { return read_nonzero(alive_, &value); }, Loc::current());
+  return value;
+}
 
 SGD::SGD(std::vector<Tensor> params, SGDOptions o) : Optimizer(std::move(params)), options(o) {
   KILN_CHECK(o.lr >= 0 && o.momentum >= 0 && o.weight_decay >= 0, "SGD", Loc::current(),
@@ -35,21 +67,32 @@ SGD::SGD(std::vector<Tensor> params, SGDOptions o) : Optimizer(std::move(params)
 
 void SGD::step() {
   NoGradGuard ng;
+  bool any = false;
+  for (const Tensor& p : params_) any |= p.grad().defined();
+  if (!any) return;
+  // Options as runtime values (compiled steps read them on every call); host branches guarded.
+  const bool decay = option_set(options.weight_decay, "SGD weight_decay != 0");
+  const bool use_momentum = option_set(options.momentum, "SGD momentum != 0");
+  const bool nesterov = use_momentum && option_set(options.nesterov, "SGD nesterov");
+  Tensor lr = option([this] { return options.lr; });
+  Tensor wd = decay ? option([this] { return options.weight_decay; }) : Tensor();
+  Tensor momentum = use_momentum ? option([this] { return options.momentum; }) : Tensor();
+  Tensor keep = use_momentum ? option([this] { return 1 - options.dampening; }) : Tensor();
   for (size_t i = 0; i < params_.size(); ++i) {
     Tensor& p = params_[i];
     Tensor g = p.grad();
     if (!g.defined()) continue;
-    if (options.weight_decay != 0) g = g + p * options.weight_decay;
-    if (options.momentum != 0) {
+    if (decay) g = g + p * wd;
+    if (use_momentum) {
       Tensor& buf = momentum_[i];
       KILN_CHECK(buf.defined(), "SGD.step", Loc::current(),
                  "momentum was 0 at construction; set it in SGDOptions when creating the SGD");
       // buf = started ? momentum·buf + (1−damp)·g : g, written into the same buffer.
-      buf.copy_(where(started_[i], buf * options.momentum + g * (1 - options.dampening), g));
+      buf.copy_(where(started_[i], buf * momentum + g * keep, g));
       started_[i].fill_(true);
-      g = options.nesterov ? g + buf * options.momentum : buf;
+      g = nesterov ? g + buf * momentum : buf;
     }
-    p -= g * options.lr;
+    p -= g * lr;
   }
 }
 
@@ -74,23 +117,37 @@ int64_t AdamW::step_count() const { return static_cast<int64_t>(step_.item<doubl
 void AdamW::step() {
   NoGradGuard ng;
   step_ += 1;
+  bool any = false;
+  for (const Tensor& p : params_) any |= p.grad().defined();
+  if (!any) return;
+  // Options as runtime values (compiled steps read them on every call); formulas of them are
+  // evaluated on the host in double, as before; the weight-decay branch is guarded.
+  Tensor lr = option([this] { return options.lr; });
+  Tensor b1 = option([this] { return options.beta1; });
+  Tensor b2 = option([this] { return options.beta2; });
+  Tensor eps = option([this] { return options.eps; });
+  Tensor decay = option_set(options.weight_decay, "AdamW weight_decay != 0")
+                     ? option([this] { return 1 - options.lr * options.weight_decay; })
+                     : Tensor();
+  Tensor one_minus_b1 = option([this] { return 1 - options.beta1; });
+  Tensor one_minus_b2 = option([this] { return 1 - options.beta2; });
   // Bias corrections from the step tensor (0-d float64), not from a host counter.
-  Tensor bc1 = 1 - pow(full({}, options.beta1, {DType::Float64}), step_);
-  Tensor bc2 = 1 - pow(full({}, options.beta2, {DType::Float64}), step_);
+  Tensor bc1 = 1 - pow(b1, step_);
+  Tensor bc2 = 1 - pow(b2, step_);
   Tensor inv_sqrt_bc2 = 1 / sqrt(bc2);
-  Tensor step_size = options.lr / bc1;
+  Tensor step_size = lr / bc1;
   for (size_t i = 0; i < params_.size(); ++i) {
     Tensor& p = params_[i];
     Tensor g = p.grad();
     if (!g.defined()) continue;
-    if (options.weight_decay != 0) p *= 1 - options.lr * options.weight_decay;
+    if (decay.defined()) p *= decay;
     Tensor& m = m_[i];
     Tensor& v = v_[i];
-    m *= options.beta1;
-    m += g * (1 - options.beta1);
-    v *= options.beta2;
-    v += g * g * (1 - options.beta2);
-    Tensor denom = sqrt(v) * inv_sqrt_bc2 + options.eps;
+    m *= b1;
+    m += g * one_minus_b1;
+    v *= b2;
+    v += g * g * one_minus_b2;
+    Tensor denom = sqrt(v) * inv_sqrt_bc2 + eps;
     p -= m / denom * step_size;
   }
 }

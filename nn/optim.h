@@ -19,9 +19,22 @@
 /// 0-d float64 operands take part in type promotion as 0-d tensors (as in PyTorch): combined
 /// with float32 parameters of rank > 0 the result stays float32, and the float64 value is
 /// rounded to float32 exactly as a host double Scalar is, so the results equal the eager
-/// host-scalar formulas. Host options (lr, betas, …) are read at every step() call; under
-/// compile they are baked into the recorded graph. Whether a parameter has a gradient is
-/// decided on the host (`p.grad().defined()`); the tracer guards on it.
+/// host-scalar formulas.
+///  4. Host options (lr, momentum, dampening, weight_decay, betas, eps) are read at every
+///     step() call through Optimizer::option(): a 0-d wrapped host number (it promotes like a
+///     host double, and formulas of options such as 1 − β1 are evaluated on the host in
+///     double, so eager results are those of the host-scalar formulas) that a compiled
+///     step takes as a runtime input of its graph, read again on every call — not a constant
+///     baked into the trace. Changing `opt.options.lr` between compiled steps (a learning-rate
+///     schedule) takes effect on the next step without recompiling, as holding lr in a tensor
+///     does in PyTorch. The host branches on options (weight_decay ≠ 0, momentum ≠ 0,
+///     nesterov) are guarded host values (Optimizer::option_set()): flipping one recompiles
+///     once, with the reason in explain().
+/// Whether a parameter has a gradient is decided on the host (`p.grad().defined()`); the
+/// tracer guards on it.
+#include <functional>
+#include <memory>
+#include <string_view>
 #include <vector>
 
 #include "core/tensor.h"
@@ -32,13 +45,37 @@ class Optimizer {
  public:
   explicit Optimizer(std::vector<Tensor> params);
   virtual ~Optimizer() = default;
+  /// A copy shares the parameters (and, in the subclasses, the state tensors) and has its own
+  /// host options.
+  Optimizer(const Optimizer& o) : params_(o.params_) {}
+  Optimizer& operator=(const Optimizer& o) {
+    params_ = o.params_;
+    return *this;
+  }
   virtual void step() = 0;
   /// Sets every parameter's .grad to undefined.
   void zero_grad();
   const std::vector<Tensor>& params() const { return params_; }
 
  protected:
+  /// A host option of this optimizer or a formula of its options (`[this] { return 1 -
+  /// options.beta1; }`, evaluated in double as a host formula) as a 0-d wrapped float64
+  /// number for step()'s tensor formulas: eagerly the same as using the double; in a compiled
+  /// step a graph input that calls `read` again on every call (dispatch::host_input), so a
+  /// changed option takes effect without recompiling. `read` may use this optimizer only.
+  Tensor option(std::function<double()> read) const;
+  /// Whether `value` (a host option of this optimizer, a member of it) is nonzero / true, for a
+  /// host branch of step(); in a compiled step the answer is a guarded host value named `what`
+  /// in explain() (a flip recompiles).
+  bool option_set(const double& value, std::string_view what) const;
+  bool option_set(const bool& value, std::string_view what) const;
+
   std::vector<Tensor> params_;
+
+ private:
+  // Alive while this optimizer is: compiled steps read options through it, and a replay after
+  // the optimizer is gone traces again instead of reading freed memory.
+  std::shared_ptr<const int> alive_ = std::make_shared<const int>(0);
 };
 
 struct SGDOptions {

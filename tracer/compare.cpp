@@ -20,12 +20,6 @@ void print(const Tensor& t, const std::string& label, Loc loc) {
   show({t});
 }
 
-namespace tracer {
-void note_host_value(std::function<Scalar()> reader, Loc loc) {
-  if (auto* rec = Recorder::current()) rec->on_host_value(std::move(reader), loc);
-}
-}  // namespace tracer
-
 std::string CompareReport::str() const {
   std::string s;
   for (size_t k = 0; k < outputs.size(); ++k)

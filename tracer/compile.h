@@ -21,6 +21,12 @@
 ///    it symbolic, so a third size does not compile again.
 ///  * A host read (item(), to_vector()) ends a graph segment; the value read is a guarded
 ///    decision and each value seen gets its own continuation (a trace tree).
+///  * Host state read through kiln::guarded or Module::is_training() (Dropout, the
+///    Transformer layers) is guarded by value: train() / eval() picks another cache entry.
+///  * Optimizer hyperparameters (lr, momentum, betas, eps, weight_decay, ...) are runtime
+///    inputs read on every call (dispatch::host_input): a learning-rate schedule takes effect
+///    on the next call without recompiling; only a change of a host branch (weight_decay or
+///    momentum becoming 0 or not, nesterov) recompiles.
 ///  * In-place ops on arguments and captured tensors are functionalised and written back at the
 ///    end of the call; a function whose views see its own in-place writes runs its recorded
 ///    ops on eager kernels with real aliasing instead.
@@ -39,6 +45,7 @@
 #include <utility>
 #include <vector>
 
+#include "eager/dispatch.h"
 #include "tracer/function.h"
 
 namespace kiln {
@@ -211,8 +218,9 @@ template <class F> class Compiled {
 /// by its length too), arithmetic host scalars (guarded by value until they become dynamic),
 /// enums and other copyable, equality-comparable values (a std::string mode; guarded by value:
 /// a different value traces again), anything else (a module, a reference to a struct: passed
-/// through, not guarded — what `fn` reads from it is a constant of the trace; see
-/// kiln::guarded). Results: Tensor, std::vector<Tensor>, tuples/pairs of those, host numbers (constants
+/// through, not guarded — what `fn` reads from it is a constant of the trace, except reads
+/// through kiln::guarded and Module::is_training(), which are guarded, and optimizer options,
+/// which are runtime inputs). Results: Tensor, std::vector<Tensor>, tuples/pairs of those, host numbers (constants
 /// of the specialisation). The returned object shares its cache between copies; the cache and
 /// its compiled code are freed with the last copy.
 template <class F>
@@ -221,23 +229,22 @@ Compiled<std::decay_t<F>> compile(F&& fn, CompileOptions options = {},
   return Compiled<std::decay_t<F>>(std::forward<F>(fn), std::move(options), std::move(name));
 }
 
-namespace tracer {
-/// Records a read of host state while tracing (kiln::guarded); no-op otherwise.
-void note_host_value(std::function<Scalar()> reader, Loc loc);
-}  // namespace tracer
-
 /// Returns `variable` and, inside a compiled function, makes the function's specialisation
-/// depend on it: on every call the variable is read again and each value seen gets its own
-/// branch (like a host read of a tensor). Use it for host state that is not an argument —
-/// a flag, a mode, a counter the function branches on — since C++ reads of such state are
-/// invisible to the tracer and would otherwise be constants of the trace:
+/// depend on it: the value is guarded like an argument, re-read on every call before anything
+/// replays, and each value seen gets its own cache entry (a changed value traces again, with
+/// the reason in explain(); a value seen before replays its entry). Use it for host state that
+/// is not an argument — a flag, a mode, a counter the function branches on — since C++ reads
+/// of such state are invisible to the tracer and would otherwise be constants of the trace:
 ///   auto h = kiln::compile([&](const Tensor& x) {
 ///     return kiln::guarded(m.flag) ? x * x : x * x + 1.0; });
-/// The variable must outlive the compiled function (it is read by reference). T: a bool,
-/// integer or floating-point type.
+/// It does not split the graph. Module::is_training() is guarded the same way, so train() /
+/// eval() select the matching compiled entry. The variable must outlive the compiled function
+/// (it is read by reference). T: a bool, integer or floating-point type.
 template <class T> T guarded(const T& variable, Loc loc = Loc::current()) {
   static_assert(std::is_arithmetic_v<T>, "kiln::guarded: a bool, integer or floating variable");
-  tracer::note_host_value([p = &variable] { return Scalar(*p); }, loc);
+  dispatch::note_host_value(&variable, "kiln::guarded", [p = &variable] {
+    return HostReader([p]() -> std::optional<Scalar> { return Scalar(*p); });
+  }, loc);
   return variable;
 }
 

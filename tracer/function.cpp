@@ -190,6 +190,9 @@ struct Entry {
   // Symbolic entries: size sets (sizes_key) a fresh trace confirmed, or refuted (those calls
   // go on to other entries). Written under the function's lock; bounded.
   std::vector<std::vector<int64_t>> checked_sizes, refuted_sizes;
+  // Host state the traces read (kiln::guarded, Module::is_training(), optimizer branches),
+  // with the values they saw: checked before a replay.
+  std::vector<HostValue> host_values;
   std::string reason;
   std::unique_ptr<Segment> root;
   std::atomic<int64_t> hits{0};
@@ -377,10 +380,35 @@ void CompiledFunction::reset() {
 
 namespace {
 
-// The entry's argument count and global state (grad mode, default dtype) match the call.
+// Empty when host value `h` still reads as traced, else why not.
+std::string host_value_failure(const HostValue& h) {
+  std::optional<Scalar> now = h.reader();
+  if (now && same_scalar(*now, h.value)) return {};
+  return fmt::format("{} at {}:{} is {}, expected {}", h.what, h.loc.file_name(), h.loc.line(),
+                     now ? now->str() : std::string("gone"), h.value.str());
+}
+
+// The entry's argument count, global state (grad mode, default dtype) and guarded host
+// values match the call.
 bool globals_match(const Entry& e, const std::vector<ArgValue>& args) {
-  return e.guards.size() == args.size() && is_grad_enabled() == e.grad_enabled &&
-         default_dtype() == e.default_dtype;
+  if (e.guards.size() != args.size() || is_grad_enabled() != e.grad_enabled ||
+      default_dtype() != e.default_dtype)
+    return false;
+  for (const HostValue& h : e.host_values) {
+    std::optional<Scalar> now = h.reader();
+    if (!now || !same_scalar(*now, h.value)) return false;
+  }
+  return true;
+}
+
+// Adds the host values of trace `p` that entry `e` does not guard yet.
+void add_host_values(Entry& e, const Program& p) {
+  for (const HostValue& h : p.host_values) {
+    bool known = false;
+    for (const HostValue& k : e.host_values)
+      known |= k.key == h.key && k.what == h.what;
+    if (!known) e.host_values.push_back(h);
+  }
 }
 
 bool passes(const Entry& e, const std::vector<ArgValue>& args) {
@@ -410,6 +438,8 @@ std::string entry_failure(const Entry& e, const std::vector<ArgValue>& args) {
   if (default_dtype() != e.default_dtype)
     return fmt::format("default dtype is {}, expected {}", name(default_dtype()),
                        name(e.default_dtype));
+  for (const HostValue& h : e.host_values)
+    if (std::string f = host_value_failure(h); !f.empty()) return f;
   for (size_t i = 0; i < args.size(); ++i)
     if (std::string f = guard_failure(e.guards[i], args, i); !f.empty()) return f;
   for (auto [x, y] : e.equal_dims)
@@ -887,9 +917,11 @@ std::vector<OutValue> CompiledFunction::Impl::trace(const std::vector<ArgValue>&
       return outs;
     }
     if (why == kMissingBranch) {
-      if (insert_branch(*unchecked->root, prog, options))
+      if (insert_branch(*unchecked->root, prog, options)) {
+        add_host_values(*unchecked, *prog);
         recompiles.push_back(fmt::format("trace #{}: new branch of specialisation #{}", ++traces,
                                          unchecked->id));
+      }
       return outs;
     }
     remember(unchecked->refuted_sizes, std::move(key));
@@ -948,6 +980,7 @@ std::vector<OutValue> CompiledFunction::Impl::trace(const std::vector<ArgValue>&
   }
 
   if (missing_branch && insert_branch(*failed->root, prog, options)) {
+    add_host_values(*failed, *prog);
     recompiles.push_back(fmt::format("trace #{}: new branch: {}", n, reason));
     if (log_enabled("graph")) fmt::print(stderr, "kiln.compile: '{}' branch added\n", name);
     return outs;
@@ -957,6 +990,7 @@ std::vector<OutValue> CompiledFunction::Impl::trace(const std::vector<ArgValue>&
   e->id = next_id++;
   e->grad_enabled = is_grad_enabled();
   e->default_dtype = default_dtype();
+  add_host_values(*e, *prog);
   e->guards.resize(args.size());
   for (size_t i = 0; i < args.size(); ++i) {
     ArgGuard& g = e->guards[i];
@@ -1032,6 +1066,9 @@ std::vector<OutValue> CompiledFunction::Impl::trace(const std::vector<ArgValue>&
   if (log_enabled("guards")) {
     std::string gs;
     for (size_t i = 0; i < e->guards.size(); ++i) gs += "  " + describe_guard(e->guards[i], i) + "\n";
+    for (const HostValue& h : e->host_values)
+      gs += fmt::format("  host value {} == {} ({}:{})\n", h.what, h.value.str(),
+                        h.loc.file_name(), h.loc.line());
     fmt::print(stderr, "kiln.compile: '{}' guards of specialisation #{}:\n{}", name, e->id, gs);
   }
   if (log_enabled("graph")) {
@@ -1064,14 +1101,23 @@ std::string CompiledFunction::explain() const {
     for (auto [x, y] : e->equal_dims)
       out += fmt::format("    arg {} dim {} == arg {} dim {} (equal in the traces)\n", x.first,
                          x.second, y.first, y.second);
+    for (const HostValue& h : e->host_values)
+      out += fmt::format("    guarded host value {} == {} (read at {}:{})\n", h.what,
+                         h.value.str(), h.loc.file_name(), h.loc.line());
     out += fmt::format("    grad mode == {}; default dtype == {}\n", e->grad_enabled,
                        kiln::name(e->default_dtype));
     if (e->dynamic)
       out += fmt::format("  symbolic: confirmed by a trace for {} size set(s), refuted for {}\n",
                          e->checked_sizes.size(), e->refuted_sizes.size());
     const Program& p = *e->root->program;
-    int captured = 0;
-    for (const Source& s : p.sources) captured += s.kind == SourceKind::Captured;
+    int captured = 0, host_inputs = 0;
+    for (const Source& s : p.sources) {
+      captured += s.kind == SourceKind::Captured;
+      host_inputs += s.kind == SourceKind::HostInput;
+    }
+    if (host_inputs)
+      out += fmt::format("    {} host value(s) read on every call as graph inputs (optimizer "
+                         "hyperparameters; not guarded)\n", host_inputs);
     if (captured)
       out += fmt::format("    {} captured tensor(s): alive, same dtype, shape and device (lifted to graph inputs)\n",
                          captured);

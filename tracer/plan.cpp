@@ -55,6 +55,14 @@ const Tensor& RunState::value(const Program& p, int v) {
     case SourceKind::Snapshot:
       slot = in_place ? untraced([&] { return s.snapshot.clone(); }) : s.snapshot;
       break;
+    case SourceKind::HostInput: {
+      std::optional<Scalar> now = s.host();
+      if (!now) throw GuardFailure{"the host value the function reads at run time is gone"};
+      if (now->kind() != s.scalar.kind())
+        throw GuardFailure{"a host value the function reads at run time changed type"};
+      slot = dispatch::wrap_scalar(*now);
+      break;
+    }
     case SourceKind::GradOutput:
       KILN_CHECK(false, "compile", Loc::current(), "internal error: missing incoming gradient");
   }
@@ -191,7 +199,7 @@ ir::Graph region_graph(const Program& p, const std::vector<size_t>& nodes,
   ir::Graph g;
   std::unordered_map<int, ir::Value> val;
   std::unordered_map<int32_t, int> input_value;  // graph input id -> program value
-  std::map<std::pair<int, DType>, ir::Value> consts;
+  std::map<std::pair<int, DType>, ir::Value> consts, wrapped_inputs;
   inputs_v.clear(), inputs_t.clear(), outputs.clear(), aliases.clear(), views.clear();
   auto get = [&](int v, const Node& n) -> ir::Value {
     if (v < 0) return ir::Value{};
@@ -204,10 +212,16 @@ ir::Graph region_graph(const Program& p, const std::vector<size_t>& nodes,
       if (auto it = consts.find(key); it != consts.end()) return it->second;
       return consts[key] = g.constant(p.sources[vi.source].scalar, dt);
     }
+    // A wrapped host number (a dynamic scalar, an optimizer option) enters once per compute
+    // dtype it is used in.
+    auto key = std::make_pair(v, dt);
+    if (vi.wrapped)
+      if (auto it = wrapped_inputs.find(key); it != wrapped_inputs.end()) return it->second;
     ir::Value in = g.input(dt, dims_of(vi, dynamic));
     inputs_v.push_back(v), inputs_t.push_back(dt);
     input_value[in.id] = v;
     if (!vi.wrapped) val[v] = in;
+    else wrapped_inputs[key] = in;
     return in;
   };
   for (size_t i : nodes) {
@@ -626,7 +640,7 @@ std::optional<Scalar> Plan::run(RunState& st) const {
       }
       case Step::Kind::Read: {
         const Node& n = p.nodes[s.node];
-        return n.host_reader ? n.host_reader() : read_scalar(st.value(p, n.in[0]));
+        return read_scalar(st.value(p, n.in[0]));
       }
     }
     for (int v : s.free_after) st.slots[v] = Tensor();
@@ -701,9 +715,8 @@ std::string Plan::describe() const {
                            n.loc.line());
         break;
       case Step::Kind::Read:
-        out += fmt::format("    {} at {}:{} (value while tracing: {})\n",
-                           n.host_reader ? "guarded host value" : "host read", n.loc.file_name(),
-                           n.loc.line(), n.read_value.str());
+        out += fmt::format("    host read at {}:{} (value while tracing: {})\n",
+                           n.loc.file_name(), n.loc.line(), n.read_value.str());
         break;
       case Step::Kind::Callback:
         out += fmt::format("    host callback {} ({}:{})\n", n.callback_name, n.loc.file_name(),

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/meta.h"
+#include "eager/dispatch.h"
 
 namespace kiln::tracer {
 
@@ -22,6 +23,8 @@ enum class SourceKind : uint8_t {
   Snapshot,    ///< a tensor created inside the function outside the dispatcher (arange, from
                ///< data): a copy of its contents at first use, materialised fresh per run
   GradOutput,  ///< the incoming gradient of output `index` (backward programs)
+  HostInput,   ///< a host number read by `host` on every call (dispatch::host_input: an
+               ///< optimizer's lr), made a wrapped 0-d tensor; `scalar`: the traced value
 };
 
 struct Source {
@@ -31,6 +34,7 @@ struct Source {
   std::weak_ptr<TensorImpl> captured;
   bool requires_grad = false;  ///< Captured: guarded
   Tensor snapshot;
+  HostReader host;  ///< HostInput
 };
 
 /// A dim or an attribute integer that follows a symbolic size: value = factor * size of
@@ -50,7 +54,7 @@ struct SymAttr {
 struct Node {
   enum class Kind : uint8_t {
     Op,        ///< a dispatched op (in-place ops already functionalised, see `in_place`)
-    Read,      ///< a value read to the host (item(), kiln::guarded): a guarded decision
+    Read,      ///< a tensor value read to the host (item()): a guarded decision
     Callback,  ///< a host callback (kiln::print) that runs on every call
   };
   Kind kind = Kind::Op;
@@ -69,8 +73,6 @@ struct Node {
   uint64_t rng_delta = 0;
   std::vector<SymAttr> sym_attrs;
   Scalar read_value;  ///< Read: the value seen while tracing
-  /// Read of host state (kiln::guarded): reads the variable again on every call.
-  std::function<Scalar()> host_reader;
   std::function<void(const std::vector<Tensor>&)> callback;
   std::string callback_name;
 };
@@ -88,6 +90,9 @@ struct Program {
   std::vector<ValueInfo> values;
   std::vector<Source> sources;
   std::vector<Node> nodes;
+  /// Host state the trace depends on (kiln::guarded, Module::is_training(), optimizer
+  /// branches): guards of the specialisation, checked before a replay starts.
+  std::vector<HostValue> host_values;
   /// Nodes [0, backward_begin) are the forward, the rest the traced backward (joint trace).
   size_t backward_begin = SIZE_MAX;
   /// Outputs of the function: a value id, or -1 with `output_constants[i]` (a host value).

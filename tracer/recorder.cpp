@@ -240,13 +240,18 @@ void Recorder::on_read(const Tensor& t, Loc loc) {
   p_.nodes.push_back(std::move(n));
 }
 
-void Recorder::on_host_value(std::function<Scalar()> reader, Loc loc) {
-  Node n;
-  n.kind = Node::Kind::Read;
-  n.loc = loc;
-  n.read_value = reader();
-  n.host_reader = std::move(reader);
-  p_.nodes.push_back(std::move(n));
+void Recorder::on_host_value(const HostValue& value) {
+  for (const HostValue& h : p_.host_values)
+    if (h.key == value.key && h.what == value.what) return;
+  p_.host_values.push_back(value);
+}
+
+void Recorder::on_host_input(const Tensor& t, const HostReader& reader, Loc loc) {
+  Source s;
+  s.kind = SourceKind::HostInput;
+  s.scalar = read_scalar(t);
+  s.host = reader;
+  add_source(t, std::move(s));
 }
 
 void Recorder::on_callback(const std::string& name,

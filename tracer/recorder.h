@@ -43,8 +43,11 @@ class Recorder final : public DispatchHook {
   void on_grad_found_undefined(const Tensor& leaf) override;
   /// item()/to_vector(): records a Read node with the value about to be read.
   void on_read(const Tensor& t, Loc loc);
-  /// kiln::guarded: a host variable the function's result depends on.
-  void on_host_value(std::function<Scalar()> reader, Loc loc);
+  /// kiln::guarded, Module::is_training(): host state the function's result depends on
+  /// (Program::host_values, one per key and `what`).
+  void on_host_value(const HostValue& value) override;
+  /// dispatch::host_input: `t` becomes a HostInput source.
+  void on_host_input(const Tensor& t, const HostReader& reader, Loc loc) override;
   /// kiln::print / host callbacks.
   void on_callback(const std::string& name, std::function<void(const std::vector<Tensor>&)> fn,
                    const std::vector<Tensor>& tensors, Loc loc);

@@ -12,7 +12,10 @@ namespace kiln {
 
 /// compile() of a module's forward: `auto cm = kiln::compile(model); Tensor y = cm(x);`. The
 /// module is used by reference (it must outlive the compiled function); its parameters are
-/// captured tensors (guarded, graph inputs), so optimizer steps do not recompile.
+/// captured tensors (guarded, graph inputs), so optimizer steps do not recompile. The training
+/// flag of every module whose forward reads it (Module::is_training(): Dropout, the
+/// Transformer layers) is guarded: `module.eval()` / `train()` after compiling selects the
+/// entry traced in that mode (tracing it on first use).
 template <class M>
   requires std::derived_from<M, nn::Module>
 auto compile(M& module, CompileOptions options = {}) {

@@ -1,0 +1,201 @@
+// compile() and host state: a module's training flag is guarded (train()/eval() after compiling
+// selects the entry traced in that mode), and an optimizer's hyperparameters are runtime
+// inputs (a learning-rate schedule takes effect on replay, without recompiling).
+#include <catch2/catch.hpp>
+#include <cmath>
+
+#include "kiln/kiln.h"
+#include "kiln/nn.h"
+#include "nn/optim.h"
+#include "tracer/util.h"
+
+using namespace kiln;
+using kiln::testing::contains;
+using kiln::testing::vec;
+
+namespace {
+void check_close(const Tensor& compiled, const Tensor& eager, double tol = 1e-6) {
+  std::vector<float> c = vec(compiled), e = vec(eager);
+  REQUIRE(c.size() == e.size());
+  for (size_t i = 0; i < c.size(); ++i) CHECK(c[i] == Approx(e[i]).epsilon(tol).margin(tol));
+}
+}  // namespace
+
+TEST_CASE("compile(module): eval() after compiling turns dropout off, train() back on",
+          "[compile][host]") {
+  manual_seed(0);
+  nn::Dropout d(0.5);
+  auto cm = compile(d);
+  Tensor x = ones({6});
+  for (int k = 0; k < 2; ++k) {  // trace, then replay, in training mode: dropout as eager's
+    manual_seed(10 + k);
+    std::vector<float> e = vec(d.forward(x));
+    manual_seed(10 + k);
+    CHECK(vec(cm(x)) == e);
+  }
+  d.eval();
+  CHECK(vec(cm(x)) == std::vector<float>(6, 1.f));  // was [2, 2, 2, 2, 0, 0]: mode ignored
+  CHECK(vec(cm(x)) == std::vector<float>(6, 1.f));
+  d.train();
+  manual_seed(12);
+  std::vector<float> e = vec(d.forward(x));
+  manual_seed(12);
+  CHECK(vec(cm(x)) == e);
+  CHECK(e != std::vector<float>(6, 1.f));
+  std::string ex = cm.explain();
+  INFO(ex);
+  CHECK(cm.compile_count() == 2);  // one trace per mode; both entries kept
+  CHECK(cm.cache_entries() == 2);
+  CHECK(contains(ex, "Dropout.is_training() at"));
+  CHECK(contains(ex, "is false, expected true"));  // the recompile's reason
+}
+
+TEST_CASE("compile: a Sequential with Dropout, compiled whole or called from a lambda, follows "
+          "train()/eval() of its submodules", "[compile][host]") {
+  manual_seed(3);
+  nn::Sequential model{std::make_shared<nn::Linear>(4, 8), std::make_shared<nn::ReLU>(),
+                       std::make_shared<nn::Dropout>(0.5), std::make_shared<nn::Linear>(8, 2)};
+  Tensor x = randn({5, 4});
+  auto whole = compile(model);
+  auto lambda = compile([&model](const Tensor& in) { return model.forward(in) * 1.0; });
+  for (bool training : {true, false, true, false}) {
+    model.train(training);
+    INFO("training " << training);
+    manual_seed(7);
+    Tensor e = model.forward(x);
+    manual_seed(7);
+    check_close(whole(x), e);
+    manual_seed(7);
+    check_close(lambda(x), e);
+  }
+  CHECK(whole.compile_count() == 2);
+  CHECK(lambda.compile_count() == 2);
+  // Only the Dropout reads its mode, so a submodule's eval() alone switches too.
+  model.train();
+  model.named_children()[2].second->eval();
+  check_close(whole(x), model.forward(x));
+  CHECK(whole.compile_count() == 2);
+}
+
+TEST_CASE("compile: a module built inside the compiled function keeps a readable mode",
+          "[compile][host]") {
+  auto f = compile([](const Tensor& x) {
+    nn::Dropout d(0.5);
+    d.eval();
+    return d.forward(x) + 1.0;
+  });
+  for (int k = 0; k < 3; ++k) CHECK(vec(f(ones({3}))) == std::vector<float>(3, 2.f));
+  CHECK(f.compile_count() == 1);
+}
+
+namespace {
+// A 1-element parameter and the loss sum((w·x − 1)²): one optimizer step per call.
+struct Problem {
+  Tensor w = from_vector<float>({0.5f, -1.25f}, {2}).requires_grad_();
+  Tensor x = from_vector<float>({1.5f, 2.f}, {2});
+  auto step(nn::Optimizer& opt) {
+    return [this, &opt]() {
+      opt.zero_grad();
+      Tensor loss = ((w * x - 1.0) * (w * x - 1.0)).sum();
+      loss.backward();
+      opt.step();
+      return loss.detach();
+    };
+  }
+};
+}  // namespace
+
+TEST_CASE("compile: an SGD (momentum, weight decay) step follows a learning-rate schedule "
+          "without recompiling", "[compile][host][optim]") {
+  for (bool nesterov : {false, true}) {
+    INFO("nesterov " << nesterov);
+    Problem pe, pc;
+    nn::SGDOptions o{.lr = 0.1, .momentum = 0.9, .dampening = nesterov ? 0 : 0.2,
+                     .weight_decay = 0.05, .nesterov = nesterov};
+    nn::SGD eager_opt({pe.w}, o), compiled_opt({pc.w}, o);
+    auto eager_step = pe.step(eager_opt);
+    auto compiled_step = compile(pc.step(compiled_opt));
+    for (int k = 0; k < 6; ++k) {
+      INFO("step " << k);
+      double lr = 0.1 / (k + 1);
+      eager_opt.options.lr = compiled_opt.options.lr = lr;
+      // The other options change too: momentum, dampening and weight decay are inputs as well.
+      eager_opt.options.momentum = compiled_opt.options.momentum = 0.9 - 0.1 * k;
+      eager_opt.options.weight_decay = compiled_opt.options.weight_decay = 0.05 * (k + 1);
+      Tensor le = eager_step(), lc = compiled_step();
+      check_close(lc, le);
+      check_close(pc.w, pe.w);
+      check_close(compiled_opt.momentum_buffer(0), eager_opt.momentum_buffer(0));
+    }
+    INFO(compiled_step.explain());
+    CHECK(compiled_step.compile_count() == 1);  // the schedule does not recompile
+    CHECK(contains(compiled_step.explain(), "read on every call as graph inputs"));
+    // A constant lr is not what the compiled step computes: the values moved with the schedule.
+    CHECK(pc.w.to_vector<float>() != std::vector<float>{0.5f, -1.25f});
+  }
+}
+
+TEST_CASE("compile: an AdamW step follows a schedule of lr, betas, eps and weight decay "
+          "without recompiling", "[compile][host][optim]") {
+  Problem pe, pc;
+  nn::AdamWOptions o{.lr = 0.1, .beta1 = 0.9, .beta2 = 0.99, .eps = 1e-6, .weight_decay = 0.1};
+  nn::AdamW eager_opt({pe.w}, o), compiled_opt({pc.w}, o);
+  auto eager_step = pe.step(eager_opt);
+  auto compiled_step = compile(pc.step(compiled_opt));
+  for (int k = 0; k < 8; ++k) {
+    INFO("step " << k);
+    for (nn::AdamW* opt : {&eager_opt, &compiled_opt}) {
+      opt->options.lr = 0.1 / (k + 1);
+      opt->options.beta1 = 0.9 - 0.02 * k;
+      opt->options.beta2 = 0.99 + 0.001 * k;
+      opt->options.eps = 1e-6 * (k + 1);
+      opt->options.weight_decay = 0.1 + 0.01 * k;
+    }
+    Tensor le = eager_step(), lc = compiled_step();
+    check_close(lc, le);
+    check_close(pc.w, pe.w);
+    check_close(compiled_opt.exp_avg(0), eager_opt.exp_avg(0));
+    check_close(compiled_opt.exp_avg_sq(0), eager_opt.exp_avg_sq(0));
+  }
+  CHECK(compiled_opt.step_count() == 8);
+  INFO(compiled_step.explain());
+  CHECK(compiled_step.compile_count() == 1);
+}
+
+TEST_CASE("compile: switching an optimizer's host branch (weight decay on/off) recompiles once "
+          "per branch, with the reason in explain()", "[compile][host][optim]") {
+  Problem pe, pc;
+  nn::AdamW eager_opt({pe.w}, {.lr = 0.05, .weight_decay = 0.1});
+  nn::AdamW compiled_opt({pc.w}, {.lr = 0.05, .weight_decay = 0.1});
+  auto eager_step = pe.step(eager_opt);
+  auto compiled_step = compile(pc.step(compiled_opt));
+  for (int k = 0; k < 6; ++k) {
+    INFO("step " << k);
+    double wd = k % 2 ? 0.0 : 0.1;  // off on odd steps: the decay multiply is skipped
+    eager_opt.options.weight_decay = compiled_opt.options.weight_decay = wd;
+    check_close(compiled_step(), eager_step());
+    check_close(pc.w, pe.w);
+  }
+  std::string ex = compiled_step.explain();
+  INFO(ex);
+  CHECK(compiled_step.compile_count() == 2);  // one trace per branch, then replays
+  CHECK(contains(ex, "AdamW weight_decay != 0 at"));
+  CHECK(contains(ex, "is false, expected true"));
+}
+
+TEST_CASE("kiln::guarded does not split the graph and recompiles once per value",
+          "[compile][host]") {
+  bool flag = false;
+  auto h = compile([&](const Tensor& x) { return kiln::guarded(flag) ? x * x : x * x + 1.0; });
+  Tensor two = from_vector<float>({2}, {1});
+  for (int k = 0; k < 4; ++k) {
+    flag = k % 2;
+    CHECK(h(two).item<float>() == (flag ? 4 : 5));
+  }
+  std::string ex = h.explain();
+  INFO(ex);
+  CHECK(h.compile_count() == 2);
+  CHECK(contains(ex, "guarded host value kiln::guarded == false"));
+  CHECK(contains(ex, "guarded host value kiln::guarded == true"));
+  CHECK(!contains(ex, "on host value"));  // no trace-tree branch: one segment per entry
+}
