@@ -5,7 +5,7 @@
 /// Design: compiled replay. kiln::compile captures a whole training step (forward, backward,
 /// optimizer.step()) by recording the eager ops it runs and replays the recorded ops later
 /// without running this host code again. So that a replayed step() is the same computation as
-/// an eager one, the optimisers follow three rules:
+/// an eager one, the optimisers follow four rules:
 ///  1. All state that lives across steps (momentum buffers, Adam moments, the step count,
 ///     SGD's "first step" flags) is created in the constructor, never lazily inside step().
 ///  2. State is only ever updated in place through tensor ops (`m *= b1; m += g * (1 - b1)`,
@@ -16,10 +16,6 @@
 ///     0-d float64 tensor and its bias corrections 1−β1ᵗ, 1−β2ᵗ are computed from it with tensor
 ///     ops; SGD's first-step rule (buf = g) is selected with `where` on a 0-d bool flag per
 ///     parameter; clip_grad_norm_ computes its scale as a tensor.
-/// 0-d float64 operands take part in type promotion as 0-d tensors (as in PyTorch): combined
-/// with float32 parameters of rank > 0 the result stays float32, and the float64 value is
-/// rounded to float32 exactly as a host double Scalar is, so the results equal the eager
-/// host-scalar formulas.
 ///  4. Host options (lr, momentum, dampening, weight_decay, betas, eps) are read at every
 ///     step() call through Optimizer::option(): a 0-d wrapped host number (it promotes like a
 ///     host double, and formulas of options such as 1 − β1 are evaluated on the host in
@@ -30,8 +26,11 @@
 ///     does in PyTorch. The host branches on options (weight_decay ≠ 0, momentum ≠ 0,
 ///     nesterov) are guarded host values (Optimizer::option_set()): flipping one recompiles
 ///     once, with the reason in explain().
-/// Whether a parameter has a gradient is decided on the host (`p.grad().defined()`); the
-/// tracer guards on it.
+/// 0-d float64 operands take part in type promotion as 0-d tensors (as in PyTorch): combined
+/// with float32 parameters of rank > 0 the result stays float32, and the float64 value is
+/// rounded to float32 exactly as a host double Scalar is, so the results equal the eager
+/// host-scalar formulas. Whether a parameter has a gradient is decided on the host
+/// (`p.grad().defined()`); the tracer guards on it.
 #include <functional>
 #include <memory>
 #include <string_view>
