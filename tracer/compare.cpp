@@ -35,9 +35,11 @@ std::vector<ArgValue> fresh_copies(const std::vector<ArgValue>& args) {
   std::vector<ArgValue> out = args;
   for (ArgValue& a : out)
     if (a.kind == ArgValue::Kind::Tensor && a.tensor.defined()) {
-      bool rg = a.tensor.requires_grad();
-      a.tensor = untraced([&] { return a.tensor.detach().clone(); });
-      if (rg) a.tensor.requires_grad_(true);
+      // A copy of a non-leaf that requires grad stays one (clone() keeps it attached to the
+      // caller's graph), so the copy allows in-place ops exactly when the argument does.
+      bool rg = a.tensor.requires_grad(), leaf = a.tensor.is_leaf();
+      a.tensor = untraced([&] { return rg && !leaf ? a.tensor.clone() : a.tensor.detach().clone(); });
+      if (rg && leaf) a.tensor.requires_grad_(true);
     }
   return out;
 }

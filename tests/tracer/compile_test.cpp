@@ -490,6 +490,25 @@ TEST_CASE("compile: backend eager and compare() agree with eager", "[compile]") 
   CHECK(r.outputs[0].max_rel < 1e-5);
 }
 
+TEST_CASE("compile: check mode copies a non-leaf argument that requires grad as a non-leaf",
+          "[compile][autograd]") {
+  // Found by a fresh-user trial: check = true copied such arguments as leaves, so an in-place
+  // op that eager allows raised "a leaf ... used in an in-place operation".
+  auto f = compile([](Tensor x) {
+    x *= 2.0;
+    return x * 1.0;
+  }, {.check = true});
+  for (int k = 1; k <= 3; ++k) {
+    Tensor leaf = full({2}, double(k)).requires_grad_();
+    Tensor x = leaf * 1.0;
+    CHECK(vec(f(x)) == std::vector<float>{2.0f * k, 2.0f * k});
+    CHECK(vec(x) == std::vector<float>{2.0f * k, 2.0f * k});
+  }
+  // A leaf that requires grad still raises eager's error.
+  Tensor leaf = ones({2}).requires_grad_();
+  CHECK_THROWS_WITH(f(leaf), Catch::Contains("in-place"));
+}
+
 TEST_CASE("compile: many threads share one compiled function; compile once per guard set",
           "[compile][threads]") {
   auto f = compile([](const Tensor& x) { return x * x + 1.0; }, {.dynamic = Dynamic::Never});
