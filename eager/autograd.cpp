@@ -303,6 +303,7 @@ std::vector<Tensor> run_backward(const std::vector<Edge>& roots, const std::vect
                                  const std::vector<Edge>& capture) {
   // 1. Dependencies (iterative DFS).
   std::unordered_map<Node*, NodeState> state;
+  std::unordered_map<Node*, std::vector<Node*>> parents;  // only with `capture`
   std::vector<Node*> stack;
   for (const Edge& r : roots) {
     if (state.emplace(r.fn.get(), NodeState{}).second) stack.push_back(r.fn.get());
@@ -314,8 +315,21 @@ std::vector<Tensor> run_backward(const std::vector<Edge>& roots, const std::vect
       if (!e.fn) continue;
       auto [it, inserted] = state.emplace(e.fn.get(), NodeState{});
       it->second.dependencies++;
+      if (!capture.empty()) parents[e.fn.get()].push_back(n);
       if (inserted) stack.push_back(e.fn.get());
     }
+  }
+  // With `capture` (grad()), only the nodes on a path to a captured edge run, as in PyTorch:
+  // the history behind the inputs (the graph that made them) is neither run nor freed.
+  std::unordered_set<Node*> on_path;
+  std::vector<Node*> work;
+  for (const Edge& c : capture)
+    if (c.fn) work.push_back(c.fn.get());
+  while (!work.empty()) {
+    Node* n = work.back();
+    work.pop_back();
+    for (Node* p : parents[n])
+      if (on_path.insert(p).second) work.push_back(p);
   }
   for (auto& [n, s] : state) s.buffer.resize(n->num_outputs());
 
@@ -360,9 +374,9 @@ std::vector<Tensor> run_backward(const std::vector<Edge>& roots, const std::vect
           m.grad = m.grad.defined() ? add(m.grad, grads[nr]) : (create_graph ? grads[nr] : grads[nr].detach());
         }
       std::vector<Tensor> next;
-      bool is_leaf_acc = dynamic_cast<AccumulateGrad*>(node.get()) != nullptr;
-      if (!(is_leaf_acc && !capture.empty())) next = node->apply(std::move(grads));
-      if (!retain_graph) node->release();
+      bool run = capture.empty() || on_path.count(node.get());
+      if (run) next = node->apply(std::move(grads));
+      if (!retain_graph && run) node->release();
       for (size_t i = 0; i < node->next_edges.size(); ++i) {
         const Edge& e = node->next_edges[i];
         if (!e.fn) continue;

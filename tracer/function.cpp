@@ -958,6 +958,22 @@ std::vector<OutValue> CompiledFunction::Impl::trace(const std::vector<ArgValue>&
     return outs;
   }
   uncached_in_a_row = 0;
+  // A non-leaf argument or captured tensor that requires grad and is changed in place gets a
+  // new autograd history in eager (the function's ops, then its old history); a replay writes
+  // the new value back without it, so gradients would skip the function. Runs eagerly.
+  for (auto& [src, v] : prog->write_backs) {
+    const Source& s = prog->sources[src];
+    Tensor t = s.kind == SourceKind::Arg ? args[s.index].tensor : Tensor(s.captured.lock());
+    if (!t.defined() || !t.requires_grad() || t.is_leaf()) continue;
+    eager_only = true;
+    eager_reason = fmt::format(
+        "it changes in place an {} that requires grad and has autograd history ({} {}), whose "
+        "new history a replay would not record",
+        s.kind == SourceKind::Arg ? fmt::format("argument ({})", s.index) : "captured tensor",
+        kiln::name(t.dtype()), to_string(t.shape()));
+    fmt::print(stderr, "kiln.compile: '{}' runs eagerly from now on: {}\n", name, eager_reason);
+    return outs;
+  }
   bool has_reads = false;
   for (const Node& node : prog->nodes) {
     if (node.kind != Node::Kind::Read) continue;
