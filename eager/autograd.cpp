@@ -298,9 +298,11 @@ struct NodeState {
 
 // Runs the graph from `roots` (with their gradients). When `capture` is non-empty, the
 // gradients arriving at those edges are returned instead of being accumulated into leaves.
+// `stop_at_capture`: the captured edges' nodes do not run either (partial derivatives, see
+// partial_grads).
 std::vector<Tensor> run_backward(const std::vector<Edge>& roots, const std::vector<Tensor>& root_grads,
                                  bool retain_graph, bool create_graph,
-                                 const std::vector<Edge>& capture) {
+                                 const std::vector<Edge>& capture, bool stop_at_capture = false) {
   // 1. Dependencies (iterative DFS).
   std::unordered_map<Node*, NodeState> state;
   std::unordered_map<Node*, std::vector<Node*>> parents;  // only with `capture`
@@ -374,7 +376,8 @@ std::vector<Tensor> run_backward(const std::vector<Edge>& roots, const std::vect
           m.grad = m.grad.defined() ? add(m.grad, grads[nr]) : (create_graph ? grads[nr] : grads[nr].detach());
         }
       std::vector<Tensor> next;
-      bool run = capture.empty() || on_path.count(node.get());
+      bool run = capture.empty() ||
+                 (on_path.count(node.get()) && !(stop_at_capture && capture_at.count(node.get())));
       if (run) next = node->apply(std::move(grads));
       if (!retain_graph && run) node->release();
       for (size_t i = 0; i < node->next_edges.size(); ++i) {
@@ -512,6 +515,19 @@ std::vector<Tensor> grad(const std::vector<Tensor>& outputs, const std::vector<T
                "input {} was not used to compute the outputs (pass allow_unused=true)", i);
     if (out[i].defined() && !create_graph) out[i] = out[i].detach();
   }
+  return out;
+}
+
+std::vector<Tensor> autograd::partial_grads(const std::vector<Tensor>& outputs,
+                                  const std::vector<Tensor>& inputs,
+                                  const std::vector<Tensor>& grad_outputs) {
+  std::vector<Edge> roots, capture;
+  for (const Tensor& t : outputs) roots.push_back(gradient_edge(t));
+  for (const Tensor& t : inputs) capture.push_back(gradient_edge(t));
+  std::vector<Tensor> out = run_backward(roots, grad_outputs, /*retain_graph=*/true,
+                                         /*create_graph=*/false, capture, /*stop_at_capture=*/true);
+  for (Tensor& g : out)
+    if (g.defined()) g = g.detach();
   return out;
 }
 

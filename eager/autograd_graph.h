@@ -117,6 +117,16 @@ Meta* meta(const Tensor& t);
 Meta& ensure_meta(const Tensor& t);
 /// The edge a gradient for `t` flows into (invalid if t does not require grad).
 Edge gradient_edge(const Tensor& t);
+
+/// Gradients of `outputs` (each with its gradient in `grad_outputs`) that reach the edges of
+/// `inputs`, without running the inputs' own histories: partial derivatives, every input taken
+/// as a leaf, as AOTAutograd traces a compiled function's backward (the engine then carries
+/// each gradient on through the input's history; flowing through it here as well would count
+/// a path through an input that is computed from another twice). Undefined where no gradient
+/// arrives. The graph is kept (retain_graph).
+std::vector<Tensor> partial_grads(const std::vector<Tensor>& outputs,
+                                  const std::vector<Tensor>& inputs,
+                                  const std::vector<Tensor>& grad_outputs);
 /// Installs the dispatcher hook that records backward nodes (idempotent).
 void install_hook();
 

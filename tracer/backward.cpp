@@ -80,8 +80,7 @@ void record_backward(Recorder& rec, Program& p, const std::vector<OutValue>& out
   }
   p.backward_begin = mark;
   try {
-    std::vector<Tensor> grads = kiln::grad(req_outs, inputs, placeholders, /*create_graph=*/false,
-                                           /*retain_graph=*/true, /*allow_unused=*/true);
+    std::vector<Tensor> grads = autograd::partial_grads(req_outs, inputs, placeholders);
     p.grad_inputs = input_values;
     for (const Tensor& g : grads) p.grad_results.push_back(g.defined() ? rec.lookup(g) : -1);
   } catch (const Error&) {
@@ -99,8 +98,9 @@ class CompiledBackward final : public autograd::Node {
  public:
   CompiledBackward(std::shared_ptr<const Program> p, std::shared_ptr<Plan> plan, RunState saved,
                    std::vector<Shape> out_shapes, std::vector<DType> out_dtypes,
-                   std::vector<Device> out_devices)
-      : p_(std::move(p)),
+                   std::vector<Device> out_devices, std::vector<std::pair<int, Tensor>> originals)
+      : originals_(std::move(originals)),
+        p_(std::move(p)),
         plan_(std::move(plan)),
         saved_(std::move(saved)),
         out_shapes_(std::move(out_shapes)),
@@ -153,6 +153,7 @@ class CompiledBackward final : public autograd::Node {
       e.scalars = saved_.scalars;
       e.rng = saved_.rng;
       e.slots.resize(p.values.size());
+      for (auto& [v, t] : originals_) e.slots[v] = t;
       for (int gv : p.grad_outputs)
         if (gv >= 0) e.slots[gv] = st.slots[gv];
       for (size_t i = 0; i < p.nodes.size(); ++i)
@@ -197,6 +198,7 @@ class CompiledBackward final : public autograd::Node {
     e.scalars = saved_.scalars;
     e.rng = saved_.rng;
     e.slots.resize(p.values.size());
+    for (auto& [v, t] : originals_) e.slots[v] = t;
     std::vector<Tensor> roots, root_grads, inputs;
     {
       EnableGradGuard enable;
@@ -209,8 +211,7 @@ class CompiledBackward final : public autograd::Node {
       }
       for (int v : p.grad_inputs) inputs.push_back(e.value(p, v));
     }
-    return kiln::grad(roots, inputs, root_grads, /*create_graph=*/false, /*retain_graph=*/false,
-                      /*allow_unused=*/true);
+    return autograd::partial_grads(roots, inputs, root_grads);
   }
 
 
@@ -226,6 +227,7 @@ class CompiledBackward final : public autograd::Node {
     released_ = true;
   }
 
+  std::vector<std::pair<int, Tensor>> originals_;  // see attach_backward
   std::shared_ptr<const Program> p_;
   std::shared_ptr<Plan> plan_;
   RunState saved_;
@@ -240,7 +242,8 @@ class CompiledBackward final : public autograd::Node {
 
 void attach_backward(const std::shared_ptr<const Program>& pp,
                      const std::shared_ptr<Plan>& backward, const std::vector<int>& saved,
-                     RunState& st, std::vector<OutValue>& outs) {
+                     RunState& st, std::vector<OutValue>& outs,
+                     std::vector<std::pair<int, Tensor>> originals) {
   const Program& p = *pp;
   bool any = false;
   for (size_t k = 0; k < p.grad_outputs.size(); ++k) any |= p.grad_outputs[k] >= 0;
@@ -262,12 +265,20 @@ void attach_backward(const std::shared_ptr<const Program>& pp,
       devices[k] = outs[k].tensor.device();
     }
   auto node = std::make_shared<CompiledBackward>(pp, backward, std::move(keep), shapes, dtypes,
-                                                 devices);
+                                                 devices, std::move(originals));
   for (int v : p.grad_inputs) node->next_edges.push_back(autograd::gradient_edge(st.value(p, v)));
   for (size_t k = 0; k < outs.size(); ++k) {
     int v = p.grad_outputs.empty() ? -1 : p.grad_outputs[k];
     if (v < 0 || !outs[k].tensor.defined()) continue;
     if (p.values[p.outputs[k]].source >= 0) continue;  // an argument returned as is
+    // The same value also returned without a gradient (`h` and `h.detach()`): this output gets
+    // a handle of its own, so the other one stays detached, as in eager.
+    for (size_t j = 0; j < outs.size(); ++j)
+      if (j != k && outs[j].is_tensor && outs[j].tensor.is_same(outs[k].tensor) &&
+          p.grad_outputs[j] < 0) {
+        outs[k].tensor = outs[k].tensor.detach();
+        break;
+      }
     autograd::Meta& m = autograd::ensure_meta(outs[k].tensor);
     m.requires_grad = true;
     m.grad_fn = node;

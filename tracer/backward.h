@@ -20,9 +20,12 @@ void record_backward(Recorder& rec, Program& p, const std::vector<OutValue>& out
 
 /// After a replay: gives the differentiable outputs a grad_fn whose apply() runs `backward`
 /// on the saved values (or, for a double backward with create_graph, re-runs the forward and
-/// the backward on eager kernels so the gradient has history).
+/// the backward on eager kernels so the gradient has history). `originals`: (value id, copy
+/// made before the write-backs) of the arguments and captured tensors the call changed, which
+/// such a re-run reads instead of their changed values.
 void attach_backward(const std::shared_ptr<const Program>& p,
                      const std::shared_ptr<Plan>& backward, const std::vector<int>& saved,
-                     RunState& st, std::vector<OutValue>& outs);
+                     RunState& st, std::vector<OutValue>& outs,
+                     std::vector<std::pair<int, Tensor>> originals = {});
 
 }  // namespace kiln::tracer

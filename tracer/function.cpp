@@ -331,8 +331,8 @@ struct CompiledFunction::Impl {
   std::vector<OutValue> trace(const std::vector<ArgValue>& args, const Invoke& invoke, Loc loc,
                               Entry* failed, bool missing_branch,
                               const std::string& miss_reason, Entry* unchecked = nullptr);
-  /// Adds the storages that the trace of `p` captured to captured_storages, then records which
-  /// of its arguments share one (the guard Program::args_sharing_captured).
+  /// Adds the tensors that the trace of `p` captured to captured_tensors, then records which
+  /// of its arguments share memory with one (the guard Program::args_sharing_captured).
   void remember_captured(Program& p, Recorder& rec);
   /// The first entry the call passes, and whether its sizes still need a confirming trace.
   std::pair<std::shared_ptr<Entry>, bool> find_entry(const std::vector<ArgValue>& args) const;
@@ -349,8 +349,8 @@ struct CompiledFunction::Impl {
   std::vector<int> auto_scalars;
   std::atomic<int64_t> eager_calls{0};
   int uncached_in_a_row = 0;
-  /// Storages of the tensors any trace captured (Program::args_sharing_captured).
-  std::vector<std::weak_ptr<StorageImpl>> captured_storages;
+  /// The tensors any trace captured (Program::args_sharing_captured).
+  std::vector<std::weak_ptr<TensorImpl>> captured_tensors;
   int size_checks = 0;  // traces that confirmed a symbolic entry for new sizes
 };
 
@@ -718,7 +718,7 @@ namespace {
 // after an in-place write or a write-back would apply the function's mutations twice (the
 // call is traced again from the mutated arguments).
 void check_sources(const Program& p, RunState& st,
-                   const std::vector<std::weak_ptr<StorageImpl>>& captured) {
+                   const std::vector<std::weak_ptr<TensorImpl>>& captured) {
   for (size_t v = 0; v < p.values.size(); ++v) {
     int s = p.values[v].source;
     if (s >= 0 && (p.sources[s].kind == SourceKind::Captured || p.sources[s].kind == SourceKind::GradOf))
@@ -739,21 +739,35 @@ void check_sources(const Program& p, RunState& st,
 }  // namespace
 
 void CompiledFunction::Impl::remember_captured(Program& p, Recorder& rec) {
-  std::erase_if(captured_storages, [](const auto& w) { return w.expired(); });
+  std::erase_if(captured_tensors, [](const auto& w) { return w.expired(); });
   for (size_t v = 0; v < p.values.size(); ++v) {
     int s = p.values[v].source;
     if (s < 0 || p.sources[s].kind != SourceKind::Captured) continue;
-    const Storage& st = rec.tensor(static_cast<int>(v)).storage();
-    bool known = std::any_of(captured_storages.begin(), captured_storages.end(),
-                             [&](const auto& w) { return w.lock() == st; });
-    if (!known) captured_storages.push_back(st);
+    const auto& impl = rec.tensor(static_cast<int>(v)).impl_ptr();
+    bool known = std::any_of(captured_tensors.begin(), captured_tensors.end(),
+                             [&](const auto& w) { return w.lock() == impl; });
+    if (!known) captured_tensors.push_back(impl);
   }
   if (!p.write_backs.empty() || p.aliased_mutation)
     p.args_sharing_captured = args_sharing(
-        p, captured_storages, [&](int v) -> const Tensor& { return rec.tensor(v); });
+        p, captured_tensors, [&](int v) -> const Tensor& { return rec.tensor(v); });
 }
 
 namespace {
+
+// Copies of the arguments and captured tensors the call is about to write back (by their
+// source value ids): a create_graph backward re-runs the forward from them.
+std::vector<std::pair<int, Tensor>> values_before_write_backs(const Program& p, RunState& st) {
+  std::vector<std::pair<int, Tensor>> out;
+  for (auto& [src, v] : p.write_backs)
+    for (size_t u = 0; u < p.values.size(); ++u)
+      if (p.values[u].source == src) {
+        const Tensor& t = st.value(p, static_cast<int>(u));
+        out.push_back({static_cast<int>(u), untraced([&] { return t.detach().clone(); })});
+        break;
+      }
+  return out;
+}
 
 // Outputs that are an argument or captured tensor the function changed in place, or views of
 // one, are that tensor or the same views of it, as in eager (`x *= 3; return x;` returns x
@@ -804,7 +818,7 @@ std::vector<OutValue> CompiledFunction::Impl::replay(Entry& e, const std::vector
   st.in_place = seg->program->aliased_mutation;
   for (;;) {
     if (st.slots.size() < seg->program->values.size()) st.slots.resize(seg->program->values.size());
-    check_sources(*seg->program, st, captured_storages);
+    check_sources(*seg->program, st, captured_tensors);
     std::optional<Scalar> read = seg->plan->run(st);
     if (seg->leaf) break;
     Segment* c = seg->child(*read);
@@ -813,19 +827,25 @@ std::vector<OutValue> CompiledFunction::Impl::replay(Entry& e, const std::vector
   }
   const Program& p = *seg->program;
   if (p.rng_consumed) set_generator_state({st.rng.seed, st.rng.offset + p.rng_consumed});
+  std::vector<std::pair<int, Tensor>> originals;
+  const bool attach = seg->backward && is_grad_enabled();
   {
     NoGradGuard no_grad;
     // A leaf the function changed in place (an optimizer's parameter) is recorded by its final
     // value; its .grad belongs to the real tensor that value is written back to, not to the
     // value (replays left parameters' .grad as the trace set it).
     std::vector<std::pair<int, Tensor>> written;
+    if (!st.in_place && attach) originals = values_before_write_backs(p, st);
     if (!st.in_place) {
       for (auto& [src, v] : p.write_backs) {
         const Source& s = p.sources[src];
         Tensor target = s.kind == SourceKind::Arg ? st.args[s.index] : Tensor(s.captured.lock());
         if (!target.defined()) continue;
         written.push_back({v, target});
-        if (options.donate_buffers && can_adopt(p, *seg, v, target, st)) adopt(target, st.slots[v]);
+        // Not when an argument is a captured tensor too: other values may still read its buffer.
+        if (options.donate_buffers && p.args_sharing_captured.empty() &&
+            can_adopt(p, *seg, v, target, st))
+          adopt(target, st.slots[v]);
         else target.copy_(st.value(p, v));
       }
     }
@@ -845,7 +865,7 @@ std::vector<OutValue> CompiledFunction::Impl::replay(Entry& e, const std::vector
       outs[k].scalar = p.output_constants[k];
     }
   }
-  if (seg->backward && is_grad_enabled()) attach_backward(seg->program, seg->backward, seg->saved, st, outs);
+  if (attach) attach_backward(seg->program, seg->backward, seg->saved, st, outs, std::move(originals));
   return outs;
 }
 

@@ -3,6 +3,7 @@
 /// over numbered values, with where each value without a producing op comes from. It is the
 /// tracer's own IR: shape-free enough to replay, and partitioned (tracer/plan.h) into compiled
 /// regions (kiln MLIR -> codegen::Executable) and ops run on eager kernels.
+#include <algorithm>
 #include <functional>
 #include <memory>
 #include <string>
@@ -134,21 +135,21 @@ struct Program {
 };
 
 /// The argument values of `p` whose tensor (`tensor_of(value id)`) shares memory with one of
-/// `captured` (storages of tensors the function's traces captured).
+/// `captured` (tensors the function's traces captured; compared by their storage now, which
+/// donate_buffers replaces on every call).
 template <class TensorOf>
-std::vector<int> args_sharing(const Program& p, const std::vector<std::weak_ptr<StorageImpl>>& captured,
+std::vector<int> args_sharing(const Program& p, const std::vector<std::weak_ptr<TensorImpl>>& captured,
                               TensorOf&& tensor_of) {
+  std::vector<const StorageImpl*> storages;
+  for (const auto& c : captured)
+    if (auto impl = c.lock()) storages.push_back(impl->storage.get());
   std::vector<int> out;
   for (size_t v = 0; v < p.values.size(); ++v) {
     int s = p.values[v].source;
     if (s < 0 || p.sources[s].kind != SourceKind::Arg) continue;
     const Tensor& t = tensor_of(static_cast<int>(v));
-    if (!t.defined()) continue;
-    for (const auto& c : captured)
-      if (!c.owner_before(t.storage()) && !t.storage().owner_before(c)) {
-        out.push_back(static_cast<int>(v));
-        break;
-      }
+    if (t.defined() && std::find(storages.begin(), storages.end(), t.storage().get()) != storages.end())
+      out.push_back(static_cast<int>(v));
   }
   return out;
 }

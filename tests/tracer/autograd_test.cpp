@@ -127,6 +127,74 @@ TEST_CASE("compile: changing in place an input with autograd history runs eagerl
   CHECK(contains(f.explain(), "requires grad and has autograd history"));
 }
 
+TEST_CASE("compile: one compiled call's output fed into another: gradients as in eager",
+          "[compile][autograd]") {
+  // Found by a fresh-user trial: f(f(x, w), w) gave wrong weight gradients from the third call
+  // on (the outer trace ran the inner call's backward as well, counting that path twice).
+  auto f = compile([](const Tensor& x, const Tensor& w) { return tanh(x * w); });
+  auto g = compile([](const Tensor& x, const Tensor& w) { return tanh(x * w); });
+  auto eager_grad = [] {
+    Tensor w = from_vector<float>({0.5f, -1.5f}, {2}).requires_grad_();
+    Tensor x = from_vector<float>({1, 2}, {2});
+    tanh(tanh(x * w) * w).sum().backward();
+    return vec(w.grad());
+  };
+  std::vector<float> expected = eager_grad();
+  for (int call = 0; call < 5; ++call) {
+    INFO("call " << call);
+    Tensor w = from_vector<float>({0.5f, -1.5f}, {2}).requires_grad_();
+    Tensor x = from_vector<float>({1, 2}, {2});
+    f(f(x, w), w).sum().backward();
+    std::vector<float> got = vec(w.grad());
+    for (size_t i = 0; i < got.size(); ++i) CHECK(got[i] == Approx(expected[i]).epsilon(1e-6));
+    Tensor w2 = from_vector<float>({0.5f, -1.5f}, {2}).requires_grad_();
+    g(f(x, w2), w2).sum().backward();  // two compiled functions
+    got = vec(w2.grad());
+    for (size_t i = 0; i < got.size(); ++i) CHECK(got[i] == Approx(expected[i]).epsilon(1e-6));
+  }
+  CHECK(g.compile_count() == 1);
+}
+
+TEST_CASE("compile: an output returned both with and without a gradient (h, h.detach())",
+          "[compile][autograd]") {
+  auto f = compile([](const Tensor& w) {
+    Tensor h = w * 3.0;
+    return std::make_tuple(h, h.detach());
+  });
+  for (int call = 0; call < 3; ++call) {
+    INFO("call " << call);
+    Tensor w = ones({2}).requires_grad_();
+    auto [h, d] = f(w);
+    CHECK(h.requires_grad());
+    CHECK_FALSE(d.requires_grad());
+    (h + d).sum().backward();
+    CHECK(vec(w.grad()) == std::vector<float>{3, 3});
+    CHECK_THROWS_WITH((d * 5.0).sum().backward(), Catch::Contains("does not require grad"));
+  }
+}
+
+TEST_CASE("compile: a double backward re-runs the forward from the inputs before the call changed them",
+          "[compile][autograd]") {
+  // Found by a fresh-user trial: create_graph re-ran the forward from the already changed
+  // argument (x + 1 applied twice: gradient 2 w (x + 2) instead of 2 w (x + 1)).
+  auto f = compile([](Tensor x, const Tensor& w) {
+    x += 1.0;
+    return (w * w * x).sum();
+  });
+  for (int call = 0; call < 3; ++call) {
+    INFO("call " << call);
+    Tensor x = ones({2});
+    Tensor w = from_vector<float>({1, 3}, {2}).requires_grad_();
+    Tensor y = f(x, w);
+    CHECK(y.item<float>() == 20);
+    Tensor gw = kiln::grad({y}, {w}, {}, /*create_graph=*/true)[0];
+    CHECK(vec(gw) == std::vector<float>{4, 12});  // 2 w x with x = 2
+    CHECK(vec(x) == std::vector<float>{2, 2});
+    Tensor ggw = kiln::grad({gw.sum()}, {w})[0];
+    CHECK(vec(ggw) == std::vector<float>{4, 4});  // 2 x
+  }
+}
+
 TEST_CASE("compile: backward() inside a compiled function accumulates into .grad as in eager",
           "[compile][autograd]") {
   // The trace saw w.grad undefined and set it; replays with a defined .grad must add to it
