@@ -1,37 +1,36 @@
 #include "tracer/backward.h"
 
+#include <algorithm>
+#include <unordered_set>
+
 #include "eager/autograd.h"
 #include "eager/autograd_graph.h"
 #include "eager/factories.h"
 #include "eager/ops.h"
 
-#include <algorithm>
-#include <unordered_set>
-
 namespace kiln::tracer {
 
 namespace {
 
-// reach[i]: a path of autograd edges leads from `root` to target edge i.
+// reach[i]: a path of autograd edges leads from `root` to target edge i without passing
+// another target (the inputs' own histories are not entered, as partial_grads does not).
 std::vector<bool> reachable(const autograd::Edge& root, const std::vector<autograd::Edge>& targets) {
   std::vector<bool> reach(targets.size(), false);
   auto mark = [&](const autograd::Edge& e) {
+    bool hit = false;
     for (size_t i = 0; i < targets.size(); ++i)
-      if (e.fn == targets[i].fn && e.input_nr == targets[i].input_nr) reach[i] = true;
+      if (e.fn == targets[i].fn && e.input_nr == targets[i].input_nr) reach[i] = hit = true;
+    return hit;
   };
   std::vector<autograd::Node*> stack;
   std::unordered_set<autograd::Node*> seen;
-  mark(root);
-  if (root.valid()) stack.push_back(root.fn.get());
+  if (!mark(root) && root.valid()) stack.push_back(root.fn.get());
   while (!stack.empty()) {
     autograd::Node* n = stack.back();
     stack.pop_back();
     if (!seen.insert(n).second) continue;
-    for (const autograd::Edge& e : n->next_edges) {
-      if (!e.valid()) continue;
-      mark(e);
-      stack.push_back(e.fn.get());
-    }
+    for (const autograd::Edge& e : n->next_edges)
+      if (e.valid() && !mark(e)) stack.push_back(e.fn.get());
   }
   return reach;
 }
