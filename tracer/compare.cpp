@@ -32,15 +32,20 @@ std::string CompareReport::str() const {
 namespace tracer {
 
 std::vector<ArgValue> fresh_copies(const std::vector<ArgValue>& args) {
+  // A copy of a non-leaf that requires grad stays one (clone() keeps it attached to the
+  // caller's graph), so the copy allows in-place ops exactly when the argument does.
+  auto copy = [](Tensor& t) {
+    if (!t.defined()) return;
+    bool rg = t.requires_grad(), leaf = t.is_leaf();
+    t = untraced([&] { return rg && !leaf ? t.clone() : t.detach().clone(); });
+    if (rg && leaf) t.requires_grad_(true);
+  };
   std::vector<ArgValue> out = args;
-  for (ArgValue& a : out)
-    if (a.kind == ArgValue::Kind::Tensor && a.tensor.defined()) {
-      // A copy of a non-leaf that requires grad stays one (clone() keeps it attached to the
-      // caller's graph), so the copy allows in-place ops exactly when the argument does.
-      bool rg = a.tensor.requires_grad(), leaf = a.tensor.is_leaf();
-      a.tensor = untraced([&] { return rg && !leaf ? a.tensor.clone() : a.tensor.detach().clone(); });
-      if (rg && leaf) a.tensor.requires_grad_(true);
-    }
+  for (ArgValue& a : out) {
+    if (a.kind == ArgValue::Kind::Tensor) copy(a.tensor);
+    if (a.kind == ArgValue::Kind::TensorList)
+      for (Tensor& t : a.list) copy(t);
+  }
   return out;
 }
 

@@ -91,6 +91,8 @@ template <class R> void to_outs(const R& r, std::vector<OutValue>& out) {
   } else if constexpr (std::is_arithmetic_v<D>) {
     out.push_back({false, Tensor(), Scalar(r)});
   } else if constexpr (std::is_same_v<D, std::vector<Tensor>>) {
+    // Its length first (a host value of the result), so that what follows it is found again.
+    out.push_back({false, Tensor(), Scalar(static_cast<int64_t>(r.size()))});
     for (const Tensor& t : r) out.push_back({true, t, {}});
   } else if constexpr (is_tuple<D>::value) {
     std::apply([&](const auto&... e) { (to_outs(e, out), ...); }, r);
@@ -109,7 +111,8 @@ template <class R> R from_outs(const std::vector<OutValue>& outs, size_t& i, siz
     return outs[i++].scalar.template to<D>();
   } else if constexpr (std::is_same_v<D, std::vector<Tensor>>) {
     std::vector<Tensor> v;
-    while (i < count) v.push_back(outs[i++].tensor);
+    size_t n = i < count ? static_cast<size_t>(outs[i++].scalar.template to<int64_t>()) : 0;
+    for (size_t k = 0; k < n && i < count; ++k) v.push_back(outs[i++].tensor);
     return v;
   } else if constexpr (is_tuple<D>::value) {
     return std::apply(
@@ -117,7 +120,8 @@ template <class R> R from_outs(const std::vector<OutValue>& outs, size_t& i, siz
   }
 }
 
-/// Calls fn(args...) with each Tensor argument replaced by the tensor in `in` (same position).
+/// Calls fn(args...) with each Tensor (or std::vector<Tensor>) argument replaced by the one in
+/// `in` (same position).
 template <class F, class... A>
 std::vector<OutValue> invoke_with(F& fn, const std::tuple<const A&...>& args,
                                   const std::vector<ArgValue>& in) {
@@ -125,6 +129,7 @@ std::vector<OutValue> invoke_with(F& fn, const std::tuple<const A&...>& args,
     auto pick = [&]<size_t J>(std::integral_constant<size_t, J>) -> decltype(auto) {
       using D = std::decay_t<std::tuple_element_t<J, std::tuple<A...>>>;
       if constexpr (std::is_same_v<D, Tensor>) return Tensor(in[J].tensor);
+      else if constexpr (std::is_same_v<D, std::vector<Tensor>>) return std::vector<Tensor>(in[J].list);
       else return std::get<J>(args);
     };
     std::vector<OutValue> o;

@@ -1,6 +1,7 @@
 #include "tracer/function.h"
 
 #include <algorithm>
+#include <bit>
 #include <atomic>
 #include <cmath>
 #include <cstdlib>
@@ -201,10 +202,18 @@ struct Entry {
 // The sizes of the symbolic dims of the call's tensor arguments, in order.
 std::vector<int64_t> sizes_key(const Entry& e, const std::vector<ArgValue>& args) {
   std::vector<int64_t> key;
-  for (size_t i = 0; i < args.size() && i < e.guards.size(); ++i)
+  for (size_t i = 0; i < args.size() && i < e.guards.size(); ++i) {
     if (e.guards[i].dyn_mask && args[i].kind == ArgValue::Kind::Tensor)
       for (int d = 0; d < args[i].tensor.dim(); ++d)
         if (e.guards[i].dyn_mask >> d & 1) key.push_back(args[i].tensor.shape()[d]);
+    // A symbolic host scalar's value too: host code may branch on it (`std::max(s, 3.0)`),
+    // which no trace of another value can vouch for, so each new value is confirmed once.
+    if (e.guards[i].dynamic_scalar && args[i].kind == ArgValue::Kind::Scalar) {
+      const Scalar& v = args[i].scalar;
+      key.push_back(v.is_floating() ? 1 : 0);
+      key.push_back(v.is_floating() ? std::bit_cast<int64_t>(v.to<double>()) : v.to<int64_t>());
+    }
+  }
   return key;
 }
 

@@ -513,6 +513,55 @@ TEST_CASE("compile: check mode copies a non-leaf argument that requires grad as 
   CHECK_THROWS_WITH(f(leaf), Catch::Contains("in-place"));
 }
 
+TEST_CASE("compile: results with several lists of tensors keep each list's length",
+          "[compile]") {
+  // Found by a fresh-user trial: the first std::vector<Tensor> took every remaining result
+  // (a Tensor after it was read past the end).
+  auto f = compile([](const Tensor& x) {
+    return std::make_pair(std::vector<Tensor>{x * 2.0}, std::vector<Tensor>{x + 1.0, x * x});
+  });
+  auto g = compile([](const Tensor& x) {
+    return std::make_tuple(std::vector<Tensor>{x, x * 3.0}, x - 1.0, std::vector<Tensor>{});
+  });
+  for (int call = 0; call < 3; ++call) {
+    auto [a, b] = f(full({2}, 3.0));
+    REQUIRE(a.size() == 1);
+    REQUIRE(b.size() == 2);
+    CHECK(vec(a[0]) == std::vector<float>{6, 6});
+    CHECK(vec(b[1]) == std::vector<float>{9, 9});
+    auto [c, d, e] = g(full({2}, 3.0));
+    REQUIRE(c.size() == 2);
+    CHECK(vec(c[1]) == std::vector<float>{9, 9});
+    CHECK(vec(d) == std::vector<float>{2, 2});
+    CHECK(e.empty());
+  }
+}
+
+TEST_CASE("compile: check mode runs eager on copies of a list argument too", "[compile]") {
+  // Found by a fresh-user trial: the reference runs changed the caller's list tensors again
+  // (v[0] ended at 4 instead of 2) and raised a false mismatch.
+  auto g = compile([](std::vector<Tensor> v) {
+    v[0] += 1.0;
+    return v[0] * 1.0;
+  }, {.check = true});
+  std::vector<Tensor> v{full({2}, 1.0)};
+  for (int call = 1; call <= 3; ++call) {
+    CHECK(vec(g(v)) == std::vector<float>{1.0f + call, 1.0f + call});
+    CHECK(vec(v[0]) == std::vector<float>{1.0f + call, 1.0f + call});
+  }
+}
+
+TEST_CASE("compile: a symbolic host scalar that host code branches on", "[compile]") {
+  // Found by a fresh-user trial: once s was symbolic, a trace confirmed for one value replayed
+  // for every value, with the branch's constant baked in (s = 6 gave x + 3).
+  auto fn = [](const Tensor& x, double s) { return x + std::max(s, 3.0); };
+  auto cf = compile(fn);
+  for (double s : {3.0, 4.0, 1.0, 2.0, 6.0, 7.0, 2.0, 8.0, 6.0}) {
+    INFO("s = " << s);
+    CHECK(vec(cf(full({2}, 1.0), s)) == vec(fn(full({2}, 1.0), s)));
+  }
+}
+
 TEST_CASE("compile: many threads share one compiled function; compile once per guard set",
           "[compile][threads]") {
   auto f = compile([](const Tensor& x) { return x * x + 1.0; }, {.dynamic = Dynamic::Never});
