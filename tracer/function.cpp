@@ -846,14 +846,33 @@ std::vector<OutValue> CompiledFunction::Impl::replay(Entry& e, const std::vector
     std::vector<std::pair<int, Tensor>> written;
     if (!st.in_place && attach) originals = values_before_write_backs(p, st);
     if (!st.in_place) {
+      std::vector<Tensor> targets;
       for (auto& [src, v] : p.write_backs) {
         const Source& s = p.sources[src];
-        Tensor target = s.kind == SourceKind::Arg ? st.args[s.index] : Tensor(s.captured.lock());
+        targets.push_back(s.kind == SourceKind::Arg ? st.args[s.index] : Tensor(s.captured.lock()));
+      }
+      // A new value in the memory of another written tensor (`b.copy_(a)`, then `a += 5`: b's
+      // new value is a's old one, which compiled code may hand back as `a` itself) is read
+      // before any write-back can change it.
+      std::vector<Tensor> read_first(p.write_backs.size());
+      for (size_t k = 0; k < p.write_backs.size(); ++k) {
+        const Tensor& value = st.value(p, p.write_backs[k].second);
+        for (size_t j = 0; j < targets.size(); ++j)
+          if (j != k && targets[j].defined() && value.defined() &&
+              value.storage().get() == targets[j].storage().get()) {
+            read_first[k] = untraced([&] { return value.detach().clone(); });
+            break;
+          }
+      }
+      for (size_t k = 0; k < p.write_backs.size(); ++k) {
+        auto [src, v] = p.write_backs[k];
+        Tensor target = targets[k];
         if (!target.defined()) continue;
         written.push_back({v, target});
         // Not when an argument is a captured tensor too: other values may still read its buffer.
-        if (options.donate_buffers && p.args_sharing_captured.empty() &&
-            can_adopt(p, *seg, v, target, st))
+        if (read_first[k].defined()) target.copy_(read_first[k]);
+        else if (options.donate_buffers && p.args_sharing_captured.empty() &&
+                 can_adopt(p, *seg, v, target, st))
           adopt(target, st.slots[v]);
         else target.copy_(st.value(p, v));
       }

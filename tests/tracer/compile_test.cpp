@@ -562,6 +562,46 @@ TEST_CASE("compile: a symbolic host scalar that host code branches on", "[compil
   }
 }
 
+TEST_CASE("compile: b.copy_(a) then a changed in place: b keeps a's value from the copy",
+          "[compile]") {
+  // Found by a fresh-user trial: replays wrote a's new value into b too (b's new value was
+  // a's old memory, written back after a's own write-back).
+  for (bool donate : {false, true}) {
+    INFO("donate " << donate);
+    auto f = compile([](Tensor a, Tensor b) {
+      b.copy_(a);
+      a += 5.0;
+      return a.sum();
+    }, CompileOptions{.donate_buffers = donate});
+    auto g = compile([](std::vector<Tensor> v) {
+      v[1].copy_(v[0]);
+      v[0].fill_(-1.0);
+      return v[1] * 2.0;
+    }, CompileOptions{.donate_buffers = donate});
+    Tensor s = zeros({2});
+    auto h = compile([&](Tensor x) {
+      s.copy_(x);
+      x += 1.0;
+      return x * 1.0;
+    }, CompileOptions{.donate_buffers = donate});
+    for (int call = 1; call <= 4; ++call) {
+      INFO("call " << call);
+      Tensor a = full({2}, double(call)), b = full({2}, 10.0);
+      CHECK(f(a, b).item<float>() == 2.0f * (call + 5));
+      CHECK(vec(a) == std::vector<float>{call + 5.0f, call + 5.0f});
+      CHECK(vec(b) == std::vector<float>{float(call), float(call)});
+      std::vector<Tensor> v{full({2}, double(call)), zeros({2})};
+      CHECK(vec(g(v)) == std::vector<float>{2.0f * call, 2.0f * call});
+      CHECK(vec(v[1]) == std::vector<float>{float(call), float(call)});
+      CHECK(vec(v[0]) == std::vector<float>{-1, -1});
+      Tensor x = full({2}, double(call));
+      h(x);
+      CHECK(vec(s) == std::vector<float>{float(call), float(call)});
+      CHECK(vec(x) == std::vector<float>{call + 1.0f, call + 1.0f});
+    }
+  }
+}
+
 TEST_CASE("compile: many threads share one compiled function; compile once per guard set",
           "[compile][threads]") {
   auto f = compile([](const Tensor& x) { return x * x + 1.0; }, {.dynamic = Dynamic::Never});
