@@ -147,12 +147,7 @@ class CompiledBackward final : public autograd::Node {
     if (is_grad_enabled()) {
       // create_graph: the saved forward values carry no history, so recompute the forward
       // and the backward on eager kernels from the real inputs (exact higher-order grads).
-      RunState e;
-      e.args = saved_.args;
-      e.scalars = saved_.scalars;
-      e.rng = saved_.rng;
-      e.slots.resize(p.values.size());
-      for (auto& [v, t] : originals_) e.slots[v] = t;
+      RunState e = call_inputs();
       for (int gv : p.grad_outputs)
         if (gv >= 0) e.slots[gv] = st.slots[gv];
       for (size_t i = 0; i < p.nodes.size(); ++i)
@@ -188,16 +183,23 @@ class CompiledBackward final : public autograd::Node {
     return true;
   }
 
-  // Eager's exact answer: the forward again on eager kernels, recording autograd, and a
-  // backward from the outputs that have gradients only.
-  std::vector<Tensor> eager_backward(const std::vector<Tensor>& grads) const {
-    const Program& p = *p_;
+  // The call's inputs as they were before it ran (arguments, scalars, generator state, the
+  // originals of what it changed in place), for re-running its forward on eager kernels.
+  RunState call_inputs() const {
     RunState e;
     e.args = saved_.args;
     e.scalars = saved_.scalars;
     e.rng = saved_.rng;
-    e.slots.resize(p.values.size());
+    e.slots.resize(p_->values.size());
     for (auto& [v, t] : originals_) e.slots[v] = t;
+    return e;
+  }
+
+  // Eager's exact answer: the forward again on eager kernels, recording autograd, and a
+  // backward from the outputs that have gradients only.
+  std::vector<Tensor> eager_backward(const std::vector<Tensor>& grads) const {
+    const Program& p = *p_;
+    RunState e = call_inputs();
     std::vector<Tensor> roots, root_grads, inputs;
     {
       EnableGradGuard enable;
