@@ -33,7 +33,7 @@ LayerNorm::LayerNorm(Shape shape, double eps, bool affine) : normalized_shape(sh
   }
 }
 Tensor LayerNorm::forward(const Tensor& x) {
-  return layer_norm(x, normalized_shape, weight, bias, eps);
+  return layer_norm(x, normalized_shape, weight, bias, setting(eps, "eps"));
 }
 
 Dropout::Dropout(double p) : p(p) {

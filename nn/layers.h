@@ -42,7 +42,9 @@ class LayerNorm : public Module {
 class Dropout : public Module {
  public:
   explicit Dropout(double p = 0.5);
-  Tensor forward(const Tensor& x) override { return dropout(x, p, is_training()); }
+  Tensor forward(const Tensor& x) override {
+    return dropout(x, setting(p, "p"), is_training());
+  }
   std::string name() const override { return "Dropout"; }
   double p;
 };
@@ -57,7 +59,7 @@ class ReLU : public Module {
 class GELU : public Module {
  public:
   explicit GELU(std::string approximate = "none") : approximate(std::move(approximate)) {}
-  Tensor forward(const Tensor& x) override { return gelu(x, approximate); }
+  Tensor forward(const Tensor& x) override { return gelu(x, setting(approximate, "approximate")); }
   std::string name() const override { return "GELU"; }
   std::string approximate;
 };

@@ -78,6 +78,42 @@ bool Module::is_training() const {
   return *cell;
 }
 
+namespace {
+// Guards the setting at `field` through `read`, which returns it as a Scalar. `alive` is the
+// module's token: once the module is gone nothing can change the field, and a module built
+// inside the compiled function is built again by the code the trace replaces, so the guard
+// then holds.
+template <class T, class Read>
+void note_setting(const std::shared_ptr<const int>& alive, const T* field, const std::string& what,
+                  Read read) {
+  dispatch::note_host_value(field, what, [&] {
+    return HostReader([alive = std::weak_ptr<const int>(alive), field, read,
+                       traced = read(*field)]() -> std::optional<Scalar> {
+      if (alive.expired()) return traced;
+      return read(*field);
+    });
+  }, Loc::current());
+}
+}  // namespace
+
+double Module::setting(const double& field, const char* what) const {
+  if (dispatch::tracer_hook())
+    note_setting(alive_.token, &field, name() + "." + what, [](double v) { return Scalar(v); });
+  return field;
+}
+bool Module::setting(const bool& field, const char* what) const {
+  if (dispatch::tracer_hook())
+    note_setting(alive_.token, &field, name() + "." + what, [](bool v) { return Scalar(v); });
+  return field;
+}
+const std::string& Module::setting(const std::string& field, const char* what) const {
+  // A string is guarded as "equals the traced value" (a Scalar holds numbers only).
+  if (dispatch::tracer_hook())
+    note_setting(alive_.token, &field, fmt::format("{}.{} == \"{}\"", name(), what, field),
+                 [traced = field](const std::string& v) { return Scalar(v == traced); });
+  return field;
+}
+
 void Module::train(bool on) {
   *training_.cell = on;
   for (auto& [n, m] : children_) m->train(on);

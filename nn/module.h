@@ -69,6 +69,15 @@ class Module {
   /// module's member and the registry share the tensor, and updates happen in place.
   Tensor register_parameter(const std::string& name, Tensor t);
   Tensor register_buffer(const std::string& name, Tensor t);
+  /// Returns `field`, a setting of this module that its forward reads (Dropout's p, LayerNorm's
+  /// eps, GELU's approximate). Inside a compiled function the read is a guarded host value,
+  /// like is_training(), named "<Class>.<what>" in explain(): a setting changed after
+  /// compiling traces again (or replays the entry traced with that value) instead of replaying
+  /// the value the first trace saw, as torch.compile guards module attributes.
+  double setting(const double& field, const char* what) const;
+  bool setting(const bool& field, const char* what) const;
+  const std::string& setting(const std::string& field, const char* what) const;
+
   template <class M> std::shared_ptr<M> register_module(const std::string& name, std::shared_ptr<M> m) {
     KILN_CHECK(m != nullptr, "register_module", Loc::current(), "submodule \"{}\" is null", name);
     children_.emplace_back(name, m);
@@ -91,6 +100,15 @@ class Module {
     }
   };
   Flag training_;
+  // Alive while this module is: a compiled function's guard on a setting() reads the field
+  // through it, and traces again once the module is gone. A copy gets its own token.
+  struct Alive {
+    std::shared_ptr<const int> token = std::make_shared<const int>(0);
+    Alive() = default;
+    Alive(const Alive&) {}
+    Alive& operator=(const Alive&) { return *this; }
+  };
+  Alive alive_;
   StateDict params_, buffers_;
   std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
 };

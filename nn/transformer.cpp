@@ -29,9 +29,10 @@ AttentionOutput MultiheadAttention::forward(const Tensor& query, const Tensor& k
   KILN_CHECK(query.dim() == 3 && key.dim() == 3 && value.dim() == 3, "MultiheadAttention",
              Loc::current(), "expects 3-D query/key/value, got {}, {}, {}",
              to_string(query.shape()), to_string(key.shape()), to_string(value.shape()));
-  Tensor q = batch_first ? query : query.transpose(0, 1);
-  Tensor k = batch_first ? key : key.transpose(0, 1);
-  Tensor v = batch_first ? value : value.transpose(0, 1);
+  const bool bf = setting(batch_first, "batch_first");
+  Tensor q = bf ? query : query.transpose(0, 1);
+  Tensor k = bf ? key : key.transpose(0, 1);
+  Tensor v = bf ? value : value.transpose(0, 1);
   int64_t B = q.size(0), L = q.size(1), S = k.size(1), E = embed_dim, H = num_heads, D = E / H;
   KILN_CHECK(q.size(2) == E && k.size(2) == E && v.size(2) == E && k.size(0) == B &&
                  v.size(0) == B && v.size(1) == S,
@@ -72,10 +73,10 @@ AttentionOutput MultiheadAttention::forward(const Tensor& query, const Tensor& k
     scores = masked_fill(scores, key_padding_mask.view({B, 1, 1, S}), -INFINITY);
   }
   Tensor attn = softmax(scores, -1);
-  Tensor attn_d = dropout(attn, dropout_p, is_training());
+  Tensor attn_d = dropout(attn, setting(dropout_p, "dropout_p"), is_training());
   Tensor out = matmul(attn_d, vh).transpose(1, 2).reshape({B, L, E});
   out = out_proj->forward(out);
-  if (!batch_first) out = out.transpose(0, 1);
+  if (!bf) out = out.transpose(0, 1);
   AttentionOutput r{out, Tensor()};
   if (need_weights) r.weights = mean(attn, {1});
   return r;
@@ -99,7 +100,7 @@ TransformerEncoderLayer::TransformerEncoderLayer(const TransformerEncoderLayerOp
 }
 
 Tensor TransformerEncoderLayer::activation(const Tensor& x) const {
-  return options.activation == "gelu" ? gelu(x) : relu(x);
+  return setting(options.activation, "activation") == "gelu" ? gelu(x) : relu(x);
 }
 
 Tensor TransformerEncoderLayer::forward(const Tensor& src, const Tensor& src_mask,
@@ -112,7 +113,7 @@ Tensor TransformerEncoderLayer::forward(const Tensor& src, const Tensor& src_mas
     return dropout2->forward(linear2->forward(dropout->forward(activation(linear1->forward(x)))));
   };
   Tensor x = src;
-  if (options.norm_first) {
+  if (setting(options.norm_first, "norm_first")) {
     x = x + sa(norm1->forward(x));
     x = x + ff(norm2->forward(x));
   } else {

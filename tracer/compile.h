@@ -21,8 +21,9 @@
 ///    it symbolic, so a third size does not compile again.
 ///  * A host read (item(), to_vector()) ends a graph segment; the value read is a guarded
 ///    decision and each value seen gets its own continuation (a trace tree).
-///  * Host state read through kiln::guarded or Module::is_training() (Dropout, the
-///    Transformer layers) is guarded by value: train() / eval() picks another cache entry.
+///  * Host state read through kiln::guarded, Module::is_training() (Dropout, the Transformer
+///    layers) or Module::setting() (Dropout's p, LayerNorm's eps, ...) is guarded by value:
+///    train() / eval() picks another cache entry, a changed dropout p traces again.
 ///  * Optimizer hyperparameters (lr, momentum, betas, eps, weight_decay, ...) are runtime
 ///    inputs read on every call (dispatch::host_input): a learning-rate schedule takes effect
 ///    on the next call without recompiling; only a change of a host branch (weight_decay or

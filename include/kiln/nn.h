@@ -15,7 +15,8 @@ namespace kiln {
 /// captured tensors (guarded, graph inputs), so optimizer steps do not recompile. The training
 /// flag of every module whose forward reads it (Module::is_training(): Dropout, the
 /// Transformer layers) is guarded: `module.eval()` / `train()` after compiling selects the
-/// entry traced in that mode (tracing it on first use).
+/// entry traced in that mode (tracing it on first use). So are the settings a forward reads
+/// (Module::setting: Dropout's p, LayerNorm's eps, ...).
 template <class M>
   requires std::derived_from<M, nn::Module>
 auto compile(M& module, CompileOptions options = {}) {

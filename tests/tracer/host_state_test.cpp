@@ -199,3 +199,74 @@ TEST_CASE("kiln::guarded does not split the graph and recompiles once per value"
   CHECK(contains(ex, "guarded host value kiln::guarded == true"));
   CHECK(!contains(ex, "on host value"));  // no trace-tree branch: one segment per entry
 }
+
+TEST_CASE("compile: a module setting changed after compiling traces again (Dropout.p, "
+          "LayerNorm.eps, GELU.approximate, the encoder layer's norm_first and activation, "
+          "attention's batch_first)", "[compile][host]") {
+  manual_seed(5);
+  nn::Dropout drop(0.5);
+  nn::LayerNorm norm(Shape{4}, 1e-5);
+  nn::GELU act;
+  auto f = compile([&](const Tensor& x) { return drop.forward(act.forward(norm.forward(x))); });
+  Tensor x = from_vector<float>({1, 2, 3, 4, -1, 0, 0, 1}, {2, 4});
+  auto check_step = [&] {
+    manual_seed(21);
+    Tensor e = drop.forward(act.forward(norm.forward(x)));
+    manual_seed(21);
+    check_close(f(x), e);
+  };
+  check_step();
+  check_step();
+  drop.p = 0.25;  // the replay kept p = 0.5: its kept values were scaled by 2, not 4/3
+  check_step();
+  norm.eps = 4.0;  // a large eps changes every value
+  check_step();
+  act.approximate = "tanh";
+  check_step();
+  drop.p = 0.5;  // back to a value traced before: no new trace for it
+  norm.eps = 1e-5;
+  act.approximate = "none";
+  check_step();
+  CHECK(f.compile_count() == 4);
+  std::string ex = f.explain();
+  INFO(ex);
+  CHECK(contains(ex, "guarded host value Dropout.p == 0.25"));
+  CHECK(contains(ex, "guarded host value LayerNorm.eps == 4"));
+  CHECK(contains(ex, "guarded host value GELU.approximate == \"tanh\" == true"));
+
+  nn::TransformerEncoderLayerOptions o;
+  o.d_model = 8;
+  o.nhead = 2;
+  o.dim_feedforward = 16;
+  o.dropout = 0;
+  o.batch_first = true;
+  nn::TransformerEncoderLayer layer(o);
+  auto g = compile(layer);
+  Tensor src = randn({3, 3, 8});  // batch == length: batch_first flips nothing in the shapes
+  check_close(g(src), layer.forward(src), 1e-5);
+  layer.options.norm_first = true;
+  check_close(g(src), layer.forward(src), 1e-5);
+  layer.options.activation = "gelu";
+  check_close(g(src), layer.forward(src), 1e-5);
+  layer.self_attn->batch_first = false;
+  check_close(g(src), layer.forward(src), 1e-5);
+  CHECK(g.compile_count() == 4);
+}
+
+TEST_CASE("compile: a setting of a module destroyed after compiling is not read",
+          "[compile][host]") {
+  // Under ASan a read of the destroyed module's p would be a heap-use-after-free.
+  auto d = std::make_unique<nn::Dropout>(0.0);
+  bool use = true;
+  auto f = compile([&](const Tensor& x) {
+    return kiln::guarded(use) ? d->forward(x) + 1.0 : x * 3.0;
+  });
+  Tensor x = ones({3});
+  CHECK(vec(f(x)) == std::vector<float>(3, 2.f));
+  CHECK(vec(f(x)) == std::vector<float>(3, 2.f));
+  d.reset();
+  use = false;  // the first entry's guards are checked (Dropout.p's reads nothing), then a trace
+  CHECK(vec(f(x)) == std::vector<float>(3, 3.f));
+  CHECK(vec(f(x)) == std::vector<float>(3, 3.f));
+  CHECK(f.compile_count() == 2);
+}
