@@ -183,7 +183,8 @@ mlir::Value layer_norm(Emitter& E, mlir::ValueRange in, const OpAttrs& a) {
 // nll_loss: the target's log-prob is picked by a one-hot mask (no gather primitive): class ids
 // [C, 1] == target [N] is [C, N]; Σ over classes of where(mask, xᵀ, 0). Ignored targets give 0;
 // mean divides by the number of the others (0/0 = nan, as eager). Out-of-range targets, which
-// eager rejects, give 0 here.
+// eager rejects, give 0 here: the tracer scans the targets after the compiled run and raises
+// eager's error (tracer/plan.cpp, data_checked_inputs).
 mlir::Value nll_loss(Emitter& E, mlir::Value x, mlir::Value target, const OpAttrs& a) {
   auto xt = type_of(x);
   bool batched = xt.getRank() == 2;

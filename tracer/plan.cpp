@@ -168,9 +168,9 @@ struct Plan::Region {
   mutable std::atomic<int64_t> compiled_ns{kNotTimed}, eager_ns{kNotTimed};
   mutable std::atomic<int> choice{-1};  // -1 measuring, 0 compiled, 1 eager kernels
   std::string fallback_reason;
-  // one_hot nodes: eager raises for a class index outside [0, num_classes), the compiled code
-  // gives a zero row. Their indices are checked after a compiled run (run_compiled).
-  std::vector<size_t> one_hots;
+  // Nodes whose eager kernels reject input values that their compiled code computes through
+  // (see data_checked_inputs): their inputs are scanned after a compiled run (run_compiled).
+  std::vector<size_t> data_checked;
 };
 
 struct Plan::Step {
@@ -187,9 +187,63 @@ struct Plan::Step {
 
 namespace {
 
+bool integer_op(const Node& n) { return !is_floating(n.meta.compute_dtype); }
+
+// Inputs of `n` whose values eager's kernel checks but compiled code does not: class indices
+// (one_hot: a zero row; nll_loss: a zero loss), integer divisors (floor_divide, remainder),
+// integer base and exponent of pow (0 to a negative power).
+std::vector<int> data_checked_inputs(const Node& n) {
+  switch (n.op) {
+    case OpKind::OneHot: return {n.in[0]};
+    case OpKind::NllLoss: return {n.in[1]};
+    case OpKind::FloorDivide:
+    case OpKind::Remainder:
+      if (integer_op(n)) return {n.in[1]};
+      return {};
+    case OpKind::Pow:
+      if (integer_op(n)) return {n.in[0], n.in[1]};
+      return {};
+    default: return {};
+  }
+}
+
+// The values of `v` as int64 (a copy).
+std::vector<int64_t> int_values(const Program& p, RunState& st, int v) {
+  Tensor t = st.value(p, v).to(DType::Int64).contiguous();
+  const int64_t* d = t.data<int64_t>();
+  return std::vector<int64_t>(d, d + t.numel());
+}
+
+// Whether eager's kernel raises for the inputs `n` got in this run (data_checked_inputs).
+bool eager_rejects(const Program& p, const Node& n, RunState& st) {
+  auto any = [](const std::vector<int64_t>& xs, auto pred) {
+    return std::any_of(xs.begin(), xs.end(), pred);
+  };
+  switch (n.op) {
+    case OpKind::OneHot:
+      return any(int_values(p, st, n.in[0]), [&](int64_t i) { return i < 0 || i >= n.attrs.mode; });
+    case OpKind::NllLoss: {
+      // The class count is the traced one: a compiled run has the program's shapes, or a
+      // symbolic graph in which nll_loss's class dim is static (ir/decompose.cpp).
+      const Shape& x = p.values[n.in[0]].shape;
+      const int64_t classes = x[x.size() == 2 ? 1 : 0];
+      return any(int_values(p, st, n.in[1]), [&](int64_t t) {
+        return t != n.attrs.ignore_index && (t < 0 || t >= classes);
+      });
+    }
+    case OpKind::FloorDivide:
+    case OpKind::Remainder:
+      return any(int_values(p, st, n.in[1]), [](int64_t d) { return d == 0; });
+    case OpKind::Pow:  // conservative: a 0 anywhere and a negative exponent anywhere
+      return any(int_values(p, st, n.in[0]), [](int64_t b) { return b == 0; }) &&
+             any(int_values(p, st, n.in[1]), [](int64_t e) { return e < 0; });
+    default: return false;
+  }
+}
+
 // Builds the region's graph; `dynamic` puts `?` where the program has symbolic dims.
 // Returns the graph and fills inputs/outputs/aliases/views.
-// `checked`: values the run checks after the region (one_hot's indices), made outputs too.
+// `checked`: values the run checks after the region (data_checked_inputs), made outputs too.
 ir::Graph region_graph(const Program& p, const std::vector<size_t>& nodes,
                        const std::vector<bool>& used_outside, const std::vector<int>& checked,
                        bool dynamic,
@@ -444,11 +498,14 @@ void Plan::build_region(Region& r, const PlanOptions& o) {
   std::vector<int> in_v;
   std::vector<DType> in_t;
   std::vector<int> checked;
-  for (size_t i : r.nodes)
-    if (p.nodes[i].op == OpKind::OneHot) {
-      r.one_hots.push_back(i);
-      checked.push_back(p.nodes[i].in[0]);
-    }
+  for (size_t i : r.nodes) {
+    const Node& n = p.nodes[i];
+    if (data_checked_inputs(n).empty()) continue;
+    r.data_checked.push_back(i);
+    // All its inputs: a rejected value re-runs the node on eager kernels.
+    for (int v : n.in)
+      if (v >= 0) checked.push_back(v);
+  }
   std::string first_error;
   for (bool dynamic : {true, false}) {
     if (dynamic && !has_sym) continue;
@@ -599,18 +656,12 @@ void Plan::run_compiled(const Region& r, RunState& st) const {
   for (size_t k = 0; k < r.outputs.size(); ++k) st.slots[r.outputs[k]] = std::move(outs[k]);
   for (auto& [v, src] : r.aliases) st.slots[v] = st.value(p, src);
   for (size_t i : r.views) run_eager(p.nodes[i], st);
-  // one_hot's indices (int64, as infer_meta requires): one out of range re-runs the node on
-  // eager kernels, which raises eager's error (a scan of N values, cheap next to the region).
-  for (size_t i : r.one_hots) {
-    const Node& n = p.nodes[i];
-    Tensor x = st.value(p, n.in[0]).contiguous();
-    const int64_t* d = x.data<int64_t>();
-    for (int64_t e = 0; e < x.numel(); ++e)
-      if (d[e] < 0 || d[e] >= n.attrs.mode) {
-        run_eager(n, st);
-        break;
-      }
-  }
+  // A value eager rejects re-runs its node on eager kernels, which raises eager's error, with
+  // the user's op name and line, before anything of the segment is written back (a scan of the
+  // checked inputs, cheap next to the region). Nodes in program order: a forward's check
+  // before its backward's.
+  for (size_t i : r.data_checked)
+    if (eager_rejects(p, p.nodes[i], st)) run_eager(p.nodes[i], st);
 }
 
 bool profiling() {

@@ -66,27 +66,19 @@ TEST_CASE("compile: cross_entropy's backward compiles one_hot and to, and equals
   CHECK_FALSE(contains(text, "eager op: unsqueeze"));
 
   // A class index out of range raises eager's error in the compiled step too (same shapes: no
-  // retrace). Eager raises in nll_loss's forward; the compiled nll_loss gives 0 there
-  // (ir/README.md), and the one_hot check after the region (which computed a zero row) raises
-  // one_hot's eager error. While the region is still timed against its ops on eager kernels
-  // (tracer/plan.cpp), a run on eager kernels raises nll_loss's error itself.
-  auto head = [](const std::string& e) { return e.substr(0, e.find(" (at ")); };
-  for (int64_t wrong : {int64_t{5}, int64_t{-7}, int64_t{1} << 40}) {
-    Tensor bad = from_vector<int64_t>({0, 1, 2, 3, 4, 0, 1, 2, 3, wrong, 0, 1, 2, 3, 4, 1}, Shape{16});
-    std::string nll_error = head(error_of([&] { eager_step(x, bad); }));
-    std::string one_hot_error = head(error_of([&] { one_hot(bad, 5); }));
-    REQUIRE(contains(nll_error, "out of bounds"));
-    REQUIRE(contains(one_hot_error, "out of range"));
-    std::string got = head(error_of([&] { compiled_step(x, bad); }));
-    INFO("compiled: " << got);
-    CHECK((got == nll_error || got == one_hot_error));
-  }
-  // After the timing runs (kTrials), the compiled code runs: one_hot's error.
-  for (int s = 0; s < 8; ++s) compiled_step(x, y);
-  Tensor bad = from_vector<int64_t>({0, 1, 2, 3, 4, 0, 1, 2, 3, 4, 0, 1, 2, 3, 4, 9}, Shape{16});
-  std::string got = head(error_of([&] { compiled_step(x, bad); }));
-  if (!contains(compiled_step.explain(), "runs on eager kernels"))
-    CHECK(got == head(error_of([&] { one_hot(bad, 5); })));
+  // retrace), at the same line: the compiled nll_loss gives 0 for it (ir/decompose.cpp), and
+  // the scan of its targets after the region re-runs it on eager kernels. Before that, the
+  // backward's one_hot (a zero row) raised one_hot's error at eager/derivatives.cpp.
+  // Runs while the region is timed against its ops on eager kernels and after (kTrials).
+  for (int round = 0; round < 3; ++round)
+    for (int64_t wrong : {int64_t{5}, int64_t{-7}, int64_t{1} << 40}) {
+      Tensor bad =
+          from_vector<int64_t>({0, 1, 2, 3, 4, 0, 1, 2, 3, wrong, 0, 1, 2, 3, 4, 1}, Shape{16});
+      std::string nll_error = error_of([&] { eager_step(x, bad); });
+      REQUIRE(contains(nll_error, "kiln::cross_entropy: target"));
+      CHECK(error_of([&] { compiled_step(x, bad); }) == nll_error);
+      compiled_step(x, y);
+    }
   CHECK(compiled_step.compile_count() == 1);
 }
 
@@ -106,4 +98,45 @@ TEST_CASE("compile: to() between dtypes in a compiled region equals eager", "[co
   }
   INFO(cf.explain());
   CHECK_FALSE(contains(cf.explain(), "eager op: to "));
+}
+
+TEST_CASE("compile: values eager rejects raise eager's error on every call (nll_loss targets, "
+          "integer division by zero, integer 0 to a negative power)", "[compile]") {
+  // Each compiled function runs 12 good and 12 bad calls: past the runs that time its region
+  // against eager kernels, so compiled code runs too. Before, compiled code returned a value
+  // (a 0 loss term, 4 for 8 // 0, 1 for 0 ** -1) on those calls.
+  auto loss = [](const Tensor& x, const Tensor& t) { return cross_entropy(x * 2.0, t); };
+  auto div = [](const Tensor& a, const Tensor& b) {
+    return floor_divide(a * 2, b) + remainder(a, b + 0);
+  };
+  auto pw = [](const Tensor& a, const Tensor& b) { return pow(a * 1, b) + 1; };
+  Tensor logits = from_vector<float>({1, 2, 3, 0, 0, 1}, {2, 3});
+  struct Case {
+    std::function<Tensor(const Tensor&, const Tensor&)> fn;
+    Tensor a, good, bad;
+    const char* error;
+  };
+  std::vector<Case> cases = {
+      {loss, logits, from_vector<int64_t>({0, 2}, {2}), from_vector<int64_t>({0, 3}, {2}),
+       "kiln::cross_entropy: target 3 is out of bounds"},
+      {loss, logits, from_vector<int64_t>({-100, 1}, {2}), from_vector<int64_t>({-1, 1}, {2}),
+       "kiln::cross_entropy: target -1 is out of bounds"},
+      {div, from_vector<int32_t>({4, -7}, {2}), from_vector<int32_t>({3, -2}, {2}),
+       from_vector<int32_t>({2, 0}, {2}), "integer division by zero"},
+      {pw, from_vector<int64_t>({0, 3}, {2}), from_vector<int64_t>({1, 2}, {2}),
+       from_vector<int64_t>({-1, 2}, {2}), "cannot be raised to a negative power"}};
+  for (Case& c : cases) {
+    INFO(c.error);
+    auto cf = compile(c.fn);
+    std::string expected = error_of([&] { c.fn(c.a, c.bad); });
+    REQUIRE(contains(expected, c.error));
+    std::vector<double> good = c.fn(c.a, c.good).to_vector<double>();
+    for (int k = 0; k < 12; ++k) {
+      std::vector<double> got = cf(c.a, c.good).to_vector<double>();
+      REQUIRE(got.size() == good.size());
+      for (size_t j = 0; j < got.size(); ++j) CHECK(got[j] == Approx(good[j]).epsilon(1e-6));
+      CHECK(error_of([&] { cf(c.a, c.bad); }) == expected);
+    }
+    CHECK(cf.compile_count() == 1);
+  }
 }
