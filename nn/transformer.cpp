@@ -53,6 +53,16 @@ AttentionOutput MultiheadAttention::forward(const Tensor& query, const Tensor& k
   Tensor vh = heads(project(v, 2), S);
   Tensor scores = matmul(qh, kh.transpose(-1, -2));  // [B, H, L, S]
   Tensor mask = attn_mask;
+  if (mask.defined()) {
+    KILN_CHECK(mask.dtype() == DType::Bool || is_floating(mask.dtype()), "MultiheadAttention",
+               Loc::current(), "attn_mask must be bool or floating point, got {}",
+               kiln::name(mask.dtype()));
+    KILN_CHECK(mask.shape() == Shape({L, S}) || mask.shape() == Shape({B * H, L, S}),
+               "MultiheadAttention", Loc::current(),
+               "attn_mask must be [{}, {}] or [{}, {}, {}] (batch x heads, L, S), got {}", L, S,
+               B * H, L, S, to_string(mask.shape()));
+    if (mask.dim() == 3) mask = mask.reshape({B, H, L, S});
+  }
   if (is_causal) {
     KILN_CHECK(L == S, "MultiheadAttention", Loc::current(),
                "is_causal needs equal query and key lengths, got {} and {}", L, S);

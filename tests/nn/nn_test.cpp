@@ -81,6 +81,42 @@ TEST_CASE("attention on a 2x3 example matches a hand computation") {
   CHECK_THROWS_AS(MultiheadAttention(10, 3), Error);
 }
 
+TEST_CASE("attention masks: per batch and head [B*H, L, S] as PyTorch; integer masks and other "
+          "shapes raise") {
+  manual_seed(4);
+  MultiheadAttention mha(4, 2, 0.0, true, /*batch_first=*/true);
+  Tensor x = randn({2, 3, 4});
+  // Masking key 2 for batch 1, head 0 only: that row of the weights (averaged over heads) is
+  // half the mean of the unmasked heads' weight on key 2.
+  std::vector<float> m(2 * 2 * 3 * 3, 0.f);
+  for (int l = 0; l < 3; ++l) m[((1 * 2 + 0) * 3 + l) * 3 + 2] = -INFINITY;
+  Tensor mask3 = from_vector<float>(m, {4, 3, 3});
+  auto full = mha.forward(x, x, x, Tensor(), Tensor(), true);
+  auto masked = mha.forward(x, x, x, Tensor(), mask3, true);
+  std::vector<float> wf = full.weights.to_vector<float>(), wm = masked.weights.to_vector<float>();
+  for (int l = 0; l < 3; ++l) {
+    CHECK(wm[(0 * 3 + l) * 3 + 2] == Approx(wf[(0 * 3 + l) * 3 + 2]));  // batch 0 untouched
+    CHECK(wm[(1 * 3 + l) * 3 + 2] < wf[(1 * 3 + l) * 3 + 2]);
+  }
+  // A [L, S] mask repeated over batch and heads equals the 2-D mask.
+  Tensor mask2 = from_vector<float>({0, -INFINITY, 0, 0, 0, -INFINITY, 0, 0, 0}, {3, 3});
+  auto r2 = mha.forward(x, x, x, Tensor(), mask2, true);
+  auto r3 = mha.forward(x, x, x, Tensor(), mask2.unsqueeze(0).expand({4, 3, 3}), true);
+  CHECK(r3.output.to_vector<float>() == r2.output.to_vector<float>());
+  auto error_of = [&](const Tensor& mask) {
+    try {
+      mha.forward(x, x, x, Tensor(), mask);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  CHECK_THAT(error_of(ones({3, 3}, {DType::Int64})),
+             Catch::Contains("attn_mask must be bool or floating point, got int64"));
+  CHECK_THAT(error_of(zeros({4, 4})),
+             Catch::Contains("attn_mask must be [3, 3] or [4, 3, 3] (batch x heads, L, S), got [4, 4]"));
+}
+
 TEST_CASE("TransformerEncoder runs forward and backward with the expected parameter names") {
   manual_seed(1);
   TransformerEncoderLayerOptions o;
