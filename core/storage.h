@@ -40,6 +40,18 @@ class StorageImpl {
   /// Sets the counter (a storage that takes over another's role continues its count).
   void set_version(uint64_t v) { version_.store(v, std::memory_order_relaxed); }
 
+  /// Whether an in-place op recorded by autograd gave a tensor on this storage a gradient
+  /// history it did not have (`h.slice(0, 0, 2).copy_(x)` for x that requires grad). Other
+  /// tensors on the storage (h, other views) do not get that history (autograd does not rebase
+  /// views onto their base, as PyTorch's CopySlices does), so using them in a recorded op is
+  /// an error instead of a gradient silently lost (eager/autograd.cpp).
+  bool gained_history_in_place() const {
+    return gained_history_in_place_.load(std::memory_order_relaxed);
+  }
+  void set_gained_history_in_place() {
+    gained_history_in_place_.store(true, std::memory_order_relaxed);
+  }
+
   /// Creation order of storages in this process (strictly increasing). The tracer uses it to
   /// tell tensors created inside a traced function from tensors captured from outside.
   uint64_t serial() const { return serial_; }
@@ -51,6 +63,7 @@ class StorageImpl {
   size_t nbytes_;
   Allocator* allocator_;
   std::atomic<uint64_t> version_{0};
+  std::atomic<bool> gained_history_in_place_{false};
   uint64_t serial_;
 };
 

@@ -241,6 +241,15 @@ class RecordHook final : public DispatchHook {
                  "was taken; its recorded history is stale, so take the view again after the "
                  "in-place op",
                  to_string(t.shape()));
+      KILN_CHECK(!t.defined() || (vm && vm->requires_grad) ||
+                     !t.storage()->gained_history_in_place(),
+                 c.name(), c.loc,
+                 "an input (shape {}) shares memory with another tensor (a view of it, or its "
+                 "base) that an in-place op gave a gradient history; this tensor does not carry "
+                 "that history, so its gradient would be lost. Use the tensor the in-place op "
+                 "wrote, build the result out of place (cat, stack, where), or read it under "
+                 "kiln::no_grad",
+                 to_string(t.shape()));
     }
     if (!is_in_place(c.op)) return false;
     Meta* m = meta(c.inputs[0]);
@@ -263,6 +272,9 @@ class RecordHook final : public DispatchHook {
     auto node = std::make_shared<OpNode>(c, meta_info);
     Tensor& out = outs[0];  // views come with their own TensorImpl (eager/view.cpp)
     node->save(c, outs);
+    if (is_in_place(c.op))
+      if (Meta* before = meta(out); !before || !before->requires_grad)
+        out.storage()->set_gained_history_in_place();
     Meta& m = ensure_meta(out);
     m.requires_grad = true;
     m.grad_fn = node;

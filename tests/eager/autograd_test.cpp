@@ -135,6 +135,36 @@ TEST_CASE("in-place writes into a view of a tensor that requires grad are reject
   CHECK(c.item<double>() == 5);
 }
 
+TEST_CASE("a tensor whose view gained a gradient history in place is not silently "
+          "differentiated") {
+  // h does not require grad; writing x·2 into a view of it gives only that view a history.
+  // PyTorch rebases h onto it (CopySlices); kiln raises where h's gradient would be lost (it
+  // gave x.grad = [2, 6] for y = sum(h[0:2] · x) instead of [4, 12]).
+  Tensor x = tensor({1.0, 3.0}).requires_grad_();
+  Tensor h = zeros({3}, {DType::Float64});
+  Tensor v = h.slice(0, 0, 2);
+  v.copy_(x * 2);
+  CHECK_THROWS_WITH((h.slice(0, 0, 2) * x).sum(),
+                    Catch::Contains("shares memory with another tensor (a view of it, or its base) "
+                                    "that an in-place op gave a gradient history"));
+  CHECK_THROWS_WITH(h.sum(), Catch::Contains("its gradient would be lost"));
+  CHECK_THROWS_WITH(h.slice(0, 2, 3).copy_(x.slice(0, 0, 1)), Catch::Contains("would be lost"));
+  // The view that was written carries the history: y = sum(v · x) = sum(2x²), dy/dx = 4x.
+  (v * x).sum().backward();
+  CHECK(x.grad().to_vector<double>() == std::vector<double>{4, 12});
+  // Reading h without recording is fine, and its values are the written ones.
+  {
+    NoGradGuard no_grad;
+    CHECK(h.sum().item<double>() == 8);
+  }
+  CHECK(h.to_vector<double>() == std::vector<double>{2, 6, 0});
+  // Writing into the whole tensor gives it the history; compound ops too.
+  Tensor g = zeros({2}, {DType::Float64});
+  g += x;
+  (g * x).sum().backward();
+  CHECK(x.grad().to_vector<double>() == std::vector<double>{4 + 2, 12 + 6});
+}
+
 TEST_CASE("a view whose base changed in place is not silently differentiated") {
   Tensor x = tensor({1.0, 2.0, 3.0}).requires_grad_();
   Tensor y = x * 1;
