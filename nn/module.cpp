@@ -128,10 +128,13 @@ StateDict Module::state_dict() const {
 }
 
 void Module::load_state_dict(const StateDict& dict, bool strict) {
+  // Everything is checked (and every source converted to its destination's dtype and device)
+  // before the first copy, so a failed call leaves every parameter and buffer unchanged.
   StateDict mine = state_dict();
-  NoGradGuard no_grad;
+  std::vector<Tensor> sources(mine.size());
   std::vector<bool> used(dict.size(), false);
-  for (auto& [key, dst] : mine) {
+  for (size_t j = 0; j < mine.size(); ++j) {
+    const auto& [key, dst] = mine[j];
     size_t i = 0;
     while (i < dict.size() && dict[i].first != key) ++i;
     if (i == dict.size()) {
@@ -141,15 +144,22 @@ void Module::load_state_dict(const StateDict& dict, bool strict) {
     }
     used[i] = true;
     const Tensor& src = dict[i].second;
+    KILN_CHECK(src.defined(), "load_state_dict", Loc::current(),
+               "the tensor for \"{}\" is undefined", key);
     KILN_CHECK(src.shape() == dst.shape(), "load_state_dict", Loc::current(),
                "size mismatch for \"{}\": copying a tensor of shape {} into one of shape {}", key,
                to_string(src.shape()), to_string(dst.shape()));
-    Tensor d = dst;
-    d.copy_(src);
+    sources[j] = src.detach().to(dst.device()).to(dst.dtype());
   }
   for (size_t i = 0; strict && i < dict.size(); ++i)
     KILN_CHECK(used[i], "load_state_dict", Loc::current(), "unexpected key \"{}\" in state dict",
                dict[i].first);
+  NoGradGuard no_grad;
+  for (size_t j = 0; j < mine.size(); ++j)
+    if (sources[j].defined()) {
+      Tensor d = mine[j].second;
+      d.copy_(sources[j]);
+    }
 }
 
 void Module::save(const std::string& path) const { save_safetensors(state_dict(), path); }
