@@ -1,7 +1,9 @@
 #include "nn/serialize.h"
 
 #include <cstring>
+#include <filesystem>
 #include <fstream>
+#include <unordered_set>
 
 #include "eager/factories.h"
 
@@ -19,10 +21,10 @@ const char* st_dtype(DType t) {
   return "";
 }
 
-DType from_st_dtype(const std::string& s, const std::string& path) {
+DType from_st_dtype(const std::string& s, const std::string& path, Loc loc) {
   for (DType t : {DType::Bool, DType::Int32, DType::Int64, DType::Float32, DType::Float64})
     if (s == st_dtype(t)) return t;
-  throw Error("load_safetensors", fmt::format("{}: unsupported dtype \"{}\"", path, s));
+  throw Error("load_safetensors", fmt::format("{}: unsupported dtype \"{}\"", path, s), loc);
 }
 
 std::string json_escape(const std::string& s) {
@@ -42,10 +44,11 @@ std::string json_escape(const std::string& s) {
 struct Reader {
   const std::string& s;
   const std::string& path;
+  Loc loc;
   size_t i = 0;
   [[noreturn]] void fail(const char* what) {
     throw Error("load_safetensors",
-                fmt::format("{}: corrupt header at byte {} ({})", path, i, what));
+                fmt::format("{}: corrupt header at byte {} ({})", path, i, what), loc);
   }
   void ws() {
     while (i < s.size() && std::isspace(static_cast<unsigned char>(s[i]))) ++i;
@@ -101,14 +104,18 @@ struct Reader {
     expect(']');
     return out;
   }
-  void skip_value() {  // for __metadata__: an object of strings
+  // Objects nested deeper than this are rejected: the recursion below must not overflow the
+  // stack on a crafted header (a million nested objects crashed the loader).
+  static constexpr int kMaxDepth = 64;
+  void skip_value(int depth = 0) {  // for __metadata__: an object of strings
     if (peek('{')) {
+      if (depth >= kMaxDepth) fail("objects nested more than 64 deep");
       ++i;
       if (peek('}')) return void(++i);
       do {
         string();
         expect(':');
-        skip_value();
+        skip_value(depth + 1);
       } while (peek(',') && ++i);
       expect('}');
     } else if (peek('"')) {
@@ -149,24 +156,35 @@ void save_safetensors(const StateDict& dict, const std::string& path) {
   KILN_CHECK(f.good(), "save_safetensors", Loc::current(), "write to \"{}\" failed", path);
 }
 
-StateDict load_safetensors(const std::string& path) {
+StateDict load_safetensors(const std::string& path, Loc loc) {
+  std::error_code ec;
+  KILN_CHECK(!std::filesystem::is_directory(path, ec), "load_safetensors", loc,
+             "\"{}\" is a directory, not a safetensors file", path);
   std::ifstream f(path, std::ios::binary);
-  KILN_CHECK(f.good(), "load_safetensors", Loc::current(), "cannot open \"{}\"", path);
-  std::string bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-  KILN_CHECK(bytes.size() >= 8, "load_safetensors", Loc::current(), "{}: file too short", path);
+  KILN_CHECK(f.good(), "load_safetensors", loc, "cannot open \"{}\"", path);
+  std::string bytes;
+  try {  // libstdc++ throws std::ios_base::failure when the read itself fails
+    bytes.assign(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+  } catch (const std::exception& e) {
+    throw Error("load_safetensors", fmt::format("cannot read \"{}\": {}", path, e.what()), loc);
+  }
+  KILN_CHECK(bytes.size() >= 8, "load_safetensors", loc, "{}: file too short", path);
   uint64_t n;
   std::memcpy(&n, bytes.data(), 8);
-  KILN_CHECK(n <= bytes.size() - 8, "load_safetensors", Loc::current(),
+  KILN_CHECK(n <= bytes.size() - 8, "load_safetensors", loc,
              "{}: header size {} exceeds the file size {}", path, n, bytes.size());
   std::string header = bytes.substr(8, n);
   const char* body = bytes.data() + 8 + n;
   size_t body_size = bytes.size() - 8 - n;
-  Reader r{header, path};
+  Reader r{header, path, loc};
   StateDict out;
+  std::unordered_set<std::string> names;
   r.expect('{');
   if (r.peek('}')) return out;
   do {
     std::string name = r.string();
+    KILN_CHECK(names.insert(name).second, "load_safetensors", loc,
+               "{}: the header names \"{}\" twice", path, name);
     r.expect(':');
     if (name == "__metadata__") {
       r.skip_value();
@@ -184,14 +202,21 @@ StateDict load_safetensors(const std::string& path) {
       else r.skip_value();
     } while (r.peek(',') && ++r.i);
     r.expect('}');
-    DType t = from_st_dtype(dtype, path);
+    DType t = from_st_dtype(dtype, path, loc);
     Shape s(shape);
     size_t nbytes = static_cast<size_t>(numel(s)) * itemsize(t);
     KILN_CHECK(offsets.size() == 2 && offsets[0] >= 0 && offsets[1] - offsets[0] ==
                    static_cast<int64_t>(nbytes) && static_cast<size_t>(offsets[1]) <= body_size,
-               "load_safetensors", Loc::current(), "{}: bad data_offsets for \"{}\"", path, name);
+               "load_safetensors", loc, "{}: bad data_offsets for \"{}\"", path, name);
     Tensor x = empty(s, {t});
     std::memcpy(x.raw_data(), body + offsets[0], nbytes);
+    if (t == DType::Bool) {  // a bool is one byte, 0 or 1; anything else is not a bool value
+      const auto* b = reinterpret_cast<const unsigned char*>(body + offsets[0]);
+      for (size_t k = 0; k < nbytes; ++k)
+        KILN_CHECK(b[k] <= 1, "load_safetensors", loc,
+                   "{}: BOOL tensor \"{}\" holds byte {} at element {} (a bool must be 0 or 1)",
+                   path, name, int(b[k]), k);
+    }
     out.emplace_back(name, x);
   } while (r.peek(',') && ++r.i);
   r.expect('}');

@@ -13,7 +13,9 @@ namespace kiln::nn {
 /// Writes `dict` to `path`. Throws kiln::Error if the file cannot be written.
 void save_safetensors(const StateDict& dict, const std::string& path);
 /// Reads every tensor of a safetensors file (in file order). Throws kiln::Error naming the
-/// path on a missing/corrupt file or an unsupported dtype.
-StateDict load_safetensors(const std::string& path);
+/// path and `loc` on a missing, unreadable (a directory) or corrupt file: a bad header
+/// (objects nested more than 64 deep, a tensor name given twice, bad offsets), an unsupported
+/// dtype, or a BOOL tensor with a byte other than 0 or 1.
+StateDict load_safetensors(const std::string& path, Loc loc = Loc::current());
 
 }  // namespace kiln::nn

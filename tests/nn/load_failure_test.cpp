@@ -1,4 +1,6 @@
-// Failed loads change nothing: load_state_dict validates every key and shape before it copies.
+// Failed loads change nothing: load_state_dict validates every key and shape before it copies,
+// and load_safetensors rejects malformed files (deep nesting, directories, bad BOOL bytes,
+// duplicate names) with kiln::Error instead of crashing or loading garbage.
 #include <catch2/catch.hpp>
 
 #include <cstdint>
@@ -27,6 +29,15 @@ void expect_error(const std::function<void()>& f, const std::string& part) {
   }
 }
 
+// A safetensors file: the header as given, then `body`.
+std::string write_st(const std::string& name, const std::string& header, const std::string& body) {
+  std::string path = "/tmp/kiln_load_failure_test_" + name + ".safetensors";
+  std::ofstream f(path, std::ios::binary);
+  uint64_t n = header.size();
+  f.write(reinterpret_cast<const char*>(&n), 8);
+  f << header << body;
+  return path;
+}
 }  // namespace
 
 TEST_CASE("load_state_dict that fails leaves every parameter unchanged") {
@@ -67,4 +78,39 @@ TEST_CASE("load_state_dict that fails leaves every parameter unchanged") {
     CHECK(vec(lin.bias) == V{3.f, 3.f, 3.f});
     CHECK(lin.weight.dtype() == Float32);
   }
+}
+
+TEST_CASE("load_safetensors: __metadata__ nested a million deep is an error, not a crash") {
+  std::string h = R"({"__metadata__":)";
+  for (int i = 0; i < 1000000; ++i) h += R"({"a":)";
+  h += "1";
+  h += std::string(1000000, '}');
+  h += "}";
+  expect_error([&] { load_safetensors(write_st("deep", h, "")); }, "nested more than 64 deep");
+  // shallow nesting still loads
+  std::string ok = R"({"__metadata__":{"a":{"b":"c"}},"t":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})";
+  float one = 1.f;
+  StateDict d = load_safetensors(write_st("shallow", ok, std::string(reinterpret_cast<char*>(&one), 4)));
+  REQUIRE(d.size() == 1);
+  CHECK(vec(d[0].second) == V{1.f});
+}
+
+TEST_CASE("load_safetensors: a directory is a kiln::Error") {
+  expect_error([] { load_safetensors("/tmp"); }, "is a directory");
+}
+
+TEST_CASE("load_safetensors: BOOL bytes other than 0 and 1 are rejected, naming the tensor") {
+  std::string h = R"({"flags":{"dtype":"BOOL","shape":[4],"data_offsets":[0,4]}})";
+  expect_error([&] { load_safetensors(write_st("bool_bad", h, std::string("\x01\x00\xff\x01", 4))); },
+               "BOOL tensor \"flags\" holds byte 255 at element 2");
+  StateDict d = load_safetensors(write_st("bool_ok", h, std::string("\x01\x00\x00\x01", 4)));
+  CHECK(d[0].second.to(Int64).to_vector<int64_t>() == std::vector<int64_t>{1, 0, 0, 1});
+  CHECK(d[0].second.sum().item<int64_t>() == 2);
+}
+
+TEST_CASE("load_safetensors: a tensor name given twice is rejected") {
+  std::string h = R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},)"
+                  R"("a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})";
+  expect_error([&] { load_safetensors(write_st("dup", h, std::string(4, '\0'))); },
+               "names \"a\" twice");
 }
