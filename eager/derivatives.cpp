@@ -138,7 +138,8 @@ std::vector<Tensor> binary(const BackwardContext& c, const Tensor& g) {
     case K::Div:
       return pair(c.needs_grad[0] ? g / b : g, c.needs_grad[1] ? -(g * a / (b * b)) : g);
     case K::Pow: {
-      Tensor ga = c.needs_grad[0] ? g * b * pow(a, b - 1) : g;
+      // d/da a^b = b·a^(b-1), taken as 0 where b = 0 (PyTorch): 0·0^-1 would be NaN at a = 0
+      Tensor ga = c.needs_grad[0] ? g * where(eq(b, 0), 0.0, b * pow(a, b - 1)) : g;
       Tensor gb = g;
       if (c.needs_grad[1])  // d/db a^b = a^b·log a, taken as 0 where a = 0 and b >= 0
         gb = where(logical_and(eq(a, 0), ge(b, 0)), zeros_like(g), g * c.output * log(a));
@@ -194,7 +195,9 @@ std::vector<Tensor> reduction(const BackwardContext& c, const Tensor& g) {
       double dof = n - static_cast<double>(c.attrs.mode);
       Tensor xc = x - mean(x, dims, true);
       if (c.op == K::Var) return {ge_ * xc * (2.0 / dof)};
-      return {ge_ * xc / (expand_back(y, in.shape, c.attrs) * dof)};
+      // std = 0 (all elements equal): xc = 0 too; the gradient is 0, not 0/0 (PyTorch masks it)
+      Tensor yb = expand_back(y, in.shape, c.attrs);
+      return {where(eq(yb, 0), 0.0, ge_ / (yb * dof)) * xc};
     }
     case K::LogSumExp: return {ge_ * exp(x - expand_back(y, in.shape, c.attrs))};
     default: break;
@@ -367,7 +370,9 @@ std::vector<Tensor> other(const BackwardContext& c, const Tensor& g) {
       Tensor w = one_hot(safe, classes).to(g.dtype()) * valid.to(g.dtype()).unsqueeze(-1);
       Tensor scale = g;
       if (c.attrs.mode == 0) scale = g.unsqueeze(-1);
-      if (c.attrs.mode == 1) scale = g / valid.to(g.dtype()).sum();
+      // Every target ignored: the count is 0 and w is all 0; the gradient is 0 (PyTorch), so
+      // the count is taken as at least 1 (0·(g/0) would be NaN).
+      if (c.attrs.mode == 1) scale = g / clamp(valid.to(g.dtype()).sum(), 1.0, std::nullopt);
       return {-(w * scale)};
     }
     default: break;

@@ -1,0 +1,106 @@
+// Gradients at the edges where PyTorch defines 0 instead of 0/0 (pow with exponent 0, std of
+// equal elements, a loss whose every target is ignored), eagerly and under compile(). Expected
+// values from PyTorch 1.13.
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <functional>
+#include <vector>
+
+#include "kiln/kiln.h"
+
+using namespace kiln;
+
+namespace {
+std::vector<float> v(const Tensor& t) { return t.to_vector<float>(); }
+using V = std::vector<float>;
+using GradFn = std::function<std::vector<Tensor>(const std::vector<Tensor>&)>;
+
+// fn(inputs) → gradients, run eagerly and compiled (trace + two replays); each checked with
+// `expect`.
+void both(const GradFn& fn, const std::function<std::vector<Tensor>()>& inputs,
+          const std::function<void(const std::vector<Tensor>&)>& expect) {
+  {
+    INFO("eager");
+    expect(fn(inputs()));
+  }
+  auto f = compile([fn](const Tensor& a, const Tensor& b) { return fn({a, b}); });
+  for (int i = 0; i < 3; ++i) {
+    INFO("compiled, call " << i);
+    auto in = inputs();
+    expect(f(in[0], in[1]));
+  }
+}
+}  // namespace
+
+TEST_CASE("d/dx pow(x, 0) is 0 at x = 0, scalar or tensor exponent", "[autograd][compile]") {
+  auto in = [] {
+    return std::vector<Tensor>{tensor({0.f, 2.f}).requires_grad_(),
+                               tensor({0.f, 0.f}).requires_grad_()};
+  };
+  both([](const std::vector<Tensor>& t) { return kiln::grad({pow(t[0], 0).sum()}, {t[0]}); }, in,
+       [](const std::vector<Tensor>& g) { CHECK(v(g[0]) == V{0.f, 0.f}); });
+  both([](const std::vector<Tensor>& t) { return kiln::grad({pow(t[0], 0.0).sum()}, {t[0]}); },
+       in, [](const std::vector<Tensor>& g) { CHECK(v(g[0]) == V{0.f, 0.f}); });
+  both([](const std::vector<Tensor>& t) { return kiln::grad({pow(t[0], t[1]).sum()}, t); }, in,
+       [](const std::vector<Tensor>& g) {
+         CHECK(v(g[0]) == V{0.f, 0.f});
+         CHECK(v(g[1])[0] == 0.f);
+         CHECK(v(g[1])[1] == Approx(0.693147f));
+       });
+  // exponent 2 is unchanged: 2x
+  Tensor x = tensor({0.f, 2.f}).requires_grad_();
+  CHECK(v(kiln::grad({pow(x, 2).sum()}, {x})[0]) == V{0.f, 4.f});
+}
+
+TEST_CASE("d/dx std(x) is 0 where all elements are equal", "[autograd][compile]") {
+  auto in = [] {
+    return std::vector<Tensor>{tensor({1.5f, 1.5f, 1.5f}).requires_grad_(),
+                               tensor({{1.5f, 1.5f}, {1.f, 3.f}}).requires_grad_()};
+  };
+  both(
+      [](const std::vector<Tensor>& t) {
+        return std::vector<Tensor>{kiln::grad({kiln::std(t[0])}, {t[0]})[0],
+                                   kiln::grad({kiln::std(t[0], {}, 0)}, {t[0]})[0],
+                                   kiln::grad({kiln::var(t[0])}, {t[0]})[0],
+                                   kiln::grad({kiln::std(t[1], {1}).sum()}, {t[1]})[0]};
+      },
+      in,
+      [](const std::vector<Tensor>& g) {
+        CHECK(v(g[0]) == V{0.f, 0.f, 0.f});
+        CHECK(v(g[1]) == V{0.f, 0.f, 0.f});
+        CHECK(v(g[2]) == V{0.f, 0.f, 0.f});
+        V r = v(g[3]);  // row 0 equal: 0; row 1 unaffected: (x - mean) / (std · (n-1))
+        CHECK(r[0] == 0.f);
+        CHECK(r[1] == 0.f);
+        CHECK(r[2] == Approx(-0.707107f));
+        CHECK(r[3] == Approx(0.707107f));
+      });
+}
+
+TEST_CASE("cross_entropy / nll_loss with every target ignored: NaN loss, zero gradient",
+          "[autograd][compile]") {
+  auto in = [] {
+    return std::vector<Tensor>{tensor({{0.5f, 1.f}, {2.f, -1.f}}).requires_grad_(),
+                               tensor({{0.5f, 1.f}, {2.f, -1.f}}).requires_grad_()};
+  };
+  both(
+      [](const std::vector<Tensor>& t) {
+        Tensor all_ignored = cross_entropy(t[0], full({2}, -100, Int64));
+        Tensor one_ignored = cross_entropy(t[1], tensor({int64_t{1}, int64_t{-100}}));
+        Tensor nll = nll_loss(log_softmax(t[1], 1), full({2}, -100, Int64));
+        return std::vector<Tensor>{all_ignored.detach(), kiln::grad({all_ignored}, {t[0]})[0],
+                                   kiln::grad({one_ignored}, {t[1]})[0],
+                                   kiln::grad({nll}, {t[1]})[0]};
+      },
+      in,
+      [](const std::vector<Tensor>& g) {
+        CHECK(std::isnan(g[0].item<float>()));
+        CHECK(v(g[1]) == V{0.f, 0.f, 0.f, 0.f});
+        V r = v(g[2]);
+        CHECK(r[0] == Approx(0.377541f));
+        CHECK(r[1] == Approx(-0.377541f));
+        CHECK(r[2] == 0.f);
+        CHECK(r[3] == 0.f);
+        CHECK(v(g[3]) == V{0.f, 0.f, 0.f, 0.f});
+      });
+}
