@@ -1,4 +1,5 @@
 // Tensor's op methods (declared in core/tensor.h): thin forwards to the dispatcher.
+#include "eager/autograd.h"
 #include "eager/dispatch.h"
 #include "eager/ops.h"
 #include "eager/view.h"
@@ -10,13 +11,17 @@ Tensor view_op(OpKind op, const Tensor& x, OpAttrs a, Loc loc) {
   return dispatch::call1({op, {x}, std::move(a), loc});
 }
 
-// In-place update: x = op(x, y), the result of `compute`, written back into x's storage (dtype
-// of x kept; a result of a higher category, e.g. float into an int tensor, is an error as in
-// PyTorch). Every error names the in-place op (`add_` for `x += y`).
+// In-place update: x = op(x, y), the result of `compute(self)` (self is x, or a copy of it),
+// written back into x's storage (dtype of x kept; a result of a higher category, e.g. float
+// into an int tensor, is an error as in PyTorch). Every error names the in-place op (`add_` for
+// `x += y`). `saves_self`: the op's backward reads x's value (mul_, div_); when autograd records
+// it, it computes from a clone of x (as PyTorch saves the original self), since the write into
+// x would otherwise invalidate the saved value and backward() would fail.
 template <class F>
-Tensor& in_place(Tensor& x, const char* op, Loc loc, F compute) {
+Tensor& in_place(Tensor& x, const char* op, Loc loc, bool saves_self, F compute) {
   return as_op(op, [&]() -> Tensor& {
-    Tensor result = compute();
+    bool clone_self = saves_self && x.defined() && x.requires_grad() && is_grad_enabled();
+    Tensor result = clone_self ? compute(x.clone(loc)) : compute(x);
     KILN_CHECK(category(result.dtype()) <= category(x.dtype()), op, loc,
                "result type {} can't be cast to the in-place output type {}",
                name(result.dtype()), name(x.dtype()));
@@ -153,28 +158,36 @@ Tensor Tensor::index_select(int64_t dim, const Tensor& index, Loc loc) const {
 }
 
 Tensor& Tensor::operator+=(TensorOperand o) {
-  return in_place(*this, "add_", o.loc, [&] { return add(*this, o.tensor, 1, o.loc); });
+  return in_place(*this, "add_", o.loc, false,
+                  [&](const Tensor& self) { return add(self, o.tensor, 1, o.loc); });
 }
 Tensor& Tensor::operator-=(TensorOperand o) {
-  return in_place(*this, "sub_", o.loc, [&] { return sub(*this, o.tensor, 1, o.loc); });
+  return in_place(*this, "sub_", o.loc, false,
+                  [&](const Tensor& self) { return sub(self, o.tensor, 1, o.loc); });
 }
 Tensor& Tensor::operator*=(TensorOperand o) {
-  return in_place(*this, "mul_", o.loc, [&] { return mul(*this, o.tensor, o.loc); });
+  return in_place(*this, "mul_", o.loc, true,
+                  [&](const Tensor& self) { return mul(self, o.tensor, o.loc); });
 }
 Tensor& Tensor::operator/=(TensorOperand o) {
-  return in_place(*this, "div_", o.loc, [&] { return div(*this, o.tensor, o.loc); });
+  return in_place(*this, "div_", o.loc, true,
+                  [&](const Tensor& self) { return div(self, o.tensor, o.loc); });
 }
 Tensor& Tensor::operator+=(ScalarOperand o) {
-  return in_place(*this, "add_", o.loc, [&] { return add(*this, o.scalar, 1, o.loc); });
+  return in_place(*this, "add_", o.loc, false,
+                  [&](const Tensor& self) { return add(self, o.scalar, 1, o.loc); });
 }
 Tensor& Tensor::operator-=(ScalarOperand o) {
-  return in_place(*this, "sub_", o.loc, [&] { return sub(*this, o.scalar, 1, o.loc); });
+  return in_place(*this, "sub_", o.loc, false,
+                  [&](const Tensor& self) { return sub(self, o.scalar, 1, o.loc); });
 }
 Tensor& Tensor::operator*=(ScalarOperand o) {
-  return in_place(*this, "mul_", o.loc, [&] { return mul(*this, o.scalar, o.loc); });
+  return in_place(*this, "mul_", o.loc, true,
+                  [&](const Tensor& self) { return mul(self, o.scalar, o.loc); });
 }
 Tensor& Tensor::operator/=(ScalarOperand o) {
-  return in_place(*this, "div_", o.loc, [&] { return div(*this, o.scalar, o.loc); });
+  return in_place(*this, "div_", o.loc, true,
+                  [&](const Tensor& self) { return div(self, o.scalar, o.loc); });
 }
 
 }  // namespace kiln

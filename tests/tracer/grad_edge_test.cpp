@@ -1,6 +1,6 @@
 // Gradients at the edges where PyTorch defines 0 instead of 0/0 (pow with exponent 0, std of
-// equal elements, a loss whose every target is ignored), eagerly and under compile(). Expected
-// values from PyTorch 1.13.
+// equal elements, a loss whose every target is ignored), and in-place ops whose backward needs
+// the original self (h *= y), eagerly and under compile(). Expected values from PyTorch 1.13.
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <functional>
@@ -103,4 +103,47 @@ TEST_CASE("cross_entropy / nll_loss with every target ignored: NaN loss, zero gr
         CHECK(r[3] == 0.f);
         CHECK(v(g[3]) == V{0.f, 0.f, 0.f, 0.f});
       });
+}
+
+TEST_CASE("h = x*2; h *= y (and /=, *= scalar) back-propagates with the original h",
+          "[autograd][compile]") {
+  auto in = [] {
+    return std::vector<Tensor>{tensor({1.f, 2.f}).requires_grad_(),
+                               tensor({3.f, 5.f}).requires_grad_()};
+  };
+  both(
+      [](const std::vector<Tensor>& t) {
+        Tensor h = t[0] * 2.0;
+        h *= t[1];
+        Tensor d = t[0] * 2.0;
+        d /= t[1];
+        Tensor s = t[0] * 2.0;
+        s *= 3.0;
+        auto gm = kiln::grad({h.sum()}, t);
+        auto gd = kiln::grad({d.sum()}, t);
+        auto gs = kiln::grad({s.sum()}, {t[0]});
+        return std::vector<Tensor>{h.detach(), gm[0], gm[1], gd[0], gd[1], gs[0]};
+      },
+      in,
+      [](const std::vector<Tensor>& g) {
+        CHECK(v(g[0]) == V{6.f, 20.f});
+        CHECK(v(g[1]) == V{6.f, 10.f});
+        CHECK(v(g[2]) == V{2.f, 4.f});
+        CHECK(v(g[3])[0] == Approx(2.f / 3));
+        CHECK(v(g[3])[1] == Approx(0.4f));
+        CHECK(v(g[4])[0] == Approx(-2.f / 9));
+        CHECK(v(g[4])[1] == Approx(-0.16f));
+        CHECK(v(g[5]) == V{6.f, 6.f});
+      });
+  // backward() into .grad, as reported
+  Tensor x = tensor({1.f, 2.f}).requires_grad_(), y = tensor({3.f, 5.f}).requires_grad_();
+  Tensor h = x * 2.0;
+  h *= y;
+  h.sum().backward();
+  CHECK(v(x.grad()) == V{6.f, 10.f});
+  CHECK(v(y.grad()) == V{2.f, 4.f});
+  // a leaf that requires grad still refuses in-place ops, and stays unchanged
+  Tensor leaf = tensor({1.f, 2.f}).requires_grad_();
+  CHECK_THROWS_AS(leaf *= y, Error);
+  CHECK(v(leaf) == V{1.f, 2.f});
 }
