@@ -115,7 +115,7 @@ IrFloat bits_to_float(int32_t bits) {
   std::memcpy(&f, &bits, sizeof f);
   return IrFloat(static_cast<double>(f));
 }
-IrFloat exp2(IrFloat a) { return unary<mlir::math::Exp2Op>(a); }
+IrFloat exp2(IrFloat a);  // below, as exp
 IrFloat sqrt(IrFloat a) { return unary<mlir::math::SqrtOp>(a); }
 IrFloat tanh(IrFloat a) { return unary<mlir::math::TanhOp>(a); }
 IrFloat erf(IrFloat a) { return unary<mlir::math::ErfOp>(a); }
@@ -153,8 +153,9 @@ IrFloat log1p(IrFloat a) {
   IrFloat r = select(u == a, lu, lu * (a / (u - one)));  // u == a: huge x, +inf
   return select(u == one, a, r);
 }
+IrFloat pow2i_f32(IrFloat n);  // below, with exp
 IrFloat expm1(IrFloat a) {
-  if (ir_f32()) return unary<mlir::math::ExpM1Op>(a);
+  if (ir_f32()) return formulas::expm1_f32(a, unary<mlir::math::ExpM1Op>(a), pow2i_f32);
   IrFloat one(1.0), u = unary<mlir::math::ExpOp>(a), um1 = u - one;
   IrFloat r = um1 * (a / unary<mlir::math::LogOp>(u));
   r = select(um1 == IrFloat(-1.0), um1, r);
@@ -193,34 +194,31 @@ IrFloat atan2(IrFloat y, IrFloat x) {
   return select(isnan(x) || isnan(y), x + y, r);
 }
 
-/// exp: float32 uses the algorithm of eager's kernels (xsimd's Cephes-style expf: k =
-/// round(x / ln 2), Cody-Waite reduction, degree-5 polynomial, 2^k by exponent bits, 0 below
-/// minlog and inf above maxlog), so compiled and eager give the same values; it is also about
-/// half the instructions of MLIR's generic approximation. float64 keeps math.exp.
-IrFloat exp(IrFloat a) {
-  if (!g_ir->type.isF32()) return unary<mlir::math::ExpOp>(a);
+/// 2^n for an integral-valued float32 n in [-126, 127]: n + 127 in the exponent bits.
+IrFloat pow2i_f32(IrFloat n) {
   mlir::OpBuilder& b = *g_ir->b;
   mlir::Location loc = g_ir->loc;
-  IrFloat k = nearbyint(a * bits_to_float(0x3fb8aa3b));            // 1 / ln 2
-  IrFloat x = fma(-k, bits_to_float(0x3f318000), a);                // ln 2, high part
-  x = fma(-k, bits_to_float(static_cast<int32_t>(0xb95e8083)), x);  // ln 2, low part
-  IrFloat y = bits_to_float(0x3ab778cf);                            // Horner, highest first
-  for (int32_t c : {0x3c098d8b, 0x3d2aa957, 0x3e2aa9a5, 0x3f000000}) y = fma(y, x, bits_to_float(c));
-  IrFloat r = fma(y, x * x, x) + IrFloat(1.0);
-  // r * 2^k: k + 127 in the exponent bits (k is within [-128, 128] where the result is kept).
-  // k is clamped first: fptosi of NaN/inf is poison, and LLVM folds a poison exp of a constant
-  // NaN (a mean over 0 elements, 0/0) into garbage instead of NaN (found by the fuzzer).
   mlir::Type i32 = b.getI32Type();
-  mlir::Value k_low = mlir::arith::MaxNumFOp::create(b, loc, k.v, bits_to_float(0xc3000000).v);   // -128
-  mlir::Value k_safe = mlir::arith::MinNumFOp::create(b, loc, k_low, bits_to_float(0x43000000).v);  // 128
-  mlir::Value ki = mlir::arith::FPToSIOp::create(b, loc, i32, k_safe);
+  mlir::Value ni = mlir::arith::FPToSIOp::create(b, loc, i32, n.v);
   mlir::Value biased = mlir::arith::AddIOp::create(
-      b, loc, ki, mlir::arith::ConstantOp::create(b, loc, i32, b.getI32IntegerAttr(127)));
+      b, loc, ni, mlir::arith::ConstantOp::create(b, loc, i32, b.getI32IntegerAttr(127)));
   mlir::Value shifted = mlir::arith::ShLIOp::create(
       b, loc, biased, mlir::arith::ConstantOp::create(b, loc, i32, b.getI32IntegerAttr(23)));
-  IrFloat scale(mlir::arith::BitcastOp::create(b, loc, g_ir->type, shifted).getResult());
-  IrFloat result = select(a <= IrFloat(-88.3762626647949f), IrFloat(0.0), r * scale);
-  return select(a >= IrFloat(88.3762626647949f), IrFloat(INFINITY), result);
+  return IrFloat(mlir::arith::BitcastOp::create(b, loc, g_ir->type, shifted).getResult());
+}
+
+/// exp / exp2 / expm1: float32 evaluates the formulas of eager's float32 kernels
+/// (formulas::exp_f32 and friends: whole float range, denormal results included), so compiled
+/// and eager give the same values; exp is also about half the instructions of MLIR's generic
+/// approximation. The clamps there keep NaN/inf away from fptosi (poison, which LLVM folded into
+/// garbage for a constant NaN: found by the fuzzer). float64 keeps the math dialect's ops.
+IrFloat exp(IrFloat a) {
+  if (!ir_f32()) return unary<mlir::math::ExpOp>(a);
+  return formulas::exp_f32(a, pow2i_f32);
+}
+IrFloat exp2(IrFloat a) {
+  if (!ir_f32()) return unary<mlir::math::Exp2Op>(a);
+  return formulas::exp2_f32(a, pow2i_f32);
 }
 
 // ---------------------------------------------------------------------------------------------

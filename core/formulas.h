@@ -14,11 +14,12 @@
 /// What S must provide: + - * / and comparisons (a comparison gives S's mask type: bool for
 /// scalars, a batch_bool for SIMD), && || ! on masks, construction from a double constant
 /// (S(0.5)), and the free functions used below (exp, log, erfc, floor, nearbyint, isnan, select,
-/// ...). Scalars get them from <cmath> and from `select` below; other types supply overloads in
+/// fma, ...). Scalars get them from <cmath> and from `select` below; other types supply overloads in
 /// their own namespace, found by argument-dependent lookup. Nothing here includes xsimd or MLIR.
 ///
 /// Some ops keep a scalar-only branch (`if constexpr (kIsInteger<S>)`): integer division,
 /// remainder and power need data-dependent control flow; the kernels run them in scalar loops.
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -40,6 +41,7 @@ using std::exp;
 using std::exp2;
 using std::expm1;
 using std::floor;
+using std::fma;
 using std::fmod;
 using std::isnan;
 using std::log;
@@ -95,6 +97,68 @@ template <class S> S wrapping_neg(S a) {
   }
 }
 
+// ============================ float32 exponentials ============================
+// e^x and 2^x for float32 over the whole float range, written once: eager's float kernels
+// (F32Exp below) and the compiled float32 code (codegen/lower.cpp) both evaluate these.
+// Results are within ~1 ulp, up to the largest float (exp overflows to inf only from
+// ln(FLT_MAX) = 88.7228, exp2 from 128) and down through the denormals (exp gives 0 only below
+// -103.97, exp2 below -150): the SIMD library's Cephes version cut both ends at ±88.376.
+
+/// e^r · 2^k, for |r| <= ~0.35 and an integral-valued k in [-151, 129]. e^r: Cephes' degree-5
+/// polynomial (the coefficients of xsimd's expf). 2^k is applied in two steps, 2^h · 2^(k-h) with
+/// h = floor(k / 2), so each factor is a normal float: e^r · 2^h is exact, and the one rounding
+/// is the last multiply's (an overflow to inf, or a denormal result rounded, not flushed to 0).
+/// `pow2i(n)` gives 2^n for an integral-valued n in [-76, 65] from S's exponent bits.
+template <class S, class P> S exp_f32_scaled(S k, S r, const P& pow2i) {
+  S y(0x1.6ef19ep-10);
+  for (double c : {0x1.131b16p-7, 0x1.5552aep-5, 0x1.55534ap-3, 0.5}) y = fma(y, r, S(c));
+  S p = fma(y, r * r, r) + S(1);
+  S h = floor(k * S(0.5));
+  return p * pow2i(h) * pow2i(k - h);
+}
+
+/// x clamped to [low, high] with NaN taken as `low` (the result for NaN is selected apart).
+template <class S> S clamp_not_nan(S x, double low, double high) {
+  S c = select(x > S(low), x, S(low));
+  return select(c < S(high), c, S(high));
+}
+
+/// float32 e^x: k = round(x / ln 2), r = x − k·ln 2 in two parts (Cody-Waite), e^r · 2^k.
+/// x is clamped to [-104, 89] first, where e^x already rounds to 0 and inf.
+template <class S, class P> S exp_f32(S x, const P& pow2i) {
+  S xc = clamp_not_nan(x, -104.0, 89.0);
+  S k = nearbyint(xc * S(0x1.715476p+0));  // 1 / ln 2
+  S r = fma(-k, S(0x1.63p-1), xc);         // ln 2, high part (exact k·ln2_hi)
+  r = fma(-k, S(-0x1.bd0106p-13), r);      // ln 2, low part
+  return select(isnan(x), x, exp_f32_scaled(k, r, pow2i));
+}
+
+/// float32 2^x: k = round(x), e^((x − k)·ln 2) · 2^k; x is clamped to [-151, 129] first.
+template <class S, class P> S exp2_f32(S x, const P& pow2i) {
+  S xc = clamp_not_nan(x, -151.0, 129.0);
+  S k = nearbyint(xc);
+  S r = (xc - k) * S(0.69314718055994530942);
+  return select(isnan(x), x, exp_f32_scaled(k, r, pow2i));
+}
+
+/// Whether S's exp / exp2 / expm1 are the float32 versions above (Exp, Exp2 and Expm1 below
+/// branch on it); such an algebra specialises F32Exp with `static S pow2i(S n)`. float is
+/// specialised here, xsimd::batch<float> in backends/cpu/simd_exp.h; the IR algebra (whose
+/// type is known only at run time) calls exp_f32 / exp2_f32 from its own exp / exp2.
+template <class S> struct F32Exp {
+  static constexpr bool kEnabled = false;
+};
+template <> struct F32Exp<float> {
+  static constexpr bool kEnabled = true;
+  static float pow2i(float n) { return std::bit_cast<float>((static_cast<int32_t>(n) + 127) << 23); }
+};
+
+/// float32 e^x − 1 from `lib`, the library's expm1(x) (accurate near 0, but it overflows from
+/// 88.38), taken up to 20; above, e^x − 1 rounds to e^x, which exp_f32 gives.
+template <class S, class P> S expm1_f32(S x, S lib, const P& pow2i) {
+  return select(x > S(20), exp_f32(x, pow2i), lib);
+}
+
 // ================================ unary ================================
 
 /// -x (integers wrap: -INT_MIN = INT_MIN).
@@ -121,10 +185,16 @@ struct Sign {
 };
 
 struct Exp {
-  template <class S> static S eval(S x) { return exp(x); }
+  template <class S> static S eval(S x) {
+    if constexpr (F32Exp<S>::kEnabled) return exp_f32(x, F32Exp<S>::pow2i);
+    else return exp(x);
+  }
 };
 struct Exp2 {
-  template <class S> static S eval(S x) { return exp2(x); }
+  template <class S> static S eval(S x) {
+    if constexpr (F32Exp<S>::kEnabled) return exp2_f32(x, F32Exp<S>::pow2i);
+    else return exp2(x);
+  }
 };
 struct Log {
   template <class S> static S eval(S x) { return log(x); }
@@ -136,7 +206,10 @@ struct Log1p {
   template <class S> static S eval(S x) { return log1p(x); }
 };
 struct Expm1 {
-  template <class S> static S eval(S x) { return expm1(x); }
+  template <class S> static S eval(S x) {
+    if constexpr (F32Exp<S>::kEnabled) return expm1_f32(x, expm1(x), F32Exp<S>::pow2i);
+    else return expm1(x);
+  }
 };
 struct Sqrt {
   template <class S> static S eval(S x) { return sqrt(x); }
@@ -166,7 +239,7 @@ struct Erf {
 
 /// 1 / (1 + e^-x).
 struct Sigmoid {
-  template <class S> static S eval(S x) { return S(1) / (S(1) + exp(-x)); }
+  template <class S> static S eval(S x) { return S(1) / (S(1) + Exp::eval(-x)); }
 };
 
 /// max(x, 0); NaN stays NaN (a NaN is not < 0).
@@ -188,13 +261,13 @@ struct GeluErf {
 struct GeluTanh {
   template <class S> static S eval(S x) {
     S u2 = S(2 * 0.79788456080286535588) * (x + S(0.044715) * x * x * x);
-    return x / (S(1) + exp(-u2));
+    return x / (S(1) + Exp::eval(-u2));
   }
 };
 
 /// x · sigmoid(x) = x / (1 + e^-x).
 struct Silu {
-  template <class S> static S eval(S x) { return x / (S(1) + exp(-x)); }
+  template <class S> static S eval(S x) { return x / (S(1) + Exp::eval(-x)); }
 };
 
 /// Rounding ops are the identity on integers.

@@ -19,6 +19,7 @@
 #include <xsimd/xsimd.hpp>
 
 #include "backends/cpu/loops.h"
+#include "backends/cpu/simd_exp.h"
 #include "core/formulas.h"
 
 namespace kiln::cpu::ew {

@@ -9,6 +9,7 @@
 #include <type_traits>
 #include <xsimd/xsimd.hpp>
 
+#include "backends/cpu/simd_exp.h"
 #include "core/tensor.h"
 
 namespace kiln::cpu::simd {
@@ -43,10 +44,7 @@ inline void vstore(T* p, const V& v) {
 }
 template <class V>
 inline V vexp(const V& v) {
-  if constexpr (kIsBatch<V>)
-    return xsimd::exp(v);
-  else
-    return std::exp(v);
+  return formulas::Exp::eval(v);  // float32: the full-range exp of the elementwise kernels
 }
 
 /// max (kMax) or min of acc and x; a NaN in x (or already in acc) wins, as in PyTorch.

@@ -21,6 +21,8 @@ func.func @chain(%x: tensor<?x4xf32>) -> tensor<?x4xf32> {
 // CHECK: arith.maximumf
 // CHECK: linalg.generic {{.*}}iterator_types = ["parallel", "parallel"]
 // CHECK: arith.subf
+// CHECK: arith.select
+// CHECK: arith.select
 // CHECK-NEXT: arith.mulf
 // CHECK-NEXT: math.roundeven
 // CHECK: linalg.generic {{.*}}iterator_types = ["parallel", "reduction"]
