@@ -14,13 +14,16 @@ Tensor view_op(OpKind op, const Tensor& x, OpAttrs a, Loc loc) {
 // In-place update: x = op(x, y), the result of `compute(self)` (self is x, or a copy of it),
 // written back into x's storage (dtype of x kept; a result of a higher category, e.g. float
 // into an int tensor, is an error as in PyTorch). Every error names the in-place op (`add_` for
-// `x += y`). `saves_self`: the op's backward reads x's value (mul_, div_); when autograd records
-// it, it computes from a clone of x (as PyTorch saves the original self), since the write into
-// x would otherwise invalidate the saved value and backward() would fail.
+// `x += y`). `saves_self`: the op's backward reads x's value (mul_, div_: for x's gradient or
+// for the gradient of `operand`, the tensor y or undefined); when autograd records it, it
+// computes from a clone of x (as PyTorch saves the original self), since the write into x would
+// otherwise invalidate the saved value and backward() would fail.
 template <class F>
-Tensor& in_place(Tensor& x, const char* op, Loc loc, bool saves_self, F compute) {
+Tensor& in_place(Tensor& x, const char* op, Loc loc, bool saves_self, const Tensor& operand,
+                 F compute) {
   return as_op(op, [&]() -> Tensor& {
-    bool clone_self = saves_self && x.defined() && x.requires_grad() && is_grad_enabled();
+    bool clone_self = saves_self && x.defined() && is_grad_enabled() &&
+                      (x.requires_grad() || (operand.defined() && operand.requires_grad()));
     Tensor result = clone_self ? compute(x.clone(loc)) : compute(x);
     KILN_CHECK(category(result.dtype()) <= category(x.dtype()), op, loc,
                "result type {} can't be cast to the in-place output type {}",
@@ -158,35 +161,35 @@ Tensor Tensor::index_select(int64_t dim, const Tensor& index, Loc loc) const {
 }
 
 Tensor& Tensor::operator+=(TensorOperand o) {
-  return in_place(*this, "add_", o.loc, false,
+  return in_place(*this, "add_", o.loc, false, o.tensor,
                   [&](const Tensor& self) { return add(self, o.tensor, 1, o.loc); });
 }
 Tensor& Tensor::operator-=(TensorOperand o) {
-  return in_place(*this, "sub_", o.loc, false,
+  return in_place(*this, "sub_", o.loc, false, o.tensor,
                   [&](const Tensor& self) { return sub(self, o.tensor, 1, o.loc); });
 }
 Tensor& Tensor::operator*=(TensorOperand o) {
-  return in_place(*this, "mul_", o.loc, true,
+  return in_place(*this, "mul_", o.loc, true, o.tensor,
                   [&](const Tensor& self) { return mul(self, o.tensor, o.loc); });
 }
 Tensor& Tensor::operator/=(TensorOperand o) {
-  return in_place(*this, "div_", o.loc, true,
+  return in_place(*this, "div_", o.loc, true, o.tensor,
                   [&](const Tensor& self) { return div(self, o.tensor, o.loc); });
 }
 Tensor& Tensor::operator+=(ScalarOperand o) {
-  return in_place(*this, "add_", o.loc, false,
+  return in_place(*this, "add_", o.loc, false, Tensor(),
                   [&](const Tensor& self) { return add(self, o.scalar, 1, o.loc); });
 }
 Tensor& Tensor::operator-=(ScalarOperand o) {
-  return in_place(*this, "sub_", o.loc, false,
+  return in_place(*this, "sub_", o.loc, false, Tensor(),
                   [&](const Tensor& self) { return sub(self, o.scalar, 1, o.loc); });
 }
 Tensor& Tensor::operator*=(ScalarOperand o) {
-  return in_place(*this, "mul_", o.loc, true,
+  return in_place(*this, "mul_", o.loc, true, Tensor(),
                   [&](const Tensor& self) { return mul(self, o.scalar, o.loc); });
 }
 Tensor& Tensor::operator/=(ScalarOperand o) {
-  return in_place(*this, "div_", o.loc, true,
+  return in_place(*this, "div_", o.loc, true, Tensor(),
                   [&](const Tensor& self) { return div(self, o.scalar, o.loc); });
 }
 

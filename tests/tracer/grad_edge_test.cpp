@@ -142,6 +142,23 @@ TEST_CASE("h = x*2; h *= y (and /=, *= scalar) back-propagates with the original
   h.sum().backward();
   CHECK(v(x.grad()) == V{6.f, 10.f});
   CHECK(v(y.grad()) == V{2.f, 4.f});
+  // h without history, y with: y's gradient needs the original h (it raised the same error)
+  both(
+      [](const std::vector<Tensor>& t) {
+        Tensor h = t[0].detach() * 1.0;
+        h *= t[1];
+        Tensor d = t[0].detach() * 1.0;
+        d /= t[1];
+        auto gm = kiln::grad({h.sum()}, {t[1]});
+        auto gd = kiln::grad({d.sum()}, {t[1]});
+        return std::vector<Tensor>{gm[0], gd[0]};
+      },
+      in,
+      [](const std::vector<Tensor>& g) {
+        CHECK(v(g[0]) == V{1.f, 2.f});
+        CHECK(v(g[1])[0] == Approx(-1.f / 9));  // d(h/y)/dy = -h / y²
+        CHECK(v(g[1])[1] == Approx(-2.f / 25));
+      });
   // a leaf that requires grad still refuses in-place ops, and stays unchanged
   Tensor leaf = tensor({1.f, 2.f}).requires_grad_();
   CHECK_THROWS_AS(leaf *= y, Error);
