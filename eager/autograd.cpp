@@ -241,7 +241,7 @@ class RecordHook final : public DispatchHook {
                  "was taken; its recorded history is stale, so take the view again after the "
                  "in-place op",
                  to_string(t.shape()));
-      KILN_CHECK(!t.defined() || (vm && vm->requires_grad) ||
+      KILN_CHECK(!t.defined() || (vm && (vm->requires_grad || vm->detached)) ||
                      !t.storage()->gained_history_in_place(),
                  c.name(), c.loc,
                  "an input (shape {}) shares memory with another tensor (a view of it, or its "
@@ -480,7 +480,9 @@ Tensor Tensor::detach(Loc loc) const {
   KILN_CHECK(defined(), "detach", loc, "tensor is undefined");
   auto impl = std::make_shared<TensorImpl>(*this->impl());
   impl->autograd.reset();
-  return Tensor(std::move(impl));
+  Tensor out(std::move(impl));
+  if (storage()->gained_history_in_place()) ensure_meta(out).detached = true;
+  return out;
 }
 
 void Tensor::backward(const Tensor& gradient, bool retain_graph, bool create_graph, Loc loc) const {

@@ -152,6 +152,8 @@ TEST_CASE("a tensor whose view gained a gradient history in place is not silentl
   // The view that was written carries the history: y = sum(v · x) = sum(2x²), dy/dx = 4x.
   (v * x).sum().backward();
   CHECK(x.grad().to_vector<double>() == std::vector<double>{4, 12});
+  // A detached alias means no gradient: no error.
+  CHECK(h.detach().sum().item<double>() == 8);
   // Reading h without recording is fine, and its values are the written ones.
   {
     NoGradGuard no_grad;
