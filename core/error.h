@@ -28,6 +28,8 @@ class Error : public std::exception {
   const Loc& where() const { return where_; }
   /// Names the public function the user called instead (see kiln::as_op).
   void set_op(std::string op);
+  /// Reports `where` instead (see kiln::at_user_line).
+  void set_where(Loc where);
 
  private:
   std::string op_, message_, full_;
@@ -64,6 +66,43 @@ decltype(auto) as_op(const char* op, F&& body) {
     return std::forward<F>(body)();
   } catch (Error& e) {
     e.set_op(op);
+    throw;
+  }
+}
+
+/// Whether `loc` is a line of kiln's own library sources (core/, eager/, nn/, tracer/, ir/,
+/// codegen/, backends/, include/): not a line the user wrote.
+bool inside_kiln(const Loc& loc);
+
+/// The user's line of the innermost kiln::at_user_line running on this thread, or nullptr.
+const Loc* user_line();
+void set_user_line(const Loc* loc);
+
+/// `loc`, or the innermost kiln::at_user_line's line when `loc` is inside kiln: the line to
+/// report for an op recorded at `loc` (the tracer records it, so replays raise at it too).
+inline Loc user_facing(const Loc& loc) {
+  const Loc* user = user_line();
+  return user && inside_kiln(loc) ? *user : loc;
+}
+
+/// Runs `body`, the work of a public entry point done by kiln code that checks its input at its
+/// own lines (a module's forward, load_state_dict), so that an Error raised inside at a line of
+/// kiln reports `loc`, the user's line, instead: `linear(x)` with the wrong width names the
+/// user's `model(x)` line, not nn/layers.cpp. Errors already at a user line (a user's module's
+/// own check, an op called from the user's forward) keep it. Nested scopes: the innermost user
+/// line wins.
+template <class F>
+decltype(auto) at_user_line(Loc loc, F&& body) {
+  if (inside_kiln(loc)) return std::forward<F>(body)();  // kiln calling kiln: no new line
+  struct Scope {
+    const Loc* outer = user_line();
+    explicit Scope(const Loc* l) { set_user_line(l); }
+    ~Scope() { set_user_line(outer); }
+  } scope(&loc);
+  try {
+    return std::forward<F>(body)();
+  } catch (Error& e) {
+    if (inside_kiln(e.where())) e.set_where(loc);
     throw;
   }
 }

@@ -85,8 +85,8 @@ class CrossEntropyLoss {
  public:
   explicit CrossEntropyLoss(Reduction r = Reduction::Mean, int64_t ignore_index = -100)
       : reduction(r), ignore_index(ignore_index) {}
-  Tensor operator()(const Tensor& logits, const Tensor& target) const {
-    return cross_entropy(logits, target, reduction, ignore_index);
+  Tensor operator()(const Tensor& logits, const Tensor& target, Loc loc = Loc::current()) const {
+    return cross_entropy(logits, target, reduction, ignore_index, loc);
   }
   Reduction reduction;
   int64_t ignore_index;
@@ -94,15 +94,17 @@ class CrossEntropyLoss {
 class MSELoss {
  public:
   explicit MSELoss(Reduction r = Reduction::Mean) : reduction(r) {}
-  Tensor operator()(const Tensor& a, const Tensor& b) const { return mse_loss(a, b, reduction); }
+  Tensor operator()(const Tensor& a, const Tensor& b, Loc loc = Loc::current()) const {
+    return mse_loss(a, b, reduction, loc);
+  }
   Reduction reduction;
 };
 class NLLLoss {
  public:
   explicit NLLLoss(Reduction r = Reduction::Mean, int64_t ignore_index = -100)
       : reduction(r), ignore_index(ignore_index) {}
-  Tensor operator()(const Tensor& log_probs, const Tensor& target) const {
-    return nll_loss(log_probs, target, reduction, ignore_index);
+  Tensor operator()(const Tensor& log_probs, const Tensor& target, Loc loc = Loc::current()) const {
+    return nll_loss(log_probs, target, reduction, ignore_index, loc);
   }
   Reduction reduction;
   int64_t ignore_index;

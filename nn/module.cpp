@@ -127,7 +127,7 @@ StateDict Module::state_dict() const {
   return out;
 }
 
-void Module::load_state_dict(const StateDict& dict, bool strict) {
+void Module::load_state_dict(const StateDict& dict, bool strict, Loc loc) {
   // Everything is checked (and every source converted to its destination's dtype and device)
   // before the first copy, so a failed call leaves every parameter and buffer unchanged.
   StateDict mine = state_dict();
@@ -138,21 +138,21 @@ void Module::load_state_dict(const StateDict& dict, bool strict) {
     size_t i = 0;
     while (i < dict.size() && dict[i].first != key) ++i;
     if (i == dict.size()) {
-      KILN_CHECK(!strict, "load_state_dict", Loc::current(), "missing key \"{}\" in state dict",
+      KILN_CHECK(!strict, "load_state_dict", loc, "missing key \"{}\" in state dict",
                  key);
       continue;
     }
     used[i] = true;
     const Tensor& src = dict[i].second;
-    KILN_CHECK(src.defined(), "load_state_dict", Loc::current(),
+    KILN_CHECK(src.defined(), "load_state_dict", loc,
                "the tensor for \"{}\" is undefined", key);
-    KILN_CHECK(src.shape() == dst.shape(), "load_state_dict", Loc::current(),
+    KILN_CHECK(src.shape() == dst.shape(), "load_state_dict", loc,
                "size mismatch for \"{}\": copying a tensor of shape {} into one of shape {}", key,
                to_string(src.shape()), to_string(dst.shape()));
     sources[j] = src.detach().to(dst.device()).to(dst.dtype());
   }
   for (size_t i = 0; strict && i < dict.size(); ++i)
-    KILN_CHECK(used[i], "load_state_dict", Loc::current(), "unexpected key \"{}\" in state dict",
+    KILN_CHECK(used[i], "load_state_dict", loc, "unexpected key \"{}\" in state dict",
                dict[i].first);
   NoGradGuard no_grad;
   for (size_t j = 0; j < mine.size(); ++j)
@@ -162,9 +162,11 @@ void Module::load_state_dict(const StateDict& dict, bool strict) {
     }
 }
 
-void Module::save(const std::string& path) const { save_safetensors(state_dict(), path); }
-void Module::load(const std::string& path, bool strict) {
-  load_state_dict(load_safetensors(path), strict);
+void Module::save(const std::string& path, Loc loc) const {
+  save_safetensors(state_dict(), path, loc);
+}
+void Module::load(const std::string& path, bool strict, Loc loc) {
+  load_state_dict(load_safetensors(path, loc), strict, loc);
 }
 
 }  // namespace kiln::nn

@@ -20,7 +20,12 @@ class Module {
   /// The module's computation on one tensor. Modules with other signatures (e.g.
   /// MultiheadAttention) throw kiln::Error here and offer their own forward.
   virtual Tensor forward(const Tensor& x);
-  Tensor operator()(const Tensor& x) { return forward(x); }
+  /// forward(x), with errors raised inside kiln's code (a Linear given the wrong width) naming
+  /// the caller's line, as PyTorch's `model(x)` is the call and `forward` the definition
+  /// (calling forward(x) directly works too, but such errors then name the module's source).
+  Tensor operator()(const Tensor& x, Loc loc = Loc::current()) {
+    return at_user_line(loc, [&] { return forward(x); });
+  }
 
   /// Parameters of this module and (if recurse) its submodules, in registration order, with
   /// dotted names ("0.weight").
@@ -55,11 +60,11 @@ class Module {
   /// Copies values from `dict` into this module's tensors (in place, under no_grad). With
   /// strict, missing or unexpected keys are an error; shapes must always match. Throws
   /// kiln::Error naming the key.
-  void load_state_dict(const StateDict& dict, bool strict = true);
+  void load_state_dict(const StateDict& dict, bool strict = true, Loc loc = Loc::current());
   /// Saves state_dict() as a safetensors file (see nn/serialize.h).
-  void save(const std::string& path) const;
+  void save(const std::string& path, Loc loc = Loc::current()) const;
   /// Loads a safetensors file written by save() (or by PyTorch's safetensors).
-  void load(const std::string& path, bool strict = true);
+  void load(const std::string& path, bool strict = true, Loc loc = Loc::current());
 
   /// Class name, e.g. "Linear".
   virtual std::string name() const = 0;

@@ -8,9 +8,9 @@
 
 namespace kiln::nn {
 
-Optimizer::Optimizer(std::vector<Tensor> params) : params_(std::move(params)) {
+Optimizer::Optimizer(std::vector<Tensor> params, Loc loc) : params_(std::move(params)) {
   for (const Tensor& p : params_)
-    KILN_CHECK(p.defined() && p.requires_grad() && p.is_leaf(), "Optimizer", Loc::current(),
+    KILN_CHECK(p.defined() && p.requires_grad() && p.is_leaf(), "Optimizer", loc,
                "parameters must be leaf tensors that require grad");
 }
 
@@ -47,11 +47,12 @@ bool Optimizer::option_set(const bool& value, std::string_view what) const {
   return value;
 }
 
-SGD::SGD(std::vector<Tensor> params, SGDOptions o) : Optimizer(std::move(params)), options(o) {
-  KILN_CHECK(o.lr >= 0 && o.momentum >= 0 && o.weight_decay >= 0, "SGD", Loc::current(),
+SGD::SGD(std::vector<Tensor> params, SGDOptions o, Loc loc)
+    : Optimizer(std::move(params), loc), options(o) {
+  KILN_CHECK(o.lr >= 0 && o.momentum >= 0 && o.weight_decay >= 0, "SGD", loc,
              "invalid options: lr {}, momentum {}, weight_decay {}", o.lr, o.momentum,
              o.weight_decay);
-  KILN_CHECK(!o.nesterov || (o.momentum > 0 && o.dampening == 0), "SGD", Loc::current(),
+  KILN_CHECK(!o.nesterov || (o.momentum > 0 && o.dampening == 0), "SGD", loc,
              "nesterov needs momentum > 0 and dampening = 0");
   momentum_.resize(params_.size());
   started_.resize(params_.size());
@@ -96,10 +97,11 @@ void SGD::step() {
   }
 }
 
-AdamW::AdamW(std::vector<Tensor> params, AdamWOptions o) : Optimizer(std::move(params)), options(o) {
+AdamW::AdamW(std::vector<Tensor> params, AdamWOptions o, Loc loc)
+    : Optimizer(std::move(params), loc), options(o) {
   KILN_CHECK(o.lr >= 0 && o.eps >= 0 && o.beta1 >= 0 && o.beta1 < 1 && o.beta2 >= 0 &&
                  o.beta2 < 1 && o.weight_decay >= 0,
-             "AdamW", Loc::current(), "invalid options: lr {}, betas ({}, {}), eps {}, wd {}", o.lr,
+             "AdamW", loc, "invalid options: lr {}, betas ({}, {}), eps {}, wd {}", o.lr,
              o.beta1, o.beta2, o.eps, o.weight_decay);
   // State exists before the first step (compiled replay cannot create it later).
   NoGradGuard ng;

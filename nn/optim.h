@@ -42,7 +42,7 @@ namespace kiln::nn {
 
 class Optimizer {
  public:
-  explicit Optimizer(std::vector<Tensor> params);
+  explicit Optimizer(std::vector<Tensor> params, Loc loc = Loc::current());
   virtual ~Optimizer() = default;
   /// A copy shares the parameters (and, in the subclasses, the state tensors) and has its own
   /// host options.
@@ -92,7 +92,7 @@ struct SGDOptions {
 /// (1−damp)·g, g), which is exact.
 class SGD : public Optimizer {
  public:
-  SGD(std::vector<Tensor> params, SGDOptions options);
+  SGD(std::vector<Tensor> params, SGDOptions options, Loc loc = Loc::current());
   void step() override;
   SGDOptions options;
   /// The momentum buffer of parameter i (undefined without momentum); updated in place.
@@ -117,7 +117,7 @@ struct AdamWOptions {
 /// tensor; m and v are zeros like each parameter from construction on.
 class AdamW : public Optimizer {
  public:
-  AdamW(std::vector<Tensor> params, AdamWOptions options = {});
+  AdamW(std::vector<Tensor> params, AdamWOptions options = {}, Loc loc = Loc::current());
   void step() override;
   AdamWOptions options;
   /// The number of step() calls so far (reads the step tensor to the host).

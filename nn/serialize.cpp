@@ -130,7 +130,8 @@ struct Reader {
 
 }  // namespace
 
-void save_safetensors(const StateDict& dict, const std::string& path) {
+void save_safetensors(const StateDict& dict, const std::string& path, Loc loc) {
+  at_user_line(loc, [&] {  // st_dtype's error for an unsupported dtype names the caller
   std::string header = "{";
   size_t offset = 0;
   std::vector<Tensor> data;
@@ -146,17 +147,19 @@ void save_safetensors(const StateDict& dict, const std::string& path) {
   header += "}";
   while (header.size() % 8) header += ' ';  // the format pads the header with spaces
   std::ofstream f(path, std::ios::binary);
-  KILN_CHECK(f.good(), "save_safetensors", Loc::current(), "cannot open \"{}\" for writing", path);
+  KILN_CHECK(f.good(), "save_safetensors", loc, "cannot open \"{}\" for writing", path);
   uint64_t n = header.size();  // little-endian on every platform kiln supports
   f.write(reinterpret_cast<const char*>(&n), 8);
   f.write(header.data(), static_cast<std::streamsize>(header.size()));
   for (const Tensor& c : data)
     f.write(static_cast<const char*>(c.raw_data()),
             static_cast<std::streamsize>(static_cast<size_t>(c.numel()) * c.itemsize()));
-  KILN_CHECK(f.good(), "save_safetensors", Loc::current(), "write to \"{}\" failed", path);
+  KILN_CHECK(f.good(), "save_safetensors", loc, "write to \"{}\" failed", path);
+  });
 }
 
 StateDict load_safetensors(const std::string& path, Loc loc) {
+  return at_user_line(loc, [&]() -> StateDict {  // empty()'s shape errors name the caller
   std::error_code ec;
   KILN_CHECK(!std::filesystem::is_directory(path, ec), "load_safetensors", loc,
              "\"{}\" is a directory, not a safetensors file", path);
@@ -223,6 +226,7 @@ StateDict load_safetensors(const std::string& path, Loc loc) {
   r.ws();
   if (r.i != header.size()) r.fail("trailing bytes after the header");
   return out;
+  });
 }
 
 }  // namespace kiln::nn

@@ -11,7 +11,7 @@
 namespace kiln::nn {
 
 /// Writes `dict` to `path`. Throws kiln::Error if the file cannot be written.
-void save_safetensors(const StateDict& dict, const std::string& path);
+void save_safetensors(const StateDict& dict, const std::string& path, Loc loc = Loc::current());
 /// Reads every tensor of a safetensors file (in file order). Throws kiln::Error naming the
 /// path and `loc` on a missing, unreadable (a directory) or corrupt file: a bad header
 /// (objects nested more than 64 deep, a tensor name given twice, bad offsets), an unsupported

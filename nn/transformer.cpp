@@ -25,7 +25,8 @@ Tensor causal_mask(int64_t length) {
 AttentionOutput MultiheadAttention::forward(const Tensor& query, const Tensor& key,
                                             const Tensor& value, const Tensor& key_padding_mask,
                                             const Tensor& attn_mask, bool need_weights,
-                                            bool is_causal) {
+                                            bool is_causal, Loc loc) {
+  return at_user_line(loc, [&] {
   KILN_CHECK(query.dim() == 3 && key.dim() == 3 && value.dim() == 3, "MultiheadAttention",
              Loc::current(), "expects 3-D query/key/value, got {}, {}, {}",
              to_string(query.shape()), to_string(key.shape()), to_string(value.shape()));
@@ -90,6 +91,7 @@ AttentionOutput MultiheadAttention::forward(const Tensor& query, const Tensor& k
   AttentionOutput r{out, Tensor()};
   if (need_weights) r.weights = mean(attn, {1});
   return r;
+  });
 }
 
 Tensor MultiheadAttention::forward(const Tensor& x) { return forward(x, x, x, {}, {}, false).output; }
@@ -114,7 +116,9 @@ Tensor TransformerEncoderLayer::activation(const Tensor& x) const {
 }
 
 Tensor TransformerEncoderLayer::forward(const Tensor& src, const Tensor& src_mask,
-                                        const Tensor& src_key_padding_mask, bool is_causal) {
+                                        const Tensor& src_key_padding_mask, bool is_causal,
+                                        Loc loc) {
+  return at_user_line(loc, [&] {
   auto sa = [&](const Tensor& x) {
     return dropout1->forward(
         self_attn->forward(x, x, x, src_key_padding_mask, src_mask, false, is_causal).output);
@@ -131,6 +135,7 @@ Tensor TransformerEncoderLayer::forward(const Tensor& src, const Tensor& src_mas
     x = norm2->forward(x + ff(x));
   }
   return x;
+  });
 }
 
 TransformerEncoder::TransformerEncoder(const TransformerEncoderLayerOptions& o, int64_t n,
@@ -144,10 +149,13 @@ TransformerEncoder::TransformerEncoder(const TransformerEncoderLayerOptions& o, 
 }
 
 Tensor TransformerEncoder::forward(const Tensor& src, const Tensor& mask,
-                                   const Tensor& src_key_padding_mask, bool is_causal) {
-  Tensor x = src;
-  for (auto& l : layers) x = l->forward(x, mask, src_key_padding_mask, is_causal);
-  return norm ? norm->forward(x) : x;
+                                   const Tensor& src_key_padding_mask, bool is_causal,
+                                   Loc loc) {
+  return at_user_line(loc, [&] {
+    Tensor x = src;
+    for (auto& l : layers) x = l->forward(x, mask, src_key_padding_mask, is_causal);
+    return norm ? norm->forward(x) : x;
+  });
 }
 
 }  // namespace kiln::nn

@@ -1,6 +1,7 @@
 #pragma once
 /// Multi-head attention and the Transformer encoder (Vaswani et al. 2017, "Attention Is All You
-/// Need"), with torch.nn's parameter layout, masks and defaults.
+/// Need"), with torch.nn's parameter layout, masks and defaults. The forwards with masks take
+/// the caller's line (`loc`): errors raised inside name it (kiln::at_user_line).
 #include <memory>
 #include <vector>
 
@@ -28,7 +29,7 @@ class MultiheadAttention : public Module {
   AttentionOutput forward(const Tensor& query, const Tensor& key, const Tensor& value,
                           const Tensor& key_padding_mask = Tensor(),
                           const Tensor& attn_mask = Tensor(), bool need_weights = true,
-                          bool is_causal = false);
+                          bool is_causal = false, Loc loc = Loc::current());
   /// Self-attention: forward(x, x, x).output.
   Tensor forward(const Tensor& x) override;
   std::string name() const override { return "MultiheadAttention"; }
@@ -59,7 +60,7 @@ class TransformerEncoderLayer : public Module {
  public:
   explicit TransformerEncoderLayer(const TransformerEncoderLayerOptions& options);
   Tensor forward(const Tensor& src, const Tensor& src_mask, const Tensor& src_key_padding_mask,
-                 bool is_causal = false);
+                 bool is_causal = false, Loc loc = Loc::current());
   Tensor forward(const Tensor& src) override { return forward(src, Tensor(), Tensor()); }
   std::string name() const override { return "TransformerEncoderLayer"; }
 
@@ -79,7 +80,7 @@ class TransformerEncoder : public Module {
   TransformerEncoder(const TransformerEncoderLayerOptions& options, int64_t num_layers,
                      bool final_norm = false);
   Tensor forward(const Tensor& src, const Tensor& mask, const Tensor& src_key_padding_mask,
-                 bool is_causal = false);
+                 bool is_causal = false, Loc loc = Loc::current());
   Tensor forward(const Tensor& src) override { return forward(src, Tensor(), Tensor()); }
   std::string name() const override { return "TransformerEncoder"; }
 

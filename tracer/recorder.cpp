@@ -199,7 +199,7 @@ void Recorder::after_kernel(const OpCall& call, const InferredMeta& meta,
   n.kind = Node::Kind::Op;
   n.op = call.op;
   n.attrs = call.attrs;
-  n.loc = call.loc;
+  n.loc = user_facing(call.loc);  // replays and explain() name the user's line
   n.public_op = public_op();
   n.meta = meta;
   for (const Tensor& t : call.inputs) n.in.push_back(t.defined() ? lookup(t) : -1);
