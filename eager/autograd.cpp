@@ -182,6 +182,12 @@ std::vector<Tensor> OpNode::apply(std::vector<Tensor>&& grads) {
   if (!grads[0].defined()) return std::vector<Tensor>(next_edges.size());
   std::vector<Tensor> out = derivative(ctx, grads[0]);
   out.resize(next_edges.size());
+  // A gradient takes its input's dtype (a float32 input of a float64 product gets a float32
+  // gradient, as PyTorch's engine casts), so a leaf's .grad has the leaf's dtype.
+  for (size_t i = 0; i < out.size() && i < input_meta.size(); ++i)
+    if (out[i].defined() && next_edges[i].valid() && out[i].dtype() != input_meta[i].dtype &&
+        is_floating(input_meta[i].dtype))
+      out[i] = out[i].to(input_meta[i].dtype);
   return out;
 }
 
@@ -265,6 +271,13 @@ class RecordHook final : public DispatchHook {
 
   void after_kernel(const OpCall& c, const InferredMeta& meta_info,
                     std::vector<Tensor>& outs) override {
+    // A view that asks for no gradient (of a detached tensor, or made under no_grad) keeps
+    // asking, should its memory have gained a history in place (gained_history_in_place).
+    if (op_info(c.op).category == OpCategory::View && !outs.empty() && outs[0].defined() &&
+        outs[0].storage()->gained_history_in_place()) {
+      Meta* in = meta(c.inputs[0]);
+      if (!t_grad_enabled || (in && in->detached)) ensure_meta(outs[0]).detached = true;
+    }
     if (!t_grad_enabled || !any_requires_grad(c)) return;
     // Integer/bool outputs (argmax, comparisons) carry no gradient.
     if (!save_spec(c.op).differentiable || !is_differentiable_dtype(meta_info.outputs[0].dtype))
@@ -441,6 +454,13 @@ Tensor& Tensor::requires_grad_(bool enabled, Loc loc) {
              "can only change requires_grad of leaf tensors; use detach() for a non-leaf");
   KILN_CHECK(!enabled || is_floating(dtype()), "requires_grad_", loc,
              "only floating-point tensors can require gradients, got {}", name(dtype()));
+  KILN_CHECK(!enabled || (m && (m->requires_grad || m->detached)) ||
+                 !storage()->gained_history_in_place(),
+             "requires_grad_", loc,
+             "this tensor (shape {}) shares memory with another tensor (a view of it, or its "
+             "base) that an in-place op gave a gradient history; as a leaf it would drop that "
+             "history. Use the tensor the in-place op wrote, or detach() it first",
+             to_string(shape()));
   ensure_meta(*this).requires_grad = enabled;
   return *this;
 }
@@ -481,7 +501,7 @@ Tensor Tensor::detach(Loc loc) const {
   auto impl = std::make_shared<TensorImpl>(*this->impl());
   impl->autograd.reset();
   Tensor out(std::move(impl));
-  if (storage()->gained_history_in_place()) ensure_meta(out).detached = true;
+  ensure_meta(out).detached = true;  // before or after its memory gains a history in place
   return out;
 }
 

@@ -152,8 +152,25 @@ TEST_CASE("a tensor whose view gained a gradient history in place is not silentl
   // The view that was written carries the history: y = sum(v · x) = sum(2x²), dy/dx = 4x.
   (v * x).sum().backward();
   CHECK(x.grad().to_vector<double>() == std::vector<double>{4, 12});
-  // A detached alias means no gradient: no error.
-  CHECK(h.detach().sum().item<double>() == 8);
+  // Aliases that ask for no gradient are no error: detach() (taken before or after the write)
+  // and views of it, views made under no_grad.
+  Tensor early = zeros({3}, {DType::Float64});
+  Tensor early_detached = early.detach();
+  early.copy_(x.sum() * ones({3}, {DType::Float64}));
+  Tensor w = tensor({1.0, 2.0, 3.0}).requires_grad_();
+  (early_detached * w).sum().backward();
+  CHECK(w.grad().to_vector<double>() == std::vector<double>{4, 4, 4});
+  Tensor hd = h.detach();
+  CHECK((hd.slice(0, 0, 2) * x).sum().item<double>() == 2 + 18);
+  CHECK(matmul(hd.view({1, 3}), ones({3, 1}, {DType::Float64})).item<double>() == 8);
+  Tensor under_no_grad;
+  {
+    NoGradGuard no_grad;
+    under_no_grad = h.view({3});
+  }
+  CHECK((under_no_grad * w).sum().item<double>() == 2 + 12);
+  // requires_grad_() would make h a leaf without the history: an error, not a lost gradient.
+  CHECK_THROWS_WITH(h.requires_grad_(), Catch::Contains("as a leaf it would drop that history"));
   // Reading h without recording is fine, and its values are the written ones.
   {
     NoGradGuard no_grad;
@@ -165,6 +182,21 @@ TEST_CASE("a tensor whose view gained a gradient history in place is not silentl
   g += x;
   (g * x).sum().backward();
   CHECK(x.grad().to_vector<double>() == std::vector<double>{4 + 2, 12 + 6});
+}
+
+TEST_CASE("a gradient takes its input's dtype: a float32 leaf of a float64 product gets a "
+          "float32 .grad") {
+  Tensor x = tensor({1.0f, 3.0f}).requires_grad_();
+  Tensor y = tensor({2.0f, 4.0f}).requires_grad_();
+  for (int k = 0; k < 2; ++k) {  // the second backward accumulates
+    Tensor h = (x * 1.0).to(DType::Float64);
+    h *= y;
+    h.sum().backward();
+  }
+  CHECK(y.grad().dtype() == DType::Float32);
+  CHECK(y.grad().to_vector<float>() == std::vector<float>{2, 6});
+  CHECK(x.grad().dtype() == DType::Float32);
+  CHECK(x.grad().to_vector<float>() == std::vector<float>{4, 8});
 }
 
 TEST_CASE("a view whose base changed in place is not silently differentiated") {

@@ -50,6 +50,13 @@ TEST_CASE("d/dx pow(x, 0) is 0 at x = 0, scalar or tensor exponent", "[autograd]
   // exponent 2 is unchanged: 2x
   Tensor x = tensor({0.f, 2.f}).requires_grad_();
   CHECK(v(kiln::grad({pow(x, 2).sum()}, {x})[0]) == V{0.f, 4.f});
+  // Second derivatives: 0 for exponent 0 (they were NaN at 0), 2 for exponent 2.
+  for (double e : {0.0, 2.0}) {
+    Tensor g1 = kiln::grad({pow(x, e).sum()}, {x}, {}, /*create_graph=*/true)[0];
+    Tensor g2 = kiln::grad({g1.sum()}, {x}, {}, false, std::nullopt, /*allow_unused=*/true)[0];
+    if (e == 0) CHECK((!g2.defined() || v(g2) == V{0.f, 0.f}));
+    else CHECK(v(g2) == V{2.f, 2.f});
+  }
 }
 
 TEST_CASE("d/dx std(x) is 0 where all elements are equal", "[autograd][compile]") {
