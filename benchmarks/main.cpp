@@ -76,7 +76,7 @@ Args parse_args(int argc, char** argv) {
       char* end = nullptr;
       long n = std::strtol(v.c_str(), &end, 10);
       if (v.empty() || *end != '\0' || n < 1 || n > 1024)
-        usage_error(fmt::format("--threads wants a positive integer, got '{}'", v));
+        usage_error(fmt::format("--threads wants an integer from 1 to 1024, got '{}'", v));
       args.threads = static_cast<int>(n);
     } else if (a.starts_with("-")) {
       usage_error(fmt::format("unknown option '{}'", a));

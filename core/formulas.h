@@ -238,8 +238,14 @@ struct Erf {
 };
 
 /// 1 / (1 + e^-x).
+/// 1 / (1 + e^-x), evaluated from e = e^-|x| (at most 1, never overflows): 1 / (1 + e) for
+/// x >= 0, e / (1 + e) for x < 0, so sigmoid(-100) is the denormal 3.8e-44, not 1/inf = 0.
 struct Sigmoid {
-  template <class S> static S eval(S x) { return S(1) / (S(1) + Exp::eval(-x)); }
+  template <class S> static S eval(S x) {
+    S e = Exp::eval(select(x < S(0), x, -x));
+    S r = S(1) / (S(1) + e);
+    return select(x < S(0), e * r, r);
+  }
 };
 
 /// max(x, 0); NaN stays NaN (a NaN is not < 0).
@@ -266,6 +272,7 @@ struct GeluTanh {
 };
 
 /// x · sigmoid(x) = x / (1 + e^-x).
+/// x / (1 + e^-x), as PyTorch (silu(-100) is -0 in float32 there too).
 struct Silu {
   template <class S> static S eval(S x) { return x / (S(1) + Exp::eval(-x)); }
 };

@@ -1,6 +1,9 @@
 #pragma once
 /// Storage: a ref-counted, 64-byte-aligned buffer shared by a tensor and all its views.
+#include <algorithm>
 #include <atomic>
+#include <mutex>
+#include <vector>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -40,16 +43,21 @@ class StorageImpl {
   /// Sets the counter (a storage that takes over another's role continues its count).
   void set_version(uint64_t v) { version_.store(v, std::memory_order_relaxed); }
 
-  /// Whether an in-place op recorded by autograd gave a tensor on this storage a gradient
-  /// history it did not have (`h.slice(0, 0, 2).copy_(x)` for x that requires grad). Other
-  /// tensors on the storage (h, other views) do not get that history (autograd does not rebase
-  /// views onto their base, as PyTorch's CopySlices does), so using them in a recorded op is
-  /// an error instead of a gradient silently lost (eager/autograd.cpp).
-  bool gained_history_in_place() const {
-    return gained_history_in_place_.load(std::memory_order_relaxed);
+  /// Whether an in-place op recorded by autograd gave a tensor of `lineage` (TensorImpl) on
+  /// this storage a gradient history it did not have (`h.slice(0, 0, 2).copy_(x)` for x that
+  /// requires grad). The other tensors of that lineage (h, other views) do not get the history
+  /// (autograd does not rebase views onto their base, as PyTorch's CopySlices does), so using
+  /// them in a recorded op is an error instead of a gradient silently lost (eager/autograd.cpp).
+  bool gained_history_in_place(uint64_t lineage) const {
+    if (!any_gained_.load(std::memory_order_acquire)) return false;
+    std::lock_guard<std::mutex> lock(gained_mu_);
+    return std::find(gained_.begin(), gained_.end(), lineage) != gained_.end();
   }
-  void set_gained_history_in_place() {
-    gained_history_in_place_.store(true, std::memory_order_relaxed);
+  void set_gained_history_in_place(uint64_t lineage) {
+    std::lock_guard<std::mutex> lock(gained_mu_);
+    if (std::find(gained_.begin(), gained_.end(), lineage) == gained_.end())
+      gained_.push_back(lineage);
+    any_gained_.store(true, std::memory_order_release);
   }
 
   /// Creation order of storages in this process (strictly increasing). The tracer uses it to
@@ -63,7 +71,9 @@ class StorageImpl {
   size_t nbytes_;
   Allocator* allocator_;
   std::atomic<uint64_t> version_{0};
-  std::atomic<bool> gained_history_in_place_{false};
+  std::atomic<bool> any_gained_{false};
+  mutable std::mutex gained_mu_;
+  std::vector<uint64_t> gained_;  // lineages, see gained_history_in_place
   uint64_t serial_;
 };
 

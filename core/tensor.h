@@ -32,6 +32,10 @@ struct TensorImpl {
   DType dtype = DType::Float32;
   /// A host scalar wrapped as a 0-d tensor: takes part in type promotion like a Scalar.
   bool wrapped_number = false;
+  /// Which autograd lineage of its storage the tensor belongs to: 0, or the id detach() gave
+  /// it (its views inherit it). Tensors of one lineage share gradient history through their
+  /// memory (StorageImpl::gained_history_in_place); a detached one does not.
+  uint64_t lineage = 0;
   std::shared_ptr<AutogradMeta> autograd;
 };
 

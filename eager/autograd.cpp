@@ -235,6 +235,7 @@ bool any_requires_grad(const OpCall& c) {
 
 bool is_in_place(OpKind op) { return op == OpKind::CopyInto || op == OpKind::Fill; }
 
+
 class RecordHook final : public DispatchHook {
  public:
   bool before_kernel(const OpCall& c, const InferredMeta&, std::vector<Tensor>&) override {
@@ -247,9 +248,7 @@ class RecordHook final : public DispatchHook {
                  "was taken; its recorded history is stale, so take the view again after the "
                  "in-place op",
                  to_string(t.shape()));
-      KILN_CHECK(!t.defined() || (vm && (vm->requires_grad || vm->detached)) ||
-                     !t.storage()->gained_history_in_place(),
-                 c.name(), c.loc,
+      KILN_CHECK(!lost_in_place_history(t), c.name(), c.loc,
                  "an input (shape {}) shares memory with another tensor (a view of it, or its "
                  "base) that an in-place op gave a gradient history; this tensor does not carry "
                  "that history, so its gradient would be lost. Use the tensor the in-place op "
@@ -274,7 +273,7 @@ class RecordHook final : public DispatchHook {
     // A view that asks for no gradient (of a detached tensor, or made under no_grad) keeps
     // asking, should its memory have gained a history in place (gained_history_in_place).
     if (op_info(c.op).category == OpCategory::View && !outs.empty() && outs[0].defined() &&
-        outs[0].storage()->gained_history_in_place()) {
+        outs[0].storage()->gained_history_in_place(outs[0].impl()->lineage)) {
       Meta* in = meta(c.inputs[0]);
       if (!t_grad_enabled || (in && in->detached)) ensure_meta(outs[0]).detached = true;
     }
@@ -287,7 +286,7 @@ class RecordHook final : public DispatchHook {
     node->save(c, outs);
     if (is_in_place(c.op))
       if (Meta* before = meta(out); !before || !before->requires_grad)
-        out.storage()->set_gained_history_in_place();
+        out.storage()->set_gained_history_in_place(out.impl()->lineage);
     Meta& m = ensure_meta(out);
     m.requires_grad = true;
     m.grad_fn = node;
@@ -454,9 +453,7 @@ Tensor& Tensor::requires_grad_(bool enabled, Loc loc) {
              "can only change requires_grad of leaf tensors; use detach() for a non-leaf");
   KILN_CHECK(!enabled || is_floating(dtype()), "requires_grad_", loc,
              "only floating-point tensors can require gradients, got {}", name(dtype()));
-  KILN_CHECK(!enabled || (m && (m->requires_grad || m->detached)) ||
-                 !storage()->gained_history_in_place(),
-             "requires_grad_", loc,
+  KILN_CHECK(!enabled || !lost_in_place_history(*this), "requires_grad_", loc,
              "this tensor (shape {}) shares memory with another tensor (a view of it, or its "
              "base) that an in-place op gave a gradient history; as a leaf it would drop that "
              "history. Use the tensor the in-place op wrote, or detach() it first",
@@ -496,13 +493,21 @@ void Tensor::retain_grad() const {
   m->grad_fn->retained.emplace_back(m->output_nr, impl_ptr());
 }
 
+bool lost_in_place_history(const Tensor& t) {
+  if (!t.defined()) return false;
+  Meta* m = meta(t);
+  if (m && (m->requires_grad || m->detached)) return false;
+  return t.storage()->gained_history_in_place(t.impl()->lineage);
+}
+
 Tensor Tensor::detach(Loc loc) const {
   KILN_CHECK(defined(), "detach", loc, "tensor is undefined");
+  static std::atomic<uint64_t> next_lineage{1};
   auto impl = std::make_shared<TensorImpl>(*this->impl());
   impl->autograd.reset();
-  Tensor out(std::move(impl));
-  ensure_meta(out).detached = true;  // before or after its memory gains a history in place
-  return out;
+  // Its own lineage: history its alias gains in place is not its (and the other way round).
+  impl->lineage = next_lineage.fetch_add(1, std::memory_order_relaxed);
+  return Tensor(std::move(impl));
 }
 
 void Tensor::backward(const Tensor& gradient, bool retain_graph, bool create_graph, Loc loc) const {

@@ -15,6 +15,12 @@ namespace kiln {
 bool is_grad_enabled();
 void set_grad_enabled(bool enabled);
 
+/// Whether `t` shares memory with a tensor of its lineage that an in-place op gave a gradient
+/// history (`h.slice(0, 0, 2).copy_(x)`; StorageImpl::gained_history_in_place) without having
+/// that history itself: using it in a recorded op raises kiln::Error, since its gradient would
+/// be lost. False for tensors that require grad, detach() results and no_grad views.
+bool lost_in_place_history(const Tensor& t);
+
 /// RAII: disables gradient recording in its scope (like torch.no_grad()).
 class NoGradGuard {
  public:

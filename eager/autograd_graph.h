@@ -110,9 +110,8 @@ struct Meta final : AutogradMeta {
   /// Version of the storage when the view was made: if the base is later changed in place, the
   /// view's recorded history is stale and using it in a recorded op is an error.
   uint64_t view_version = 0;
-  /// Asks for no gradient: made by detach(), or a view of such a tensor or made under no_grad
-  /// of memory that gained a history in place; sharing memory with a tensor that gained a
-  /// history in place is then not an error for it (StorageImpl::gained_history_in_place).
+  /// Asks for no gradient: a view made under no_grad (or a view of one) of memory that had
+  /// gained a history in place; using it is then not an error (lost_in_place_history).
   bool detached = false;
 };
 

@@ -138,10 +138,12 @@ std::vector<Tensor> binary(const BackwardContext& c, const Tensor& g) {
     case K::Div:
       return pair(c.needs_grad[0] ? g / b : g, c.needs_grad[1] ? -(g * a / (b * b)) : g);
     case K::Pow: {
-      // d/da a^b = b·a^(b-1), 0 where b = 0 (PyTorch): 0·0^-1 would be NaN at a = 0, so the
-      // power there is a^0 = 1 (b·1 = 0). No where() around it: its unselected NaN would come
-      // back as 0·NaN in a second derivative.
-      Tensor ga = c.needs_grad[0] ? g * b * pow(a, where(eq(b, 0), 1.0, b) - 1) : g;
+      // d/da a^b = b·a^(b-1), masked to 0 where b = 0 (PyTorch; its d/db is then 0 too). The
+      // masked branch takes a^0 there, not 0^-1: its NaN would come back as 0·NaN in a second
+      // derivative.
+      Tensor ga = c.needs_grad[0]
+                      ? g * where(eq(b, 0), 0.0, b * pow(a, where(eq(b, 0), 1.0, b) - 1))
+                      : g;
       Tensor gb = g;
       if (c.needs_grad[1])  // d/db a^b = a^b·log a, taken as 0 where a = 0 and b >= 0
         gb = where(logical_and(eq(a, 0), ge(b, 0)), zeros_like(g), g * c.output * log(a));

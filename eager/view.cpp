@@ -45,6 +45,7 @@ Tensor make_view(const OpCall& call, const InferredMeta& meta) {
   int r = x.dim();
   auto impl = std::make_shared<TensorImpl>();
   impl->storage = x.storage();
+  impl->lineage = x.impl()->lineage;
   impl->dtype = x.dtype();
   impl->offset = x.offset();
   impl->shape = meta.outputs[0].shape;

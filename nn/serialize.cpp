@@ -61,23 +61,74 @@ struct Reader {
     if (!peek(c)) fail("unexpected character");
     ++i;
   }
+  // The 4 hex digits after the "\\u" at s[i] (JSON, RFC 8259 section 7); i moves past them.
+  uint32_t code_unit() {
+    if (i + 4 >= s.size()) fail("truncated \\u escape");
+    uint32_t code = 0;
+    for (size_t k = i + 1; k <= i + 4; ++k) {
+      char c = s[k];
+      int d = std::isdigit(static_cast<unsigned char>(c)) ? c - '0'
+              : (c >= 'a' && c <= 'f')                   ? c - 'a' + 10
+              : (c >= 'A' && c <= 'F')                   ? c - 'A' + 10
+                                                         : -1;
+      if (d < 0) fail("bad \\u escape");
+      code = code * 16 + static_cast<uint32_t>(d);
+    }
+    i += 5;
+    return code;
+  }
+  static void put_utf8(std::string& out, uint32_t cp) {
+    if (cp < 0x80) {
+      out += static_cast<char>(cp);
+    } else if (cp < 0x800) {
+      out += static_cast<char>(0xC0 | (cp >> 6));
+      out += static_cast<char>(0x80 | (cp & 0x3F));
+    } else if (cp < 0x10000) {
+      out += static_cast<char>(0xE0 | (cp >> 12));
+      out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+      out += static_cast<char>(0x80 | (cp & 0x3F));
+    } else {
+      out += static_cast<char>(0xF0 | (cp >> 18));
+      out += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
+      out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+      out += static_cast<char>(0x80 | (cp & 0x3F));
+    }
+  }
+  // A JSON string: escapes decoded (\\uXXXX, surrogate pairs included, to UTF-8), as Python's
+  // json.dumps writes non-ASCII names by default.
   std::string string() {
     expect('"');
     std::string out;
     while (i < s.size() && s[i] != '"') {
-      if (s[i] == '\\' && i + 1 < s.size()) {
-        ++i;
-        if (s[i] == 'u' && i + 4 < s.size()) {  // \uXXXX: kiln writes these for control chars
-          char* end = nullptr;
-          std::string hex = s.substr(i + 1, 4);
-          unsigned long code = std::strtoul(hex.c_str(), &end, 16);
-          if (end != hex.c_str() + 4 || code > 0x7f) fail("unsupported \\u escape");
-          out += static_cast<char>(code);
-          i += 5;
+      if (s[i] != '\\') {
+        out += s[i++];
+        continue;
+      }
+      if (++i >= s.size()) break;
+      switch (s[i]) {
+        case 'u': {
+          uint32_t cp = code_unit();
+          if (cp >= 0xD800 && cp <= 0xDBFF) {  // a high surrogate: its low half must follow
+            if (i + 1 >= s.size() || s[i] != '\\' || s[i + 1] != 'u') fail("lone surrogate");
+            ++i;
+            uint32_t low = code_unit();
+            if (low < 0xDC00 || low > 0xDFFF) fail("lone surrogate");
+            cp = 0x10000 + ((cp - 0xD800) << 10) + (low - 0xDC00);
+          } else if (cp >= 0xDC00 && cp <= 0xDFFF) {
+            fail("lone surrogate");
+          }
+          put_utf8(out, cp);
           continue;
         }
+        case 'n': out += '\n'; break;
+        case 't': out += '\t'; break;
+        case 'r': out += '\r'; break;
+        case 'b': out += '\b'; break;
+        case 'f': out += '\f'; break;
+        case '"': case '\\': case '/': out += s[i]; break;
+        default: fail("bad escape");
       }
-      out += s[i++];
+      ++i;
     }
     if (i >= s.size()) fail("unterminated string");
     ++i;

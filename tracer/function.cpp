@@ -534,6 +534,11 @@ std::vector<OutValue> CompiledFunction::call(const std::vector<ArgValue>& given,
     ++im.eager_calls;
     return invoke();
   }
+  // An argument that lost a gradient history in place raises where eager uses it in a
+  // recorded op; a replay records nothing, so such a call runs eagerly.
+  if (is_grad_enabled())
+    for (const ArgValue& a : args)
+      if (a.kind == ArgValue::Kind::Tensor && lost_in_place_history(a.tensor)) return invoke();
   std::string miss_reason;
   bool missing_branch = false;  // the replay reached a host value no branch was traced for
   for (int attempt = 0; attempt < 3; ++attempt) {

@@ -171,6 +171,15 @@ TEST_CASE("a tensor whose view gained a gradient history in place is not silentl
   CHECK((under_no_grad * w).sum().item<double>() == 2 + 12);
   // requires_grad_() would make h a leaf without the history: an error, not a lost gradient.
   CHECK_THROWS_WITH(h.requires_grad_(), Catch::Contains("as a leaf it would drop that history"));
+  // A detach() result is a lineage of its own: a view of it taken before its base's write is
+  // fine, and a write into its own view makes it the one that lost the history.
+  Tensor base = zeros({3}, {DType::Float64});
+  Tensor dv = base.detach().view({3});
+  base.copy_(x.sum() * ones({3}, {DType::Float64}));
+  CHECK((dv * w).sum().item<double>() == 4 * 6);
+  Tensor d = zeros({3}, {DType::Float64}).detach();
+  d.slice(0, 0, 2).copy_(x * 2);
+  CHECK_THROWS_WITH((d * d).sum(), Catch::Contains("its gradient would be lost"));
   // Reading h without recording is fine, and its values are the written ones.
   {
     NoGradGuard no_grad;

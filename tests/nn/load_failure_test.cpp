@@ -114,3 +114,24 @@ TEST_CASE("load_safetensors: a tensor name given twice is rejected") {
   expect_error([&] { load_safetensors(write_st("dup", h, std::string(4, '\0'))); },
                "names \"a\" twice");
 }
+
+TEST_CASE("load_safetensors: names with JSON escapes decode as json.loads does") {
+  // Python's json.dumps writes "né" as "n\u00e9" and an emoji as a surrogate pair; kiln raised
+  // "unsupported \u escape" for anything past ASCII and read "\n" as "n".
+  std::string h = R"({"n\u00e9":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},)"
+                  R"("\ud83d\ude00x":{"dtype":"F32","shape":[1],"data_offsets":[4,8]},)"
+                  R"("a\nb\"c\\d\/e":{"dtype":"F32","shape":[1],"data_offsets":[8,12]}})";
+  StateDict d = load_safetensors(write_st("escapes", h, std::string(12, '\0')));
+  REQUIRE(d.size() == 3);
+  CHECK(d[0].first == "n\xc3\xa9");
+  CHECK(d[1].first == "\xf0\x9f\x98\x80x");
+  CHECK(d[2].first == "a\nb\"c\\d/e");
+  std::string lone = R"({"\ud83d":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})";
+  expect_error([&] { load_safetensors(write_st("lone", lone, std::string(4, '\0'))); },
+               "lone surrogate");
+  // kiln's own writer escapes control characters; they round-trip.
+  StateDict mine = {{"tab\there", ones({1})}};
+  save_safetensors(mine, "/tmp/kiln_load_failure_test_roundtrip.safetensors");
+  CHECK(load_safetensors("/tmp/kiln_load_failure_test_roundtrip.safetensors")[0].first ==
+        "tab\there");
+}

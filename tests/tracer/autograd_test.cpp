@@ -529,3 +529,29 @@ TEST_CASE("compile: an nn::Module's forward, parameters captured", "[compile][au
   for (size_t k = 0; k < e2.size(); ++k) CHECK(c2[k] == Approx(e2[k]).margin(1e-6));
   CHECK(cm.compile_count() == 1);
 }
+
+TEST_CASE("compile: an argument that lost a gradient history in place raises as in eager, on "
+          "replays too", "[compile][autograd]") {
+  // h's view gained x's history; h did not. Eager raises where h is used; a replay of a traced
+  // entry used to return (h * w).sum() with a gradient missing x's path.
+  auto f = compile([](const Tensor& h, const Tensor& w) { return (h * w).sum(); });
+  Tensor w = tensor({1.0f, 2.0f, 3.0f}).requires_grad_();
+  for (int k = 0; k < 3; ++k) f(ones({3}), w);  // traced, then replayed
+  Tensor x = tensor({1.0f, 3.0f}).requires_grad_();
+  Tensor h = zeros({3});
+  h.slice(0, 0, 2).copy_(x * 2.0);
+  std::string eager_error, compiled_error;
+  try {
+    (h * w).sum();
+  } catch (const Error& e) {
+    eager_error = e.message();
+  }
+  try {
+    f(h, w);
+  } catch (const Error& e) {
+    compiled_error = e.message();
+  }
+  CHECK(contains(eager_error, "its gradient would be lost"));
+  CHECK(compiled_error == eager_error);
+  CHECK(f.compile_count() == 1);
+}

@@ -104,3 +104,17 @@ TEST_CASE("float32 softmax and sigmoid keep denormal results, eager as compiled"
     CHECK(ulps(v[1], 1 / (1 + std::exp(double(88.7f)))) <= 2);
   }
 }
+
+namespace {
+double ref_sigmoid(double x) { return 1 / (1 + std::exp(-x)); }
+}  // namespace
+
+TEST_CASE("float32 sigmoid: within 3 ulp over the whole range, denormal tail included "
+          "(sigmoid(-100) was 0: 1 / (1 + e^100) with e^100 = inf; PyTorch 3.78e-44)",
+          "[compile][exp]") {
+  std::vector<float> xs = grid(-110.f, 110.f, 0.37f, {-1e30f, -100.f, -88.f, -20.f, -1e-30f, -0.f,
+                                                      0.f, 1e-30f, 20.f, 1e30f, kInf, -kInf});
+  check(sigmoid, ref_sigmoid, xs, 3);
+  Tensor n = sigmoid(tensor({kNan}));
+  CHECK(std::isnan(n.item<float>()));
+}

@@ -50,6 +50,13 @@ TEST_CASE("d/dx pow(x, 0) is 0 at x = 0, scalar or tensor exponent", "[autograd]
   // exponent 2 is unchanged: 2x
   Tensor x = tensor({0.f, 2.f}).requires_grad_();
   CHECK(v(kiln::grad({pow(x, 2).sum()}, {x})[0]) == V{0.f, 4.f});
+  // d/db of d/da a^b at b = 0 is 0, as PyTorch's masked formula (not a^-1).
+  {
+    Tensor a = tensor({2.f, 4.f}).requires_grad_(), b = tensor({0.f, 0.f}).requires_grad_();
+    Tensor ga = kiln::grad({pow(a, b).sum()}, {a}, {}, /*create_graph=*/true)[0];
+    Tensor gab = kiln::grad({ga.sum()}, {b}, {}, false, std::nullopt, /*allow_unused=*/true)[0];
+    CHECK((!gab.defined() || v(gab) == V{0.f, 0.f}));
+  }
   // Second derivatives: 0 for exponent 0 (they were NaN at 0), 2 for exponent 2.
   for (double e : {0.0, 2.0}) {
     Tensor g1 = kiln::grad({pow(x, e).sum()}, {x}, {}, /*create_graph=*/true)[0];
