@@ -265,6 +265,10 @@ class RecordHook final : public DispatchHook {
     KILN_CHECK(!m->is_view_of_grad_tensor, c.name(), c.loc,
                "in-place operation on a view of a tensor that requires grad is not supported; "
                "use an out-of-place op (or clone() the view first)");
+    KILN_CHECK(!m->detached || !any_requires_grad(c), c.name(), c.loc,
+               "a view made under no_grad of memory that gained a gradient history is modified "
+               "in place with grad mode on; its history would be lost (PyTorch raises too): "
+               "take the view with grad mode on, or clone() it");
     return false;
   }
 

@@ -733,10 +733,17 @@ namespace {
 // call is traced again from the mutated arguments).
 void check_sources(const Program& p, RunState& st,
                    const std::vector<std::weak_ptr<TensorImpl>>& captured) {
+  const bool grad_mode = is_grad_enabled();
   for (size_t v = 0; v < p.values.size(); ++v) {
     int s = p.values[v].source;
-    if (s >= 0 && (p.sources[s].kind == SourceKind::Captured || p.sources[s].kind == SourceKind::GradOf))
-      st.value(p, static_cast<int>(v));
+    if (s >= 0 && (p.sources[s].kind == SourceKind::Captured || p.sources[s].kind == SourceKind::GradOf)) {
+      const Tensor& t = st.value(p, static_cast<int>(v));
+      // Eager raises where such a tensor is used in a recorded op (lost_in_place_history); a
+      // replay records nothing, so the call traces again, which runs the function eagerly.
+      if (grad_mode && p.sources[s].kind == SourceKind::Captured && lost_in_place_history(t))
+        throw GuardFailure{"a captured tensor shares memory with a tensor that gained a gradient "
+                           "history in place, which it does not carry"};
+    }
   }
   for (int v : p.grad_undefined_at_call)
     if (st.value(p, v).grad().defined())

@@ -169,6 +169,9 @@ TEST_CASE("a tensor whose view gained a gradient history in place is not silentl
     under_no_grad = h.view({3});
   }
   CHECK((under_no_grad * w).sum().item<double>() == 2 + 12);
+  // ... but writing a value with a history into it with grad mode on would lose that history.
+  CHECK_THROWS_WITH(under_no_grad.slice(0, 2, 3).copy_(x.slice(0, 0, 1) * 3),
+                    Catch::Contains("a view made under no_grad"));
   // requires_grad_() would make h a leaf without the history: an error, not a lost gradient.
   CHECK_THROWS_WITH(h.requires_grad_(), Catch::Contains("as a leaf it would drop that history"));
   // A detach() result is a lineage of its own: a view of it taken before its base's write is

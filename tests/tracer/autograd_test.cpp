@@ -554,4 +554,21 @@ TEST_CASE("compile: an argument that lost a gradient history in place raises as 
   CHECK(contains(eager_error, "its gradient would be lost"));
   CHECK(compiled_error == eager_error);
   CHECK(f.compile_count() == 1);
+
+  // The same tensor captured instead of passed: the replay used it as it was.
+  Tensor c = ones({3});
+  auto g = compile([&](const Tensor& w2) { return (c * w2).sum(); });
+  for (int k = 0; k < 3; ++k) g(w);
+  c.slice(0, 0, 2).copy_(x * 2.0);
+  std::string captured_error;
+  try {
+    g(w);
+  } catch (const Error& e) {
+    captured_error = e.message();
+  }
+  CHECK(captured_error == eager_error);
+  {
+    NoGradGuard no_grad;  // no recorded op: no error, and c's new values
+    CHECK(g(tensor({1.0f, 1.0f, 1.0f})).item<float>() == 2 + 6 + 1);
+  }
 }
