@@ -1,9 +1,11 @@
 // kiln-bench: runs registered benchmark suites, prints a table and optionally writes JSON.
 #include <algorithm>
 #include <chrono>
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -196,6 +198,7 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (args.list) {
+    if (!args.suites.empty()) usage_error("--list takes no suite names");
     print_list();
     return 0;
   }
@@ -212,6 +215,16 @@ int main(int argc, char** argv) {
     selected.push_back(s);
   }
 
+  // A --json file that cannot be written fails now, not after the whole run.
+  if (!args.json_path.empty()) {
+    std::FILE* f = std::fopen(args.json_path.c_str(), "a");
+    if (!f) {
+      fmt::print(stderr, "kiln-bench: cannot write --json file '{}': {}\n", args.json_path,
+                 std::strerror(errno));
+      return 2;
+    }
+    std::fclose(f);
+  }
   if (args.threads > 0) kiln::cpu::set_num_threads(args.threads);
   kb::RunConfig config{args.quick, kiln::cpu::num_threads()};
   fmt::print("kiln-bench: {} thread(s) of {} hardware, {}; CPU: {}\n", config.threads,
@@ -267,7 +280,8 @@ int main(int argc, char** argv) {
 
   if (!args.json_path.empty()) {
     if (!write_json(args.json_path, records)) {
-      fmt::print(stderr, "kiln-bench: cannot write '{}'\n", args.json_path);
+      fmt::print(stderr, "kiln-bench: cannot write '{}': {}\n", args.json_path,
+                 std::strerror(errno));
       return 1;
     }
     fmt::print("wrote {} record(s) to {}\n", records.size(), args.json_path);

@@ -96,10 +96,10 @@ template <class T> T Tensor::item(Loc loc) const {
   return out;
 }
 
-template <class T> std::vector<T> Tensor::to_vector() const {
-  KILN_CHECK(defined(), "to_vector", Loc::current(), "tensor is undefined");
-  if (t_host_read_observer) t_host_read_observer(*this, Loc::current());
-  KILN_CHECK(device().is_cpu(), "to_vector", Loc::current(), "tensor is on {}; call .cpu() first",
+template <class T> std::vector<T> Tensor::to_vector(Loc loc) const {
+  KILN_CHECK(defined(), "to_vector", loc, "tensor is undefined");
+  if (t_host_read_observer) t_host_read_observer(*this, loc);
+  KILN_CHECK(device().is_cpu(), "to_vector", loc, "tensor is on {}; call .cpu() first",
              device().str());
   std::vector<T> out;
   out.reserve(numel());
@@ -112,7 +112,7 @@ template <class T> std::vector<T> Tensor::to_vector() const {
 
 #define KILN_INSTANTIATE(T)                      \
   template T Tensor::item<T>(Loc) const;         \
-  template std::vector<T> Tensor::to_vector<T>() const;
+  template std::vector<T> Tensor::to_vector<T>(Loc) const;
 KILN_INSTANTIATE(bool)
 KILN_INSTANTIATE(int32_t)
 KILN_INSTANTIATE(int64_t)

@@ -84,7 +84,7 @@ class Tensor {
   /// is not on the cpu ("tensor is on cuda:0; call .cpu() first"; likewise to_vector()).
   template <class T> T item(Loc loc = Loc::current()) const;
   /// Copies the elements (in logical row-major order) into a vector of T, converting.
-  template <class T> std::vector<T> to_vector() const;
+  template <class T> std::vector<T> to_vector(Loc loc = Loc::current()) const;
 
   // ---- op methods (defined in eager/) ----
   /// This tensor converted to `dtype` (C++ conversion rules); *this itself if already `dtype`.

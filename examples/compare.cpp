@@ -55,6 +55,20 @@ void transformer() {
 }  // namespace
 
 int main(int argc, char** argv) {
+  const char* known[] = {"fusion", "mlp", "transformer"};
+  for (int i = 1; i < argc; ++i) {
+    bool ok = false;
+    for (const char* k : known) ok |= std::strcmp(argv[i], k) == 0;
+    if (!ok) {
+      bool help = std::strcmp(argv[i], "--help") == 0 || std::strcmp(argv[i], "-h") == 0;
+      fmt::print(help ? stdout : stderr,
+                 "{}usage: compare [fusion|mlp|transformer]...   (default: all)\n"
+                 "Runs each workload eagerly and compiled and prints, per output, the max abs / "
+                 "rel difference and the first diverging op.\n",
+                 help ? "" : fmt::format("compare: unknown workload '{}'\n", argv[i]));
+      return help ? 0 : 2;
+    }
+  }
   bool all = argc < 2;
   auto want = [&](const char* name) {
     if (all) return true;

@@ -38,7 +38,7 @@ std::vector<bool> reachable(const autograd::Edge& root, const std::vector<autogr
 }  // namespace
 
 void record_backward(Recorder& rec, Program& p, const std::vector<OutValue>& outs) {
-  if (!is_grad_enabled()) return;
+  // Outputs require grad where grad mode was on (under no_grad too, with enable_grad inside).
   std::vector<Tensor> req_outs;
   std::vector<size_t> req_pos;
   for (size_t k = 0; k < outs.size(); ++k) {

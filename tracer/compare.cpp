@@ -92,6 +92,8 @@ CompareReport compare(
   std::vector<ArgValue> eager_args = fresh_copies(args);
   std::vector<ArgValue> compiled_args = fresh_copies(args);
   std::vector<OutValue> eager_outs;
+  // Both runs draw the same random numbers: the compiled one starts from eager's start state.
+  const GeneratorState rng_start = generator_state();
   Recorder rec(*prog);
   for (size_t i = 0; i < eager_args.size(); ++i)
     if (eager_args[i].kind == ArgValue::Kind::Tensor) rec.add_arg(eager_args[i].tensor, int(i));
@@ -110,7 +112,7 @@ CompareReport compare(
     st.args[i] = compiled_args[i].tensor;
     st.scalars[i] = compiled_args[i].scalar;
   }
-  st.rng = generator_state();
+  st.rng = rng_start;
   st.in_place = prog->aliased_mutation;
   st.slots.resize(prog->values.size());
   CompareReport report;

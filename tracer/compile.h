@@ -40,13 +40,16 @@
 ///  * KILN_LOGS=recompiles,guards,graph,breaks prints those events to stderr.
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <tuple>
 #include <type_traits>
 #include <utility>
 #include <vector>
 
 #include "eager/dispatch.h"
+#include "eager/factories.h"
 #include "tracer/function.h"
 
 namespace kiln {
@@ -56,6 +59,13 @@ namespace tracer::detail {
 template <class T> struct is_tuple : std::false_type {};
 template <class... T> struct is_tuple<std::tuple<T...>> : std::true_type {};
 template <class A, class B> struct is_tuple<std::pair<A, B>> : std::true_type {};
+
+// The characters of a string argument (nullopt for a null pointer).
+template <class S> std::optional<std::string_view> text_of(const S& s) {
+  if constexpr (std::is_pointer_v<S>)
+    if (!s) return std::nullopt;
+  return std::string_view(s);
+}
 
 template <class A> ArgValue to_arg(const A& a) {
   using D = std::decay_t<A>;
@@ -73,6 +83,19 @@ template <class A> ArgValue to_arg(const A& a) {
   } else if constexpr (std::is_same_v<D, std::vector<Tensor>>) {
     v.kind = ArgValue::Kind::TensorList;
     v.list = a;
+  } else if constexpr (std::is_same_v<D, std::string_view> || std::is_same_v<D, const char*> ||
+                       std::is_same_v<D, char*>) {
+    // Guarded by the characters: the caller may rewrite the buffer a view or pointer shows.
+    v.other = &a;
+    v.other_copy = [](const void* p) -> std::shared_ptr<const void> {
+      auto t = text_of(*static_cast<const D*>(p));
+      return std::make_shared<std::optional<std::string>>(t ? std::optional<std::string>(*t)
+                                                              : std::nullopt);
+    };
+    v.other_equal = [](const void* traced, const void* now) {
+      return *static_cast<const std::optional<std::string>*>(traced) ==
+             text_of(*static_cast<const D*>(now));
+    };
   } else if constexpr (std::equality_comparable<D> && std::copy_constructible<D>) {
     v.other = &a;
     v.other_copy = [](const void* p) -> std::shared_ptr<const void> {
@@ -157,9 +180,10 @@ void check_outputs(
 /// A compiled function: call it like the function it wraps.
 template <class F> class Compiled {
  public:
-  Compiled(F fn, CompileOptions options, std::string name)
+  Compiled(F fn, CompileOptions options, std::string name, Loc loc = Loc::current())
       : fn_(std::make_shared<F>(std::move(fn))),
-        impl_(std::make_shared<tracer::CompiledFunction>(std::move(name), std::move(options))) {}
+        impl_(std::make_shared<tracer::CompiledFunction>(std::move(name), std::move(options),
+                                                         loc)) {}
 
   /// Calls the function: replays a compiled specialisation whose guards pass, or traces and
   /// compiles a new one (running `fn` eagerly once). Errors are eager mode's kiln::Error,
@@ -177,16 +201,23 @@ template <class F> class Compiled {
       std::tuple<const std::decay_t<A>&...> tup(args...);
       std::vector<tracer::ArgValue> eager_args = tracer::fresh_copies(av);
       std::vector<tracer::ArgValue> spare = tracer::fresh_copies(av);
+      // Every run starts from the caller's generator state (the same random numbers); the
+      // call leaves it where the compiled run did.
+      const GeneratorState rng_start = generator_state();
       std::vector<tracer::OutValue> outs = impl_->call(
           av,
           [&]() { return tracer::detail::invoke_with(*fn_, tup, av); },
           Loc::current());
+      const GeneratorState rng_end = generator_state();
+      set_generator_state(rng_start);
       std::vector<tracer::OutValue> eager = tracer::detail::invoke_with(*fn_, tup, eager_args);
+      set_generator_state(rng_start);
       tracer::check_outputs(outs, eager, spare,
                             [&](const std::vector<tracer::ArgValue>& in) {
                               return tracer::detail::invoke_with(*fn_, tup, in);
                             },
                             impl_->options());
+      set_generator_state(rng_end);
       size_t i = 0;
       return tracer::detail::from_outs<R>(outs, i, outs.size());
     } else {
@@ -231,8 +262,8 @@ template <class F> class Compiled {
 /// its compiled code are freed with the last copy.
 template <class F>
 Compiled<std::decay_t<F>> compile(F&& fn, CompileOptions options = {},
-                                  std::string name = "fn") {
-  return Compiled<std::decay_t<F>>(std::forward<F>(fn), std::move(options), std::move(name));
+                                  std::string name = "fn", Loc loc = Loc::current()) {
+  return Compiled<std::decay_t<F>>(std::forward<F>(fn), std::move(options), std::move(name), loc);
 }
 
 /// Returns `variable` and, inside a compiled function, makes the function's specialisation

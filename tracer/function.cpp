@@ -24,13 +24,21 @@ namespace kiln::tracer {
 
 bool compile_disabled() {
   static const bool off = [] {
-    const char* v = std::getenv("KILN_COMPILE");
-    return v && (std::strcmp(v, "0") == 0 || std::strcmp(v, "false") == 0);
+    const char* env = std::getenv("KILN_COMPILE");
+    std::string_view v = env ? env : "";
+    if (v == "0" || v == "false" || v == "off" || v == "no") return true;
+    if (!v.empty() && v != "1" && v != "true" && v != "on" && v != "yes")
+      fmt::print(stderr, "kiln: ignoring KILN_COMPILE={} (expected 0/false/off/no or "
+                 "1/true/on/yes); compilation stays on\n", v);
+    return false;
   }();
   return off;
 }
 
 namespace {
+
+// Host reads (elements) one trace may make; a function that reads more runs eagerly.
+constexpr size_t kMaxHostReads = 256;
 
 // Internal: the replay reached a decision outcome the trace tree has no branch for.
 struct MissingBranch {
@@ -55,7 +63,7 @@ struct ArgGuard {
   Strides strides;  // checked only when !contiguous
   bool contiguous = true;
   bool requires_grad = false;
-  int alias_of = -1;        // first earlier tensor argument sharing the storage
+  int alias_of = -1;        // alias_index: an earlier tensor argument sharing the storage
   uint64_t dyn_mask = 0;    // symbolic dims
   uint64_t any_size = 0;    // symbolic dims that accept sizes 0 and 1 too (marked dynamic)
   // host scalars
@@ -67,11 +75,19 @@ struct ArgGuard {
   bool (*other_equal)(const void*, const void*) = nullptr;
 };
 
+// The first earlier tensor argument sharing argument i's storage, as 2·j, or 2·j + 1 when it is
+// the very same tensor: a trace takes one tensor passed twice as one value, so f(t, t) must not
+// replay for two views of one buffer (f(u[0:4], u[4:8])).
 int alias_index(const std::vector<ArgValue>& args, size_t i) {
   for (size_t j = 0; j < i; ++j)
     if (args[j].kind == ArgValue::Kind::Tensor &&
-        args[j].tensor.storage() == args[i].tensor.storage())
-      return static_cast<int>(j);
+        args[j].tensor.storage() == args[i].tensor.storage()) {
+      for (size_t k = j; k < i; ++k)
+        if (args[k].kind == ArgValue::Kind::Tensor &&
+            args[k].tensor.impl() == args[i].tensor.impl())
+          return static_cast<int>(2 * k + 1);
+      return static_cast<int>(2 * j);
+    }
   return -1;
 }
 
@@ -145,7 +161,9 @@ std::string describe_guard(const ArgGuard& g, size_t i) {
       return fmt::format("arg {}: Tensor {} [{}] {}{}, requires_grad={}{}", i, name(g.dtype), dims,
                          g.device.str(), g.contiguous ? ", contiguous" : ", strides " + to_string(g.strides),
                          g.requires_grad,
-                         g.alias_of >= 0 ? fmt::format(", same storage as arg {}", g.alias_of) : "");
+                         g.alias_of < 0    ? ""
+                         : g.alias_of % 2 ? fmt::format(", the same tensor as arg {}", g.alias_of / 2)
+                                          : fmt::format(", same storage as arg {}", g.alias_of / 2));
     }
     case ArgValue::Kind::Undefined:
       return fmt::format("arg {}: undefined Tensor", i);
@@ -363,8 +381,11 @@ struct CompiledFunction::Impl {
   int size_checks = 0;  // traces that confirmed a symbolic entry for new sizes
 };
 
-CompiledFunction::CompiledFunction(std::string name, CompileOptions options)
+CompiledFunction::CompiledFunction(std::string name, CompileOptions options, Loc loc)
     : name_(std::move(name)), options_(std::move(options)) {
+  KILN_CHECK(options_.cache_size_limit >= 1, "compile", loc,
+             "cache_size_limit is {}; it must be at least 1 (specialisations kept before the "
+             "function runs eagerly)", options_.cache_size_limit);
   impl_ = std::make_unique<Impl>(name_, options_);
 }
 CompiledFunction::~CompiledFunction() = default;
@@ -550,8 +571,9 @@ std::vector<OutValue> CompiledFunction::call(const std::vector<ArgValue>& given,
       std::tie(entry, unchecked) = im.find_entry(args);
       if (entry && !unchecked) {
         try {
-          ++entry->hits;
-          return im.replay(*entry, args);
+          std::vector<OutValue> outs = im.replay(*entry, args);
+          ++entry->hits;  // a call that traced a new branch instead is not a replay
+          return outs;
         } catch (const MissingBranch& m) {
           miss_reason = fmt::format("host read gave {}, a value not seen before", m.value.str());
           missing_branch = true;
@@ -583,7 +605,18 @@ namespace {
 bool log_enabled(std::string_view topic) {
   static const std::string logs = [] {
     const char* v = std::getenv("KILN_LOGS");
-    return std::string(v ? v : "");
+    std::string all(v ? v : "");
+    // Said once, as TORCH_LOGS rejects unknown names (the codegen reads ir and codegen).
+    for (size_t pos = 0; pos < all.size();) {
+      size_t end = std::min(all.find(',', pos), all.size());
+      std::string_view name = std::string_view(all).substr(pos, end - pos);
+      if (!name.empty() && name != "recompiles" && name != "guards" && name != "graph" &&
+          name != "breaks" && name != "ir" && name != "codegen")
+        fmt::print(stderr, "kiln: KILN_LOGS: unknown topic '{}' (known: recompiles, guards, "
+                   "graph, breaks, ir, codegen)\n", name);
+      pos = end + 1;
+    }
+    return all;
   }();
   size_t pos = 0;
   while (pos <= logs.size()) {
@@ -733,18 +766,16 @@ namespace {
 // call is traced again from the mutated arguments).
 void check_sources(const Program& p, RunState& st,
                    const std::vector<std::weak_ptr<TensorImpl>>& captured) {
-  const bool grad_mode = is_grad_enabled();
-  for (size_t v = 0; v < p.values.size(); ++v) {
-    int s = p.values[v].source;
-    if (s >= 0 && (p.sources[s].kind == SourceKind::Captured || p.sources[s].kind == SourceKind::GradOf)) {
-      const Tensor& t = st.value(p, static_cast<int>(v));
-      // Eager raises where such a tensor is used in a recorded op (lost_in_place_history); a
-      // replay records nothing, so the call traces again, which runs the function eagerly.
-      if (grad_mode && p.sources[s].kind == SourceKind::Captured && lost_in_place_history(t))
+  // Eager raises where such a tensor is used in a recorded op (lost_in_place_history); a
+  // replay records nothing, so the call traces again, which runs the function eagerly.
+  if (is_grad_enabled())
+    for (size_t v = 0; v < p.values.size(); ++v) {
+      int s = p.values[v].source;
+      if (s >= 0 && p.sources[s].kind == SourceKind::Captured &&
+          lost_in_place_history(st.value(p, static_cast<int>(v))))
         throw GuardFailure{"a captured tensor shares memory with a tensor that gained a gradient "
                            "history in place, which it does not carry"};
     }
-  }
   for (int v : p.grad_undefined_at_call)
     if (st.value(p, v).grad().defined())
       throw GuardFailure{"the .grad that backward set was undefined when traced and is now defined"};
@@ -849,7 +880,9 @@ std::vector<OutValue> CompiledFunction::Impl::replay(Entry& e, const std::vector
   const Program& p = *seg->program;
   if (p.rng_consumed) set_generator_state({st.rng.seed, st.rng.offset + p.rng_consumed});
   std::vector<std::pair<int, Tensor>> originals;
-  const bool attach = seg->backward && is_grad_enabled();
+  // The entry's grad mode is guarded, so a traced backward means the outputs required grad
+  // (also under no_grad, when the function enabled grad inside).
+  const bool attach = seg->backward != nullptr;
   {
     NoGradGuard no_grad;
     // A leaf the function changed in place (an optimizer's parameter) is recorded by its final
@@ -914,6 +947,16 @@ std::vector<OutValue> CompiledFunction::Impl::trace(const std::vector<ArgValue>&
                                                     Entry* failed, bool missing_branch,
                                                     const std::string& miss_reason,
                                                     Entry* unchecked) {
+  for (auto [a, d] : options.dynamic_dims) {
+    KILN_CHECK(a >= 0 && a < int(args.size()) && args[a].kind != ArgValue::Kind::Scalar &&
+                   args[a].kind != ArgValue::Kind::Other,
+               "compile", loc, "mark_dynamic({}, {}): argument {} is not a tensor (the function "
+               "'{}' takes {} argument(s))", a, d, a, name, args.size());
+    int rank = args[a].kind == ArgValue::Kind::Tensor ? args[a].tensor.dim() : -1;
+    KILN_CHECK(rank < 0 || (d >= -rank && d < rank), "compile", loc,
+               "mark_dynamic({}, {}): dim {} is out of range for argument {} of rank {}", a, d,
+               d, a, rank);
+  }
   // A failed entry whose guards no longer hold (a captured tensor freed, a symbolic replay that
   // failed) is dropped; one that only lacks a branch gets the new branch below.
   if (failed && !missing_branch)
@@ -929,6 +972,7 @@ std::vector<OutValue> CompiledFunction::Impl::trace(const std::vector<ArgValue>&
                "kiln.compile: '{}' reached cache_size_limit ({}); it runs eagerly from now on. "
                "The guard that keeps failing: {}\n",
                name, options.cache_size_limit, reason);
+    ++eager_calls;
     return invoke();
   }
 
@@ -1035,9 +1079,20 @@ std::vector<OutValue> CompiledFunction::Impl::trace(const std::vector<ArgValue>&
     return outs;
   }
   bool has_reads = false;
+  size_t reads = 0;
   for (const Node& node : prog->nodes) {
     if (node.kind != Node::Kind::Read) continue;
     has_reads = true;
+    if (++reads > kMaxHostReads) {
+      eager_only = true;
+      eager_reason = fmt::format(
+          "it reads more than {} tensor elements to the host (to_vector() or printing at "
+          "{}:{}); each is a graph break, so it is faster run eagerly",
+          kMaxHostReads, node.loc.file_name(), node.loc.line());
+      fmt::print(stderr, "kiln.compile: '{}' runs eagerly from now on: {}\n", name, eager_reason);
+      return outs;
+    }
+    if (node.read_index > 0) continue;  // the rest of the same to_vector()
     KILN_CHECK(!options.fullgraph, "compile", node.loc,
                "fullgraph=true, but '{}' reads a tensor value to the host here (item() / "
                "to_vector() / a comparison used as a C++ bool), which splits the graph",
@@ -1089,10 +1144,9 @@ std::vector<OutValue> CompiledFunction::Impl::trace(const std::vector<ArgValue>&
   }
   // Symbolic dims: marked ones (optimistic: checked by replay, see call()), then automatic.
   std::vector<std::pair<int, int>> marked;
-  for (auto [a, d] : options.dynamic_dims)
-    if (a >= 0 && a < int(args.size()) && args[a].kind == ArgValue::Kind::Tensor && d >= 0 &&
-        d < args[a].tensor.dim())
-      marked.push_back({a, d});
+  for (auto [a, d] : options.dynamic_dims)  // checked at the top
+    if (args[a].kind == ArgValue::Kind::Tensor)
+      marked.push_back({a, d < 0 ? d + args[a].tensor.dim() : d});
   if (options.dynamic == Dynamic::Always)
     for (size_t a = 0; a < args.size(); ++a)
       if (args[a].kind == ArgValue::Kind::Tensor && e->guards[a].contiguous)

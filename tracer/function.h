@@ -91,7 +91,8 @@ using Invoke = std::function<std::vector<OutValue>()>;
 
 class CompiledFunction {
  public:
-  CompiledFunction(std::string name, CompileOptions options);
+  /// Throws kiln::Error (at `loc`) for a cache_size_limit below 1.
+  CompiledFunction(std::string name, CompileOptions options, Loc loc = Loc::current());
   ~CompiledFunction();
   CompiledFunction(const CompiledFunction&) = delete;
   CompiledFunction& operator=(const CompiledFunction&) = delete;

@@ -691,7 +691,7 @@ std::optional<Scalar> Plan::run(RunState& st) const {
       }
       case Step::Kind::Read: {
         const Node& n = p.nodes[s.node];
-        return read_scalar(st.value(p, n.in[0]));
+        return read_scalar(st.value(p, n.in[0]), n.read_index);
       }
     }
     for (int v : s.free_after) st.slots[v] = Tensor();

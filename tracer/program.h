@@ -74,6 +74,7 @@ struct Node {
   uint64_t rng_delta = 0;
   std::vector<SymAttr> sym_attrs;
   Scalar read_value;  ///< Read: the value seen while tracing
+  int64_t read_index = 0;  ///< Read: the element read (row-major), of a to_vector() say
   std::function<void(const std::vector<Tensor>&)> callback;
   std::string callback_name;
 };

@@ -21,12 +21,26 @@ bool is_random(OpKind op) { return op_info(op).category == OpCategory::Random; }
 
 }  // namespace
 
-Scalar read_scalar(const Tensor& t) {
-  return untraced([&]() -> Scalar {
-    if (is_floating(t.dtype())) return t.item<double>();
-    if (t.dtype() == DType::Bool) return t.item<bool>();
-    return t.item<int64_t>();
+Scalar read_scalar(const Tensor& t, int64_t index) {
+  if (t.numel() == 1 || !t.device().is_cpu())  // item() raises for the rest
+    return untraced([&]() -> Scalar {
+      if (is_floating(t.dtype())) return t.item<double>();
+      if (t.dtype() == DType::Bool) return t.item<bool>();
+      return t.item<int64_t>();
+    });
+  int64_t at = 0;  // element `index` in row-major order, by the strides
+  for (int d = t.dim() - 1; d >= 0; --d) {
+    at += index % t.shape()[d] * t.strides()[d];
+    index /= t.shape()[d];
+  }
+  Scalar out;
+  KILN_DISPATCH_ALL(t.dtype(), S, {
+    S e = static_cast<const S*>(t.raw_data())[at];
+    if (is_floating(t.dtype())) out = Scalar(static_cast<double>(e));
+    else if (t.dtype() == DType::Bool) out = Scalar(static_cast<bool>(e));
+    else out = Scalar(static_cast<int64_t>(e));
   });
+  return out;
 }
 
 namespace {
@@ -232,12 +246,17 @@ void Recorder::on_grad_found_undefined(const Tensor& leaf) {
 }
 
 void Recorder::on_read(const Tensor& t, Loc loc) {
-  Node n;
-  n.kind = Node::Kind::Read;
-  n.loc = loc;
-  n.in.push_back(lookup(t));
-  n.read_value = read_scalar(t);
-  p_.nodes.push_back(std::move(n));
+  // A read of n elements (to_vector, printing) is n reads of one: the replay branches on each.
+  int v = lookup(t);
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    Node n;
+    n.kind = Node::Kind::Read;
+    n.loc = loc;
+    n.in.push_back(v);
+    n.read_index = i;
+    n.read_value = read_scalar(t, i);
+    p_.nodes.push_back(std::move(n));
+  }
 }
 
 void Recorder::on_host_value(const HostValue& value) {

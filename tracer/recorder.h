@@ -108,7 +108,9 @@ template <class F> decltype(auto) untraced(F&& fn) {
   return fn();
 }
 
-/// The host value of a one-element tensor as a Scalar of its dtype's kind (not recorded).
-Scalar read_scalar(const Tensor& t);
+/// The host value of element `index` (row-major) of a tensor, or of a one-element tensor, as a
+/// Scalar of its dtype's kind (not recorded). Throws kiln::Error as item() does for a tensor
+/// that is empty or not on the cpu.
+Scalar read_scalar(const Tensor& t, int64_t index = 0);
 
 }  // namespace kiln::tracer

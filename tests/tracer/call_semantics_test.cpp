@@ -1,0 +1,155 @@
+// compile(): what a call's result depends on beyond shapes and dtypes — one tensor passed twice
+// vs two views of one buffer, the characters of a string argument, grad mode switched on inside
+// the function, whole-tensor host reads — and the option / diagnostic checks around them
+// (mark_dynamic, cache_size_limit, explain()'s replay count, check/compare with random ops).
+// Each case was a silent wrong answer or a false error found by a new user's trial.
+#include <catch2/catch.hpp>
+
+#include <cstring>
+#include <string>
+#include <string_view>
+
+#include "kiln/kiln.h"
+#include "tracer/util.h"
+
+using namespace kiln;
+using kiln::testing::contains;
+using kiln::testing::vec;
+
+TEST_CASE("compile: f(t, t) does not replay for two views of one buffer", "[compile][alias]") {
+  auto g = compile([](const Tensor& a, const Tensor& b) { return a - b; });
+  Tensor t = arange(4, Float32);
+  CHECK(vec(g(t, t)) == std::vector<float>{0, 0, 0, 0});
+  Tensor u = arange(8, Float32);
+  // Was [0, 0, 0, 0]: the trace took a and b as one value.
+  CHECK(vec(g(u.slice(0, 0, 4), u.slice(0, 4, 8))) == std::vector<float>{-4, -4, -4, -4});
+  CHECK(contains(g.explain(), "the same tensor as arg 0"));
+
+  // In place, partly overlapping views: eager's result and buffer.
+  auto h = [](Tensor a, const Tensor& b) {
+    a += b;
+    return a * b;
+  };
+  auto ch = compile(h);
+  Tensor s = arange(4, Float32);
+  ch(s, s);
+  Tensor w1 = arange(8, Float32), w2 = arange(8, Float32);
+  std::vector<float> eager = vec(h(w1.slice(0, 0, 4), w1.slice(0, 2, 6)));
+  std::vector<float> compiled = vec(ch(w2.slice(0, 0, 4), w2.slice(0, 2, 6)));
+  CHECK(compiled == eager);
+  CHECK(vec(w2) == vec(w1));
+}
+
+TEST_CASE("compile: a string_view or const char* argument is guarded by its characters",
+          "[compile][host]") {
+  auto f = [](const Tensor& x, std::string_view act) {
+    return act == "relu" ? relu(x) : tanh(x);
+  };
+  auto cf = compile(f);
+  Tensor x = full({3}, -1.0);
+  std::string mode = "relu";
+  CHECK(vec(cf(x, std::string_view(mode))) == std::vector<float>{0, 0, 0});
+  mode = "tanh";  // the same buffer, new characters: was replayed as relu
+  CHECK(vec(cf(x, std::string_view(mode)))[0] == Approx(std::tanh(-1.0)));
+  CHECK(cf.compile_count() == 2);
+
+  auto g = compile([](const Tensor& y, const char* act) {
+    return std::strcmp(act, "relu") == 0 ? relu(y) : y * 2.0;
+  });
+  char buf[8] = "relu";
+  CHECK(vec(g(x, static_cast<const char*>(buf))) == std::vector<float>{0, 0, 0});
+  std::strcpy(buf, "twice");
+  CHECK(vec(g(x, static_cast<const char*>(buf))) == std::vector<float>{-2, -2, -2});
+}
+
+TEST_CASE("compile: enable_grad inside a function called under no_grad keeps the graph",
+          "[compile][autograd]") {
+  Tensor w = full({3}, 2.0).requires_grad_();
+  auto f = compile([&](const Tensor& x) {
+    enable_grad on;
+    return (x * w).sum();
+  });
+  Tensor x = arange(3, Float32);
+  for (int call = 0; call < 3; ++call) {  // trace, then replays
+    Tensor r;
+    {
+      no_grad off;
+      r = f(x);
+    }
+    REQUIRE(r.requires_grad());  // replays returned requires_grad=false
+    w.set_grad(Tensor());
+    r.backward();
+    CHECK(vec(w.grad()) == std::vector<float>{0, 1, 2});
+  }
+}
+
+TEST_CASE("compile: to_vector() of a tensor inside the function is a graph break per element",
+          "[compile][break]") {
+  auto k = [](const Tensor& x) {
+    double s = 0;
+    for (float e : x.to_vector<float>()) s += e;
+    return x * s;
+  };
+  auto ck = compile(k);
+  Tensor a = full({2}, 1.0), b = tensor({1.f, 3.f});
+  for (int call = 0; call < 2; ++call) {  // threw "cannot be converted to a scalar"
+    CHECK(vec(ck(a)) == std::vector<float>{2, 2});
+    CHECK(vec(ck(b)) == std::vector<float>{4, 12});  // new element values: a new branch
+  }
+  CHECK(contains(ck.explain(), "host read at"));
+  Tensor e = zeros({0});
+  CHECK(vec(ck(e)).empty());
+
+  // Reading many elements on every call makes the function run eagerly.
+  auto big = compile(k);
+  Tensor many = ones({300});
+  CHECK(vec(big(many))[0] == 300.f);
+  CHECK(vec(big(many))[299] == 300.f);
+  CHECK(contains(big.explain(), "runs eagerly from now on"));
+}
+
+TEST_CASE("compile: check=true and compare() with random ops start both runs from one seed",
+          "[compile][random]") {
+  auto f = [](const Tensor& x) { return dropout(x, 0.5) + rand({4}); };
+  manual_seed(0);
+  CompareReport rep = kiln::compare(f, ones({4}));
+  CHECK(rep.ok);  // reported a divergence at dropout's mask
+  auto cf = compile(f, CompileOptions{.check = true});
+  manual_seed(3);
+  Tensor expect = f(ones({4}));
+  for (int call = 0; call < 2; ++call) {
+    manual_seed(3);
+    CHECK(vec(cf(ones({4}))) == vec(expect));  // threw a false "differs from eager"
+    // The generator ends where one run leaves it.
+    Tensor next = rand({1});
+    manual_seed(3);
+    f(ones({4}));
+    CHECK(vec(next) == vec(rand({1})));
+  }
+}
+
+TEST_CASE("compile: bad mark_dynamic indices and cache_size_limit raise", "[compile][options]") {
+  auto f = [](const Tensor& x) { return x + 1.0; };
+  for (auto [arg, dim] : {std::pair{0, 5}, std::pair{3, 0}, std::pair{0, -2}}) {
+    auto cf = compile(f, CompileOptions{}.mark_dynamic(arg, dim));
+    CHECK_THROWS_WITH(cf(ones({4})), Catch::Contains("mark_dynamic"));
+  }
+  auto neg = compile(f, CompileOptions{}.mark_dynamic(0, -1));  // the last dim
+  neg(ones({4}));
+  neg(ones({5}));
+  CHECK(neg.compile_count() == 1);
+  CHECK(contains(neg.explain(), "s0.0"));
+
+  CHECK_THROWS_WITH(compile(f, CompileOptions{.cache_size_limit = 0}),
+                    Catch::Contains("cache_size_limit is 0"));
+}
+
+TEST_CASE("compile: explain() counts replays, not calls that traced a new branch",
+          "[compile][explain]") {
+  auto f = compile([](const Tensor& x) { return x.sum().item<double>() > 0 ? x * 2.0 : x * 3.0; });
+  f(ones({2}));
+  f(-ones({2}));  // a new branch: traced, not replayed
+  CHECK(contains(f.explain(), "0 replay(s)"));
+  f(ones({2}));
+  CHECK(contains(f.explain(), "1 replay(s)"));
+}
