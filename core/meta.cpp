@@ -422,8 +422,9 @@ InferredMeta loss(OpKind op, std::span<const TensorMeta> in, const OpAttrs& a, L
     KILN_CHECK(in[1].dtype == DType::Int64 || in[1].dtype == DType::Int32, nm, loc,
                "target must be int64 or int32, got {}", name(in[1].dtype));
     KILN_CHECK((x.size() == 2 && t.size() == 1 && t[0] == x[0]) || (x.size() == 1 && t.size() == 0),
-               nm, loc, "expects input [N, C] and target [N], got {} and {}", to_string(x),
-               to_string(t));
+               nm, loc,
+               "expects input [N, C] and target [N] (or [C] and a 0-d target), got {} and {}",
+               to_string(x), to_string(t));
     Shape out = a.mode == 0 ? t : Shape{};
     return {in[0].dtype, {{in[0].dtype, out}}};
   }

@@ -351,7 +351,9 @@ Tensor nll_loss(const Tensor& log_probs, const Tensor& target, Reduction reducti
 Tensor cross_entropy(const Tensor& logits, const Tensor& target, Reduction reduction,
                      int64_t ignore_index, Loc loc) {
   return as_op("cross_entropy", [&] {
-    return nll_loss(log_softmax(logits, 1, loc), target, reduction, ignore_index, loc);
+    // The class dim is 1, or 0 for an unbatched [C] input (NllLoss takes it with a 0-d target).
+    const int64_t class_dim = logits.defined() && logits.dim() == 1 ? 0 : 1;
+    return nll_loss(log_softmax(logits, class_dim, loc), target, reduction, ignore_index, loc);
   });
 }
 Tensor mse_loss(const Tensor& a, const Tensor& b, Reduction reduction, Loc loc) {

@@ -229,10 +229,11 @@ Tensor dropout(const Tensor& x, double p = 0.5, bool training = true, Loc loc = 
 enum class Reduction { None, Mean, Sum };
 /// Negative log-likelihood of log-probabilities [N, C] at int64 targets [N]; targets equal to
 /// ignore_index are skipped (Mean divides by the count of the others). Out-of-range targets
-/// throw kiln::Error.
+/// throw kiln::Error. An unbatched [C] input takes a 0-d target (the loss is 0-d for every
+/// reduction), as in PyTorch.
 Tensor nll_loss(const Tensor& log_probs, const Tensor& target, Reduction reduction = Reduction::Mean,
                 int64_t ignore_index = -100, Loc loc = Loc::current());
-/// nll_loss(log_softmax(logits, 1), target).
+/// nll_loss(log_softmax(logits, 1), target); an unbatched [C] input (0-d target) uses dim 0.
 Tensor cross_entropy(const Tensor& logits, const Tensor& target,
                      Reduction reduction = Reduction::Mean, int64_t ignore_index = -100,
                      Loc loc = Loc::current());

@@ -8,40 +8,63 @@
 
 namespace kiln::nn::init {
 
-std::pair<int64_t, int64_t> fans(const Tensor& w) {
-  KILN_CHECK(w.dim() >= 2, "init", Loc::current(),
+namespace {
+void check_defined(const Tensor& t, const char* op, Loc loc) {
+  KILN_CHECK(t.defined(), op, loc, "the tensor to initialise is undefined");
+}
+}  // namespace
+
+std::pair<int64_t, int64_t> fans(const Tensor& w, Loc loc) {
+  check_defined(w, "init.fans", loc);
+  KILN_CHECK(w.dim() >= 2, "init.fans", loc,
              "fan in/out need a tensor with at least 2 dims, got shape {}", to_string(w.shape()));
   int64_t field = 1;
   for (int i = 2; i < w.dim(); ++i) field *= w.size(i);
   return {w.size(1) * field, w.size(0) * field};
 }
 
-void uniform_(Tensor& t, double low, double high) {
-  NoGradGuard ng;
-  t.copy_(rand_like(t) * (high - low) + low);
+void uniform_(Tensor& t, double low, double high, Loc loc) {
+  check_defined(t, "init.uniform_", loc);
+  KILN_CHECK(low <= high, "init.uniform_", loc, "needs low <= high, got low {} and high {}", low,
+             high);
+  at_user_line(loc, [&] {
+    NoGradGuard ng;
+    t.copy_(rand_like(t) * (high - low) + low);
+  });
 }
-void normal_(Tensor& t, double mean, double std) {
-  NoGradGuard ng;
-  t.copy_(randn_like(t) * std + mean);
+void normal_(Tensor& t, double mean, double std, Loc loc) {
+  check_defined(t, "init.normal_", loc);
+  KILN_CHECK(std >= 0, "init.normal_", loc, "needs std >= 0, got {}", std);
+  at_user_line(loc, [&] {
+    NoGradGuard ng;
+    t.copy_(randn_like(t) * std + mean);
+  });
 }
-void zeros_(Tensor& t) {
+void zeros_(Tensor& t, Loc loc) {
+  check_defined(t, "init.zeros_", loc);
   NoGradGuard ng;
   t.fill_(0);
 }
-void ones_(Tensor& t) {
+void ones_(Tensor& t, Loc loc) {
+  check_defined(t, "init.ones_", loc);
   NoGradGuard ng;
   t.fill_(1);
 }
-void xavier_uniform_(Tensor& t, double gain) {
-  auto [in, out] = fans(t);
-  double b = gain * std::sqrt(6.0 / static_cast<double>(in + out));
-  uniform_(t, -b, b);
+// Errors of fans() inside name the function the user called (as_op).
+void xavier_uniform_(Tensor& t, double gain, Loc loc) {
+  as_op("init.xavier_uniform_", [&] {
+    auto [in, out] = fans(t, loc);
+    double b = gain * std::sqrt(6.0 / static_cast<double>(in + out));
+    uniform_(t, -b, b, loc);
+  });
 }
-void kaiming_uniform_(Tensor& t, double a) {
-  auto [in, out] = fans(t);
-  double gain = std::sqrt(2.0 / (1 + a * a));
-  double b = gain * std::sqrt(3.0 / static_cast<double>(in));
-  uniform_(t, -b, b);
+void kaiming_uniform_(Tensor& t, double a, Loc loc) {
+  as_op("init.kaiming_uniform_", [&] {
+    auto [in, out] = fans(t, loc);
+    double gain = std::sqrt(2.0 / (1 + a * a));
+    double b = gain * std::sqrt(3.0 / static_cast<double>(in));
+    uniform_(t, -b, b, loc);
+  });
 }
 
 }  // namespace kiln::nn::init

@@ -21,6 +21,8 @@ Linear::Linear(int64_t in, int64_t out, bool with_bias) {
 Tensor Linear::forward(const Tensor& x) { return linear(x, weight, bias); }
 
 Embedding::Embedding(int64_t num, int64_t dim) {
+  KILN_CHECK(num >= 0 && dim >= 0, "Embedding", Loc::current(),
+             "num_embeddings and embedding_dim must be non-negative, got {} and {}", num, dim);
   weight = register_parameter("weight", empty({num, dim}));
   init::normal_(weight);
 }

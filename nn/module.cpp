@@ -10,9 +10,21 @@ Tensor Module::forward(const Tensor&) {
   throw Error(name(), "this module's forward takes other arguments; call its own forward");
 }
 
+namespace {
+// Sets `name` to `t` in `entries`: replaces an existing entry in place, else appends.
+void put(StateDict& entries, const std::string& name, const Tensor& t) {
+  for (auto& [n, old] : entries)
+    if (n == name) {
+      old = t;
+      return;
+    }
+  entries.emplace_back(name, t);
+}
+}  // namespace
+
 Tensor Module::register_parameter(const std::string& n, Tensor t) {
   if (t.defined() && !t.requires_grad()) t.requires_grad_();
-  params_.emplace_back(n, t);
+  put(params_, n, t);
   return t;
 }
 void Module::to(Device device) {
@@ -37,24 +49,26 @@ void Module::to(Device device) {
 }
 
 Tensor Module::register_buffer(const std::string& n, Tensor t) {
-  buffers_.emplace_back(n, t);
+  put(buffers_, n, t);
   return t;
 }
 
-void Module::collect(const std::string& prefix, bool recurse, bool params, StateDict& out) const {
-  // A tensor shared by several submodules (tied weights) is listed once, as in PyTorch.
+void Module::collect(const std::string& prefix, bool recurse, bool params, bool dedup,
+                     StateDict& out) const {
+  // With dedup, a tensor shared by several submodules (tied weights) is listed once, as
+  // PyTorch's named_parameters(); its state_dict() lists every name.
   for (const auto& [n, t] : params ? params_ : buffers_) {
     bool seen = false;
-    for (const auto& kv : out) seen |= kv.second.is_same(t);
+    for (const auto& kv : out) seen |= dedup && kv.second.is_same(t);
     if (t.defined() && !seen) out.emplace_back(prefix + n, t);
   }
   if (!recurse) return;
-  for (const auto& [n, m] : children_) m->collect(prefix + n + ".", true, params, out);
+  for (const auto& [n, m] : children_) m->collect(prefix + n + ".", true, params, dedup, out);
 }
 
 StateDict Module::named_parameters(bool recurse) const {
   StateDict out;
-  collect("", recurse, true, out);
+  collect("", recurse, true, true, out);
   return out;
 }
 std::vector<Tensor> Module::parameters(bool recurse) const {
@@ -64,7 +78,7 @@ std::vector<Tensor> Module::parameters(bool recurse) const {
 }
 StateDict Module::named_buffers(bool recurse) const {
   StateDict out;
-  collect("", recurse, false, out);
+  collect("", recurse, false, true, out);
   return out;
 }
 
@@ -122,8 +136,9 @@ void Module::train(bool on) {
 void Module::zero_grad() { kiln::zero_grad(parameters()); }
 
 StateDict Module::state_dict() const {
-  StateDict out = named_parameters();
-  for (auto& kv : named_buffers()) out.push_back(kv);
+  StateDict out;
+  collect("", true, true, false, out);
+  collect("", true, false, false, out);
   return out;
 }
 

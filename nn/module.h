@@ -28,7 +28,8 @@ class Module {
   }
 
   /// Parameters of this module and (if recurse) its submodules, in registration order, with
-  /// dotted names ("0.weight").
+  /// dotted names ("0.weight"). A tensor registered under several names (tied weights) is
+  /// listed once, under its first name, as in PyTorch (state_dict() lists every name).
   StateDict named_parameters(bool recurse = true) const;
   std::vector<Tensor> parameters(bool recurse = true) const;
   StateDict named_buffers(bool recurse = true) const;
@@ -55,11 +56,13 @@ class Module {
   /// ("no CUDA device: ...") when the device is not available; nothing is moved then.
   void to(Device device);
 
-  /// Parameters and buffers by dotted name.
+  /// Parameters and buffers by dotted name. A tied tensor appears under every name it is
+  /// registered as ("enc.weight" and "dec.weight"), as PyTorch's state_dict.
   StateDict state_dict() const;
   /// Copies values from `dict` into this module's tensors (in place, under no_grad). With
   /// strict, missing or unexpected keys are an error; shapes must always match. Throws
-  /// kiln::Error naming the key.
+  /// kiln::Error naming the key. A tied tensor is copied once per name, in state_dict()
+  /// order (the last name's value wins, as in PyTorch, which does not compare them).
   void load_state_dict(const StateDict& dict, bool strict = true, Loc loc = Loc::current());
   /// Saves state_dict() as a safetensors file (see nn/serialize.h).
   void save(const std::string& path, Loc loc = Loc::current()) const;
@@ -69,11 +72,22 @@ class Module {
   /// Class name, e.g. "Linear".
   virtual std::string name() const = 0;
 
- protected:
-  /// Registers a parameter (made a leaf that requires grad) and returns the same handle; the
-  /// module's member and the registry share the tensor, and updates happen in place.
+  /// Registers a parameter (made to require grad) under `name` and returns the same handle;
+  /// the module's member and the registry share the tensor, and updates happen in place. A
+  /// name already registered is replaced in place (its position in state_dict() is kept), as
+  /// libtorch's register_parameter: this is how to tie or swap a parameter from outside.
+  ///
+  /// Pitfall: the registry cannot see assignments to a member. `head->weight = emb->weight`
+  /// makes head's forward use emb's tensor while parameters(), state_dict() and save() keep the
+  /// old one (PyTorch's __setattr__ re-registers; C++ cannot). Tie weights by re-registering:
+  ///   head->weight = head->register_parameter("weight", emb->weight);
+  /// (parameters() then lists the shared tensor once; state_dict() under both names.)
   Tensor register_parameter(const std::string& name, Tensor t);
+  /// Registers (or, for a name already registered, replaces) a buffer: state that is saved
+  /// and moved with the module but not trained.
   Tensor register_buffer(const std::string& name, Tensor t);
+
+ protected:
   /// Returns `field`, a setting of this module that its forward reads (Dropout's p, LayerNorm's
   /// eps, GELU's approximate). Inside a compiled function the read is a guarded host value,
   /// like is_training(), named "<Class>.<what>" in explain(): a setting changed after
@@ -90,7 +104,8 @@ class Module {
   }
 
  private:
-  void collect(const std::string& prefix, bool recurse, bool params, StateDict& out) const;
+  void collect(const std::string& prefix, bool recurse, bool params, bool dedup,
+               StateDict& out) const;
 
   // The training flag in a cell of its own, so a compiled function's guard can keep reading it
   // even after the module is gone (a module built inside the compiled function). A copy of a

@@ -9,9 +9,16 @@
 namespace kiln::nn {
 
 Optimizer::Optimizer(std::vector<Tensor> params, Loc loc) : params_(std::move(params)) {
-  for (const Tensor& p : params_)
-    KILN_CHECK(p.defined() && p.requires_grad() && p.is_leaf(), "Optimizer", loc,
-               "parameters must be leaf tensors that require grad");
+  // Frozen tensors are fine (skipped while they have no gradient, and trained once unfrozen);
+  // a non-leaf never gets a .grad, so optimising it is a mistake.
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const Tensor& p = params_[i];
+    KILN_CHECK(p.defined(), "Optimizer", loc, "parameter {} is undefined", i);
+    KILN_CHECK(p.is_leaf(), "Optimizer", loc,
+               "parameter {} ({} {}) is not a leaf tensor (it was computed from others); "
+               "optimise the leaf it came from",
+               i, kiln::name(p.dtype()), to_string(p.shape()));
+  }
 }
 
 void Optimizer::zero_grad() { kiln::zero_grad(params_); }
@@ -66,7 +73,8 @@ SGD::SGD(std::vector<Tensor> params, SGDOptions o, Loc loc)
   }
 }
 
-void SGD::step() {
+void SGD::step(Loc loc) {
+  at_user_line(loc, [&] {
   NoGradGuard ng;
   bool any = false;
   for (const Tensor& p : params_) any |= p.grad().defined();
@@ -86,8 +94,10 @@ void SGD::step() {
     if (decay) g = g + p * wd;
     if (use_momentum) {
       Tensor& buf = momentum_[i];
-      KILN_CHECK(buf.defined(), "SGD.step", Loc::current(),
-                 "momentum was 0 at construction; set it in SGDOptions when creating the SGD");
+      KILN_CHECK(buf.defined(), "SGD.step", loc,
+                 "momentum is {} but was 0 at construction (no momentum buffers); set it in "
+                 "SGDOptions when creating the SGD",
+                 options.momentum);
       // buf = started ? momentum·buf + (1−damp)·g : g, written into the same buffer.
       buf.copy_(where(started_[i], buf * momentum + g * keep, g));
       started_[i].fill_(true);
@@ -95,6 +105,7 @@ void SGD::step() {
     }
     p -= g * lr;
   }
+  });
 }
 
 AdamW::AdamW(std::vector<Tensor> params, AdamWOptions o, Loc loc)
@@ -105,23 +116,28 @@ AdamW::AdamW(std::vector<Tensor> params, AdamWOptions o, Loc loc)
              o.beta1, o.beta2, o.eps, o.weight_decay);
   // State exists before the first step (compiled replay cannot create it later).
   NoGradGuard ng;
-  m_.reserve(params_.size());
-  v_.reserve(params_.size());
   for (const Tensor& p : params_) {
     m_.push_back(zeros_like(p));
     v_.push_back(zeros_like(p));
+    t_.push_back(zeros({}, {DType::Float64}));
   }
-  step_ = zeros({}, {DType::Float64});
+  steps_ = zeros({}, {DType::Float64});
 }
 
-int64_t AdamW::step_count() const { return static_cast<int64_t>(step_.item<double>()); }
+int64_t AdamW::step_count() const { return static_cast<int64_t>(steps_.item<double>()); }
+int64_t AdamW::step_count(size_t i) const {
+  KILN_CHECK(i < t_.size(), "AdamW.step_count", Loc::current(),
+             "parameter index {} out of range for {} parameters", i, t_.size());
+  return static_cast<int64_t>(t_[i].item<double>());
+}
 
-void AdamW::step() {
+void AdamW::step(Loc loc) {
+  at_user_line(loc, [&] {
   NoGradGuard ng;
-  step_ += 1;
   bool any = false;
   for (const Tensor& p : params_) any |= p.grad().defined();
   if (!any) return;
+  steps_ += 1;
   // Options as runtime values (compiled steps read them on every call); formulas of them are
   // evaluated on the host in double, as before; the weight-decay branch is guarded.
   Tensor lr = option([this] { return options.lr; });
@@ -133,15 +149,16 @@ void AdamW::step() {
                      : Tensor();
   Tensor one_minus_b1 = option([this] { return 1 - options.beta1; });
   Tensor one_minus_b2 = option([this] { return 1 - options.beta2; });
-  // Bias corrections from the step tensor (0-d float64), not from a host counter.
-  Tensor bc1 = 1 - pow(b1, step_);
-  Tensor bc2 = 1 - pow(b2, step_);
-  Tensor inv_sqrt_bc2 = 1 / sqrt(bc2);
-  Tensor step_size = lr / bc1;
   for (size_t i = 0; i < params_.size(); ++i) {
     Tensor& p = params_[i];
     Tensor g = p.grad();
-    if (!g.defined()) continue;
+    if (!g.defined()) continue;  // whether it is defined is a guard of a compiled step
+    // This parameter's own t (PyTorch's state[p]['step']), from its tensor, not a host count.
+    Tensor& t = t_[i];
+    t += 1;
+    Tensor bc1 = 1 - pow(b1, t);
+    Tensor inv_sqrt_bc2 = 1 / sqrt(1 - pow(b2, t));
+    Tensor step_size = lr / bc1;
     if (decay.defined()) p *= decay;
     Tensor& m = m_[i];
     Tensor& v = v_[i];
@@ -152,6 +169,7 @@ void AdamW::step() {
     Tensor denom = sqrt(v) * inv_sqrt_bc2 + eps;
     p -= m / denom * step_size;
   }
+  });
 }
 
 Tensor clip_grad_norm_(const std::vector<Tensor>& params, double max_norm) {

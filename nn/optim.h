@@ -6,16 +6,17 @@
 /// optimizer.step()) by recording the eager ops it runs and replays the recorded ops later
 /// without running this host code again. So that a replayed step() is the same computation as
 /// an eager one, the optimisers follow four rules:
-///  1. All state that lives across steps (momentum buffers, Adam moments, the step count,
+///  1. All state that lives across steps (momentum buffers, Adam moments, the step counts,
 ///     SGD's "first step" flags) is created in the constructor, never lazily inside step().
 ///  2. State is only ever updated in place through tensor ops (`m *= b1; m += g * (1 - b1)`,
-///     `buf.copy_(...)`, `step_ += 1`); the Tensor objects (their TensorImpl) never change,
+///     `buf.copy_(...)`, `t += 1`); the Tensor objects (their TensorImpl) never change,
 ///     so the tensors a recorded graph reads and writes stay the optimiser's state.
 ///  3. Nothing in step() or clip_grad_norm_ depends on a per-step host value or reads a tensor
-///     back to the host (no .item(), which would force a graph break): AdamW's step count is a
-///     0-d float64 tensor and its bias corrections 1−β1ᵗ, 1−β2ᵗ are computed from it with tensor
-///     ops; SGD's first-step rule (buf = g) is selected with `where` on a 0-d bool flag per
-///     parameter; clip_grad_norm_ computes its scale as a tensor.
+///     back to the host (no .item(), which would force a graph break): AdamW's step count of
+///     each parameter is a 0-d float64 tensor and its bias corrections 1−β1ᵗ, 1−β2ᵗ are
+///     computed from it with tensor ops; SGD's first-step rule (buf = g) is selected with
+///     `where` on a 0-d bool flag per parameter; clip_grad_norm_ computes its scale as a
+///     tensor.
 ///  4. Host options (lr, momentum, dampening, weight_decay, betas, eps) are read at every
 ///     step() call through Optimizer::option(): a 0-d wrapped host number (it promotes like a
 ///     host double, and formulas of options such as 1 − β1 are evaluated on the host in
@@ -42,6 +43,9 @@ namespace kiln::nn {
 
 class Optimizer {
  public:
+  /// Takes leaf tensors; ones that do not require grad (frozen) are accepted, as in PyTorch, and
+  /// skipped while they have no gradient. Throws kiln::Error naming the index and shape of an
+  /// undefined or non-leaf tensor (one computed from others: optimise the leaf it came from).
   explicit Optimizer(std::vector<Tensor> params, Loc loc = Loc::current());
   virtual ~Optimizer() = default;
   /// A copy shares the parameters (and, in the subclasses, the state tensors) and has its own
@@ -51,7 +55,8 @@ class Optimizer {
     params_ = o.params_;
     return *this;
   }
-  virtual void step() = 0;
+  /// One update of every parameter that has a gradient. Errors name `loc`, the caller's line.
+  virtual void step(Loc loc = Loc::current()) = 0;
   /// Sets every parameter's .grad to undefined.
   void zero_grad();
   const std::vector<Tensor>& params() const { return params_; }
@@ -93,7 +98,8 @@ struct SGDOptions {
 class SGD : public Optimizer {
  public:
   SGD(std::vector<Tensor> params, SGDOptions options, Loc loc = Loc::current());
-  void step() override;
+  /// Throws kiln::Error when momentum is nonzero now but was 0 at construction (no buffers).
+  void step(Loc loc = Loc::current()) override;
   SGDOptions options;
   /// The momentum buffer of parameter i (undefined without momentum); updated in place.
   const Tensor& momentum_buffer(size_t i) const { return momentum_[i]; }
@@ -113,24 +119,31 @@ struct AdamWOptions {
 /// Adam with decoupled weight decay (Loshchilov & Hutter 2019), as torch.optim.AdamW:
 /// p *= 1 − lr·wd; m = β1 m + (1−β1) g; v = β2 v + (1−β2) g²;
 /// p −= (lr / (1−β1ᵗ)) · m / (√v / √(1−β2ᵗ) + eps).
-/// t is one count for the optimiser (incremented by every step() call), held in a 0-d float64
-/// tensor; m and v are zeros like each parameter from construction on.
+/// t counts the steps of each parameter separately, as PyTorch's state[p]['step']: it advances
+/// only in a step() where that parameter has a gradient, so a parameter first trained at the
+/// optimiser's 5th step (or unfrozen then) starts its bias correction at t = 1. Each t is a 0-d
+/// float64 tensor; m and v are zeros like each parameter; all exist from construction on.
 class AdamW : public Optimizer {
  public:
   AdamW(std::vector<Tensor> params, AdamWOptions options = {}, Loc loc = Loc::current());
-  void step() override;
+  void step(Loc loc = Loc::current()) override;
   AdamWOptions options;
-  /// The number of step() calls so far (reads the step tensor to the host).
+  /// The number of step() calls that updated at least one parameter (a call where no
+  /// parameter has a gradient changes nothing and is not counted, as in PyTorch). Reads the
+  /// count tensor to the host.
   int64_t step_count() const;
-  /// The state tensors (updated in place, never replaced): the step count (0-d float64) and
-  /// the first / second moments of parameter i.
-  const Tensor& step_tensor() const { return step_; }
+  /// Parameter i's own t (the steps in which it had a gradient), read to the host.
+  int64_t step_count(size_t i) const;
+  /// The state tensors (updated in place, never replaced): the count behind step_count()
+  /// (0-d float64), parameter i's t (0-d float64) and its first / second moments.
+  const Tensor& step_tensor() const { return steps_; }
+  const Tensor& step_tensor(size_t i) const { return t_[i]; }
   const Tensor& exp_avg(size_t i) const { return m_[i]; }
   const Tensor& exp_avg_sq(size_t i) const { return v_[i]; }
 
  private:
-  std::vector<Tensor> m_, v_;
-  Tensor step_;
+  std::vector<Tensor> m_, v_, t_;
+  Tensor steps_;
 };
 
 /// Scales gradients in place so their total 2-norm is at most max_norm, as

@@ -89,7 +89,9 @@ AttentionOutput MultiheadAttention::forward(const Tensor& query, const Tensor& k
   out = out_proj->forward(out);
   if (!bf) out = out.transpose(0, 1);
   AttentionOutput r{out, Tensor()};
-  if (need_weights) r.weights = mean(attn, {1});
+  // The weights the output was computed with (after dropout, in training), summed over heads
+  // and divided by H, as PyTorch 1.13's multi_head_attention_forward.
+  if (need_weights) r.weights = sum(attn_d, {1}) / static_cast<double>(H);
   return r;
   });
 }

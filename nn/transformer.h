@@ -11,7 +11,10 @@ namespace kiln::nn {
 
 struct AttentionOutput {
   Tensor output;   ///< [B, L, E] (batch_first) or [L, B, E]
-  Tensor weights;  ///< [B, L, S], averaged over heads; undefined unless need_weights
+  /// [B, L, S], averaged over heads; undefined unless need_weights. In training mode with
+  /// dropout these are the dropped-out weights the output used (rows need not sum to 1), as
+  /// PyTorch 1.13 returns.
+  Tensor weights;
 };
 
 /// softmax(Q Kᵀ / √d + mask) V per head, heads concatenated and projected.

@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <functional>
 
 #include "kiln/nn.h"
 
@@ -391,4 +392,305 @@ TEST_CASE("training an MLP on a fixed problem reaches a low loss") {
   CHECK(last < 0.05);
   Tensor acc = mean(eq(argmax(model(x), 1), y).to(DType::Float32));
   CHECK(acc.item<float>() > 0.98);
+}
+
+namespace {
+// The kiln::Error `f` throws (FAIL if none).
+Error error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e;
+  }
+  FAIL("no kiln::Error");
+  return Error("", "", Loc::current());
+}
+}  // namespace
+
+TEST_CASE("AdamW keeps one step count per parameter, advanced only when it has a gradient "
+          "(torch.optim.AdamW's state[p]['step'])") {
+  // PyTorch 1.13 reference (a and b after each step, printed with %.9g):
+  //   a = tensor([1., -2.], requires_grad=True); b = tensor([.5], requires_grad=True)
+  //   opt = AdamW([a, b], lr=0.05, betas=(0.8, 0.95), eps=1e-6, weight_decay=0.1)
+  //   per step: a.requires_grad_(ta); b.requires_grad_(tb); opt.zero_grad(set_to_none=True)
+  //   loss = (tensor([.5, 1.5]) * a * a).sum() + (tensor([-2.]) * b * b).sum()
+  //   if backward: loss.backward()
+  //   opt.step()
+  // b first trains at step 2 with t = 1 (the optimizer-wide count would give t = 2); step 3
+  // freezes a; step 5 has no gradient at all and counts for nobody.
+  struct Step {
+    bool ta, tb, backward;
+    V a, b;
+    int64_t t_a, t_b;
+  };
+  const std::vector<Step> steps = {
+      {true, false, true, {0.945000052f, -1.94000006f}, {0.5f}, 1, 0},
+      {true, true, true, {0.890416026f, -1.88037097f}, {0.547499955f}, 2, 1},
+      {false, true, true, {0.890416026f, -1.88037097f}, {0.594904602f}, 2, 2},
+      {true, true, true, {0.836348891f, -1.82115984f}, {0.642294824f}, 3, 3},
+      {true, true, false, {0.836348891f, -1.82115984f}, {0.642294824f}, 3, 3},
+      {true, true, true, {0.782905459f, -1.7624141f}, {0.689739585f}, 4, 4},
+  };
+  Tensor a = tensor({1.0f, -2.0f}).requires_grad_(), b = tensor({0.5f}).requires_grad_();
+  Tensor ca = tensor({0.5f, 1.5f}), cb = tensor({-2.0f});
+  AdamW opt({a, b}, {.lr = 0.05, .beta1 = 0.8, .beta2 = 0.95, .eps = 1e-6, .weight_decay = 0.1});
+  int64_t calls_that_updated = 0;
+  for (size_t s = 0; s < steps.size(); ++s) {
+    INFO("step " << s + 1);
+    const Step& st = steps[s];
+    a.requires_grad_(st.ta);
+    b.requires_grad_(st.tb);
+    opt.zero_grad();
+    Tensor loss = (ca * a * a).sum() + (cb * b * b).sum();
+    if (st.backward) loss.backward();
+    opt.step();
+    calls_that_updated += st.backward;
+    auto ga = a.to_vector<float>(), gb = b.to_vector<float>();
+    for (size_t i = 0; i < 2; ++i) CHECK(ga[i] == Approx(st.a[i]).epsilon(1e-6));
+    CHECK(gb[0] == Approx(st.b[0]).epsilon(1e-6));
+    CHECK(opt.step_count(0) == st.t_a);
+    CHECK(opt.step_count(1) == st.t_b);
+    CHECK(opt.step_count() == calls_that_updated);
+  }
+  CHECK(opt.step_tensor(1).dtype() == DType::Float64);
+  CHECK(opt.step_tensor(1).dim() == 0);
+}
+
+TEST_CASE("AdamW.step with no gradient at all changes nothing and is not counted") {
+  // torch: a = tensor(1., requires_grad=True); AdamW([a], lr=0.1, weight_decay=0); step 0 has
+  // no backward, steps 1 and 2 backward a*3 → a = 0.8, state[a]['step'] = 2 (Adam's first two
+  // steps move by lr each: m̂/√v̂ = 1 for a constant gradient, up to eps).
+  Tensor a = scalar_tensor(1.0f).requires_grad_();
+  AdamW opt({a}, {.lr = 0.1, .weight_decay = 0});
+  opt.step();
+  CHECK(opt.step_count() == 0);
+  CHECK(opt.step_count(0) == 0);
+  CHECK(a.item<float>() == 1.0f);
+  for (int s = 0; s < 2; ++s) {
+    opt.zero_grad();
+    (a * 3.0f).backward();
+    opt.step();
+  }
+  CHECK(a.item<float>() == Approx(0.8).epsilon(1e-6));
+  CHECK(opt.step_count() == 2);
+  CHECK(opt.step_count(0) == 2);
+}
+
+TEST_CASE("optimizers accept frozen parameters and train them once unfrozen; a non-leaf is "
+          "rejected naming its index and shape") {
+  Tensor w = tensor({1.0f, 2.0f}), b = tensor({3.0f}).requires_grad_();  // w frozen
+  SGD sgd({w, b}, {.lr = 0.1, .momentum = 0.9});
+  AdamW adam({w, b});
+  (b * 2.0f).sum().backward();
+  sgd.step();
+  CHECK(w.to_vector<float>() == V{1.0f, 2.0f});
+  CHECK(b.item<float>() == Approx(3 - 0.1 * 2));
+  // Unfrozen: SGD's first step with its gradient (buf = g = 1 for sum(w)): w −= 0.1.
+  w.requires_grad_();
+  sgd.zero_grad();
+  w.sum().backward();
+  sgd.step();
+  CHECK(w.to_vector<float>()[0] == Approx(0.9));
+  CHECK(w.to_vector<float>()[1] == Approx(1.9));
+
+  Tensor leaf = tensor({1.0f, 2.0f, 3.0f}).requires_grad_();
+  Tensor computed = leaf * 2.0f;
+  Error e = error_of([&] { SGD({leaf, computed}, {.lr = 0.1}); });
+  CHECK_THAT(e.what(), Catch::Contains("parameter 1 (float32 [3]) is not a leaf tensor"));
+  CHECK(std::string(e.where().file_name()) == __FILE__);
+}
+
+TEST_CASE("MultiheadAttention in training returns the dropped-out weights its output used, "
+          "averaged over heads (PyTorch 1.13)") {
+  // E = 4, H = 2 (head dims {0,1} and {2,3}), identity projections, no bias, dropout 0.5, so
+  // head h's output is D_h V_h with D_h = dropout(softmax(Q_h K_hᵀ/√2)) and Q = K = V = x.
+  // V_h is invertible, so D_h = out_h V_h⁻¹ is recovered from the output and checked against
+  // the float64 softmax (each entry 0 or 2·softmax) and against the returned weights
+  // (D_0 + D_1)/2, which is what multi_head_attention_forward returns (sum(dim=1) / H).
+  MultiheadAttention mha(4, 2, 0.5, /*bias=*/false, /*batch_first=*/true);
+  set(mha.in_proj_weight, cat({eye(4), eye(4), eye(4)}, 0));
+  set(mha.out_proj->weight, eye(4));
+  const double x[2][4] = {{1, 0, 0.5, 1}, {0, 2, 1, -1}};
+  Tensor xt = tensor({{1.f, 0.f, 0.5f, 1.f}, {0.f, 2.f, 1.f, -1.f}}).unsqueeze(0);
+  manual_seed(1);
+  auto r = mha.forward(xt, xt, xt);
+  auto out = r.output.to_vector<float>(), w = r.weights.to_vector<float>();
+  REQUIRE(w.size() == 4);
+  double avg[2][2] = {};
+  int zeros = 0;
+  for (int h = 0; h < 2; ++h) {
+    double v[2][2] = {{x[0][2 * h], x[0][2 * h + 1]}, {x[1][2 * h], x[1][2 * h + 1]}};
+    double det = v[0][0] * v[1][1] - v[0][1] * v[1][0];
+    double inv[2][2] = {{v[1][1] / det, -v[0][1] / det}, {-v[1][0] / det, v[0][0] / det}};
+    for (int l = 0; l < 2; ++l) {
+      double sc[2], z = 0;
+      for (int s = 0; s < 2; ++s) {
+        sc[s] = (v[l][0] * v[s][0] + v[l][1] * v[s][1]) / std::sqrt(2.0);
+        z += std::exp(sc[s]);
+      }
+      for (int s = 0; s < 2; ++s) {
+        double d = out[l * 4 + 2 * h] * inv[0][s] + out[l * 4 + 2 * h + 1] * inv[1][s];
+        double kept = 2 * std::exp(sc[s]) / z;
+        INFO("head " << h << " row " << l << " col " << s << ": D = " << d);
+        CHECK((std::abs(d) < 1e-5 || std::abs(d - kept) < 1e-5));
+        zeros += std::abs(d) < 1e-5;
+        avg[l][s] += d / 2;
+      }
+    }
+  }
+  REQUIRE(zeros > 0);  // dropout did drop something (seed 1), so the rows do not sum to 1
+  REQUIRE(zeros < 8);
+  for (int l = 0; l < 2; ++l)
+    for (int s = 0; s < 2; ++s) CHECK(w[l * 2 + s] == Approx(avg[l][s]).margin(1e-5));
+  // In eval mode the weights are the softmax again: rows sum to 1.
+  mha.eval();
+  auto we = mha.forward(xt, xt, xt).weights.sum({-1}).to_vector<float>();
+  CHECK(we[0] == Approx(1.0));
+  CHECK(we[1] == Approx(1.0));
+}
+
+namespace {
+struct Holder : Module {
+  Tensor weight;
+  explicit Holder(Tensor w) { weight = register_parameter("weight", w); }
+  std::string name() const override { return "Holder"; }
+};
+struct TiedPair : Module {
+  std::shared_ptr<Holder> enc, dec;
+  TiedPair() {
+    Tensor w = ones({3, 2});
+    enc = register_module("enc", std::make_shared<Holder>(w));
+    dec = register_module("dec", std::make_shared<Holder>(w));
+  }
+  std::string name() const override { return "TiedPair"; }
+};
+std::vector<std::string> keys(const StateDict& d) {
+  std::vector<std::string> k;
+  for (auto& [n, t] : d) k.push_back(n);
+  return k;
+}
+}  // namespace
+
+TEST_CASE("state_dict lists a tied parameter under every name; named_parameters once; "
+          "load_state_dict takes both keys") {
+  // torch: Holder(w) twice for one Parameter w → state_dict keys enc.weight dec.weight,
+  // named_parameters enc.weight; load_state_dict of both keys copies each.
+  TiedPair m;
+  using S = std::vector<std::string>;
+  CHECK(keys(m.state_dict()) == S{"enc.weight", "dec.weight"});
+  CHECK(keys(m.named_parameters()) == S{"enc.weight"});
+  CHECK(m.state_dict()[1].second.is_same(m.enc->weight));
+  m.load_state_dict({{"enc.weight", full({3, 2}, 2.0)}, {"dec.weight", full({3, 2}, 2.0)}});
+  CHECK(m.enc->weight.to_vector<float>() == V(6, 2.0f));
+  CHECK(m.dec->weight.is_same(m.enc->weight));
+  // Only one key is a missing key under strict, as in PyTorch.
+  CHECK_THROWS_WITH(m.load_state_dict({{"enc.weight", full({3, 2}, 3.0)}}),
+                    Catch::Contains("missing key \"dec.weight\""));
+  // save/load keep both names.
+  std::string path = "kiln_test_tied.safetensors";
+  m.save(path);
+  CHECK(keys(load_safetensors(path)) == S{"enc.weight", "dec.weight"});
+  TiedPair n;
+  n.load(path);
+  CHECK(n.enc->weight.to_vector<float>() == V(6, 2.0f));
+  std::remove(path.c_str());
+}
+
+TEST_CASE("register_parameter under an existing name replaces it in place: tying a member "
+          "by re-registering it") {
+  // The way to write PyTorch's `self.head.weight = self.emb.weight` (whose __setattr__
+  // re-registers): the registry then holds emb's tensor, once in parameters().
+  struct Tied : Module {
+    std::shared_ptr<Embedding> emb;
+    std::shared_ptr<Linear> head;
+    Tied() {
+      emb = register_module("emb", std::make_shared<Embedding>(6, 4));
+      head = register_module("head", std::make_shared<Linear>(4, 6, false));
+      head->weight = head->register_parameter("weight", emb->weight);
+    }
+    std::string name() const override { return "Tied"; }
+  } m;
+  using S = std::vector<std::string>;
+  REQUIRE(m.parameters().size() == 1);
+  CHECK(m.parameters()[0].is_same(m.emb->weight));
+  StateDict sd = m.state_dict();
+  CHECK(keys(sd) == S{"emb.weight", "head.weight"});
+  CHECK(sd[1].second.is_same(m.head->weight));
+  CHECK(sd[1].second.is_same(m.emb->weight));
+  // Replacing keeps the entry's place; a buffer is replaced the same way.
+  Linear lin(2, 3);
+  Tensor w = zeros({3, 2});
+  lin.weight = lin.register_parameter("weight", w);
+  CHECK(keys(lin.named_parameters()) == S{"weight", "bias"});
+  CHECK(lin.named_parameters()[0].second.is_same(w));
+  CHECK(w.requires_grad());
+  lin.register_buffer("scale", ones({1}));
+  lin.register_buffer("scale", full({1}, 2.0));
+  REQUIRE(lin.named_buffers().size() == 1);
+  CHECK(lin.named_buffers()[0].second.item<float>() == 2.0f);
+}
+
+TEST_CASE("cross_entropy and nll_loss take an unbatched [C] input with a 0-d target") {
+  // float64 reference: −log_softmax([1, 2, 0.5])[1] = log(e + e² + e^0.5) − 2 (PyTorch 1.13's
+  // F.cross_entropy(tensor([1., 2., .5]), tensor(1)) gives the same, 0-d for every reduction).
+  Tensor logits = tensor({1.0f, 2.0f, 0.5f});
+  Tensor t = scalar_tensor(1, {DType::Int64});
+  double want = std::log(std::exp(1.0) + std::exp(2.0) + std::exp(0.5)) - 2;
+  for (Reduction r : {Reduction::Mean, Reduction::Sum, Reduction::None}) {
+    Tensor l = cross_entropy(logits, t, r);
+    CHECK(l.dim() == 0);
+    CHECK(l.item<float>() == Approx(want));
+  }
+  CHECK(nll_loss(tensor({-0.5f, -1.5f}), scalar_tensor(1, {DType::Int64})).item<float>() == 1.5f);
+  // Batched and unbatched agree, gradient included.
+  Tensor x = logits.clone().requires_grad_();
+  cross_entropy(x, t).backward();
+  Tensor xb = logits.unsqueeze(0).requires_grad_();
+  cross_entropy(xb, t.unsqueeze(0)).backward();
+  CHECK(x.grad().to_vector<float>() == xb.grad().to_vector<float>());
+  // An ignored target: mean over no targets is nan, none gives 0 (as PyTorch).
+  Tensor ign = scalar_tensor(-100, {DType::Int64});
+  CHECK(std::isnan(cross_entropy(logits, ign).item<float>()));
+  CHECK(cross_entropy(logits, ign, Reduction::None).item<float>() == 0.0f);
+  int line = __LINE__ + 1;
+  Error e = error_of([&] { cross_entropy(logits, tensor({1}).to(DType::Int64)); });
+  CHECK_THAT(e.what(), Catch::Contains("kiln::cross_entropy: expects input [N, C] and target [N] "
+                                       "(or [C] and a 0-d target), got [3] and [1]"));
+  CHECK(e.where().line() == static_cast<unsigned>(line));
+}
+
+TEST_CASE("nn errors name the op, the values and the caller's line: Embedding sizes, SGD "
+          "momentum set after construction, init functions") {
+  CHECK_THAT(error_of([] { Embedding(-1, 3); }).what(),
+             Catch::Contains("kiln::Embedding: num_embeddings and embedding_dim must be "
+                             "non-negative, got -1 and 3"));
+  Linear l(4, 3);
+  SGD sgd(l.parameters(), {.lr = 0.1});
+  sgd.options.momentum = 0.9;
+  l(ones({2, 4})).sum().backward();
+  int line = __LINE__ + 1;
+  Error e = error_of([&] { sgd.step(); });
+  CHECK_THAT(e.what(), Catch::Contains("kiln::SGD.step: momentum is 0.9 but was 0 at "
+                                       "construction"));
+  CHECK(std::string(e.where().file_name()) == __FILE__);
+  CHECK(e.where().line() == static_cast<unsigned>(line));
+
+  Tensor v = zeros({5});
+  line = __LINE__ + 1;
+  e = error_of([&] { init::xavier_uniform_(v); });
+  CHECK_THAT(e.what(), Catch::Contains("kiln::init.xavier_uniform_: fan in/out need a tensor "
+                                       "with at least 2 dims, got shape [5]"));
+  CHECK(e.where().line() == static_cast<unsigned>(line));
+  CHECK(std::string(e.where().file_name()) == __FILE__);
+  e = error_of([&] { init::kaiming_uniform_(v); });
+  CHECK_THAT(e.what(), Catch::Contains("kiln::init.kaiming_uniform_"));
+  CHECK(std::string(e.where().file_name()) == __FILE__);
+  e = error_of([&] { init::uniform_(v, 1, 0); });
+  CHECK_THAT(e.what(), Catch::Contains("needs low <= high, got low 1 and high 0"));
+  CHECK(std::string(e.where().file_name()) == __FILE__);
+  e = error_of([&] { init::normal_(v, 0, -1); });
+  CHECK_THAT(e.what(), Catch::Contains("needs std >= 0, got -1"));
+  Tensor undefined;
+  e = error_of([&] { init::zeros_(undefined); });
+  CHECK_THAT(e.what(), Catch::Contains("kiln::init.zeros_: the tensor to initialise is undefined"));
 }

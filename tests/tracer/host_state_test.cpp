@@ -183,6 +183,57 @@ TEST_CASE("compile: switching an optimizer's host branch (weight decay on/off) r
   CHECK(contains(ex, "is false, expected true"));
 }
 
+TEST_CASE("compile: AdamW's per-parameter step counts in a compiled training step follow "
+          "PyTorch when parameters start late, freeze and unfreeze", "[compile][host][optim]") {
+  // PyTorch 1.13 reference, as tests/nn/nn_test.cpp's eager test of the same schedule:
+  //   a = tensor([1., -2.]), b = tensor([.5]) (requires_grad); AdamW([a, b], lr=0.05,
+  //   betas=(0.8, 0.95), eps=1e-6, weight_decay=0.1); per step set a/b.requires_grad_,
+  //   zero_grad(set_to_none=True),
+  //   loss = (tensor([.5, 1.5])*a*a).sum() + (tensor([-2.])*b*b).sum(),
+  //   backward unless the step has none, opt.step(); a, b printed with %.9g.
+  // Step 6 replays the entry traced at step 4 (both have gradients; each requires_grad flip
+  // before traces again) with other counts in the state tensors: t must come from them, not
+  // from the trace.
+  struct Step {
+    bool ta, tb, backward;
+    std::vector<float> a, b;
+  };
+  const std::vector<Step> steps = {
+      {true, false, true, {0.945000052f, -1.94000006f}, {0.5f}},
+      {true, true, true, {0.890416026f, -1.88037097f}, {0.547499955f}},
+      {false, true, true, {0.890416026f, -1.88037097f}, {0.594904602f}},
+      {true, true, true, {0.836348891f, -1.82115984f}, {0.642294824f}},
+      {true, true, false, {0.836348891f, -1.82115984f}, {0.642294824f}},
+      {true, true, true, {0.782905459f, -1.7624141f}, {0.689739585f}},
+  };
+  Tensor a = from_vector<float>({1.0f, -2.0f}, {2}).requires_grad_();
+  Tensor b = from_vector<float>({0.5f}, {1}).requires_grad_();
+  Tensor ca = from_vector<float>({0.5f, 1.5f}, {2}), cb = from_vector<float>({-2.0f}, {1});
+  nn::AdamW opt({a, b}, {.lr = 0.05, .beta1 = 0.8, .beta2 = 0.95, .eps = 1e-6,
+                         .weight_decay = 0.1});
+  auto step = compile([&](bool backward) {
+    opt.zero_grad();
+    Tensor loss = (ca * a * a).sum() + (cb * b * b).sum();
+    if (backward) loss.backward();
+    opt.step();
+    return loss.detach();
+  });
+  for (size_t s = 0; s < steps.size(); ++s) {
+    INFO("step " << s + 1);
+    a.requires_grad_(steps[s].ta);
+    b.requires_grad_(steps[s].tb);
+    step(steps[s].backward);
+    std::vector<float> ga = vec(a), gb = vec(b);
+    for (size_t i = 0; i < 2; ++i) CHECK(ga[i] == Approx(steps[s].a[i]).epsilon(1e-6));
+    CHECK(gb[0] == Approx(steps[s].b[0]).epsilon(1e-6));
+  }
+  CHECK(opt.step_count(0) == 4);
+  CHECK(opt.step_count(1) == 4);
+  CHECK(opt.step_count() == 5);  // step 5 had no gradient: not counted
+  INFO(step.explain());
+  CHECK(step.compile_count() == 5);  // steps 1-5 trace, step 6 replays
+}
+
 TEST_CASE("kiln::guarded does not split the graph and recompiles once per value",
           "[compile][host]") {
   bool flag = false;

@@ -65,7 +65,8 @@ TEST_CASE("errors inside nn modules name the caller's line") {
   CrossEntropyLoss ce;
   CHECK(here(where_of([&] { ce(ones({2, 3}), from_vector<int64_t>({0, 3}, {2})); }), __LINE__));
   CHECK(here(where_of([&] { AdamW(lin.parameters(), {.lr = -1}); }), __LINE__));
-  CHECK(here(where_of([&] { SGD({ones({2})}, {.lr = 0.1}); }), __LINE__));
+  Tensor non_leaf = ones({2}).requires_grad_() * 2.0;
+  CHECK(here(where_of([&] { SGD({non_leaf}, {.lr = 0.1}); }), __LINE__));
   StateDict d = lin.state_dict();
   d.pop_back();
   CHECK(here(where_of([&] { lin.load_state_dict(d); }), __LINE__));
