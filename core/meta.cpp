@@ -1,6 +1,8 @@
 #include "core/meta.h"
 
 #include <algorithm>
+#include <cmath>
+#include <limits>
 
 namespace kiln {
 namespace {
@@ -123,7 +125,10 @@ InferredMeta normalization(OpKind op, std::span<const TensorMeta> in, const OpAt
   DType out = apply_rule(DTypeRule::ToFloat, x.dtype);
   if (op == OpKind::LayerNorm) {
     const Shape& ns = a.dims;
-    bool ok = ns.size() >= 1 && ns.size() <= x.shape.size();
+    KILN_CHECK(ns.size() >= 1, nm, loc,
+               "normalized_shape must have at least 1 dim (the trailing dims of the input {} to "
+               "normalise over), got []", to_string(x.shape));
+    bool ok = ns.size() <= x.shape.size();
     for (int i = 0; ok && i < ns.size(); ++i)
       ok = x.shape[x.shape.size() - ns.size() + i] == ns[i];
     KILN_CHECK(ok, nm, loc, "normalized_shape {} does not match the last dims of input {}",
@@ -332,6 +337,7 @@ InferredMeta index(OpKind op, std::span<const TensorMeta> in, const OpAttrs& a, 
     case OpKind::MaskedFill: {
       KILN_CHECK(in[1].dtype == DType::Bool, nm, loc, "mask must be bool, got {}",
                  name(in[1].dtype));
+      check_scalar_fits(a.alpha, x.dtype, nm, loc);
       Shape b = broadcast_shapes(x.shape, in[1].shape, nm, loc);
       KILN_CHECK(b == x.shape, nm, loc, "mask of shape {} does not broadcast to input shape {}",
                  to_string(in[1].shape), to_string(x.shape));
@@ -435,6 +441,26 @@ InferredMeta loss(OpKind op, std::span<const TensorMeta> in, const OpAttrs& a, L
 
 }  // namespace
 
+void check_scalar_fits(const Scalar& v, DType dtype, const char* op, Loc loc) {
+  bool fits = true;
+  if (is_integral(dtype)) {
+    const bool i32 = dtype == DType::Int32;
+    if (v.is_floating()) {
+      double d = v.to<double>();  // truncates toward zero: (lo - 1, -lo) is in range
+      double lo = i32 ? -2147483648.0 : -9223372036854775808.0;
+      fits = (i32 ? d > lo - 1 : d >= lo) && d < -lo;
+    } else if (i32 && v.is_integral()) {
+      int64_t i = v.to<int64_t>();
+      fits = i >= INT32_MIN && i <= INT32_MAX;
+    }
+  } else if (dtype == DType::Float32 && v.is_floating()) {
+    double d = std::fabs(v.to<double>());
+    fits = !(d > std::numeric_limits<float>::max()) || std::isinf(d);  // NaN, inf pass
+  }
+  KILN_CHECK(fits, op, loc, "value {} cannot be converted to {} without overflow", v.str(),
+             name(dtype));
+}
+
 Shape broadcast_shapes(const Shape& a, const Shape& b, const char* op, Loc loc) {
   if (a == b) return a;
   int r = std::max(a.size(), b.size());
@@ -537,12 +563,7 @@ static InferredMeta infer_meta_unchecked(OpKind op, std::span<const TensorMeta> 
     case OpCategory::Copy: {
       const TensorMeta& x = inputs[0];
       if (op == OpKind::Cast) return {x.dtype, {{attrs.dtype, x.shape}}};
-      if (op == OpKind::Fill && !is_floating(x.dtype) && attrs.alpha.is_floating()) {
-        double v = attrs.alpha.to<double>();
-        double lo = x.dtype == DType::Int32 ? -2147483648.0 : -9223372036854775808.0;
-        KILN_CHECK(x.dtype == DType::Bool || (v >= lo && v < -lo), info.name.data(), loc,
-                   "value {} cannot be converted to {} without overflow", v, name(x.dtype));
-      }
+      if (op == OpKind::Fill) check_scalar_fits(attrs.alpha, x.dtype, info.name.data(), loc);
       if (op == OpKind::CopyInto) {
         Shape b = broadcast_shapes(x.shape, inputs[1].shape, info.name.data(), loc);
         KILN_CHECK(b == x.shape, info.name.data(), loc,

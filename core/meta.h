@@ -26,6 +26,12 @@ struct InferredMeta {
 InferredMeta infer_meta(OpKind op, std::span<const TensorMeta> inputs, const OpAttrs& attrs,
                         Loc loc);
 
+/// Throws kiln::Error naming `op` and `loc` when host value `v` cannot be stored in `dtype`
+/// without overflow, as PyTorch checks (fill_, full, masked_fill, tensor(..., dtype)): integer
+/// dtypes take integers in their range and finite floating values that truncate into it;
+/// float32 takes values up to its largest finite one, ±inf and NaN; bool and float64 take any.
+void check_scalar_fits(const Scalar& v, DType dtype, const char* op, Loc loc);
+
 /// NumPy/PyTorch broadcasting of two shapes. Throws kiln::Error naming `op` on mismatch.
 Shape broadcast_shapes(const Shape& a, const Shape& b, const char* op, Loc loc);
 

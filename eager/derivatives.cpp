@@ -185,7 +185,18 @@ std::vector<Tensor> reduction(const BackwardContext& c, const Tensor& g) {
   switch (c.op) {
     case K::Sum: return {ge_.contiguous()};
     case K::Mean: return {ge_ / n};
-    case K::Prod: return {ge_ * expand_back(y, in.shape, c.attrs) / x};
+    case K::Prod: {
+      // ∂y/∂x_i = Π_{j≠i} x_j, which is y / x_i except at a zero, where that is 0/0 (PyTorch's
+      // prod_backward): a slice's only zero gets the product of the slice's other elements, a
+      // zero among several gets 0. Built from y, so second derivatives hold too, except between
+      // two zeros of a slice.
+      Dims dims = reduced_dims(c.attrs, in.shape.size());
+      Tensor zero = eq(x, 0.0);
+      Tensor x_or_1 = where(zero, 1.0, x);
+      Tensor zeros_in_slice = sum(zero.to(x.dtype()), dims, true);
+      Tensor at_zero = where(eq(zeros_in_slice, 1.0), prod(x_or_1, dims, true), 0.0);
+      return {ge_ * where(zero, at_zero, expand_back(y, in.shape, c.attrs) / x_or_1)};
+    }
     case K::Amax:
     case K::Amin: {
       Tensor hit = where(eq(x, expand_back(y, in.shape, c.attrs)), 1.0, 0.0).to(x.dtype());

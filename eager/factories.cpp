@@ -172,7 +172,16 @@ Tensor from_vector(const std::vector<T>& values, const Shape& shape, Loc loc) {
   return out;
 }
 
+namespace {
+// Values given for another dtype must fit it (a cast would wrap them silently).
+template <class T> void check_values_fit(const std::vector<T>& values, TensorOptions opts, Loc loc) {
+  if (opts.dtype && *opts.dtype != dtype_of<T>())
+    for (const T& v : values) check_scalar_fits(Scalar(v), *opts.dtype, "tensor", loc);
+}
+}  // namespace
+
 template <class T> Tensor tensor(std::initializer_list<T> values, TensorOptions opts, Loc loc) {
+  check_values_fit(std::vector<T>(values), opts, loc);
   Tensor t = from_vector(std::vector<T>(values), {static_cast<int64_t>(values.size())}, loc);
   return on_device(opts.dtype && *opts.dtype != t.dtype() ? t.to(*opts.dtype, loc) : t, opts, loc);
 }
@@ -186,6 +195,7 @@ Tensor tensor(std::initializer_list<std::initializer_list<T>> rows, TensorOption
                "rows have different lengths ({} and {})", cols, r.size());
     flat.insert(flat.end(), r.begin(), r.end());
   }
+  check_values_fit(flat, opts, loc);
   Tensor t = from_vector(flat, {static_cast<int64_t>(rows.size()), cols}, loc);
   return on_device(opts.dtype && *opts.dtype != t.dtype() ? t.to(*opts.dtype, loc) : t, opts, loc);
 }

@@ -173,8 +173,8 @@ void triangle(const OpCall& call, const Tensor& out) {
   const bool lower = call.op == OpKind::Tril;
   const int64_t diag = call.attrs.mode;
   const int64_t rows = out.size(-2), cols = out.size(-1);
-  const int64_t nrows = rows == 0 ? 0 : out.numel() / cols;  // rows of every matrix together
-  if (cols == 0) return;
+  if (rows == 0 || cols == 0) return;
+  const int64_t nrows = out.numel() / cols;  // rows of every matrix together
   const size_t isz = out.itemsize();
   char* base = static_cast<char*>(out.raw_data());
   parallel_for(0, nrows, std::max<int64_t>(1, kGrainSize / cols), [&](int64_t lo, int64_t hi) {

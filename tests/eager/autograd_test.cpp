@@ -378,3 +378,28 @@ TEST_CASE("gradcheck: indexing, layer_norm, losses, dropout") {
   auto yv = y.to_vector<double>(), dv = d.to_vector<double>(), gv = d.grad().to_vector<double>();
   for (size_t i = 0; i < yv.size(); ++i) CHECK(gv[i] == (yv[i] != 0 ? 2.0 : 0.0));
 }
+
+TEST_CASE("prod's gradient at zeros is the product of the other elements, not 0/0") {
+  // PyTorch 1.13: prod([0,2,3]) grad [6,0,0]; prod over rows of [[0,0,4],[1,0,5],[2,3,4]]:
+  // [[0,0,0],[0,5,0],[12,8,6]] (two zeros: 0; one zero: the others' product there).
+  Tensor x = tensor({0.0, 2.0, 3.0}).requires_grad_();
+  prod(x).backward();
+  CHECK(x.grad().to_vector<double>() == std::vector<double>{6, 0, 0});  // was [nan, 0, 0]
+  Tensor z = tensor({{0.0, 0.0, 4.0}, {1.0, 0.0, 5.0}, {2.0, 3.0, 4.0}}).requires_grad_();
+  sum(prod(z, {1})).backward();
+  CHECK(z.grad().to_vector<double>() == std::vector<double>{0, 0, 0, 0, 5, 0, 12, 8, 6});
+  // Finite differences through slices with one zero, two zeros and none, and the second
+  // derivative (the formula is made of differentiable ops).
+  Tensor w = tensor({{0.0, 1.5, 0.7}, {0.0, 0.0, 2.0}, {1.2, 0.8, 1.1}});
+  gradcheck([](const T& in) { return prod(in[0], {1}); }, {w});
+  // Second derivatives ∂²y/∂x_i∂x_j = Π_{k≠i,j} x_k at v = [0, 1.5, 0.7, 2].
+  Tensor v = tensor({0.0, 1.5, 0.7, 2.0}).requires_grad_();
+  Tensor g = grad({prod(v)}, {v}, {}, true)[0];
+  auto row = [&](int i) { return grad({g.select(0, i)}, {v}, {}, true)[0].to_vector<double>(); };
+  std::vector<double> h0 = row(0), h1 = row(1);
+  std::vector<double> want0{0, 1.4, 3.0, 1.05}, want1{1.4, 0, 0, 0};
+  for (int j = 0; j < 4; ++j) {
+    CHECK(h0[j] == Approx(want0[j]));
+    CHECK(h1[j] == Approx(want1[j]));
+  }
+}

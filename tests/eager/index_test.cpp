@@ -218,3 +218,11 @@ TEST_CASE("tril and triu") {
   CHECK(tril(zeros({0, 3})).shape() == Shape{0, 3});
   CHECK_THROWS_AS(tril(arange(3)), Error);
 }
+
+TEST_CASE("tril / triu of matrices with no columns are empty, not a division by zero") {
+  // Was SIGFPE (rows of all matrices = numel / cols with cols 0); PyTorch returns the input.
+  for (Shape s : {Shape{3, 0}, Shape{2, 3, 0}, Shape{0, 3}, Shape{0, 0}}) {
+    CHECK(tril(zeros(s)).shape() == s);
+    CHECK(triu(zeros(s), 1).shape() == s);
+  }
+}

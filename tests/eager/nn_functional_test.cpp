@@ -311,3 +311,9 @@ TEST_CASE("mse_loss mean of float32 differences whose squares overflow float32")
   Tensor x = from_vector(big, {1000}), z = zeros({1000});
   CHECK(mse_loss(x, z).item<float>() == Approx(static_cast<double>(d) * d / 1000).epsilon(1e-6));
 }
+
+TEST_CASE("layer_norm with an empty normalized_shape says it needs at least one dim") {
+  // Was "normalized_shape [] does not match the last dims of input []".
+  CHECK_THROWS_WITH(layer_norm(scalar_tensor(1.0), {}), Catch::Contains("at least 1 dim"));
+  CHECK_THROWS_WITH(layer_norm(ones({2, 3}), {2}), Catch::Contains("does not match"));
+}

@@ -334,3 +334,28 @@ TEST_CASE("default dtype") {
   set_default_dtype(DType::Float32);
   CHECK_THROWS_AS(set_default_dtype(DType::Int32), Error);
 }
+
+TEST_CASE("host values that do not fit the tensor's dtype raise instead of wrapping") {
+  // PyTorch: "value cannot be converted to type int32_t without overflow" for each of these;
+  // kiln stored 5000000000 as 705032704, and 1e20 / NaN as INT_MIN.
+  const int64_t big = 5000000000LL;
+  Tensor x = tensor({1, 2, -3});  // int32
+  Tensor m = x > 0;
+  CHECK_THROWS_WITH(x.clone().fill_(big), Catch::Contains("5000000000 cannot be converted to int32"));
+  CHECK_THROWS_WITH(full({2}, big, Int32), Catch::Contains("without overflow"));
+  CHECK_THROWS_WITH(scalar_tensor(big, Int32), Catch::Contains("without overflow"));
+  CHECK_THROWS_WITH(tensor({big, int64_t{1}}, Int32), Catch::Contains("without overflow"));
+  CHECK_THROWS_WITH(masked_fill(x, m, big), Catch::Contains("masked_fill"));
+  CHECK_THROWS_WITH(masked_fill(x, m, 1e20), Catch::Contains("without overflow"));
+  CHECK_THROWS_WITH(masked_fill(x, m, NAN), Catch::Contains("without overflow"));
+  CHECK_THROWS_WITH(masked_fill(ones({2}), ones({2}) > 0, 1e300), Catch::Contains("float32"));
+  CHECK_THROWS_WITH(ones({2}).fill_(1e300), Catch::Contains("without overflow"));
+  // In range: stored exactly (floats truncate toward zero into integers, as PyTorch).
+  CHECK(masked_fill(x, m, int64_t{2147483647}).to_vector<int64_t>() ==
+        std::vector<int64_t>{2147483647, 2147483647, -3});
+  CHECK(full({1}, -2147483648.9, Int32).item<int64_t>() == -2147483648LL);
+  CHECK(std::isinf(masked_fill(ones({1}), ones({1}) > 0, INFINITY).item<double>()));
+  CHECK(std::isnan(full({1}, NAN).item<double>()));
+  CHECK(full({1}, big, Int64).item<int64_t>() == big);
+  CHECK(tensor({1.5, 2.5}, Int64).to_vector<int64_t>() == std::vector<int64_t>{1, 2});
+}
