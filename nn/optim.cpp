@@ -119,25 +119,34 @@ AdamW::AdamW(std::vector<Tensor> params, AdamWOptions o, Loc loc)
   for (const Tensor& p : params_) {
     m_.push_back(zeros_like(p));
     v_.push_back(zeros_like(p));
-    t_.push_back(zeros({}, {DType::Float64}));
   }
+  t_ = zeros({static_cast<int64_t>(params_.size())}, {DType::Float64});
   steps_ = zeros({}, {DType::Float64});
 }
 
 int64_t AdamW::step_count() const { return static_cast<int64_t>(steps_.item<double>()); }
 int64_t AdamW::step_count(size_t i) const {
-  KILN_CHECK(i < t_.size(), "AdamW.step_count", Loc::current(),
-             "parameter index {} out of range for {} parameters", i, t_.size());
-  return static_cast<int64_t>(t_[i].item<double>());
+  KILN_CHECK(i < params_.size(), "AdamW.step_count", Loc::current(),
+             "parameter index {} out of range for {} parameters", i, params_.size());
+  return static_cast<int64_t>(step_tensor(i).item<double>());
 }
 
 void AdamW::step(Loc loc) {
   at_user_line(loc, [&] {
   NoGradGuard ng;
-  bool any = false;
-  for (const Tensor& p : params_) any |= p.grad().defined();
+  std::vector<double> has_grad(params_.size());
+  bool any = false, all = true;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    has_grad[i] = params_[i].grad().defined();
+    any |= has_grad[i] != 0;
+    all &= has_grad[i] != 0;
+  }
   if (!any) return;
   steps_ += 1;
+  // Each parameter's t advances when it has a gradient (whether it has one is a guard of a
+  // compiled step, so the mask is a constant of the trace).
+  if (all) t_ += 1;
+  else t_ += from_vector(has_grad, {static_cast<int64_t>(has_grad.size())});
   // Options as runtime values (compiled steps read them on every call); formulas of them are
   // evaluated on the host in double, as before; the weight-decay branch is guarded.
   Tensor lr = option([this] { return options.lr; });
@@ -149,16 +158,15 @@ void AdamW::step(Loc loc) {
                      : Tensor();
   Tensor one_minus_b1 = option([this] { return 1 - options.beta1; });
   Tensor one_minus_b2 = option([this] { return 1 - options.beta2; });
+  // Bias corrections from the t's (tensors, not host counts): lr / (1 − β1ᵗ), 1 / √(1 − β2ᵗ).
+  Tensor step_sizes = lr / (1 - pow(b1, t_));
+  Tensor inv_sqrt_bc2s = 1 / sqrt(1 - pow(b2, t_));
   for (size_t i = 0; i < params_.size(); ++i) {
     Tensor& p = params_[i];
     Tensor g = p.grad();
-    if (!g.defined()) continue;  // whether it is defined is a guard of a compiled step
-    // This parameter's own t (PyTorch's state[p]['step']), from its tensor, not a host count.
-    Tensor& t = t_[i];
-    t += 1;
-    Tensor bc1 = 1 - pow(b1, t);
-    Tensor inv_sqrt_bc2 = 1 / sqrt(1 - pow(b2, t));
-    Tensor step_size = lr / bc1;
+    if (!g.defined()) continue;
+    Tensor step_size = step_sizes.select(0, static_cast<int64_t>(i));
+    Tensor inv_sqrt_bc2 = inv_sqrt_bc2s.select(0, static_cast<int64_t>(i));
     if (decay.defined()) p *= decay;
     Tensor& m = m_[i];
     Tensor& v = v_[i];

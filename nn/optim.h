@@ -121,8 +121,10 @@ struct AdamWOptions {
 /// p −= (lr / (1−β1ᵗ)) · m / (√v / √(1−β2ᵗ) + eps).
 /// t counts the steps of each parameter separately, as PyTorch's state[p]['step']: it advances
 /// only in a step() where that parameter has a gradient, so a parameter first trained at the
-/// optimiser's 5th step (or unfrozen then) starts its bias correction at t = 1. Each t is a 0-d
-/// float64 tensor; m and v are zeros like each parameter; all exist from construction on.
+/// optimiser's 5th step (or unfrozen then) starts its bias correction at t = 1. The t's are the
+/// elements of one float64 vector (the bias corrections of all parameters are then three vector
+/// ops, not three per parameter); m and v are zeros like each parameter; all exist from
+/// construction on.
 class AdamW : public Optimizer {
  public:
   AdamW(std::vector<Tensor> params, AdamWOptions options = {}, Loc loc = Loc::current());
@@ -135,14 +137,16 @@ class AdamW : public Optimizer {
   /// Parameter i's own t (the steps in which it had a gradient), read to the host.
   int64_t step_count(size_t i) const;
   /// The state tensors (updated in place, never replaced): the count behind step_count()
-  /// (0-d float64), parameter i's t (0-d float64) and its first / second moments.
+  /// (0-d float64), parameter i's t (a 0-d float64 view of the vector of t's) and its first /
+  /// second moments.
   const Tensor& step_tensor() const { return steps_; }
-  const Tensor& step_tensor(size_t i) const { return t_[i]; }
+  Tensor step_tensor(size_t i) const { return t_.select(0, static_cast<int64_t>(i)); }
   const Tensor& exp_avg(size_t i) const { return m_[i]; }
   const Tensor& exp_avg_sq(size_t i) const { return v_[i]; }
 
  private:
-  std::vector<Tensor> m_, v_, t_;
+  std::vector<Tensor> m_, v_;
+  Tensor t_;  // [number of parameters] float64
   Tensor steps_;
 };
 
