@@ -94,7 +94,7 @@ std::vector<Tensor> unary(const BackwardContext& c, const Tensor& g) {
     case K::Tan: return {g * (y * y + 1)};
     case K::Tanh: return {g * (1 - y * y)};
     case K::Sigmoid: return {g * y * (1 - y)};
-    case K::Relu: return {where(gt(y, 0), g, 0)};
+    case K::Relu: return {where(le(y, 0), 0, g)};  // a NaN passes g, as PyTorch's threshold_backward
     case K::Silu: {
       Tensor s = sigmoid(x);
       return {g * s * (1 + x * (1 - s))};
@@ -151,11 +151,12 @@ std::vector<Tensor> binary(const BackwardContext& c, const Tensor& g) {
     }
     case K::Maximum:
     case K::Minimum: {
-      // Ties split the gradient evenly, as in PyTorch.
-      Tensor win = c.op == K::Maximum ? gt(a, b) : lt(a, b);
-      Tensor tie = eq(a, b);
-      Tensor wa = where(win, 1.0, 0.0) + where(tie, 0.5, 0.0);
-      return pair(g * wa, g * (1 - wa));
+      // Ties split the gradient evenly and a NaN on either side passes it to both, as in PyTorch
+      // (each side gets g unless the other side wins).
+      Tensor a_loses = c.op == K::Maximum ? lt(a, b) : gt(a, b);
+      Tensor b_loses = c.op == K::Maximum ? gt(a, b) : lt(a, b);
+      Tensor share = where(eq(a, b), 0.5, 1.0);
+      return pair(g * where(a_loses, 0.0, share), g * where(b_loses, 0.0, share));
     }
     case K::Atan2: {
       Tensor denom = a * a + b * b;

@@ -403,3 +403,21 @@ TEST_CASE("prod's gradient at zeros is the product of the other elements, not 0/
     CHECK(h1[j] == Approx(want1[j]));
   }
 }
+
+TEST_CASE("relu and maximum/minimum pass the gradient through NaN as PyTorch does") {
+  // PyTorch 1.13: relu'(NaN) = 1 (threshold_backward: result <= 0 ? 0 : g); maximum(NaN, 0)
+  // gives both sides g; ties split it; otherwise the larger side takes it all.
+  Tensor x = tensor({double(NAN), -1.0, 2.0}).requires_grad_();
+  sum(relu(x)).backward();
+  CHECK(x.grad().to_vector<double>() == std::vector<double>{1, 0, 1});
+  Tensor a = tensor({double(NAN), 1.0, 3.0, 2.0}).requires_grad_();
+  Tensor b = tensor({0.0, double(NAN), 3.0, 5.0}).requires_grad_();
+  sum(maximum(a, b)).backward();
+  CHECK(a.grad().to_vector<double>() == std::vector<double>{1, 1, 0.5, 0});
+  CHECK(b.grad().to_vector<double>() == std::vector<double>{1, 1, 0.5, 1});
+  a.set_grad(Tensor());
+  b.set_grad(Tensor());
+  sum(minimum(a, b)).backward();
+  CHECK(a.grad().to_vector<double>() == std::vector<double>{1, 1, 0.5, 1});
+  CHECK(b.grad().to_vector<double>() == std::vector<double>{1, 1, 0.5, 0});
+}
