@@ -48,6 +48,8 @@ InferredMeta elementwise(OpKind op, std::span<const TensorMeta> in, const OpAttr
     if (a.has_high) all.push_back({a.beta.dtype(), {}, true});
     promoted = result_type(all);
     KILN_CHECK(a.has_low || a.has_high, nm, loc, "at least one of min and max must be given");
+    if (a.has_low) check_scalar_fits(a.alpha, promoted, nm, loc);
+    if (a.has_high) check_scalar_fits(a.beta, promoted, nm, loc);
   } else {
     promoted = result_type(in);
   }
@@ -58,6 +60,7 @@ InferredMeta elementwise(OpKind op, std::span<const TensorMeta> in, const OpAttr
              "not supported on bool tensors");
   DType out = apply_rule(op_info(op).dtype_rule, promoted);
   DType compute = op_info(op).dtype_rule == DTypeRule::ToBool ? promoted : out;
+  if (op == OpKind::Add || op == OpKind::Sub) check_scalar_fits(a.alpha, compute, nm, loc);
   return {compute, {{out, shape}}};
 }
 
@@ -162,6 +165,8 @@ InferredMeta matmul(OpKind op, std::span<const TensorMeta> in, const OpAttrs& a,
   if (op == OpKind::Addmm) {
     KILN_CHECK(x.size() == 2 && y.size() == 2, nm, loc, "expects 2-D matrices, got {} and {}",
                to_string(x), to_string(y));
+    check_scalar_fits(a.alpha, t, nm, loc);
+    check_scalar_fits(a.beta, t, nm, loc);
     Shape out{x[0], y[1]};
     Shape b = broadcast_shapes(in[0].shape, out, nm, loc);
     KILN_CHECK(b == out, nm, loc, "bias of shape {} does not broadcast to {}",
@@ -445,10 +450,10 @@ void check_scalar_fits(const Scalar& v, DType dtype, const char* op, Loc loc) {
   bool fits = true;
   if (is_integral(dtype)) {
     const bool i32 = dtype == DType::Int32;
-    if (v.is_floating()) {
-      double d = v.to<double>();  // truncates toward zero: (lo - 1, -lo) is in range
-      double lo = i32 ? -2147483648.0 : -9223372036854775808.0;
-      fits = (i32 ? d > lo - 1 : d >= lo) && d < -lo;
+    if (v.is_floating()) {  // within the range itself, as PyTorch (2147483647.5 is out)
+      double d = v.to<double>();
+      fits = i32 ? d >= -2147483648.0 && d <= 2147483647.0
+                 : d >= -9223372036854775808.0 && d < 9223372036854775808.0;
     } else if (i32 && v.is_integral()) {
       int64_t i = v.to<int64_t>();
       fits = i >= INT32_MIN && i <= INT32_MAX;

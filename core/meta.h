@@ -28,7 +28,7 @@ InferredMeta infer_meta(OpKind op, std::span<const TensorMeta> inputs, const OpA
 
 /// Throws kiln::Error naming `op` and `loc` when host value `v` cannot be stored in `dtype`
 /// without overflow, as PyTorch checks (fill_, full, masked_fill, tensor(..., dtype)): integer
-/// dtypes take integers in their range and finite floating values that truncate into it;
+/// dtypes take integers and floating values within their range (2.5 is stored as 2);
 /// float32 takes values up to its largest finite one, ±inf and NaN; bool and float64 take any.
 void check_scalar_fits(const Scalar& v, DType dtype, const char* op, Loc loc);
 

@@ -36,6 +36,10 @@ struct TensorImpl {
   /// it (its views inherit it). Tensors of one lineage share gradient history through their
   /// memory (StorageImpl::gained_history_in_place); a detached one does not.
   uint64_t lineage = 0;
+  /// A view's base: the tensor whose memory it views, itself never a view (a view of a view
+  /// has the first one's base); null for other tensors. An in-place op on a view gives the base
+  /// the new gradient history (autograd's CopySlices, as in PyTorch).
+  std::shared_ptr<TensorImpl> base;
   std::shared_ptr<AutogradMeta> autograd;
 };
 

@@ -197,6 +197,114 @@ void OpNode::release() {
   for (auto& s : saved_outputs) s.release();
 }
 
+// ---------------------------------- CopySlices ----------------------------------
+
+namespace {
+
+// Where a view's elements sit in its base: offset from the base's first element and strides,
+// valid for any tensor laid out like the base (a contiguous one, see rebase_history).
+struct ViewGeometry {
+  Shape shape;
+  Strides strides;
+  int64_t offset = 0;
+  Shape base_shape;
+
+  // The elements of contiguous tensor `t` (of base_shape) that the view covers: a view made by
+  // hand, not by a recorded op, so it is only used with grad mode off.
+  Tensor region_of(const Tensor& t) const {
+    auto impl = std::make_shared<TensorImpl>();
+    impl->storage = t.storage();
+    impl->dtype = t.dtype();
+    impl->shape = shape;
+    impl->strides = strides;
+    impl->offset = t.offset() + offset;
+    impl->base = t.impl_ptr();
+    return Tensor(std::move(impl));
+  }
+};
+
+std::atomic<uint64_t> g_copy_slices{0};
+
+void check_first_order(const char* node) {
+  KILN_CHECK(!t_grad_enabled, node, backward_call_site(),
+             "a double backward (create_graph) through an in-place write into a view is not "
+             "supported; build the result out of place (cat, stack, where) to differentiate twice");
+}
+
+// The base's new history after an in-place op `fn` on one of its views (PyTorch's CopySlices):
+// the base's gradient outside the view passes to the base's old history; inside it, it is the
+// gradient of the view's new value, which `fn` takes back to the view's old value (to the
+// base's old history, in that region) and to fn's other inputs.
+class CopySlices final : public Node {
+ public:
+  CopySlices(ViewGeometry view, std::shared_ptr<OpNode> fn) : view_(std::move(view)), fn_(std::move(fn)) {}
+  std::string name() const override { return "CopySlices"; }
+  std::vector<Tensor> apply(std::vector<Tensor>&& grads) override {
+    check_first_order("CopySlices");
+    std::vector<Tensor> out(next_edges.size());
+    if (!grads[0].defined()) return out;
+    Tensor base_grad = grads[0].contiguous();
+    if (base_grad.is_same(grads[0])) base_grad = base_grad.clone();
+    Tensor region = view_.region_of(base_grad);
+    // A copy: fn's gradients may alias their input (copy_'s is the gradient itself), and the
+    // region is overwritten next.
+    std::vector<Tensor> fn_grads = fn_->apply({region.clone()});
+    if (fn_grads[0].defined()) region.copy_(fn_grads[0]);
+    else region.fill_(0);
+    out[0] = base_grad;
+    for (size_t i = 1; i < out.size() && i < fn_grads.size(); ++i) out[i] = fn_grads[i];
+    return out;
+  }
+  void release() override { fn_->release(); }
+
+ private:
+  ViewGeometry view_;
+  std::shared_ptr<OpNode> fn_;
+};
+
+// A view's history after the in-place op: its gradient goes to its region of the base.
+class ViewOfBase final : public Node {
+ public:
+  explicit ViewOfBase(ViewGeometry view) : view_(std::move(view)) {}
+  std::string name() const override { return "AsStridedBackward"; }
+  std::vector<Tensor> apply(std::vector<Tensor>&& grads) override {
+    check_first_order("AsStridedBackward");
+    if (!grads[0].defined()) return {Tensor()};
+    Tensor base_grad = zeros(view_.base_shape, {grads[0].dtype()});
+    view_.region_of(base_grad).copy_(grads[0]);
+    return {base_grad};
+  }
+
+ private:
+  ViewGeometry view_;
+};
+
+// The in-place op `node` wrote view `out`: its base takes the new history, and `out` becomes a
+// view of that (PyTorch rebases the same way). before_kernel checked the base (contiguous, not a
+// leaf that requires grad).
+void rebase_history(const std::shared_ptr<OpNode>& node, Tensor& out) {
+  Tensor base(out.impl()->base);
+  ViewGeometry view{out.shape(), out.strides(), out.offset() - base.offset(), base.shape()};
+  auto copy = std::make_shared<CopySlices>(view, node);
+  copy->next_edges = node->next_edges;
+  copy->next_edges[0] = gradient_edge(base);  // the base's old history
+  Meta& bm = ensure_meta(base);
+  bm.requires_grad = true;
+  bm.grad_fn = copy;
+  bm.output_nr = 0;
+  auto as_view = std::make_shared<ViewOfBase>(std::move(view));
+  as_view->next_edges = {Edge{copy, 0}};
+  Meta& m = ensure_meta(out);
+  m.requires_grad = true;
+  m.grad_fn = as_view;
+  m.output_nr = 0;
+  m.is_view_of_grad_tensor = true;
+  m.view_version = out.version();
+  g_copy_slices.fetch_add(1, std::memory_order_relaxed);
+}
+
+}  // namespace
+
 // ------------------------------------- meta -------------------------------------
 
 Meta* meta(const Tensor& t) {
@@ -257,14 +365,25 @@ class RecordHook final : public DispatchHook {
                  to_string(t.shape()));
     }
     if (!is_in_place(c.op)) return false;
-    Meta* m = meta(c.inputs[0]);
+    const Tensor& target = c.inputs[0];
+    if (const auto& base = target.impl()->base; base && any_requires_grad(c)) {
+      // The base will take the new history (rebase_history).
+      Meta* bm = static_cast<Meta*>(base->autograd.get());
+      KILN_CHECK(!(bm && bm->requires_grad && !bm->grad_fn), c.name(), c.loc,
+                 "a view (shape {}) of a leaf tensor that requires grad is being used in an "
+                 "in-place operation; wrap parameter updates in kiln::no_grad",
+                 to_string(target.shape()));
+      KILN_CHECK(Tensor(base).is_contiguous(), c.name(), c.loc,
+                 "an in-place write into a view (shape {}) of a non-contiguous tensor (shape {}, "
+                 "strides {}) with gradient history is not supported; write into a view of a "
+                 "contiguous() copy, or build the result out of place",
+                 to_string(target.shape()), to_string(base->shape), to_string(base->strides));
+    }
+    Meta* m = meta(target);
     if (!m) return false;
     KILN_CHECK(!(m->requires_grad && !m->grad_fn), c.name(), c.loc,
                "a leaf tensor that requires grad is being used in an in-place operation; "
                "wrap parameter updates in kiln::no_grad");
-    KILN_CHECK(!m->is_view_of_grad_tensor, c.name(), c.loc,
-               "in-place operation on a view of a tensor that requires grad is not supported; "
-               "use an out-of-place op (or clone() the view first)");
     KILN_CHECK(!m->detached || !any_requires_grad(c), c.name(), c.loc,
                "a view made under no_grad of memory that gained a gradient history is modified "
                "in place with grad mode on; its history would be lost (PyTorch raises too): "
@@ -288,9 +407,15 @@ class RecordHook final : public DispatchHook {
     auto node = std::make_shared<OpNode>(c, meta_info);
     Tensor& out = outs[0];  // views come with their own TensorImpl (eager/view.cpp)
     node->save(c, outs);
+    // Other tensors of this memory made before the write (a view of the base taken earlier) do
+    // not get the new history: using them is an error (lost_in_place_history).
     if (is_in_place(c.op))
       if (Meta* before = meta(out); !before || !before->requires_grad)
         out.storage()->set_gained_history_in_place(out.impl()->lineage);
+    if (is_in_place(c.op) && out.impl()->base) {
+      rebase_history(node, out);
+      return;
+    }
     Meta& m = ensure_meta(out);
     m.requires_grad = true;
     m.grad_fn = node;
@@ -468,7 +593,13 @@ Tensor& Tensor::requires_grad_(bool enabled, Loc loc) {
 
 Tensor Tensor::grad() const {
   Meta* m = meta(*this);
-  return m ? m->grad : Tensor();
+  // A compiled function that branches on a .grad being undefined (an optimizer skipping a
+  // parameter) depends on it: the tracer guards it.
+  if (!m || !m->grad.defined()) {
+    if (auto* hook = dispatch::tracer_hook(); hook && defined()) hook->on_grad_found_undefined(*this);
+    return Tensor();
+  }
+  return m->grad;
 }
 void Tensor::set_grad(const Tensor& g) const {
   KILN_CHECK(defined(), "set_grad", Loc::current(), "tensor is undefined");
@@ -497,6 +628,10 @@ void Tensor::retain_grad() const {
   m->grad_fn->retained.emplace_back(m->output_nr, impl_ptr());
 }
 
+uint64_t in_place_view_writes() {
+  return autograd::g_copy_slices.load(std::memory_order_relaxed);
+}
+
 bool lost_in_place_history(const Tensor& t) {
   if (!t.defined()) return false;
   Meta* m = meta(t);
@@ -509,6 +644,7 @@ Tensor Tensor::detach(Loc loc) const {
   static std::atomic<uint64_t> next_lineage{1};
   auto impl = std::make_shared<TensorImpl>(*this->impl());
   impl->autograd.reset();
+  impl->base.reset();  // not a view for autograd: an in-place write into it rebases nothing
   // Its own lineage: history its alias gains in place is not its (and the other way round).
   impl->lineage = next_lineage.fetch_add(1, std::memory_order_relaxed);
   return Tensor(std::move(impl));

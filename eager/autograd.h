@@ -21,6 +21,10 @@ void set_grad_enabled(bool enabled);
 /// be lost. False for tensors that require grad, detach() results and no_grad views.
 bool lost_in_place_history(const Tensor& t);
 
+/// How many in-place ops on views gave their base a new gradient history (CopySlices) in this
+/// process so far. The tracer compares it around a trace: such a function runs eagerly.
+uint64_t in_place_view_writes();
+
 /// RAII: disables gradient recording in its scope (like torch.no_grad()).
 class NoGradGuard {
  public:

@@ -188,14 +188,18 @@ std::vector<Tensor> reduction(const BackwardContext& c, const Tensor& g) {
     case K::Mean: return {ge_ / n};
     case K::Prod: {
       // ∂y/∂x_i = Π_{j≠i} x_j, which is y / x_i except at a zero, where that is 0/0 (PyTorch's
-      // prod_backward): a slice's only zero gets the product of the slice's other elements, a
-      // zero among several gets 0. Built from y, so second derivatives hold too, except between
-      // two zeros of a slice.
+      // prod_backward). At a zero, with P the product of the slice's non-zero elements: P when
+      // it is the slice's only zero; (S − x_i)·P when there is one other zero (S, the sum of the
+      // slice's zeros, is 0 but carries the other zero's derivative, so second derivatives hold
+      // between the two); 0 with more.
       Dims dims = reduced_dims(c.attrs, in.shape.size());
       Tensor zero = eq(x, 0.0);
       Tensor x_or_1 = where(zero, 1.0, x);
       Tensor zeros_in_slice = sum(zero.to(x.dtype()), dims, true);
-      Tensor at_zero = where(eq(zeros_in_slice, 1.0), prod(x_or_1, dims, true), 0.0);
+      Tensor p = prod(x_or_1, dims, true);
+      Tensor other_zero = sum(where(zero, x, 0.0), dims, true) - x;
+      Tensor at_zero = where(eq(zeros_in_slice, 1.0), p,
+                             where(eq(zeros_in_slice, 2.0), other_zero * p, 0.0));
       return {ge_ * where(zero, at_zero, expand_back(y, in.shape, c.attrs) / x_or_1)};
     }
     case K::Amax:

@@ -153,6 +153,12 @@ std::vector<Tensor> call(OpCall&& c) {
         KILN_CHECK(v >= INT32_MIN && v <= INT32_MAX, c.name(), c.loc,
                    "the scalar {} cannot be converted to int32 without overflow", v);
       }
+  // where's host value is stored as an element of the result (PyTorch checks it; arithmetic
+  // on a host value may overflow to inf instead, as in PyTorch).
+  if (c.op == OpKind::Where)
+    for (const Tensor& t : c.inputs)
+      if (t.defined() && t.impl()->wrapped_number && t.dtype() == DType::Float64)
+        check_scalar_fits(Scalar(*t.data<double>()), meta.compute_dtype, c.name(), c.loc);
 
   std::vector<Tensor> outs;
   if (t_tracer_hook && t_tracer_hook->before_kernel(c, meta, outs)) {

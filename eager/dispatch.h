@@ -47,7 +47,8 @@ class DispatchHook {
   /// (backward accumulating into it, set_grad, zero_grad).
   virtual void on_grad_assigned(const Tensor& leaf) {}
   /// Called (tracer hook only) when backward is about to give leaf tensor `leaf` its first
-  /// .grad: the result depends on the .grad being undefined (else it would accumulate).
+  /// .grad, or when `leaf.grad()` is read and undefined: the result depends on the .grad being
+  /// undefined (else backward would accumulate, an optimizer would not skip the parameter).
   virtual void on_grad_found_undefined(const Tensor& leaf) {}
   /// Called (tracer hook only) when the traced function's result depends on host state read
   /// through `reader` (kiln::guarded, Module::is_training(), an optimizer's host branches); the

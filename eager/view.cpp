@@ -46,6 +46,7 @@ Tensor make_view(const OpCall& call, const InferredMeta& meta) {
   auto impl = std::make_shared<TensorImpl>();
   impl->storage = x.storage();
   impl->lineage = x.impl()->lineage;
+  impl->base = x.impl()->base ? x.impl()->base : x.impl_ptr();
   impl->dtype = x.dtype();
   impl->offset = x.offset();
   impl->shape = meta.outputs[0].shape;

@@ -11,8 +11,15 @@ Tensor Module::forward(const Tensor&) {
 }
 
 namespace {
-// Sets `name` to `t` in `entries`: replaces an existing entry in place, else appends.
-void put(StateDict& entries, const std::string& name, const Tensor& t) {
+// Sets `name` to `t` in `entries`: replaces an existing entry in place, else appends. A name
+// of the other kind (a buffer's for a parameter) is an error, as PyTorch's KeyError.
+void put(StateDict& entries, const StateDict& other_kind, const char* what,
+         const std::string& name, const Tensor& t) {
+  for (const auto& [n, old] : other_kind)
+    KILN_CHECK(n != name, what, Loc::current(),
+               "'{}' is already registered as a {}; a module's parameters and buffers need "
+               "different names",
+               name, std::string_view(what) == "register_parameter" ? "buffer" : "parameter");
   for (auto& [n, old] : entries)
     if (n == name) {
       old = t;
@@ -24,7 +31,7 @@ void put(StateDict& entries, const std::string& name, const Tensor& t) {
 
 Tensor Module::register_parameter(const std::string& n, Tensor t) {
   if (t.defined() && !t.requires_grad()) t.requires_grad_();
-  put(params_, n, t);
+  put(params_, buffers_, "register_parameter", n, t);
   return t;
 }
 void Module::to(Device device) {
@@ -49,7 +56,7 @@ void Module::to(Device device) {
 }
 
 Tensor Module::register_buffer(const std::string& n, Tensor t) {
-  put(buffers_, n, t);
+  put(buffers_, params_, "register_buffer", n, t);
   return t;
 }
 

@@ -82,9 +82,11 @@ class Module {
   /// old one (PyTorch's __setattr__ re-registers; C++ cannot). Tie weights by re-registering:
   ///   head->weight = head->register_parameter("weight", emb->weight);
   /// (parameters() then lists the shared tensor once; state_dict() under both names.)
+  /// Throws kiln::Error when `name` is a buffer's (as PyTorch's KeyError).
   Tensor register_parameter(const std::string& name, Tensor t);
   /// Registers (or, for a name already registered, replaces) a buffer: state that is saved
-  /// and moved with the module but not trained.
+  /// and moved with the module but not trained. Throws kiln::Error when `name` is a
+  /// parameter's.
   Tensor register_buffer(const std::string& name, Tensor t);
 
  protected:

@@ -60,11 +60,14 @@ template <class T> struct is_tuple : std::false_type {};
 template <class... T> struct is_tuple<std::tuple<T...>> : std::true_type {};
 template <class A, class B> struct is_tuple<std::pair<A, B>> : std::true_type {};
 
-// The characters of a string argument (nullopt for a null pointer).
-template <class S> std::optional<std::string_view> text_of(const S& s) {
-  if constexpr (std::is_pointer_v<S>)
-    if (!s) return std::nullopt;
-  return std::string_view(s);
+// String arguments are guarded by their characters (the caller may rewrite the buffer a view
+// or pointer shows). ArgValue::other points at the caller's std::string_view, or at the
+// characters of a char pointer or array (kNullText for a null pointer).
+inline constexpr char kNullText = 0;
+template <class D> std::optional<std::string_view> text_of(const void* p) {
+  if constexpr (std::is_same_v<D, std::string_view>) return *static_cast<const std::string_view*>(p);
+  if (p == &kNullText) return std::nullopt;
+  return std::string_view(static_cast<const char*>(p));
 }
 
 template <class A> ArgValue to_arg(const A& a) {
@@ -85,16 +88,19 @@ template <class A> ArgValue to_arg(const A& a) {
     v.list = a;
   } else if constexpr (std::is_same_v<D, std::string_view> || std::is_same_v<D, const char*> ||
                        std::is_same_v<D, char*>) {
-    // Guarded by the characters: the caller may rewrite the buffer a view or pointer shows.
-    v.other = &a;
+    if constexpr (std::is_same_v<D, std::string_view>) {
+      v.other = &a;
+    } else {  // a pointer, or an array (a literal) that decays to one
+      const char* chars = a;
+      v.other = chars ? static_cast<const void*>(chars) : &kNullText;
+    }
     v.other_copy = [](const void* p) -> std::shared_ptr<const void> {
-      auto t = text_of(*static_cast<const D*>(p));
+      auto t = text_of<D>(p);
       return std::make_shared<std::optional<std::string>>(t ? std::optional<std::string>(*t)
                                                               : std::nullopt);
     };
     v.other_equal = [](const void* traced, const void* now) {
-      return *static_cast<const std::optional<std::string>*>(traced) ==
-             text_of(*static_cast<const D*>(now));
+      return *static_cast<const std::optional<std::string>*>(traced) == text_of<D>(now);
     };
   } else if constexpr (std::equality_comparable<D> && std::copy_constructible<D>) {
     v.other = &a;

@@ -75,17 +75,21 @@ struct ArgGuard {
   bool (*other_equal)(const void*, const void*) = nullptr;
 };
 
-// The first earlier tensor argument sharing argument i's storage, as 2·j, or 2·j + 1 when it is
-// the very same tensor: a trace takes one tensor passed twice as one value, so f(t, t) must not
-// replay for two views of one buffer (f(u[0:4], u[4:8])).
+// The first earlier tensor argument sharing argument i's storage, as 2·j, or 2·k + 1 for the
+// first with the same elements (offset, shape, strides, dtype): a trace takes such arguments
+// (f(t, t), f(t, t.view(...))) as one value, so it must not replay for two different views of
+// one buffer (f(u[0:4], u[4:8])).
 int alias_index(const std::vector<ArgValue>& args, size_t i) {
+  const Tensor& t = args[i].tensor;
   for (size_t j = 0; j < i; ++j)
-    if (args[j].kind == ArgValue::Kind::Tensor &&
-        args[j].tensor.storage() == args[i].tensor.storage()) {
-      for (size_t k = j; k < i; ++k)
-        if (args[k].kind == ArgValue::Kind::Tensor &&
-            args[k].tensor.impl() == args[i].tensor.impl())
+    if (args[j].kind == ArgValue::Kind::Tensor && args[j].tensor.storage() == t.storage()) {
+      for (size_t k = j; k < i; ++k) {
+        if (args[k].kind != ArgValue::Kind::Tensor) continue;
+        const Tensor& u = args[k].tensor;
+        if (u.storage() == t.storage() && u.offset() == t.offset() && u.dtype() == t.dtype() &&
+            u.shape() == t.shape() && u.strides() == t.strides())
           return static_cast<int>(2 * k + 1);
+      }
       return static_cast<int>(2 * j);
     }
   return -1;
@@ -162,7 +166,7 @@ std::string describe_guard(const ArgGuard& g, size_t i) {
                          g.device.str(), g.contiguous ? ", contiguous" : ", strides " + to_string(g.strides),
                          g.requires_grad,
                          g.alias_of < 0    ? ""
-                         : g.alias_of % 2 ? fmt::format(", the same tensor as arg {}", g.alias_of / 2)
+                         : g.alias_of % 2 ? fmt::format(", the same elements as arg {}", g.alias_of / 2)
                                           : fmt::format(", same storage as arg {}", g.alias_of / 2));
     }
     case ArgValue::Kind::Undefined:
@@ -369,6 +373,9 @@ struct CompiledFunction::Impl {
   std::vector<std::string> recompiles;  // each trace after the first, with its reason
   std::atomic<int> traces{0};
   std::atomic<bool> eager_only{false};
+  // CompileOptions::dynamic_dims of the call being traced, as positions in the flattened
+  // arguments and dims in range (set by call() under the lock, before trace()).
+  std::vector<std::pair<int, int>> marked_dims;
   std::string eager_reason;
   int next_id = 0;
   // Automatic dynamic: dims / scalars that changed and caused a recompile.
@@ -549,6 +556,24 @@ std::vector<OutValue> CompiledFunction::call(const std::vector<ArgValue>& given,
     }
   }
   const std::vector<ArgValue>& args = has_list ? flat : given;
+  // mark_dynamic's argument positions are the caller's (a list is one argument).
+  std::vector<std::pair<int, int>> marked;
+  for (auto [a, d] : options_.dynamic_dims) {
+    KILN_CHECK(a >= 0 && a < int(given.size()) && given[a].kind != ArgValue::Kind::Scalar &&
+                   given[a].kind != ArgValue::Kind::Other &&
+                   given[a].kind != ArgValue::Kind::TensorList,
+               "compile", loc, "mark_dynamic({}, {}): argument {} is not a tensor (the function "
+               "'{}' takes {} argument(s))", a, d, a, name_, given.size());
+    if (given[a].kind != ArgValue::Kind::Tensor) continue;  // undefined in this call
+    int rank = given[a].tensor.dim();
+    KILN_CHECK(d >= -rank && d < rank, "compile", loc,
+               "mark_dynamic({}, {}): dim {} is out of range for argument {} of rank {}", a, d,
+               d, a, rank);
+    int at = a;
+    for (int i = 0; i < a; ++i)
+      if (given[i].kind == ArgValue::Kind::TensorList) at += static_cast<int>(given[i].list.size());
+    marked.push_back({at, d < 0 ? d + rank : d});
+  }
   // Inside another function's trace, this function's ops become part of that trace.
   if (compile_disabled() || Recorder::current() != nullptr) return invoke();
   if (im.eager_only.load(std::memory_order_relaxed)) {
@@ -590,6 +615,7 @@ std::vector<OutValue> CompiledFunction::call(const std::vector<ArgValue>& given,
     // Another thread may have traced or confirmed this guard set meanwhile.
     auto [now, now_unchecked] = im.find_entry(args);
     if (now && (now != entry || now_unchecked != unchecked)) continue;
+    im.marked_dims = marked;
     if (unchecked) return im.trace(args, invoke, loc, nullptr, false, {}, entry.get());
     return im.trace(args, invoke, loc, entry.get(), missing_branch, miss_reason);
   }
@@ -947,16 +973,6 @@ std::vector<OutValue> CompiledFunction::Impl::trace(const std::vector<ArgValue>&
                                                     Entry* failed, bool missing_branch,
                                                     const std::string& miss_reason,
                                                     Entry* unchecked) {
-  for (auto [a, d] : options.dynamic_dims) {
-    KILN_CHECK(a >= 0 && a < int(args.size()) && args[a].kind != ArgValue::Kind::Scalar &&
-                   args[a].kind != ArgValue::Kind::Other,
-               "compile", loc, "mark_dynamic({}, {}): argument {} is not a tensor (the function "
-               "'{}' takes {} argument(s))", a, d, a, name, args.size());
-    int rank = args[a].kind == ArgValue::Kind::Tensor ? args[a].tensor.dim() : -1;
-    KILN_CHECK(rank < 0 || (d >= -rank && d < rank), "compile", loc,
-               "mark_dynamic({}, {}): dim {} is out of range for argument {} of rank {}", a, d,
-               d, a, rank);
-  }
   // A failed entry whose guards no longer hold (a captured tensor freed, a symbolic replay that
   // failed) is dropped; one that only lacks a branch gets the new branch below.
   if (failed && !missing_branch)
@@ -992,6 +1008,7 @@ std::vector<OutValue> CompiledFunction::Impl::trace(const std::vector<ArgValue>&
   auto prog = std::make_shared<Program>();
   std::vector<OutValue> outs;
   std::vector<std::pair<std::weak_ptr<TensorImpl>, int>> candidates;
+  const uint64_t view_writes = in_place_view_writes();
   {
     Recorder rec(*prog);
     for (size_t i = 0; i < args.size(); ++i)
@@ -1009,6 +1026,15 @@ std::vector<OutValue> CompiledFunction::Impl::trace(const std::vector<ArgValue>&
     rec.uninstall();
     escape_candidates(rec, *prog, outs, candidates);
     remember_captured(*prog, rec);
+  }
+  // Its gradients flow through a base rebased onto an in-place write into a view, which the
+  // replay does not record (another thread's such write only costs this function its speed).
+  if (in_place_view_writes() != view_writes) {
+    eager_only = true;
+    eager_reason = "it writes in place into a view of a tensor, giving the base a gradient "
+                   "history (CopySlices) that a replay would not record";
+    fmt::print(stderr, "kiln.compile: '{}' runs eagerly from now on: {}\n", name, eager_reason);
+    return outs;
   }
   if (unchecked) {
     // The symbolic entry's formulas were inferred from two traces; this trace of new sizes
@@ -1143,10 +1169,7 @@ std::vector<OutValue> CompiledFunction::Impl::trace(const std::vector<ArgValue>&
     g.alias_of = alias_index(args, i);
   }
   // Symbolic dims: marked ones (optimistic: checked by replay, see call()), then automatic.
-  std::vector<std::pair<int, int>> marked;
-  for (auto [a, d] : options.dynamic_dims)  // checked at the top
-    if (args[a].kind == ArgValue::Kind::Tensor)
-      marked.push_back({a, d < 0 ? d + args[a].tensor.dim() : d});
+  std::vector<std::pair<int, int>> marked = marked_dims;  // this call's, see call()
   if (options.dynamic == Dynamic::Always)
     for (size_t a = 0; a < args.size(); ++a)
       if (args[a].kind == ArgValue::Kind::Tensor && e->guards[a].contiguous)

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "eager/autograd.h"
+#include "eager/autograd_graph.h"
 #include "eager/factories.h"
 #include "eager/ops.h"
 
@@ -18,6 +19,12 @@ void observe_read(const Tensor& t, Loc loc) {
 }
 
 bool is_random(OpKind op) { return op_info(op).category == OpCategory::Random; }
+
+// A tensor's .grad, without telling the recorder (Tensor::grad() reports undefined ones).
+Tensor grad_of(const Tensor& t) {
+  autograd::Meta* m = autograd::meta(t);
+  return m ? m->grad : Tensor();
+}
 
 }  // namespace
 
@@ -161,7 +168,7 @@ int Recorder::lookup(const Tensor& t) {
     if (src < 0) continue;
     SourceKind k = p_.sources[src].kind;
     if (k != SourceKind::Arg && k != SourceKind::Captured) continue;
-    Tensor g = tensors_[i].grad();
+    Tensor g = grad_of(tensors_[i]);
     if (g.defined() && (g.is_same(t) || (!(key_of(g) < key_of(t)) && !(key_of(t) < key_of(g))))) {
       s.kind = SourceKind::GradOf;
       s.index = static_cast<int>(i);
@@ -238,7 +245,8 @@ void Recorder::on_grad_assigned(const Tensor& leaf) {
 // Backward gives `leaf` its first .grad. Unless the function itself reset that .grad before
 // (zero_grad in a training step), the trace depends on the .grad being undefined at the call.
 void Recorder::on_grad_found_undefined(const Tensor& leaf) {
-  if (grad_leaf_set_.count(leaf.impl())) return;
+  // A tensor the function created has no .grad at any call (and no value before the run).
+  if (grad_leaf_set_.count(leaf.impl()) || leaf.storage()->serial() >= start_serial_) return;
   int v = lookup(leaf);
   if (std::find(p_.grad_undefined_at_call.begin(), p_.grad_undefined_at_call.end(), v) ==
       p_.grad_undefined_at_call.end())
@@ -312,7 +320,7 @@ void Recorder::finish() {
   }
   for (const Tensor& leaf : grad_leaves_) {
     int lv = lookup(leaf);
-    Tensor g = leaf.grad();
+    Tensor g = grad_of(leaf);
     p_.grad_assignments.push_back({lv, g.defined() ? lookup(g) : -1});
   }
   p_.rng_consumed = generator_state().offset - rng_start_;

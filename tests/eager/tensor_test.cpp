@@ -353,7 +353,17 @@ TEST_CASE("host values that do not fit the tensor's dtype raise instead of wrapp
   // In range: stored exactly (floats truncate toward zero into integers, as PyTorch).
   CHECK(masked_fill(x, m, int64_t{2147483647}).to_vector<int64_t>() ==
         std::vector<int64_t>{2147483647, 2147483647, -3});
-  CHECK(full({1}, -2147483648.9, Int32).item<int64_t>() == -2147483648LL);
+  CHECK(full({1}, 2147483646.5, Int32).item<int64_t>() == 2147483646LL);
+  CHECK_THROWS_WITH(full({1}, 2147483647.5, Int32), Catch::Contains("without overflow"));  // PyTorch
+  CHECK_THROWS_WITH(full({1}, -2147483648.9, Int32), Catch::Contains("without overflow"));
+  // alpha, clamp bounds, where's host value, addmm's alpha/beta (PyTorch raises for each).
+  CHECK_THROWS_WITH(add(x, x, int64_t{5000000000}), Catch::Contains("without overflow"));
+  CHECK_THROWS_WITH(clamp(x, Scalar(big), std::nullopt), Catch::Contains("without overflow"));
+  CHECK_THROWS_WITH(clamp(ones({2}), std::nullopt, Scalar(1e300)), Catch::Contains("float32"));
+  CHECK_THROWS_WITH(where(ones({2}) > 0, ones({2}), 1e300), Catch::Contains("without overflow"));
+  CHECK_THROWS_WITH(addmm(ones({2, 2}), ones({2, 2}), ones({2, 2}), 1e300, 1),
+                    Catch::Contains("without overflow"));
+  CHECK(std::isinf((ones({1}) + 1e300).item<double>()));  // arithmetic overflows, as PyTorch
   CHECK(std::isinf(masked_fill(ones({1}), ones({1}) > 0, INFINITY).item<double>()));
   CHECK(std::isnan(full({1}, NAN).item<double>()));
   CHECK(full({1}, big, Int64).item<int64_t>() == big);

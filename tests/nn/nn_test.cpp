@@ -628,6 +628,13 @@ TEST_CASE("register_parameter under an existing name replaces it in place: tying
   lin.register_buffer("scale", full({1}, 2.0));
   REQUIRE(lin.named_buffers().size() == 1);
   CHECK(lin.named_buffers()[0].second.item<float>() == 2.0f);
+  // A parameter and a buffer cannot share a name (PyTorch: KeyError "already exists"); was
+  // listed twice in state_dict(), which then failed to load.
+  CHECK_THROWS_WITH(lin.register_parameter("scale", zeros({1})),
+                    Catch::Contains("'scale' is already registered as a buffer"));
+  CHECK_THROWS_WITH(lin.register_buffer("bias", zeros({3})),
+                    Catch::Contains("'bias' is already registered as a parameter"));
+  CHECK(keys(lin.state_dict()) == S{"weight", "bias", "scale"});
 }
 
 TEST_CASE("cross_entropy and nll_loss take an unbatched [C] input with a 0-d target") {
