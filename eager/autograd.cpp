@@ -366,9 +366,21 @@ class RecordHook final : public DispatchHook {
     }
     if (!is_in_place(c.op)) return false;
     const Tensor& target = c.inputs[0];
-    if (const auto& base = target.impl()->base; base && any_requires_grad(c)) {
+    const auto& base = target.impl()->base;
+    Meta* bm = base ? static_cast<Meta*>(base->autograd.get()) : nullptr;
+    if (bm && bm->requires_grad && bm->grad_fn) {
+      // A view of a tensor with history that does not require grad was made under no_grad: the
+      // write would change the base's values behind its history (PyTorch raises too).
+      Meta* tm = meta(target);
+      KILN_CHECK(tm && tm->requires_grad, c.name(), c.loc,
+                 "a view made under no_grad (shape {}) of a tensor that requires grad is modified "
+                 "in place with grad mode on; the base's gradient history would not see the "
+                 "write (PyTorch raises too): take the view with grad mode on, or write under "
+                 "no_grad",
+                 to_string(target.shape()));
+    }
+    if (base && any_requires_grad(c)) {
       // The base will take the new history (rebase_history).
-      Meta* bm = static_cast<Meta*>(base->autograd.get());
       KILN_CHECK(!(bm && bm->requires_grad && !bm->grad_fn), c.name(), c.loc,
                  "a view (shape {}) of a leaf tensor that requires grad is being used in an "
                  "in-place operation; wrap parameter updates in kiln::no_grad",
@@ -599,6 +611,7 @@ Tensor Tensor::grad() const {
     if (auto* hook = dispatch::tracer_hook(); hook && defined()) hook->on_grad_found_undefined(*this);
     return Tensor();
   }
+  if (auto* hook = dispatch::tracer_hook()) hook->on_grad_read(*this, m->grad);
   return m->grad;
 }
 void Tensor::set_grad(const Tensor& g) const {
@@ -635,6 +648,8 @@ uint64_t in_place_view_writes() {
 bool lost_in_place_history(const Tensor& t) {
   if (!t.defined()) return false;
   Meta* m = meta(t);
+  // A view whose base was written in place after it was taken: its history is stale.
+  if (m && m->is_view_of_grad_tensor && t.version() != m->view_version) return true;
   if (m && (m->requires_grad || m->detached)) return false;
   return t.storage()->gained_history_in_place(t.impl()->lineage);
 }

@@ -15,10 +15,13 @@ namespace kiln {
 bool is_grad_enabled();
 void set_grad_enabled(bool enabled);
 
-/// Whether `t` shares memory with a tensor of its lineage that an in-place op gave a gradient
-/// history (`h.slice(0, 0, 2).copy_(x)`; StorageImpl::gained_history_in_place) without having
-/// that history itself: using it in a recorded op raises kiln::Error, since its gradient would
-/// be lost. False for tensors that require grad, detach() results and no_grad views.
+/// Whether `t`'s recorded history no longer describes its memory: it shares memory with a
+/// tensor of its lineage that an in-place op gave a gradient history
+/// (`h.slice(0, 0, 2).copy_(x)`; StorageImpl::gained_history_in_place) without having that
+/// history itself, or it is a view of a tensor with history whose memory was written in place
+/// after the view was taken. Using it in a recorded op raises kiln::Error (its gradient would be
+/// lost); compiled calls with such a tensor run eagerly, which raises. False for detach()
+/// results and no_grad views.
 bool lost_in_place_history(const Tensor& t);
 
 /// How many in-place ops on views gave their base a new gradient history (CopySlices) in this

@@ -50,6 +50,9 @@ class DispatchHook {
   /// .grad, or when `leaf.grad()` is read and undefined: the result depends on the .grad being
   /// undefined (else backward would accumulate, an optimizer would not skip the parameter).
   virtual void on_grad_found_undefined(const Tensor& leaf) {}
+  /// Called (tracer hook only) when `leaf.grad()` returns a defined `grad`: the function reads
+  /// that leaf's current .grad (re-read on every replay), not a fixed tensor.
+  virtual void on_grad_read(const Tensor& leaf, const Tensor& grad) {}
   /// Called (tracer hook only) when the traced function's result depends on host state read
   /// through `reader` (kiln::guarded, Module::is_training(), an optimizer's host branches); the
   /// tracer guards the value read now, re-read at every call (dispatch::note_host_value).

@@ -162,7 +162,7 @@ Tensor randn_like(const Tensor& x, TensorOptions opts, Loc loc) {
                       [&](const Shape& s, TensorOptions o) { return randn(s, o, loc); });
 }
 
-template <class T>
+template <TensorElement T>
 Tensor from_vector(const std::vector<T>& values, const Shape& shape, Loc loc) {
   KILN_CHECK(static_cast<int64_t>(values.size()) == numel(shape), "from_vector", loc,
              "{} values do not fill shape {} ({} elements)", values.size(), to_string(shape),
@@ -180,13 +180,14 @@ template <class T> void check_values_fit(const std::vector<T>& values, TensorOpt
 }
 }  // namespace
 
-template <class T> Tensor tensor(std::initializer_list<T> values, TensorOptions opts, Loc loc) {
+template <TensorElement T>
+Tensor tensor(std::initializer_list<T> values, TensorOptions opts, Loc loc) {
   check_values_fit(std::vector<T>(values), opts, loc);
   Tensor t = from_vector(std::vector<T>(values), {static_cast<int64_t>(values.size())}, loc);
   return on_device(opts.dtype && *opts.dtype != t.dtype() ? t.to(*opts.dtype, loc) : t, opts, loc);
 }
 
-template <class T>
+template <TensorElement T>
 Tensor tensor(std::initializer_list<std::initializer_list<T>> rows, TensorOptions opts, Loc loc) {
   std::vector<T> flat;
   int64_t cols = rows.size() ? static_cast<int64_t>(rows.begin()->size()) : 0;

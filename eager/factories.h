@@ -2,6 +2,7 @@
 /// Tensor factories and the global random generator.
 #include <cstdint>
 #include <initializer_list>
+#include <type_traits>
 #include <vector>
 
 #include "core/tensor.h"
@@ -58,15 +59,22 @@ Tensor full_like(const Tensor& x, Scalar value, TensorOptions opts = {}, Loc loc
 Tensor rand_like(const Tensor& x, TensorOptions opts = {}, Loc loc = Loc::current());
 Tensor randn_like(const Tensor& x, TensorOptions opts = {}, Loc loc = Loc::current());
 
-/// A tensor of `shape` holding `values` (row-major); values.size() must equal numel(shape).
+/// The C++ element types tensors are made from: bool, int32_t, int64_t, float, double (one per
+/// DType). Others (long long, unsigned, int8_t) do not compile: convert to one of these.
 template <class T>
+concept TensorElement = std::is_same_v<T, bool> || std::is_same_v<T, int32_t> ||
+                        std::is_same_v<T, int64_t> || std::is_same_v<T, float> ||
+                        std::is_same_v<T, double>;
+
+/// A tensor of `shape` holding `values` (row-major); values.size() must equal numel(shape).
+template <TensorElement T>
 Tensor from_vector(const std::vector<T>& values, const Shape& shape, Loc loc = Loc::current());
 /// A 1-D tensor: tensor({1.f, 2.f}) is float32, tensor({1, 2}) int32, tensor({1.0}) float64
 /// unless dtype is given (then values are converted).
-template <class T>
+template <TensorElement T>
 Tensor tensor(std::initializer_list<T> values, TensorOptions opts = {}, Loc loc = Loc::current());
 /// A 2-D tensor from nested lists: tensor({{1.f, 2.f}, {3.f, 4.f}}). Rows must be equal length.
-template <class T>
+template <TensorElement T>
 Tensor tensor(std::initializer_list<std::initializer_list<T>> rows, TensorOptions opts = {},
               Loc loc = Loc::current());
 /// A 0-d tensor.

@@ -253,6 +253,18 @@ void Recorder::on_grad_found_undefined(const Tensor& leaf) {
     p_.grad_undefined_at_call.push_back(v);
 }
 
+// A .grad the function reads is the leaf's .grad at each call (GradOf), even when the leaf is
+// not used otherwise (yet): an optimizer reads g before updating p.
+void Recorder::on_grad_read(const Tensor& leaf, const Tensor& grad) {
+  if (grad_leaf_set_.count(leaf.impl()) || leaf.storage()->serial() >= start_serial_ ||
+      grad.storage()->serial() >= start_serial_ || find(grad) >= 0)
+    return;
+  Source s;
+  s.kind = SourceKind::GradOf;
+  s.index = lookup(leaf);
+  add_source(grad, std::move(s));
+}
+
 void Recorder::on_read(const Tensor& t, Loc loc) {
   // A read of n elements (to_vector, printing) is n reads of one: the replay branches on each.
   int v = lookup(t);

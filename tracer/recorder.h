@@ -41,6 +41,7 @@ class Recorder final : public DispatchHook {
                     std::vector<Tensor>& outs) override;
   void on_grad_assigned(const Tensor& leaf) override;
   void on_grad_found_undefined(const Tensor& leaf) override;
+  void on_grad_read(const Tensor& leaf, const Tensor& grad) override;
   /// item()/to_vector(): records a Read node with the value about to be read.
   void on_read(const Tensor& t, Loc loc);
   /// kiln::guarded, Module::is_training(): host state the function's result depends on

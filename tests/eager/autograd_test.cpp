@@ -178,6 +178,19 @@ TEST_CASE("in-place writes into views rebase the base's gradient history (CopySl
   Tensor d2 = zeros({2}, {DType::Float64});
   d2.slice(0, 0, 1).copy_(x.slice(0, 0, 1) * x.slice(0, 0, 1));
   CHECK_THROWS_WITH(grad({sum(d2)}, {x}, {}, /*create_graph=*/true), Catch::Contains("double backward"));
+  // A view made under no_grad of a tensor with history, written with grad on: the base's
+  // history would not see the write (was silent: sum(y) still differentiated as 2x).
+  Tensor y = x * 2;
+  Tensor quiet;
+  {
+    NoGradGuard no_grad;
+    quiet = y.slice(0, 0, 1);
+  }
+  CHECK_THROWS_WITH(quiet.fill_(0), Catch::Contains("a view made under no_grad"));
+  {
+    NoGradGuard no_grad;
+    quiet.fill_(0);  // fine without grad mode, as in PyTorch
+  }
 }
 
 TEST_CASE("a tensor of memory that gained a gradient history in place without it is not "
