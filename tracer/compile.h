@@ -61,13 +61,24 @@ template <class... T> struct is_tuple<std::tuple<T...>> : std::true_type {};
 template <class A, class B> struct is_tuple<std::pair<A, B>> : std::true_type {};
 
 // String arguments are guarded by their characters (the caller may rewrite the buffer a view
-// or pointer shows). ArgValue::other points at the caller's std::string_view, or at the
-// characters of a char pointer or array (kNullText for a null pointer).
+// or pointer shows): std::basic_string_view, and pointers to (arrays of) char, wchar_t,
+// char8_t, char16_t, char32_t. ArgValue::other points at the caller's string view, or at the
+// characters of a pointer or array (kNullText for a null pointer).
+template <class C>
+inline constexpr bool is_char_v =
+    std::is_same_v<C, char> || std::is_same_v<C, wchar_t> || std::is_same_v<C, char8_t> ||
+    std::is_same_v<C, char16_t> || std::is_same_v<C, char32_t>;
+template <class D> struct text_char { using type = void; };
+template <class C> struct text_char<std::basic_string_view<C>> { using type = C; };
+template <class C>
+  requires is_char_v<std::remove_const_t<C>>
+struct text_char<C*> { using type = std::remove_const_t<C>; };
 inline constexpr char kNullText = 0;
-template <class D> std::optional<std::string_view> text_of(const void* p) {
-  if constexpr (std::is_same_v<D, std::string_view>) return *static_cast<const std::string_view*>(p);
+template <class D, class C = typename text_char<D>::type>
+std::optional<std::basic_string_view<C>> text_of(const void* p) {
+  if constexpr (!std::is_pointer_v<D>) return std::basic_string_view<C>(*static_cast<const D*>(p));
   if (p == &kNullText) return std::nullopt;
-  return std::string_view(static_cast<const char*>(p));
+  return std::basic_string_view<C>(static_cast<const C*>(p));
 }
 
 template <class A> ArgValue to_arg(const A& a) {
@@ -86,21 +97,23 @@ template <class A> ArgValue to_arg(const A& a) {
   } else if constexpr (std::is_same_v<D, std::vector<Tensor>>) {
     v.kind = ArgValue::Kind::TensorList;
     v.list = a;
-  } else if constexpr (std::is_same_v<D, std::string_view> || std::is_same_v<D, const char*> ||
-                       std::is_same_v<D, char*>) {
-    if constexpr (std::is_same_v<D, std::string_view>) {
+  } else if constexpr (!std::is_void_v<typename text_char<D>::type>) {
+    using C = typename text_char<D>::type;
+    using Text = std::optional<std::basic_string<C>>;
+    if constexpr (!std::is_pointer_v<D>) {
       v.other = &a;
     } else {  // a pointer, or an array (a literal) that decays to one
-      const char* chars = a;
+      const C* chars = a;
       v.other = chars ? static_cast<const void*>(chars) : &kNullText;
     }
     v.other_copy = [](const void* p) -> std::shared_ptr<const void> {
       auto t = text_of<D>(p);
-      return std::make_shared<std::optional<std::string>>(t ? std::optional<std::string>(*t)
-                                                              : std::nullopt);
+      return std::make_shared<Text>(t ? Text(std::basic_string<C>(*t)) : std::nullopt);
     };
     v.other_equal = [](const void* traced, const void* now) {
-      return *static_cast<const std::optional<std::string>*>(traced) == text_of<D>(now);
+      const Text& before = *static_cast<const Text*>(traced);
+      auto after = text_of<D>(now);
+      return before.has_value() == after.has_value() && (!before || *before == *after);
     };
   } else if constexpr (std::equality_comparable<D> && std::copy_constructible<D>) {
     v.other = &a;

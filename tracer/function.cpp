@@ -377,6 +377,12 @@ struct CompiledFunction::Impl {
   // arguments and dims in range (set by call() under the lock, before trace()).
   std::vector<std::pair<int, int>> marked_dims;
   std::string eager_reason;
+  // Makes every later call run eagerly, saying why once on stderr (and in explain()).
+  void run_eagerly_from_now_on(std::string why) {
+    eager_only = true;
+    eager_reason = std::move(why);
+    fmt::print(stderr, "kiln.compile: '{}' runs eagerly from now on: {}\n", name, eager_reason);
+  }
   int next_id = 0;
   // Automatic dynamic: dims / scalars that changed and caused a recompile.
   std::vector<std::pair<int, int>> auto_dims;
@@ -1030,10 +1036,8 @@ std::vector<OutValue> CompiledFunction::Impl::trace(const std::vector<ArgValue>&
   // Its gradients flow through a base rebased onto an in-place write into a view, which the
   // replay does not record (another thread's such write only costs this function its speed).
   if (in_place_view_writes() != view_writes) {
-    eager_only = true;
-    eager_reason = "it writes in place into a view of a tensor, giving the base a gradient "
-                   "history (CopySlices) that a replay would not record";
-    fmt::print(stderr, "kiln.compile: '{}' runs eagerly from now on: {}\n", name, eager_reason);
+    run_eagerly_from_now_on("it writes in place into a view of a tensor, giving the base a "
+                            "gradient history (CopySlices) that a replay would not record");
     return outs;
   }
   if (unchecked) {
@@ -1080,11 +1084,7 @@ std::vector<OutValue> CompiledFunction::Impl::trace(const std::vector<ArgValue>&
         "update such state in place", n, where);
     recompiles.push_back(why);
     if (log_enabled("recompiles")) fmt::print(stderr, "kiln.compile: '{}': {}\n", name, why);
-    if (++uncached_in_a_row >= 3) {
-      eager_only = true;
-      eager_reason = why;
-      fmt::print(stderr, "kiln.compile: '{}' runs eagerly from now on: {}\n", name, why);
-    }
+    if (++uncached_in_a_row >= 3) run_eagerly_from_now_on(why);
     return outs;
   }
   uncached_in_a_row = 0;
@@ -1095,13 +1095,11 @@ std::vector<OutValue> CompiledFunction::Impl::trace(const std::vector<ArgValue>&
     const Source& s = prog->sources[src];
     Tensor t = s.kind == SourceKind::Arg ? args[s.index].tensor : Tensor(s.captured.lock());
     if (!t.defined() || !t.requires_grad() || t.is_leaf()) continue;
-    eager_only = true;
-    eager_reason = fmt::format(
+    run_eagerly_from_now_on(fmt::format(
         "it changes in place an {} that requires grad and has autograd history ({} {}), whose "
         "new history a replay would not record",
         s.kind == SourceKind::Arg ? fmt::format("argument ({})", s.index) : "captured tensor",
-        kiln::name(t.dtype()), to_string(t.shape()));
-    fmt::print(stderr, "kiln.compile: '{}' runs eagerly from now on: {}\n", name, eager_reason);
+        kiln::name(t.dtype()), to_string(t.shape())));
     return outs;
   }
   bool has_reads = false;
@@ -1110,12 +1108,10 @@ std::vector<OutValue> CompiledFunction::Impl::trace(const std::vector<ArgValue>&
     if (node.kind != Node::Kind::Read) continue;
     has_reads = true;
     if (++reads > kMaxHostReads) {
-      eager_only = true;
-      eager_reason = fmt::format(
+      run_eagerly_from_now_on(fmt::format(
           "it reads more than {} tensor elements to the host (to_vector() or printing at "
           "{}:{}); each is a graph break, so it is faster run eagerly",
-          kMaxHostReads, node.loc.file_name(), node.loc.line());
-      fmt::print(stderr, "kiln.compile: '{}' runs eagerly from now on: {}\n", name, eager_reason);
+          kMaxHostReads, node.loc.file_name(), node.loc.line()));
       return outs;
     }
     if (node.read_index > 0) continue;  // the rest of the same to_vector()

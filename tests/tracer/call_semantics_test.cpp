@@ -291,3 +291,18 @@ TEST_CASE("compile: a view whose base was written in place after it was taken ra
   c *= 3.0;
   CHECK_THROWS_WITH(h(), Catch::Contains("history is stale"));
 }
+
+TEST_CASE("compile: wide string views and pointers are guarded by their characters too",
+          "[compile][host]") {
+  auto f = compile([](const Tensor& x, std::wstring_view act) { return act == L"relu" ? relu(x) : -x; });
+  Tensor x = full({2}, -1.0);
+  std::wstring mode = L"relu";
+  CHECK(vec(f(x, std::wstring_view(mode))) == std::vector<float>{0, 0});
+  mode = L"negx";  // the same buffer, new characters: was replayed as relu
+  CHECK(vec(f(x, std::wstring_view(mode))) == std::vector<float>{1, 1});
+  auto g = compile([](const Tensor& y, const char16_t* act) { return act[0] == u'r' ? relu(y) : -y; });
+  char16_t buf[5] = u"relu";
+  CHECK(vec(g(x, buf)) == std::vector<float>{0, 0});
+  buf[0] = u'n';
+  CHECK(vec(g(x, buf)) == std::vector<float>{1, 1});
+}
