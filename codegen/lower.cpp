@@ -787,9 +787,9 @@ struct LowerReduce : mlir::OpRewritePattern<kiln::dialect::ReduceOp> {
 
 /// kiln.reduce var/std/logsumexp, two passes as eager computes them. var/std: the sum in
 /// float64, the mean rounded to the input type, squared deviations in the input type summed in
-/// float64, / (n - correction) (NaN when that is <= 0), sqrt for std. logsumexp: m = amax (an
-/// infinite m becomes 0), exp(x - m) in the compute type summed in float64, log(sum) + m. The
-/// result is rounded once to the result type.
+/// float64, / max(n - correction, 0) (so inf, or NaN for a constant row, when n <= correction),
+/// sqrt for std. logsumexp: m = amax (an infinite m becomes 0), exp(x - m) in the compute type
+/// summed in float64, log(sum) + m. The result is rounded once to the result type.
 struct LowerVar : mlir::OpRewritePattern<kiln::dialect::ReduceOp> {
   using OpRewritePattern::OpRewritePattern;
 
@@ -892,7 +892,7 @@ struct LowerVar : mlir::OpRewritePattern<kiln::dialect::ReduceOp> {
     mlir::Value result = elementwise(ss, out, [&](mlir::OpBuilder& b, mlir::Location l, mlir::Value v) {
       IrScope scope(b, l, f64);
       IrFloat denom = IrFloat(n_f) - IrFloat(correction);
-      IrFloat var = select(denom > IrFloat(0.0), IrFloat(v) / denom, IrFloat(NAN));
+      IrFloat var = IrFloat(v) / select(denom > IrFloat(0.0), denom, IrFloat(0.0));  // as eager
       mlir::Value r = (is_std ? sqrt(var) : var).v;
       return ft.isF64() ? r : mlir::arith::TruncFOp::create(b, l, ft, r).getResult();
     });

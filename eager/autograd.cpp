@@ -118,8 +118,9 @@ std::vector<Tensor> AccumulateGrad::apply(std::vector<Tensor>&& grads) {
   Tensor g = grads[0];
   if (!m.grad.defined()) {
     if (auto* hook = dispatch::tracer_hook()) hook->on_grad_found_undefined(leaf);
-    // Keep a private copy unless the graph is being recorded (create_graph).
-    m.grad = is_grad_enabled() ? g : (g.impl()->autograd ? g.detach().clone() : g.clone());
+    // A private copy (as PyTorch): g may be the caller's gradient or another .grad's tensor.
+    // With create_graph the copy is recorded, so the .grad keeps its history.
+    m.grad = is_grad_enabled() ? g.clone() : (g.impl()->autograd ? g.detach().clone() : g.clone());
   } else if (is_grad_enabled()) {
     m.grad = add(m.grad, g);
   } else {
@@ -148,11 +149,18 @@ void OpNode::save(const OpCall& call, const std::vector<Tensor>& outs) {
   bool need_a = next_edges[0].valid(), need_b = next_edges.size() > 1 && next_edges[1].valid();
   if (op == OpKind::Mul) mask = (need_b ? 1 : 0) | (need_a ? 2 : 0);
   if (op == OpKind::Div) mask = 2 | (need_b ? 1 : 0);
+  if (op == OpKind::Matmul) mask = (need_b ? 1 : 0) | (need_a ? 2 : 0);  // dA = g·Bᵀ, dB = Aᵀ·g
+  if (op == OpKind::Addmm) {  // addmm(bias, m1, m2): dm1 reads m2, dm2 reads m1
+    bool need_m1 = next_edges[1].valid(), need_m2 = next_edges[2].valid();
+    mask = (need_m1 ? 4 : 0) | (need_m2 ? 2 : 0);
+  }
   saved_inputs.resize(call.inputs.size());
   for (size_t i = 0; i < call.inputs.size(); ++i)
     if ((mask >> i & 1) && call.inputs[i].defined())
       saved_inputs[i] = SavedTensor(call.inputs[i], false, self);
-  if (spec.output) saved_outputs.push_back(SavedTensor(outs[0], true, self));
+  // pow's output serves only d/d(exponent): y = x^2; y += 1 is fine, as in PyTorch.
+  bool save_output = spec.output && !(op == OpKind::Pow && !need_b);
+  if (save_output) saved_outputs.push_back(SavedTensor(outs[0], true, self));
 }
 
 std::string OpNode::name() const {
@@ -368,15 +376,14 @@ class RecordHook final : public DispatchHook {
     const Tensor& target = c.inputs[0];
     const auto& base = target.impl()->base;
     Meta* bm = base ? static_cast<Meta*>(base->autograd.get()) : nullptr;
-    if (bm && bm->requires_grad && bm->grad_fn) {
-      // A view of a tensor with history that does not require grad was made under no_grad: the
-      // write would change the base's values behind its history (PyTorch raises too).
+    if (bm && bm->requires_grad) {
+      // A view of a tensor that requires grad was made under no_grad: the write would change the
+      // base (a leaf, or values its history saved) behind autograd's back (PyTorch raises too).
       Meta* tm = meta(target);
       KILN_CHECK(tm && tm->requires_grad, c.name(), c.loc,
                  "a view made under no_grad (shape {}) of a tensor that requires grad is modified "
-                 "in place with grad mode on; the base's gradient history would not see the "
-                 "write (PyTorch raises too): take the view with grad mode on, or write under "
-                 "no_grad",
+                 "in place with grad mode on; autograd would not see the write (PyTorch raises "
+                 "too): write under no_grad as well, or take the view with grad mode on",
                  to_string(target.shape()));
     }
     if (base && any_requires_grad(c)) {
@@ -538,7 +545,9 @@ std::vector<Tensor> run_backward(const std::vector<Edge>& roots, const std::vect
       for (auto& [nr, weak] : node->retained)
         if (auto impl = weak.lock(); impl && grads[nr].defined()) {
           Meta& m = ensure_meta(Tensor(impl));
-          m.grad = m.grad.defined() ? add(m.grad, grads[nr]) : (create_graph ? grads[nr] : grads[nr].detach());
+          // A copy: grads[nr] may be the caller's gradient or flow on unchanged to other nodes.
+          m.grad = m.grad.defined() ? add(m.grad, grads[nr])
+                                    : (create_graph ? grads[nr].clone() : grads[nr].detach().clone());
         }
       std::vector<Tensor> next;
       bool run = capture.empty() ||
@@ -636,7 +645,7 @@ void Tensor::retain_grad() const {
   Meta* m = meta(*this);
   KILN_CHECK(m && m->requires_grad, "retain_grad", Loc::current(),
              "can't retain_grad on a tensor that doesn't require grad");
-  if (!m->grad_fn) return;  // leaves keep .grad anyway
+  if (!m->grad_fn || m->retains_grad) return;  // leaves keep .grad anyway; once is enough
   m->retains_grad = true;
   m->grad_fn->retained.emplace_back(m->output_nr, impl_ptr());
 }
@@ -691,9 +700,17 @@ std::vector<Tensor> grad(const std::vector<Tensor>& outputs, const std::vector<T
     KILN_CHECK(outputs[i].defined() && outputs[i].requires_grad(), "grad", loc,
                "output {} does not require grad", i);
     roots.push_back(gradient_edge(outputs[i]));
-    root_grads.push_back(grad_outputs.empty() || !grad_outputs[i].defined()
-                             ? default_grad(outputs[i], "grad", loc)
-                             : grad_outputs[i]);
+    if (grad_outputs.empty() || !grad_outputs[i].defined()) {
+      root_grads.push_back(default_grad(outputs[i], "grad", loc));
+      continue;
+    }
+    const Tensor& g = grad_outputs[i];
+    KILN_CHECK(g.shape() == outputs[i].shape(), "grad", loc,
+               "grad_outputs[{}] has shape {}, but output {} has shape {}", i,
+               to_string(g.shape()), i, to_string(outputs[i].shape()));
+    KILN_CHECK(is_floating(g.dtype()), "grad", loc,
+               "grad_outputs[{}] must be floating point, got {}", i, name(g.dtype()));
+    root_grads.push_back(g.to(outputs[i].dtype(), loc));  // as backward(): the output's dtype
   }
   std::vector<Edge> capture;
   for (size_t i = 0; i < inputs.size(); ++i) {

@@ -266,24 +266,34 @@ std::vector<Tensor> linalg(const BackwardContext& c, const Tensor& g) {
     if (c.needs_grad[2]) out[2] = matmul(a.t(), g) * alpha;
     return out;
   }
+  // a is saved only when b's gradient is wanted and b only for a's (OpNode::save): ranks and
+  // shapes come from input_meta.
   const Tensor& a = c.inputs[0];
   const Tensor& b = c.inputs[1];
-  if (a.dim() == 1 && b.dim() == 1) return {g * b, g * a};
-  Tensor a2 = a.dim() == 1 ? a.unsqueeze(0) : a;
-  Tensor b2 = b.dim() == 1 ? b.unsqueeze(-1) : b;
-  Tensor g2 = a.dim() == 1 ? g.unsqueeze(-2) : g;
-  if (b.dim() == 1) g2 = g2.unsqueeze(-1);
+  const Shape& a_shape = c.input_meta[0].shape;
+  const Shape& b_shape = c.input_meta[1].shape;
+  const bool a_vec = a_shape.size() == 1, b_vec = b_shape.size() == 1;
+  if (a_vec && b_vec)
+    return {c.needs_grad[0] ? g * b : Tensor(), c.needs_grad[1] ? g * a : Tensor()};
+  Tensor g2 = a_vec ? g.unsqueeze(-2) : g;
+  if (b_vec) g2 = g2.unsqueeze(-1);
   std::vector<Tensor> out(2);
-  if (c.needs_grad[0]) out[0] = sum_to(matmul(g2, b2.transpose(-1, -2)), a2.shape()).reshape(a.shape());
+  if (c.needs_grad[0]) {
+    Tensor b2 = b_vec ? b.unsqueeze(-1) : b;
+    Shape a2_shape = a_vec ? Shape{1, a_shape[0]} : a_shape;
+    out[0] = sum_to(matmul(g2, b2.transpose(-1, -2)), a2_shape).reshape(a_shape);
+  }
   if (c.needs_grad[1]) {
-    if (b2.dim() == 2 && a2.dim() > 2) {
+    Tensor a2 = a_vec ? a.unsqueeze(0) : a;
+    Shape b2_shape = b_vec ? Shape{b_shape[0], 1} : b_shape;
+    if (b2_shape.size() == 2 && a2.dim() > 2) {
       // b is shared by every batch (a linear layer's weight): sum_b a_bᵀ·g_b is one GEMM over
       // the folded rows, [K, B·M]·[B·M, N] (PyTorch folds the same way), instead of B products
       // [B, K, N] then a sum over B.
       const int64_t k = a2.shape().back(), n = g2.shape().back();
-      out[1] = matmul(a2.reshape({-1, k}).t(), g2.reshape({-1, n})).reshape(b.shape());
+      out[1] = matmul(a2.reshape({-1, k}).t(), g2.reshape({-1, n})).reshape(b_shape);
     } else {
-      out[1] = sum_to(matmul(a2.transpose(-1, -2), g2), b2.shape()).reshape(b.shape());
+      out[1] = sum_to(matmul(a2.transpose(-1, -2), g2), b2_shape).reshape(b_shape);
     }
   }
   return out;

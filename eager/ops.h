@@ -150,7 +150,8 @@ Tensor prod(const Tensor& x, const Dims& dims = {}, bool keepdim = false, Loc lo
 /// Max / min over dims; NaN propagates. An empty reduced dim throws kiln::Error.
 Tensor amax(const Tensor& x, const Dims& dims = {}, bool keepdim = false, Loc loc = Loc::current());
 Tensor amin(const Tensor& x, const Dims& dims = {}, bool keepdim = false, Loc loc = Loc::current());
-/// Variance Σ(x−mean)²/(N−correction); floating only. N−correction ≤ 0 gives nan (PyTorch).
+/// Variance Σ(x−mean)²/max(N−correction, 0); floating only. N−correction ≤ 0 gives inf, or nan
+/// for a constant row (PyTorch).
 Tensor var(const Tensor& x, const Dims& dims = {}, int64_t correction = 1, bool keepdim = false,
            Loc loc = Loc::current());
 Tensor std(const Tensor& x, const Dims& dims = {}, int64_t correction = 1, bool keepdim = false,

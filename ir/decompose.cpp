@@ -63,8 +63,6 @@ OpAttrs over_all() {
   return a;
 }
 
-constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
-
 // softmax = exp(x - m) * (1 / Σ exp(x - m)); log_softmax = (x - m) - log Σ exp(x - m); m = amax
 // (NaN wins, as in eager). Subtracting m first keeps the precision of large logits. The
 // reciprocal, as in eager, is per row: after fusion it is loop-invariant in the inner loop, so
@@ -97,7 +95,8 @@ mlir::Value cast_to(Emitter& E, mlir::Value x, mlir::Type t) {
   return E.op(OpKind::Cast, mlir::ValueRange{x}, c);
 }
 
-// var = Σ (x - mean)² / (n - correction), nan when n - correction <= 0; std = sqrt(var).
+// var = Σ (x - mean)² / max(n - correction, 0) (inf, or nan for a constant row, when
+// n <= correction, as PyTorch); std = sqrt(var).
 // Computed in float64 and rounded once at the end, like eager's double accumulation: a
 // float32 (x - mean)² overflows for |x - mean| > 1.8e19, so std of [3e38, -3e38] was inf.
 mlir::Value variance(Emitter& E, mlir::Value x, const OpAttrs& a, bool is_std, mlir::Type result) {
@@ -119,16 +118,14 @@ mlir::Value variance(Emitter& E, mlir::Value x, const OpAttrs& a, bool is_std, m
   mlir::Value v;
   if (!dynamic) {
     double denom = static_cast<double>(n) - static_cast<double>(a.mode);
-    v = denom > 0 ? E.op(OpKind::Div, s, E.scalar(t, denom))
-                  : E.op(OpKind::Mul, s, E.scalar(t, kNaN));
+    v = E.op(OpKind::Div, s, E.scalar(t, std::max(denom, 0.0)));
   } else {
     // n is known at run time only: count the elements (x == x || x != x holds for NaN too).
     mlir::Type i64 = E.b.getI64Type();
     mlir::Value all = E.op(OpKind::LogicalOr, E.op(OpKind::Eq, x, x), E.op(OpKind::Ne, x, x));
     mlir::Value denom =
         E.op(OpKind::Sub, E.reduce(OpKind::Sum, all, a, a.keepdim), E.scalar(i64, a.mode));
-    v = E.where(E.op(OpKind::Gt, denom, E.scalar(i64, 0)), E.op(OpKind::Div, s, denom),
-                E.scalar(t, kNaN));
+    v = E.op(OpKind::Div, s, E.op(OpKind::Maximum, denom, E.scalar(i64, 0)));
   }
   return cast_to(E, is_std ? E.op(OpKind::Sqrt, v) : v, result);
 }

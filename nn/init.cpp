@@ -54,6 +54,7 @@ void ones_(Tensor& t, Loc loc) {
 void xavier_uniform_(Tensor& t, double gain, Loc loc) {
   as_op("init.xavier_uniform_", [&] {
     auto [in, out] = fans(t, loc);
+    if (t.numel() == 0) return;
     double b = gain * std::sqrt(6.0 / static_cast<double>(in + out));
     uniform_(t, -b, b, loc);
   });
@@ -61,6 +62,7 @@ void xavier_uniform_(Tensor& t, double gain, Loc loc) {
 void kaiming_uniform_(Tensor& t, double a, Loc loc) {
   as_op("init.kaiming_uniform_", [&] {
     auto [in, out] = fans(t, loc);
+    if (t.numel() == 0) return;  // nothing to draw (and no fan to scale by), as PyTorch
     double gain = std::sqrt(2.0 / (1 + a * a));
     double b = gain * std::sqrt(3.0 / static_cast<double>(in));
     uniform_(t, -b, b, loc);

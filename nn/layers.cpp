@@ -7,21 +7,21 @@
 
 namespace kiln::nn {
 
-Linear::Linear(int64_t in, int64_t out, bool with_bias) {
-  KILN_CHECK(in > 0 && out > 0, "Linear", Loc::current(),
-             "in_features and out_features must be positive, got {} and {}", in, out);
+Linear::Linear(int64_t in, int64_t out, bool with_bias, Loc loc) {
+  KILN_CHECK(in >= 0 && out >= 0, "Linear", loc,
+             "in_features and out_features must be non-negative, got {} and {}", in, out);
   weight = register_parameter("weight", empty({out, in}));
   init::kaiming_uniform_(weight, std::sqrt(5.0));
   if (with_bias) {
     bias = register_parameter("bias", empty({out}));
-    double b = 1 / std::sqrt(static_cast<double>(in));
+    double b = in > 0 ? 1 / std::sqrt(static_cast<double>(in)) : 0;  // PyTorch's bound
     init::uniform_(bias, -b, b);
   }
 }
 Tensor Linear::forward(const Tensor& x) { return linear(x, weight, bias); }
 
-Embedding::Embedding(int64_t num, int64_t dim) {
-  KILN_CHECK(num >= 0 && dim >= 0, "Embedding", Loc::current(),
+Embedding::Embedding(int64_t num, int64_t dim, Loc loc) {
+  KILN_CHECK(num >= 0 && dim >= 0, "Embedding", loc,
              "num_embeddings and embedding_dim must be non-negative, got {} and {}", num, dim);
   weight = register_parameter("weight", empty({num, dim}));
   init::normal_(weight);
@@ -38,8 +38,8 @@ Tensor LayerNorm::forward(const Tensor& x) {
   return layer_norm(x, normalized_shape, weight, bias, setting(eps, "eps"));
 }
 
-Dropout::Dropout(double p) : p(p) {
-  KILN_CHECK(p >= 0 && p <= 1, "Dropout", Loc::current(), "p must be in [0, 1], got {}", p);
+Dropout::Dropout(double p, Loc loc) : p(p) {
+  KILN_CHECK(p >= 0 && p <= 1, "Dropout", loc, "p must be in [0, 1], got {}", p);
 }
 
 Sequential::Sequential(std::initializer_list<std::shared_ptr<Module>> modules) {

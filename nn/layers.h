@@ -12,7 +12,8 @@ namespace kiln::nn {
 /// (kaiming_uniform with a = √5, as torch.nn.Linear).
 class Linear : public Module {
  public:
-  Linear(int64_t in_features, int64_t out_features, bool bias = true);
+  /// Throws kiln::Error for negative sizes (0 is allowed: a [.., 0] input gives the bias).
+  Linear(int64_t in_features, int64_t out_features, bool bias = true, Loc loc = Loc::current());
   Tensor forward(const Tensor& x) override;
   std::string name() const override { return "Linear"; }
   Tensor weight, bias;
@@ -21,7 +22,8 @@ class Linear : public Module {
 /// Lookup table: int indices [...] → [..., dim]. Weight [num, dim] from N(0, 1).
 class Embedding : public Module {
  public:
-  Embedding(int64_t num_embeddings, int64_t embedding_dim);
+  /// Throws kiln::Error for negative sizes.
+  Embedding(int64_t num_embeddings, int64_t embedding_dim, Loc loc = Loc::current());
   Tensor forward(const Tensor& indices) override;
   std::string name() const override { return "Embedding"; }
   Tensor weight;
@@ -41,7 +43,8 @@ class LayerNorm : public Module {
 /// Inverted dropout in training mode; identity in eval mode.
 class Dropout : public Module {
  public:
-  explicit Dropout(double p = 0.5);
+  /// Throws kiln::Error unless 0 <= p <= 1.
+  explicit Dropout(double p = 0.5, Loc loc = Loc::current());
   Tensor forward(const Tensor& x) override {
     return dropout(x, setting(p, "p"), is_training());
   }

@@ -146,6 +146,9 @@ StateDict Module::state_dict() const {
   StateDict out;
   collect("", true, true, false, out);
   collect("", true, false, false, out);
+  // Detached, as PyTorch's (keep_vars=False): the same memory, without requires_grad, so that
+  // writing through an entry (sd["bias"].fill_(5)) updates the module.
+  for (auto& [n, t] : out) t = t.detach();
   return out;
 }
 
@@ -155,6 +158,11 @@ void Module::load_state_dict(const StateDict& dict, bool strict, Loc loc) {
   StateDict mine = state_dict();
   std::vector<Tensor> sources(mine.size());
   std::vector<bool> used(dict.size(), false);
+  for (size_t i = 0; i < dict.size(); ++i)
+    for (size_t k = 0; k < i; ++k)
+      KILN_CHECK(dict[k].first != dict[i].first, "load_state_dict", loc,
+                 "the state dict has the key \"{}\" twice (entries {} and {})", dict[i].first,
+                 k, i);
   for (size_t j = 0; j < mine.size(); ++j) {
     const auto& [key, dst] = mine[j];
     size_t i = 0;

@@ -186,7 +186,12 @@ void save_safetensors(const StateDict& dict, const std::string& path, Loc loc) {
   std::string header = "{";
   size_t offset = 0;
   std::vector<Tensor> data;
+  std::unordered_set<std::string> names;
   for (const auto& [name, t] : dict) {
+    // The format maps names to tensors: a name given twice would make a file no reader loads.
+    KILN_CHECK(names.insert(name).second, "save_safetensors", loc,
+               "the name \"{}\" is given twice", name);
+    KILN_CHECK(t.defined(), "save_safetensors", loc, "the tensor \"{}\" is undefined", name);
     Tensor c = t.detach().contiguous();
     size_t nbytes = static_cast<size_t>(c.numel()) * c.itemsize();
     header += fmt::format("{}\"{}\":{{\"dtype\":\"{}\",\"shape\":[{}],\"data_offsets\":[{},{}]}}",
@@ -233,8 +238,14 @@ StateDict load_safetensors(const std::string& path, Loc loc) {
   Reader r{header, path, loc};
   StateDict out;
   std::unordered_set<std::string> names;
+  auto end_of_header = [&] {
+    r.expect('}');
+    r.ws();
+    if (r.i != header.size()) r.fail("trailing bytes after the header");
+    return out;
+  };
   r.expect('{');
-  if (r.peek('}')) return out;
+  if (r.peek('}')) return end_of_header();  // no tensors
   do {
     std::string name = r.string();
     KILN_CHECK(names.insert(name).second, "load_safetensors", loc,
@@ -273,10 +284,7 @@ StateDict load_safetensors(const std::string& path, Loc loc) {
     }
     out.emplace_back(name, x);
   } while (r.peek(',') && ++r.i);
-  r.expect('}');
-  r.ws();
-  if (r.i != header.size()) r.fail("trailing bytes after the header");
-  return out;
+  return end_of_header();
   });
 }
 

@@ -7,14 +7,15 @@
 
 namespace kiln::nn {
 
-MultiheadAttention::MultiheadAttention(int64_t e, int64_t h, double dropout, bool bias, bool bf)
+MultiheadAttention::MultiheadAttention(int64_t e, int64_t h, double dropout, bool bias, bool bf,
+                                       Loc loc)
     : embed_dim(e), num_heads(h), dropout_p(dropout), batch_first(bf) {
-  KILN_CHECK(e > 0 && h > 0 && e % h == 0, "MultiheadAttention", Loc::current(),
+  KILN_CHECK(e > 0 && h > 0 && e % h == 0, "MultiheadAttention", loc,
              "embed_dim ({}) must be divisible by num_heads ({})", e, h);
   in_proj_weight = register_parameter("in_proj_weight", empty({3 * e, e}));
   init::xavier_uniform_(in_proj_weight);
   if (bias) in_proj_bias = register_parameter("in_proj_bias", zeros({3 * e}));
-  out_proj = register_module("out_proj", std::make_shared<Linear>(e, e, bias));
+  out_proj = register_module("out_proj", std::make_shared<Linear>(e, e, bias, loc));
   if (bias) init::zeros_(out_proj->bias);
 }
 
@@ -98,19 +99,19 @@ AttentionOutput MultiheadAttention::forward(const Tensor& query, const Tensor& k
 
 Tensor MultiheadAttention::forward(const Tensor& x) { return forward(x, x, x, {}, {}, false).output; }
 
-TransformerEncoderLayer::TransformerEncoderLayer(const TransformerEncoderLayerOptions& o)
+TransformerEncoderLayer::TransformerEncoderLayer(const TransformerEncoderLayerOptions& o, Loc loc)
     : options(o) {
-  KILN_CHECK(o.activation == "relu" || o.activation == "gelu", "TransformerEncoderLayer",
-             Loc::current(), "activation must be \"relu\" or \"gelu\", got \"{}\"", o.activation);
+  KILN_CHECK(o.activation == "relu" || o.activation == "gelu", "TransformerEncoderLayer", loc,
+             "activation must be \"relu\" or \"gelu\", got \"{}\"", o.activation);
   self_attn = register_module("self_attn", std::make_shared<MultiheadAttention>(
-                                               o.d_model, o.nhead, o.dropout, true, o.batch_first));
-  linear1 = register_module("linear1", std::make_shared<Linear>(o.d_model, o.dim_feedforward));
-  dropout = register_module("dropout", std::make_shared<Dropout>(o.dropout));
-  linear2 = register_module("linear2", std::make_shared<Linear>(o.dim_feedforward, o.d_model));
+                                               o.d_model, o.nhead, o.dropout, true, o.batch_first, loc));
+  linear1 = register_module("linear1", std::make_shared<Linear>(o.d_model, o.dim_feedforward, true, loc));
+  dropout = register_module("dropout", std::make_shared<Dropout>(o.dropout, loc));
+  linear2 = register_module("linear2", std::make_shared<Linear>(o.dim_feedforward, o.d_model, true, loc));
   norm1 = register_module("norm1", std::make_shared<LayerNorm>(Shape{o.d_model}, o.layer_norm_eps));
   norm2 = register_module("norm2", std::make_shared<LayerNorm>(Shape{o.d_model}, o.layer_norm_eps));
-  dropout1 = register_module("dropout1", std::make_shared<Dropout>(o.dropout));
-  dropout2 = register_module("dropout2", std::make_shared<Dropout>(o.dropout));
+  dropout1 = register_module("dropout1", std::make_shared<Dropout>(o.dropout, loc));
+  dropout2 = register_module("dropout2", std::make_shared<Dropout>(o.dropout, loc));
 }
 
 Tensor TransformerEncoderLayer::activation(const Tensor& x) const {
@@ -121,6 +122,9 @@ Tensor TransformerEncoderLayer::forward(const Tensor& src, const Tensor& src_mas
                                         const Tensor& src_key_padding_mask, bool is_causal,
                                         Loc loc) {
   return at_user_line(loc, [&] {
+  KILN_CHECK(src.dim() == 3, "TransformerEncoderLayer", Loc::current(),
+             "expects a 3-D src ([B, L, E] with batch_first, else [L, B, E]), got {} (unbatched "
+             "[L, E] input is not supported: unsqueeze a batch dim)", to_string(src.shape()));
   auto sa = [&](const Tensor& x) {
     return dropout1->forward(
         self_attn->forward(x, x, x, src_key_padding_mask, src_mask, false, is_causal).output);
@@ -141,11 +145,11 @@ Tensor TransformerEncoderLayer::forward(const Tensor& src, const Tensor& src_mas
 }
 
 TransformerEncoder::TransformerEncoder(const TransformerEncoderLayerOptions& o, int64_t n,
-                                       bool final_norm) {
-  KILN_CHECK(n >= 0, "TransformerEncoder", Loc::current(), "num_layers must be >= 0, got {}", n);
+                                       bool final_norm, Loc loc) {
+  KILN_CHECK(n >= 0, "TransformerEncoder", loc, "num_layers must be >= 0, got {}", n);
   for (int64_t i = 0; i < n; ++i)
     layers.push_back(register_module("layers." + std::to_string(i),
-                                     std::make_shared<TransformerEncoderLayer>(o)));
+                                     std::make_shared<TransformerEncoderLayer>(o, loc)));
   if (final_norm)
     norm = register_module("norm", std::make_shared<LayerNorm>(Shape{o.d_model}, o.layer_norm_eps));
 }

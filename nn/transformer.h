@@ -23,7 +23,7 @@ struct AttentionOutput {
 class MultiheadAttention : public Module {
  public:
   MultiheadAttention(int64_t embed_dim, int64_t num_heads, double dropout = 0, bool bias = true,
-                     bool batch_first = false);
+                     bool batch_first = false, Loc loc = Loc::current());
   /// query [B, L, E], key/value [B, S, E] (or [L, B, E] / [S, B, E] unless batch_first).
   /// key_padding_mask: bool [B, S], true = ignore that key. attn_mask: bool (true = not
   /// allowed) or floating point (added to the scores), [L, S] or per batch and head
@@ -61,7 +61,9 @@ struct TransformerEncoderLayerOptions {
 /// Self-attention and feed-forward blocks with residuals, as torch.nn.TransformerEncoderLayer.
 class TransformerEncoderLayer : public Module {
  public:
-  explicit TransformerEncoderLayer(const TransformerEncoderLayerOptions& options);
+  /// Throws kiln::Error for an activation other than "relu"/"gelu" or d_model % nhead != 0.
+  explicit TransformerEncoderLayer(const TransformerEncoderLayerOptions& options,
+                                   Loc loc = Loc::current());
   Tensor forward(const Tensor& src, const Tensor& src_mask, const Tensor& src_key_padding_mask,
                  bool is_causal = false, Loc loc = Loc::current());
   Tensor forward(const Tensor& src) override { return forward(src, Tensor(), Tensor()); }
@@ -81,7 +83,7 @@ class TransformerEncoderLayer : public Module {
 class TransformerEncoder : public Module {
  public:
   TransformerEncoder(const TransformerEncoderLayerOptions& options, int64_t num_layers,
-                     bool final_norm = false);
+                     bool final_norm = false, Loc loc = Loc::current());
   Tensor forward(const Tensor& src, const Tensor& mask, const Tensor& src_key_padding_mask,
                  bool is_causal = false, Loc loc = Loc::current());
   Tensor forward(const Tensor& src) override { return forward(src, Tensor(), Tensor()); }

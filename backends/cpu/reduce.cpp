@@ -462,7 +462,8 @@ void variance(const Ctx& c, bool is_std) {
           double m;
           exact_moments(x0, p.r, p.k2, m, v);
         }
-        double var = denom > 0 ? v / denom : std::numeric_limits<double>::quiet_NaN();
+        // n - correction <= 0 divides by 0 (PyTorch): inf, or NaN for a constant row.
+        double var = v / std::max(denom, 0.0);
         out[oi] = static_cast<T>(is_std ? std::sqrt(var) : var);
       });
 }

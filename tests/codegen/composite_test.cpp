@@ -147,7 +147,7 @@ std::vector<double> ref_var(const std::vector<double>& x, const Shape& shape, in
       mean /= static_cast<double>(s.n);
       for (int64_t k = 0; k < s.n; ++k) ss += (x[s.at(i, k, j)] - mean) * (x[s.at(i, k, j)] - mean);
       double denom = static_cast<double>(s.n - correction);
-      double v = denom > 0 ? ss / denom : kNaN;
+      double v = ss / std::max(denom, 0.0);  // inf, or NaN for a constant row (PyTorch)
       y.push_back(is_std ? std::sqrt(v) : v);
     }
   return y;

@@ -353,7 +353,7 @@ Ref reduction(OpKind k, const Arr& x, const OpAttrs& a) {
         double mean = s / n, ss = 0, sq = 0;
         for (int64_t j : m) ss += (fv(j) - mean) * (fv(j) - mean), sq += fv(j) * fv(j);
         double denom = n - static_cast<double>(a.mode);
-        double v = denom <= 0 ? kNaN : ss / denom;
+        double v = ss / std::max(denom, 0.0);  // inf, or NaN for a constant row (PyTorch)
         double mg = denom <= 0 ? 0 : sq / denom;
         set_f(r, o, k == OpKind::Var ? v : std::sqrt(v));
         r.mag[static_cast<size_t>(o)] = k == OpKind::Var ? mg : std::sqrt(mg);

@@ -219,6 +219,8 @@ std::vector<Sample> samples(OpKind k, bool grad, std::string& missing) {
       if (k == OpKind::Var || k == OpKind::Std) {
         rs.push_back({"[4,5] dim 1 correction 0", {4, 5}, L::Contiguous, with([](OpAttrs& a) { a.dims = kiln::Dims({1}); a.mode = 0; }), false});
         if (!grad) rs.push_back({"[1,5] dim 0 correction 1", {1, 5}, L::Contiguous, with([](OpAttrs& a) { a.dims = kiln::Dims({0}); a.mode = 1; }), false});
+        // N - correction <= 0 on rows that are not constant: inf (PyTorch), eager and compiled.
+        if (!grad) rs.push_back({"[4,5] dim 1 correction 6", {4, 5}, L::Contiguous, with([](OpAttrs& a) { a.dims = kiln::Dims({1}); a.mode = 6; }), true});
       }
       for (DType d : dts)
         for (const R& r : rs)

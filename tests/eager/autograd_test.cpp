@@ -480,3 +480,134 @@ TEST_CASE("relu and maximum/minimum pass the gradient through NaN as PyTorch doe
   CHECK(a.grad().to_vector<double>() == std::vector<double>{1, 1, 0.5, 1});
   CHECK(b.grad().to_vector<double>() == std::vector<double>{1, 1, 0.5, 0});
 }
+
+TEST_CASE("a retained or create_graph .grad is a copy, not the caller's or another .grad's tensor") {
+  // PyTorch 1.13: y1.grad, y2.grad, G stay [1, 1] after writing into y2.grad; x2.grad stays
+  // [1, 1] after writing into the gradient passed to backward.
+  Tensor x = tensor({1.0, 2.0}).requires_grad_();
+  Tensor y1 = x * 2.0;
+  Tensor y2 = y1 + 0.0;
+  y1.retain_grad();
+  y2.retain_grad();
+  Tensor G = tensor({1.0, 1.0});
+  y2.backward(G);
+  {
+    NoGradGuard ng;
+    Tensor g = y2.grad();
+    g *= 10.0;
+  }
+  CHECK(y2.grad().to_vector<double>() == std::vector<double>{10, 10});
+  CHECK(y1.grad().to_vector<double>() == std::vector<double>{1, 1});
+  CHECK(G.to_vector<double>() == std::vector<double>{1, 1});
+  CHECK(x.grad().to_vector<double>() == std::vector<double>{2, 2});
+
+  Tensor x2 = tensor({1.0, 2.0}).requires_grad_();
+  Tensor G2 = tensor({1.0, 1.0});
+  (x2 + 0.0).backward(G2, false, /*create_graph=*/true);
+  {
+    NoGradGuard ng;
+    G2 *= 7.0;
+  }
+  CHECK(x2.grad().to_vector<double>() == std::vector<double>{1, 1});
+}
+
+TEST_CASE("retain_grad twice retains once") {
+  Tensor x = tensor({1.0, 2.0}).requires_grad_();
+  Tensor y = x * 2.0;
+  y.retain_grad();
+  y.retain_grad();
+  sum(y * y).backward();
+  CHECK(y.grad().to_vector<double>() == std::vector<double>{4, 8});  // 2y, as PyTorch
+}
+
+TEST_CASE("grad checks grad_outputs against the outputs and casts them to the output's dtype") {
+  Tensor x = tensor({1.0, 2.0}).requires_grad_();
+  // A [2, 2] gradient for a [2] output was silently reduced to [6, 6] (PyTorch: shape mismatch).
+  try {
+    (void)grad({x * 3.0}, {x}, {ones({2, 2}, {DType::Float64})});
+    FAIL("no error");
+  } catch (const Error& e) {
+    CHECK(e.op() == "grad");
+    CHECK_THAT(e.message(), Catch::Contains("grad_outputs[0] has shape [2, 2]"));
+    CHECK_THAT(e.message(), Catch::Contains("output 0 has shape [2]"));
+    CHECK(std::string(e.where().file_name()).find("autograd_test.cpp") != std::string::npos);
+  }
+  CHECK_THROWS_WITH(grad({x * 3.0}, {x}, {ones({3}, {DType::Float64})}),
+                    Catch::Contains("has shape [3]"));
+  CHECK_THROWS_WITH(grad({x * 3.0}, {x}, {ones({2}, {DType::Int64})}),
+                    Catch::Contains("must be floating point"));
+  // float32 output, float64 grad_output: the gradient is float32 (PyTorch).
+  Tensor y = tensor({1.0f, 2.0f}).requires_grad_();
+  Tensor gy = grad({y * 1.0f}, {y}, {tensor({0.5, 0.25})})[0];
+  CHECK(gy.dtype() == DType::Float32);
+  CHECK(gy.to_vector<float>() == std::vector<float>{0.5f, 0.25f});
+}
+
+TEST_CASE("ops save only what the wanted gradients read (no false in-place errors)") {
+  // PyTorch 1.13: x.grad = [2, 4]; pow's output serves only the exponent's gradient.
+  Tensor x = tensor({1.0, 2.0}).requires_grad_();
+  Tensor y = pow(x, 2.0);
+  y += 1.0;
+  sum(y).backward();
+  CHECK(x.grad().to_vector<double>() == std::vector<double>{2, 4});
+  // A tensor exponent that wants a gradient still needs the output: modifying it raises.
+  Tensor b = tensor({2.0, 3.0}).requires_grad_();
+  Tensor z = pow(tensor({1.5, 2.0}), b);
+  z += 1.0;
+  CHECK_THROWS_WITH(sum(z).backward(), Catch::Contains("in-place"));
+
+  // matmul / linear / addmm with only W requiring grad: X is saved, W is not, so updating W
+  // before backward is fine (PyTorch: W.grad = Xᵀ·1 = [[4, 4], [6, 6]], linear [[4, 6], [4, 6]]).
+  Tensor X = tensor({{1.0, 2.0}, {3.0, 4.0}});
+  Tensor W = tensor({{1.0, 0.0}, {0.0, 1.0}}).requires_grad_();
+  Tensor out = matmul(X, W);
+  {
+    NoGradGuard ng;
+    W *= 0.5;
+  }
+  sum(out).backward();
+  CHECK(W.grad().to_vector<double>() == std::vector<double>{4, 4, 6, 6});
+  Tensor W2 = tensor({{1.0, 0.0}, {0.0, 1.0}}).requires_grad_();
+  Tensor out2 = linear(X, W2, tensor({0.5, 0.5}));
+  {
+    NoGradGuard ng;
+    W2 *= 0.5;
+  }
+  sum(out2).backward();
+  CHECK(W2.grad().to_vector<double>() == std::vector<double>{4, 6, 4, 6});
+  // ... and X's gradient still reads W, so updating W then raises.
+  Tensor X3 = X.clone().requires_grad_();
+  Tensor W3 = tensor({{1.0, 0.0}, {0.0, 1.0}}).requires_grad_();
+  Tensor out3 = matmul(X3, W3);
+  {
+    NoGradGuard ng;
+    W3 *= 0.5;
+  }
+  CHECK_THROWS_WITH(sum(out3).backward(), Catch::Contains("in-place"));
+  // Vector·vector and matrix·vector with one side wanting a gradient.
+  Tensor v = tensor({1.0, 2.0, 3.0}).requires_grad_();
+  sum(matmul(v, tensor({4.0, 5.0, 6.0}))).backward();
+  CHECK(v.grad().to_vector<double>() == std::vector<double>{4, 5, 6});
+  Tensor m = tensor({{1.0, 2.0, 3.0}, {4.0, 5.0, 6.0}});
+  Tensor u = tensor({1.0, -1.0, 2.0}).requires_grad_();
+  sum(matmul(m, u)).backward();
+  CHECK(u.grad().to_vector<double>() == std::vector<double>{5, 7, 9});
+}
+
+TEST_CASE("a view of a leaf made under no_grad cannot be written in place with grad on") {
+  // PyTorch raises ("A view was created in no_grad mode and is being modified inplace with grad
+  // mode enabled"); kiln silently changed the leaf.
+  Tensor x = tensor({1.0, 2.0}).requires_grad_();
+  Tensor v;
+  {
+    NoGradGuard ng;
+    v = x.view({2});
+  }
+  CHECK_THROWS_WITH(v *= 2.0, Catch::Contains("made under no_grad"));
+  CHECK(x.to_vector<double>() == std::vector<double>{1, 2});
+  {
+    NoGradGuard ng;  // the optimizer's way: view and write both under no_grad
+    v *= 2.0;
+  }
+  CHECK(x.to_vector<double>() == std::vector<double>{2, 4});
+}

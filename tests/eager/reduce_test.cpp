@@ -86,7 +86,7 @@ double ref_var(const std::vector<double>& g, int64_t correction) {
   double m = ref_mean(g), s = 0;
   for (double x : g) s += (x - m) * (x - m);
   double denom = static_cast<double>(g.size()) - correction;
-  return denom > 0 ? s / denom : kNaN;
+  return s / std::max(denom, 0.0);  // PyTorch: inf, or NaN when s = 0
 }
 double ref_extreme(const std::vector<double>& g, bool is_max) {
   double m = is_max ? -kInf : kInf;
@@ -599,4 +599,14 @@ TEST_CASE("std of float32 values near the float32 limit is not inf") {
   // Tiny values: float32 squares of 1e-25 underflow to 0; std is 1e-25.
   Tensor t = from_vector<float>({1e-25f, -1e-25f}, {2});
   CHECK(kiln::std(t, {}, 0).item<float>() == Approx(1e-25).epsilon(1e-6));
+}
+
+TEST_CASE("var and std with N - correction <= 0 divide by zero as PyTorch") {
+  // PyTorch 1.13: var([1,2,3], correction=3) = inf, correction=4 inf, var of a constant row nan.
+  Tensor x = tensor({1.0f, 2.0f, 3.0f});
+  CHECK(std::isinf(var(x, {0}, 3).item<float>()));
+  CHECK(std::isinf(var(x, {0}, 4).item<float>()));
+  CHECK(std::isinf(kiln::std(x, {0}, 3).item<float>()));
+  CHECK(std::isnan(var(ones({3}), {0}, 3).item<float>()));
+  CHECK(std::isinf(var(x.to(DType::Float64), {0}, 3).item<double>()));
 }

@@ -97,10 +97,9 @@ func.func @layer_norm(%x: tensor<?x8xf32>, %w: tensor<8xf32>, %b: tensor<8xf32>)
 // CHECK: %[[ALL:.*]] = kiln.elementwise "logical_or" %[[EQ]], %[[NE]]
 // CHECK: %[[N:.*]] = kiln.reduce "sum" %[[ALL]] {dims = array<i64: 0>, keepdim} : (tensor<?x6xi1>) -> tensor<1x6xi64>
 // CHECK: %[[DEN:.*]] = kiln.elementwise "sub" %[[N]], %{{.*}} : (tensor<1x6xi64>, tensor<i64>) -> tensor<1x6xi64>
-// CHECK: %[[OK:.*]] = kiln.elementwise "gt" %[[DEN]]
-// CHECK: %[[Q:.*]] = kiln.elementwise "div" %[[S2]], %[[DEN]] : (tensor<1x6xf64>, tensor<1x6xi64>) -> tensor<1x6xf64>
-// CHECK: %[[NAN:.*]] = kiln.constant dense<0x7FF8000000000000> : tensor<f64>
-// CHECK: %[[V2:.*]] = kiln.elementwise "where" %[[OK]], %[[Q]], %[[NAN]]
+// CHECK: %[[ZERO:.*]] = kiln.constant dense<0> : tensor<i64>
+// CHECK: %[[POS:.*]] = kiln.elementwise "maximum" %[[DEN]], %[[ZERO]]
+// CHECK: %[[V2:.*]] = kiln.elementwise "div" %[[S2]], %[[POS]] : (tensor<1x6xf64>, tensor<1x6xi64>) -> tensor<1x6xf64>
 // CHECK: kiln.constant dense<6.000000e+00> : tensor<f64>
 // CHECK: %[[SQRT:.*]] = kiln.elementwise "sqrt"
 // CHECK: %[[SD:.*]] = kiln.elementwise "to" %[[SQRT]] {dtype = f32} : (tensor<4x1xf64>) -> tensor<4x1xf32>

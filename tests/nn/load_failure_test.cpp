@@ -135,3 +135,18 @@ TEST_CASE("load_safetensors: names with JSON escapes decode as json.loads does")
   CHECK(load_safetensors("/tmp/kiln_load_failure_test_roundtrip.safetensors")[0].first ==
         "tab\there");
 }
+
+TEST_CASE("load_safetensors: an empty header followed by garbage is rejected") {
+  expect_error([&] { load_safetensors(write_st("empty_garbage", "{} garbage", "")); },
+               "trailing bytes after the header");
+  CHECK(load_safetensors(write_st("empty_ok", "{}  ", "")).empty());
+}
+
+TEST_CASE("save_safetensors: a name given twice or an undefined tensor is rejected before writing") {
+  std::string path = "/tmp/kiln_load_failure_test_save_dup.safetensors";
+  std::remove(path.c_str());
+  expect_error([&] { save_safetensors({{"a", ones({1})}, {"a", zeros({2})}}, path); },
+               "the name \"a\" is given twice");
+  expect_error([&] { save_safetensors({{"w", Tensor()}}, path); }, "the tensor \"w\" is undefined");
+  CHECK_FALSE(std::ifstream(path).good());  // nothing written
+}

@@ -579,7 +579,7 @@ TEST_CASE("state_dict lists a tied parameter under every name; named_parameters 
   using S = std::vector<std::string>;
   CHECK(keys(m.state_dict()) == S{"enc.weight", "dec.weight"});
   CHECK(keys(m.named_parameters()) == S{"enc.weight"});
-  CHECK(m.state_dict()[1].second.is_same(m.enc->weight));
+  CHECK(m.state_dict()[1].second.raw_data() == m.enc->weight.raw_data());  // a detached alias
   m.load_state_dict({{"enc.weight", full({3, 2}, 2.0)}, {"dec.weight", full({3, 2}, 2.0)}});
   CHECK(m.enc->weight.to_vector<float>() == V(6, 2.0f));
   CHECK(m.dec->weight.is_same(m.enc->weight));
@@ -615,8 +615,8 @@ TEST_CASE("register_parameter under an existing name replaces it in place: tying
   CHECK(m.parameters()[0].is_same(m.emb->weight));
   StateDict sd = m.state_dict();
   CHECK(keys(sd) == S{"emb.weight", "head.weight"});
-  CHECK(sd[1].second.is_same(m.head->weight));
-  CHECK(sd[1].second.is_same(m.emb->weight));
+  CHECK(sd[1].second.raw_data() == m.head->weight.raw_data());
+  CHECK(sd[1].second.raw_data() == m.emb->weight.raw_data());
   // Replacing keeps the entry's place; a buffer is replaced the same way.
   Linear lin(2, 3);
   Tensor w = zeros({3, 2});
@@ -700,4 +700,80 @@ TEST_CASE("nn errors name the op, the values and the caller's line: Embedding si
   Tensor undefined;
   e = error_of([&] { init::zeros_(undefined); });
   CHECK_THAT(e.what(), Catch::Contains("kiln::init.zeros_: the tensor to initialise is undefined"));
+}
+
+TEST_CASE("state_dict entries are detached and share the module's memory") {
+  // PyTorch: state_dict() tensors have requires_grad False; writing through one updates the
+  // module (sd["bias"].fill_(5) makes l.bias 5).
+  nn::Linear l(2, 1);
+  nn::StateDict sd = l.state_dict();
+  REQUIRE(sd.size() == 2);
+  CHECK(sd[1].first == "bias");
+  CHECK_FALSE(sd[1].second.requires_grad());
+  sd[1].second.fill_(5);
+  CHECK(l.bias.to_vector<float>() == std::vector<float>{5});
+  CHECK(l.bias.requires_grad());
+  // load_state_dict still copies into the parameters.
+  nn::Linear m(2, 1);
+  m.load_state_dict(l.state_dict());
+  CHECK(m.bias.to_vector<float>() == std::vector<float>{5});
+  CHECK(m.weight.to_vector<float>() == l.weight.to_vector<float>());
+  CHECK(m.weight.requires_grad());
+}
+
+TEST_CASE("load_state_dict names a key given twice") {
+  nn::Linear l(2, 1);
+  nn::StateDict sd = l.state_dict();
+  sd.push_back(sd[1]);
+  CHECK_THROWS_WITH(l.load_state_dict(sd), Catch::Contains("has the key \"bias\" twice"));
+}
+
+TEST_CASE("Linear with zero features is PyTorch's: the output is the bias") {
+  nn::Linear l(0, 3);
+  CHECK(l.weight.shape() == Shape{3, 0});
+  CHECK(l.bias.to_vector<float>() == std::vector<float>{0, 0, 0});  // bound 0 for fan_in 0
+  Tensor y = l(empty({2, 0}));
+  CHECK(y.shape() == Shape{2, 3});
+  CHECK(y.to_vector<float>() == std::vector<float>(6, 0.0f));
+  nn::Linear e(4, 0);
+  CHECK(e(ones({2, 4})).shape() == Shape{2, 0});
+}
+
+TEST_CASE("module constructors name the caller's line") {
+  auto line_of = [](auto&& make) -> std::string {
+    try {
+      make();
+    } catch (const Error& e) {
+      return std::string(e.where().file_name());
+    }
+    return "no error";
+  };
+  auto here = [](const std::string& file) { return file.find("nn_test.cpp") != std::string::npos; };
+  CHECK(here(line_of([] { nn::Linear l(-1, 3); })));
+  CHECK(here(line_of([] { nn::Embedding e(-2, 3); })));
+  CHECK(here(line_of([] { nn::Dropout d(-0.1); })));
+  CHECK(here(line_of([] { nn::MultiheadAttention m(5, 2); })));
+  nn::TransformerEncoderLayerOptions o;
+  o.d_model = 4;
+  o.nhead = 2;
+  o.activation = "tanh";
+  CHECK(here(line_of([&] { nn::TransformerEncoderLayer l(o); })));
+  CHECK(here(line_of([&] { nn::TransformerEncoder enc(o, 2); })));
+  o.activation = "relu";
+  o.nhead = 3;  // 4 % 3 != 0: MultiheadAttention's check, at the user's line
+  CHECK(here(line_of([&] { nn::TransformerEncoderLayer l(o); })));
+}
+
+TEST_CASE("TransformerEncoderLayer names itself for an unbatched input") {
+  nn::TransformerEncoderLayerOptions o;
+  o.d_model = 4;
+  o.nhead = 2;
+  nn::TransformerEncoderLayer layer(o);
+  try {
+    layer(ones({5, 4}));
+    FAIL("no error");
+  } catch (const Error& e) {
+    CHECK(e.op() == "TransformerEncoderLayer");
+    CHECK_THAT(e.message(), Catch::Contains("got [5, 4]"));
+  }
 }
