@@ -179,8 +179,10 @@ struct Abs {
 
 /// -1, 0 or +1; zeros and NaN are returned unchanged.
 struct Sign {
+  // Zeros and NaN pass through as x + 0: NaN stays NaN and -0 becomes +0 (PyTorch's
+  // (0 < x) - (x < 0) gives +0 for -0).
   template <class S> static S eval(S x) {
-    return select(x > S(0), S(1), select(x < S(0), S(-1), x));
+    return select(x > S(0), S(1), select(x < S(0), S(-1), x + S(0)));
   }
 };
 

@@ -670,7 +670,8 @@ void escape_candidates(const Recorder& rec, const Program& p, const std::vector<
     if (o.is_tensor && o.tensor.defined() && o.tensor.requires_grad()) return;
   std::unordered_set<const TensorImpl*> known;
   for (const OutValue& o : outs)
-    if (o.is_tensor && o.tensor.defined()) known.insert(o.tensor.impl());
+    if (o.is_tensor && o.tensor.defined())  // an output view holds its base alive: known too
+      for (const TensorImpl* t = o.tensor.impl(); t; t = t->base.get()) known.insert(t);
   for (size_t v = 0; v < p.values.size(); ++v) {
     int s = p.values[v].source;
     if (s >= 0 && p.sources[s].kind != SourceKind::Snapshot) known.insert(rec.tensor(v).impl());

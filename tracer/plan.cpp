@@ -10,6 +10,7 @@
 #include "codegen/codegen.h"
 #include "eager/autograd.h"
 #include "eager/dispatch.h"
+#include "eager/view.h"
 #include "ir/graph.h"
 #include "tracer/recorder.h"
 
@@ -537,13 +538,20 @@ namespace {
 void run_op_node(const Program& p, const Node& n, RunState& st) {
   std::vector<Tensor> ins;
   for (int v : n.in) ins.push_back(v >= 0 ? st.value(p, v) : Tensor());
+  OpAttrs attrs = resolved_attrs(n, st);
   // A value can have another layout than while tracing (compiled regions return contiguous
   // tensors where eager returned views, and the other way round): a functional `view` of a
-  // strided value copies first, as reshape does, instead of failing on strides it never saw.
+  // strided value its strides cannot express copies first, as reshape does, instead of failing
+  // on strides it never saw. One they can express stays a view, as eager's (writes through the
+  // result reach the argument).
   if (n.op == OpKind::View && !st.in_place && !ins.empty() && ins[0].defined() &&
-      !ins[0].is_contiguous())
-    ins[0] = ins[0].contiguous();
-  OpCall c{n.op, std::move(ins), resolved_attrs(n, st), n.loc};
+      !ins[0].is_contiguous()) {
+    InferredMeta m = infer_meta(OpKind::View, std::array{TensorMeta::of(ins[0])}, attrs, n.loc);
+    Strides unused;
+    if (!view_strides(ins[0].shape(), ins[0].strides(), m.outputs[0].shape, unused))
+      ins[0] = ins[0].contiguous();
+  }
+  OpCall c{n.op, std::move(ins), std::move(attrs), n.loc};
   if (n.in_place && !st.in_place) {
     // Functional: the new value is a fresh tensor; the old one stays as it was.
     const Tensor& dst = c.inputs[0];

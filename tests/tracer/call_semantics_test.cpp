@@ -306,3 +306,42 @@ TEST_CASE("compile: wide string views and pointers are guarded by their characte
   buf[0] = u'n';
   CHECK(vec(g(x, buf)) == std::vector<float>{1, 1});
 }
+
+TEST_CASE("compile: a view of a strided argument stays a view on replays", "[compile][alias]") {
+  // base[:, ::2].reshape(-1) is a view (stride 2) in eager and PyTorch; replays returned a copy,
+  // so writes through the result no longer reached the argument.
+  auto f = compile([](const Tensor& a) { return a.reshape({-1}); });
+  for (int call = 0; call < 3; ++call) {
+    Tensor base = arange(24, DType::Float32).view({4, 6});
+    Tensor a = base.slice(1, 0, 6, 2);
+    Tensor y = f(a);
+    INFO("call " << call);
+    CHECK(y.stride(0) == 2);
+    CHECK(y.storage().get() == base.storage().get());
+    CHECK(vec(y) == std::vector<float>{0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22});
+    y.fill_(-1);
+    CHECK(vec(base.select(0, 1)) == std::vector<float>{-1, 7, -1, 9, -1, 11});
+  }
+  // Strides a view cannot express still copy, as reshape does.
+  auto g = compile([](const Tensor& a) { return a.reshape({-1}); });
+  for (int call = 0; call < 3; ++call) {
+    Tensor t = arange(6, DType::Float32).view({2, 3}).t();
+    CHECK(vec(g(t)) == std::vector<float>{0, 3, 1, 4, 2, 5});
+  }
+}
+
+TEST_CASE("compile: returning a view of a tensor the function made is cached", "[compile][alias]") {
+  // The output's base (matmul's result) outlives the call through the view; it was taken for
+  // host state, so every call traced again and the function ended up running eagerly.
+  auto f = compile([](const Tensor& x, const Tensor& w) { return matmul(x, w).view({-1}); });
+  auto g = compile([](const Tensor& x) { return (x * 2.0).t(); });
+  Tensor w = tensor({{1.0f, 0.0f}, {0.0f, 2.0f}});
+  for (int call = 0; call < 4; ++call) {
+    Tensor x = tensor({{1.0f, 2.0f}, {3.0f, float(call)}});
+    CHECK(vec(f(x, w)) == std::vector<float>{1, 4, 3, 2.0f * call});
+    CHECK(vec(g(x)) == std::vector<float>{2, 6, 4, 2.0f * call});
+  }
+  CHECK(contains(f.explain(), "1 trace(s), 1 cache entry"));
+  CHECK(contains(g.explain(), "1 trace(s), 1 cache entry"));
+  CHECK_FALSE(contains(f.explain(), "not cached"));
+}

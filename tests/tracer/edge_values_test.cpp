@@ -2,6 +2,8 @@
 // that overflow the tensor's dtype — on the first call and on replays with a new value.
 #include <catch2/catch.hpp>
 
+#include <cmath>
+
 #include "kiln/kiln.h"
 
 using namespace kiln;
@@ -20,4 +22,17 @@ TEST_CASE("compile: masked_fill with a value that overflows int32 raises on repl
   CHECK(f(x, 9.0).to_vector<int64_t>() == std::vector<int64_t>{9, 9, -3});
   CHECK_THROWS_WITH(f(x, 1e20), Catch::Contains("without overflow"));  // stored INT_MIN
   CHECK(f(x, 10.0).to_vector<int64_t>() == std::vector<int64_t>{10, 10, -3});
+}
+
+TEST_CASE("sign(-0.0) is +0.0 eagerly and compiled (PyTorch)", "[compile][edge]") {
+  Tensor x = tensor({-0.0f, 0.0f, NAN, -2.0f, 3.0f});
+  auto f = compile([](const Tensor& t) { return sign(t) * 1.0f; });
+  for (const Tensor& y : {sign(x), f(x), f(x), f(x)}) {
+    std::vector<float> v = y.to_vector<float>();
+    CHECK(v[0] == 0.0f);
+    CHECK_FALSE(std::signbit(v[0]));  // 1 / sign(-0.0) is +inf in PyTorch
+    CHECK(std::isnan(v[2]));
+    CHECK(v[3] == -1.0f);
+    CHECK(v[4] == 1.0f);
+  }
 }
