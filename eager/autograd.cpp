@@ -232,6 +232,7 @@ struct ViewGeometry {
 };
 
 std::atomic<uint64_t> g_copy_slices{0};
+thread_local uint64_t t_create_graph_backwards = 0;
 
 void check_first_order(const char* node) {
   KILN_CHECK(!t_grad_enabled, node, backward_call_site(),
@@ -475,6 +476,7 @@ struct NodeState {
 std::vector<Tensor> run_backward(const std::vector<Edge>& roots, const std::vector<Tensor>& root_grads,
                                  bool retain_graph, bool create_graph,
                                  const std::vector<Edge>& capture, bool stop_at_capture = false) {
+  if (create_graph) ++t_create_graph_backwards;
   // 1. Dependencies (iterative DFS).
   std::unordered_map<Node*, NodeState> state;
   std::unordered_map<Node*, std::vector<Node*>> parents;  // only with `capture`
@@ -649,6 +651,8 @@ void Tensor::retain_grad() const {
   m->retains_grad = true;
   m->grad_fn->retained.emplace_back(m->output_nr, impl_ptr());
 }
+
+uint64_t create_graph_backwards() { return autograd::t_create_graph_backwards; }
 
 uint64_t in_place_view_writes() {
   return autograd::g_copy_slices.load(std::memory_order_relaxed);

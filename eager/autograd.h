@@ -28,6 +28,11 @@ bool lost_in_place_history(const Tensor& t);
 /// process so far. The tracer compares it around a trace: such a function runs eagerly.
 uint64_t in_place_view_writes();
 
+/// How many backward passes with create_graph = true this thread has started. The tracer
+/// compares it around a trace: a function that runs one (a gradient penalty, a Hessian-vector
+/// product) runs eagerly, as its replays would return those gradients without their history.
+uint64_t create_graph_backwards();
+
 /// RAII: disables gradient recording in its scope (like torch.no_grad()).
 class NoGradGuard {
  public:

@@ -1016,6 +1016,7 @@ std::vector<OutValue> CompiledFunction::Impl::trace(const std::vector<ArgValue>&
   std::vector<OutValue> outs;
   std::vector<std::pair<std::weak_ptr<TensorImpl>, int>> candidates;
   const uint64_t view_writes = in_place_view_writes();
+  const uint64_t double_backwards = create_graph_backwards();
   {
     Recorder rec(*prog);
     for (size_t i = 0; i < args.size(); ++i)
@@ -1039,6 +1040,11 @@ std::vector<OutValue> CompiledFunction::Impl::trace(const std::vector<ArgValue>&
   if (in_place_view_writes() != view_writes) {
     run_eagerly_from_now_on("it writes in place into a view of a tensor, giving the base a "
                             "gradient history (CopySlices) that a replay would not record");
+    return outs;
+  }
+  if (create_graph_backwards() != double_backwards) {
+    run_eagerly_from_now_on("it runs a backward with create_graph=true; a replay would return "
+                            "those gradients without their own gradient history");
     return outs;
   }
   if (unchecked) {

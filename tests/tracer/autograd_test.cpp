@@ -572,3 +572,28 @@ TEST_CASE("compile: an argument or captured tensor whose view was written in pla
   }
   CHECK(contains(k.explain(), "CopySlices"));
 }
+
+TEST_CASE("compile: a function that runs a create_graph backward runs eagerly", "[compile][autograd]") {
+  // Found by a fresh-user trial: replays returned x.grad without its history, so a gradient
+  // penalty's own gradient was lost (eager and PyTorch: d/dx Σ 3x² = [6, 12]).
+  auto f = compile([](const Tensor& x) {
+    sum(x * x * x).backward(Tensor(), false, /*create_graph=*/true);
+    return x.grad() * 1.0;
+  });
+  auto penalty = compile([](const Tensor& x) {
+    Tensor g = grad({sum(x * x * x)}, {x}, {}, /*create_graph=*/true)[0];
+    return sum(x) + sum(g * g);  // d/dx = 1 + 2·3x²·6x = 1 + 36x³
+  });
+  for (int call = 0; call < 3; ++call) {
+    INFO("call " << call);
+    Tensor x = tensor({1.0, 2.0}).requires_grad_();
+    Tensor out = f(x);
+    CHECK(out.to_vector<double>() == std::vector<double>{3, 12});
+    REQUIRE(x.grad().requires_grad());
+    CHECK(grad({sum(x.grad())}, {x})[0].to_vector<double>() == std::vector<double>{6, 12});
+    Tensor z = tensor({1.0, 2.0}).requires_grad_();
+    penalty(z).backward();
+    CHECK(z.grad().to_vector<double>() == std::vector<double>{37, 289});
+  }
+  CHECK(contains(f.explain(), "create_graph=true"));
+}
