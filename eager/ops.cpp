@@ -309,6 +309,15 @@ Tensor one_hot(const Tensor& indices, int64_t num_classes, Loc loc) {
   return unary(OpKind::OneHot, indices, loc, a);
 }
 Tensor masked_fill(const Tensor& x, const Tensor& mask, Scalar value, Loc loc) {
+  // The result has the broadcast shape of x and mask, as PyTorch's out-of-place masked_fill:
+  // x is expanded (a view) when the mask is the larger one.
+  if (x.defined() && mask.defined() && x.shape() != mask.shape()) {
+    Shape b = broadcast_shapes(x.shape(), mask.shape(), "masked_fill", loc);
+    if (b != x.shape())
+      return as_op("masked_fill", [&] {
+        return binary(OpKind::MaskedFill, x.expand(b, loc), mask, loc, with_alpha(value));
+      });
+  }
   return binary(OpKind::MaskedFill, x, mask, loc, with_alpha(value));
 }
 Tensor tril(const Tensor& x, int64_t diagonal, Loc loc) {

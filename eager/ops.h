@@ -210,7 +210,7 @@ Tensor scatter_add(const Tensor& x, int64_t dim, const Tensor& index, const Tens
 Tensor embedding(const Tensor& weight, const Tensor& indices, Loc loc = Loc::current());
 /// int64 one-hot of int64 indices in [0, num_classes); num_classes = -1 uses max + 1.
 Tensor one_hot(const Tensor& indices, int64_t num_classes = -1, Loc loc = Loc::current());
-/// x with `value` where mask (bool, broadcast to x) is true.
+/// x with `value` where mask (bool) is true; the result has x and mask's broadcast shape (PyTorch).
 Tensor masked_fill(const Tensor& x, const Tensor& mask, Scalar value, Loc loc = Loc::current());
 /// Lower / upper triangle of the last two dims (diagonal offset as in PyTorch), rest zero.
 Tensor tril(const Tensor& x, int64_t diagonal = 0, Loc loc = Loc::current());

@@ -195,8 +195,15 @@ TEST_CASE("masked_fill") {
   CHECK(masked_fill(x, scalar_tensor(true), 0).to_vector<float>() == F{0, 0, 0, 0});
   CHECK(x.to_vector<float>() == F{1, 2, 3, 4});
   CHECK_THROWS_AS(masked_fill(x, tensor({1, 0}), 0), Error);                  // not bool
-  CHECK_THROWS_AS(masked_fill(tensor({1.f, 2.f}), tensor({{true, false}, {true, true}}), 0),
-                  Error);  // mask does not broadcast to x
+  // A larger mask broadcasts x (PyTorch 1.13: [[0, 2], [0, 0]]), gradients sum back.
+  Tensor v = tensor({1.0, 2.0}).requires_grad_();
+  Tensor y = masked_fill(v, tensor({{true, false}, {true, true}}), 0);
+  CHECK(y.shape() == Shape{2, 2});
+  CHECK(y.to_vector<double>() == std::vector<double>{0, 2, 0, 0});
+  y.sum().backward();
+  CHECK(v.grad().to_vector<double>() == std::vector<double>{0, 1});
+  CHECK_THROWS_WITH(masked_fill(tensor({1.f, 2.f}), tensor({true, false, true}), 0),
+                    Catch::Contains("masked_fill"));  // shapes that do not broadcast
 }
 
 TEST_CASE("tril and triu") {
