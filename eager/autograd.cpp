@@ -601,8 +601,11 @@ bool Tensor::requires_grad() const {
 Tensor& Tensor::requires_grad_(bool enabled, Loc loc) {
   KILN_CHECK(defined(), "requires_grad_", loc, "tensor is undefined");
   Meta* m = meta(*this);
-  KILN_CHECK(!(m && m->grad_fn), "requires_grad_", loc,
+  // A non-leaf requires grad already: asking for it again is a no-op (PyTorch); turning it off
+  // is an error.
+  KILN_CHECK(!(m && m->grad_fn) || enabled, "requires_grad_", loc,
              "can only change requires_grad of leaf tensors; use detach() for a non-leaf");
+  if (m && m->grad_fn) return *this;
   KILN_CHECK(!enabled || is_floating(dtype()), "requires_grad_", loc,
              "only floating-point tensors can require gradients, got {}", name(dtype()));
   KILN_CHECK(!enabled || !lost_in_place_history(*this), "requires_grad_", loc,
@@ -686,9 +689,7 @@ void Tensor::backward(const Tensor& gradient, bool retain_graph, bool create_gra
   Tensor g = gradient.defined() ? gradient : default_grad(*this, "backward", loc);
   KILN_CHECK(g.shape() == shape(), "backward", loc, "gradient has shape {}, expected {}",
              to_string(g.shape()), to_string(shape()));
-  KILN_CHECK(is_floating(g.dtype()), "backward", loc, "gradient must be floating point, got {}",
-             name(g.dtype()));
-  g = g.to(dtype(), loc);  // gradients take the tensor's dtype, as in PyTorch
+  g = g.to(dtype(), loc);  // gradients take the tensor's dtype (an integer one too), as PyTorch
   BackwardSite site(loc);
   run_backward({gradient_edge(*this)}, {g}, retain_graph || create_graph, create_graph, {});
 }
@@ -712,8 +713,6 @@ std::vector<Tensor> grad(const std::vector<Tensor>& outputs, const std::vector<T
     KILN_CHECK(g.shape() == outputs[i].shape(), "grad", loc,
                "grad_outputs[{}] has shape {}, but output {} has shape {}", i,
                to_string(g.shape()), i, to_string(outputs[i].shape()));
-    KILN_CHECK(is_floating(g.dtype()), "grad", loc,
-               "grad_outputs[{}] must be floating point, got {}", i, name(g.dtype()));
     root_grads.push_back(g.to(outputs[i].dtype(), loc));  // as backward(): the output's dtype
   }
   std::vector<Edge> capture;
