@@ -365,8 +365,10 @@ struct CompiledFunction::Impl {
   /// Adds the tensors that the trace of `p` captured to captured_tensors, then records which
   /// of its arguments share memory with one (the guard Program::args_sharing_captured).
   void remember_captured(Program& p, Recorder& rec);
-  /// The first entry the call passes, and whether its sizes still need a confirming trace.
-  std::pair<std::shared_ptr<Entry>, bool> find_entry(const std::vector<ArgValue>& args) const;
+  /// The entries the call passes, in order, each with whether its sizes still need a
+  /// confirming trace (the list ends at the first such one).
+  std::vector<std::pair<std::shared_ptr<Entry>, bool>> find_entries(
+      const std::vector<ArgValue>& args) const;
 
   mutable std::shared_mutex mu;
   std::vector<std::shared_ptr<Entry>> entries;
@@ -523,16 +525,22 @@ bool only_sizes_differ(const Entry& e, const std::vector<ArgValue>& args,
 
 }  // namespace
 
-std::pair<std::shared_ptr<Entry>, bool> CompiledFunction::Impl::find_entry(
+std::vector<std::pair<std::shared_ptr<Entry>, bool>> CompiledFunction::Impl::find_entries(
     const std::vector<ArgValue>& args) const {
+  std::vector<std::pair<std::shared_ptr<Entry>, bool>> out;
   for (const std::shared_ptr<Entry>& e : entries) {
     if (!passes(*e, args)) continue;
-    if (!e->dynamic) return {e, false};
+    if (!e->dynamic) {
+      out.push_back({e, false});
+      continue;
+    }
     std::vector<int64_t> key = sizes_key(*e, args);
     if (contains(e->refuted_sizes, key)) continue;
-    return {e, !contains(e->checked_sizes, key)};
+    bool unchecked = !contains(e->checked_sizes, key);
+    out.push_back({e, unchecked});
+    if (unchecked) break;
   }
-  return {nullptr, false};
+  return out;
 }
 
 std::vector<OutValue> CompiledFunction::call(const std::vector<ArgValue>& given,
@@ -595,32 +603,44 @@ std::vector<OutValue> CompiledFunction::call(const std::vector<ArgValue>& given,
   bool missing_branch = false;  // the replay reached a host value no branch was traced for
   for (int attempt = 0; attempt < 3; ++attempt) {
     missing_branch = false;
-    std::shared_ptr<Entry> entry;
+    std::vector<std::pair<std::shared_ptr<Entry>, bool>> found;
+    std::shared_ptr<Entry> entry;  // the entry the trace below extends, confirms or drops
     bool unchecked = false;
     {
       std::shared_lock lock(im.mu);
-      std::tie(entry, unchecked) = im.find_entry(args);
-      if (entry && !unchecked) {
+      found = im.find_entries(args);
+      // Entries that differ only in guards checked while replaying (a captured tensor's
+      // requires_grad, a .grad defined or not) are tried in turn: gradient accumulation and
+      // freeze/unfreeze alternate between two of them.
+      for (auto& [e, e_unchecked] : found) {
+        if (e_unchecked) {
+          entry = e, unchecked = true;
+          break;
+        }
         try {
-          std::vector<OutValue> outs = im.replay(*entry, args);
-          ++entry->hits;  // a call that traced a new branch instead is not a replay
+          std::vector<OutValue> outs = im.replay(*e, args);
+          ++e->hits;  // a call that traced a new branch instead is not a replay
           return outs;
         } catch (const MissingBranch& m) {
           miss_reason = fmt::format("host read gave {}, a value not seen before", m.value.str());
           missing_branch = true;
+          entry = e;
+          break;
         } catch (const GuardFailure& g) {
           miss_reason = g.reason;
+          if (g.permanent && !entry) entry = e;  // dropped by the trace
         } catch (const Error& err) {
-          if (!entry->dynamic) throw;
+          if (!e->dynamic) throw;
           // A symbolic specialisation could not run these sizes: drop it and specialise.
           miss_reason = fmt::format("symbolic replay failed ({}); specialising", err.message());
+          entry = e;
+          break;
         }
       }
     }
     std::unique_lock lock(im.mu);
     // Another thread may have traced or confirmed this guard set meanwhile.
-    auto [now, now_unchecked] = im.find_entry(args);
-    if (now && (now != entry || now_unchecked != unchecked)) continue;
+    if (im.find_entries(args) != found) continue;
     im.marked_dims = marked;
     if (unchecked) return im.trace(args, invoke, loc, nullptr, false, {}, entry.get());
     return im.trace(args, invoke, loc, entry.get(), missing_branch, miss_reason);

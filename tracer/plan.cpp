@@ -31,17 +31,19 @@ const Tensor& RunState::value(const Program& p, int v) {
     case SourceKind::Constant: slot = dispatch::wrap_scalar(s.scalar); break;
     case SourceKind::Captured: {
       auto impl = s.captured.lock();
-      if (!impl) throw GuardFailure{"a tensor the function captured was freed"};
+      if (!impl) throw GuardFailure{"a tensor the function captured was freed", true};
       slot = Tensor(std::move(impl));
       const ValueInfo& vi = p.values[v];
       if (slot.dtype() != vi.dtype || slot.shape() != vi.shape)
         throw GuardFailure{fmt::format("a captured tensor changed from {} {} to {} {}",
                                        name(vi.dtype), to_string(vi.shape), name(slot.dtype()),
-                                       to_string(slot.shape()))};
+                                       to_string(slot.shape())),
+                           true};
       if (slot.device() != vi.device)  // module.to(device) after compiling
         throw GuardFailure{fmt::format("a captured tensor ({} {}) moved from {} to {}",
                                        name(vi.dtype), to_string(vi.shape), vi.device.str(),
-                                       slot.device().str())};
+                                       slot.device().str()),
+                           true};
       if (slot.requires_grad() != s.requires_grad)
         throw GuardFailure{fmt::format("requires_grad of a captured tensor ({} {}) is now {}",
                                        name(vi.dtype), to_string(vi.shape), slot.requires_grad())};
@@ -58,7 +60,7 @@ const Tensor& RunState::value(const Program& p, int v) {
       break;
     case SourceKind::HostInput: {
       std::optional<Scalar> now = s.host();
-      if (!now) throw GuardFailure{"the host value the function reads at run time is gone"};
+      if (!now) throw GuardFailure{"the host value the function reads at run time is gone", true};
       if (now->kind() != s.scalar.kind())
         throw GuardFailure{"a host value the function reads at run time changed type"};
       slot = dispatch::wrap_scalar(*now);

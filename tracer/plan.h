@@ -21,9 +21,14 @@ class Executable;
 namespace kiln::tracer {
 
 /// Raised internally when a captured tensor no longer matches the trace (freed, or its
-/// metadata changed): the call is traced again.
+/// metadata changed): the call tries the function's other entries, then traces again.
 struct GuardFailure {
   std::string reason;
+  /// The entry is unlikely to pass again (a captured tensor freed, resized or moved, a host
+  /// value gone): it is dropped.
+  /// Otherwise the state may come back (requires_grad toggled, a .grad cleared then set) and
+  /// the entry is kept beside the new one.
+  bool permanent = false;
 };
 
 /// The state of one call while its plans run.

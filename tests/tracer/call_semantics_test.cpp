@@ -345,3 +345,46 @@ TEST_CASE("compile: returning a view of a tensor the function made is cached", "
   CHECK(contains(g.explain(), "1 trace(s), 1 cache entry"));
   CHECK_FALSE(contains(f.explain(), "not cached"));
 }
+
+TEST_CASE("compile: state that alternates between calls keeps one entry per state",
+          "[compile][cache]") {
+  // Found by a fresh-user trial: a failed guard on a captured tensor's .grad or requires_grad
+  // replaced the entry, so gradient accumulation (the .grad undefined on the first micro-step,
+  // defined on the second) and freeze/unfreeze traced on every call.
+  auto run = [](bool compiled) {
+    manual_seed(5);
+    nn::Linear lin(4, 2);
+    nn::SGD opt(lin.parameters(), {.lr = 0.1});
+    auto micro = [&](const Tensor& x) {
+      Tensor l = sum(lin(x) * lin(x));
+      l.backward();
+      return l.detach();
+    };
+    auto cmicro = compile(micro);
+    for (int step = 0; step < 6; ++step) {
+      for (int m = 0; m < 2; ++m) {
+        Tensor x = full({3, 4}, 0.1 * (step + 1) + 0.05 * m);
+        compiled ? cmicro(x) : micro(x);
+      }
+      opt.step();
+      opt.zero_grad();
+    }
+    if (compiled) CHECK(cmicro.compile_count() == 2);
+    return std::make_pair(vec(lin.weight), vec(lin.bias));
+  };
+  auto eager = run(false), compiled = run(true);
+  for (size_t i = 0; i < eager.first.size(); ++i) CHECK(compiled.first[i] == Approx(eager.first[i]));
+  for (size_t i = 0; i < eager.second.size(); ++i) CHECK(compiled.second[i] == Approx(eager.second[i]));
+
+  // A captured weight frozen and unfrozen on alternate calls: two entries, then replays.
+  Tensor w = ones({2, 3}).requires_grad_();
+  auto f = compile([&](const Tensor& x) { return sum(matmul(x, w.t())); });
+  for (int call = 0; call < 6; ++call) {
+    w.requires_grad_(call % 2 == 0);
+    Tensor y = f(ones({1, 3}) * double(call));
+    CHECK(y.item<float>() == Approx(6.0 * call));
+    CHECK(y.requires_grad() == (call % 2 == 0));
+  }
+  CHECK(f.compile_count() == 2);
+  CHECK(contains(f.explain(), "2 cache entries"));
+}
