@@ -20,8 +20,9 @@ namespace {
 
 thread_local bool t_grad_enabled = true;
 // Guards what threads running backward concurrently share: a leaf's .grad and its
-// AccumulateGrad node (PyTorch locks gradient accumulation the same way).
-std::mutex g_leaf_mu;
+// AccumulateGrad node (PyTorch locks gradient accumulation the same way). Recursive: under
+// create_graph, accumulating records ops (clone, add), whose inputs' gradient_edge locks again.
+std::recursive_mutex g_leaf_mu;
 std::atomic<uint64_t> g_sequence{0};
 
 // Deep graphs (100k nodes) must not be destroyed recursively: a dying node moves what it
@@ -112,7 +113,7 @@ Node::~Node() {
 std::vector<Tensor> AccumulateGrad::apply(std::vector<Tensor>&& grads) {
   auto impl = leaf_.lock();
   if (!impl || !grads[0].defined()) return {};
-  std::lock_guard<std::mutex> lock(g_leaf_mu);
+  std::lock_guard<std::recursive_mutex> lock(g_leaf_mu);
   Tensor leaf(impl);
   Meta& m = ensure_meta(leaf);
   Tensor g = grads[0];
@@ -331,7 +332,7 @@ Edge gradient_edge(const Tensor& t) {
   Meta* m = meta(t);
   if (!m || !m->requires_grad) return {};
   if (m->grad_fn) return {m->grad_fn, m->output_nr};
-  std::lock_guard<std::mutex> lock(g_leaf_mu);
+  std::lock_guard<std::recursive_mutex> lock(g_leaf_mu);
   auto acc = m->accumulator.lock();
   if (!acc) {
     acc = std::make_shared<AccumulateGrad>(t.impl_ptr());

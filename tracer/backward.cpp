@@ -82,8 +82,11 @@ void record_backward(Recorder& rec, Program& p, const std::vector<OutValue>& out
     std::vector<Tensor> grads = autograd::partial_grads(req_outs, inputs, placeholders);
     p.grad_inputs = input_values;
     for (const Tensor& g : grads) p.grad_results.push_back(g.defined() ? rec.lookup(g) : -1);
-  } catch (const Error&) {
-    // The function already ran backward() on these outputs (a whole training step).
+  } catch (const Error& e) {
+    // The function already ran backward() on these outputs (a whole training step): no
+    // backward to record. Any other error (a saved tensor the function then changed in place)
+    // is eager's at the caller's backward: the function runs eagerly, so that it raises there.
+    if (e.message() != autograd::kGraphFreedMessage) p.backward_error = e.message();
     p.nodes.resize(mark);
     p.backward_begin = SIZE_MAX;
     p.grad_outputs.clear();

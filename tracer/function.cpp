@@ -596,9 +596,15 @@ std::vector<OutValue> CompiledFunction::call(const std::vector<ArgValue>& given,
   }
   // An argument that lost a gradient history in place raises where eager uses it in a
   // recorded op; a replay records nothing, so such a call runs eagerly.
+  // So does a view made under no_grad of a tensor that requires grad: eager raises if the
+  // function writes into it with grad mode on, which a replay would do silently.
   if (is_grad_enabled())
-    for (const ArgValue& a : args)
-      if (a.kind == ArgValue::Kind::Tensor && lost_in_place_history(a.tensor)) return invoke();
+    for (const ArgValue& a : args) {
+      if (a.kind != ArgValue::Kind::Tensor) continue;
+      if (lost_in_place_history(a.tensor)) return invoke();
+      const auto& base = a.tensor.impl()->base;
+      if (base && !a.tensor.requires_grad() && Tensor(base).requires_grad()) return invoke();
+    }
   std::string miss_reason;
   bool missing_branch = false;  // the replay reached a host value no branch was traced for
   for (int attempt = 0; attempt < 3; ++attempt) {
@@ -1060,6 +1066,10 @@ std::vector<OutValue> CompiledFunction::Impl::trace(const std::vector<ArgValue>&
   if (in_place_view_writes() != view_writes) {
     run_eagerly_from_now_on("it writes in place into a view of a tensor, giving the base a "
                             "gradient history (CopySlices) that a replay would not record");
+    return outs;
+  }
+  if (!prog->backward_error.empty()) {
+    run_eagerly_from_now_on(fmt::format("its outputs' backward fails ({})", prog->backward_error));
     return outs;
   }
   if (create_graph_backwards() != double_backwards) {

@@ -123,6 +123,9 @@ struct Program {
   /// op on eager kernels on the real tensors (exact aliasing), see plan.cpp.
   bool aliased_mutation = false;
   std::string aliased_mutation_reason;
+  /// Why the outputs' backward could not be recorded (not because the function already ran
+  /// it): the function runs eagerly, whose backward raises that error where eager's would.
+  std::string backward_error;
   /// Argument values whose memory is that of a tensor some trace of the function captured,
   /// in a program that changes memory in place: a guard. `f(w)` for a captured `w` that `f`
   /// mutates is traced as mutating its argument; replaying either trace for the other kind of

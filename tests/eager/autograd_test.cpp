@@ -620,3 +620,18 @@ TEST_CASE("a view of a leaf made under no_grad cannot be written in place with g
   }
   CHECK(x.to_vector<double>() == std::vector<double>{2, 4});
 }
+
+TEST_CASE("create_graph backward whose gradient reaching a leaf is itself a leaf") {
+  // Hung (the accumulation recorded a clone while holding the leaf lock that recording takes).
+  // PyTorch 1.13: x.grad = v with history; x.grad.sum().backward() gives v.grad = [1, 1, 1].
+  Tensor x = zeros({3}).requires_grad_();
+  Tensor v = ones({3}).requires_grad_();
+  (x + ones({3})).backward(v, false, /*create_graph=*/true);
+  REQUIRE(x.grad().requires_grad());
+  CHECK(x.grad().to_vector<float>() == std::vector<float>{1, 1, 1});
+  // Accumulating into an existing .grad under create_graph records add() the same way.
+  (x + ones({3})).backward(v, false, /*create_graph=*/true);
+  CHECK(x.grad().to_vector<float>() == std::vector<float>{2, 2, 2});
+  sum(x.grad()).backward();
+  CHECK(v.grad().to_vector<float>() == std::vector<float>{2, 2, 2});
+}

@@ -597,3 +597,41 @@ TEST_CASE("compile: a function that runs a create_graph backward runs eagerly", 
   }
   CHECK(contains(f.explain(), "create_graph=true"));
 }
+
+TEST_CASE("compile: an output whose backward would raise keeps raising on replays",
+          "[compile][autograd]") {
+  // Found by a re-test: x*w saves x, then the function adds to x in place. Eager raises at the
+  // backward; replays returned y without requires_grad, silently dropping its gradient.
+  auto f = compile([](const Tensor& x, const Tensor& w) {
+    Tensor y = x * w;
+    Tensor xx = x;
+    xx += 1.0;
+    return y;
+  });
+  Tensor w = ones({3}).requires_grad_();
+  for (int call = 0; call < 3; ++call) {
+    INFO("call " << call);
+    Tensor y = f(arange(3, DType::Float32), w);
+    CHECK(y.requires_grad());
+    CHECK_THROWS_WITH((y.sum() + (w * w).sum()).backward(), Catch::Contains("in-place"));
+  }
+  CHECK(contains(f.explain(), "outputs' backward fails"));
+}
+
+TEST_CASE("compile: a no_grad view of a leaf passed to a function that writes it raises as eager",
+          "[compile][autograd]") {
+  auto f = compile([](const Tensor& v) {
+    Tensor vv = v;
+    vv += 1.0;
+    return v * 2.0;
+  });
+  for (int call = 0; call < 3; ++call) f(zeros({4}));  // traced and replayed with plain tensors
+  Tensor p = zeros({2, 2}).requires_grad_();
+  Tensor v;
+  {
+    NoGradGuard ng;
+    v = p.view({-1});
+  }
+  CHECK_THROWS_WITH(f(v), Catch::Contains("made under no_grad"));
+  CHECK(vec(p.detach().view({-1})) == std::vector<float>{0, 0, 0, 0});
+}
