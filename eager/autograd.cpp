@@ -438,6 +438,12 @@ class RecordHook final : public DispatchHook {
       return;
     }
     Meta& m = ensure_meta(out);
+    // retain_grad() follows the tensor's new value (PyTorch 1.13): the old node stops filling
+    // .grad and the in-place op's node fills it.
+    if (m.retains_grad && m.grad_fn && is_in_place(c.op)) {
+      std::erase_if(m.grad_fn->retained, [&](const auto& r) { return r.second.lock() == out.impl_ptr(); });
+      node->retained.emplace_back(0, out.impl_ptr());
+    }
     m.requires_grad = true;
     m.grad_fn = node;
     m.output_nr = 0;

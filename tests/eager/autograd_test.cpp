@@ -635,3 +635,18 @@ TEST_CASE("create_graph backward whose gradient reaching a leaf is itself a leaf
   sum(x.grad()).backward();
   CHECK(v.grad().to_vector<float>() == std::vector<float>{2, 2, 2});
 }
+
+TEST_CASE("retain_grad follows a tensor written in place") {
+  // PyTorch 1.13: y.grad is the gradient of y's value after `y *= 3` (2y = [0, 1.2, 2.4]); kiln
+  // gave the old value's ([0, 3.6, 7.2]).
+  Tensor x = tensor({0.0, 0.1, 0.2}).requires_grad_();
+  Tensor y = x * 2.0;
+  y.retain_grad();
+  y *= 3.0;
+  sum(y * y).backward();
+  std::vector<double> g = y.grad().to_vector<double>();
+  std::vector<double> want{0, 1.2, 2.4};
+  for (int i = 0; i < 3; ++i) CHECK(g[i] == Approx(want[i]));
+  std::vector<double> gx = x.grad().to_vector<double>();  // 2y · 6
+  for (int i = 0; i < 3; ++i) CHECK(gx[i] == Approx(want[i] * 6));
+}
