@@ -441,7 +441,8 @@ class RecordHook final : public DispatchHook {
     // retain_grad() follows the tensor's new value (PyTorch 1.13): the old node stops filling
     // .grad and the in-place op's node fills it.
     if (m.retains_grad && m.grad_fn && is_in_place(c.op)) {
-      std::erase_if(m.grad_fn->retained, [&](const auto& r) { return r.second.lock() == out.impl_ptr(); });
+      std::erase_if(m.grad_fn->retained,
+                    [&](const auto& r) { return r.second.lock() == out.impl_ptr(); });
       node->retained.emplace_back(0, out.impl_ptr());
     }
     m.requires_grad = true;
@@ -555,8 +556,9 @@ std::vector<Tensor> run_backward(const std::vector<Edge>& roots, const std::vect
         if (auto impl = weak.lock(); impl && grads[nr].defined()) {
           Meta& m = ensure_meta(Tensor(impl));
           // A copy: grads[nr] may be the caller's gradient or flow on unchanged to other nodes.
-          m.grad = m.grad.defined() ? add(m.grad, grads[nr])
-                                    : (create_graph ? grads[nr].clone() : grads[nr].detach().clone());
+          const Tensor& g = grads[nr];
+          m.grad = m.grad.defined() ? add(m.grad, g)
+                                    : (create_graph ? g.clone() : g.detach().clone());
         }
       std::vector<Tensor> next;
       bool run = capture.empty() ||

@@ -103,11 +103,14 @@ TransformerEncoderLayer::TransformerEncoderLayer(const TransformerEncoderLayerOp
     : options(o) {
   KILN_CHECK(o.activation == "relu" || o.activation == "gelu", "TransformerEncoderLayer", loc,
              "activation must be \"relu\" or \"gelu\", got \"{}\"", o.activation);
-  self_attn = register_module("self_attn", std::make_shared<MultiheadAttention>(
-                                               o.d_model, o.nhead, o.dropout, true, o.batch_first, loc));
-  linear1 = register_module("linear1", std::make_shared<Linear>(o.d_model, o.dim_feedforward, true, loc));
+  self_attn = register_module(
+      "self_attn",
+      std::make_shared<MultiheadAttention>(o.d_model, o.nhead, o.dropout, true, o.batch_first, loc));
+  linear1 = register_module("linear1",
+                            std::make_shared<Linear>(o.d_model, o.dim_feedforward, true, loc));
   dropout = register_module("dropout", std::make_shared<Dropout>(o.dropout, loc));
-  linear2 = register_module("linear2", std::make_shared<Linear>(o.dim_feedforward, o.d_model, true, loc));
+  linear2 = register_module("linear2",
+                            std::make_shared<Linear>(o.dim_feedforward, o.d_model, true, loc));
   norm1 = register_module("norm1", std::make_shared<LayerNorm>(Shape{o.d_model}, o.layer_norm_eps));
   norm2 = register_module("norm2", std::make_shared<LayerNorm>(Shape{o.d_model}, o.layer_norm_eps));
   dropout1 = register_module("dropout1", std::make_shared<Dropout>(o.dropout, loc));
