@@ -35,6 +35,9 @@ inline std::array<uint32_t, 4> philox4x32(uint64_t ctr_lo, uint64_t ctr_hi, uint
   return {c0, c1, c2, c3};
 }
 
+/// Counter blocks that `words` 32-bit draws take: element i uses block i / 4.
+inline constexpr uint64_t blocks(uint64_t words) { return (words + 3) / 4; }
+
 /// 32 random bits for element `i` of a draw at counter offset `offset` with key `seed`.
 inline uint32_t bits(uint64_t seed, uint64_t offset, uint64_t i) {
   return philox4x32(offset + i / 4, 0, seed)[i % 4];

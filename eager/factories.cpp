@@ -4,6 +4,7 @@
 #include <cmath>
 #include <mutex>
 
+#include "core/philox.h"
 #include "eager/dispatch.h"
 #include "eager/ops.h"
 
@@ -231,7 +232,7 @@ void set_generator_state(GeneratorState s) {
 uint64_t reserve_random(uint64_t n) {
   std::lock_guard<std::mutex> lock(g_rng_mu);
   uint64_t at = g_rng.offset;
-  g_rng.offset += (n + 3) / 4;  // Philox blocks of four 32-bit words
+  g_rng.offset += philox::blocks(n);
   return at;
 }
 

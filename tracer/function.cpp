@@ -937,7 +937,8 @@ std::vector<OutValue> CompiledFunction::Impl::replay(Entry& e, const std::vector
     seg = c;
   }
   const Program& p = *seg->program;
-  if (p.rng_consumed) set_generator_state({st.rng.seed, st.rng.offset + p.rng_consumed});
+  if (uint64_t used = st.rng_offset(p, p.nodes.size()))
+    set_generator_state({st.rng.seed, st.rng.offset + used});
   std::vector<std::pair<int, Tensor>> originals;
   // The entry's grad mode is guarded, so a traced backward means the outputs required grad
   // (also under no_grad, when the function enabled grad inside).
@@ -1096,6 +1097,21 @@ std::vector<OutValue> CompiledFunction::Impl::trace(const std::vector<ArgValue>&
       return outs;
     }
     remember(unchecked->refuted_sizes, std::move(key));
+    // A later symbolic entry whose guards pass may hold instead: two traces in which only the
+    // length changed give `batch * length` as a multiple of the length, and the entry inferred
+    // when both changed has the product.
+    for (const std::shared_ptr<Entry>& e : entries) {
+      if (e.get() == unchecked || !e->dynamic || !passes(*e, args)) continue;
+      std::vector<int64_t> k = sizes_key(*e, args);
+      if (contains(e->refuted_sizes, k) || contains(e->checked_sizes, k)) continue;
+      std::string other = check_symbolic(*e, *prog, args);
+      if (other.empty()) {
+        remember(e->checked_sizes, std::move(k));
+        ++size_checks;
+        return outs;
+      }
+      if (other != kMissingBranch) remember(e->refuted_sizes, std::move(k));
+    }
     reason = fmt::format("specialisation #{} (symbolic) does not hold for these sizes: {}",
                          unchecked->id, why);
     if (log_enabled("recompiles"))

@@ -3,6 +3,9 @@
 #include <cmath>
 #include <cstring>
 #include <optional>
+#include <tuple>
+
+#include "tracer/recorder.h"
 
 namespace kiln::tracer {
 namespace {
@@ -25,6 +28,63 @@ bool same_fixed_attrs(const OpAttrs& a, const OpAttrs& b) {
          same(a.low, b.low) && same(a.high, b.high) && a.dims.size() == b.dims.size();
 }
 
+// "matmul at model.cpp:12" for refusal messages.
+std::string describe(const Node& n) {
+  std::string what = n.kind == Node::Kind::Read       ? "a host read"
+                     : n.kind == Node::Kind::Callback ? "a callback"
+                                                      : std::string(op_name(n.op));
+  return fmt::format("{} at {}:{}", what, n.loc.file_name(), n.loc.line());
+}
+
+bool is_random(const Node& n) {
+  return n.kind == Node::Kind::Op && op_info(n.op).category == OpCategory::Random;
+}
+
+// Random ops draw one generator block per four 32-bit words, from an offset that the earlier
+// random ops' sizes set. When sizes change those offsets, each random op's words per element
+// (Node::rng_draws) is found from both traces and the offsets follow the sizes.
+std::string symbolic_rng(Program& g, const Program& old) {
+  bool differ = g.rng_consumed != old.rng_consumed;
+  for (size_t i = 0; i < g.nodes.size(); ++i)
+    differ |= g.nodes[i].rng_delta != old.nodes[i].rng_delta;
+  if (!differ) return {};
+  uint64_t next_new = g.rng_consumed, next_old = old.rng_consumed;
+  for (size_t i = g.nodes.size(); i-- > 0;) {
+    Node& n = g.nodes[i];
+    const Node& o = old.nodes[i];
+    if (!is_random(n)) continue;
+    if (n.rng_delta > next_new || o.rng_delta > next_old)
+      return "random numbers were drawn outside the recorded ops";
+    uint64_t used_new = next_new - n.rng_delta, used_old = next_old - o.rng_delta;
+    auto numel_new = static_cast<uint64_t>(numel(g.values[n.out[0]].shape));
+    auto numel_old = static_cast<uint64_t>(numel(old.values[o.out[0]].shape));
+    for (int d = 1; d <= 8 && !n.rng_draws; ++d)
+      if (philox::blocks(numel_new * d) == used_new && philox::blocks(numel_old * d) == used_old)
+        n.rng_draws = d;
+    if (!n.rng_draws)
+      return fmt::format("the random numbers that {} draws do not follow its size", describe(n));
+    next_new = n.rng_delta, next_old = o.rng_delta;
+  }
+  if (next_new != 0 || next_old != 0) return "random numbers were drawn outside the recorded ops";
+  g.rng_symbolic = true;
+  return {};
+}
+
+// Whether `trace` drew its random numbers at the offsets that `sym` computes for its sizes.
+bool rng_conforms(const Program& trace, const Program& sym) {
+  auto numel_of = [&](int v) { return numel(trace.values[v].shape); };
+  if (!sym.rng_symbolic) {
+    for (size_t i = 0; i < trace.nodes.size(); ++i)
+      if (trace.nodes[i].rng_delta != sym.nodes[i].rng_delta) return false;
+    return trace.rng_consumed == sym.rng_consumed;
+  }
+  for (size_t i = 0; i < trace.nodes.size(); ++i)
+    if (is_random(trace.nodes[i]) &&
+        trace.nodes[i].rng_delta != rng_offset_before(sym, i, numel_of))
+      return false;
+  return trace.rng_consumed == rng_offset_before(sym, sym.nodes.size(), numel_of);
+}
+
 // Ops whose attrs.dims hold sizes (not dim indices or a permutation).
 bool dims_are_sizes(OpKind op) {
   return op == OpKind::View || op == OpKind::Expand || op == OpKind::LayerNorm ||
@@ -35,19 +95,93 @@ struct Explainer {
   const std::vector<Shape>& nsh;
   const std::vector<Shape>& osh;
   const std::vector<std::pair<int, int>>& dims;
-  // The symbolic int with new == f * new_size and old == f * old_size, if any.
+  // The symbolic int with new == f * new_size and old == f * old_size, if any; else with
+  // new == f * new_size * new_size2 and old likewise, for two changed sizes.
   bool operator()(int64_t nv, int64_t ov, SymInt& out) const {
+    auto changed = [&](std::pair<int, int> ad) {
+      int64_t ns = nsh[ad.first][ad.second], os = osh[ad.first][ad.second];
+      return ns != os && ns > 0 && os > 0;
+    };
+    auto fits = [&](int64_t ns, int64_t os) {
+      return nv % ns == 0 && ov % os == 0 && nv / ns == ov / os && nv / ns != 0;
+    };
     for (auto [a, d] : dims) {
-      int64_t ns = nsh[a][d], os = osh[a][d];
-      if (ns == os || ns <= 0 || os <= 0) continue;
-      if (nv % ns == 0 && ov % os == 0 && nv / ns == ov / os && nv / ns != 0) {
-        out = {a, d, nv / ns};
+      if (!changed({a, d}) || !fits(nsh[a][d], osh[a][d])) continue;
+      out = {a, d, nv / nsh[a][d]};
+      return true;
+    }
+    for (size_t i = 0; i < dims.size(); ++i)
+      for (size_t j = i + 1; j < dims.size(); ++j) {
+        auto [a, d] = dims[i];
+        auto [a2, d2] = dims[j];
+        if (dims[i] == dims[j] || !changed(dims[i]) || !changed(dims[j])) continue;
+        int64_t ns = nsh[a][d] * nsh[a2][d2], os = osh[a][d] * osh[a2][d2];
+        if (!fits(ns, os)) continue;
+        out = {a, d, nv / ns, a2, d2};
         return true;
       }
-    }
     return false;
   }
 };
+
+// A wrapped constant that follows a changed size in both traces: a multiple of it (a mean's
+// element count in its backward) or a number divided by it (mse_loss's 2/n).
+std::optional<SizeFormula> size_formula(const Scalar& nv, const Scalar& ov,
+                                        const Explainer& explain) {
+  if (nv.kind() != ov.kind() || nv.is_bool()) return std::nullopt;
+  double n = nv.to<double>(), o = ov.to<double>();
+  SizeFormula f;
+  auto integral = [](double x) {
+    return std::isfinite(x) && x == std::trunc(x) && std::fabs(x) < 0x1p53;
+  };
+  if (integral(n) && integral(o) && explain(int64_t(n), int64_t(o), f.sym)) return f;
+  if (!nv.is_floating() || n == 0 || o == 0 || !std::isfinite(n) || !std::isfinite(o))
+    return std::nullopt;
+  f.reciprocal = true;
+  for (auto [a, d] : explain.dims) {
+    int64_t ns = explain.nsh[a][d], os = explain.osh[a][d];
+    if (ns == os || ns <= 0 || os <= 0) continue;
+    f.sym = {a, d, 1};
+    f.numerator = n * double(ns);
+    if (same(size_value(f, ns, nv), nv) && same(size_value(f, os, ov), ov)) return f;
+  }
+  return std::nullopt;
+}
+
+int value_of_source(const Program& p, int source) {
+  for (size_t v = 0; v < p.values.size(); ++v)
+    if (p.values[v].source == source) return int(v);
+  return -1;
+}
+
+// Whether snapshot value `v` is only ever the destination of one fill_/copy_, which writes all
+// of it: its contents are never read (zeros/ones/full are an `empty` then fill_).
+bool overwritten_before_read(const Program& p, int v) {
+  int uses = 0;
+  bool written = false;
+  for (const Node& n : p.nodes)
+    for (size_t k = 0; k < n.in.size(); ++k) {
+      if (n.in[k] != v) continue;
+      ++uses;
+      written = k == 0 && n.kind == Node::Kind::Op && n.in_place &&
+                (n.op == OpKind::Fill || n.op == OpKind::CopyInto);
+    }
+  for (int o : p.outputs) uses += o == v;
+  return uses == 1 && written;
+}
+
+// (start, step) when `t` is a 1-D integer tensor start + i * step of at least 2 elements
+// (arange), else nothing.
+std::optional<std::pair<int64_t, int64_t>> ramp_of(const Tensor& t) {
+  if (!t.defined() || t.dim() != 1 || t.numel() < 2 || !is_integral(t.dtype()) ||
+      t.dtype() == DType::Bool)
+    return std::nullopt;
+  std::vector<int64_t> x = untraced([&] { return t.to(DType::Int64).to_vector<int64_t>(); });
+  int64_t step = x[1] - x[0];
+  for (size_t i = 2; i < x.size(); ++i)
+    if (x[i] - x[i - 1] != step) return std::nullopt;
+  return std::make_pair(x[0], step);
+}
 
 bool same_contents(const Tensor& a, const Tensor& b) {
   if (a.defined() != b.defined()) return false;
@@ -70,9 +204,11 @@ std::string same_structure(const Program& a, const Program& b) {
   for (size_t i = 0; i < a.nodes.size(); ++i) {
     const Node& n = a.nodes[i];
     const Node& o = b.nodes[i];
-    if (n.kind != o.kind || n.op != o.op || n.in != o.in || n.out != o.out ||
-        n.in_place != o.in_place || n.rng_delta != o.rng_delta)
-      return fmt::format("op #{} differs", i);
+    if (n.kind != o.kind || n.op != o.op)
+      return fmt::format("the traces ran different ops at #{}: {} vs {}", i, describe(n),
+                         describe(o));
+    if (n.in != o.in || n.out != o.out || n.in_place != o.in_place)
+      return fmt::format("op #{} ({}) used different values in the two traces", i, describe(n));
     if (n.kind == Node::Kind::Read) {
       if (!same(n.read_value, o.read_value)) return "a host read saw a different value";
       continue;
@@ -87,8 +223,10 @@ std::string same_structure(const Program& a, const Program& b) {
   for (size_t s = 0; s < a.sources.size(); ++s) {
     const Source& ns = a.sources[s];
     const Source& os = b.sources[s];
-    bool scalar_kinds = (ns.kind == SourceKind::Constant || ns.kind == SourceKind::ScalarArg) &&
-                        (os.kind == SourceKind::Constant || os.kind == SourceKind::ScalarArg);
+    auto scalar_kind = [](SourceKind k) {
+      return k == SourceKind::Constant || k == SourceKind::ScalarArg || k == SourceKind::SizeOf;
+    };
+    bool scalar_kinds = scalar_kind(ns.kind) && scalar_kind(os.kind);
     if (!scalar_kinds && (ns.kind != os.kind || ns.index != os.index))
       return "the traces' inputs differ";
     if (ns.kind == SourceKind::Captured &&
@@ -99,7 +237,6 @@ std::string same_structure(const Program& a, const Program& b) {
       a.grad_assignments != b.grad_assignments ||
       a.grad_undefined_at_call != b.grad_undefined_at_call || a.grad_reach != b.grad_reach ||
       a.args_sharing_captured != b.args_sharing_captured ||
-      a.rng_consumed != b.rng_consumed ||
       a.backward_begin != b.backward_begin || a.aliased_mutation != b.aliased_mutation ||
       a.output_constants.size() != b.output_constants.size())
     return "the traces' results differ";
@@ -110,6 +247,11 @@ std::string same_structure(const Program& a, const Program& b) {
 }
 
 }  // namespace
+
+Scalar size_value(const SizeFormula& f, int64_t n, const Scalar& traced) {
+  if (f.reciprocal) return Scalar(f.numerator / double(n));
+  return traced.is_floating() ? Scalar(double(n)) : Scalar(n);
+}
 
 std::string generalize(Program& nw, const Program& old, const std::vector<Shape>& new_shapes,
                        const std::vector<Shape>& old_shapes,
@@ -157,10 +299,30 @@ std::string generalize(Program& nw, const Program& old, const std::vector<Shape>
         !check(n.attrs.end, o.attrs.end, SymAttr::End, 0))
       return fmt::format("a bound of {} is not symbolic", op_name(n.op));
   }
+  if (std::string why = symbolic_rng(g, old); !why.empty()) return why;
   for (size_t s = 0; s < g.sources.size(); ++s) {
     Source& ns = g.sources[s];
     const Source& os = old.sources[s];
-    if (ns.kind == SourceKind::Snapshot) return "the function creates tensors from host data";
+    // A tensor made from host data (a scalar loss's backward seed, a mask from a vector) stays
+    // a snapshot if it did not change; conforms() checks it again for each new size set. The
+    // inside of zeros()/ones() and arange's ramp follow the sizes.
+    if (ns.kind == SourceKind::Snapshot) {
+      if (same_contents(ns.snapshot, os.snapshot)) continue;
+      int v = value_of_source(g, int(s));
+      if (v >= 0 && overwritten_before_read(g, v)) {
+        ns.overwritten = true;
+        continue;
+      }
+      auto nr = ramp_of(ns.snapshot), orr = ramp_of(os.snapshot);
+      if (v >= 0 && nr && nr == orr && g.values[v].sym[0].arg >= 0) {
+        ns.ramp = true;
+        std::tie(ns.ramp_start, ns.ramp_step) = *nr;
+        continue;
+      }
+      return fmt::format("a tensor the function creates from host data ({} {}) differs between "
+                         "the sizes and is neither an arange nor overwritten by fill_/copy_",
+                         name(ns.snapshot.dtype()), to_string(ns.snapshot.shape()));
+    }
     if (ns.kind != SourceKind::Constant || same(ns.scalar, os.scalar)) continue;
     bool found = false;
     for (int a : scalars)
@@ -172,8 +334,14 @@ std::string generalize(Program& nw, const Program& old, const std::vector<Shape>
         break;
       }
     if (!found)
-      return fmt::format("a constant ({} vs {}) is not a host-scalar argument", ns.scalar.str(),
-                         os.scalar.str());
+      if (std::optional<SizeFormula> f = size_formula(ns.scalar, os.scalar, explain)) {
+        ns.kind = SourceKind::SizeOf;
+        ns.size = *f;
+        found = true;
+      }
+    if (!found)
+      return fmt::format("a constant ({} vs {}) is neither a host-scalar argument nor a multiple "
+                         "or reciprocal of a changed size", ns.scalar.str(), os.scalar.str());
   }
   nw = std::move(g);
   return {};
@@ -183,9 +351,13 @@ std::string conforms(const Program& trace, const Program& sym, const std::vector
                      const std::vector<Scalar>& scalars) {
   if (std::string why = same_structure(trace, sym); !why.empty()) return why;
   auto at = [&](const SymInt& s) -> std::optional<int64_t> {
-    if (s.arg < 0 || s.arg >= int(shapes.size()) || s.dim >= shapes[s.arg].size())
-      return std::nullopt;
-    return s.factor * shapes[s.arg][s.dim];
+    auto size = [&](int a, int d) -> std::optional<int64_t> {
+      if (a < 0 || a >= int(shapes.size()) || d >= shapes[a].size()) return std::nullopt;
+      return shapes[a][d];
+    };
+    std::optional<int64_t> x = size(s.arg, s.dim), y = s.arg2 < 0 ? 1 : size(s.arg2, s.dim2);
+    if (!x || !y) return std::nullopt;
+    return s.factor * *x * *y;
   };
   // Symbolic dims must follow their formulas; static ones are re-inferred and checked by the
   // replay itself (a marked dim traced at size 1 leaves broadcast results static).
@@ -216,18 +388,27 @@ std::string conforms(const Program& trace, const Program& sym, const std::vector
       return fmt::format("a size or bound of op #{} ({}) at {}:{} is not what the symbolic trace "
                          "gives", i, op_name(tn.op), tn.loc.file_name(), tn.loc.line());
   }
+  if (!rng_conforms(trace, sym))
+    return "the random ops drew at other generator offsets than the symbolic trace gives";
   for (size_t s = 0; s < trace.sources.size(); ++s) {
     const Source& ts = trace.sources[s];
     const Source& ss = sym.sources[s];
     if (ss.kind == SourceKind::ScalarArg) {
       if (ss.index >= int(scalars.size()) || !same(ts.scalar, scalars[ss.index]))
         return "a constant is no longer the host-scalar argument";
+    } else if (ss.kind == SourceKind::SizeOf) {
+      std::optional<int64_t> n = at(ss.size.sym);
+      if (!n || ts.kind != SourceKind::Constant ||
+          !same(ts.scalar, size_value(ss.size, *n, ts.scalar)))
+        return fmt::format("a constant ({}) does not follow the size it followed in the symbolic "
+                           "trace", ts.scalar.str());
     } else if (ts.kind == SourceKind::Constant) {
       if (ss.kind != SourceKind::Constant || !same(ts.scalar, ss.scalar))
         return fmt::format("a constant changed ({} vs {})", ts.scalar.str(), ss.scalar.str());
-    } else if (ts.kind == SourceKind::Snapshot) {
-      if (!same_contents(ts.snapshot, ss.snapshot))
-        return "a tensor the function created from host data changed";
+    } else if (ts.kind == SourceKind::Snapshot && !ss.overwritten) {
+      bool same = ss.ramp ? ramp_of(ts.snapshot) == std::make_pair(ss.ramp_start, ss.ramp_step)
+                          : same_contents(ts.snapshot, ss.snapshot);
+      if (!same) return "a tensor the function created from host data changed";
     }
   }
   return {};

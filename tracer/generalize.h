@@ -4,10 +4,14 @@
 /// When a call misses only because of sizes (or host-scalar values), the function is traced
 /// again and the new trace is compared with the old one, op by op. Every integer that differs
 /// (a dim of a value, a view's target shape, a slice bound) must be the same multiple of one of
-/// the changed argument dims in both traces; every wrapped constant that differs must equal a
-/// changed host-scalar argument in both. Then those become symbolic (SymInt / ScalarArg) and the
-/// new specialisation serves every size. Anything else that differs (another op, a host value
-/// computed from a size, a read value) keeps the specialisation static.
+/// the changed argument dims, or of the product of two, in both traces; every wrapped constant
+/// that differs must equal a changed host-scalar argument in both, or be such a multiple, or a
+/// number over a changed dim (SizeOf); a tensor made from host data must be unchanged, an
+/// `empty` that fill_/copy_ overwrites, or an integer arange; random ops' generator offsets
+/// must follow their sizes. Then those become symbolic (SymInt / ScalarArg / SizeOf / sized
+/// snapshots / Node::rng_draws) and the new specialisation serves every size. Anything else
+/// that differs (another op, a host value computed otherwise from a size, a read value) keeps
+/// the specialisation static.
 #include <string>
 #include <utility>
 #include <vector>

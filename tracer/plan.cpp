@@ -10,6 +10,7 @@
 #include "codegen/codegen.h"
 #include "eager/autograd.h"
 #include "eager/dispatch.h"
+#include "eager/factories.h"
 #include "eager/view.h"
 #include "ir/graph.h"
 #include "tracer/recorder.h"
@@ -55,9 +56,20 @@ const Tensor& RunState::value(const Program& p, int v) {
       slot = g;
       break;
     }
-    case SourceKind::Snapshot:
-      slot = in_place ? untraced([&] { return s.snapshot.clone(); }) : s.snapshot;
+    case SourceKind::Snapshot: {
+      const ValueInfo& vi = p.values[v];
+      if (s.overwritten)
+        slot = untraced([&] { return empty(shape_of(vi), {vi.dtype, vi.device}); });
+      else if (s.ramp)
+        slot = untraced([&] {
+          int64_t n = shape_of(vi)[0];
+          return arange(s.ramp_start, s.ramp_start + n * s.ramp_step, s.ramp_step,
+                        {vi.dtype, vi.device});
+        });
+      else
+        slot = in_place ? untraced([&] { return s.snapshot.clone(); }) : s.snapshot;
       break;
+    }
     case SourceKind::HostInput: {
       std::optional<Scalar> now = s.host();
       if (!now) throw GuardFailure{"the host value the function reads at run time is gone", true};
@@ -66,10 +78,25 @@ const Tensor& RunState::value(const Program& p, int v) {
       slot = dispatch::wrap_scalar(*now);
       break;
     }
+    case SourceKind::SizeOf:
+      slot = dispatch::wrap_scalar(size_value(s.size, eval(s.size.sym), s.scalar));
+      break;
     case SourceKind::GradOutput:
       KILN_CHECK(false, "compile", Loc::current(), "internal error: missing incoming gradient");
   }
   return slot;
+}
+
+Shape RunState::shape_of(const ValueInfo& v) const {
+  Shape out = v.shape;
+  for (int d = 0; d < int(v.sym.size()) && d < out.size(); ++d)
+    if (v.sym[d].arg >= 0) out[d] = eval(v.sym[d]);
+  return out;
+}
+
+uint64_t RunState::rng_offset(const Program& p, size_t node) const {
+  if (!p.rng_symbolic) return node < p.nodes.size() ? p.nodes[node].rng_delta : p.rng_consumed;
+  return rng_offset_before(p, node, [&](int v) { return numel(shape_of(p.values[v])); });
 }
 
 // ------------------------------------ steps ------------------------------------
@@ -77,7 +104,7 @@ const Tensor& RunState::value(const Program& p, int v) {
 namespace {
 
 // Ops whose attributes hold sizes or counters that the region's MLIR would bake in.
-OpAttrs resolved_attrs(const Node& n, const RunState& st) {
+OpAttrs resolved_attrs(const Program& p, const Node& n, const RunState& st) {
   OpAttrs a = n.attrs;
   for (const SymAttr& s : n.sym_attrs) {
     int64_t v = st.eval(s.sym);
@@ -89,7 +116,7 @@ OpAttrs resolved_attrs(const Node& n, const RunState& st) {
   }
   if (op_info(n.op).category == OpCategory::Random) {
     a.seed = st.rng.seed;
-    a.offset = st.rng.offset + n.rng_delta;
+    a.offset = st.rng.offset + st.rng_offset(p, static_cast<size_t>(&n - p.nodes.data()));
   }
   return a;
 }
@@ -124,7 +151,7 @@ bool has_symbolic(const ValueInfo& v) {
 bool same_symbols(const ValueInfo& a, const ValueInfo& b) {
   for (size_t i = 0; i < std::max(a.sym.size(), b.sym.size()); ++i) {
     SymInt x = i < a.sym.size() ? a.sym[i] : SymInt{}, y = i < b.sym.size() ? b.sym[i] : SymInt{};
-    if (x.arg != y.arg || (x.arg >= 0 && (x.dim != y.dim || x.factor != y.factor))) return false;
+    if (x.arg != y.arg || (x.arg >= 0 && !(x == y))) return false;
   }
   return true;
 }
@@ -540,7 +567,7 @@ namespace {
 void run_op_node(const Program& p, const Node& n, RunState& st) {
   std::vector<Tensor> ins;
   for (int v : n.in) ins.push_back(v >= 0 ? st.value(p, v) : Tensor());
-  OpAttrs attrs = resolved_attrs(n, st);
+  OpAttrs attrs = resolved_attrs(p, n, st);
   // A value can have another layout than while tracing (compiled regions return contiguous
   // tensors where eager returned views, and the other way round): a functional `view` of a
   // strided value its strides cannot express copies first, as reshape does, instead of failing

@@ -42,8 +42,17 @@ struct RunState {
 
   /// The tensor of value v, materialising sources on first use.
   const Tensor& value(const Program& p, int v);
-  /// Size of dim `dim` of tensor argument `arg`, times `factor` (symbolic ints).
-  int64_t eval(const SymInt& s) const { return s.factor * args[s.arg].shape()[s.dim]; }
+  /// Size of dim `dim` of tensor argument `arg`, times `factor`, times the size of dim `dim2`
+  /// of argument `arg2` when there is one (symbolic ints).
+  int64_t eval(const SymInt& s) const {
+    int64_t v = s.factor * args[s.arg].shape()[s.dim];
+    return s.arg2 < 0 ? v : v * args[s.arg2].shape()[s.dim2];
+  }
+  /// The shape of a value at this run's sizes (its symbolic dims evaluated).
+  Shape shape_of(const ValueInfo& v) const;
+  /// Generator offset, from the call's start, that random node `node` of `p` draws at (all
+  /// nodes: what the call consumes).
+  uint64_t rng_offset(const Program& p, size_t node) const;
 };
 
 struct PlanOptions {

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/meta.h"
+#include "core/philox.h"
 #include "eager/dispatch.h"
 
 namespace kiln::tracer {
@@ -26,6 +27,28 @@ enum class SourceKind : uint8_t {
   GradOutput,  ///< the incoming gradient of output `index` (backward programs)
   HostInput,   ///< a host number read by `host` on every call (dispatch::host_input: an
                ///< optimizer's lr), made a wrapped 0-d tensor; `scalar`: the traced value
+  SizeOf,      ///< a host number computed from a symbolic size (a mean's element count in its
+               ///< backward, a loss's 2/n): `size` evaluated by size_value(), a wrapped 0-d tensor
+};
+
+/// A dim or an attribute integer that follows a symbolic size: value = factor * size of
+/// (arg, dim) at run time, times the size of (arg2, dim2) when arg2 >= 0 (a batch times a
+/// sequence length: `x.reshape({B * T, V})`).
+struct SymInt {
+  int arg = -1, dim = 0;
+  int64_t factor = 1;
+  int arg2 = -1, dim2 = 0;
+  bool operator==(const SymInt&) const = default;
+};
+
+/// SourceKind::SizeOf: `sym` evaluated at run time, as the traced constant's kind (an integer or
+/// a float), or `numerator / sym` when `reciprocal`. Floats are formed by one correctly
+/// rounded division, as the C++ that made the traced constant did, so the value is exact
+/// whenever `numerator` is (conforms() confirms it for each new size set).
+struct SizeFormula {
+  SymInt sym;
+  bool reciprocal = false;
+  double numerator = 1;
 };
 
 struct Source {
@@ -35,15 +58,19 @@ struct Source {
   std::weak_ptr<TensorImpl> captured;
   bool requires_grad = false;  ///< Captured: guarded
   Tensor snapshot;
+  /// Snapshot made symbolic by generalize(), materialised at the run's sizes: `overwritten`
+  /// (an `empty` that fill_/copy_ writes whole before anything reads it: the inside of
+  /// zeros/ones/full), or `ramp` (arange: ramp_start + i * ramp_step along its one dim).
+  bool overwritten = false;
+  bool ramp = false;
+  int64_t ramp_start = 0, ramp_step = 1;
   HostReader host;  ///< HostInput
+  SizeFormula size;  ///< SizeOf
 };
 
-/// A dim or an attribute integer that follows a symbolic size: value = factor * size of
-/// (arg, dim) at run time.
-struct SymInt {
-  int arg = -1, dim = 0;
-  int64_t factor = 1;
-};
+/// A SizeOf source's value when its `sym` evaluates to `n` (factor times the size), of the same
+/// kind (integer or float) as the traced constant `traced`.
+Scalar size_value(const SizeFormula& f, int64_t n, const Scalar& traced);
 
 /// Where a symbolic integer sits in an op's attributes.
 struct SymAttr {
@@ -72,6 +99,10 @@ struct Node {
   bool in_place = false;
   /// Random ops: attrs.offset - the generator offset at the start of the call.
   uint64_t rng_delta = 0;
+  /// Random ops of a program with symbolic sizes (generalize()): 32-bit draws per element of
+  /// the output; the op's offset is then the blocks that earlier random ops drew at the
+  /// run's sizes (RunState::rng_offset), not rng_delta. 0: rng_delta holds.
+  int rng_draws = 0;
   std::vector<SymAttr> sym_attrs;
   Scalar read_value;  ///< Read: the value seen while tracing
   int64_t read_index = 0;  ///< Read: the element read (row-major), of a to_vector() say
@@ -119,6 +150,8 @@ struct Program {
   std::vector<std::vector<bool>> grad_reach;
   /// Generator offset consumed by one call (random ops).
   uint64_t rng_consumed = 0;
+  /// The random ops' offsets follow the sizes (Node::rng_draws), set by generalize().
+  bool rng_symbolic = false;
   /// A tensor was mutated while another view of its storage was in use: replay runs every
   /// op on eager kernels on the real tensors (exact aliasing), see plan.cpp.
   bool aliased_mutation = false;
@@ -137,6 +170,17 @@ struct Program {
     return static_cast<int>(values.size()) - 1;
   }
 };
+
+/// Generator blocks that the random nodes before node `end` of `p` draw (Node::rng_draws per
+/// element), when value v has numel_of(v) elements.
+template <class NumelOf>
+uint64_t rng_offset_before(const Program& p, size_t end, NumelOf numel_of) {
+  uint64_t offset = 0;
+  for (size_t i = 0; i < end && i < p.nodes.size(); ++i)
+    if (const Node& n = p.nodes[i]; n.rng_draws)
+      offset += philox::blocks(static_cast<uint64_t>(numel_of(n.out[0])) * n.rng_draws);
+  return offset;
+}
 
 /// The argument values of `p` whose tensor (`tensor_of(value id)`) shares memory with one of
 /// `captured` (tensors the function's traces captured; compared by their storage now, which

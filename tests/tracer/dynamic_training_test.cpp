@@ -1,0 +1,214 @@
+// Automatic dynamic shapes for whole training steps: host numbers computed from sizes (a mean's
+// 1/n, mse_loss's 2/n), tensors made inside the function (zeros, ones, arange, a backward's
+// seed), dropout's generator offsets, and sizes that are products of two changing sizes. Each
+// case runs the same function eagerly and compiled at several sizes and compares the values.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+
+#include "kiln/kiln.h"
+#include "tracer/util.h"
+
+using namespace kiln;
+using kiln::testing::contains;
+using kiln::testing::vec;
+
+namespace {
+
+// Largest |a - b| / max(|b|, 1e-3) over the elements.
+double max_rel(const Tensor& a, const Tensor& b) {
+  std::vector<float> x = vec(a), y = vec(b);
+  REQUIRE(x.size() == y.size());
+  double m = 0;
+  for (size_t i = 0; i < x.size(); ++i)
+    m = std::max(m, std::abs(double(x[i]) - y[i]) / std::max(std::abs(double(y[i])), 1e-3));
+  return m;
+}
+
+Tensor ramp(int64_t rows, int64_t cols, double scale) {
+  return sin(arange(rows * cols, Float32).view({rows, cols}) * scale);
+}
+
+}  // namespace
+
+TEST_CASE("compile: a host value equal to a size, or a number over it, follows the size",
+          "[compile][dynamic]") {
+  auto times_n = compile([](const Tensor& x) { return x * static_cast<double>(x.size(0)); });
+  auto two_over_n = compile([](const Tensor& x) { return x * (2.0 / double(x.size(0) * 3)); });
+  for (int64_t n : {2, 3, 4, 7, 3}) {
+    CHECK(vec(times_n(ones({n}))) == std::vector<float>(n, float(n)));
+    CHECK(vec(two_over_n(ones({n}))) == std::vector<float>(n, float(2.0 / double(n * 3))));
+  }
+  INFO(times_n.explain() << two_over_n.explain());
+  CHECK(times_n.compile_count() == 2);
+  CHECK(two_over_n.compile_count() == 2);
+}
+
+TEST_CASE("compile: a size-derived guess that a later size contradicts traces again",
+          "[compile][dynamic]") {
+  // 6 and 9 look like "the size"; 10 gives 9, which the symbolic trace would get wrong.
+  auto cf = compile([](const Tensor& x) { return x * static_cast<double>(x.size(0) / 3 * 3); });
+  for (int64_t n : {6, 9, 10, 12})
+    CHECK(vec(cf(ones({n}))) == std::vector<float>(n, float(n / 3 * 3)));
+  INFO(cf.explain());
+  CHECK(cf.compile_count() == 3);
+  CHECK(contains(cf.explain(), "does not follow the size it followed in the symbolic trace"));
+}
+
+TEST_CASE("compile: zeros, ones and arange made inside the function follow the sizes",
+          "[compile][dynamic]") {
+  auto f = [](const Tensor& x) {
+    int64_t n = x.size(0);
+    Tensor pos = arange(n, Int64).to(Float32).unsqueeze(1);  // 0, 1, ..., n-1
+    Tensor odd = arange(1, 2 * n, 2, {Int64}).to(Float32).unsqueeze(1);  // 1, 3, ..., 2n-1
+    return x * ones({n, 3}) + pos + odd * 10.0 + zeros({n, 3});
+  };
+  auto cf = compile(f);
+  for (int64_t n : {4, 6, 9, 5}) {
+    Tensor x = ramp(n, 3, 0.3);
+    Tensor want = f(x), got = cf(x);
+    REQUIRE(got.shape() == Shape{n, 3});
+    CHECK(vec(got) == vec(want));
+    // Row i is x + i + 10 (2i + 1): spot-check the last row against the formula.
+    CHECK(vec(got)[3 * (n - 1)] == Approx(vec(x)[3 * (n - 1)] + (n - 1) + 10.0 * (2 * n - 1)));
+  }
+  INFO(cf.explain());
+  CHECK(cf.compile_count() == 2);
+}
+
+TEST_CASE("compile: dropout at changing sizes draws eager's masks and leaves the generator "
+          "where eager does",
+          "[compile][dynamic]") {
+  auto f = [](const Tensor& x) { return dropout(x, 0.5) + dropout(x * 2.0, 0.25).sum({1}, true); };
+  auto cf = compile(f);
+  for (int64_t n : {8, 16, 13, 24, 5}) {
+    Tensor x = ramp(n, 6, 0.1) + 2.0;
+    manual_seed(n);
+    Tensor want = f(x);
+    Tensor next_eager = rand({4});
+    manual_seed(n);
+    Tensor got = cf(x);
+    Tensor next_compiled = rand({4});
+    CHECK(vec(got) == vec(want));
+    CHECK(vec(next_compiled) == vec(next_eager));
+  }
+  INFO(cf.explain());
+  CHECK(cf.compile_count() == 2);
+}
+
+TEST_CASE("compile: a reshape to batch * length follows both sizes", "[compile][dynamic]") {
+  auto f = [](const Tensor& x) {
+    int64_t b = x.size(0), t = x.size(1);
+    return (x.reshape({b * t, 4}) * 2.0).sum({1}).mean();
+  };
+  auto cf = compile(f);
+  for (auto [b, t] : std::vector<std::pair<int64_t, int64_t>>{
+           {4, 16}, {4, 24}, {3, 24}, {3, 8}, {5, 10}, {2, 7}, {6, 12}}) {
+    Tensor x = ramp(b * t, 4, 0.01).view({b, t, 4});
+    CHECK(max_rel(cf(x), f(x)) < 1e-6);
+  }
+  INFO(cf.explain());
+  // Sizes (4,16) then a new length, then a new batch: both dims symbolic from the fourth
+  // trace on; later sizes replay it.
+  CHECK(cf.compile_count() <= 4);
+}
+
+TEST_CASE("compile: an MLP training step with mse_loss compiles twice over many batch sizes",
+          "[compile][dynamic]") {
+  auto run = [](bool compiled) {
+    manual_seed(3);
+    auto model = std::make_shared<nn::Sequential>();
+    model->push_back(std::make_shared<nn::Linear>(5, 8));
+    model->push_back(std::make_shared<nn::ReLU>());
+    model->push_back(std::make_shared<nn::Linear>(8, 2));
+    nn::SGD opt(model->parameters(), {.lr = 0.05});
+    auto step = [&](const Tensor& x, const Tensor& y) {
+      opt.zero_grad();
+      Tensor loss = mse_loss(model->forward(x), y);
+      loss.backward();
+      opt.step();
+      return loss.detach();
+    };
+    auto cstep = compile(step);
+    std::vector<double> losses;
+    for (int64_t b : {8, 16, 24, 40, 12, 8, 33}) {
+      Tensor x = ramp(b, 5, 0.7), y = ramp(b, 2, 0.3);
+      losses.push_back((compiled ? cstep(x, y) : step(x, y)).item<double>());
+    }
+    if (compiled) {
+      INFO(cstep.explain());
+      CHECK(cstep.compile_count() == 2);
+    }
+    return std::make_pair(losses, vec(model->parameters()[0]));
+  };
+  auto [eager_losses, eager_w] = run(false);
+  auto [compiled_losses, compiled_w] = run(true);
+  for (size_t i = 0; i < eager_losses.size(); ++i)
+    CHECK(compiled_losses[i] == Approx(eager_losses[i]).epsilon(1e-5));
+  for (size_t i = 0; i < eager_w.size(); ++i)
+    CHECK(compiled_w[i] == Approx(eager_w[i]).epsilon(1e-5).margin(1e-7));
+}
+
+TEST_CASE("compile: a language-model step (positions, dropout, attention) compiles twice over "
+          "many sequence lengths",
+          "[compile][dynamic]") {
+  constexpr int64_t kVocab = 17, kDim = 8;
+  auto run = [](bool compiled) {
+    manual_seed(5);
+    nn::Embedding tok(kVocab, kDim), pos(32, kDim);
+    nn::TransformerEncoderLayer layer({.d_model = kDim, .nhead = 2, .dim_feedforward = 16,
+                                       .dropout = 0.2, .batch_first = true});
+    nn::Linear head(kDim, kVocab);
+    std::vector<Tensor> params;
+    for (nn::Module* m : std::initializer_list<nn::Module*>{&tok, &pos, &layer, &head})
+      for (const Tensor& p : m->parameters()) params.push_back(p);
+    nn::AdamW opt(params, {.lr = 1e-2});
+    auto step = [&](const Tensor& x, const Tensor& y) {
+      opt.zero_grad();
+      int64_t b = x.size(0), t = x.size(1);
+      Tensor h = tok(x) + pos(arange(t, Int64));
+      h = layer.forward(h, nn::causal_mask(t), Tensor());
+      Tensor loss = cross_entropy(head(h).reshape({b * t, kVocab}), y.reshape({b * t}));
+      loss.backward();
+      opt.step();
+      return loss.detach();
+    };
+    auto cstep = compile(step);
+    std::vector<double> losses;
+    int s = 0;
+    for (int64_t t : {6, 9, 12, 7, 16, 10, 6}) {
+      Tensor x = remainder(arange(3 * t, Int64) * 5 + s, kVocab).view({3, t});
+      Tensor y = remainder(x * 3 + 1, kVocab);
+      manual_seed(100 + s++);
+      losses.push_back((compiled ? cstep(x, y) : step(x, y)).item<double>());
+    }
+    if (compiled) {
+      INFO(cstep.explain());
+      CHECK(cstep.compile_count() == 2);
+    }
+    return losses;
+  };
+  std::vector<double> eager = run(false), compiled = run(true);
+  REQUIRE(eager.size() == compiled.size());
+  for (size_t i = 0; i < eager.size(); ++i) CHECK(compiled[i] == Approx(eager[i]).epsilon(1e-5));
+  CHECK(eager.back() < eager.front());  // it trains
+}
+
+TEST_CASE("compile: a tensor made from host data that changes with the size, or a fill value "
+          "computed from it, keeps one specialisation per size",
+          "[compile][dynamic]") {
+  auto from_host = compile([](const Tensor& x) {
+    int64_t n = x.size(0);
+    return x + from_vector(std::vector<float>(n, float(n)), {n});
+  });
+  auto filled =
+      compile([](const Tensor& x) { return x + full({x.size(0)}, double(x.size(0) + 1)); });
+  for (int64_t n : {3, 5, 7, 5}) {
+    CHECK(vec(from_host(ones({n}))) == std::vector<float>(n, float(n + 1)));
+    CHECK(vec(filled(ones({n}))) == std::vector<float>(n, float(n + 2)));
+  }
+  INFO(from_host.explain() << filled.explain());
+  CHECK(from_host.compile_count() == 3);
+  CHECK(filled.compile_count() == 3);
+  CHECK(contains(from_host.explain(), "is neither an arange nor overwritten by fill_/copy_"));
+}
