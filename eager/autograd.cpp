@@ -110,6 +110,15 @@ Node::~Node() {
   }
 }
 
+// A .grad's own copy of an incoming gradient (as PyTorch): the gradient may be the caller's
+// tensor, another .grad's, or flow on unchanged to other nodes. Under create_graph (grad mode
+// on during backward) the copy is recorded, so the .grad keeps its history.
+namespace {
+Tensor private_grad_copy(const Tensor& g) {
+  return is_grad_enabled() ? g.clone() : g.detach().clone();
+}
+}  // namespace
+
 std::vector<Tensor> AccumulateGrad::apply(std::vector<Tensor>&& grads) {
   auto impl = leaf_.lock();
   if (!impl || !grads[0].defined()) return {};
@@ -119,9 +128,7 @@ std::vector<Tensor> AccumulateGrad::apply(std::vector<Tensor>&& grads) {
   Tensor g = grads[0];
   if (!m.grad.defined()) {
     if (auto* hook = dispatch::tracer_hook()) hook->on_grad_found_undefined(leaf);
-    // A private copy (as PyTorch): g may be the caller's gradient or another .grad's tensor.
-    // With create_graph the copy is recorded, so the .grad keeps its history.
-    m.grad = is_grad_enabled() ? g.clone() : (g.impl()->autograd ? g.detach().clone() : g.clone());
+    m.grad = private_grad_copy(g);
   } else if (is_grad_enabled()) {
     m.grad = add(m.grad, g);
   } else {
@@ -555,10 +562,7 @@ std::vector<Tensor> run_backward(const std::vector<Edge>& roots, const std::vect
       for (auto& [nr, weak] : node->retained)
         if (auto impl = weak.lock(); impl && grads[nr].defined()) {
           Meta& m = ensure_meta(Tensor(impl));
-          // A copy: grads[nr] may be the caller's gradient or flow on unchanged to other nodes.
-          const Tensor& g = grads[nr];
-          m.grad = m.grad.defined() ? add(m.grad, g)
-                                    : (create_graph ? g.clone() : g.detach().clone());
+          m.grad = m.grad.defined() ? add(m.grad, grads[nr]) : private_grad_copy(grads[nr]);
         }
       std::vector<Tensor> next;
       bool run = capture.empty() ||

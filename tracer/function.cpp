@@ -688,8 +688,10 @@ bool log_enabled(std::string_view topic) {
 
 // Tensors the function created (op results, tensors made from host data) that nothing the
 // tracer knows of should hold once the recording is dropped: not outputs, not arguments or
-// captured tensors written in place, not .grad of leaves. Skipped when outputs carry eager
-// autograd history (the eager graph then holds intermediates).
+// captured tensors written in place, not .grad of leaves, not other handles on an argument's
+// or captured tensor's memory (a parameter written through its state_dict() entry or
+// detach(): the write-back reaches them). Skipped when outputs carry eager autograd history
+// (the eager graph then holds intermediates).
 void escape_candidates(const Recorder& rec, const Program& p, const std::vector<OutValue>& outs,
                        std::vector<std::pair<std::weak_ptr<TensorImpl>, int>>& out) {
   for (const OutValue& o : outs)
@@ -698,9 +700,13 @@ void escape_candidates(const Recorder& rec, const Program& p, const std::vector<
   for (const OutValue& o : outs)
     if (o.is_tensor && o.tensor.defined())  // an output view holds its base alive: known too
       for (const TensorImpl* t = o.tensor.impl(); t; t = t->base.get()) known.insert(t);
+  std::unordered_set<const StorageImpl*> host_memory;
   for (size_t v = 0; v < p.values.size(); ++v) {
     int s = p.values[v].source;
     if (s >= 0 && p.sources[s].kind != SourceKind::Snapshot) known.insert(rec.tensor(v).impl());
+    if (s >= 0 &&
+        (p.sources[s].kind == SourceKind::Arg || p.sources[s].kind == SourceKind::Captured))
+      host_memory.insert(rec.tensor(v).storage().get());
   }
   for (auto& [leaf, g] : p.grad_assignments)
     if (g >= 0) known.insert(rec.tensor(g).impl());
@@ -709,7 +715,9 @@ void escape_candidates(const Recorder& rec, const Program& p, const std::vector<
     int s = p.values[v].source;
     if (s >= 0 && p.sources[s].kind != SourceKind::Snapshot) continue;
     const Tensor& t = rec.tensor(v);
-    if (t.impl()->wrapped_number || known.count(t.impl()) || !seen.insert(t.impl()).second) continue;
+    if (t.impl()->wrapped_number || known.count(t.impl()) || !seen.insert(t.impl()).second ||
+        host_memory.count(t.storage().get()))
+      continue;
     out.push_back({t.impl_ptr(), static_cast<int>(v)});
   }
 }

@@ -388,3 +388,39 @@ TEST_CASE("compile: state that alternates between calls keeps one entry per stat
   CHECK(f.compile_count() == 2);
   CHECK(contains(f.explain(), "2 cache entries"));
 }
+
+TEST_CASE("compile: a parameter written through another handle on its memory is cached",
+          "[compile][alias]") {
+  // The state_dict() entry is a detached alias of lin.weight (as in PyTorch); the step writes
+  // through it. It used to re-trace every call ("a tensor it created outlives the call").
+  auto run = [](bool compiled) {
+    manual_seed(2);
+    nn::Linear lin(3, 2);
+    Tensor w = lin.state_dict()[0].second;  // "weight"
+    Tensor b = lin.bias.detach();
+    auto step = [&](const Tensor& x) {
+      Tensor y = pow(lin.forward(x), 2).sum();
+      lin.zero_grad();
+      y.backward();
+      NoGradGuard ng;
+      w -= lin.weight.grad() * 0.1;
+      b -= lin.bias.grad() * 0.1;
+      return y.detach();
+    };
+    auto cstep = compile(step);
+    std::vector<float> losses;
+    for (int i = 0; i < 4; ++i) {
+      Tensor x = arange(6, Float32).view({2, 3}) * (0.1 * (i + 1));
+      losses.push_back((compiled ? cstep(x) : step(x)).item<float>());
+    }
+    if (compiled) CHECK(cstep.compile_count() == 1);
+    CHECK(vec(w) == vec(lin.weight));  // the alias and the parameter are one memory
+    return std::make_pair(losses, vec(lin.weight));
+  };
+  auto [eager_losses, eager_w] = run(false);
+  auto [compiled_losses, compiled_w] = run(true);
+  for (size_t i = 0; i < eager_losses.size(); ++i)
+    CHECK(compiled_losses[i] == Approx(eager_losses[i]).epsilon(1e-6));
+  for (size_t i = 0; i < eager_w.size(); ++i) CHECK(compiled_w[i] == Approx(eager_w[i]));
+  CHECK(eager_losses[1] != eager_losses[0]);
+}
