@@ -109,12 +109,13 @@ Tensor linspace(double start, double end, int64_t steps, TensorOptions opts, Loc
 Tensor eye(int64_t n, int64_t m, TensorOptions opts, Loc loc) {
   if (m < 0) m = n;
   KILN_CHECK(n >= 0, "eye", loc, "n must be non-negative, got {}", n);
-  Tensor out = zeros({n, m}, {float_or(opts)}, loc);
-  KILN_DISPATCH_ALL(out.dtype(), T, {
-    T* p = out.data<T>();
-    for (int64_t i = 0; i < std::min(n, m); ++i) p[i * m + i] = T(1);
+  // Dispatched ops, not writes through data(): inside compile() the tracer does not see such
+  // writes, so a replay lost the diagonal; arange's ramps also follow symbolic sizes.
+  return as_op("eye", [&] {
+    Tensor rows = arange(n, {DType::Int64}, loc).unsqueeze(1, loc);
+    Tensor cols = arange(m, {DType::Int64}, loc).unsqueeze(0, loc);
+    return on_device(eq(rows, cols, loc).to(float_or(opts), loc), opts, loc);
   });
-  return on_device(out, opts, loc);
 }
 
 Tensor rand(const Shape& shape, TensorOptions opts, Loc loc) {

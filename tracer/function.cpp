@@ -44,6 +44,8 @@ constexpr size_t kMaxHostReads = 256;
 struct MissingBranch {
   Scalar value;
 };
+// Internal: a symbolic entry's replay reached a branch no trace confirmed for these sizes.
+struct UncheckedBranch {};
 
 bool same_scalar(const Scalar& a, const Scalar& b) {
   if (a.kind() != b.kind()) return false;
@@ -184,6 +186,10 @@ struct Segment {
   bool leaf = false;
   std::unique_ptr<Plan> plan;
   std::vector<std::pair<Scalar, std::unique_ptr<Segment>>> children;
+  // Symbolic entries: size sets (sizes_key) a trace took this branch at. A trace confirms only
+  // the branches it takes; another branch, traced at other sizes, may hold a size-derived
+  // constant of those sizes.
+  std::vector<std::vector<int64_t>> checked_sizes;
   // Leaf only: the traced backward.
   std::shared_ptr<Plan> backward;
   std::vector<int> saved;  // values the backward reads from the forward
@@ -632,6 +638,9 @@ std::vector<OutValue> CompiledFunction::call(const std::vector<ArgValue>& given,
           missing_branch = true;
           entry = e;
           break;
+        } catch (const UncheckedBranch&) {
+          entry = e, unchecked = true;
+          break;
         } catch (const GuardFailure& g) {
           miss_reason = g.reason;
           if (g.permanent && !entry) entry = e;  // dropped by the trace
@@ -720,6 +729,27 @@ void escape_candidates(const Recorder& rec, const Program& p, const std::vector<
       continue;
     out.push_back({t.impl_ptr(), static_cast<int>(v)});
   }
+}
+
+// The segments a trace `t` took through the tree at `root` (root first); stops where `t`
+// takes a branch the tree lacks.
+std::vector<Segment*> path_of(Segment& root, const Program& t) {
+  std::vector<Segment*> path{&root};
+  while (!path.back()->leaf) {
+    size_t r = path.back()->end - 1;
+    if (r >= t.nodes.size() || t.nodes[r].kind != Node::Kind::Read) break;
+    Segment* c = path.back()->child(t.nodes[r].read_value);
+    if (!c) break;
+    path.push_back(c);
+  }
+  return path;
+}
+
+// Records that a trace at size set `key` took `t`'s path through `e` (symbolic entries).
+void confirm_path(Entry& e, const Program& t, const std::vector<int64_t>& key) {
+  if (!e.dynamic) return;
+  remember(e.checked_sizes, key);
+  for (Segment* s : path_of(*e.root, t)) remember(s->checked_sizes, key);
 }
 
 bool insert_branch(Segment& root, const std::shared_ptr<const Program>& p,
@@ -942,6 +972,7 @@ std::vector<OutValue> CompiledFunction::Impl::replay(Entry& e, const std::vector
     if (seg->leaf) break;
     Segment* c = seg->child(*read);
     if (!c) throw MissingBranch{*read};
+    if (e.dynamic && !contains(c->checked_sizes, sizes_key(e, args))) throw UncheckedBranch{};
     seg = c;
   }
   const Program& p = *seg->program;
@@ -1092,12 +1123,13 @@ std::vector<OutValue> CompiledFunction::Impl::trace(const std::vector<ArgValue>&
     std::string why = check_symbolic(*unchecked, *prog, args);
     std::vector<int64_t> key = sizes_key(*unchecked, args);
     if (why.empty()) {
-      remember(unchecked->checked_sizes, std::move(key));
+      confirm_path(*unchecked, *prog, key);
       ++size_checks;
       return outs;
     }
     if (why == kMissingBranch) {
       if (insert_branch(*unchecked->root, prog, options)) {
+        confirm_path(*unchecked, *prog, key);
         add_host_values(*unchecked, *prog);
         recompiles.push_back(fmt::format("trace #{}: new branch of specialisation #{}", ++traces,
                                          unchecked->id));
@@ -1114,7 +1146,7 @@ std::vector<OutValue> CompiledFunction::Impl::trace(const std::vector<ArgValue>&
       if (contains(e->refuted_sizes, k) || contains(e->checked_sizes, k)) continue;
       std::string other = check_symbolic(*e, *prog, args);
       if (other.empty()) {
-        remember(e->checked_sizes, std::move(k));
+        confirm_path(*e, *prog, k);
         ++size_checks;
         return outs;
       }
@@ -1194,6 +1226,7 @@ std::vector<OutValue> CompiledFunction::Impl::trace(const std::vector<ArgValue>&
   }
 
   if (missing_branch && insert_branch(*failed->root, prog, options)) {
+    confirm_path(*failed, *prog, sizes_key(*failed, args));
     add_host_values(*failed, *prog);
     recompiles.push_back(fmt::format("trace #{}: new branch: {}", n, reason));
     if (log_enabled("graph")) fmt::print(stderr, "kiln.compile: '{}' branch added\n", name);
@@ -1273,6 +1306,7 @@ std::vector<OutValue> CompiledFunction::Impl::trace(const std::vector<ArgValue>&
   e->reason = n == 1 ? "first call" : reason + how;
   if (n > 1) recompiles.push_back(fmt::format("trace #{}: {}{}", n, reason, how));
   e->root = make_chain(prog, 0, options);
+  confirm_path(*e, *prog, sizes_key(*e, args));  // the trace itself is at these sizes
   if (log_enabled("guards")) {
     std::string gs;
     for (size_t i = 0; i < e->guards.size(); ++i) gs += "  " + describe_guard(e->guards[i], i) + "\n";

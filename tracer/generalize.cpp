@@ -36,6 +36,32 @@ std::string describe(const Node& n) {
   return fmt::format("{} at {}:{}", what, n.loc.file_name(), n.loc.line());
 }
 
+// What made value `v`: "the result of matmul at model.cpp:12", "argument 0", ...
+std::string origin(const Program& p, int v) {
+  if (int s = p.values[v].source; s >= 0) {
+    switch (p.sources[s].kind) {
+      case SourceKind::Arg: return fmt::format("argument {}", p.sources[s].index);
+      case SourceKind::Captured: return "a captured tensor";
+      case SourceKind::Snapshot: return "a tensor made inside the function";
+      default: return "an input";
+    }
+  }
+  for (const Node& n : p.nodes)
+    if (std::find(n.out.begin(), n.out.end(), v) != n.out.end())
+      return "the result of " + describe(n);
+  return "an intermediate";
+}
+
+// The first op that reads source `s`'s value: "mul at model.cpp:12".
+std::string user_of_source(const Program& p, int s) {
+  for (size_t v = 0; v < p.values.size(); ++v) {
+    if (p.values[v].source != s) continue;
+    for (const Node& n : p.nodes)
+      if (std::find(n.in.begin(), n.in.end(), int(v)) != n.in.end()) return describe(n);
+  }
+  return "no op";
+}
+
 bool is_random(const Node& n) {
   return n.kind == Node::Kind::Op && op_info(n.op).category == OpCategory::Random;
 }
@@ -340,8 +366,9 @@ std::string generalize(Program& nw, const Program& old, const std::vector<Shape>
         found = true;
       }
     if (!found)
-      return fmt::format("a constant ({} vs {}) is neither a host-scalar argument nor a multiple "
-                         "or reciprocal of a changed size", ns.scalar.str(), os.scalar.str());
+      return fmt::format("a constant ({} vs {}), used by {}, is neither a host-scalar argument "
+                         "nor a multiple or reciprocal of a changed size", ns.scalar.str(),
+                         os.scalar.str(), user_of_source(g, int(s)));
   }
   nw = std::move(g);
   return {};
@@ -360,16 +387,19 @@ std::string conforms(const Program& trace, const Program& sym, const std::vector
     return s.factor * *x * *y;
   };
   // Symbolic dims must follow their formulas; static ones are re-inferred and checked by the
-  // replay itself (a marked dim traced at size 1 leaves broadcast results static).
+  // replay itself (a marked dim traced at size 1 leaves broadcast results static), except in
+  // tensors the replay allocates from the formulas (zeros/ones, arange): those must match too.
   for (size_t v = 0; v < trace.values.size(); ++v) {
     const ValueInfo& tv = trace.values[v];
     const ValueInfo& sv = sym.values[v];
+    const bool allocated = sv.source >= 0 && (sym.sources[sv.source].overwritten ||
+                                              sym.sources[sv.source].ramp);
     for (int d = 0; d < tv.shape.size() && d < int(sv.sym.size()); ++d) {
-      if (sv.sym[d].arg < 0) continue;
-      int64_t expected = at(sv.sym[d]).value_or(-1);
+      if (sv.sym[d].arg < 0 && !allocated) continue;
+      int64_t expected = sv.sym[d].arg < 0 ? sv.shape[d] : at(sv.sym[d]).value_or(-1);
       if (tv.shape[d] != expected)
-        return fmt::format("value %{} has size {} in dim {}, the symbolic trace gives {}", v,
-                           tv.shape[d], d, expected);
+        return fmt::format("value %{} ({}) has size {} in dim {}, the symbolic trace gives {}", v,
+                           origin(trace, int(v)), tv.shape[d], d, expected);
     }
   }
   for (size_t i = 0; i < trace.nodes.size(); ++i) {
@@ -400,15 +430,18 @@ std::string conforms(const Program& trace, const Program& sym, const std::vector
       std::optional<int64_t> n = at(ss.size.sym);
       if (!n || ts.kind != SourceKind::Constant ||
           !same(ts.scalar, size_value(ss.size, *n, ts.scalar)))
-        return fmt::format("a constant ({}) does not follow the size it followed in the symbolic "
-                           "trace", ts.scalar.str());
+        return fmt::format("a constant ({}), used by {}, does not follow the size it followed "
+                           "in the symbolic trace", ts.scalar.str(), user_of_source(trace, int(s)));
     } else if (ts.kind == SourceKind::Constant) {
       if (ss.kind != SourceKind::Constant || !same(ts.scalar, ss.scalar))
-        return fmt::format("a constant changed ({} vs {})", ts.scalar.str(), ss.scalar.str());
+        return fmt::format("a constant used by {} changed ({} vs {})",
+                           user_of_source(trace, int(s)), ts.scalar.str(), ss.scalar.str());
     } else if (ts.kind == SourceKind::Snapshot && !ss.overwritten) {
       bool same = ss.ramp ? ramp_of(ts.snapshot) == std::make_pair(ss.ramp_start, ss.ramp_step)
                           : same_contents(ts.snapshot, ss.snapshot);
-      if (!same) return "a tensor the function created from host data changed";
+      if (!same)
+        return fmt::format("a tensor the function created from host data, used by {}, changed",
+                           user_of_source(trace, int(s)));
     }
   }
   return {};

@@ -212,3 +212,60 @@ TEST_CASE("compile: a tensor made from host data that changes with the size, or 
   CHECK(filled.compile_count() == 3);
   CHECK(contains(from_host.explain(), "is neither an arange nor overwritten by fill_/copy_"));
 }
+
+TEST_CASE("compile: zeros/ones inside the function with a dim that stays fixed in two traces "
+          "but not in general",
+          "[compile][dynamic]") {
+  // min(n, 4) is 4 for n = 5 and 6; the tensor is allocated from the symbolic trace's shape,
+  // so a size set where it is 3 must not replay that trace.
+  auto f = [](const Tensor& x) {
+    int64_t n = x.size(0);
+    return (x + ones({n, std::min<int64_t>(n, 4)})).sum({1});
+  };
+  auto cf = compile(f);
+  for (int64_t n : {5, 6, 3, 3, 7, 3}) {
+    Tensor got = cf(ones({n, 1}));
+    REQUIRE(got.shape() == Shape{n});
+    CHECK(vec(got) == std::vector<float>(n, 2.0f * float(std::min<int64_t>(n, 4))));
+  }
+}
+
+TEST_CASE("compile: eye() inside the function keeps its diagonal on replays and follows sizes",
+          "[compile][dynamic]") {
+  auto cf = compile([](const Tensor& x) { return x + eye(x.size(0)) * 5.0; });
+  for (int64_t n : {3, 3, 4, 6, 4}) {
+    std::vector<float> got = vec(cf(zeros({n, n})));
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t j = 0; j < n; ++j) CHECK(got[i * n + j] == (i == j ? 5.0f : 0.0f));
+  }
+  CHECK(cf.compile_count() == 2);
+}
+
+TEST_CASE("compile: a branch traced at one size of a marked dynamic dim is confirmed at others",
+          "[compile][dynamic]") {
+  auto f = [](const Tensor& x) {
+    if ((x.sum() > 0.0).item<bool>()) return x * 3.0;
+    return x * static_cast<double>(x.size(0));
+  };
+  auto cf = compile(f, CompileOptions{}.mark_dynamic(0, 0));
+  for (int64_t n : {4, 4, 6, 6, 6, 9, 9}) {
+    for (double sign : {1.0, -1.0}) {
+      Tensor x = ones({n}) * sign;
+      CHECK(vec(cf(x)) == vec(f(x)));
+    }
+  }
+}
+
+TEST_CASE("compile: the sizes a symbolic entry was traced at replay without another trace",
+          "[compile][dynamic]") {
+  int runs = 0;  // calls of the function body: traces, not replays
+  auto cf = compile([&](const Tensor& x) {
+    ++runs;
+    return x * 2.0;
+  });
+  for (int64_t n : {4, 8, 8, 8}) CHECK(vec(cf(ones({n}))) == std::vector<float>(n, 2.0f));
+  CHECK(runs == 2);  // 4: first trace; 8: the symbolic trace, then replays
+  cf(ones({16}));    // a new size set: one confirming trace
+  cf(ones({16}));
+  CHECK(runs == 3);
+}
