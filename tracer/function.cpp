@@ -1152,6 +1152,10 @@ std::vector<OutValue> CompiledFunction::Impl::trace(const std::vector<ArgValue>&
       }
       if (other != kMissingBranch) remember(e->refuted_sizes, std::move(k));
     }
+    // This trace is generalised against the refuted entry, as after a size change: a
+    // mark_dynamic entry's formulas were guessed from one trace (a mean's count, zeros, a
+    // dropout offset are not marked), and a third trace can tell what two could not.
+    if (!base && unchecked->root->leaf && options.dynamic != Dynamic::Never) base = unchecked;
     reason = fmt::format("specialisation #{} (symbolic) does not hold for these sizes: {}",
                          unchecked->id, why);
     if (log_enabled("recompiles"))
@@ -1294,7 +1298,9 @@ std::vector<OutValue> CompiledFunction::Impl::trace(const std::vector<ArgValue>&
     } else {
       how = fmt::format("; not made symbolic: {}", why);
     }
-  } else if (!marked.empty()) {
+  }
+  if (!e->dynamic && !marked.empty()) {
+    if (base) how += "; the marked dims are symbolic";
     mark_symbolic(*prog, arg_shapes(*prog, args.size()), marked);
     duck_size(*e, marked, arg_shapes(*prog, args.size()), {});
     for (auto [a, d] : marked) {

@@ -150,26 +150,57 @@ struct Explainer {
   }
 };
 
-// A wrapped constant that follows a changed size in both traces: a multiple of it (a mean's
-// element count in its backward) or a number divided by it (mse_loss's 2/n).
+// A wrapped constant that follows a changed size in both traces: an affine function of it (a
+// mean's element count in its backward, std's N - correction) or a number divided by one
+// (mse_loss's 2/n, var's 2/(N - correction)). Two traces fit many formulas; the confirming
+// trace of each new size set refutes a wrong one (conforms()).
 std::optional<SizeFormula> size_formula(const Scalar& nv, const Scalar& ov,
                                         const Explainer& explain) {
   if (nv.kind() != ov.kind() || nv.is_bool()) return std::nullopt;
   double n = nv.to<double>(), o = ov.to<double>();
   SizeFormula f;
   auto integral = [](double x) {
-    return std::isfinite(x) && x == std::trunc(x) && std::fabs(x) < 0x1p53;
+    return std::isfinite(x) && x == std::trunc(x) && std::fabs(x) < 0x1p50;
   };
-  if (integral(n) && integral(o) && explain(int64_t(n), int64_t(o), f.sym)) return f;
-  if (!nv.is_floating() || n == 0 || o == 0 || !std::isfinite(n) || !std::isfinite(o))
+  auto fits = [&](int64_t ns, int64_t os) {
+    return same(size_value(f, f.sym.factor * ns, nv), nv) &&
+           same(size_value(f, f.sym.factor * os, ov), ov);
+  };
+  auto changed = [&](std::pair<int, int> ad) {
+    int64_t ns = explain.nsh[ad.first][ad.second], os = explain.osh[ad.first][ad.second];
+    return ns != os && ns > 0 && os > 0 ? std::optional(std::make_pair(ns, os)) : std::nullopt;
+  };
+  if (integral(n) && integral(o)) {
+    if (explain(int64_t(n), int64_t(o), f.sym)) return f;
+    for (auto ad : explain.dims) {  // factor * size + offset
+      auto sizes = changed(ad);
+      if (!sizes || (int64_t(n) - int64_t(o)) % (sizes->first - sizes->second) != 0) continue;
+      int64_t factor = (int64_t(n) - int64_t(o)) / (sizes->first - sizes->second);
+      if (factor == 0) continue;
+      f.sym = {ad.first, ad.second, factor};
+      f.offset = int64_t(n) - factor * sizes->first;
+      if (fits(sizes->first, sizes->second)) return f;
+    }
+    f = SizeFormula{};
+  }
+  if (!nv.is_floating() || n == 0 || o == 0 || n == o || !std::isfinite(n) || !std::isfinite(o))
     return std::nullopt;
   f.reciprocal = true;
-  for (auto [a, d] : explain.dims) {
-    int64_t ns = explain.nsh[a][d], os = explain.osh[a][d];
-    if (ns == os || ns <= 0 || os <= 0) continue;
-    f.sym = {a, d, 1};
-    f.numerator = n * double(ns);
-    if (same(size_value(f, ns, nv), nv) && same(size_value(f, os, ov), ov)) return f;
+  for (auto ad : explain.dims) {
+    auto sizes = changed(ad);
+    if (!sizes) continue;
+    auto [ns, os] = *sizes;
+    // numerator / (factor * size + offset): offset 0, or a small correction (var's N - 1),
+    // with the factor that n * (factor * ns + offset) == o * (factor * os + offset) gives.
+    for (int64_t offset : {0, -1, 1, -2, 2, -3, 3}) {
+      double factor = offset == 0 ? 1.0 : double(offset) * (o - n) / (n * ns - o * os);
+      if (!std::isfinite(factor) || std::round(factor) < 1 || std::fabs(factor) > 0x1p30)
+        continue;
+      f.sym = {ad.first, ad.second, int64_t(std::round(factor))};
+      f.offset = offset;
+      f.numerator = n * double(f.sym.factor * ns + offset);
+      if (fits(ns, os)) return f;
+    }
   }
   return std::nullopt;
 }
@@ -275,8 +306,8 @@ std::string same_structure(const Program& a, const Program& b) {
 }  // namespace
 
 Scalar size_value(const SizeFormula& f, int64_t n, const Scalar& traced) {
-  if (f.reciprocal) return Scalar(f.numerator / double(n));
-  return traced.is_floating() ? Scalar(double(n)) : Scalar(n);
+  if (f.reciprocal) return Scalar(f.numerator / double(n + f.offset));
+  return traced.is_floating() ? Scalar(double(n + f.offset)) : Scalar(n + f.offset);
 }
 
 std::string generalize(Program& nw, const Program& old, const std::vector<Shape>& new_shapes,

@@ -41,12 +41,13 @@ struct SymInt {
   bool operator==(const SymInt&) const = default;
 };
 
-/// SourceKind::SizeOf: `sym` evaluated at run time, as the traced constant's kind (an integer or
-/// a float), or `numerator / sym` when `reciprocal`. Floats are formed by one correctly
-/// rounded division, as the C++ that made the traced constant did, so the value is exact
-/// whenever `numerator` is (conforms() confirms it for each new size set).
+/// SourceKind::SizeOf: `sym + offset` evaluated at run time, as the traced constant's kind (an
+/// integer or a float), or `numerator / (sym + offset)` when `reciprocal`. Floats are formed
+/// by one correctly rounded division, as the C++ that made the traced constant did, so the
+/// value is exact whenever `numerator` is (conforms() confirms it for each new size set).
 struct SizeFormula {
   SymInt sym;
+  int64_t offset = 0;
   bool reciprocal = false;
   double numerator = 1;
 };

@@ -269,3 +269,43 @@ TEST_CASE("compile: the sizes a symbolic entry was traced at replay without anot
   cf(ones({16}));
   CHECK(runs == 3);
 }
+
+TEST_CASE("compile: var's and std's N - correction in their backward follow the batch size",
+          "[compile][dynamic]") {
+  // The backward holds 2 / (N - 1) (var) and N - 1 (std) as host numbers: an affine function of
+  // the size, and a number over one.
+  Tensor w = (arange(4, Float32) * 0.25 + 0.5).requires_grad_();
+  auto f = [&](const Tensor& x) {
+    Tensor h = x * w;
+    Tensor loss = var(h, {0}).sum() + kiln::std(h, {0}, 2).sum() + var(h) * 0.5;
+    w.set_grad(Tensor());
+    loss.backward();
+    return w.grad().clone();
+  };
+  auto cf = compile(f);
+  for (int64_t n : {5, 8, 11, 6, 17}) {
+    Tensor x = ramp(n, 4, 0.37);
+    CHECK(max_rel(cf(x), f(x)) < 1e-5);
+  }
+  INFO(cf.explain());
+  CHECK(cf.compile_count() == 2);
+}
+
+TEST_CASE("compile: a mark_dynamic entry that a size refutes is generalised from the third trace",
+          "[compile][dynamic]") {
+  // mark_dynamic guesses from one trace; the mean's count in the backward is not a marked size,
+  // so the first new size refutes it and the traces are then compared as after a size change.
+  Tensor w = ones({3}).requires_grad_();
+  auto f = [&](const Tensor& x) {
+    w.set_grad(Tensor());
+    mean(x * w).backward();
+    return w.grad().clone();
+  };
+  auto cf = compile(f, CompileOptions{}.mark_dynamic(0, 0));
+  for (int64_t n = 4; n <= 13; ++n) {
+    Tensor x = ramp(n, 3, 0.5);
+    CHECK(max_rel(cf(x), f(x)) < 1e-6);
+  }
+  INFO(cf.explain());
+  CHECK(cf.compile_count() == 2);
+}
