@@ -783,13 +783,20 @@ constexpr std::string_view kMissingBranch = "no branch traced for a host value";
 // Empty when trace `t` of the call is what symbolic entry `e` computes for its sizes.
 std::string check_symbolic(const Entry& e, const Program& t, const std::vector<ArgValue>& args) {
   const Segment* seg = e.root.get();
+  std::vector<const Program*> programs{seg->program.get()};
   while (!seg->leaf) {
     size_t r = seg->end - 1;
     if (r >= t.nodes.size() || t.nodes[r].kind != Node::Kind::Read)
       return "the trace has no host read where the specialisation has one";
     seg = seg->child(t.nodes[r].read_value);
     if (!seg) return std::string(kMissingBranch);
+    programs.push_back(seg->program.get());
   }
+  // conforms() compares the trace with the leaf's program; segments before it replay their
+  // own program's ops, which a branch inserted from another trace does not share.
+  for (const Program* p : programs)
+    if (p != seg->program.get())
+      return "its branches were traced at other sizes, which this trace cannot vouch for";
   std::vector<Scalar> scalars(args.size());
   for (size_t i = 0; i < args.size(); ++i)
     if (args[i].kind == ArgValue::Kind::Scalar) scalars[i] = args[i].scalar;
@@ -1069,12 +1076,16 @@ std::vector<OutValue> CompiledFunction::Impl::trace(const std::vector<ArgValue>&
   const Entry* base = nullptr;
   std::vector<std::pair<int, int>> changed_dims;
   std::vector<int> changed_scalars;
+  // The entry to compare with: the one whose sizes differ from this call's in the most dims
+  // (dims that change one at a time then become symbolic together), the most recent first.
   if (options.dynamic == Dynamic::Auto && !missing_branch)
-    for (auto it = entries.rbegin(); it != entries.rend(); ++it) {  // the most recent first
-      changed_dims.clear(), changed_scalars.clear();
-      if ((*it)->root->leaf && only_sizes_differ(**it, args, changed_dims, changed_scalars)) {
+    for (auto it = entries.rbegin(); it != entries.rend(); ++it) {
+      std::vector<std::pair<int, int>> dims;
+      std::vector<int> scalars;
+      if ((*it)->root->leaf && only_sizes_differ(**it, args, dims, scalars) &&
+          (!base || dims.size() + scalars.size() > changed_dims.size() + changed_scalars.size())) {
         base = it->get();
-        break;
+        changed_dims = std::move(dims), changed_scalars = std::move(scalars);
       }
     }
 
@@ -1127,15 +1138,8 @@ std::vector<OutValue> CompiledFunction::Impl::trace(const std::vector<ArgValue>&
       ++size_checks;
       return outs;
     }
-    if (why == kMissingBranch) {
-      if (insert_branch(*unchecked->root, prog, options)) {
-        confirm_path(*unchecked, *prog, key);
-        add_host_values(*unchecked, *prog);
-        recompiles.push_back(fmt::format("trace #{}: new branch of specialisation #{}", ++traces,
-                                         unchecked->id));
-      }
-      return outs;
-    }
+    // A branch the tree lacks is not inserted: nothing checked the tree's prefix, traced at
+    // other sizes, against this trace; the sizes get an entry of their own.
     remember(unchecked->refuted_sizes, std::move(key));
     // A later symbolic entry whose guards pass may hold instead: two traces in which only the
     // length changed give `batch * length` as a multiple of the length, and the entry inferred

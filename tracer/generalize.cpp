@@ -417,16 +417,18 @@ std::string conforms(const Program& trace, const Program& sym, const std::vector
     if (!x || !y) return std::nullopt;
     return s.factor * *x * *y;
   };
-  // Symbolic dims must follow their formulas; static ones are re-inferred and checked by the
-  // replay itself (a marked dim traced at size 1 leaves broadcast results static), except in
-  // tensors the replay allocates from the formulas (zeros/ones, arange): those must match too.
+  // Symbolic dims must follow their formulas, and static ones keep their size: compiled regions
+  // are built with them (a guard may let a dim vary that two traces saw equal). Static sizes 0
+  // and 1 are left to the replay, which re-infers them (a marked dim traced at size 1 leaves
+  // broadcast results static), except in tensors the replay allocates from the formulas
+  // (zeros/ones, arange).
   for (size_t v = 0; v < trace.values.size(); ++v) {
     const ValueInfo& tv = trace.values[v];
     const ValueInfo& sv = sym.values[v];
     const bool allocated = sv.source >= 0 && (sym.sources[sv.source].overwritten ||
                                               sym.sources[sv.source].ramp);
     for (int d = 0; d < tv.shape.size() && d < int(sv.sym.size()); ++d) {
-      if (sv.sym[d].arg < 0 && !allocated) continue;
+      if (sv.sym[d].arg < 0 && sv.shape[d] <= 1 && !allocated) continue;
       int64_t expected = sv.sym[d].arg < 0 ? sv.shape[d] : at(sv.sym[d]).value_or(-1);
       if (tv.shape[d] != expected)
         return fmt::format("value %{} ({}) has size {} in dim {}, the symbolic trace gives {}", v,

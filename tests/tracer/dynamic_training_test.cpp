@@ -309,3 +309,42 @@ TEST_CASE("compile: a mark_dynamic entry that a size refutes is generalised from
   INFO(cf.explain());
   CHECK(cf.compile_count() == 2);
 }
+
+TEST_CASE("compile: a branch first taken at new sizes of a marked dynamic dim replays its "
+          "prefix at those sizes",
+          "[compile][dynamic]") {
+  auto f = [](const Tensor& x) {
+    Tensor y = x * static_cast<double>(x.size(0));
+    if ((y.sum() > 0.0).item<bool>()) return y;
+    return y - 1.0;
+  };
+  for (Dynamic mode : {Dynamic::Auto, Dynamic::Always}) {
+    CompileOptions o;
+    o.dynamic = mode;
+    if (mode == Dynamic::Auto) o.mark_dynamic(0, 0);
+    auto cf = compile(f, o);
+    for (auto [n, sign] : std::vector<std::pair<int64_t, double>>{
+             {4, 1}, {6, -1}, {6, -1}, {6, 1}, {4, -1}, {9, -1}, {9, -1}}) {
+      Tensor x = full({n}, sign);
+      CHECK(vec(cf(x)) == vec(f(x)));
+    }
+  }
+}
+
+TEST_CASE("compile: dims that change one at a time, with a traced backward",
+          "[compile][dynamic]") {
+  auto cf = compile([](const Tensor& x) { return softmax(x, 1) * layer_norm(x, {x.size(1)}); });
+  auto f = [](const Tensor& x) { return softmax(x, 1) * layer_norm(x, {x.size(1)}); };
+  for (Shape s : {Shape{4, 5}, Shape{6, 5}, Shape{6, 7}, Shape{8, 7}, Shape{8, 7}, Shape{8, 9},
+                  Shape{6, 7}, Shape{10, 11}}) {
+    Tensor a = sin(arange(numel(s), Float32).view(s)).requires_grad_();
+    Tensor b = sin(arange(numel(s), Float32).view(s)).requires_grad_();
+    Tensor ya = cf(a), yb = f(b);
+    (ya * ya).sum().backward();
+    (yb * yb).sum().backward();
+    CHECK(max_rel(ya, yb) < 1e-5);
+    CHECK(max_rel(a.grad(), b.grad()) < 1e-4);
+  }
+  INFO(cf.explain());
+  CHECK(cf.compile_count() <= 4);
+}
