@@ -1271,7 +1271,14 @@ std::vector<OutValue> CompiledFunction::Impl::trace(const std::vector<ArgValue>&
   if (options.dynamic == Dynamic::Always)
     for (size_t a = 0; a < args.size(); ++a)
       if (args[a].kind == ArgValue::Kind::Tensor && e->guards[a].contiguous)
-        for (int d = 0; d < args[a].tensor.dim(); ++d) marked.push_back({int(a), d});
+        for (int d = 0; d < args[a].tensor.dim(); ++d)
+          if (args[a].tensor.size(d) >= 2) marked.push_back({int(a), d});  // as automatic
+  // A marked dim traced at size 1 that the trace may have broadcast stays specialised.
+  if (broadcasts_size_one(*prog))
+    std::erase_if(marked, [&](std::pair<int, int> ad) {
+      const Tensor& t = args[ad.first].tensor;
+      return ad.second < t.dim() && t.size(ad.second) < 2;
+    });
   std::string how;
   if (base) {
     for (auto d : changed_dims)

@@ -480,6 +480,22 @@ std::string conforms(const Program& trace, const Program& sym, const std::vector
   return {};
 }
 
+bool broadcasts_size_one(const Program& p) {
+  for (const Node& n : p.nodes) {
+    if (n.kind != Node::Kind::Op || n.out.empty() || n.out[0] < 0) continue;
+    const Shape& out = p.values[n.out[0]].shape;
+    for (int v : n.in) {
+      if (v < 0 || p.values[v].wrapped) continue;
+      const Shape& in = p.values[v].shape;
+      for (int d = 0; d < in.size(); ++d) {
+        int od = int(out.size()) - (int(in.size()) - d);
+        if (in[d] == 1 && od >= 0 && out[od] > 1) return true;
+      }
+    }
+  }
+  return false;
+}
+
 void mark_symbolic(Program& p, const std::vector<Shape>& shapes,
                    const std::vector<std::pair<int, int>>& dims) {
   auto match = [&](int64_t v, SymInt& out) {

@@ -348,3 +348,22 @@ TEST_CASE("compile: dims that change one at a time, with a traced backward",
   INFO(cf.explain());
   CHECK(cf.compile_count() <= 4);
 }
+
+TEST_CASE("compile: a marked dim traced at size 1 that broadcasts stays specialised",
+          "[compile][dynamic]") {
+  auto f = [](const Tensor& x, const Tensor& y) { return (x * y).sum({1}); };
+  auto cf = compile(f, CompileOptions{}.mark_dynamic(0, 1).mark_dynamic(1, 1));
+  for (auto [xc, yc] : std::vector<std::pair<int64_t, int64_t>>{
+           {1, 6}, {1, 6}, {4, 4}, {1, 4}, {5, 5}, {1, 5}, {3, 3}}) {
+    Tensor x = arange(3 * xc, Float32).view({3, xc}) + 1.0;
+    Tensor y = arange(3 * yc, Float32).view({3, yc}) + 1.0;
+    CHECK(vec(cf(x, y)) == vec(f(x, y)));
+  }
+  // Dynamic::Always leaves size-1 dims specialised, as automatic dynamic does: a [3, 1]
+  // argument replays instead of tracing on every call.
+  CompileOptions always;
+  always.dynamic = Dynamic::Always;
+  auto twice = compile([](const Tensor& x) { return x * 2.0; }, always);
+  for (int i = 0; i < 5; ++i) CHECK(vec(twice(ones({3, 1}))) == std::vector<float>(3, 2.0f));
+  CHECK(twice.compile_count() == 1);
+}
