@@ -122,7 +122,8 @@ struct Explainer {
   const std::vector<Shape>& osh;
   const std::vector<std::pair<int, int>>& dims;
   // The symbolic int with new == f * new_size and old == f * old_size, if any; else with
-  // new == f * new_size * new_size2 and old likewise, for two changed sizes.
+  // new == f * new_size * new_size2 and old likewise, for two changed sizes; else an affine
+  // new == f * new_size + k, old == f * old_size + k (a shifted slice's T - 1).
   bool operator()(int64_t nv, int64_t ov, SymInt& out) const {
     auto changed = [&](std::pair<int, int> ad) {
       int64_t ns = nsh[ad.first][ad.second], os = osh[ad.first][ad.second];
@@ -146,6 +147,14 @@ struct Explainer {
         out = {a, d, nv / ns, a2, d2};
         return true;
       }
+    for (auto [a, d] : dims) {
+      if (!changed({a, d}) || nv == ov) continue;
+      int64_t ds = nsh[a][d] - osh[a][d];
+      if ((nv - ov) % ds != 0) continue;
+      int64_t f = (nv - ov) / ds;
+      out = {a, d, f, -1, 0, nv - f * nsh[a][d]};
+      return true;
+    }
     return false;
   }
 };
@@ -170,19 +179,8 @@ std::optional<SizeFormula> size_formula(const Scalar& nv, const Scalar& ov,
     int64_t ns = explain.nsh[ad.first][ad.second], os = explain.osh[ad.first][ad.second];
     return ns != os && ns > 0 && os > 0 ? std::optional(std::make_pair(ns, os)) : std::nullopt;
   };
-  if (integral(n) && integral(o)) {
-    if (explain(int64_t(n), int64_t(o), f.sym)) return f;
-    for (auto ad : explain.dims) {  // factor * size + offset
-      auto sizes = changed(ad);
-      if (!sizes || (int64_t(n) - int64_t(o)) % (sizes->first - sizes->second) != 0) continue;
-      int64_t factor = (int64_t(n) - int64_t(o)) / (sizes->first - sizes->second);
-      if (factor == 0) continue;
-      f.sym = {ad.first, ad.second, factor};
-      f.offset = int64_t(n) - factor * sizes->first;
-      if (fits(sizes->first, sizes->second)) return f;
-    }
-    f = SizeFormula{};
-  }
+  // Integers (and floats holding them): a multiple, product or affine function of sizes.
+  if (integral(n) && integral(o) && explain(int64_t(n), int64_t(o), f.sym)) return f;
   if (!nv.is_floating() || n == 0 || o == 0 || n == o || !std::isfinite(n) || !std::isfinite(o))
     return std::nullopt;
   f.reciprocal = true;
@@ -415,7 +413,7 @@ std::string conforms(const Program& trace, const Program& sym, const std::vector
     };
     std::optional<int64_t> x = size(s.arg, s.dim), y = s.arg2 < 0 ? 1 : size(s.arg2, s.dim2);
     if (!x || !y) return std::nullopt;
-    return s.factor * *x * *y;
+    return s.factor * *x * *y + s.offset;
   };
   // Symbolic dims must follow their formulas, and static ones keep their size: compiled regions
   // are built with them (a guard may let a dim vary that two traces saw equal). Static sizes 0

@@ -367,3 +367,40 @@ TEST_CASE("compile: a marked dim traced at size 1 that broadcasts stays speciali
   for (int i = 0; i < 5; ++i) CHECK(vec(twice(ones({3, 1}))) == std::vector<float>(3, 2.0f));
   CHECK(twice.compile_count() == 1);
 }
+
+TEST_CASE("compile: a language-model step that shifts its targets inside (x[:, :T-1], x[:, 1:]) "
+          "compiles twice",
+          "[compile][dynamic]") {
+  constexpr int64_t kVocab = 11, kDim = 6;
+  auto run = [](bool compiled) {
+    manual_seed(7);
+    nn::Embedding tok(kVocab, kDim);
+    nn::Linear head(kDim, kVocab);
+    std::vector<Tensor> params = tok.parameters();
+    for (const Tensor& p : head.parameters()) params.push_back(p);
+    nn::SGD opt(params, {.lr = 0.1});
+    auto step = [&](const Tensor& seq) {
+      opt.zero_grad();
+      int64_t b = seq.size(0), t = seq.size(1);
+      Tensor inp = seq.slice(1, 0, t - 1), tgt = seq.slice(1, 1, t);
+      Tensor logits = head(tok(inp));
+      Tensor loss = cross_entropy(logits.reshape({b * (t - 1), kVocab}), tgt.reshape({-1}));
+      loss.backward();
+      opt.step();
+      return loss.detach();
+    };
+    auto cstep = compile(step);
+    std::vector<double> losses;
+    for (int64_t t : {6, 9, 12, 7, 16, 9}) {
+      Tensor seq = remainder(arange(4 * t, Int64) * 7 + t, kVocab).view({4, t});
+      losses.push_back((compiled ? cstep(seq) : step(seq)).item<double>());
+    }
+    if (compiled) {
+      INFO(cstep.explain());
+      CHECK(cstep.compile_count() == 2);
+    }
+    return losses;
+  };
+  std::vector<double> eager = run(false), compiled = run(true);
+  for (size_t i = 0; i < eager.size(); ++i) CHECK(compiled[i] == Approx(eager[i]).epsilon(1e-5));
+}
