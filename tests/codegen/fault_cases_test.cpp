@@ -117,13 +117,15 @@ TEST_CASE("FC-34 (compiled): compile time about linear in an unrolled (a+b, a-b)
     CHECK(out[0].data<float>()[0] == static_cast<float>(a));
     CHECK(out[1].data<float>()[0] == static_cast<float>(b));
   }
-  // Best of 3 each, so a busy machine does not decide the ratio.
+  // Best of 5 each, so a busy machine does not decide the ratio. Linear is 2, a tree (the
+  // fault) 2^20; the bound leaves room for the shared machine (2.51 was seen with a second
+  // test run on the other core).
   double t20 = 1e9, t40 = 1e9;
   std::vector<Tensor> out;
-  for (int rep = 0; rep < 3; ++rep) {
+  for (int rep = 0; rep < 5; ++rep) {
     t20 = std::min(t20, compile_ms(20, &out));
     t40 = std::min(t40, compile_ms(40, &out));
   }
   INFO("compile ms: n=20 " << t20 << ", n=40 " << t40);
-  CHECK(t40 / t20 <= 2.5);
+  CHECK(t40 / t20 <= 3.0);
 }
