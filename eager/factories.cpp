@@ -109,6 +109,7 @@ Tensor linspace(double start, double end, int64_t steps, TensorOptions opts, Loc
 Tensor eye(int64_t n, int64_t m, TensorOptions opts, Loc loc) {
   if (m < 0) m = n;
   KILN_CHECK(n >= 0, "eye", loc, "n must be non-negative, got {}", n);
+  check_shape({n, m}, itemsize(float_or(opts)), "eye", loc);  // before the aranges' buffers
   // Dispatched ops, not writes through data(): inside compile() the tracer does not see such
   // writes, so a replay lost the diagonal; arange's ramps also follow symbolic sizes.
   return as_op("eye", [&] {
