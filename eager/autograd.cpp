@@ -126,6 +126,7 @@ std::vector<Tensor> AccumulateGrad::apply(std::vector<Tensor>&& grads) {
   Tensor leaf(impl);
   Meta& m = ensure_meta(leaf);
   Tensor g = grads[0];
+  if (auto* o = dispatch::write_observer()) o->before_grad_change(leaf);
   if (!m.grad.defined()) {
     if (auto* hook = dispatch::tracer_hook()) hook->on_grad_found_undefined(leaf);
     m.grad = private_grad_copy(g);
@@ -562,6 +563,7 @@ std::vector<Tensor> run_backward(const std::vector<Edge>& roots, const std::vect
       for (auto& [nr, weak] : node->retained)
         if (auto impl = weak.lock(); impl && grads[nr].defined()) {
           Meta& m = ensure_meta(Tensor(impl));
+          if (auto* o = dispatch::write_observer()) o->before_grad_change(Tensor(impl));
           m.grad = m.grad.defined() ? add(m.grad, grads[nr]) : private_grad_copy(grads[nr]);
         }
       std::vector<Tensor> next;
@@ -647,6 +649,7 @@ void Tensor::set_grad(const Tensor& g) const {
              Loc::current(), "gradient {} {} does not match the tensor's {} {}",
              g.defined() ? std::string(name(g.dtype())) : "", g.defined() ? to_string(g.shape()) : "",
              name(dtype()), to_string(shape()));
+  if (auto* o = dispatch::write_observer()) o->before_grad_change(*this);
   ensure_meta(*this).grad = g;
   if (auto* hook = dispatch::tracer_hook()) hook->on_grad_assigned(*this);
 }
@@ -761,6 +764,7 @@ std::vector<Tensor> autograd::partial_grads(const std::vector<Tensor>& outputs,
 void zero_grad(const std::vector<Tensor>& params) {
   for (const Tensor& p : params)
     if (Meta* m = meta(p)) {
+      if (auto* o = dispatch::write_observer()) o->before_grad_change(p);
       m->grad = Tensor();
       if (auto* hook = dispatch::tracer_hook()) hook->on_grad_assigned(p);
     }

@@ -94,7 +94,17 @@ std::vector<Tensor> unary(const BackwardContext& c, const Tensor& g) {
     case K::Tan: return {g * (y * y + 1)};
     case K::Tanh: return {g * (1 - y * y)};
     case K::Sigmoid: return {g * y * (1 - y)};
-    case K::Relu: return {where(le(y, 0), 0, g)};  // a NaN passes g, as PyTorch's threshold_backward
+    case K::Relu: {
+      Tensor mask = le(y, 0);
+      Tensor r = where(mask, 0, g);  // a NaN passes g, as PyTorch's threshold_backward
+      // Under create_graph, PyTorch's threshold_backward is differentiable in its input with
+      // derivative 0: the gradient requires grad as the input does, and its own gradient is
+      // zeros, not "does not require grad". A term that is exactly 0 (y is +-0 where selected)
+      // joins y's graph without changing a value.
+      if (is_grad_enabled() && y.requires_grad() && !r.requires_grad())
+        r = r + where(mask, y, 0) * 0;
+      return {r};
+    }
     case K::Silu: {
       Tensor s = sigmoid(x);
       return {g * s * (1 + x * (1 - s))};

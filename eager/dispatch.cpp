@@ -14,6 +14,7 @@ namespace kiln::dispatch {
 namespace {
 
 thread_local DispatchHook* t_tracer_hook = nullptr;
+thread_local WriteObserver* t_write_observer = nullptr;
 DispatchHook* g_autograd_hook = nullptr;
 
 // Whether input i of `op` is converted to the compute dtype before the kernel runs.
@@ -79,6 +80,8 @@ DeviceKernel device_kernel(Device device, const OpCall& c) {
 
 }  // namespace
 
+WriteObserver* set_write_observer(WriteObserver* o) { return std::exchange(t_write_observer, o); }
+WriteObserver* write_observer() { return t_write_observer; }
 DispatchHook* set_tracer_hook(DispatchHook* hook) { return std::exchange(t_tracer_hook, hook); }
 DispatchHook* tracer_hook() { return t_tracer_hook; }
 
@@ -128,7 +131,9 @@ Tensor wrap_scalar(Scalar s) {
   return out;
 }
 
-std::vector<Tensor> call(OpCall&& c) {
+namespace {
+
+std::vector<Tensor> run_call(OpCall& c) {
   Device device = check_inputs(c);
   // Metadata of the defined inputs (absent optional inputs are skipped).
   std::array<TensorMeta, 4> small;
@@ -160,6 +165,7 @@ std::vector<Tensor> call(OpCall&& c) {
       if (t.defined() && t.impl()->wrapped_number && t.dtype() == DType::Float64)
         check_scalar_fits(Scalar(*t.data<double>()), meta.compute_dtype, c.name(), c.loc);
 
+  if (t_write_observer && is_in_place(c.op)) t_write_observer->before_write(c.inputs[0], c.loc);
   std::vector<Tensor> outs;
   if (t_tracer_hook && t_tracer_hook->before_kernel(c, meta, outs)) {
     t_tracer_hook->after_kernel(c, meta, outs);
@@ -231,6 +237,19 @@ std::vector<Tensor> call(OpCall&& c) {
   if (g_autograd_hook) g_autograd_hook->after_kernel(c, meta, outs);
   if (t_tracer_hook) t_tracer_hook->after_kernel(c, meta, outs);
   return outs;
+}
+
+}  // namespace
+
+std::vector<Tensor> call(OpCall&& c) {
+  try {
+    return run_call(c);
+  } catch (Error& e) {
+    // Raised below the op (the allocator, a kernel's own check): name the op and its line.
+    if (e.op() == "allocate") e.set_op(c.name());
+    if (inside_kiln(e.where()) && !inside_kiln(c.loc)) e.set_where(c.loc);
+    throw;
+  }
 }
 
 Tensor call1(OpCall&& c) { return std::move(call(std::move(c))[0]); }

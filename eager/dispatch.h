@@ -62,7 +62,24 @@ class DispatchHook {
   virtual void on_host_input(const Tensor& t, const HostReader& reader, Loc loc) {}
 };
 
+/// Sees writes to tensors that may hold state the caller owns, before they happen: in-place ops
+/// (copy_, fill_ and every op written with them) and changes of a tensor's .grad (backward,
+/// set_grad, zero_grad). tracer::StateJournal uses it to undo a run of a function.
+class WriteObserver {
+ public:
+  virtual ~WriteObserver() = default;
+  /// `dst` is about to be written in place by the op at `loc`.
+  virtual void before_write(const Tensor& dst, Loc loc) = 0;
+  /// The .grad of `t` is about to change (the old .grad tensor itself is not written).
+  virtual void before_grad_change(const Tensor& t) = 0;
+};
+
 namespace dispatch {
+
+/// Installs the write observer for the calling thread (nullptr removes it); returns the old one.
+WriteObserver* set_write_observer(WriteObserver* observer);
+/// The calling thread's write observer (nullptr when none).
+WriteObserver* write_observer();
 
 /// Installs the tracer hook for the calling thread (nullptr removes it); returns the old one.
 DispatchHook* set_tracer_hook(DispatchHook* hook);

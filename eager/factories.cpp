@@ -51,7 +51,11 @@ GeneratorState g_rng{67280421310721ull, 0};
 
 Tensor empty(const Shape& shape, TensorOptions opts, Loc loc) {
   check_shape(shape, itemsize(float_or(opts)), "empty", loc);
-  return dispatch::empty(shape, float_or(opts), opts.device.value_or(Device::cpu()));
+  return as_op("empty", [&] {  // the allocator's out-of-memory error names empty and this line
+    return at_user_line(loc, [&] {
+      return dispatch::empty(shape, float_or(opts), opts.device.value_or(Device::cpu()));
+    });
+  });
 }
 Tensor zeros(const Shape& shape, TensorOptions opts, Loc loc) {
   return as_op("zeros", [&] { return full(shape, 0, options(float_or(opts), opts.device), loc); });

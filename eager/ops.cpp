@@ -2,6 +2,8 @@
 // only argument packing; validation is in core/meta.cpp and computation in the backend.
 #include "eager/ops.h"
 
+#include <algorithm>
+
 #include "eager/dispatch.h"
 #include "eager/factories.h"
 
@@ -41,7 +43,6 @@ Tensor wrap(Scalar s) { return dispatch::wrap_scalar(s); }
   Tensor fn(const Tensor& x, Loc loc) { return unary(OpKind::Kind, x, loc); }
 KILN_UNARY(neg, Neg)
 KILN_UNARY(abs, Abs)
-KILN_UNARY(sign, Sign)
 KILN_UNARY(exp, Exp)
 KILN_UNARY(exp2, Exp2)
 KILN_UNARY(log, Log)
@@ -235,8 +236,26 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Loc loc
   });
 }
 
+Tensor sign(const Tensor& x, Loc loc) {
+  // PyTorch: a bool's sign is itself (true is +1), returned as a copy like other dtypes'.
+  if (x.defined() && x.dtype() == DType::Bool) return x.clone(loc);
+  return unary(OpKind::Sign, x, loc);
+}
+
 Tensor cat(const std::vector<Tensor>& xs, int64_t dim, Loc loc) {
-  return dispatch::call1({OpKind::Cat, xs, with_dim(dim), loc});
+  // PyTorch's legacy rule: a 1-D tensor of size 0 joins a cat of tensors of any rank. It becomes
+  // a size-0 slab of the others' shape (a view), so it still takes part in dtype promotion and
+  // gets its (empty) gradient, and the kernels see one rank.
+  auto legacy_empty = [](const Tensor& t) { return t.defined() && t.dim() == 1 && t.numel() == 0; };
+  auto ref = std::find_if(xs.begin(), xs.end(), [&](const Tensor& t) { return t.defined() && !legacy_empty(t); });
+  if (ref == xs.end() || ref->dim() == 1)
+    return dispatch::call1({OpKind::Cat, xs, with_dim(dim), loc});
+  Shape slab = ref->shape();
+  slab[wrap_dim(dim, ref->dim(), "cat", loc)] = 0;
+  std::vector<Tensor> parts = xs;
+  for (Tensor& t : parts)
+    if (legacy_empty(t)) t = t.view(slab, loc);
+  return dispatch::call1({OpKind::Cat, parts, with_dim(dim), loc});
 }
 Tensor stack(const std::vector<Tensor>& xs, int64_t dim, Loc loc) {
   KILN_CHECK(!xs.empty(), "stack", loc, "expects a non-empty list of tensors");
@@ -355,7 +374,23 @@ Tensor nll_loss(const Tensor& log_probs, const Tensor& target, Reduction reducti
   OpAttrs a;
   a.mode = static_cast<int64_t>(reduction);
   a.ignore_index = ignore_index;
-  return binary(OpKind::NllLoss, log_probs, target, loc, a);
+  if (!log_probs.defined() || !target.defined() || log_probs.dim() <= 2)
+    return binary(OpKind::NllLoss, log_probs, target, loc, a);
+  // K-dimensional input [N, C, d1, ...] with target [N, d1, ...] (PyTorch): the class dim moved
+  // last and the rest flattened, [N·d1·..., C] with target [N·d1·...]; None reshapes back.
+  return as_op("nll_loss", [&] {
+    Shape expected = log_probs.shape();
+    expected.erase(1);
+    KILN_CHECK(target.shape() == expected, "nll_loss", loc,
+               "expects target {} for input {} ([N, C, d1, ...] with target [N, d1, ...]), got {}",
+               to_string(expected), to_string(log_probs.shape()), to_string(target.shape()));
+    Dims order{0};
+    for (int d = 2; d < log_probs.dim(); ++d) order.push_back(d);
+    order.push_back(1);
+    Tensor flat = log_probs.permute(order, loc).reshape({-1, log_probs.size(1)}, loc);
+    Tensor loss = binary(OpKind::NllLoss, flat, target.reshape({-1}, loc), loc, a);
+    return reduction == Reduction::None ? loss.view(target.shape(), loc) : loss;
+  });
 }
 Tensor cross_entropy(const Tensor& logits, const Tensor& target, Reduction reduction,
                      int64_t ignore_index, Loc loc) {

@@ -19,7 +19,7 @@ namespace kiln {
 // ================================ unary (elementwise) ================================
 Tensor neg(const Tensor& x, Loc loc = Loc::current());
 Tensor abs(const Tensor& x, Loc loc = Loc::current());
-/// -1, 0 or +1 (NaN stays NaN).
+/// -1, 0 or +1 (NaN stays NaN); a bool tensor's sign is a copy of it, as in PyTorch.
 Tensor sign(const Tensor& x, Loc loc = Loc::current());
 Tensor exp(const Tensor& x, Loc loc = Loc::current());              ///< float
 Tensor exp2(const Tensor& x, Loc loc = Loc::current());             ///< float
@@ -185,6 +185,10 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor
               Loc loc = Loc::current());
 
 // ================================ shape and data ================================
+/// Concatenates along `dim`: shapes must match except in `dim`; the result takes the promoted
+/// dtype. As in PyTorch, a 1-D tensor of size 0 may join tensors of any rank (it adds nothing).
+/// Throws kiln::Error naming the shapes when they do not match, or for an empty list or 0-d
+/// tensors.
 Tensor cat(const std::vector<Tensor>& xs, int64_t dim = 0, Loc loc = Loc::current());
 /// Stacks equal-shape tensors along a new dim.
 Tensor stack(const std::vector<Tensor>& xs, int64_t dim = 0, Loc loc = Loc::current());
@@ -231,10 +235,12 @@ enum class Reduction { None, Mean, Sum };
 /// Negative log-likelihood of log-probabilities [N, C] at int64 targets [N]; targets equal to
 /// ignore_index are skipped (Mean divides by the count of the others). Out-of-range targets
 /// throw kiln::Error. An unbatched [C] input takes a 0-d target (the loss is 0-d for every
-/// reduction), as in PyTorch.
+/// reduction), and a K-dimensional [N, C, d1, ...] input a target [N, d1, ...] (None gives a
+/// loss of the target's shape), as in PyTorch.
 Tensor nll_loss(const Tensor& log_probs, const Tensor& target, Reduction reduction = Reduction::Mean,
                 int64_t ignore_index = -100, Loc loc = Loc::current());
-/// nll_loss(log_softmax(logits, 1), target); an unbatched [C] input (0-d target) uses dim 0.
+/// nll_loss(log_softmax(logits, 1), target); an unbatched [C] input (0-d target) uses dim 0;
+/// [N, C, d1, ...] logits take a target [N, d1, ...].
 Tensor cross_entropy(const Tensor& logits, const Tensor& target,
                      Reduction reduction = Reduction::Mean, int64_t ignore_index = -100,
                      Loc loc = Loc::current());

@@ -143,9 +143,12 @@ void Module::train(bool on) {
 void Module::zero_grad() { kiln::zero_grad(parameters()); }
 
 StateDict Module::state_dict() const {
+  // PyTorch's order: each module's parameters, then its buffers, then its children's entries.
   StateDict out;
-  collect("", true, true, false, out);
-  collect("", true, false, false, out);
+  collect("", false, true, false, out);
+  collect("", false, false, false, out);
+  for (const auto& [n, m] : children_)
+    for (auto& [k, t] : m->state_dict()) out.emplace_back(n + "." + k, std::move(t));
   // Detached, as PyTorch's (keep_vars=False): the same memory, without requires_grad, so that
   // writing through an entry (sd["bias"].fill_(5)) updates the module.
   for (auto& [n, t] : out) t = t.detach();

@@ -6,6 +6,7 @@
 #include "tracer/compile.h"
 #include "tracer/plan.h"
 #include "tracer/recorder.h"
+#include "tracer/state_journal.h"
 
 namespace kiln {
 
@@ -87,6 +88,13 @@ CompareReport compare(
     const std::vector<ArgValue>& args,
     const std::function<std::vector<OutValue>(const std::vector<ArgValue>&)>& call,
     const CompileOptions& options) {
+  // Both runs start from the caller's state, which the call leaves as it found it: what a run
+  // writes (a training step's parameters, optimizer state, .grad) is given back after each.
+  StateJournal journal;
+  struct GiveBack {
+    StateJournal& j;
+    ~GiveBack() { j.restore(); }
+  } give_back{journal};
   // The eager run, recorded: the recorder's tensors are eager's value of every op.
   auto prog = std::make_shared<Program>();
   std::vector<ArgValue> eager_args = fresh_copies(args);
@@ -103,6 +111,13 @@ CompareReport compare(
   for (const OutValue& o : eager_outs)
     prog->outputs.push_back(o.is_tensor && o.tensor.defined() ? rec.lookup(o.tensor) : -1);
   rec.uninstall();
+  // Eager's values, copies of those in state it wrote: the compiled run writes that again.
+  std::vector<Tensor> eager_value(prog->values.size());
+  for (size_t v = 0; v < prog->values.size(); ++v) {
+    const Tensor& t = rec.tensor(static_cast<int>(v));
+    eager_value[v] = journal.wrote(t) ? untraced([&] { return t.detach().clone(); }) : t;
+  }
+  journal.restore();
 
   // The compiled run of the same program, every value kept, segment by segment.
   RunState st;
@@ -144,8 +159,8 @@ CompareReport compare(
       if (n.kind != Node::Kind::Op) continue;
       for (int v : n.out) {
         if (!st.slots[v].defined()) continue;  // fused away (not needed outside its region)
-        const Tensor& eager = rec.tensor(v);
-        if (!eager.defined() || overwritten_later(eager, i)) continue;
+        const Tensor& eager = eager_value[v];
+        if (!eager.defined() || overwritten_later(rec.tensor(v), i)) continue;
         CompareReport::Output d = diff(eager, st.slots[v], options.rtol, options.atol);
         if (!d.ok) {
           report.first_divergence = fmt::format(
@@ -171,7 +186,7 @@ CompareReport compare(
     int v = prog->outputs[k];
     CompareReport::Output o;
     if (v >= 0 && st.slots[v].defined())
-      o = diff(eager_outs[k].tensor, st.slots[v], options.rtol, options.atol);
+      o = diff(eager_value[v], st.slots[v], options.rtol, options.atol);
     report.outputs.push_back(o);
     report.ok &= o.ok;
   }
@@ -180,22 +195,55 @@ CompareReport compare(
 }
 
 
-void check_outputs(
-    const std::vector<OutValue>& compiled, const std::vector<OutValue>& eager,
-    const std::vector<ArgValue>& copies,
-    const std::function<std::vector<OutValue>(const std::vector<ArgValue>&)>& call,
+std::vector<OutValue> checked_call(
+    const std::vector<ArgValue>& args, const std::function<std::vector<OutValue>()>& compiled,
+    const std::function<std::vector<OutValue>(const std::vector<ArgValue>&)>& eager,
     const CompileOptions& options) {
-  for (size_t k = 0; k < compiled.size() && k < eager.size(); ++k) {
-    if (!compiled[k].is_tensor) continue;
-    CompareReport::Output d = diff(eager[k].tensor, compiled[k].tensor, options.rtol, options.atol);
-    if (d.ok) continue;
-    CompareReport r = compare(copies, call, options);
-    throw Error("compile",
-                fmt::format("check: output {} differs from eager (max abs diff {:.3g}, max rel "
-                            "diff {:.3g}); first divergence: {}",
-                            k, d.max_abs, d.max_rel,
-                            r.first_divergence.empty() ? "not found" : r.first_divergence));
+  // Every run starts from the caller's generator state (the same random numbers) and the
+  // caller's tensors; the call leaves the generator where the compiled run did. Eager runs on
+  // copies of the arguments (made after the journal started: not state it gives back).
+  StateJournal journal;
+  std::vector<ArgValue> eager_args = fresh_copies(args), spare = fresh_copies(args);
+  const GeneratorState rng_start = generator_state();
+  std::vector<OutValue> eager_outs = eager(eager_args);
+  std::vector<Tensor> eager_state = journal.current();
+  for (OutValue& o : eager_outs)  // an output in written state (a returned parameter) is kept
+    if (o.is_tensor && journal.wrote(o.tensor))
+      o.tensor = untraced([&] { return o.tensor.detach().clone(); });
+  journal.restore();
+  set_generator_state(rng_start);
+  std::vector<OutValue> outs = compiled();
+  const GeneratorState rng_end = generator_state();
+
+  std::string what;
+  CompareReport::Output d;
+  for (size_t k = 0; k < outs.size() && k < eager_outs.size() && what.empty(); ++k) {
+    if (!outs[k].is_tensor) continue;
+    d = diff(eager_outs[k].tensor, outs[k].tensor, options.rtol, options.atol);
+    if (!d.ok) what = fmt::format("output {}", k);
   }
+  // The state both runs wrote: a parameter the step updates, an optimizer's moments.
+  std::vector<Tensor> compiled_state = journal.current();
+  for (size_t i = 0; i < eager_state.size() && what.empty(); ++i) {
+    d = diff(eager_state[i], compiled_state[i], options.rtol, options.atol);
+    const Loc& at = journal.written()[i].loc;
+    if (!d.ok)
+      what = fmt::format("the tensor written at {}:{} ({} elements)", at.file_name(), at.line(),
+                         eager_state[i].numel());
+  }
+  if (what.empty()) {
+    set_generator_state(rng_end);
+    return outs;
+  }
+  journal.restore();  // the failed call has no effect
+  set_generator_state(rng_start);
+  CompareReport r = tracer::compare(spare, eager, options);
+  set_generator_state(rng_start);
+  throw Error("compile",
+              fmt::format("check: {} differs from eager (max abs diff {:.3g}, max rel diff "
+                          "{:.3g}); first divergence: {}",
+                          what, d.max_abs, d.max_rel,
+                          r.first_divergence.empty() ? "not found" : r.first_divergence));
 }
 
 }  // namespace tracer

@@ -187,12 +187,16 @@ namespace tracer {
 /// Copies of the tensor arguments (same values, dtype, requires_grad), for runs that must not
 /// see each other's in-place writes.
 std::vector<ArgValue> fresh_copies(const std::vector<ArgValue>& args);
-/// CompileOptions::check: compares a compiled call's outputs with an eager run's; throws
-/// kiln::Error naming the output and (via compare on `copies`) the first diverging op.
-void check_outputs(
-    const std::vector<OutValue>& compiled, const std::vector<OutValue>& eager,
-    const std::vector<ArgValue>& copies,
-    const std::function<std::vector<OutValue>(const std::vector<ArgValue>&)>& call,
+/// CompileOptions::check: runs `eager` on copies of `args`, then `compiled` (the compiled call
+/// on the caller's arguments) from the same state: the caller's generator state, and the
+/// tensors and .grad that the eager run wrote given back their old values (a training step's
+/// parameters and optimizer state; tracer::StateJournal). Compares the outputs and the written
+/// tensors; on a difference, gives the written state back, finds the first diverging op with
+/// kiln::compare and throws kiln::Error naming it; the call then has no effect. Otherwise
+/// returns the compiled outputs, the state left as the compiled run left it.
+std::vector<OutValue> checked_call(
+    const std::vector<ArgValue>& args, const std::function<std::vector<OutValue>()>& compiled,
+    const std::function<std::vector<OutValue>(const std::vector<ArgValue>&)>& eager,
     const CompileOptions& options);
 }  // namespace tracer
 
@@ -216,27 +220,13 @@ template <class F> class Compiled {
         return {};
       }, Loc::current());
     } else if (impl_->options().check && !tracer::compile_disabled()) {
-      // Eager on copies of the arguments taken before the compiled call can change them.
       std::tuple<const std::decay_t<A>&...> tup(args...);
-      std::vector<tracer::ArgValue> eager_args = tracer::fresh_copies(av);
-      std::vector<tracer::ArgValue> spare = tracer::fresh_copies(av);
-      // Every run starts from the caller's generator state (the same random numbers); the
-      // call leaves it where the compiled run did.
-      const GeneratorState rng_start = generator_state();
-      std::vector<tracer::OutValue> outs = impl_->call(
-          av,
-          [&]() { return tracer::detail::invoke_with(*fn_, tup, av); },
-          Loc::current());
-      const GeneratorState rng_end = generator_state();
-      set_generator_state(rng_start);
-      std::vector<tracer::OutValue> eager = tracer::detail::invoke_with(*fn_, tup, eager_args);
-      set_generator_state(rng_start);
-      tracer::check_outputs(outs, eager, spare,
-                            [&](const std::vector<tracer::ArgValue>& in) {
-                              return tracer::detail::invoke_with(*fn_, tup, in);
-                            },
-                            impl_->options());
-      set_generator_state(rng_end);
+      auto eager = [&](const std::vector<tracer::ArgValue>& in) {
+        return tracer::detail::invoke_with(*fn_, tup, in);
+      };
+      std::vector<tracer::OutValue> outs = tracer::checked_call(
+          av, [&] { return impl_->call(av, [&] { return eager(av); }, Loc::current()); }, eager,
+          impl_->options());
       size_t i = 0;
       return tracer::detail::from_outs<R>(outs, i, outs.size());
     } else {

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "backends/cpu/allocator.h"
+#include "kiln/kiln.h"
 #include "core/sanitizers.h"
 
 using namespace kiln;
@@ -53,4 +54,29 @@ TEST_CASE("cpu allocator: freed blocks are reused by size class, at most 16 smal
   CHECK(cpu::allocator_stats().cached_bytes == 16 * 8192);
   cpu::empty_cache();
   CHECK(cpu::allocator_stats().cached_bytes == 0);
+}
+
+TEST_CASE("out of memory names the op the user called and the user's line") {
+  // 2^46 float32 elements are 2^48 bytes, more than a 47-bit address space can map: every
+  // allocator refuses, whatever the machine's overcommit policy.
+  const int64_t huge = int64_t{1} << 46;
+  auto message_of = [](auto&& f) {
+    try {
+      f();
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  const std::string here = __FILE__;
+  std::string m = message_of([&] { empty({huge}); });
+  CHECK_THAT(m, Catch::StartsWith("kiln::empty: out of memory allocating 281474976710656 bytes") &&
+                    Catch::Contains(here));
+  CHECK_THAT(message_of([&] { zeros({huge}); }),
+             Catch::StartsWith("kiln::zeros: out of memory") && Catch::Contains(here));
+  Tensor a = ones({int64_t{1} << 23});
+  // An op's output: [2^23, 1] * [1, 2^23] is 2^46 elements.
+  CHECK_THAT(message_of([&] { a.view({-1, 1}) * a.view({1, -1}); }),
+             Catch::StartsWith("kiln::mul: out of memory") && Catch::Contains(here));
+  CHECK(a.sum().item<double>() == double(int64_t{1} << 23));  // the inputs are intact
 }

@@ -483,6 +483,21 @@ TEST_CASE("relu and maximum/minimum pass the gradient through NaN as PyTorch doe
   CHECK(b.grad().to_vector<double>() == std::vector<double>{1, 1, 0.5, 0});
 }
 
+TEST_CASE("relu's create_graph gradient requires grad and has zero second derivative") {
+  // PyTorch 1.13: grad(relu(x).sum(), x, create_graph=True) has grad_fn ThresholdBackwardBackward0,
+  // and its own gradient is zeros (also through NaN and inf outputs, and not -0).
+  Tensor x = tensor({1.0, -1.0, 0.0, -0.0, double(INFINITY), double(NAN)}).requires_grad_();
+  Tensor g = grad({sum(relu(x))}, {x}, {}, /*create_graph=*/true)[0];
+  CHECK(g.requires_grad());
+  auto gv = g.to_vector<double>();
+  CHECK(std::vector<double>(gv.begin(), gv.begin() + 5) == std::vector<double>{1, 0, 0, 0, 1});
+  CHECK(gv[5] == 1);
+  for (int k = 2; k <= 3; ++k) CHECK_FALSE(std::signbit(gv[k]));
+  CHECK(grad({sum(g)}, {x})[0].to_vector<double>() == std::vector<double>(6, 0.0));
+  // Without create_graph nothing is recorded.
+  CHECK_FALSE(grad({sum(relu(x))}, {x})[0].requires_grad());
+}
+
 TEST_CASE("a retained or create_graph .grad is a copy, not the caller's or another .grad's tensor") {
   // PyTorch 1.13: y1.grad, y2.grad, G stay [1, 1] after writing into y2.grad; x2.grad stays
   // [1, 1] after writing into the gradient passed to backward.

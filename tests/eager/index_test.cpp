@@ -54,6 +54,25 @@ TEST_CASE("cat along dims, promotion, strided and empty inputs") {
   CHECK_THROWS_AS(cat({a, b}, 2), Error);
 }
 
+TEST_CASE("cat accepts PyTorch's legacy 1-D empty tensor beside tensors of any rank") {
+  // PyTorch 1.13: cat([empty(0), x]) == x for 2-D x along either dim; the empty one takes part
+  // in type promotion (float64 here) and gets an empty gradient.
+  Tensor x = arange(6, DType::Float32).view({2, 3}).requires_grad_();
+  Tensor e = empty({0}, DType::Float64).requires_grad_();
+  Tensor r0 = cat({e, x}, 0), r1 = cat({x, e}, -1);
+  CHECK(r0.shape() == Shape{2, 3});
+  CHECK(r1.shape() == Shape{2, 3});
+  CHECK(r0.dtype() == DType::Float64);
+  CHECK(r0.to_vector<double>() == std::vector<double>{0, 1, 2, 3, 4, 5});
+  CHECK(r1.to_vector<double>() == std::vector<double>{0, 1, 2, 3, 4, 5});
+  sum(r0 * 2).backward();
+  CHECK(x.grad().to_vector<float>() == F(6, 2.f));
+  REQUIRE(e.grad().defined());
+  CHECK(e.grad().shape() == Shape{0});
+  // Out-of-range dims are still reported against the non-empty tensors' rank.
+  CHECK_THAT(error_of([&] { cat({e, x}, 2); }), Catch::Contains("dim 2") && Catch::Contains("rank 2"));
+}
+
 TEST_CASE("stack, split and chunk values") {
   Tensor a = tensor({1, 2, 3}), b = tensor({4, 5, 6});
   Tensor s0 = stack({a, b});

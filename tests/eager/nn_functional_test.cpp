@@ -241,6 +241,33 @@ TEST_CASE("nll_loss and cross_entropy") {
   CHECK_THROWS_AS(nll_loss(lp, tensor<int64_t>({0, 1})), kiln::Error);
 }
 
+TEST_CASE("cross_entropy and nll_loss take K-dimensional input [N, C, d] and target [N, d]") {
+  // PyTorch 1.13 (float64): x = sin(0.1 * arange(24).reshape(2, 3, 4)) * 2, one target ignored.
+  Tensor x = (sin(arange(24, DType::Float64).view({2, 3, 4}) * 0.1) * 2.0).requires_grad_();
+  Tensor t = tensor<int64_t>({{0, 2, 1, 1}, {2, 0, -100, 1}});
+  CHECK(cross_entropy(x, t).item<double>() == Approx(1.1647766492925822).epsilon(1e-12));
+  CHECK(cross_entropy(x, t, Reduction::Sum).item<double>() ==
+        Approx(8.153436545048075).epsilon(1e-12));
+  Tensor none = cross_entropy(x, t, Reduction::None);
+  REQUIRE(none.shape() == Shape{2, 4});
+  std::vector<double> want{1.998417538526128, 0.5874642827536488, 1.1695599578509093,
+                           1.1431729897674143, 1.1769342484578496, 1.056394534253639, 0.0,
+                           1.0214929934384869};
+  std::vector<double> got = none.detach().to_vector<double>();
+  for (size_t i = 0; i < want.size(); ++i) CHECK(got[i] == Approx(want[i]).epsilon(1e-12));
+  cross_entropy(x, t).backward();
+  Tensor g = x.grad();
+  std::vector<double> g00{g.select(0, 0).select(1, 0).to_vector<double>()};
+  CHECK(g00[0] == Approx(-0.12349291204999195).epsilon(1e-12));
+  CHECK(g00[1] == Approx(0.04219341963308957).epsilon(1e-12));
+  CHECK(g00[2] == Approx(0.08129949241690239).epsilon(1e-12));
+  CHECK(g.select(0, 1).select(1, 2).to_vector<double>() == std::vector<double>{0, 0, 0});
+  // A target of the wrong shape names both shapes.
+  CHECK_THROWS_WITH(nll_loss(x, tensor<int64_t>({0, 1})),
+                    Catch::Contains("[2, 4]") && Catch::Contains("[2, 3, 4]") &&
+                        Catch::Contains("[2]"));
+}
+
 TEST_CASE("mse_loss") {
   Tensor a = tensor<float>({1, 2, 3});
   Tensor b = tensor<float>({1, 0, 5});

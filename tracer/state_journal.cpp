@@ -1,0 +1,68 @@
+#include "tracer/state_journal.h"
+
+#include "eager/autograd.h"
+#include "tracer/recorder.h"
+
+namespace kiln::tracer {
+
+namespace {
+
+// Runs the journal's own tensor work unrecorded: not traced, not differentiated, not journaled.
+template <class F> decltype(auto) quietly(F&& fn) {
+  WriteObserver* observer = dispatch::set_write_observer(nullptr);
+  struct Restore {
+    WriteObserver* o;
+    ~Restore() { dispatch::set_write_observer(o); }
+  } restore{observer};
+  NoGradGuard no_grad;
+  return untraced(std::forward<F>(fn));
+}
+
+// All of `t`'s storage as a flat tensor of t's dtype (a view sharing it).
+Tensor whole_storage(const Tensor& t) {
+  auto impl = std::make_shared<TensorImpl>();
+  impl->storage = t.storage();
+  impl->dtype = t.dtype();
+  impl->shape = {static_cast<int64_t>(t.storage()->nbytes() / t.itemsize())};
+  impl->strides = {1};
+  return Tensor(std::move(impl));
+}
+
+}  // namespace
+
+StateJournal::StateJournal()
+    : outer_(dispatch::set_write_observer(this)), first_new_serial_(StorageImpl::next_serial()) {}
+StateJournal::~StateJournal() { dispatch::set_write_observer(outer_); }
+
+void StateJournal::before_write(const Tensor& dst, Loc loc) {
+  if (!dst.defined() || dst.storage()->serial() >= first_new_serial_ ||
+      written_at_.count(dst.storage().get()))
+    return;
+  quietly([&] {
+    Tensor whole = whole_storage(dst);
+    written_at_[dst.storage().get()] = written_.size();
+    written_.push_back({whole, whole.clone(), user_facing(loc)});
+  });
+}
+
+void StateJournal::before_grad_change(const Tensor& t) {
+  if (!t.defined() || grads_.count(t.impl())) return;
+  grads_[t.impl()] = {t, quietly([&] { return t.grad(); })};
+}
+
+std::vector<Tensor> StateJournal::current() const {
+  std::vector<Tensor> out;
+  quietly([&] {
+    for (const Written& w : written_) out.push_back(w.whole.clone());
+  });
+  return out;
+}
+
+void StateJournal::restore() {
+  quietly([&] {
+    for (Written& w : written_) w.whole.copy_(w.before);
+    for (auto& [impl, g] : grads_) g.tensor.set_grad(g.before);
+  });
+}
+
+}  // namespace kiln::tracer

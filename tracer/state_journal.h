@@ -1,0 +1,55 @@
+#pragma once
+/// StateJournal: undoes what a run of a function did to tensors that existed before it, so that
+/// the function can run again from the same state. CompileOptions::check and kiln::compare run
+/// a function more than once (eagerly, compiled); a training step writes its parameters, its
+/// optimizer's state and their .grad, and each run must start from the caller's state.
+#include <memory>
+#include <unordered_map>
+#include <vector>
+
+#include "eager/dispatch.h"
+
+namespace kiln::tracer {
+
+class StateJournal final : public WriteObserver {
+ public:
+  /// Installs itself as the calling thread's write observer until destroyed (the previous
+  /// observer is then restored; a journal inside another sees the writes first).
+  StateJournal();
+  ~StateJournal() override;
+  StateJournal(const StateJournal&) = delete;
+  StateJournal& operator=(const StateJournal&) = delete;
+
+  /// A storage made before the journal started and written in place since, with its contents before the first
+  /// write (`before`, a flat copy of the whole storage) and the op that first wrote it.
+  struct Written {
+    Tensor whole;   // every element of the storage, flat, in the dtype it was written as
+    Tensor before;  // a copy of `whole` taken before the first write
+    Loc loc;        // that write's op
+  };
+  const std::vector<Written>& written() const { return written_; }
+  /// Whether `t`'s storage was written in place since the journal started.
+  bool wrote(const Tensor& t) const { return t.defined() && written_at_.count(t.storage().get()); }
+
+  /// Copies of the journaled storages' current contents (in written() order).
+  std::vector<Tensor> current() const;
+  /// Writes every journaled storage back to its contents before the first write and gives
+  /// every changed .grad back its old tensor. The journal keeps recording afterwards.
+  void restore();
+
+  void before_write(const Tensor& dst, Loc loc) override;
+  void before_grad_change(const Tensor& t) override;
+
+ private:
+  WriteObserver* outer_;
+  uint64_t first_new_serial_;  // storages made since the journal started are not state
+  std::vector<Written> written_;
+  std::unordered_map<const void*, size_t> written_at_;  // StorageImpl -> index in written_
+  struct Grad {
+    Tensor tensor;  // the tensor whose .grad changed (kept alive to give it back)
+    Tensor before;  // its .grad then (may be undefined)
+  };
+  std::unordered_map<const void*, Grad> grads_;  // TensorImpl -> its first change
+};
+
+}  // namespace kiln::tracer
