@@ -159,6 +159,34 @@ template <class S, class P> S expm1_f32(S x, S lib, const P& pow2i) {
   return select(x > S(20), exp_f32(x, pow2i), lib);
 }
 
+// ============================ float64 SIMD ranges ============================
+
+/// Whether S's exp / exp2 / expm1 / erf / erfc are a SIMD library's float64 versions that fail
+/// before the double range ends: xsimd's exp overflows from 709.44 (ln DBL_MAX is 709.78) and
+/// gives 0 from −708.4 (e^x is a denormal down to −745.1), exp2 overflows from 1023, erf and
+/// erfc give NaN for huge |x| (and erfc is off by 3e-9 relative at 21). Exp, Exp2 and Expm1
+/// below then use the full-range forms that follow, Erf and GeluErf the specialisation's
+/// `static S erf(S)` / `erfc(S)`. Specialised for xsimd::batch<double> in
+/// backends/cpu/simd_exp.h; scalar double uses libm and compiled code MLIR's math lowering
+/// (libm's erf / erfc for float64), both correct.
+template <class S> struct F64Range {
+  static constexpr bool kEnabled = false;
+};
+
+/// e^x from a library exp exact on [−700, 700]: e^(x − k)·e^k with k = ±700 beyond it (x − k is
+/// exact there, by Sterbenz's lemma; e^±700 is rounded once, so the result is within ~1.5 ulp).
+template <class S> S exp_f64(S x) {
+  S k = select(x > S(700), S(700), select(x < S(-700), S(-700), S(0)));
+  S scale = select(x > S(700), S(0x1.d945df4f8ec8ep+1009),
+                   select(x < S(-700), S(0x1.14f2b0fb9307fp-1010), S(1)));
+  return exp(x - k) * scale;
+}
+/// 2^x as 2^(x − k)·2^k with k = ±1000 beyond [−1000, 1000] (both factors exact).
+template <class S> S exp2_f64(S x) {
+  S k = select(x > S(1000), S(1000), select(x < S(-1000), S(-1000), S(0)));
+  S scale = select(x > S(1000), S(0x1p+1000), select(x < S(-1000), S(0x1p-1000), S(1)));
+  return exp2(x - k) * scale;
+}
 // ================================ unary ================================
 
 /// -x (integers wrap: -INT_MIN = INT_MIN).
@@ -189,12 +217,14 @@ struct Sign {
 struct Exp {
   template <class S> static S eval(S x) {
     if constexpr (F32Exp<S>::kEnabled) return exp_f32(x, F32Exp<S>::pow2i);
+    else if constexpr (F64Range<S>::kEnabled) return exp_f64(x);
     else return exp(x);
   }
 };
 struct Exp2 {
   template <class S> static S eval(S x) {
     if constexpr (F32Exp<S>::kEnabled) return exp2_f32(x, F32Exp<S>::pow2i);
+    else if constexpr (F64Range<S>::kEnabled) return exp2_f64(x);
     else return exp2(x);
   }
 };
@@ -204,12 +234,17 @@ struct Log {
 struct Log2 {
   template <class S> static S eval(S x) { return log2(x); }
 };
+/// log(1 + x); ±0 is returned as it is (xsimd's log1p(−0) gave +0; IEEE and PyTorch give −0).
 struct Log1p {
-  template <class S> static S eval(S x) { return log1p(x); }
+  template <class S> static S eval(S x) { return select(x == S(0), x, log1p(x)); }
 };
+/// e^x − 1; ±0 is returned as it is (IEEE and PyTorch: expm1(−0) = −0).
 struct Expm1 {
-  template <class S> static S eval(S x) {
+  template <class S> static S eval(S x) { return select(x == S(0), x, any_range(x)); }
+  template <class S> static S any_range(S x) {
     if constexpr (F32Exp<S>::kEnabled) return expm1_f32(x, expm1(x), F32Exp<S>::pow2i);
+    // e^x − 1 rounds to e^x above 40 (e^40 > 2^53)
+    else if constexpr (F64Range<S>::kEnabled) return select(x > S(40), exp_f64(x), expm1(x));
     else return expm1(x);
   }
 };
@@ -235,8 +270,12 @@ struct Tan {
 struct Tanh {
   template <class S> static S eval(S x) { return tanh(x); }
 };
+/// erf; ±0 is returned as it is (compiled float32's polynomial gave +0 for −0).
 struct Erf {
-  template <class S> static S eval(S x) { return erf(x); }
+  template <class S> static S eval(S x) {
+    if constexpr (F64Range<S>::kEnabled) return F64Range<S>::erf(x);
+    else return select(x == S(0), x, erf(x));
+  }
 };
 
 /// 1 / (1 + e^-x).
@@ -259,7 +298,9 @@ struct Relu {
 /// 0.5·x·erfc(−x/√2) (the same value, without the cancellation of 1 + erf for x ≪ 0).
 struct GeluErf {
   template <class S> static S eval(S x) {
-    return S(0.5) * x * erfc(x * S(-0.70710678118654752440));
+    S z = x * S(-0.70710678118654752440);
+    if constexpr (F64Range<S>::kEnabled) return S(0.5) * x * F64Range<S>::erfc(z);
+    else return S(0.5) * x * erfc(z);
   }
 };
 

@@ -106,6 +106,8 @@ class Tensor {
   /// Copies `src` (broadcast to this shape, converted to this dtype) into this tensor; a
   /// source on another device is moved to this tensor's device first.
   Tensor& copy_(const Tensor& src, Loc loc = Loc::current());
+  /// Sets every element to `value` (converted to this dtype); as in PyTorch, an expanded
+  /// (stride-0) view may be filled, unlike the other in-place ops.
   Tensor& fill_(Scalar value, Loc loc = Loc::current());
   Tensor view(const Shape& shape, Loc loc = Loc::current()) const;
   Tensor reshape(const Shape& shape, Loc loc = Loc::current()) const;

@@ -264,9 +264,11 @@ Tensor stack(const std::vector<Tensor>& xs, int64_t dim, Loc loc) {
                "all tensors must have the same shape, got {} and {}", to_string(xs[0].shape()),
                x.defined() ? to_string(x.shape()) : "undefined");
   int d = wrap_dim(dim, xs[0].dim() + 1, "stack", loc);
-  std::vector<Tensor> us;
-  for (const Tensor& x : xs) us.push_back(x.unsqueeze(d, loc));
-  return cat(us, d, loc);
+  return as_op("stack", [&] {  // unsqueeze's errors (a rank limit) name stack
+    std::vector<Tensor> us;
+    for (const Tensor& x : xs) us.push_back(x.unsqueeze(d, loc));
+    return cat(us, d, loc);
+  });
 }
 std::vector<Tensor> split(const Tensor& x, const std::vector<int64_t>& sizes, int64_t dim, Loc loc) {
   int d = wrap_dim(dim, x.dim(), "split", loc);

@@ -62,7 +62,12 @@ Tensor& Tensor::copy_(const Tensor& src, Loc loc) {
 Tensor& Tensor::fill_(Scalar value, Loc loc) {
   OpAttrs a;
   a.alpha = value;
-  dispatch::call({OpKind::Fill, {*this}, a, loc});
+  // As PyTorch, fill_ may write an expanded (stride-0) view, where several elements share one
+  // memory location: each location is filled once, through a slice of length 1 of such dims.
+  Tensor target = *this;
+  for (int d = 0; defined() && d < dim(); ++d)
+    if (strides()[d] == 0 && shape()[d] > 1) target = target.slice(d, 0, 1, 1, loc);
+  dispatch::call({OpKind::Fill, {target}, a, loc});
   return *this;
 }
 

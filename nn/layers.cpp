@@ -42,16 +42,16 @@ Dropout::Dropout(double p, Loc loc) : p(p) {
   KILN_CHECK(p >= 0 && p <= 1, "Dropout", loc, "p must be in [0, 1], got {}", p);
 }
 
-Sequential::Sequential(std::initializer_list<std::shared_ptr<Module>> modules) {
-  for (auto& m : modules) push_back(m);
+Sequential::Sequential(std::initializer_list<std::shared_ptr<Module>> modules, Loc loc) {
+  for (auto& m : modules) push_back(m, loc);
 }
 std::shared_ptr<Module> Sequential::operator[](size_t i) const {
   KILN_CHECK(i < modules_.size(), "Sequential", Loc::current(), "index {} out of range for {} modules",
              i, modules_.size());
   return modules_[i];
 }
-void Sequential::push_back(std::shared_ptr<Module> m) {
-  register_module(std::to_string(modules_.size()), m);
+void Sequential::push_back(std::shared_ptr<Module> m, Loc loc) {
+  register_module(std::to_string(modules_.size()), m, loc);
   modules_.push_back(std::move(m));
 }
 Tensor Sequential::forward(const Tensor& x) {

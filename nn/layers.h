@@ -71,8 +71,10 @@ class GELU : public Module {
 class Sequential : public Module {
  public:
   Sequential() = default;
-  Sequential(std::initializer_list<std::shared_ptr<Module>> modules);
-  void push_back(std::shared_ptr<Module> m);
+  /// Throws kiln::Error for a null module.
+  Sequential(std::initializer_list<std::shared_ptr<Module>> modules, Loc loc = Loc::current());
+  /// Throws kiln::Error for a null module.
+  void push_back(std::shared_ptr<Module> m, Loc loc = Loc::current());
   Tensor forward(const Tensor& x) override;
   std::string name() const override { return "Sequential"; }
   size_t size() const { return modules_.size(); }

@@ -34,7 +34,8 @@ Tensor Module::register_parameter(const std::string& n, Tensor t) {
   put(params_, buffers_, "register_parameter", n, t);
   return t;
 }
-void Module::to(Device device) {
+void Module::to(Device device, Loc loc) {
+  at_user_line(loc, [&] {  // the copies' errors (no CUDA device) name the caller's line
   StateDict all = named_parameters();
   for (auto& entry : named_buffers()) all.push_back(entry);
   std::vector<Tensor> moved;
@@ -53,6 +54,7 @@ void Module::to(Device device) {
     impl->offset = moved[i].offset();
     if (t.grad().defined()) t.set_grad(Tensor());
   }
+  });
 }
 
 Tensor Module::register_buffer(const std::string& n, Tensor t) {

@@ -54,7 +54,7 @@ class Module {
   /// PyTorch's module.to(device): the handles the module and the caller hold now refer to the
   /// device copy (contiguous), requires_grad is kept and .grad is dropped. Throws kiln::Error
   /// ("no CUDA device: ...") when the device is not available; nothing is moved then.
-  void to(Device device);
+  void to(Device device, Loc loc = Loc::current());
 
   /// Parameters and buffers by dotted name. A tied tensor appears under every name it is
   /// registered as ("enc.weight" and "dec.weight"), as PyTorch's state_dict.
@@ -99,8 +99,10 @@ class Module {
   bool setting(const bool& field, const char* what) const;
   const std::string& setting(const std::string& field, const char* what) const;
 
-  template <class M> std::shared_ptr<M> register_module(const std::string& name, std::shared_ptr<M> m) {
-    KILN_CHECK(m != nullptr, "register_module", Loc::current(), "submodule \"{}\" is null", name);
+  template <class M>
+  std::shared_ptr<M> register_module(const std::string& name, std::shared_ptr<M> m,
+                                     Loc loc = Loc::current()) {
+    KILN_CHECK(m != nullptr, "register_module", loc, "submodule \"{}\" is null", name);
     children_.emplace_back(name, m);
     return m;
   }

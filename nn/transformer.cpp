@@ -28,10 +28,20 @@ AttentionOutput MultiheadAttention::forward(const Tensor& query, const Tensor& k
                                             const Tensor& attn_mask, bool need_weights,
                                             bool is_causal, Loc loc) {
   return at_user_line(loc, [&] {
-  KILN_CHECK(query.dim() == 3 && key.dim() == 3 && value.dim() == 3, "MultiheadAttention",
-             Loc::current(), "expects 3-D query/key/value, got {}, {}, {}",
-             to_string(query.shape()), to_string(key.shape()), to_string(value.shape()));
   const bool bf = setting(batch_first, "batch_first");
+  if (query.dim() == 2 && key.dim() == 2 && value.dim() == 2) {
+    // Unbatched [L, E] / [S, E] (PyTorch): a batch of one; key_padding_mask [S].
+    const int64_t bd = bf ? 0 : 1;
+    Tensor kpm = key_padding_mask.defined() ? key_padding_mask.unsqueeze(0) : Tensor();
+    AttentionOutput r = forward(query.unsqueeze(bd), key.unsqueeze(bd), value.unsqueeze(bd), kpm,
+                                attn_mask, need_weights, is_causal, loc);
+    r.output = r.output.squeeze(bd);
+    if (r.weights.defined()) r.weights = r.weights.squeeze(0);
+    return r;
+  }
+  KILN_CHECK(query.dim() == 3 && key.dim() == 3 && value.dim() == 3, "MultiheadAttention",
+             Loc::current(), "expects 3-D (or unbatched 2-D) query/key/value, got {}, {}, {}",
+             to_string(query.shape()), to_string(key.shape()), to_string(value.shape()));
   Tensor q = bf ? query : query.transpose(0, 1);
   Tensor k = bf ? key : key.transpose(0, 1);
   Tensor v = bf ? value : value.transpose(0, 1);
@@ -78,11 +88,13 @@ AttentionOutput MultiheadAttention::forward(const Tensor& query, const Tensor& k
                                          : add(scores, mask);
   }
   if (key_padding_mask.defined()) {
-    KILN_CHECK(key_padding_mask.shape() == Shape({B, S}) && key_padding_mask.dtype() == DType::Bool,
+    KILN_CHECK(key_padding_mask.shape() == Shape({B, S}) &&
+                   (key_padding_mask.dtype() == DType::Bool || is_floating(key_padding_mask.dtype())),
                "MultiheadAttention", Loc::current(),
-               "key_padding_mask must be bool [{}, {}], got {} {}", B, S,
+               "key_padding_mask must be bool or floating point [{}, {}], got {} {}", B, S,
                kiln::name(key_padding_mask.dtype()), to_string(key_padding_mask.shape()));
-    scores = masked_fill(scores, key_padding_mask.view({B, 1, 1, S}), -INFINITY);
+    Tensor kpm = key_padding_mask.view({B, 1, 1, S});
+    scores = kpm.dtype() == DType::Bool ? masked_fill(scores, kpm, -INFINITY) : add(scores, kpm);
   }
   Tensor attn = softmax(scores, -1);
   Tensor attn_d = dropout(attn, setting(dropout_p, "dropout_p"), is_training());

@@ -24,11 +24,13 @@ class MultiheadAttention : public Module {
  public:
   MultiheadAttention(int64_t embed_dim, int64_t num_heads, double dropout = 0, bool bias = true,
                      bool batch_first = false, Loc loc = Loc::current());
-  /// query [B, L, E], key/value [B, S, E] (or [L, B, E] / [S, B, E] unless batch_first).
-  /// key_padding_mask: bool [B, S], true = ignore that key. attn_mask: bool (true = not
-  /// allowed) or floating point (added to the scores), [L, S] or per batch and head
-  /// [B·H, L, S] (as torch.nn.MultiheadAttention). is_causal adds the causal mask. Throws
-  /// kiln::Error for other mask dtypes (an integer mask) or shapes.
+  /// query [B, L, E], key/value [B, S, E] (or [L, B, E] / [S, B, E] unless batch_first), or
+  /// unbatched [L, E] / [S, E] (the output [L, E], weights [L, S]).
+  /// key_padding_mask: [B, S] ([S] unbatched), bool (true = ignore that key) or floating point
+  /// (added to the scores). attn_mask: bool (true = not allowed) or floating point (added to
+  /// the scores), [L, S] or per batch and head [B·H, L, S] (as torch.nn.MultiheadAttention).
+  /// is_causal adds the causal mask. Throws kiln::Error for other mask dtypes (an integer mask)
+  /// or shapes.
   AttentionOutput forward(const Tensor& query, const Tensor& key, const Tensor& value,
                           const Tensor& key_padding_mask = Tensor(),
                           const Tensor& attn_mask = Tensor(), bool need_weights = true,

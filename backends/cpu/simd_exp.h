@@ -1,7 +1,9 @@
 #pragma once
 // Internal to the CPU kernels: float32 SIMD batches take kiln's full-range exp / exp2 / expm1
 // (core/formulas.h, exp_f32) instead of xsimd's, which overflow from 88.38 and flush results
-// below e^-88.38 to 0. Include this before any kernel instantiates a formula on batch<float>.
+// below e^-88.38 to 0; float64 batches take the full-range forms of exp, exp2, expm1, erf and
+// erfc (F64Range). Include this before any kernel instantiates a formula on a batch.
+#include <cmath>
 #include <cstdint>
 #include <xsimd/xsimd.hpp>
 
@@ -16,6 +18,21 @@ template <> struct F32Exp<xsimd::batch<float>> {
     xsimd::batch<int32_t> e = (xsimd::to_int(n) + 127) << 23;
     return xsimd::bitwise_cast<xsimd::batch<float>>(e);
   }
+};
+
+template <> struct F64Range<xsimd::batch<double>> {
+  static constexpr bool kEnabled = true;
+  using B = xsimd::batch<double>;
+  /// libm per lane: correctly rounded to ~1 ulp over the whole range (float64 erf is rare
+  /// enough in models that exactness wins over SIMD speed).
+  template <double (*F)(double)> static B per_lane(B x) {
+    alignas(B::arch_type::alignment()) double v[B::size];
+    x.store_aligned(v);
+    for (double& e : v) e = F(e);
+    return B::load_aligned(v);
+  }
+  static B erf(B x) { return per_lane<std::erf>(x); }
+  static B erfc(B x) { return per_lane<std::erfc>(x); }
 };
 
 }  // namespace kiln::formulas

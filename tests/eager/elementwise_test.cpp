@@ -265,6 +265,48 @@ TEST_CASE("unary transcendentals match a float64 reference on random inputs") {
   }
 }
 
+TEST_CASE("float64 exp, exp2, expm1, erf and gelu cover the whole double range") {
+  // Found by a fresh-user trial: the SIMD float64 exp overflowed from 709.44 and gave 0 from
+  // -708.4, exp2 overflowed from 1023 and erf / gelu were NaN for |x| > ~1e62; libm (and
+  // PyTorch) give finite values up to ln(DBL_MAX) = 709.78 and denormals down to -745.1.
+  auto check = [](const char* name, auto op, double (*ref)(double), std::vector<double> xs) {
+    std::vector<double> in;
+    for (int rep = 0; rep < 8; ++rep) in.insert(in.end(), xs.begin(), xs.end());  // SIMD path
+    std::vector<double> got = op(from_vector<double>(in, {int64_t(in.size())})).template to_vector<double>();
+    for (size_t i = 0; i < in.size(); ++i) {
+      double want = ref(in[i]);
+      INFO(name << "(" << in[i] << ") = " << got[i] << ", libm " << want);
+      if (std::isinf(want) || want == 0) CHECK(got[i] == want);
+      else CHECK(std::fabs(got[i] - want) <= 2e-15 * std::fabs(want) + 2 * 4.9e-324);
+    }
+  };
+  std::vector<double> xs{-746, -745.1, -720, -708.5, -700.5, -700, -10, 0.5, 700, 700.5,
+                         705, 709.5, 709.78, 709.8, 710};
+  check("exp", [](const Tensor& t) { return exp(t); }, [](double x) { return std::exp(x); }, xs);
+  check("expm1", [](const Tensor& t) { return expm1(t); }, [](double x) { return std::expm1(x); },
+        xs);
+  check("exp2", [](const Tensor& t) { return exp2(t); }, [](double x) { return std::exp2(x); },
+        {-1080, -1074, -1050, -1022.5, -1000.5, 3.5, 1000.5, 1022.9, 1023, 1023.5, 1023.99, 1024});
+  std::vector<double> big{1e50, 1e76, -1e100, 1e300, -7, 5.5, -30, 40};
+  check("erf", [](const Tensor& t) { return erf(t); }, [](double x) { return std::erf(x); }, big);
+  check("gelu", [](const Tensor& t) { return gelu(t); },
+        [](double x) { return 0.5 * x * std::erfc(x * -0.70710678118654752440); }, big);
+  // silu's e^-x no longer overflows early: silu(-709.5) is a normal double, not -0.
+  CHECK(silu(tensor({-709.5})).item<double>() == Approx(-709.5 / std::exp(709.5)).epsilon(1e-14));
+}
+
+TEST_CASE("expm1, log1p and erf keep the sign of a zero, as IEEE and PyTorch") {
+  for (DType dt : {DType::Float32, DType::Float64}) {
+    Tensor z = tensor({-0.0, 0.0}).to(dt);
+    for (const Tensor& r : {expm1(z), log1p(z), erf(z)}) {
+      std::vector<double> v = r.to(DType::Float64).to_vector<double>();
+      CHECK(v[0] == 0);
+      CHECK(std::signbit(v[0]));
+      CHECK_FALSE(std::signbit(v[1]));
+    }
+  }
+}
+
 TEST_CASE("gelu tanh form is accurate in the negative tail (no cancellation)") {
   // x / (1 + e^(−2u)) in float64 as the reference here: 1 + tanh(u) cancels below x ≈ −5.
   auto v = random_values<float>(999, -9, -3, 3);

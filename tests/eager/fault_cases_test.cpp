@@ -45,6 +45,14 @@ TEST_CASE("sizes that overflow, negative expand sizes and bad in-place targets r
   CHECK(zeros({int64_t{1} << 62, 0}).numel() == 0);
   Tensor b = zeros({1});
   CHECK_THROWS_WITH(b.expand({3}) += tensor({1.f, 2.f, 3.f}), Catch::Contains("single memory location"));
+  CHECK_THROWS_WITH(b.expand({3}).copy_(tensor({1.f, 2.f, 3.f})), Catch::Contains("single memory location"));
+  // PyTorch 1.13 allows fill_ there (zeros(1, 2).expand(3, 2).fill_(5) sets the row to 5s).
+  Tensor row = zeros({1, 2});
+  row.expand({3, 2}).fill_(5);
+  CHECK(row.to_vector<float>() == std::vector<float>{5, 5});
+  Tensor big = zeros({1 << 20, 1});
+  big.expand({1 << 20, 64}).fill_(2);  // the parallel path, each location written once
+  CHECK(big.sum().item<double>() == double(2 << 20));
   CHECK_THROWS_WITH(full({2}, 1e20, {DType::Int32}), Catch::Contains("overflow"));
   CHECK_THROWS_AS(scalar_tensor(1.0).size(0), Error);
 }

@@ -73,6 +73,18 @@ TEST_CASE("cat accepts PyTorch's legacy 1-D empty tensor beside tensors of any r
   CHECK_THAT(error_of([&] { cat({e, x}, 2); }), Catch::Contains("dim 2") && Catch::Contains("rank 2"));
 }
 
+TEST_CASE("stack past the rank limit names stack") {
+  // Found by a fresh-user trial: the error named kiln::unsqueeze, which stack calls.
+  Tensor x = ones({1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 2});
+  try {
+    stack({x, x});
+    FAIL("no error");
+  } catch (const Error& e) {
+    CHECK(e.op() == "stack");
+    CHECK_THAT(e.message(), Catch::Contains("rank 13"));
+  }
+}
+
 TEST_CASE("stack, split and chunk values") {
   Tensor a = tensor({1, 2, 3}), b = tensor({4, 5, 6});
   Tensor s0 = stack({a, b});

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <functional>
 
+#include "backends/cuda/driver.h"
 #include "kiln/nn.h"
 
 using namespace kiln;
@@ -80,6 +81,41 @@ TEST_CASE("attention on a 2x3 example matches a hand computation") {
   auto rp = mha.forward(x, x, x, tensor({{false, true}}));
   CHECK(rp.weights.to_vector<float>()[2] == Approx(1));
   CHECK_THROWS_AS(MultiheadAttention(10, 3), Error);
+}
+
+TEST_CASE("MultiheadAttention takes unbatched [L, E] input and a float key_padding_mask as "
+          "PyTorch 1.13") {
+  // torch.nn.MultiheadAttention(4, 2) with these weights, query [3, 4], key = value [5, 4],
+  // key_padding_mask float [5] (added to the scores): output [3, 4], weights [3, 5].
+  MultiheadAttention mha(4, 2);
+  {
+    NoGradGuard ng;
+    mha.in_proj_weight.copy_(sin(arange(48, DType::Float32) * 0.1).view({12, 4}) * 0.5);
+    mha.in_proj_bias.copy_(arange(12, DType::Float32) * 0.01);
+    mha.out_proj->weight.copy_(cos(arange(16, DType::Float32) * 0.2).view({4, 4}) * 0.5);
+    mha.out_proj->bias.copy_(arange(4, DType::Float32) * -0.02);
+  }
+  Tensor q = sin(arange(12, DType::Float32) * 0.3).view({3, 4});
+  Tensor k = cos(arange(20, DType::Float32) * 0.17).view({5, 4});
+  Tensor kpm = tensor({0.f, -1.f, 0.5f, 0.f, -2.f});
+  AttentionOutput r = mha.forward(q, k, k, kpm);
+  REQUIRE(r.output.shape() == Shape{3, 4});
+  REQUIRE(r.weights.shape() == Shape{3, 5});
+  V out{-0.6644538640975952f, -0.26832765340805054f, 0.27843084931373596f, 0.6320334076881409f,
+        -1.2472569942474365f, -0.49025097489356995f, 0.5520029664039612f, 1.2351558208465576f,
+        -0.3283657133579254f, -0.12257187068462372f, 0.1454406976699829f, 0.30096742510795593f};
+  V w{0.42952996492385864f, 0.11882799118757248f, 0.32135164737701416f, 0.11813239753246307f,
+      0.012158000841736794f, 0.6111781001091003f, 0.12785018980503082f, 0.21005938947200775f,
+      0.04719329625368118f, 0.0037190569564700127f, 0.32539308071136475f, 0.1047685444355011f,
+      0.3705403208732605f, 0.1780671626329422f, 0.021230854094028473f};
+  V got = r.output.to_vector<float>(), gw = r.weights.to_vector<float>();
+  for (size_t i = 0; i < out.size(); ++i) CHECK(got[i] == Approx(out[i]).margin(2e-6));
+  for (size_t i = 0; i < w.size(); ++i) CHECK(gw[i] == Approx(w[i]).margin(2e-6));
+  // A bool mask and the float mask of -inf at the same keys agree.
+  Tensor bool_kpm = tensor({false, true, false, false, true});
+  Tensor inf_kpm = tensor({0.f, -INFINITY, 0.f, 0.f, -INFINITY});
+  CHECK(mha.forward(q, k, k, bool_kpm).output.to_vector<float>() ==
+        mha.forward(q, k, k, inf_kpm).output.to_vector<float>());
 }
 
 TEST_CASE("attention masks: per batch and head [B*H, L, S] as PyTorch; integer masks and other "
@@ -802,5 +838,27 @@ TEST_CASE("TransformerEncoderLayer names itself for an unbatched input") {
   } catch (const Error& e) {
     CHECK(e.op() == "TransformerEncoderLayer");
     CHECK_THAT(e.message(), Catch::Contains("got [5, 4]"));
+  }
+}
+
+TEST_CASE("Sequential's null module and Module::to without a device name the caller's line") {
+  // Found by a fresh-user trial: these named nn/module.h and nn/module.cpp.
+  const std::string here = __FILE__;
+  Sequential s;
+  try {
+    s.push_back(nullptr);
+    FAIL("no error");
+  } catch (const Error& e) {
+    CHECK_THAT(e.what(), Catch::Contains("is null") && Catch::Contains(here));
+  }
+  if (!cuda::is_available()) {
+    Linear lin(2, 2);
+    try {
+      lin.to(Device::cuda());
+      FAIL("no error");
+    } catch (const Error& e) {
+      CHECK_THAT(e.what(), Catch::Contains("no CUDA device") && Catch::Contains(here));
+    }
+    CHECK(lin.weight.device().is_cpu());  // nothing moved
   }
 }

@@ -59,7 +59,7 @@ TEST_CASE("errors inside nn modules name the caller's line") {
   TransformerEncoderLayerOptions o;
   o.d_model = 4, o.nhead = 2, o.dim_feedforward = 8, o.batch_first = true;
   TransformerEncoder enc(o, 2);
-  CHECK(here(where_of([&] { enc.forward(q, Tensor(), ones({2, 3})); }), __LINE__));
+  CHECK(here(where_of([&] { enc.forward(q, Tensor(), ones({2, 3}, {DType::Int64})); }), __LINE__));
   CHECK(here(where_of([&] { enc(ones({2, 3, 5})); }), __LINE__));
 
   CrossEntropyLoss ce;
