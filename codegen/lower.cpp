@@ -110,11 +110,6 @@ IrFloat exp(IrFloat a);  // below: float32 has its own expansion
 IrFloat fma(IrFloat a, IrFloat b, IrFloat c) {
   return IrFloat(mlir::math::FmaOp::create(*g_ir->b, g_ir->loc, a.v, b.v, c.v).getResult());
 }
-IrFloat bits_to_float(int32_t bits) {
-  float f;
-  std::memcpy(&f, &bits, sizeof f);
-  return IrFloat(static_cast<double>(f));
-}
 IrFloat exp2(IrFloat a);  // below, as exp
 IrFloat sqrt(IrFloat a) { return unary<mlir::math::SqrtOp>(a); }
 IrFloat tanh(IrFloat a) { return unary<mlir::math::TanhOp>(a); }

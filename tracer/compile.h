@@ -300,7 +300,9 @@ void print(const Tensor& t, const std::string& label = "", Loc loc = Loc::curren
 
 /// Runs `fn` on `args` eagerly and compiled (a fresh compile) and reports, per output, the
 /// max abs / rel difference, and where they differ beyond tolerance, the first recorded op whose
-/// compiled value diverges from eager (its op name and source line).
+/// compiled value diverges from eager (its op name and source line). Both runs start from the
+/// caller's state, which compare leaves as it found it: tensors the function writes in place
+/// (a training step's parameters and optimizer state) and .grad are given back after each run.
 struct CompareReport {
   struct Output {
     double max_abs = 0, max_rel = 0;

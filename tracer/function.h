@@ -40,8 +40,11 @@ struct CompileOptions {
   /// with one warning naming the guard that keeps failing. TorchDynamo's default is 8.
   int cache_size_limit = 8;
   Backend backend = Backend::Cpu;
-  /// Also run eagerly on every call and compare (kiln::Error when beyond tolerance, naming
-  /// the first diverging op). Slow; for debugging.
+  /// Also run eagerly on every call and compare the outputs and the state the function writes
+  /// (a training step's parameters, optimizer state): kiln::Error when beyond tolerance,
+  /// naming the first diverging op or the written tensor, and the call then has no effect.
+  /// Both runs start from the caller's state (tracer::StateJournal gives it back in between),
+  /// so a training step advances one step per call. Slow; for debugging.
   bool check = false;
   /// Relative / absolute tolerance of `check` and kiln::compare.
   double rtol = 1e-5, atol = 1e-6;
