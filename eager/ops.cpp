@@ -383,6 +383,9 @@ Tensor nll_loss(const Tensor& log_probs, const Tensor& target, Reduction reducti
   return as_op("nll_loss", [&] {
     Shape expected = log_probs.shape();
     expected.erase(1);
+    KILN_CHECK(target.dtype() == DType::Int64 || target.dtype() == DType::Int32, "nll_loss", loc,
+               "expects integer class indices as target, got {} {} for input {}",
+               kiln::name(target.dtype()), to_string(target.shape()), to_string(log_probs.shape()));
     KILN_CHECK(target.shape() == expected, "nll_loss", loc,
                "expects target {} for input {} ([N, C, d1, ...] with target [N, d1, ...]), got {}",
                to_string(expected), to_string(log_probs.shape()), to_string(target.shape()));

@@ -89,19 +89,23 @@ CompareReport compare(
     const std::function<std::vector<OutValue>(const std::vector<ArgValue>&)>& call,
     const CompileOptions& options) {
   // Both runs start from the caller's state, which the call leaves as it found it: what a run
-  // writes (a training step's parameters, optimizer state, .grad) is given back after each.
+  // writes (a training step's parameters, optimizer state, .grad) is given back after each,
+  // and the generator is where it was (both runs draw the same random numbers from there).
   StateJournal journal;
   struct GiveBack {
     StateJournal& j;
-    ~GiveBack() { j.restore(); }
+    GeneratorState rng = generator_state();
+    ~GiveBack() {
+      j.restore();
+      set_generator_state(rng);
+    }
   } give_back{journal};
   // The eager run, recorded: the recorder's tensors are eager's value of every op.
   auto prog = std::make_shared<Program>();
   std::vector<ArgValue> eager_args = fresh_copies(args);
   std::vector<ArgValue> compiled_args = fresh_copies(args);
   std::vector<OutValue> eager_outs;
-  // Both runs draw the same random numbers: the compiled one starts from eager's start state.
-  const GeneratorState rng_start = generator_state();
+  const GeneratorState rng_start = give_back.rng;
   Recorder rec(*prog);
   for (size_t i = 0; i < eager_args.size(); ++i)
     if (eager_args[i].kind == ArgValue::Kind::Tensor) rec.add_arg(eager_args[i].tensor, int(i));
@@ -195,10 +199,24 @@ CompareReport compare(
 }
 
 
+namespace {
+
+// The tensors of `args` in order (list arguments' elements included).
+std::vector<Tensor> tensors_of(const std::vector<ArgValue>& args) {
+  std::vector<Tensor> out;
+  for (const ArgValue& a : args) {
+    if (a.kind == ArgValue::Kind::Tensor) out.push_back(a.tensor);
+    if (a.kind == ArgValue::Kind::TensorList) out.insert(out.end(), a.list.begin(), a.list.end());
+  }
+  return out;
+}
+
+}  // namespace
+
 std::vector<OutValue> checked_call(
     const std::vector<ArgValue>& args, const std::function<std::vector<OutValue>()>& compiled,
     const std::function<std::vector<OutValue>(const std::vector<ArgValue>&)>& eager,
-    const CompileOptions& options) {
+    const CompileOptions& options, Loc where) {
   // Every run starts from the caller's generator state (the same random numbers) and the
   // caller's tensors; the call leaves the generator where the compiled run did. Eager runs on
   // copies of the arguments (made after the journal started: not state it gives back).
@@ -218,9 +236,23 @@ std::vector<OutValue> checked_call(
   std::string what;
   CompareReport::Output d;
   for (size_t k = 0; k < outs.size() && k < eager_outs.size() && what.empty(); ++k) {
-    if (!outs[k].is_tensor) continue;
-    d = diff(eager_outs[k].tensor, outs[k].tensor, options.rtol, options.atol);
+    if (outs[k].is_tensor) {
+      d = diff(eager_outs[k].tensor, outs[k].tensor, options.rtol, options.atol);
+    } else {  // a host number
+      double e = eager_outs[k].scalar.to<double>(), c = outs[k].scalar.to<double>();
+      d = {};
+      d.max_abs = std::fabs(e - c);
+      d.max_rel = e != 0 ? d.max_abs / std::fabs(e) : 0;
+      d.ok = e == c || d.max_abs <= options.atol + options.rtol * std::fabs(e) ||
+             (std::isnan(e) && std::isnan(c));
+    }
     if (!d.ok) what = fmt::format("output {}", k);
+  }
+  // What the function wrote into its tensor arguments (eager wrote the copies).
+  std::vector<Tensor> arg_eager = tensors_of(eager_args), arg_compiled = tensors_of(args);
+  for (size_t i = 0; i < arg_eager.size() && what.empty(); ++i) {
+    d = diff(arg_eager[i], arg_compiled[i], options.rtol, options.atol);
+    if (!d.ok) what = fmt::format("tensor argument {} after the call", i);
   }
   // The state both runs wrote: a parameter the step updates, an optimizer's moments.
   std::vector<Tensor> compiled_state = journal.current();
@@ -235,7 +267,14 @@ std::vector<OutValue> checked_call(
     set_generator_state(rng_end);
     return outs;
   }
-  journal.restore();  // the failed call has no effect
+  // The failed call has no effect: the state and the arguments get their old values back.
+  journal.restore();
+  std::vector<Tensor> arg_before = tensors_of(spare);
+  untraced([&] {
+    NoGradGuard no_grad;
+    for (size_t i = 0; i < arg_before.size(); ++i)
+      if (!diff(arg_before[i], arg_compiled[i], 0, 0).ok) arg_compiled[i].copy_(arg_before[i]);
+  });
   set_generator_state(rng_start);
   CompareReport r = tracer::compare(spare, eager, options);
   set_generator_state(rng_start);
@@ -243,7 +282,8 @@ std::vector<OutValue> checked_call(
               fmt::format("check: {} differs from eager (max abs diff {:.3g}, max rel diff "
                           "{:.3g}); first divergence: {}",
                           what, d.max_abs, d.max_rel,
-                          r.first_divergence.empty() ? "not found" : r.first_divergence));
+                          r.first_divergence.empty() ? "not found" : r.first_divergence),
+              where);
 }
 
 }  // namespace tracer

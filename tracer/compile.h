@@ -176,7 +176,10 @@ std::vector<OutValue> invoke_with(F& fn, const std::tuple<const A&...>& args,
       else return std::get<J>(args);
     };
     std::vector<OutValue> o;
-    to_outs(fn(pick(std::integral_constant<size_t, I>{})...), o);
+    if constexpr (std::is_void_v<decltype(fn(pick(std::integral_constant<size_t, I>{})...))>)
+      fn(pick(std::integral_constant<size_t, I>{})...);
+    else
+      to_outs(fn(pick(std::integral_constant<size_t, I>{})...), o);
     return o;
   }(std::index_sequence_for<A...>{});
 }
@@ -194,10 +197,12 @@ std::vector<ArgValue> fresh_copies(const std::vector<ArgValue>& args);
 /// tensors; on a difference, gives the written state back, finds the first diverging op with
 /// kiln::compare and throws kiln::Error naming it; the call then has no effect. Otherwise
 /// returns the compiled outputs, the state left as the compiled run left it.
+/// The outputs compared are tensors and host numbers, and the tensor arguments after the call
+/// (what the function wrote into them). Errors are reported at `where` (the compile() line).
 std::vector<OutValue> checked_call(
     const std::vector<ArgValue>& args, const std::function<std::vector<OutValue>()>& compiled,
     const std::function<std::vector<OutValue>(const std::vector<ArgValue>&)>& eager,
-    const CompileOptions& options);
+    const CompileOptions& options, Loc where);
 }  // namespace tracer
 
 /// A compiled function: call it like the function it wraps.
@@ -206,7 +211,8 @@ template <class F> class Compiled {
   Compiled(F fn, CompileOptions options, std::string name, Loc loc = Loc::current())
       : fn_(std::make_shared<F>(std::move(fn))),
         impl_(std::make_shared<tracer::CompiledFunction>(std::move(name), std::move(options),
-                                                         loc)) {}
+                                                         loc)),
+        loc_(loc) {}
 
   /// Calls the function: replays a compiled specialisation whose guards pass, or traces and
   /// compiles a new one (running `fn` eagerly once). Errors are eager mode's kiln::Error,
@@ -214,21 +220,25 @@ template <class F> class Compiled {
   template <class... A> decltype(auto) operator()(A&&... args) const {
     using R = std::invoke_result_t<F&, A&&...>;
     std::vector<tracer::ArgValue> av{tracer::detail::to_arg(args)...};
-    if constexpr (std::is_void_v<R>) {
-      impl_->call(av, [&]() -> std::vector<tracer::OutValue> {
-        (*fn_)(std::forward<A>(args)...);
-        return {};
-      }, Loc::current());
-    } else if (impl_->options().check && !tracer::compile_disabled()) {
+    // check: not while an outer compiled function (or kiln::compare) records this call, which
+    // checks the whole; this call's eager run and undo would be recorded into it.
+    if (impl_->options().check && !tracer::compile_disabled() && !dispatch::tracer_hook()) {
       std::tuple<const std::decay_t<A>&...> tup(args...);
       auto eager = [&](const std::vector<tracer::ArgValue>& in) {
         return tracer::detail::invoke_with(*fn_, tup, in);
       };
       std::vector<tracer::OutValue> outs = tracer::checked_call(
           av, [&] { return impl_->call(av, [&] { return eager(av); }, Loc::current()); }, eager,
-          impl_->options());
-      size_t i = 0;
-      return tracer::detail::from_outs<R>(outs, i, outs.size());
+          impl_->options(), loc_);
+      if constexpr (!std::is_void_v<R>) {
+        size_t i = 0;
+        return tracer::detail::from_outs<R>(outs, i, outs.size());
+      }
+    } else if constexpr (std::is_void_v<R>) {
+      impl_->call(av, [&]() -> std::vector<tracer::OutValue> {
+        (*fn_)(std::forward<A>(args)...);
+        return {};
+      }, Loc::current());
     } else {
       std::vector<tracer::OutValue> outs = impl_->call(
           av,
@@ -257,6 +267,7 @@ template <class F> class Compiled {
  private:
   std::shared_ptr<F> fn_;
   std::shared_ptr<tracer::CompiledFunction> impl_;
+  Loc loc_;  // where compile() was called
 };
 
 /// Wraps `fn` (a lambda, function pointer or functor over Tensors and host numbers) for

@@ -35,6 +35,7 @@ StateJournal::StateJournal()
 StateJournal::~StateJournal() { dispatch::set_write_observer(outer_); }
 
 void StateJournal::before_write(const Tensor& dst, Loc loc) {
+  if (outer_) outer_->before_write(dst, loc);  // an enclosing journal undoes this run too
   if (!dst.defined() || dst.storage()->serial() >= first_new_serial_ ||
       written_at_.count(dst.storage().get()))
     return;
@@ -46,7 +47,9 @@ void StateJournal::before_write(const Tensor& dst, Loc loc) {
 }
 
 void StateJournal::before_grad_change(const Tensor& t) {
-  if (!t.defined() || grads_.count(t.impl())) return;
+  if (outer_) outer_->before_grad_change(t);
+  // A tensor made during the run is not state (and is not kept alive here).
+  if (!t.defined() || t.storage()->serial() >= first_new_serial_ || grads_.count(t.impl())) return;
   grads_[t.impl()] = {t, quietly([&] { return t.grad(); })};
 }
 

@@ -14,7 +14,7 @@ namespace kiln::tracer {
 class StateJournal final : public WriteObserver {
  public:
   /// Installs itself as the calling thread's write observer until destroyed (the previous
-  /// observer is then restored; a journal inside another sees the writes first).
+  /// observer is then restored). Inside another journal, it passes every write on to it.
   StateJournal();
   ~StateJournal() override;
   StateJournal(const StateJournal&) = delete;

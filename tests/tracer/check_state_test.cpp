@@ -94,3 +94,83 @@ TEST_CASE("check = true reports state that compiled code leaves different, and u
   CHECK(vec(t.lin.bias) == b);
   CHECK(t.opt.step_count() == 1);
 }
+
+// Found by a second fresh-user trial of check and compare (each case failed before its fix).
+TEST_CASE("check = true inside another compiled function or compare: one step per call",
+          "[compile]") {
+  Tensor w = ones({2}).requires_grad_();
+  auto step = [&](const Tensor& x) {
+    w.set_grad(Tensor());
+    Tensor loss = (w * x).sum();
+    loss.backward();
+    {
+      NoGradGuard ng;
+      w -= w.grad() * 0.5;
+    }
+    return loss;
+  };
+  auto inner = compile(step, {.check = true});
+  auto outer = compile([&](const Tensor& x) { return inner(x) * 1.0; }, {.check = true});
+  Tensor x = tensor({1.0f, 2.0f});
+  for (int i = 1; i <= 4; ++i) {
+    Tensor loss = outer(x);
+    CHECK(loss.item<float>() == Approx(3.0 - 2.5 * (i - 1)));
+    CHECK(w.to_vector<float>() == std::vector<float>{1 - 0.5f * i, 1 - 1.0f * i});
+  }
+  CompareReport r = kiln::compare([&](const Tensor& in) { return inner(in); }, x);
+  CHECK(r.ok);
+  CHECK(w.to_vector<float>() == std::vector<float>{-1, -3});  // compare gave the step back
+}
+
+TEST_CASE("check = true compares void steps, written arguments and host-number outputs",
+          "[compile]") {
+  // A host constant changed after tracing is stale in the replay (tf.function semantics):
+  // check must see it whatever the function returns.
+  float scale = 1;
+  Tensor w = ones({2});
+  auto void_step = compile([&](const Tensor& x) { w += x * scale; }, {.check = true});
+  void_step(ones({2}));
+  CHECK(w.to_vector<float>() == std::vector<float>{2, 2});
+  scale = 3;
+  CHECK_THROWS_WITH(void_step(ones({2})), Catch::Contains("check: the tensor written at") &&
+                                             Catch::Contains("check_state_test.cpp"));
+  CHECK(w.to_vector<float>() == std::vector<float>{2, 2});  // no effect
+
+  float k = 1;
+  auto scale_arg = compile([&](Tensor a) { a *= k; return a.sum() * 0.0; }, {.check = true});
+  Tensor a = arange(3, DType::Float32);
+  scale_arg(a);
+  k = 5;
+  CHECK_THROWS_WITH(scale_arg(a), Catch::Contains("tensor argument 0 after the call differs"));
+  CHECK(a.to_vector<float>() == std::vector<float>{0, 1, 2});  // given back
+
+  double s = 1;
+  auto two = compile([&](const Tensor& x) { return std::make_pair(x * 2.0, s * 10); },
+                     {.check = true});
+  two(ones({1}));
+  s = 3;
+  CHECK_THROWS_WITH(two(ones({1})), Catch::Contains("output 1 differs"));
+}
+
+TEST_CASE("check = true with retain_grad caches the function; compare keeps the generator",
+          "[compile]") {
+  Tensor w = arange(3, DType::Float32).requires_grad_();
+  auto f = compile([&](const Tensor& x) {
+    Tensor y = x * w;
+    y.retain_grad();
+    (y * y).sum().backward();
+    return y.grad() * 1.0;
+  }, {.check = true});
+  for (int i = 0; i < 4; ++i) {
+    w.set_grad(Tensor());
+    CHECK(f(arange(3, DType::Float32) + 1.0).to_vector<float>() == std::vector<float>{0, 4, 12});
+  }
+  CHECK(f.compile_count() == 1);
+
+  manual_seed(1);
+  Tensor expected = rand({3});
+  manual_seed(1);
+  CompareReport r = kiln::compare([](const Tensor& x) { return dropout(x, 0.5, true); }, ones({64}));
+  CHECK(r.ok);
+  CHECK(rand({3}).to_vector<float>() == expected.to_vector<float>());
+}
