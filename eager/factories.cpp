@@ -85,7 +85,7 @@ Tensor arange(Scalar start, Scalar end, Scalar step, TensorOptions opts, Loc loc
                          (step.to<int64_t>() > 0 ? -1 : 1)) / step.to<int64_t>()
                       : static_cast<int64_t>(std::ceil((e - s) / st));
   n = std::max<int64_t>(n, 0);
-  Tensor out = empty({n}, {t}, loc);
+  Tensor out = as_op("arange", [&] { return empty({n}, {t}, loc); });
   KILN_DISPATCH_ALL(t, T, {
     T* p = out.data<T>();
     for (int64_t i = 0; i < n; ++i)

@@ -10,10 +10,12 @@ namespace kiln::nn {
 Linear::Linear(int64_t in, int64_t out, bool with_bias, Loc loc) {
   KILN_CHECK(in >= 0 && out >= 0, "Linear", loc,
              "in_features and out_features must be non-negative, got {} and {}", in, out);
-  weight = register_parameter("weight", empty({out, in}));
+  // Allocations at the caller's line: an out-of-memory error names Linear and that line.
+  weight = register_parameter(
+      "weight", as_op("Linear", [&] { return empty({out, in}, {}, loc); }));
   init::kaiming_uniform_(weight, std::sqrt(5.0));
   if (with_bias) {
-    bias = register_parameter("bias", empty({out}));
+    bias = register_parameter("bias", as_op("Linear", [&] { return empty({out}, {}, loc); }));
     double b = in > 0 ? 1 / std::sqrt(static_cast<double>(in)) : 0;  // PyTorch's bound
     init::uniform_(bias, -b, b);
   }
@@ -23,7 +25,8 @@ Tensor Linear::forward(const Tensor& x) { return linear(x, weight, bias); }
 Embedding::Embedding(int64_t num, int64_t dim, Loc loc) {
   KILN_CHECK(num >= 0 && dim >= 0, "Embedding", loc,
              "num_embeddings and embedding_dim must be non-negative, got {} and {}", num, dim);
-  weight = register_parameter("weight", empty({num, dim}));
+  weight = register_parameter(
+      "weight", as_op("Embedding", [&] { return empty({num, dim}, {}, loc); }));
   init::normal_(weight);
 }
 Tensor Embedding::forward(const Tensor& indices) { return embedding(weight, indices); }

@@ -79,4 +79,6 @@ TEST_CASE("out of memory names the op the user called and the user's line") {
   CHECK_THAT(message_of([&] { a.view({-1, 1}) * a.view({1, -1}); }),
              Catch::StartsWith("kiln::mul: out of memory") && Catch::Contains(here));
   CHECK(a.sum().item<double>() == double(int64_t{1} << 23));  // the inputs are intact
+  CHECK_THAT(message_of([&] { arange(huge); }),
+             Catch::StartsWith("kiln::arange: out of memory") && Catch::Contains(here));
 }

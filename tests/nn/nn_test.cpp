@@ -861,4 +861,11 @@ TEST_CASE("Sequential's null module and Module::to without a device name the cal
     }
     CHECK(lin.weight.device().is_cpu());  // nothing moved
   }
+  // 2^46 elements: more than a 47-bit address space holds, whatever the overcommit policy.
+  try {
+    Linear huge(int64_t{1} << 23, int64_t{1} << 23);
+    FAIL("no error");
+  } catch (const Error& e) {
+    CHECK_THAT(e.what(), Catch::StartsWith("kiln::Linear: out of memory") && Catch::Contains(here));
+  }
 }
