@@ -41,6 +41,32 @@ bool transcendental(mlir::Operation* op) {
   return found;
 }
 
+int64_t element_bytes(mlir::Value v) {
+  auto t = llvm::dyn_cast<mlir::ShapedType>(v.getType());
+  return t ? std::max<int64_t>(1, (t.getElementTypeBitWidth() + 7) / 8) : 0;
+}
+
+/// Whether recomputing `producer` inside the consumer of `operand` reads no more memory than
+/// reading its stored result would: the full-size tensors the producer reads and the consumer
+/// does not read already take at most the result's bytes per element. `x - mean` (one new
+/// float per element) qualifies; a residual add with a dropout mask (`a + where(m, b * s, 0)`,
+/// 9 bytes per element) does not, and recomputing such producers chained them: in the
+/// Transformer step each layer_norm reduction re-read every tensor back to the previous
+/// layer_norm's input (20 operands per loop nest), slower than eager's kernels.
+bool recompute_reads_less(mlir::linalg::GenericOp producer, mlir::OpOperand* operand) {
+  auto consumer = llvm::dyn_cast<mlir::linalg::LinalgOp>(operand->getOwner());
+  if (!consumer) return false;
+  llvm::SmallPtrSet<mlir::Value, 8> read;
+  for (mlir::OpOperand& in : consumer->getOpOperands()) read.insert(in.get());
+  int64_t added = 0;
+  for (mlir::OpOperand* in : producer.getDpsInputOperands()) {
+    mlir::AffineMap map = producer.getMatchingIndexingMap(in);
+    bool full_size = map.isPermutation() && map.getNumResults() == producer.getNumLoops();
+    if (full_size && !read.contains(in->get())) added += element_bytes(in->get());
+  }
+  return added <= element_bytes(operand->get());
+}
+
 bool should_fuse(mlir::OpOperand* operand) {
   mlir::Operation* producer = operand->get().getDefiningOp();
   if (!producer) return false;
@@ -66,7 +92,8 @@ bool should_fuse(mlir::OpOperand* operand) {
   });
   if (transcendental(producer)) return false;  // computed once, stored (eager does the same)
   return feeds_reduction &&
-         body_size(producer) + body_size(operand->getOwner()) <= kMaxRecomputedOps;
+         body_size(producer) + body_size(operand->getOwner()) <= kMaxRecomputedOps &&
+         recompute_reads_less(llvm::cast<mlir::linalg::GenericOp>(producer), operand);
 }
 
 /// x @ w + bias: a float linalg.matmul / batch_matmul into a zero fill (possibly expanded back

@@ -70,3 +70,32 @@ func.func @centred(%x: tensor<?x1024xf32>, %r: tensor<?x1xf32>) -> (tensor<?x102
   %y = kiln.elementwise "mul" %d, %r : (tensor<?x1024xf32>, tensor<?x1xf32>) -> tensor<?x1024xf32>
   return %y, %v : tensor<?x1024xf32>, tensor<?x1xf32>
 }
+
+// A residual add h = a + b * 1.25 before layer_norm's centring: recomputing h inside a
+// consumer would read two floats per element where the stored h is one, so h is stored once and
+// both sums and the output read it (before, each reduction re-read a and b, and in the
+// Transformer step each layer_norm's loops re-read every tensor back to the previous one).
+// CHECK-LABEL: func.func @residual_centred
+// CHECK: %[[H:.*]] = linalg.generic {{.*}}iterator_types = ["parallel", "parallel"]} ins(%arg0, %arg1 :
+// CHECK: arith.mulf
+// CHECK: arith.addf
+// CHECK: linalg.generic {{.*}}iterator_types = ["parallel", "reduction"]} ins(%[[H]] : tensor<?x256xf32>)
+// CHECK: linalg.generic {{.*}}iterator_types = ["parallel", "parallel"]}
+// CHECK: linalg.generic {{.*}}iterator_types = ["parallel", "reduction"]} ins(%[[H]], %{{.*}} : tensor<?x256xf32>, tensor<?x1xf32>)
+// CHECK: arith.subf
+// CHECK: linalg.generic {{.*}}iterator_types = ["parallel", "parallel"]}
+// CHECK: linalg.generic {{.*}}iterator_types = ["parallel", "parallel"]} ins(%[[H]], %{{.*}}, %arg2 :
+// CHECK-NOT: linalg.generic
+// CHECK: return
+// UPSTREAM-LABEL: func.func @residual_centred
+func.func @residual_centred(%a: tensor<?x256xf32>, %b: tensor<?x256xf32>, %r: tensor<?x1xf32>) -> (tensor<?x256xf32>, tensor<?x1xf32>) {
+  %c = kiln.constant dense<1.25> : tensor<f32> : tensor<f32>
+  %bs = kiln.elementwise "mul" %b, %c : (tensor<?x256xf32>, tensor<f32>) -> tensor<?x256xf32>
+  %h = kiln.elementwise "add" %a, %bs : (tensor<?x256xf32>, tensor<?x256xf32>) -> tensor<?x256xf32>
+  %m = kiln.reduce "mean" %h {dims = array<i64: 1>, keepdim} : (tensor<?x256xf32>) -> tensor<?x1xf32>
+  %d = kiln.elementwise "sub" %h, %m : (tensor<?x256xf32>, tensor<?x1xf32>) -> tensor<?x256xf32>
+  %sq = kiln.elementwise "mul" %d, %d : (tensor<?x256xf32>, tensor<?x256xf32>) -> tensor<?x256xf32>
+  %v = kiln.reduce "sum" %sq {dims = array<i64: 1>, keepdim} : (tensor<?x256xf32>) -> tensor<?x1xf32>
+  %y = kiln.elementwise "mul" %d, %r : (tensor<?x256xf32>, tensor<?x1xf32>) -> tensor<?x256xf32>
+  return %y, %v : tensor<?x256xf32>, tensor<?x1xf32>
+}
