@@ -115,13 +115,17 @@ void scale_c(int64_t m, int64_t n, T beta, T* c, int64_t ldc) {
   }
 }
 
-// An operand whose rows lie a multiple of 1 KiB apart maps them onto the same cache sets, and
+// An operand whose rows lie a multiple of 4 KiB apart maps them onto the same cache sets, and
 // oneDNN's sgemm reads such a B (and a transposed A) in place: on one Zen 3 core,
 // 256x1024x1024 with ldb = 1024 ran at 39-41 GFLOP/s against 69-87 with ldb = 1040, and
 // 1024x1024x256 with A transposed (lda = 1024) at 29-32 against 79 with lda = 1040. Such an
 // operand of a large product is copied with its rows kPaddedLd floats further apart first:
-// the copy reads and writes the operand once, a few per cent of the product's time.
-constexpr int64_t kConflictingLd = 256;  // floats: 1 KiB
+// the copy reads and writes the operand once, a few per cent of the product's time. Rows
+// 1 KiB apart (ld = 256, d_model of the Transformer benchmark) are read in place: copying them
+// made each of its GEMM shapes 5-40 % slower on 2 Zen cores with AVX-512 (x @ W.t() with
+// 1024x256x256: 308 us in place, 370 us with the copy; dW = dYᵀ @ X, 256x256x1024: 328 vs 460;
+// best of 40, scratch probe), where ld = 1024 still gained 5-12 %.
+constexpr int64_t kConflictingLd = 1024;  // floats: 4 KiB
 constexpr int64_t kPaddedLd = 16;        // floats: one cache line
 
 bool conflicting_ld(int64_t ld) { return ld >= kConflictingLd && ld % kConflictingLd == 0; }

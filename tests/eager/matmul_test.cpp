@@ -358,7 +358,7 @@ TEST_CASE("blas.h: sgemm split into row or column blocks on the pool matches a f
   // layout, a padded C (ldc > n) and beta = 1 check that each block reads and writes its part.
   const int saved = cpu::num_threads();
   cpu::set_num_threads(2);
-  // `conflict`: leading dims of A and B rounded up to a multiple of 256 floats, which sgemm
+  // `conflict`: leading dims of A and B rounded up to a multiple of 1024 floats, which sgemm
   // copies to padded rows first (B always, A when transposed; blas.cpp).
   struct Case { int64_t m, n, k; bool ta, tb, conflict = false; };
   for (Case s : {Case{96, 80, 1100, false, false}, Case{96, 80, 1100, true, false},
@@ -370,7 +370,7 @@ TEST_CASE("blas.h: sgemm split into row or column blocks on the pool matches a f
     CAPTURE(s.m, s.n, s.k, s.ta, s.tb, s.conflict);
     REQUIRE(2.0 * s.m * s.n * s.k >= cpu::kSplitGemmMinFlops);
     auto ld = [&](int64_t cols, int64_t pad) {
-      return s.conflict ? (cols + 255) / 256 * 256 : cols + pad;
+      return s.conflict ? (cols + 1023) / 1024 * 1024 : cols + pad;
     };
     const int64_t lda = ld(s.ta ? s.m : s.k, 3), ldb = ld(s.tb ? s.k : s.n, 5), ldc = s.n + 7;
     std::vector<double> ad = values((s.ta ? s.k : s.m) * lda, 6), bd = values((s.tb ? s.n : s.k) * ldb, 7),
