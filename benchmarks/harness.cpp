@@ -95,13 +95,57 @@ const Suite* find_suite(std::string_view name) {
   return it == registry().end() ? nullptr : &it->second;
 }
 
-Record run_case(const Suite& suite, const Case& c, const RunConfig& config) {
+namespace {
+
+Record new_record(const Suite& suite, const Case& c) {
   Record rec;
   rec.suite = suite.name;
   rec.case_name = c.name;
   rec.mode = c.mode;
   rec.unit = c.unit;
+  return rec;
+}
+
+// Median, min and max of the per-call seconds, the value, and the case's extra figures.
+void finish_record(Record& rec, const Case& c, const Benchmark& bench,
+                   const std::vector<double>& per_call) {
+  double median = median_of(per_call);
+  auto [lo, hi] = std::minmax_element(per_call.begin(), per_call.end());
+  rec.median_ms = median * 1e3;
+  rec.min_ms = *lo * 1e3;
+  rec.max_ms = *hi * 1e3;
+  rec.value = bench.value(median);
+  if (c.fixed_reps > 0 && !bench.measured_s) {
+    // Fixed-step cases (training steps) report throughput over all timed steps.
+    double total = 0;
+    for (double t : per_call) total += t;
+    rec.extra = {{"total_time", total}, {"avg_step_time", total / per_call.size() * 1e3}};
+    rec.value = bench.value(total / per_call.size());
+  }
+  rec.extra.insert(rec.extra.end(), bench.extra.begin(), bench.extra.end());
+}
+
+// Runs `fn` and records a thrown error in `rec`; returns whether it ran.
+template <class F>
+bool guarded(Record& rec, F&& fn) {
   try {
+    fn();
+    return true;
+  } catch (const Skipped& e) {
+    rec.status = Status::Skipped;
+    rec.error = e.what();
+  } catch (const std::exception& e) {  // kiln::Error included: report it, run the rest
+    rec.status = Status::Failed;
+    rec.error = e.what();
+  }
+  return false;
+}
+
+}  // namespace
+
+Record run_case(const Suite& suite, const Case& c, const RunConfig& config) {
+  Record rec = new_record(suite, c);
+  guarded(rec, [&] {
     Benchmark bench = c.setup(config);
     const Policy p = policy_for(config);
 
@@ -117,50 +161,66 @@ Record run_case(const Suite& suite, const Case& c, const RunConfig& config) {
         bench.body();
         per_call.push_back(seconds_since(start));
       }
-      double total = 0;
-      for (double t : per_call) total += t;
-      rec.extra = {{"total_time", total}, {"avg_step_time", total / reps * 1e3}};
     } else {
-    // Warm-up; its mean time per call sizes the batches below.
-    int warm_calls = 0;
-    auto warm_start = Clock::now();
-    while (warm_calls < p.warmup_calls || seconds_since(warm_start) < p.warmup_s) {
-      bench.body();
-      ++warm_calls;
-    }
-    double est = std::max(seconds_since(warm_start) / warm_calls, 1e-9);
+      // Warm-up; its mean time per call sizes the batches below.
+      int warm_calls = 0;
+      auto warm_start = Clock::now();
+      while (warm_calls < p.warmup_calls || seconds_since(warm_start) < p.warmup_s) {
+        bench.body();
+        ++warm_calls;
+      }
+      double est = std::max(seconds_since(warm_start) / warm_calls, 1e-9);
 
-    // A tiny op is timed as a loop of `batch` calls: steady_clock's resolution and the cost
-    // of reading it would otherwise dominate.
-    int64_t batch = std::max<int64_t>(1, static_cast<int64_t>(std::ceil(p.min_rep_s / est)));
-    int reps = static_cast<int>(
-        std::clamp(p.target_s / (est * batch), double(p.min_reps), double(p.max_reps)));
+      // A tiny op is timed as a loop of `batch` calls: steady_clock's resolution and the cost
+      // of reading it would otherwise dominate.
+      int64_t batch = std::max<int64_t>(1, static_cast<int64_t>(std::ceil(p.min_rep_s / est)));
+      int reps = static_cast<int>(
+          std::clamp(p.target_s / (est * batch), double(p.min_reps), double(p.max_reps)));
 
-    per_call.reserve(reps);
-    for (int r = 0; r < reps; ++r) {
-      auto start = Clock::now();
-      for (int64_t i = 0; i < batch; ++i) bench.body();
-      per_call.push_back(seconds_since(start) / batch);
+      per_call.reserve(reps);
+      for (int r = 0; r < reps; ++r) {
+        auto start = Clock::now();
+        for (int64_t i = 0; i < batch; ++i) bench.body();
+        per_call.push_back(seconds_since(start) / batch);
+      }
     }
-    }
-    double median = median_of(per_call);
-    auto [lo, hi] = std::minmax_element(per_call.begin(), per_call.end());
-    rec.median_ms = median * 1e3;
-    rec.min_ms = *lo * 1e3;
-    rec.max_ms = *hi * 1e3;
-    rec.value = bench.value(median);
-    // Fixed-step cases (training steps) report throughput over all timed steps.
-    if (c.fixed_reps > 0 && !bench.measured_s)
-      rec.value = bench.value(rec.extra[0].second / per_call.size());
-    rec.extra.insert(rec.extra.end(), bench.extra.begin(), bench.extra.end());
-  } catch (const Skipped& e) {
-    rec.status = Status::Skipped;
-    rec.error = e.what();
-  } catch (const std::exception& e) {  // kiln::Error included: report it, run the rest
-    rec.status = Status::Failed;
-    rec.error = e.what();
-  }
+    finish_record(rec, c, bench, per_call);
+  });
   return rec;
+}
+
+std::vector<Record> run_interleaved(const Suite& suite, const Case& a, const Case& b,
+                                    const RunConfig& config) {
+  struct Side {
+    const Case* c;
+    Record rec;
+    Benchmark bench;
+    bool ok = false;
+    std::vector<double> per_call;
+  };
+  Side sides[2] = {{&a, new_record(suite, a), {}, false, {}}, {&b, new_record(suite, b), {}, false, {}}};
+  for (Side& s : sides)
+    s.ok = guarded(s.rec, [&] { s.bench = s.c->setup(config); });
+  auto count = [&](const Case& c, bool reps) {
+    return config.quick ? (reps ? c.quick_reps : c.quick_warmup)
+                        : (reps ? c.fixed_reps : c.fixed_warmup);
+  };
+  for (bool timed : {false, true}) {
+    int n = std::max(count(a, timed), count(b, timed));
+    for (int i = 0; i < n; ++i)
+      for (Side& s : sides) {
+        if (!s.ok || i >= count(*s.c, timed)) continue;
+        auto start = Clock::now();
+        s.ok = guarded(s.rec, [&] { s.bench.body(); });
+        if (s.ok && timed) s.per_call.push_back(seconds_since(start));
+      }
+  }
+  std::vector<Record> out;
+  for (Side& s : sides) {
+    if (s.ok) guarded(s.rec, [&] { finish_record(s.rec, *s.c, s.bench, s.per_call); });
+    out.push_back(std::move(s.rec));
+  }
+  return out;
 }
 
 bool suite_ran(std::span<const Record> records, std::string_view suite) {

@@ -259,15 +259,27 @@ int main(int argc, char** argv) {
   for (const auto& list : cases) total += list.size();
   auto t0 = std::chrono::steady_clock::now();
   for (size_t i = 0; i < selected.size(); ++i) {
-    for (const kb::Case& c : cases[i]) {
+    const std::vector<kb::Case>& list = cases[i];
+    for (size_t j = 0; j < list.size(); ++j) {
+      const kb::Case& c = list[j];
+      // An interleaved pair: this case and the next, same name, the other mode.
+      const bool pair = c.interleave && c.fixed_reps > 0 && j + 1 < list.size() &&
+                        list[j + 1].name == c.name && list[j + 1].mode != c.mode;
       double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       std::string eta = done ? fmt::format(", ETA ~{:.0f} s", elapsed / done * (total - done)) : "";
-      fmt::print(stderr, "[{}/{}] {}/{} ({}) ... {:.0f} s elapsed{}\n", done + 1, total,
-                 selected[i]->name, c.name, kb::mode_name(c.mode), elapsed, eta);
-      records.push_back(kb::run_case(*selected[i], c, config));
-      print_row(records.back(), widths);
+      fmt::print(stderr, "[{}/{}] {}/{} ({}{}) ... {:.0f} s elapsed{}\n", done + 1, total,
+                 selected[i]->name, c.name, kb::mode_name(c.mode),
+                 pair ? fmt::format(" and {}, alternating", kb::mode_name(list[j + 1].mode)) : "",
+                 elapsed, eta);
+      std::vector<kb::Record> ran = pair ? kb::run_interleaved(*selected[i], c, list[j + 1], config)
+                                         : std::vector<kb::Record>{kb::run_case(*selected[i], c, config)};
+      for (kb::Record& r : ran) {
+        records.push_back(std::move(r));
+        print_row(records.back(), widths);
+        ++done;
+      }
       std::fflush(stdout);
-      ++done;
+      j += ran.size() - 1;
     }
   }
 

@@ -40,9 +40,13 @@ void finish(Device d) {
   if (d.is_cuda()) cuda::synchronize(d.index);
 }
 
-Sizes sizes() {
+bool full_sizes() {
   const char* full = std::getenv("KILN_BENCH_FULL");
-  if (full && *full && *full != '0') return {768, 12, 3072, 12, 32, 512};
+  return full && *full && *full != '0';
+}
+
+Sizes sizes() {
+  if (full_sizes()) return {768, 12, 3072, 12, 32, 512};
   return {};
 }
 
@@ -119,6 +123,7 @@ std::vector<Case> cases() {
     // compiled, tracer/plan.cpp), which otherwise were most of the 5 timed steps (0.62x).
     c.quick_warmup = 9;
     c.quick_reps = 5;
+    c.interleave = !full_sizes();  // both models in memory: not at the original sizes
   }
   return out;
 }

@@ -1,0 +1,84 @@
+// kiln-bench's harness (benchmarks/harness.cpp): interleaved eager / compiled pairs.
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <catch2/catch.hpp>
+
+#include "benchmarks/harness.h"
+
+namespace kb = kiln::bench;
+
+namespace {
+
+// A fixed-step case whose calls append `tag` to `log`; the call numbered `throw_at` (from 0,
+// warm-up included) throws.
+kb::Case logging_case(kb::Mode mode, std::string tag, std::vector<std::string>& log,
+                      int throw_at = -1) {
+  kb::Case c;
+  c.name = "step";
+  c.mode = mode;
+  c.unit = "steps/s";
+  c.fixed_warmup = 2;
+  c.fixed_reps = 3;
+  c.quick_warmup = 1;
+  c.quick_reps = 2;
+  c.interleave = true;
+  c.setup = [&log, tag, throw_at](const kb::RunConfig&) {
+    auto calls = std::make_shared<int>(0);
+    return kb::Benchmark{[&log, tag, throw_at, calls] {
+                           if ((*calls)++ == throw_at) throw std::runtime_error(tag + " broke");
+                           log.push_back(tag);
+                         },
+                         kb::per_second(1.0)};
+  };
+  return c;
+}
+
+}  // namespace
+
+TEST_CASE("harness: an interleaved pair alternates warm-up and timed calls, one record each") {
+  kb::Suite suite{"s", "test", {}, {}};
+  std::vector<std::string> log;
+  kb::Case e = logging_case(kb::Mode::Eager, "e", log), c = logging_case(kb::Mode::Compiled, "c", log);
+  std::vector<kb::Record> r = kb::run_interleaved(suite, e, c, kb::RunConfig{false, 1});
+  CHECK(log == std::vector<std::string>{"e", "c", "e", "c", "e", "c", "e", "c", "e", "c"});
+  REQUIRE(r.size() == 2);
+  CHECK(r[0].mode == kb::Mode::Eager);
+  CHECK(r[1].mode == kb::Mode::Compiled);
+  for (const kb::Record& rec : r) {
+    CHECK(rec.status == kb::Status::Ok);
+    CHECK(rec.case_name == "step");
+    CHECK(rec.min_ms <= rec.median_ms);
+    CHECK(rec.median_ms <= rec.max_ms);
+    REQUIRE(rec.extra.size() == 2);  // total_time (s), avg_step_time (ms) over the 3 timed calls
+    CHECK(rec.extra[0].first == "total_time");
+    CHECK(rec.extra[1].second == Approx(rec.extra[0].second / 3 * 1e3));
+    CHECK(rec.value == Approx(3 / rec.extra[0].second));  // 1 step per call
+  }
+  log.clear();
+  kb::run_interleaved(suite, e, c, kb::RunConfig{true, 1});  // --quick: 1 warm-up, 2 timed
+  CHECK(log == std::vector<std::string>{"e", "c", "e", "c", "e", "c"});
+}
+
+TEST_CASE("harness: a failing case of an interleaved pair is reported, the other runs on") {
+  kb::Suite suite{"s", "test", {}, {}};
+  std::vector<std::string> log;
+  kb::Case e = logging_case(kb::Mode::Eager, "e", log);
+  kb::Case c = logging_case(kb::Mode::Compiled, "c", log, /*throw_at=*/3);
+  std::vector<kb::Record> r = kb::run_interleaved(suite, e, c, kb::RunConfig{false, 1});
+  CHECK(log == std::vector<std::string>{"e", "c", "e", "c", "e", "c", "e", "e"});
+  REQUIRE(r.size() == 2);
+  CHECK(r[0].status == kb::Status::Ok);
+  CHECK(r[1].status == kb::Status::Failed);
+  CHECK(r[1].error == "c broke");
+
+  kb::Case broken_setup = c;
+  broken_setup.setup = [](const kb::RunConfig&) -> kb::Benchmark { throw kb::Skipped("no device"); };
+  log.clear();
+  r = kb::run_interleaved(suite, broken_setup, e, kb::RunConfig{false, 1});
+  CHECK(log == std::vector<std::string>{"e", "e", "e", "e", "e"});
+  CHECK(r[0].status == kb::Status::Skipped);
+  CHECK(r[0].error == "no device");
+  CHECK(r[1].status == kb::Status::Ok);
+}
