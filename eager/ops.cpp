@@ -246,8 +246,11 @@ Tensor cat(const std::vector<Tensor>& xs, int64_t dim, Loc loc) {
   // PyTorch's legacy rule: a 1-D tensor of size 0 joins a cat of tensors of any rank. It becomes
   // a size-0 slab of the others' shape (a view), so it still takes part in dtype promotion and
   // gets its (empty) gradient, and the kernels see one rank.
-  auto legacy_empty = [](const Tensor& t) { return t.defined() && t.dim() == 1 && t.numel() == 0; };
-  auto ref = std::find_if(xs.begin(), xs.end(), [&](const Tensor& t) { return t.defined() && !legacy_empty(t); });
+  auto legacy_empty = [](const Tensor& t) {
+    return t.defined() && t.dim() == 1 && t.numel() == 0;
+  };
+  auto ref = std::find_if(xs.begin(), xs.end(),
+                          [&](const Tensor& t) { return t.defined() && !legacy_empty(t); });
   if (ref == xs.end() || ref->dim() == 1)
     return dispatch::call1({OpKind::Cat, xs, with_dim(dim), loc});
   Shape slab = ref->shape();
