@@ -8,7 +8,8 @@
 // reshuffled each epoch with a fixed seed. Two models are trained from the same initial weights:
 // one eagerly and one with the whole training step (forward, backward, AdamW step) wrapped in
 // kiln::compile, their steps alternating; before each step both seed the generator the same
-// way, so the dropout masks are the same. Test accuracy after each epoch: model.eval() under no_grad, eagerly.
+// way, so the dropout masks are the same. Test accuracy after each epoch: model.eval() under
+// no_grad, eagerly.
 //
 // The training runs once (in the first case's setup); the cases report its figures:
 //  * digits_mlp_accuracy (eager / compiled): final test accuracy, percent.
@@ -251,7 +252,9 @@ void train_modes(const Split& s, int epochs, ModeRun& eager_run, ModeRun& compil
   // new parameters and moments become their tensors' buffers instead of being copied into them.
   auto compiled_step =
       kiln::compile(step_of(modes[1]), CompileOptions{.donate_buffers = true}, "digits_mlp_step");
-  modes[1].step = [&compiled_step](const Tensor& x, const Tensor& y) { return compiled_step(x, y); };
+  modes[1].step = [&compiled_step](const Tensor& x, const Tensor& y) {
+    return compiled_step(x, y);
+  };
   modes[1].run = &compiled_run;
   Tensor test_x = from_vector(s.test_x, {s.n_test, kFeatures});
 

@@ -198,7 +198,8 @@ std::vector<Record> run_interleaved(const Suite& suite, const Case& a, const Cas
     bool ok = false;
     std::vector<double> per_call;
   };
-  Side sides[2] = {{&a, new_record(suite, a), {}, false, {}}, {&b, new_record(suite, b), {}, false, {}}};
+  Side sides[2] = {{&a, new_record(suite, a), {}, false, {}},
+                   {&b, new_record(suite, b), {}, false, {}}};
   for (Side& s : sides)
     s.ok = guarded(s.rec, [&] { s.bench = s.c->setup(config); });
   auto count = [&](const Case& c, bool reps) {
@@ -217,7 +218,12 @@ std::vector<Record> run_interleaved(const Suite& suite, const Case& a, const Cas
   }
   std::vector<Record> out;
   for (Side& s : sides) {
-    if (s.ok) guarded(s.rec, [&] { finish_record(s.rec, *s.c, s.bench, s.per_call); });
+    if (s.ok && s.per_call.empty()) {
+      s.rec.status = Status::Failed;
+      s.rec.error = "no timed calls (fixed_reps / quick_reps is 0)";
+    } else if (s.ok) {
+      guarded(s.rec, [&] { finish_record(s.rec, *s.c, s.bench, s.per_call); });
+    }
     out.push_back(std::move(s.rec));
   }
   return out;

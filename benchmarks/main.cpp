@@ -262,8 +262,10 @@ int main(int argc, char** argv) {
     const std::vector<kb::Case>& list = cases[i];
     for (size_t j = 0; j < list.size(); ++j) {
       const kb::Case& c = list[j];
-      // An interleaved pair: this case and the next, same name, the other mode.
+      // An interleaved pair: this case and the next, same name, the other mode, both with
+      // fixed steps.
       const bool pair = c.interleave && c.fixed_reps > 0 && j + 1 < list.size() &&
+                        list[j + 1].interleave && list[j + 1].fixed_reps > 0 &&
                         list[j + 1].name == c.name && list[j + 1].mode != c.mode;
       double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       std::string eta = done ? fmt::format(", ETA ~{:.0f} s", elapsed / done * (total - done)) : "";
@@ -271,8 +273,9 @@ int main(int argc, char** argv) {
                  selected[i]->name, c.name, kb::mode_name(c.mode),
                  pair ? fmt::format(" and {}, alternating", kb::mode_name(list[j + 1].mode)) : "",
                  elapsed, eta);
-      std::vector<kb::Record> ran = pair ? kb::run_interleaved(*selected[i], c, list[j + 1], config)
-                                         : std::vector<kb::Record>{kb::run_case(*selected[i], c, config)};
+      std::vector<kb::Record> ran =
+          pair ? kb::run_interleaved(*selected[i], c, list[j + 1], config)
+               : std::vector<kb::Record>{kb::run_case(*selected[i], c, config)};
       for (kb::Record& r : ran) {
         records.push_back(std::move(r));
         print_row(records.back(), widths);

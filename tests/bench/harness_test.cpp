@@ -40,7 +40,8 @@ kb::Case logging_case(kb::Mode mode, std::string tag, std::vector<std::string>& 
 TEST_CASE("harness: an interleaved pair alternates warm-up and timed calls, one record each") {
   kb::Suite suite{"s", "test", {}, {}};
   std::vector<std::string> log;
-  kb::Case e = logging_case(kb::Mode::Eager, "e", log), c = logging_case(kb::Mode::Compiled, "c", log);
+  kb::Case e = logging_case(kb::Mode::Eager, "e", log);
+  kb::Case c = logging_case(kb::Mode::Compiled, "c", log);
   std::vector<kb::Record> r = kb::run_interleaved(suite, e, c, kb::RunConfig{false, 1});
   CHECK(log == std::vector<std::string>{"e", "c", "e", "c", "e", "c", "e", "c", "e", "c"});
   REQUIRE(r.size() == 2);
@@ -74,11 +75,26 @@ TEST_CASE("harness: a failing case of an interleaved pair is reported, the other
   CHECK(r[1].error == "c broke");
 
   kb::Case broken_setup = c;
-  broken_setup.setup = [](const kb::RunConfig&) -> kb::Benchmark { throw kb::Skipped("no device"); };
+  broken_setup.setup = [](const kb::RunConfig&) -> kb::Benchmark {
+    throw kb::Skipped("no device");
+  };
   log.clear();
   r = kb::run_interleaved(suite, broken_setup, e, kb::RunConfig{false, 1});
   CHECK(log == std::vector<std::string>{"e", "e", "e", "e", "e"});
   CHECK(r[0].status == kb::Status::Skipped);
   CHECK(r[0].error == "no device");
   CHECK(r[1].status == kb::Status::Ok);
+}
+
+TEST_CASE("harness: an interleaved case without timed calls is reported failed, not read empty") {
+  kb::Suite suite{"s", "test", {}, {}};
+  std::vector<std::string> log;
+  kb::Case e = logging_case(kb::Mode::Eager, "e", log);
+  kb::Case c = logging_case(kb::Mode::Compiled, "c", log);
+  c.quick_reps = 0;
+  std::vector<kb::Record> r = kb::run_interleaved(suite, e, c, kb::RunConfig{true, 1});
+  CHECK(log == std::vector<std::string>{"e", "c", "e", "e"});
+  CHECK(r[0].status == kb::Status::Ok);
+  CHECK(r[1].status == kb::Status::Failed);
+  CHECK(r[1].error.find("no timed calls") != std::string::npos);
 }
