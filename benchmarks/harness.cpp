@@ -8,6 +8,7 @@
 #include <fstream>
 #include <map>
 #include <memory>
+#include <stdexcept>
 
 #include "backends/cpu/parallel.h"
 #include "eager/factories.h"
@@ -106,9 +107,17 @@ Record new_record(const Suite& suite, const Case& c) {
   return rec;
 }
 
+// A fixed-step case's warm-up or timed calls under this run's setting (--quick or not).
+int fixed_calls(const Case& c, const RunConfig& config, bool timed) {
+  return config.quick ? (timed ? c.quick_reps : c.quick_warmup)
+                      : (timed ? c.fixed_reps : c.fixed_warmup);
+}
+
 // Median, min and max of the per-call seconds, the value, and the case's extra figures.
+// Throws when there are no timed calls (a fixed-step case with 0 repetitions), for guarded().
 void finish_record(Record& rec, const Case& c, const Benchmark& bench,
                    const std::vector<double>& per_call) {
+  if (per_call.empty()) throw std::runtime_error("no timed calls (fixed_reps / quick_reps is 0)");
   double median = median_of(per_call);
   auto [lo, hi] = std::minmax_element(per_call.begin(), per_call.end());
   rec.median_ms = median * 1e3;
@@ -153,10 +162,8 @@ Record run_case(const Suite& suite, const Case& c, const RunConfig& config) {
     if (bench.measured_s) {
       per_call = {*bench.measured_s};
     } else if (c.fixed_reps > 0) {
-      int warm = config.quick ? c.quick_warmup : c.fixed_warmup;
-      int reps = config.quick ? c.quick_reps : c.fixed_reps;
-      for (int i = 0; i < warm; ++i) bench.body();
-      for (int r = 0; r < reps; ++r) {
+      for (int i = 0; i < fixed_calls(c, config, false); ++i) bench.body();
+      for (int r = 0; r < fixed_calls(c, config, true); ++r) {
         auto start = Clock::now();
         bench.body();
         per_call.push_back(seconds_since(start));
@@ -202,15 +209,11 @@ std::vector<Record> run_interleaved(const Suite& suite, const Case& a, const Cas
                    {&b, new_record(suite, b), {}, false, {}}};
   for (Side& s : sides)
     s.ok = guarded(s.rec, [&] { s.bench = s.c->setup(config); });
-  auto count = [&](const Case& c, bool reps) {
-    return config.quick ? (reps ? c.quick_reps : c.quick_warmup)
-                        : (reps ? c.fixed_reps : c.fixed_warmup);
-  };
   for (bool timed : {false, true}) {
-    int n = std::max(count(a, timed), count(b, timed));
+    int n = std::max(fixed_calls(a, config, timed), fixed_calls(b, config, timed));
     for (int i = 0; i < n; ++i)
       for (Side& s : sides) {
-        if (!s.ok || i >= count(*s.c, timed)) continue;
+        if (!s.ok || i >= fixed_calls(*s.c, config, timed)) continue;
         auto start = Clock::now();
         s.ok = guarded(s.rec, [&] { s.bench.body(); });
         if (s.ok && timed) s.per_call.push_back(seconds_since(start));
@@ -218,12 +221,7 @@ std::vector<Record> run_interleaved(const Suite& suite, const Case& a, const Cas
   }
   std::vector<Record> out;
   for (Side& s : sides) {
-    if (s.ok && s.per_call.empty()) {
-      s.rec.status = Status::Failed;
-      s.rec.error = "no timed calls (fixed_reps / quick_reps is 0)";
-    } else if (s.ok) {
-      guarded(s.rec, [&] { finish_record(s.rec, *s.c, s.bench, s.per_call); });
-    }
+    if (s.ok) guarded(s.rec, [&] { finish_record(s.rec, *s.c, s.bench, s.per_call); });
     out.push_back(std::move(s.rec));
   }
   return out;

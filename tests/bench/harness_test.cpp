@@ -98,3 +98,14 @@ TEST_CASE("harness: an interleaved case without timed calls is reported failed, 
   CHECK(r[1].status == kb::Status::Failed);
   CHECK(r[1].error.find("no timed calls") != std::string::npos);
 }
+
+TEST_CASE("harness: a single fixed-step case without timed calls is reported failed too") {
+  kb::Suite suite{"s", "test", {}, {}};
+  std::vector<std::string> log;
+  kb::Case c = logging_case(kb::Mode::Compiled, "c", log);
+  c.quick_reps = 0;
+  kb::Record r = kb::run_case(suite, c, kb::RunConfig{true, 1});
+  CHECK(log == std::vector<std::string>{"c"});  // the warm-up call only
+  CHECK(r.status == kb::Status::Failed);
+  CHECK(r.error.find("no timed calls") != std::string::npos);
+}
