@@ -6,6 +6,7 @@
 #include <limits>
 #include <thread>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "codegen/codegen.h"
 #include "eager/autograd.h"
@@ -452,6 +453,7 @@ Plan::Plan(std::shared_ptr<const Program> program, size_t begin, size_t end,
     steps_.push_back({k, i, nullptr, {}});
   }
   close();
+  pull_in_views(begin, end);
 
   // Values each step reads, and which values are needed outside each region.
   auto reads = [&](const Step& s, auto&& f) {
@@ -465,16 +467,19 @@ Plan::Plan(std::shared_ptr<const Program> program, size_t begin, size_t end,
   std::vector<int> last_use(p.values.size(), -1);
   for (size_t k = 0; k < steps_.size(); ++k)
     reads(steps_[k], [&](int v) { last_use[v] = static_cast<int>(k); });
-  // A value a region defines is a graph output if anything outside the region reads it.
-  std::vector<int> defined_in(p.values.size(), -1);
+  // A value a region defines is a graph output if anything outside the region reads it (a
+  // view pulled into a later region is defined in both).
+  std::vector<std::vector<int>> defined_in(p.values.size());
   for (size_t k = 0; k < steps_.size(); ++k)
     if (steps_[k].region)
       for (size_t i : steps_[k].region->nodes)
-        for (int v : p.nodes[i].out) defined_in[v] = static_cast<int>(k);
+        for (int v : p.nodes[i].out) defined_in[v].push_back(static_cast<int>(k));
   std::vector<bool> used_outside_region = used_later;
   for (size_t k = 0; k < steps_.size(); ++k)
     reads(steps_[k], [&](int v) {
-      if (defined_in[v] != static_cast<int>(k)) used_outside_region[v] = true;
+      const std::vector<int>& d = defined_in[v];
+      if (std::find(d.begin(), d.end(), static_cast<int>(k)) == d.end())
+        used_outside_region[v] = true;
     });
   // Regions compile independently (each its own MLIR context and JIT), so compile them on
   // all cores: LLVM's optimiser and code generator dominate the time of a first call.
@@ -517,6 +522,45 @@ Plan::Plan(std::shared_ptr<const Program> program, size_t begin, size_t end,
 }
 
 Plan::~Plan() = default;
+
+// A region that reads a view made outside it (a weight's W.t() saved for the backward, made in
+// the forward's region or by an eager step) takes the view's base instead and repeats the view
+// ops in its graph, where they are free: the matmul reads the transpose through its trans flag.
+// Given the strided view itself, the compiled code would copy it to a contiguous tensor on
+// every call (codegen::Executable's inputs are contiguous): 5 copies of 1 MiB per Transformer
+// step. Nodes [begin, end) are in program order, so the pulled chains precede the region's
+// nodes and read only values from before it.
+void Plan::pull_in_views(size_t begin, size_t end) {
+  const Program& p = *p_;
+  std::vector<int> producer(p.values.size(), -1);
+  for (size_t i = begin; i < end; ++i)
+    for (int v : p.nodes[i].out) producer[v] = static_cast<int>(i);
+  auto is_view = [&](int node) {
+    const Node& n = p.nodes[node];
+    return n.kind == Node::Kind::Op && op_info(n.op).category == OpCategory::View &&
+           !n.in_place && n.in.size() == 1 && n.in[0] >= 0 && n.out.size() == 1 &&
+           lowerable(p, n);
+  };
+  for (Step& s : steps_) {
+    if (!s.region) continue;
+    std::vector<size_t>& nodes = s.region->nodes;
+    std::unordered_set<int> defined;
+    for (size_t i : nodes)
+      for (int v : p.nodes[i].out) defined.insert(v);
+    std::vector<size_t> pulled;
+    std::unordered_set<size_t> seen(nodes.begin(), nodes.end());
+    for (size_t i : nodes)
+      for (int v : p.nodes[i].in)
+        for (int at = v; at >= 0 && !defined.count(at) && producer[at] >= 0 &&
+                         is_view(producer[at]);
+             at = p.nodes[producer[at]].in[0])
+          if (seen.insert(static_cast<size_t>(producer[at])).second)
+            pulled.push_back(static_cast<size_t>(producer[at]));
+    if (pulled.empty()) continue;
+    nodes.insert(nodes.end(), pulled.begin(), pulled.end());
+    std::sort(nodes.begin(), nodes.end());
+  }
+}
 
 void Plan::build_region(Region& r, const PlanOptions& o) {
   const Program& p = *p_;

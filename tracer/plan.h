@@ -84,6 +84,7 @@ class Plan {
  private:
   struct Region;
   struct Step;
+  void pull_in_views(size_t begin, size_t end);
   void build_region(Region& r, const PlanOptions& options);
   void run_region(const Region& r, RunState& st) const;
   void run_compiled(const Region& r, RunState& st) const;

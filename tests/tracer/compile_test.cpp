@@ -23,6 +23,34 @@ TEST_CASE("compile: x*x + x replays one fused kernel with eager's values", "[com
   CHECK(contains(cf.explain(), "compiled region: 2 ops -> 1 kernel"));
 }
 
+// The second region reads w.t(), a view made in the first: it takes w and repeats the
+// transpose in its graph (its matmul reads w through a trans flag) instead of being given the
+// strided view, which its compiled code would copy to a contiguous tensor on every call.
+TEST_CASE("compile: a region reading a view made before it takes the view's base",
+          "[compile][views]") {
+  auto f = [](const Tensor& x, const Tensor& w) {
+    Tensor wt = w.t();
+    Tensor a = relu(matmul(x, wt)) * 2.0;
+    Tensor c = cat({a, a}, 0);  // not in the IR: ends the first region
+    Tensor d = matmul(c + 1.0, wt) - 0.5;
+    return cat({d, wt}, 0);  // an eager op reads the view too
+  };
+  auto cf = compile(f);
+  manual_seed(3);
+  Tensor x = randn({5, 8}), w = randn({8, 8});
+  std::vector<float> want = vec(f(x, w));
+  for (int i = 0; i < 3; ++i) {
+    std::vector<float> got = vec(cf(x, w));
+    REQUIRE(got.size() == want.size());
+    for (size_t j = 0; j < got.size(); ++j) CHECK(got[j] == Approx(want[j]).epsilon(1e-5));
+  }
+  const std::string ex = cf.explain();
+  INFO(ex);
+  CHECK(contains(ex, ": transpose matmul relu mul\n"));
+  // The second region, with the transpose pulled in from the first.
+  CHECK(contains(ex, ": transpose add matmul sub\n"));
+}
+
 TEST_CASE("compile: explain() gives a region's measured choice once its timing runs are done",
           "[compile]") {
   // The first replays time the compiled code against the region's ops on eager kernels
