@@ -1581,6 +1581,63 @@ struct LowerOneHot : mlir::OpRewritePattern<kiln::dialect::IndexOp> {
   }
 };
 
+/// kiln.shape "cat": the result's tensor.empty with one tensor.insert_slice per input at its
+/// offset along `dim`. Bufferization (eliminate-empty-tensors) then has the last input's
+/// producer write straight into its slice of a graph output; the others are written to a
+/// temporary and copied in (the pass replaces the result's empty only along the chain of
+/// slices, not in the producers' inits). The inputs have the result's element type (the tracer
+/// keeps mixed-dtype cats eager).
+struct LowerCat : mlir::OpRewritePattern<kiln::dialect::ShapeOp> {
+  using OpRewritePattern::OpRewritePattern;
+  mlir::LogicalResult matchAndRewrite(kiln::dialect::ShapeOp op,
+                                      mlir::PatternRewriter& rw) const override {
+    if (kiln::dialect::op_kind_from_name(op.getKind()) != OpKind::Cat || op.getInputs().empty())
+      return rw.notifyMatchFailure(op, "kind not lowered yet");
+    auto out = llvm::cast<mlir::RankedTensorType>(op.getResult().getType());
+    const int64_t rank = out.getRank();
+    const auto dim = static_cast<int64_t>(op.getDim().value_or(0));  // I64Attr reads as uint64_t
+    const int64_t d = dim < 0 ? dim + rank : dim;
+    for (mlir::Value in : op.getInputs())
+      if (llvm::cast<mlir::RankedTensorType>(in.getType()).getElementType() != out.getElementType())
+        return rw.notifyMatchFailure(op, "an input of another element type");
+    mlir::Location loc = op.getLoc();
+    auto size_of = [&](mlir::Value v, int64_t dim) -> mlir::OpFoldResult {
+      auto t = llvm::cast<mlir::RankedTensorType>(v.getType());
+      if (!t.isDynamicDim(dim)) return rw.getIndexAttr(t.getDimSize(dim));
+      return mlir::tensor::DimOp::create(rw, loc, v, dim).getResult();
+    };
+    auto as_value = [&](mlir::OpFoldResult f) -> mlir::Value {
+      if (auto v = llvm::dyn_cast<mlir::Value>(f)) return v;
+      int64_t c = llvm::cast<mlir::IntegerAttr>(llvm::cast<mlir::Attribute>(f)).getInt();
+      return mlir::arith::ConstantIndexOp::create(rw, loc, c);
+    };
+    // Offsets along `dim`: static while every size before is.
+    auto add = [&](mlir::OpFoldResult a, mlir::OpFoldResult b) -> mlir::OpFoldResult {
+      auto ca = mlir::getConstantIntValue(a), cb = mlir::getConstantIntValue(b);
+      if (ca && cb) return rw.getIndexAttr(*ca + *cb);
+      return mlir::arith::AddIOp::create(rw, loc, as_value(a), as_value(b)).getResult();
+    };
+    mlir::OpFoldResult total = rw.getIndexAttr(0);
+    for (mlir::Value in : op.getInputs()) total = add(total, size_of(in, d));
+    llvm::SmallVector<mlir::Value> dyn;
+    for (int64_t j = 0; j < rank; ++j)
+      if (out.isDynamicDim(j)) dyn.push_back(as_value(j == d ? total : size_of(op.getInputs()[0], j)));
+    mlir::Value result =
+        mlir::tensor::EmptyOp::create(rw, loc, out.getShape(), out.getElementType(), dyn);
+    mlir::OpFoldResult offset = rw.getIndexAttr(0);
+    for (mlir::Value in : op.getInputs()) {
+      llvm::SmallVector<mlir::OpFoldResult> offsets(rank, rw.getIndexAttr(0)), sizes,
+          strides(rank, rw.getIndexAttr(1));
+      for (int64_t j = 0; j < rank; ++j) sizes.push_back(size_of(in, j));
+      offsets[d] = offset;
+      result = mlir::tensor::InsertSliceOp::create(rw, loc, in, result, offsets, sizes, strides);
+      offset = add(offset, sizes[d]);
+    }
+    rw.replaceOp(op, result);
+    return mlir::success();
+  }
+};
+
 /// kiln.constant -> arith.constant with the same dense value (a tensor constant).
 struct LowerConstant : mlir::OpRewritePattern<kiln::dialect::ConstantOp> {
   using OpRewritePattern::OpRewritePattern;
@@ -1595,7 +1652,7 @@ struct LowerConstant : mlir::OpRewritePattern<kiln::dialect::ConstantOp> {
 
 void populate_kiln_to_linalg_patterns(mlir::RewritePatternSet& patterns) {
   patterns.add<LowerElementwise, LowerReduce, LowerVar, LowerArgReduce, LowerMatmul, LowerTranspose,
-               LowerView, LowerOneHot, LowerConstant>(patterns.getContext());
+               LowerView, LowerOneHot, LowerCat, LowerConstant>(patterns.getContext());
 }
 
 std::unique_ptr<mlir::Pass> create_kiln_to_linalg_pass() {

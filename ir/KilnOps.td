@@ -83,6 +83,15 @@ def Kiln_IndexOp : Kiln_Op<"index"> {
   let assemblyFormat = "$kind $inputs attr-dict `:` functional-type($inputs, results)";
 }
 
+def Kiln_ShapeOp : Kiln_Op<"shape"> {
+  let summary = "shape-category row of the op table: cat (the inputs joined along `dim`; all of "
+                "the result's element type and rank)";
+  let arguments = (ins StrAttr:$kind, Variadic<AnyRankedTensor>:$inputs,
+                       OptionalAttr<I64Attr>:$dim);
+  let results = (outs AnyRankedTensor:$result);
+  let assemblyFormat = "$kind $inputs attr-dict `:` functional-type($inputs, results)";
+}
+
 def Kiln_ConstantOp : Kiln_Op<"constant", [ConstantLike]> {
   let summary = "tensor constant";
   let arguments = (ins ElementsAttr:$value);

@@ -4,6 +4,7 @@
 // an op whose decomposition fails (unsupported case, e.g. a dynamic class dim) is left as it is.
 #include "ir/decompose.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <numeric>
@@ -305,13 +306,92 @@ struct TransposedProduct : mlir::OpRewritePattern<ViewOp> {
   }
 };
 
+/// cat(a₁, …, aₙ) + cat(b₁, …, bₘ) -> cat(s₁, …, sₖ), s_j = (piece j of the first) + (piece j of
+/// the second), the pieces cut at every part boundary of either cat (static boundaries, the
+/// same dim, no broadcasting). Autograd sums the gradients of a tensor's slices, each padded
+/// to the whole tensor with zeros by a cat: attention's q, k and v weights are slices of one
+/// [3E, E] in-projection weight. The sum then computes each slice of the gradient once,
+/// written in place into the joined result, instead of adding whole-size temporaries; the
+/// zeros stay as constants added in the loops, so the values are eager's.
+struct SumOfCats : mlir::OpRewritePattern<ElementwiseOp> {
+  using OpRewritePattern::OpRewritePattern;
+  static constexpr size_t kMaxPieces = 16;  // each piece is a loop nest
+
+  mlir::LogicalResult matchAndRewrite(ElementwiseOp add, mlir::PatternRewriter& rw) const override {
+    if (add.getKind() != "add" || add.getInputs().size() != 2) return mlir::failure();
+    auto ca = add.getInputs()[0].getDefiningOp<ShapeOp>();
+    auto cb = add.getInputs()[1].getDefiningOp<ShapeOp>();
+    if (!ca || !cb || ca.getKind() != "cat" || cb.getKind() != "cat") return mlir::failure();
+    auto out = type_of(add.getResult());
+    if (type_of(ca.getResult()) != out || type_of(cb.getResult()) != out) return mlir::failure();
+    const int64_t r = out.getRank();
+    auto dim_of = [&](ShapeOp c) {
+      const auto d = static_cast<int64_t>(c.getDim().value_or(0));
+      return d < 0 ? d + r : d;
+    };
+    const int64_t d = dim_of(ca);
+    if (dim_of(cb) != d || d < 0 || d >= r || out.isDynamicDim(d)) return mlir::failure();
+    // Offsets of each part along d, then the end.
+    auto bounds = [&](ShapeOp c, llvm::SmallVector<int64_t>& b) {
+      b.assign(1, 0);
+      for (mlir::Value v : c.getInputs()) {
+        if (type_of(v).isDynamicDim(d)) return false;
+        b.push_back(b.back() + type_of(v).getDimSize(d));
+      }
+      return true;
+    };
+    llvm::SmallVector<int64_t> ba, bb;
+    if (!bounds(ca, ba) || !bounds(cb, bb)) return mlir::failure();
+    std::vector<int64_t> cuts(ba.begin(), ba.end());
+    cuts.insert(cuts.end(), bb.begin(), bb.end());
+    std::sort(cuts.begin(), cuts.end());
+    cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
+    if (cuts.size() - 1 > kMaxPieces) return mlir::failure();
+    mlir::Location loc = add.getLoc();
+    // Rows [lo, hi) along d of cat c: its part there, sliced if the part is larger; a
+    // broadcast constant (autograd's zeros) is broadcast to the piece's shape instead.
+    auto piece = [&](ShapeOp c, const llvm::SmallVector<int64_t>& b, int64_t lo,
+                     int64_t hi) -> mlir::Value {
+      size_t k = static_cast<size_t>(std::upper_bound(b.begin(), b.end(), lo) - b.begin()) - 1;
+      mlir::Value part = c.getInputs()[k];
+      if (lo == b[k] && hi == b[k + 1]) return part;
+      auto shape = type_of(part).getShape();
+      auto expand = part.getDefiningOp<ViewOp>();
+      if (expand && expand.getKind() == "expand" && type_of(part).hasStaticShape() &&
+          expand.getInput().getDefiningOp<ConstantOp>() && type_of(expand.getInput()).getRank() == 0) {
+        OpAttrs e;
+        e.dims = Dims(std::vector<int64_t>(shape.begin(), shape.end()));
+        e.dims[static_cast<int>(d)] = hi - lo;
+        return create_op(rw, loc, OpKind::Expand, mlir::ValueRange{expand.getInput()}, e);
+      }
+      OpAttrs sl;
+      sl.dim = d;
+      sl.start = lo - b[k];
+      sl.end = hi - b[k];
+      sl.step = 1;
+      return create_op(rw, loc, OpKind::Slice, mlir::ValueRange{part}, sl);
+    };
+    const OpAttrs add_attrs = attrs_from_op(OpKind::Add, add);
+    llvm::SmallVector<mlir::Value> sums;
+    for (size_t j = 0; j + 1 < cuts.size(); ++j) {
+      if (cuts[j] == cuts[j + 1]) continue;
+      mlir::Value x = piece(ca, ba, cuts[j], cuts[j + 1]), y = piece(cb, bb, cuts[j], cuts[j + 1]);
+      sums.push_back(create_op(rw, loc, OpKind::Add, mlir::ValueRange{x, y}, add_attrs));
+    }
+    OpAttrs cat;
+    cat.dim = d;
+    rw.replaceOp(add, create_op(rw, loc, OpKind::Cat, sums, cat));
+    return mlir::success();
+  }
+};
+
 struct DecomposePass : mlir::PassWrapper<DecomposePass, mlir::OperationPass<mlir::ModuleOp>> {
   MLIR_DEFINE_EXPLICIT_INTERNAL_INLINE_TYPE_ID(DecomposePass)
   llvm::StringRef getArgument() const override { return "kiln-decompose"; }
   llvm::StringRef getDescription() const override {
     return "Rewrite composite kiln ops (softmax, log_softmax, layer_norm, var, std, logsumexp, "
-           "nll_loss, mse_loss) into primitive kiln ops, and turn transposed matmul results into "
-           "matmuls of transposes";
+           "nll_loss, mse_loss) into primitive kiln ops, turn transposed matmul results into "
+           "matmuls of transposes, and sums of cats into cats of sums";
   }
   void runOnOperation() override {
     llvm::SmallVector<mlir::Operation*> ops;
@@ -340,9 +420,9 @@ struct DecomposePass : mlir::PassWrapper<DecomposePass, mlir::OperationPass<mlir
       while (op->getPrevNode() != before) op->getPrevNode()->erase();
     }
     // Then products whose result is transposed, with the kiln folders (x * 1, double
-    // transposes) that expose them and clean up after them.
+    // transposes) that expose them and clean up after them, and sums of cats.
     mlir::RewritePatternSet patterns(&getContext());
-    patterns.add<TransposedProduct>(&getContext());
+    patterns.add<TransposedProduct, SumOfCats>(&getContext());
     // Not converging within the driver's iteration limit leaves a valid graph: no failure.
     // Constants stay where they are (no hoisting or merging: the graph keeps its order).
     mlir::GreedyRewriteConfig config;

@@ -57,6 +57,7 @@ const char* dialect_op_for(OpKind op) {
     case OpCategory::Copy: return op == OpKind::Cast ? "elementwise" : nullptr;
     // Of the Index rows only one_hot is covered (a compare with the class index per element).
     case OpCategory::Index: return op == OpKind::OneHot ? "index" : nullptr;
+    case OpCategory::Shape: return "shape";  // cat
     default: return nullptr;
   }
 }
@@ -134,6 +135,12 @@ std::vector<mlir::RankedTensorType> infer_result_types(
                to_string(attrs.dims));
     return {mlir::RankedTensorType::get(shape, operands[0].getElementType())};
   }
+  // cat's joined dim (wrapped as infer_meta does; out of range: infer_meta raises).
+  int cat_dim = -1;
+  if (op == OpKind::Cat && !operands.empty()) {
+    const int64_t r = operands[0].getRank();
+    cat_dim = static_cast<int>(attrs.dim < 0 ? attrs.dim + r : attrs.dim);
+  }
   // Fill in sizes: static dims as they are, dynamic ones substituted.
   for (size_t i = 0; i < operands.size(); ++i) {
     auto t = operands[i];
@@ -160,6 +167,12 @@ std::vector<mlir::RankedTensorType> infer_result_types(
         } else if (i == b && d == (rank == 1 ? 0 : rank - 2) && ta.getRank() >= 1) {
           if (!ta.isDynamicDim(ta.getRank() - 1)) size = ta.getDimSize(ta.getRank() - 1);
         }
+      } else if (op == OpKind::Cat) {
+        // The joined dim adds up (a `?` in any input makes the result's `?`, below); the
+        // others must agree: an input's static size stands for the `?`.
+        if (d == cat_dim) size = 1;
+        for (auto u : operands)
+          if (d != cat_dim && u.getRank() == rank && !u.isDynamicDim(d)) size = u.getDimSize(d);
       }
       metas[i].shape[d] = size;
     }
@@ -170,6 +183,10 @@ std::vector<mlir::RankedTensorType> infer_result_types(
     llvm::SmallVector<int64_t> shape;
     for (int64_t s : o.shape)
       shape.push_back(s != 0 && s % kSymbolic == 0 ? mlir::ShapedType::kDynamic : s);
+    if (op == OpKind::Cat && cat_dim >= 0 && cat_dim < static_cast<int>(shape.size()))
+      for (auto u : operands)
+        if (u.getRank() == static_cast<int64_t>(shape.size()) && u.isDynamicDim(cat_dim))
+          shape[cat_dim] = mlir::ShapedType::kDynamic;
     out.push_back(mlir::RankedTensorType::get(shape, element_type(ctx, o.dtype)));
   }
   return out;
@@ -253,6 +270,7 @@ void attrs_to_named(OpKind kind, const OpAttrs& a, mlir::Builder& b,
     case OpCategory::Index:
       if (kind == OpKind::OneHot) add("mode", b.getI64IntegerAttr(a.mode));  // num_classes
       break;
+    case OpCategory::Shape: add("dim", b.getI64IntegerAttr(a.dim)); break;  // cat
     case OpCategory::Loss:
       if (a.mode != 0) add("mode", b.getI64IntegerAttr(a.mode));
       if (kind == OpKind::NllLoss && a.ignore_index != OpAttrs().ignore_index)
@@ -378,6 +396,7 @@ mlir::LogicalResult ReduceOp::verify() { return verify_kiln_op(getOperation(), g
 mlir::LogicalResult MatmulOp::verify() { return verify_kiln_op(getOperation(), getKind(), "matmul"); }
 mlir::LogicalResult ViewOp::verify() { return verify_kiln_op(getOperation(), getKind(), "view"); }
 mlir::LogicalResult IndexOp::verify() { return verify_kiln_op(getOperation(), getKind(), "index"); }
+mlir::LogicalResult ShapeOp::verify() { return verify_kiln_op(getOperation(), getKind(), "shape"); }
 mlir::LogicalResult CompositeOp::verify() {
   return verify_kiln_op(getOperation(), getKind(), "composite");
 }

@@ -130,6 +130,14 @@ bool lowerable(const Program& p, const Node& n) {
     if (n.op == OpKind::Fill) return true;
     return p.values[n.in[0]].dtype == p.values[n.in[1]].dtype;
   }
+  if (n.op == OpKind::Cat) {
+    // Lowered as slices written into the result (codegen/lower.cpp): inputs of the result's
+    // dtype only (eager's cat promotes); bools stay eager (the codegen stores them as bytes).
+    const DType t = p.values[n.out[0]].dtype;
+    if (t == DType::Bool) return false;
+    for (int v : n.in)
+      if (v < 0 || p.values[v].wrapped || p.values[v].dtype != t) return false;
+  }
   return ir::supports(n.op);
 }
 

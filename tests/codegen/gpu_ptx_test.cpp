@@ -172,3 +172,16 @@ TEST_CASE("gpu ptx: CUDA executables without a device refuse to run") {
   codegen::Executable exe(g, cuda_options());
   CHECK_THROWS_WITH(exe.run({ones({8})}), Catch::Contains("no CUDA device"));
 }
+
+// cat lowers to slices of the result (codegen/lower.cpp): a kernel per joined input, the last
+// writing into the output, plus the copy of the first's temporary; the PTX assembles.
+TEST_CASE("gpu ptx: cat of two computed inputs writes each into its slice of the result") {
+  ir::Graph g;
+  ir::Value x = g.input(DType::Float32, {512, 64});
+  ir::Value y = g.input(DType::Float32, {256, 64});
+  OpAttrs rows;  // dim 0
+  g.output(g.op(OpKind::Cat, {g.op(OpKind::Exp, {x}), g.op(OpKind::Mul, {y, y})}, rows));
+  codegen::Executable exe(g, cuda_options());
+  CHECK(entries(exe.ptx()) == 3);
+  check_assembles(exe.ptx(), "cat");
+}

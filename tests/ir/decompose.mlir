@@ -213,3 +213,50 @@ func.func @kept_as_written(%a: tensor<4x5xf32>, %b: tensor<5x6xf32>, %c: tensor<
   %m2 = kiln.elementwise "mul" %v, %two : (tensor<3xf32>, tensor<f32>) -> tensor<3xf32>
   return %p, %pt, %bt, %m, %m2 : tensor<4x6xf32>, tensor<6x4xf32>, tensor<4x2x6xf32>, tensor<2x3xf32>, tensor<3xf32>
 }
+
+// Autograd's sum of slice gradients padded by cats (q, k, v of one in-projection weight): one
+// cat of per-slice sums, cut at every boundary of either cat; the zeros are broadcast to each
+// piece (no whole-size zeros remain).
+// CHECK-LABEL: func.func @sum_of_cats
+// CHECK-NOT: tensor<4x4xf32>
+// CHECK-NOT: tensor<6x4xf32>) -> tensor<6x4xf32>
+// CHECK: kiln.shape "cat" %{{.*}}, %{{.*}}, %{{.*}} {dim = 0 : i64} : (tensor<2x4xf32>, tensor<2x4xf32>, tensor<2x4xf32>) -> tensor<6x4xf32>
+// CHECK-NEXT: return
+func.func @sum_of_cats(%q: tensor<2x4xf32>, %k: tensor<2x4xf32>, %v: tensor<2x4xf32>) -> tensor<6x4xf32> {
+  %c = kiln.constant dense<0.0> : tensor<f32> : tensor<f32>
+  %z4 = kiln.view "expand" %c {dims = array<i64: 4, 4>} : (tensor<f32>) -> tensor<4x4xf32>
+  %z2 = kiln.view "expand" %c {dims = array<i64: 2, 4>} : (tensor<f32>) -> tensor<2x4xf32>
+  %gq = kiln.shape "cat" %q, %z4 {dim = 0 : i64} : (tensor<2x4xf32>, tensor<4x4xf32>) -> tensor<6x4xf32>
+  %gk = kiln.shape "cat" %z2, %k, %z2 {dim = 0 : i64} : (tensor<2x4xf32>, tensor<2x4xf32>, tensor<2x4xf32>) -> tensor<6x4xf32>
+  %gv = kiln.shape "cat" %z4, %v {dim = 0 : i64} : (tensor<4x4xf32>, tensor<2x4xf32>) -> tensor<6x4xf32>
+  %s = kiln.elementwise "add" %gq, %gk : (tensor<6x4xf32>, tensor<6x4xf32>) -> tensor<6x4xf32>
+  %t = kiln.elementwise "add" %s, %gv : (tensor<6x4xf32>, tensor<6x4xf32>) -> tensor<6x4xf32>
+  return %t : tensor<6x4xf32>
+}
+
+// Parts that straddle a cut are sliced: [0, 2) a[0:2] + c, [2, 3) a[2:3] + d[0:1], [3, 6) b + d[1:4].
+// CHECK-LABEL: func.func @sum_of_cats_sliced
+// CHECK-DAG: kiln.view "slice" %arg0 {end = 2 : i64, start = 0 : i64, step = 1 : i64} : (tensor<3x4xf32>) -> tensor<2x4xf32>
+// CHECK-DAG: kiln.view "slice" %arg0 {end = 3 : i64, start = 2 : i64, step = 1 : i64} : (tensor<3x4xf32>) -> tensor<1x4xf32>
+// CHECK-DAG: kiln.view "slice" %arg3 {end = 1 : i64, start = 0 : i64, step = 1 : i64} : (tensor<4x4xf32>) -> tensor<1x4xf32>
+// CHECK-DAG: kiln.view "slice" %arg3 {end = 4 : i64, start = 1 : i64, step = 1 : i64} : (tensor<4x4xf32>) -> tensor<3x4xf32>
+// CHECK: kiln.shape "cat" {{.*}} : (tensor<2x4xf32>, tensor<1x4xf32>, tensor<3x4xf32>) -> tensor<6x4xf32>
+func.func @sum_of_cats_sliced(%a: tensor<3x4xf32>, %b: tensor<3x4xf32>, %c: tensor<2x4xf32>, %d: tensor<4x4xf32>) -> tensor<6x4xf32> {
+  %x = kiln.shape "cat" %a, %b {dim = 0 : i64} : (tensor<3x4xf32>, tensor<3x4xf32>) -> tensor<6x4xf32>
+  %y = kiln.shape "cat" %c, %d {dim = -2 : i64} : (tensor<2x4xf32>, tensor<4x4xf32>) -> tensor<6x4xf32>
+  %s = kiln.elementwise "add" %x, %y : (tensor<6x4xf32>, tensor<6x4xf32>) -> tensor<6x4xf32>
+  return %s : tensor<6x4xf32>
+}
+
+// Kept: cats along different dims, and a broadcasting add.
+// CHECK-LABEL: func.func @sums_of_cats_kept
+// CHECK: kiln.elementwise "add" %{{.*}}, %{{.*}} : (tensor<4x4xf32>, tensor<4x4xf32>) -> tensor<4x4xf32>
+// CHECK: kiln.elementwise "add" %{{.*}}, %{{.*}} : (tensor<4x4xf32>, tensor<1x4xf32>) -> tensor<4x4xf32>
+func.func @sums_of_cats_kept(%a: tensor<2x4xf32>, %b: tensor<4x2xf32>, %r: tensor<1x2xf32>) -> (tensor<4x4xf32>, tensor<4x4xf32>) {
+  %x = kiln.shape "cat" %a, %a {dim = 0 : i64} : (tensor<2x4xf32>, tensor<2x4xf32>) -> tensor<4x4xf32>
+  %y = kiln.shape "cat" %b, %b {dim = 1 : i64} : (tensor<4x2xf32>, tensor<4x2xf32>) -> tensor<4x4xf32>
+  %s = kiln.elementwise "add" %x, %y : (tensor<4x4xf32>, tensor<4x4xf32>) -> tensor<4x4xf32>
+  %rr = kiln.shape "cat" %r, %r {dim = 1 : i64} : (tensor<1x2xf32>, tensor<1x2xf32>) -> tensor<1x4xf32>
+  %t = kiln.elementwise "add" %x, %rr : (tensor<4x4xf32>, tensor<1x4xf32>) -> tensor<4x4xf32>
+  return %s, %t : tensor<4x4xf32>, tensor<4x4xf32>
+}

@@ -98,7 +98,13 @@ TEST_CASE("ir::Graph raises eager's error for invalid inputs") {
     CHECK(e.op() == "add");
     CHECK(e.message() == eager_message);
   }
-  CHECK_THROWS_AS(g.op(OpKind::Cat, {a, a}), Error);  // category not covered yet
+  CHECK_THROWS_AS(g.op(OpKind::Tril, {a}), Error);  // not covered yet
+  try {  // cat's shapes, checked as eager checks them
+    g.op(OpKind::Cat, {a, b});
+    FAIL("no error");
+  } catch (const Error& e) {
+    CHECK(e.op() == "cat");
+  }
   CHECK_THROWS_AS(g.op(OpKind::Add, {a, ir::Value{}}), Error);
 }
 
