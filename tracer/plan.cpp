@@ -132,9 +132,8 @@ bool lowerable(const Program& p, const Node& n) {
   }
   if (n.op == OpKind::Cat) {
     // Lowered as slices written into the result (codegen/lower.cpp): inputs of the result's
-    // dtype only (eager's cat promotes); bools stay eager (the codegen stores them as bytes).
+    // dtype only (eager's cat promotes).
     const DType t = p.values[n.out[0]].dtype;
-    if (t == DType::Bool) return false;
     for (int v : n.in)
       if (v < 0 || p.values[v].wrapped || p.values[v].dtype != t) return false;
   }
