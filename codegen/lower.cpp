@@ -1621,7 +1621,8 @@ struct LowerCat : mlir::OpRewritePattern<kiln::dialect::ShapeOp> {
     for (mlir::Value in : op.getInputs()) total = add(total, size_of(in, d));
     llvm::SmallVector<mlir::Value> dyn;
     for (int64_t j = 0; j < rank; ++j)
-      if (out.isDynamicDim(j)) dyn.push_back(as_value(j == d ? total : size_of(op.getInputs()[0], j)));
+      if (out.isDynamicDim(j))
+        dyn.push_back(as_value(j == d ? total : size_of(op.getInputs()[0], j)));
     mlir::Value result =
         mlir::tensor::EmptyOp::create(rw, loc, out.getShape(), out.getElementType(), dyn);
     mlir::OpFoldResult offset = rw.getIndexAttr(0);

@@ -306,9 +306,9 @@ struct TransposedProduct : mlir::OpRewritePattern<ViewOp> {
   }
 };
 
-/// cat(a₁, …, aₙ) + cat(b₁, …, bₘ) -> cat(s₁, …, sₖ), s_j = (piece j of the first) + (piece j of
-/// the second), the pieces cut at every part boundary of either cat (static boundaries, the
-/// same dim, no broadcasting). Autograd sums the gradients of a tensor's slices, each padded
+/// cat(a₁, …, aₙ) + cat(b₁, …, bₘ) -> cat(s₁, …, sₖ), s_j = (piece j of the first) +
+/// (piece j of the second), the pieces cut at every part boundary of either cat (static
+/// boundaries, the same dim, no broadcasting). Autograd sums the gradients of a tensor's slices, each padded
 /// to the whole tensor with zeros by a cat: attention's q, k and v weights are slices of one
 /// [3E, E] in-projection weight. The sum then computes each slice of the gradient once,
 /// written in place into the joined result, instead of adding whole-size temporaries; the
@@ -358,7 +358,8 @@ struct SumOfCats : mlir::OpRewritePattern<ElementwiseOp> {
       auto shape = type_of(part).getShape();
       auto expand = part.getDefiningOp<ViewOp>();
       if (expand && expand.getKind() == "expand" && type_of(part).hasStaticShape() &&
-          expand.getInput().getDefiningOp<ConstantOp>() && type_of(expand.getInput()).getRank() == 0) {
+          expand.getInput().getDefiningOp<ConstantOp>() &&
+          type_of(expand.getInput()).getRank() == 0) {
         OpAttrs e;
         e.dims = Dims(std::vector<int64_t>(shape.begin(), shape.end()));
         e.dims[static_cast<int>(d)] = hi - lo;
