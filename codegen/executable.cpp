@@ -266,10 +266,12 @@ void forward_output_copies(mlir::func::FuncOp fn) {
   }
 }
 
-/// Memref descriptor of rank r as words: allocated, aligned, offset, sizes[r], strides[r].
-std::vector<int64_t> descriptor(void* data, const Shape& shape) {
-  size_t r = static_cast<size_t>(shape.size());
-  std::vector<int64_t> d(3 + 2 * r);
+/// Memref descriptor of rank r as words: allocated, aligned, offset, sizes[r], strides[r];
+/// appended to `words`.
+void append_descriptor(std::vector<int64_t>& words, void* data, const Shape& shape) {
+  const size_t r = static_cast<size_t>(shape.size()), at = words.size();
+  words.resize(at + 3 + 2 * r);
+  int64_t* d = words.data() + at;
   d[0] = d[1] = reinterpret_cast<int64_t>(data);
   d[2] = 0;
   int64_t stride = 1;
@@ -278,7 +280,6 @@ std::vector<int64_t> descriptor(void* data, const Shape& shape) {
     d[3 + r + i] = stride;
     stride *= shape[static_cast<int>(i)];
   }
-  return d;
 }
 
 }  // namespace
@@ -551,17 +552,19 @@ const CompileStats& Executable::stats() const { return impl_->stats; }
 std::vector<Tensor> Executable::run(const std::vector<Tensor>& inputs) const {
   std::vector<Tensor> ins = checked_inputs(inputs);
   std::vector<Tensor> outs;
+  outs.reserve(impl_->outputs.size());
   for (const Param& p : impl_->outputs) {
-    std::vector<int64_t> shape(p.shape.size());
+    Shape shape = Shape::filled(static_cast<int>(p.shape.size()), 0);
     for (size_t j = 0; j < p.shape.size(); ++j) {
+      const int k = static_cast<int>(j);
       if (p.shape[j] != ir::kDynamic) {
-        shape[j] = p.shape[j];
+        shape[k] = p.shape[j];
         continue;
       }
       auto [input, dim] = p.dyn_src[j];
-      shape[j] = ins[static_cast<size_t>(input)].shape()[dim];
+      shape[k] = ins[static_cast<size_t>(input)].shape()[dim];
     }
-    outs.push_back(dispatch::empty(Shape(shape), p.dtype, impl_->device));
+    outs.push_back(dispatch::empty(shape, p.dtype, impl_->device));
   }
   launch(ins, outs);
   return outs;
@@ -608,6 +611,7 @@ std::vector<Tensor> Executable::checked_inputs(const std::vector<Tensor>& inputs
     throw Error(where, "expected " + std::to_string(I.inputs.size()) + " inputs, got " +
                            std::to_string(inputs.size()));
   std::vector<Tensor> ins;
+  ins.reserve(inputs.size());
   for (size_t i = 0; i < inputs.size(); ++i) {
     const Tensor& t = inputs[i];
     const Param& p = I.inputs[i];
@@ -629,30 +633,34 @@ std::vector<Tensor> Executable::checked_inputs(const std::vector<Tensor>& inputs
 void Executable::launch(const std::vector<Tensor>& ins, const std::vector<Tensor>& outs) const {
   const Impl& I = *impl_;
   std::vector<const Tensor*> operands;
+  operands.reserve(ins.size() + outs.size());
   for (const Tensor& t : ins) operands.push_back(&t);
   for (const Tensor& t : outs) operands.push_back(&t);
+  // The descriptors of all operands go in one buffer: two allocations per call, not one per
+  // operand (the digits MLP step's region has dozens of operands and runs in ~100 us).
+  size_t words = 0;
+  for (const Tensor* t : operands) words += 3 + 2 * static_cast<size_t>(t->dim());
   // Rows [lo, hi) of the sliced operands; the others whole.
   auto call = [&](int64_t lo, int64_t hi, const std::vector<bool>& sliced) {
-    std::vector<std::vector<int64_t>> descs;
-    descs.reserve(operands.size());
-    for (size_t i = 0; i < operands.size(); ++i) {
+    std::vector<int64_t> descs;
+    descs.reserve(words);  // never reallocated below: the pointers into it stay valid
+    // ptrs[i] points at operand i's descriptor, ptrs[n + i] at ptrs[i] (the entry's arguments).
+    const size_t n = operands.size();
+    std::vector<void*> ptrs(2 * n);
+    for (size_t i = 0; i < n; ++i) {
       const Tensor& t = *operands[i];
+      ptrs[i] = descs.data() + descs.size();
+      ptrs[n + i] = &ptrs[i];
       if (!sliced[i]) {
-        descs.push_back(descriptor(t.raw_data(), t.shape()));
+        append_descriptor(descs, t.raw_data(), t.shape());
         continue;
       }
       Shape block = t.shape();
       int64_t row_bytes = t.shape()[0] ? t.numel() / t.shape()[0] * static_cast<int64_t>(itemsize(t.dtype())) : 0;
       block[0] = hi - lo;
-      descs.push_back(descriptor(static_cast<char*>(t.raw_data()) + lo * row_bytes, block));
+      append_descriptor(descs, static_cast<char*>(t.raw_data()) + lo * row_bytes, block);
     }
-    std::vector<void*> ptrs(descs.size());
-    std::vector<void*> args(descs.size());
-    for (size_t i = 0; i < descs.size(); ++i) {
-      ptrs[i] = descs[i].data();
-      args[i] = &ptrs[i];
-    }
-    I.entry(args.data());
+    I.entry(ptrs.data() + n);
   };
   if (I.device.is_cuda()) cuda_start_run(I.device);
   std::vector<bool> sliced(operands.size(), false);

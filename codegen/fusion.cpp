@@ -8,6 +8,7 @@
 #include "codegen/lower.h"
 #include "mlir/Dialect/Arith/IR/Arith.h"
 #include "mlir/Dialect/Affine/IR/AffineOps.h"
+#include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/Dialect/Linalg/IR/Linalg.h"
 #include "mlir/Dialect/Linalg/Transforms/Transforms.h"
 #include "mlir/Dialect/Tensor/IR/Tensor.h"
@@ -233,6 +234,61 @@ void fold_addend_into_gemm(mlir::ModuleOp module) {
   }
 }
 
+/// An elementwise producer whose other uses all return its value from the function (AdamW's
+/// new moments m and v, which the parameter update reads again) becomes a second result of its
+/// elementwise consumer's loop nest: computed and stored in the same loop, not stored by one
+/// loop and read back by the next. Upstream's fusion pattern cannot do it: it recomputes such
+/// a producer in the consumer and keeps the original loop for the returned value.
+/// `fuseElementwiseOps` yields the producer's value from the fused op; here the return reads
+/// that result too, so the producer dies. AdamW's update of one parameter goes from three
+/// loops (m, v, parameter) to one.
+bool merge_returned_producer(mlir::RewriterBase& rewriter, mlir::linalg::GenericOp consumer) {
+  if (consumer.getNumReductionLoops() != 0 || !consumer.hasPureTensorSemantics()) return false;
+  for (mlir::OpOperand* operand : consumer.getDpsInputOperands()) {
+    auto producer = operand->get().getDefiningOp<mlir::linalg::GenericOp>();
+    if (!producer || producer->getNumResults() != 1 || producer.getNumReductionLoops() != 0 ||
+        producer.getNumLoops() != consumer.getNumLoops() ||
+        !consumer.getMatchingIndexingMap(operand).isIdentity() ||
+        !mlir::linalg::areElementwiseOpsFusable(operand))
+      continue;
+    mlir::Value value = producer->getResult(0);
+    int consumer_uses = 0;
+    bool others_return = true;
+    for (mlir::OpOperand& use : value.getUses()) {
+      if (use.getOwner() == consumer.getOperation()) ++consumer_uses;
+      else others_return &= llvm::isa<mlir::func::ReturnOp>(use.getOwner());
+    }
+    // A single use is upstream's ordinary fusion.
+    if (consumer_uses != 1 || !others_return || value.hasOneUse()) continue;
+    rewriter.setInsertionPoint(consumer);
+    mlir::FailureOr<mlir::linalg::ElementwiseOpFusionResult> fused =
+        mlir::linalg::fuseElementwiseOps(rewriter, operand);
+    if (mlir::failed(fused)) continue;
+    for (auto [original, replacement] : fused->replacements)
+      rewriter.replaceUsesWithIf(original, replacement, [&](mlir::OpOperand& use) {
+        return use.getOwner() != fused->fusedOp;
+      });
+    rewriter.eraseOp(consumer);
+    rewriter.eraseOp(producer);
+    return true;
+  }
+  return false;
+}
+
+void merge_returned_producers(mlir::ModuleOp module) {
+  mlir::IRRewriter rewriter(module.getContext());
+  for (bool changed = true; changed;) {
+    changed = false;
+    llvm::SmallVector<mlir::linalg::GenericOp> generics;
+    module.walk([&](mlir::linalg::GenericOp g) { generics.push_back(g); });
+    for (mlir::linalg::GenericOp g : generics)
+      if (merge_returned_producer(rewriter, g)) {
+        changed = true;
+        break;  // the walk's list holds erased ops now
+      }
+  }
+}
+
 struct FuseElementwisePass
     : mlir::PassWrapper<FuseElementwisePass, mlir::OperationPass<mlir::ModuleOp>> {
   MLIR_DEFINE_EXPLICIT_INTERNAL_INLINE_TYPE_ID(FuseElementwisePass)
@@ -264,6 +320,7 @@ struct FuseElementwisePass
     config.setRegionSimplificationLevel(mlir::GreedySimplifyRegionLevel::Disabled);
     if (mlir::failed(mlir::applyPatternsGreedily(getOperation(), std::move(patterns), config)))
       signalPassFailure();
+    merge_returned_producers(getOperation());
   }
 };
 

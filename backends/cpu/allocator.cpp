@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <vector>
 
 #include "core/error.h"
@@ -27,6 +28,13 @@ constexpr size_t kMaxCached = size_t{2} << 30;    // keep at most 2 GiB of free 
 // kSmallPerClass blocks of each class are kept (about 75 MiB at most over all classes).
 constexpr size_t kSmallBlock = size_t{4} << 10;
 constexpr size_t kSmallPerClass = 16;
+// Blocks under 4 KiB (parameters and activations of small models, 0-d tensors) are kept in
+// classes of 64 bytes: glibc serves kiln's 64-byte-aligned requests through memalign, which
+// skips its per-thread cache, so they cost a trip through its bins (with consolidation
+// passes) on every allocation. 64 per class: about 8 MiB at most over all classes.
+constexpr size_t kTinyStep = kAlignment;
+constexpr size_t kTinyClasses = kSmallBlock / kTinyStep;
+constexpr size_t kTinyPerClass = 64;
 // Recycled blocks would hide use-after-free from AddressSanitizer.
 constexpr bool kCacheSmall = !kAddressSanitizer;
 
@@ -46,22 +54,26 @@ size_t small_index(size_t cls) {
 }
 constexpr size_t kSmallClasses = 8 * 9;  // 4 KiB .. 1 MiB
 
+// A block under 4 KiB: its size rounded up to 64 bytes (64 for 0 bytes).
+size_t tiny_class(size_t n) {
+  return std::max<size_t>((n + kTinyStep - 1) / kTinyStep, 1) * kTinyStep;
+}
+
 class CachingAllocator final : public Allocator {
  public:
   void* allocate(size_t nbytes) override {
-    if (kCacheSmall && nbytes >= kSmallBlock && nbytes < kLargeBlock) {
-      const size_t cls = size_class(nbytes);
+    if (std::optional<ListSlot> slot = list_slot(nbytes)) {
       {
         std::lock_guard<std::mutex> lock(mu_);
-        std::vector<void*>& list = small_[small_index(cls)];
+        std::vector<void*>& list = *slot->list;
         if (!list.empty()) {
           void* p = list.back();
           list.pop_back();
-          cached_ -= cls;
+          cached_ -= slot->cls;
           return p;
         }
       }
-      void* p = std::aligned_alloc(kAlignment, cls);
+      void* p = std::aligned_alloc(kAlignment, slot->cls);
       if (!p) throw Error("allocate", fmt::format("out of memory allocating {} bytes", nbytes));
       return p;
     }
@@ -90,14 +102,13 @@ class CachingAllocator final : public Allocator {
   }
 
   void deallocate(void* p, size_t nbytes) override {
-    if (kCacheSmall && nbytes >= kSmallBlock && nbytes < kLargeBlock) {
-      const size_t cls = size_class(nbytes);
+    if (std::optional<ListSlot> slot = list_slot(nbytes)) {
       {
         std::lock_guard<std::mutex> lock(mu_);
-        std::vector<void*>& list = small_[small_index(cls)];
-        if (list.size() < kSmallPerClass && cached_ + cls <= kMaxCached) {
+        std::vector<void*>& list = *slot->list;
+        if (list.size() < slot->capacity && cached_ + slot->cls <= kMaxCached) {
           list.push_back(p);
-          cached_ += cls;
+          cached_ += slot->cls;
           return;
         }
       }
@@ -132,13 +143,34 @@ class CachingAllocator final : public Allocator {
       for (void* p : list) std::free(p);
       list.clear();
     }
+    for (std::vector<void*>& list : tiny_) {
+      for (void* p : list) std::free(p);
+      list.clear();
+    }
     cached_ = 0;
   }
 
  private:
+  // The free list of a block under 1 MiB: its class's size, the list and its bound.
+  struct ListSlot {
+    size_t cls;
+    std::vector<void*>* list;
+    size_t capacity;
+  };
+  std::optional<ListSlot> list_slot(size_t nbytes) {
+    if (!kCacheSmall || nbytes >= kLargeBlock) return std::nullopt;
+    if (nbytes < kSmallBlock) {
+      const size_t cls = tiny_class(nbytes);
+      return ListSlot{cls, &tiny_[cls / kTinyStep - 1], kTinyPerClass};
+    }
+    const size_t cls = size_class(nbytes);
+    return ListSlot{cls, &small_[small_index(cls)], kSmallPerClass};
+  }
+
   std::mutex mu_;
   std::multimap<size_t, void*> free_;
   std::array<std::vector<void*>, kSmallClasses> small_;  // free blocks of 4 KiB .. 1 MiB
+  std::array<std::vector<void*>, kTinyClasses> tiny_;    // free blocks under 4 KiB
   size_t cached_ = 0, hits_ = 0, misses_ = 0;
 };
 

@@ -1,5 +1,5 @@
 // The CPU caching allocator (backends/cpu/allocator.h): alignment, reuse of freed blocks by
-// size class (small and large), the per-class bound, and empty_cache.
+// size class (tiny, small and large), the per-class bounds, and empty_cache.
 #include <catch2/catch.hpp>
 
 #include <cstdint>
@@ -52,6 +52,41 @@ TEST_CASE("cpu allocator: freed blocks are reused by size class, at most 16 smal
   for (int i = 0; i < 20; ++i) blocks.push_back(a->allocate(8192));
   for (void* b : blocks) a->deallocate(b, 8192);
   CHECK(cpu::allocator_stats().cached_bytes == 16 * 8192);
+  cpu::empty_cache();
+  CHECK(cpu::allocator_stats().cached_bytes == 0);
+}
+
+TEST_CASE("cpu allocator: blocks under 4 KiB are reused in 64-byte classes, at most 64 each") {
+  if (kAddressSanitizer) {
+    SUCCEED("AddressSanitizer build: blocks below 1 MiB are not cached");
+    return;
+  }
+  Allocator* a = cpu::allocator();
+  cpu::empty_cache();
+  // 100 and 120 bytes are both the 128-byte class; 130 bytes is the next one.
+  void* p = a->allocate(100);
+  a->deallocate(p, 100);
+  CHECK(cpu::allocator_stats().cached_bytes == 128);
+  CHECK(a->allocate(120) == p);
+  CHECK(cpu::allocator_stats().cached_bytes == 0);
+  a->deallocate(p, 120);
+  void* r = a->allocate(130);
+  CHECK(r != p);
+  CHECK(reinterpret_cast<uintptr_t>(r) % kAlignment == 0);
+  a->deallocate(r, 130);
+  CHECK(cpu::allocator_stats().cached_bytes == 128 + 192);
+  // A 0-d tensor's 8 bytes and an empty block take the 64-byte class.
+  cpu::empty_cache();
+  void* z = a->allocate(0);
+  a->deallocate(z, 0);
+  CHECK(a->allocate(8) == z);
+  a->deallocate(z, 8);
+  // Only 64 freed blocks of one class stay cached.
+  cpu::empty_cache();
+  std::vector<void*> blocks;
+  for (int i = 0; i < 70; ++i) blocks.push_back(a->allocate(4000));
+  for (void* b : blocks) a->deallocate(b, 4000);
+  CHECK(cpu::allocator_stats().cached_bytes == 64 * 4032);
   cpu::empty_cache();
   CHECK(cpu::allocator_stats().cached_bytes == 0);
 }

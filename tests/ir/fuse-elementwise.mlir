@@ -99,3 +99,51 @@ func.func @residual_centred(%a: tensor<?x256xf32>, %b: tensor<?x256xf32>, %r: te
   %y = kiln.elementwise "mul" %d, %r : (tensor<?x256xf32>, tensor<?x1xf32>) -> tensor<?x256xf32>
   return %y, %v : tensor<?x256xf32>, tensor<?x1xf32>
 }
+
+// AdamW's update of one parameter: the new moments m and v are returned and read again by the
+// parameter's update. kiln computes all three in one loop nest with three results (m and v are
+// stored once, not re-read); upstream stores m and v from loops of their own and reads them back.
+// CHECK-LABEL: func.func @adamw_moments
+// CHECK: %[[U:.*]]:3 = linalg.generic {{.*}}iterator_types = ["parallel", "parallel"]
+// CHECK: math.sqrt
+// CHECK: linalg.yield %{{.*}}, %{{.*}}, %{{.*}} : f32, f32, f32
+// CHECK-NOT: linalg.generic
+// CHECK: return %[[U]]#2, %[[U]]#1, %[[U]]#0
+// UPSTREAM-LABEL: func.func @adamw_moments
+// UPSTREAM-COUNT-3: linalg.generic
+// UPSTREAM-NOT: linalg.generic
+func.func @adamw_moments(%p: tensor<64x32xf32>, %g: tensor<64x32xf32>, %m: tensor<64x32xf32>, %v: tensor<64x32xf32>) -> (tensor<64x32xf32>, tensor<64x32xf32>, tensor<64x32xf32>) {
+  %b1 = kiln.constant dense<0.9> : tensor<f32> : tensor<f32>
+  %c1 = kiln.constant dense<0.1> : tensor<f32> : tensor<f32>
+  %b2 = kiln.constant dense<0.999> : tensor<f32> : tensor<f32>
+  %c2 = kiln.constant dense<0.001> : tensor<f32> : tensor<f32>
+  %eps = kiln.constant dense<1.0e-8> : tensor<f32> : tensor<f32>
+  %lr = kiln.constant dense<0.001> : tensor<f32> : tensor<f32>
+  %m1 = kiln.elementwise "mul" %m, %b1 : (tensor<64x32xf32>, tensor<f32>) -> tensor<64x32xf32>
+  %g1 = kiln.elementwise "mul" %g, %c1 : (tensor<64x32xf32>, tensor<f32>) -> tensor<64x32xf32>
+  %mn = kiln.elementwise "add" %m1, %g1 : (tensor<64x32xf32>, tensor<64x32xf32>) -> tensor<64x32xf32>
+  %v1 = kiln.elementwise "mul" %v, %b2 : (tensor<64x32xf32>, tensor<f32>) -> tensor<64x32xf32>
+  %gg = kiln.elementwise "mul" %g, %g : (tensor<64x32xf32>, tensor<64x32xf32>) -> tensor<64x32xf32>
+  %g2 = kiln.elementwise "mul" %gg, %c2 : (tensor<64x32xf32>, tensor<f32>) -> tensor<64x32xf32>
+  %vn = kiln.elementwise "add" %v1, %g2 : (tensor<64x32xf32>, tensor<64x32xf32>) -> tensor<64x32xf32>
+  %s = kiln.elementwise "sqrt" %vn : (tensor<64x32xf32>) -> tensor<64x32xf32>
+  %d = kiln.elementwise "add" %s, %eps : (tensor<64x32xf32>, tensor<f32>) -> tensor<64x32xf32>
+  %q = kiln.elementwise "div" %mn, %d : (tensor<64x32xf32>, tensor<64x32xf32>) -> tensor<64x32xf32>
+  %u = kiln.elementwise "mul" %q, %lr : (tensor<64x32xf32>, tensor<f32>) -> tensor<64x32xf32>
+  %pn = kiln.elementwise "sub" %p, %u : (tensor<64x32xf32>, tensor<64x32xf32>) -> tensor<64x32xf32>
+  return %pn, %mn, %vn : tensor<64x32xf32>, tensor<64x32xf32>, tensor<64x32xf32>
+}
+
+// A value returned and read by two loop nests stays a loop nest of its own (stored once).
+// CHECK-LABEL: func.func @returned_two_consumers
+// UPSTREAM-LABEL: func.func @returned_two_consumers
+// CHECK-COUNT-3: linalg.generic
+// CHECK-NOT: linalg.generic
+// CHECK: return
+func.func @returned_two_consumers(%x: tensor<64x32xf32>) -> (tensor<64x32xf32>, tensor<64x32xf32>, tensor<64x32xf32>) {
+  %c = kiln.constant dense<2.0> : tensor<f32> : tensor<f32>
+  %a = kiln.elementwise "mul" %x, %x : (tensor<64x32xf32>, tensor<64x32xf32>) -> tensor<64x32xf32>
+  %b = kiln.elementwise "add" %a, %x : (tensor<64x32xf32>, tensor<64x32xf32>) -> tensor<64x32xf32>
+  %d = kiln.elementwise "mul" %a, %c : (tensor<64x32xf32>, tensor<f32>) -> tensor<64x32xf32>
+  return %b, %d, %a : tensor<64x32xf32>, tensor<64x32xf32>, tensor<64x32xf32>
+}
