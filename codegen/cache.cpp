@@ -323,6 +323,7 @@ std::shared_ptr<const CompiledCode> get_or_compile(const std::string& graph_mlir
   if (code) {
     stats.source = CompileStats::Source::MemoryCache;
     stats.object_bytes = code->object_bytes;
+    stats.object_parts = code->object_parts;
   } else if (std::string bytes; !path.empty() && read_file(path, bytes)) {
     Entry entry;
     std::string why = deserialize(bytes, key, entry);

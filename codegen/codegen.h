@@ -74,6 +74,9 @@ struct CompileStats {
   double link_ms = 0;       ///< JIT-linking the object and looking up the entry point
   double total_ms = 0;      ///< lookups, compile and JIT link together
   std::size_t object_bytes = 0;  ///< size of the object code
+  /// Object files the code was emitted as: more than 1 for a large graph whose -O2 and code
+  /// generation ran in parts on several threads (codegen/jit.h).
+  int object_parts = 0;
   /// Why the disk cache was not used or an entry was rejected ("" when neither happened), e.g.
   /// "disabled", "corrupted entry (checksum)", "stale entry (version)".
   std::string disk_note;

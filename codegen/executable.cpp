@@ -502,6 +502,7 @@ std::string Executable::Impl::compile(const std::string& graph_mlir, bool relax)
     if (mlir::failed(mlir::applyPatternsGreedily(m, std::move(patterns))))
       throw Error("codegen::Executable: math approximation", I.messages);
   }
+  outline_serial_loop_nests(m);  // for code generation in parts (codegen/jit.h)
   I.stats.bufferize_ms = lap();
   log_module("bufferized", m);
   // MLIR 22's expand-strided-metadata segfaults on a memref.expand_shape that splits one dim
@@ -636,17 +637,21 @@ void Executable::launch(const std::vector<Tensor>& ins, const std::vector<Tensor
   operands.reserve(ins.size() + outs.size());
   for (const Tensor& t : ins) operands.push_back(&t);
   for (const Tensor& t : outs) operands.push_back(&t);
-  // The descriptors of all operands go in one buffer: two allocations per call, not one per
-  // operand (the digits MLP step's region has dozens of operands and runs in ~100 us).
+  // The descriptors of all operands go in one buffer, not one allocation per operand (the
+  // digits MLP step's region has dozens of operands and runs in ~100 us).
   size_t words = 0;
   for (const Tensor* t : operands) words += 3 + 2 * static_cast<size_t>(t->dim());
   // Rows [lo, hi) of the sliced operands; the others whole.
   auto call = [&](int64_t lo, int64_t hi, const std::vector<bool>& sliced) {
-    std::vector<int64_t> descs;
+    // Kept per thread: a few KiB, past glibc's per-thread cache, allocated on every call
+    // otherwise. The entry never launches another Executable on this thread.
+    thread_local std::vector<int64_t> descs;
+    thread_local std::vector<void*> ptrs;
+    descs.clear();
     descs.reserve(words);  // never reallocated below: the pointers into it stay valid
     // ptrs[i] points at operand i's descriptor, ptrs[n + i] at ptrs[i] (the entry's arguments).
     const size_t n = operands.size();
-    std::vector<void*> ptrs(2 * n);
+    ptrs.assign(2 * n, nullptr);
     for (size_t i = 0; i < n; ++i) {
       const Tensor& t = *operands[i];
       ptrs[i] = descs.data() + descs.size();

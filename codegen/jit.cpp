@@ -188,6 +188,32 @@ void expose_static_initializers(llvm::Module& mod) {
   }
 }
 
+// -O2 and machine code for one module, with a target machine of its own (one per thread).
+std::string optimize_and_emit(llvm::Module& mod, PartStats& stats) {
+  Lap lap;
+  llvm::orc::JITTargetMachineBuilder jtmb = host_jtmb();  // createTargetMachine() is non-const
+  auto tm = jtmb.createTargetMachine();
+  if (!tm) throw Error("codegen::Executable: JIT", llvm::toString(tm.takeError()));
+  // -O2, not -O3: measured on the Transformer layer's forward + backward, -O3 made the first
+  // compile 1.5x slower (more unrolling of every loop nest) for no measurable kernel speed-up
+  // on the fusion benchmarks (streaming loops are memory bound).
+  if (llvm::Error e = mlir::makeOptimizingTransformer(2, 0, tm->get())(&mod))
+    throw Error("codegen::Executable: LLVM -O2", llvm::toString(std::move(e)));
+  stats.opt_ms = lap();
+  if (log_enabled(kLogCodegen)) {
+    llvm::raw_string_ostream os(stats.ir_after_opt);
+    mod.print(os, nullptr);
+  }
+  llvm::SmallVector<char, 0> object;
+  llvm::raw_svector_ostream os(object);
+  llvm::legacy::PassManager pm;
+  if ((*tm)->addPassesToEmitFile(pm, os, nullptr, llvm::CodeGenFileType::ObjectFile))
+    throw Error("codegen::Executable: JIT", "the host target cannot emit object files");
+  pm.run(mod);
+  stats.codegen_ms = lap();
+  return std::string(object.begin(), object.end());
+}
+
 }  // namespace
 
 std::string emit_object(mlir::ModuleOp m, const std::string& diagnostics, CompileStats& stats) {
@@ -220,72 +246,87 @@ std::string emit_object(mlir::ModuleOp m, const std::string& diagnostics, Compil
   // streaming loops, where full AVX-512 width does not cost frequency that matters.
   if ((*tm)->getTargetFeatureString().contains("+avx512f"))
     for (llvm::Function& f : *mod) f.addFnAttr("prefer-vector-width", "512");
-  // -O2, not -O3: measured on the Transformer layer's forward + backward, -O3 made the first
-  // compile 1.5x slower (more unrolling of every loop nest) for no measurable kernel speed-up
-  // on the fusion benchmarks (streaming loops are memory bound).
-  if (llvm::Error e = mlir::makeOptimizingTransformer(2, 0, tm->get())(mod.get()))
-    throw Error("codegen::Executable: LLVM -O2", llvm::toString(std::move(e)));
-  stats.llvm_opt_ms = lap();
-  if (log_enabled(kLogCodegen)) {
-    std::string ir;
-    llvm::raw_string_ostream os(ir);
-    mod->print(os, nullptr);
-    log_text("LLVM IR after -O2", ir);
+  stats.llvm_opt_ms = lap();  // translation; -O2 is added below
+  std::vector<std::string> objects;
+  std::vector<PartStats> parts;
+  if (unsigned n = object_parts_for(*mod); n > 1) {
+    objects = emit_in_parts(*mod, n, optimize_and_emit, parts);
+  } else {
+    objects.push_back(optimize_and_emit(*mod, parts.emplace_back()));
   }
-  llvm::SmallVector<char, 0> object;
-  llvm::raw_svector_ostream os(object);
-  llvm::legacy::PassManager pm;
-  if ((*tm)->addPassesToEmitFile(pm, os, nullptr, llvm::CodeGenFileType::ObjectFile))
-    throw Error("codegen::Executable: JIT", "the host target cannot emit object files");
-  pm.run(*mod);
-  stats.codegen_ms = lap();
-  return std::string(object.begin(), object.end());
+  // Parts run side by side: the slowest one is the wall time.
+  double opt = 0;
+  std::string ir;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    opt = std::max(opt, parts[i].opt_ms);
+    if (parts.size() > 1) ir += "; ----- part " + std::to_string(i + 1) + " -----\n";
+    ir += parts[i].ir_after_opt;
+  }
+  if (log_enabled(kLogCodegen)) log_text("LLVM IR after -O2", ir);
+  const double wall = lap();
+  stats.llvm_opt_ms += opt;
+  stats.codegen_ms = wall - opt;  // code generation, the split and the threads included
+  return bundle_objects(objects);
 }
 
 namespace {
 
 /// KILN_PERF_MAP=1: appends the loaded code's functions (outlined parallel loops included) to
-/// /tmp/perf-<pid>.map, which `perf report` reads to name JIT-compiled code. Addresses come
-/// from the entry's: every function of the object is in its one .text section.
-void write_perf_map(const std::string& object, uint64_t entry_address) {
+/// /tmp/perf-<pid>.map, which `perf report` reads to name JIT-compiled code. Each object's
+/// functions are in its one .text section: its base address comes from one of its global
+/// functions, looked up in the JIT.
+void write_perf_map(const std::vector<std::string_view>& objects, llvm::orc::LLJIT& jit) {
   static const bool enabled = [] {
     const char* v = std::getenv("KILN_PERF_MAP");
     return v && *v && *v != '0';
   }();
   if (!enabled) return;
-  auto obj = llvm::object::ObjectFile::createObjectFile(
-      llvm::MemoryBufferRef(object, "kiln"));
-  if (!obj) {
-    llvm::consumeError(obj.takeError());
-    return;
-  }
-  struct Fn { std::string name; uint64_t offset, size; };
+  struct Fn { std::string name; uint64_t address, size; };
   std::vector<Fn> fns;
-  uint64_t entry_offset = 0;
-  bool found = false;
-  for (const llvm::object::SymbolRef& sym : (*obj)->symbols()) {
-    auto type = sym.getType();
-    auto name = sym.getName();
-    auto value = sym.getValue();
-    if (!type || !name || !value) {
-      if (!type) llvm::consumeError(type.takeError());
-      if (!name) llvm::consumeError(name.takeError());
-      if (!value) llvm::consumeError(value.takeError());
+  for (std::string_view bytes : objects) {
+    auto obj = llvm::object::ObjectFile::createObjectFile(
+        llvm::MemoryBufferRef(llvm::StringRef(bytes.data(), bytes.size()), "kiln"));
+    if (!obj) {
+      llvm::consumeError(obj.takeError());
       continue;
     }
-    if (*type != llvm::object::SymbolRef::ST_Function) continue;
-    uint64_t size = llvm::object::ELFSymbolRef(sym).getSize();
-    fns.push_back({name->str(), *value, size});
-    if (*name == kPackedEntry) entry_offset = *value, found = true;
+    std::vector<Fn> own;
+    int64_t base = 0;
+    bool found = false;
+    for (const llvm::object::SymbolRef& sym : (*obj)->symbols()) {
+      auto type = sym.getType();
+      auto name = sym.getName();
+      auto value = sym.getValue();
+      auto flags = sym.getFlags();
+      if (!type || !name || !value || !flags) {
+        if (!type) llvm::consumeError(type.takeError());
+        if (!name) llvm::consumeError(name.takeError());
+        if (!value) llvm::consumeError(value.takeError());
+        if (!flags) llvm::consumeError(flags.takeError());
+        continue;
+      }
+      if (*type != llvm::object::SymbolRef::ST_Function) continue;
+      own.push_back({name->str(), *value, llvm::object::ELFSymbolRef(sym).getSize()});
+      if (!found && (*flags & llvm::object::SymbolRef::SF_Global)) {
+        auto address = jit.lookup(*name);
+        if (!address) {
+          llvm::consumeError(address.takeError());
+          continue;
+        }
+        base = static_cast<int64_t>(address->getValue()) - static_cast<int64_t>(*value);
+        found = true;
+      }
+    }
+    if (!found) continue;
+    for (Fn& fn : own) fn.address += static_cast<uint64_t>(base);
+    fns.insert(fns.end(), own.begin(), own.end());
   }
-  if (!found) return;
   static std::mutex mu;
   std::lock_guard<std::mutex> lock(mu);
   std::string path = "/tmp/perf-" + std::to_string(getpid()) + ".map";
   if (FILE* f = std::fopen(path.c_str(), "a")) {
     for (const Fn& fn : fns)
-      std::fprintf(f, "%llx %llx kiln:%s\n",
-                   static_cast<unsigned long long>(entry_address - entry_offset + fn.offset),
+      std::fprintf(f, "%llx %llx kiln:%s\n", static_cast<unsigned long long>(fn.address),
                    static_cast<unsigned long long>(fn.size), fn.name.c_str());
     std::fclose(f);
   }
@@ -310,14 +351,17 @@ std::shared_ptr<const CompiledCode> load_object(const std::string& object, Compi
   if (!runtime.empty())
     if (llvm::Error e = (*jit)->getMainJITDylib().define(llvm::orc::absoluteSymbols(runtime)))
       throw Error(where, llvm::toString(std::move(e)));
-  if (llvm::Error e = (*jit)->addObjectFile(llvm::MemoryBuffer::getMemBufferCopy(object, "kiln")))
-    throw Error(where, llvm::toString(std::move(e)));
+  const std::vector<std::string_view> parts = unbundle_objects(object);
+  for (std::string_view part : parts)
+    if (llvm::Error e = (*jit)->addObjectFile(llvm::MemoryBuffer::getMemBufferCopy(
+            llvm::StringRef(part.data(), part.size()), "kiln")))
+      throw Error(where, llvm::toString(std::move(e)));
   auto entry = (*jit)->lookup(kPackedEntry);  // links now, so run() does not pay for it
   if (!entry) throw Error(where, llvm::toString(entry.takeError()));
   auto code = std::make_shared<CompiledCode>();
   code->meta = std::move(meta);
   code->fn = entry->toPtr<PackedFn>();
-  write_perf_map(object, entry->getValue());
+  write_perf_map(parts, **jit);
   // Static initialisers (CUDA code: loading its PTX module), see expose_static_initializers.
   // Without a CUDA device, CUDA code is linked but not initialised (it cannot run).
   const bool can_init = code->meta.ptx.empty() || cuda::is_available();
@@ -332,9 +376,11 @@ std::shared_ptr<const CompiledCode> load_object(const std::string& object, Compi
     llvm::consumeError(init.takeError());
   }
   code->object_bytes = object.size();
+  code->object_parts = static_cast<int>(parts.size());
   code->jit = std::move(*jit);
   stats.link_ms = lap();
   stats.object_bytes = object.size();
+  stats.object_parts = code->object_parts;
   return code;
 }
 

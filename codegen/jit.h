@@ -2,8 +2,11 @@
 /// Internal to codegen/: the compiled form of a graph (metadata + JIT-linked object code), object
 /// emission and JIT loading for the host CPU, and the KILN_LOGS stage dumps. MLIR-free apart from
 /// a forward declaration, so the cache and tests can include it cheaply.
+#include <algorithm>
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -14,6 +17,9 @@
 
 namespace mlir {
 class ModuleOp;
+}
+namespace llvm {
+class Module;
 }
 namespace llvm::orc {
 class LLJIT;
@@ -58,6 +64,7 @@ struct CompiledCode {
   CompiledMeta meta;
   PackedFn fn = nullptr;
   std::size_t object_bytes = 0;
+  int object_parts = 0;
   std::unique_ptr<llvm::orc::LLJIT> jit;
   /// The code's static destructors (CUDA: unloads its PTX module), or nullptr.
   void (*fini)() = nullptr;
@@ -76,10 +83,47 @@ const std::string& host_target_id();
 /// LLVM-dialect module -> LLVM IR + packed entry wrapper -> -O2 -> object file bytes.
 /// `diagnostics` (the MLIR diagnostics collected so far) is quoted in errors.
 std::string emit_object(mlir::ModuleOp m, const std::string& diagnostics, CompileStats& stats);
-/// Links `object` into a new LLJIT whose main JITDylib also defines codegen/runtime.h's symbols
-/// (and sees the process's), then looks up the entry. Throws kiln::Error.
+/// Links `object` (one object file, or a bundle of parts from bundle_objects) into a new LLJIT
+/// whose main JITDylib also defines codegen/runtime.h's symbols (and sees the process's), then
+/// looks up the entry. Throws kiln::Error.
 std::shared_ptr<const CompiledCode> load_object(const std::string& object, CompiledMeta meta,
                                                 CompileStats& stats);
+
+// ---- Large modules in parts (object_parts.cpp) ----
+// LLVM's -O2 and code generation run on one thread per module; the Transformer training step
+// is one module of ~100k instructions that took 2.8 s of -O2 and 3.9 s of code generation.
+// Split into parts by function, each part is optimised and emitted on its own thread.
+
+/// Serial loop nests (each parallel loop is a function of its own already) are moved out of
+/// `main` into private functions of their own, so that parts can share out main's code too:
+/// the Transformer step's main held 102k of the module's 139k lines of LLVM IR. Only with
+/// at least kOutlineMinLoopNests nests and two hardware threads; returns how many moved.
+inline constexpr size_t kOutlineMinLoopNests = 100;
+int outline_serial_loop_nests(mlir::ModuleOp m);
+/// Instructions (before -O2) per part: smaller modules stay whole.
+inline constexpr uint64_t kInstructionsPerPart = 5000;
+inline constexpr unsigned kMaxObjectParts = 8;
+/// How many parts `mod` is emitted in: one per kInstructionsPerPart instructions, at most
+/// kMaxObjectParts; 1 on a single hardware thread.
+unsigned object_parts_for(const llvm::Module& mod);
+/// Milliseconds of one part's -O2 and code generation.
+struct PartStats {
+  double opt_ms = 0, codegen_ms = 0;
+  std::string ir_after_opt;  ///< filled when KILN_LOGS=codegen
+};
+/// Optimises and emits one module (in its own LLVMContext) as an object file.
+using EmitPart = std::function<std::string(llvm::Module&, PartStats&)>;
+/// Splits `mod` (consumed) into `parts` modules, functions dealt round-robin with
+/// llvm::SplitModule, and runs `emit` on each, the parts shared out over up to one thread per
+/// hardware thread; returns the objects in order.
+/// Rethrows the first part's exception after all threads have finished.
+std::vector<std::string> emit_in_parts(llvm::Module& mod, unsigned parts, const EmitPart& emit,
+                                       std::vector<PartStats>& stats);
+/// One string for the compile cache: a single object as itself, several as a bundle.
+std::string bundle_objects(const std::vector<std::string>& objects);
+/// The objects in `bytes` (views into it): one for a plain object file. Throws kiln::Error for
+/// a truncated or corrupted bundle.
+std::vector<std::string_view> unbundle_objects(std::string_view bytes);
 
 enum LogStage : unsigned { kLogIr = 1, kLogCodegen = 2 };
 /// Whether KILN_LOGS (parsed once) or set_log_stages() selected `stage`.

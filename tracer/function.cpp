@@ -997,7 +997,9 @@ std::vector<OutValue> CompiledFunction::Impl::replay(Entry& e, const std::vector
     std::vector<std::pair<int, Tensor>> written;
     if (!st.in_place && attach) originals = values_before_write_backs(p, st);
     if (!st.in_place) {
+      written.reserve(p.write_backs.size());
       std::vector<Tensor> targets;
+      targets.reserve(p.write_backs.size());
       for (auto& [src, v] : p.write_backs) {
         const Source& s = p.sources[src];
         targets.push_back(s.kind == SourceKind::Arg ? st.args[s.index] : Tensor(s.captured.lock()));

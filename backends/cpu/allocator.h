@@ -2,8 +2,8 @@
 /// The CPU allocator: 64-byte aligned; blocks of at least 1 MiB are cached and reused by size
 /// class, and backed by transparent huge pages where the kernel allows, because first-touch
 /// page faults on a fresh 64 MiB buffer cost ~25 ms here (notes/cpu-performance.md). Blocks of
-/// 4 KiB to 1 MiB are cached too, up to 16 per size class (not under AddressSanitizer, where
-/// recycling would hide use-after-free); smaller ones go straight to malloc.
+/// 4 KiB to 1 MiB are cached too, up to 16 per size class, and smaller ones up to 64 per
+/// 64-byte class (neither under AddressSanitizer, where recycling would hide use-after-free).
 #include <cstddef>
 
 #include "core/storage.h"

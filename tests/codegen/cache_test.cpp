@@ -15,6 +15,7 @@
 
 #include "codegen/cache.h"
 #include "codegen/codegen.h"
+#include "codegen/jit.h"
 #include "kiln/kiln.h"
 
 using namespace kiln;
@@ -356,4 +357,63 @@ TEST_CASE("cache: Executables are built concurrently (same and different graphs)
   for (std::thread& t : threads) t.join();
   CHECK(bad == std::vector<int>(4, 0));
   CHECK(cache.entries().size() == 2);
+}
+
+namespace {
+
+/// `n` rounds of v = tanh(v + mean(v)) on a small x: each round is two serial loop nests (the
+/// mean, read with broadcasting, is not fused into the add), so the module is large.
+ir::Graph rounds(int n, const std::vector<int64_t>& shape) {
+  ir::Graph g;
+  ir::Value v = g.input(DType::Float32, shape);
+  for (int i = 0; i < n; ++i)
+    v = g.op(OpKind::Tanh, {g.op(OpKind::Add, {v, g.op(OpKind::Mean, {v})})});
+  g.output(v);
+  return g;
+}
+
+Tensor eager_rounds(int n, Tensor v) {
+  for (int i = 0; i < n; ++i) v = tanh(add(v, mean(v)));
+  return v;
+}
+
+}  // namespace
+
+TEST_CASE("cache: a large graph is emitted in parts on several threads, cached as one bundle") {
+  TempCache cache;
+  const int n = 150;
+  ir::Graph g = rounds(n, {32, 16});
+  codegen::Executable a = compile_fresh(g);
+  CHECK(a.stats().source == Source::Compiled);
+  INFO("kernels " << a.num_kernels());
+  CHECK(a.num_kernels() >= 2 * n);
+  // Parts only where there are threads to run them (CI and development machines have 2).
+  if (std::thread::hardware_concurrency() >= 2) CHECK(a.stats().object_parts > 1);
+  else CHECK(a.stats().object_parts == 1);
+  Tensor x = randn({32, 16});
+  Tensor want = eager_rounds(n, x);
+  CHECK(max_abs_diff(a.run({x})[0], want) < 1e-5);
+  // The disk cache keeps the parts together and links them all again.
+  codegen::Executable b = compile_fresh(g);
+  CHECK(b.stats().source == Source::DiskCache);
+  CHECK(b.stats().disk_note.empty());
+  CHECK(b.stats().object_parts == a.stats().object_parts);
+  CHECK(b.stats().object_bytes == a.stats().object_bytes);
+  CHECK(max_abs_diff(b.run({x})[0], want) < 1e-5);
+}
+
+TEST_CASE("cache: object bundles round-trip; a damaged bundle is an error, not a crash") {
+  std::vector<std::string> parts = {"\x7f" "ELF one", "two", std::string(1000, 'x')};
+  std::string bundle = codegen::bundle_objects(parts);
+  std::vector<std::string_view> back = codegen::unbundle_objects(bundle);
+  REQUIRE(back.size() == 3);
+  for (size_t i = 0; i < 3; ++i) CHECK(back[i] == parts[i]);
+  // One object is stored as itself.
+  CHECK(codegen::bundle_objects({"\x7f" "ELF only"}) == "\x7f" "ELF only");
+  CHECK(codegen::unbundle_objects("\x7f" "ELF only").size() == 1);
+  // Cut short anywhere after the magic: kiln::Error.
+  for (size_t cut : {size_t{9}, size_t{13}, size_t{30}, bundle.size() - 1}) {
+    CAPTURE(cut);
+    CHECK_THROWS_AS(codegen::unbundle_objects(std::string_view(bundle).substr(0, cut)), Error);
+  }
 }
