@@ -131,9 +131,13 @@ std::vector<Tensor> AccumulateGrad::apply(std::vector<Tensor>&& grads) {
     if (auto* hook = dispatch::tracer_hook()) hook->on_grad_found_undefined(leaf);
     m.grad = private_grad_copy(g);
   } else if (is_grad_enabled()) {
-    m.grad = add(m.grad, g);
+    m.grad = add(m.grad, g);  // create_graph: the sum keeps the history of both
+  } else if (m.grad.is_non_overlapping_and_dense()) {
+    // In place, as PyTorch's AccumulateGrad: a .grad the caller holds sees the new sum.
+    Tensor held = m.grad.detach();
+    held += g;
   } else {
-    m.grad = add(m.grad.detach(), g);
+    m.grad = add(m.grad.detach(), g);  // a .grad set to an expanded view cannot take the sum
   }
   if (auto* hook = dispatch::tracer_hook()) hook->on_grad_assigned(leaf);
   return {};

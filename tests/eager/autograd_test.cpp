@@ -95,6 +95,36 @@ TEST_CASE("gradient accumulation, zero_grad, retain_graph, detach, no_grad") {
   CHECK(x.grad().to_vector<double>() == std::vector<double>{3, 3});
 }
 
+TEST_CASE("a second backward accumulates into the .grad tensor the caller holds (PyTorch)") {
+  Tensor x = tensor({1.0, 2.0}).requires_grad_();
+  sum(x * x).backward();
+  Tensor held = x.grad();
+  CHECK(held.to_vector<double>() == std::vector<double>{2, 4});
+  sum(x * 3).backward();
+  CHECK(x.grad().is_same(held));
+  CHECK(held.to_vector<double>() == std::vector<double>{5, 7});
+  // The first gradient is .grad's own copy: the tensor passed to backward() is not changed.
+  Tensor w = tensor({1.0, 1.0}).requires_grad_();
+  Tensor seed = tensor({0.5, 0.25});
+  (w * 1.0).backward(seed);
+  (w * 1.0).backward(seed);
+  CHECK(w.grad().to_vector<double>() == std::vector<double>{1.0, 0.5});
+  CHECK(seed.to_vector<double>() == std::vector<double>{0.5, 0.25});
+  // A .grad set to an expanded view cannot hold the sum in place: it is replaced by it.
+  Tensor e = tensor({1.0, 2.0}).requires_grad_();
+  e.set_grad(tensor({10.0}).expand({2}));
+  sum(e * e).backward();
+  CHECK(e.grad().to_vector<double>() == std::vector<double>{12, 14});
+  // Under create_graph the sum keeps its history: a new tensor, as in PyTorch.
+  Tensor c = tensor({3.0}).requires_grad_();
+  sum(c * c).backward({}, /*retain_graph=*/false, /*create_graph=*/true);
+  Tensor first = c.grad();
+  sum(c * c).backward({}, false, true);
+  CHECK_FALSE(c.grad().is_same(first));
+  CHECK(c.grad().item<double>() == 12.0);
+  CHECK(first.item<double>() == 6.0);
+}
+
 TEST_CASE("retain_grad keeps the gradient of a non-leaf") {
   Tensor x = tensor({1.0, 2.0}).requires_grad_();
   Tensor h = x * 3;
