@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <cstring>
 #include <exception>
+#include <system_error>
 #include <thread>
 
 #include "codegen/jit.h"
@@ -70,9 +71,9 @@ unsigned object_parts_for(const llvm::Module& mod) {
 
 std::vector<std::string> emit_in_parts(llvm::Module& mod, unsigned parts, const EmitPart& emit,
                                        std::vector<PartStats>& stats) {
-  // Each part goes to its own thread in its own LLVMContext (a context is single-threaded),
-  // carried there as bitcode. Functions are dealt round-robin: the outlined parallel loops
-  // are of similar size. Locals referenced across parts are made external (renamed uniquely).
+  // Each part is optimised in an LLVMContext of its own (a context is single-threaded),
+  // carried there as bitcode. Functions are dealt round-robin: the outlined loops are of
+  // similar size. Locals referenced across parts are made external (renamed uniquely).
   std::vector<llvm::SmallVector<char, 0>> bitcode;
   std::vector<unsigned> sizes;  // instructions
   llvm::SplitModule(
@@ -114,7 +115,13 @@ std::vector<std::string> emit_in_parts(llvm::Module& mod, unsigned parts, const 
   };
   const size_t helpers = std::min<size_t>(std::thread::hardware_concurrency(), bitcode.size()) - 1;
   std::vector<std::thread> threads;
-  for (size_t t = 0; t < helpers; ++t) threads.emplace_back(work);
+  for (size_t t = 0; t < helpers; ++t) {
+    try {
+      threads.emplace_back(work);
+    } catch (const std::system_error&) {  // no thread to be had: fewer helpers
+      break;
+    }
+  }
   work();
   for (std::thread& t : threads) t.join();
   for (const std::exception_ptr& e : errors)
