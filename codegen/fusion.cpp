@@ -242,8 +242,10 @@ void fold_addend_into_gemm(mlir::ModuleOp module) {
 /// `fuseElementwiseOps` yields the producer's value from the fused op; here the return reads
 /// that result too, so the producer dies. AdamW's update of one parameter goes from three
 /// loops (m, v, parameter) to one.
-bool merge_returned_producer(mlir::RewriterBase& rewriter, mlir::linalg::GenericOp consumer) {
-  if (consumer.getNumReductionLoops() != 0 || !consumer.hasPureTensorSemantics()) return false;
+/// Returns the merged loop nest, or null when no producer of `consumer` qualifies.
+mlir::linalg::GenericOp merge_returned_producer(mlir::RewriterBase& rewriter,
+                                                mlir::linalg::GenericOp consumer) {
+  if (consumer.getNumReductionLoops() != 0 || !consumer.hasPureTensorSemantics()) return {};
   for (mlir::OpOperand* operand : consumer.getDpsInputOperands()) {
     auto producer = operand->get().getDefiningOp<mlir::linalg::GenericOp>();
     if (!producer || producer->getNumResults() != 1 || producer.getNumReductionLoops() != 0 ||
@@ -270,23 +272,19 @@ bool merge_returned_producer(mlir::RewriterBase& rewriter, mlir::linalg::Generic
       });
     rewriter.eraseOp(consumer);
     rewriter.eraseOp(producer);
-    return true;
+    return llvm::cast<mlir::linalg::GenericOp>(fused->fusedOp);
   }
-  return false;
+  return {};
 }
 
 void merge_returned_producers(mlir::ModuleOp module) {
   mlir::IRRewriter rewriter(module.getContext());
-  for (bool changed = true; changed;) {
-    changed = false;
-    llvm::SmallVector<mlir::linalg::GenericOp> generics;
-    module.walk([&](mlir::linalg::GenericOp g) { generics.push_back(g); });
-    for (mlir::linalg::GenericOp g : generics)
-      if (merge_returned_producer(rewriter, g)) {
-        changed = true;
-        break;  // the walk's list holds erased ops now
-      }
-  }
+  llvm::SmallVector<mlir::linalg::GenericOp> generics;
+  module.walk([&](mlir::linalg::GenericOp g) { generics.push_back(g); });
+  // One pass in program order: a merge erases the consumer (this entry) and its producer (an
+  // earlier entry, defined before its use), and the merged nest may take another producer.
+  for (mlir::linalg::GenericOp g : generics)
+    while (g) g = merge_returned_producer(rewriter, g);
 }
 
 struct FuseElementwisePass
