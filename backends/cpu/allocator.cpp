@@ -85,8 +85,14 @@ class CachingAllocator final : public Allocator {
     size_t cls = size_class(nbytes);
     {
       std::lock_guard<std::mutex> lock(mu_);
-      auto it = free_.find(cls);
-      if (it != free_.end()) {
+      // The block of the class freed last (multimap keeps equal keys in insertion order): it is
+      // the one most likely still in cache and mapped. Taking the oldest instead rotated a
+      // training step's updated parameters through every cached block of their size; in the
+      // Transformer benchmark each compiled AdamW loop over a 1 MiB weight then took 0.9 ms
+      // instead of 0.09 ms (median of 55 steps), and the eager step 47 ms instead of 45.
+      auto [first, last] = free_.equal_range(cls);
+      if (first != last) {
+        auto it = std::prev(last);
         void* p = it->second;
         free_.erase(it);
         cached_ -= cls;

@@ -56,6 +56,26 @@ TEST_CASE("cpu allocator: freed blocks are reused by size class, at most 16 smal
   CHECK(cpu::allocator_stats().cached_bytes == 0);
 }
 
+TEST_CASE("cpu allocator: the block freed last is reused first, in every size range") {
+  Allocator* a = cpu::allocator();
+  for (size_t n : {size_t{100}, size_t{40000}, size_t{3} << 20}) {
+    CAPTURE(n);
+    if (kAddressSanitizer && n < (size_t{1} << 20)) continue;  // not cached under ASan
+    cpu::empty_cache();
+    void* older = a->allocate(n);
+    void* newer = a->allocate(n);
+    a->deallocate(older, n);
+    a->deallocate(newer, n);
+    void* first = a->allocate(n);
+    void* second = a->allocate(n);
+    CHECK(first == newer);
+    CHECK(second == older);
+    a->deallocate(first, n);
+    a->deallocate(second, n);
+  }
+  cpu::empty_cache();
+}
+
 TEST_CASE("cpu allocator: blocks under 4 KiB are reused in 64-byte classes, at most 64 each") {
   if (kAddressSanitizer) {
     SUCCEED("AddressSanitizer build: blocks below 1 MiB are not cached");
