@@ -10,6 +10,7 @@
 #include <memory>
 #include <stdexcept>
 
+#include "backends/cpu/blas.h"
 #include "backends/cpu/parallel.h"
 #include "eager/factories.h"
 
@@ -114,9 +115,10 @@ int fixed_calls(const Case& c, const RunConfig& config, bool timed) {
 }
 
 // Median, min and max of the per-call seconds, the value, and the case's extra figures.
-// Throws when there are no timed calls (a fixed-step case with 0 repetitions), for guarded().
+// `gemm_s`: wall time of the timed calls' CPU GEMM ops (cpu::gemm_time). Throws when there
+// are no timed calls (a fixed-step case with 0 repetitions), for guarded().
 void finish_record(Record& rec, const Case& c, const Benchmark& bench,
-                   const std::vector<double>& per_call) {
+                   const std::vector<double>& per_call, double gemm_s = 0) {
   if (per_call.empty()) throw std::runtime_error("no timed calls (fixed_reps / quick_reps is 0)");
   double median = median_of(per_call);
   auto [lo, hi] = std::minmax_element(per_call.begin(), per_call.end());
@@ -128,7 +130,9 @@ void finish_record(Record& rec, const Case& c, const Benchmark& bench,
     // Fixed-step cases (training steps) report throughput over all timed steps.
     double total = 0;
     for (double t : per_call) total += t;
-    rec.extra = {{"total_time", total}, {"avg_step_time", total / per_call.size() * 1e3}};
+    rec.extra = {{"total_time", total},
+                 {"avg_step_time", total / per_call.size() * 1e3},
+                 {"gemm_time_per_step", gemm_s / per_call.size() * 1e3}};
     rec.value = bench.value(total / per_call.size());
   }
   rec.extra.insert(rec.extra.end(), bench.extra.begin(), bench.extra.end());
@@ -159,14 +163,17 @@ Record run_case(const Suite& suite, const Case& c, const RunConfig& config) {
     const Policy p = policy_for(config);
 
     std::vector<double> per_call;  // seconds
+    double gemm_s = 0;
     if (bench.measured_s) {
       per_call = {*bench.measured_s};
     } else if (c.fixed_reps > 0) {
       for (int i = 0; i < fixed_calls(c, config, false); ++i) bench.body();
       for (int r = 0; r < fixed_calls(c, config, true); ++r) {
+        const uint64_t gemm_ns = cpu::gemm_time().ns;
         auto start = Clock::now();
         bench.body();
         per_call.push_back(seconds_since(start));
+        gemm_s += double(cpu::gemm_time().ns - gemm_ns) * 1e-9;
       }
     } else {
       // Warm-up; its mean time per call sizes the batches below.
@@ -191,7 +198,7 @@ Record run_case(const Suite& suite, const Case& c, const RunConfig& config) {
         per_call.push_back(seconds_since(start) / batch);
       }
     }
-    finish_record(rec, c, bench, per_call);
+    finish_record(rec, c, bench, per_call, gemm_s);
   });
   return rec;
 }
@@ -204,9 +211,10 @@ std::vector<Record> run_interleaved(const Suite& suite, const Case& a, const Cas
     Benchmark bench;
     bool ok = false;
     std::vector<double> per_call;
+    double gemm_s = 0;
   };
-  Side sides[2] = {{&a, new_record(suite, a), {}, false, {}},
-                   {&b, new_record(suite, b), {}, false, {}}};
+  Side sides[2] = {{&a, new_record(suite, a), {}, false, {}, 0},
+                   {&b, new_record(suite, b), {}, false, {}, 0}};
   for (Side& s : sides)
     s.ok = guarded(s.rec, [&] { s.bench = s.c->setup(config); });
   for (bool timed : {false, true}) {
@@ -214,14 +222,18 @@ std::vector<Record> run_interleaved(const Suite& suite, const Case& a, const Cas
     for (int i = 0; i < n; ++i)
       for (Side& s : sides) {
         if (!s.ok || i >= fixed_calls(*s.c, config, timed)) continue;
+        const uint64_t gemm_ns = cpu::gemm_time().ns;
         auto start = Clock::now();
         s.ok = guarded(s.rec, [&] { s.bench.body(); });
-        if (s.ok && timed) s.per_call.push_back(seconds_since(start));
+        if (s.ok && timed) {
+          s.per_call.push_back(seconds_since(start));
+          s.gemm_s += double(cpu::gemm_time().ns - gemm_ns) * 1e-9;
+        }
       }
   }
   std::vector<Record> out;
   for (Side& s : sides) {
-    if (s.ok) guarded(s.rec, [&] { finish_record(s.rec, *s.c, s.bench, s.per_call); });
+    if (s.ok) guarded(s.rec, [&] { finish_record(s.rec, *s.c, s.bench, s.per_call, s.gemm_s); });
     out.push_back(std::move(s.rec));
   }
   return out;

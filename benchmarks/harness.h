@@ -89,7 +89,8 @@ struct Case {
   std::function<Benchmark(const RunConfig&)> setup;
   /// For long bodies (a training step): exactly this many warm-up calls and timed calls, one
   /// call per repetition, instead of the automatic calibration. The record then carries the
-  /// extra fields total_time (s, all timed calls) and avg_step_time (ms). 0 = automatic.
+  /// extra fields total_time (s, all timed calls), avg_step_time (ms) and gemm_time_per_step
+  /// (ms of CPU GEMM ops per call, cpu::gemm_time). 0 = automatic.
   int fixed_warmup = 0, fixed_reps = 0;
   int quick_warmup = 1, quick_reps = 5;  ///< the same under --quick
   /// For a fixed-step case listed right before its case of the same name in the other mode:

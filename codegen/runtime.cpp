@@ -96,6 +96,7 @@ void gemm_batched(int64_t batch, int64_t m, int64_t n, int64_t k, int64_t a, int
                   int64_t ldb, int64_t c, int64_t off_c, int64_t batch_c, int64_t ldc,
                   int64_t beta, int64_t trans_a, int64_t trans_b) {
   g_gemm_calls.fetch_add(1, std::memory_order_relaxed);
+  cpu::GemmTimer timer;
   if (m == 0 || n == 0) return;
   // As eager matmul does (backends/cpu/matmul.cpp): a batch of small products (attention's
   // per-head products) is spread over kiln's pool one product per thread; a single or large

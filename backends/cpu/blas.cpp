@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -59,6 +60,15 @@ const Dnnl& dnnl() {
 
 // OpenMP's thread count is a per-thread setting; remember what this thread last asked for.
 thread_local int t_omp_threads = 0;
+
+std::atomic<uint64_t> g_gemm_ns{0}, g_gemm_ops{0};
+thread_local bool t_in_gemm_timer = false;
+
+int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
 
 // ---------------------------------------------------------------------------------------------
 // kiln's blocked GEMM (the BLIS loop structure): for each NC-column block and KC-deep slice,
@@ -156,6 +166,23 @@ class PaddedCopy {
 };
 
 }  // namespace
+
+GemmTime gemm_time() {
+  return {g_gemm_ns.load(std::memory_order_relaxed), g_gemm_ops.load(std::memory_order_relaxed)};
+}
+
+GemmTimer::GemmTimer() {
+  if (t_in_gemm_timer || in_parallel_region()) return;
+  t_in_gemm_timer = true;
+  start_ns_ = now_ns();
+}
+
+GemmTimer::~GemmTimer() {
+  if (start_ns_ < 0) return;
+  g_gemm_ns.fetch_add(static_cast<uint64_t>(now_ns() - start_ns_), std::memory_order_relaxed);
+  g_gemm_ops.fetch_add(1, std::memory_order_relaxed);
+  t_in_gemm_timer = false;
+}
 
 template <class T>
 void gemm(int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t rsa, int64_t csa,

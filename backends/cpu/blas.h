@@ -46,6 +46,30 @@ bool sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float al
            const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
            int64_t ldc, int threads = 0) noexcept;
 
+/// Wall time of the GEMM ops run so far in this process (eager matmul of every dtype and the
+/// GEMM calls of compiled CPU code), in nanoseconds, and their count. Only an op started
+/// outside a parallel region counts, once (a batch of products spread over the pool is one
+/// op), so `ns` is wall time, not CPU time, and GEMMs inside a row-parallel compiled graph
+/// are not counted. Benchmarks subtract two readings to show how much of a training step is
+/// the BLAS library's, the part that compile() leaves as it is.
+struct GemmTime {
+  uint64_t ns = 0, ops = 0;
+};
+GemmTime gemm_time();
+
+/// Adds the wall time of its lifetime to gemm_time(), unless it is nested in another
+/// GemmTimer or runs inside a parallel region. Put one at the top of each GEMM op's entry.
+class GemmTimer {
+ public:
+  GemmTimer();
+  ~GemmTimer();
+  GemmTimer(const GemmTimer&) = delete;
+  GemmTimer& operator=(const GemmTimer&) = delete;
+
+ private:
+  int64_t start_ns_ = -1;  // -1: not counted
+};
+
 /// Whether float32 GEMM goes through oneDNN. Loads libdnnl.so.2 on the first call; if that
 /// fails, says so once on stderr and returns false from then on.
 bool onednn_available();

@@ -97,6 +97,7 @@ int64_t folded_row_stride(const MatrixOperand& a, const MatrixOperand& b, const 
 template <class T>
 void batched_gemm(const OpCall& call, MatrixOperand a, MatrixOperand b, Shape batch, T alpha,
                   T beta, Tensor& out) {
+  GemmTimer timer;
   const int64_t k = a.cols, n = b.cols;
   T* c = out.data<T>();
   if (numel(batch) == 0 || a.rows == 0 || n == 0) return;

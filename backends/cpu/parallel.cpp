@@ -191,6 +191,8 @@ bool set_flush_denormal(bool on) {
 }
 void set_num_threads(int n) { pool().resize(std::clamp(n, 1, kMaxThreads)); }
 
+bool in_parallel_region() { return t_in_parallel; }
+
 void parallel_for(int64_t begin, int64_t end, int64_t grain,
                   const std::function<void(int64_t, int64_t)>& fn) {
   int64_t n = end - begin;

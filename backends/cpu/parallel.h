@@ -30,4 +30,7 @@ bool set_flush_denormal(bool on);
 void parallel_for(int64_t begin, int64_t end, int64_t grain,
                   const std::function<void(int64_t, int64_t)>& fn);
 
+/// Whether the calling thread is running a chunk of a parallel_for (or is a pool worker).
+bool in_parallel_region();
+
 }  // namespace kiln::cpu

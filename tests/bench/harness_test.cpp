@@ -1,9 +1,15 @@
-// kiln-bench's harness (benchmarks/harness.cpp): interleaved eager / compiled pairs.
+// kiln-bench's harness (benchmarks/harness.cpp): interleaved eager / compiled pairs, and the
+// GEMM time per step of fixed-step cases.
 #include <stdexcept>
 #include <string>
 #include <vector>
 
 #include <catch2/catch.hpp>
+
+#include <chrono>
+#include <thread>
+
+#include "kiln/kiln.h"
 
 #include "benchmarks/harness.h"
 
@@ -52,9 +58,12 @@ TEST_CASE("harness: an interleaved pair alternates warm-up and timed calls, one 
     CHECK(rec.case_name == "step");
     CHECK(rec.min_ms <= rec.median_ms);
     CHECK(rec.median_ms <= rec.max_ms);
-    REQUIRE(rec.extra.size() == 2);  // total_time (s), avg_step_time (ms) over the 3 timed calls
+    // total_time (s), avg_step_time (ms) over the 3 timed calls, and their GEMM time (none)
+    REQUIRE(rec.extra.size() == 3);
     CHECK(rec.extra[0].first == "total_time");
     CHECK(rec.extra[1].second == Approx(rec.extra[0].second / 3 * 1e3));
+    CHECK(rec.extra[2].first == "gemm_time_per_step");
+    CHECK(rec.extra[2].second == 0);
     CHECK(rec.value == Approx(3 / rec.extra[0].second));  // 1 step per call
   }
   log.clear();
@@ -108,4 +117,31 @@ TEST_CASE("harness: a single fixed-step case without timed calls is reported fai
   CHECK(log == std::vector<std::string>{"c"});  // the warm-up call only
   CHECK(r.status == kb::Status::Failed);
   CHECK(r.error.find("no timed calls") != std::string::npos);
+}
+
+TEST_CASE("harness: a fixed-step case reports the wall time of its GEMM ops per step") {
+  // A step of one 512x512x512 product (eager matmul) and a 2 ms pause: the GEMM time is part
+  // of the step's time, and far from all of it.
+  kb::Suite suite{"s", "test", {}, {}};
+  kb::Case c;
+  c.name = "step";
+  c.unit = "steps/s";
+  c.fixed_warmup = 1;
+  c.fixed_reps = 4;
+  c.setup = [](const kb::RunConfig&) {
+    auto a = std::make_shared<kiln::Tensor>(kiln::randn({512, 512}));
+    return kb::Benchmark{[a] {
+                           kiln::Tensor p = kiln::matmul(*a, *a);
+                           (void)p.data<float>()[0];
+                           std::this_thread::sleep_for(std::chrono::milliseconds(2));
+                         },
+                         kb::per_second(1.0)};
+  };
+  kb::Record rec = kb::run_case(suite, c, kb::RunConfig{false, 1});
+  REQUIRE(rec.status == kb::Status::Ok);
+  REQUIRE(rec.extra.size() == 3);
+  CHECK(rec.extra[2].first == "gemm_time_per_step");
+  const double gemm_ms = rec.extra[2].second, step_ms = rec.extra[1].second;
+  CHECK(gemm_ms > 0);
+  CHECK(gemm_ms < step_ms - 1.9);  // the pause is not GEMM time
 }

@@ -9,6 +9,7 @@
 #include <thread>
 #include <vector>
 
+#include "backends/cpu/blas.h"
 #include "backends/cpu/parallel.h"
 #include "codegen/codegen.h"
 #include "codegen/runtime.h"
@@ -989,7 +990,9 @@ TEST_CASE("Executable: 4-D attention products are one batched GEMM (batch dims c
     codegen::Executable exe(g);
     check_gemm_ir(exe);
     Tensor qt = randn({2, 3, 40, 32}).to(dt), kt = randn({2, 3, 40, 32}).to(dt);
+    const uint64_t ops = cpu::gemm_time().ops;
     std::vector<Tensor> out = run_counting_gemm(exe, {qt, kt}, 2);
+    CHECK(cpu::gemm_time().ops == ops + 2);  // each batched GEMM call timed once
     CHECK(rel_diff(out[0], matmul(matmul(qt, kt.transpose(-2, -1)), kt)) < 1e-4);
   }
 }

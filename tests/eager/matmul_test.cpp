@@ -397,3 +397,24 @@ TEST_CASE("blas.h: sgemm split into row or column blocks on the pool matches a f
   }
   cpu::set_num_threads(saved);
 }
+
+TEST_CASE("gemm_time counts each matmul op once, a spread batch too, and none inside a region") {
+  Tensor a = randn({64, 48}), b = randn({48, 32});
+  Tensor qa = randn({16, 40, 32}), qb = randn({16, 32, 40});  // small products: spread
+  cpu::GemmTime t0 = cpu::gemm_time();
+  Tensor c = matmul(a, b);
+  cpu::GemmTime t1 = cpu::gemm_time();
+  CHECK(t1.ops == t0.ops + 1);
+  CHECK(t1.ns > t0.ns);
+  Tensor s = matmul(qa, qb);
+  cpu::GemmTime t2 = cpu::gemm_time();
+  CHECK(t2.ops == t1.ops + 1);
+  // Inside a parallel region the calls overlap in time: not counted (the caller's wall time
+  // is the region's).
+  cpu::parallel_for(0, 4, 1, [&](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i) (void)matmul(a, b).data<float>();
+  });
+  CHECK(cpu::gemm_time().ops == t2.ops);
+  CHECK(c.shape() == Shape{64, 32});
+  CHECK(s.shape() == Shape{16, 40, 40});
+}
