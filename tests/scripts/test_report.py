@@ -19,6 +19,10 @@ def main():
          "loss_epoch_1": 1.5, "loss_epoch_2": 0.7},
         {"suite": "x", "case": "latency", "mode": "eager", "value": 10.0, "unit": "ms"},
         {"suite": "x", "case": "latency", "mode": "compiled", "value": 4.0, "unit": "ms"},
+        {"suite": "t", "case": "step", "mode": "eager", "value": 20.0, "unit": "samples/s",
+         "avg_step_time": 50.0, "gemm_time_per_step": 30.0},
+        {"suite": "t", "case": "step", "mode": "compiled", "value": 25.0, "unit": "samples/s",
+         "avg_step_time": 40.0, "gemm_time_per_step": 25.0},
         {"suite": "x", "case": "broken", "mode": "compiled", "value": None, "unit": "ms",
          "status": "failed", "error": "boom"},
     ]
@@ -31,6 +35,8 @@ def main():
     assert "| latency | ms | 10.00 | 4.00 |  | 2.50x |" in md, md  # time: eager / compiled
     assert "| digits_mlp_accuracy | percent | 97.00 | 97.00 |  |  |" in md, md  # no speed-up
     assert "| broken | ms |  | failed |" in md, md
+    assert "| t/step | 50.0 | 30.0 | 40.0 | 25.0 | 2.00x |" in md, md  # bound: 50 / 25
+    assert md.count("| t/step |") == 1, md  # only cases with GEMM time in both modes
     for png in ("speedup.png", "loss.png"):
         data = open(os.path.join(out, png), "rb").read()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 1000, png
