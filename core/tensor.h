@@ -5,6 +5,7 @@
 /// Metadata accessors are defined in core/. The op methods (t.sum(), t.view(...), ...) are
 /// declared here for convenience and defined in eager/ (like ATen's TensorBody); they go
 /// through the dispatcher exactly like the free functions in eager/ops.h.
+#include <concepts>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -128,6 +129,18 @@ class Tensor {
   Tensor sum(const Dims& dims, bool keepdim = false, Loc loc = Loc::current()) const;
   Tensor mean(Loc loc = Loc::current()) const;
   Tensor mean(const Dims& dims, bool keepdim = false, Loc loc = Loc::current()) const;
+  /// x.sum(1), x.mean(-1): one dim, as in PyTorch (a template, so that x.sum({}) still means
+  /// every dim: a braced list never deduces an integer).
+  template <std::integral I>
+    requires(!std::same_as<I, bool>)
+  Tensor sum(I dim, bool keepdim = false, Loc loc = Loc::current()) const {
+    return sum(Dims{static_cast<int64_t>(dim)}, keepdim, loc);
+  }
+  template <std::integral I>
+    requires(!std::same_as<I, bool>)
+  Tensor mean(I dim, bool keepdim = false, Loc loc = Loc::current()) const {
+    return mean(Dims{static_cast<int64_t>(dim)}, keepdim, loc);
+  }
   Tensor matmul(const Tensor& other, Loc loc = Loc::current()) const;
   /// Entries of `index` (int32/int64, 0-d or 1-D) along `dim`; see kiln::index_select.
   Tensor index_select(int64_t dim, const Tensor& index, Loc loc = Loc::current()) const;

@@ -9,6 +9,7 @@
 ///   NaN wins for argmax/argmin).
 /// * Every function takes a defaulted `loc` so errors name the caller's line; invalid input
 ///   throws kiln::Error naming the op, the offending shapes/dtypes/values and that line.
+#include <concepts>
 #include <optional>
 #include <vector>
 
@@ -160,6 +161,35 @@ Tensor std(const Tensor& x, const Dims& dims = {}, int64_t correction = 1, bool 
 Tensor logsumexp(const Tensor& x, const Dims& dims, bool keepdim = false, Loc loc = Loc::current());
 Tensor all(const Tensor& x, const Dims& dims = {}, bool keepdim = false, Loc loc = Loc::current());
 Tensor any(const Tensor& x, const Dims& dims = {}, bool keepdim = false, Loc loc = Loc::current());
+/// The reductions above over one dim given as an integer, as in PyTorch: sum(x, 1),
+/// var(x, 0), amax(x, -1, true). Templates, so that sum(x, {}) still means every dim (a
+/// braced list never deduces an integer); bool is not a dim.
+template <class I>
+concept ReductionDim = std::integral<I> && !std::same_as<I, bool>;
+#define KILN_ONE_DIM_REDUCTION(name)                                                         \
+  template <ReductionDim I>                                                                   \
+  Tensor name(const Tensor& x, I dim, bool keepdim = false, Loc loc = Loc::current()) {       \
+    return name(x, Dims{static_cast<int64_t>(dim)}, keepdim, loc);                            \
+  }
+KILN_ONE_DIM_REDUCTION(sum)
+KILN_ONE_DIM_REDUCTION(mean)
+KILN_ONE_DIM_REDUCTION(prod)
+KILN_ONE_DIM_REDUCTION(amax)
+KILN_ONE_DIM_REDUCTION(amin)
+KILN_ONE_DIM_REDUCTION(logsumexp)
+KILN_ONE_DIM_REDUCTION(all)
+KILN_ONE_DIM_REDUCTION(any)
+#undef KILN_ONE_DIM_REDUCTION
+template <ReductionDim I>
+Tensor var(const Tensor& x, I dim, int64_t correction = 1, bool keepdim = false,
+           Loc loc = Loc::current()) {
+  return var(x, Dims{static_cast<int64_t>(dim)}, correction, keepdim, loc);
+}
+template <ReductionDim I>
+Tensor std(const Tensor& x, I dim, int64_t correction = 1, bool keepdim = false,
+           Loc loc = Loc::current()) {
+  return std(x, Dims{static_cast<int64_t>(dim)}, correction, keepdim, loc);
+}
 /// Index (int64) of the max / min along `dim`, or into the flattened tensor when dim is
 /// absent. Ties and NaN: the first occurrence wins; a NaN counts as the maximum (and minimum).
 Tensor argmax(const Tensor& x, std::optional<int64_t> dim = std::nullopt, bool keepdim = false,

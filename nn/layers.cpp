@@ -48,10 +48,11 @@ Dropout::Dropout(double p, Loc loc) : p(p) {
 Sequential::Sequential(std::initializer_list<std::shared_ptr<Module>> modules, Loc loc) {
   for (auto& m : modules) push_back(m, loc);
 }
-std::shared_ptr<Module> Sequential::operator[](size_t i) const {
-  KILN_CHECK(i < modules_.size(), "Sequential", Loc::current(), "index {} out of range for {} modules",
-             i, modules_.size());
-  return modules_[i];
+std::shared_ptr<Module> Sequential::operator[](Index index) const {
+  const int64_t n = static_cast<int64_t>(modules_.size());
+  KILN_CHECK(index.i >= -n && index.i < n, "Sequential", index.loc,
+             "index {} out of range for {} modules", index.i, n);
+  return modules_[static_cast<size_t>(index.i < 0 ? index.i + n : index.i)];
 }
 void Sequential::push_back(std::shared_ptr<Module> m, Loc loc) {
   register_module(std::to_string(modules_.size()), m, loc);

@@ -78,8 +78,16 @@ class Sequential : public Module {
   Tensor forward(const Tensor& x) override;
   std::string name() const override { return "Sequential"; }
   size_t size() const { return modules_.size(); }
-  /// The i-th module. Throws kiln::Error when i >= size().
-  std::shared_ptr<Module> operator[](size_t i) const;
+  /// An index and the line it was written on: operator[] takes one argument in C++20, and the
+  /// default argument of this implicit constructor is evaluated where `seq[i]` is written.
+  struct Index {
+    Index(int64_t i, Loc loc = Loc::current()) : i(i), loc(loc) {}  // NOLINT: implicit
+    int64_t i;
+    Loc loc;
+  };
+  /// The i-th module; negative i counts from the end (seq[-1] is the last), as in PyTorch.
+  /// Throws kiln::Error naming the caller's line when i is not in [-size(), size()).
+  std::shared_ptr<Module> operator[](Index index) const;
 
  private:
   std::vector<std::shared_ptr<Module>> modules_;

@@ -13,7 +13,6 @@ using namespace kiln;
 
 namespace {
 
-constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
 std::vector<float> random_floats(int64_t n, uint32_t seed, float lo = -1, float hi = 1) {
@@ -609,4 +608,26 @@ TEST_CASE("var and std with N - correction <= 0 divide by zero as PyTorch") {
   CHECK(std::isinf(kiln::std(x, {0}, 3).item<float>()));
   CHECK(std::isnan(var(ones({3}), {0}, 3).item<float>()));
   CHECK(std::isinf(var(x.to(DType::Float64), {0}, 3).item<double>()));
+}
+
+namespace {
+std::vector<double> values(const Tensor& t) { return t.to(DType::Float64).to_vector<double>(); }
+}  // namespace
+
+TEST_CASE("reductions take one dim as an integer, as in PyTorch; sum(x, {}) still means every dim") {
+  Tensor x = from_vector(std::vector<double>{1, 2, 3, 4, 5, 6}, {2, 3});
+  CHECK(values(sum(x, 1)) == std::vector<double>{6, 15});
+  CHECK(values(x.sum(0)) == std::vector<double>{5, 7, 9});
+  CHECK(values(x.mean(-1, true)) == std::vector<double>{2, 5});
+  CHECK(values(amax(x, int64_t{0})) == std::vector<double>{4, 5, 6});
+  CHECK(values(var(x, 1)) == std::vector<double>{1, 1});
+  CHECK(values(kiln::std(x, 0, 0)) == std::vector<double>{1.5, 1.5, 1.5});
+  CHECK(sum(x, {}).item<double>() == 21);
+  CHECK(sum(x, {0}).shape() == Shape{3});
+  try {
+    (void)x.sum(2);
+    FAIL("no error");
+  } catch (const Error& e) {
+    CHECK_THAT(e.what(), Catch::Contains("sum") && Catch::Contains(__FILE__));
+  }
 }

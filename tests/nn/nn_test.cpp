@@ -851,6 +851,21 @@ TEST_CASE("Sequential's null module and Module::to without a device name the cal
   } catch (const Error& e) {
     CHECK_THAT(e.what(), Catch::Contains("is null") && Catch::Contains(here));
   }
+  // Indexing names the line of seq[i] too; negative indices count from the end.
+  s.push_back(std::make_shared<ReLU>());
+  s.push_back(std::make_shared<Linear>(2, 3));
+  CHECK(s[-1] == s[1]);
+  CHECK(s[-2] == s[0]);
+  CHECK(s[size_t{1}]->name() == "Linear");
+  for (int64_t bad : {int64_t{2}, int64_t{-3}}) {
+    try {
+      (void)s[bad];
+      FAIL("no error");
+    } catch (const Error& e) {
+      CHECK_THAT(e.what(), Catch::Contains(fmt::format("index {} out of range for 2 modules", bad)) &&
+                               Catch::Contains(here));
+    }
+  }
   if (!cuda::is_available()) {
     Linear lin(2, 2);
     try {
