@@ -1,6 +1,9 @@
 #include "core/error.h"
 
+#include <filesystem>
+#include <string>
 #include <string_view>
+#include <unordered_map>
 
 namespace kiln {
 
@@ -30,17 +33,48 @@ std::string_view source_root() {
   std::string_view tail = "core/error.cpp";
   return self.ends_with(tail) ? self.substr(0, self.size() - tail.size()) : std::string_view();
 }
+
+constexpr std::string_view kLibraryDirs[] = {"core/",    "eager/",    "nn/",      "tracer/",
+                                             "ir/",      "codegen/",  "backends/", "include/"};
+
+bool in_library_dir(std::string_view relative) {
+  for (std::string_view dir : kLibraryDirs)
+    if (relative.starts_with(dir)) return true;
+  return false;
+}
+
+// A kiln header reached through another include path than the build's absolute one (`-I.`
+// gives "./nn/layers.h", a symlinked checkout another prefix): the file's path from one of the
+// library folders on names a file under kiln's root.
+bool names_library_file(std::string_view file, std::string_view root) {
+  for (std::string_view dir : kLibraryDirs)
+    for (size_t pos = file.find(dir); pos != std::string_view::npos; pos = file.find(dir, pos + 1))
+      if (pos == 0 || file[pos - 1] == '/') {
+        std::error_code ec;
+        if (std::filesystem::is_regular_file(std::string(root) + std::string(file.substr(pos)), ec))
+          return true;
+      }
+  return false;
+}
 }  // namespace
+
+bool is_kiln_source_path(std::string_view file) {
+  static const std::string_view root = source_root();
+  if (root.empty()) return false;
+  if (file.starts_with(root)) return in_library_dir(file.substr(root.size()));
+  return names_library_file(file, root);
+}
 
 bool inside_kiln(const Loc& loc) {
   static const std::string_view root = source_root();
   std::string_view file = loc.file_name();
-  if (root.empty() || !file.starts_with(root)) return false;
-  file.remove_prefix(root.size());
-  for (std::string_view dir : {"core/", "eager/", "nn/", "tracer/", "ir/", "codegen/", "backends/",
-                               "include/"})
-    if (file.starts_with(dir)) return true;
-  return false;
+  if (root.empty()) return false;
+  if (file.starts_with(root)) return in_library_dir(file.substr(root.size()));
+  // Called for every op: the answer for another path is looked up once per file-name literal.
+  thread_local std::unordered_map<const char*, bool> other_paths;
+  auto [it, added] = other_paths.try_emplace(loc.file_name(), false);
+  if (added) it->second = is_kiln_source_path(file);
+  return it->second;
 }
 
 const Loc* user_line() { return t_user_line; }

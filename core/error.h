@@ -7,6 +7,7 @@
 #include <exception>
 #include <source_location>
 #include <string>
+#include <string_view>
 #include <utility>
 
 #include <fmt/format.h>
@@ -71,8 +72,12 @@ decltype(auto) as_op(const char* op, F&& body) {
 }
 
 /// Whether `loc` is a line of kiln's own library sources (core/, eager/, nn/, tracer/, ir/,
-/// codegen/, backends/, include/): not a line the user wrote.
+/// codegen/, backends/, include/): not a line the user wrote. A header reached through another
+/// include path than the build's (`-I.` gives "./nn/layers.h") counts when the same path from
+/// its library folder on names a file in kiln's source tree.
 bool inside_kiln(const Loc& loc);
+/// inside_kiln for a file path (uncached; may look at the file system).
+bool is_kiln_source_path(std::string_view file);
 
 /// The user's line of the innermost kiln::at_user_line running on this thread, or nullptr.
 const Loc* user_line();

@@ -46,6 +46,7 @@ Tensor random_op(OpKind op, const Shape& shape, DType dtype, Scalar low, Scalar 
 
 std::mutex g_rng_mu;
 GeneratorState g_rng{67280421310721ull, 0};
+GeneratorReseeds g_reseeds;  // guarded by g_rng_mu
 
 }  // namespace
 
@@ -223,17 +224,20 @@ Tensor scalar_tensor(Scalar value, TensorOptions opts, Loc loc) {
   return full({}, value, opts, loc);
 }
 
-void manual_seed(uint64_t seed) {
-  std::lock_guard<std::mutex> lock(g_rng_mu);
-  g_rng = {seed, 0};
-}
+void manual_seed(uint64_t seed, Loc loc) { set_generator_state({seed, 0}, loc); }
 GeneratorState generator_state() {
   std::lock_guard<std::mutex> lock(g_rng_mu);
   return g_rng;
 }
-void set_generator_state(GeneratorState s) {
+void set_generator_state(GeneratorState s, Loc loc) {
   std::lock_guard<std::mutex> lock(g_rng_mu);
   g_rng = s;
+  ++g_reseeds.count;
+  g_reseeds.last = loc;
+}
+GeneratorReseeds generator_reseeds() {
+  std::lock_guard<std::mutex> lock(g_rng_mu);
+  return g_reseeds;
 }
 uint64_t reserve_random(uint64_t n) {
   std::lock_guard<std::mutex> lock(g_rng_mu);

@@ -81,15 +81,24 @@ Tensor tensor(std::initializer_list<std::initializer_list<T>> rows, TensorOption
 Tensor scalar_tensor(Scalar value, TensorOptions opts = {}, Loc loc = Loc::current());
 
 // ---- the global random generator (Philox4x32-10, see core/philox.h) ----
-/// Seeds the generator and resets its counter offset to 0.
-void manual_seed(uint64_t seed);
+/// Seeds the generator and resets its counter offset to 0. A compiled function that calls it
+/// (or set_generator_state) runs eagerly: a replay draws from the caller's generator state
+/// and would not reseed it; `loc` names the call in the reason (explain(), stderr).
+void manual_seed(uint64_t seed, Loc loc = Loc::current());
 /// Generator state: the seed, and the counter offset of the next draw.
 struct GeneratorState {
   uint64_t seed;
   uint64_t offset;
 };
 GeneratorState generator_state();
-void set_generator_state(GeneratorState s);
+void set_generator_state(GeneratorState s, Loc loc = Loc::current());
+/// How many times manual_seed / set_generator_state ran in this process, and where the last
+/// did (for compile(), which compares the count before and after tracing a function).
+struct GeneratorReseeds {
+  uint64_t count = 0;
+  Loc last;
+};
+GeneratorReseeds generator_reseeds();
 /// Reserves `n` 32-bit draws (rounded up to whole Philox blocks) and returns the counter
 /// offset at which they start; random ops call this so each draw uses fresh counters.
 uint64_t reserve_random(uint64_t n);

@@ -268,7 +268,16 @@ StateDict load_safetensors(const std::string& path, Loc loc) {
     } while (r.peek(',') && ++r.i);
     r.expect('}');
     DType t = from_st_dtype(dtype, path, loc);
+    KILN_CHECK(shape.size() <= static_cast<size_t>(kMaxRank), "load_safetensors", loc,
+               "{}: the shape of \"{}\" has {} dims (kiln's maximum rank is {})", path, name,
+               shape.size(), kMaxRank);
     Shape s(shape);
+    try {  // a negative size, or more elements than memory can hold
+      check_shape(s, itemsize(t), "load_safetensors", loc);
+    } catch (const Error& e) {
+      throw Error("load_safetensors",
+                  fmt::format("{}: bad shape for \"{}\": {}", path, name, e.message()), loc);
+    }
     size_t nbytes = static_cast<size_t>(numel(s)) * itemsize(t);
     KILN_CHECK(offsets.size() == 2 && offsets[0] >= 0 && offsets[1] - offsets[0] ==
                    static_cast<int64_t>(nbytes) && static_cast<size_t>(offsets[1]) <= body_size,

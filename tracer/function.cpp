@@ -1096,6 +1096,7 @@ std::vector<OutValue> CompiledFunction::Impl::trace(const std::vector<ArgValue>&
   std::vector<std::pair<std::weak_ptr<TensorImpl>, int>> candidates;
   const uint64_t view_writes = in_place_view_writes();
   const uint64_t double_backwards = create_graph_backwards();
+  const uint64_t reseeds = generator_reseeds().count;
   {
     Recorder rec(*prog);
     for (size_t i = 0; i < args.size(); ++i)
@@ -1123,6 +1124,13 @@ std::vector<OutValue> CompiledFunction::Impl::trace(const std::vector<ArgValue>&
   }
   if (!prog->backward_error.empty()) {
     run_eagerly_from_now_on(fmt::format("its outputs' backward fails ({})", prog->backward_error));
+    return outs;
+  }
+  if (GeneratorReseeds r = generator_reseeds(); r.count != reseeds) {
+    run_eagerly_from_now_on(fmt::format(
+        "it reseeds kiln's random generator (manual_seed or set_generator_state, last at "
+        "{}:{}); a replay would draw from the caller's generator state instead",
+        r.last.file_name(), r.last.line()));
     return outs;
   }
   if (create_graph_backwards() != double_backwards) {

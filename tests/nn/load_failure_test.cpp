@@ -108,6 +108,27 @@ TEST_CASE("load_safetensors: BOOL bytes other than 0 and 1 are rejected, naming 
   CHECK(d[0].second.sum().item<int64_t>() == 2);
 }
 
+TEST_CASE("load_safetensors: a bad shape names the file and the tensor") {
+  // Found by a fresh-user trial: these errors came from empty() and Shape, naming neither.
+  struct Case {
+    std::string shape, body, message;
+  };
+  for (const Case& c : {
+           Case{"[-2,-1]", std::string(8, '\0'), "negative size -2"},
+           Case{"[4294967296,4294967296,4]", "", "too large"},
+           Case{"[1,1,1,1,1,1,1,1,1,1,1,1,1]", std::string(4, '\0'), "has 13 dims"},
+       }) {
+    INFO(c.shape);
+    std::string h = R"({"w":{"dtype":"F32","shape":)" + c.shape + R"(,"data_offsets":[0,)" +
+                    std::to_string(c.body.size()) + "]}}";
+    std::string path = write_st("bad_shape", h, c.body);
+    expect_error([&] { load_safetensors(path); }, "load_safetensors: " + path);
+    expect_error([&] { load_safetensors(path); }, "\"w\"");
+    expect_error([&] { load_safetensors(path); }, c.message);
+    expect_error([&] { load_safetensors(path); }, __FILE__);
+  }
+}
+
 TEST_CASE("load_safetensors: a tensor name given twice is rejected") {
   std::string h = R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},)"
                   R"("a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})";

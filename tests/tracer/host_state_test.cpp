@@ -321,3 +321,35 @@ TEST_CASE("compile: a setting of a module destroyed after compiling is not read"
   CHECK(vec(f(x)) == std::vector<float>(3, 3.f));
   CHECK(f.compile_count() == 2);
 }
+
+TEST_CASE("compile: a function that reseeds the generator runs eagerly, with the same draws",
+          "[compile][host]") {
+  // Found by a fresh-user trial: a replay drew from the caller's generator state, so the third
+  // call returned other numbers than eager's, silently.
+  const std::string here = __FILE__;
+  auto f = [](const Tensor& x) {
+    manual_seed(7);
+    return x + rand({3});
+  };
+  auto cf = kiln::compile(f, CompileOptions{}, "reseeding");
+  Tensor zeros3 = zeros({3});
+  std::vector<float> eager = vec(f(zeros3));
+  for (int call = 0; call < 3; ++call) {
+    manual_seed(123 + call);
+    (void)rand({100});  // the caller's generator state differs on every call
+    CHECK(vec(cf(zeros3)) == eager);
+  }
+  CHECK_THAT(cf.explain(), Catch::Contains("runs eagerly from now on") &&
+                               Catch::Contains("reseeds kiln's random generator") &&
+                               Catch::Contains(here));
+  // A function that only draws (no reseed) still compiles and follows the caller's generator.
+  auto g = [](const Tensor& x) { return x + rand({3}); };
+  auto cg = kiln::compile(g);
+  for (int call = 0; call < 3; ++call) {
+    manual_seed(40 + call);
+    std::vector<float> want = vec(g(zeros3));
+    manual_seed(40 + call);
+    CHECK(vec(cg(zeros3)) == want);
+  }
+  CHECK_THAT(cg.explain(), !Catch::Contains("runs eagerly from now on"));
+}
