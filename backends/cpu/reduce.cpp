@@ -10,7 +10,10 @@
 // first copied into a [kept..., reduced...] contiguous buffer, which is a rows problem.
 // Work is split over outputs; a few long outputs are split along R into fixed chunks (so the
 // result does not depend on the number of threads) whose partials are combined in order.
+#include <algorithm>
+#include <cmath>
 #include <memory>
+#include <type_traits>
 
 #include "backends/cpu/allocator.h"
 #include "backends/cpu/kernels.h"
@@ -621,6 +624,89 @@ void fill_identity(OpKind op, Tensor& out) {
   });
 }
 
+// An expanded view (stride-0 dims: x.expand({100000, 100000}).sum()) is reduced through its
+// base, as PyTorch does, instead of being copied whole by make_plan: each stride-0 dim is
+// reduced at size 1, the result corrected for the repeats (a sum times their count, a product
+// to their power, logsumexp plus their log, var / std rescaled from the base's population
+// variance; mean, amax, amin, all and any unchanged), and a kept stride-0 dim broadcast back.
+// Only for views of more than kExpandedCopyMax elements: smaller ones are copied, which keeps
+// their sums the sequential ones that compiled code computes.
+constexpr int64_t kExpandedCopyMax = int64_t{1} << 24;
+
+template <class T>
+void scale_repeats(const OpCall& call, Tensor& part, double repeats, double base_count) {
+  T* v = part.data<T>();
+  const int64_t n = part.numel();
+  switch (call.op) {
+    case OpKind::Sum:
+      if constexpr (std::is_floating_point_v<T>) {
+        for (int64_t i = 0; i < n; ++i) v[i] = static_cast<T>(v[i] * repeats);
+      } else {  // int64 sums wrap, as eager's do
+        const auto r = static_cast<uint64_t>(repeats);
+        for (int64_t i = 0; i < n; ++i) v[i] = static_cast<T>(static_cast<uint64_t>(v[i]) * r);
+      }
+      break;
+    case OpKind::Prod:
+      if constexpr (std::is_floating_point_v<T>) {
+        for (int64_t i = 0; i < n; ++i) v[i] = static_cast<T>(std::pow(double(v[i]), repeats));
+      } else {  // wrapping power by squaring
+        for (int64_t i = 0; i < n; ++i) {
+          uint64_t base = static_cast<uint64_t>(v[i]), acc = 1;
+          for (auto e = static_cast<uint64_t>(repeats); e; e >>= 1, base *= base)
+            if (e & 1) acc *= base;
+          v[i] = static_cast<T>(acc);
+        }
+      }
+      break;
+    case OpKind::LogSumExp:
+      for (int64_t i = 0; i < n; ++i) v[i] = static_cast<T>(v[i] + std::log(repeats));
+      break;
+    case OpKind::Var:
+    case OpKind::Std: {
+      // Σ over the view = repeats · Σ over the base; N − correction ≤ 0 gives inf (nan for 0).
+      const double count = repeats * base_count;
+      const double denom = std::max(count - static_cast<double>(call.attrs.mode), 0.0);
+      const double scale = repeats * base_count / denom;
+      const double factor = call.op == OpKind::Std ? std::sqrt(scale) : scale;
+      for (int64_t i = 0; i < n; ++i) v[i] = static_cast<T>(v[i] * factor);
+      break;
+    }
+    default:
+      break;
+  }
+}
+
+bool reduce_expanded(const OpCall& call, const InferredMeta& meta, const Tensor& x, Tensor& out,
+                     uint32_t mask) {
+  if (x.numel() <= kExpandedCopyMax) return false;
+  const int rank = x.dim();
+  Shape base_shape = x.shape();
+  double repeats = 1, base_count = 1;
+  for (int i = 0; i < rank; ++i) {
+    const bool expanded = x.strides()[i] == 0 && x.shape()[i] > 1;
+    if (expanded) base_shape[i] = 1;
+    if (mask >> i & 1) (expanded ? repeats : base_count) *= static_cast<double>(x.shape()[i]);
+  }
+  if (base_shape == x.shape()) return false;
+  // The base's result: out's shape with size 1 where a kept dim is expanded.
+  Shape part_shape;
+  for (int i = 0; i < rank; ++i)
+    if (!(mask >> i & 1)) part_shape.push_back(base_shape[i]);
+    else if (call.attrs.keepdim) part_shape.push_back(1);
+  OpCall base_call = call;
+  base_call.inputs = {restride(x, base_shape, x.strides())};
+  if (call.op == OpKind::Var || call.op == OpKind::Std) base_call.attrs.mode = 0;
+  Tensor part = empty_cpu(part_shape, out.dtype());
+  Tensor parts[1] = {part};
+  reduction_kernel(base_call, meta, parts);
+  if (repeats > 1) KILN_DISPATCH_ALL(part.dtype(), T, { scale_repeats<T>(call, part, repeats, base_count); });
+  Strides broadcast = contiguous_strides(part_shape);
+  for (int j = 0; j < part_shape.size(); ++j)
+    if (part_shape[j] != out.shape()[j]) broadcast[j] = 0;
+  copy_cast(out, restride(part, out.shape(), broadcast));
+  return true;
+}
+
 }  // namespace
 
 void reduction_kernel(const OpCall& call, const InferredMeta& meta, std::span<Tensor> outs) {
@@ -643,6 +729,7 @@ void reduction_kernel(const OpCall& call, const InferredMeta& meta, std::span<Te
     fill_identity(op, out);
     return;
   }
+  if (!arg && reduce_expanded(call, meta, x, out, mask)) return;
   Plan p = make_plan(x, mask, arg && call.attrs.all_dims);
   Ctx c{call, p, out};
   const DType t = x.dtype();

@@ -631,3 +631,47 @@ TEST_CASE("reductions take one dim as an integer, as in PyTorch; sum(x, {}) stil
     CHECK_THAT(e.what(), Catch::Contains("sum") && Catch::Contains(__FILE__));
   }
 }
+
+TEST_CASE("reductions of a large expanded view reduce its base, without copying it") {
+  // Found by a fresh-user trial: ones({1}).expand({1e6, 1e6}).sum() asked for 4 TB. Each
+  // result against float64 from the 3 base values; rows repeat each value 6e6 times.
+  const int64_t n = 6'000'000;
+  const std::vector<double> b = {0.5, -1.25, 2.0};
+  Tensor base = from_vector(b, {3, 1}).to(Float32);
+  Tensor x = base.expand({3, n});  // 1.8e7 elements, stride 0 along dim 1
+  auto near = [](const Tensor& t, const std::vector<double>& want, double rel = 1e-6) {
+    std::vector<double> got = t.to(Float64).to_vector<double>();
+    REQUIRE(got.size() == want.size());
+    for (size_t i = 0; i < got.size(); ++i) CHECK(got[i] == Approx(want[i]).epsilon(rel));
+  };
+  near(sum(x, 1), {0.5 * n, -1.25 * n, 2.0 * n});
+  near(x.sum(1, true), {0.5 * n, -1.25 * n, 2.0 * n});
+  CHECK(x.sum(1, true).shape() == Shape{3, 1});
+  near(x.sum(), {1.25 * n});
+  near(x.mean(1), b);
+  near(amax(x, 1), b);
+  near(amin(x), {-1.25});
+  near(logsumexp(x, 1), {0.5 + std::log(double(n)), -1.25 + std::log(double(n)),
+                         2.0 + std::log(double(n))});
+  // A kept expanded dim is broadcast back: sum over dim 0 is the same for every column.
+  Tensor s0 = sum(x, 0);
+  CHECK(s0.shape() == Shape{n});
+  near(s0.slice(0, n - 2, n), {1.25, 1.25});
+  // var / std with corrections, against the closed form over 3n values.
+  const double mean = 1.25 / 3, m2 = n * ((0.5 - mean) * (0.5 - mean) +
+                                          (-1.25 - mean) * (-1.25 - mean) + (2 - mean) * (2 - mean));
+  near(var(x, Dims{}, 1), {m2 / (3.0 * n - 1)}, 1e-5);
+  near(kiln::std(x, Dims{}, 0), {std::sqrt(m2 / (3.0 * n))}, 1e-5);
+  near(var(x, 1), {0, 0, 0});
+  CHECK(std::isinf(var(x, Dims{}, 3 * n).item<float>()));  // N − correction = 0
+  CHECK(std::isnan(var(x, 1, n).select(0, 0).item<float>()));  // and a constant row
+  // prod: (1 + 1e-7)^(3n) in float64 terms; integers wrap as eager's do.
+  Tensor p = full({1}, 1.0 + 1e-7, {Float64}).expand({3 * n});
+  near(prod(p), {std::pow(1.0 + 1e-7, 3.0 * n)}, 1e-9);
+  Tensor ones64 = ones({1}, {Int64}).expand({3 * n});
+  CHECK(sum(ones64).item<int64_t>() == 3 * n);
+  Tensor twos = full({1}, 2, {Int64}).expand({3 * n});
+  CHECK(prod(twos).item<int64_t>() == 0);  // 2^(1.8e7) wraps to 0 in int64
+  // The size the trial asked for: no copy, the exact count.
+  CHECK(ones({1}).expand({1'000'000, 1'000'000}).sum().item<float>() == 1e12f);
+}
