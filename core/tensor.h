@@ -145,6 +145,53 @@ class Tensor {
   /// Entries of `index` (int32/int64, 0-d or 1-D) along `dim`; see kiln::index_select.
   Tensor index_select(int64_t dim, const Tensor& index, Loc loc = Loc::current()) const;
 
+  // PyTorch's method spellings of common ops: x.exp() is kiln::exp(x), x.amax(1) is
+  // kiln::amax(x, 1), x.mul_(y) is x *= y; eager/ops.h documents each op and its errors.
+  Tensor exp(Loc loc = Loc::current()) const;
+  Tensor log(Loc loc = Loc::current()) const;
+  Tensor sqrt(Loc loc = Loc::current()) const;
+  Tensor rsqrt(Loc loc = Loc::current()) const;
+  Tensor abs(Loc loc = Loc::current()) const;
+  Tensor neg(Loc loc = Loc::current()) const;
+  Tensor relu(Loc loc = Loc::current()) const;
+  Tensor sigmoid(Loc loc = Loc::current()) const;
+  Tensor tanh(Loc loc = Loc::current()) const;
+  Tensor pow(Scalar exponent, Loc loc = Loc::current()) const;
+  Tensor clamp(std::optional<Scalar> low, std::optional<Scalar> high,
+               Loc loc = Loc::current()) const;
+  Tensor softmax(int64_t dim, Loc loc = Loc::current()) const;
+  Tensor log_softmax(int64_t dim, Loc loc = Loc::current()) const;
+  Tensor amax(const Dims& dims = {}, bool keepdim = false, Loc loc = Loc::current()) const;
+  Tensor amin(const Dims& dims = {}, bool keepdim = false, Loc loc = Loc::current()) const;
+  Tensor prod(const Dims& dims = {}, bool keepdim = false, Loc loc = Loc::current()) const;
+  template <std::integral I>
+    requires(!std::same_as<I, bool>)
+  Tensor amax(I dim, bool keepdim = false, Loc loc = Loc::current()) const {
+    return amax(Dims{static_cast<int64_t>(dim)}, keepdim, loc);
+  }
+  template <std::integral I>
+    requires(!std::same_as<I, bool>)
+  Tensor amin(I dim, bool keepdim = false, Loc loc = Loc::current()) const {
+    return amin(Dims{static_cast<int64_t>(dim)}, keepdim, loc);
+  }
+  template <std::integral I>
+    requires(!std::same_as<I, bool>)
+  Tensor prod(I dim, bool keepdim = false, Loc loc = Loc::current()) const {
+    return prod(Dims{static_cast<int64_t>(dim)}, keepdim, loc);
+  }
+  Tensor argmax(std::optional<int64_t> dim = std::nullopt, bool keepdim = false,
+                Loc loc = Loc::current()) const;
+  Tensor argmin(std::optional<int64_t> dim = std::nullopt, bool keepdim = false,
+                Loc loc = Loc::current()) const;
+  Tensor& add_(TensorOperand other);
+  Tensor& add_(ScalarOperand other);
+  Tensor& sub_(TensorOperand other);
+  Tensor& sub_(ScalarOperand other);
+  Tensor& mul_(TensorOperand other);
+  Tensor& mul_(ScalarOperand other);
+  Tensor& div_(TensorOperand other);
+  Tensor& div_(ScalarOperand other);
+
   // In-place arithmetic (bumps the version counter); errors name the caller's line.
   Tensor& operator+=(TensorOperand o);
   Tensor& operator-=(TensorOperand o);

@@ -165,6 +165,47 @@ Tensor Tensor::index_select(int64_t dim, const Tensor& index, Loc loc) const {
   return kiln::index_select(*this, dim, index, loc);
 }
 
+Tensor Tensor::exp(Loc loc) const { return kiln::exp(*this, loc); }
+Tensor Tensor::log(Loc loc) const { return kiln::log(*this, loc); }
+Tensor Tensor::sqrt(Loc loc) const { return kiln::sqrt(*this, loc); }
+Tensor Tensor::rsqrt(Loc loc) const { return kiln::rsqrt(*this, loc); }
+Tensor Tensor::abs(Loc loc) const { return kiln::abs(*this, loc); }
+Tensor Tensor::neg(Loc loc) const { return kiln::neg(*this, loc); }
+Tensor Tensor::relu(Loc loc) const { return kiln::relu(*this, loc); }
+Tensor Tensor::sigmoid(Loc loc) const { return kiln::sigmoid(*this, loc); }
+Tensor Tensor::tanh(Loc loc) const { return kiln::tanh(*this, loc); }
+Tensor Tensor::pow(Scalar exponent, Loc loc) const { return kiln::pow(*this, exponent, loc); }
+Tensor Tensor::clamp(std::optional<Scalar> low, std::optional<Scalar> high, Loc loc) const {
+  return kiln::clamp(*this, low, high, loc);
+}
+Tensor Tensor::softmax(int64_t dim, Loc loc) const { return kiln::softmax(*this, dim, loc); }
+Tensor Tensor::log_softmax(int64_t dim, Loc loc) const {
+  return kiln::log_softmax(*this, dim, loc);
+}
+Tensor Tensor::amax(const Dims& dims, bool keepdim, Loc loc) const {
+  return kiln::amax(*this, dims, keepdim, loc);
+}
+Tensor Tensor::amin(const Dims& dims, bool keepdim, Loc loc) const {
+  return kiln::amin(*this, dims, keepdim, loc);
+}
+Tensor Tensor::prod(const Dims& dims, bool keepdim, Loc loc) const {
+  return kiln::prod(*this, dims, keepdim, loc);
+}
+Tensor Tensor::argmax(std::optional<int64_t> dim, bool keepdim, Loc loc) const {
+  return kiln::argmax(*this, dim, keepdim, loc);
+}
+Tensor Tensor::argmin(std::optional<int64_t> dim, bool keepdim, Loc loc) const {
+  return kiln::argmin(*this, dim, keepdim, loc);
+}
+Tensor& Tensor::add_(TensorOperand other) { return *this += other; }
+Tensor& Tensor::add_(ScalarOperand other) { return *this += other; }
+Tensor& Tensor::sub_(TensorOperand other) { return *this -= other; }
+Tensor& Tensor::sub_(ScalarOperand other) { return *this -= other; }
+Tensor& Tensor::mul_(TensorOperand other) { return *this *= other; }
+Tensor& Tensor::mul_(ScalarOperand other) { return *this *= other; }
+Tensor& Tensor::div_(TensorOperand other) { return *this /= other; }
+Tensor& Tensor::div_(ScalarOperand other) { return *this /= other; }
+
 Tensor& Tensor::operator+=(TensorOperand o) {
   return in_place(*this, "add_", o.loc, false, o.tensor,
                   [&](const Tensor& self) { return add(self, o.tensor, 1, o.loc); });

@@ -369,3 +369,50 @@ TEST_CASE("host values that do not fit the tensor's dtype raise instead of wrapp
   CHECK(full({1}, big, Int64).item<int64_t>() == big);
   CHECK(tensor({1.5, 2.5}, Int64).to_vector<int64_t>() == std::vector<int64_t>{1, 2});
 }
+
+TEST_CASE("Tensor methods spell the functions as PyTorch does, with the caller's line") {
+  Tensor x = from_vector(std::vector<double>{0.5, -1.5, 2.0, -0.25, 1.0, 3.0}, {2, 3});
+  auto same = [](const Tensor& a, const Tensor& b) {
+    REQUIRE(a.shape() == b.shape());
+    CHECK(a.dtype() == b.dtype());
+    std::vector<double> va = a.to(Float64).to_vector<double>(), vb = b.to(Float64).to_vector<double>();
+    for (size_t i = 0; i < va.size(); ++i)
+      if (!(std::isnan(va[i]) && std::isnan(vb[i]))) CHECK(va[i] == vb[i]);
+  };
+  same(x.exp(), exp(x));
+  same(x.abs().log(), log(abs(x)));
+  same(x.abs().sqrt(), sqrt(abs(x)));
+  same(x.abs().rsqrt(), rsqrt(abs(x)));
+  same(x.neg(), -x);
+  same(x.relu(), relu(x));
+  same(x.sigmoid(), sigmoid(x));
+  same(x.tanh(), tanh(x));
+  same(x.pow(2), x * x);
+  same(x.clamp(-1.0, 1.0), clamp(x, -1.0, 1.0));
+  same(x.softmax(1), softmax(x, 1));
+  same(x.log_softmax(-1), log_softmax(x, -1));
+  same(x.amax(), amax(x));
+  same(x.amax(1), amax(x, {1}));
+  same(x.amin(0, true), amin(x, {0}, true));
+  same(x.prod(1), prod(x, {1}));
+  same(x.argmax(), argmax(x));
+  same(x.argmin(1), argmin(x, 1));
+  Tensor y = x.clone();
+  y.mul_(2).add_(1).sub_(x).div_(4);
+  same(y, (x * 2 + 1 - x) / 4);
+  y.add_(x).mul_(x);
+  same(y, ((x * 2 + 1 - x) / 4 + x) * x);
+  try {
+    (void)x.softmax(2);
+    FAIL("no error");
+  } catch (const Error& e) {
+    CHECK_THAT(e.what(), Catch::Contains("softmax") && Catch::Contains(__FILE__));
+  }
+  try {
+    Tensor i = ones({2}, {Int64});
+    i.div_(ones({3}, {Int64}));
+    FAIL("no error");
+  } catch (const Error& e) {
+    CHECK_THAT(e.what(), Catch::Contains(__FILE__));
+  }
+}
