@@ -150,7 +150,8 @@ void summary(std::span<const Record> records) {
     // Matrix products run in oneDNN in both modes; compile() fuses and removes the rest. With
     // every other op free, a step would still take its GEMM time: eager's step over that time
     // bounds the speed-up.
-    const double gemm_e = e->extra[2].second, gemm_c = c->extra[2].second;
+    const bool timed = e->extra.size() > 2 && c->extra.size() > 2;  // fixed-step records
+    const double gemm_e = timed ? e->extra[2].second : 0, gemm_c = timed ? c->extra[2].second : 0;
     if (bench_device().is_cpu() && gemm_c > 0)
       fmt::print("  GEMM (oneDNN) time per step: eager {:.1f} of {:.1f} ms, compiled {:.1f} of "
                  "{:.1f} ms; other ops: eager {:.1f} ms, compiled {:.1f} ms; bound on the "
