@@ -699,7 +699,8 @@ bool reduce_expanded(const OpCall& call, const InferredMeta& meta, const Tensor&
   Tensor part = empty_cpu(part_shape, out.dtype());
   Tensor parts[1] = {part};
   reduction_kernel(base_call, meta, parts);
-  if (repeats > 1) KILN_DISPATCH_ALL(part.dtype(), T, { scale_repeats<T>(call, part, repeats, base_count); });
+  if (repeats > 1)
+    KILN_DISPATCH_ALL(part.dtype(), T, { scale_repeats<T>(call, part, repeats, base_count); });
   Strides broadcast = contiguous_strides(part_shape);
   for (int j = 0; j < part_shape.size(); ++j)
     if (part_shape[j] != out.shape()[j]) broadcast[j] = 0;
