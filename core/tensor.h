@@ -210,14 +210,16 @@ class Tensor {
   Tensor& requires_grad_(bool enabled = true, Loc loc = Loc::current());
   /// The accumulated gradient (undefined until a backward pass reaches this tensor).
   Tensor grad() const;
-  /// Replaces the accumulated gradient (undefined clears it).
-  void set_grad(const Tensor& g) const;
+  /// Replaces the accumulated gradient (undefined clears it). Throws kiln::Error naming the
+  /// caller's line when this tensor is undefined or g's shape or dtype differs from its own.
+  void set_grad(const Tensor& g, Loc loc = Loc::current()) const;
   /// True for tensors created by the user (not by a recorded op).
   bool is_leaf() const;
   /// Name of the backward node that produced this tensor ("MulBackward"), or "" for leaves.
   std::string grad_fn_name() const;
-  /// Also keep .grad for this non-leaf tensor on the next backward.
-  void retain_grad() const;
+  /// Also keep .grad for this non-leaf tensor on the next backward. Throws kiln::Error naming
+  /// the caller's line when the tensor does not require grad.
+  void retain_grad(Loc loc = Loc::current()) const;
   /// A tensor sharing this one's storage (and version counter) with no autograd history.
   Tensor detach(Loc loc = Loc::current()) const;
   /// Back-propagates from this tensor. `gradient` may be omitted for a one-element tensor.

@@ -647,10 +647,10 @@ Tensor Tensor::grad() const {
   if (auto* hook = dispatch::tracer_hook()) hook->on_grad_read(*this, m->grad);
   return m->grad;
 }
-void Tensor::set_grad(const Tensor& g) const {
-  KILN_CHECK(defined(), "set_grad", Loc::current(), "tensor is undefined");
+void Tensor::set_grad(const Tensor& g, Loc loc) const {
+  KILN_CHECK(defined(), "set_grad", loc, "tensor is undefined");
   KILN_CHECK(!g.defined() || (g.shape() == shape() && g.dtype() == dtype()), "set_grad",
-             Loc::current(), "gradient {} {} does not match the tensor's {} {}",
+             loc, "gradient {} {} does not match the tensor's {} {}",
              g.defined() ? std::string(name(g.dtype())) : "", g.defined() ? to_string(g.shape()) : "",
              name(dtype()), to_string(shape()));
   if (auto* o = dispatch::write_observer()) o->before_grad_change(*this);
@@ -665,10 +665,10 @@ std::string Tensor::grad_fn_name() const {
   Meta* m = meta(*this);
   return m && m->grad_fn ? m->grad_fn->name() : "";
 }
-void Tensor::retain_grad() const {
-  KILN_CHECK(defined(), "retain_grad", Loc::current(), "tensor is undefined");
+void Tensor::retain_grad(Loc loc) const {
+  KILN_CHECK(defined(), "retain_grad", loc, "tensor is undefined");
   Meta* m = meta(*this);
-  KILN_CHECK(m && m->requires_grad, "retain_grad", Loc::current(),
+  KILN_CHECK(m && m->requires_grad, "retain_grad", loc,
              "can't retain_grad on a tensor that doesn't require grad");
   if (!m->grad_fn || m->retains_grad) return;  // leaves keep .grad anyway; once is enough
   m->retains_grad = true;

@@ -228,7 +228,7 @@ template <class F> class Compiled {
         return tracer::detail::invoke_with(*fn_, tup, in);
       };
       std::vector<tracer::OutValue> outs = tracer::checked_call(
-          av, [&] { return impl_->call(av, [&] { return eager(av); }, Loc::current()); }, eager,
+          av, [&] { return impl_->call(av, [&] { return eager(av); }, loc_); }, eager,
           impl_->options(), loc_);
       if constexpr (!std::is_void_v<R>) {
         size_t i = 0;
@@ -238,7 +238,7 @@ template <class F> class Compiled {
       impl_->call(av, [&]() -> std::vector<tracer::OutValue> {
         (*fn_)(std::forward<A>(args)...);
         return {};
-      }, Loc::current());
+      }, loc_);
     } else {
       std::vector<tracer::OutValue> outs = impl_->call(
           av,
@@ -247,7 +247,7 @@ template <class F> class Compiled {
             tracer::detail::to_outs((*fn_)(std::forward<A>(args)...), o);
             return o;
           },
-          Loc::current());
+          loc_);
       size_t i = 0;
       return tracer::detail::from_outs<R>(outs, i, outs.size());
     }

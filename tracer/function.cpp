@@ -586,9 +586,12 @@ std::vector<OutValue> CompiledFunction::call(const std::vector<ArgValue>& given,
                "'{}' takes {} argument(s))", a, d, a, name_, given.size());
     if (given[a].kind != ArgValue::Kind::Tensor) continue;  // undefined in this call
     int rank = given[a].tensor.dim();
-    KILN_CHECK(d >= -rank && d < rank, "compile", loc,
+    // Out of range on the first call: a mistake in the options. On a later call the argument
+    // changed rank, and is traced for that rank without the mark (as PyTorch retraces).
+    KILN_CHECK(d >= -rank && d < rank || im.traces.load() > 0, "compile", loc,
                "mark_dynamic({}, {}): dim {} is out of range for argument {} of rank {}", a, d,
                d, a, rank);
+    if (d < -rank || d >= rank) continue;
     int at = a;
     for (int i = 0; i < a; ++i)
       if (given[i].kind == ArgValue::Kind::TensorList) at += static_cast<int>(given[i].list.size());
@@ -717,8 +720,12 @@ void escape_candidates(const Recorder& rec, const Program& p, const std::vector<
         (p.sources[s].kind == SourceKind::Arg || p.sources[s].kind == SourceKind::Captured))
       host_memory.insert(rec.tensor(v).storage().get());
   }
-  for (auto& [leaf, g] : p.grad_assignments)
+  for (auto& [leaf, g] : p.grad_assignments) {
     if (g >= 0) known.insert(rec.tensor(g).impl());
+    // The .grad itself, which a second backward accumulated into in place (its recorded value
+    // is the sum, another handle on the same memory): a replay assigns the leaf's .grad anew.
+    if (Tensor held = rec.tensor(leaf).grad(); held.defined()) known.insert(held.impl());
+  }
   std::unordered_set<const TensorImpl*> seen;
   for (size_t v = 0; v < p.values.size(); ++v) {
     int s = p.values[v].source;

@@ -695,3 +695,21 @@ TEST_CASE("retain_grad follows a tensor written in place") {
   std::vector<double> gx = x.grad().to_vector<double>();  // 2y · 6
   for (int i = 0; i < 3; ++i) CHECK(gx[i] == Approx(want[i] * 6));
 }
+
+TEST_CASE("set_grad and retain_grad errors name the caller's line") {
+  // Found by a fresh-user trial: both named eager/autograd.cpp.
+  Tensor w = ones({3}).requires_grad_();
+  try {
+    w.set_grad(ones({4}));
+    FAIL("no error");
+  } catch (const Error& e) {
+    CHECK_THAT(e.what(), Catch::Contains("does not match the tensor's float32 [3]") &&
+                             Catch::Contains(__FILE__));
+  }
+  try {
+    ones({3}).retain_grad();
+    FAIL("no error");
+  } catch (const Error& e) {
+    CHECK_THAT(e.what(), Catch::Contains("doesn't require grad") && Catch::Contains(__FILE__));
+  }
+}

@@ -197,6 +197,27 @@ TEST_CASE("compile: mark_dynamic counts the caller's arguments (a list is one)",
                                                        "'fn' takes 2 argument(s))"));
 }
 
+TEST_CASE("compile: mark_dynamic errors name the compile() line; a later rank change retraces",
+          "[compile][options]") {
+  // Found by a fresh-user trial: these named tracer/compile.h, and a call whose argument had
+  // another rank than the first call's raised instead of retracing.
+  auto f = [](const Tensor& x) { return x * 2.0; };
+  auto cf = compile(f, CompileOptions{}.mark_dynamic(0, 1));
+  CHECK(vec(cf(ones({2, 3}))) == std::vector<float>(6, 2.0f));
+  CHECK(vec(cf(ones({4}))) == std::vector<float>(4, 2.0f));  // rank 1: traced without the mark
+  CHECK(vec(cf(ones({2, 5}))) == std::vector<float>(10, 2.0f));
+  CHECK(cf.compile_count() == 2);
+  auto bad = compile(f, CompileOptions{}.mark_dynamic(0, 2));
+  const int bad_line = __LINE__ - 1;
+  try {
+    bad(ones({2, 3}));  // the first call: the options are wrong
+    FAIL("no error");
+  } catch (const Error& e) {
+    CHECK_THAT(e.what(), Catch::Contains("dim 2 is out of range for argument 0 of rank 2") &&
+                             Catch::Contains(fmt::format("{}:{}", __FILE__, bad_line)));
+  }
+}
+
 TEST_CASE("compile: an optimizer step traced while a .grad was undefined retraces when it is "
           "defined", "[compile][autograd]") {
   for (int adam = 0; adam < 2; ++adam) {
