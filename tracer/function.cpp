@@ -1182,8 +1182,11 @@ std::vector<OutValue> CompiledFunction::Impl::trace(const std::vector<ArgValue>&
     if (log_enabled("recompiles"))
       fmt::print(stderr, "kiln.compile: '{}': {}\n", name, reason);
     if (leaves >= options.cache_size_limit) {
-      eager_only = true;
-      eager_reason = fmt::format("cache limit reached; the guard that kept failing: {}", reason);
+      // Said on stderr too, as the limit reached by failing guards (a symbolic entry whose
+      // size formulas keep failing was silent: found by a fresh-user trial).
+      run_eagerly_from_now_on(fmt::format(
+          "cache limit reached (cache_size_limit {}); the guard that kept failing: {}",
+          options.cache_size_limit, reason));
       return outs;
     }
   }
