@@ -677,6 +677,12 @@ void Tensor::retain_grad(Loc loc) const {
 
 uint64_t create_graph_backwards() { return autograd::t_create_graph_backwards; }
 
+namespace {
+std::atomic<uint64_t> g_parameter_rebinds{0};
+}  // namespace
+uint64_t parameter_rebinds() { return g_parameter_rebinds.load(std::memory_order_relaxed); }
+void note_parameter_rebind() { g_parameter_rebinds.fetch_add(1, std::memory_order_relaxed); }
+
 uint64_t in_place_view_writes() {
   return autograd::g_copy_slices.load(std::memory_order_relaxed);
 }

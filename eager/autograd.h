@@ -28,6 +28,12 @@ bool lost_in_place_history(const Tensor& t);
 /// process so far. The tracer compares it around a trace: such a function runs eagerly.
 uint64_t in_place_view_writes();
 
+/// How many times a module's parameter or buffer was replaced by another tensor under the same
+/// name (Module::register_parameter / register_buffer of an existing name: a swap, a tied
+/// weight) in this process. Compiled functions guard it: a replay would read the old tensor.
+uint64_t parameter_rebinds();
+void note_parameter_rebind();
+
 /// How many backward passes with create_graph = true this thread has started. The tracer
 /// compares it around a trace: a function that runs one (a gradient penalty, a Hessian-vector
 /// product) runs eagerly, as its replays would return those gradients without their history.

@@ -22,6 +22,7 @@ void put(StateDict& entries, const StateDict& other_kind, const char* what,
                name, std::string_view(what) == "register_parameter" ? "buffer" : "parameter");
   for (auto& [n, old] : entries)
     if (n == name) {
+      if (old.impl() != t.impl()) note_parameter_rebind();  // compiled functions retrace
       old = t;
       return;
     }

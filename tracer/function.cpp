@@ -212,6 +212,7 @@ struct Entry {
   std::vector<ArgGuard> guards;
   bool grad_enabled = true;
   DType default_dtype = DType::Float32;
+  uint64_t parameter_rebinds = 0;  // eager/autograd.h: no module parameter replaced since
   bool dynamic = false;
   // Duck sizing: argument dims ((arg, dim) pairs) that were equal in the traces a symbolic
   // entry was made from; one symbol stands for both, so they must stay equal.
@@ -443,7 +444,7 @@ std::string host_value_failure(const HostValue& h) {
 // values match the call.
 bool globals_match(const Entry& e, const std::vector<ArgValue>& args) {
   if (e.guards.size() != args.size() || is_grad_enabled() != e.grad_enabled ||
-      default_dtype() != e.default_dtype)
+      default_dtype() != e.default_dtype || parameter_rebinds() != e.parameter_rebinds)
     return false;
   for (const HostValue& h : e.host_values) {
     std::optional<Scalar> now = h.reader();
@@ -489,6 +490,9 @@ std::string entry_failure(const Entry& e, const std::vector<ArgValue>& args) {
   if (default_dtype() != e.default_dtype)
     return fmt::format("default dtype is {}, expected {}", name(default_dtype()),
                        name(e.default_dtype));
+  if (parameter_rebinds() != e.parameter_rebinds)
+    return "a module's parameter or buffer was replaced (register_parameter / register_buffer "
+           "of an existing name) after this was traced";
   for (const HostValue& h : e.host_values)
     if (std::string f = host_value_failure(h); !f.empty()) return f;
   for (size_t i = 0; i < args.size(); ++i)
@@ -1265,6 +1269,7 @@ std::vector<OutValue> CompiledFunction::Impl::trace(const std::vector<ArgValue>&
   e->id = next_id++;
   e->grad_enabled = is_grad_enabled();
   e->default_dtype = default_dtype();
+  e->parameter_rebinds = parameter_rebinds();
   add_host_values(*e, *prog);
   e->guards.resize(args.size());
   for (size_t i = 0; i < args.size(); ++i) {

@@ -353,3 +353,24 @@ TEST_CASE("compile: a function that reseeds the generator runs eagerly, with the
   }
   CHECK_THAT(cg.explain(), !Catch::Contains("runs eagerly from now on"));
 }
+
+TEST_CASE("compile: a parameter replaced with register_parameter after compiling retraces",
+          "[compile][host]") {
+  // Found by a fresh-user trial: the optimizer kept the old weight alive, so the capture guard
+  // passed and the replay used it, silently differing from eager.
+  manual_seed(1);
+  nn::Linear lin(4, 2);
+  nn::SGD opt(lin.parameters(), {.lr = 0.1});
+  auto f = [&](const Tensor& x) { return lin(x); };
+  auto cf = kiln::compile(f);
+  Tensor x = randn({3, 4});
+  check_close(cf(x), f(x));
+  check_close(cf(x), f(x));
+  lin.weight = lin.register_parameter("weight", full({2, 4}, 0.5));  // a swap
+  check_close(cf(x), f(x));
+  CHECK(cf.compile_count() == 2);
+  CHECK_THAT(cf.explain(), Catch::Contains("a module's parameter or buffer was replaced"));
+  lin.weight = lin.register_parameter("weight", lin.weight);  // the same tensor: no retrace
+  check_close(cf(x), f(x));
+  CHECK(cf.compile_count() == 2);
+}
