@@ -70,11 +70,17 @@ bool inside_kiln(const Loc& loc) {
   std::string_view file = loc.file_name();
   if (root.empty()) return false;
   if (file.starts_with(root)) return in_library_dir(file.substr(root.size()));
-  // Called for every op: the answer for another path is looked up once per file-name literal.
+  // Called for every op: the answer for another path is found once per file-name literal, and
+  // the last one (the user's file, op after op) is a pointer compare.
+  thread_local const char* last_file = nullptr;
+  thread_local bool last_answer = false;
+  if (loc.file_name() == last_file) return last_answer;
   thread_local std::unordered_map<const char*, bool> other_paths;
   auto [it, added] = other_paths.try_emplace(loc.file_name(), false);
   if (added) it->second = is_kiln_source_path(file);
-  return it->second;
+  last_file = loc.file_name();
+  last_answer = it->second;
+  return last_answer;
 }
 
 const Loc* user_line() { return t_user_line; }
