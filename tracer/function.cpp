@@ -223,6 +223,9 @@ struct Entry {
   // Host state the traces read (kiln::guarded, Module::is_training(), optimizer branches),
   // with the values they saw: checked before a replay.
   std::vector<HostValue> host_values;
+  // Symbolic entries: the traces at other sizes their formulas were inferred from (generalize
+  // picks among formulas that two traces both fit); the few most recent.
+  std::vector<Witness> witnesses;
   std::string reason;
   std::unique_ptr<Segment> root;
   std::atomic<int64_t> hits{0};
@@ -1321,10 +1324,15 @@ std::vector<OutValue> CompiledFunction::Impl::trace(const std::vector<ArgValue>&
       new_scalars.push_back(args[i].scalar);
     }
     const Program& old = *base->root->program;
+    std::vector<Witness> earlier = base->witnesses;
     std::string why = generalize(*prog, old, arg_shapes(*prog, args.size()),
                                  arg_shapes(old, args.size()), new_scalars, old_scalars, dims,
-                                 auto_scalars);
+                                 auto_scalars, earlier);
     if (why.empty()) {
+      earlier.push_back({base->root->program, arg_shapes(old, args.size())});
+      constexpr size_t kMaxWitnesses = 4;
+      if (earlier.size() > kMaxWitnesses) earlier.erase(earlier.begin());
+      e->witnesses = std::move(earlier);
       duck_size(*e, dims, arg_shapes(*prog, args.size()), arg_shapes(old, args.size()));
       for (auto [a, d] : dims) e->guards[a].dyn_mask |= uint64_t(1) << d;
       for (int s : auto_scalars)

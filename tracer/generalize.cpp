@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <optional>
 #include <tuple>
 
@@ -117,43 +118,68 @@ bool dims_are_sizes(OpKind op) {
          op_info(op).category == OpCategory::Random;
 }
 
+// `s` at the argument sizes `shapes`, or nothing when it names a dim they lack.
+std::optional<int64_t> evaluate(const SymInt& s, const std::vector<Shape>& shapes) {
+  auto size = [&](int a, int d) -> std::optional<int64_t> {
+    if (a < 0 || a >= int(shapes.size()) || d >= shapes[a].size()) return std::nullopt;
+    return shapes[a][d];
+  };
+  std::optional<int64_t> x = size(s.arg, s.dim), y = s.arg2 < 0 ? 1 : size(s.arg2, s.dim2);
+  if (!x || !y) return std::nullopt;
+  if (s.arg2 >= 0) *y += s.offset2;
+  return s.factor * *x * *y + s.offset;
+}
+
+// Whether a candidate formula also fits every earlier trace (a Witness).
+using Accept = std::function<bool(const SymInt&)>;
+
 struct Explainer {
   const std::vector<Shape>& nsh;
   const std::vector<Shape>& osh;
   const std::vector<std::pair<int, int>>& dims;
-  // The symbolic int with new == f * new_size and old == f * old_size, if any; else with
-  // new == f * new_size * new_size2 and old likewise, for two changed sizes; else an affine
-  // new == f * new_size + k, old == f * old_size + k (a shifted slice's T - 1).
-  bool operator()(int64_t nv, int64_t ov, SymInt& out) const {
+  // The first formula, in this order, with new == formula(new sizes), old == formula(old
+  // sizes) and accepted by `accept` (earlier traces): a changed size itself; a size plus a
+  // constant (a shifted slice's T - 1); a multiple of a size; a multiple of the product of two
+  // changed sizes, the second maybe shifted (B * (T - 1)); an affine function of a size. Two traces whose sizes changed together
+  // (batch and length) fit several; simpler formulas first, and a third trace decides.
+  bool operator()(int64_t nv, int64_t ov, SymInt& out, const Accept& accept = nullptr) const {
     auto changed = [&](std::pair<int, int> ad) {
       int64_t ns = nsh[ad.first][ad.second], os = osh[ad.first][ad.second];
       return ns != os && ns > 0 && os > 0;
     };
+    auto take = [&](const SymInt& s) {
+      if (accept && !accept(s)) return false;
+      out = s;
+      return true;
+    };
+    for (auto [a, d] : dims)
+      if (changed({a, d}) && nv == nsh[a][d] && ov == osh[a][d] && take({a, d, 1})) return true;
+    for (auto [a, d] : dims)
+      if (changed({a, d}) && nv != nsh[a][d] && nv - nsh[a][d] == ov - osh[a][d] &&
+          take({a, d, 1, -1, 0, nv - nsh[a][d]}))
+        return true;
     auto fits = [&](int64_t ns, int64_t os) {
       return nv % ns == 0 && ov % os == 0 && nv / ns == ov / os && nv / ns != 0;
     };
-    for (auto [a, d] : dims) {
-      if (!changed({a, d}) || !fits(nsh[a][d], osh[a][d])) continue;
-      out = {a, d, nv / nsh[a][d]};
-      return true;
-    }
-    for (size_t i = 0; i < dims.size(); ++i)
-      for (size_t j = i + 1; j < dims.size(); ++j) {
-        auto [a, d] = dims[i];
-        auto [a2, d2] = dims[j];
-        if (dims[i] == dims[j] || !changed(dims[i]) || !changed(dims[j])) continue;
-        int64_t ns = nsh[a][d] * nsh[a2][d2], os = osh[a][d] * osh[a2][d2];
-        if (!fits(ns, os)) continue;
-        out = {a, d, nv / ns, a2, d2};
+    for (auto [a, d] : dims)
+      if (changed({a, d}) && fits(nsh[a][d], osh[a][d]) && take({a, d, nv / nsh[a][d]}))
         return true;
-      }
+    for (int64_t shift : {0, -1, 1, -2, 2})
+      for (size_t i = 0; i < dims.size(); ++i)
+        for (size_t j = shift == 0 ? i + 1 : 0; j < dims.size(); ++j) {
+          auto [a, d] = dims[i];
+          auto [a2, d2] = dims[j];
+          if (dims[i] == dims[j] || !changed(dims[i]) || !changed(dims[j])) continue;
+          int64_t ns = nsh[a][d] * (nsh[a2][d2] + shift), os = osh[a][d] * (osh[a2][d2] + shift);
+          if (ns > 0 && os > 0 && fits(ns, os) && take({a, d, nv / ns, a2, d2, 0, shift}))
+            return true;
+        }
     for (auto [a, d] : dims) {
       if (!changed({a, d}) || nv == ov) continue;
       int64_t ds = nsh[a][d] - osh[a][d];
       if ((nv - ov) % ds != 0) continue;
       int64_t f = (nv - ov) / ds;
-      out = {a, d, f, -1, 0, nv - f * nsh[a][d]};
-      return true;
+      if (take({a, d, f, -1, 0, nv - f * nsh[a][d]})) return true;
     }
     return false;
   }
@@ -163,8 +189,9 @@ struct Explainer {
 // mean's element count in its backward, std's N - correction) or a number divided by one
 // (mse_loss's 2/n, var's 2/(N - correction)). Two traces fit many formulas; the confirming
 // trace of each new size set refutes a wrong one (conforms()).
-std::optional<SizeFormula> size_formula(const Scalar& nv, const Scalar& ov,
-                                        const Explainer& explain) {
+std::optional<SizeFormula> size_formula(
+    const Scalar& nv, const Scalar& ov, const Explainer& explain,
+    const std::function<bool(const SizeFormula&)>& accept = nullptr) {
   if (nv.kind() != ov.kind() || nv.is_bool()) return std::nullopt;
   double n = nv.to<double>(), o = ov.to<double>();
   SizeFormula f;
@@ -180,7 +207,12 @@ std::optional<SizeFormula> size_formula(const Scalar& nv, const Scalar& ov,
     return ns != os && ns > 0 && os > 0 ? std::optional(std::make_pair(ns, os)) : std::nullopt;
   };
   // Integers (and floats holding them): a multiple, product or affine function of sizes.
-  if (integral(n) && integral(o) && explain(int64_t(n), int64_t(o), f.sym)) return f;
+  auto accept_sym = [&](const SymInt& s) {
+    SizeFormula g = f;
+    g.sym = s;
+    return !accept || accept(g);
+  };
+  if (integral(n) && integral(o) && explain(int64_t(n), int64_t(o), f.sym, accept_sym)) return f;
   if (!nv.is_floating() || n == 0 || o == 0 || n == o || !std::isfinite(n) || !std::isfinite(o))
     return std::nullopt;
   f.reciprocal = true;
@@ -197,7 +229,7 @@ std::optional<SizeFormula> size_formula(const Scalar& nv, const Scalar& ov,
       f.sym = {ad.first, ad.second, int64_t(std::round(factor))};
       f.offset = offset;
       f.numerator = n * double(f.sym.factor * ns + offset);
-      if (fits(ns, os)) return f;
+      if (fits(ns, os) && (!accept || accept(f))) return f;
     }
   }
   return std::nullopt;
@@ -313,8 +345,17 @@ std::string generalize(Program& nw, const Program& old, const std::vector<Shape>
                        const std::vector<Scalar>& new_scalars,
                        const std::vector<Scalar>& old_scalars,
                        const std::vector<std::pair<int, int>>& dims,
-                       const std::vector<int>& scalars) {
+                       const std::vector<int>& scalars, const std::vector<Witness>& earlier) {
   if (std::string why = same_structure(nw, old); !why.empty()) return why;
+  std::vector<const Witness*> witnesses;  // earlier traces that ran the same ops
+  for (const Witness& w : earlier)
+    if (w.program && same_structure(nw, *w.program).empty()) witnesses.push_back(&w);
+  // Whether formula `s` gives, at every witness's sizes, what `traced(witness)` was there.
+  auto fits_witnesses = [&](const SymInt& s, auto&& traced) {
+    for (const Witness* w : witnesses)
+      if (evaluate(s, w->shapes) != std::optional<int64_t>(traced(*w->program))) return false;
+    return true;
+  };
   for (auto [a, d] : dims) {
     if (a >= int(new_shapes.size()) || a >= int(old_shapes.size()) || d >= new_shapes[a].size() ||
         d >= old_shapes[a].size())
@@ -330,7 +371,13 @@ std::string generalize(Program& nw, const Program& old, const std::vector<Shape>
     nv.sym.assign(nv.shape.size(), SymInt{});
     for (int d = 0; d < nv.shape.size(); ++d) {
       if (nv.shape[d] == ov.shape[d]) continue;
-      if (!explain(nv.shape[d], ov.shape[d], nv.sym[d]))
+      auto accept = [&](const SymInt& s) {
+        return fits_witnesses(s, [&](const Program& w) { return w.values[v].shape[d]; });
+      };
+      // A formula the witnesses refute is still taken if none fits them all: the confirming
+      // trace of each new size set decides.
+      if (!explain(nv.shape[d], ov.shape[d], nv.sym[d], accept) &&
+          !explain(nv.shape[d], ov.shape[d], nv.sym[d]))
         return fmt::format("a size ({} vs {}) is not a multiple of a changed argument size",
                            nv.shape[d], ov.shape[d]);
     }
@@ -343,7 +390,13 @@ std::string generalize(Program& nw, const Program& old, const std::vector<Shape>
     auto check = [&](int64_t a, int64_t b, SymAttr::Field f, int idx) {
       if (a == b) return true;
       SymAttr s{f, idx, {}};
-      if (!explain(a, b, s.sym)) return false;
+      auto accept = [&](const SymInt& sym) {
+        return fits_witnesses(sym, [&](const Program& w) {
+          const OpAttrs& wa = w.nodes[i].attrs;
+          return f == SymAttr::Dims ? wa.dims[idx] : f == SymAttr::Start ? wa.start : wa.end;
+        });
+      };
+      if (!explain(a, b, s.sym, accept) && !explain(a, b, s.sym)) return false;
       n.sym_attrs.push_back(s);
       return true;
     };
@@ -388,12 +441,23 @@ std::string generalize(Program& nw, const Program& old, const std::vector<Shape>
         found = true;
         break;
       }
-    if (!found)
-      if (std::optional<SizeFormula> f = size_formula(ns.scalar, os.scalar, explain)) {
-        ns.kind = SourceKind::SizeOf;
-        ns.size = *f;
-        found = true;
+    auto accept = [&](const SizeFormula& f) {
+      for (const Witness* w : witnesses) {
+        // The witness's traced value (its source may have become SizeOf since).
+        const Scalar& traced = w->program->sources[s].scalar;
+        std::optional<int64_t> n = evaluate(f.sym, w->shapes);
+        if (!n || !same(traced, size_value(f, *n, traced))) return false;
       }
+      return true;
+    };
+    std::optional<SizeFormula> f;
+    if (!found && !(f = size_formula(ns.scalar, os.scalar, explain, accept)))
+      f = size_formula(ns.scalar, os.scalar, explain);
+    if (!found && f) {
+      ns.kind = SourceKind::SizeOf;
+      ns.size = *f;
+      found = true;
+    }
     if (!found)
       return fmt::format("a constant ({} vs {}), used by {}, is neither a host-scalar argument "
                          "nor a multiple or reciprocal of a changed size", ns.scalar.str(),
@@ -406,15 +470,7 @@ std::string generalize(Program& nw, const Program& old, const std::vector<Shape>
 std::string conforms(const Program& trace, const Program& sym, const std::vector<Shape>& shapes,
                      const std::vector<Scalar>& scalars) {
   if (std::string why = same_structure(trace, sym); !why.empty()) return why;
-  auto at = [&](const SymInt& s) -> std::optional<int64_t> {
-    auto size = [&](int a, int d) -> std::optional<int64_t> {
-      if (a < 0 || a >= int(shapes.size()) || d >= shapes[a].size()) return std::nullopt;
-      return shapes[a][d];
-    };
-    std::optional<int64_t> x = size(s.arg, s.dim), y = s.arg2 < 0 ? 1 : size(s.arg2, s.dim2);
-    if (!x || !y) return std::nullopt;
-    return s.factor * *x * *y + s.offset;
-  };
+  auto at = [&](const SymInt& s) { return evaluate(s, shapes); };
   // Symbolic dims must follow their formulas, and static ones keep their size: compiled regions
   // are built with them (a guard may let a dim vary that two traces saw equal). Static sizes 0
   // and 1 are left to the replay, which re-infers them (a marked dim traced at size 1 leaves

@@ -12,6 +12,7 @@
 /// snapshots / Node::rng_draws) and the new specialisation serves every size. Anything else
 /// that differs (another op, a host value computed otherwise from a size, a read value) keeps
 /// the specialisation static.
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -20,15 +21,24 @@
 
 namespace kiln::tracer {
 
+/// An earlier trace of the function, at argument sizes `shapes`. Two traces whose sizes changed
+/// together (batch and length) fit several formulas (T - 1 and -2 * B + 8); earlier traces
+/// that ran the same ops pick among them.
+struct Witness {
+  std::shared_ptr<const Program> program;
+  std::vector<Shape> shapes;
+};
+
 /// Makes `nw` symbolic in `dims` ((argument, dim)) and `scalars` (argument positions) by
-/// comparison with `old`. Returns "" on success, else why not (then `nw` is left usable as a
-/// static specialisation).
+/// comparison with `old`; where several formulas fit both, the first that also fits the
+/// `earlier` traces (else the first). Returns "" on success, else why not (then `nw` is left
+/// usable as a static specialisation).
 std::string generalize(Program& nw, const Program& old, const std::vector<Shape>& new_shapes,
                        const std::vector<Shape>& old_shapes,
                        const std::vector<Scalar>& new_scalars,
                        const std::vector<Scalar>& old_scalars,
                        const std::vector<std::pair<int, int>>& dims,
-                       const std::vector<int>& scalars);
+                       const std::vector<int>& scalars, const std::vector<Witness>& earlier);
 
 /// Empty when `trace` (a fresh trace of a call whose tensor arguments have `shapes` and whose
 /// host scalars are `scalars`) is what the symbolic program `sym` computes at those sizes: the

@@ -42,11 +42,11 @@ struct RunState {
 
   /// The tensor of value v, materialising sources on first use.
   const Tensor& value(const Program& p, int v);
-  /// Size of dim `dim` of tensor argument `arg`, times `factor`, times the size of dim `dim2`
-  /// of argument `arg2` when there is one, plus `offset` (symbolic ints).
+  /// Size of dim `dim` of tensor argument `arg`, times `factor`, times (the size of dim `dim2`
+  /// of argument `arg2` + offset2) when there is one, plus `offset` (symbolic ints).
   int64_t eval(const SymInt& s) const {
     int64_t v = s.factor * args[s.arg].shape()[s.dim];
-    return (s.arg2 < 0 ? v : v * args[s.arg2].shape()[s.dim2]) + s.offset;
+    return (s.arg2 < 0 ? v : v * (args[s.arg2].shape()[s.dim2] + s.offset2)) + s.offset;
   }
   /// The shape of a value at this run's sizes (its symbolic dims evaluated).
   Shape shape_of(const ValueInfo& v) const;

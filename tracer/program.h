@@ -32,13 +32,15 @@ enum class SourceKind : uint8_t {
 };
 
 /// A dim or an attribute integer that follows a symbolic size: value = factor * size of
-/// (arg, dim) at run time, times the size of (arg2, dim2) when arg2 >= 0 (a batch times a
-/// sequence length: `x.reshape({B * T, V})`), plus `offset` (a shifted slice `x[:, :T - 1]`).
+/// (arg, dim) at run time, times (the size of (arg2, dim2) + offset2) when arg2 >= 0 (a batch
+/// times a sequence length: `x.reshape({B * T, V})`, `{B * (T - 1)}`), plus `offset` (a shifted
+/// slice `x[:, :T - 1]`).
 struct SymInt {
   int arg = -1, dim = 0;
   int64_t factor = 1;
   int arg2 = -1, dim2 = 0;
   int64_t offset = 0;
+  int64_t offset2 = 0;
   bool operator==(const SymInt&) const = default;
 };
 

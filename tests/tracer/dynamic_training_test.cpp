@@ -368,39 +368,75 @@ TEST_CASE("compile: a marked dim traced at size 1 that broadcasts stays speciali
   CHECK(twice.compile_count() == 1);
 }
 
+namespace {
+
+// A language-model step that shifts its targets inside (x[:, :T-1], x[:, 1:]) and reshapes to
+// B * (T - 1), run at `sizes` ((batch, length)) eagerly or compiled: the losses, and the
+// compiled function's compile count.
+using Sizes = std::vector<std::pair<int64_t, int64_t>>;
+
+std::pair<std::vector<double>, int> lm_step_losses(bool compiled, const Sizes& sizes) {
+  constexpr int64_t kVocab = 11, kDim = 6;
+  manual_seed(7);
+  nn::Embedding tok(kVocab, kDim);
+  nn::Linear head(kDim, kVocab);
+  std::vector<Tensor> params = tok.parameters();
+  for (const Tensor& p : head.parameters()) params.push_back(p);
+  nn::SGD opt(params, {.lr = 0.1});
+  auto step = [&](const Tensor& seq) {
+    opt.zero_grad();
+    int64_t b = seq.size(0), t = seq.size(1);
+    Tensor inp = seq.slice(1, 0, t - 1), tgt = seq.slice(1, 1, t);
+    Tensor logits = head(tok(inp));
+    Tensor loss = cross_entropy(logits.reshape({b * (t - 1), kVocab}), tgt.reshape({-1}));
+    loss.backward();
+    opt.step();
+    return loss.detach();
+  };
+  auto cstep = compile(step);
+  std::vector<double> losses;
+  for (auto [b, t] : sizes) {
+    Tensor seq = remainder(arange(b * t, Int64) * 7 + t, kVocab).view({b, t});
+    losses.push_back((compiled ? cstep(seq) : step(seq)).item<double>());
+  }
+  if (compiled) UNSCOPED_INFO(cstep.explain());
+  return {losses, cstep.compile_count()};
+}
+
+void check_lm_step(const Sizes& sizes) {
+  auto [eager, unused] = lm_step_losses(false, sizes);
+  auto [compiled, compiles] = lm_step_losses(true, sizes);
+  CHECK(compiles == 2);
+  for (size_t i = 0; i < eager.size(); ++i) CHECK(compiled[i] == Approx(eager[i]).epsilon(1e-5));
+}
+
+}  // namespace
+
 TEST_CASE("compile: a language-model step that shifts its targets inside (x[:, :T-1], x[:, 1:]) "
           "compiles twice",
           "[compile][dynamic]") {
-  constexpr int64_t kVocab = 11, kDim = 6;
-  auto run = [](bool compiled) {
-    manual_seed(7);
-    nn::Embedding tok(kVocab, kDim);
-    nn::Linear head(kDim, kVocab);
-    std::vector<Tensor> params = tok.parameters();
-    for (const Tensor& p : head.parameters()) params.push_back(p);
-    nn::SGD opt(params, {.lr = 0.1});
-    auto step = [&](const Tensor& seq) {
-      opt.zero_grad();
-      int64_t b = seq.size(0), t = seq.size(1);
-      Tensor inp = seq.slice(1, 0, t - 1), tgt = seq.slice(1, 1, t);
-      Tensor logits = head(tok(inp));
-      Tensor loss = cross_entropy(logits.reshape({b * (t - 1), kVocab}), tgt.reshape({-1}));
-      loss.backward();
-      opt.step();
-      return loss.detach();
-    };
-    auto cstep = compile(step);
-    std::vector<double> losses;
-    for (int64_t t : {6, 9, 12, 7, 16, 9}) {
-      Tensor seq = remainder(arange(4 * t, Int64) * 7 + t, kVocab).view({4, t});
-      losses.push_back((compiled ? cstep(seq) : step(seq)).item<double>());
-    }
-    if (compiled) {
-      INFO(cstep.explain());
-      CHECK(cstep.compile_count() == 2);
-    }
-    return losses;
-  };
-  std::vector<double> eager = run(false), compiled = run(true);
-  for (size_t i = 0; i < eager.size(); ++i) CHECK(compiled[i] == Approx(eager[i]).epsilon(1e-5));
+  check_lm_step({{4, 6}, {4, 9}, {4, 12}, {4, 7}, {4, 16}, {4, 9}});
+}
+
+TEST_CASE("compile: batch and length changing together: the shifted slice follows the length "
+          "(not a formula of the batch that two traces also fit)",
+          "[compile][dynamic]") {
+  // From (3, 3) to (2, 5) the slice's length 2 -> 4 fits both T - 1 and -2 * B + 8; earlier
+  // traces and the simpler formula pick T - 1. (The earlier guess refuted every later size and
+  // the function ran eagerly after 8 compiles.)
+  auto f = compile([](const Tensor& x) { return x.slice(1, 1, x.size(1)) * 2.0; });
+  const int64_t sizes[][2] = {{2, 3}, {3, 3}, {2, 5}, {3, 5}, {2, 9}, {3, 9}, {2, 4}, {4, 6}};
+  for (auto [b, t] : sizes) {
+    Tensor x = ramp(b, t, 0.3);
+    CHECK(max_rel(f(x), x.slice(1, 1, t) * 2.0) == 0.0);
+  }
+  INFO(f.explain());
+  CHECK(f.compile_count() == 3);
+  CHECK_FALSE(contains(f.explain(), "runs eagerly"));
+}
+
+TEST_CASE("compile: a language-model step with batch and length both changing reshapes to "
+          "B * (T - 1) and compiles twice",
+          "[compile][dynamic]") {
+  check_lm_step({{2, 9}, {3, 12}, {4, 5}, {2, 17}, {3, 8}, {4, 10}, {2, 6}});
 }
