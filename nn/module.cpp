@@ -92,13 +92,13 @@ StateDict Module::named_buffers(bool recurse) const {
   return out;
 }
 
-bool Module::is_training() const {
+bool Module::is_training(Loc loc) const {
   const std::shared_ptr<bool>& cell = training_.cell;
   // Traced: one guard per module (its flag's cell), named by its class in explain().
   if (dispatch::tracer_hook())
     dispatch::note_host_value(cell.get(), name() + ".is_training()", [&] {
       return HostReader([cell]() -> std::optional<Scalar> { return Scalar(*cell); });
-    }, Loc::current());
+    }, user_facing(loc));
   return *cell;
 }
 
@@ -109,32 +109,34 @@ namespace {
 // then holds.
 template <class T, class Read>
 void note_setting(const std::shared_ptr<const int>& alive, const T* field, const std::string& what,
-                  Read read) {
+                  Read read, Loc loc) {
   dispatch::note_host_value(field, what, [&] {
     return HostReader([alive = std::weak_ptr<const int>(alive), field, read,
                        traced = read(*field)]() -> std::optional<Scalar> {
       if (alive.expired()) return traced;
       return read(*field);
     });
-  }, Loc::current());
+  }, user_facing(loc));
 }
 }  // namespace
 
-double Module::setting(const double& field, const char* what) const {
+double Module::setting(const double& field, const char* what, Loc loc) const {
   if (dispatch::tracer_hook())
-    note_setting(alive_.token, &field, name() + "." + what, [](double v) { return Scalar(v); });
+    note_setting(alive_.token, &field, name() + "." + what, [](double v) { return Scalar(v); },
+                 loc);
   return field;
 }
-bool Module::setting(const bool& field, const char* what) const {
+bool Module::setting(const bool& field, const char* what, Loc loc) const {
   if (dispatch::tracer_hook())
-    note_setting(alive_.token, &field, name() + "." + what, [](bool v) { return Scalar(v); });
+    note_setting(alive_.token, &field, name() + "." + what, [](bool v) { return Scalar(v); },
+                 loc);
   return field;
 }
-const std::string& Module::setting(const std::string& field, const char* what) const {
+const std::string& Module::setting(const std::string& field, const char* what, Loc loc) const {
   // A string is guarded as "equals the traced value" (a Scalar holds numbers only).
   if (dispatch::tracer_hook())
     note_setting(alive_.token, &field, fmt::format("{}.{} == \"{}\"", name(), what, field),
-                 [traced = field](const std::string& v) { return Scalar(v == traced); });
+                 [traced = field](const std::string& v) { return Scalar(v == traced); }, loc);
   return field;
 }
 

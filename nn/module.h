@@ -44,8 +44,9 @@ class Module {
   /// module, or of a function that calls it) the read is a guarded host value, like
   /// kiln::guarded: the compiled function checks the flag on every call, so train() / eval()
   /// after compiling traces again (or replays the entry traced in that mode), as
-  /// torch.compile does. Modules that read their mode must read it here.
-  bool is_training() const;
+  /// torch.compile does. Modules that read their mode must read it here. explain() names the
+  /// guard with `loc`, or the user's line of the module call when the read is kiln's own.
+  bool is_training(Loc loc = Loc::current()) const;
 
   /// Sets .grad of every parameter to undefined.
   void zero_grad();
@@ -94,10 +95,12 @@ class Module {
   /// eps, GELU's approximate). Inside a compiled function the read is a guarded host value,
   /// like is_training(), named "<Class>.<what>" in explain(): a setting changed after
   /// compiling traces again (or replays the entry traced with that value) instead of replaying
-  /// the value the first trace saw, as torch.compile guards module attributes.
-  double setting(const double& field, const char* what) const;
-  bool setting(const bool& field, const char* what) const;
-  const std::string& setting(const std::string& field, const char* what) const;
+  /// the value the first trace saw, as torch.compile guards module attributes. explain() names
+  /// the guard with `loc`, or the user's line of the module call when the read is kiln's own.
+  double setting(const double& field, const char* what, Loc loc = Loc::current()) const;
+  bool setting(const bool& field, const char* what, Loc loc = Loc::current()) const;
+  const std::string& setting(const std::string& field, const char* what,
+                             Loc loc = Loc::current()) const;
 
   template <class M>
   std::shared_ptr<M> register_module(const std::string& name, std::shared_ptr<M> m,

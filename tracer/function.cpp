@@ -1129,6 +1129,10 @@ std::vector<OutValue> CompiledFunction::Impl::trace(const std::vector<ArgValue>&
     escape_candidates(rec, *prog, outs, candidates);
     remember_captured(*prog, rec);
   }
+  // A guard read by kiln's own code (a module's is_training() or setting() called through
+  // forward(), outside a module call on a user's line) is named by the compile() call.
+  for (HostValue& h : prog->host_values)
+    if (inside_kiln(h.loc)) h.loc = loc;
   // Its gradients flow through a base rebased onto an in-place write into a view, which the
   // replay does not record (another thread's such write only costs this function its speed).
   if (in_place_view_writes() != view_writes) {
@@ -1396,7 +1400,7 @@ std::string CompiledFunction::explain() const {
       out += fmt::format("    arg {} dim {} == arg {} dim {} (equal in the traces)\n", x.first,
                          x.second, y.first, y.second);
     for (const HostValue& h : e->host_values)
-      out += fmt::format("    guarded host value {} == {} (read at {}:{})\n", h.what,
+      out += fmt::format("    guarded host value {} == {} (at {}:{})\n", h.what,
                          h.value.str(), h.loc.file_name(), h.loc.line());
     out += fmt::format("    grad mode == {}; default dtype == {}\n", e->grad_enabled,
                        kiln::name(e->default_dtype));

@@ -19,10 +19,10 @@ namespace kiln {
 /// (Module::setting: Dropout's p, LayerNorm's eps, ...).
 template <class M>
   requires std::derived_from<M, nn::Module>
-auto compile(M& module, CompileOptions options = {}) {
+auto compile(M& module, CompileOptions options = {}, Loc loc = Loc::current()) {
   std::string name = module.name();
   return kiln::compile([&module](const Tensor& x) { return module.forward(x); },
-                       std::move(options), std::move(name));
+                       std::move(options), std::move(name), loc);
 }
 
 }  // namespace kiln
