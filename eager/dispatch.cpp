@@ -19,7 +19,10 @@ DispatchHook* g_autograd_hook = nullptr;
 
 // Whether input i of `op` is converted to the compute dtype before the kernel runs.
 // Index tensors, masks and conditions keep their dtype.
-bool converts_input(OpKind op, size_t i) {
+bool converts_input(OpKind op, size_t i, DType from, DType to) {
+  // sum / prod read bool and integer inputs as they are and accumulate in int64 (the kernel).
+  if ((op == OpKind::Sum || op == OpKind::Prod) && !is_floating(from) && to == DType::Int64)
+    return false;
   switch (op_info(op).category) {
     case OpCategory::Unary:
     case OpCategory::Binary:
@@ -212,7 +215,8 @@ std::vector<Tensor> run_call(OpCall& c) {
   }
   for (size_t i = 0; i < c.inputs.size(); ++i) {
     const Tensor& t = c.inputs[i];
-    if (t.defined() && t.dtype() != meta.compute_dtype && converts_input(c.op, i)) {
+    if (t.defined() && t.dtype() != meta.compute_dtype &&
+        converts_input(c.op, i, t.dtype(), meta.compute_dtype)) {
       if (kp == &c) converted = c, kp = &converted;  // (kp may already be the snapshot copy)
       Tensor conv = empty(t.shape(), meta.compute_dtype);
       cpu::copy_cast(conv, t);

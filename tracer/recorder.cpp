@@ -183,7 +183,7 @@ int Recorder::lookup(const Tensor& t) {
 
 // Dropout is recorded as where(mask, x * scale, 0) with mask = dropout_mask(same seed, offset
 // and p) as bool (true where kept): the values of eager's dropout kernel (kept: x * scale with
-// scale = 1 / (1 - p) in x's dtype; dropped: 0, also for x = inf/nan), but the multiply fuses
+// scale = 1 / (1 - p) in x's dtype; dropped: x * 0, NaN for x = inf/nan), but the multiply fuses
 // into the compiled regions, which read one byte per element of the mask; the mask (a random
 // op that reads no value) runs before them instead of splitting them (plan.cpp), and the
 // backward's dropout, which eager autograd computes by drawing the same mask again, reuses the
@@ -205,7 +205,8 @@ bool Recorder::record_dropout_as_mask(const OpCall& call, const std::vector<Tens
   }
   // p == 1 keeps nothing, so the scale is never used.
   const double scale = call.attrs.p < 1 ? 1.0 / (1.0 - call.attrs.p) : 0.0;
-  Tensor masked = kiln::where(mask, kiln::mul(x, scale, call.loc), 0, call.loc);
+  Tensor masked =
+      kiln::where(mask, kiln::mul(x, scale, call.loc), kiln::mul(x, 0.0, call.loc), call.loc);
   int v = lookup(masked);
   by_impl_[out.impl()] = v;
   by_geometry_[key_of(out)] = v;

@@ -196,6 +196,13 @@ void matmul_kernel(const OpCall& call, const InferredMeta& meta, std::span<Tenso
       // beta·bias enters through GEMM's beta: write the broadcast bias into out first. With
       // beta == 0 the bias is ignored entirely (NaNs in it too), as in PyTorch.
       if (beta != T(0)) copy_cast(out, call.inputs[0]);
+      // alpha == 0: the product is not formed (BLAS's rule, PyTorch's answer), so NaN or inf
+      // in the matrices does not reach the result: beta * bias, or zeros.
+      if (alpha == T(0)) {
+        T* o = out.data<T>();
+        for (int64_t i = 0, n = out.numel(); i < n; ++i) o[i] = beta != T(0) ? beta * o[i] : T(0);
+        return;
+      }
     }
     batched_gemm<T>(call, a, b, batch, alpha, beta, out);
   });

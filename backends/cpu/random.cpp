@@ -14,7 +14,8 @@
 //   randint x = (w(2i) << 32) | w(2i+1) (64 bits), value = low + ⌊x · (high - low) / 2^64⌋
 //           (the high half of a 64×64-bit product: no division, bias < range / 2^64)
 //   dropout keep element i iff to_uniform_float(w(i)) >= p (compared in double); kept: x · (1 / (1 - p)) with the
-//           scale rounded to x's dtype; dropped (and everything when p == 1): 0
+//           scale rounded to x's dtype; dropped (and everything when p == 1): x · 0, as PyTorch's
+//           x · mask (NaN and inf stay NaN, so dropout does not hide them; -0 for negative x)
 //   dropout_mask  the same with x = 1: the scale where dropout keeps element i, else 0; as
 //           bool: true where dropout keeps element i
 // The eager factories reserve 2, 4, 2 and 1 words per element respectively (eager/factories.cpp,
@@ -293,14 +294,14 @@ uint32_t dropout_threshold(double p) {
 template <class T> T dropout_scale(double p) { return p >= 1.0 ? T(0) : static_cast<T>(1.0 / (1.0 - p)); }
 
 // out[e] = x[e] * scale (x = nullptr: scale) where word e's top 24 bits are >= threshold, else
-// 0, also where x[e] is inf or NaN. Branch-free, with no-alias parameters, so it vectorises
+// x[e] * 0 (NaN where x[e] is inf or NaN, as PyTorch's x * mask; x = nullptr: 0). Branch-free, with no-alias parameters, so it vectorises
 // (the branchy form inside the tile lambdas compiled to scalar code: 1.7-3.4 ns per element).
 template <class T>
 void keep_where(const uint32_t* __restrict words, uint32_t threshold, const T* __restrict x,
                 T scale, T* __restrict out, int64_t n) {
   for (int64_t e = 0; e < n; ++e) {
-    const T kept = x ? x[e] * scale : scale;
-    out[e] = (words[e] >> 8) >= threshold ? kept : T(0);
+    const bool keep = (words[e] >> 8) >= threshold;
+    out[e] = x ? x[e] * (keep ? scale : T(0)) : keep ? scale : T(0);
   }
 }
 
@@ -341,7 +342,8 @@ void dropout(const OpCall& call, const Tensor& out) {
         } else {
           for (int64_t e = 0; e < n; ++e) {
             const T v = *reinterpret_cast<const T*>(ptr[1] + e * xs);
-            *reinterpret_cast<T*>(ptr[0] + e * os) = (w[i + e] >> 8) >= threshold ? v * scale : T(0);
+            const T factor = (w[i + e] >> 8) >= threshold ? scale : T(0);
+            *reinterpret_cast<T*>(ptr[0] + e * os) = v * factor;
           }
         }
         i += static_cast<uint64_t>(n);

@@ -745,7 +745,11 @@ void reduction_kernel(const OpCall& call, const InferredMeta& meta, std::span<Te
             prod_float<T>(c);
         });
       } else {
-        sum_prod_int<int64_t>(c, op == OpKind::Prod);  // integer inputs arrive as int64
+        // bool / int32 / int64 read as they are, accumulated in int64 (dispatch.cpp
+        // does not convert them: a bool tensor's int64 copy took 8 bytes per element).
+        if (t == DType::Bool) sum_prod_int<bool>(c, op == OpKind::Prod);
+        if (t == DType::Int32) sum_prod_int<int32_t>(c, op == OpKind::Prod);
+        if (t == DType::Int64) sum_prod_int<int64_t>(c, op == OpKind::Prod);
       }
       break;
     case OpKind::Mean:

@@ -254,13 +254,14 @@ std::string check_random(OpKind k, const std::vector<Tensor>& in, const OpAttrs&
     int64_t dropped = 0, counted = 0;
     for (size_t j = 0; j < o.f.size(); ++j) {
       double xv = x.f[j], v = o.f[j];
-      bool zero = v == 0;
+      // Dropped: x * 0, as PyTorch's x * mask (NaN for x = ±inf or NaN).
+      bool zero = std::isfinite(xv) ? v == 0 : std::isnan(v);
       // x * scale in the dtype (scale itself rounded first: allow 2 ulp of float32/float64).
       double want = round_to(o.dtype, xv * scale), ulp = o.dtype == DType::Float32 ? 1.2e-7 : 2.3e-16;
       bool kept = want == v || std::fabs(v - want) <= 2 * ulp * std::fabs(want) ||
                   (std::isnan(xv) && std::isnan(v));
       if (!zero && !kept) {
-        std::snprintf(buf, sizeof buf, "element %zu: x %.9g gave %.9g, neither 0 nor x/(1-p)", j, xv, v);
+        std::snprintf(buf, sizeof buf, "element %zu: x %.9g gave %.9g, neither x*0 nor x/(1-p)", j, xv, v);
         return buf;
       }
       if (std::isfinite(xv) && xv != 0) ++counted, dropped += zero;

@@ -488,6 +488,10 @@ TEST_CASE("reductions of integer and bool tensors") {
   Tensor bools = tensor<bool>({true, false, true, true});
   CHECK(sum(bools).dtype() == Int64);
   CHECK(sum(bools).item<int64_t>() == 3);
+  CHECK(sum(bools.view({2, 2}), 0).to_vector<int64_t>() == std::vector<int64_t>{2, 1});
+  CHECK(prod(bools).item<int64_t>() == 0);
+  CHECK(sum(tensor<int32_t>({{-5, 2}, {3, -4}}).t(), 1).to_vector<int64_t>() ==
+        std::vector<int64_t>{-2, -2});  // a strided int32 input
   CHECK(all(bools).item<bool>() == false);
   CHECK(any(bools).item<bool>() == true);
   CHECK(amax(bools).item<bool>() == true);
@@ -674,4 +678,11 @@ TEST_CASE("reductions of a large expanded view reduce its base, without copying 
   CHECK(prod(twos).item<int64_t>() == 0);  // 2^(1.8e7) wraps to 0 in int64
   // The size the trial asked for: no copy, the exact count.
   CHECK(ones({1}).expand({1'000'000, 1'000'000}).sum().item<float>() == 1e12f);
+  // bool and int32 views too: sum and prod read them as they are (an int64 copy of the view
+  // was made first: 8 TB here).
+  const int64_t huge = int64_t{1} << 40;
+  CHECK(ones({1}, {Int32}).expand({huge}).sum().item<int64_t>() == huge);
+  CHECK(full({1}, -3, {Int32}).expand({1 << 20, 1 << 20}).sum().item<int64_t>() == -3 * huge);
+  CHECK(ones({1}, {Bool}).expand({huge}).sum().item<int64_t>() == huge);
+  CHECK(full({1}, -1, {Int32}).expand({huge + 1}).prod().item<int64_t>() == -1);
 }

@@ -36,3 +36,64 @@ TEST_CASE("sign(-0.0) is +0.0 eagerly and compiled (PyTorch)", "[compile][edge]"
     CHECK(v[4] == 1.0f);
   }
 }
+
+TEST_CASE("addmm with alpha = 0 does not read the product: NaN and inf in the matrices do not "
+          "reach the result, eagerly and compiled, float32 and float64 (BLAS, PyTorch)",
+          "[compile][edge]") {
+  for (DType dt : {Float32, Float64}) {
+    INFO(name(dt));
+    Tensor a = from_vector<double>({INFINITY, 1, NAN, 1}, {2, 2}).to(dt);
+    Tensor b = ones({2, 3}, dt);
+    Tensor bias = from_vector<double>({1, -2, 3}, {3}).to(dt);
+    auto scaled = [](const Tensor& c, const Tensor& x, const Tensor& y) {
+      return addmm(c, x, y, 2.0, 0.0);
+    };
+    auto dropped = [](const Tensor& c, const Tensor& x, const Tensor& y) {
+      return addmm(c, x, y, 0.0, 0.0);
+    };
+    auto cs = compile(scaled);
+    auto cd = compile(dropped);
+    for (int call = 0; call < 3; ++call) {
+      const std::vector<double> twice{2, -4, 6, 2, -4, 6};
+      CHECK(scaled(bias, a, b).to_vector<double>() == twice);
+      CHECK(cs(bias, a, b).to_vector<double>() == twice);
+      CHECK(dropped(bias * NAN, a, b).to_vector<double>() == std::vector<double>(6, 0.0));
+      CHECK(cd(bias * NAN, a, b).to_vector<double>() == std::vector<double>(6, 0.0));
+    }
+  }
+}
+
+TEST_CASE("dropout keeps NaN and inf visible: a dropped NaN or inf is NaN (x * mask, as "
+          "PyTorch), a dropped -3 is -0, eagerly and compiled",
+          "[compile][edge]") {
+  const int64_t n = 64;
+  std::vector<float> values;
+  for (int64_t i = 0; i < n; ++i) values.push_back(i % 3 == 0 ? NAN : i % 3 == 1 ? INFINITY : -3);
+  Tensor x = from_vector<float>(values, {n});
+  auto f = [](const Tensor& t) { return dropout(t, 0.5); };
+  auto cf = compile(f);
+  manual_seed(4);
+  std::vector<float> mask = dropout(ones({n}), 0.5).to_vector<float>();  // 2 kept, 0 dropped
+  int dropped = 0;
+  for (int call = 0; call < 3; ++call) {
+    manual_seed(4);
+    std::vector<float> eager = f(x).to_vector<float>();
+    manual_seed(4);
+    std::vector<float> compiled = cf(x).to_vector<float>();
+    for (int64_t i = 0; i < n; ++i) {
+      INFO("element " << i << " of " << values[i] << ", mask " << mask[i]);
+      for (float y : {eager[i], compiled[i]}) {
+        if (i % 3 == 2) {
+          CHECK(y == (mask[i] == 0 ? 0.0f : -6.0f));
+          CHECK(std::signbit(y));
+        } else if (i % 3 == 1 && mask[i] != 0) {
+          CHECK(y == INFINITY);
+        } else {
+          CHECK(std::isnan(y));
+        }
+      }
+      dropped += mask[i] == 0;
+    }
+  }
+  CHECK(dropped > 0);
+}
