@@ -1016,7 +1016,9 @@ std::vector<OutValue> CompiledFunction::Impl::replay(Entry& e, const std::vector
       targets.reserve(p.write_backs.size());
       for (auto& [src, v] : p.write_backs) {
         const Source& s = p.sources[src];
-        targets.push_back(s.kind == SourceKind::Arg ? st.args[s.index] : Tensor(s.captured.lock()));
+        targets.push_back(s.kind == SourceKind::Arg      ? st.args[s.index]
+                          : s.kind == SourceKind::GradOf ? st.value(p, s.index).grad()
+                                                         : Tensor(s.captured.lock()));
       }
       // A new value in the memory of another written tensor (`b.copy_(a)`, then `a += 5`: b's
       // new value is a's old one, which compiled code may hand back as `a` itself) is read
@@ -1045,7 +1047,12 @@ std::vector<OutValue> CompiledFunction::Impl::replay(Entry& e, const std::vector
       }
     }
     for (auto& [leaf, g] : p.grad_assignments) {
-      Tensor grad = g >= 0 ? st.value(p, g) : Tensor();
+      // A .grad accumulated in place keeps its tensor, as in eager.
+      auto in_place = std::find_if(written.begin(), written.end(),
+                                   [&](auto& e) { return g >= 0 && e.first == g; });
+      Tensor grad = in_place != written.end() ? in_place->second
+                    : g >= 0                  ? st.value(p, g)
+                                              : Tensor();
       auto w = std::find_if(written.begin(), written.end(), [&](auto& e) { return e.first == leaf; });
       (w != written.end() ? w->second : st.value(p, leaf)).set_grad(grad);
     }

@@ -307,13 +307,14 @@ void Recorder::on_callback(const std::string& name,
 }
 
 void Recorder::finish() {
-  // Arguments and captured tensors whose memory the function changed in place.
+  // Arguments, captured tensors and .grads read at the call whose memory the function changed
+  // in place (a compiled clip_grad_norm_ scales each .grad in place).
   size_t n_values = tensors_.size();
   for (size_t v = 0; v < n_values; ++v) {
     int src = p_.values[v].source;
     if (src < 0) continue;
     SourceKind k = p_.sources[src].kind;
-    if (k != SourceKind::Arg && k != SourceKind::Captured) continue;
+    if (k != SourceKind::Arg && k != SourceKind::Captured && k != SourceKind::GradOf) continue;
     auto w = writes_.find(tensors_[v].storage().get());
     if (w == writes_.end()) continue;
     auto it = by_geometry_.find(key_of(tensors_[v]));

@@ -682,3 +682,41 @@ TEST_CASE("compile: two backwards in one step (gradient accumulation) compile on
   }
   CHECK(cf.compile_count() == 1);
 }
+
+TEST_CASE("compile: in-place writes to a .grad that exists at the call reach it on every replay "
+          "(a compiled clip_grad_norm_ with backward run outside)",
+          "[compile][autograd]") {
+  // Found by a review against PyTorch: the replay computed the scaled gradient and dropped it,
+  // so an eager optimizer step after a compiled clip used the unclipped gradient.
+  Tensor p = zeros({2}).requires_grad_();
+  auto halve = compile([&](const Tensor& d) {
+    Tensor g = p.grad();
+    g *= 0.5;
+    return d;
+  });
+  for (double v : {8.0, 6.0, 100.0}) {
+    Tensor g = full({2}, v);
+    p.set_grad(g);
+    halve(zeros({}));
+    CHECK(p.grad().is_same(g));  // the same tensor, written in place
+    CHECK(g.to_vector<float>() == std::vector<float>{float(v / 2), float(v / 2)});
+  }
+  CHECK(halve.compile_count() == 1);
+
+  auto run = [](bool compiled) {
+    Tensor w = zeros({3}).requires_grad_();
+    auto clip = [&] { return nn::clip_grad_norm_({w}, 1.0); };
+    auto cclip = compile(clip);
+    for (int step = 0; step < 3; ++step) {
+      w.set_grad(full({3}, 10.0 * (step + 1)));
+      Tensor norm = compiled ? cclip() : clip();
+      CHECK(norm.item<double>() == Approx(10.0 * (step + 1) * std::sqrt(3.0)));
+      NoGradGuard no_grad;
+      w.sub_(w.grad());  // SGD, lr 1, eagerly
+    }
+    return w.to_vector<float>();
+  };
+  std::vector<float> eager = run(false), compiled = run(true);
+  CHECK(eager[0] == Approx(-std::sqrt(3.0)));  // three steps of 1/sqrt(3)
+  CHECK(compiled == eager);
+}
