@@ -627,6 +627,8 @@ std::vector<OutValue> CompiledFunction::call(const std::vector<ArgValue>& given,
     missing_branch = false;
     std::vector<std::pair<std::shared_ptr<Entry>, bool>> found;
     std::shared_ptr<Entry> entry;  // the entry the trace below extends, confirms or drops
+    std::shared_ptr<Entry> lacks_branch;  // a symbolic entry without this call's path
+    std::string lacks_reason;
     bool unchecked = false;
     {
       std::shared_lock lock(im.mu);
@@ -644,7 +646,14 @@ std::vector<OutValue> CompiledFunction::call(const std::vector<ArgValue>& given,
           ++e->hits;  // a call that traced a new branch instead is not a replay
           return outs;
         } catch (const MissingBranch& m) {
-          miss_reason = fmt::format("host read gave {}, a value not seen before", m.value.str());
+          std::string why =
+              fmt::format("host read gave {}, a value not seen before", m.value.str());
+          // A symbolic entry holds one path of a trace tree: another entry may hold this one.
+          if (e->dynamic) {
+            if (!lacks_branch) lacks_branch = e, lacks_reason = why;
+            continue;
+          }
+          miss_reason = why;
           missing_branch = true;
           entry = e;
           break;
@@ -662,6 +671,10 @@ std::vector<OutValue> CompiledFunction::call(const std::vector<ArgValue>& given,
           break;
         }
       }
+    }
+    if (!entry && lacks_branch) {
+      entry = lacks_branch, missing_branch = true;
+      miss_reason = lacks_reason;
     }
     std::unique_lock lock(im.mu);
     // Another thread may have traced or confirmed this guard set meanwhile.
@@ -757,6 +770,13 @@ std::vector<Segment*> path_of(Segment& root, const Program& t) {
     path.push_back(c);
   }
   return path;
+}
+
+// The program of the leaf that trace `t` reaches in `root`'s tree (the trace of that path, at
+// the entry's sizes), or null when the tree lacks t's branch.
+std::shared_ptr<const Program> path_program(Segment& root, const Program& t) {
+  Segment* last = path_of(root, t).back();
+  return last->leaf ? last->program : nullptr;
 }
 
 // Records that a trace at size set `key` took `t`'s path through `e` (symbolic entries).
@@ -1096,20 +1116,18 @@ std::vector<OutValue> CompiledFunction::Impl::trace(const std::vector<ArgValue>&
   }
 
   // Automatic dynamic: a recompile caused only by sizes / scalar values makes them symbolic.
-  const Entry* base = nullptr;
-  std::vector<std::pair<int, int>> changed_dims;
-  std::vector<int> changed_scalars;
-  // The entry to compare with: the one whose sizes differ from this call's in the most dims
-  // (dims that change one at a time then become symbolic together), the most recent first.
-  if (options.dynamic == Dynamic::Auto && !missing_branch)
+  // Entries that differ from this call only in sizes / scalar values; the one compared with is
+  // chosen after the trace (below), among those whose trace tree has the trace's path.
+  struct BaseCandidate {
+    Entry* entry;
+    std::vector<std::pair<int, int>> dims;
+    std::vector<int> scalars;
+  };
+  std::vector<BaseCandidate> base_candidates;
+  if (options.dynamic == Dynamic::Auto && (!missing_branch || failed->dynamic))
     for (auto it = entries.rbegin(); it != entries.rend(); ++it) {
-      std::vector<std::pair<int, int>> dims;
-      std::vector<int> scalars;
-      if ((*it)->root->leaf && only_sizes_differ(**it, args, dims, scalars) &&
-          (!base || dims.size() + scalars.size() > changed_dims.size() + changed_scalars.size())) {
-        base = it->get();
-        changed_dims = std::move(dims), changed_scalars = std::move(scalars);
-      }
+      BaseCandidate c{it->get(), {}, {}};
+      if (only_sizes_differ(**it, args, c.dims, c.scalars)) base_candidates.push_back(std::move(c));
     }
 
   auto prog = std::make_shared<Program>();
@@ -1163,6 +1181,18 @@ std::vector<OutValue> CompiledFunction::Impl::trace(const std::vector<ArgValue>&
                             "those gradients without their own gradient history");
     return outs;
   }
+  // The entry to compare with: one whose sizes differ from this call's in the most dims (dims
+  // that change one at a time then become symbolic together), the most recent first, and whose
+  // trace tree holds this trace's path (a tree is compared along it).
+  const Entry* base = nullptr;
+  std::vector<std::pair<int, int>> changed_dims;
+  std::vector<int> changed_scalars;
+  for (BaseCandidate& c : base_candidates)
+    if ((!base || c.dims.size() + c.scalars.size() > changed_dims.size() + changed_scalars.size()) &&
+        path_program(*c.entry->root, *prog)) {
+      base = c.entry;
+      changed_dims = c.dims, changed_scalars = c.scalars;
+    }
   if (unchecked) {
     // The symbolic entry's formulas were inferred from two traces; this trace of new sizes
     // confirms them, or the call gets an entry of its own (the trace already gave its result).
@@ -1194,7 +1224,7 @@ std::vector<OutValue> CompiledFunction::Impl::trace(const std::vector<ArgValue>&
     // This trace is generalised against the refuted entry, as after a size change: a
     // mark_dynamic entry's formulas were guessed from one trace (a mean's count, zeros, a
     // dropout offset are not marked), and a third trace can tell what two could not.
-    if (!base && unchecked->root->leaf && options.dynamic != Dynamic::Never) base = unchecked;
+    if (!base && options.dynamic != Dynamic::Never) base = unchecked;
     reason = fmt::format("specialisation #{} (symbolic) does not hold for these sizes: {}",
                          unchecked->id, why);
     if (log_enabled("recompiles"))
@@ -1271,7 +1301,9 @@ std::vector<OutValue> CompiledFunction::Impl::trace(const std::vector<ArgValue>&
     return outs;
   }
 
-  if (missing_branch && insert_branch(*failed->root, prog, options)) {
+  // A symbolic entry does not take branches traced at one size: the path gets an entry of its
+  // own, which the path's trace at other sizes makes symbolic.
+  if (missing_branch && !failed->dynamic && insert_branch(*failed->root, prog, options)) {
     confirm_path(*failed, *prog, sizes_key(*failed, args));
     add_host_values(*failed, *prog);
     recompiles.push_back(fmt::format("trace #{}: new branch: {}", n, reason));
@@ -1334,13 +1366,17 @@ std::vector<OutValue> CompiledFunction::Impl::trace(const std::vector<ArgValue>&
       old_scalars.push_back(base->guards[i].value);
       new_scalars.push_back(args[i].scalar);
     }
-    const Program& old = *base->root->program;
+    // A trace tree (host reads) is compared along this trace's path: the new entry holds that
+    // path, symbolic; other branches are traced into it when first taken.
+    std::shared_ptr<const Program> old_program = path_program(*base->root, *prog);
+    const Program& old = old_program ? *old_program : *prog;
     std::vector<Witness> earlier = base->witnesses;
-    std::string why = generalize(*prog, old, arg_shapes(*prog, args.size()),
-                                 arg_shapes(old, args.size()), new_scalars, old_scalars, dims,
-                                 auto_scalars, earlier);
+    std::string why = old_program ? generalize(*prog, old, arg_shapes(*prog, args.size()),
+                                               arg_shapes(old, args.size()), new_scalars,
+                                               old_scalars, dims, auto_scalars, earlier)
+                                  : "the trace took a branch not traced at the other sizes";
     if (why.empty()) {
-      earlier.push_back({base->root->program, arg_shapes(old, args.size())});
+      earlier.push_back({old_program, arg_shapes(old, args.size())});
       constexpr size_t kMaxWitnesses = 4;
       if (earlier.size() > kMaxWitnesses) earlier.erase(earlier.begin());
       e->witnesses = std::move(earlier);

@@ -440,3 +440,32 @@ TEST_CASE("compile: a language-model step with batch and length both changing re
           "[compile][dynamic]") {
   check_lm_step({{2, 9}, {3, 12}, {4, 5}, {2, 17}, {3, 8}, {4, 10}, {2, 6}});
 }
+
+TEST_CASE("compile: a function with a data-dependent branch becomes symbolic per path when "
+          "sizes change (was a static entry per size until the cache limit)",
+          "[compile][dynamic]") {
+  int runs = 0;  // runs of the body: traces, not replays
+  auto body = [&](const Tensor& x) {
+    ++runs;
+    Tensor y = x * static_cast<double>(x.size(0));
+    if ((y.sum() > 0.0).item<bool>()) return y * 2.0;
+    return y - 1.0;
+  };
+  auto cf = compile(body);
+  int calls = 0;
+  for (int pass = 0; pass < 3; ++pass)
+    for (int64_t n : {4, 5, 6, 7, 8, 9, 10, 11, 12, 13})
+      for (double sign : {1.0, -1.0}) {
+        Tensor x = full({n}, sign);
+        std::vector<float> want(n, sign > 0 ? float(2 * n) : float(-n - 1));
+        CHECK(cf(x).to_vector<float>() == want);
+        ++calls;
+      }
+  INFO(cf.explain());
+  // Both paths traced at 4, then each made symbolic from its trace at 5 (4 compiles); each new
+  // size of a path is confirmed by one trace, then replays.
+  CHECK(cf.compile_count() == 4);
+  CHECK(runs == 20);
+  CHECK(calls == 60);
+  CHECK_FALSE(contains(cf.explain(), "runs eagerly"));
+}
