@@ -1188,7 +1188,8 @@ std::vector<OutValue> CompiledFunction::Impl::trace(const std::vector<ArgValue>&
   std::vector<std::pair<int, int>> changed_dims;
   std::vector<int> changed_scalars;
   for (BaseCandidate& c : base_candidates)
-    if ((!base || c.dims.size() + c.scalars.size() > changed_dims.size() + changed_scalars.size()) &&
+    if ((!base ||
+         c.dims.size() + c.scalars.size() > changed_dims.size() + changed_scalars.size()) &&
         path_program(*c.entry->root, *prog)) {
       base = c.entry;
       changed_dims = c.dims, changed_scalars = c.scalars;
@@ -1367,7 +1368,7 @@ std::vector<OutValue> CompiledFunction::Impl::trace(const std::vector<ArgValue>&
       new_scalars.push_back(args[i].scalar);
     }
     // A trace tree (host reads) is compared along this trace's path: the new entry holds that
-    // path, symbolic; other branches are traced into it when first taken.
+    // path, symbolic; another branch gets an entry of its own (see the missing-branch case).
     std::shared_ptr<const Program> old_program = path_program(*base->root, *prog);
     const Program& old = old_program ? *old_program : *prog;
     std::vector<Witness> earlier = base->witnesses;

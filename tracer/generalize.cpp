@@ -140,8 +140,9 @@ struct Explainer {
   // The first formula, in this order, with new == formula(new sizes), old == formula(old
   // sizes) and accepted by `accept` (earlier traces): a changed size itself; a size plus a
   // constant (a shifted slice's T - 1); a multiple of a size; a multiple of the product of two
-  // changed sizes, the second maybe shifted (B * (T - 1)); an affine function of a size. Two traces whose sizes changed together
-  // (batch and length) fit several; simpler formulas first, and a third trace decides.
+  // changed sizes, the second maybe shifted (B * (T - 1)); an affine function of a size. Two
+  // traces whose sizes changed together (batch and length) fit several; simpler formulas
+  // first, and a third trace decides.
   bool operator()(int64_t nv, int64_t ov, SymInt& out, const Accept& accept = nullptr) const {
     auto changed = [&](std::pair<int, int> ad) {
       int64_t ns = nsh[ad.first][ad.second], os = osh[ad.first][ad.second];
