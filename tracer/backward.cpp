@@ -49,6 +49,27 @@ void record_backward(Recorder& rec, Program& p, const std::vector<OutValue>& out
     }
   }
   if (req_outs.empty()) return;
+  // Replayed outputs are siblings in the autograd graph (one node computes them all from the
+  // inputs): an output computed from another output that requires grad would lose that link,
+  // and gradients with respect to the first (grad(), retain_grad) would differ from eager's.
+  for (size_t j = 0; j < req_outs.size() && p.output_dependency.empty(); ++j) {
+    autograd::Edge ej = autograd::gradient_edge(req_outs[j]);
+    for (size_t k = 0; k < req_outs.size(); ++k) {
+      autograd::Edge ek = autograd::gradient_edge(req_outs[k]);
+      if (k == j || (ek.fn == ej.fn && ek.input_nr == ej.input_nr)) continue;
+      if (reachable(ek, {ej})[0]) {
+        p.output_dependency = fmt::format(
+            "output {} is computed from output {}, which requires grad; a replay's outputs are "
+            "siblings in the autograd graph, so gradients with respect to output {} (grad(), "
+            "retain_grad) would differ from eager's",
+            req_pos[k], req_pos[j], req_pos[j]);
+        break;
+      }
+    }
+  }
+  for (size_t j = 0; j < req_outs.size(); ++j)
+    if (autograd::Meta* m = autograd::meta(req_outs[j]); m && m->retains_grad)
+      p.retained_outputs.push_back(static_cast<int>(req_pos[j]));
   std::vector<Tensor> inputs;
   std::vector<int> input_values;
   for (size_t v = 0; v < p.values.size(); ++v) {

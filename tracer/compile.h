@@ -38,6 +38,8 @@
 ///    x += ...), not rebound to new tensors: host assignments do not happen on replay.
 ///  * KILN_COMPILE=0 turns every compiled function into plain eager calls.
 ///  * KILN_LOGS=recompiles,guards,graph,breaks prints those events to stderr.
+#include <array>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -81,12 +83,56 @@ std::optional<std::basic_string_view<C>> text_of(const void* p) {
   return std::basic_string_view<C>(static_cast<const C*>(p));
 }
 
+// Guards an argument of a copyable, equality-comparable type by its value.
+template <class D> void guard_by_value(const D& a, ArgValue& v) {
+  v.other = &a;
+  v.other_copy = [](const void* p) -> std::shared_ptr<const void> {
+    return std::make_shared<D>(*static_cast<const D*>(p));
+  };
+  v.other_equal = [](const void* x, const void* y) {
+    return static_cast<bool>(*static_cast<const D*>(x) == *static_cast<const D*>(y));
+  };
+}
+
+// Aggregates of tensors other than std::vector<Tensor> and std::optional<Tensor>: their
+// tensors would be neither guarded nor graph inputs (Tensor == Tensor is elementwise).
+template <class D> struct holds_tensors : std::false_type {};
+template <class A, class B>
+struct holds_tensors<std::pair<A, B>>
+    : std::bool_constant<std::is_same_v<std::decay_t<A>, Tensor> ||
+                         std::is_same_v<std::decay_t<B>, Tensor> || holds_tensors<A>::value ||
+                         holds_tensors<B>::value> {};
+template <class... T>
+struct holds_tensors<std::tuple<T...>>
+    : std::bool_constant<((std::is_same_v<std::decay_t<T>, Tensor> ||
+                           holds_tensors<std::decay_t<T>>::value) || ...)> {};
+template <class T, size_t N>
+struct holds_tensors<std::array<T, N>>
+    : std::bool_constant<std::is_same_v<T, Tensor> || holds_tensors<T>::value> {};
+
 template <class A> ArgValue to_arg(const A& a) {
   using D = std::decay_t<A>;
+  static_assert(!holds_tensors<D>::value,
+                "compile(): a pair, tuple or array of tensors is not a supported argument (its "
+                "tensors would be neither guarded nor inputs of the compiled graph); pass "
+                "separate Tensor arguments or a std::vector<Tensor>");
   ArgValue v;
   if constexpr (std::is_same_v<D, Tensor>) {
     v.kind = a.defined() ? ArgValue::Kind::Tensor : ArgValue::Kind::Undefined;
     v.tensor = a;
+  } else if constexpr (std::is_same_v<D, std::optional<Tensor>>) {
+    // An optional tensor: as the Tensor it holds, or as an undefined tensor (PyTorch's None).
+    v.kind = a && a->defined() ? ArgValue::Kind::Tensor : ArgValue::Kind::Undefined;
+    if (a) v.tensor = *a;
+  } else if constexpr (std::is_unsigned_v<D> && sizeof(D) >= sizeof(int64_t) &&
+                       !std::is_same_v<D, bool>) {
+    // Unsigned 64-bit values above INT64_MAX do not fit kiln's Scalar: guarded by value.
+    if (a > static_cast<D>(INT64_MAX)) {
+      guard_by_value(a, v);
+    } else {
+      v.kind = ArgValue::Kind::Scalar;
+      v.scalar = Scalar(static_cast<int64_t>(a));
+    }
   } else if constexpr (std::is_arithmetic_v<D>) {
     v.kind = ArgValue::Kind::Scalar;
     v.scalar = Scalar(a);
@@ -115,14 +161,13 @@ template <class A> ArgValue to_arg(const A& a) {
       auto after = text_of<D>(now);
       return before.has_value() == after.has_value() && (!before || *before == *after);
     };
-  } else if constexpr (std::equality_comparable<D> && std::copy_constructible<D>) {
+  } else if constexpr (std::equality_comparable<D> && std::copy_constructible<D> &&
+                       !holds_tensors<D>::value) {
+    guard_by_value(a, v);
+  } else {
+    // Passed through: a struct's Tensor members the trace used are guarded by identity.
     v.other = &a;
-    v.other_copy = [](const void* p) -> std::shared_ptr<const void> {
-      return std::make_shared<D>(*static_cast<const D*>(p));
-    };
-    v.other_equal = [](const void* x, const void* y) {
-      return static_cast<bool>(*static_cast<const D*>(x) == *static_cast<const D*>(y));
-    };
+    v.other_size = sizeof(D);
   }
   return v;
 }
@@ -163,17 +208,28 @@ template <class R> R from_outs(const std::vector<OutValue>& outs, size_t& i, siz
   }
 }
 
-/// Calls fn(args...) with each Tensor (or std::vector<Tensor>) argument replaced by the one in
-/// `in` (same position).
+/// Calls fn(args...) with each Tensor (std::optional<Tensor>, std::vector<Tensor>) argument
+/// replaced by the one in `in` (same position), passed as an lvalue (so `Tensor&` parameters
+/// bind); other arguments as the caller passed them (a module by non-const reference).
 template <class F, class... A>
-std::vector<OutValue> invoke_with(F& fn, const std::tuple<const A&...>& args,
+std::vector<OutValue> invoke_with(F& fn, const std::tuple<A&...>& args,
                                   const std::vector<ArgValue>& in) {
+  std::vector<Tensor> tensors(in.size());
+  std::vector<std::optional<Tensor>> optionals(in.size());
+  std::vector<std::vector<Tensor>> lists(in.size());
   return [&]<size_t... I>(std::index_sequence<I...>) {
     auto pick = [&]<size_t J>(std::integral_constant<size_t, J>) -> decltype(auto) {
-      using D = std::decay_t<std::tuple_element_t<J, std::tuple<A...>>>;
-      if constexpr (std::is_same_v<D, Tensor>) return Tensor(in[J].tensor);
-      else if constexpr (std::is_same_v<D, std::vector<Tensor>>) return std::vector<Tensor>(in[J].list);
-      else return std::get<J>(args);
+      using D = std::remove_cv_t<std::tuple_element_t<J, std::tuple<A...>>>;
+      if constexpr (std::is_same_v<D, Tensor>) {
+        return (tensors[J] = in[J].tensor);
+      } else if constexpr (std::is_same_v<D, std::optional<Tensor>>) {
+        if (std::get<J>(args)) optionals[J] = in[J].tensor;
+        return (optionals[J]);
+      } else if constexpr (std::is_same_v<D, std::vector<Tensor>>) {
+        return (lists[J] = in[J].list);
+      } else {
+        return (std::get<J>(args));
+      }
     };
     std::vector<OutValue> o;
     if constexpr (std::is_void_v<decltype(fn(pick(std::integral_constant<size_t, I>{})...))>)
@@ -223,7 +279,7 @@ template <class F> class Compiled {
     // check: not while an outer compiled function (or kiln::compare) records this call, which
     // checks the whole; this call's eager run and undo would be recorded into it.
     if (impl_->options().check && !tracer::compile_disabled() && !dispatch::tracer_hook()) {
-      std::tuple<const std::decay_t<A>&...> tup(args...);
+      std::tuple<std::remove_reference_t<A>&...> tup(args...);
       auto eager = [&](const std::vector<tracer::ArgValue>& in) {
         return tracer::detail::invoke_with(*fn_, tup, in);
       };
@@ -271,15 +327,18 @@ template <class F> class Compiled {
 };
 
 /// Wraps `fn` (a lambda, function pointer or functor over Tensors and host numbers) for
-/// compiled execution. Arguments: Tensor and std::vector<Tensor> (guarded per tensor; a list
-/// by its length too), arithmetic host scalars (guarded by value until they become dynamic),
-/// enums and other copyable, equality-comparable values (a std::string mode; guarded by value:
-/// a different value traces again), anything else (a module, a reference to a struct: passed
-/// through, not guarded — what `fn` reads from it is a constant of the trace, except reads
-/// through kiln::guarded and Module::is_training(), which are guarded, and optimizer options,
-/// which are runtime inputs). Results: Tensor, std::vector<Tensor>, tuples/pairs of those, host numbers (constants
-/// of the specialisation). The returned object shares its cache between copies; the cache and
-/// its compiled code are freed with the last copy.
+/// compiled execution. Arguments: Tensor (also by non-const reference), std::optional<Tensor>
+/// (as the tensor or an undefined one) and std::vector<Tensor> (guarded per tensor; a list
+/// by its length too), arithmetic host scalars (guarded by value until they become dynamic; a
+/// uint64_t above INT64_MAX by value), enums and other copyable, equality-comparable values (a
+/// std::string mode; guarded by value: a different value traces again), anything else (a
+/// module, a reference to a struct: passed through — what `fn` reads from it is a constant of
+/// the trace, except its Tensor members, guarded by identity, reads through kiln::guarded and
+/// Module::is_training(), which are guarded, and optimizer options, which are runtime inputs).
+/// A pair, tuple or array of tensors is rejected at compile time. Results: Tensor,
+/// std::vector<Tensor>, tuples/pairs of those, host numbers (constants of the specialisation).
+/// The returned object shares its cache between copies; the cache and its compiled code are
+/// freed with the last copy.
 template <class F>
 Compiled<std::decay_t<F>> compile(F&& fn, CompileOptions options = {},
                                   std::string name = "fn", Loc loc = Loc::current()) {

@@ -75,6 +75,10 @@ struct ArgGuard {
   // other values guarded by equality
   std::shared_ptr<const void> other;
   bool (*other_equal)(const void*, const void*) = nullptr;
+  // A passed-through argument (a struct): the byte offsets at which it held a tensor the trace
+  // captured, with that tensor's TensorImpl address. A replay of another struct, or of one
+  // whose member was assigned another tensor, would use the traced tensor instead.
+  std::vector<std::pair<size_t, const void*>> embedded;
 };
 
 // The first earlier tensor argument sharing argument i's storage, as 2·j, or 2·k + 1 for the
@@ -118,6 +122,14 @@ std::string guard_failure(const ArgGuard& g, const std::vector<ArgValue>& args, 
   if (a.kind == ArgValue::Kind::Other) {
     if (g.other_equal && (!a.other || !g.other_equal(g.other.get(), a.other)))
       return fmt::format("argument {} (a host value) changed", i);
+    for (auto [offset, impl] : g.embedded) {
+      const void* now = nullptr;
+      if (a.other && offset + sizeof now <= a.other_size)
+        std::memcpy(&now, static_cast<const char*>(a.other) + offset, sizeof now);
+      if (now != impl)
+        return fmt::format("argument {} (passed through) holds another tensor at byte {} than "
+                           "when traced", i, offset);
+    }
     return {};
   }
   const Tensor& t = a.tensor;
@@ -390,8 +402,9 @@ struct CompiledFunction::Impl {
   std::vector<std::pair<int, int>> marked_dims;
   std::string eager_reason;
   // Makes every later call run eagerly, saying why once on stderr (and in explain()).
+  // Said once: threads that started a trace before the first decided do not repeat it.
   void run_eagerly_from_now_on(std::string why) {
-    eager_only = true;
+    if (eager_only.exchange(true)) return;
     eager_reason = std::move(why);
     fmt::print(stderr, "kiln.compile: '{}' runs eagerly from now on: {}\n", name, eager_reason);
   }
@@ -802,6 +815,24 @@ bool insert_branch(Segment& root, const std::shared_ptr<const Program>& p,
   return false;
 }
 
+// The pointer-aligned byte offsets at which passed-through argument `a` holds the TensorImpl
+// address of a tensor `p` captured (a Tensor member of a struct), with that address.
+std::vector<std::pair<size_t, const void*>> embedded_tensors(const Program& p,
+                                                             const ArgValue& a) {
+  std::vector<const void*> captured;
+  for (const Source& s : p.sources)
+    if (s.kind == SourceKind::Captured)
+      if (auto impl = s.captured.lock()) captured.push_back(impl.get());
+  std::vector<std::pair<size_t, const void*>> out;
+  for (size_t offset = 0; offset + sizeof(void*) <= a.other_size; offset += alignof(void*)) {
+    const void* word = nullptr;
+    std::memcpy(&word, static_cast<const char*>(a.other) + offset, sizeof word);
+    if (std::find(captured.begin(), captured.end(), word) != captured.end())
+      out.push_back({offset, word});
+  }
+  return out;
+}
+
 std::vector<Shape> arg_shapes(const Program& p, size_t n) {
   std::vector<Shape> out(n);
   for (size_t v = 0; v < p.values.size(); ++v) {
@@ -1087,7 +1118,11 @@ std::vector<OutValue> CompiledFunction::Impl::replay(Entry& e, const std::vector
       outs[k].scalar = p.output_constants[k];
     }
   }
-  if (attach) attach_backward(seg->program, seg->backward, seg->saved, st, outs, std::move(originals));
+  if (attach) {
+    attach_backward(seg->program, seg->backward, seg->saved, st, outs, std::move(originals));
+    for (int k : p.retained_outputs)
+      if (outs[k].tensor.requires_grad() && !outs[k].tensor.is_leaf()) outs[k].tensor.retain_grad();
+  }
   return outs;
 }
 
@@ -1105,12 +1140,13 @@ std::vector<OutValue> CompiledFunction::Impl::trace(const std::vector<ArgValue>&
   std::string reason = miss_reason;
   if (reason.empty() && !entries.empty()) reason = entry_failure(*entries.back(), args);
   if (leaves >= options.cache_size_limit && !unchecked) {
-    eager_only = true;
-    eager_reason = fmt::format("cache limit reached; the guard that kept failing: {}", reason);
-    fmt::print(stderr,
-               "kiln.compile: '{}' reached cache_size_limit ({}); it runs eagerly from now on. "
-               "The guard that keeps failing: {}\n",
-               name, options.cache_size_limit, reason);
+    if (!eager_only.exchange(true)) {
+      eager_reason = fmt::format("cache limit reached; the guard that kept failing: {}", reason);
+      fmt::print(stderr,
+                 "kiln.compile: '{}' reached cache_size_limit ({}); it runs eagerly from now on. "
+                 "The guard that keeps failing: {}\n",
+                 name, options.cache_size_limit, reason);
+    }
     ++eager_calls;
     return invoke();
   }
@@ -1163,6 +1199,10 @@ std::vector<OutValue> CompiledFunction::Impl::trace(const std::vector<ArgValue>&
   if (in_place_view_writes() != view_writes) {
     run_eagerly_from_now_on("it writes in place into a view of a tensor, giving the base a "
                             "gradient history (CopySlices) that a replay would not record");
+    return outs;
+  }
+  if (!prog->output_dependency.empty()) {
+    run_eagerly_from_now_on(prog->output_dependency);
     return outs;
   }
   if (!prog->backward_error.empty()) {
@@ -1328,6 +1368,8 @@ std::vector<OutValue> CompiledFunction::Impl::trace(const std::vector<ArgValue>&
       g.other = args[i].other_copy(args[i].other);
       g.other_equal = args[i].other_equal;
     }
+    if (g.kind == ArgValue::Kind::Other && args[i].other && args[i].other_size)
+      g.embedded = embedded_tensors(*prog, args[i]);
     if (g.kind != ArgValue::Kind::Tensor) continue;
     const Tensor& t = args[i].tensor;
     g.dtype = t.dtype();

@@ -82,6 +82,9 @@ struct ArgValue {
   const void* other = nullptr;
   std::shared_ptr<const void> (*other_copy)(const void*) = nullptr;
   bool (*other_equal)(const void*, const void*) = nullptr;
+  /// Other arguments passed through (a struct, a module): `other` and its size in bytes,
+  /// scanned for tensors held in it directly (guarded by identity, see function.cpp).
+  size_t other_size = 0;
 };
 
 /// One result of the function: a tensor or a host value (a constant of its specialisation).

@@ -163,6 +163,11 @@ struct Program {
   /// Why the outputs' backward could not be recorded (not because the function already ran
   /// it): the function runs eagerly, whose backward raises that error where eager's would.
   std::string backward_error;
+  /// Why replays cannot give the outputs eager's autograd graph (an output computed from
+  /// another output that requires grad): the function runs eagerly.
+  std::string output_dependency;
+  /// Outputs the function called retain_grad() on: their replayed tensors retain grad too.
+  std::vector<int> retained_outputs;
   /// Argument values whose memory is that of a tensor some trace of the function captured,
   /// in a program that changes memory in place: a guard. `f(w)` for a captured `w` that `f`
   /// mutates is traced as mutating its argument; replaying either trace for the other kind of

@@ -720,3 +720,41 @@ TEST_CASE("compile: in-place writes to a .grad that exists at the call reach it 
   CHECK(eager[0] == Approx(-std::sqrt(3.0)));  // three steps of 1/sqrt(3)
   CHECK(compiled == eager);
 }
+
+TEST_CASE("compile: an output computed from another output that requires grad runs eagerly "
+          "(gradients with respect to the first are eager's); retain_grad on an output holds on "
+          "replays and the trace's own backward does not fill it",
+          "[compile][autograd]") {
+  // Found by a review: replays returned (h, l) as siblings of one node, so d(l + h.sum())/dh
+  // was [1, 1, 1] instead of [7, 7, 7] and h.retain_grad() saw nothing from l.
+  auto body = [](const Tensor& x) {
+    Tensor h = x * 3.0;
+    return std::make_tuple(h, (h * h).sum());
+  };
+  auto cf = compile(body);
+  for (int call = 0; call < 3; ++call) {
+    Tensor x = ones({3}).requires_grad_();
+    auto [h, l] = cf(x);
+    std::vector<Tensor> g = grad({l + h.sum()}, {x, h});
+    CHECK(vec(g[0]) == std::vector<float>(3, 21.f));
+    CHECK(vec(g[1]) == std::vector<float>(3, 7.f));
+  }
+  CHECK(contains(cf.explain(), "output 1 is computed from output 0"));
+
+  // retain_grad inside, backward outside: h.grad is eager's, on the trace and on replays.
+  auto cr = compile([](const Tensor& x) {
+    Tensor h = x * 3.0;
+    h.retain_grad();
+    return h;
+  });
+  for (int call = 0; call < 3; ++call) {
+    Tensor x = ones({3}).requires_grad_();
+    Tensor h = cr(x);
+    CHECK_FALSE(h.grad().defined());  // the trace's backward filled it with its seed
+    (h * h).sum().backward();
+    REQUIRE(h.grad().defined());  // replays: undefined
+    CHECK(vec(h.grad()) == std::vector<float>(3, 6.f));
+    CHECK(vec(x.grad()) == std::vector<float>(3, 18.f));
+  }
+  CHECK(cr.compile_count() == 1);
+}

@@ -6,10 +6,12 @@
 #include <catch2/catch.hpp>
 
 #include <cstring>
+#include <optional>
 #include <string>
 #include <string_view>
 
 #include "kiln/kiln.h"
+#include "kiln/nn.h"
 #include "tracer/util.h"
 
 using namespace kiln;
@@ -444,4 +446,59 @@ TEST_CASE("compile: a parameter written through another handle on its memory is 
     CHECK(compiled_losses[i] == Approx(eager_losses[i]).epsilon(1e-6));
   for (size_t i = 0; i < eager_w.size(); ++i) CHECK(compiled_w[i] == Approx(eager_w[i]));
   CHECK(eager_losses[1] != eager_losses[0]);
+}
+
+namespace {
+struct Batch {
+  Tensor x, y;
+};
+}  // namespace
+
+TEST_CASE("compile: std::optional<Tensor> arguments are guarded as tensors, and a struct's "
+          "Tensor members the trace used by identity",
+          "[compile][args]") {
+  // Found by a review: replays used the first call's tensors (every call gave [2, 2, 2]).
+  auto cf = compile([](const Tensor& x, const std::optional<Tensor>& b) {
+    return b ? x + *b : x * 2.0;
+  });
+  Tensor b1 = full({3}, 10.0), b2 = full({3}, 20.0);
+  std::optional<Tensor> seq[] = {std::nullopt, b1, std::nullopt, b2, std::nullopt, b1, b2};
+  const float want[] = {2, 11, 2, 21, 2, 11, 21};
+  for (int i = 0; i < 7; ++i) CHECK(vec(cf(ones({3}), seq[i])) == std::vector<float>(3, want[i]));
+  CHECK(cf.compile_count() == 2);  // one trace with b, one without
+
+  auto cg = compile([](const Batch& b) { return b.x * b.y; });
+  std::vector<Batch> data{{full({2}, 1.0), full({2}, 1.0)}, {full({2}, 2.0), full({2}, 3.0)}};
+  for (int pass = 0; pass < 2; ++pass) {
+    CHECK(vec(cg(data[0])) == std::vector<float>{1, 1});
+    CHECK(vec(cg(data[1])) == std::vector<float>{6, 6});  // was [1, 1]
+  }
+  Batch reused = data[0];
+  CHECK(vec(cg(reused)) == std::vector<float>{1, 1});
+  reused.y = full({2}, 5.0);  // a member assigned another tensor
+  CHECK(vec(cg(reused)) == std::vector<float>{5, 5});
+  CHECK(contains(cg.explain(), "holds another tensor"));
+}
+
+TEST_CASE("compile: functions taking Tensor& or a module by non-const reference compile, also "
+          "with check=true; a uint64_t argument above INT64_MAX is guarded by value",
+          "[compile][args]") {
+  nn::Linear lin(3, 2);
+  for (bool check : {false, true}) {
+    CompileOptions o;
+    o.check = check;
+    auto cf = compile([](nn::Linear& m, const Tensor& x) { return m(x); }, o);
+    Tensor x = ones({1, 3});
+    for (int i = 0; i < 2; ++i) CHECK(vec(cf(lin, x)) == vec(lin(x)));
+    auto scale = compile([](Tensor& t) { t.mul_(2.0); }, o);
+    Tensor t = ones({2});
+    scale(t);
+    scale(t);
+    CHECK(vec(t) == std::vector<float>{4, 4});
+  }
+  auto f = compile([](const Tensor& x, uint64_t k) { return x + double(k % 1000); });
+  const uint64_t big = (uint64_t{1} << 63) + 5;  // 9223372036854775813
+  CHECK(vec(f(ones({2}), big)) == std::vector<float>{814, 814});
+  CHECK(vec(f(ones({2}), big + 1)) == std::vector<float>{815, 815});  // another value: retraced
+  CHECK(vec(f(ones({2}), uint64_t{7})) == std::vector<float>{8, 8});
 }
