@@ -1250,6 +1250,7 @@ std::vector<OutValue> CompiledFunction::Impl::trace(const std::vector<ArgValue>&
     // A later symbolic entry whose guards pass may hold instead: two traces in which only the
     // length changed give `batch * length` as a multiple of the length, and the entry inferred
     // when both changed has the product.
+    std::vector<Entry*> refuted{unchecked};
     for (const std::shared_ptr<Entry>& e : entries) {
       if (e.get() == unchecked || !e->dynamic || !passes(*e, args)) continue;
       std::vector<int64_t> k = sizes_key(*e, args);
@@ -1260,12 +1261,31 @@ std::vector<OutValue> CompiledFunction::Impl::trace(const std::vector<ArgValue>&
         ++size_checks;
         return outs;
       }
-      if (other != kMissingBranch) remember(e->refuted_sizes, std::move(k));
+      if (other != kMissingBranch) {
+        remember(e->refuted_sizes, std::move(k));
+        refuted.push_back(e.get());
+      }
     }
-    // This trace is generalised against the refuted entry, as after a size change: a
+    // This trace is generalised against a refuted entry, as after a size change: a
     // mark_dynamic entry's formulas were guessed from one trace (a mean's count, zeros, a
-    // dropout offset are not marked), and a third trace can tell what two could not.
-    if (!base && options.dynamic != Dynamic::Never) base = unchecked;
+    // dropout offset are not marked), and a third trace can tell what two could not. The most
+    // recent one traced at sizes >= 2 where this call's differ (generalize() cannot compare
+    // with a size 0 or 1: a marked dim first traced at size 1 settled never).
+    if (!base && options.dynamic != Dynamic::Never) {
+      base = unchecked;
+      std::vector<Shape> now = arg_shapes(*prog, args.size());
+      for (auto it = refuted.rbegin(); it != refuted.rend(); ++it) {
+        std::vector<Shape> then = arg_shapes(*(*it)->root->program, args.size());
+        bool comparable = true;
+        for (size_t a = 0; a < now.size() && a < then.size(); ++a)
+          for (int d = 0; d < now[a].size() && d < then[a].size(); ++d)
+            if (now[a][d] != then[a][d]) comparable &= now[a][d] >= 2 && then[a][d] >= 2;
+        if (comparable) {
+          base = *it;
+          break;
+        }
+      }
+    }
     reason = fmt::format("specialisation #{} (symbolic) does not hold for these sizes: {}",
                          unchecked->id, why);
     if (log_enabled("recompiles"))

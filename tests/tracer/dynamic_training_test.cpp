@@ -469,3 +469,21 @@ TEST_CASE("compile: a function with a data-dependent branch becomes symbolic per
   CHECK(calls == 60);
   CHECK_FALSE(contains(cf.explain(), "runs eagerly"));
 }
+
+TEST_CASE("compile: a mark_dynamic dim first traced at size 1 settles (a host value equal to "
+          "the size)",
+          "[compile][dynamic]") {
+  // Found by a review: each size was compared with the size-1 trace, which generalize() cannot
+  // use, so every size compiled until the cache limit.
+  CompileOptions o;
+  o.mark_dynamic(0, 0);
+  auto f = [](const Tensor& x) { return x.sum(0) + double(x.size(0)); };
+  auto cf = compile(f, o);
+  for (int64_t n : {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 3}) {
+    Tensor x = ramp(n, 2, 0.1);
+    CHECK(max_rel(cf(x), f(x)) < 1e-6);
+  }
+  INFO(cf.explain());
+  CHECK(cf.compile_count() == 3);  // size 1; size 2 (marked); size 3 compared with size 2
+  CHECK_FALSE(contains(cf.explain(), "runs eagerly"));
+}
