@@ -362,6 +362,28 @@ ir::Graph region_graph(const Program& p, const std::vector<size_t>& nodes,
     }
     return !view_nodes.empty();
   };
+  // A function result that is a transpose / permute of a value computed here: eager returns
+  // that view (strided), so the region outputs the value and the view runs after it (a
+  // contiguous copy made `out.view(...)` pass compiled where eager raises). The value it views,
+  // or -1.
+  auto layout_view_of = [&](int v) {
+    view_nodes.clear();
+    if (std::find(p.outputs.begin(), p.outputs.end(), v) == p.outputs.end()) return -1;
+    int cur = v;
+    for (auto it = producer.find(cur); it != producer.end(); it = producer.find(cur)) {
+      const Node& n = p.nodes[it->second];
+      if (n.op != OpKind::Transpose && n.op != OpKind::Permute) break;
+      if (n.in_place || n.in.empty() || n.in[0] < 0) return -1;
+      view_nodes.push_back(it->second);
+      cur = n.in[0];
+    }
+    return view_nodes.empty() || !producer.count(cur) ? -1 : cur;
+  };
+  auto add_output = [&](int v) {
+    if (std::find(outputs.begin(), outputs.end(), v) != outputs.end()) return;
+    g.output(val[v]);
+    outputs.push_back(v);
+  };
   std::vector<bool> in_views(p.nodes.size(), false);
   // Graph inputs passed straight through (copy_ of an input) are aliases, not outputs.
   for (size_t i : nodes) {
@@ -369,6 +391,11 @@ ir::Graph region_graph(const Program& p, const std::vector<size_t>& nodes,
     if (!used_outside[out]) continue;
     if (view_chain(out)) {
       for (size_t k : view_nodes) in_views[k] = true;
+      continue;
+    }
+    if (int base = layout_view_of(out); base >= 0) {
+      for (size_t k : view_nodes) in_views[k] = true;
+      add_output(base);
       continue;
     }
     ir::Value v = val[out];
@@ -394,8 +421,7 @@ ir::Graph region_graph(const Program& p, const std::vector<size_t>& nodes,
       }
       continue;
     }
-    g.output(v);
-    outputs.push_back(out);
+    add_output(out);
   }
   // Last, so that they do not change which output decides the row split (codegen/row_split.cpp).
   for (int v : checked) {

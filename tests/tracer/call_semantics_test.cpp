@@ -502,3 +502,26 @@ TEST_CASE("compile: functions taking Tensor& or a module by non-const reference 
   CHECK(vec(f(ones({2}), big + 1)) == std::vector<float>{815, 815});  // another value: retraced
   CHECK(vec(f(ones({2}), uint64_t{7})) == std::vector<float>{8, 8});
 }
+
+TEST_CASE("compile: a result that is a transpose of a computed value has eager's strides on "
+          "every call (compiled code and eager kernels alike)",
+          "[compile][args]") {
+  // Found by a review: compiled runs returned a contiguous copy, eager runs the view, and the
+  // calls that time compiled code against eager kernels alternated, so `out.view({12})` passed
+  // on some calls only.
+  auto f = [](const Tensor& x) {
+    return std::make_tuple(x * 2.0, (x + 1.0).t(), (x - 1.0).view({3, 2, 2}).permute({2, 0, 1}));
+  };
+  auto cf = compile(f);
+  cf(ones({3, 4}));
+  Tensor x = arange(12, Float32).view({4, 3}).t();  // [3, 4], strides [1, 3]
+  for (int call = 0; call < 12; ++call) {
+    auto [e0, e1, e2] = f(x);
+    auto [c0, c1, c2] = cf(x);
+    CHECK(c1.strides() == e1.strides());
+    CHECK(c2.strides() == e2.strides());
+    CHECK(vec(c1) == vec(e1));
+    CHECK(vec(c2) == vec(e2));
+    CHECK_THROWS_WITH(c1.view({12}), Catch::Contains("not compatible"));
+  }
+}
