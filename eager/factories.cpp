@@ -170,7 +170,8 @@ Tensor randn_like(const Tensor& x, TensorOptions opts, Loc loc) {
                       [&](const Shape& s, TensorOptions o) { return randn(s, o, loc); });
 }
 
-template <TensorElement T>
+namespace detail {
+template <class T>
 Tensor from_vector(const std::vector<T>& values, const Shape& shape, Loc loc) {
   KILN_CHECK(static_cast<int64_t>(values.size()) == numel(shape), "from_vector", loc,
              "{} values do not fill shape {} ({} elements)", values.size(), to_string(shape),
@@ -179,6 +180,7 @@ Tensor from_vector(const std::vector<T>& values, const Shape& shape, Loc loc) {
   std::copy(values.begin(), values.end(), out.data<T>());
   return out;
 }
+}  // namespace detail
 
 namespace {
 // Values given for another dtype must fit it (a cast would wrap them silently).
@@ -188,15 +190,17 @@ template <class T> void check_values_fit(const std::vector<T>& values, TensorOpt
 }
 }  // namespace
 
-template <TensorElement T>
-Tensor tensor(std::initializer_list<T> values, TensorOptions opts, Loc loc) {
+namespace detail {
+template <class T>
+Tensor tensor_1d(std::initializer_list<T> values, TensorOptions opts, Loc loc) {
   check_values_fit(std::vector<T>(values), opts, loc);
   Tensor t = from_vector(std::vector<T>(values), {static_cast<int64_t>(values.size())}, loc);
   return on_device(opts.dtype && *opts.dtype != t.dtype() ? t.to(*opts.dtype, loc) : t, opts, loc);
 }
 
-template <TensorElement T>
-Tensor tensor(std::initializer_list<std::initializer_list<T>> rows, TensorOptions opts, Loc loc) {
+template <class T>
+Tensor tensor_2d(std::initializer_list<std::initializer_list<T>> rows, TensorOptions opts,
+                 Loc loc) {
   std::vector<T> flat;
   int64_t cols = rows.size() ? static_cast<int64_t>(rows.begin()->size()) : 0;
   for (const auto& r : rows) {
@@ -211,14 +215,15 @@ Tensor tensor(std::initializer_list<std::initializer_list<T>> rows, TensorOption
 
 #define KILN_INSTANTIATE(T)                                                                 \
   template Tensor from_vector<T>(const std::vector<T>&, const Shape&, Loc);                \
-  template Tensor tensor<T>(std::initializer_list<T>, TensorOptions, Loc);                 \
-  template Tensor tensor<T>(std::initializer_list<std::initializer_list<T>>, TensorOptions, Loc);
+  template Tensor tensor_1d<T>(std::initializer_list<T>, TensorOptions, Loc);              \
+  template Tensor tensor_2d<T>(std::initializer_list<std::initializer_list<T>>, TensorOptions, Loc);
 KILN_INSTANTIATE(bool)
 KILN_INSTANTIATE(int32_t)
 KILN_INSTANTIATE(int64_t)
 KILN_INSTANTIATE(float)
 KILN_INSTANTIATE(double)
 #undef KILN_INSTANTIATE
+}  // namespace detail
 
 Tensor scalar_tensor(Scalar value, TensorOptions opts, Loc loc) {
   return full({}, value, opts, loc);

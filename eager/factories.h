@@ -66,17 +66,34 @@ concept TensorElement = std::is_same_v<T, bool> || std::is_same_v<T, int32_t> ||
                         std::is_same_v<T, int64_t> || std::is_same_v<T, float> ||
                         std::is_same_v<T, double>;
 
+namespace detail {
+// Defined in factories.cpp for each TensorElement. Unconstrained, so that their symbols are
+// mangled alike by every compiler (clang 17+ mangles a constrained template parameter, g++ 12
+// does not: a g++-built program could not link against a clang-built kiln).
+template <class T> Tensor from_vector(const std::vector<T>& values, const Shape& shape, Loc loc);
+template <class T> Tensor tensor_1d(std::initializer_list<T> values, TensorOptions opts, Loc loc);
+template <class T>
+Tensor tensor_2d(std::initializer_list<std::initializer_list<T>> rows, TensorOptions opts,
+                 Loc loc);
+}  // namespace detail
+
 /// A tensor of `shape` holding `values` (row-major); values.size() must equal numel(shape).
 template <TensorElement T>
-Tensor from_vector(const std::vector<T>& values, const Shape& shape, Loc loc = Loc::current());
+Tensor from_vector(const std::vector<T>& values, const Shape& shape, Loc loc = Loc::current()) {
+  return detail::from_vector(values, shape, loc);
+}
 /// A 1-D tensor: tensor({1.f, 2.f}) is float32, tensor({1, 2}) int32, tensor({1.0}) float64
 /// unless dtype is given (then values are converted).
 template <TensorElement T>
-Tensor tensor(std::initializer_list<T> values, TensorOptions opts = {}, Loc loc = Loc::current());
+Tensor tensor(std::initializer_list<T> values, TensorOptions opts = {}, Loc loc = Loc::current()) {
+  return detail::tensor_1d(values, opts, loc);
+}
 /// A 2-D tensor from nested lists: tensor({{1.f, 2.f}, {3.f, 4.f}}). Rows must be equal length.
 template <TensorElement T>
 Tensor tensor(std::initializer_list<std::initializer_list<T>> rows, TensorOptions opts = {},
-              Loc loc = Loc::current());
+              Loc loc = Loc::current()) {
+  return detail::tensor_2d(rows, opts, loc);
+}
 /// A 0-d tensor.
 Tensor scalar_tensor(Scalar value, TensorOptions opts = {}, Loc loc = Loc::current());
 

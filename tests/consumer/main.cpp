@@ -2,6 +2,7 @@
 // with SGD from the same weights must give the same losses. Exit status 0 when they do.
 #include <cmath>
 #include <cstdio>
+#include <vector>
 
 #include "kiln/kiln.h"
 #include "kiln/nn.h"
@@ -12,7 +13,10 @@ int main() {
     manual_seed(1);
     nn::Linear model(3, 1);
     nn::SGD opt(model.parameters(), {.lr = 0.1});
-    Tensor x = randn({16, 3});
+    // from_vector and tensor() are templates: instantiated in kiln, called here.
+    std::vector<float> xs(48);
+    for (size_t i = 0; i < xs.size(); ++i) xs[i] = std::sin(0.7f * static_cast<float>(i));
+    Tensor x = from_vector(xs, {16, 3}) * tensor({1.f, 2.f, 3.f});
     Tensor y = x.sum(1, true) * 2.0 + 1.0;
     auto step = [&](const Tensor& in, const Tensor& target) {
       opt.zero_grad();
