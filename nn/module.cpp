@@ -1,5 +1,7 @@
 #include "nn/module.h"
 
+#include <unordered_map>
+
 #include "eager/autograd.h"
 #include "eager/dispatch.h"
 #include "nn/serialize.h"
@@ -160,51 +162,73 @@ StateDict Module::state_dict() const {
   return out;
 }
 
-void Module::load_state_dict(const StateDict& dict, bool strict, Loc loc) {
-  // Everything is checked (and every source converted to its destination's dtype and device)
-  // before the first copy, so a failed call leaves every parameter and buffer unchanged.
-  StateDict mine = state_dict();
-  std::vector<Tensor> sources(mine.size());
-  std::vector<bool> used(dict.size(), false);
-  for (size_t i = 0; i < dict.size(); ++i)
-    for (size_t k = 0; k < i; ++k)
-      KILN_CHECK(dict[k].first != dict[i].first, "load_state_dict", loc,
-                 "the state dict has the key \"{}\" twice (entries {} and {})", dict[i].first,
-                 k, i);
-  for (size_t j = 0; j < mine.size(); ++j) {
-    const auto& [key, dst] = mine[j];
-    size_t i = 0;
-    while (i < dict.size() && dict[i].first != key) ++i;
-    if (i == dict.size()) {
-      KILN_CHECK(!strict, "load_state_dict", loc, "missing key \"{}\" in state dict",
-                 key);
+namespace {
+// "a", "b", "c" and 4 more: a long list of keys in an error message.
+std::string key_list(const std::vector<std::string>& keys) {
+  constexpr size_t kShown = 8;
+  std::string out;
+  for (size_t i = 0; i < keys.size() && i < kShown; ++i)
+    out += fmt::format("{}\"{}\"", i ? ", " : "", keys[i]);
+  if (keys.size() > kShown) out += fmt::format(" and {} more", keys.size() - kShown);
+  return out;
+}
+}  // namespace
+
+IncompatibleKeys load_state_into(const StateDict& dst, const StateDict& src, bool strict,
+                                 const char* op, Loc loc) {
+  std::unordered_map<std::string, size_t> by_key;
+  for (size_t i = 0; i < src.size(); ++i) {
+    auto [it, fresh] = by_key.emplace(src[i].first, i);
+    KILN_CHECK(fresh, op, loc, "the state dict has the key \"{}\" twice (entries {} and {})",
+               src[i].first, it->second, i);
+  }
+  IncompatibleKeys keys;
+  std::vector<Tensor> sources(dst.size());
+  std::vector<bool> used(src.size(), false);
+  for (size_t j = 0; j < dst.size(); ++j) {
+    const auto& [key, dest] = dst[j];
+    auto it = by_key.find(key);
+    if (it == by_key.end()) {
+      keys.missing_keys.push_back(key);
       continue;
     }
-    used[i] = true;
-    const Tensor& src = dict[i].second;
-    KILN_CHECK(src.defined(), "load_state_dict", loc,
-               "the tensor for \"{}\" is undefined", key);
-    KILN_CHECK(src.shape() == dst.shape(), "load_state_dict", loc,
-               "size mismatch for \"{}\": copying a tensor of shape {} into one of shape {}", key,
-               to_string(src.shape()), to_string(dst.shape()));
-    sources[j] = src.detach().to(dst.device()).to(dst.dtype());
+    used[it->second] = true;
+    const Tensor& source = src[it->second].second;
+    KILN_CHECK(source.defined(), op, loc, "the tensor for \"{}\" is undefined", key);
+    KILN_CHECK(source.shape() == dest.shape(), op, loc,
+               "size mismatch for \"{}\": copying a tensor of shape {} into one of shape {}",
+               key, to_string(source.shape()), to_string(dest.shape()));
+    sources[j] = source.detach().to(dest.device()).to(dest.dtype());
   }
-  for (size_t i = 0; strict && i < dict.size(); ++i)
-    KILN_CHECK(used[i], "load_state_dict", loc, "unexpected key \"{}\" in state dict",
-               dict[i].first);
+  for (size_t i = 0; i < src.size(); ++i)
+    if (!used[i]) keys.unexpected_keys.push_back(src[i].first);
+  if (strict && (!keys.missing_keys.empty() || !keys.unexpected_keys.empty())) {
+    std::string what;
+    if (!keys.missing_keys.empty())
+      what = fmt::format("missing keys in state dict: {}", key_list(keys.missing_keys));
+    if (!keys.unexpected_keys.empty())
+      what += fmt::format("{}unexpected keys in state dict: {}", what.empty() ? "" : "; ",
+                          key_list(keys.unexpected_keys));
+    throw Error(op, what, loc);
+  }
   NoGradGuard no_grad;
-  for (size_t j = 0; j < mine.size(); ++j)
+  for (size_t j = 0; j < dst.size(); ++j)
     if (sources[j].defined()) {
-      Tensor d = mine[j].second;
+      Tensor d = dst[j].second;
       d.copy_(sources[j]);
     }
+  return keys;
+}
+
+IncompatibleKeys Module::load_state_dict(const StateDict& dict, bool strict, Loc loc) {
+  return load_state_into(state_dict(), dict, strict, "load_state_dict", loc);
 }
 
 void Module::save(const std::string& path, Loc loc) const {
   save_safetensors(state_dict(), path, loc);
 }
-void Module::load(const std::string& path, bool strict, Loc loc) {
-  load_state_dict(load_safetensors(path, loc), strict, loc);
+IncompatibleKeys Module::load(const std::string& path, bool strict, Loc loc) {
+  return load_state_dict(load_safetensors(path, loc), strict, loc);
 }
 
 }  // namespace kiln::nn

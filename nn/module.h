@@ -13,6 +13,22 @@ namespace kiln::nn {
 /// An ordered name → tensor map ("layer1.weight" → tensor), as PyTorch's state_dict.
 using StateDict = std::vector<std::pair<std::string, Tensor>>;
 
+/// The keys a non-strict load did not match, as PyTorch's load_state_dict returns them:
+/// `missing_keys` of the destination absent from the dict, `unexpected_keys` of the dict the
+/// destination lacks.
+struct IncompatibleKeys {
+  std::vector<std::string> missing_keys, unexpected_keys;
+};
+
+/// Copies each tensor of `src` into the tensor of `dst` with the same key (in place, under
+/// no_grad, converted to the destination's dtype and device), so that whoever holds the
+/// destination tensors (a module, an optimizer, a compiled step) sees the values. Shapes must
+/// match. With `strict`, missing and unexpected keys are an error listing all of them. Throws
+/// kiln::Error named `op` at `loc`; everything is checked before the first copy, so a failed
+/// load leaves every destination tensor as it was.
+IncompatibleKeys load_state_into(const StateDict& dst, const StateDict& src, bool strict,
+                                 const char* op, Loc loc);
+
 class Module {
  public:
   virtual ~Module() = default;
@@ -60,15 +76,15 @@ class Module {
   /// Parameters and buffers by dotted name. A tied tensor appears under every name it is
   /// registered as ("enc.weight" and "dec.weight"), as PyTorch's state_dict.
   StateDict state_dict() const;
-  /// Copies values from `dict` into this module's tensors (in place, under no_grad). With
-  /// strict, missing or unexpected keys are an error; shapes must always match. Throws
-  /// kiln::Error naming the key. A tied tensor is copied once per name, in state_dict()
-  /// order (the last name's value wins, as in PyTorch, which does not compare them).
-  void load_state_dict(const StateDict& dict, bool strict = true, Loc loc = Loc::current());
+  /// Copies values from `dict` into this module's tensors (load_state_into). A tied tensor is
+  /// copied once per name, in state_dict() order (the last name's value wins, as in PyTorch,
+  /// which does not compare them). Returns the keys that did not match (strict=false).
+  IncompatibleKeys load_state_dict(const StateDict& dict, bool strict = true,
+                                   Loc loc = Loc::current());
   /// Saves state_dict() as a safetensors file (see nn/serialize.h).
   void save(const std::string& path, Loc loc = Loc::current()) const;
   /// Loads a safetensors file written by save() (or by PyTorch's safetensors).
-  void load(const std::string& path, bool strict = true, Loc loc = Loc::current());
+  IncompatibleKeys load(const std::string& path, bool strict = true, Loc loc = Loc::current());
 
   /// Class name, e.g. "Linear".
   virtual std::string name() const = 0;

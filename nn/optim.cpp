@@ -1,5 +1,7 @@
 #include "nn/optim.h"
 
+#include <algorithm>
+
 #include "core/dtype.h"
 #include "eager/autograd.h"
 #include "eager/dispatch.h"
@@ -22,6 +24,69 @@ Optimizer::Optimizer(std::vector<Tensor> params, Loc loc) : params_(std::move(pa
 }
 
 void Optimizer::zero_grad() { kiln::zero_grad(params_); }
+
+StateDict Optimizer::state_dict() const {
+  StateDict out = state();
+  for (const auto& [name, value] : option_values())
+    out.emplace_back("options." + name, scalar_tensor(value, {DType::Float64}));
+  return out;
+}
+
+void Optimizer::load_state_dict(const StateDict& dict, Loc loc) {
+  constexpr char kOp[] = "Optimizer.load_state_dict";
+  constexpr std::string_view kPrefix = "options.";
+  StateDict state_part;
+  std::vector<std::pair<std::string, double>> values;
+  for (const auto& [key, t] : dict) {
+    if (!key.starts_with(kPrefix)) {
+      state_part.emplace_back(key, t);
+      continue;
+    }
+    KILN_CHECK(t.defined() && t.numel() == 1, kOp, loc,
+               "the option \"{}\" must be a one-element tensor", key);
+    values.emplace_back(key.substr(kPrefix.size()), t.item<double>(loc));
+  }
+  // The options must be this optimizer's, all of them (a file of another optimizer fails here).
+  std::vector<std::pair<std::string, double>> mine = option_values();
+  for (const auto& [name, value] : mine)
+    KILN_CHECK(std::ranges::any_of(values, [&](const auto& v) { return v.first == name; }), kOp,
+               loc, "missing key \"options.{}\" in state dict", name);
+  for (const auto& [name, value] : values)
+    KILN_CHECK(std::ranges::any_of(mine, [&](const auto& v) { return v.first == name; }), kOp,
+               loc, "unexpected key \"options.{}\" in state dict", name);
+  auto previous = mine;
+  set_option_values(values, loc);  // validated before anything changes
+  try {
+    load_state_into(state(), state_part, /*strict=*/true, kOp, loc);
+  } catch (...) {
+    set_option_values(previous, loc);
+    throw;
+  }
+}
+
+namespace {
+// The value named `name` of `values` (present: load_state_dict checked the names).
+double value_of(const std::vector<std::pair<std::string, double>>& values, std::string_view name) {
+  for (const auto& [n, v] : values)
+    if (n == name) return v;
+  return 0;
+}
+
+void check_options(const SGDOptions& o, Loc loc) {
+  KILN_CHECK(o.lr >= 0 && o.momentum >= 0 && o.weight_decay >= 0, "SGD", loc,
+             "invalid options: lr {}, momentum {}, weight_decay {}", o.lr, o.momentum,
+             o.weight_decay);
+  KILN_CHECK(!o.nesterov || (o.momentum > 0 && o.dampening == 0), "SGD", loc,
+             "nesterov needs momentum > 0 and dampening = 0");
+}
+
+void check_options(const AdamWOptions& o, Loc loc) {
+  KILN_CHECK(o.lr >= 0 && o.eps >= 0 && o.beta1 >= 0 && o.beta1 < 1 && o.beta2 >= 0 &&
+                 o.beta2 < 1 && o.weight_decay >= 0,
+             "AdamW", loc, "invalid options: lr {}, betas ({}, {}), eps {}, wd {}", o.lr,
+             o.beta1, o.beta2, o.eps, o.weight_decay);
+}
+}  // namespace
 
 namespace {
 // Reads *value while `alive` (its optimizer) is.
@@ -56,11 +121,7 @@ bool Optimizer::option_set(const bool& value, std::string_view what) const {
 
 SGD::SGD(std::vector<Tensor> params, SGDOptions o, Loc loc)
     : Optimizer(std::move(params), loc), options(o) {
-  KILN_CHECK(o.lr >= 0 && o.momentum >= 0 && o.weight_decay >= 0, "SGD", loc,
-             "invalid options: lr {}, momentum {}, weight_decay {}", o.lr, o.momentum,
-             o.weight_decay);
-  KILN_CHECK(!o.nesterov || (o.momentum > 0 && o.dampening == 0), "SGD", loc,
-             "nesterov needs momentum > 0 and dampening = 0");
+  check_options(o, loc);
   momentum_.resize(params_.size());
   started_.resize(params_.size());
   // State exists before the first step (compiled replay cannot create it later).
@@ -108,12 +169,42 @@ void SGD::step(Loc loc) {
   });
 }
 
+StateDict SGD::state() const {
+  StateDict out;
+  for (size_t i = 0; i < params_.size(); ++i)
+    if (momentum_[i].defined()) {
+      out.emplace_back(fmt::format("state.{}.momentum_buffer", i), momentum_[i]);
+      out.emplace_back(fmt::format("state.{}.started", i), started_[i]);
+    }
+  return out;
+}
+
+std::vector<std::pair<std::string, double>> SGD::option_values() const {
+  return {{"lr", options.lr},
+          {"momentum", options.momentum},
+          {"dampening", options.dampening},
+          {"weight_decay", options.weight_decay},
+          {"nesterov", options.nesterov ? 1.0 : 0.0}};
+}
+
+void SGD::set_option_values(const std::vector<std::pair<std::string, double>>& values, Loc loc) {
+  SGDOptions o{.lr = value_of(values, "lr"),
+               .momentum = value_of(values, "momentum"),
+               .dampening = value_of(values, "dampening"),
+               .weight_decay = value_of(values, "weight_decay"),
+               .nesterov = value_of(values, "nesterov") != 0};
+  check_options(o, loc);
+  KILN_CHECK(o.momentum == 0 || params_.empty() || momentum_[0].defined(),
+             "Optimizer.load_state_dict", loc,
+             "the state dict has momentum {}, but this SGD was made without momentum (no "
+             "momentum buffers); set momentum in SGDOptions when creating it",
+             o.momentum);
+  options = o;
+}
+
 AdamW::AdamW(std::vector<Tensor> params, AdamWOptions o, Loc loc)
     : Optimizer(std::move(params), loc), options(o) {
-  KILN_CHECK(o.lr >= 0 && o.eps >= 0 && o.beta1 >= 0 && o.beta1 < 1 && o.beta2 >= 0 &&
-                 o.beta2 < 1 && o.weight_decay >= 0,
-             "AdamW", loc, "invalid options: lr {}, betas ({}, {}), eps {}, wd {}", o.lr,
-             o.beta1, o.beta2, o.eps, o.weight_decay);
+  check_options(o, loc);
   // State exists before the first step (compiled replay cannot create it later).
   NoGradGuard ng;
   for (const Tensor& p : params_) {
@@ -122,6 +213,33 @@ AdamW::AdamW(std::vector<Tensor> params, AdamWOptions o, Loc loc)
   }
   t_ = zeros({static_cast<int64_t>(params_.size())}, {DType::Float64});
   steps_ = zeros({}, {DType::Float64});
+}
+
+StateDict AdamW::state() const {
+  StateDict out;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    out.emplace_back(fmt::format("state.{}.exp_avg", i), m_[i]);
+    out.emplace_back(fmt::format("state.{}.exp_avg_sq", i), v_[i]);
+    out.emplace_back(fmt::format("state.{}.step", i), step_tensor(i));
+  }
+  out.emplace_back("step", steps_);
+  return out;
+}
+
+std::vector<std::pair<std::string, double>> AdamW::option_values() const {
+  return {{"lr", options.lr},       {"beta1", options.beta1}, {"beta2", options.beta2},
+          {"eps", options.eps},     {"weight_decay", options.weight_decay}};
+}
+
+void AdamW::set_option_values(const std::vector<std::pair<std::string, double>>& values,
+                              Loc loc) {
+  AdamWOptions o{.lr = value_of(values, "lr"),
+                 .beta1 = value_of(values, "beta1"),
+                 .beta2 = value_of(values, "beta2"),
+                 .eps = value_of(values, "eps"),
+                 .weight_decay = value_of(values, "weight_decay")};
+  check_options(o, loc);
+  options = o;
 }
 
 int64_t AdamW::step_count() const { return static_cast<int64_t>(steps_.item<double>()); }

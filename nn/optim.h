@@ -38,6 +38,7 @@
 #include <vector>
 
 #include "core/tensor.h"
+#include "nn/module.h"
 
 namespace kiln::nn {
 
@@ -61,7 +62,29 @@ class Optimizer {
   void zero_grad();
   const std::vector<Tensor>& params() const { return params_; }
 
+  /// The optimizer's state by name, PyTorch's optimizer.state_dict() flattened for
+  /// save_safetensors: per parameter i (in the order given at construction) "state.<i>.<name>"
+  /// (SGD: momentum_buffer and the 0-d bool `started`, with momentum; AdamW: exp_avg,
+  /// exp_avg_sq and the 0-d float64 step), optimizer-wide state (AdamW: "step"), and the host
+  /// options as 0-d float64 "options.<name>" (PyTorch's param_groups). The state tensors are
+  /// the optimizer's own, not copies: clone them to keep a snapshot in memory.
+  StateDict state_dict() const;
+  /// Restores a state_dict() of the same kind of optimizer over parameters of the same number
+  /// and shapes: the state tensors are copied in place (a compiled training step keeps using
+  /// them without recompiling) and the options are set. Throws kiln::Error naming the missing,
+  /// unexpected or mismatched keys or an invalid option; everything is checked first, so a
+  /// failed load changes nothing.
+  void load_state_dict(const StateDict& dict, Loc loc = Loc::current());
+
  protected:
+  /// The state tensors of state_dict() (without the options).
+  virtual StateDict state() const = 0;
+  /// The host options by name, as doubles (a bool is 0 or 1).
+  virtual std::vector<std::pair<std::string, double>> option_values() const = 0;
+  /// Sets the options from values named as option_values() names them (all present); throws
+  /// kiln::Error as the constructor does for invalid ones, changing nothing then.
+  virtual void set_option_values(const std::vector<std::pair<std::string, double>>& values,
+                                 Loc loc) = 0;
   /// A host option of this optimizer or a formula of its options (`[this] { return 1 -
   /// options.beta1; }`, evaluated in double as a host formula) as a 0-d wrapped float64
   /// number for step()'s tensor formulas: eagerly the same as using the double; in a compiled
@@ -104,6 +127,12 @@ class SGD : public Optimizer {
   /// The momentum buffer of parameter i (undefined without momentum); updated in place.
   const Tensor& momentum_buffer(size_t i) const { return momentum_[i]; }
 
+ protected:
+  StateDict state() const override;
+  std::vector<std::pair<std::string, double>> option_values() const override;
+  void set_option_values(const std::vector<std::pair<std::string, double>>& values,
+                         Loc loc) override;
+
  private:
   std::vector<Tensor> momentum_;  // per parameter, zeros like it (momentum ≠ 0 only)
   std::vector<Tensor> started_;   // per parameter, 0-d bool: has had a step with a gradient
@@ -143,6 +172,12 @@ class AdamW : public Optimizer {
   Tensor step_tensor(size_t i) const { return t_.select(0, static_cast<int64_t>(i)); }
   const Tensor& exp_avg(size_t i) const { return m_[i]; }
   const Tensor& exp_avg_sq(size_t i) const { return v_[i]; }
+
+ protected:
+  StateDict state() const override;
+  std::vector<std::pair<std::string, double>> option_values() const override;
+  void set_option_values(const std::vector<std::pair<std::string, double>>& values,
+                         Loc loc) override;
 
  private:
   std::vector<Tensor> m_, v_;

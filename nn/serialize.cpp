@@ -1,9 +1,15 @@
 #include "nn/serialize.h"
 
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <unordered_set>
+
+#include <unistd.h>
 
 #include "eager/factories.h"
 
@@ -191,8 +197,10 @@ void save_safetensors(const StateDict& dict, const std::string& path, Loc loc) {
     // The format maps names to tensors: a name given twice would make a file no reader loads.
     KILN_CHECK(names.insert(name).second, "save_safetensors", loc,
                "the name \"{}\" is given twice", name);
+    KILN_CHECK(name != "__metadata__", "save_safetensors", loc,
+               "the name \"__metadata__\" is reserved by the format for its metadata");
     KILN_CHECK(t.defined(), "save_safetensors", loc, "the tensor \"{}\" is undefined", name);
-    Tensor c = t.detach().contiguous();
+    Tensor c = t.detach().to(Device::cpu(), loc).contiguous();  // a CUDA tensor's bytes too
     size_t nbytes = static_cast<size_t>(c.numel()) * c.itemsize();
     header += fmt::format("{}\"{}\":{{\"dtype\":\"{}\",\"shape\":[{}],\"data_offsets\":[{},{}]}}",
                           header.size() > 1 ? "," : "", json_escape(name), st_dtype(c.dtype()),
@@ -202,17 +210,62 @@ void save_safetensors(const StateDict& dict, const std::string& path, Loc loc) {
   }
   header += "}";
   while (header.size() % 8) header += ' ';  // the format pads the header with spaces
-  std::ofstream f(path, std::ios::binary);
-  KILN_CHECK(f.good(), "save_safetensors", loc, "cannot open \"{}\" for writing", path);
+  // Written to a temporary file beside `path` and renamed over it once complete, so a failed
+  // save (disk full) leaves an earlier checkpoint at `path` as it was.
+  const std::string tmp = fmt::format("{}.tmp-{}", path, static_cast<long>(::getpid()));
+  auto fail = [&](const char* what) {
+    int err = errno;
+    std::error_code ec;
+    std::filesystem::remove(tmp, ec);
+    throw Error("save_safetensors", fmt::format("{} \"{}\": {}", what, path, std::strerror(err)),
+                loc);
+  };
+  std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+  if (!f.good()) fail("cannot open");
   uint64_t n = header.size();  // little-endian on every platform kiln supports
   f.write(reinterpret_cast<const char*>(&n), 8);
   f.write(header.data(), static_cast<std::streamsize>(header.size()));
   for (const Tensor& c : data)
     f.write(static_cast<const char*>(c.raw_data()),
             static_cast<std::streamsize>(static_cast<size_t>(c.numel()) * c.itemsize()));
-  KILN_CHECK(f.good(), "save_safetensors", loc, "write to \"{}\" failed", path);
+  f.close();  // the last buffered bytes are written here: check after it
+  if (f.fail()) fail("write failed for");
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) fail("cannot replace");
   });
 }
+
+namespace {
+// One tensor's entry in the header.
+struct Entry {
+  std::string name;
+  DType dtype;
+  Shape shape;
+  int64_t begin = 0, end = 0;  // bytes, relative to the data after the header
+};
+
+// Checks the entries against the format: each one's offsets span exactly its bytes, and in
+// offset order they tile the data with no gap, overlap or trailing bytes (as the reference
+// loader demands). `data_size` is the file's size after the header.
+void check_layout(std::vector<Entry> entries, uint64_t data_size, const std::string& path,
+                  Loc loc) {
+  std::sort(entries.begin(), entries.end(),
+            [](const Entry& a, const Entry& b) { return a.begin < b.begin; });
+  uint64_t at = 0;
+  for (const Entry& e : entries) {
+    KILN_CHECK(static_cast<uint64_t>(e.begin) == at, "load_safetensors", loc,
+               "{}: the data of \"{}\" starts at byte {}, not at {} where the previous tensor's "
+               "ends (overlapping or with a gap)",
+               path, e.name, e.begin, at);
+    at = static_cast<uint64_t>(e.end);
+  }
+  KILN_CHECK(at <= data_size, "load_safetensors", loc,
+             "{}: the file is truncated: its tensors need {} bytes of data after the header, "
+             "it has {}",
+             path, at, data_size);
+  KILN_CHECK(at == data_size, "load_safetensors", loc,
+             "{}: {} bytes after the last tensor's data (a corrupt file)", path, data_size - at);
+}
+}  // namespace
 
 StateDict load_safetensors(const std::string& path, Loc loc) {
   return at_user_line(loc, [&]() -> StateDict {  // empty()'s shape errors name the caller
@@ -220,33 +273,24 @@ StateDict load_safetensors(const std::string& path, Loc loc) {
   KILN_CHECK(!std::filesystem::is_directory(path, ec), "load_safetensors", loc,
              "\"{}\" is a directory, not a safetensors file", path);
   std::ifstream f(path, std::ios::binary);
-  KILN_CHECK(f.good(), "load_safetensors", loc, "cannot open \"{}\"", path);
-  std::string bytes;
-  try {  // libstdc++ throws std::ios_base::failure when the read itself fails
-    bytes.assign(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
-  } catch (const std::exception& e) {
-    throw Error("load_safetensors", fmt::format("cannot read \"{}\": {}", path, e.what()), loc);
-  }
-  KILN_CHECK(bytes.size() >= 8, "load_safetensors", loc, "{}: file too short", path);
-  uint64_t n;
-  std::memcpy(&n, bytes.data(), 8);
-  KILN_CHECK(n <= bytes.size() - 8, "load_safetensors", loc,
-             "{}: header size {} exceeds the file size {}", path, n, bytes.size());
-  std::string header = bytes.substr(8, n);
-  const char* body = bytes.data() + 8 + n;
-  size_t body_size = bytes.size() - 8 - n;
+  KILN_CHECK(f.good(), "load_safetensors", loc, "cannot open \"{}\": {}", path,
+             std::strerror(errno));
+  const uint64_t file_size = std::filesystem::file_size(path, ec);
+  KILN_CHECK(!ec, "load_safetensors", loc, "cannot read \"{}\": {}", path, ec.message());
+  KILN_CHECK(file_size >= 8, "load_safetensors", loc, "{}: file too short", path);
+  uint64_t n = 0;
+  f.read(reinterpret_cast<char*>(&n), 8);
+  KILN_CHECK(n <= file_size - 8, "load_safetensors", loc,
+             "{}: header size {} exceeds the file size {}", path, n, file_size);
+  std::string header(n, '\0');
+  f.read(header.data(), static_cast<std::streamsize>(n));
+  KILN_CHECK(f.good(), "load_safetensors", loc, "cannot read \"{}\"", path);
+  const uint64_t data_size = file_size - 8 - n;
   Reader r{header, path, loc};
-  StateDict out;
+  std::vector<Entry> entries;
   std::unordered_set<std::string> names;
-  auto end_of_header = [&] {
-    r.expect('}');
-    r.ws();
-    if (r.i != header.size()) r.fail("trailing bytes after the header");
-    return out;
-  };
   r.expect('{');
-  if (r.peek('}')) return end_of_header();  // no tensors
-  do {
+  if (!r.peek('}')) do {
     std::string name = r.string();
     KILN_CHECK(names.insert(name).second, "load_safetensors", loc,
                "{}: the header names \"{}\" twice", path, name);
@@ -256,7 +300,7 @@ StateDict load_safetensors(const std::string& path, Loc loc) {
       continue;
     }
     std::string dtype;
-    std::vector<int64_t> shape, offsets;
+    std::optional<std::vector<int64_t>> shape, offsets;
     r.expect('{');
     do {
       std::string key = r.string();
@@ -267,33 +311,52 @@ StateDict load_safetensors(const std::string& path, Loc loc) {
       else r.skip_value();
     } while (r.peek(',') && ++r.i);
     r.expect('}');
-    DType t = from_st_dtype(dtype, path, loc);
-    KILN_CHECK(shape.size() <= static_cast<size_t>(kMaxRank), "load_safetensors", loc,
+    Entry e{name, from_st_dtype(dtype, path, loc), {}};
+    KILN_CHECK(shape.has_value(), "load_safetensors", loc, "{}: \"{}\" has no shape", path,
+               name);
+    KILN_CHECK(shape->size() <= static_cast<size_t>(kMaxRank), "load_safetensors", loc,
                "{}: the shape of \"{}\" has {} dims (kiln's maximum rank is {})", path, name,
-               shape.size(), kMaxRank);
-    Shape s(shape);
+               shape->size(), kMaxRank);
+    e.shape = Shape(*shape);
     try {  // a negative size, or more elements than memory can hold
-      check_shape(s, itemsize(t), "load_safetensors", loc);
-    } catch (const Error& e) {
+      check_shape(e.shape, itemsize(e.dtype), "load_safetensors", loc);
+    } catch (const Error& err) {
       throw Error("load_safetensors",
-                  fmt::format("{}: bad shape for \"{}\": {}", path, name, e.message()), loc);
+                  fmt::format("{}: bad shape for \"{}\": {}", path, name, err.message()), loc);
     }
-    size_t nbytes = static_cast<size_t>(numel(s)) * itemsize(t);
-    KILN_CHECK(offsets.size() == 2 && offsets[0] >= 0 && offsets[1] - offsets[0] ==
-                   static_cast<int64_t>(nbytes) && static_cast<size_t>(offsets[1]) <= body_size,
-               "load_safetensors", loc, "{}: bad data_offsets for \"{}\"", path, name);
-    Tensor x = empty(s, {t});
-    std::memcpy(x.raw_data(), body + offsets[0], nbytes);
-    if (t == DType::Bool) {  // a bool is one byte, 0 or 1; anything else is not a bool value
-      const auto* b = reinterpret_cast<const unsigned char*>(body + offsets[0]);
-      for (size_t k = 0; k < nbytes; ++k)
+    const uint64_t nbytes = static_cast<uint64_t>(numel(e.shape)) * itemsize(e.dtype);
+    KILN_CHECK(offsets && offsets->size() == 2 && (*offsets)[0] >= 0 &&
+                   (*offsets)[1] >= (*offsets)[0] &&
+                   static_cast<uint64_t>((*offsets)[1] - (*offsets)[0]) == nbytes,
+               "load_safetensors", loc,
+               "{}: bad data_offsets for \"{}\" (a {} {} tensor is {} bytes)", path, name,
+               st_dtype(e.dtype), to_string(e.shape), nbytes);
+    e.begin = (*offsets)[0];
+    e.end = (*offsets)[1];
+    entries.push_back(std::move(e));
+  } while (r.peek(',') && ++r.i);
+  r.expect('}');
+  r.ws();
+  if (r.i != header.size()) r.fail("trailing bytes after the header");
+  check_layout(entries, data_size, path, loc);
+  // Each tensor is read from the file straight into its own memory.
+  StateDict out;
+  for (const Entry& e : entries) {
+    Tensor x = empty(e.shape, {e.dtype});
+    f.seekg(static_cast<std::streamoff>(8 + n + static_cast<uint64_t>(e.begin)));
+    f.read(static_cast<char*>(x.raw_data()), static_cast<std::streamsize>(e.end - e.begin));
+    KILN_CHECK(f.good(), "load_safetensors", loc, "{}: cannot read the data of \"{}\"", path,
+               e.name);
+    if (e.dtype == DType::Bool) {  // a bool is one byte, 0 or 1; anything else is not a bool
+      const auto* b = static_cast<const unsigned char*>(x.raw_data());
+      for (int64_t k = 0; k < e.end - e.begin; ++k)
         KILN_CHECK(b[k] <= 1, "load_safetensors", loc,
                    "{}: BOOL tensor \"{}\" holds byte {} at element {} (a bool must be 0 or 1)",
-                   path, name, int(b[k]), k);
+                   path, e.name, int(b[k]), k);
     }
-    out.emplace_back(name, x);
-  } while (r.peek(',') && ++r.i);
-  return end_of_header();
+    out.emplace_back(e.name, x);
+  }
+  return out;
   });
 }
 

@@ -3,12 +3,17 @@
 // duplicate names) with kiln::Error instead of crashing or loading garbage.
 #include <catch2/catch.hpp>
 
+#include <csignal>
 #include <cstdint>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <string>
 #include <vector>
+
+#include <fmt/format.h>
+#include <sys/resource.h>
 
 #include "kiln/nn.h"
 
@@ -55,15 +60,28 @@ TEST_CASE("load_state_dict that fails leaves every parameter unchanged") {
   }
   SECTION("an unexpected key (strict)") {
     StateDict d{{"weight", full({3, 2}, 9.0)}, {"bias", full({3}, 9.0)}, {"extra", full({1}, 0.0)}};
-    expect_error([&] { lin.load_state_dict(d); }, "unexpected key \"extra\"");
+    expect_error([&] { lin.load_state_dict(d); }, "unexpected keys in state dict: \"extra\"");
     unchanged();
-    lin.load_state_dict(d, /*strict=*/false);  // not strict: loads, ignoring "extra"
+    IncompatibleKeys keys = lin.load_state_dict(d, /*strict=*/false);  // loads, ignoring "extra"
+    CHECK(keys.unexpected_keys == std::vector<std::string>{"extra"});
+    CHECK(keys.missing_keys.empty());
     CHECK(vec(lin.bias) == V{9.f, 9.f, 9.f});
     CHECK(vec(lin.weight) == V(6, 9.f));
   }
   SECTION("a missing key (strict)") {
     StateDict d{{"weight", full({3, 2}, 9.0)}};
-    expect_error([&] { lin.load_state_dict(d); }, "missing key \"bias\"");
+    expect_error([&] { lin.load_state_dict(d); }, "missing keys in state dict: \"bias\"");
+    unchanged();
+  }
+  SECTION("every missing and unexpected key is named, as PyTorch names them") {
+    StateDict d{{"w", full({3, 2}, 9.0)}, {"b", full({3}, 9.0)}};
+    expect_error([&] { lin.load_state_dict(d); },
+                 "missing keys in state dict: \"weight\", \"bias\"; unexpected keys in state "
+                 "dict: \"w\", \"b\"");
+    unchanged();
+    IncompatibleKeys keys = lin.load_state_dict(d, /*strict=*/false);
+    CHECK(keys.missing_keys == std::vector<std::string>{"weight", "bias"});
+    CHECK(keys.unexpected_keys == std::vector<std::string>{"w", "b"});
     unchanged();
   }
   SECTION("an undefined tensor") {
@@ -170,4 +188,68 @@ TEST_CASE("save_safetensors: a name given twice or an undefined tensor is reject
                "the name \"a\" is given twice");
   expect_error([&] { save_safetensors({{"w", Tensor()}}, path); }, "the tensor \"w\" is undefined");
   CHECK_FALSE(std::ifstream(path).good());  // nothing written
+}
+
+TEST_CASE("load_safetensors: the tensors' data must tile the bytes after the header") {
+  const std::string f32 = R"("dtype":"F32","shape":[1])";
+  auto header = [&](int a0, int a1, int b0, int b1) {
+    return fmt::format(R"({{"a":{{{},"data_offsets":[{},{}]}},"b":{{{},"data_offsets":[{},{}]}}}})",
+                       f32, a0, a1, f32, b0, b1);
+  };
+  const std::string eight(8, '\0');
+  CHECK(load_safetensors(write_st("tile_ok", header(4, 8, 0, 4), eight)).size() == 2);
+  expect_error([&] { load_safetensors(write_st("overlap", header(0, 4, 0, 4), eight)); },
+               "the data of \"b\" starts at byte 0, not at 4");
+  expect_error([&] { load_safetensors(write_st("gap", header(0, 4, 8, 12), eight + "1234")); },
+               "the data of \"b\" starts at byte 8, not at 4");
+  expect_error([&] { load_safetensors(write_st("trailing", header(0, 4, 4, 8), eight + "x")); },
+               "1 bytes after the last tensor's data");
+  expect_error([&] { load_safetensors(write_st("truncated", header(0, 4, 4, 8), "12345")); },
+               "the file is truncated: its tensors need 8 bytes of data after the header, it "
+               "has 5");
+  expect_error([&] {
+    load_safetensors(write_st("no_shape", R"({"a":{"dtype":"F32","data_offsets":[0,4]}})", "1234"));
+  }, "\"a\" has no shape");
+  expect_error([&] {
+    load_safetensors(write_st(
+        "overflow", R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[4,-9223372036854775807]}})",
+        "1234"));
+  }, "bad data_offsets for \"a\" (a F32 [1] tensor is 4 bytes)");
+}
+
+TEST_CASE("save_safetensors: __metadata__ is not a tensor name") {
+  expect_error([&] {
+    save_safetensors({{"__metadata__", ones({2})}}, "/tmp/kiln_load_failure_test_meta.safetensors");
+  }, "the name \"__metadata__\" is reserved");
+}
+
+TEST_CASE("save_safetensors: a write that fails throws and keeps the earlier file") {
+  const std::string path = "/tmp/kiln_load_failure_test_full.safetensors";
+  save_safetensors({{"small", full({4}, 2.0)}}, path);
+  // A file size limit makes the write fail part way (EFBIG, as a full disk fails it).
+  struct rlimit old{};
+  getrlimit(RLIMIT_FSIZE, &old);
+  auto old_handler = std::signal(SIGXFSZ, SIG_IGN);
+  struct rlimit small = old;
+  small.rlim_cur = 4096;
+  setrlimit(RLIMIT_FSIZE, &small);
+  std::string error;
+  try {
+    save_safetensors({{"big", zeros({100000})}}, path);
+  } catch (const Error& e) {
+    error = e.what();
+  }
+  setrlimit(RLIMIT_FSIZE, &old);
+  std::signal(SIGXFSZ, old_handler);
+  INFO(error);
+  CHECK(error.find("write failed for \"" + path + "\"") != std::string::npos);
+  StateDict kept = load_safetensors(path);  // the earlier checkpoint, whole
+  REQUIRE(kept.size() == 1);
+  CHECK(kept[0].first == "small");
+  CHECK(vec(kept[0].second) == V(4, 2.f));
+  int others = 0;  // no temporary file left beside it
+  for (const auto& e : std::filesystem::directory_iterator("/tmp"))
+    others += e.path().filename().string().starts_with("kiln_load_failure_test_full.safetensors.");
+  CHECK(others == 0);
+  std::remove(path.c_str());
 }
