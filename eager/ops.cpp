@@ -137,6 +137,44 @@ Tensor where(const Tensor& cond, Scalar a, Scalar b, Loc loc) {
   return where(cond, wrap(a), wrap(b), loc);
 }
 
+Tensor isnan(const Tensor& x, Loc loc) { return ne(x, x, loc); }
+Tensor isinf(const Tensor& x, Loc loc) {
+  if (!is_floating(x.dtype())) return zeros_like(x, {DType::Bool}, loc);
+  return eq(abs(x, loc), INFINITY, loc);
+}
+Tensor isfinite(const Tensor& x, Loc loc) {
+  if (!is_floating(x.dtype())) return ones_like(x, {DType::Bool}, loc);
+  return lt(abs(x, loc), INFINITY, loc);  // NaN < inf is false
+}
+
+Tensor isclose(const Tensor& a, const Tensor& b, double rtol, double atol, bool equal_nan,
+               Loc loc) {
+  KILN_CHECK(rtol >= 0 && atol >= 0, "isclose", loc, "rtol ({}) and atol ({}) must be >= 0",
+             rtol, atol);
+  broadcast_shapes(a.shape(), b.shape(), "isclose", loc);  // the error names isclose
+  auto as_float = [&](const Tensor& t) {
+    return is_floating(t.dtype()) ? t : t.to(DType::Float64, loc);
+  };
+  Tensor x = as_float(a), y = as_float(b);
+  // Equal (equal infinities too), or finite and within tolerance (an infinite b would make
+  // the tolerance infinite: inf and -inf are not close).
+  Tensor within = le(abs(sub(x, y, 1, loc), loc), add(mul(abs(y, loc), rtol, loc), atol, 1, loc),
+                     loc);
+  Tensor close = logical_or(eq(x, y, loc), logical_and(within, isfinite(y, loc), loc), loc);
+  if (equal_nan) close = logical_or(close, logical_and(isnan(x, loc), isnan(y, loc), loc), loc);
+  return close;
+}
+
+bool allclose(const Tensor& a, const Tensor& b, double rtol, double atol, bool equal_nan,
+              Loc loc) {
+  return all(isclose(a, b, rtol, atol, equal_nan, loc), {}, false, loc).item<bool>(loc);
+}
+
+bool equal(const Tensor& a, const Tensor& b, Loc loc) {
+  if (a.shape() != b.shape()) return false;
+  return all(eq(a, b, loc), {}, false, loc).item<bool>(loc);
+}
+
 Tensor operator-(TensorOperand x) { return neg(x.tensor, x.loc); }
 Tensor operator+(TensorOperand a, const Tensor& b) { return add(a.tensor, b, 1, a.loc); }
 Tensor operator-(TensorOperand a, const Tensor& b) { return sub(a.tensor, b, 1, a.loc); }

@@ -100,6 +100,25 @@ Tensor where(const Tensor& cond, Scalar a, const Tensor& b, Loc loc = Loc::curre
 /// Both branches host scalars: the result has their dtype (bool, int64 or the default float).
 Tensor where(const Tensor& cond, Scalar a, Scalar b, Loc loc = Loc::current());
 
+/// Elementwise float tests (bool results, as torch.isnan / isinf / isfinite): x is NaN; x is
+/// ±inf; x is neither. Integer and bool elements are always finite.
+Tensor isnan(const Tensor& x, Loc loc = Loc::current());
+Tensor isinf(const Tensor& x, Loc loc = Loc::current());
+Tensor isfinite(const Tensor& x, Loc loc = Loc::current());
+/// |a − b| ≤ atol + rtol·|b| elementwise with broadcasting (bool), as torch.isclose: equal
+/// values (equal infinities too) are close; NaN is close to NaN only with equal_nan. Integer
+/// and bool inputs are compared as float64. Throws kiln::Error for shapes that do not
+/// broadcast or a negative rtol / atol.
+Tensor isclose(const Tensor& a, const Tensor& b, double rtol = 1e-5, double atol = 1e-8,
+               bool equal_nan = false, Loc loc = Loc::current());
+/// isclose at every element, as torch.allclose (reads one bool to the host: in a compiled
+/// function a guard on its answer).
+bool allclose(const Tensor& a, const Tensor& b, double rtol = 1e-5, double atol = 1e-8,
+              bool equal_nan = false, Loc loc = Loc::current());
+/// Same shape and equal elements (NaN equals nothing), as torch.equal; false for different
+/// shapes. Reads one bool to the host.
+bool equal(const Tensor& a, const Tensor& b, Loc loc = Loc::current());
+
 // Operators: errors name the line of the expression (TensorOperand, core/tensor.h).
 Tensor operator-(TensorOperand x);
 Tensor operator+(TensorOperand a, const Tensor& b);
