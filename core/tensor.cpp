@@ -84,6 +84,11 @@ HostReadObserver set_host_read_observer(HostReadObserver observer) {
   return std::exchange(t_host_read_observer, observer);
 }
 
+thread_local RawAccessObserver detail::t_raw_access_observer = nullptr;
+RawAccessObserver set_raw_access_observer(RawAccessObserver observer) {
+  return std::exchange(detail::t_raw_access_observer, observer);
+}
+
 template <class T> T Tensor::item(Loc loc) const {
   KILN_CHECK(defined(), "item", loc, "tensor is undefined");
   if (t_host_read_observer) t_host_read_observer(*this, loc);

@@ -47,6 +47,15 @@ struct TensorImpl {
 struct TensorOperand;
 struct ScalarOperand;
 
+/// Observer of raw element access (Tensor::data<T>(), raw_data()) on the calling thread: the
+/// tracer runs a function eagerly whose own code reaches tensor memory through a pointer, which
+/// a replay of its recorded ops would skip. Returns the previous observer.
+using RawAccessObserver = void (*)(Loc loc);
+RawAccessObserver set_raw_access_observer(RawAccessObserver observer);
+namespace detail {
+extern thread_local RawAccessObserver t_raw_access_observer;
+}  // namespace detail
+
 class Tensor {
  public:
   /// An undefined tensor (no storage); most ops reject it with kiln::Error.
@@ -71,11 +80,17 @@ class Tensor {
 
   /// Pointer to the first element (storage base + offset). T must match dtype(). For a CUDA
   /// tensor this is a device address: pass it to kernels, never dereference it on the host.
+  /// Inside compile() a call from the user's code makes the function run eagerly (a replay
+  /// would not run the reads and writes made through the pointer). storage()->data() is not
+  /// watched: compile()'s check=true finds what a write through it leaves different.
   template <class T> T* data(Loc loc = Loc::current()) const {
     check_data_type(dtype_of<T>(), loc);
+    if (detail::t_raw_access_observer) [[unlikely]] detail::t_raw_access_observer(loc);
     return static_cast<T*>(impl_->storage->data()) + impl_->offset;
   }
-  void* raw_data() const {
+  /// data<T>() without the dtype check.
+  void* raw_data(Loc loc = Loc::current()) const {
+    if (detail::t_raw_access_observer) [[unlikely]] detail::t_raw_access_observer(loc);
     return static_cast<char*>(checked()->storage->data()) + impl_->offset * itemsize();
   }
   const Storage& storage() const { return checked()->storage; }

@@ -1205,6 +1205,17 @@ std::vector<OutValue> CompiledFunction::Impl::trace(const std::vector<ArgValue>&
     run_eagerly_from_now_on(prog->output_dependency);
     return outs;
   }
+  if (prog->raw_access) {
+    const Loc& at = *prog->raw_access;
+    KILN_CHECK(!options.fullgraph, "compile", at,
+               "fullgraph=true, but '{}' takes a pointer to tensor memory here (data<T>() / "
+               "raw_data()), which a compiled replay cannot run", name);
+    run_eagerly_from_now_on(fmt::format(
+        "it takes a pointer to tensor memory (data<T>() or raw_data() at {}:{}); a replay of "
+        "its recorded ops would skip what it reads and writes through it",
+        at.file_name(), at.line()));
+    return outs;
+  }
   if (!prog->backward_error.empty()) {
     run_eagerly_from_now_on(fmt::format("its outputs' backward fails ({})", prog->backward_error));
     return outs;

@@ -166,6 +166,9 @@ struct Program {
   /// Why replays cannot give the outputs eager's autograd graph (an output computed from
   /// another output that requires grad): the function runs eagerly.
   std::string output_dependency;
+  /// Where the function's own code took a pointer to tensor memory (data<T>(), raw_data()):
+  /// the function runs eagerly, since a replay would skip what it did through the pointer.
+  std::optional<Loc> raw_access;
   /// Outputs the function called retain_grad() on: their replayed tensors retain grad too.
   std::vector<int> retained_outputs;
   /// Argument values whose memory is that of a tensor some trace of the function captured,

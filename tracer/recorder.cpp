@@ -18,6 +18,11 @@ void observe_read(const Tensor& t, Loc loc) {
   if (t_current) t_current->on_read(t, loc);
 }
 
+// kiln's own kernels take pointers all the time; only the user's code counts.
+void observe_raw_access(Loc loc) {
+  if (t_current && !inside_kiln(loc)) t_current->on_raw_access(loc);
+}
+
 bool is_random(OpKind op) { return op_info(op).category == OpCategory::Random; }
 
 // A tensor's .grad, without telling the recorder (Tensor::grad() reports undefined ones).
@@ -83,6 +88,7 @@ void Recorder::install() {
   if (installed_) return;
   prev_hook_ = dispatch::set_tracer_hook(this);
   prev_observer_ = set_host_read_observer(&observe_read);
+  prev_raw_observer_ = set_raw_access_observer(&observe_raw_access);
   prev_current_ = std::exchange(t_current, this);
   installed_ = true;
 }
@@ -91,6 +97,7 @@ void Recorder::uninstall() {
   if (!installed_) return;
   dispatch::set_tracer_hook(prev_hook_);
   set_host_read_observer(prev_observer_);
+  set_raw_access_observer(prev_raw_observer_);
   t_current = prev_current_;
   installed_ = false;
 }
@@ -278,6 +285,10 @@ void Recorder::on_read(const Tensor& t, Loc loc) {
     n.read_value = read_scalar(t, i);
     p_.nodes.push_back(std::move(n));
   }
+}
+
+void Recorder::on_raw_access(Loc loc) {
+  if (!p_.raw_access) p_.raw_access = loc;
 }
 
 void Recorder::on_host_value(const HostValue& value) {

@@ -44,6 +44,8 @@ class Recorder final : public DispatchHook {
   void on_grad_read(const Tensor& leaf, const Tensor& grad) override;
   /// item()/to_vector(): records a Read node with the value about to be read.
   void on_read(const Tensor& t, Loc loc);
+  /// The function's own code took a pointer to tensor memory at `loc` (Program::raw_access).
+  void on_raw_access(Loc loc);
   /// kiln::guarded, Module::is_training(): host state the function's result depends on
   /// (Program::host_values, one per key and `what`).
   void on_host_value(const HostValue& value) override;
@@ -80,6 +82,7 @@ class Recorder final : public DispatchHook {
   bool installed_ = false;
   DispatchHook* prev_hook_ = nullptr;
   HostReadObserver prev_observer_ = nullptr;
+  RawAccessObserver prev_raw_observer_ = nullptr;
   Recorder* prev_current_ = nullptr;
   std::vector<Tensor> tensors_;                 // by value id (keeps impls alive)
   std::vector<uint64_t> write_count_;           // storage writes seen when the value was made
@@ -98,14 +101,17 @@ class Recorder final : public DispatchHook {
 template <class F> decltype(auto) untraced(F&& fn) {
   DispatchHook* hook = dispatch::set_tracer_hook(nullptr);
   HostReadObserver obs = set_host_read_observer(nullptr);
+  RawAccessObserver raw = set_raw_access_observer(nullptr);
   struct Restore {
     DispatchHook* h;
     HostReadObserver o;
+    RawAccessObserver r;
     ~Restore() {
       dispatch::set_tracer_hook(h);
       set_host_read_observer(o);
+      set_raw_access_observer(r);
     }
-  } restore{hook, obs};
+  } restore{hook, obs, raw};
   return fn();
 }
 

@@ -525,3 +525,39 @@ TEST_CASE("compile: a result that is a transpose of a computed value has eager's
     CHECK_THROWS_WITH(c1.view({12}), Catch::Contains("not compatible"));
   }
 }
+
+TEST_CASE("compile: a function that takes a pointer to tensor memory runs eagerly",
+          "[compile]") {
+  // A replay runs the recorded ops only: a write or read through data<T>() would be skipped
+  // (the write was lost and the read value frozen at the first call's).
+  auto writes = compile([](const Tensor& x) {
+    Tensor y = x * 2.0;
+    y.data<float>()[0] = 100.f;
+    return y + 1.0;
+  });
+  auto reads = compile([](const Tensor& x) {
+    float s = static_cast<const float*>(x.raw_data())[1];
+    return x * s;
+  });
+  for (int i = 1; i <= 3; ++i) {
+    float v = static_cast<float>(i);
+    CHECK(vec(writes(full({3}, v))) == std::vector<float>{101, 2 * v + 1, 2 * v + 1});
+    CHECK(vec(reads(tensor({1.f, v, 0.f}))) == std::vector<float>{v, v * v, 0});
+  }
+  CHECK(contains(writes.explain(), "data<T>() or raw_data() at"));
+  CHECK(contains(writes.explain(), "call_semantics_test.cpp"));
+  // kiln's own kernels take pointers too: only the user's code counts.
+  auto plain = compile([](const Tensor& x) { return x * 2.0 + 1.0; });
+  for (int i = 0; i < 3; ++i) plain(ones({3}));
+  CHECK(plain.compile_count() == 1);
+  CHECK_FALSE(contains(plain.explain(), "eagerly"));
+  auto full_graph = compile([](const Tensor& x) { return x * x.data<float>()[0]; },
+                            {.fullgraph = true});
+  try {
+    full_graph(ones({2}));
+    FAIL("expected an error");
+  } catch (const Error& e) {
+    CHECK(contains(e.what(), "fullgraph=true, but"));
+    CHECK(contains(e.what(), "call_semantics_test.cpp"));
+  }
+}

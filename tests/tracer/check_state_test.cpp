@@ -72,12 +72,14 @@ TEST_CASE("compare() on a training step matches and leaves the state as it found
 
 TEST_CASE("check = true reports state that compiled code leaves different, and undoes the call",
           "[compile]") {
-  // A raw write through data<T>() is not recorded (README): eager's run makes it, a replay
-  // does not, so the parameter differs while the loss agrees.
+  // A raw write through the storage's pointer is not recorded (data<T>() would make the
+  // function run eagerly; Storage::data() is not watched): eager's run makes it, a replay does
+  // not, so the parameter differs while the loss agrees.
   Trainer t;
   auto step = compile([&](const Tensor& in) {
     Tensor loss = t.step(in);
-    t.lin.bias.data<float>()[0] += 1.0f;
+    Tensor& b = t.lin.bias;
+    static_cast<float*>(b.storage()->data())[b.offset()] += 1.0f;
     return loss;
   }, {.check = true});
   step(t.x);  // traced: the trace run made the raw write too
