@@ -244,7 +244,7 @@ InferredMeta view(OpKind op, std::span<const TensorMeta> in, const OpAttrs& a, L
       int64_t n = s[d];
       auto clampi = [n](int64_t v) { return std::clamp<int64_t>(v < 0 ? v + n : v, 0, n); };
       int64_t b = clampi(a.start), e = clampi(a.end);
-      out[d] = e > b ? (e - b + a.step - 1) / a.step : 0;
+      out[d] = e > b ? 1 + (e - b - 1) / a.step : 0;  // e - b + step - 1 could overflow
       break;
     }
     case OpKind::Select: {

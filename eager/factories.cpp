@@ -82,10 +82,24 @@ Tensor arange(Scalar start, Scalar end, Scalar step, TensorOptions opts, Loc loc
   KILN_CHECK((e - s) / st >= 0 || e == s, "arange", loc,
              "upper bound {} and step {} are inconsistent with lower bound {}", end.str(),
              step.str(), start.str());
-  int64_t n = all_int ? (end.to<int64_t>() - start.to<int64_t>() + step.to<int64_t>() +
-                         (step.to<int64_t>() > 0 ? -1 : 1)) / step.to<int64_t>()
-                      : static_cast<int64_t>(std::ceil((e - s) / st));
-  n = std::max<int64_t>(n, 0);
+  // The length, ceil((end - start) / step), in 128 bits for integers (end - start overflows
+  // int64 for bounds far apart).
+  constexpr double kMaxLength = 9.2e18;
+  int64_t n = 0;
+  if (all_int) {
+    const __int128 i_start = start.to<int64_t>(), i_step = step.to<int64_t>();
+    const __int128 span = static_cast<__int128>(end.to<int64_t>()) - i_start;
+    const __int128 len = span == 0 ? 0 : (span - (i_step > 0 ? 1 : -1)) / i_step + 1;
+    KILN_CHECK(len <= static_cast<__int128>(kMaxLength), "arange", loc,
+               "[{}, {}) in steps of {} has too many elements", start.str(), end.str(),
+               step.str());
+    n = static_cast<int64_t>(std::max<__int128>(len, 0));
+  } else {
+    const double len = std::ceil((e - s) / st);
+    KILN_CHECK(len <= kMaxLength, "arange", loc, "[{}, {}) in steps of {} has too many elements",
+               start.str(), end.str(), step.str());
+    n = std::max<int64_t>(static_cast<int64_t>(len), 0);
+  }
   Tensor out = as_op("arange", [&] { return empty({n}, {t}, loc); });
   KILN_DISPATCH_ALL(t, T, {
     T* p = out.data<T>();

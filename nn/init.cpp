@@ -12,6 +12,12 @@ namespace {
 void check_defined(const Tensor& t, const char* op, Loc loc) {
   KILN_CHECK(t.defined(), op, loc, "the tensor to initialise is undefined");
 }
+// Random draws are of floats, as PyTorch's uniform_ / normal_ ("not implemented for 'Long'").
+void check_floating(const Tensor& t, const char* op, Loc loc) {
+  check_defined(t, op, loc);
+  KILN_CHECK(is_floating(t.dtype()), op, loc, "needs a floating-point tensor, got {} {}",
+             kiln::name(t.dtype()), to_string(t.shape()));
+}
 }  // namespace
 
 std::pair<int64_t, int64_t> fans(const Tensor& w, Loc loc) {
@@ -24,17 +30,18 @@ std::pair<int64_t, int64_t> fans(const Tensor& w, Loc loc) {
 }
 
 void uniform_(Tensor& t, double low, double high, Loc loc) {
-  check_defined(t, "init.uniform_", loc);
-  KILN_CHECK(low <= high, "init.uniform_", loc, "needs low <= high, got low {} and high {}", low,
-             high);
+  check_floating(t, "init.uniform_", loc);
+  KILN_CHECK(low <= high && std::isfinite(high - low), "init.uniform_", loc,
+             "needs finite low <= high, got low {} and high {}", low, high);
   at_user_line(loc, [&] {
     NoGradGuard ng;
     t.copy_(rand_like(t) * (high - low) + low);
   });
 }
 void normal_(Tensor& t, double mean, double std, Loc loc) {
-  check_defined(t, "init.normal_", loc);
-  KILN_CHECK(std >= 0, "init.normal_", loc, "needs std >= 0, got {}", std);
+  check_floating(t, "init.normal_", loc);
+  KILN_CHECK(std >= 0 && std::isfinite(std) && std::isfinite(mean), "init.normal_", loc,
+             "needs a finite mean and a finite std >= 0, got mean {} and std {}", mean, std);
   at_user_line(loc, [&] {
     NoGradGuard ng;
     t.copy_(randn_like(t) * std + mean);

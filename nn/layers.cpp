@@ -31,14 +31,20 @@ Embedding::Embedding(int64_t num, int64_t dim, Loc loc) {
 }
 Tensor Embedding::forward(const Tensor& indices) { return embedding(weight, indices); }
 
-LayerNorm::LayerNorm(Shape shape, double eps, bool affine) : normalized_shape(shape), eps(eps) {
+LayerNorm::LayerNorm(Shape shape, double eps, bool affine, Loc loc)
+    : normalized_shape(shape), eps(eps) {
+  for (int64_t s : shape)
+    KILN_CHECK(s >= 1, "LayerNorm", loc, "normalized_shape {} has a size below 1",
+               to_string(shape));
+  KILN_CHECK(eps >= 0, "LayerNorm", loc, "eps must be >= 0, got {}", eps);
   if (affine) {
     weight = register_parameter("weight", ones(shape));
     bias = register_parameter("bias", zeros(shape));
   }
 }
 Tensor LayerNorm::forward(const Tensor& x) {
-  return layer_norm(x, normalized_shape, weight, bias, setting(eps, "eps"));
+  return layer_norm(x, setting(normalized_shape, "normalized_shape"), weight, bias,
+                    setting(eps, "eps"));
 }
 
 Dropout::Dropout(double p, Loc loc) : p(p) {

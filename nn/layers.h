@@ -32,7 +32,9 @@ class Embedding : public Module {
 /// Layer normalisation over the trailing `shape` dims; weight ones, bias zeros.
 class LayerNorm : public Module {
  public:
-  explicit LayerNorm(Shape normalized_shape, double eps = 1e-5, bool elementwise_affine = true);
+  /// Throws kiln::Error for a size < 1 or a negative eps.
+  explicit LayerNorm(Shape normalized_shape, double eps = 1e-5, bool elementwise_affine = true,
+                     Loc loc = Loc::current());
   Tensor forward(const Tensor& x) override;
   std::string name() const override { return "LayerNorm"; }
   Shape normalized_shape;

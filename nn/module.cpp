@@ -142,6 +142,21 @@ const std::string& Module::setting(const std::string& field, const char* what, L
   return field;
 }
 
+int64_t Module::setting(const int64_t& field, const char* what, Loc loc) const {
+  if (dispatch::tracer_hook())
+    note_setting(alive_.token, &field, name() + "." + what, [](int64_t v) { return Scalar(v); },
+                 loc);
+  return field;
+}
+const Shape& Module::setting(const Shape& field, const char* what, Loc loc) const {
+  // Guarded as "equals the traced value", as a string.
+  if (dispatch::tracer_hook())
+    note_setting(alive_.token, &field,
+                 fmt::format("{}.{} == {}", name(), what, to_string(field)),
+                 [traced = field](const Shape& v) { return Scalar(v == traced); }, loc);
+  return field;
+}
+
 void Module::train(bool on) {
   *training_.cell = on;
   for (auto& [n, m] : children_) m->train(on);

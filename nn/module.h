@@ -117,6 +117,8 @@ class Module {
   bool setting(const bool& field, const char* what, Loc loc = Loc::current()) const;
   const std::string& setting(const std::string& field, const char* what,
                              Loc loc = Loc::current()) const;
+  int64_t setting(const int64_t& field, const char* what, Loc loc = Loc::current()) const;
+  const Shape& setting(const Shape& field, const char* what, Loc loc = Loc::current()) const;
 
   template <class M>
   std::shared_ptr<M> register_module(const std::string& name, std::shared_ptr<M> m,

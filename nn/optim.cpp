@@ -1,6 +1,9 @@
 #include "nn/optim.h"
 
 #include <algorithm>
+#include <cmath>
+#include <string>
+#include <unordered_map>
 
 #include "core/dtype.h"
 #include "eager/autograd.h"
@@ -11,9 +14,17 @@
 namespace kiln::nn {
 
 Optimizer::Optimizer(std::vector<Tensor> params, Loc loc) : params_(std::move(params)) {
+  KILN_CHECK(!params_.empty(), "Optimizer", loc, "got an empty parameter list");
   // Frozen tensors are fine (skipped while they have no gradient, and trained once unfrozen);
-  // a non-leaf never gets a .grad, so optimising it is a mistake.
+  // a non-leaf never gets a .grad, so optimising it is a mistake; one given twice would be
+  // updated twice per step.
+  std::unordered_map<const TensorImpl*, size_t> seen;
   for (size_t i = 0; i < params_.size(); ++i) {
+    if (params_[i].defined()) {
+      auto [it, fresh] = seen.emplace(params_[i].impl(), i);
+      KILN_CHECK(fresh, "Optimizer", loc, "parameter {} is parameter {} again ({} {})", i,
+                 it->second, kiln::name(params_[i].dtype()), to_string(params_[i].shape()));
+    }
     const Tensor& p = params_[i];
     KILN_CHECK(p.defined(), "Optimizer", loc, "parameter {} is undefined", i);
     KILN_CHECK(p.is_leaf(), "Optimizer", loc,
@@ -72,21 +83,34 @@ double value_of(const std::vector<std::pair<std::string, double>>& values, std::
   return 0;
 }
 
-void check_options(const SGDOptions& o, Loc loc) {
-  KILN_CHECK(o.lr >= 0 && o.momentum >= 0 && o.weight_decay >= 0, "SGD", loc,
-             "invalid options: lr {}, momentum {}, weight_decay {}", o.lr, o.momentum,
-             o.weight_decay);
-  KILN_CHECK(!o.nesterov || (o.momentum > 0 && o.dampening == 0), "SGD", loc,
-             "nesterov needs momentum > 0 and dampening = 0");
+// Why options are invalid (PyTorch's checks, and finite values), or "" when they are valid.
+std::string invalid(const SGDOptions& o) {
+  if (!(o.lr >= 0 && o.momentum >= 0 && o.weight_decay >= 0 && std::isfinite(o.lr) &&
+        std::isfinite(o.momentum) && std::isfinite(o.weight_decay) && std::isfinite(o.dampening)))
+    return fmt::format("invalid options: lr {}, momentum {}, dampening {}, weight_decay {}", o.lr,
+                       o.momentum, o.dampening, o.weight_decay);
+  if (o.nesterov && !(o.momentum > 0 && o.dampening == 0))
+    return "nesterov needs momentum > 0 and dampening = 0";
+  return "";
 }
 
-void check_options(const AdamWOptions& o, Loc loc) {
-  KILN_CHECK(o.lr >= 0 && o.eps >= 0 && o.beta1 >= 0 && o.beta1 < 1 && o.beta2 >= 0 &&
-                 o.beta2 < 1 && o.weight_decay >= 0,
-             "AdamW", loc, "invalid options: lr {}, betas ({}, {}), eps {}, wd {}", o.lr,
-             o.beta1, o.beta2, o.eps, o.weight_decay);
+std::string invalid(const AdamWOptions& o) {
+  if (!(o.lr >= 0 && o.eps >= 0 && o.beta1 >= 0 && o.beta1 < 1 && o.beta2 >= 0 && o.beta2 < 1 &&
+        o.weight_decay >= 0 && std::isfinite(o.lr) && std::isfinite(o.eps) &&
+        std::isfinite(o.weight_decay)))
+    return fmt::format("invalid options: lr {}, betas ({}, {}), eps {}, wd {}", o.lr, o.beta1,
+                       o.beta2, o.eps, o.weight_decay);
+  return "";
+}
+
+template <class Options> void check_options(const Options& o, const char* op, Loc loc) {
+  std::string why = invalid(o);
+  KILN_CHECK(why.empty(), op, loc, "{}", why);
 }
 }  // namespace
+
+std::string SGD::invalid_options() const { return invalid(options); }
+std::string AdamW::invalid_options() const { return invalid(options); }
 
 namespace {
 // Reads *value while `alive` (its optimizer) is.
@@ -100,8 +124,11 @@ template <class T> HostReader read_nonzero(const std::shared_ptr<const int>& ali
 
 Tensor Optimizer::option(std::function<double()> read) const {
   return dispatch::host_input(read(), [&] {
-    return HostReader([alive = std::weak_ptr<const int>(alive_), read]() -> std::optional<Scalar> {
-      if (alive.expired()) return std::nullopt;
+    return HostReader([alive = std::weak_ptr<const int>(alive_), read,
+                       this]() -> std::optional<Scalar> {
+      // Gone, or options made invalid since the trace: the call traces again, and step()
+      // raises the error as eagerly.
+      if (alive.expired() || !invalid_options().empty()) return std::nullopt;
       return Scalar(read());
     });
   }, Loc::current());
@@ -121,7 +148,7 @@ bool Optimizer::option_set(const bool& value, std::string_view what) const {
 
 SGD::SGD(std::vector<Tensor> params, SGDOptions o, Loc loc)
     : Optimizer(std::move(params), loc), options(o) {
-  check_options(o, loc);
+  check_options(o, "SGD", loc);
   momentum_.resize(params_.size());
   started_.resize(params_.size());
   // State exists before the first step (compiled replay cannot create it later).
@@ -136,6 +163,7 @@ SGD::SGD(std::vector<Tensor> params, SGDOptions o, Loc loc)
 
 void SGD::step(Loc loc) {
   at_user_line(loc, [&] {
+  check_options(options, "SGD.step", loc);  // public fields: changed since construction
   NoGradGuard ng;
   bool any = false;
   for (const Tensor& p : params_) any |= p.grad().defined();
@@ -193,7 +221,7 @@ void SGD::set_option_values(const std::vector<std::pair<std::string, double>>& v
                .dampening = value_of(values, "dampening"),
                .weight_decay = value_of(values, "weight_decay"),
                .nesterov = value_of(values, "nesterov") != 0};
-  check_options(o, loc);
+  check_options(o, "Optimizer.load_state_dict", loc);
   KILN_CHECK(o.momentum == 0 || params_.empty() || momentum_[0].defined(),
              "Optimizer.load_state_dict", loc,
              "the state dict has momentum {}, but this SGD was made without momentum (no "
@@ -204,7 +232,7 @@ void SGD::set_option_values(const std::vector<std::pair<std::string, double>>& v
 
 AdamW::AdamW(std::vector<Tensor> params, AdamWOptions o, Loc loc)
     : Optimizer(std::move(params), loc), options(o) {
-  check_options(o, loc);
+  check_options(o, "AdamW", loc);
   // State exists before the first step (compiled replay cannot create it later).
   NoGradGuard ng;
   for (const Tensor& p : params_) {
@@ -238,7 +266,7 @@ void AdamW::set_option_values(const std::vector<std::pair<std::string, double>>&
                  .beta2 = value_of(values, "beta2"),
                  .eps = value_of(values, "eps"),
                  .weight_decay = value_of(values, "weight_decay")};
-  check_options(o, loc);
+  check_options(o, "Optimizer.load_state_dict", loc);
   options = o;
 }
 
@@ -251,6 +279,7 @@ int64_t AdamW::step_count(size_t i) const {
 
 void AdamW::step(Loc loc) {
   at_user_line(loc, [&] {
+  check_options(options, "AdamW.step", loc);  // public fields: changed since construction
   NoGradGuard ng;
   std::vector<double> has_grad(params_.size());
   bool any = false, all = true;
@@ -298,7 +327,11 @@ void AdamW::step(Loc loc) {
   });
 }
 
-Tensor clip_grad_norm_(const std::vector<Tensor>& params, double max_norm) {
+Tensor clip_grad_norm_(const std::vector<Tensor>& params, double max_norm, Loc loc) {
+  KILN_CHECK(max_norm >= 0, "clip_grad_norm_", loc, "max_norm must be >= 0, got {}", max_norm);
+  for (size_t i = 0; i < params.size(); ++i)
+    KILN_CHECK(params[i].defined(), "clip_grad_norm_", loc, "tensor {} is undefined", i);
+  return at_user_line(loc, [&] {
   NoGradGuard ng;
   Tensor total = zeros({}, {DType::Float64});
   for (const Tensor& p : params)
@@ -311,6 +344,7 @@ Tensor clip_grad_norm_(const std::vector<Tensor>& params, double max_norm) {
   for (const Tensor& p : params)
     if (Tensor g = p.grad(); g.defined()) g *= scale;
   return norm.to(default_dtype());
+  });
 }
 
 }  // namespace kiln::nn

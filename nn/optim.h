@@ -45,8 +45,9 @@ namespace kiln::nn {
 class Optimizer {
  public:
   /// Takes leaf tensors; ones that do not require grad (frozen) are accepted, as in PyTorch, and
-  /// skipped while they have no gradient. Throws kiln::Error naming the index and shape of an
-  /// undefined or non-leaf tensor (one computed from others: optimise the leaf it came from).
+  /// skipped while they have no gradient. Throws kiln::Error for an empty list and naming the
+  /// index and shape of an undefined or non-leaf tensor (one computed from others: optimise the
+  /// leaf it came from) or of one given twice.
   explicit Optimizer(std::vector<Tensor> params, Loc loc = Loc::current());
   virtual ~Optimizer() = default;
   /// A copy shares the parameters (and, in the subclasses, the state tensors) and has its own
@@ -77,6 +78,9 @@ class Optimizer {
   void load_state_dict(const StateDict& dict, Loc loc = Loc::current());
 
  protected:
+  /// Why the current options are invalid, or "" (step() raises it; a compiled step whose
+  /// options became invalid traces again, so that step() raises it).
+  virtual std::string invalid_options() const = 0;
   /// The state tensors of state_dict() (without the options).
   virtual StateDict state() const = 0;
   /// The host options by name, as doubles (a bool is 0 or 1).
@@ -128,6 +132,7 @@ class SGD : public Optimizer {
   const Tensor& momentum_buffer(size_t i) const { return momentum_[i]; }
 
  protected:
+  std::string invalid_options() const override;
   StateDict state() const override;
   std::vector<std::pair<std::string, double>> option_values() const override;
   void set_option_values(const std::vector<std::pair<std::string, double>>& values,
@@ -174,6 +179,7 @@ class AdamW : public Optimizer {
   const Tensor& exp_avg_sq(size_t i) const { return v_[i]; }
 
  protected:
+  std::string invalid_options() const override;
   StateDict state() const override;
   std::vector<std::pair<std::string, double>> option_values() const override;
   void set_option_values(const std::vector<std::pair<std::string, double>>& values,
@@ -191,6 +197,8 @@ class AdamW : public Optimizer {
 /// norm propagates into the gradients, as in PyTorch). The norm is accumulated in float64.
 /// Returns the norm before clipping as a 0-d tensor of the default float dtype, without
 /// reading anything back to the host.
-Tensor clip_grad_norm_(const std::vector<Tensor>& params, double max_norm);
+/// Throws kiln::Error for a negative or NaN max_norm (inf: no clipping) or an undefined tensor.
+Tensor clip_grad_norm_(const std::vector<Tensor>& params, double max_norm,
+                       Loc loc = Loc::current());
 
 }  // namespace kiln::nn

@@ -6,12 +6,21 @@
 #include "nn/init.h"
 
 namespace kiln::nn {
+namespace {
+void check_heads(int64_t embed_dim, int64_t num_heads, Loc loc) {
+  KILN_CHECK(embed_dim > 0 && num_heads > 0, "MultiheadAttention", loc,
+             "embed_dim ({}) and num_heads ({}) must be positive", embed_dim, num_heads);
+  KILN_CHECK(embed_dim % num_heads == 0, "MultiheadAttention", loc,
+             "embed_dim ({}) must be divisible by num_heads ({})", embed_dim, num_heads);
+}
+}  // namespace
 
 MultiheadAttention::MultiheadAttention(int64_t e, int64_t h, double dropout, bool bias, bool bf,
                                        Loc loc)
     : embed_dim(e), num_heads(h), dropout_p(dropout), batch_first(bf) {
-  KILN_CHECK(e > 0 && h > 0 && e % h == 0, "MultiheadAttention", loc,
-             "embed_dim ({}) must be divisible by num_heads ({})", e, h);
+  check_heads(e, h, loc);
+  KILN_CHECK(dropout >= 0 && dropout <= 1, "MultiheadAttention", loc,
+             "dropout must be in [0, 1], got {}", dropout);
   in_proj_weight = register_parameter("in_proj_weight", empty({3 * e, e}));
   init::xavier_uniform_(in_proj_weight);
   if (bias) in_proj_bias = register_parameter("in_proj_bias", zeros({3 * e}));
@@ -45,7 +54,10 @@ AttentionOutput MultiheadAttention::forward(const Tensor& query, const Tensor& k
   Tensor q = bf ? query : query.transpose(0, 1);
   Tensor k = bf ? key : key.transpose(0, 1);
   Tensor v = bf ? value : value.transpose(0, 1);
-  int64_t B = q.size(0), L = q.size(1), S = k.size(1), E = embed_dim, H = num_heads, D = E / H;
+  // Settings read by forward: guarded in compiled functions, checked again (public fields).
+  const int64_t E = setting(embed_dim, "embed_dim"), H = setting(num_heads, "num_heads");
+  check_heads(E, H, Loc::current());
+  const int64_t B = q.size(0), L = q.size(1), S = k.size(1), D = E / H;
   KILN_CHECK(q.size(2) == E && k.size(2) == E && v.size(2) == E && k.size(0) == B &&
                  v.size(0) == B && v.size(1) == S,
              "MultiheadAttention", Loc::current(),
@@ -123,14 +135,19 @@ TransformerEncoderLayer::TransformerEncoderLayer(const TransformerEncoderLayerOp
   dropout = register_module("dropout", std::make_shared<Dropout>(o.dropout, loc));
   linear2 = register_module("linear2",
                             std::make_shared<Linear>(o.dim_feedforward, o.d_model, true, loc));
-  norm1 = register_module("norm1", std::make_shared<LayerNorm>(Shape{o.d_model}, o.layer_norm_eps));
-  norm2 = register_module("norm2", std::make_shared<LayerNorm>(Shape{o.d_model}, o.layer_norm_eps));
+  norm1 = register_module("norm1",
+                          std::make_shared<LayerNorm>(Shape{o.d_model}, o.layer_norm_eps, true, loc));
+  norm2 = register_module("norm2",
+                          std::make_shared<LayerNorm>(Shape{o.d_model}, o.layer_norm_eps, true, loc));
   dropout1 = register_module("dropout1", std::make_shared<Dropout>(o.dropout, loc));
   dropout2 = register_module("dropout2", std::make_shared<Dropout>(o.dropout, loc));
 }
 
 Tensor TransformerEncoderLayer::activation(const Tensor& x) const {
-  return setting(options.activation, "activation") == "gelu" ? gelu(x) : relu(x);
+  const std::string& act = setting(options.activation, "activation");
+  KILN_CHECK(act == "relu" || act == "gelu", "TransformerEncoderLayer", Loc::current(),
+             "activation must be \"relu\" or \"gelu\", got \"{}\"", act);
+  return act == "gelu" ? gelu(x) : relu(x);
 }
 
 Tensor TransformerEncoderLayer::forward(const Tensor& src, const Tensor& src_mask,

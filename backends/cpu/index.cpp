@@ -171,8 +171,10 @@ void masked_fill(const OpCall& call, const Tensor& out) {
 void triangle(const OpCall& call, const Tensor& out) {
   copy_cast(out, call.inputs[0]);
   const bool lower = call.op == OpKind::Tril;
-  const int64_t diag = call.attrs.mode;
   const int64_t rows = out.size(-2), cols = out.size(-1);
+  // Beyond ±(rows + cols) every diagonal gives the same matrix; clamped, i + diag cannot
+  // overflow (tril(x, INT64_MAX) kept nothing).
+  const int64_t diag = std::clamp<int64_t>(call.attrs.mode, -(rows + cols), rows + cols);
   if (rows == 0 || cols == 0) return;
   const int64_t nrows = out.numel() / cols;  // rows of every matrix together
   const size_t isz = out.itemsize();

@@ -264,3 +264,24 @@ TEST_CASE("tril / triu of matrices with no columns are empty, not a division by 
     CHECK(triu(zeros(s), 1).shape() == s);
   }
 }
+
+TEST_CASE("tril, triu, arange and slice with extreme integers (no overflow)") {
+  Tensor x = ones({3, 3});
+  CHECK(tril(x, INT64_MAX).sum().item<double>() == 9);  // was 0: i + diag + 1 wrapped
+  CHECK(tril(x, INT64_MAX - 1).sum().item<double>() == 9);
+  CHECK(tril(x, INT64_MIN).sum().item<double>() == 0);
+  CHECK(triu(x, INT64_MAX).sum().item<double>() == 0);
+  CHECK(triu(x, INT64_MIN).sum().item<double>() == 9);
+  CHECK(triu(x, -1).sum().item<double>() == 8);  // an ordinary diagonal still counts
+  CHECK(arange(0, 10, INT64_MAX).to_vector<int64_t>() == std::vector<int64_t>{0});
+  CHECK(arange(10, 0, INT64_MIN).to_vector<int64_t>() == std::vector<int64_t>{10});
+  CHECK(arange(INT64_MAX - 2, INT64_MAX, 1).to_vector<int64_t>() ==
+        std::vector<int64_t>{INT64_MAX - 2, INT64_MAX - 1});
+  CHECK(arange(7, 0, -3).to_vector<int64_t>() == std::vector<int64_t>{7, 4, 1});
+  CHECK_THROWS_WITH(arange(INT64_MIN, INT64_MAX, 1), Catch::Contains("too many elements"));
+  CHECK_THROWS_WITH(arange(0.0, 1e300, 1.0), Catch::Contains("too many elements"));
+  Tensor s = x.slice(1, 0, 3, INT64_MAX);  // was "negative size -1"
+  CHECK(s.shape() == Shape{3, 1});
+  CHECK(x.slice(1, 1, INT64_MAX, INT64_MAX).shape() == Shape{3, 1});
+  CHECK(arange(10).slice(0, 2, 9, 3).to_vector<int64_t>() == std::vector<int64_t>{2, 5, 8});
+}

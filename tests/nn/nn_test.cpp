@@ -756,10 +756,10 @@ TEST_CASE("nn errors name the op, the values and the caller's line: Embedding si
   CHECK_THAT(e.what(), Catch::Contains("kiln::init.kaiming_uniform_"));
   CHECK(std::string(e.where().file_name()) == __FILE__);
   e = error_of([&] { init::uniform_(v, 1, 0); });
-  CHECK_THAT(e.what(), Catch::Contains("needs low <= high, got low 1 and high 0"));
+  CHECK_THAT(e.what(), Catch::Contains("needs finite low <= high, got low 1 and high 0"));
   CHECK(std::string(e.where().file_name()) == __FILE__);
   e = error_of([&] { init::normal_(v, 0, -1); });
-  CHECK_THAT(e.what(), Catch::Contains("needs std >= 0, got -1"));
+  CHECK_THAT(e.what(), Catch::Contains("a finite std >= 0, got mean 0 and std -1"));
   Tensor undefined;
   e = error_of([&] { init::zeros_(undefined); });
   CHECK_THAT(e.what(), Catch::Contains("kiln::init.zeros_: the tensor to initialise is undefined"));

@@ -1,0 +1,117 @@
+// Bad settings and options of nn modules and optimizers are kiln::Errors naming the class and
+// the user's line, also when a public field is changed after construction (each case from a
+// fresh-user review: a crash, a silent fallback or parameters turned to inf / NaN).
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <functional>
+#include <string>
+
+#include "kiln/nn.h"
+
+using namespace kiln;
+using namespace kiln::nn;
+
+namespace {
+// The message of the kiln::Error `f` throws; it must name this file.
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    CHECK(std::string(e.where().file_name()) == __FILE__);
+    return e.what();
+  }
+  FAIL("no kiln::Error");
+  return "";
+}
+}  // namespace
+
+TEST_CASE("MultiheadAttention: heads checked at construction and in forward") {
+  CHECK_THAT(error_of([] { MultiheadAttention(-4, 2); }),
+             Catch::Contains("embed_dim (-4) and num_heads (2) must be positive"));
+  CHECK_THAT(error_of([] { MultiheadAttention(8, 3); }),
+             Catch::Contains("embed_dim (8) must be divisible by num_heads (3)"));
+  CHECK_THAT(error_of([] { MultiheadAttention(8, 2, 1.5); }),
+             Catch::Contains("dropout must be in [0, 1], got 1.5"));
+  MultiheadAttention mha(8, 2);
+  Tensor x = randn({5, 1, 8});
+  mha.num_heads = 0;  // was a division by zero (SIGFPE)
+  CHECK_THAT(error_of([&] { mha.forward(x, x, x); }),
+             Catch::Contains("kiln::MultiheadAttention: embed_dim (8) and num_heads (0)"));
+  mha.num_heads = 3;
+  CHECK_THAT(error_of([&] { mha.forward(x, x, x); }),
+             Catch::Contains("kiln::MultiheadAttention: embed_dim (8) must be divisible by "
+                             "num_heads (3)"));
+  mha.num_heads = 4;  // valid: 4 heads of 2
+  CHECK(mha.forward(x, x, x).output.shape() == Shape{5, 1, 8});
+}
+
+TEST_CASE("TransformerEncoderLayer: an unknown activation set later is an error, not relu") {
+  TransformerEncoderLayer layer({.d_model = 8, .nhead = 2, .dim_feedforward = 16});
+  layer.options.activation = "tanh";
+  CHECK_THAT(error_of([&] { layer(randn({2, 3, 8})); }),
+             Catch::Contains("activation must be \"relu\" or \"gelu\", got \"tanh\""));
+}
+
+TEST_CASE("LayerNorm: bad sizes and eps at construction") {
+  CHECK_THAT(error_of([] { LayerNorm(Shape{-2}); }),
+             Catch::Contains("kiln::LayerNorm: normalized_shape [-2] has a size below 1"));
+  CHECK_THAT(error_of([] { LayerNorm(Shape{4}, -1.0); }),
+             Catch::Contains("kiln::LayerNorm: eps must be >= 0, got -1"));
+}
+
+TEST_CASE("optimizers: options are checked at every step, parameters once each") {
+  Tensor p = tensor({1.f, -2.f}).requires_grad_();
+  AdamW adamw({p}, {.lr = 0.1});
+  const std::vector<float> before = p.to_vector<float>();
+  auto step = [&] {
+    adamw.zero_grad();
+    (p * p).sum().backward();
+    adamw.step();
+  };
+  for (auto set : std::vector<std::function<void()>>{
+           [&] { adamw.options.beta1 = 1.0; }, [&] { adamw.options.beta2 = 1.5; },
+           [&] { adamw.options.eps = NAN; }, [&] { adamw.options.lr = -5; },
+           [&] { adamw.options.lr = INFINITY; }}) {
+    AdamWOptions good = adamw.options;
+    set();
+    CHECK_THAT(error_of(step), Catch::Contains("kiln::AdamW.step: invalid options"));
+    CHECK(p.to_vector<float>() == before);  // nothing was updated
+    adamw.options = good;
+  }
+  step();
+  CHECK(p.to_vector<float>() != before);
+  CHECK_THAT(error_of([] { AdamW({ones({1}).requires_grad_()}, {.lr = INFINITY}); }),
+             Catch::Contains("kiln::AdamW: invalid options: lr inf"));
+
+  Tensor q = ones({2}).requires_grad_();
+  SGD sgd({q}, {.lr = 0.1});
+  sgd.options.weight_decay = -1;
+  q.sum().backward();
+  CHECK_THAT(error_of([&] { sgd.step(); }), Catch::Contains("kiln::SGD.step: invalid options"));
+  CHECK_THAT(error_of([&] { SGD({q, q}, {.lr = 0.1}); }),
+             Catch::Contains("kiln::Optimizer: parameter 1 is parameter 0 again (float32 [2])"));
+  CHECK_THAT(error_of([] { SGD({}, {.lr = 0.1}); }),
+             Catch::Contains("kiln::Optimizer: got an empty parameter list"));
+}
+
+TEST_CASE("clip_grad_norm_ and init: bad bounds and tensors") {
+  Tensor w = ones({3}).requires_grad_();
+  w.sum().backward();
+  CHECK_THAT(error_of([&] { clip_grad_norm_({w}, -1.0); }),
+             Catch::Contains("kiln::clip_grad_norm_: max_norm must be >= 0, got -1"));
+  CHECK_THAT(error_of([&] { clip_grad_norm_({w}, NAN); }),
+             Catch::Contains("max_norm must be >= 0, got nan"));
+  CHECK_THAT(error_of([&] { clip_grad_norm_({w, Tensor()}, 1.0); }),
+             Catch::Contains("tensor 1 is undefined"));
+  CHECK(w.grad().to_vector<float>() == std::vector<float>{1, 1, 1});  // untouched by the errors
+  CHECK(clip_grad_norm_({w}, INFINITY).item<float>() == Approx(std::sqrt(3.0)));
+  Tensor t = zeros({4});
+  CHECK_THAT(error_of([&] { init::uniform_(t, -INFINITY, INFINITY); }),
+             Catch::Contains("needs finite low <= high, got low -inf and high inf"));
+  Tensor ids = zeros({4}, {DType::Int64});
+  CHECK_THAT(error_of([&] { init::uniform_(ids, 0, 10); }),
+             Catch::Contains("kiln::init.uniform_: needs a floating-point tensor, got int64 [4]"));
+  CHECK_THAT(error_of([&] { init::normal_(t, NAN, 1); }),
+             Catch::Contains("finite mean and a finite std"));
+}
