@@ -25,6 +25,12 @@ namespace {
 /// DAG such as (a + b, a - b) repeated n times would become a tree of 2^n ops (fault case FC-34).
 constexpr int kMaxRecomputedOps = 24;
 
+/// Nor does any fusion make a body larger than this: fusing a chain of n elementwise ops one
+/// producer at a time clones the growing body each time, and LLVM's vectoriser is quadratic in
+/// a loop body's size too, so a 1,000-op chain took 6 s to compile (5,000 ops: 123 s). A chain
+/// becomes loops of at most this many body ops, each still one pass over memory.
+constexpr int kMaxFusedOps = 128;
+
 int body_size(mlir::Operation* op) {
   int ops = 0;
   if (auto generic = llvm::dyn_cast<mlir::linalg::GenericOp>(op))
@@ -82,6 +88,7 @@ bool should_fuse(mlir::OpOperand* operand) {
   // for every element of the consumer: it stays a (small) loop nest of its own.
   if (auto consumer = llvm::dyn_cast<mlir::linalg::LinalgOp>(operand->getOwner()))
     if (!consumer.getMatchingIndexingMap(operand).isPermutation()) return false;
+  if (body_size(producer) + body_size(operand->getOwner()) > kMaxFusedOps) return false;
   if (producer->hasOneUse()) return true;
   if (!llvm::isa<mlir::linalg::GenericOp>(producer)) return false;
   // Recompute only for a reduction among the users (softmax's exp feeds a sum and a divide):

