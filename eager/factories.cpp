@@ -112,7 +112,7 @@ Tensor arange(Scalar start, Scalar end, Scalar step, TensorOptions opts, Loc loc
 
 Tensor linspace(double start, double end, int64_t steps, TensorOptions opts, Loc loc) {
   KILN_CHECK(steps >= 0, "linspace", loc, "number of steps must be non-negative, got {}", steps);
-  Tensor out = empty({steps}, {float_or(opts)}, loc);
+  Tensor out = as_op("linspace", [&] { return empty({steps}, {float_or(opts)}, loc); });
   double step = steps > 1 ? (end - start) / static_cast<double>(steps - 1) : 0;
   KILN_DISPATCH_ALL(out.dtype(), T, {
     T* p = out.data<T>();
@@ -240,7 +240,7 @@ KILN_INSTANTIATE(double)
 }  // namespace detail
 
 Tensor scalar_tensor(Scalar value, TensorOptions opts, Loc loc) {
-  return full({}, value, opts, loc);
+  return as_op("scalar_tensor", [&] { return full({}, value, opts, loc); });
 }
 
 void manual_seed(uint64_t seed, Loc loc) { set_generator_state({seed, 0}, loc); }

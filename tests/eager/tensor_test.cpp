@@ -119,6 +119,9 @@ TEST_CASE("factories") {
   CHECK(scalar_tensor(3.5).item<double>() == 3.5);
   CHECK_THROWS_AS(zeros({2, -1}), Error);
   CHECK_THROWS_AS(from_vector(std::vector<float>{1, 2, 3}, {2, 2}), Error);
+  // Errors name the factory the user called, not the one it is built on.
+  CHECK_THROWS_WITH(linspace(0, 1, INT64_MAX), Catch::StartsWith("kiln::linspace:"));
+  CHECK_THROWS_WITH(scalar_tensor(1e19, {DType::Int64}), Catch::StartsWith("kiln::scalar_tensor:"));
 }
 
 TEST_CASE("0-d and empty tensors: views and metadata") {
