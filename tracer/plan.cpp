@@ -362,17 +362,19 @@ ir::Graph region_graph(const Program& p, const std::vector<size_t>& nodes,
     }
     return !view_nodes.empty();
   };
-  // A function result that is a transpose / permute of a value computed here: eager returns
-  // that view (strided), so the region outputs the value and the view runs after it (a
-  // contiguous copy made `out.view(...)` pass compiled where eager raises). The value it views,
-  // or -1.
+  // A function result that is a view (transpose, slice, expand, ...) of a value computed here:
+  // eager returns that view, sharing the value's memory (with other results, strides and all),
+  // so the region outputs the value and the view runs after it (a contiguous copy made
+  // `out.view(...)` pass compiled where eager raises, and results that are views of one
+  // another stopped sharing memory: an in-place write to one missed the other). The value it
+  // views, or -1.
   auto layout_view_of = [&](int v) {
     view_nodes.clear();
     if (std::find(p.outputs.begin(), p.outputs.end(), v) == p.outputs.end()) return -1;
     int cur = v;
     for (auto it = producer.find(cur); it != producer.end(); it = producer.find(cur)) {
       const Node& n = p.nodes[it->second];
-      if (n.op != OpKind::Transpose && n.op != OpKind::Permute) break;
+      if (op_info(n.op).category != OpCategory::View) break;
       if (n.in_place || n.in.empty() || n.in[0] < 0) return -1;
       view_nodes.push_back(it->second);
       cur = n.in[0];

@@ -526,6 +526,30 @@ TEST_CASE("compile: a result that is a transpose of a computed value has eager's
   }
 }
 
+TEST_CASE("compile: results that are views of one computed value share its memory, as eager's",
+          "[compile][args]") {
+  // Found by a review: a slice / expand / view result was a copy of its own on compiled calls,
+  // so an in-place write to one result missed the others (eager: they share memory).
+  auto f = [](const Tensor& x) {
+    Tensor y = x * 2.0 + 1.0;
+    return std::make_tuple(y, y.slice(0, 1, 3), y.expand({2, 4}), y.view({2, 2}), y.unsqueeze(0));
+  };
+  auto cf = compile(f);
+  for (int call = 0; call < 12; ++call) {
+    INFO("call " << call);
+    auto [y, part, wide, square, row] = cf(arange(4, Float32));
+    auto [ey, epart, ewide, esquare, erow] = f(arange(4, Float32));
+    CHECK(wide.strides() == ewide.strides());  // [0, 1]: expand does not copy
+    CHECK(part.strides() == epart.strides());
+    part.add_(100.0);
+    CHECK(vec(y) == std::vector<float>{1, 103, 105, 7});
+    CHECK(vec(wide) == std::vector<float>{1, 103, 105, 7, 1, 103, 105, 7});
+    square.fill_(0.0);
+    CHECK(vec(row) == std::vector<float>{0, 0, 0, 0});
+  }
+  CHECK(cf.compile_count() == 1);
+}
+
 TEST_CASE("compile: a function that takes a pointer to tensor memory runs eagerly",
           "[compile]") {
   // A replay runs the recorded ops only: a write or read through data<T>() would be skipped
