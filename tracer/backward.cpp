@@ -40,13 +40,17 @@ std::vector<bool> reachable(const autograd::Edge& root, const std::vector<autogr
 void record_backward(Recorder& rec, Program& p, const std::vector<OutValue>& outs) {
   // Outputs require grad where grad mode was on (under no_grad too, with enable_grad inside).
   std::vector<Tensor> req_outs;
-  std::vector<size_t> req_pos;
+  std::vector<size_t> req_pos, req_tensor_pos;  // in `outs`; among the tensor results
+  size_t tensors = 0;
   for (size_t k = 0; k < outs.size(); ++k) {
     const Tensor& t = outs[k].tensor;
-    if (outs[k].is_tensor && t.defined() && t.requires_grad() && !t.is_leaf()) {
+    if (!outs[k].is_tensor) continue;  // a vector's length or a number: not the user's count
+    if (t.defined() && t.requires_grad() && !t.is_leaf()) {
       req_outs.push_back(t);
       req_pos.push_back(k);
+      req_tensor_pos.push_back(tensors);
     }
+    ++tensors;
   }
   if (req_outs.empty()) return;
   // Replayed outputs are siblings in the autograd graph (one node computes them all from the
@@ -62,7 +66,7 @@ void record_backward(Recorder& rec, Program& p, const std::vector<OutValue>& out
             "output {} is computed from output {}, which requires grad; a replay's outputs are "
             "siblings in the autograd graph, so gradients with respect to output {} (grad(), "
             "retain_grad) would differ from eager's",
-            req_pos[k], req_pos[j], req_pos[j]);
+            req_tensor_pos[k], req_tensor_pos[j], req_tensor_pos[j]);
         break;
       }
     }

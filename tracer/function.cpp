@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <bit>
 #include <atomic>
+#include <cctype>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -25,11 +26,12 @@ namespace kiln::tracer {
 bool compile_disabled() {
   static const bool off = [] {
     const char* env = std::getenv("KILN_COMPILE");
-    std::string_view v = env ? env : "";
+    std::string v = env ? env : "";  // any case: OFF, False
+    for (char& c : v) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
     if (v == "0" || v == "false" || v == "off" || v == "no") return true;
     if (!v.empty() && v != "1" && v != "true" && v != "on" && v != "yes")
       fmt::print(stderr, "kiln: ignoring KILN_COMPILE={} (expected 0/false/off/no or "
-                 "1/true/on/yes); compilation stays on\n", v);
+                 "1/true/on/yes); compilation stays on\n", env);
     return false;
   }();
   return off;
@@ -1505,6 +1507,8 @@ std::string CompiledFunction::explain() const {
       name_, im.traces.load(), leaves, leaves == 1 ? "y" : "ies", options_.cache_size_limit,
       options_.backend == Backend::Cpu ? "codegen (cpu / cuda per region)" : "eager",
       options_.dynamic == Dynamic::Auto ? "auto" : options_.dynamic == Dynamic::Always ? "always" : "never");
+  if (compile_disabled())
+    out += "  compilation is disabled (KILN_COMPILE=0): every call runs eagerly\n";
   if (im.eager_only)
     out += fmt::format("  runs eagerly from now on ({} eager call(s)): {}\n", im.eager_calls.load(),
                        im.eager_reason);

@@ -740,6 +740,13 @@ TEST_CASE("compile: an output computed from another output that requires grad ru
     CHECK(vec(g[1]) == std::vector<float>(3, 7.f));
   }
   CHECK(contains(cf.explain(), "output 1 is computed from output 0"));
+  // Counted among the tensors returned (a vector's length is not one of them).
+  auto cv = compile([](const Tensor& x) {
+    Tensor h = x * 3.0;
+    return std::vector<Tensor>{h, (h * h).sum()};
+  });
+  cv(ones({3}).requires_grad_());
+  CHECK(contains(cv.explain(), "output 1 is computed from output 0"));
 
   // retain_grad inside, backward outside: h.grad is eager's, on the trace and on replays.
   auto cr = compile([](const Tensor& x) {

@@ -687,7 +687,7 @@ TEST_CASE("FC-32 (compile): dropping a compiled function frees what its traces h
   CHECK(held.expired());
 }
 
-// Run by ctest a second time with KILN_COMPILE=0 (test "tracer_kiln_compile_0").
+// Run by ctest a second time with KILN_COMPILE=Off (test "tracer_kiln_compile_0"; any case).
 TEST_CASE("KILN_COMPILE=0 turns compile() into plain eager calls", "[.kiln_compile_0]") {
   REQUIRE(tracer::compile_disabled());
   int host_calls = 0;
@@ -698,6 +698,7 @@ TEST_CASE("KILN_COMPILE=0 turns compile() into plain eager calls", "[.kiln_compi
   for (int i = 0; i < 3; ++i) CHECK(vec(cf(ones({2}))) == std::vector<float>{2, 2});
   CHECK(host_calls == 3);
   CHECK(cf.compile_count() == 0);
+  CHECK(contains(cf.explain(), "compilation is disabled (KILN_COMPILE=0)"));
 }
 
 TEST_CASE("repro: slice of rows then transpose then matmul", "[.repro]") {
