@@ -188,8 +188,12 @@ std::string describe_guard(const ArgGuard& g, size_t i) {
     case ArgValue::Kind::Undefined:
       return fmt::format("arg {}: undefined Tensor", i);
     default:
-      return g.other_equal ? fmt::format("arg {}: host value == the traced one (by operator==)", i)
-                           : fmt::format("arg {}: not guarded (not a tensor, number or comparable value)", i);
+      if (g.other_equal)
+        return fmt::format("arg {}: host value == the traced one (by operator==)", i);
+      if (!g.embedded.empty())
+        return fmt::format("arg {}: its {} Tensor member(s) the function read are the traced ones "
+                           "(by identity)", i, g.embedded.size());
+      return fmt::format("arg {}: not guarded (not a tensor, number or comparable value)", i);
   }
 }
 

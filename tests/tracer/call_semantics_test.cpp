@@ -478,6 +478,7 @@ TEST_CASE("compile: std::optional<Tensor> arguments are guarded as tensors, and 
   reused.y = full({2}, 5.0);  // a member assigned another tensor
   CHECK(vec(cg(reused)) == std::vector<float>{5, 5});
   CHECK(contains(cg.explain(), "holds another tensor"));
+  CHECK(contains(cg.explain(), "arg 0: its 2 Tensor member(s) the function read are the traced"));
 }
 
 TEST_CASE("compile: functions taking Tensor& or a module by non-const reference compile, also "
