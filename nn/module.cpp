@@ -1,5 +1,6 @@
 #include "nn/module.h"
 
+#include <algorithm>
 #include <unordered_map>
 
 #include "eager/autograd.h"
@@ -60,8 +61,10 @@ void Module::to(Device device, Loc loc) {
   });
 }
 
-Tensor Module::register_buffer(const std::string& n, Tensor t) {
+Tensor Module::register_buffer(const std::string& n, Tensor t, bool persistent) {
   put(buffers_, params_, "register_buffer", n, t);
+  std::erase(non_persistent_, n);
+  if (!persistent) non_persistent_.push_back(n);
   return t;
 }
 
@@ -168,7 +171,11 @@ StateDict Module::state_dict() const {
   // PyTorch's order: each module's parameters, then its buffers, then its children's entries.
   StateDict out;
   collect("", false, true, false, out);
-  collect("", false, false, false, out);
+  StateDict buffers;
+  collect("", false, false, false, buffers);
+  for (auto& entry : buffers)
+    if (std::ranges::find(non_persistent_, entry.first) == non_persistent_.end())
+      out.push_back(std::move(entry));
   for (const auto& [n, m] : children_)
     for (auto& [k, t] : m->state_dict()) out.emplace_back(n + "." + k, std::move(t));
   // Detached, as PyTorch's (keep_vars=False): the same memory, without requires_grad, so that

@@ -102,9 +102,10 @@ class Module {
   /// Throws kiln::Error when `name` is a buffer's (as PyTorch's KeyError).
   Tensor register_parameter(const std::string& name, Tensor t);
   /// Registers (or, for a name already registered, replaces) a buffer: state that is saved
-  /// and moved with the module but not trained. Throws kiln::Error when `name` is a
-  /// parameter's.
-  Tensor register_buffer(const std::string& name, Tensor t);
+  /// and moved with the module but not trained. A non-persistent buffer (PyTorch's
+  /// persistent=False: a cache such as a causal mask) is moved but left out of state_dict().
+  /// Throws kiln::Error when `name` is a parameter's.
+  Tensor register_buffer(const std::string& name, Tensor t, bool persistent = true);
 
  protected:
   /// Returns `field`, a setting of this module that its forward reads (Dropout's p, LayerNorm's
@@ -155,6 +156,7 @@ class Module {
   };
   Alive alive_;
   StateDict params_, buffers_;
+  std::vector<std::string> non_persistent_;  // names of buffers state_dict() leaves out
   std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
 };
 

@@ -253,3 +253,19 @@ TEST_CASE("save_safetensors: a write that fails throws and keeps the earlier fil
   CHECK(others == 0);
   std::remove(path.c_str());
 }
+
+TEST_CASE("register_buffer(persistent = false): moved with the module, not in state_dict") {
+  struct WithCache : Module {
+    WithCache() {
+      register_buffer("mean", zeros({2}));
+      register_buffer("mask", ones({3}), /*persistent=*/false);
+    }
+    std::string name() const override { return "WithCache"; }
+  };
+  Sequential s{std::make_shared<WithCache>()};
+  StateDict d = s.state_dict();
+  REQUIRE(d.size() == 1);
+  CHECK(d[0].first == "0.mean");
+  CHECK(s.named_buffers().size() == 2);  // still a buffer
+  s.load_state_dict(d);                  // strict: the mask is not expected
+}
