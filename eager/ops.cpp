@@ -137,6 +137,34 @@ Tensor where(const Tensor& cond, Scalar a, Scalar b, Loc loc) {
   return where(cond, wrap(a), wrap(b), loc);
 }
 
+Tensor max(const Tensor& x, Loc loc) {
+  return as_op("max", [&] { return amax(x, {}, false, loc); });
+}
+Tensor min(const Tensor& x, Loc loc) {
+  return as_op("min", [&] { return amin(x, {}, false, loc); });
+}
+namespace {
+// The element argmax / argmin picks, read with gather: its gradient goes to that element.
+ValuesIndices values_at(const char* op, const Tensor& x, int64_t dim, bool keepdim, Loc loc) {
+  return as_op(op, [&] {
+    const bool is_max = std::string_view(op) == "max";
+    Tensor idx = is_max ? argmax(x, dim, true, loc) : argmin(x, dim, true, loc);
+    Tensor values = gather(x, dim, idx, loc);
+    if (!keepdim) {
+      values = values.squeeze(dim);
+      idx = idx.squeeze(dim);
+    }
+    return ValuesIndices{values, idx};
+  });
+}
+}  // namespace
+ValuesIndices max(const Tensor& x, int64_t dim, bool keepdim, Loc loc) {
+  return values_at("max", x, dim, keepdim, loc);
+}
+ValuesIndices min(const Tensor& x, int64_t dim, bool keepdim, Loc loc) {
+  return values_at("min", x, dim, keepdim, loc);
+}
+
 Tensor isnan(const Tensor& x, Loc loc) { return ne(x, x, loc); }
 Tensor isinf(const Tensor& x, Loc loc) {
   if (!is_floating(x.dtype())) return zeros_like(x, {DType::Bool}, loc);

@@ -215,6 +215,19 @@ Tensor argmax(const Tensor& x, std::optional<int64_t> dim = std::nullopt, bool k
               Loc loc = Loc::current());
 Tensor argmin(const Tensor& x, std::optional<int64_t> dim = std::nullopt, bool keepdim = false,
               Loc loc = Loc::current());
+/// The largest / smallest element as a 0-d tensor, as torch.max(x) / torch.min(x): NaN if any
+/// element is NaN. Throws kiln::Error for an empty tensor.
+Tensor max(const Tensor& x, Loc loc = Loc::current());
+Tensor min(const Tensor& x, Loc loc = Loc::current());
+/// Values and their int64 indices along one dim: `auto [values, indices] = max(x, 1);`.
+struct ValuesIndices {
+  Tensor values, indices;
+};
+/// torch.max(x, dim) / torch.min(x, dim): the max (min) along `dim` and the index of its first
+/// occurrence (a NaN counts as the max and the min, as in argmax); the gradient flows to that
+/// element only, as PyTorch's. Throws kiln::Error for a bad dim or an empty dim.
+ValuesIndices max(const Tensor& x, int64_t dim, bool keepdim = false, Loc loc = Loc::current());
+ValuesIndices min(const Tensor& x, int64_t dim, bool keepdim = false, Loc loc = Loc::current());
 /// exp(x − max) / Σ exp(x − max) along dim (float).
 Tensor softmax(const Tensor& x, int64_t dim, Loc loc = Loc::current());
 /// x − max − log Σ exp(x − max) along dim (float).

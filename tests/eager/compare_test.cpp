@@ -72,3 +72,25 @@ TEST_CASE("equal: same shape and equal elements") {
   CHECK(equal(zeros({0}), zeros({0})));
   CHECK(equal(tensor({1, 2}), tensor({1.0, 2.0})));
 }
+
+TEST_CASE("max / min: of all elements, and values with indices along a dim") {
+  Tensor x = tensor({{3.f, 7.f, 7.f}, {-1.f, -5.f, 2.f}});
+  CHECK(kiln::max(x).item<float>() == 7.f);
+  CHECK(kiln::min(x).item<float>() == -5.f);
+  CHECK(kiln::max(x).dim() == 0);
+  CHECK(std::isnan(kiln::max(tensor({1.f, kNaN, 3.f})).item<float>()));
+  auto [values, indices] = kiln::max(x, 1);
+  CHECK(values.to_vector<float>() == std::vector<float>{7.f, 2.f});
+  CHECK(indices.to_vector<int64_t>() == std::vector<int64_t>{1, 2});  // the first of the tied 7s
+  CHECK(indices.dtype() == DType::Int64);
+  auto [mins, at] = kiln::min(x, 0, /*keepdim=*/true);
+  CHECK(mins.shape() == Shape{1, 3});
+  CHECK(mins.to_vector<float>() == std::vector<float>{-1.f, -5.f, 2.f});
+  CHECK(at.to_vector<int64_t>() == std::vector<int64_t>{1, 1, 1});
+  // The gradient goes to the chosen element only (amax would split it between the tied 7s).
+  Tensor w = x.detach().requires_grad_();
+  kiln::max(w, 1).values.sum().backward();
+  CHECK(w.grad().to_vector<float>() == std::vector<float>{0, 1, 0, 0, 0, 1});
+  CHECK_THROWS_WITH(kiln::max(zeros({0})), Catch::StartsWith("kiln::max:"));
+  CHECK_THROWS_WITH(kiln::max(x, 2), Catch::StartsWith("kiln::max:"));
+}
