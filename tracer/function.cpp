@@ -1238,19 +1238,19 @@ std::vector<OutValue> CompiledFunction::Impl::trace(const std::vector<ArgValue>&
                             "those gradients without their own gradient history");
     return outs;
   }
-  // The entry to compare with: one whose sizes differ from this call's in the most dims (dims
-  // that change one at a time then become symbolic together), the most recent first, and whose
-  // trace tree holds this trace's path (a tree is compared along it).
-  const Entry* base = nullptr;
-  std::vector<std::pair<int, int>> changed_dims;
-  std::vector<int> changed_scalars;
-  for (BaseCandidate& c : base_candidates)
-    if ((!base ||
-         c.dims.size() + c.scalars.size() > changed_dims.size() + changed_scalars.size()) &&
-        path_program(*c.entry->root, *prog)) {
-      base = c.entry;
-      changed_dims = c.dims, changed_scalars = c.scalars;
-    }
+  // The entries to compare with, best first: those whose trace tree holds this trace's path
+  // (a tree is compared along it), whose sizes differ from this call's in the most dims (dims
+  // that change one at a time then become symbolic together), the most recent first. Each is
+  // tried until one generalises: the best by sizes may differ in state the guards on sizes do
+  // not see (a .grad defined or not, a frozen layer, a size-1 trace), and comparing only with
+  // it made every new size of such a function an entry of its own, up to the cache limit.
+  std::vector<const BaseCandidate*> bases;
+  for (const BaseCandidate& c : base_candidates)
+    if (path_program(*c.entry->root, *prog)) bases.push_back(&c);
+  std::stable_sort(bases.begin(), bases.end(), [](const BaseCandidate* a, const BaseCandidate* b) {
+    return a->dims.size() + a->scalars.size() > b->dims.size() + b->scalars.size();
+  });
+  std::optional<BaseCandidate> refuted_base;  // the symbolic case below
   if (unchecked) {
     // The symbolic entry's formulas were inferred from two traces; this trace of new sizes
     // confirms them, or the call gets an entry of its own (the trace already gave its result).
@@ -1288,8 +1288,8 @@ std::vector<OutValue> CompiledFunction::Impl::trace(const std::vector<ArgValue>&
     // dropout offset are not marked), and a third trace can tell what two could not. The most
     // recent one traced at sizes >= 2 where this call's differ (generalize() cannot compare
     // with a size 0 or 1: a marked dim first traced at size 1 settled never).
-    if (!base && options.dynamic != Dynamic::Never) {
-      base = unchecked;
+    if (bases.empty() && options.dynamic != Dynamic::Never) {
+      refuted_base = BaseCandidate{unchecked, {}, {}};
       std::vector<Shape> now = arg_shapes(*prog, args.size());
       for (auto it = refuted.rbegin(); it != refuted.rend(); ++it) {
         std::vector<Shape> then = arg_shapes(*(*it)->root->program, args.size());
@@ -1298,10 +1298,11 @@ std::vector<OutValue> CompiledFunction::Impl::trace(const std::vector<ArgValue>&
           for (int d = 0; d < now[a].size() && d < then[a].size(); ++d)
             if (now[a][d] != then[a][d]) comparable &= now[a][d] >= 2 && then[a][d] >= 2;
         if (comparable) {
-          base = *it;
+          refuted_base->entry = *it;
           break;
         }
       }
+      bases.push_back(&*refuted_base);
     }
     reason = fmt::format("specialisation #{} (symbolic) does not hold for these sizes: {}",
                          unchecked->id, why);
@@ -1431,10 +1432,11 @@ std::vector<OutValue> CompiledFunction::Impl::trace(const std::vector<ArgValue>&
       return ad.second < t.dim() && t.size(ad.second) < 2;
     });
   std::string how;
-  if (base) {
-    for (auto d : changed_dims)
+  for (size_t try_index = 0; try_index < bases.size() && !e->dynamic; ++try_index) {
+    const Entry* base = bases[try_index]->entry;
+    for (auto d : bases[try_index]->dims)
       if (std::find(auto_dims.begin(), auto_dims.end(), d) == auto_dims.end()) auto_dims.push_back(d);
-    for (int s : changed_scalars)
+    for (int s : bases[try_index]->scalars)
       if (std::find(auto_scalars.begin(), auto_scalars.end(), s) == auto_scalars.end())
         auto_scalars.push_back(s);
     std::vector<std::pair<int, int>> dims = auto_dims;
@@ -1465,13 +1467,15 @@ std::vector<OutValue> CompiledFunction::Impl::trace(const std::vector<ArgValue>&
       for (int s : auto_scalars)
         if (e->guards[s].kind == ArgValue::Kind::Scalar) e->guards[s].dynamic_scalar = true;
       e->dynamic = true;
-      how = "; the changed sizes/scalars are symbolic from now on";
-    } else {
-      how = fmt::format("; not made symbolic: {}", why);
+      how = fmt::format("; the changed sizes/scalars are symbolic from now on (compared with "
+                        "specialisation #{})", base->id);
+    } else if (try_index == 0) {  // the best candidate's reason: the others are alternatives
+      how = fmt::format("; not made symbolic: {} (compared with specialisation #{}{})", why,
+                        base->id, bases.size() > 1 ? " and the other candidates" : "");
     }
   }
   if (!e->dynamic && !marked.empty()) {
-    if (base) how += "; the marked dims are symbolic";
+    if (!bases.empty()) how += "; the marked dims are symbolic";
     mark_symbolic(*prog, arg_shapes(*prog, args.size()), marked);
     duck_size(*e, marked, arg_shapes(*prog, args.size()), {});
     for (auto [a, d] : marked) {

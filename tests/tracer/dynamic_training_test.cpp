@@ -487,3 +487,44 @@ TEST_CASE("compile: a mark_dynamic dim first traced at size 1 settles (a host va
   CHECK(cf.compile_count() == 3);  // size 1; size 2 (marked); size 3 compared with size 2
   CHECK_FALSE(contains(cf.explain(), "runs eagerly"));
 }
+
+TEST_CASE("automatic dynamic: a new size is compared with every earlier entry until one fits",
+          "[compile][dynamic]") {
+  // Found by a review: the entry compared with was the one whose sizes differed most, even
+  // when it differed in state the size guards do not see, and every new size got an entry of
+  // its own up to the cache limit (8 compiles each, then eager).
+  SECTION("gradient accumulation: .grad undefined on the first micro-batch, defined after") {
+    manual_seed(1);
+    nn::Linear lin(4, 3);
+    auto micro = compile([&](const Tensor& x) {
+      Tensor l = lin(x).sum();
+      l.backward();
+      return l.detach();
+    });
+    for (int s = 0; s < 6; ++s) {
+      lin.zero_grad();
+      for (int j = 0; j < 2; ++j) micro(randn({5 + 3 * s + j, 4}));
+    }
+    CHECK(micro.compile_count() == 4);  // two states, each static then symbolic
+  }
+  SECTION("a layer frozen and unfrozen") {
+    nn::Linear a(4, 4), b(4, 3);
+    auto cf = compile([&](const Tensor& x) { return b(a(x)).sum(); });
+    int step = 0;
+    for (auto [m, n] : {std::pair{4, 6}, {4, 9}, {4, 12}, {4, 8}, {4, 10}, {4, 11}, {2, 15},
+                        {2, 7}, {3, 5}, {5, 5}}) {
+      if (step == 3) a.weight.requires_grad_(false);
+      if (step == 5) a.weight.requires_grad_(true);
+      ++step;
+      Tensor x = randn({m, n, 4});
+      CHECK(cf(x).item<float>() == Approx(b(a(x)).sum().item<float>()).epsilon(1e-5));
+    }
+    CHECK(cf.compile_count() == 5);
+  }
+  SECTION("a batch of size 1 among others") {
+    auto f = compile([](const Tensor& x) { return (x * 2.0).sum(); });
+    for (auto [b, t] : {std::pair{4, 8}, {4, 11}, {1, 9}, {3, 13}, {2, 5}})
+      CHECK(f(ones({b, t})).item<float>() == 2.0f * static_cast<float>(b * t));
+    CHECK(f.compile_count() == 4);  // size 1 is specialised; the rest share one entry
+  }
+}
