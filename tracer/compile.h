@@ -165,9 +165,11 @@ template <class A> ArgValue to_arg(const A& a) {
                        !holds_tensors<D>::value) {
     guard_by_value(a, v);
   } else {
-    // Passed through: a struct's Tensor members the trace used are guarded by identity.
+    // Passed through: a struct's Tensor members the trace used are guarded by identity; an
+    // object of a polymorphic class (a module) by its address too.
     v.other = &a;
     v.other_size = sizeof(D);
+    v.by_identity = std::is_polymorphic_v<D>;
   }
   return v;
 }

@@ -81,6 +81,8 @@ struct ArgGuard {
   // captured, with that tensor's TensorImpl address. A replay of another struct, or of one
   // whose member was assigned another tensor, would use the traced tensor instead.
   std::vector<std::pair<size_t, const void*>> embedded;
+  // A polymorphic object's address (ArgValue::by_identity), or null.
+  const void* identity = nullptr;
 };
 
 // The first earlier tensor argument sharing argument i's storage, as 2·j, or 2·k + 1 for the
@@ -124,6 +126,9 @@ std::string guard_failure(const ArgGuard& g, const std::vector<ArgValue>& args, 
   if (a.kind == ArgValue::Kind::Other) {
     if (g.other_equal && (!a.other || !g.other_equal(g.other.get(), a.other)))
       return fmt::format("argument {} (a host value) changed", i);
+    if (g.identity && a.other != g.identity)
+      return fmt::format("argument {} is another object (a module, or another polymorphic class) "
+                         "than when traced", i);
     for (auto [offset, impl] : g.embedded) {
       const void* now = nullptr;
       if (a.other && offset + sizeof now <= a.other_size)
@@ -190,6 +195,8 @@ std::string describe_guard(const ArgGuard& g, size_t i) {
     default:
       if (g.other_equal)
         return fmt::format("arg {}: host value == the traced one (by operator==)", i);
+      if (g.identity)
+        return fmt::format("arg {}: the traced object (a module: by address)", i);
       if (!g.embedded.empty())
         return fmt::format("arg {}: its {} Tensor member(s) the function read are the traced ones "
                            "(by identity)", i, g.embedded.size());
@@ -1408,6 +1415,7 @@ std::vector<OutValue> CompiledFunction::Impl::trace(const std::vector<ArgValue>&
     }
     if (g.kind == ArgValue::Kind::Other && args[i].other && args[i].other_size)
       g.embedded = embedded_tensors(*prog, args[i]);
+    if (g.kind == ArgValue::Kind::Other && args[i].by_identity) g.identity = args[i].other;
     if (g.kind != ArgValue::Kind::Tensor) continue;
     const Tensor& t = args[i].tensor;
     g.dtype = t.dtype();

@@ -85,6 +85,10 @@ struct ArgValue {
   /// Other arguments passed through (a struct, a module): `other` and its size in bytes,
   /// scanned for tensors held in it directly (guarded by identity, see function.cpp).
   size_t other_size = 0;
+  /// A passed-through object of a polymorphic class (an nn::Module taken by reference): guarded
+  /// by its address, since the tensors it reaches through pointers (a Sequential's layers) are
+  /// not in its bytes. Another module then traces again instead of replaying the first's weights.
+  bool by_identity = false;
 };
 
 /// One result of the function: a tensor or a host value (a constant of its specialisation).

@@ -504,6 +504,21 @@ TEST_CASE("compile: functions taking Tensor& or a module by non-const reference 
   CHECK(vec(f(ones({2}), uint64_t{7})) == std::vector<float>{8, 8});
 }
 
+TEST_CASE("compile: a module passed by reference is guarded by identity", "[compile][args]") {
+  // Found by a review: f(b, x) replayed the trace of f(a, x) with a's weights (a Sequential's
+  // layers are reached through pointers, not held in its bytes).
+  manual_seed(2);
+  nn::Sequential a{std::make_shared<nn::Linear>(3, 2)}, b{std::make_shared<nn::Linear>(3, 2)};
+  auto f = compile([](nn::Sequential& m, const Tensor& x) { return m(x).sum(); });
+  Tensor x = randn({4, 3});
+  for (int pass = 0; pass < 2; ++pass) {
+    CHECK(f(a, x).item<float>() == Approx(a(x).sum().item<float>()));
+    CHECK(f(b, x).item<float>() == Approx(b(x).sum().item<float>()));
+  }
+  CHECK(f.compile_count() == 2);
+  CHECK(contains(f.explain(), "argument 0 is another object"));
+}
+
 TEST_CASE("compile: a result that is a transpose of a computed value has eager's strides on "
           "every call (compiled code and eager kernels alike)",
           "[compile][args]") {
