@@ -135,10 +135,9 @@ TransformerEncoderLayer::TransformerEncoderLayer(const TransformerEncoderLayerOp
   dropout = register_module("dropout", std::make_shared<Dropout>(o.dropout, loc));
   linear2 = register_module("linear2",
                             std::make_shared<Linear>(o.dim_feedforward, o.d_model, true, loc));
-  norm1 = register_module("norm1",
-                          std::make_shared<LayerNorm>(Shape{o.d_model}, o.layer_norm_eps, true, loc));
-  norm2 = register_module("norm2",
-                          std::make_shared<LayerNorm>(Shape{o.d_model}, o.layer_norm_eps, true, loc));
+  auto norm = [&] { return std::make_shared<LayerNorm>(Shape{o.d_model}, o.layer_norm_eps, true, loc); };
+  norm1 = register_module("norm1", norm());
+  norm2 = register_module("norm2", norm());
   dropout1 = register_module("dropout1", std::make_shared<Dropout>(o.dropout, loc));
   dropout2 = register_module("dropout2", std::make_shared<Dropout>(o.dropout, loc));
 }
