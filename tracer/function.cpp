@@ -512,25 +512,47 @@ bool passes(const Entry& e, const std::vector<ArgValue>& args) {
   return true;
 }
 
-std::string entry_failure(const Entry& e, const std::vector<ArgValue>& args) {
-  if (e.guards.size() != args.size()) return "number of arguments changed";
+// Every guard of entry `e` that the call fails (one per argument at most), global state first.
+std::vector<std::string> entry_failures(const Entry& e, const std::vector<ArgValue>& args) {
+  if (e.guards.size() != args.size()) return {"number of arguments changed"};
+  std::vector<std::string> out;
   if (is_grad_enabled() != e.grad_enabled)
-    return fmt::format("grad mode is {}, expected {}", is_grad_enabled(), e.grad_enabled);
+    out.push_back(fmt::format("grad mode is {}, expected {}", is_grad_enabled(), e.grad_enabled));
   if (default_dtype() != e.default_dtype)
-    return fmt::format("default dtype is {}, expected {}", name(default_dtype()),
-                       name(e.default_dtype));
+    out.push_back(fmt::format("default dtype is {}, expected {}", name(default_dtype()),
+                              name(e.default_dtype)));
   if (parameter_rebinds() != e.parameter_rebinds)
-    return "a module's parameter or buffer was replaced (register_parameter / register_buffer "
-           "of an existing name) after this was traced";
+    out.push_back("a module's parameter or buffer was replaced (register_parameter / "
+                  "register_buffer of an existing name) after this was traced");
   for (const HostValue& h : e.host_values)
-    if (std::string f = host_value_failure(h); !f.empty()) return f;
+    if (std::string f = host_value_failure(h); !f.empty()) out.push_back(std::move(f));
   for (size_t i = 0; i < args.size(); ++i)
-    if (std::string f = guard_failure(e.guards[i], args, i); !f.empty()) return f;
+    if (std::string f = guard_failure(e.guards[i], args, i); !f.empty())
+      out.push_back(std::move(f));
+  if (!out.empty()) return out;  // the dims below are only compared between defined tensors
   for (auto [x, y] : e.equal_dims)
     if (args[x.first].tensor.shape()[x.second] != args[y.first].tensor.shape()[y.second])
-      return fmt::format("argument {} dim {} and argument {} dim {} are no longer equal",
-                         x.first, x.second, y.first, y.second);
-  return {};
+      out.push_back(fmt::format("argument {} dim {} and argument {} dim {} are no longer equal",
+                                x.first, x.second, y.first, y.second));
+  return out;
+}
+
+// Why the call matches no entry, told against the entry it comes closest to (the fewest failed
+// guards; the latest on ties): the latest entry may be of another shape family or branch.
+std::string closest_entry_failure(const std::vector<std::shared_ptr<Entry>>& entries,
+                                  const std::vector<ArgValue>& args) {
+  const Entry* closest = nullptr;
+  std::vector<std::string> failures;
+  for (const auto& e : entries) {
+    std::vector<std::string> f = entry_failures(*e, args);
+    if (f.empty()) continue;  // passes its guards: the replay reported why it did not run
+    if (!closest || f.size() <= failures.size()) closest = e.get(), failures = std::move(f);
+  }
+  if (!closest) return {};
+  std::string reason = failures.front();
+  if (failures.size() > 1) reason += fmt::format(" (and {} more guard(s))", failures.size() - 1);
+  if (entries.size() == 1) return reason;
+  return fmt::format("closest is specialisation #{}: {}", closest->id, reason);
 }
 
 // The dims and scalars in which `args` differ from entry `e` when nothing else differs.
@@ -1151,7 +1173,7 @@ std::vector<OutValue> CompiledFunction::Impl::trace(const std::vector<ArgValue>&
   int leaves = 0;
   for (auto& e : entries) leaves += e->root->leaves();
   std::string reason = miss_reason;
-  if (reason.empty() && !entries.empty()) reason = entry_failure(*entries.back(), args);
+  if (reason.empty()) reason = closest_entry_failure(entries, args);
   if (leaves >= options.cache_size_limit && !unchecked) {
     if (!eager_only.exchange(true)) {
       eager_reason = fmt::format("cache limit reached; the guard that kept failing: {}", reason);

@@ -282,9 +282,20 @@ bool same_contents(const Tensor& a, const Tensor& b) {
 // Empty when `a` and `b` ran the same ops on the same values, apart from integers that sizes
 // may change (value dims, view sizes, slice bounds) and wrapped constants; else the difference.
 std::string same_structure(const Program& a, const Program& b) {
-  if (a.nodes.size() != b.nodes.size() || a.values.size() != b.values.size() ||
-      a.sources.size() != b.sources.size())
-    return "the two traces have different ops";
+  if (a.nodes.size() != b.nodes.size()) {
+    size_t i = 0;
+    while (i < a.nodes.size() && i < b.nodes.size() && a.nodes[i].kind == b.nodes[i].kind &&
+           a.nodes[i].op == b.nodes[i].op)
+      ++i;
+    if (i < a.nodes.size() && i < b.nodes.size())
+      return fmt::format("the traces ran different ops at #{}: {} vs {}", i, describe(a.nodes[i]),
+                         describe(b.nodes[i]));
+    const Program& longer = i < a.nodes.size() ? a : b;
+    return fmt::format("one trace ran {} op(s) more than the other, from #{}: {}",
+                       longer.nodes.size() - i, i, describe(longer.nodes[i]));
+  }
+  if (a.values.size() != b.values.size() || a.sources.size() != b.sources.size())
+    return "the two traces have different values or inputs";
   for (size_t v = 0; v < a.values.size(); ++v)
     if (a.values[v].dtype != b.values[v].dtype || a.values[v].shape.size() != b.values[v].shape.size() ||
         a.values[v].source != b.values[v].source)

@@ -306,6 +306,20 @@ TEST_CASE("compile: cache_size_limit falls back to eager with one warning", "[co
   CHECK(contains(f.explain(), "size of dim 0 is"));
 }
 
+TEST_CASE("compile: a recompile's reason is told against the closest specialisation",
+          "[compile]") {
+  auto f = compile([](const Tensor& x, const Tensor& y) { return x.sum() + y.sum(); },
+                   {.dynamic = Dynamic::Never});
+  f(zeros({2}), zeros({3}));
+  f(zeros({5}, DType::Float64), zeros({5}, DType::Float64));  // the latest entry, all different
+  f(zeros({2}), zeros({4}));
+  CHECK(f.compile_count() == 3);
+  // Not the latest entry's first failure (argument 0's dtype): the one guard that changed.
+  CHECK(contains(f.explain(),
+                 "trace #3: closest is specialisation #0: argument 1: size of dim 0 is 4, "
+                 "expected 3"));
+}
+
 TEST_CASE("FC-17 (compile): in-place ops on arguments are written back", "[compile]") {
   auto f = compile([](Tensor x) {
     Tensor y = dropout(x, 0.5, /*training=*/false);  // returns x itself
@@ -936,4 +950,18 @@ TEST_CASE("compile: parameters' .grad after a compiled training step is this ste
     }
     CHECK(cstep.compile_count() == 1);
   }
+}
+
+TEST_CASE("compile: a size-dependent op count names the first extra op", "[compile]") {
+  // The loop runs once per row: traces at 2 and 3 rows differ by one add.
+  auto f = compile([](const Tensor& x) {
+    Tensor y = x * 2.0;
+    for (int64_t i = 0; i < x.size(0); ++i) y = y + 1.0;
+    return y;
+  });
+  CHECK(vec(f(zeros({2}))) == std::vector<float>{2, 2});
+  CHECK(vec(f(zeros({3}))) == std::vector<float>{3, 3, 3});
+  CHECK(contains(f.explain(), "not made symbolic: one trace ran 1 op(s) more than the other, "
+                              "from #3: add at "));
+  CHECK(contains(f.explain(), "compile_test.cpp"));
 }
