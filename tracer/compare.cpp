@@ -4,6 +4,7 @@
 
 #include "eager/autograd.h"
 #include "tracer/compile.h"
+#include "tracer/generalize.h"
 #include "tracer/plan.h"
 #include "tracer/recorder.h"
 #include "tracer/state_journal.h"
@@ -82,12 +83,12 @@ CompareReport::Output diff(const Tensor& eager, const Tensor& compiled, double r
   return o;
 }
 
-}  // namespace
-
-CompareReport compare(
+// kiln::compare; for CompileOptions::check, `replayed` is the trace the compiled call replayed,
+// which may be stale where a fresh trace is not (a host number read in C++ that changed).
+CompareReport compare_runs(
     const std::vector<ArgValue>& args,
     const std::function<std::vector<OutValue>(const std::vector<ArgValue>&)>& call,
-    const CompileOptions& options) {
+    const CompileOptions& options, const Program* replayed) {
   // Both runs start from the caller's state, which the call leaves as it found it: what a run
   // writes (a training step's parameters, optimizer state, .grad) is given back after each,
   // and the generator is where it was (both runs draw the same random numbers from there).
@@ -194,8 +195,19 @@ CompareReport compare(
     report.outputs.push_back(o);
     report.ok &= o.ok;
   }
+  if (replayed && report.first_divergence.empty())
+    report.first_divergence = stale_trace_difference(*replayed, *prog);
   report.ok &= report.first_divergence.empty();
   return report;
+}
+
+}  // namespace
+
+CompareReport compare(
+    const std::vector<ArgValue>& args,
+    const std::function<std::vector<OutValue>(const std::vector<ArgValue>&)>& call,
+    const CompileOptions& options) {
+  return compare_runs(args, call, options, nullptr);
 }
 
 
@@ -232,6 +244,7 @@ std::vector<OutValue> checked_call(
   set_generator_state(rng_start);
   std::vector<OutValue> outs = compiled();
   const GeneratorState rng_end = generator_state();
+  const std::shared_ptr<const Program> replayed = last_replayed_program();
 
   std::string what;
   CompareReport::Output d;
@@ -276,7 +289,7 @@ std::vector<OutValue> checked_call(
       if (!diff(arg_before[i], arg_compiled[i], 0, 0).ok) arg_compiled[i].copy_(arg_before[i]);
   });
   set_generator_state(rng_start);
-  CompareReport r = tracer::compare(spare, eager, options);
+  CompareReport r = compare_runs(spare, eager, options, replayed.get());
   set_generator_state(rng_start);
   throw Error("compile",
               fmt::format("check: {} differs from eager (max abs diff {:.3g}, max rel diff "

@@ -390,7 +390,9 @@ struct CompiledFunction::Impl {
   const CompileOptions& options;
   Impl(const std::string& n, const CompileOptions& o) : name(n), options(o) {}
 
-  std::vector<OutValue> replay(Entry& e, const std::vector<ArgValue>& args);
+  // `ran` (when given) is set to the trace that ran: the leaf of the entry's trace tree.
+  std::vector<OutValue> replay(Entry& e, const std::vector<ArgValue>& args,
+                               std::shared_ptr<const Program>* ran = nullptr);
   /// Traces the call. `failed`: the entry whose replay failed (`missing_branch`: for want of
   /// a branch). `unchecked`: a symbolic entry the call passes with sizes not yet confirmed;
   /// the trace confirms them (then nothing is compiled) or refutes them (a new entry).
@@ -604,9 +606,21 @@ std::vector<std::pair<std::shared_ptr<Entry>, bool>> CompiledFunction::Impl::fin
   return out;
 }
 
+namespace {
+thread_local std::shared_ptr<const Program> t_last_replayed;
+}  // namespace
+
+std::shared_ptr<const Program> last_replayed_program() { return t_last_replayed; }
+
 std::vector<OutValue> CompiledFunction::call(const std::vector<ArgValue>& given,
                                              const Invoke& invoke, Loc loc) {
   Impl& im = *impl_;
+  // What last_replayed_program() gives after this call: calls nested in its trace or eager run
+  // do not answer for it.
+  struct LastReplayed {
+    std::shared_ptr<const Program> program;
+    ~LastReplayed() { t_last_replayed = std::move(program); }
+  } replayed;
   // Tensor lists are flattened: their length (guarded by value), then one tensor per element.
   bool has_list = false;
   for (const ArgValue& a : given) has_list |= a.kind == ArgValue::Kind::TensorList;
@@ -690,7 +704,7 @@ std::vector<OutValue> CompiledFunction::call(const std::vector<ArgValue>& given,
           break;
         }
         try {
-          std::vector<OutValue> outs = im.replay(*e, args);
+          std::vector<OutValue> outs = im.replay(*e, args, &replayed.program);
           ++e->hits;  // a call that traced a new branch instead is not a replay
           return outs;
         } catch (const MissingBranch& m) {
@@ -1061,7 +1075,8 @@ void alias_written_outputs(const Program& p, const std::vector<std::pair<int, Te
 
 }  // namespace
 
-std::vector<OutValue> CompiledFunction::Impl::replay(Entry& e, const std::vector<ArgValue>& args) {
+std::vector<OutValue> CompiledFunction::Impl::replay(Entry& e, const std::vector<ArgValue>& args,
+                                                     std::shared_ptr<const Program>* ran) {
   RunState st;
   st.args.resize(args.size());
   st.scalars.resize(args.size());
@@ -1083,6 +1098,7 @@ std::vector<OutValue> CompiledFunction::Impl::replay(Entry& e, const std::vector
     seg = c;
   }
   const Program& p = *seg->program;
+  if (ran) *ran = seg->program;
   if (uint64_t used = st.rng_offset(p, p.nodes.size()))
     set_generator_state({st.rng.seed, st.rng.offset + used});
   std::vector<std::pair<int, Tensor>> originals;

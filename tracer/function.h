@@ -128,6 +128,11 @@ class CompiledFunction {
   CompileOptions options_;
 };
 
+struct Program;
+/// The trace the calling thread's latest CompiledFunction::call replayed; null when that call
+/// traced, or ran eagerly (CompileOptions::check names how a stale trace differs from eager).
+std::shared_ptr<const Program> last_replayed_program();
+
 /// Whether KILN_COMPILE=0 turned compile() into plain eager calls (read once).
 bool compile_disabled();
 

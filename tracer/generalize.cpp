@@ -479,6 +479,59 @@ std::string generalize(Program& nw, const Program& old, const std::vector<Shape>
   return {};
 }
 
+std::string stale_trace_difference(const Program& replayed, const Program& fresh) {
+  constexpr const char* kHostState =
+      "C++ reads of host state are constants of the trace: pass the value as an argument, or "
+      "read it with kiln::guarded";
+  auto source_of = [](const Program& p, int v) -> const Source* {
+    return v >= 0 && p.values[v].source >= 0 ? &p.sources[p.values[v].source] : nullptr;
+  };
+  auto same_data = [](const Tensor& a, const Tensor& b) {
+    return a.shape() == b.shape() && a.dtype() == b.dtype() &&
+           untraced([&] { return a.to_vector<double>() == b.to_vector<double>(); });
+  };
+  const size_t common = std::min(replayed.nodes.size(), fresh.nodes.size());
+  for (size_t i = 0; i < common; ++i) {
+    const Node& r = replayed.nodes[i];
+    const Node& f = fresh.nodes[i];
+    if (r.kind != f.kind || r.op != f.op)
+      return fmt::format("the compiled code runs {} where eager now runs {}: the function took "
+                         "another path than when it was traced; {}",
+                         describe(r), describe(f), kHostState);
+    if (r.kind != Node::Kind::Op) continue;
+    for (size_t k = 0; k < r.in.size() && k < f.in.size(); ++k) {
+      const Source* a = source_of(replayed, r.in[k]);
+      const Source* b = source_of(fresh, f.in[k]);
+      if (!a || !b || a->kind != b->kind) continue;
+      if (a->kind == SourceKind::Constant && !same(a->scalar, b->scalar))
+        return fmt::format("{} uses the constant {} it was traced with; eager now uses {}: {}",
+                           describe(r), a->scalar.str(), b->scalar.str(), kHostState);
+      if (a->kind == SourceKind::Captured &&
+          (a->captured.owner_before(b->captured) || b->captured.owner_before(a->captured)))
+        return fmt::format("{} reads the captured tensor it was traced with; eager now reads "
+                           "another (a captured variable reassigned while the old tensor lives)",
+                           describe(r));
+      if (a->kind == SourceKind::Snapshot && !a->overwritten && !a->ramp &&
+          a->snapshot.defined() && b->snapshot.defined() && !same_data(a->snapshot, b->snapshot))
+        return fmt::format("{} reads a tensor made from host data inside the function, as it "
+                           "was when traced; the data has changed since: {}",
+                           describe(r), kHostState);
+    }
+    if (!same_fixed_attrs(r.attrs, f.attrs))
+      return fmt::format("{} has the attributes (a fill value, clamp bounds, a dim) it was "
+                         "traced with; eager now passes others: {}",
+                         describe(r), kHostState);
+  }
+  if (replayed.nodes.size() != fresh.nodes.size()) {
+    const Program& longer = replayed.nodes.size() > fresh.nodes.size() ? replayed : fresh;
+    return fmt::format("the compiled code runs {} op(s), eager now {}, from {}: the function "
+                       "took another path than when it was traced; {}",
+                       replayed.nodes.size(), fresh.nodes.size(), describe(longer.nodes[common]),
+                       kHostState);
+  }
+  return {};
+}
+
 std::string conforms(const Program& trace, const Program& sym, const std::vector<Shape>& shapes,
                      const std::vector<Scalar>& scalars) {
   if (std::string why = same_structure(trace, sym); !why.empty()) return why;

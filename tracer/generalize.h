@@ -52,6 +52,13 @@ std::string generalize(Program& nw, const Program& old, const std::vector<Shape>
 std::string conforms(const Program& trace, const Program& sym, const std::vector<Shape>& shapes,
                      const std::vector<Scalar>& scalars);
 
+/// For CompileOptions::check when compiled and eager differ although a fresh trace, compiled,
+/// matches eager op by op: the first way the `replayed` specialisation's trace differs from a
+/// `fresh` recording of the same call — another op (a C++ branch on state the tracer cannot
+/// see), a wrapped constant or op attribute with another value (a host number read in C++),
+/// another captured tensor, or a tensor made from host data that has changed. "" if none.
+std::string stale_trace_difference(const Program& replayed, const Program& fresh);
+
 /// Marks dims symbolic from the first trace (CompileOptions::dynamic_dims / Dynamic::Always):
 /// the arguments' dims, and every value dim / shape attribute equal to the traced size when
 /// that size is >= 2. Optimistic: a replay that fails with these sizes re-traces.

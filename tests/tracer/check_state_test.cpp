@@ -176,3 +176,36 @@ TEST_CASE("check = true with retain_grad caches the function; compare keeps the 
   CHECK(r.ok);
   CHECK(rand({3}).to_vector<float>() == expected.to_vector<float>());
 }
+
+TEST_CASE("check = true names what a stale trace differs in: a constant, a path, a capture",
+          "[compile]") {
+  // Found by review: these said "first divergence: not found", as a fresh trace, compiled,
+  // matches eager; the difference is between the replayed trace and eager.
+  double scale = 2;
+  auto scaled = compile([&](const Tensor& x) { return x * scale + 1.0; }, {.check = true});
+  scaled(ones({2}));
+  scale = 3;
+  CHECK_THROWS_WITH(scaled(ones({2})),
+                    Catch::Contains("mul at ") && Catch::Contains("check_state_test.cpp") &&
+                        Catch::Contains("uses the constant 2 it was traced with; eager now "
+                                        "uses 3") &&
+                        Catch::Contains("kiln::guarded"));
+
+  bool relu_first = true;
+  auto branchy = compile([&](const Tensor& x) { return relu_first ? relu(x) * 2.0 : exp(x); },
+                         {.check = true});
+  branchy(ones({2}));
+  relu_first = false;
+  CHECK_THROWS_WITH(branchy(ones({2})),
+                    Catch::Contains("the compiled code runs relu at ") &&
+                        Catch::Contains("where eager now runs exp at ") &&
+                        Catch::Contains("another path"));
+
+  Tensor bias = ones({2});
+  Tensor keep = bias;  // the traced tensor stays alive, so the capture guard still holds
+  auto shifted = compile([&](const Tensor& x) { return x + bias; }, {.check = true});
+  shifted(ones({2}));
+  bias = full({2}, 5.0);
+  CHECK_THROWS_WITH(shifted(ones({2})),
+                    Catch::Contains("reads the captured tensor it was traced with"));
+}
