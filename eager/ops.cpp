@@ -366,8 +366,10 @@ std::vector<Tensor> split(const Tensor& x, int64_t size, int64_t dim, Loc loc) {
 }
 std::vector<Tensor> chunk(const Tensor& x, int64_t chunks, int64_t dim, Loc loc) {
   KILN_CHECK(chunks > 0, "chunk", loc, "chunks must be positive, got {}", chunks);
-  int d = wrap_dim(dim, x.dim(), "chunk");
-  int64_t size = std::max<int64_t>((x.size(d) + chunks - 1) / chunks, 1);
+  int d = wrap_dim(dim, x.dim(), "chunk", loc);
+  // An empty dim gives `chunks` empty pieces, as in PyTorch (split by size gives one).
+  if (x.size(d) == 0) return split(x, std::vector<int64_t>(chunks, 0), d, loc);
+  int64_t size = (x.size(d) + chunks - 1) / chunks;
   return split(x, size, d, loc);
 }
 

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <optional>
+#include <tuple>
 #include <unordered_set>
 
 #include <unistd.h>
@@ -249,7 +250,9 @@ struct Entry {
 void check_layout(std::vector<Entry> entries, uint64_t data_size, const std::string& path,
                   Loc loc) {
   std::sort(entries.begin(), entries.end(),
-            [](const Entry& a, const Entry& b) { return a.begin < b.begin; });
+            [](const Entry& a, const Entry& b) {  // an empty tensor before one at its offset
+              return std::tie(a.begin, a.end) < std::tie(b.begin, b.end);
+            });
   uint64_t at = 0;
   for (const Entry& e : entries) {
     KILN_CHECK(static_cast<uint64_t>(e.begin) == at, "load_safetensors", loc,

@@ -116,6 +116,10 @@ TEST_CASE("stack, split and chunk values") {
   REQUIRE(cols.size() == 2);
   CHECK(cols[0].to_vector<int64_t>() == L{0, 1, 3, 4});
   CHECK(cols[1].to_vector<int64_t>() == L{2, 5});
+  // An empty dim gives `chunks` empty pieces, as PyTorch's chunk does.
+  std::vector<Tensor> empty_parts = chunk(zeros({2, 0}), 4, 1);
+  REQUIRE(empty_parts.size() == 4);
+  for (const Tensor& p : empty_parts) CHECK(p.shape() == Shape{2, 0});
   // split then cat is the identity.
   CHECK(cat(split(m, 1, 1), 1).to_vector<int64_t>() == L{0, 1, 2, 3, 4, 5});
 }
