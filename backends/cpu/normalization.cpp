@@ -154,7 +154,12 @@ void layer_norm(const OpCall& call, Tensor& out) {
         const T* xr = xp + r * m;
         if (r + 1 < hi) prefetch(xr + m, m);
         T* yr = yp + r * m;
-        double mean = sum_run(xr, m, [](auto v, int64_t) { return v; }) / m;
+        // Summed shifted by the first value, as var (backends/cpu/reduce.cpp): float partial
+        // sums of a row on a large offset put the mean off by more than the spread.
+        const T x0 = xr[0];
+        double mean = static_cast<double>(x0) + sum_run(xr, m, [x0](auto v, int64_t) {
+                        return v - x0;
+                      }) / m;
         T mt = static_cast<T>(mean);
         double m2 = sum_run(xr, m, [mt](auto v, int64_t) {
           auto d = v - mt;
@@ -163,6 +168,8 @@ void layer_norm(const OpCall& call, Tensor& out) {
         if (needs_exact_moments<T>(m2, m, mean)) {
           exact_moments(xr, m, 1, mean, m2);
           mt = static_cast<T>(mean);
+        } else {
+          m2 = without_mean_rounding(m2, m, mean, static_cast<double>(mt));
         }
         const double var = m2 / m;
         const double rstd = 1.0 / std::sqrt(var + eps);

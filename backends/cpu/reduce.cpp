@@ -422,20 +422,38 @@ void extreme(const Ctx& c, T* params = nullptr) {
 }
 
 // var / std: two passes (mean, then Σ(x − mean)²), both accumulated in double; a float32
-// output whose fast path lost range (needs_exact_moments) is redone with every step in double.
+// output whose fast path lost range (needs_exact_moments) is redone with every step in double,
+// the others corrected for the rounding of the mean (without_mean_rounding).
 template <class T>
 void variance(const Ctx& c, bool is_std) {
   const Plan& p = c.p;
-  std::unique_ptr<T[]> mean(new T[p.k1 * p.k2]);
+  const int64_t outputs = p.k1 * p.k2;
+  // Output o's values: column o % k2 of outer block o / k2, k2 apart.
+  auto first_of = [&](int64_t o) {
+    return reinterpret_cast<const T*>(p.base) + p.in_off(o / p.k2) + o % p.k2;
+  };
+  // The mean is summed shifted by each output's first value: float partial sums of rows on a
+  // large offset (1e4 + 0.01·N(0, 1)) put it off by more than the spread, and var off by 3 %.
+  std::unique_ptr<T[]> shift(new T[outputs]), mean(new T[outputs]);
+  std::unique_ptr<double[]> exact_mean(new double[outputs]);
+  for (int64_t o = 0; o < outputs; ++o) shift[o] = p.r > 0 ? *first_of(o) : T(0);
   double n = static_cast<double>(p.r);
-  auto id = [](auto v, int64_t) { return v; };
   auto add = [](double a, double b) { return a + b; };
   run_plan<T, double>(
-      p, 0.0, [&](const T* x, int64_t n, int64_t, int64_t) { return sum_run(x, n, id); },
-      [&](const T* x, int64_t rows, int64_t st, int64_t k, int64_t, int64_t, double* acc) {
-        sum_cols(x, rows, st, k, id, acc);
+      p, 0.0,
+      [&](const T* x, int64_t n, int64_t o, int64_t) {
+        T s = shift[o];
+        return sum_run(x, n, [s](auto v, int64_t) { return v - s; });
       },
-      add, [&](int64_t o, int64_t, double v) { mean[o] = static_cast<T>(v / n); });
+      [&](const T* x, int64_t rows, int64_t st, int64_t k, int64_t o, int64_t, double* acc) {
+        const T* s = shift.get() + o;
+        sum_cols(x, rows, st, k, [s](auto v, int64_t j) { return v - vload<decltype(v)>(s + j); },
+                 acc);
+      },
+      add, [&](int64_t o, int64_t, double v) {
+        exact_mean[o] = static_cast<double>(shift[o]) + v / n;
+        mean[o] = static_cast<T>(exact_mean[o]);
+      });
   T* out = c.out.data<T>();
   double denom = n - static_cast<double>(c.call.attrs.mode);
   run_plan<T, double>(
@@ -460,10 +478,10 @@ void variance(const Ctx& c, bool is_std) {
       add,
       [&](int64_t o, int64_t oi, double v) {
         if (needs_exact_moments<T>(v, p.r, static_cast<double>(mean[o]))) {
-          // Output o's values: column o % k2 of outer block o / k2, k2 apart.
-          const T* x0 = reinterpret_cast<const T*>(p.base) + p.in_off(o / p.k2) + o % p.k2;
           double m;
-          exact_moments(x0, p.r, p.k2, m, v);
+          exact_moments(first_of(o), p.r, p.k2, m, v);
+        } else {
+          v = without_mean_rounding(v, p.r, exact_mean[o], static_cast<double>(mean[o]));
         }
         // n - correction <= 0 divides by 0 (PyTorch): inf, or NaN for a constant row.
         double var = v / std::max(denom, 0.0);

@@ -118,6 +118,16 @@ inline bool needs_exact_moments(double m2, int64_t n, double mean) {
   }
 }
 
+/// Σ(x − μ)² from `m2` = Σ(x − m)² about the rounded mean m of a row of n values whose mean is
+/// μ: Σ(x − m)² = Σ(x − μ)² + n(μ − m)² exactly. Without it a float32 mean's rounding, up to
+/// |μ|·2^-24, was n(μ − m)² of bias: var of rows 1e4 + 0.01·N(0, 1) was 4.4e-3 too large
+/// (relative; found by review). The correction of Chan, Golub and LeVeque's "corrected two-pass
+/// algorithm" (Algorithms for computing the sample variance, 1983), with μ from the double sum.
+inline double without_mean_rounding(double m2, int64_t n, double mu, double m) {
+  const double d = mu - m;
+  return std::max(m2 - static_cast<double>(n) * d * d, 0.0);
+}
+
 /// Mean and Σ(x − mean)² of the n values x[0], x[st], ..., x[(n-1)·st], with every operation
 /// in double (a float32 value squared in double neither overflows nor underflows). Slow, scalar;
 /// for the rows needs_exact_moments picks.

@@ -604,6 +604,37 @@ TEST_CASE("std of float32 values near the float32 limit is not inf") {
   CHECK(kiln::std(t, {}, 0).item<float>() == Approx(1e-25).epsilon(1e-6));
 }
 
+TEST_CASE("var, std and layer_norm of float32 rows on a large offset are accurate") {
+  // Found by review: rows 1e4 + 0.01·N(0, 1) (std/|mean| = 1e-6, just above the exact path's
+  // threshold) had var 4.4e-3 too large, relative: the float32 mean's rounding, squared. The
+  // reference is float64 two-pass over the same float32 values. Rows (dim 1) and columns
+  // (dim 0, the strided path) both.
+  const int64_t rows = 16, cols = 1031;
+  std::mt19937 gen(7);
+  std::normal_distribution<float> noise(0, 1);
+  std::vector<float> v(rows * cols);
+  for (float& e : v) e = 1e4f + 0.01f * noise(gen);
+  Tensor x = from_vector(v, {rows, cols});
+  auto ref_var = [&](int64_t r, bool by_row) {
+    const int64_t n = by_row ? cols : rows;
+    auto at = [&](int64_t i) { return double(by_row ? v[r * cols + i] : v[i * cols + r]); };
+    double mean = 0, m2 = 0;
+    for (int64_t i = 0; i < n; ++i) mean += at(i);
+    mean /= n;
+    for (int64_t i = 0; i < n; ++i) m2 += (at(i) - mean) * (at(i) - mean);
+    return m2 / (n - 1);
+  };
+  std::vector<float> by_row = var(x, 1).to_vector<float>();
+  for (int64_t r = 0; r < rows; ++r) CHECK(by_row[r] == Approx(ref_var(r, true)).epsilon(1e-5));
+  std::vector<float> by_col = var(x.t().contiguous().t(), 1).to_vector<float>();
+  for (int64_t r = 0; r < rows; ++r) CHECK(by_col[r] == Approx(ref_var(r, true)).epsilon(1e-5));
+  std::vector<float> cols_var = var(x, 0).to_vector<float>();
+  for (int64_t c = 0; c < 40; ++c) CHECK(cols_var[c] == Approx(ref_var(c, false)).epsilon(1e-5));
+  std::vector<float> sd = kiln::std(x, 1).to_vector<float>();
+  for (int64_t r = 0; r < rows; ++r)
+    CHECK(sd[r] == Approx(std::sqrt(ref_var(r, true))).epsilon(1e-5));
+}
+
 TEST_CASE("var and std with N - correction <= 0 divide by zero as PyTorch") {
   // PyTorch 1.13: var([1,2,3], correction=3) = inf, correction=4 inf, var of a constant row nan.
   Tensor x = tensor({1.0f, 2.0f, 3.0f});
