@@ -558,8 +558,11 @@ std::string closest_entry_failure(const std::vector<std::shared_ptr<Entry>>& ent
 }
 
 // The dims and scalars in which `args` differ from entry `e` when nothing else differs.
+// `strided` (when given) is set to the position of a strided argument that alone kept them
+// from differing only in sizes.
 bool only_sizes_differ(const Entry& e, const std::vector<ArgValue>& args,
-                       std::vector<std::pair<int, int>>& dims, std::vector<int>& scalars) {
+                       std::vector<std::pair<int, int>>& dims, std::vector<int>& scalars,
+                       int* strided = nullptr) {
   if (!globals_match(e, args)) return false;
   for (size_t i = 0; i < args.size(); ++i) {
     const ArgGuard& g = e.guards[i];
@@ -576,9 +579,12 @@ bool only_sizes_differ(const Entry& e, const std::vector<ArgValue>& args,
     } else if (a.kind == ArgValue::Kind::Tensor) {
       const Tensor& t = a.tensor;
       if (t.dtype() != g.dtype || t.dim() != g.shape.size() ||
-          t.is_contiguous() != g.contiguous || !g.contiguous ||
           t.requires_grad() != g.requires_grad || alias_index(args, i) != g.alias_of)
         return false;
+      if (t.is_contiguous() != g.contiguous || !g.contiguous) {
+        if (strided && !t.is_contiguous() && t.shape() != g.shape) *strided = int(i);
+        return false;
+      }
       for (int d = 0; d < t.dim(); ++d)
         if (!(g.dyn_mask >> d & 1) && t.shape()[d] != g.shape[d]) dims.push_back({int(i), d});
     }
@@ -1211,10 +1217,12 @@ std::vector<OutValue> CompiledFunction::Impl::trace(const std::vector<ArgValue>&
     std::vector<int> scalars;
   };
   std::vector<BaseCandidate> base_candidates;
+  int strided_arg = -1;  // a strided argument that kept an entry from being a base
   if (options.dynamic == Dynamic::Auto && (!missing_branch || failed->dynamic))
     for (auto it = entries.rbegin(); it != entries.rend(); ++it) {
       BaseCandidate c{it->get(), {}, {}};
-      if (only_sizes_differ(**it, args, c.dims, c.scalars)) base_candidates.push_back(std::move(c));
+      if (only_sizes_differ(**it, args, c.dims, c.scalars, &strided_arg))
+        base_candidates.push_back(std::move(c));
     }
 
   auto prog = std::make_shared<Program>();
@@ -1416,12 +1424,15 @@ std::vector<OutValue> CompiledFunction::Impl::trace(const std::vector<ArgValue>&
       fmt::print(stderr, "kiln.compile: '{}': graph break at {}:{} (host read, value {})\n", name,
                  node.loc.file_name(), node.loc.line(), node.read_value.str());
   }
-  if (n > 1 && log_enabled("recompiles"))
-    fmt::print(stderr, "kiln.compile: '{}' recompiling (trace #{}): {}\n", name, n, reason);
+  // Logged with what became of the trace (made symbolic or not, a new branch).
+  auto note_recompile = [&](std::string what) {
+    if (log_enabled("recompiles"))
+      fmt::print(stderr, "kiln.compile: '{}' recompiling (trace #{}): {}\n", name, n, what);
+    recompiles.push_back(fmt::format("trace #{}: {}", n, what));
+  };
   if (prog->aliased_mutation && has_reads) {
     // A replay would have changed the real tensors before finding an unseen branch.
-    recompiles.push_back(fmt::format("trace #{} not cached: {} and host reads", n,
-                                     prog->aliased_mutation_reason));
+    note_recompile(fmt::format("not cached: {} and host reads", prog->aliased_mutation_reason));
     return outs;
   }
 
@@ -1430,7 +1441,7 @@ std::vector<OutValue> CompiledFunction::Impl::trace(const std::vector<ArgValue>&
   if (missing_branch && !failed->dynamic && insert_branch(*failed->root, prog, options)) {
     confirm_path(*failed, *prog, sizes_key(*failed, args));
     add_host_values(*failed, *prog);
-    recompiles.push_back(fmt::format("trace #{}: new branch: {}", n, reason));
+    note_recompile("new branch: " + reason);
     if (log_enabled("graph")) fmt::print(stderr, "kiln.compile: '{}' branch added\n", name);
     return outs;
   }
@@ -1498,17 +1509,26 @@ std::vector<OutValue> CompiledFunction::Impl::trace(const std::vector<ArgValue>&
     // path, symbolic; another branch gets an entry of its own (see the missing-branch case).
     std::shared_ptr<const Program> old_program = path_program(*base->root, *prog);
     const Program& old = old_program ? *old_program : *prog;
+    // A dim that changed in an earlier recompile but is 0 or 1 in both traces stays static:
+    // made symbolic (>= 2) it failed the very call it was traced for, and every later one.
+    const std::vector<Shape> new_shapes = arg_shapes(*prog, args.size());
+    const std::vector<Shape> old_shapes = arg_shapes(old, args.size());
+    std::erase_if(dims, [&](std::pair<int, int> ad) {
+      auto [a, d] = ad;
+      return a < int(new_shapes.size()) && a < int(old_shapes.size()) &&
+             d < int(new_shapes[a].size()) && d < int(old_shapes[a].size()) &&
+             new_shapes[a][d] < 2 && new_shapes[a][d] == old_shapes[a][d];
+    });
     std::vector<Witness> earlier = base->witnesses;
-    std::string why = old_program ? generalize(*prog, old, arg_shapes(*prog, args.size()),
-                                               arg_shapes(old, args.size()), new_scalars,
+    std::string why = old_program ? generalize(*prog, old, new_shapes, old_shapes, new_scalars,
                                                old_scalars, dims, auto_scalars, earlier)
                                   : "the trace took a branch not traced at the other sizes";
     if (why.empty()) {
-      earlier.push_back({old_program, arg_shapes(old, args.size())});
+      earlier.push_back({old_program, old_shapes});
       constexpr size_t kMaxWitnesses = 4;
       if (earlier.size() > kMaxWitnesses) earlier.erase(earlier.begin());
       e->witnesses = std::move(earlier);
-      duck_size(*e, dims, arg_shapes(*prog, args.size()), arg_shapes(old, args.size()));
+      duck_size(*e, dims, new_shapes, old_shapes);
       for (auto [a, d] : dims) e->guards[a].dyn_mask |= uint64_t(1) << d;
       for (int s : auto_scalars)
         if (e->guards[s].kind == ArgValue::Kind::Scalar) e->guards[s].dynamic_scalar = true;
@@ -1520,6 +1540,11 @@ std::vector<OutValue> CompiledFunction::Impl::trace(const std::vector<ArgValue>&
                         base->id, bases.size() > 1 ? " and the other candidates" : "");
     }
   }
+  if (bases.empty() && strided_arg >= 0 && options.dynamic == Dynamic::Auto)
+    how = fmt::format("; not made symbolic: argument {} is strided (a slice, a transpose), and "
+                      "strided arguments are specialised per size (pass .contiguous() to let "
+                      "its sizes vary)",
+                      strided_arg);
   if (!e->dynamic && !marked.empty()) {
     if (!bases.empty()) how += "; the marked dims are symbolic";
     mark_symbolic(*prog, arg_shapes(*prog, args.size()), marked);
@@ -1531,7 +1556,7 @@ std::vector<OutValue> CompiledFunction::Impl::trace(const std::vector<ArgValue>&
     e->dynamic = true;
   }
   e->reason = n == 1 ? "first call" : reason + how;
-  if (n > 1) recompiles.push_back(fmt::format("trace #{}: {}{}", n, reason, how));
+  if (n > 1) note_recompile(reason + how);
   e->root = make_chain(prog, 0, options);
   confirm_path(*e, *prog, sizes_key(*e, args));  // the trace itself is at these sizes
   if (log_enabled("guards")) {

@@ -965,3 +965,31 @@ TEST_CASE("compile: a size-dependent op count names the first extra op", "[compi
                               "from #3: add at "));
   CHECK(contains(f.explain(), "compile_test.cpp"));
 }
+
+TEST_CASE("compile: a size-1 broadcast dim that changed earlier stays static", "[compile]") {
+  // Found by review: b's dim 0 changed once (4 -> 1); the entry made symbolic for x's batch
+  // also took b's dim 0 as symbolic (>= 2), failed the call it was traced for, and every new
+  // batch size traced again until the cache limit.
+  auto f = compile([](const Tensor& x, const Tensor& b) { return x + b; });
+  std::vector<std::pair<int64_t, int64_t>> calls{{4, 4}, {6, 6}, {6, 1}, {8, 1}, {9, 1},
+                                                 {10, 1}, {11, 1}, {12, 1}, {13, 1}, {8, 1}};
+  for (auto [n, m] : calls) {
+    Tensor x = arange(n * 3, Float32).view({n, 3}), b = arange(m * 3, Float32).view({m, 3});
+    CHECK(vec(f(x, b)) == vec(x + b));
+  }
+  CHECK(f.compile_count() == 4);
+  CHECK(contains(f.explain(), "arg 1: Tensor float32 [1, 3]"));
+}
+
+TEST_CASE("compile: a strided argument whose size changes says why it stays static",
+          "[compile]") {
+  // Found by review: slices of a padded buffer recompiled per length with no reason given.
+  Tensor buf = arange(4 * 32 * 8, Float32).view({4, 32, 8});
+  auto f = compile([](const Tensor& x) { return softmax(x, -1).sum(); });
+  for (int64_t t : {8, 12}) {
+    Tensor x = buf.slice(1, 0, t);
+    CHECK(f(x).item<float>() == Approx(softmax(x, -1).sum().item<float>()));
+  }
+  CHECK(contains(f.explain(), "not made symbolic: argument 0 is strided"));
+  CHECK(contains(f.explain(), "pass .contiguous()"));
+}
