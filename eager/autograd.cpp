@@ -244,7 +244,7 @@ struct ViewGeometry {
   }
 };
 
-std::atomic<uint64_t> g_copy_slices{0};
+thread_local uint64_t t_copy_slices = 0;
 thread_local uint64_t t_create_graph_backwards = 0;
 
 void check_first_order(const char* node) {
@@ -322,7 +322,7 @@ void rebase_history(const std::shared_ptr<OpNode>& node, Tensor& out) {
   m.output_nr = 0;
   m.is_view_of_grad_tensor = true;
   m.view_version = out.version();
-  g_copy_slices.fetch_add(1, std::memory_order_relaxed);
+  ++t_copy_slices;
 }
 
 }  // namespace
@@ -685,9 +685,7 @@ std::atomic<uint64_t> g_parameter_rebinds{0};
 uint64_t parameter_rebinds() { return g_parameter_rebinds.load(std::memory_order_relaxed); }
 void note_parameter_rebind() { g_parameter_rebinds.fetch_add(1, std::memory_order_relaxed); }
 
-uint64_t in_place_view_writes() {
-  return autograd::g_copy_slices.load(std::memory_order_relaxed);
-}
+uint64_t in_place_view_writes() { return autograd::t_copy_slices; }
 
 bool lost_in_place_history(const Tensor& t) {
   if (!t.defined()) return false;

@@ -24,8 +24,10 @@ void set_grad_enabled(bool enabled);
 /// results and no_grad views.
 bool lost_in_place_history(const Tensor& t);
 
-/// How many in-place ops on views gave their base a new gradient history (CopySlices) in this
-/// process so far. The tracer compares it around a trace: such a function runs eagerly.
+/// How many in-place ops on views gave their base a new gradient history (CopySlices) on this
+/// thread so far. The tracer compares it around a trace (which runs the function on the
+/// calling thread): such a function runs eagerly. Per thread, so that another thread's eager
+/// training loop does not turn functions traced meanwhile eager.
 uint64_t in_place_view_writes();
 
 /// How many times a module's parameter or buffer was replaced by another tensor under the same

@@ -44,9 +44,10 @@ Tensor random_op(OpKind op, const Shape& shape, DType dtype, Scalar low, Scalar 
   return dispatch::call1({op, {}, a, loc});
 }
 
-std::mutex g_rng_mu;
-GeneratorState g_rng{67280421310721ull, 0};
-GeneratorReseeds g_reseeds;  // guarded by g_rng_mu
+// Recursive: a compiled replay holds it (hold_generator) around its own generator calls.
+std::recursive_mutex g_rng_mu;
+GeneratorState g_rng{67280421310721ull, 0};  // guarded by g_rng_mu
+thread_local GeneratorReseeds t_reseeds;
 
 }  // namespace
 
@@ -245,21 +246,25 @@ Tensor scalar_tensor(Scalar value, TensorOptions opts, Loc loc) {
 
 void manual_seed(uint64_t seed, Loc loc) { set_generator_state({seed, 0}, loc); }
 GeneratorState generator_state() {
-  std::lock_guard<std::mutex> lock(g_rng_mu);
+  std::lock_guard<std::recursive_mutex> lock(g_rng_mu);
   return g_rng;
 }
 void set_generator_state(GeneratorState s, Loc loc) {
-  std::lock_guard<std::mutex> lock(g_rng_mu);
+  std::lock_guard<std::recursive_mutex> lock(g_rng_mu);
   g_rng = s;
-  ++g_reseeds.count;
-  g_reseeds.last = loc;
+  ++t_reseeds.count;
+  t_reseeds.last = loc;
 }
-GeneratorReseeds generator_reseeds() {
-  std::lock_guard<std::mutex> lock(g_rng_mu);
-  return g_reseeds;
+GeneratorReseeds generator_reseeds() { return t_reseeds; }
+std::unique_lock<std::recursive_mutex> hold_generator() {
+  return std::unique_lock<std::recursive_mutex>(g_rng_mu);
+}
+void advance_generator(uint64_t blocks) {
+  std::lock_guard<std::recursive_mutex> lock(g_rng_mu);
+  g_rng.offset += blocks;
 }
 uint64_t reserve_random(uint64_t n) {
-  std::lock_guard<std::mutex> lock(g_rng_mu);
+  std::lock_guard<std::recursive_mutex> lock(g_rng_mu);
   uint64_t at = g_rng.offset;
   g_rng.offset += philox::blocks(n);
   return at;

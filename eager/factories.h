@@ -2,6 +2,7 @@
 /// Tensor factories and the global random generator.
 #include <cstdint>
 #include <initializer_list>
+#include <mutex>
 #include <type_traits>
 #include <vector>
 
@@ -109,8 +110,9 @@ struct GeneratorState {
 };
 GeneratorState generator_state();
 void set_generator_state(GeneratorState s, Loc loc = Loc::current());
-/// How many times manual_seed / set_generator_state ran in this process, and where the last
-/// did (for compile(), which compares the count before and after tracing a function).
+/// How many times manual_seed / set_generator_state ran on this thread, and where the last did
+/// (for compile(), which compares the count before and after tracing a function on the calling
+/// thread: another thread's manual_seed does not make it eager).
 struct GeneratorReseeds {
   uint64_t count = 0;
   Loc last;
@@ -119,5 +121,12 @@ GeneratorReseeds generator_reseeds();
 /// Reserves `n` 32-bit draws (rounded up to whole Philox blocks) and returns the counter
 /// offset at which they start; random ops call this so each draw uses fresh counters.
 uint64_t reserve_random(uint64_t n);
+/// Holds the generator for a run of random ops whose draws are counted after they ran (a
+/// compiled replay reads generator_state(), runs, then advance_generator()s): the other
+/// threads' draws wait meanwhile, so that no counter is drawn twice. The holding thread may
+/// call the functions above.
+std::unique_lock<std::recursive_mutex> hold_generator();
+/// Moves the generator's counter offset on by `blocks` Philox blocks (not a reseed).
+void advance_generator(uint64_t blocks);
 
 }  // namespace kiln

@@ -239,6 +239,7 @@ struct Entry {
   DType default_dtype = DType::Float32;
   uint64_t parameter_rebinds = 0;  // eager/autograd.h: no module parameter replaced since
   bool dynamic = false;
+  bool draws_random = false;  // a trace of its tree has random ops: replays hold the generator
   // Duck sizing: argument dims ((arg, dim) pairs) that were equal in the traces a symbolic
   // entry was made from; one symbol stands for both, so they must stay equal.
   std::vector<std::pair<std::pair<int, int>, std::pair<int, int>>> equal_dims;
@@ -854,6 +855,12 @@ void confirm_path(Entry& e, const Program& t, const std::vector<int64_t>& key) {
   for (Segment* s : path_of(*e.root, t)) remember(s->checked_sizes, key);
 }
 
+bool draws_random(const Program& p) {
+  return std::any_of(p.nodes.begin(), p.nodes.end(), [](const Node& n) {
+    return n.kind == Node::Kind::Op && op_info(n.op).category == OpCategory::Random;
+  });
+}
+
 bool insert_branch(Segment& root, const std::shared_ptr<const Program>& p,
                    const CompileOptions& o) {
   Segment* seg = &root;
@@ -1090,6 +1097,10 @@ std::vector<OutValue> CompiledFunction::Impl::replay(Entry& e, const std::vector
     if (args[i].kind == ArgValue::Kind::Tensor) st.args[i] = args[i].tensor;
     if (args[i].kind == ArgValue::Kind::Scalar) st.scalars[i] = args[i].scalar;
   }
+  // The counters a replay draws are known after it ran: holding the generator meanwhile keeps
+  // other threads from drawing them too (concurrent replays repeated each other's dropout).
+  std::unique_lock<std::recursive_mutex> generator;
+  if (e.draws_random) generator = hold_generator();
   st.rng = generator_state();
   Segment* seg = e.root.get();
   st.in_place = seg->program->aliased_mutation;
@@ -1105,8 +1116,8 @@ std::vector<OutValue> CompiledFunction::Impl::replay(Entry& e, const std::vector
   }
   const Program& p = *seg->program;
   if (ran) *ran = seg->program;
-  if (uint64_t used = st.rng_offset(p, p.nodes.size()))
-    set_generator_state({st.rng.seed, st.rng.offset + used});
+  if (uint64_t used = st.rng_offset(p, p.nodes.size())) advance_generator(used);
+  if (generator) generator.unlock();
   std::vector<std::pair<int, Tensor>> originals;
   // The entry's grad mode is guarded, so a traced backward means the outputs required grad
   // (also under no_grad, when the function enabled grad inside).
@@ -1441,6 +1452,7 @@ std::vector<OutValue> CompiledFunction::Impl::trace(const std::vector<ArgValue>&
   if (missing_branch && !failed->dynamic && insert_branch(*failed->root, prog, options)) {
     confirm_path(*failed, *prog, sizes_key(*failed, args));
     add_host_values(*failed, *prog);
+    failed->draws_random |= draws_random(*prog);
     note_recompile("new branch: " + reason);
     if (log_enabled("graph")) fmt::print(stderr, "kiln.compile: '{}' branch added\n", name);
     return outs;
@@ -1558,6 +1570,7 @@ std::vector<OutValue> CompiledFunction::Impl::trace(const std::vector<ArgValue>&
   e->reason = n == 1 ? "first call" : reason + how;
   if (n > 1) note_recompile(reason + how);
   e->root = make_chain(prog, 0, options);
+  e->draws_random = draws_random(*prog);
   confirm_path(*e, *prog, sizes_key(*e, args));  // the trace itself is at these sizes
   if (log_enabled("guards")) {
     std::string gs;

@@ -1,6 +1,7 @@
 // kiln::compile: replay, guards, recompiles, automatic dynamic, trace trees, mutation, errors.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <thread>
 
@@ -992,4 +993,55 @@ TEST_CASE("compile: a strided argument whose size changes says why it stays stat
   }
   CHECK(contains(f.explain(), "not made symbolic: argument 0 is strided"));
   CHECK(contains(f.explain(), "pass .contiguous()"));
+}
+
+TEST_CASE("compile: concurrent replays with random ops draw distinct numbers",
+          "[compile][threads]") {
+  // Found by review: a replay read the generator's offset, ran, then set offset + used; two
+  // threads replaying at once drew the same counters (696 distinct noise vectors of 900).
+  auto f = compile([](const Tensor& x) { return x + randn_like(x); });
+  Tensor x = zeros({256});
+  f(x);
+  f(x);  // traced and replayed once: later calls replay
+  const GeneratorState before = generator_state();
+  constexpr int kThreads = 3, kCalls = 100;
+  std::vector<std::vector<float>> draws(kThreads * kCalls);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t)
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < kCalls; ++i) draws[t * kCalls + i] = vec(f(x));
+    });
+  for (std::thread& t : threads) t.join();
+  std::sort(draws.begin(), draws.end());
+  CHECK(std::unique(draws.begin(), draws.end()) == draws.end());
+  // Each call advanced the generator by its own draws, as one eager randn_like does.
+  const uint64_t advanced = generator_state().offset - before.offset;
+  const uint64_t start = generator_state().offset;
+  randn_like(x);
+  const uint64_t per_call = generator_state().offset - start;
+  CHECK(per_call > 0);
+  CHECK(advanced == uint64_t(kThreads) * kCalls * per_call);
+  CHECK(f.compile_count() == 1);
+}
+
+TEST_CASE("compile: another thread's view writes and reseeds do not make a trace eager",
+          "[compile][threads]") {
+  // Found by review: process-wide counters compared around a trace turned functions eager
+  // (naming kiln's own replay as the reseed) when another thread wrote into a view, reseeded,
+  // or replayed a function with random ops meanwhile.
+  auto other_thread = [] {
+    std::thread([] {
+      Tensor h = ones({4}, Float32).requires_grad_().clone();
+      h.slice(0, 0, 2) *= 3.0;  // CopySlices
+      manual_seed(5);
+    }).join();
+  };
+  auto f = compile([&](const Tensor& x) {
+    other_thread();  // while this function is being traced
+    return x * 2.0;
+  });
+  CHECK(vec(f(ones({2}))) == std::vector<float>{2, 2});
+  CHECK(vec(f(ones({2}))) == std::vector<float>{2, 2});
+  CHECK_FALSE(contains(f.explain(), "runs eagerly from now on"));
+  CHECK(f.compile_count() == 1);
 }
