@@ -3,6 +3,9 @@
 #include <atomic>
 #include <cmath>
 #include <mutex>
+#include <new>
+
+#include <pthread.h>
 
 #include "core/philox.h"
 #include "eager/dispatch.h"
@@ -45,7 +48,14 @@ Tensor random_op(OpKind op, const Shape& shape, DType dtype, Scalar low, Scalar 
 }
 
 // Recursive: a compiled replay holds it (hold_generator) around its own generator calls.
+// fork() waits for it (a replay on another thread holds it for the replay), so the child's copy
+// is not held by a thread that does not exist there.
 std::recursive_mutex g_rng_mu;
+const bool g_rng_fork_handlers = [] {
+  pthread_atfork([] { g_rng_mu.lock(); }, [] { g_rng_mu.unlock(); },
+                 [] { new (&g_rng_mu) std::recursive_mutex(); });
+  return true;
+}();
 GeneratorState g_rng{67280421310721ull, 0};  // guarded by g_rng_mu
 thread_local GeneratorReseeds t_reseeds;
 

@@ -1,6 +1,7 @@
 #include "backends/cpu/parallel.h"
 
 #include <immintrin.h>
+#include <pthread.h>
 
 #include <algorithm>
 #include <atomic>
@@ -176,9 +177,25 @@ int default_threads() {
   return std::clamp<int>(static_cast<int>(std::thread::hardware_concurrency()), 1, kMaxThreads);
 }
 
+// Leaked: workers outlive statics. A fork() child starts a fresh pool on first use: the
+// parent's workers do not exist there, and the pool's mutexes may have been held by a thread
+// that was running a parallel region when another forked (the child deadlocked in run()).
+std::atomic<ThreadPool*> g_pool{nullptr};
+std::atomic<int> g_pool_size{0};  // the size set, for the child's fresh pool
+
 ThreadPool& pool() {
-  static auto* p = new ThreadPool(default_threads());  // leaked: workers outlive statics
-  return *p;
+  if (ThreadPool* p = g_pool.load(std::memory_order_acquire)) return *p;
+  static const bool registered = [] {
+    pthread_atfork(nullptr, nullptr, [] { g_pool.store(nullptr, std::memory_order_release); });
+    return true;
+  }();
+  (void)registered;
+  const int size = g_pool_size.load();
+  auto* fresh = new ThreadPool(size > 0 ? size : default_threads());
+  ThreadPool* expected = nullptr;
+  if (g_pool.compare_exchange_strong(expected, fresh, std::memory_order_acq_rel)) return *fresh;
+  delete fresh;  // another thread made the pool first
+  return *expected;
 }
 
 }  // namespace
@@ -189,7 +206,10 @@ bool set_flush_denormal(bool on) {
   _mm_setcsr(on ? csr | kFlushDenormal : csr & ~kFlushDenormal);
   return true;
 }
-void set_num_threads(int n) { pool().resize(std::clamp(n, 1, kMaxThreads)); }
+void set_num_threads(int n) {
+  g_pool_size.store(std::clamp(n, 1, kMaxThreads));
+  pool().resize(g_pool_size.load());
+}
 
 bool in_parallel_region() { return t_in_parallel; }
 

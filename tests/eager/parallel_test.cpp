@@ -9,6 +9,9 @@
 #include <thread>
 #include <vector>
 
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include "backends/cpu/parallel.h"
 #include "kiln/kiln.h"
 
@@ -152,4 +155,36 @@ TEST_CASE("set_flush_denormal: denormal results and inputs are zero on every thr
   CHECK(set_flush_denormal(false));
   std::vector<float> back = (tiny * tiny).to_vector<float>();
   CHECK(std::all_of(back.begin(), back.end(), [](float v) { return v == 1e-20f * 1e-20f; }));
+}
+
+TEST_CASE("fork() while another thread runs parallel ops: the child's ops work", "[fork]") {
+  // Found by review: the child inherited the pool's mutexes held by the busy thread (and the
+  // generator's) and deadlocked in its first parallel op. The child starts a fresh pool.
+  ThreadCount two(2);
+  std::atomic<bool> stop{false};
+  std::thread busy([&] {
+    Tensor a = ones({1 << 20});
+    while (!stop) {
+      (a * 2.0 + 1.0).sum();
+      randn({4096});
+    }
+  });
+  int ok = 0;
+  for (int i = 0; i < 5; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(3));
+    pid_t pid = fork();
+    if (pid == 0) {
+      alarm(20);  // a deadlock ends the child with SIGALRM
+      Tensor a = full({1 << 20}, 2.0);
+      bool right = (a * 2.0 + 1.0).sum().item<double>() == 5.0 * (1 << 20);
+      right &= randn({1 << 16}).numel() == (1 << 16);
+      _exit(right ? 0 : 1);
+    }
+    int status = 0;
+    waitpid(pid, &status, 0);
+    ok += WIFEXITED(status) && WEXITSTATUS(status) == 0;
+  }
+  stop = true;
+  busy.join();
+  CHECK(ok == 5);
 }
