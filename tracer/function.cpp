@@ -45,6 +45,7 @@ constexpr size_t kMaxHostReads = 256;
 // Internal: the replay reached a decision outcome the trace tree has no branch for.
 struct MissingBranch {
   Scalar value;
+  Loc loc;  // the host read's
 };
 // Internal: a symbolic entry's replay reached a branch no trace confirmed for these sizes.
 struct UncheckedBranch {};
@@ -715,8 +716,13 @@ std::vector<OutValue> CompiledFunction::call(const std::vector<ArgValue>& given,
           ++e->hits;  // a call that traced a new branch instead is not a replay
           return outs;
         } catch (const MissingBranch& m) {
-          std::string why =
-              fmt::format("host read gave {}, a value not seen before", m.value.str());
+          std::string why = fmt::format("host read at {}:{} gave {}, a value not seen before",
+                                        m.loc.file_name(), m.loc.line(), m.value.str());
+          // Each value of a float read is a branch of its own: a comparison read as a bool
+          // has two.
+          if (m.value.is_floating())
+            why += " (each value read is a branch of its own: branch on a comparison made on "
+                   "the tensor, read as a bool, e.g. (x.sum() > 0).item<bool>())";
           // A symbolic entry holds one path of a trace tree: another entry may hold this one.
           if (e->dynamic) {
             if (!lacks_branch) lacks_branch = e, lacks_reason = why;
@@ -1110,7 +1116,7 @@ std::vector<OutValue> CompiledFunction::Impl::replay(Entry& e, const std::vector
     std::optional<Scalar> read = seg->plan->run(st);
     if (seg->leaf) break;
     Segment* c = seg->child(*read);
-    if (!c) throw MissingBranch{*read};
+    if (!c) throw MissingBranch{*read, seg->program->nodes[seg->end - 1].loc};
     if (e.dynamic && !contains(c->checked_sizes, sizes_key(e, args))) throw UncheckedBranch{};
     seg = c;
   }

@@ -261,9 +261,17 @@ bool overwritten_before_read(const Program& p, int v) {
 // (start, step) when `t` is a 1-D integer tensor start + i * step of at least 2 elements
 // (arange), else nothing.
 std::optional<std::pair<int64_t, int64_t>> ramp_of(const Tensor& t) {
-  if (!t.defined() || t.dim() != 1 || t.numel() < 2 || !is_integral(t.dtype()) ||
-      t.dtype() == DType::Bool)
+  if (!t.defined() || t.dim() != 1 || t.numel() < 2 || t.dtype() == DType::Bool)
     return std::nullopt;
+  if (!is_integral(t.dtype())) {
+    // A float arange of whole numbers (arange(n, Float32)), each exact in its dtype, is
+    // materialised by arange as exactly.
+    if (t.dtype() != DType::Float32 && t.dtype() != DType::Float64) return std::nullopt;
+    const double exact = t.dtype() == DType::Float32 ? 0x1p24 : 0x1p53;
+    std::vector<double> f = untraced([&] { return t.to_vector<double>(); });
+    for (double e : f)
+      if (!(std::fabs(e) <= exact) || e != std::trunc(e)) return std::nullopt;
+  }
   std::vector<int64_t> x = untraced([&] { return t.to(DType::Int64).to_vector<int64_t>(); });
   int64_t step = x[1] - x[0];
   for (size_t i = 2; i < x.size(); ++i)
@@ -314,7 +322,9 @@ std::string same_structure(const Program& a, const Program& b) {
     }
     if (n.kind != Node::Kind::Op) continue;
     if (!same_fixed_attrs(n.attrs, o.attrs))
-      return fmt::format("attributes of op #{} ({}) differ", i, op_name(n.op));
+      return fmt::format("attributes of op #{} ({}: a fill value, clamp bounds, a dim) differ "
+                         "between the traces",
+                         i, describe(n));
     for (int k = 0; k < n.attrs.dims.size(); ++k)
       if (!dims_are_sizes(n.op) && n.attrs.dims[k] != o.attrs.dims[k])
         return fmt::format("a shape attribute of {} is not symbolic", op_name(n.op));
@@ -439,9 +449,11 @@ std::string generalize(Program& nw, const Program& old, const std::vector<Shape>
         std::tie(ns.ramp_start, ns.ramp_step) = *nr;
         continue;
       }
-      return fmt::format("a tensor the function creates from host data ({} {}) differs between "
-                         "the sizes and is neither an arange nor overwritten by fill_/copy_",
-                         name(ns.snapshot.dtype()), to_string(ns.snapshot.shape()));
+      return fmt::format("a tensor the function creates from host data ({} {}, read first by "
+                         "{}) differs between the sizes and is neither an arange of whole "
+                         "numbers nor overwritten by fill_/copy_",
+                         name(ns.snapshot.dtype()), to_string(ns.snapshot.shape()),
+                         user_of_source(g, int(s)));
     }
     if (ns.kind != SourceKind::Constant || same(ns.scalar, os.scalar)) continue;
     bool found = false;

@@ -1045,3 +1045,15 @@ TEST_CASE("compile: another thread's view writes and reseeds do not make a trace
   CHECK_FALSE(contains(f.explain(), "runs eagerly from now on"));
   CHECK(f.compile_count() == 1);
 }
+
+TEST_CASE("compile: a new host-read value names the read's line and suggests a bool",
+          "[compile]") {
+  auto f = compile([](const Tensor& x) {
+    return x.sum().item<float>() > 0 ? x * 2.0 : x * 3.0;  // a float read: a branch per value
+  });
+  CHECK(vec(f(ones({2}))) == std::vector<float>{2, 2});
+  CHECK(vec(f(full({2}, -1.0))) == std::vector<float>{-3, -3});
+  CHECK(contains(f.explain(), "new branch: host read at "));
+  CHECK(contains(f.explain(), "compile_test.cpp"));
+  CHECK(contains(f.explain(), "gave -2, a value not seen before (each value read is a branch"));
+}
