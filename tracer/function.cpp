@@ -861,6 +861,22 @@ void confirm_path(Entry& e, const Program& t, const std::vector<int64_t>& key) {
   for (Segment* s : path_of(*e.root, t)) remember(s->checked_sizes, key);
 }
 
+// One line per guard of entry `e`, each after `indent` (explain(), KILN_LOGS=guards).
+std::string describe_guards(const Entry& e, std::string_view indent) {
+  std::string out;
+  for (size_t i = 0; i < e.guards.size(); ++i)
+    out += fmt::format("{}{}\n", indent, describe_guard(e.guards[i], i));
+  for (auto [x, y] : e.equal_dims)
+    out += fmt::format("{}arg {} dim {} == arg {} dim {} (equal in the traces)\n", indent,
+                       x.first, x.second, y.first, y.second);
+  for (const HostValue& h : e.host_values)
+    out += fmt::format("{}guarded host value {} == {} (at {}:{})\n", indent, h.what,
+                       h.value.str(), h.loc.file_name(), h.loc.line());
+  out += fmt::format("{}grad mode == {}; default dtype == {}\n", indent, e.grad_enabled,
+                     kiln::name(e.default_dtype));
+  return out;
+}
+
 bool draws_random(const Program& p) {
   return std::any_of(p.nodes.begin(), p.nodes.end(), [](const Node& n) {
     return n.kind == Node::Kind::Op && op_info(n.op).category == OpCategory::Random;
@@ -1578,14 +1594,9 @@ std::vector<OutValue> CompiledFunction::Impl::trace(const std::vector<ArgValue>&
   e->root = make_chain(prog, 0, options);
   e->draws_random = draws_random(*prog);
   confirm_path(*e, *prog, sizes_key(*e, args));  // the trace itself is at these sizes
-  if (log_enabled("guards")) {
-    std::string gs;
-    for (size_t i = 0; i < e->guards.size(); ++i) gs += "  " + describe_guard(e->guards[i], i) + "\n";
-    for (const HostValue& h : e->host_values)
-      gs += fmt::format("  host value {} == {} ({}:{})\n", h.what, h.value.str(),
-                        h.loc.file_name(), h.loc.line());
-    fmt::print(stderr, "kiln.compile: '{}' guards of specialisation #{}:\n{}", name, e->id, gs);
-  }
+  if (log_enabled("guards"))
+    fmt::print(stderr, "kiln.compile: '{}' guards of specialisation #{}:\n{}", name, e->id,
+               describe_guards(*e, "  "));
   if (log_enabled("graph")) {
     std::string tree;
     describe_tree(*e->root, 0, tree);
@@ -1613,19 +1624,18 @@ std::string CompiledFunction::explain() const {
   for (auto& e : im.entries) {
     out += fmt::format("specialisation #{} ({}; {} replay(s)):\n  guards:\n", e->id, e->reason,
                        e->hits.load());
-    for (size_t i = 0; i < e->guards.size(); ++i)
-      out += "    " + describe_guard(e->guards[i], i) + "\n";
-    for (auto [x, y] : e->equal_dims)
-      out += fmt::format("    arg {} dim {} == arg {} dim {} (equal in the traces)\n", x.first,
-                         x.second, y.first, y.second);
-    for (const HostValue& h : e->host_values)
-      out += fmt::format("    guarded host value {} == {} (at {}:{})\n", h.what,
-                         h.value.str(), h.loc.file_name(), h.loc.line());
-    out += fmt::format("    grad mode == {}; default dtype == {}\n", e->grad_enabled,
-                       kiln::name(e->default_dtype));
-    if (e->dynamic)
+    out += describe_guards(*e, "    ");
+    if (e->dynamic) {
       out += fmt::format("  symbolic: confirmed by a trace for {} size set(s), refuted for {}\n",
                          e->checked_sizes.size(), e->refuted_sizes.size());
+      // Such traces run the function eagerly: say so where they come from scalar values.
+      bool scalars = std::any_of(e->guards.begin(), e->guards.end(),
+                                 [](const ArgGuard& g) { return g.dynamic_scalar; });
+      if (scalars)
+        out += "  each new value of a dynamic host scalar is traced once (at eager speed) to "
+               "confirm it, as host code may branch on it: pass a number that changes on "
+               "every call (a learning rate) as a 0-d tensor\n";
+    }
     const Program& p = *e->root->program;
     int captured = 0, host_inputs = 0;
     for (const Source& s : p.sources) {

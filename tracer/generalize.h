@@ -45,10 +45,10 @@ std::string generalize(Program& nw, const Program& old, const std::vector<Shape>
 /// same ops, every size / bound / view shape equal to its symbolic formula, the same
 /// constants. Else the first difference. Automatic dynamic shapes infer formulas from two traces
 /// and cannot see the C++ arithmetic that made an integer (`x.size(0) / 2` is 1 for sizes 2
-/// and 3), so a symbolic specialisation is checked this way once per new size set. Host-scalar
-/// arguments made dynamic are not confirmed per value (a learning rate may change every call, and
-/// a trace per call would be eager speed): a constant computed from such a scalar that equals it
-/// in both traces would still be taken for the scalar.
+/// and 3), so a symbolic specialisation is checked this way once per new size set. The value of a
+/// host-scalar argument made dynamic is part of that set (sizes_key in function.cpp): host code
+/// may branch on it, so each new value is confirmed once too (a number that changes on every
+/// call belongs in a 0-d tensor).
 std::string conforms(const Program& trace, const Program& sym, const std::vector<Shape>& shapes,
                      const std::vector<Scalar>& scalars);
 

@@ -219,6 +219,7 @@ TEST_CASE("FC-08 (compile): host scalars specialise, then become dynamic", "[com
   CHECK(cf.compile_count() == 2);  // K = 1: the first value specialises, the second makes it dynamic
   CHECK(contains(cf.explain(), "argument 1 (host scalar) is 2, expected 1"));
   CHECK(contains(cf.explain(), "host scalar of kind float (dynamic)"));
+  CHECK(contains(cf.explain(), "each new value of a dynamic host scalar is traced once"));
 }
 
 TEST_CASE("FC-10 (compile): host branches on arguments are guarded", "[compile]") {
