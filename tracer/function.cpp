@@ -1517,10 +1517,16 @@ std::vector<OutValue> CompiledFunction::Impl::trace(const std::vector<ArgValue>&
         for (int d = 0; d < args[a].tensor.dim(); ++d)
           if (args[a].tensor.size(d) >= 2) marked.push_back({int(a), d});  // as automatic
   // A marked dim traced at size 1 that the trace may have broadcast stays specialised.
+  std::string unmarked;  // marks not applied to this trace, for its reason
   if (broadcasts_size_one(*prog))
     std::erase_if(marked, [&](std::pair<int, int> ad) {
       const Tensor& t = args[ad.first].tensor;
-      return ad.second < t.dim() && t.size(ad.second) < 2;
+      bool size_one = ad.second < t.dim() && t.size(ad.second) < 2;
+      if (size_one)
+        unmarked += fmt::format("; mark_dynamic({}, {}) is not applied to this trace: its size "
+                                "is {}, which the trace broadcast",
+                                ad.first, ad.second, t.size(ad.second));
+      return size_one;
     });
   std::string how;
   for (size_t try_index = 0; try_index < bases.size() && !e->dynamic; ++try_index) {
@@ -1580,7 +1586,7 @@ std::vector<OutValue> CompiledFunction::Impl::trace(const std::vector<ArgValue>&
                       "its sizes vary)",
                       strided_arg);
   if (!e->dynamic && !marked.empty()) {
-    if (!bases.empty()) how += "; the marked dims are symbolic";
+    if (!bases.empty()) how += "; the marked dims are symbolic all the same";
     mark_symbolic(*prog, arg_shapes(*prog, args.size()), marked);
     duck_size(*e, marked, arg_shapes(*prog, args.size()), {});
     for (auto [a, d] : marked) {
@@ -1589,7 +1595,8 @@ std::vector<OutValue> CompiledFunction::Impl::trace(const std::vector<ArgValue>&
     }
     e->dynamic = true;
   }
-  e->reason = n == 1 ? "first call" : reason + how;
+  how += unmarked;
+  e->reason = n == 1 ? "first call" + unmarked : reason + how;
   if (n > 1) note_recompile(reason + how);
   e->root = make_chain(prog, 0, options);
   e->draws_random = draws_random(*prog);

@@ -34,6 +34,9 @@ std::string describe(const Node& n) {
   std::string what = n.kind == Node::Kind::Read       ? "a host read"
                      : n.kind == Node::Kind::Callback ? "a callback"
                                                       : std::string(op_name(n.op));
+  if (inside_kiln(n.loc))  // recorded from kiln's own code: a backward, a composite op
+    return fmt::format("{} in kiln's backward or a composite op ({}:{})", what, n.loc.file_name(),
+                       n.loc.line());
   return fmt::format("{} at {}:{}", what, n.loc.file_name(), n.loc.line());
 }
 

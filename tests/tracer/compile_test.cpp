@@ -1058,3 +1058,13 @@ TEST_CASE("compile: a new host-read value names the read's line and suggests a b
   CHECK(contains(f.explain(), "compile_test.cpp"));
   CHECK(contains(f.explain(), "gave -2, a value not seen before (each value read is a branch"));
 }
+
+TEST_CASE("compile: a mark_dynamic dim first traced at size 1 and broadcast says so",
+          "[compile]") {
+  // Found by review: the mark was dropped with nothing in explain() to say so.
+  auto f = compile([](const Tensor& x) { return (x * ones({5, 3})).sum(); },
+                   {.dynamic_dims = {{0, 0}}});
+  CHECK(f(ones({1, 3})).item<float>() == 15);
+  CHECK(contains(f.explain(), "first call; mark_dynamic(0, 0) is not applied to this trace: its "
+                              "size is 1, which the trace broadcast"));
+}
