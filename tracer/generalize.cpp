@@ -402,9 +402,18 @@ std::string generalize(Program& nw, const Program& old, const std::vector<Shape>
       // A formula the witnesses refute is still taken if none fits them all: the confirming
       // trace of each new size set decides.
       if (!explain(nv.shape[d], ov.shape[d], nv.sym[d], accept) &&
-          !explain(nv.shape[d], ov.shape[d], nv.sym[d]))
-        return fmt::format("a size ({} vs {}) is not a multiple of a changed argument size",
-                           nv.shape[d], ov.shape[d]);
+          !explain(nv.shape[d], ov.shape[d], nv.sym[d])) {
+        for (int a : scalars)  // a size given by a host integer: say which, and what to do
+          if (a < int(new_scalars.size()) && new_scalars[a].is_integral() &&
+              new_scalars[a].to<int64_t>() == nv.shape[d] &&
+              old_scalars[a].to<int64_t>() == ov.shape[d])
+            return fmt::format("a size ({} vs {}, of {}) is host-scalar argument {}: sizes "
+                               "given by host integers are specialised per value (take the size "
+                               "from a tensor argument's shape to make it symbolic)",
+                               nv.shape[d], ov.shape[d], origin(g, int(v)), a);
+        return fmt::format("a size ({} vs {}, of {}) is not a multiple of a changed argument size",
+                           nv.shape[d], ov.shape[d], origin(g, int(v)));
+      }
     }
   }
   for (size_t i = 0; i < g.nodes.size(); ++i) {

@@ -545,3 +545,13 @@ TEST_CASE("automatic dynamic: a float arange of the batch size becomes symbolic"
   CHECK(contains(g.explain(), "read first by unsqueeze at "));
   CHECK(contains(g.explain(), "dynamic_training_test.cpp"));
 }
+
+TEST_CASE("automatic dynamic: a size given by a host integer says so", "[compile]") {
+  auto f = compile([](const Tensor& x, int64_t k) { return x.slice(1, 0, k).sum(1); });
+  for (int64_t k : {2, 3}) {
+    Tensor x = ramp(4, 6, 0.25);
+    CHECK(max_rel(f(x, k), x.slice(1, 0, k).sum(1)) < 1e-6);
+  }
+  CHECK(contains(f.explain(), "is host-scalar argument 1: sizes given by host integers are "
+                              "specialised per value"));
+}
