@@ -1213,6 +1213,10 @@ std::vector<OutValue> CompiledFunction::Impl::replay(Entry& e, const std::vector
     for (int k : p.retained_outputs)
       if (outs[k].tensor.requires_grad() && !outs[k].tensor.is_leaf()) outs[k].tensor.retain_grad();
   }
+  for (auto [k, leaf_requires_grad] : p.detached_outputs) {
+    outs[k].tensor = outs[k].tensor.detach();
+    if (leaf_requires_grad) outs[k].tensor.requires_grad_(true);
+  }
   return outs;
 }
 
@@ -1275,6 +1279,9 @@ std::vector<OutValue> CompiledFunction::Impl::trace(const std::vector<ArgValue>&
     for (const OutValue& o : outs) {
       bool undefined = o.is_tensor && !o.tensor.defined();
       prog->outputs.push_back(o.is_tensor && !undefined ? rec.lookup(o.tensor) : -1);
+      if (int v = prog->outputs.back(); v >= 0 && !o.tensor.is_same(rec.tensor(v)) &&
+                                        o.tensor.is_leaf())
+        prog->detached_outputs.push_back({int(prog->outputs.size()) - 1, o.tensor.requires_grad()});
       prog->output_constants.push_back(o.is_tensor ? Scalar() : o.scalar);
       prog->output_undefined.push_back(undefined);
     }

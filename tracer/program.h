@@ -136,6 +136,10 @@ struct Program {
   std::vector<int> outputs;
   std::vector<Scalar> output_constants;
   std::vector<bool> output_undefined;
+  /// Outputs that were another tensor than their value's own, found by its geometry: a
+  /// `x.detach()` (and whether it was then made a leaf that requires grad). Replays return
+  /// the value detached, as eager returned a new tensor without x's autograd history.
+  std::vector<std::pair<int, bool>> detached_outputs;
   /// In-place writes to arguments / captured tensors: (source index, final value id).
   std::vector<std::pair<int, int>> write_backs;
   /// .grad of leaves at the end of the call: (value id of the leaf, value id or -1 = none).

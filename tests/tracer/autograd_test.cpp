@@ -765,3 +765,39 @@ TEST_CASE("compile: an output computed from another output that requires grad ru
   }
   CHECK(cr.compile_count() == 1);
 }
+
+TEST_CASE("compile: a detached output is a new tensor without history on every call",
+          "[compile][autograd]") {
+  // Found by review: replays returned x itself for x.detach(), so gradient flowed through it.
+  auto f = compile([](const Tensor& x) { return x.detach(); });
+  auto leaf = compile([](const Tensor& x) { return x.detach().requires_grad_(); });
+  for (int call = 0; call < 3; ++call) {
+    Tensor x = tensor({1.0f, 2.0f, 3.0f}).requires_grad_();
+    Tensor d = f(x);
+    CHECK_FALSE(d.is_same(x));
+    CHECK_FALSE(d.requires_grad());
+    CHECK(d.storage().get() == x.storage().get());  // shares x's memory, as eager's detach
+    CHECK_THROWS_AS((d * d).sum().backward(), Error);
+    Tensor o = leaf(x);
+    (o * o).sum().backward();
+    CHECK(vec(o.grad()) == std::vector<float>{2, 4, 6});
+    CHECK_FALSE(x.grad().defined());
+  }
+}
+
+TEST_CASE("compile: outputs of one call are back-propagated one after the other",
+          "[compile][autograd]") {
+  // Found by review: the outputs share one backward node, which the first backward freed, so
+  // the second raised "backward through the graph a second time" from the first replay on.
+  auto f = compile([](const Tensor& x) { return std::vector<Tensor>{x * 2.0, exp(x)}; });
+  for (int call = 0; call < 3; ++call) {
+    Tensor x = tensor({1.0f, 0.0f}).requires_grad_();
+    std::vector<Tensor> o = f(x);
+    o[1].sum().backward();
+    o[0].sum().backward();
+    std::vector<float> g = vec(x.grad());
+    CHECK(g[0] == Approx(2 + std::exp(1.0)));
+    CHECK(g[1] == Approx(3.0));
+    CHECK_THROWS_WITH(o[0].sum().backward(), Catch::Contains("a second time"));  // as eager
+  }
+}
