@@ -294,6 +294,10 @@ Tensor addmm(const Tensor& bias, const Tensor& a, const Tensor& b, Scalar beta, 
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Loc loc) {
   KILN_CHECK(weight.defined() && weight.dim() == 2, "linear", loc,
              "weight must be 2-D [out_features, in_features]");
+  KILN_CHECK(!x.defined() || x.dim() == 0 || x.size(-1) == weight.size(1), "linear", loc,
+             "the input {} has {} features in its last dim; the weight {} [out_features, "
+             "in_features] takes {}",
+             to_string(x.shape()), x.size(-1), to_string(weight.shape()), weight.size(1));
   return as_op("linear", [&] {
     if (bias.defined() && x.defined() && x.dim() == 2)
       return addmm(bias, x, weight.t(loc), 1, 1, loc);

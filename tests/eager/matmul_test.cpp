@@ -261,6 +261,10 @@ TEST_CASE("linear: x @ weight^T + bias") {
   std::vector<double> got3 = y3.to_vector<double>();
   for (size_t i = 0; i < got3.size(); ++i) CHECK(got3[i] == Approx(want3[i]).margin(1e-5));
   CHECK_THROWS_AS(linear(x, make({3, 5}, Float32, 1)), Error);
+  // The error speaks of features and the weight as given, not of the transposed product.
+  CHECK_THROWS_WITH(linear(x, make({3, 5}, Float32, 1)),
+                    Catch::Contains("has 4 features in its last dim; the weight [3, 5] "
+                                    "[out_features, in_features] takes 5"));
 }
 
 TEST_CASE("large matmul: correct, and the same on one thread and on the pool") {
