@@ -2,6 +2,7 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <tuple>
 
 #include "kiln/kiln.h"
 
@@ -417,5 +418,31 @@ TEST_CASE("Tensor methods spell the functions as PyTorch does, with the caller's
     FAIL("no error");
   } catch (const Error& e) {
     CHECK_THAT(e.what(), Catch::Contains(__FILE__));
+  }
+}
+
+TEST_CASE("contiguous() of transposed last dims: every element, every element size") {
+  // The blocked transpose path (backends/cpu/copy.cpp): shapes that are not multiples of the
+  // tile, a batch with a non-contiguous leading dim, and 1-, 4- and 8-byte elements.
+  for (auto [b, r, c] : {std::tuple<int64_t, int64_t, int64_t>{1, 1024, 1024}, {3, 37, 70},
+                         {2, 8, 129}, {1, 100, 8}}) {
+    Tensor base = arange(b * r * c, DType::Int64).view({b, c, r});
+    // [b, r, c] with stride 1 in dim 1; the batch dim made non-contiguous by a step slice.
+    Tensor wide = stack({base, base}, 1).view({2 * b, c, r});  // each batch element twice
+    Tensor src = wide.slice(0, 0, 2 * b, 2).transpose(1, 2);
+    REQUIRE(src.shape() == Shape{b, r, c});
+    std::vector<int64_t> want(b * r * c);
+    for (int64_t i = 0; i < b; ++i)
+      for (int64_t j = 0; j < r; ++j)
+        for (int64_t k = 0; k < c; ++k) want[(i * r + j) * c + k] = (i * c + k) * r + j;
+    CHECK(src.contiguous().to_vector<int64_t>() == want);
+    for (DType t : {DType::Float32, DType::Float64, DType::Int32}) {
+      Tensor typed = wide.to(t).slice(0, 0, 2 * b, 2).transpose(1, 2).contiguous();
+      CHECK(typed.to(DType::Int64).to_vector<int64_t>() == want);
+    }
+    Tensor flags = (wide.slice(0, 0, 2 * b, 2) % 3 == 0).transpose(1, 2).contiguous();
+    std::vector<bool> expect_flags;
+    for (int64_t v : want) expect_flags.push_back(v % 3 == 0);
+    CHECK(flags.to_vector<bool>() == expect_flags);
   }
 }
