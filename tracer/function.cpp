@@ -623,8 +623,8 @@ std::shared_ptr<const Program> last_replayed_program() { return t_last_replayed;
 std::vector<OutValue> CompiledFunction::call(const std::vector<ArgValue>& given,
                                              const Invoke& invoke, Loc loc) {
   Impl& im = *impl_;
-  // What last_replayed_program() gives after this call: calls nested in its trace or eager run
-  // do not answer for it.
+  // What last_replayed_program() gives after this call (CompileOptions::check only): calls
+  // nested in its trace or eager run do not answer for it.
   struct LastReplayed {
     std::shared_ptr<const Program> program;
     ~LastReplayed() { t_last_replayed = std::move(program); }
@@ -712,7 +712,8 @@ std::vector<OutValue> CompiledFunction::call(const std::vector<ArgValue>& given,
           break;
         }
         try {
-          std::vector<OutValue> outs = im.replay(*e, args, &replayed.program);
+          std::vector<OutValue> outs =
+              im.replay(*e, args, options_.check ? &replayed.program : nullptr);
           ++e->hits;  // a call that traced a new branch instead is not a replay
           return outs;
         } catch (const MissingBranch& m) {

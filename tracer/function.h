@@ -129,8 +129,9 @@ class CompiledFunction {
 };
 
 struct Program;
-/// The trace the calling thread's latest CompiledFunction::call replayed; null when that call
-/// traced, or ran eagerly (CompileOptions::check names how a stale trace differs from eager).
+/// The trace the calling thread's latest CompiledFunction::call replayed, for a function with
+/// CompileOptions::check (which names how a stale trace differs from eager); null when that
+/// call traced, ran eagerly, or had no check.
 std::shared_ptr<const Program> last_replayed_program();
 
 /// Whether KILN_COMPILE=0 turned compile() into plain eager calls (read once).
