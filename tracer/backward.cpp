@@ -289,6 +289,13 @@ void attach_backward(const std::shared_ptr<const Program>& pp,
   keep.in_place = false;
   keep.slots.resize(p.values.size());
   for (int v : saved) keep.slots[v] = st.value(p, v);
+  // An output saved for backward is kept as another handle to its memory: the output gets this
+  // node as its grad_fn below, and holding the output itself would make a reference cycle that
+  // kept every call whose outputs were not back-propagated (a forward under grad mode) alive:
+  // 2000 such calls with 256 KiB outputs held 500 MB.
+  for (int v : p.outputs)
+    if (v >= 0 && v < int(keep.slots.size()) && keep.slots[v].defined())
+      keep.slots[v] = keep.slots[v].detach();
   std::vector<Shape> shapes(outs.size());
   std::vector<DType> dtypes(outs.size(), DType::Float32);
   std::vector<Device> devices(outs.size(), Device::cpu());
