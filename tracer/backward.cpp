@@ -144,8 +144,7 @@ class CompiledBackward final : public autograd::Node {
   std::vector<Tensor> apply(std::vector<Tensor>&& grads) override {
     // As eager's nodes: a second backward needs retain_graph on the first. The outputs share
     // this node (as torch.compile's do), so a backward from one output after another's needs
-    // it too: keeping the saved values for outputs not yet back-propagated would keep them
-    // alive through the outputs that hold this node (a reference cycle).
+    // it too.
     KILN_CHECK(!released_, "backward", autograd::backward_call_site(),
                "{} (the outputs of one compiled call share one backward: back-propagate their "
                "sum, or pass retain_graph=true to every backward but the last)",
