@@ -54,6 +54,25 @@ Benchmark layer_norm_4096x1024(const RunConfig&) {
           gb_per_s(2 * kF32 * kRows * kCols)};
 }
 
+// Backward on a retained graph (only the backward is timed): reads x and the output gradient,
+// writes dx. The sizes of the speed review against PyTorch: layer_norm [8192, 768] with weight
+// and bias, gelu (erf) over 16M elements.
+Benchmark layer_norm_backward_8192x768(const RunConfig&) {
+  constexpr int64_t rows = 8192, cols = 768;
+  Tensor x = filled({rows, cols}, -4.f, 4.f).requires_grad_();
+  Tensor w = filled({cols}).requires_grad_(), b = filled({cols}).requires_grad_();
+  Tensor y = kiln::layer_norm(x, {cols}, w, b), g = filled({rows, cols});
+  return {[=] { do_not_optimize(kiln::grad({y}, {x, w, b}, {g}, false, true)); },
+          gb_per_s(3 * kF32 * rows * cols)};
+}
+
+Benchmark gelu_backward_16m(const RunConfig&) {
+  Tensor x = filled({k16M}, -3.f, 3.f).requires_grad_();
+  Tensor y = kiln::gelu(x), g = filled({k16M});
+  return {[=] { do_not_optimize(kiln::grad({y}, {x}, {g}, false, true)); },
+          gb_per_s(3 * kF32 * k16M)};
+}
+
 // A transposed copy of a 1024 x 1024 float32 (rows 4 KiB apart): the blocked path of
 // contiguous(); element by element it ran at a tenth of copy bandwidth.
 Benchmark transpose_contiguous_1024(const RunConfig&) {
@@ -93,6 +112,8 @@ std::vector<Case> cases() {
       {"gelu_16M", Mode::Eager, "GB/s", gelu_16m},
       {"softmax_4096x1024", Mode::Eager, "GB/s", softmax_4096x1024},
       {"layer_norm_4096x1024", Mode::Eager, "GB/s", layer_norm_4096x1024},
+      {"layer_norm_backward_8192x768", Mode::Eager, "GB/s", layer_norm_backward_8192x768},
+      {"gelu_backward_16M", Mode::Eager, "GB/s", gelu_backward_16m},
       {"transpose_contiguous_1024", Mode::Eager, "GB/s", transpose_contiguous_1024},
       {"matmul_1024", Mode::Eager, "GFLOP/s", matmul_1024},
       {"matmul_1024", Mode::Reference, "GFLOP/s", matmul_1024_reference},

@@ -314,6 +314,30 @@ struct GeluTanh {
   }
 };
 
+/// g · d gelu(x)/dx for approximate="none": g·(Φ(x) + x·φ(x)), Φ(x) = erfc(−x/√2)/2,
+/// φ(x) = e^(−x²/2)/√(2π) (Hendrycks & Gimpel, 2016). For eager backward (cpu::gelu_backward);
+/// a trace records eager/derivatives.cpp's formula instead.
+struct GeluErfBackward {
+  template <class S> static S eval(S x, S g) {
+    S z = x * S(-0.70710678118654752440);
+    S cdf;
+    if constexpr (F64Range<S>::kEnabled) cdf = S(0.5) * F64Range<S>::erfc(z);
+    else cdf = S(0.5) * erfc(z);
+    S pdf = Exp::eval(S(-0.5) * x * x) * S(0.39894228040143267794);
+    return g * (cdf + x * pdf);
+  }
+};
+
+/// g · d gelu(x)/dx for approximate="tanh": with s = sigmoid(2u) = (1 + tanh u)/2 and
+/// u = k·(x + c·x³) (k = √(2/π), c = 0.044715), d/dx = s + 2k·x·s·(1 − s)·(1 + 3c·x²).
+struct GeluTanhBackward {
+  template <class S> static S eval(S x, S g) {
+    constexpr double k = 0.79788456080286535588, c = 0.044715;
+    S s = Sigmoid::eval(S(2 * k) * (x + S(c) * x * x * x));
+    return g * (s + S(2 * k) * x * s * (S(1) - s) * (S(1) + S(3 * c) * x * x));
+  }
+};
+
 /// x · sigmoid(x) = x / (1 + e^-x).
 /// x / (1 + e^-x), as PyTorch (silu(-100) is -0 in float32 there too).
 struct Silu {

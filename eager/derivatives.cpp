@@ -7,6 +7,7 @@
 #include <cmath>
 #include <numbers>
 
+#include "backends/cpu/kernels.h"
 #include "eager/autograd.h"
 #include "eager/dispatch.h"
 #include "eager/factories.h"
@@ -68,6 +69,21 @@ Tensor pad_slice(const Tensor& g, const TensorMeta& in, int dim, int64_t start) 
   return parts.size() == 1 ? g : cat(parts, dim);
 }
 
+
+// Eager backward without create_graph on the CPU: one fused kernel (backends/cpu/kernels.h)
+// instead of a formula of many full-size ops (layer_norm's ~12 passes were 3.4x slower than
+// PyTorch's fused kernel at 8192x768, gelu's ~11 2.3x). A trace records the formula (the tracer
+// sees dispatched ops only, and the codegen fuses them), as does double backward. `inputs`:
+// the saved tensors the kernel reads, the first of g's shape; undefined ones are skipped.
+bool fused_backward_applies(const Tensor& g, std::initializer_list<Tensor> inputs) {
+  if (is_grad_enabled() || dispatch::tracer_hook() || !g.device().is_cpu()) return false;
+  const DType dt = g.dtype();
+  if (dt != DType::Float32 && dt != DType::Float64) return false;
+  for (const Tensor& t : inputs)
+    if (t.defined() && (!t.device().is_cpu() || t.dtype() != dt)) return false;
+  return inputs.begin()->shape() == g.shape();
+}
+
 std::vector<Tensor> unary(const BackwardContext& c, const Tensor& g) {
   const Tensor& x = c.inputs.empty() ? Tensor() : c.inputs[0];
   const Tensor& y = c.output;
@@ -111,6 +127,7 @@ std::vector<Tensor> unary(const BackwardContext& c, const Tensor& g) {
     }
     case K::Erf: return {g * exp(-(x * x)) * (2 / std::sqrt(std::numbers::pi))};
     case K::Gelu: {
+      if (fused_backward_applies(g, {x})) return {cpu::gelu_backward(x, g, c.attrs.mode)};
       if (c.attrs.mode == 0) {  // x·Φ(x): Φ(x) + x·φ(x)
         Tensor cdf = (1 + erf(x * std::numbers::sqrt2 * 0.5)) * 0.5;
         Tensor pdf = exp(x * x * -0.5) * (1 / std::sqrt(2 * std::numbers::pi));
@@ -243,6 +260,13 @@ std::vector<Tensor> normalization(const BackwardContext& c, const Tensor& g) {
     case K::LayerNorm: {
       const Tensor& x = c.inputs[0];
       const Tensor& w = c.inputs.size() > 1 ? c.inputs[1] : Tensor();
+      const bool need_w = c.input_meta.size() > 1 && c.needs_grad[1];
+      const bool need_b = c.input_meta.size() > 2 && c.needs_grad[2];
+      if (fused_backward_applies(g, {x, w})) {
+        auto [dx, dw, db] = cpu::layer_norm_backward(x, w, g, c.attrs.dims, c.attrs.eps,
+                                                     c.needs_grad[0], need_w, need_b);
+        return {dx, dw, db};
+      }
       Dims dims;
       for (int i = 0; i < c.attrs.dims.size(); ++i) dims.push_back(x.dim() - c.attrs.dims.size() + i);
       // xhat and rstd from layer_norm and std, which keep their statistics in double: the
@@ -256,8 +280,8 @@ std::vector<Tensor> normalization(const BackwardContext& c, const Tensor& g) {
       Tensor gxhat = w.defined() ? g * w : g;
       if (c.needs_grad[0])
         out[0] = rstd * (gxhat - mean(gxhat, dims, true) - xhat * mean(gxhat * xhat, dims, true));
-      if (c.input_meta.size() > 1 && c.needs_grad[1]) out[1] = sum_to(g * xhat, c.input_meta[1].shape);
-      if (c.input_meta.size() > 2 && c.needs_grad[2]) out[2] = sum_to(g, c.input_meta[2].shape);
+      if (need_w) out[1] = sum_to(g * xhat, c.input_meta[1].shape);
+      if (need_b) out[2] = sum_to(g, c.input_meta[2].shape);
       return out;
     }
     default: break;

@@ -4,6 +4,7 @@
 
 #include "backends/cpu/elementwise.h"
 #include "backends/cpu/kernels.h"
+#include "backends/cpu/reduce_simd.h"
 
 namespace kiln::cpu {
 namespace {
@@ -113,6 +114,17 @@ void unary_kernel(const OpCall& call, const InferredMeta& meta, std::span<Tensor
       return;
     default: throw Error(call.name(), "is not a unary elementwise op of the cpu backend", call.loc);
   }
+}
+
+Tensor gelu_backward(const Tensor& x, const Tensor& g, int approximate) {
+  Tensor out = simd::empty_cpu(g.shape(), g.dtype());
+  KILN_DISPATCH_FLOAT(g.dtype(), T, {
+    if (approximate == 1)
+      ew::map<T, T, 2>(out, {&x, &g}, Fn<fm::GeluTanhBackward>{});
+    else
+      ew::map<T, T, 2>(out, {&x, &g}, Fn<fm::GeluErfBackward>{});
+  });
+  return out;
 }
 
 }  // namespace kiln::cpu

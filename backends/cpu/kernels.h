@@ -30,6 +30,28 @@ void scatter_kernel(const OpCall&, const InferredMeta&, std::span<Tensor>);  // 
 void random_kernel(const OpCall&, const InferredMeta&, std::span<Tensor>);
 void loss_kernel(const OpCall&, const InferredMeta&, std::span<Tensor>);
 
+/// The gradients of y = layer_norm(x, w, b) (normalised over the trailing dims
+/// `normalized_shape`, m elements per row) given dL/dy = g, computed in one pass over x and g:
+///   dx = rstd·(ĝ − mean(ĝ) − x̂·mean(ĝ·x̂)),  ĝ = g·w,  x̂ = (x − mean)·rstd,
+///   dw = Σ_rows g·x̂,  db = Σ_rows g          (Ba, Kiros & Hinton, "Layer Normalization", 2016),
+/// with mean and rstd = 1/sqrt(var + eps) from the same row statistics as the forward kernel.
+/// x: any shape ending in normalized_shape; g: x's shape; w: normalized_shape or undefined (1).
+/// All CPU, float32 or float64, in g's dtype. The gradients not asked for are left undefined;
+/// dw and db have normalized_shape. The sums over rows add partial sums of 32 rows in block
+/// order: results do not depend on the thread count. eager/derivatives.cpp uses it for eager
+/// backward without create_graph; traces and double backward use the differentiable formula.
+struct LayerNormGrads {
+  Tensor dx, dw, db;
+};
+LayerNormGrads layer_norm_backward(const Tensor& x, const Tensor& w, const Tensor& g,
+                                   const Shape& normalized_shape, double eps, bool need_dx,
+                                   bool need_dw, bool need_db);
+
+/// g · d gelu(x)/dx (formulas::GeluErfBackward, or GeluTanhBackward for approximate == 1) as
+/// a new contiguous tensor of g's shape. x and g: CPU, same shape, float32 or float64, in g's
+/// dtype. eager/derivatives.cpp uses it for eager backward without create_graph.
+Tensor gelu_backward(const Tensor& x, const Tensor& g, int approximate);
+
 /// Strided copy with dtype conversion: dst[i] = static_cast<dst type>(src[i]) for every
 /// logical index i; `src` is broadcast to dst's shape. Both on CPU. Parallel for large sizes.
 void copy_cast(const Tensor& dst, const Tensor& src);

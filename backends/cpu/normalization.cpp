@@ -126,6 +126,37 @@ void softmax(const OpCall& call, Tensor& out) {
   });
 }
 
+// The mean and (biased) variance of a layer_norm row of m values, and the mean rounded to T.
+template <class T>
+struct RowMoments {
+  double mean, var;
+  T mean_t;
+};
+
+// Statistics: the float fast path (sum_run), redone in double where it lost range
+// (needs_exact_moments). The mean is summed shifted by the first value, as var
+// (backends/cpu/reduce.cpp): float partial sums of a row on a large offset put the mean off by
+// more than the spread.
+template <class T>
+RowMoments<T> row_moments(const T* xr, int64_t m) {
+  const T x0 = xr[0];
+  double mean = static_cast<double>(x0) + sum_run(xr, m, [x0](auto v, int64_t) {
+                  return v - x0;
+                }) / m;
+  T mt = static_cast<T>(mean);
+  double m2 = sum_run(xr, m, [mt](auto v, int64_t) {
+    auto d = v - mt;
+    return d * d;
+  });
+  if (needs_exact_moments<T>(m2, m, mean)) {
+    exact_moments(xr, m, 1, mean, m2);
+    mt = static_cast<T>(mean);
+  } else {
+    m2 = without_mean_rounding(m2, m, mean, static_cast<double>(mt));
+  }
+  return {mean, m2 / m, mt};
+}
+
 template <class T>
 void layer_norm(const OpCall& call, Tensor& out) {
   const DType dt = out.dtype();
@@ -144,8 +175,7 @@ void layer_norm(const OpCall& call, Tensor& out) {
   // x·rstd − mean·rstd: that cancels catastrophically when var ≈ 0 (rstd ≈ 1/sqrt(eps)), so a
   // constant row gave ±ulp(|x|·316) instead of 0 (found by tests/fuzz); the compiled
   // decomposition (ir/decompose.cpp) computes (x − mean)·rstd too.
-  // Statistics: the float fast path (sum_run), redone in double where it lost range
-  // (needs_exact_moments); rows past kLayerNormScaledVar are normalised scaled (see above).
+  // Statistics from row_moments; rows past kLayerNormScaledVar are normalised scaled (above).
   auto run = [&](auto has_w, auto has_b) {
     parallel_for(0, rows, std::max<int64_t>(1, kGrainSize / m), [&](int64_t lo, int64_t hi) {
       using V = Vec<T>;
@@ -154,24 +184,9 @@ void layer_norm(const OpCall& call, Tensor& out) {
         const T* xr = xp + r * m;
         if (r + 1 < hi) prefetch(xr + m, m);
         T* yr = yp + r * m;
-        // Summed shifted by the first value, as var (backends/cpu/reduce.cpp): float partial
-        // sums of a row on a large offset put the mean off by more than the spread.
-        const T x0 = xr[0];
-        double mean = static_cast<double>(x0) + sum_run(xr, m, [x0](auto v, int64_t) {
-                        return v - x0;
-                      }) / m;
-        T mt = static_cast<T>(mean);
-        double m2 = sum_run(xr, m, [mt](auto v, int64_t) {
-          auto d = v - mt;
-          return d * d;
-        });
-        if (needs_exact_moments<T>(m2, m, mean)) {
-          exact_moments(xr, m, 1, mean, m2);
-          mt = static_cast<T>(mean);
-        } else {
-          m2 = without_mean_rounding(m2, m, mean, static_cast<double>(mt));
-        }
-        const double var = m2 / m;
+        const RowMoments<T> st = row_moments(xr, m);
+        const T mt = st.mean_t;
+        const double var = st.var;
         const double rstd = 1.0 / std::sqrt(var + eps);
         auto normalize = [&](auto scaled) {
           constexpr bool kScaled = decltype(scaled)::value;
@@ -212,7 +227,111 @@ void layer_norm(const OpCall& call, Tensor& out) {
     run(No(), No());
 }
 
+// Rows per block of layer_norm_backward's weight/bias partial sums: each block sums its rows in
+// T, and the blocks are added in double in block order, so the result does not depend on the
+// thread count.
+constexpr int64_t kRowsPerBlock = 32;
+
+// One row of layer_norm_backward in double throughout: rows with non-finite or huge variance
+// (past kLayerNormScaledVar), where float32 x − mean or rstd would leave float range.
+template <class T>
+void layer_norm_backward_row_exact(const T* xr, const T* wp, const T* gr, int64_t m, double mean,
+                                   double rstd, T* dxr, T* pw, T* pb) {
+  auto xhat = [&](int64_t i) { return (static_cast<double>(xr[i]) - mean) * rstd; };
+  auto gx = [&](int64_t i) { return static_cast<double>(gr[i]) * (wp ? wp[i] : T(1)); };
+  double a = 0, b = 0;
+  for (int64_t i = 0; i < m; ++i) {
+    a += gx(i);
+    b += gx(i) * xhat(i);
+  }
+  a /= m;
+  b /= m;
+  for (int64_t i = 0; i < m; ++i) {
+    if (dxr) dxr[i] = static_cast<T>(rstd * (gx(i) - a - xhat(i) * b));
+    if (pw) pw[i] += static_cast<T>(gr[i] * xhat(i));
+    if (pb) pb[i] += gr[i];
+  }
+}
+
+template <class T>
+void layer_norm_backward(const T* xp, const T* wp, const T* gp, int64_t rows, int64_t m,
+                         double eps, T* dxp, T* dwp, T* dbp) {
+  const int64_t blocks = ceil_div(rows, kRowsPerBlock);
+  std::vector<T> part_w(dwp ? blocks * m : 0), part_b(dbp ? blocks * m : 0);
+  const int64_t grain = std::max<int64_t>(1, kGrainSize / (kRowsPerBlock * m));
+  parallel_for(0, blocks, grain, [&](int64_t lo, int64_t hi) {
+    using V = Vec<T>;
+    constexpr int64_t L = V::size;
+    for (int64_t blk = lo; blk < hi; ++blk) {
+      T* pw = dwp ? part_w.data() + blk * m : nullptr;
+      T* pb = dbp ? part_b.data() + blk * m : nullptr;
+      for (int64_t r = blk * kRowsPerBlock; r < std::min(rows, (blk + 1) * kRowsPerBlock); ++r) {
+        const T* xr = xp + r * m;
+        const T* gr = gp + r * m;
+        T* dxr = dxp ? dxp + r * m : nullptr;
+        const RowMoments<T> st = row_moments(xr, m);
+        const double rstd = 1.0 / std::sqrt(st.var + eps);
+        if (!(st.var <= kLayerNormScaledVar)) {
+          layer_norm_backward_row_exact(xr, wp, gr, m, st.mean, rstd, dxr, pw, pb);
+          continue;
+        }
+        const T mt = st.mean_t, rs = static_cast<T>(rstd);
+        auto gx = [&](auto g, int64_t i) {
+          using W = decltype(g);
+          return wp ? W(g * vload<W>(wp + i)) : g;
+        };
+        auto xhat = [&](auto g, int64_t i) {
+          using W = decltype(g);
+          return W((vload<W>(xr + i) - mt) * rs);
+        };
+        // dx = rstd·(ĝ − mean(ĝ) − x̂·mean(ĝ·x̂)), ĝ = g·w.
+        const T a = static_cast<T>(sum_run(gr, m, gx) / m);
+        const T b = static_cast<T>(
+            sum_run(gr, m, [&](auto g, int64_t i) { return gx(g, i) * xhat(g, i); }) / m);
+        auto body = [&](auto g, int64_t i) {
+          using W = decltype(g);
+          const W xh = xhat(g, i);
+          if (dxr) vstore(dxr + i, W(((gx(g, i) - a) - xh * b) * rs));
+          if (pw) vstore(pw + i, W(vload<W>(pw + i) + g * xh));
+          if (pb) vstore(pb + i, W(vload<W>(pb + i) + g));
+        };
+        int64_t i = 0;
+        for (; i + L <= m; i += L) body(V::load_unaligned(gr + i), i);
+        for (; i < m; ++i) body(gr[i], i);
+      }
+    }
+  });
+  // Σ over blocks, in double and in block order.
+  for (auto [part, dst] : {std::pair{&part_w, dwp}, std::pair{&part_b, dbp}}) {
+    if (!dst) continue;
+    std::vector<double> acc(m, 0.0);
+    for (int64_t blk = 0; blk < blocks; ++blk)
+      for (int64_t j = 0; j < m; ++j) acc[j] += (*part)[blk * m + j];
+    for (int64_t j = 0; j < m; ++j) dst[j] = static_cast<T>(acc[j]);
+  }
+}
+
 }  // namespace
+
+LayerNormGrads layer_norm_backward(const Tensor& x, const Tensor& w, const Tensor& g,
+                                   const Shape& normalized_shape, double eps, bool need_dx,
+                                   bool need_dw, bool need_db) {
+  const DType dt = g.dtype();
+  const int64_t m = numel(normalized_shape);
+  LayerNormGrads out;
+  if (need_dx) out.dx = empty_cpu(x.shape(), dt);
+  if (need_dw) out.dw = empty_cpu(normalized_shape, dt);
+  if (need_db) out.db = empty_cpu(normalized_shape, dt);
+  if (m == 0) return out;
+  const Tensor xc = contiguous_cpu(x, dt), gc = contiguous_cpu(g, dt);
+  const Tensor wc = w.defined() ? contiguous_cpu(w, dt) : Tensor();
+  KILN_DISPATCH_FLOAT(dt, T, {
+    auto ptr = [](const Tensor& t) { return t.defined() ? t.data<T>() : nullptr; };
+    layer_norm_backward<T>(xc.data<T>(), ptr(wc), gc.data<T>(), x.numel() / m, m, eps,
+                           ptr(out.dx), ptr(out.dw), ptr(out.db));
+  });
+  return out;
+}
 
 void normalization_kernel(const OpCall& call, const InferredMeta& meta, std::span<Tensor> outs) {
   Tensor& out = outs[0];

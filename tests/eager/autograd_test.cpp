@@ -713,3 +713,92 @@ TEST_CASE("set_grad and retain_grad errors name the caller's line") {
     CHECK_THAT(e.what(), Catch::Contains("doesn't require grad") && Catch::Contains(__FILE__));
   }
 }
+
+namespace {
+// max |a − b| / max(max |b|, 1e-30), over all elements (a is converted to b's dtype).
+double max_rel_diff(const Tensor& a, const Tensor& b) {
+  Tensor d = max((a.to(b.dtype()) - b).abs());
+  return d.item<double>() / std::max(max(b.abs()).item<double>(), 1e-30);
+}
+}  // namespace
+
+TEST_CASE("fused eager backward of layer_norm and gelu matches the formula and float64") {
+  // Plain eager backward runs the fused kernels (cpu::layer_norm_backward, cpu::gelu_backward);
+  // create_graph runs the differentiable formula. Each float32 fused result is checked against
+  // the float64 formula, and the float64 fused one against it to rounding.
+  auto grads = [](const std::function<Tensor(const T&)>& f, const T& in, const Tensor& g,
+                  bool create_graph) {
+    T leaves;
+    for (const Tensor& t : in) leaves.push_back(t.detach().requires_grad_());
+    return grad({sum(f(leaves) * g)}, leaves, {}, create_graph);
+  };
+  auto check = [&](const std::function<Tensor(const T&)>& f, const T& in32, const Tensor& g32) {
+    T in64;
+    for (const Tensor& t : in32) in64.push_back(t.to(DType::Float64));
+    Tensor g64 = g32.to(DType::Float64);
+    T ref = grads(f, in64, g64, true);
+    T fused64 = grads(f, in64, g64, false);
+    T fused32 = grads(f, in32, g32, false);
+    for (size_t k = 0; k < in32.size(); ++k) {
+      INFO("input " << k);
+      CHECK(fused32[k].dtype() == DType::Float32);
+      CHECK(max_rel_diff(fused64[k], ref[k]) < 1e-12);
+      CHECK(max_rel_diff(fused32[k], ref[k]) < 2e-5);
+    }
+  };
+  manual_seed(21);
+  for (Shape shape : {Shape{70, 33}, Shape{3, 5, 16}, Shape{1, 7}, Shape{130, 256}}) {
+    INFO("shape " << to_string(shape));
+    Shape ns{shape.back()};
+    Tensor x = randn(shape) * 3 + 2, g = randn(shape), w = randn(ns), b = randn(ns);
+    check([&](const T& in) { return layer_norm(in[0], ns, in[1], in[2], 1e-5); }, {x, w, b}, g);
+    check([&](const T& in) { return layer_norm(in[0], ns); }, {x}, g);
+    check([&](const T& in) { return layer_norm(in[0], ns, in[1]); }, {x, w}, g);
+    check([](const T& in) { return gelu(in[0]); }, {x}, g);
+    check([](const T& in) { return gelu(in[0], "tanh"); }, {x}, g);
+  }
+  // Two trailing dims, a transposed (strided) input, a row on an offset, a constant row.
+  Tensor x = randn({6, 4, 5});
+  x.select(0, 1).fill_(7.25);
+  x.select(0, 2).add_(100);
+  check([](const T& in) { return layer_norm(in[0], {4, 5}, in[1], in[2]); },
+        {x, randn({4, 5}), randn({4, 5})}, randn({6, 4, 5}));
+  check([](const T& in) { return layer_norm(in[0].transpose(0, 1), {6}); }, {randn({6, 9})},
+        randn({9, 6}));
+}
+
+TEST_CASE("fused layer_norm backward: rows near the float32 limits, threads, empty rows") {
+  // Rows whose spread overflows float32 differences go through the kernel's double path: the
+  // gradient of a representable result is finite and matches float64.
+  Tensor x = tensor({{3e38f, -3e38f, 1e38f, 0.f}, {1.f, 2.f, 3.f, 4.f}});
+  Tensor g = tensor({{1.f, -2.f, 0.5f, 3.f}, {1.f, 1.f, 2.f, -1.f}});
+  Tensor w = tensor({0.5f, 2.f, 1.f, -1.f});
+  auto dx_dw = [&](const Tensor& xv, const Tensor& gv, const Tensor& wv, bool create_graph) {
+    Tensor xl = xv.detach().requires_grad_(), wl = wv.detach().requires_grad_();
+    return grad({sum(layer_norm(xl, {xv.shape().back()}, wl) * gv)}, {xl, wl}, {}, create_graph);
+  };
+  T fused = dx_dw(x, g, w, false);
+  T ref = dx_dw(x.to(DType::Float64), g.to(DType::Float64), w.to(DType::Float64), true);
+  for (int k = 0; k < 2; ++k) {
+    CHECK(all(isfinite(fused[k])).item<bool>());
+    CHECK(max_rel_diff(fused[k], ref[k]) < 1e-5);
+  }
+  // The weight gradient sums rows in fixed blocks: equal bit for bit on 1 and 2 threads.
+  manual_seed(5);
+  Tensor xb = randn({1000, 96}), gb = randn({1000, 96}), wb = randn({96});
+  int threads = get_num_threads();
+  set_num_threads(1);
+  T one = dx_dw(xb, gb, wb, false);
+  set_num_threads(2);
+  T two = dx_dw(xb, gb, wb, false);
+  set_num_threads(threads);
+  CHECK(equal(one[0], two[0]));
+  CHECK(equal(one[1], two[1]));
+  // No rows: the weight and bias gradients are zeros, as PyTorch gives.
+  Tensor xe = zeros({0, 3}).requires_grad_(), we = ones({3}).requires_grad_();
+  Tensor be = zeros({3}).requires_grad_();
+  sum(layer_norm(xe, {3}, we, be)).backward();
+  CHECK(xe.grad().shape() == Shape{0, 3});
+  CHECK(equal(we.grad(), zeros({3})));
+  CHECK(equal(be.grad(), zeros({3})));
+}
