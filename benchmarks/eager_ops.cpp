@@ -38,6 +38,12 @@ Benchmark add_16m(const RunConfig&) {
   return {[a, b] { do_not_optimize(kiln::add(a, b)); }, gb_per_s(3 * kF32 * k16M)};
 }
 
+// A bias row added to 1000 rows of 100: rows end in partial vectors (elementwise.h tails).
+Benchmark add_broadcast_1000x100(const RunConfig&) {
+  Tensor a = filled({1000, 100}), b = filled({100});
+  return {[a, b] { do_not_optimize(kiln::add(a, b)); }, gb_per_s(2 * kF32 * 1000 * 100)};
+}
+
 Benchmark gelu_16m(const RunConfig&) {
   Tensor x = filled({k16M}, -3.f, 3.f);
   return {[x] { do_not_optimize(kiln::gelu(x, "tanh")); }, gb_per_s(2 * kF32 * k16M)};
@@ -109,6 +115,7 @@ std::vector<Case> cases() {
       {"overhead_add_1elem", Mode::Eager, "ns/op", overhead_add_1elem},
       {"copy_16M", Mode::Reference, "GB/s", copy_16m},
       {"add_16M", Mode::Eager, "GB/s", add_16m},
+      {"add_broadcast_1000x100", Mode::Eager, "GB/s", add_broadcast_1000x100},
       {"gelu_16M", Mode::Eager, "GB/s", gelu_16m},
       {"softmax_4096x1024", Mode::Eager, "GB/s", softmax_4096x1024},
       {"layer_norm_4096x1024", Mode::Eager, "GB/s", layer_norm_4096x1024},
