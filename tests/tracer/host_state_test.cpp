@@ -379,3 +379,33 @@ TEST_CASE("compile: a parameter replaced with register_parameter after compiling
   check_close(cf(x), f(x));
   CHECK(cf.compile_count() == 2);
 }
+
+TEST_CASE("compile(module): errors in kiln's layer code name the cm(x) line, traced or replayed") {
+  auto error_at = [](const std::function<void()>& f) -> Error {
+    try {
+      f();
+    } catch (const Error& e) {
+      return e;
+    }
+    FAIL("no kiln::Error");
+    return Error("", "", Loc::current());
+  };
+  nn::Linear lin(3, 4);
+  auto cl = kiln::compile(lin);
+  unsigned line = __LINE__ + 1;
+  Error e = error_at([&] { cl(ones({2, 5})); });
+  CHECK_THAT(e.what(), Catch::Contains("kiln::linear"));
+  CHECK(std::string(e.where().file_name()) == __FILE__);
+  CHECK(e.where().line() == line);
+  nn::Embedding emb(5, 2);
+  auto ce = kiln::compile(emb);
+  ce(tensor({1, 2}).to(DType::Int64));
+  ce(tensor({3, 4}).to(DType::Int64));
+  line = __LINE__ + 1;
+  e = error_at([&] { ce(tensor({1, 7}).to(DType::Int64)); });
+  CHECK_THAT(e.what(), Catch::Contains("index 7 is out of range"));
+  CHECK(std::string(e.where().file_name()) == __FILE__);
+  CHECK(e.where().line() == line);
+  CHECK(ce.compile_count() == 1);  // raised by a replay
+  CHECK(vec(ce(tensor({4}).to(DType::Int64))) == vec(emb(tensor({4}).to(DType::Int64))));
+}
