@@ -137,9 +137,12 @@ Tensor linspace(double start, double end, int64_t steps, TensorOptions opts, Loc
 }
 
 Tensor eye(int64_t n, int64_t m, TensorOptions opts, Loc loc) {
-  if (m < 0) m = n;
+  KILN_CHECK(m >= -1, "eye", loc, "m must be non-negative (or -1 for n), got {}", m);
+  if (m == -1) m = n;
   KILN_CHECK(n >= 0, "eye", loc, "n must be non-negative, got {}", n);
   check_shape({n, m}, itemsize(float_or(opts)), "eye", loc);  // before the aranges' buffers
+  // No elements: no ramps either (eye(0, 2^40) would build a 2^40-element arange).
+  if (n == 0 || m == 0) return zeros({n, m}, opts, loc);
   // Dispatched ops, not writes through data(): inside compile() the tracer does not see such
   // writes, so a replay lost the diagonal; arange's ramps also follow symbolic sizes.
   return as_op("eye", [&] {
@@ -198,6 +201,7 @@ Tensor randn_like(const Tensor& x, TensorOptions opts, Loc loc) {
 namespace detail {
 template <class T>
 Tensor from_vector(const std::vector<T>& values, const Shape& shape, Loc loc) {
+  check_shape(shape, sizeof(T), "from_vector", loc);
   KILN_CHECK(static_cast<int64_t>(values.size()) == numel(shape), "from_vector", loc,
              "{} values do not fill shape {} ({} elements)", values.size(), to_string(shape),
              numel(shape));

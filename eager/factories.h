@@ -43,7 +43,7 @@ Tensor arange(Scalar start, Scalar end, Scalar step = 1, TensorOptions opts = {}
 /// `steps` evenly spaced values from start to end inclusive.
 Tensor linspace(double start, double end, int64_t steps, TensorOptions opts = {},
                 Loc loc = Loc::current());
-/// n×m identity (m defaults to n).
+/// n×m identity (m = -1, the default, gives n). Throws kiln::Error for n < 0 or m < -1.
 Tensor eye(int64_t n, int64_t m = -1, TensorOptions opts = {}, Loc loc = Loc::current());
 /// Uniform [0, 1) from the global Philox generator.
 Tensor rand(const Shape& shape, TensorOptions opts = {}, Loc loc = Loc::current());

@@ -58,11 +58,17 @@ AttentionOutput MultiheadAttention::forward(const Tensor& query, const Tensor& k
   const int64_t E = setting(embed_dim, "embed_dim"), H = setting(num_heads, "num_heads");
   check_heads(E, H, Loc::current());
   const int64_t B = q.size(0), L = q.size(1), S = k.size(1), D = E / H;
-  KILN_CHECK(q.size(2) == E && k.size(2) == E && v.size(2) == E && k.size(0) == B &&
-                 v.size(0) == B && v.size(1) == S,
-             "MultiheadAttention", Loc::current(),
-             "query {}, key {}, value {} do not match embed_dim {}", to_string(query.shape()),
-             to_string(key.shape()), to_string(value.shape()), E);
+  auto shapes = [&] {
+    return fmt::format("query {}, key {}, value {}", to_string(query.shape()),
+                       to_string(key.shape()), to_string(value.shape()));
+  };
+  KILN_CHECK(q.size(2) == E && k.size(2) == E && v.size(2) == E, "MultiheadAttention",
+             Loc::current(), "{} do not match embed_dim {}", shapes(), E);
+  KILN_CHECK(k.size(0) == B && v.size(0) == B, "MultiheadAttention", Loc::current(),
+             "{} have different batch sizes", shapes());
+  KILN_CHECK(v.size(1) == S, "MultiheadAttention", Loc::current(),
+             "{}: key and value have different sequence lengths ({} and {})", shapes(), S,
+             v.size(1));
   // Input projections: the rows of in_proj_weight are [W_q; W_k; W_v].
   auto project = [&](const Tensor& x, int i) {
     Tensor w = in_proj_weight.slice(0, i * E, (i + 1) * E);

@@ -884,3 +884,30 @@ TEST_CASE("Sequential's null module and Module::to without a device name the cal
     CHECK_THAT(e.what(), Catch::StartsWith("kiln::Linear: out of memory") && Catch::Contains(here));
   }
 }
+
+TEST_CASE("MultiheadAttention names what differs: embed_dim, batch sizes, key/value lengths") {
+  MultiheadAttention mha(8, 2, 0.0, true, true);
+  auto what = [&](Shape q, Shape k, Shape v) {
+    return std::string(error_of([&] { mha.forward(ones(q), ones(k), ones(v)); }).what());
+  };
+  CHECK_THAT(what({2, 5, 8}, {2, 6, 8}, {2, 7, 8}),
+             Catch::Contains("key and value have different sequence lengths (6 and 7)"));
+  CHECK_THAT(what({2, 5, 8}, {3, 6, 8}, {3, 6, 8}),
+             Catch::Contains("query [2, 5, 8], key [3, 6, 8], value [3, 6, 8] have different "
+                             "batch sizes"));
+  CHECK_THAT(what({2, 5, 8}, {2, 6, 4}, {2, 6, 8}), Catch::Contains("do not match embed_dim 8"));
+}
+
+TEST_CASE("factories: eye's m and empty sizes, from_vector's negative shape") {
+  CHECK(eye(0, int64_t{1} << 40).shape() == Shape{0, int64_t{1} << 40});
+  CHECK(eye(3, 0).shape() == Shape{3, 0});
+  CHECK(equal(eye(2, -1), eye(2, 2)));
+  CHECK_THAT(error_of([] { eye(2, -5); }).what(),
+             Catch::Contains("kiln::eye: m must be non-negative (or -1 for n), got -5"));
+  int line = __LINE__ + 1;
+  Error e = error_of([] { from_vector(std::vector<float>{}, {-1, 0}); });
+  CHECK_THAT(e.what(), Catch::Contains("kiln::from_vector"));
+  CHECK_THAT(e.what(), Catch::Contains("-1"));
+  CHECK(e.where().line() == static_cast<unsigned>(line));
+  CHECK(std::string(e.where().file_name()) == __FILE__);
+}
