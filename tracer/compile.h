@@ -133,7 +133,9 @@ template <class A> ArgValue to_arg(const A& a) {
       v.kind = ArgValue::Kind::Scalar;
       v.scalar = Scalar(static_cast<int64_t>(a));
     }
-  } else if constexpr (std::is_arithmetic_v<D>) {
+  } else if constexpr (std::is_arithmetic_v<D> || std::is_same_v<D, Scalar>) {
+    // A kiln::Scalar is a host number like a double (it has no operator==, so it would
+    // otherwise pass through and be a constant of the trace).
     v.kind = ArgValue::Kind::Scalar;
     v.scalar = Scalar(a);
   } else if constexpr (std::is_enum_v<D>) {
@@ -331,9 +333,10 @@ template <class F> class Compiled {
 /// Wraps `fn` (a lambda, function pointer or functor over Tensors and host numbers) for
 /// compiled execution. Arguments: Tensor (also by non-const reference), std::optional<Tensor>
 /// (as the tensor or an undefined one) and std::vector<Tensor> (guarded per tensor; a list
-/// by its length too), arithmetic host scalars (guarded by value until they become dynamic; a
-/// uint64_t above INT64_MAX by value), enums and other copyable, equality-comparable values (a
-/// std::string mode; guarded by value: a different value traces again), anything else (a
+/// by its length too), arithmetic host scalars and kiln::Scalar (guarded by value until they
+/// become dynamic; a uint64_t above INT64_MAX by value), enums and other copyable,
+/// equality-comparable values (a std::string mode; guarded by value: a different value traces
+/// again), anything else (a
 /// module, a reference to a struct: passed through — what `fn` reads from it is a constant of
 /// the trace, except its Tensor members, guarded by identity, reads through kiln::guarded and
 /// Module::is_training(), which are guarded, and optimizer options, which are runtime inputs).

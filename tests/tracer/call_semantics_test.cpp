@@ -601,3 +601,17 @@ TEST_CASE("compile: a function that takes a pointer to tensor memory runs eagerl
     CHECK(contains(e.what(), "call_semantics_test.cpp"));
   }
 }
+
+TEST_CASE("compile: a kiln::Scalar argument is a host number: its value and kind are guarded",
+          "[compile]") {
+  auto f = [](const Tensor& x, Scalar s) { return x * s; };
+  auto cf = compile(f);
+  Tensor x = arange(3, {DType::Int32});
+  for (Scalar s : {Scalar(2), Scalar(3), Scalar(2.5), Scalar(3)}) {
+    Tensor e = f(x, s), c = cf(x, s);
+    CHECK(c.dtype() == e.dtype());
+    CHECK(equal(c, e));
+  }
+  CHECK(equal(cf(x, Scalar(3)), tensor({0, 3, 6}).to(DType::Int32)));
+  CHECK(equal(cf(x, Scalar(2.5)), tensor({0.0, 2.5, 5.0}).to(DType::Float32)));
+}
