@@ -43,6 +43,14 @@ class StorageImpl {
   /// Sets the counter (a storage that takes over another's role continues its count).
   void set_version(uint64_t v) { version_.store(v, std::memory_order_relaxed); }
 
+  /// Counts the in-place ops autograd recorded on this memory (each gives some tensor on it a
+  /// new gradient history). A view of a tensor that requires grad keeps the count it was taken
+  /// at: a later recorded write makes its history stale. Writes autograd does not record (under
+  /// no_grad: an optimizer step, load_state_dict) leave it, so such views stay usable, as in
+  /// PyTorch.
+  uint64_t history_version() const { return history_version_.load(std::memory_order_relaxed); }
+  void bump_history_version() { history_version_.fetch_add(1, std::memory_order_relaxed); }
+
   /// Whether an in-place op recorded by autograd gave a tensor of `lineage` (TensorImpl) on
   /// this storage a gradient history it did not have (`h.slice(0, 0, 2).copy_(x)` for x that
   /// requires grad). The other tensors of that lineage (h, other views) do not get the history
@@ -71,6 +79,7 @@ class StorageImpl {
   size_t nbytes_;
   Allocator* allocator_;
   std::atomic<uint64_t> version_{0};
+  std::atomic<uint64_t> history_version_{0};
   std::atomic<bool> any_gained_{false};
   mutable std::mutex gained_mu_;
   std::vector<uint64_t> gained_;  // lineages, see gained_history_in_place

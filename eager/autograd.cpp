@@ -321,7 +321,7 @@ void rebase_history(const std::shared_ptr<OpNode>& node, Tensor& out) {
   m.grad_fn = as_view;
   m.output_nr = 0;
   m.is_view_of_grad_tensor = true;
-  m.view_version = out.version();
+  m.view_version = out.storage()->history_version();
   ++t_copy_slices;
 }
 
@@ -372,11 +372,12 @@ class RecordHook final : public DispatchHook {
     if (!t_grad_enabled) return false;
     for (const Tensor& t : c.inputs) {
       Meta* vm = meta(t);
-      KILN_CHECK(!vm || !vm->is_view_of_grad_tensor || t.version() == vm->view_version, c.name(),
-                 c.loc,
-                 "an input is a view (shape {}) whose base was modified in place after the view "
-                 "was taken; its recorded history is stale, so take the view again after the "
-                 "in-place op",
+      KILN_CHECK(!vm || !vm->is_view_of_grad_tensor ||
+                     t.storage()->history_version() == vm->view_version,
+                 c.name(), c.loc,
+                 "an input is a view (shape {}) whose base was modified in place with gradient "
+                 "history after the view was taken; its recorded history is stale, so take the "
+                 "view again after the in-place op",
                  to_string(t.shape()));
       KILN_CHECK(!lost_in_place_history(t), c.name(), c.loc,
                  "an input (shape {}) shares memory with another tensor (a view of it, or its "
@@ -440,6 +441,7 @@ class RecordHook final : public DispatchHook {
     auto node = std::make_shared<OpNode>(c, meta_info);
     Tensor& out = outs[0];  // views come with their own TensorImpl (eager/view.cpp)
     node->save(c, outs);
+    if (is_in_place(c.op)) out.storage()->bump_history_version();
     // Other tensors of this memory made before the write (a view of the base taken earlier) do
     // not get the new history: using them is an error (lost_in_place_history).
     if (is_in_place(c.op))
@@ -461,7 +463,7 @@ class RecordHook final : public DispatchHook {
     m.grad_fn = node;
     m.output_nr = 0;
     m.is_view_of_grad_tensor = op_info(c.op).category == OpCategory::View;
-    m.view_version = out.version();
+    m.view_version = out.storage()->history_version();
   }
 };
 
@@ -691,7 +693,8 @@ bool lost_in_place_history(const Tensor& t) {
   if (!t.defined()) return false;
   Meta* m = meta(t);
   // A view whose base was written in place after it was taken: its history is stale.
-  if (m && m->is_view_of_grad_tensor && t.version() != m->view_version) return true;
+  if (m && m->is_view_of_grad_tensor && t.storage()->history_version() != m->view_version)
+    return true;
   if (m && (m->requires_grad || m->detached)) return false;
   return t.storage()->gained_history_in_place(t.impl()->lineage);
 }

@@ -1186,6 +1186,10 @@ std::vector<OutValue> CompiledFunction::Impl::replay(Entry& e, const std::vector
                  can_adopt(p, *seg, v, target, st))
           adopt(target, st.slots[v]);
         else target.copy_(st.value(p, v));
+        // The trace recorded this write with gradient history (eager bumps the count in the
+        // autograd hook; this copy runs under no_grad): views of the target taken before the
+        // call are stale. A leaf's write (an optimizer step) leaves its views usable.
+        if (target.requires_grad() && !target.is_leaf()) target.storage()->bump_history_version();
       }
     }
     for (auto& [leaf, g] : p.grad_assignments) {

@@ -802,3 +802,34 @@ TEST_CASE("fused layer_norm backward: rows near the float32 limits, threads, emp
   CHECK(equal(we.grad(), zeros({3})));
   CHECK(equal(be.grad(), zeros({3})));
 }
+
+TEST_CASE("a view of a leaf stays usable after writes autograd does not record (PyTorch too)") {
+  // An optimizer step or load_state_dict writes a parameter under no_grad: views taken before
+  // (a fused weight split once into parts) keep working and back-propagate into the leaf.
+  Tensor w = tensor({{1.0, 2.0}, {3.0, 4.0}}).requires_grad_();
+  Tensor row = w.select(0, 0), col = w.t().select(0, 1);
+  {
+    NoGradGuard ng;
+    w.mul_(3);
+  }
+  Tensor y = (row * tensor({1.0, 2.0})).sum() + (col * col).sum();
+  y.backward();
+  // dy/dw: row 0 gets [1, 2]; column 1 gets 2·col = 2·[6, 12].
+  CHECK(w.grad().to_vector<double>() == std::vector<double>{1, 2 + 12, 0, 24});
+  CHECK(row.to_vector<double>() == std::vector<double>{3, 6});
+  // A non-leaf written under no_grad: its earlier view's history is still its history.
+  Tensor x = tensor({1.0, 2.0, 3.0}).requires_grad_();
+  Tensor h = x * 2;
+  Tensor part = h.slice(0, 0, 2);
+  {
+    NoGradGuard ng;
+    h.add_(1);
+  }
+  (part * part).sum().backward();  // d/dx of (2x)² over x0, x1 with part's values 3 and 5
+  CHECK(x.grad().to_vector<double>() == std::vector<double>{12, 20, 0});
+  // A recorded in-place write gives the memory a new history: the earlier view is stale.
+  Tensor h2 = x * 2;
+  Tensor early = h2.slice(0, 0, 2);
+  h2.mul_(x);
+  CHECK_THROWS_WITH(early * 2, Catch::Contains("history is stale"));
+}
