@@ -6,6 +6,7 @@
 #include <functional>
 
 #include "backends/cuda/driver.h"
+#include "error_of.h"
 #include "kiln/nn.h"
 
 using namespace kiln;
@@ -430,18 +431,7 @@ TEST_CASE("training an MLP on a fixed problem reaches a low loss") {
   CHECK(acc.item<float>() > 0.98);
 }
 
-namespace {
-// The kiln::Error `f` throws (FAIL if none).
-Error error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e;
-  }
-  FAIL("no kiln::Error");
-  return Error("", "", Loc::current());
-}
-}  // namespace
+using kiln::testing::error_of;
 
 TEST_CASE("AdamW keeps one step count per parameter, advanced only when it has a gradient "
           "(torch.optim.AdamW's state[p]['step'])") {

@@ -4,6 +4,7 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 
+#include "error_of.h"
 #include "kiln/kiln.h"
 #include "kiln/nn.h"
 #include "nn/optim.h"
@@ -381,19 +382,10 @@ TEST_CASE("compile: a parameter replaced with register_parameter after compiling
 }
 
 TEST_CASE("compile(module): errors in kiln's layer code name the cm(x) line, traced or replayed") {
-  auto error_at = [](const std::function<void()>& f) -> Error {
-    try {
-      f();
-    } catch (const Error& e) {
-      return e;
-    }
-    FAIL("no kiln::Error");
-    return Error("", "", Loc::current());
-  };
   nn::Linear lin(3, 4);
   auto cl = kiln::compile(lin);
   unsigned line = __LINE__ + 1;
-  Error e = error_at([&] { cl(ones({2, 5})); });
+  Error e = kiln::testing::error_of([&] { cl(ones({2, 5})); });
   CHECK_THAT(e.what(), Catch::Contains("kiln::linear"));
   CHECK(std::string(e.where().file_name()) == __FILE__);
   CHECK(e.where().line() == line);
@@ -402,7 +394,7 @@ TEST_CASE("compile(module): errors in kiln's layer code name the cm(x) line, tra
   ce(tensor({1, 2}).to(DType::Int64));
   ce(tensor({3, 4}).to(DType::Int64));
   line = __LINE__ + 1;
-  e = error_at([&] { ce(tensor({1, 7}).to(DType::Int64)); });
+  e = kiln::testing::error_of([&] { ce(tensor({1, 7}).to(DType::Int64)); });
   CHECK_THAT(e.what(), Catch::Contains("index 7 is out of range"));
   CHECK(std::string(e.where().file_name()) == __FILE__);
   CHECK(e.where().line() == line);
