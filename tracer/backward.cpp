@@ -136,6 +136,9 @@ class CompiledBackward final : public autograd::Node {
     for (size_t v = 0; v < saved_.slots.size(); ++v)
       if (saved_.slots[v].defined())
         saved_versions_.push_back({static_cast<int>(v), saved_.slots[v].version()});
+    for (size_t i = 0; i < p_->sources.size(); ++i)
+      if (Tensor t = source_tensor(i); t.defined())
+        input_versions_.push_back({static_cast<int>(i), t.version()});
   }
 
   std::string name() const override { return "CompiledFunctionBackward"; }
@@ -179,11 +182,14 @@ class CompiledBackward final : public autograd::Node {
     if (is_grad_enabled()) {
       // create_graph: the saved forward values carry no history, so recompute the forward
       // and the backward on eager kernels from the real inputs (exact higher-order grads).
+      check_inputs_unchanged();
       RunState e = call_inputs();
       for (int gv : p.grad_outputs)
         if (gv >= 0) e.slots[gv] = st.slots[gv];
-      for (size_t i = 0; i < p.nodes.size(); ++i)
+      for (size_t i = 0; i < p.nodes.size(); ++i) {
+        e.detach_as_traced = i < p.backward_begin;  // the traced backward builds the graph
         if (p.nodes[i].kind == tracer::Node::Kind::Op) run_node_eagerly(p, p.nodes[i], e);
+      }
       return results(e);
     }
     plan_->run(st);
@@ -215,6 +221,32 @@ class CompiledBackward final : public autograd::Node {
     return true;
   }
 
+  // Tensor argument or captured tensor `i` of the program's sources (undefined for other
+  // sources and for a captured tensor since freed).
+  Tensor source_tensor(size_t i) const {
+    const Source& s = p_->sources[i];
+    if (s.kind == SourceKind::Arg)
+      return s.index < saved_.args.size() ? saved_.args[s.index] : Tensor();
+    if (s.kind == SourceKind::Captured) return Tensor(s.captured.lock());
+    return Tensor();
+  }
+
+  // The forward re-run reads the inputs as they are now: one changed in place since the call
+  // (its values are not kept) would give a silently wrong gradient, so this raises instead.
+  void check_inputs_unchanged() const {
+    for (auto& [i, version] : input_versions_) {
+      Tensor t = source_tensor(i);
+      KILN_CHECK(!t.defined() || t.version() == version, "backward",
+                 autograd::backward_call_site(),
+                 "a create_graph backward through a compiled call runs its forward again from "
+                 "its inputs, but {} (shape {}) was modified in place after the call (version "
+                 "{}, expected {}); take the gradient before modifying it, or call the function "
+                 "uncompiled",
+                 p_->sources[i].kind == SourceKind::Arg ? "an argument" : "a captured tensor",
+                 to_string(t.shape()), t.version(), version);
+    }
+  }
+
   // The call's inputs as they were before it ran (arguments, scalars, generator state, the
   // originals of what it changed in place), for re-running its forward on eager kernels.
   RunState call_inputs() const {
@@ -232,6 +264,7 @@ class CompiledBackward final : public autograd::Node {
   std::vector<Tensor> eager_backward(const std::vector<Tensor>& grads) const {
     const Program& p = *p_;
     RunState e = call_inputs();
+    e.detach_as_traced = true;
     std::vector<Tensor> roots, root_grads, inputs;
     {
       EnableGradGuard enable;
@@ -266,6 +299,7 @@ class CompiledBackward final : public autograd::Node {
   RunState saved_;
   bool released_ = false;
   std::vector<std::pair<int, uint64_t>> saved_versions_;  // (value id, version when saved)
+  std::vector<std::pair<int, uint64_t>> input_versions_;  // (source, version after the call)
   std::vector<Shape> out_shapes_;
   std::vector<DType> out_dtypes_;
   std::vector<Device> out_devices_;

@@ -646,6 +646,10 @@ namespace {
 void run_op_node(const Program& p, const Node& n, RunState& st) {
   std::vector<Tensor> ins;
   for (int v : n.in) ins.push_back(v >= 0 ? st.value(p, v) : Tensor());
+  if (st.detach_as_traced)
+    for (size_t k = 0; k < ins.size() && k < n.in_required_grad.size(); ++k)
+      if (!n.in_required_grad[k] && ins[k].defined() && ins[k].requires_grad())
+        ins[k] = ins[k].detach();
   OpAttrs attrs = resolved_attrs(p, n, st);
   // A value can have another layout than while tracing (compiled regions return contiguous
   // tensors where eager returned views, and the other way round): a functional `view` of a

@@ -39,6 +39,9 @@ struct RunState {
   GeneratorState rng{};              // generator state at the start of the call
   /// Values keep real aliasing: in-place ops run in place (Program::aliased_mutation).
   bool in_place = false;
+  /// Ops run on eager kernels detach the inputs that carried no gradient history while tracing
+  /// (Node::in_required_grad): the forward re-run of a create_graph backward.
+  bool detach_as_traced = false;
 
   /// The tensor of value v, materialising sources on first use.
   const Tensor& value(const Program& p, int v);

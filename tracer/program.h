@@ -97,6 +97,10 @@ struct Node {
   /// or nullptr: replayed errors carry its name, as eager's do.
   const char* public_op = nullptr;
   std::vector<int> in;   ///< value ids; -1 for an absent optional input
+  /// Per input: whether it carried gradient history into the op while tracing (grad mode on
+  /// and the tensor requiring grad). Re-running the forward for a create_graph backward detaches
+  /// the others (x.detach(), values made under no_grad), as eager's graph left them out.
+  std::vector<bool> in_required_grad;
   std::vector<int> out;  ///< value ids
   InferredMeta meta;     ///< what the dispatcher inferred at trace time
   /// copy_/fill_: in the functional program `out[0]` is the new value of `in[0]`.

@@ -231,7 +231,10 @@ void Recorder::after_kernel(const OpCall& call, const InferredMeta& meta,
   n.loc = user_facing(call.loc);  // replays and explain() name the user's line
   n.public_op = public_op();
   n.meta = meta;
-  for (const Tensor& t : call.inputs) n.in.push_back(t.defined() ? lookup(t) : -1);
+  for (const Tensor& t : call.inputs) {
+    n.in.push_back(t.defined() ? lookup(t) : -1);
+    n.in_required_grad.push_back(is_grad_enabled() && t.defined() && t.requires_grad());
+  }
   if (is_random(call.op)) n.rng_delta = call.attrs.offset - rng_start_;
   n.in_place = call.op == OpKind::CopyInto || call.op == OpKind::Fill;
   if (n.in_place) {

@@ -805,3 +805,54 @@ TEST_CASE("compile: a backward from one output after another's asks for retain_g
     CHECK_THROWS_WITH(p[0].sum().backward(), Catch::Contains("share one backward"));
   }
 }
+
+TEST_CASE("compile: a double backward through a replay keeps detach() and no_grad out of the "
+          "graph, and refuses inputs changed since the call", "[compile][autograd]") {
+  // Second derivative of sum(x² · mean(x.detach())) is 2·mean(x) per element, and the
+  // gradient of |g|² with g = 2x·c is 8x·c² (c = mean(x) constant): [0, 8, 16] at x = [0, 1, 2].
+  auto f = [](const Tensor& x) { return (x * x * x.detach().mean()).sum(); };
+  auto f_ng = [](const Tensor& x) {
+    Tensor c;
+    {
+      NoGradGuard ng;
+      c = x.mean();
+    }
+    return (x * x * c).sum();
+  };
+  for (auto* fn : {+f, +f_ng}) {
+    auto cf = compile(fn);
+    for (int call = 1; call <= 3; ++call) {
+      INFO("call " << call);
+      Tensor xe = arange(3, {DType::Float32}).requires_grad_();
+      Tensor xc = arange(3, {DType::Float32}).requires_grad_();
+      Tensor ge = grad({fn(xe)}, {xe}, {}, true)[0];
+      Tensor gc = grad({cf(xc)}, {xc}, {}, true)[0];
+      CHECK(vec(gc) == vec(ge));
+      Tensor he = grad({(ge * ge).sum()}, {xe})[0];
+      Tensor hc = grad({(gc * gc).sum()}, {xc})[0];
+      CHECK(vec(he) == std::vector<float>{0, 8, 16});
+      CHECK(vec(hc) == vec(he));
+    }
+    CHECK(cf.compile_count() == 1);
+  }
+  // exp saves its output, so eager may change x after the call; the compiled re-run would read
+  // the changed x: a replay raises instead of a wrong gradient (the tracing call is eager's).
+  auto cexp = compile([](const Tensor& x) { return x.exp(); });
+  for (int call = 1; call <= 3; ++call) {
+    INFO("call " << call);
+    Tensor x = zeros({2}).requires_grad_();
+    Tensor y = cexp(x);
+    {
+      NoGradGuard ng;
+      x.add_(1);
+    }
+    if (call == 1)
+      CHECK(vec(grad({y.sum()}, {x}, {}, true)[0]) == std::vector<float>{1, 1});
+    else
+      CHECK_THROWS_WITH(grad({y.sum()}, {x}, {}, true),
+                        Catch::Contains("was modified in place after the call"));
+  }
+  Tensor x2 = zeros({2}).requires_grad_();
+  CHECK(vec(grad({cexp(x2).sum()}, {x2}, {}, true)[0]) == std::vector<float>{1, 1});
+  CHECK(cexp.compile_count() == 1);
+}
