@@ -145,12 +145,18 @@ class CompiledBackward final : public autograd::Node {
   int num_outputs() const override { return static_cast<int>(p_->outputs.size()); }
 
   std::vector<Tensor> apply(std::vector<Tensor>&& grads) override {
-    // As eager's nodes: a second backward needs retain_graph on the first. The outputs share
-    // this node (as torch.compile's do), so a backward from one output after another's needs
-    // it too.
-    KILN_CHECK(!released_, "backward", autograd::backward_call_site(),
-               "{} (the outputs of one compiled call share one backward: back-propagate their "
-               "sum, or pass retain_graph=true to every backward but the last)",
+    // As eager's nodes: a second backward through an output needs retain_graph on the first.
+    // The outputs share this node, so each may be back-propagated once on its own (eager's
+    // x * 2 and exp(x) have a node each): the node is freed when every output has been. The
+    // saved outputs are other handles to their memory (attach_backward), so an output never
+    // back-propagated does not keep the node alive through them.
+    applied_.assign(p_->grad_outputs.size(), false);
+    for (size_t k = 0; k < applied_.size() && k < grads.size(); ++k)
+      applied_[k] = p_->grad_outputs[k] >= 0 && grads[k].defined();
+    bool again = released_;
+    for (size_t k = 0; k < applied_.size() && k < consumed_.size(); ++k)
+      again |= applied_[k] && consumed_[k];
+    KILN_CHECK(!again, "backward", autograd::backward_call_site(), "{}",
                autograd::kGraphFreedMessage);
     // As eager's saved tensors: a saved value (an output, say) changed in place since the call
     // would give a wrong gradient.
@@ -288,6 +294,13 @@ class CompiledBackward final : public autograd::Node {
   }
 
   void release() override {
+    consumed_.resize(p_->grad_outputs.size(), false);
+    bool all = true;
+    for (size_t k = 0; k < consumed_.size(); ++k) {
+      consumed_[k] = consumed_[k] || applied_.empty() || (k < applied_.size() && applied_[k]);
+      all &= consumed_[k] || p_->grad_outputs[k] < 0;
+    }
+    if (!all) return;
     saved_ = RunState{};
     saved_versions_.clear();
     released_ = true;
@@ -298,6 +311,8 @@ class CompiledBackward final : public autograd::Node {
   std::shared_ptr<Plan> plan_;
   RunState saved_;
   bool released_ = false;
+  std::vector<bool> applied_;   // outputs the latest apply() had gradients for
+  std::vector<bool> consumed_;  // outputs a backward without retain_graph went through
   std::vector<std::pair<int, uint64_t>> saved_versions_;  // (value id, version when saved)
   std::vector<std::pair<int, uint64_t>> input_versions_;  // (source, version after the call)
   std::vector<Shape> out_shapes_;

@@ -182,6 +182,18 @@ TEST_CASE("resources: a call whose outputs are never back-propagated is freed wi
     }
     CHECK(out.expired());
   }
+  // One output back-propagated, the other never: the node keeps its saved values for the
+  // other output until both outputs are gone, then everything is freed.
+  for (int call = 0; call < 3; ++call) {
+    std::weak_ptr<TensorImpl> out;
+    {
+      std::vector<Tensor> o = f(x);
+      o[1].sum().backward();
+      out = o[0].impl_ptr();
+    }
+    CHECK(out.expired());
+  }
+  x.set_grad(Tensor());
   // Back-propagated afterwards, the saved output still gives eager's gradient: exp' = exp.
   std::vector<Tensor> o = f(x);
   o[0].sum().backward();
