@@ -24,6 +24,11 @@ constexpr DTypeCategory kCategory[kNumDTypes] = {DTypeCategory::Bool, DTypeCateg
 std::atomic<DType> g_default_dtype{Float32};
 }  // namespace
 
+void check_dtype(DType t, const char* op, std::source_location loc) {
+  KILN_CHECK(static_cast<unsigned>(t) < kNumDTypes, op, loc, "invalid DType value {}",
+             static_cast<int>(t));
+}
+
 size_t itemsize(DType t) { return kSize[static_cast<int>(t)]; }
 std::string_view name(DType t) { return kName[static_cast<int>(t)]; }
 DTypeCategory category(DType t) { return kCategory[static_cast<int>(t)]; }

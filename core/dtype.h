@@ -15,6 +15,10 @@ inline constexpr int kNumDTypes = 5;
 /// Promotion categories, ordered: bool < integer < floating.
 enum class DTypeCategory : uint8_t { Bool, Integer, Floating };
 
+/// Throws kiln::Error naming `op` and `loc` for a DType made from an integer out of range
+/// (static_cast<DType>(42)), which would index the dtype tables out of bounds.
+void check_dtype(DType t, const char* op, std::source_location loc);
+
 /// Size of one element in bytes.
 size_t itemsize(DType t);
 /// "float32", "int64", ...

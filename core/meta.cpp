@@ -536,6 +536,9 @@ static std::string inputs_str(OpKind op, std::span<const TensorMeta> inputs, con
 
 InferredMeta infer_meta(OpKind op, std::span<const TensorMeta> inputs, const OpAttrs& attrs,
                         Loc loc) {
+  // A DType made from an integer out of range (static_cast<DType>(42)) would index the dtype
+  // tables out of bounds.
+  check_dtype(attrs.dtype, op_name(op).data(), loc);
   try {
     InferredMeta m = infer_meta_unchecked(op, inputs, attrs, loc);
     for (const OutputMeta& o : m.outputs)

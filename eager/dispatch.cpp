@@ -114,6 +114,7 @@ DeviceKernel set_device_kernel(DeviceType type, DeviceKernel kernel) {
 }
 
 Tensor empty(const Shape& shape, DType dtype, Device device) {
+  check_dtype(dtype, "empty", Loc::current());
   check_shape(shape, itemsize(dtype), "empty");
   Allocator* allocator = device.is_cpu() ? cpu::allocator() : cuda::allocator(device.index);
   auto impl = std::make_shared<TensorImpl>();

@@ -62,6 +62,7 @@ thread_local GeneratorReseeds t_reseeds;
 }  // namespace
 
 Tensor empty(const Shape& shape, TensorOptions opts, Loc loc) {
+  check_dtype(float_or(opts), "empty", loc);
   check_shape(shape, itemsize(float_or(opts)), "empty", loc);
   return as_op("empty", [&] {  // the allocator's out-of-memory error names empty and this line
     return at_user_line(loc, [&] {
@@ -140,6 +141,7 @@ Tensor eye(int64_t n, int64_t m, TensorOptions opts, Loc loc) {
   KILN_CHECK(m >= -1, "eye", loc, "m must be non-negative (or -1 for n), got {}", m);
   if (m == -1) m = n;
   KILN_CHECK(n >= 0, "eye", loc, "n must be non-negative, got {}", n);
+  check_dtype(float_or(opts), "eye", loc);
   check_shape({n, m}, itemsize(float_or(opts)), "eye", loc);  // before the aranges' buffers
   // No elements: no ramps either (eye(0, 2^40) would build a 2^40-element arange).
   if (n == 0 || m == 0) return zeros({n, m}, opts, loc);

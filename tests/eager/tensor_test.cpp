@@ -446,3 +446,21 @@ TEST_CASE("contiguous() of transposed last dims: every element, every element si
     CHECK(flags.to_vector<bool>() == expect_flags);
   }
 }
+
+TEST_CASE("a DType value out of range is an error, not a table read out of bounds") {
+  const auto bad = static_cast<DType>(42);
+  CHECK_THROWS_WITH(ones({2}).to(bad), Catch::Contains("invalid DType value 42"));
+  CHECK_THROWS_WITH(zeros({2}, {bad}), Catch::Contains("invalid DType value 42"));
+  CHECK_THROWS_WITH(rand({2}, {bad}), Catch::Contains("invalid DType value 42"));
+}
+
+TEST_CASE("an invalid DType names the factory and the user's line") {
+  unsigned line = __LINE__ + 2;
+  try {
+    eye(2, 2, {static_cast<DType>(9)});
+    FAIL("no error");
+  } catch (const Error& e) {
+    CHECK(e.op() == "eye");
+    CHECK(e.where().line() == line);
+  }
+}
