@@ -33,12 +33,28 @@ void check_indices(const OpCall& call, const Tensor& index, int64_t size, const 
   const int64_t st = loop.inner_stride(0);
   int64_t bad = 0;
   bool found = false;
+  // Each run is first tested whole with one branch-free pass (it vectorises; an early exit and
+  // the captured flags reloaded per element made the check cost as much as gather itself),
+  // and searched for the first bad value only when it has one.
   auto scan = [&]<class I>(I) {
     loop.run(0, loop.numel(), [&](const std::array<char*, 1>& p, int64_t n) {
-      for (int64_t i = 0; i < n && !found; ++i) {
-        int64_t v = load_index<I>(p[0] + i * st);
-        if (v < 0 || v >= size) bad = v, found = true;
+      if (found) return;
+      const char* base = p[0];
+      const auto limit = static_cast<uint64_t>(size);
+      bool any_bad = false;
+      if (st == sizeof(I)) {
+        const I* q = reinterpret_cast<const I*>(base);
+        for (int64_t i = 0; i < n; ++i) any_bad |= static_cast<uint64_t>(q[i]) >= limit;
+      } else {
+        for (int64_t i = 0; i < n; ++i)
+          any_bad |= static_cast<uint64_t>(load_index<I>(base + i * st)) >= limit;
       }
+      if (!any_bad) return;
+      for (int64_t i = 0; i < n; ++i)
+        if (int64_t v = load_index<I>(base + i * st); v < 0 || v >= size) {
+          bad = v, found = true;
+          return;
+        }
     });
   };
   if (index.dtype() == DType::Int32) scan(int32_t{});
@@ -74,9 +90,21 @@ void take(const Tensor& out, const Tensor& src, const Tensor& idx, int64_t axis_
         }
         return;
       }
+      // Local pointers: stores through them may alias `p`, which would otherwise be read
+      // again for every element.
+      char* out = p[0];
+      const char* src = p[1];
+      const char* ix = p[2];
+      if (os == sizeof(T) && is == sizeof(I)) {
+        T* o = reinterpret_cast<T*>(out);
+        const I* q = reinterpret_cast<const I*>(ix);
+        for (int64_t i = 0; i < n; ++i)
+          o[i] = *reinterpret_cast<const T*>(src + i * ss + static_cast<int64_t>(q[i]) * ax);
+        return;
+      }
       for (int64_t i = 0; i < n; ++i)
-        *reinterpret_cast<T*>(p[0] + i * os) = *reinterpret_cast<const T*>(
-            p[1] + i * ss + load_index<I>(p[2] + i * is) * ax);
+        *reinterpret_cast<T*>(out + i * os) =
+            *reinterpret_cast<const T*>(src + i * ss + load_index<I>(ix + i * is) * ax);
     });
   };
   KILN_DISPATCH_ALL(out.dtype(), T, {

@@ -289,3 +289,22 @@ TEST_CASE("tril, triu, arange and slice with extreme integers (no overflow)") {
   CHECK(x.slice(1, 1, INT64_MAX, INT64_MAX).shape() == Shape{3, 1});
   CHECK(arange(10).slice(0, 2, 9, 3).to_vector<int64_t>() == std::vector<int64_t>{2, 5, 8});
 }
+
+TEST_CASE("bad indices: the first one in the index's order is named, any layout, int32/int64") {
+  Tensor x = arange(12, {DType::Float32}).view({3, 4});
+  for (DType it : {DType::Int64, DType::Int32}) {
+    // Row-major order of the index: 9 (row 0) comes before -2 (row 1).
+    Tensor idx = tensor({{0, 1, 9}, {-2, 0, 1}}).to(it);
+    CHECK_THROWS_WITH(gather(x, 1, idx), Catch::Contains("index 9 is out of range for dim 1 of "
+                                                         "size 4"));
+    // Transposed (strided) index: its first row is [0, -2].
+    CHECK_THROWS_WITH(gather(x, 1, idx.t()),
+                      Catch::Contains("index -2 is out of range for dim 1 of size 4"));
+    CHECK_THROWS_WITH(index_select(x, 0, tensor({0, 2, 3, 5}).to(it)),
+                      Catch::Contains("index 3 is out of range for dim 0 of size 3"));
+    // A long valid index (several vector widths, a tail) passes and gathers the right values.
+    Tensor ok = (arange(2 * 37, {DType::Int64}) % 4).view({2, 37}).to(it);
+    Tensor wide = arange(8, {DType::Float32}).view({2, 4});
+    CHECK(equal(gather(wide, 1, ok), ok.to(DType::Float32) + tensor({{0.f}, {4.f}})));
+  }
+}
