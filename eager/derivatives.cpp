@@ -69,7 +69,6 @@ Tensor pad_slice(const Tensor& g, const TensorMeta& in, int dim, int64_t start) 
   return parts.size() == 1 ? g : cat(parts, dim);
 }
 
-
 // Eager backward without create_graph on the CPU: one fused kernel (backends/cpu/kernels.h)
 // instead of a formula of many full-size ops (layer_norm's ~12 passes were 3.4x slower than
 // PyTorch's fused kernel at 8192x768, gelu's ~11 2.3x). A trace records the formula (the tracer

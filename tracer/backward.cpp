@@ -244,10 +244,10 @@ class CompiledBackward final : public autograd::Node {
       Tensor t = source_tensor(i);
       KILN_CHECK(!t.defined() || t.version() == version, "backward",
                  autograd::backward_call_site(),
-                 "a create_graph backward through a compiled call runs its forward again from "
-                 "its inputs, but {} (shape {}) was modified in place after the call (version "
-                 "{}, expected {}); take the gradient before modifying it, or call the function "
-                 "uncompiled",
+                 "this backward through a compiled call (create_graph, or an output without a "
+                 "gradient) runs its forward again from its inputs, but {} (shape {}) was "
+                 "modified in place after the call (version {}, expected {}); take the gradient "
+                 "before modifying it, or call the function uncompiled",
                  p_->sources[i].kind == SourceKind::Arg ? "an argument" : "a captured tensor",
                  to_string(t.shape()), t.version(), version);
     }
@@ -269,6 +269,7 @@ class CompiledBackward final : public autograd::Node {
   // backward from the outputs that have gradients only.
   std::vector<Tensor> eager_backward(const std::vector<Tensor>& grads) const {
     const Program& p = *p_;
+    check_inputs_unchanged();
     RunState e = call_inputs();
     e.detach_as_traced = true;
     std::vector<Tensor> roots, root_grads, inputs;
