@@ -162,7 +162,7 @@ class CompiledBackward final : public autograd::Node {
     // would give a wrong gradient.
     for (auto& [v, version] : saved_versions_) {
       const Tensor& t = saved_.slots[v];
-      KILN_CHECK(t.version() == version, "backward", autograd::backward_call_site(),
+      KILN_CHECK(t.version() == version, producer_name(v), autograd::backward_call_site(),
                  "one of the tensors needed for gradient computation has been modified by an "
                  "in-place operation: a tensor of shape {} saved by the compiled function is at "
                  "version {}, expected version {}",
@@ -225,6 +225,16 @@ class CompiledBackward final : public autograd::Node {
       if (!(sum(mul(g, 0)).to(DType::Float64).item<double>() == 0)) return false;
     }
     return true;
+  }
+
+  // The op that made value `v` in the forward (its kiln::Error names it, as eager's names the
+  // op whose saved tensor changed), or "backward" for an input.
+  const char* producer_name(int v) const {
+    for (size_t i = 0; i < p_->nodes.size() && i < p_->backward_begin; ++i)
+      for (int o : p_->nodes[i].out)
+        if (o == v && p_->nodes[i].kind == tracer::Node::Kind::Op)
+          return op_name(p_->nodes[i].op).data();
+    return "backward";
   }
 
   // Tensor argument or captured tensor `i` of the program's sources (undefined for other

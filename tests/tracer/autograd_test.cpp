@@ -852,3 +852,24 @@ TEST_CASE("compile: a double backward through a replay keeps detach() and no_gra
   CHECK(vec(grad({cexp(x2).sum()}, {x2}, {}, true)[0]) == std::vector<float>{1, 1});
   CHECK(cexp.compile_count() == 1);
 }
+
+TEST_CASE("compile: a saved value changed in place names the op that saved it, as eager",
+          "[compile][autograd]") {
+  auto cexp = compile([](const Tensor& x) { return x.exp(); });
+  for (int call = 1; call <= 3; ++call) {
+    INFO("call " << call);
+    Tensor x = zeros({2}).requires_grad_();
+    Tensor y = cexp(x);
+    {
+      NoGradGuard ng;
+      y.add_(1);  // exp saved its output
+    }
+    try {
+      y.sum().backward();
+      FAIL("no error");
+    } catch (const Error& e) {
+      CHECK(e.op() == "exp");
+      CHECK_THAT(e.what(), Catch::Contains("modified by an in-place operation"));
+    }
+  }
+}
