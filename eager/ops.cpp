@@ -3,6 +3,7 @@
 #include "eager/ops.h"
 
 #include <algorithm>
+#include <limits>
 
 #include "eager/dispatch.h"
 #include "eager/factories.h"
@@ -398,7 +399,10 @@ Tensor one_hot(const Tensor& indices, int64_t num_classes, Loc loc) {
   if (num_classes == -1) {
     KILN_CHECK(indices.numel() > 0, "one_hot", loc,
                "cannot infer num_classes from an empty tensor; pass it explicitly");
-    num_classes = amax(indices, {}, false, loc).item<int64_t>() + 1;
+    const int64_t largest = amax(indices, {}, false, loc).item<int64_t>();
+    KILN_CHECK(largest < std::numeric_limits<int64_t>::max(), "one_hot", loc,
+               "the largest index {} leaves no num_classes (largest + 1) in int64", largest);
+    num_classes = largest + 1;
   }
   OpAttrs a;
   a.mode = num_classes;

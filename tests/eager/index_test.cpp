@@ -1,6 +1,7 @@
 // cat / stack / split / chunk and the index ops, with known values.
 #include <catch2/catch.hpp>
 
+#include <limits>
 #include <vector>
 
 #include "kiln/kiln.h"
@@ -307,4 +308,12 @@ TEST_CASE("bad indices: the first one in the index's order is named, any layout,
     Tensor wide = arange(8, {DType::Float32}).view({2, 4});
     CHECK(equal(gather(wide, 1, ok), ok.to(DType::Float32) + tensor({{0.f}, {4.f}})));
   }
+}
+
+TEST_CASE("one_hot: num_classes inferred from the largest index must fit int64") {
+  const int64_t big = std::numeric_limits<int64_t>::max();
+  CHECK_THROWS_WITH(one_hot(tensor({big}).to(DType::Int64)),
+                    Catch::Contains("the largest index 9223372036854775807 leaves no "
+                                    "num_classes"));
+  CHECK(one_hot(tensor({0, 2}).to(DType::Int64)).shape() == Shape{2, 3});
 }
