@@ -802,6 +802,17 @@ TEST_CASE("compile: outputs of one call are back-propagated one after the other"
   }
 }
 
+namespace {
+// y = f(x) for x = zeros({2}) that requires grad, then x (or y, `to_output`) += 1 under no_grad.
+template <class F> std::pair<Tensor, Tensor> exp_call_then_add_one(F& f, bool to_output) {
+  Tensor x = zeros({2}).requires_grad_();
+  Tensor y = f(x);
+  NoGradGuard ng;
+  (to_output ? y : x).add_(1);
+  return {x, y};
+}
+}  // namespace
+
 TEST_CASE("compile: a double backward through a replay keeps detach() and no_grad out of the "
           "graph, and refuses inputs changed since the call", "[compile][autograd]") {
   // Second derivative of sum(x² · mean(x.detach())) is 2·mean(x) per element, and the
@@ -836,12 +847,7 @@ TEST_CASE("compile: a double backward through a replay keeps detach() and no_gra
   auto cexp = compile([](const Tensor& x) { return x.exp(); });
   for (int call = 1; call <= 3; ++call) {
     INFO("call " << call);
-    Tensor x = zeros({2}).requires_grad_();
-    Tensor y = cexp(x);
-    {
-      NoGradGuard ng;
-      x.add_(1);
-    }
+    auto [x, y] = exp_call_then_add_one(cexp, /*to_output=*/false);
     if (call == 1)
       CHECK(vec(grad({y.sum()}, {x}, {}, true)[0]) == std::vector<float>{1, 1});
     else
@@ -858,12 +864,7 @@ TEST_CASE("compile: a saved value changed in place names the op that saved it, a
   auto cexp = compile([](const Tensor& x) { return x.exp(); });
   for (int call = 1; call <= 3; ++call) {
     INFO("call " << call);
-    Tensor x = zeros({2}).requires_grad_();
-    Tensor y = cexp(x);
-    {
-      NoGradGuard ng;
-      y.add_(1);  // exp saved its output
-    }
+    Tensor y = exp_call_then_add_one(cexp, /*to_output=*/true).second;  // exp saved its output
     try {
       y.sum().backward();
       FAIL("no error");
