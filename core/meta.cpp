@@ -54,7 +54,13 @@ InferredMeta elementwise(OpKind op, std::span<const TensorMeta> in, const OpAttr
     promoted = result_type(in);
   }
   bool is_bool = promoted == DType::Bool;
-  KILN_CHECK(!(is_bool && (op == OpKind::Neg || op == OpKind::Sub || op == OpKind::Sign)), nm, loc,
+  // As PyTorch: a bool operand of `-` is most likely a mask someone meant to invert.
+  const bool bool_operand =
+      std::any_of(in.begin(), in.end(), [](const TensorMeta& m) { return m.dtype == DType::Bool; });
+  KILN_CHECK(!(op == OpKind::Sub && bool_operand), nm, loc,
+             "subtraction with a bool operand is not supported (operands {} and {}); to invert a "
+             "mask use logical_not", name(in[0].dtype), name(in[1].dtype));
+  KILN_CHECK(!(is_bool && (op == OpKind::Neg || op == OpKind::Sign)), nm, loc,
              "not supported on bool tensors (use logical_not / logical_xor)");
   KILN_CHECK(!(is_bool && (op == OpKind::FloorDivide || op == OpKind::Remainder)), nm, loc,
              "not supported on bool tensors");

@@ -55,7 +55,7 @@ Tensor clamp(const Tensor& x, std::optional<Scalar> low, std::optional<Scalar> h
 /// a + alpha·b
 Tensor add(const Tensor& a, const Tensor& b, Scalar alpha = 1, Loc loc = Loc::current());
 Tensor add(const Tensor& a, Scalar b, Scalar alpha = 1, Loc loc = Loc::current());
-/// a − alpha·b
+/// a − alpha·b. Throws kiln::Error when either operand is bool (as PyTorch; use logical_not).
 Tensor sub(const Tensor& a, const Tensor& b, Scalar alpha = 1, Loc loc = Loc::current());
 Tensor sub(const Tensor& a, Scalar b, Scalar alpha = 1, Loc loc = Loc::current());
 Tensor mul(const Tensor& a, const Tensor& b, Loc loc = Loc::current());

@@ -190,7 +190,11 @@ Ref elementwise(OpKind k, const std::vector<Arr>& in, const OpAttrs& a) {
   } else {
     c = promote(in);
   }
-  if (c == DType::Bool && (k == OpKind::Neg || k == OpKind::Sub || k == OpKind::Sign ||
+  // PyTorch rejects subtraction with any bool operand, not only a bool result.
+  if (k == OpKind::Sub && std::any_of(in.begin(), in.end(), [](const Arr& x) {
+        return x.dtype == DType::Bool; }))
+    return raises("bool operand");
+  if (c == DType::Bool && (k == OpKind::Neg || k == OpKind::Sign ||
                            k == OpKind::FloorDivide || k == OpKind::Remainder))
     return raises("not supported on bool");
   DType dt = c;

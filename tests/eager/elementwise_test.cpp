@@ -675,6 +675,27 @@ TEST_CASE("bool arithmetic: add is or, mul is and") {
   CHECK_THROWS_AS(floor_divide(a, b), Error);
 }
 
+TEST_CASE("subtraction with any bool operand raises as in PyTorch") {
+  Tensor mask = tensor({true, false, true});
+  Tensor i = arange(3, DType::Int64);
+  Tensor before = i.clone();
+  for (auto attempt : std::vector<std::function<Tensor()>>{
+           [&] { return i - mask; }, [&] { return mask - 1; }, [&] { return 1 - mask; },
+           [&] { return i.to(DType::Float32) - mask; }, [&] { return i - Scalar(true); },
+           [&] { return i.sub_(mask); }}) {
+    std::string what;
+    try {
+      attempt();
+    } catch (const Error& e) {
+      what = e.what();
+    }
+    CHECK_THAT(what, Contains("kiln::sub") && Contains("bool operand") &&
+                         Contains("elementwise_test.cpp"));
+  }
+  CHECK(i.to_vector<int64_t>() == before.to_vector<int64_t>());
+  CHECK(add(i, mask).to_vector<int64_t>() == std::vector<int64_t>{1, 1, 3});
+}
+
 TEST_CASE("logical ops give bool; NaN and nonzero count as true") {
   Tensor a = tensor({0.0f, 0.0f, 2.0f, kNan});
   Tensor b = tensor({0.0f, -1.0f, 3.0f, 0.0f});
