@@ -35,19 +35,39 @@ std::string CompareReport::str() const {
 namespace tracer {
 
 std::vector<ArgValue> fresh_copies(const std::vector<ArgValue>& args) {
-  // A copy of a non-leaf that requires grad stays one (clone() keeps it attached to the
-  // caller's graph), so the copy allows in-place ops exactly when the argument does.
-  auto copy = [](Tensor& t) {
-    if (!t.defined()) return;
-    bool rg = t.requires_grad(), leaf = t.is_leaf();
-    t = untraced([&] { return rg && !leaf ? t.clone() : t.detach().clone(); });
-    if (rg && leaf) t.requires_grad_(true);
-  };
   std::vector<ArgValue> out = args;
+  std::vector<Tensor*> tensors;
   for (ArgValue& a : out) {
-    if (a.kind == ArgValue::Kind::Tensor) copy(a.tensor);
+    if (a.kind == ArgValue::Kind::Tensor && a.tensor.defined()) tensors.push_back(&a.tensor);
     if (a.kind == ArgValue::Kind::TensorList)
-      for (Tensor& t : a.list) copy(t);
+      for (Tensor& t : a.list)
+        if (t.defined()) tensors.push_back(&t);
+  }
+  // Arguments that share memory (one tensor passed twice, x with x.t()) are copied as one
+  // storage, so a write through one shows through the others as it does in the call. A non-leaf
+  // that requires grad is copied alone (below), to stay attached to the caller's graph.
+  std::unordered_map<const StorageImpl*, int> sharing;
+  for (Tensor* t : tensors) ++sharing[t->storage().get()];
+  std::unordered_map<const StorageImpl*, Tensor> storage_copy;
+  for (Tensor* t : tensors) {
+    const bool rg = t->requires_grad(), leaf = t->is_leaf();
+    if (sharing[t->storage().get()] > 1 && !(rg && !leaf)) {
+      Tensor& whole = storage_copy[t->storage().get()];
+      if (!whole.defined()) whole = untraced([&] { return whole_storage(*t).clone(); });
+      auto impl = std::make_shared<TensorImpl>();
+      impl->storage = whole.storage();
+      impl->dtype = t->dtype();
+      impl->shape = t->shape();
+      impl->strides = t->strides();
+      impl->offset = t->offset();
+      impl->base = whole.impl_ptr();
+      *t = Tensor(std::move(impl));
+    } else {
+      // A copy of a non-leaf that requires grad stays one (clone() keeps it attached to the
+      // caller's graph), so the copy allows in-place ops exactly when the argument does.
+      *t = untraced([&] { return rg && !leaf ? t->clone() : t->detach().clone(); });
+    }
+    if (rg && leaf) t->requires_grad_(true);
   }
   return out;
 }

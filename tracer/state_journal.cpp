@@ -18,7 +18,8 @@ template <class F> decltype(auto) quietly(F&& fn) {
   return untraced(std::forward<F>(fn));
 }
 
-// All of `t`'s storage as a flat tensor of t's dtype (a view sharing it).
+}  // namespace
+
 Tensor whole_storage(const Tensor& t) {
   auto impl = std::make_shared<TensorImpl>();
   impl->storage = t.storage();
@@ -27,8 +28,6 @@ Tensor whole_storage(const Tensor& t) {
   impl->strides = {1};
   return Tensor(std::move(impl));
 }
-
-}  // namespace
 
 StateJournal::StateJournal()
     : outer_(dispatch::set_write_observer(this)), first_new_serial_(StorageImpl::next_serial()) {}

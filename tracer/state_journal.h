@@ -11,6 +11,10 @@
 
 namespace kiln::tracer {
 
+/// All of `t`'s storage as a flat tensor of t's dtype: a view sharing it, made by hand (no
+/// autograd view tracking), for copies and restores of whole storages.
+Tensor whole_storage(const Tensor& t);
+
 class StateJournal final : public WriteObserver {
  public:
   /// Installs itself as the calling thread's write observer until destroyed (the previous

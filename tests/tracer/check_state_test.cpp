@@ -209,3 +209,32 @@ TEST_CASE("check = true names what a stale trace differs in: a constant, a path,
   CHECK_THROWS_WITH(shifted(ones({2})),
                     Catch::Contains("reads the captured tensor it was traced with"));
 }
+
+TEST_CASE("check = true and compare() keep arguments that share memory sharing it (review)") {
+  // Eager's reference run used to get an independent copy of each argument, so a write through
+  // one no longer showed through the other: a false "differs from eager", and the call undone.
+  auto scale_then_sum = [](Tensor a, const Tensor& b) {
+    a.mul_(2);
+    return b.sum();
+  };
+  auto add_transpose = [](Tensor a, const Tensor& b) {
+    a.add_(b);
+    return a * 1;
+  };
+  auto checked_sum = compile(scale_then_sum, CompileOptions{.check = true});
+  auto checked_add = compile(add_transpose, CompileOptions{.check = true});
+  for (int call = 0; call < 3; ++call) {
+    Tensor w = arange(9, DType::Float32).view({3, 3});
+    CHECK(checked_sum(w, w).item<float>() == 72.0f);  // (0 + ... + 8) · 2
+    CHECK(vec(w) == vec(arange(9, DType::Float32) * 2));
+    CHECK(compare(scale_then_sum, w, w).ok);
+
+    // x += x.t() reads what it writes; both runs see the same overlap.
+    Tensor x = arange(4, DType::Float32).view({2, 2});
+    Tensor expect = x.clone();
+    add_transpose(expect, expect.t());
+    Tensor y = checked_add(x, x.t());
+    CHECK(vec(y) == vec(expect));
+    CHECK(vec(x) == vec(expect));
+  }
+}
