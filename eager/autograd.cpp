@@ -391,10 +391,10 @@ class RecordHook final : public DispatchHook {
     const Tensor& target = c.inputs[0];
     const auto& base = target.impl()->base;
     Meta* bm = base ? static_cast<Meta*>(base->autograd.get()) : nullptr;
-    if (bm && bm->requires_grad) {
+    if (Meta* tm = meta(target);
+        base && ((bm && bm->requires_grad) || (tm && tm->no_grad_view_of_grad_tensor))) {
       // A view of a tensor that requires grad was made under no_grad: the write would change the
       // base (a leaf, or values its history saved) behind autograd's back (PyTorch raises too).
-      Meta* tm = meta(target);
       KILN_CHECK(tm && tm->requires_grad, c.name(), c.loc,
                  "a view made under no_grad (shape {}) of a tensor that requires grad is modified "
                  "in place with grad mode on; autograd would not see the write (PyTorch raises "
@@ -402,8 +402,14 @@ class RecordHook final : public DispatchHook {
                  to_string(target.shape()));
     }
     if (base && any_requires_grad(c)) {
-      // The base will take the new history (rebase_history).
-      KILN_CHECK(!(bm && bm->requires_grad && !bm->grad_fn), c.name(), c.loc,
+      // The base will take the new history (rebase_history). A view that requires grad while
+      // its base has no history views a leaf that requires grad: the base itself, or a view
+      // of the base made a leaf by requires_grad_() (`arange(4).view({2, 2})`), which the base
+      // cannot stand for (PyTorch's "view of a leaf" test: requires_grad and _base.is_leaf).
+      Meta* tm = meta(target);
+      KILN_CHECK(!(tm && tm->requires_grad && !(bm && bm->grad_fn)) &&
+                     !(bm && bm->requires_grad && !bm->grad_fn),
+                 c.name(), c.loc,
                  "a view (shape {}) of a leaf tensor that requires grad is being used in an "
                  "in-place operation; wrap parameter updates in kiln::no_grad",
                  to_string(target.shape()));
@@ -429,6 +435,11 @@ class RecordHook final : public DispatchHook {
                     std::vector<Tensor>& outs) override {
     // A view that asks for no gradient (of a detached tensor, or made under no_grad) keeps
     // asking, should its memory have gained a history in place (gained_history_in_place).
+    const bool view = op_info(c.op).category == OpCategory::View && !c.inputs.empty() &&
+                      !outs.empty() && outs[0].defined();
+    if (Meta* in = view ? meta(c.inputs[0]) : nullptr;
+        in && ((!t_grad_enabled && in->requires_grad) || in->no_grad_view_of_grad_tensor))
+      ensure_meta(outs[0]).no_grad_view_of_grad_tensor = true;
     if (op_info(c.op).category == OpCategory::View && !outs.empty() && outs[0].defined() &&
         outs[0].storage()->gained_history_in_place(outs[0].impl()->lineage)) {
       Meta* in = meta(c.inputs[0]);

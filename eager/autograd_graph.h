@@ -114,6 +114,9 @@ struct Meta final : AutogradMeta {
   /// Asks for no gradient: a view made under no_grad (or a view of one) of memory that had
   /// gained a history in place; using it is then not an error (lost_in_place_history).
   bool detached = false;
+  /// A view made under no_grad of a tensor that requires grad (or a view of such a view):
+  /// writing it in place with grad mode on would change that tensor behind autograd's back.
+  bool no_grad_view_of_grad_tensor = false;
 };
 
 /// The tensor's autograd Meta, or nullptr.

@@ -1,6 +1,7 @@
 #include "tracer/backward.h"
 
 #include <algorithm>
+#include <unordered_map>
 #include <unordered_set>
 
 #include "eager/autograd.h"
@@ -333,6 +334,36 @@ class CompiledBackward final : public autograd::Node {
 
 }  // namespace
 
+namespace {
+
+// Outputs that are views behave as eager's views do under later in-place ops.
+// - A view of a tensor with gradient history (an argument's `w.t()`): an in-place op recorded
+//   on its memory afterwards makes it stale, so using it raises instead of losing the gradient.
+// - A view of a value the caller never sees (`(w * 2).t()`) has no base whose history an
+//   in-place op on it could rebase (eager's CopySlices), which lost the gradient on replays: it
+//   stands alone when it is the only output viewing that memory, as no one else can see a write.
+//   Several outputs viewing one such value stay views, so an in-place op on one raises.
+void mark_view_outputs(std::vector<OutValue>& outs) {
+  std::unordered_map<const TensorImpl*, int> viewers;
+  for (const OutValue& o : outs)
+    if (o.is_tensor && o.tensor.defined() && o.tensor.impl()->base)
+      ++viewers[o.tensor.impl()->base.get()];
+  for (OutValue& o : outs) {
+    autograd::Meta* m = o.is_tensor && o.tensor.defined() ? autograd::meta(o.tensor) : nullptr;
+    if (!m || !m->requires_grad || !o.tensor.impl()->base) continue;
+    const auto& base = o.tensor.impl()->base;
+    auto* bm = static_cast<autograd::Meta*>(base->autograd.get());
+    if (!(bm && (bm->requires_grad || bm->grad_fn)) && viewers[base.get()] == 1) {
+      o.tensor.impl()->base = nullptr;
+      continue;
+    }
+    m->is_view_of_grad_tensor = true;
+    m->view_version = o.tensor.storage()->history_version();
+  }
+}
+
+}  // namespace
+
 void attach_backward(const std::shared_ptr<const Program>& pp,
                      const std::shared_ptr<Plan>& backward, const std::vector<int>& saved,
                      RunState& st, std::vector<OutValue>& outs,
@@ -384,6 +415,7 @@ void attach_backward(const std::shared_ptr<const Program>& pp,
     m.grad_fn = node;
     m.output_nr = static_cast<uint32_t>(k);
   }
+  mark_view_outputs(outs);
 }
 
 }  // namespace kiln::tracer

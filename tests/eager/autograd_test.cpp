@@ -666,6 +666,33 @@ TEST_CASE("a view of a leaf made under no_grad cannot be written in place with g
   CHECK(x.to_vector<double>() == std::vector<double>{2, 4});
 }
 
+TEST_CASE("a leaf made from a view (arange().view().requires_grad_()) guards its views too") {
+  // The check looked only at the view's base (arange's result, which needs no grad): the write
+  // went through, and x's gradient was lost. PyTorch: "a view of a leaf Variable that requires
+  // grad is being used in an in-place operation".
+  Tensor w = arange(1, 5, 1, DType::Float64).view({2, 2}).requires_grad_();
+  Tensor x = tensor({3.0, 3.0}).requires_grad_();
+  CHECK_THROWS_WITH(w.select(0, 0).mul_(x), Catch::Contains("kiln::mul_") &&
+                                                Catch::Contains("of a leaf tensor") &&
+                                                Catch::Contains("autograd_test.cpp"));
+  CHECK_THROWS_WITH(w.t().copy_(zeros({2, 2}, DType::Float64)),
+                    Catch::Contains("of a leaf tensor"));
+  CHECK(w.detach().to_vector<double>() == std::vector<double>{1, 2, 3, 4});
+  // Made under no_grad, a view of it (and a view of that view) cannot be written with grad on.
+  Tensor v;
+  {
+    NoGradGuard ng;
+    v = w.select(0, 1);
+  }
+  CHECK_THROWS_WITH(v.slice(0, 0, 1).mul_(2.0), Catch::Contains("made under no_grad"));
+  CHECK(w.detach().to_vector<double>() == std::vector<double>{1, 2, 3, 4});
+  // A view of memory without a leaf behind it still takes the write (CopySlices).
+  Tensor base = zeros({2, 2}, DType::Float64);
+  base.select(0, 0).add_(x);
+  (base * base).sum().backward();
+  CHECK(x.grad().to_vector<double>() == std::vector<double>{6, 6});
+}
+
 TEST_CASE("create_graph backward whose gradient reaching a leaf is itself a leaf") {
   // Hung (the accumulation recorded a clone while holding the leaf lock that recording takes).
   // PyTorch 1.13: x.grad = v with history; x.grad.sum().backward() gives v.grad = [1, 1, 1].

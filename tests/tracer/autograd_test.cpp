@@ -874,3 +874,32 @@ TEST_CASE("compile: a saved value changed in place names the op that saved it, a
     }
   }
 }
+
+TEST_CASE("compile: outputs that are views take later in-place writes as eager's views do") {
+  // Replays returned views without view tracking: an in-place write into the output of
+  // `(w * 2).view({6})` lost w's gradient, and an output `w.t()` used after w was written in
+  // place with history gave the old gradient silently (eager raises: its history is stale).
+  auto doubled = compile([](const Tensor& w) { return (w * 2).view({6}); });
+  auto transposed = compile([](const Tensor& w) { return w.t(); });
+  for (int call = 0; call < 3; ++call) {
+    Tensor w = arange(1, 7, 1, DType::Float64).requires_grad_();
+    Tensor x = tensor({1.0, 2.0, 3.0}).requires_grad_();
+    Tensor first = doubled(w).slice(0, 0, 3);
+    first.mul_(x);  // a view of the output's memory: its history is rebased, as in eager
+    first.sum().backward();
+    CHECK(w.grad().to_vector<double>() == std::vector<double>{2, 4, 6, 0, 0, 0});
+    CHECK(x.grad().to_vector<double>() == std::vector<double>{2, 4, 6});
+
+    Tensor leaf = arange(1, 7, 1, DType::Float64).requires_grad_();
+    Tensor m = leaf.view({2, 3}) * 2;
+    Tensor o = transposed(m);
+    m.mul_(3.0);
+    std::string what;
+    try {
+      o.sum().backward();
+    } catch (const Error& e) {
+      what = e.what();
+    }
+    CHECK(contains(what, "recorded history is stale"));
+  }
+}
