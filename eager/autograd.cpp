@@ -162,6 +162,8 @@ void OpNode::save(const OpCall& call, const std::vector<Tensor>& outs) {
   bool need_a = next_edges[0].valid(), need_b = next_edges.size() > 1 && next_edges[1].valid();
   if (op == OpKind::Mul) mask = (need_b ? 1 : 0) | (need_a ? 2 : 0);
   if (op == OpKind::Div) mask = 2 | (need_b ? 1 : 0);
+  if (op == OpKind::Remainder) mask = need_b ? 3 : 0;  // da = g; db = -g·floor(a / b)
+  if (op == OpKind::FloorDivide) mask = 0;             // zero gradients
   if (op == OpKind::Matmul) mask = (need_b ? 1 : 0) | (need_a ? 2 : 0);  // dA = g·Bᵀ, dB = Aᵀ·g
   if (op == OpKind::Addmm) {  // addmm(bias, m1, m2): dm1 reads m2, dm2 reads m1
     bool need_m1 = next_edges[1].valid(), need_m2 = next_edges[2].valid();
@@ -774,14 +776,21 @@ std::vector<Tensor> grad(const std::vector<Tensor>& outputs, const std::vector<T
 
 std::vector<Tensor> autograd::partial_grads(const std::vector<Tensor>& outputs,
                                   const std::vector<Tensor>& inputs,
-                                  const std::vector<Tensor>& grad_outputs) {
+                                  const std::vector<Tensor>& grad_outputs, bool create_graph) {
   std::vector<Edge> roots, capture;
-  for (const Tensor& t : outputs) roots.push_back(gradient_edge(t));
+  std::vector<Tensor> root_grads;
+  // An output without history reaches no input: it adds nothing (run_backward needs a node).
+  for (size_t i = 0; i < outputs.size(); ++i)
+    if (Edge e = gradient_edge(outputs[i]); e.valid()) {
+      roots.push_back(std::move(e));
+      root_grads.push_back(grad_outputs[i]);
+    }
   for (const Tensor& t : inputs) capture.push_back(gradient_edge(t));
-  std::vector<Tensor> out = run_backward(roots, grad_outputs, /*retain_graph=*/true,
-                                         /*create_graph=*/false, capture, /*stop_at_capture=*/true);
-  for (Tensor& g : out)
-    if (g.defined()) g = g.detach();
+  std::vector<Tensor> out = run_backward(roots, root_grads, /*retain_graph=*/true, create_graph,
+                                         capture, /*stop_at_capture=*/true);
+  if (!create_graph)
+    for (Tensor& g : out)
+      if (g.defined()) g = g.detach();
   return out;
 }
 

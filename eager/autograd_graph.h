@@ -130,10 +130,12 @@ Edge gradient_edge(const Tensor& t);
 /// as a leaf, as AOTAutograd traces a compiled function's backward (the engine then carries
 /// each gradient on through the input's history; flowing through it here as well would count
 /// a path through an input that is computed from another twice). Undefined where no gradient
-/// arrives. The graph is kept (retain_graph).
+/// arrives. The graph is kept (retain_graph). With create_graph the gradients carry their own
+/// history (double backward); without, they are detached.
 std::vector<Tensor> partial_grads(const std::vector<Tensor>& outputs,
                                   const std::vector<Tensor>& inputs,
-                                  const std::vector<Tensor>& grad_outputs);
+                                  const std::vector<Tensor>& grad_outputs,
+                                  bool create_graph = false);
 /// Installs the dispatcher hook that records backward nodes (idempotent).
 void install_hook();
 

@@ -114,10 +114,10 @@ std::vector<Tensor> unary(const BackwardContext& c, const Tensor& g) {
       Tensor r = where(mask, 0, g);  // a NaN passes g, as PyTorch's threshold_backward
       // Under create_graph, PyTorch's threshold_backward is differentiable in its input with
       // derivative 0: the gradient requires grad as the input does, and its own gradient is
-      // zeros, not "does not require grad". A term that is exactly 0 (y is +-0 where selected)
-      // joins y's graph without changing a value.
-      if (is_grad_enabled() && y.requires_grad() && !r.requires_grad())
-        r = r + where(mask, y, 0) * 0;
+      // zeros, not "does not require grad" or "input not used" (when it requires grad through
+      // g alone: relu(x) * w). A term that is exactly 0 (y is +-0 where selected) joins y's
+      // graph without changing a value.
+      if (is_grad_enabled() && y.requires_grad()) r = r + where(mask, y, 0) * 0;
       return {r};
     }
     case K::Silu: {
@@ -230,7 +230,12 @@ std::vector<Tensor> reduction(const BackwardContext& c, const Tensor& g) {
     }
     case K::Amax:
     case K::Amin: {
-      Tensor hit = where(eq(x, expand_back(y, in.shape, c.attrs)), 1.0, 0.0).to(x.dtype());
+      // Ties share the gradient. max(x) / min(x) (mode 1) also give it to NaNs when the result
+      // is NaN, as PyTorch's evenly_distribute_backward; amax's NaN result gives NaN, as its.
+      Tensor yb = expand_back(y, in.shape, c.attrs);
+      Tensor at = eq(x, yb);
+      if (c.attrs.mode == 1) at = logical_or(at, logical_and(isnan(x), isnan(yb)));
+      Tensor hit = where(at, 1.0, 0.0).to(x.dtype());
       Dims dims = reduced_dims(c.attrs, in.shape.size());
       Tensor count = sum(hit, dims, true);
       return {ge_ * hit / count};

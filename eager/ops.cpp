@@ -138,11 +138,12 @@ Tensor where(const Tensor& cond, Scalar a, Scalar b, Loc loc) {
   return where(cond, wrap(a), wrap(b), loc);
 }
 
+// mode 1: the gradient of a NaN result goes to the NaNs (derivatives.cpp).
 Tensor max(const Tensor& x, Loc loc) {
-  return as_op("max", [&] { return amax(x, {}, false, loc); });
+  return as_op("max", [&] { return reduce(OpKind::Amax, x, {}, false, loc, 1); });
 }
 Tensor min(const Tensor& x, Loc loc) {
-  return as_op("min", [&] { return amin(x, {}, false, loc); });
+  return as_op("min", [&] { return reduce(OpKind::Amin, x, {}, false, loc, 1); });
 }
 namespace {
 // The element argmax / argmin picks, read with gather: its gradient goes to that element.

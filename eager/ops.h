@@ -216,7 +216,9 @@ Tensor argmax(const Tensor& x, std::optional<int64_t> dim = std::nullopt, bool k
 Tensor argmin(const Tensor& x, std::optional<int64_t> dim = std::nullopt, bool keepdim = false,
               Loc loc = Loc::current());
 /// The largest / smallest element as a 0-d tensor, as torch.max(x) / torch.min(x): NaN if any
-/// element is NaN. Throws kiln::Error for an empty tensor.
+/// element is NaN. The gradient is shared evenly by the elements equal to the result, or by
+/// the NaNs when it is NaN (PyTorch's evenly_distribute_backward). Throws kiln::Error for an
+/// empty tensor.
 Tensor max(const Tensor& x, Loc loc = Loc::current());
 Tensor min(const Tensor& x, Loc loc = Loc::current());
 /// Values and their int64 indices along one dim: `auto [values, indices] = max(x, 1);`.

@@ -186,19 +186,11 @@ class CompiledBackward final : public autograd::Node {
       }
     }
     bool partial = std::find(no_grad.begin(), no_grad.end(), true) != no_grad.end();
-    if (is_grad_enabled()) {
-      // create_graph: the saved forward values carry no history, so recompute the forward
-      // and the backward on eager kernels from the real inputs (exact higher-order grads).
-      check_inputs_unchanged();
-      RunState e = call_inputs();
-      for (int gv : p.grad_outputs)
-        if (gv >= 0) e.slots[gv] = st.slots[gv];
-      for (size_t i = 0; i < p.nodes.size(); ++i) {
-        e.detach_as_traced = i < p.backward_begin;  // the traced backward builds the graph
-        if (p.nodes[i].kind == tracer::Node::Kind::Op) run_node_eagerly(p, p.nodes[i], e);
-      }
-      return results(e);
-    }
+    // create_graph: the saved forward values carry no history, so the forward runs again on
+    // eager kernels from the real inputs and eager autograd differentiates it. (The traced
+    // backward was recorded with grad mode off: it read a saved x.detach() as x, and lacked
+    // the graph that formulas add only under create_graph, e.g. relu's.)
+    if (is_grad_enabled()) return eager_backward(grads, /*create_graph=*/true);
     plan_->run(st);
     std::vector<Tensor> out = results(st);
     if (partial && !without_unreached(out, no_grad)) return eager_backward(grads);
@@ -278,7 +270,8 @@ class CompiledBackward final : public autograd::Node {
 
   // Eager's exact answer: the forward again on eager kernels, recording autograd, and a
   // backward from the outputs that have gradients only.
-  std::vector<Tensor> eager_backward(const std::vector<Tensor>& grads) const {
+  std::vector<Tensor> eager_backward(const std::vector<Tensor>& grads,
+                                     bool create_graph = false) const {
     const Program& p = *p_;
     check_inputs_unchanged();
     RunState e = call_inputs();
@@ -295,7 +288,7 @@ class CompiledBackward final : public autograd::Node {
       }
       for (int v : p.grad_inputs) inputs.push_back(e.value(p, v));
     }
-    return autograd::partial_grads(roots, inputs, root_grads);
+    return autograd::partial_grads(roots, inputs, root_grads, create_graph);
   }
 
 

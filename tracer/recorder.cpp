@@ -202,6 +202,10 @@ bool Recorder::record_dropout_as_mask(const OpCall& call, const std::vector<Tens
   const Shape& shape = out.shape();
   Tensor& mask = dropout_masks_[{call.attrs.seed, call.attrs.offset, call.attrs.p,
                                  std::vector<int64_t>(shape.begin(), shape.end())}];
+  // Whether x carried history into the dropout: the ops below run under no_grad, yet the
+  // create_graph re-run must keep x's history through them (Node::in_required_grad).
+  const bool x_history = is_grad_enabled() && x.requires_grad();
+  const size_t first_node = p_.nodes.size();
   NoGradGuard no_grad;  // recorded ops only: the eager autograd graph already has the dropout
   if (!mask.defined()) {
     OpAttrs a = call.attrs;
@@ -214,6 +218,14 @@ bool Recorder::record_dropout_as_mask(const OpCall& call, const std::vector<Tens
   const double scale = call.attrs.p < 1 ? 1.0 / (1.0 - call.attrs.p) : 0.0;
   Tensor masked =
       kiln::where(mask, kiln::mul(x, scale, call.loc), kiln::mul(x, 0.0, call.loc), call.loc);
+  std::unordered_set<int> from_x = {lookup(x)};
+  for (size_t i = first_node; i < p_.nodes.size(); ++i) {
+    Node& n = p_.nodes[i];
+    bool reads_x = false;
+    for (size_t k = 0; k < n.in.size(); ++k)
+      if (from_x.count(n.in[k])) n.in_required_grad[k] = x_history, reads_x = true;
+    if (reads_x) from_x.insert(n.out.begin(), n.out.end());
+  }
   int v = lookup(masked);
   by_impl_[out.impl()] = v;
   by_geometry_[key_of(out)] = v;

@@ -1,4 +1,5 @@
 // Autograd: tutorial programs, gradcheck of every differentiable op, engine semantics.
+#include <cmath>
 #include <thread>
 
 #include "gradcheck.h"
@@ -859,4 +860,50 @@ TEST_CASE("a view of a leaf stays usable after writes autograd does not record (
   Tensor early = h2.slice(0, 0, 2);
   h2.mul_(x);
   CHECK_THROWS_WITH(early * 2, Catch::Contains("history is stale"));
+}
+
+TEST_CASE("relu's double backward reaches x when the gradient needs grad through w alone") {
+  // relu(x) * w: g = dL/dx requires grad through w; PyTorch's threshold_backward still joins
+  // x's graph (derivative 0), so grad(|g|², {x, w}) gives zeros for x. kiln said "input 0 was
+  // not used" (review).
+  Tensor x = tensor({-1.0, 2.0, 3.0}).requires_grad_();
+  Tensor w = tensor({1.0, 2.0, 3.0}).requires_grad_();
+  Tensor g = grad({(relu(x) * w).sum()}, {x}, {}, true)[0];
+  auto gg = grad({(g * g).sum()}, {x, w});
+  CHECK(gg[0].to_vector<double>() == std::vector<double>{0, 0, 0});
+  CHECK(gg[1].to_vector<double>() == std::vector<double>{0, 4, 6});
+}
+
+TEST_CASE("remainder and floor_divide save only what their gradients read") {
+  // An in-place write into the dividend after remainder(a, 2) raised "modified by an in-place
+  // operation" though no formula reads it (da = g); PyTorch gives x.grad = 1 (review).
+  Tensor x = tensor({1.5, 2.5, 4.0}).requires_grad_();
+  Tensor a = x * 1.0;
+  Tensor y = remainder(a, 2.0) + floor_divide(a, 2.0);
+  a.add_(1.0);
+  y.sum().backward();
+  CHECK(x.grad().to_vector<double>() == std::vector<double>{1, 1, 1});
+  // The divisor's gradient, -g·floor(a / b), still reads both.
+  Tensor b = tensor({2.0, 2.0, 2.0}).requires_grad_();
+  Tensor c = x * 1.0;
+  Tensor z = remainder(c, b);
+  c.add_(1.0);
+  CHECK_THROWS_WITH(z.sum().backward(), Catch::Contains("modified by an in-place operation"));
+}
+
+TEST_CASE("max(x) and min(x) give the gradient of a NaN result to the NaNs") {
+  // PyTorch's evenly_distribute_backward; kiln gave NaN everywhere (review). amax keeps
+  // PyTorch's amax behaviour (NaN), and ties still share.
+  Tensor x = tensor({1.0, std::nan(""), 3.0, std::nan("")}).requires_grad_();
+  kiln::max(x).backward();
+  CHECK(x.grad().to_vector<double>() == std::vector<double>{0, 0.5, 0, 0.5});
+  Tensor y = tensor({1.0, std::nan(""), 3.0}).requires_grad_();
+  kiln::min(y).backward();
+  CHECK(y.grad().to_vector<double>() == std::vector<double>{0, 1, 0});
+  Tensor t = tensor({3.0, 1.0, 3.0}).requires_grad_();
+  kiln::max(t).backward();
+  CHECK(t.grad().to_vector<double>() == std::vector<double>{0.5, 0, 0.5});
+  Tensor u = tensor({1.0, std::nan("")}).requires_grad_();
+  amax(u, {0}).backward();
+  CHECK(std::isnan(u.grad().to_vector<double>()[0]));
 }

@@ -903,3 +903,55 @@ TEST_CASE("compile: outputs that are views take later in-place writes as eager's
     CHECK(contains(what, "recorded history is stale"));
   }
 }
+
+TEST_CASE("compile: double backward through replays handles x.detach(), dropout and relu as "
+          "eager does (review)", "[compile][autograd]") {
+  // The traced backward read x.detach() as live x (one value id), and dropout's recorded ops
+  // (made under no_grad) cut x's history in the re-run: replays gave [2, 16, 54, 128] for
+  // sum(x·x·x.detach()) (eager and PyTorch [1, 8, 27, 64]) and half of dropout's.
+  auto detached = [](const Tensor& x) { return (x * x * x.detach()).sum(); };
+  auto power = [](const Tensor& x) { return pow(x, x.detach()).sum(); };
+  auto mse = [](const Tensor& x) { return mse_loss(x * x, x.detach()); };
+  auto dropped = [](const Tensor& x) { return (dropout(x, 0.5) * x).sum(); };
+  // relu's formula joins x's graph only under create_graph, which the traced backward lacked.
+  auto rectified = [](const Tensor& x) { return (relu(x - 1.0) * 3.0).sum(); };
+  for (auto* fn : {+detached, +power, +mse, +dropped, +rectified}) {
+    auto cf = compile(fn);
+    for (int call = 1; call <= 3; ++call) {
+      INFO("call " << call);
+      auto second = [&](auto& f) {
+        manual_seed(7 + call);
+        Tensor x = (arange(4, DType::Float64) + 0.5).requires_grad_();
+        Tensor g = grad({f(x)}, {x}, {}, true)[0];
+        return std::pair{g.detach(), grad({(g * g).sum()}, {x})[0]};
+      };
+      auto [ge, he] = second(fn);
+      auto [gc, hc] = second(cf);
+      CHECK(gc.to_vector<double>() == ge.to_vector<double>());
+      CHECK(hc.to_vector<double>() == he.to_vector<double>());
+    }
+  }
+  Tensor x = tensor({0.5, 1.0, 1.5, 2.0}).requires_grad_();
+  Tensor g = grad({detached(x)}, {x}, {}, true)[0];
+  CHECK(grad({(g * g).sum()}, {x})[0].to_vector<double>() == std::vector<double>{1, 8, 27, 64});
+}
+
+TEST_CASE("compile: backward from one output when the other's formula is singular, with dropout",
+          "[compile][autograd]") {
+  // sqrt's gradient at 0 makes the zero-filled partial backward NaN, so the replay falls back
+  // to an eager backward, whose re-run lost dropout's history: a null grad_fn, SIGSEGV.
+  auto cf = compile([](const Tensor& x) {
+    return std::vector<Tensor>{dropout(x, 0.5) * 3.0, sqrt(x)};
+  });
+  std::vector<double> first;
+  for (int call = 1; call <= 3; ++call) {
+    manual_seed(5);
+    Tensor x = arange(6, DType::Float64).requires_grad_();
+    auto o = cf(x);
+    o[0].sum().backward();
+    std::vector<double> gx = x.grad().to_vector<double>();
+    for (size_t i = 0; i < gx.size(); ++i) CHECK((gx[i] == 0 || gx[i] == 6));
+    if (call == 1) first = gx;
+    CHECK(gx == first);
+  }
+}
