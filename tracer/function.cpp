@@ -1528,7 +1528,8 @@ std::vector<OutValue> CompiledFunction::Impl::trace(const std::vector<ArgValue>&
       if (args[a].kind == ArgValue::Kind::Tensor && e->guards[a].contiguous)
         for (int d = 0; d < args[a].tensor.dim(); ++d)
           if (args[a].tensor.size(d) >= 2) marked.push_back({int(a), d});  // as automatic
-  // A marked dim traced at size 1 that the trace may have broadcast stays specialised.
+  // A marked dim traced at size 1 that the trace may have broadcast (or squeezed) stays
+  // specialised.
   std::string unmarked;  // marks not applied to this trace, for its reason
   if (broadcasts_size_one(*prog))
     std::erase_if(marked, [&](std::pair<int, int> ad) {
@@ -1536,7 +1537,7 @@ std::vector<OutValue> CompiledFunction::Impl::trace(const std::vector<ArgValue>&
       bool size_one = ad.second < t.dim() && t.size(ad.second) < 2;
       if (size_one)
         unmarked += fmt::format("; mark_dynamic({}, {}) is not applied to this trace: its size "
-                                "is {}, which the trace broadcast",
+                                "is {}, which the trace broadcast or squeezed",
                                 ad.first, ad.second, t.size(ad.second));
       return size_one;
     });

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <functional>
 #include <optional>
+#include <set>
 #include <tuple>
 
 #include "tracer/recorder.h"
@@ -556,6 +557,29 @@ std::string stale_trace_difference(const Program& replayed, const Program& fresh
   return {};
 }
 
+namespace {
+
+// Calls `fn(node, input position, dim)` for each size-1 dim of an op's input that the op
+// broadcast to a larger size in its output.
+template <class F> void for_each_broadcast(const Program& p, F&& fn) {
+  for (size_t i = 0; i < p.nodes.size(); ++i) {
+    const Node& n = p.nodes[i];
+    if (n.kind != Node::Kind::Op || n.out.empty() || n.out[0] < 0) continue;
+    const Shape& out = p.values[n.out[0]].shape;
+    for (size_t k = 0; k < n.in.size(); ++k) {
+      const int v = n.in[k];
+      if (v < 0 || p.values[v].wrapped) continue;
+      const Shape& in = p.values[v].shape;
+      for (int d = 0; d < in.size(); ++d) {
+        int od = int(out.size()) - (int(in.size()) - d);
+        if (in[d] == 1 && od >= 0 && out[od] > 1) fn(i, k, d);
+      }
+    }
+  }
+}
+
+}  // namespace
+
 std::string conforms(const Program& trace, const Program& sym, const std::vector<Shape>& shapes,
                      const std::vector<Scalar>& scalars) {
   if (std::string why = same_structure(trace, sym); !why.empty()) return why;
@@ -594,6 +618,26 @@ std::string conforms(const Program& trace, const Program& sym, const std::vector
       return fmt::format("a size or bound of op #{} ({}) at {}:{} is not what the symbolic trace "
                          "gives", i, op_name(tn.op), tn.loc.file_name(), tn.loc.line());
   }
+  // Compiled regions are built with the symbolic trace's broadcasts: an operand that has size 1
+  // only now (a marked dim traced at 1 with another operand also at 1, then called with 4 and 1)
+  // would be read as if it had the other's size, past its end.
+  std::set<std::tuple<size_t, size_t, int>> sym_broadcasts;
+  for_each_broadcast(sym, [&](size_t i, size_t k, int d) { sym_broadcasts.insert({i, k, d}); });
+  std::string broadcast_differs;
+  for_each_broadcast(trace, [&](size_t i, size_t k, int d) {
+    if (broadcast_differs.empty() && !sym_broadcasts.erase({i, k, d}))
+      broadcast_differs = fmt::format(
+          "op #{} ({}) at {}:{} broadcasts a size-1 dim of its input {} that the symbolic trace "
+          "did not broadcast", i, op_name(trace.nodes[i].op), trace.nodes[i].loc.file_name(),
+          trace.nodes[i].loc.line(), k);
+  });
+  if (!broadcast_differs.empty()) return broadcast_differs;
+  if (!sym_broadcasts.empty()) {
+    auto [i, k, d] = *sym_broadcasts.begin();
+    return fmt::format("op #{} ({}) at {}:{} no longer broadcasts its input {} as in the symbolic "
+                       "trace", i, op_name(trace.nodes[i].op), trace.nodes[i].loc.file_name(),
+                       trace.nodes[i].loc.line(), k);
+  }
   if (!rng_conforms(trace, sym))
     return "the random ops drew at other generator offsets than the symbolic trace gives";
   for (size_t s = 0; s < trace.sources.size(); ++s) {
@@ -623,20 +667,16 @@ std::string conforms(const Program& trace, const Program& sym, const std::vector
   return {};
 }
 
+
 bool broadcasts_size_one(const Program& p) {
-  for (const Node& n : p.nodes) {
-    if (n.kind != Node::Kind::Op || n.out.empty() || n.out[0] < 0) continue;
-    const Shape& out = p.values[n.out[0]].shape;
-    for (int v : n.in) {
-      if (v < 0 || p.values[v].wrapped) continue;
-      const Shape& in = p.values[v].shape;
-      for (int d = 0; d < in.size(); ++d) {
-        int od = int(out.size()) - (int(in.size()) - d);
-        if (in[d] == 1 && od >= 0 && out[od] > 1) return true;
-      }
-    }
-  }
-  return false;
+  bool any = false;
+  for_each_broadcast(p, [&](size_t, size_t, int) { any = true; });
+  // squeeze drops a dim because it is 1 (the compiled region keeps a symbolic one).
+  for (const Node& n : p.nodes)
+    any |= n.kind == Node::Kind::Op && n.op == OpKind::Squeeze && !n.in.empty() &&
+           n.in[0] >= 0 && !n.out.empty() && n.out[0] >= 0 &&
+           p.values[n.out[0]].shape.size() < p.values[n.in[0]].shape.size();
+  return any;
 }
 
 void mark_symbolic(Program& p, const std::vector<Shape>& shapes,

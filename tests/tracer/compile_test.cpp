@@ -1068,3 +1068,44 @@ TEST_CASE("compile: a mark_dynamic dim first traced at size 1 and broadcast says
   CHECK(contains(f.explain(), "first call; mark_dynamic(0, 0) is not applied to this trace: its "
                               "size is 1, which the trace broadcast"));
 }
+
+TEST_CASE("compile: mark_dynamic dims traced at size 1 then broadcast or squeezed replay "
+          "correctly (review)", "[compile]") {
+  // Both operands traced at [1]: the symbolic entry took them for equal sizes, so [4] * [1]
+  // read past the [1] operand ([300, 2, 4, 6]) and [1] * [4] returned shape [1].
+  CompileOptions both;
+  both.mark_dynamic(0, 0).mark_dynamic(1, 0);
+  auto f = [](const Tensor& a, const Tensor& b) { return a * 2 + b * 3; };
+  auto cf = compile(f, both);
+  CHECK(vec(cf(ones({1}), ones({1}))) == std::vector<float>{5});
+  Tensor a = arange(4, DType::Float32), b = full({1}, 100.0);
+  for (int call = 0; call < 3; ++call) {
+    CHECK(vec(cf(a, b)) == std::vector<float>{300, 302, 304, 306});
+    CHECK(vec(cf(b, a)) == std::vector<float>{200, 203, 206, 209});
+  }
+  CHECK(contains(cf.explain(), "broadcasts a size-1 dim of its input 1 that the symbolic trace "
+                               "did not broadcast"));
+  // squeeze(0) of a marked dim traced at 1 dropped it in the trace, not in replays ([1, 3]).
+  auto sq = compile([](const Tensor& x) { return (x * 1.0).squeeze(0) * 2; },
+                    {.dynamic_dims = {{0, 0}}});
+  for (int call = 0; call < 3; ++call) CHECK(sq(ones({1, 3})).shape() == Shape{3});
+  CHECK(sq(ones({4, 3})).shape() == Shape{4, 3});
+  CHECK(contains(sq.explain(), "which the trace broadcast or squeezed"));
+}
+
+TEST_CASE("compile: a clone() of an argument feeding a checked integer op replays (review)",
+          "[compile]") {
+  // The run-time check of remainder's divisor (one_hot's classes, nll_loss's targets) read the
+  // clone, which the region never computed: "internal error: value %3 used before it was
+  // computed" on every replay.
+  auto rem = compile([](const Tensor& a) { return remainder(a + 1, a.clone()); });
+  auto hot = compile([](const Tensor& a) { return one_hot(a.clone(), 4) * 2; });
+  for (int call = 0; call < 3; ++call) {
+    CHECK(rem(tensor({3, 4, 5})).to_vector<int32_t>() == std::vector<int32_t>{1, 1, 1});
+    CHECK(hot(tensor({int64_t{1}, int64_t{3}})).to_vector<int64_t>() ==
+          std::vector<int64_t>{0, 2, 0, 0, 0, 0, 0, 2});
+  }
+  CHECK_THROWS_WITH(rem(tensor({3, 0, 5})), Catch::Contains("remainder") &&
+                                                Catch::Contains("compile_test.cpp"));
+  CHECK_THROWS_WITH(hot(tensor({int64_t{1}, int64_t{4}})), Catch::Contains("one_hot"));
+}
