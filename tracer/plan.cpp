@@ -428,9 +428,16 @@ ir::Graph region_graph(const Program& p, const std::vector<size_t>& nodes,
   // Last, so that they do not change which output decides the row split (codegen/row_split.cpp).
   for (int v : checked) {
     auto it = val.find(v);
-    if (it == val.end() || input_value.count(it->second.id) ||
-        std::find(outputs.begin(), outputs.end(), v) != outputs.end())
-      continue;  // a region input, or already an output
+    if (it == val.end() || std::find(outputs.begin(), outputs.end(), v) != outputs.end())
+      continue;  // already an output
+    if (auto in = input_value.find(it->second.id); in != input_value.end()) {
+      // A region input, or a clone() / contiguous() of one, which has its values: the check
+      // reads the input (the clone is never computed; it read "used before it was computed").
+      if (in->second != v && std::find_if(aliases.begin(), aliases.end(), [&](auto& a) {
+                               return a.first == v; }) == aliases.end())
+        aliases.push_back({v, in->second});
+      continue;
+    }
     g.output(it->second);
     outputs.push_back(v);
   }
