@@ -1,5 +1,6 @@
 #include "backends/cpu/allocator.h"
 
+#include <pthread.h>
 #include <sys/mman.h>
 
 #include <array>
@@ -137,6 +138,10 @@ class CachingAllocator final : public Allocator {
 
   Device device() const override { return Device::cpu(); }
 
+  // fork() handlers (instance()).
+  void lock() { mu_.lock(); }
+  void unlock() { mu_.unlock(); }
+
   AllocatorStats stats() {
     std::lock_guard<std::mutex> lock(mu_);
     return {cached_, hits_, misses_};
@@ -181,7 +186,14 @@ class CachingAllocator final : public Allocator {
 };
 
 CachingAllocator& instance() {
-  static auto* a = new CachingAllocator();  // never destroyed: tensors may outlive statics
+  static auto* a = [] {
+    auto* created = new CachingAllocator();  // never destroyed: tensors may outlive statics
+    // fork() waits for the lock, so that a thread that was allocating when another forked
+    // (absent in the child) does not leave it held there: the child's first op deadlocked.
+    pthread_atfork([] { instance().lock(); }, [] { instance().unlock(); },
+                   [] { instance().unlock(); });
+    return created;
+  }();
   return *a;
 }
 
