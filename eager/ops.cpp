@@ -150,7 +150,9 @@ namespace {
 ValuesIndices values_at(const char* op, const Tensor& x, int64_t dim, bool keepdim, Loc loc) {
   return as_op(op, [&] {
     const bool is_max = std::string_view(op) == "max";
-    Tensor idx = is_max ? argmax(x, dim, true, loc) : argmin(x, dim, true, loc);
+    // argmax has no bool kernel (as PyTorch's), but max(b, dim) works there: rank as int32.
+    const Tensor ranked = x.dtype() == DType::Bool ? x.to(DType::Int32, loc) : x;
+    Tensor idx = is_max ? argmax(ranked, dim, true, loc) : argmin(ranked, dim, true, loc);
     Tensor values = gather(x, dim, idx, loc);
     if (!keepdim) {
       values = values.squeeze(dim);

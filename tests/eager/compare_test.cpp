@@ -93,4 +93,13 @@ TEST_CASE("max / min: of all elements, and values with indices along a dim") {
   CHECK(w.grad().to_vector<float>() == std::vector<float>{0, 1, 0, 0, 0, 1});
   CHECK_THROWS_WITH(kiln::max(zeros({0})), Catch::StartsWith("kiln::max:"));
   CHECK_THROWS_WITH(kiln::max(x, 2), Catch::StartsWith("kiln::max:"));
+  // bool along a dim, as PyTorch (argmax alone has no bool kernel there either; review).
+  Tensor b = tensor({{false, true, true}, {false, false, false}});
+  auto [any_true, first] = kiln::max(b, 1);
+  CHECK(any_true.dtype() == DType::Bool);
+  CHECK(any_true.to_vector<bool>() == std::vector<bool>{true, false});
+  CHECK(first.to_vector<int64_t>() == std::vector<int64_t>{1, 0});
+  auto [all_true, where_false] = kiln::min(b, 0);
+  CHECK(all_true.to_vector<bool>() == std::vector<bool>{false, false, false});
+  CHECK(where_false.to_vector<int64_t>() == std::vector<int64_t>{0, 1, 1});
 }
