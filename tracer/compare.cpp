@@ -243,6 +243,13 @@ std::vector<Tensor> tensors_of(const std::vector<ArgValue>& args) {
   return out;
 }
 
+// " (shape [4] compiled, [1] eager)" where the shapes differ, else "".
+std::string shape_note(const Tensor& eager, const Tensor& compiled) {
+  if (!eager.defined() || !compiled.defined() || eager.shape() == compiled.shape()) return {};
+  return fmt::format(" (shape {} compiled, {} eager)", to_string(compiled.shape()),
+                     to_string(eager.shape()));
+}
+
 }  // namespace
 
 std::vector<OutValue> checked_call(
@@ -279,13 +286,17 @@ std::vector<OutValue> checked_call(
       d.ok = e == c || d.max_abs <= options.atol + options.rtol * std::fabs(e) ||
              (std::isnan(e) && std::isnan(c));
     }
-    if (!d.ok) what = fmt::format("output {}", k);
+    if (!d.ok)
+      what = fmt::format("output {}{}", k,
+                         outs[k].is_tensor ? shape_note(eager_outs[k].tensor, outs[k].tensor) : "");
   }
   // What the function wrote into its tensor arguments (eager wrote the copies).
   std::vector<Tensor> arg_eager = tensors_of(eager_args), arg_compiled = tensors_of(args);
   for (size_t i = 0; i < arg_eager.size() && what.empty(); ++i) {
     d = diff(arg_eager[i], arg_compiled[i], options.rtol, options.atol);
-    if (!d.ok) what = fmt::format("tensor argument {} after the call", i);
+    if (!d.ok)
+      what = fmt::format("tensor argument {} after the call{}", i,
+                         shape_note(arg_eager[i], arg_compiled[i]));
   }
   // The state both runs wrote: a parameter the step updates, an optimizer's moments.
   std::vector<Tensor> compiled_state = journal.current();

@@ -238,3 +238,22 @@ TEST_CASE("check = true and compare() keep arguments that share memory sharing i
     CHECK(vec(x) == vec(expect));
   }
 }
+
+TEST_CASE("check = true names the shapes when an output's shape differs from eager's") {
+  // It said only "max abs diff inf" (review). A compiled function whose host code reads a
+  // global the tracer cannot see (the documented way to go stale) returns another shape.
+  static int64_t width = 2;
+  auto f = compile([](const Tensor& x) { return x.slice(0, 0, width) * 2; },
+                   CompileOptions{.check = true});
+  Tensor x = arange(4, DType::Float32);
+  CHECK(vec(f(x)) == std::vector<float>{0, 2});
+  width = 3;
+  std::string what;
+  try {
+    f(x);
+  } catch (const Error& e) {
+    what = e.what();
+  }
+  width = 2;
+  CHECK_THAT(what, Catch::Contains("output 0 (shape [2] compiled, [3] eager) differs from eager"));
+}
