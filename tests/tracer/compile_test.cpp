@@ -1085,6 +1085,25 @@ TEST_CASE("compile: mark_dynamic dims traced at size 1 then broadcast or squeeze
   }
   CHECK(contains(cf.explain(), "broadcasts a size-1 dim of its input 1 that the symbolic trace "
                                "did not broadcast"));
+  // Broadcast to 0 rows, and inside mse_loss, whose output is reduced (re-review: [8, 8, 8]
+  // read past a [0, 3] operand; mse_loss gave 45 instead of 30).
+  auto rows = compile([](const Tensor& a, const Tensor& b) { return (a * b).sum(0) + 1; }, both);
+  CHECK(vec(rows(ones({1, 3}), ones({1, 3}))) == std::vector<float>{2, 2, 2});
+  auto mse = compile([](const Tensor& a, const Tensor& b) {
+    return mse_loss(a * 1.0, b * 1.0, Reduction::Sum);
+  }, both);
+  CHECK(mse(ones({1}), ones({1})).item<float>() == 0);
+  for (int call = 0; call < 3; ++call) {
+    CHECK(vec(rows(full({1, 3}, 7.0), ones({0, 3}))) == std::vector<float>{1, 1, 1});
+    CHECK(mse(a + 1, b / 20).item<float>() == 30);  // [1, 2, 3, 4] against [5]
+    CHECK(mse(b / 20, a + 1).item<float>() == 30);
+  }
+  // A fixed [1, D] operand that the symbolic trace broadcast still serves a batch of 1: no
+  // second trace (1 against 1 computes the same).
+  Tensor bias = full({1, 5}, 0.5);
+  auto batch = compile([&](const Tensor& x) { return x * 2 + bias; }, {.dynamic_dims = {{0, 0}}});
+  for (int64_t n : {3, 4, 1, 1, 7, 1}) CHECK(vec(batch(ones({n, 5})))[0] == 2.5f);
+  CHECK(batch.compile_count() == 1);
   // squeeze(0) of a marked dim traced at 1 dropped it in the trace, not in replays ([1, 3]).
   auto sq = compile([](const Tensor& x) { return (x * 1.0).squeeze(0) * 2; },
                     {.dynamic_dims = {{0, 0}}});
