@@ -220,12 +220,19 @@ class CompiledBackward final : public autograd::Node {
     return true;
   }
 
-  // The op that made value `v` in the forward (its kiln::Error names it, as eager's names the
-  // op whose saved tensor changed), or "backward" for an input.
+  // The op that made value `v` in the forward, or for an input the first op that read it (its
+  // kiln::Error names it, as eager's names the op whose saved tensor changed).
   const char* producer_name(int v) const {
-    for (size_t i = 0; i < p_->nodes.size() && i < p_->backward_begin; ++i)
+    const size_t end = std::min(p_->nodes.size(), p_->backward_begin);
+    for (size_t i = 0; i < end; ++i)
       for (int o : p_->nodes[i].out)
         if (o == v && p_->nodes[i].kind == tracer::Node::Kind::Op)
+          return op_name(p_->nodes[i].op).data();
+    // An input (`a` of remainder(a, b)): the first op that read it saved it, as eager's error
+    // names the op whose node saved the input.
+    for (size_t i = 0; i < end; ++i)
+      for (int in : p_->nodes[i].in)
+        if (in == v && p_->nodes[i].kind == tracer::Node::Kind::Op)
           return op_name(p_->nodes[i].op).data();
     return "backward";
   }
@@ -336,7 +343,10 @@ namespace {
 //   in-place op on it could rebase (eager's CopySlices), which lost the gradient on replays: it
 //   stands alone when it is the only output viewing that memory, as no one else can see a write.
 //   Several outputs viewing one such value stay views, so an in-place op on one raises.
-void mark_view_outputs(std::vector<OutValue>& outs) {
+//   `caller_memory`: the storages of the arguments and captured tensors, which the caller sees
+//   (a view of a leaf made by view().requires_grad_() has a base without history).
+void mark_view_outputs(std::vector<OutValue>& outs,
+                       const std::unordered_set<const StorageImpl*>& caller_memory) {
   std::unordered_map<const TensorImpl*, int> viewers;
   for (const OutValue& o : outs)
     if (o.is_tensor && o.tensor.defined() && o.tensor.impl()->base)
@@ -346,7 +356,8 @@ void mark_view_outputs(std::vector<OutValue>& outs) {
     if (!m || !m->requires_grad || !o.tensor.impl()->base) continue;
     const auto& base = o.tensor.impl()->base;
     auto* bm = static_cast<autograd::Meta*>(base->autograd.get());
-    if (!(bm && (bm->requires_grad || bm->grad_fn)) && viewers[base.get()] == 1) {
+    if (!(bm && (bm->requires_grad || bm->grad_fn)) && viewers[base.get()] == 1 &&
+        !caller_memory.count(o.tensor.storage().get())) {
       o.tensor.impl()->base = nullptr;
       continue;
     }
@@ -408,7 +419,13 @@ void attach_backward(const std::shared_ptr<const Program>& pp,
     m.grad_fn = node;
     m.output_nr = static_cast<uint32_t>(k);
   }
-  mark_view_outputs(outs);
+  std::unordered_set<const StorageImpl*> caller_memory;
+  for (const Tensor& a : st.args)
+    if (a.defined()) caller_memory.insert(a.storage().get());
+  for (const Source& s : p.sources)
+    if (s.kind == SourceKind::Captured)
+      if (auto impl = s.captured.lock()) caller_memory.insert(impl->storage.get());
+  mark_view_outputs(outs, caller_memory);
 }
 
 }  // namespace kiln::tracer

@@ -687,6 +687,13 @@ TEST_CASE("a leaf made from a view (arange().view().requires_grad_()) guards its
   }
   CHECK_THROWS_WITH(v.slice(0, 0, 1).mul_(2.0), Catch::Contains("made under no_grad"));
   CHECK(w.detach().to_vector<double>() == std::vector<double>{1, 2, 3, 4});
+  // The leaf goes stale, as views do, when an in-place op gives its base a history: w's
+  // gradient would be lost (PyTorch makes the leaf a non-leaf; re-review).
+  Tensor under = arange(4, DType::Float64);
+  Tensor leaf = under.view({2, 2}).requires_grad_();
+  Tensor gain = ones({4}, DType::Float64).requires_grad_();
+  under.add_(gain);
+  CHECK_THROWS_WITH((leaf * leaf).sum(), Catch::Contains("recorded history is stale"));
   // A view of memory without a leaf behind it still takes the write (CopySlices).
   Tensor base = zeros({2, 2}, DType::Float64);
   base.select(0, 0).add_(x);

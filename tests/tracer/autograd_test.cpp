@@ -873,6 +873,21 @@ TEST_CASE("compile: a saved value changed in place names the op that saved it, a
       CHECK_THAT(e.what(), Catch::Contains("modified by an in-place operation"));
     }
   }
+  // A saved input names the op that read it (it said kiln::backward on replays; re-review).
+  auto crem = compile([](const Tensor& a, const Tensor& b) { return remainder(a, b); });
+  for (int call = 1; call <= 3; ++call) {
+    INFO("call " << call);
+    Tensor b = full({3}, 2.0).requires_grad_();
+    Tensor a = arange(3, DType::Float32) * 1.0;
+    Tensor r = crem(a, b);
+    a.add_(1.0);
+    try {
+      r.sum().backward();
+      FAIL("no error");
+    } catch (const Error& e) {
+      CHECK(e.op() == "remainder");
+    }
+  }
 }
 
 TEST_CASE("compile: outputs that are views take later in-place writes as eager's views do") {
@@ -901,6 +916,13 @@ TEST_CASE("compile: outputs that are views take later in-place writes as eager's
       what = e.what();
     }
     CHECK(contains(what, "recorded history is stale"));
+
+    // A view output of a leaf argument made by view().requires_grad_() (its base has no
+    // history) stayed a view: replays let mul_ write the leaf (re-review).
+    Tensor w2 = arange(6, DType::Float64).view({2, 3}).requires_grad_();
+    Tensor o2 = transposed(w2);
+    CHECK_THROWS_WITH(o2.mul_(2.0), Catch::Contains("of a leaf tensor that requires grad"));
+    CHECK(w2.detach().to_vector<double>() == std::vector<double>{0, 1, 2, 3, 4, 5});
   }
 }
 
