@@ -119,8 +119,8 @@ InferredMeta reduction(OpKind op, std::span<const TensorMeta> in, const OpAttrs&
   if (op == OpKind::Amax || op == OpKind::Amin) {
     for (int d = 0; d < x.shape.size(); ++d)
       KILN_CHECK(!(mask >> d & 1) || x.shape[d] > 0, nm, loc,
-                 "cannot reduce over dim {} of size 0 (shape {}): {} has no identity", d,
-                 to_string(x.shape), nm);
+                 "cannot reduce over dim {} of size 0 (shape {}): the maximum / minimum of "
+                 "no elements is undefined", d, to_string(x.shape));
   }
   DType compute = (op == OpKind::All || op == OpKind::Any) ? t : out;
   if (op == OpKind::LogSumExp) compute = out;

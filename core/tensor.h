@@ -298,3 +298,14 @@ template <> struct fmt::formatter<kiln::Tensor> : fmt::formatter<std::string> {
     return fmt::formatter<std::string>::format(t.str(), ctx);
   }
 };
+/// `fmt::print("{} {}", t.shape(), t.dtype())` prints "[2, 3] float32", as error messages do.
+template <> struct fmt::formatter<kiln::Shape> : fmt::formatter<std::string> {
+  auto format(const kiln::Shape& s, format_context& ctx) const {
+    return fmt::formatter<std::string>::format(kiln::to_string(s), ctx);
+  }
+};
+template <> struct fmt::formatter<kiln::DType> : fmt::formatter<std::string_view> {
+  auto format(kiln::DType d, format_context& ctx) const {
+    return fmt::formatter<std::string_view>::format(kiln::name(d), ctx);
+  }
+};

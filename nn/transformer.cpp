@@ -133,6 +133,10 @@ TransformerEncoderLayer::TransformerEncoderLayer(const TransformerEncoderLayerOp
     : options(o) {
   KILN_CHECK(o.activation == "relu" || o.activation == "gelu", "TransformerEncoderLayer", loc,
              "activation must be \"relu\" or \"gelu\", got \"{}\"", o.activation);
+  // In the layer's own terms (MultiheadAttention would say embed_dim and num_heads).
+  KILN_CHECK(o.nhead > 0 && o.d_model > 0 && o.d_model % o.nhead == 0,
+             "TransformerEncoderLayer", loc,
+             "d_model ({}) must be positive and divisible by nhead ({})", o.d_model, o.nhead);
   self_attn = register_module(
       "self_attn",
       std::make_shared<MultiheadAttention>(o.d_model, o.nhead, o.dropout, true, o.batch_first, loc));

@@ -91,7 +91,8 @@ TEST_CASE("max / min: of all elements, and values with indices along a dim") {
   Tensor w = x.detach().requires_grad_();
   kiln::max(w, 1).values.sum().backward();
   CHECK(w.grad().to_vector<float>() == std::vector<float>{0, 1, 0, 0, 0, 1});
-  CHECK_THROWS_WITH(kiln::max(zeros({0})), Catch::StartsWith("kiln::max:"));
+  CHECK_THROWS_WITH(kiln::max(zeros({0})), Catch::StartsWith("kiln::max:") &&
+                                                !Catch::Contains("amax"));
   CHECK_THROWS_WITH(kiln::max(x, 2), Catch::StartsWith("kiln::max:"));
   // bool along a dim, as PyTorch (argmax alone has no bool kernel there either; review).
   Tensor b = tensor({{false, true, true}, {false, false, false}});

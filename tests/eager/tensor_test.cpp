@@ -93,6 +93,12 @@ TEST_CASE("view needs compatible strides; reshape copies when it must") {
   CHECK(z.reshape({3, 0}).shape() == Shape{3, 0});
 }
 
+TEST_CASE("Shape and DType format with fmt as error messages print them") {
+  Tensor t = zeros({2, 3}, DType::Float64);
+  CHECK(fmt::format("{} {}", t.shape(), t.dtype()) == "[2, 3] float64");
+  CHECK(fmt::format("{}", Shape{}) == "[]");
+}
+
 TEST_CASE("factories") {
   CHECK(zeros({2, 2}).to_vector<float>() == V{0, 0, 0, 0});
   CHECK(ones({3}, {Int32}).dtype() == DType::Int32);

@@ -53,6 +53,13 @@ TEST_CASE("TransformerEncoderLayer: an unknown activation set later is an error,
              Catch::Contains("activation must be \"relu\" or \"gelu\", got \"tanh\""));
 }
 
+TEST_CASE("TransformerEncoderLayer: d_model not divisible by nhead is named in its terms") {
+  // It named MultiheadAttention's embed_dim and num_heads (review).
+  CHECK_THAT(error_of([] { TransformerEncoderLayer({.d_model = 8, .nhead = 3}); }),
+             Catch::Contains("kiln::TransformerEncoderLayer: d_model (8) must be positive and "
+                             "divisible by nhead (3)"));
+}
+
 TEST_CASE("LayerNorm: bad sizes and eps at construction") {
   CHECK_THAT(error_of([] { LayerNorm(Shape{-2}); }),
              Catch::Contains("kiln::LayerNorm: normalized_shape [-2] has a size below 1"));
