@@ -209,7 +209,7 @@ std::string Tensor::str() const {
   int width = 0;
   for (size_t i = 0; i < vals.size(); ++i) {
     double v = vals[i];
-    cells.push_back(dtype() == DType::Bool ? (v != 0 ? "true" : "false")
+    cells.push_back(dtype() == DType::Bool ? (v != 0 ? "True" : "False")
                     : !ints.empty()        ? fmt::format("{}", ints[i])
                                            : format_value(v, floating, int_valued, sci));
     width = std::max<int>(width, cells.back().size());
@@ -225,7 +225,9 @@ std::string Tensor::str() const {
   }
   std::string out = "tensor(" + body;
   if (summarise || numel() == 0) out += ", shape=" + to_string(shape());
-  if (dtype() != DType::Float32 && dtype() != DType::Int64) out += fmt::format(", dtype={}", name(dtype()));
+  // As PyTorch: the dtype is shown unless the values imply it (float32, int64, True/False).
+  if (dtype() != DType::Float32 && dtype() != DType::Int64 && dtype() != DType::Bool)
+    out += fmt::format(", dtype={}", name(dtype()));
   return out + ")";
 }
 
