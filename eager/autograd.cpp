@@ -649,14 +649,14 @@ Tensor& Tensor::requires_grad_(bool enabled, Loc loc) {
              "base) that an in-place op gave a gradient history; as a leaf it would drop that "
              "history. Use the tensor the in-place op wrote, or detach() it first",
              to_string(shape()));
-  Meta& m2 = ensure_meta(*this);
-  m2.requires_grad = enabled;
+  Meta& own = ensure_meta(*this);
+  own.requires_grad = enabled;
   // A leaf made from a view (`base.view({2, 2}).requires_grad_()`) goes stale, as views do,
   // when an in-place op later gives its memory a history (`base.add_(w)`): PyTorch turns it
   // into a non-leaf carrying w's gradient; kiln raises instead of losing it.
   if (enabled && impl()->base) {
-    m2.is_view_of_grad_tensor = true;
-    m2.view_version = storage()->history_version();
+    own.is_view_of_grad_tensor = true;
+    own.view_version = storage()->history_version();
   }
   return *this;
 }

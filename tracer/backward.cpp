@@ -332,10 +332,6 @@ class CompiledBackward final : public autograd::Node {
   std::vector<Device> out_devices_;
 };
 
-}  // namespace
-
-namespace {
-
 // Outputs that are views behave as eager's views do under later in-place ops.
 // - A view of a tensor with gradient history (an argument's `w.t()`): an in-place op recorded
 //   on its memory afterwards makes it stale, so using it raises instead of losing the gradient.

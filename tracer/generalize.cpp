@@ -672,7 +672,6 @@ std::string conforms(const Program& trace, const Program& sym, const std::vector
   return {};
 }
 
-
 bool broadcasts_size_one(const Program& p) {
   bool any = false;
   for_each_broadcast(p, [&](size_t, size_t, int) { any = true; });

@@ -59,15 +59,15 @@ std::string conforms(const Program& trace, const Program& sym, const std::vector
 /// another captured tensor, or a tensor made from host data that has changed. "" if none.
 std::string stale_trace_difference(const Program& replayed, const Program& fresh);
 
-/// Marks dims symbolic from the first trace (CompileOptions::dynamic_dims / Dynamic::Always):
-/// the arguments' dims, and every value dim / shape attribute equal to the traced size when
-/// that size is >= 2. Optimistic: a replay that fails with these sizes re-traces.
-/// Whether an op of `p` broadcast a size-1 dim of an input to a larger size, or squeezed one
+/// Whether an op of `p` broadcast a size-1 dim of an input to another size, or squeezed one
 /// away. A marked dim traced at size 1 then stays specialised: compiled code built with it
 /// symbolic took it for the size it broadcast against (a reduction over the broadcast dim
 /// summed one column), or kept the dim squeeze dropped.
 bool broadcasts_size_one(const Program& p);
 
+/// Marks dims symbolic from the first trace (CompileOptions::dynamic_dims / Dynamic::Always):
+/// the arguments' dims, and every value dim / shape attribute equal to the traced size when
+/// that size is >= 2. Optimistic: a replay that fails with these sizes re-traces.
 void mark_symbolic(Program& p, const std::vector<Shape>& shapes,
                    const std::vector<std::pair<int, int>>& dims);
 
