@@ -141,18 +141,23 @@ void format_dim(const std::vector<std::string>& cells, const Shape& shape, int d
                 bool summarise, int width, int indent, std::string& out) {
   out += '[';
   int64_t n = shape[d];
+  // As PyTorch: slices of a k-dim sub-tensor are separated by k - 1 line breaks.
+  int inner_dims = static_cast<int>(shape.size()) - d - 1;
+  std::string separator = inner_dims == 0 ? ", "
+                                          : "," + std::string(inner_dims, '\n') +
+                                                std::string(indent + d + 1, ' ');
   for (int64_t i = 0; i < n; ++i) {
     if (summarise && n > 2 * kEdgeItems && i == kEdgeItems) {
-      out += d + 1 == shape.size() ? "..., " : "...,\n" + std::string(indent + d + 1, ' ');
+      out += "..." + separator;
       i = n - kEdgeItems - 1;
       continue;
     }
-    if (d + 1 == shape.size()) {
+    if (inner_dims == 0) {
       out += fmt::format("{:>{}}", cells[pos++], width);
     } else {
       format_dim(cells, shape, d + 1, pos, summarise, width, indent, out);
     }
-    if (i + 1 < n) out += d + 1 == shape.size() ? ", " : ",\n" + std::string(indent + d + 1, ' ');
+    if (i + 1 < n) out += separator;
   }
   out += ']';
 }

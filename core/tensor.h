@@ -46,6 +46,7 @@ struct TensorImpl {
 
 struct TensorOperand;
 struct ScalarOperand;
+struct ValuesIndices;  // eager/ops.h
 
 /// Observer of raw element access (Tensor::data<T>(), raw_data()) on the calling thread: the
 /// tracer runs a function eagerly whose own code reaches tensor memory through a pointer, which
@@ -194,6 +195,32 @@ class Tensor {
   Tensor prod(I dim, bool keepdim = false, Loc loc = Loc::current()) const {
     return prod(Dims{static_cast<int64_t>(dim)}, keepdim, loc);
   }
+  /// x.var(), x.std({0, 1}, 0), x.var(1): see kiln::var (correction 1 by default).
+  Tensor var(const Dims& dims = {}, int64_t correction = 1, bool keepdim = false,
+             Loc loc = Loc::current()) const;
+  Tensor std(const Dims& dims = {}, int64_t correction = 1, bool keepdim = false,
+             Loc loc = Loc::current()) const;
+  template <std::integral I>
+    requires(!std::same_as<I, bool>)
+  Tensor var(I dim, int64_t correction = 1, bool keepdim = false,
+             Loc loc = Loc::current()) const {
+    return var(Dims{static_cast<int64_t>(dim)}, correction, keepdim, loc);
+  }
+  template <std::integral I>
+    requires(!std::same_as<I, bool>)
+  Tensor std(I dim, int64_t correction = 1, bool keepdim = false,
+             Loc loc = Loc::current()) const {
+    return std(Dims{static_cast<int64_t>(dim)}, correction, keepdim, loc);
+  }
+  Tensor logsumexp(const Dims& dims, bool keepdim = false, Loc loc = Loc::current()) const;
+  Tensor all(const Dims& dims = {}, bool keepdim = false, Loc loc = Loc::current()) const;
+  Tensor any(const Dims& dims = {}, bool keepdim = false, Loc loc = Loc::current()) const;
+  /// x.max(), x.min(): the largest / smallest element (kiln::max(x)); x.max(1) gives
+  /// `auto [values, indices]` along dim 1 (kiln::max(x, 1)).
+  Tensor max(Loc loc = Loc::current()) const;
+  Tensor min(Loc loc = Loc::current()) const;
+  ValuesIndices max(int64_t dim, bool keepdim = false, Loc loc = Loc::current()) const;
+  ValuesIndices min(int64_t dim, bool keepdim = false, Loc loc = Loc::current()) const;
   Tensor argmax(std::optional<int64_t> dim = std::nullopt, bool keepdim = false,
                 Loc loc = Loc::current()) const;
   Tensor argmin(std::optional<int64_t> dim = std::nullopt, bool keepdim = false,

@@ -191,6 +191,29 @@ Tensor Tensor::amin(const Dims& dims, bool keepdim, Loc loc) const {
 Tensor Tensor::prod(const Dims& dims, bool keepdim, Loc loc) const {
   return kiln::prod(*this, dims, keepdim, loc);
 }
+Tensor Tensor::var(const Dims& dims, int64_t correction, bool keepdim, Loc loc) const {
+  return kiln::var(*this, dims, correction, keepdim, loc);
+}
+Tensor Tensor::std(const Dims& dims, int64_t correction, bool keepdim, Loc loc) const {
+  return kiln::std(*this, dims, correction, keepdim, loc);
+}
+Tensor Tensor::logsumexp(const Dims& dims, bool keepdim, Loc loc) const {
+  return kiln::logsumexp(*this, dims, keepdim, loc);
+}
+Tensor Tensor::all(const Dims& dims, bool keepdim, Loc loc) const {
+  return kiln::all(*this, dims, keepdim, loc);
+}
+Tensor Tensor::any(const Dims& dims, bool keepdim, Loc loc) const {
+  return kiln::any(*this, dims, keepdim, loc);
+}
+Tensor Tensor::max(Loc loc) const { return kiln::max(*this, loc); }
+Tensor Tensor::min(Loc loc) const { return kiln::min(*this, loc); }
+ValuesIndices Tensor::max(int64_t dim, bool keepdim, Loc loc) const {
+  return kiln::max(*this, dim, keepdim, loc);
+}
+ValuesIndices Tensor::min(int64_t dim, bool keepdim, Loc loc) const {
+  return kiln::min(*this, dim, keepdim, loc);
+}
 Tensor Tensor::argmax(std::optional<int64_t> dim, bool keepdim, Loc loc) const {
   return kiln::argmax(*this, dim, keepdim, loc);
 }

@@ -173,6 +173,17 @@ TEST_CASE("printing is close to PyTorch's repr") {
   CHECK(tensor({1.5f, -2.25f}).str() == "tensor([ 1.5000, -2.2500])");
   CHECK(tensor({{1, 2}, {3, 4}}).str() == "tensor([[1, 2],\n        [3, 4]], dtype=int32)");
   CHECK(tensor({true, false}).str() == "tensor([ True, False])");  // PyTorch's repr
+  // Slices of 3-D and 4-D tensors are separated by blank lines, as in PyTorch's repr.
+  CHECK(arange(12, {Int64}).view({2, 2, 3}).str() ==
+        "tensor([[[ 0,  1,  2],\n         [ 3,  4,  5]],\n\n        [[ 6,  7,  8],\n"
+        "         [ 9, 10, 11]]])");
+  CHECK(arange(24, {Int64}).view({2, 3, 2, 2}).str() ==
+        "tensor([[[[ 0,  1],\n          [ 2,  3]],\n\n         [[ 4,  5],\n          [ 6,  7]],"
+        "\n\n         [[ 8,  9],\n          [10, 11]]],\n\n\n        [[[12, 13],\n"
+        "          [14, 15]],\n\n         [[16, 17],\n          [18, 19]],\n\n"
+        "         [[20, 21],\n          [22, 23]]]])");
+  CHECK_THAT(arange(2000, {Float32}).view({10, 10, 20}).str(),
+             Catch::Contains("],\n\n        ...,\n\n        [["));
   CHECK(scalar_tensor(3.0).str() == "tensor(3.)");
   CHECK(tensor({NAN, INFINITY}).str() == "tensor([nan, inf])");
   std::string big = arange(2000, {Float32}).str();
@@ -407,6 +418,22 @@ TEST_CASE("Tensor methods spell the functions as PyTorch does, with the caller's
   same(x.prod(1), prod(x, {1}));
   same(x.argmax(), argmax(x));
   same(x.argmin(1), argmin(x, 1));
+  same(x.var(), var(x));
+  same(x.var(1), var(x, {1}));
+  same(x.std({0, 1}, 0, true), kiln::std(x, {0, 1}, 0, true));
+  CHECK(x.var(1).to_vector<double>()[0] == Approx(222.0 / 36 / 2));  // row 0, correction 1
+  same(x.logsumexp({1}), logsumexp(x, {1}));
+  same((x > 0).all({1}), all(x > 0, {1}));
+  CHECK((x > 0).any({1}).to_vector<bool>() == std::vector<bool>{true, true});
+  CHECK(x.max().item<double>() == 3.0);
+  CHECK(x.min().item<double>() == -1.5);
+  auto [values, indices] = x.max(1);
+  CHECK(values.to_vector<double>() == std::vector<double>{2.0, 3.0});
+  CHECK(indices.to_vector<int64_t>() == std::vector<int64_t>{2, 2});
+  auto [low, where] = x.min(0, true);
+  CHECK(low.shape() == Shape{1, 3});
+  CHECK(low.to_vector<double>() == std::vector<double>{-0.25, -1.5, 2.0});
+  CHECK(where.to_vector<int64_t>() == std::vector<int64_t>{1, 0, 0});
   Tensor y = x.clone();
   y.mul_(2).add_(1).sub_(x).div_(4);
   same(y, (x * 2 + 1 - x) / 4);
