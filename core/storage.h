@@ -73,6 +73,11 @@ class StorageImpl {
   uint64_t serial() const { return serial_; }
   /// The serial the next storage will get.
   static uint64_t next_serial();
+  /// A small number naming the thread that created this storage (current_thread_number() on
+  /// it): the tracer tells a tensor made on another thread during a trace from the function's.
+  uint32_t creator_thread() const { return creator_thread_; }
+  /// The calling thread's number: unique among the process's threads, counted from 1.
+  static uint32_t current_thread_number();
 
  private:
   void* data_;
@@ -84,6 +89,7 @@ class StorageImpl {
   mutable std::mutex gained_mu_;
   std::vector<uint64_t> gained_;  // lineages, see gained_history_in_place
   uint64_t serial_;
+  uint32_t creator_thread_;
 };
 
 using Storage = std::shared_ptr<StorageImpl>;

@@ -96,6 +96,11 @@ CompareReport::Output diff(const Tensor& eager, const Tensor& compiled, double r
     }
     if (e[i] == c[i]) continue;  // equal infinities included
     double d = std::fabs(e[i] - c[i]);
+    if (std::isinf(e[i]) || std::isinf(c[i])) {  // inf against a finite value: no tolerance
+      o.ok = false;
+      o.max_abs = o.max_rel = INFINITY;
+      continue;
+    }
     o.max_abs = std::max(o.max_abs, d);
     if (e[i] != 0) o.max_rel = std::max(o.max_rel, d / std::fabs(e[i]));
     if (!(d <= atol + rtol * std::fabs(e[i]))) o.ok = false;

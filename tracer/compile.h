@@ -110,6 +110,9 @@ template <class T, size_t N>
 struct holds_tensors<std::array<T, N>>
     : std::bool_constant<std::is_same_v<T, Tensor> || holds_tensors<T>::value> {};
 
+// One address per C++ type (no RTTI needed): ArgValue::type.
+template <class D> inline constexpr char type_tag = 0;
+
 template <class A> ArgValue to_arg(const A& a) {
   using D = std::decay_t<A>;
   static_assert(!holds_tensors<D>::value,
@@ -117,6 +120,7 @@ template <class A> ArgValue to_arg(const A& a) {
                 "tensors would be neither guarded nor inputs of the compiled graph); pass "
                 "separate Tensor arguments or a std::vector<Tensor>");
   ArgValue v;
+  v.type = &type_tag<D>;
   if constexpr (std::is_same_v<D, Tensor>) {
     v.kind = a.defined() ? ArgValue::Kind::Tensor : ArgValue::Kind::Undefined;
     v.tensor = a;

@@ -75,6 +75,7 @@ struct ArgGuard {
   Scalar value;
   bool dynamic_scalar = false;
   bool fixed = false;  // list length / enum: never dynamic
+  const void* type = nullptr;  // ArgValue::type
   // other values guarded by equality
   std::shared_ptr<const void> other;
   bool (*other_equal)(const void*, const void*) = nullptr;
@@ -106,8 +107,11 @@ int alias_index(const std::vector<ArgValue>& args, size_t i) {
   return -1;
 }
 
-// Empty when `a` passes guard `g`, else why not.
-std::string guard_failure(const ArgGuard& g, const std::vector<ArgValue>& args, size_t i) {
+// Empty when `a` passes guard `g`, else why not (the first check that failed; `failed`, when
+// given, is set to the number of a tensor's checks that fail, for closest_entry_failure).
+std::string guard_failure(const ArgGuard& g, const std::vector<ArgValue>& args, size_t i,
+                          int* failed = nullptr) {
+  if (failed) *failed = 1;
   const ArgValue& a = args[i];
   if (a.kind != g.kind) {
     if (a.kind == ArgValue::Kind::Undefined || g.kind == ArgValue::Kind::Undefined)
@@ -115,6 +119,7 @@ std::string guard_failure(const ArgGuard& g, const std::vector<ArgValue>& args, 
                          a.kind == ArgValue::Kind::Undefined ? "now an" : "no longer an");
     return fmt::format("argument {} changed kind", i);
   }
+  if (a.type != g.type) return fmt::format("argument {} has another C++ type than when traced", i);
   if (a.kind == ArgValue::Kind::Undefined) return {};
   if (a.kind == ArgValue::Kind::Scalar) {
     if (a.scalar.kind() != g.value.kind())
@@ -142,32 +147,50 @@ std::string guard_failure(const ArgGuard& g, const std::vector<ArgValue>& args, 
   }
   const Tensor& t = a.tensor;
   if (!t.defined()) return fmt::format("argument {} is an undefined tensor", i);
-  if (t.dtype() != g.dtype)
-    return fmt::format("argument {}: dtype is {}, expected {}", i, name(t.dtype()), name(g.dtype));
-  if (t.device() != g.device) return fmt::format("argument {}: device changed", i);
-  if (t.dim() != g.shape.size())
-    return fmt::format("argument {}: rank is {}, expected {}", i, t.dim(), g.shape.size());
-  for (int d = 0; d < t.dim(); ++d) {
-    int64_t s = t.shape()[d];
-    if (g.dyn_mask >> d & 1) {
-      if (!(g.any_size >> d & 1) && s < 2)
-        return fmt::format("argument {}: size of dim {} is {}, the symbolic dim needs >= 2", i,
-                           d, s);
-    } else if (s != g.shape[d]) {
-      return fmt::format("argument {}: size of dim {} is {}, expected {}", i, d, s, g.shape[d]);
+  std::string first;  // the first failure; the rest are only counted
+  int count = 0;
+  auto fail = [&](std::string why) {
+    if (count++ == 0) first = std::move(why);
+    return !failed;  // stop at the first unless counting
+  };
+  if (t.dtype() != g.dtype &&
+      fail(fmt::format("argument {}: dtype is {}, expected {}", i, name(t.dtype()), name(g.dtype))))
+    return first;
+  if (t.device() != g.device && fail(fmt::format("argument {}: device changed", i))) return first;
+  if (t.dim() != g.shape.size()) {
+    if (fail(fmt::format("argument {}: rank is {}, expected {}", i, t.dim(), g.shape.size())))
+      return first;
+  } else {
+    for (int d = 0; d < t.dim(); ++d) {
+      int64_t s = t.shape()[d];
+      std::string why;
+      if (g.dyn_mask >> d & 1) {
+        if (!(g.any_size >> d & 1) && s < 2)
+          why = fmt::format("argument {}: size of dim {} is {}, the symbolic dim needs >= 2", i,
+                            d, s);
+      } else if (s != g.shape[d]) {
+        why = fmt::format("argument {}: size of dim {} is {}, expected {}", i, d, s, g.shape[d]);
+      }
+      if (!why.empty() && fail(std::move(why))) return first;
     }
   }
-  if (t.is_contiguous() != g.contiguous)
-    return fmt::format("argument {}: {} contiguous", i, g.contiguous ? "no longer" : "now");
-  if (!g.contiguous && t.strides() != g.strides)
-    return fmt::format("argument {}: strides are {}, expected {}", i, to_string(t.strides()),
-                       to_string(g.strides));
-  if (t.requires_grad() != g.requires_grad)
-    return fmt::format("argument {}: requires_grad is {}, expected {}", i, t.requires_grad(),
-                       g.requires_grad);
-  if (alias_index(args, i) != g.alias_of)
-    return fmt::format("argument {}: aliasing with other arguments changed", i);
-  return {};
+  if (t.is_contiguous() != g.contiguous) {
+    if (fail(fmt::format("argument {}: {} contiguous", i, g.contiguous ? "no longer" : "now")))
+      return first;
+  } else if (!g.contiguous && t.strides() != g.strides &&
+             fail(fmt::format("argument {}: strides are {}, expected {}", i,
+                              to_string(t.strides()), to_string(g.strides)))) {
+    return first;
+  }
+  if (t.requires_grad() != g.requires_grad &&
+      fail(fmt::format("argument {}: requires_grad is {}, expected {}", i, t.requires_grad(),
+                       g.requires_grad)))
+    return first;
+  if (alias_index(args, i) != g.alias_of &&
+      fail(fmt::format("argument {}: aliasing with other arguments changed", i)))
+    return first;
+  if (failed) *failed = count;
+  return first;
 }
 
 std::string describe_guard(const ArgGuard& g, size_t i) {
@@ -398,9 +421,15 @@ struct CompiledFunction::Impl {
   /// Traces the call. `failed`: the entry whose replay failed (`missing_branch`: for want of
   /// a branch). `unchecked`: a symbolic entry the call passes with sizes not yet confirmed;
   /// the trace confirms them (then nothing is compiled) or refutes them (a new entry).
-  std::vector<OutValue> trace(const std::vector<ArgValue>& args, const Invoke& invoke, Loc loc,
-                              Entry* failed, bool missing_branch,
-                              const std::string& miss_reason, Entry* unchecked = nullptr);
+  /// `marked`: CompileOptions::dynamic_dims of this call, as positions in the flattened
+  /// arguments and dims in range. Called with `lock` held; the function itself runs without
+  /// it (it may call this function on another thread, or explain()); when another trace or a
+  /// reset() changed the cache meanwhile, this trace's result is returned and not cached.
+  std::vector<OutValue> trace(std::unique_lock<std::shared_mutex>& lock,
+                              const std::vector<ArgValue>& args, const Invoke& invoke, Loc loc,
+                              const std::vector<std::pair<int, int>>& marked, Entry* failed,
+                              bool missing_branch, const std::string& miss_reason,
+                              Entry* unchecked = nullptr);
   /// Adds the tensors that the trace of `p` captured to captured_tensors, then records which
   /// of its arguments share memory with one (the guard Program::args_sharing_captured).
   void remember_captured(Program& p, Recorder& rec);
@@ -414,9 +443,9 @@ struct CompiledFunction::Impl {
   std::vector<std::string> recompiles;  // each trace after the first, with its reason
   std::atomic<int> traces{0};
   std::atomic<bool> eager_only{false};
-  // CompileOptions::dynamic_dims of the call being traced, as positions in the flattened
-  // arguments and dims in range (set by call() under the lock, before trace()).
-  std::vector<std::pair<int, int>> marked_dims;
+  // Counts the traces that finished and the resets: a trace that ran the function while
+  // another changed the cache is not cached (see trace()).
+  uint64_t generation = 0;
   std::string eager_reason;
   // Makes every later call run eagerly, saying why once on stderr (and in explain()).
   // Said once: threads that started a trace before the first decided do not repeat it.
@@ -454,6 +483,7 @@ int CompiledFunction::cache_entries() const {
 }
 void CompiledFunction::reset() {
   std::unique_lock lock(impl_->mu);
+  ++impl_->generation;
   impl_->entries.clear();
   impl_->recompiles.clear();
   impl_->auto_dims.clear();
@@ -516,10 +546,14 @@ bool passes(const Entry& e, const std::vector<ArgValue>& args) {
   return true;
 }
 
-// Every guard of entry `e` that the call fails (one per argument at most), global state first.
-std::vector<std::string> entry_failures(const Entry& e, const std::vector<ArgValue>& args) {
+// Every guard of entry `e` that the call fails (one per argument at most), global state first;
+// `checks_failed` counts each failed check of a tensor argument (its dtype and requires_grad).
+std::vector<std::string> entry_failures(const Entry& e, const std::vector<ArgValue>& args,
+                                        int* checks_failed) {
+  *checks_failed = 1;
   if (e.guards.size() != args.size()) return {"number of arguments changed"};
   std::vector<std::string> out;
+  int more = 0;  // failed checks beyond the first of each argument
   if (is_grad_enabled() != e.grad_enabled)
     out.push_back(fmt::format("grad mode is {}, expected {}", is_grad_enabled(), e.grad_enabled));
   if (default_dtype() != e.default_dtype)
@@ -530,31 +564,38 @@ std::vector<std::string> entry_failures(const Entry& e, const std::vector<ArgVal
                   "register_buffer of an existing name) after this was traced");
   for (const HostValue& h : e.host_values)
     if (std::string f = host_value_failure(h); !f.empty()) out.push_back(std::move(f));
-  for (size_t i = 0; i < args.size(); ++i)
-    if (std::string f = guard_failure(e.guards[i], args, i); !f.empty())
+  for (size_t i = 0; i < args.size(); ++i) {
+    int failed = 0;
+    if (std::string f = guard_failure(e.guards[i], args, i, &failed); !f.empty()) {
       out.push_back(std::move(f));
-  if (!out.empty()) return out;  // the dims below are only compared between defined tensors
-  for (auto [x, y] : e.equal_dims)
-    if (args[x.first].tensor.shape()[x.second] != args[y.first].tensor.shape()[y.second])
-      out.push_back(fmt::format("argument {} dim {} and argument {} dim {} are no longer equal",
-                                x.first, x.second, y.first, y.second));
+      more += failed - 1;
+    }
+  }
+  if (out.empty())  // the dims below are only compared between defined tensors
+    for (auto [x, y] : e.equal_dims)
+      if (args[x.first].tensor.shape()[x.second] != args[y.first].tensor.shape()[y.second])
+        out.push_back(fmt::format("argument {} dim {} and argument {} dim {} are no longer equal",
+                                  x.first, x.second, y.first, y.second));
+  *checks_failed = static_cast<int>(out.size()) + more;
   return out;
 }
 
 // Why the call matches no entry, told against the entry it comes closest to (the fewest failed
-// guards; the latest on ties): the latest entry may be of another shape family or branch.
+// checks; the latest on ties): the latest entry may be of another shape family or branch.
 std::string closest_entry_failure(const std::vector<std::shared_ptr<Entry>>& entries,
                                   const std::vector<ArgValue>& args) {
   const Entry* closest = nullptr;
   std::vector<std::string> failures;
+  int fewest = 0;
   for (const auto& e : entries) {
-    std::vector<std::string> f = entry_failures(*e, args);
+    int checks = 0;
+    std::vector<std::string> f = entry_failures(*e, args, &checks);
     if (f.empty()) continue;  // passes its guards: the replay reported why it did not run
-    if (!closest || f.size() <= failures.size()) closest = e.get(), failures = std::move(f);
+    if (!closest || checks <= fewest) closest = e.get(), failures = std::move(f), fewest = checks;
   }
   if (!closest) return {};
   std::string reason = failures.front();
-  if (failures.size() > 1) reason += fmt::format(" (and {} more guard(s))", failures.size() - 1);
+  if (fewest > 1) reason += fmt::format(" (and {} more failed check(s))", fewest - 1);
   if (entries.size() == 1) return reason;
   return fmt::format("closest is specialisation #{}: {}", closest->id, reason);
 }
@@ -755,9 +796,8 @@ std::vector<OutValue> CompiledFunction::call(const std::vector<ArgValue>& given,
     std::unique_lock lock(im.mu);
     // Another thread may have traced or confirmed this guard set meanwhile.
     if (im.find_entries(args) != found) continue;
-    im.marked_dims = marked;
-    if (unchecked) return im.trace(args, invoke, loc, nullptr, false, {}, entry.get());
-    return im.trace(args, invoke, loc, entry.get(), missing_branch, miss_reason);
+    if (unchecked) return im.trace(lock, args, invoke, loc, marked, nullptr, false, {}, entry.get());
+    return im.trace(lock, args, invoke, loc, marked, entry.get(), missing_branch, miss_reason);
   }
   return invoke();
 }
@@ -1225,11 +1265,10 @@ std::vector<OutValue> CompiledFunction::Impl::replay(Entry& e, const std::vector
   return outs;
 }
 
-std::vector<OutValue> CompiledFunction::Impl::trace(const std::vector<ArgValue>& args,
-                                                    const Invoke& invoke, Loc loc,
-                                                    Entry* failed, bool missing_branch,
-                                                    const std::string& miss_reason,
-                                                    Entry* unchecked) {
+std::vector<OutValue> CompiledFunction::Impl::trace(
+    std::unique_lock<std::shared_mutex>& lock, const std::vector<ArgValue>& args,
+    const Invoke& invoke, Loc loc, const std::vector<std::pair<int, int>>& marked_dims,
+    Entry* failed, bool missing_branch, const std::string& miss_reason, Entry* unchecked) {
   // A failed entry whose guards no longer hold (a captured tensor freed, a symbolic replay that
   // failed) is dropped; one that only lacks a branch gets the new branch below.
   if (failed && !missing_branch)
@@ -1247,6 +1286,7 @@ std::vector<OutValue> CompiledFunction::Impl::trace(const std::vector<ArgValue>&
                  name, options.cache_size_limit, reason);
     }
     ++eager_calls;
+    lock.unlock();
     return invoke();
   }
 
@@ -1273,10 +1313,12 @@ std::vector<OutValue> CompiledFunction::Impl::trace(const std::vector<ArgValue>&
   const uint64_t view_writes = in_place_view_writes();
   const uint64_t double_backwards = create_graph_backwards();
   const uint64_t reseeds = generator_reseeds().count;
+  const uint64_t generation_before = generation;
   {
     Recorder rec(*prog);
     for (size_t i = 0; i < args.size(); ++i)
       if (args[i].kind == ArgValue::Kind::Tensor) rec.add_arg(args[i].tensor, static_cast<int>(i));
+    lock.unlock();
     rec.install();
     outs = invoke();
     record_backward(rec, *prog, outs);
@@ -1292,6 +1334,8 @@ std::vector<OutValue> CompiledFunction::Impl::trace(const std::vector<ArgValue>&
     }
     rec.uninstall();
     escape_candidates(rec, *prog, outs, candidates);
+    lock.lock();
+    if (generation++ != generation_before) return outs;
     remember_captured(*prog, rec);
   }
   // A guard read by kiln's own code (a module's is_training() or setting() called through
@@ -1318,6 +1362,10 @@ std::vector<OutValue> CompiledFunction::Impl::trace(const std::vector<ArgValue>&
         "it takes a pointer to tensor memory (data<T>() or raw_data() at {}:{}); a replay of "
         "its recorded ops would skip what it reads and writes through it",
         at.file_name(), at.line()));
+    return outs;
+  }
+  if (!prog->foreign_thread_reason.empty()) {
+    run_eagerly_from_now_on(prog->foreign_thread_reason);
     return outs;
   }
   if (!prog->backward_error.empty()) {
@@ -1502,6 +1550,7 @@ std::vector<OutValue> CompiledFunction::Impl::trace(const std::vector<ArgValue>&
   for (size_t i = 0; i < args.size(); ++i) {
     ArgGuard& g = e->guards[i];
     g.kind = args[i].kind;
+    g.type = args[i].type;
     g.fixed = args[i].fixed;
     if (g.kind == ArgValue::Kind::Scalar) g.value = args[i].scalar;
     if (g.kind == ArgValue::Kind::Other && args[i].other_copy) {

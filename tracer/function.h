@@ -73,6 +73,10 @@ struct ArgValue {
   /// Undefined: a default-constructed Tensor (an optional tensor left out, as None is in
   /// PyTorch); guarded as undefined and passed to the function as it is.
   enum class Kind : uint8_t { Tensor, Scalar, TensorList, Other, Undefined } kind = Kind::Other;
+  /// The argument's C++ type (a tag unique to it): a value of another type that compares or
+  /// converts equal (an enum and an int, two structs with equal members) takes other code paths
+  /// in a generic or overloaded function, so it is guarded too. Null: not checked.
+  const void* type = nullptr;
   kiln::Tensor tensor;
   kiln::Scalar scalar;
   std::vector<kiln::Tensor> list;  ///< TensorList: guarded per element, length by value

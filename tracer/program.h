@@ -168,6 +168,9 @@ struct Program {
   /// op on eager kernels on the real tensors (exact aliasing), see plan.cpp.
   bool aliased_mutation = false;
   std::string aliased_mutation_reason;
+  /// Set when the function read a tensor another thread created during the trace (its ops are
+  /// not recorded): the function runs eagerly from then on.
+  std::string foreign_thread_reason;
   /// Why the outputs' backward could not be recorded (not because the function already ran
   /// it): the function runs eagerly, whose backward raises that error where eager's would.
   std::string backward_error;

@@ -78,6 +78,7 @@ Recorder::GeoKey Recorder::key_of(const Tensor& t) {
 Recorder::Recorder(Program& program)
     : p_(program),
       start_serial_(StorageImpl::next_serial()),
+      thread_(StorageImpl::current_thread_number()),
       rng_start_(generator_state().offset) {}
 
 Recorder::~Recorder() { uninstall(); }
@@ -160,6 +161,13 @@ int Recorder::lookup(const Tensor& t) {
   if (v >= 0) return v;
   Source s;
   if (t.storage()->serial() >= start_serial_) {
+    // Only this thread's ops are recorded: a tensor another thread computed meanwhile (from
+    // the arguments, or a new batch) is no constant of the trace.
+    if (t.storage()->creator_thread() != thread_ && p_.foreign_thread_reason.empty())
+      p_.foreign_thread_reason = fmt::format(
+          "it reads a tensor ({} {}) that another thread made while it was traced; kiln records "
+          "only the calling thread's ops",
+          name(t.dtype()), to_string(t.shape()));
     if (t.impl()->wrapped_number) {
       s.kind = SourceKind::Constant;
       s.scalar = read_scalar(t);

@@ -78,6 +78,7 @@ class Recorder final : public DispatchHook {
 
   Program& p_;
   uint64_t start_serial_;
+  uint32_t thread_;  // StorageImpl::current_thread_number() of the tracing thread
   uint64_t rng_start_;
   bool installed_ = false;
   DispatchHook* prev_hook_ = nullptr;

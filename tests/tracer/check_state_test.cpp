@@ -257,3 +257,14 @@ TEST_CASE("check = true names the shapes when an output's shape differs from eag
   width = 2;
   CHECK_THAT(what, Catch::Contains("output 0 (shape [2] compiled, [3] eager) differs from eager"));
 }
+
+TEST_CASE("check = true: an infinity against a finite value is beyond any tolerance (review)") {
+  // |inf - x| <= atol + rtol·|inf| held, so a compiled 3e38 passed against eager's inf.
+  double scale = 2;
+  auto scaled = compile([&](const Tensor& x) { return x * scale; }, {.check = true});
+  CHECK(vec(scaled(ones({2}))) == std::vector<float>{2, 2});
+  scale = INFINITY;
+  CHECK_THROWS_WITH(scaled(ones({2})), Catch::Contains("differs from eager"));
+  // Both overflow alike: equal infinities match.
+  CHECK(compare([](const Tensor& x) { return x * 1e38 * 10.0; }, full({1}, 4.0f)).ok);
+}

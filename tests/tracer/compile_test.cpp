@@ -3,6 +3,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
+#include <future>
 #include <thread>
 
 #include "kiln/kiln.h"
@@ -141,6 +143,17 @@ TEST_CASE("compile: guards on dtype, rank, size, contiguity, requires_grad, grad
   CHECK(contains(ex, "arg 0: Tensor float32 [2, 2]"));
   CHECK(contains(ex, "recompiles:"));
   CHECK(contains(ex, "dtype is float64, expected float32"));
+
+  // The recompile names the entry the call comes closest to: #0 (requires_grad only), not the
+  // later float64 entry, which fails the dtype and requires_grad both.
+  auto twice = compile([](const Tensor& x) { return x * 2.0; });
+  (void)twice(ones({2, 3}));
+  (void)twice(ones({2, 3}).to(Float64));
+  Tensor b = ones({2, 3});
+  b.requires_grad_();
+  (void)twice(b);
+  INFO(twice.explain());
+  CHECK(contains(twice.explain(), "closest is specialisation #0: argument 0: requires_grad"));
 }
 
 TEST_CASE("compile: automatic dynamic — batch sizes 8, 16, 32 compile twice", "[compile]") {
@@ -703,6 +716,59 @@ TEST_CASE("FC-32 (compile): dropping a compiled function frees what its traces h
   CHECK(held.expired());
 }
 
+// The recorder sees the tracing thread's ops only: a tensor another thread computed from the
+// arguments while the function ran was taken for a constant and replayed ([3, 3] for every x).
+TEST_CASE("compile: a tensor made on another thread during the trace runs the function eagerly",
+          "[compile]") {
+  auto fn = [](const Tensor& x) {
+    Tensor h = std::async(std::launch::async, [&] { return x * 2.0; }).get();
+    return h + 1.0;
+  };
+  auto cf = compile(fn);
+  for (float v : {1.f, 2.f, 3.f, 4.f})
+    CHECK(vec(cf(full({2}, v))) == std::vector<float>{2 * v + 1, 2 * v + 1});
+  CHECK(contains(cf.explain(), "another thread"));
+}
+
+// The function runs without the compiled function's lock while it is traced: it may wait for a
+// call of itself on another thread (this hung), and call explain(), cache_entries() or reset()
+// (these threw std::system_error: a lock taken twice).
+TEST_CASE("compile: the traced function may call itself on another thread and inspect itself",
+          "[compile]") {
+  std::function<Tensor(const Tensor&, int)> again;
+  auto halves = compile([&](const Tensor& x, int depth) -> Tensor {
+    if (depth == 0) return x * 2.0;
+    auto inner = std::async(std::launch::async, [&] { return again(x + 1.0, depth - 1); });
+    return inner.get() + x;
+  });
+  again = [&](const Tensor& x, int depth) { return halves(x, depth); };
+  for (int i = 0; i < 3; ++i) CHECK(vec(halves(ones({2}), 1)) == std::vector<float>{5, 5});
+  for (int i = 0; i < 2; ++i) CHECK(vec(halves(ones({2}), 0)) == std::vector<float>{2, 2});
+
+  std::function<void()> hook = [] {};
+  auto cf = compile([&](const Tensor& x) {
+    hook();
+    return x * 2.0;
+  });
+  int entries_seen = -1;
+  std::string explained;
+  hook = [&] {
+    entries_seen = cf.cache_entries();
+    explained = cf.explain();
+  };
+  CHECK(vec(cf(ones({2}))) == std::vector<float>{2, 2});
+  CHECK(entries_seen == 0);
+  CHECK(contains(explained, "0 cache entries"));
+  CHECK(vec(cf(ones({2}))) == std::vector<float>{2, 2});  // a replay: the hook does not run
+  CHECK(cf.cache_entries() == 1);
+  hook = [&] { cf.reset(); };
+  CHECK(vec(cf(ones({3}))) == std::vector<float>{2, 2, 2});  // traced, reset meanwhile: dropped
+  CHECK(cf.cache_entries() == 0);
+  hook = [] {};
+  CHECK(vec(cf(ones({3}))) == std::vector<float>{2, 2, 2});
+  CHECK(cf.cache_entries() == 1);
+}
+
 // Run by ctest a second time with KILN_COMPILE=Off (test "tracer_kiln_compile_0"; any case).
 TEST_CASE("KILN_COMPILE=0 turns compile() into plain eager calls", "[.kiln_compile_0]") {
   REQUIRE(tracer::compile_disabled());
@@ -785,6 +851,45 @@ TEST_CASE("compile: tensor lists, enums and comparable host values are guarded",
   CHECK(vec(by_name(full({1}, 5.0f), std::string("double"))) == std::vector<float>{10});
   CHECK(vec(by_name(full({1}, 5.0f), std::string("inc"))) == std::vector<float>{6});
   CHECK(by_name.compile_count() == 2);
+}
+
+namespace {
+struct Scale {
+  int v;
+  bool operator==(const Scale&) const = default;
+};
+struct Shift {
+  int v;
+  bool operator==(const Shift&) const = default;
+};
+struct ScaleOrShift {
+  Tensor operator()(const Tensor& x, Scale s) const { return x * double(s.v); }
+  Tensor operator()(const Tensor& x, Shift s) const { return x + double(s.v); }
+};
+}  // namespace
+
+// Values of two types that compare or convert equal take different overloads or instantiations:
+// the argument's type is guarded too (a Shift replayed Scale's trace, an enum an int's).
+TEST_CASE("compile: an argument of another C++ type with an equal value traces again",
+          "[compile]") {
+  auto cf = compile(ScaleOrShift{});
+  Tensor x = tensor({1.f, 2.f});
+  for (int i = 0; i < 2; ++i) CHECK(vec(cf(x, Scale{3})) == std::vector<float>{3, 6});
+  for (int i = 0; i < 2; ++i) CHECK(vec(cf(x, Shift{3})) == std::vector<float>{4, 5});
+  CHECK(cf.compile_count() == 2);
+  CHECK(contains(cf.explain(), "another C++ type"));
+
+  enum class Act { Square, Negate };
+  auto generic = compile([](const Tensor& t, const auto& c) {
+    if constexpr (std::is_same_v<std::decay_t<decltype(c)>, Act>)
+      return c == Act::Square ? t * t : -t;
+    else
+      return t * double(c);
+  });
+  for (int i = 0; i < 2; ++i) CHECK(vec(generic(x, 0)) == std::vector<float>{0, 0});
+  for (int i = 0; i < 2; ++i) CHECK(vec(generic(x, Act::Square)) == std::vector<float>{1, 4});
+  for (int i = 0; i < 2; ++i) CHECK(vec(generic(x, 1)) == std::vector<float>{1, 2});
+  for (int i = 0; i < 2; ++i) CHECK(vec(generic(x, Act::Negate)) == std::vector<float>{-1, -2});
 }
 
 namespace {
