@@ -17,9 +17,9 @@ namespace {
 // Sets `name` to `t` in `entries`: replaces an existing entry in place, else appends. A name
 // of the other kind (a buffer's for a parameter) is an error, as PyTorch's KeyError.
 void put(StateDict& entries, const StateDict& other_kind, const char* what,
-         const std::string& name, const Tensor& t) {
+         const std::string& name, const Tensor& t, Loc loc) {
   for (const auto& [n, old] : other_kind)
-    KILN_CHECK(n != name, what, Loc::current(),
+    KILN_CHECK(n != name, what, loc,
                "'{}' is already registered as a {}; a module's parameters and buffers need "
                "different names",
                name, std::string_view(what) == "register_parameter" ? "buffer" : "parameter");
@@ -33,9 +33,9 @@ void put(StateDict& entries, const StateDict& other_kind, const char* what,
 }
 }  // namespace
 
-Tensor Module::register_parameter(const std::string& n, Tensor t) {
-  if (t.defined() && !t.requires_grad()) t.requires_grad_();
-  put(params_, buffers_, "register_parameter", n, t);
+Tensor Module::register_parameter(const std::string& n, Tensor t, Loc loc) {
+  if (t.defined() && !t.requires_grad()) t.requires_grad_(true, loc);
+  put(params_, buffers_, "register_parameter", n, t, loc);
   return t;
 }
 void Module::to(Device device, Loc loc) {
@@ -61,8 +61,8 @@ void Module::to(Device device, Loc loc) {
   });
 }
 
-Tensor Module::register_buffer(const std::string& n, Tensor t, bool persistent) {
-  put(buffers_, params_, "register_buffer", n, t);
+Tensor Module::register_buffer(const std::string& n, Tensor t, bool persistent, Loc loc) {
+  put(buffers_, params_, "register_buffer", n, t, loc);
   std::erase(non_persistent_, n);
   if (!persistent) non_persistent_.push_back(n);
   return t;

@@ -100,12 +100,13 @@ class Module {
   ///   head->weight = head->register_parameter("weight", emb->weight);
   /// (parameters() then lists the shared tensor once; state_dict() under both names.)
   /// Throws kiln::Error when `name` is a buffer's (as PyTorch's KeyError).
-  Tensor register_parameter(const std::string& name, Tensor t);
+  Tensor register_parameter(const std::string& name, Tensor t, Loc loc = Loc::current());
   /// Registers (or, for a name already registered, replaces) a buffer: state that is saved
   /// and moved with the module but not trained. A non-persistent buffer (PyTorch's
   /// persistent=False: a cache such as a causal mask) is moved but left out of state_dict().
   /// Throws kiln::Error when `name` is a parameter's.
-  Tensor register_buffer(const std::string& name, Tensor t, bool persistent = true);
+  Tensor register_buffer(const std::string& name, Tensor t, bool persistent = true,
+                         Loc loc = Loc::current());
 
  protected:
   /// Returns `field`, a setting of this module that its forward reads (Dropout's p, LayerNorm's

@@ -270,11 +270,33 @@ void AdamW::set_option_values(const std::vector<std::pair<std::string, double>>&
   options = o;
 }
 
+namespace {
+// The per-parameter state accessors' index check.
+void check_parameter_index(const char* op, size_t i, size_t count, Loc loc) {
+  KILN_CHECK(i < count, op, loc, "parameter index {} out of range for {} parameters", i, count);
+}
+}  // namespace
+
+const Tensor& SGD::momentum_buffer(size_t i, Loc loc) const {
+  check_parameter_index("SGD.momentum_buffer", i, params_.size(), loc);
+  return momentum_[i];
+}
 int64_t AdamW::step_count() const { return static_cast<int64_t>(steps_.item<double>()); }
-int64_t AdamW::step_count(size_t i) const {
-  KILN_CHECK(i < params_.size(), "AdamW.step_count", Loc::current(),
-             "parameter index {} out of range for {} parameters", i, params_.size());
-  return static_cast<int64_t>(step_tensor(i).item<double>());
+int64_t AdamW::step_count(size_t i, Loc loc) const {
+  check_parameter_index("AdamW.step_count", i, params_.size(), loc);
+  return static_cast<int64_t>(step_tensor(i, loc).item<double>());
+}
+Tensor AdamW::step_tensor(size_t i, Loc loc) const {
+  check_parameter_index("AdamW.step_tensor", i, params_.size(), loc);
+  return t_.select(0, static_cast<int64_t>(i), loc);
+}
+const Tensor& AdamW::exp_avg(size_t i, Loc loc) const {
+  check_parameter_index("AdamW.exp_avg", i, params_.size(), loc);
+  return m_[i];
+}
+const Tensor& AdamW::exp_avg_sq(size_t i, Loc loc) const {
+  check_parameter_index("AdamW.exp_avg_sq", i, params_.size(), loc);
+  return v_[i];
 }
 
 void AdamW::step(Loc loc) {

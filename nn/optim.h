@@ -129,7 +129,8 @@ class SGD : public Optimizer {
   void step(Loc loc = Loc::current()) override;
   SGDOptions options;
   /// The momentum buffer of parameter i (undefined without momentum); updated in place.
-  const Tensor& momentum_buffer(size_t i) const { return momentum_[i]; }
+  /// Throws kiln::Error naming the caller's line for an index out of range.
+  const Tensor& momentum_buffer(size_t i, Loc loc = Loc::current()) const;
 
  protected:
   std::string invalid_options() const override;
@@ -169,14 +170,15 @@ class AdamW : public Optimizer {
   /// count tensor to the host.
   int64_t step_count() const;
   /// Parameter i's own t (the steps in which it had a gradient), read to the host.
-  int64_t step_count(size_t i) const;
+  int64_t step_count(size_t i, Loc loc = Loc::current()) const;
   /// The state tensors (updated in place, never replaced): the count behind step_count()
   /// (0-d float64), parameter i's t (a 0-d float64 view of the vector of t's) and its first /
-  /// second moments.
+  /// second moments. The per-parameter ones throw kiln::Error naming the caller's line for an
+  /// index out of range.
   const Tensor& step_tensor() const { return steps_; }
-  Tensor step_tensor(size_t i) const { return t_.select(0, static_cast<int64_t>(i)); }
-  const Tensor& exp_avg(size_t i) const { return m_[i]; }
-  const Tensor& exp_avg_sq(size_t i) const { return v_[i]; }
+  Tensor step_tensor(size_t i, Loc loc = Loc::current()) const;
+  const Tensor& exp_avg(size_t i, Loc loc = Loc::current()) const;
+  const Tensor& exp_avg_sq(size_t i, Loc loc = Loc::current()) const;
 
  protected:
   std::string invalid_options() const override;

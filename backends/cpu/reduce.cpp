@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cmath>
 #include <memory>
+#include <numeric>
 #include <type_traits>
 
 #include "backends/cpu/allocator.h"
@@ -333,10 +334,30 @@ void sum_float(const Ctx& c, bool mean) {
   T* out = c.out.data<T>();
   double n = static_cast<double>(c.p.r);
   auto id = [](auto v, int64_t) { return v; };
+  // float32 partial sums (SIMD lanes) that overflowed are summed again in double, as compiled
+  // code sums: the mean of [3e38, 3e38] is 3e38 in both (it was inf here, 3e38 compiled).
+  constexpr bool kFloat32 = std::is_same_v<T, float>;
   run_plan<T, double>(
-      c.p, 0.0, [&](const T* x, int64_t n, int64_t, int64_t) { return sum_run(x, n, id); },
+      c.p, 0.0,
+      [&](const T* x, int64_t n, int64_t, int64_t) {
+        double s = sum_run(x, n, id);
+        if (kFloat32 && !std::isfinite(s)) s = std::accumulate(x, x + n, 0.0);
+        return s;
+      },
       [&](const T* x, int64_t rows, int64_t st, int64_t k, int64_t, int64_t, double* acc) {
-        sum_cols(x, rows, st, k, id, acc);
+        if constexpr (!kFloat32) {
+          sum_cols(x, rows, st, k, id, acc);
+        } else {
+          double part[kStripe] = {};
+          sum_cols(x, rows, st, k, id, part);
+          for (int64_t j = 0; j < k; ++j) {
+            if (!std::isfinite(part[j])) {
+              part[j] = 0;
+              for (int64_t r = 0; r < rows; ++r) part[j] += x[r * st + j];
+            }
+            acc[j] += part[j];
+          }
+        }
       },
       [](double a, double b) { return a + b; },
       [&](int64_t, int64_t oi, double v) { out[oi] = static_cast<T>(mean ? v / n : v); });

@@ -604,6 +604,21 @@ TEST_CASE("std of float32 values near the float32 limit is not inf") {
   CHECK(kiln::std(t, {}, 0).item<float>() == Approx(1e-25).epsilon(1e-6));
 }
 
+TEST_CASE("mean of float32 values whose float32 partial sums overflow is representable") {
+  // The SIMD lanes' float32 partial sums overflowed: mean([3e38, 3e38]) was inf here and 3e38
+  // in compiled code, which sums in double (review). The sum itself is past FLT_MAX: inf.
+  const float big = 3e38f;
+  Tensor x = full({2}, big);
+  CHECK(mean(x).item<float>() == big);
+  CHECK(std::isinf(sum(x).item<float>()));
+  Tensor rows = full({40, 3}, big);  // longer rows go through the vector loop
+  CHECK(mean(rows.t().contiguous(), {1}).to_vector<float>() == std::vector<float>(3, big));
+  Tensor cols = from_vector<float>({big, 1, big, 1}, {2, 2});  // the column path
+  CHECK(mean(cols, {0}).to_vector<float>() == std::vector<float>{big, 1});
+  CHECK(mean(from_vector<float>({INFINITY, big}, {2})).item<float>() == INFINITY);
+  CHECK(std::isnan(mean(from_vector<float>({INFINITY, -INFINITY, big}, {3})).item<float>()));
+}
+
 TEST_CASE("var, std and layer_norm of float32 rows on a large offset are accurate") {
   // Found by review: rows 1e4 + 0.01·N(0, 1) (std/|mean| = 1e-6, just above the exact path's
   // threshold) had var 4.4e-3 too large, relative: the float32 mean's rounding, squared. The

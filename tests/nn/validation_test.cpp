@@ -122,3 +122,32 @@ TEST_CASE("clip_grad_norm_ and init: bad bounds and tensors") {
   CHECK_THAT(error_of([&] { init::normal_(t, NAN, 1); }),
              Catch::Contains("finite mean and a finite std"));
 }
+
+// exp_avg(5) crashed (SIGSEGV) and exp_avg_sq / momentum_buffer read past their vectors;
+// register_parameter / register_buffer and step_count(i) named kiln's own line (review).
+TEST_CASE("optimizer state accessors and register_* check and name the caller's line") {
+  Linear lin(4, 3);  // 2 parameters
+  AdamW adam(lin.parameters());
+  SGD sgd(lin.parameters(), {.lr = 0.1, .momentum = 0.9});
+  CHECK_THAT(error_of([&] { (void)adam.exp_avg(5); }),
+             Catch::Contains("AdamW.exp_avg") &&
+                 Catch::Contains("parameter index 5 out of range for 2 parameters"));
+  CHECK_THAT(error_of([&] { (void)adam.exp_avg_sq(2); }), Catch::Contains("AdamW.exp_avg_sq"));
+  CHECK_THAT(error_of([&] { (void)adam.step_count(7); }), Catch::Contains("AdamW.step_count"));
+  CHECK_THAT(error_of([&] { (void)adam.step_tensor(7); }), Catch::Contains("AdamW.step_tensor"));
+  CHECK_THAT(error_of([&] { (void)sgd.momentum_buffer(2); }),
+             Catch::Contains("SGD.momentum_buffer"));
+  CHECK(adam.exp_avg(1).shape() == Shape{3});
+  CHECK(sgd.momentum_buffer(0).shape() == Shape{3, 4});
+  CHECK(adam.step_count(1) == 0);
+
+  struct Bare : Module {
+    std::string name() const override { return "Bare"; }
+  } m;
+  m.register_buffer("a", ones({1}));
+  m.register_parameter("p", ones({1}));
+  CHECK_THAT(error_of([&] { m.register_parameter("a", ones({1})); }),
+             Catch::Contains("'a' is already registered as a buffer"));
+  CHECK_THAT(error_of([&] { m.register_buffer("p", ones({1})); }),
+             Catch::Contains("'p' is already registered as a parameter"));
+}
