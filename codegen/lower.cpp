@@ -258,8 +258,11 @@ mlir::Value convert(mlir::OpBuilder& b, mlir::Location loc, mlir::Value v, mlir:
     if (from_bool) return mlir::arith::UIToFPOp::create(b, loc, to, v);
     return mlir::arith::SIToFPOp::create(b, loc, to, v);
   }
-  // integer result from integer / bool input (the covered ops never narrow)
+  // integer result from integer / bool input; an int64 0-d operand of an int32 op (whose
+  // result type it does not take part in) narrows by wrapping, as eager's cast does
   if (from_bool) return mlir::arith::ExtUIOp::create(b, loc, to, v);
+  if (from.getIntOrFloatBitWidth() > to.getIntOrFloatBitWidth())
+    return mlir::arith::TruncIOp::create(b, loc, to, v);
   return mlir::arith::ExtSIOp::create(b, loc, to, v);
 }
 

@@ -1,10 +1,12 @@
 #include "core/tensor.h"
 
-#include <utility>
-
 #include <algorithm>
 #include <cmath>
 #include <functional>
+#include <type_traits>
+#include <utility>
+
+#include "core/meta.h"
 
 namespace kiln {
 
@@ -89,6 +91,25 @@ RawAccessObserver set_raw_access_observer(RawAccessObserver observer) {
   return std::exchange(detail::t_raw_access_observer, observer);
 }
 
+namespace {
+// Element `v` of type S as item<T>() / to_vector<T>() return it. A value T cannot hold is a
+// kiln::Error, as PyTorch's checked item<T>(): a float out of T's range or NaN into an integer,
+// an int64 out of int32's range, a double past float's largest (a plain cast is undefined).
+template <class T, class S> T converted(S v, const char* op, Loc loc) {
+  constexpr bool narrowing =
+      (std::is_integral_v<T> && !std::is_same_v<T, bool> &&
+       (std::is_floating_point_v<S> || sizeof(S) > sizeof(T))) ||
+      (std::is_same_v<T, float> && std::is_same_v<S, double>);
+  if constexpr (narrowing) {
+    if constexpr (std::is_floating_point_v<S>)
+      check_scalar_fits(Scalar(static_cast<double>(v)), dtype_of<T>(), op, loc);
+    else
+      check_scalar_fits(Scalar(static_cast<int64_t>(v)), dtype_of<T>(), op, loc);
+  }
+  return static_cast<T>(v);
+}
+}  // namespace
+
 template <class T> T Tensor::item(Loc loc) const {
   KILN_CHECK(defined(), "item", loc, "tensor is undefined");
   if (t_host_read_observer) t_host_read_observer(*this, loc);
@@ -97,7 +118,8 @@ template <class T> T Tensor::item(Loc loc) const {
   KILN_CHECK(device().is_cpu(), "item", loc, "tensor is on {}; call .cpu() first",
              device().str());
   T out{};
-  KILN_DISPATCH_ALL(dtype(), S, { out = static_cast<T>(*static_cast<const S*>(raw_data())); });
+  KILN_DISPATCH_ALL(dtype(), S,
+                    { out = converted<T>(*static_cast<const S*>(raw_data()), "item", loc); });
   return out;
 }
 
@@ -110,7 +132,8 @@ template <class T> std::vector<T> Tensor::to_vector(Loc loc) const {
   out.reserve(numel());
   KILN_DISPATCH_ALL(dtype(), S, {
     const S* base = static_cast<const S*>(raw_data());
-    for_each_offset(*this, [&](int64_t off) { out.push_back(static_cast<T>(base[off])); });
+    for_each_offset(*this,
+                    [&](int64_t off) { out.push_back(converted<T>(base[off], "to_vector", loc)); });
   });
   return out;
 }

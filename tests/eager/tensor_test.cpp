@@ -2,6 +2,7 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <functional>
 #include <tuple>
 
 #include "kiln/kiln.h"
@@ -166,6 +167,27 @@ TEST_CASE("item and data type checks") {
   CHECK(x.item<double>() == 3.0);
   CHECK_THROWS_AS(x.data<float>(), Error);
   CHECK_THROWS_AS(tensor({1, 2}).item<int>(), Error);
+  // A value the requested type cannot hold is an error naming the value and the caller's line
+  // (a plain cast wrapped, or was undefined behaviour: review), as PyTorch's item<int>().
+  auto fails = [](const std::function<void()>& f, const std::string& what) {
+    try {
+      f();
+      FAIL("no error");
+    } catch (const Error& e) {
+      CHECK_THAT(e.what(), Catch::Contains(what) && Catch::Contains(__FILE__) &&
+                               Catch::Contains("without overflow"));
+    }
+  };
+  fails([] { (void)scalar_tensor(3e9).item<int32_t>(); }, "kiln::item: value 3");
+  fails([] { (void)scalar_tensor(4294967297LL, Int64).item<int32_t>(); }, "4294967297");
+  fails([] { (void)scalar_tensor(NAN).item<int64_t>(); }, "nan");
+  fails([] { (void)scalar_tensor(1e300, Float64).item<float>(); }, "float32");
+  fails([] { (void)tensor({1e20, -1.0}).to_vector<int32_t>(); }, "kiln::to_vector");
+  CHECK(scalar_tensor(-2147483648.0).item<int32_t>() == INT32_MIN);
+  CHECK(scalar_tensor(2.9).item<int32_t>() == 2);  // truncated, as PyTorch
+  CHECK(std::isinf(scalar_tensor(INFINITY, Float64).item<float>()));
+  CHECK(scalar_tensor(7, Int64).item<int32_t>() == 7);
+  CHECK(scalar_tensor(3.0).item<bool>());
 }
 
 TEST_CASE("printing is close to PyTorch's repr") {

@@ -100,6 +100,28 @@ TEST_CASE("compile: to() between dtypes in a compiled region equals eager", "[co
   CHECK_FALSE(contains(cf.explain(), "eager op: to "));
 }
 
+// An int64 0-d operand of an int32 op takes no part in the result type: it narrows (wrapping,
+// as eager's cast). The lowering sign-extended instead, which MLIR rejected, so the whole
+// region ran on eager kernels (review).
+TEST_CASE("compile: an int32 tensor with an int64 0-d operand compiles and wraps as eager",
+          "[compile]") {
+  auto fn = [](const Tensor& a, const Tensor& b) {
+    return ((a * 2 + b) * 3 - a).to(DType::Float32).exp().sum() + where(a > 2, a, b).sum();
+  };
+  auto cf = compile(fn);
+  Tensor a = arange(10, DType::Int32);
+  for (int64_t k : {int64_t{3}, int64_t{4294967301}}) {  // 2^32 + 5 wraps to 5 in int32
+    Tensor b = scalar_tensor(k, DType::Int64);
+    double expect = fn(a, b).item<double>();
+    for (int call = 0; call < 12; ++call)  // past the runs that time compiled against eager
+      CHECK(cf(a, b).item<double>() == Approx(expect).epsilon(1e-6));
+  }
+  CHECK(fn(a, scalar_tensor(int64_t{4294967301}, DType::Int64)).item<double>() ==
+        Approx(fn(a, scalar_tensor(int64_t{5}, DType::Int64)).item<double>()));
+  INFO(cf.explain());
+  CHECK_FALSE(contains(cf.explain(), "not compiled"));
+}
+
 TEST_CASE("compile: values eager rejects raise eager's error on every call (nll_loss targets, "
           "integer division by zero, integer 0 to a negative power)", "[compile]") {
   // Each compiled function runs 12 good and 12 bad calls: past the runs that time its region
