@@ -152,34 +152,78 @@ namespace {
 constexpr int64_t kSummariseAbove = 1000;
 constexpr int64_t kEdgeItems = 3;
 
-std::string format_value(double v, bool floating, bool int_valued, bool sci) {
-  if (std::isnan(v)) return "nan";
-  if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
-  if (sci) return fmt::format("{:.4e}", v);
-  if (int_valued) return fmt::format("{:.0f}.", v);
-  return fmt::format("{:.4f}", v);
-}
+// PyTorch's _Formatter (torch/_tensor_str.py): floating values print in "int mode" (`3.`)
+// when every nonzero finite value is an integer, in scientific notation when those values span
+// more than a factor 1000 or exceed 1e8 (or, outside int mode, fall below 1e-4), else with 4
+// decimals; the column width comes from the nonzero finite values only (nan, inf, -0. may be
+// wider and are not padded for).
+struct Formatter {
+  bool floating = false, int_mode = true, sci = false;
+  int width = 1;
 
+  Formatter(const std::vector<double>& vals, const std::vector<std::string>& exact, bool fp)
+      : floating(fp) {
+    if (!floating) {
+      for (const std::string& e : exact) width = std::max<int>(width, e.size());
+      return;
+    }
+    double lo = INFINITY, hi = 0;
+    for (double v : vals) {
+      if (!std::isfinite(v) || v == 0) continue;
+      lo = std::min(lo, std::fabs(v));
+      hi = std::max(hi, std::fabs(v));
+      if (v != std::ceil(v)) int_mode = false;
+    }
+    if (hi == 0) return;  // no nonzero finite value
+    sci = hi / lo > 1000 || hi > 1e8 || (!int_mode && lo < 1e-4);
+    for (double v : vals)
+      if (std::isfinite(v) && v != 0)
+        width = std::max<int>(width, format(v).size());
+  }
+  std::string format(double v) const {
+    if (sci) return fmt::format("{:.4e}", v);
+    if (int_mode) return std::isfinite(v) ? fmt::format("{:.0f}.", v) : fmt::format("{}", v);
+    return fmt::format("{:.4f}", v);
+  }
+};
+
+constexpr int kLineWidth = 80;
+
+// The elements of dim `d` onward from cells[pos], as PyTorch's _tensor_str: a vector's items
+// wrap at kLineWidth; slices of a k-dim sub-tensor are separated by k - 1 line breaks.
 void format_dim(const std::vector<std::string>& cells, const Shape& shape, int d, int64_t& pos,
                 bool summarise, int width, int indent, std::string& out) {
   out += '[';
   int64_t n = shape[d];
-  // As PyTorch: slices of a k-dim sub-tensor are separated by k - 1 line breaks.
+  const bool elided = summarise && n > 2 * kEdgeItems;
   int inner_dims = static_cast<int>(shape.size()) - d - 1;
-  std::string separator = inner_dims == 0 ? ", "
-                                          : "," + std::string(inner_dims, '\n') +
-                                                std::string(indent + d + 1, ' ');
+  const std::string margin(indent + d + 1, ' ');
+  if (inner_dims == 0) {
+    std::vector<std::string> items;
+    for (int64_t i = 0; i < n; ++i) {
+      if (elided && i == kEdgeItems) {
+        items.push_back(" ...");
+        i = n - kEdgeItems - 1;
+        continue;
+      }
+      items.push_back(fmt::format("{:>{}}", cells[pos++], width));
+    }
+    const size_t per_line = std::max(1, (kLineWidth - indent - d) / (width + 2));
+    for (size_t j = 0; j < items.size(); ++j) {
+      if (j > 0) out += j % per_line == 0 ? ",\n" + margin : ", ";
+      out += items[j];
+    }
+    out += ']';
+    return;
+  }
+  const std::string separator = "," + std::string(inner_dims, '\n') + margin;
   for (int64_t i = 0; i < n; ++i) {
-    if (summarise && n > 2 * kEdgeItems && i == kEdgeItems) {
+    if (elided && i == kEdgeItems) {
       out += "..." + separator;
       i = n - kEdgeItems - 1;
       continue;
     }
-    if (inner_dims == 0) {
-      out += fmt::format("{:>{}}", cells[pos++], width);
-    } else {
-      format_dim(cells, shape, d + 1, pos, summarise, width, indent, out);
-    }
+    format_dim(cells, shape, d + 1, pos, summarise, width, indent, out);
     if (i + 1 < n) out += separator;
   }
   out += ']';
@@ -223,25 +267,16 @@ std::string Tensor::str() const {
     }
     vals = std::move(all);
   }
-  bool floating = is_floating(dtype());
-  bool int_valued = true, sci = false;
-  double maxabs = 0, minabs = INFINITY;
-  for (double v : vals) {
-    if (!std::isfinite(v)) continue;
-    if (v != std::floor(v)) int_valued = false;
-    maxabs = std::max(maxabs, std::fabs(v));
-    if (v != 0) minabs = std::min(minabs, std::fabs(v));
-  }
-  if (floating && (maxabs >= 1e8 || (!int_valued && minabs < 1e-4))) sci = true;
-  std::vector<std::string> cells;
-  int width = 0;
+  std::vector<std::string> exact;  // integer and bool elements as printed
   for (size_t i = 0; i < vals.size(); ++i) {
-    double v = vals[i];
-    cells.push_back(dtype() == DType::Bool ? (v != 0 ? "True" : "False")
-                    : !ints.empty()        ? fmt::format("{}", ints[i])
-                                           : format_value(v, floating, int_valued, sci));
-    width = std::max<int>(width, cells.back().size());
+    if (dtype() == DType::Bool) exact.push_back(vals[i] != 0 ? "True" : "False");
+    else if (!ints.empty()) exact.push_back(fmt::format("{}", ints[i]));
   }
+  const Formatter formatter(vals, exact, is_floating(dtype()));
+  std::vector<std::string> cells = exact;
+  if (formatter.floating)
+    for (double v : vals) cells.push_back(formatter.format(v));
+  const int width = formatter.width;
   std::string body;
   if (dim() == 0) {
     body = cells.empty() ? "" : cells[0];
@@ -252,7 +287,12 @@ std::string Tensor::str() const {
     format_dim(cells, shape(), 0, pos, summarise, width, 7, body);
   }
   std::string out = "tensor(" + body;
-  if (summarise || numel() == 0) out += ", shape=" + to_string(shape());
+  if (summarise) out += ", shape=" + to_string(shape());
+  if (numel() == 0 && shape() != Shape{0}) {  // PyTorch: tensor([], size=(2, 0))
+    std::string dims;
+    for (int d = 0; d < dim(); ++d) dims += fmt::format("{}{}", d ? ", " : "", shape()[d]);
+    out += fmt::format(", size=({})", dims);
+  }
   // As PyTorch: the dtype is shown unless the values imply it (float32, int64, True/False).
   if (dtype() != DType::Float32 && dtype() != DType::Int64 && dtype() != DType::Bool)
     out += fmt::format(", dtype={}", name(dtype()));

@@ -208,9 +208,28 @@ TEST_CASE("printing is close to PyTorch's repr") {
              Catch::Contains("],\n\n        ...,\n\n        [["));
   CHECK(scalar_tensor(3.0).str() == "tensor(3.)");
   CHECK(tensor({NAN, INFINITY}).str() == "tensor([nan, inf])");
+  // PyTorch 1.13's repr of each (review: the sci-mode ratio rule, widths from nonzero finite
+  // values, lines wrapped at 80 columns, ' ...' in summaries, empty sizes).
   std::string big = arange(2000, {Float32}).str();
-  CHECK_THAT(big, Catch::StartsWith("tensor([   0.,    1.,    2., ..., 1997., 1998., 1999.]"));
-  CHECK_THAT(big, Catch::Contains("shape=[2000]"));
+  CHECK_THAT(big, Catch::StartsWith("tensor([0.0000e+00, 1.0000e+00, 2.0000e+00,  ..., "
+                                    "1.9970e+03, 1.9980e+03,\n        1.9990e+03]"));
+  CHECK_THAT(big, Catch::Contains("shape=[2000]"));  // kiln adds the shape of a summary
+  CHECK(tensor({0.00012f, 10.5f}).str() == "tensor([1.2000e-04, 1.0500e+01])");
+  CHECK(tensor({1e6f, 1.f}).str() == "tensor([1.0000e+06, 1.0000e+00])");
+  CHECK(tensor({100.f, 0.5f}).str() == "tensor([100.0000,   0.5000])");
+  CHECK(tensor({NAN, 1.f, -INFINITY}).str() == "tensor([nan, 1., -inf])");
+  CHECK(tensor({-0.f, 1.f}).str() == "tensor([-0., 1.])");
+  CHECK(tensor({-1.f, 2.f, -3.f}).str() == "tensor([-1.,  2., -3.])");
+  CHECK(zeros({2}).str() == "tensor([0., 0.])");
+  CHECK(zeros({2, 0}).str() == "tensor([], size=(2, 0))");
+  CHECK(zeros({0}).str() == "tensor([])");
+  CHECK((arange(30, {Int64}) * 1000).str() ==
+        "tensor([    0,  1000,  2000,  3000,  4000,  5000,  6000,  7000,  8000,  9000,\n"
+        "        10000, 11000, 12000, 13000, 14000, 15000, 16000, 17000, 18000, 19000,\n"
+        "        20000, 21000, 22000, 23000, 24000, 25000, 26000, 27000, 28000, 29000])");
+  CHECK((arange(9, {Int32}).view({3, 3}) > 3).str() ==
+        "tensor([[False, False, False],\n        [False,  True,  True],\n"
+        "        [ True,  True,  True]])");
   CHECK(fmt::format("{}", tensor({1.f})) == "tensor([1.])");
 }
 
