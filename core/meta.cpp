@@ -62,8 +62,12 @@ InferredMeta elementwise(OpKind op, std::span<const TensorMeta> in, const OpAttr
              "mask use logical_not", name(in[0].dtype), name(in[1].dtype));
   KILN_CHECK(!(is_bool && (op == OpKind::Neg || op == OpKind::Sign)), nm, loc,
              "not supported on bool tensors (use logical_not / logical_xor)");
-  KILN_CHECK(!(is_bool && (op == OpKind::FloorDivide || op == OpKind::Remainder)), nm, loc,
-             "not supported on bool tensors");
+  // As PyTorch, which has no bool kernels for these (relu(mask) is most likely a mistake).
+  KILN_CHECK(!(is_bool && (op == OpKind::FloorDivide || op == OpKind::Remainder ||
+                           op == OpKind::Abs || op == OpKind::Relu || op == OpKind::Gelu ||
+                           op == OpKind::Silu || op == OpKind::Floor || op == OpKind::Ceil ||
+                           op == OpKind::Round || op == OpKind::Trunc || op == OpKind::Pow)),
+             nm, loc, "not supported on bool tensors; convert with .to(kiln::Float32)");
   DType out = apply_rule(op_info(op).dtype_rule, promoted);
   DType compute = op_info(op).dtype_rule == DTypeRule::ToBool ? promoted : out;
   if (op == OpKind::Add || op == OpKind::Sub) check_scalar_fits(a.alpha, compute, nm, loc);
@@ -132,6 +136,7 @@ InferredMeta normalization(OpKind op, std::span<const TensorMeta> in, const OpAt
   const char* nm = op_name(op).data();
   const TensorMeta& x = in[0];
   DType out = apply_rule(DTypeRule::ToFloat, x.dtype);
+  KILN_CHECK(x.dtype != DType::Bool, nm, loc, "not supported on bool tensors");
   if (op == OpKind::LayerNorm) {
     const Shape& ns = a.dims;
     KILN_CHECK(ns.size() >= 1, nm, loc,
@@ -446,6 +451,7 @@ InferredMeta loss(OpKind op, std::span<const TensorMeta> in, const OpAttrs& a, L
     return {in[0].dtype, {{in[0].dtype, out}}};
   }
   Shape b = broadcast_shapes(in[0].shape, in[1].shape, nm, loc);
+  KILN_CHECK(result_type(in) != DType::Bool, nm, loc, "not supported on bool tensors");
   DType t = apply_rule(DTypeRule::ToFloat, result_type(in));
   return {t, {{t, a.mode == 0 ? b : Shape{}}}};
 }

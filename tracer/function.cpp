@@ -796,7 +796,8 @@ std::vector<OutValue> CompiledFunction::call(const std::vector<ArgValue>& given,
     std::unique_lock lock(im.mu);
     // Another thread may have traced or confirmed this guard set meanwhile.
     if (im.find_entries(args) != found) continue;
-    if (unchecked) return im.trace(lock, args, invoke, loc, marked, nullptr, false, {}, entry.get());
+    if (unchecked)
+      return im.trace(lock, args, invoke, loc, marked, nullptr, false, {}, entry.get());
     return im.trace(lock, args, invoke, loc, marked, entry.get(), missing_branch, miss_reason);
   }
   return invoke();

@@ -348,7 +348,8 @@ void sum_float(const Ctx& c, bool mean) {
         if constexpr (!kFloat32) {
           sum_cols(x, rows, st, k, id, acc);
         } else {
-          double part[kStripe] = {};
+          double part[kStripe];
+          std::fill_n(part, k, 0.0);
           sum_cols(x, rows, st, k, id, part);
           for (int64_t j = 0; j < k; ++j) {
             if (!std::isfinite(part[j])) {

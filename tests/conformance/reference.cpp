@@ -194,8 +194,12 @@ Ref elementwise(OpKind k, const std::vector<Arr>& in, const OpAttrs& a) {
   if (k == OpKind::Sub && std::any_of(in.begin(), in.end(), [](const Arr& x) {
         return x.dtype == DType::Bool; }))
     return raises("bool operand");
-  if (c == DType::Bool && (k == OpKind::Neg || k == OpKind::Sign ||
-                           k == OpKind::FloorDivide || k == OpKind::Remainder))
+  // PyTorch 1.13 has no bool kernel for these ("not implemented for 'Bool'").
+  if (c == DType::Bool &&
+      (k == OpKind::Neg || k == OpKind::Sign || k == OpKind::FloorDivide ||
+       k == OpKind::Remainder || k == OpKind::Abs || k == OpKind::Relu || k == OpKind::Gelu ||
+       k == OpKind::Silu || k == OpKind::Floor || k == OpKind::Ceil || k == OpKind::Round ||
+       k == OpKind::Trunc || k == OpKind::Pow))
     return raises("not supported on bool");
   DType dt = c;
   if (info.dtype_rule == kiln::DTypeRule::ToFloat && !is_float(c)) dt = DType::Float32;
@@ -421,6 +425,7 @@ Ref normalization(OpKind k, const std::vector<Tensor>& inputs, const OpAttrs& a)
   Arr x = read(inputs[0]);
   int64_t rank = static_cast<int64_t>(x.shape.size());
   DType dt = is_float(x.dtype) ? x.dtype : DType::Float32;
+  if (x.dtype == DType::Bool) return raises("not supported on bool");
   if (k == OpKind::LayerNorm) {
     Ix ns(a.dims.begin(), a.dims.end());
     if (!is_float(x.dtype)) return raises("input must be floating point");
@@ -942,6 +947,7 @@ Ref loss(OpKind k, const std::vector<Tensor>& inputs, const OpAttrs& a) {
     Ix b;
     if (!broadcast({x.shape, t.shape}, b)) return raises("shapes do not broadcast");
     DType dt = promote({x, t});
+    if (dt == DType::Bool) return raises("not supported on bool");
     if (!is_float(dt)) dt = DType::Float32;
     std::vector<double> e;
     for_each_index(b, [&](const Ix& idx, int64_t) {

@@ -719,7 +719,7 @@ TEST_CASE("FC-32 (compile): dropping a compiled function frees what its traces h
 // The recorder sees the tracing thread's ops only: a tensor another thread computed from the
 // arguments while the function ran was taken for a constant and replayed ([3, 3] for every x).
 TEST_CASE("compile: a tensor made on another thread during the trace runs the function eagerly",
-          "[compile]") {
+          "[compile][threads]") {
   auto fn = [](const Tensor& x) {
     Tensor h = std::async(std::launch::async, [&] { return x * 2.0; }).get();
     return h + 1.0;
@@ -734,7 +734,7 @@ TEST_CASE("compile: a tensor made on another thread during the trace runs the fu
 // call of itself on another thread (this hung), and call explain(), cache_entries() or reset()
 // (these threw std::system_error: a lock taken twice).
 TEST_CASE("compile: the traced function may call itself on another thread and inspect itself",
-          "[compile]") {
+          "[compile][threads]") {
   std::function<Tensor(const Tensor&, int)> again;
   auto halves = compile([&](const Tensor& x, int depth) -> Tensor {
     if (depth == 0) return x * 2.0;
