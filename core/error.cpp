@@ -45,14 +45,20 @@ bool in_library_dir(std::string_view relative) {
 
 // A kiln header reached through another include path than the build's absolute one (`-I.`
 // gives "./nn/layers.h", a symlinked checkout another prefix): the file's path from one of the
-// library folders on names a file under kiln's root.
+// library folders on names a header under kiln's root, and is that file where the path can be
+// resolved from here. Only headers: kiln's sources are compiled with absolute paths, and a
+// user's own `myproj/nn/layers.cpp` (or a header of that name) is the user's code (review).
 bool names_library_file(std::string_view file, std::string_view root) {
+  if (!file.ends_with(".h")) return false;
   for (std::string_view dir : kLibraryDirs)
     for (size_t pos = file.find(dir); pos != std::string_view::npos; pos = file.find(dir, pos + 1))
       if (pos == 0 || file[pos - 1] == '/') {
         std::error_code ec;
-        if (std::filesystem::is_regular_file(std::string(root) + std::string(file.substr(pos)), ec))
-          return true;
+        const std::string ours = std::string(root) + std::string(file.substr(pos));
+        if (!std::filesystem::is_regular_file(ours, ec)) continue;
+        const std::string path(file);
+        if (!std::filesystem::exists(path, ec)) return true;  // relative to another directory
+        return std::filesystem::equivalent(path, ours, ec);
       }
   return false;
 }

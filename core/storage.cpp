@@ -4,6 +4,7 @@ namespace kiln {
 namespace {
 std::atomic<uint64_t> g_storage_serial{1};
 std::atomic<uint32_t> g_thread_numbers{1};
+std::atomic<uint64_t> g_write_epoch{1};
 thread_local uint32_t t_thread_number = 0;
 }  // namespace
 uint32_t StorageImpl::current_thread_number() {
@@ -16,6 +17,12 @@ StorageImpl::StorageImpl(size_t nbytes, Allocator* allocator)
       allocator_(allocator),
       serial_(g_storage_serial.fetch_add(1, std::memory_order_relaxed)),
       creator_thread_(current_thread_number()) {}
+uint64_t StorageImpl::write_epoch() { return g_write_epoch.load(std::memory_order_relaxed); }
+void StorageImpl::note_write() {
+  last_write_epoch_.store(g_write_epoch.fetch_add(1, std::memory_order_relaxed),
+                          std::memory_order_relaxed);
+  last_writer_.store(current_thread_number(), std::memory_order_relaxed);
+}
 uint64_t StorageImpl::next_serial() { return g_storage_serial.load(std::memory_order_relaxed); }
 StorageImpl::~StorageImpl() { allocator_->deallocate(data_, nbytes_); }
 }  // namespace kiln

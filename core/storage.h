@@ -39,7 +39,16 @@ class StorageImpl {
   /// Version counter shared by every view of this storage; bumped by in-place ops so that
   /// autograd can detect a saved tensor modified after it was saved.
   uint64_t version() const { return version_.load(std::memory_order_relaxed); }
-  void bump_version() { version_.fetch_add(1, std::memory_order_relaxed); }
+  void bump_version() {
+    version_.fetch_add(1, std::memory_order_relaxed);
+    note_write();
+  }
+  /// The thread (current_thread_number()) of the latest bump_version(), and write_epoch() then:
+  /// the tracer tells another thread's in-place write during a trace from the function's own.
+  uint32_t last_writer() const { return last_writer_.load(std::memory_order_relaxed); }
+  uint64_t last_write_epoch() const { return last_write_epoch_.load(std::memory_order_relaxed); }
+  /// Counts bump_version() calls process-wide.
+  static uint64_t write_epoch();
   /// Sets the counter (a storage that takes over another's role continues its count).
   void set_version(uint64_t v) { version_.store(v, std::memory_order_relaxed); }
 
@@ -88,8 +97,11 @@ class StorageImpl {
   std::atomic<bool> any_gained_{false};
   mutable std::mutex gained_mu_;
   std::vector<uint64_t> gained_;  // lineages, see gained_history_in_place
+  void note_write();
   uint64_t serial_;
   uint32_t creator_thread_;
+  std::atomic<uint32_t> last_writer_{0};
+  std::atomic<uint64_t> last_write_epoch_{0};
 };
 
 using Storage = std::shared_ptr<StorageImpl>;

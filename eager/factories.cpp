@@ -58,6 +58,7 @@ const bool g_rng_fork_handlers = [] {
 }();
 GeneratorState g_rng{67280421310721ull, 0};  // guarded by g_rng_mu
 thread_local GeneratorReseeds t_reseeds;
+thread_local DrawLog* t_draw_log = nullptr;
 
 }  // namespace
 
@@ -277,13 +278,16 @@ std::unique_lock<std::recursive_mutex> hold_generator() {
 }
 void advance_generator(uint64_t blocks) {
   std::lock_guard<std::recursive_mutex> lock(g_rng_mu);
+  if (t_draw_log) t_draw_log->push_back({g_rng.offset, blocks});
   g_rng.offset += blocks;
 }
 uint64_t reserve_random(uint64_t n) {
   std::lock_guard<std::recursive_mutex> lock(g_rng_mu);
   uint64_t at = g_rng.offset;
   g_rng.offset += philox::blocks(n);
+  if (t_draw_log) t_draw_log->push_back({at, philox::blocks(n)});
   return at;
 }
+DrawLog* set_draw_log(DrawLog* log) { return std::exchange(t_draw_log, log); }
 
 }  // namespace kiln

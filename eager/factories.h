@@ -128,5 +128,10 @@ uint64_t reserve_random(uint64_t n);
 std::unique_lock<std::recursive_mutex> hold_generator();
 /// Moves the generator's counter offset on by `blocks` Philox blocks (not a reseed).
 void advance_generator(uint64_t blocks);
+/// The counters the calling thread reserved while a log is set ({offset, blocks}, in order):
+/// a trace measures its random ops' offsets in its own thread's draws, so that another thread's
+/// draws meanwhile are not baked into the trace. Returns the previous log.
+using DrawLog = std::vector<std::pair<uint64_t, uint64_t>>;
+DrawLog* set_draw_log(DrawLog* log);
 
 }  // namespace kiln

@@ -1,6 +1,7 @@
 #include "tracer/recorder.h"
 
 #include <algorithm>
+#include <optional>
 #include <tuple>
 #include <utility>
 
@@ -79,6 +80,7 @@ Recorder::Recorder(Program& program)
     : p_(program),
       start_serial_(StorageImpl::next_serial()),
       thread_(StorageImpl::current_thread_number()),
+      write_epoch_start_(StorageImpl::write_epoch()),
       rng_start_(generator_state().offset) {}
 
 Recorder::~Recorder() { uninstall(); }
@@ -91,6 +93,7 @@ void Recorder::install() {
   prev_observer_ = set_host_read_observer(&observe_read);
   prev_raw_observer_ = set_raw_access_observer(&observe_raw_access);
   prev_current_ = std::exchange(t_current, this);
+  prev_draw_log_ = set_draw_log(&draws_);
   installed_ = true;
 }
 
@@ -100,7 +103,21 @@ void Recorder::uninstall() {
   set_host_read_observer(prev_observer_);
   set_raw_access_observer(prev_raw_observer_);
   t_current = prev_current_;
+  set_draw_log(prev_draw_log_);
   installed_ = false;
+}
+
+uint64_t Recorder::own_offset(uint64_t offset) const {
+  // The latest reservation holding `offset`: another thread's reseed may have handed out the
+  // same counters again since an earlier one.
+  uint64_t before = 0;
+  std::optional<uint64_t> found;
+  for (auto [at, blocks] : draws_) {
+    if (offset >= at && (offset < at + blocks || (blocks == 0 && offset == at)))
+      found = before + (offset - at);
+    before += blocks;
+  }
+  return found ? *found : offset - rng_start_;  // else reserved before the trace began
 }
 
 int Recorder::new_value(const Tensor& t, int source) {
@@ -255,7 +272,8 @@ void Recorder::after_kernel(const OpCall& call, const InferredMeta& meta,
     n.in.push_back(t.defined() ? lookup(t) : -1);
     n.in_required_grad.push_back(is_grad_enabled() && t.defined() && t.requires_grad());
   }
-  if (is_random(call.op)) n.rng_delta = call.attrs.offset - rng_start_;
+  // In this thread's draws: other threads' draws meanwhile are not the function's.
+  if (is_random(call.op)) n.rng_delta = own_offset(call.attrs.offset);
   n.in_place = call.op == OpKind::CopyInto || call.op == OpKind::Fill;
   if (n.in_place) {
     // The functional program gets a new value for the written tensor; older values of its
@@ -341,6 +359,18 @@ void Recorder::on_callback(const std::string& name,
 }
 
 void Recorder::finish() {
+  // Only this thread's ops are recorded: another thread's in-place write meanwhile into memory
+  // the function uses would be missing from every replay.
+  for (const Tensor& t : tensors_) {
+    const StorageImpl* s = t.defined() ? t.storage().get() : nullptr;
+    if (!s || s->last_writer() == thread_ || s->last_write_epoch() < write_epoch_start_ ||
+        !p_.foreign_thread_reason.empty())
+      continue;
+    p_.foreign_thread_reason = fmt::format(
+        "another thread wrote in place into a tensor it uses ({} {}) while it was traced; kiln "
+        "records only the calling thread's ops",
+        name(t.dtype()), to_string(t.shape()));
+  }
   // Arguments, captured tensors and .grads read at the call whose memory the function changed
   // in place (a compiled clip_grad_norm_ scales each .grad in place).
   size_t n_values = tensors_.size();
@@ -371,7 +401,8 @@ void Recorder::finish() {
     Tensor g = grad_of(leaf);
     p_.grad_assignments.push_back({lv, g.defined() ? lookup(g) : -1});
   }
-  p_.rng_consumed = generator_state().offset - rng_start_;
+  p_.rng_consumed = 0;
+  for (auto [at, blocks] : draws_) p_.rng_consumed += blocks;
 }
 
 }  // namespace kiln::tracer

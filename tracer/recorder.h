@@ -8,6 +8,7 @@
 #include <unordered_set>
 
 #include "eager/dispatch.h"
+#include "eager/factories.h"
 #include "tracer/program.h"
 
 namespace kiln::tracer {
@@ -79,7 +80,13 @@ class Recorder final : public DispatchHook {
   Program& p_;
   uint64_t start_serial_;
   uint32_t thread_;  // StorageImpl::current_thread_number() of the tracing thread
+  uint64_t write_epoch_start_;  // StorageImpl::write_epoch() when the trace began
   uint64_t rng_start_;
+  // This thread's generator reservations while installed (eager/factories.h, set_draw_log).
+  DrawLog draws_;
+  DrawLog* prev_draw_log_ = nullptr;
+  // A random op's offset `offset` counted in this thread's draws since the trace began.
+  uint64_t own_offset(uint64_t offset) const;
   bool installed_ = false;
   DispatchHook* prev_hook_ = nullptr;
   HostReadObserver prev_observer_ = nullptr;

@@ -2,6 +2,8 @@
 // by another include path that names the same file (-I. gives "./nn/layers.h").
 #include <catch2/catch.hpp>
 
+#include <filesystem>
+#include <fstream>
 #include <string>
 #include <string_view>
 
@@ -25,4 +27,13 @@ TEST_CASE("is_kiln_source_path: library files by any include path, nothing else"
   CHECK_FALSE(is_kiln_source_path("./nn/no_such_file.h"));  // not one of kiln's files
   CHECK_FALSE(is_kiln_source_path("/home/me/mynn/layers.h"));
   CHECK_FALSE(is_kiln_source_path("model.cpp"));
+  // A user's project with files of kiln's names is the user's code: a source, or a header that
+  // exists and is another file than kiln's (review: its data<T>() read was not seen, so a
+  // compiled function replayed the value it read as a constant).
+  CHECK_FALSE(is_kiln_source_path("/home/me/myproj/nn/layers.cpp"));
+  const auto dir = std::filesystem::temp_directory_path() / "kiln_error_test_project";
+  std::filesystem::create_directories(dir / "nn");
+  std::ofstream(dir / "nn" / "layers.h") << "// a user's header\n";
+  CHECK_FALSE(is_kiln_source_path((dir / "nn" / "layers.h").string()));
+  std::filesystem::remove_all(dir);
 }

@@ -2,6 +2,7 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <functional>
 #include <future>
@@ -728,6 +729,64 @@ TEST_CASE("compile: a tensor made on another thread during the trace runs the fu
   for (float v : {1.f, 2.f, 3.f, 4.f})
     CHECK(vec(cf(full({2}, v))) == std::vector<float>{2 * v + 1, 2 * v + 1});
   CHECK(contains(cf.explain(), "another thread"));
+
+  // In-place writes made on another thread: into a tensor the function made, one it computed,
+  // and one it captured (review: replays gave 3, 1, 1, 1 / 3, 3, 4, 5 / 3, 3, 3, 3).
+  Tensor buf = zeros({3});
+  std::vector<std::function<Tensor(const Tensor&)>> writers = {
+      [](const Tensor& x) {
+        Tensor h = zeros({3});
+        std::async(std::launch::async, [&] { h.copy_(x * 2.0); }).get();
+        return h + 1.0;
+      },
+      [](const Tensor& x) {
+        Tensor h = x * 1.0;
+        std::async(std::launch::async, [&] { h.mul_(2.0); }).get();
+        return h + 1.0;
+      },
+      [&](const Tensor& x) {
+        std::async(std::launch::async, [&] { buf.copy_(x * 2.0); }).get();
+        return buf + 1.0;
+      }};
+  for (auto& writer : writers) {
+    auto cw = compile(writer);
+    for (float v : {1.f, 2.f, 3.f, 4.f})
+      CHECK(vec(cw(full({3}, v))) == std::vector<float>(3, 2 * v + 1));
+    CHECK(contains(cw.explain(), "another thread wrote in place"));
+  }
+}
+
+// A trace counts its random ops' generator offsets in its own thread's draws: another
+// thread's draws (or reseed) while it ran were baked into every replay's offsets (review).
+TEST_CASE("compile: random draws on another thread during the trace leave replays as eager",
+          "[compile][threads]") {
+  std::atomic<int> phase{0};
+  auto fn = [&](const Tensor& x) {
+    Tensor a = x + rand({4});
+    if (phase == 0) {  // the trace: the other thread draws here
+      phase = 1;
+      while (phase != 2) std::this_thread::yield();
+    }
+    return a + rand({4}) * 10.0;
+  };
+  auto cf = compile(fn);
+  std::thread other([&] {
+    while (phase != 1) std::this_thread::yield();
+    for (int i = 0; i < 50; ++i) (void)rand({1000});
+    manual_seed(0);
+    phase = 2;
+  });
+  (void)cf(zeros({4}));
+  other.join();
+  for (int i = 0; i < 3; ++i) {
+    manual_seed(7);
+    std::vector<float> replay = vec(cf(zeros({4})));
+    uint64_t after_replay = generator_state().offset;
+    manual_seed(7);
+    CHECK(replay == vec(fn(zeros({4}))));
+    CHECK(after_replay == generator_state().offset);
+  }
+  CHECK(cf.compile_count() == 1);
 }
 
 // The function runs without the compiled function's lock while it is traced: it may wait for a
