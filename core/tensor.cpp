@@ -286,16 +286,33 @@ std::string Tensor::str() const {
     int64_t pos = 0;
     format_dim(cells, shape(), 0, pos, summarise, width, 7, body);
   }
-  std::string out = "tensor(" + body;
-  if (summarise) out += ", shape=" + to_string(shape());
-  if (numel() == 0 && shape() != Shape{0}) {  // PyTorch: tensor([], size=(2, 0))
+  // PyTorch's suffixes (_str_intern, _add_suffixes): an empty tensor's size unless it is 1-D,
+  // the dtype unless float32 or implied by the values (int64, True/False; an empty tensor
+  // shows those too), each on a line of its own when it would pass kLineWidth. kiln adds the
+  // shape of a summary.
+  std::vector<std::string> suffixes;
+  if (summarise) suffixes.push_back("shape=" + to_string(shape()));
+  if (numel() == 0 && dim() != 1) {
     std::string dims;
     for (int d = 0; d < dim(); ++d) dims += fmt::format("{}{}", d ? ", " : "", shape()[d]);
-    out += fmt::format(", size=({})", dims);
+    suffixes.push_back(fmt::format("size=({})", dims));
   }
-  // As PyTorch: the dtype is shown unless the values imply it (float32, int64, True/False).
-  if (dtype() != DType::Float32 && dtype() != DType::Int64 && dtype() != DType::Bool)
-    out += fmt::format(", dtype={}", name(dtype()));
+  if (dtype() != DType::Float32 &&
+      (numel() == 0 || (dtype() != DType::Int64 && dtype() != DType::Bool)))
+    suffixes.push_back(fmt::format("dtype={}", name(dtype())));
+  std::string out = "tensor(" + body;
+  const size_t newline = out.rfind('\n');  // PyTorch's count of the last line, 2 over
+  size_t last_line = newline == std::string::npos ? out.size() + 2 : out.size() - newline + 1;
+  const size_t indent = 7;  // "tensor("
+  for (const std::string& suffix : suffixes) {
+    if (last_line + suffix.size() + 2 > kLineWidth) {
+      out += ",\n" + std::string(indent, ' ') + suffix;
+      last_line = indent + suffix.size();
+    } else {
+      out += ", " + suffix;
+      last_line += suffix.size() + 2;
+    }
+  }
   return out + ")";
 }
 

@@ -10,6 +10,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "core/dtype.h"
@@ -101,10 +102,13 @@ class Tensor {
   uint64_t version() const { return checked()->storage->version(); }
   void bump_version() const { checked()->storage->bump_version(); }
 
-  /// The value of a one-element tensor as T. Throws kiln::Error if numel() != 1 or the tensor
-  /// is not on the cpu ("tensor is on cuda:0; call .cpu() first"; likewise to_vector()).
+  /// The value of a one-element tensor as T (bool, int32_t, int64_t, float or double).
+  /// Throws kiln::Error if numel() != 1, if the tensor is not on the cpu ("tensor is on cuda:0;
+  /// call .cpu() first"; likewise to_vector()), or if T cannot hold the value (NaN or a value
+  /// out of range into an integer, an int64 out of int32's range, a double past float's
+  /// largest), as PyTorch's checked item<T>().
   template <class T> T item(Loc loc = Loc::current()) const;
-  /// Copies the elements (in logical row-major order) into a vector of T, converting.
+  /// Copies the elements (in logical row-major order) into a vector of T, converting as item().
   template <class T> std::vector<T> to_vector(Loc loc = Loc::current()) const;
 
   // ---- op methods (defined in eager/) ----

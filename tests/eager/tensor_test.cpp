@@ -223,6 +223,11 @@ TEST_CASE("printing is close to PyTorch's repr") {
   CHECK(zeros({2}).str() == "tensor([0., 0.])");
   CHECK(zeros({2, 0}).str() == "tensor([], size=(2, 0))");
   CHECK(zeros({0}).str() == "tensor([])");
+  // An empty tensor has no values to imply int64 or bool; a suffix past 80 columns wraps.
+  CHECK(zeros({0, 3}, {Int64}).str() == "tensor([], size=(0, 3), dtype=int64)");
+  CHECK(zeros({0}, {Bool}).str() == "tensor([], dtype=bool)");
+  CHECK_THAT((arange(20, {Float64}) * -12345.678).reshape({1, 20}).str(),
+             Catch::EndsWith("-222222.2040, -234567.8820]],\n       dtype=float64)"));
   CHECK((arange(30, {Int64}) * 1000).str() ==
         "tensor([    0,  1000,  2000,  3000,  4000,  5000,  6000,  7000,  8000,  9000,\n"
         "        10000, 11000, 12000, 13000, 14000, 15000, 16000, 17000, 18000, 19000,\n"
