@@ -19,9 +19,13 @@ StorageImpl::StorageImpl(size_t nbytes, Allocator* allocator)
       creator_thread_(current_thread_number()) {}
 uint64_t StorageImpl::write_epoch() { return g_write_epoch.load(std::memory_order_relaxed); }
 void StorageImpl::note_write() {
-  last_write_epoch_.store(g_write_epoch.fetch_add(1, std::memory_order_relaxed),
-                          std::memory_order_relaxed);
-  last_writer_.store(current_thread_number(), std::memory_order_relaxed);
+  const uint32_t me = current_thread_number();
+  const uint64_t epoch = g_write_epoch.fetch_add(1, std::memory_order_relaxed);
+  // Another thread wrote last: its write becomes the latest one not by this thread.
+  if (last_writer_.exchange(me, std::memory_order_relaxed) != me)
+    other_write_epoch_.store(last_write_epoch_.load(std::memory_order_relaxed),
+                             std::memory_order_relaxed);
+  last_write_epoch_.store(epoch, std::memory_order_relaxed);
 }
 uint64_t StorageImpl::next_serial() { return g_storage_serial.load(std::memory_order_relaxed); }
 StorageImpl::~StorageImpl() { allocator_->deallocate(data_, nbytes_); }

@@ -43,10 +43,14 @@ class StorageImpl {
     version_.fetch_add(1, std::memory_order_relaxed);
     note_write();
   }
-  /// The thread (current_thread_number()) of the latest bump_version(), and write_epoch() then:
-  /// the tracer tells another thread's in-place write during a trace from the function's own.
-  uint32_t last_writer() const { return last_writer_.load(std::memory_order_relaxed); }
-  uint64_t last_write_epoch() const { return last_write_epoch_.load(std::memory_order_relaxed); }
+  /// write_epoch() at the latest bump_version() by a thread other than `thread`
+  /// (current_thread_number()), or 0: the tracer tells another thread's in-place write during
+  /// a trace from the function's own, even when the function wrote the memory after it.
+  uint64_t last_write_epoch_not_by(uint32_t thread) const {
+    return last_writer_.load(std::memory_order_relaxed) == thread
+               ? other_write_epoch_.load(std::memory_order_relaxed)
+               : last_write_epoch_.load(std::memory_order_relaxed);
+  }
   /// Counts bump_version() calls process-wide.
   static uint64_t write_epoch();
   /// Sets the counter (a storage that takes over another's role continues its count).
@@ -100,8 +104,11 @@ class StorageImpl {
   void note_write();
   uint64_t serial_;
   uint32_t creator_thread_;
+  // The latest writer thread and its epoch, and the latest epoch of a write by any other
+  // thread: enough to answer last_write_epoch_not_by() for every thread.
   std::atomic<uint32_t> last_writer_{0};
   std::atomic<uint64_t> last_write_epoch_{0};
+  std::atomic<uint64_t> other_write_epoch_{0};
 };
 
 using Storage = std::shared_ptr<StorageImpl>;

@@ -288,8 +288,8 @@ std::string Tensor::str() const {
   }
   // PyTorch's suffixes (_str_intern, _add_suffixes): an empty tensor's size unless it is 1-D,
   // the dtype unless float32 or implied by the values (int64, True/False; an empty tensor
-  // shows those too), each on a line of its own when it would pass kLineWidth. kiln adds the
-  // shape of a summary.
+  // shows those too), the autograd state, each on a line of its own when it would pass
+  // kLineWidth. kiln adds the shape of a summary.
   std::vector<std::string> suffixes;
   if (summarise) suffixes.push_back("shape=" + to_string(shape()));
   if (numel() == 0 && dim() != 1) {
@@ -300,6 +300,10 @@ std::string Tensor::str() const {
   if (dtype() != DType::Float32 &&
       (numel() == 0 || (dtype() != DType::Int64 && dtype() != DType::Bool)))
     suffixes.push_back(fmt::format("dtype={}", name(dtype())));
+  if (impl()->autograd) {
+    std::string autograd = impl()->autograd->repr_suffix();
+    if (!autograd.empty()) suffixes.push_back(std::move(autograd));
+  }
   std::string out = "tensor(" + body;
   const size_t newline = out.rfind('\n');  // PyTorch's count of the last line, 2 over
   size_t last_line = newline == std::string::npos ? out.size() + 2 : out.size() - newline + 1;

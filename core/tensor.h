@@ -24,6 +24,9 @@ namespace kiln {
 /// Autograd state attached to a tensor; defined by eager/ (core only holds the pointer).
 struct AutogradMeta {
   virtual ~AutogradMeta() = default;
+  /// What a printed tensor shows of its autograd state ("grad_fn=<MulBackward>",
+  /// "requires_grad=True"), or "" (eager/ fills it in; core knows no autograd).
+  virtual std::string repr_suffix() const { return ""; }
 };
 
 struct TensorImpl {

@@ -117,6 +117,12 @@ struct Meta final : AutogradMeta {
   /// A view made under no_grad of a tensor that requires grad (or a view of such a view):
   /// writing it in place with grad mode on would change that tensor behind autograd's back.
   bool no_grad_view_of_grad_tensor = false;
+
+  /// PyTorch's repr: the grad_fn of a non-leaf, else requires_grad=True on a leaf asking.
+  std::string repr_suffix() const override {
+    if (grad_fn) return "grad_fn=<" + grad_fn->name() + ">";
+    return requires_grad ? "requires_grad=True" : "";
+  }
 };
 
 /// The tensor's autograd Meta, or nullptr.

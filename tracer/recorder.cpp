@@ -363,7 +363,7 @@ void Recorder::finish() {
   // the function uses would be missing from every replay.
   for (const Tensor& t : tensors_) {
     const StorageImpl* s = t.defined() ? t.storage().get() : nullptr;
-    if (!s || s->last_writer() == thread_ || s->last_write_epoch() < write_epoch_start_ ||
+    if (!s || s->last_write_epoch_not_by(thread_) < write_epoch_start_ ||
         !p_.foreign_thread_reason.empty())
       continue;
     p_.foreign_thread_reason = fmt::format(

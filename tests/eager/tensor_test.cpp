@@ -236,6 +236,13 @@ TEST_CASE("printing is close to PyTorch's repr") {
         "tensor([[False, False, False],\n        [False,  True,  True],\n"
         "        [ True,  True,  True]])");
   CHECK(fmt::format("{}", tensor({1.f})) == "tensor([1.])");
+  // The autograd state, as PyTorch's repr shows it (review).
+  Tensor leaf = tensor({1.f, 2.f}).requires_grad_();
+  CHECK(leaf.str() == "tensor([1., 2.], requires_grad=True)");
+  CHECK((leaf * 2).str() == "tensor([2., 4.], grad_fn=<MulBackward>)");
+  CHECK(leaf.detach().str() == "tensor([1., 2.])");
+  CHECK(tensor({1.0, 2.0}, {Float64}).requires_grad_().str() ==
+        "tensor([1., 2.], dtype=float64, requires_grad=True)");
 }
 
 TEST_CASE("errors name the op, the shapes and the caller's line") {

@@ -747,6 +747,14 @@ TEST_CASE("compile: a tensor made on another thread during the trace runs the fu
       [&](const Tensor& x) {
         std::async(std::launch::async, [&] { buf.copy_(x * 2.0); }).get();
         return buf + 1.0;
+      },
+      // The function's own write after the other thread's hid it (the storage remembered
+      // only its last writer): replays gave 3, 3, 3, 3.
+      [](const Tensor& x) {
+        Tensor h = x * 1.0;
+        std::async(std::launch::async, [&] { h.mul_(2.0); }).get();
+        h.add_(0.5);
+        return h + 0.5;
       }};
   for (auto& writer : writers) {
     auto cw = compile(writer);
