@@ -43,7 +43,7 @@ class StorageImpl {
     version_.fetch_add(1, std::memory_order_relaxed);
     note_write();
   }
-  /// write_epoch() at the latest bump_version() by a thread other than `thread`
+  /// The write epoch at the latest bump_version() by a thread other than `thread`
   /// (current_thread_number()), or 0: the tracer tells another thread's in-place write during
   /// a trace from the function's own, even when the function wrote the memory after it.
   uint64_t last_write_epoch_not_by(uint32_t thread) const {
@@ -51,8 +51,10 @@ class StorageImpl {
                ? other_write_epoch_.load(std::memory_order_relaxed)
                : last_write_epoch_.load(std::memory_order_relaxed);
   }
-  /// Counts bump_version() calls process-wide.
-  static uint64_t write_epoch();
+  /// Starts a new write epoch and returns it: writes from then on are stamped with it or a
+  /// later one (a trace starts one, then asks which writes are not its own). Writes only read
+  /// the counter, so in-place ops on many threads do not contend for it.
+  static uint64_t begin_write_epoch();
   /// Sets the counter (a storage that takes over another's role continues its count).
   void set_version(uint64_t v) { version_.store(v, std::memory_order_relaxed); }
 

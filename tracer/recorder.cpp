@@ -80,7 +80,7 @@ Recorder::Recorder(Program& program)
     : p_(program),
       start_serial_(StorageImpl::next_serial()),
       thread_(StorageImpl::current_thread_number()),
-      write_epoch_start_(StorageImpl::write_epoch()),
+      write_epoch_start_(StorageImpl::begin_write_epoch()),
       rng_start_(generator_state().offset) {}
 
 Recorder::~Recorder() { uninstall(); }

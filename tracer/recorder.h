@@ -80,7 +80,7 @@ class Recorder final : public DispatchHook {
   Program& p_;
   uint64_t start_serial_;
   uint32_t thread_;  // StorageImpl::current_thread_number() of the tracing thread
-  uint64_t write_epoch_start_;  // StorageImpl::write_epoch() when the trace began
+  uint64_t write_epoch_start_;  // StorageImpl::begin_write_epoch() when the trace began
   uint64_t rng_start_;
   // This thread's generator reservations while installed (eager/factories.h, set_draw_log).
   DrawLog draws_;
