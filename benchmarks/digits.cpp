@@ -80,7 +80,10 @@ Dataset load_digits() {
   std::string path = data_path();
   if (!std::filesystem::exists(path))
     throw Skipped(fmt::format("{} not found (set KILN_DATA_DIR to its directory)", path));
-  std::string cmd = "gzip -dc '" + path + "'";
+  // Quoted for the shell: a ' in the path closes the quote, is escaped, and reopens it.
+  std::string quoted = "'";
+  for (char c : path) quoted += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  std::string cmd = "gzip -dc " + quoted + "'";
   std::FILE* p = ::popen(cmd.c_str(), "r");
   if (!p) throw Skipped("cannot run gzip: " + cmd);
   Dataset d;

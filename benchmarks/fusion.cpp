@@ -168,6 +168,7 @@ void check_line(std::string_view what, const Record* x, const Record* ref, doubl
 }
 
 void summary(std::span<const Record> records) {
+  if (!suite_ran(records, kSuite)) return;
   auto find = [&](std::string_view name, Mode mode) {
     return find_record(records, kSuite, name, mode);
   };

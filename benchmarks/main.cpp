@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -77,8 +78,9 @@ Args parse_args(int argc, char** argv) {
       std::string v = value();
       char* end = nullptr;
       long n = std::strtol(v.c_str(), &end, 10);
-      if (v.empty() || *end != '\0' || n < 1 || n > 1024)
-        usage_error(fmt::format("--threads wants an integer from 1 to 1024, got '{}'", v));
+      if (v.empty() || *end != '\0' || n < 1 || n > kiln::cpu::kMaxThreads)
+        usage_error(fmt::format("--threads wants an integer from 1 to {}, got '{}'",
+                                kiln::cpu::kMaxThreads, v));
       args.threads = static_cast<int>(n);
     } else if (a.starts_with("-")) {
       usage_error(fmt::format("unknown option '{}'", a));
@@ -212,24 +214,13 @@ int main(int argc, char** argv) {
                  known_suites());
       return 2;
     }
+    // A suite named twice runs once: its summary and JSON keys name each case once.
+    if (std::find(selected.begin(), selected.end(), s) != selected.end()) {
+      fmt::print(stderr, "kiln-bench: suite '{}' is named twice; it runs once\n", name);
+      continue;
+    }
     selected.push_back(s);
   }
-
-  // A --json file that cannot be written fails now, not after the whole run.
-  if (!args.json_path.empty()) {
-    std::FILE* f = std::fopen(args.json_path.c_str(), "a");
-    if (!f) {
-      fmt::print(stderr, "kiln-bench: cannot write --json file '{}': {}\n", args.json_path,
-                 std::strerror(errno));
-      return 2;
-    }
-    std::fclose(f);
-  }
-  if (args.threads > 0) kiln::cpu::set_num_threads(args.threads);
-  kb::RunConfig config{args.quick, kiln::cpu::num_threads()};
-  fmt::print("kiln-bench: {} thread(s) of {} hardware, {}; CPU: {}\n", config.threads,
-             std::thread::hardware_concurrency(), args.quick ? "quick" : "full repetitions",
-             kb::cpu_description());
 
   // Build every case list first: the table's columns fit the longest name.
   std::vector<std::vector<kb::Case>> cases;
@@ -250,6 +241,25 @@ int main(int argc, char** argv) {
                fmt::join(args.suites, ", "), args.filter);
     return 2;
   }
+
+  // A --json file that cannot be written fails now, not after the whole run (and a file that
+  // was not there is not left behind, empty, by this check).
+  if (!args.json_path.empty()) {
+    const bool existed = std::filesystem::exists(args.json_path);
+    std::FILE* f = std::fopen(args.json_path.c_str(), "a");
+    if (!f) {
+      fmt::print(stderr, "kiln-bench: cannot write --json file '{}': {}\n", args.json_path,
+                 std::strerror(errno));
+      return 2;
+    }
+    std::fclose(f);
+    if (!existed) std::filesystem::remove(args.json_path);
+  }
+  if (args.threads > 0) kiln::cpu::set_num_threads(args.threads);
+  kb::RunConfig config{args.quick, kiln::cpu::num_threads()};
+  fmt::print("kiln-bench: {} thread(s) of {} hardware, {}; CPU: {}\n", config.threads,
+             std::thread::hardware_concurrency(), args.quick ? "quick" : "full repetitions",
+             kb::cpu_description());
 
   std::vector<kb::Record> records;
   print_header(widths);

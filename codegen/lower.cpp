@@ -1264,11 +1264,6 @@ struct LowerMatmul : mlir::OpRewritePattern<kiln::dialect::MatmulOp> {
     bool use_bias = true;
     if (auto f = llvm::dyn_cast_or_null<mlir::FloatAttr>(beta_attr)) use_bias = f.getValueAsDouble() != 0;
     if (auto i = llvm::dyn_cast_or_null<mlir::IntegerAttr>(beta_attr)) use_bias = !i.getValue().isZero();
-    // alpha == 0: the product is not read (BLAS's rule; eager's kernel), so NaN or inf in the
-    // matrices does not reach the result.
-    bool use_mm = true;
-    if (auto f = llvm::dyn_cast_or_null<mlir::FloatAttr>(alpha_attr)) use_mm = f.getValueAsDouble() != 0;
-    if (auto i = llvm::dyn_cast_or_null<mlir::IntegerAttr>(alpha_attr)) use_mm = !i.getValue().isZero();
     auto unit = [](mlir::Attribute a) {
       if (!a) return true;  // alpha/beta default to 1
       if (auto f = llvm::dyn_cast<mlir::FloatAttr>(a)) return f.getValueAsDouble() == 1.0;
@@ -1292,14 +1287,9 @@ struct LowerMatmul : mlir::OpRewritePattern<kiln::dialect::MatmulOp> {
           }
           mlir::Value alpha = scalar_constant(bb, l, alpha_attr, t);
           mlir::Value beta = scalar_constant(bb, l, beta_attr, t);
-          if (!use_mm) {
-            if (!use_bias)
-              r = mlir::arith::ConstantOp::create(bb, l, llvm::cast<mlir::TypedAttr>(bb.getZeroAttr(t)));
-            else if (llvm::isa<mlir::FloatType>(t))
-              r = mlir::arith::MulFOp::create(bb, l, beta, c);
-            else
-              r = mlir::arith::MulIOp::create(bb, l, beta, c);
-          } else if (auto ft = llvm::dyn_cast<mlir::FloatType>(t)) {
+          // alpha == 0 still multiplies the product, as PyTorch: its NaN and inf reach the
+          // result.
+          if (auto ft = llvm::dyn_cast<mlir::FloatType>(t)) {
             IrScope scope(bb, l, ft);
             IrFloat p = IrFloat(alpha) * IrFloat(args[1]);
             // fma, as BLAS applies beta: beta * bias must not overflow on its own (the

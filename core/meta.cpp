@@ -229,9 +229,8 @@ InferredMeta view(OpKind op, std::span<const TensorMeta> in, const OpAttrs& a, L
     }
     case OpKind::Transpose: {
       out = s;
-      if (r == 0) break;
       int d0 = wrap_dim(a.dim, r, nm, loc), d1 = wrap_dim(a.dim1, r, nm, loc);
-      std::swap(out[d0], out[d1]);
+      if (r) std::swap(out[d0], out[d1]);  // a 0-d tensor takes dims 0 and -1, as in PyTorch
       break;
     }
     case OpKind::Permute: {
@@ -289,7 +288,7 @@ InferredMeta view(OpKind op, std::span<const TensorMeta> in, const OpAttrs& a, L
       break;
     }
     case OpKind::Squeeze: {
-      int d = a.all_dims ? -1 : (r ? wrap_dim(a.dim, r, nm, loc) : -1);
+      int d = a.all_dims ? -1 : wrap_dim(a.dim, r, nm, loc);
       for (int i = 0; i < r; ++i)
         if (!(s[i] == 1 && (a.all_dims || i == d))) out.push_back(s[i]);
       break;

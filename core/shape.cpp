@@ -72,7 +72,8 @@ void check_shape(const Shape& s, size_t itemsize, const char* op, std::source_lo
 int wrap_dim(int64_t dim, int rank, const char* op, std::source_location loc) {
   int64_t r = std::max(rank, 1);  // a 0-d tensor accepts dim 0 and -1, like PyTorch
   if (dim < -r || dim >= r)
-    throw Error(op, fmt::format("dim {} out of range for a tensor of rank {}", dim, rank), loc);
+    throw Error(op, fmt::format("dim {} out of range: expected one in [{}, {}]", dim, -r, r - 1),
+                loc);
   return static_cast<int>(dim < 0 ? dim + r : dim);
 }
 

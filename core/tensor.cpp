@@ -181,6 +181,7 @@ struct Formatter {
         width = std::max<int>(width, format(v).size());
   }
   std::string format(double v) const {
+    if (std::isnan(v)) return "nan";  // a NaN's sign bit is not shown (fmt would say -nan)
     if (sci) return fmt::format("{:.4e}", v);
     if (int_mode) return std::isfinite(v) ? fmt::format("{:.0f}.", v) : fmt::format("{}", v);
     return fmt::format("{:.4f}", v);

@@ -152,18 +152,6 @@ class Tensor {
   Tensor sum(const Dims& dims, bool keepdim = false, Loc loc = Loc::current()) const;
   Tensor mean(Loc loc = Loc::current()) const;
   Tensor mean(const Dims& dims, bool keepdim = false, Loc loc = Loc::current()) const;
-  /// x.sum(1), x.mean(-1): one dim, as in PyTorch (a template, so that x.sum({}) still means
-  /// every dim: a braced list never deduces an integer).
-  template <std::integral I>
-    requires(!std::same_as<I, bool>)
-  Tensor sum(I dim, bool keepdim = false, Loc loc = Loc::current()) const {
-    return sum(Dims{static_cast<int64_t>(dim)}, keepdim, loc);
-  }
-  template <std::integral I>
-    requires(!std::same_as<I, bool>)
-  Tensor mean(I dim, bool keepdim = false, Loc loc = Loc::current()) const {
-    return mean(Dims{static_cast<int64_t>(dim)}, keepdim, loc);
-  }
   Tensor matmul(const Tensor& other, Loc loc = Loc::current()) const;
   /// Entries of `index` (int32/int64, 0-d or 1-D) along `dim`; see kiln::index_select.
   Tensor index_select(int64_t dim, const Tensor& index, Loc loc = Loc::current()) const;
@@ -187,21 +175,6 @@ class Tensor {
   Tensor amax(const Dims& dims = {}, bool keepdim = false, Loc loc = Loc::current()) const;
   Tensor amin(const Dims& dims = {}, bool keepdim = false, Loc loc = Loc::current()) const;
   Tensor prod(const Dims& dims = {}, bool keepdim = false, Loc loc = Loc::current()) const;
-  template <std::integral I>
-    requires(!std::same_as<I, bool>)
-  Tensor amax(I dim, bool keepdim = false, Loc loc = Loc::current()) const {
-    return amax(Dims{static_cast<int64_t>(dim)}, keepdim, loc);
-  }
-  template <std::integral I>
-    requires(!std::same_as<I, bool>)
-  Tensor amin(I dim, bool keepdim = false, Loc loc = Loc::current()) const {
-    return amin(Dims{static_cast<int64_t>(dim)}, keepdim, loc);
-  }
-  template <std::integral I>
-    requires(!std::same_as<I, bool>)
-  Tensor prod(I dim, bool keepdim = false, Loc loc = Loc::current()) const {
-    return prod(Dims{static_cast<int64_t>(dim)}, keepdim, loc);
-  }
   /// x.var(), x.std({0, 1}, 0), x.var(1): see kiln::var (correction 1 by default).
   Tensor var(const Dims& dims = {}, int64_t correction = 1, bool keepdim = false,
              Loc loc = Loc::current()) const;
@@ -222,6 +195,23 @@ class Tensor {
   Tensor logsumexp(const Dims& dims, bool keepdim = false, Loc loc = Loc::current()) const;
   Tensor all(const Dims& dims = {}, bool keepdim = false, Loc loc = Loc::current()) const;
   Tensor any(const Dims& dims = {}, bool keepdim = false, Loc loc = Loc::current()) const;
+  /// x.sum(1), x.mean(-1), x.all(1): one dim, as in PyTorch (a template, so that x.sum({})
+  /// still means every dim: a braced list never deduces an integer).
+#define KILN_ONE_DIM_METHOD(op)                                          \
+  template <std::integral I>                                                \
+    requires(!std::same_as<I, bool>)                                        \
+  Tensor op(I dim, bool keepdim = false, Loc loc = Loc::current()) const {  \
+    return op(Dims{static_cast<int64_t>(dim)}, keepdim, loc);               \
+  }
+  KILN_ONE_DIM_METHOD(sum)
+  KILN_ONE_DIM_METHOD(mean)
+  KILN_ONE_DIM_METHOD(amax)
+  KILN_ONE_DIM_METHOD(amin)
+  KILN_ONE_DIM_METHOD(prod)
+  KILN_ONE_DIM_METHOD(logsumexp)
+  KILN_ONE_DIM_METHOD(all)
+  KILN_ONE_DIM_METHOD(any)
+#undef KILN_ONE_DIM_METHOD
   /// x.max(), x.min(): the largest / smallest element (kiln::max(x)); x.max(1) gives
   /// `auto [values, indices]` along dim 1 (kiln::max(x, 1)).
   Tensor max(Loc loc = Loc::current()) const;

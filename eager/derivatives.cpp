@@ -223,10 +223,24 @@ std::vector<Tensor> reduction(const BackwardContext& c, const Tensor& g) {
       Tensor x_or_1 = where(zero, 1.0, x);
       Tensor zeros_in_slice = sum(zero.to(x.dtype()), dims, true);
       Tensor p = prod(x_or_1, dims, true);
-      Tensor other_zero = sum(where(zero, x, 0.0), dims, true) - x;
+      Tensor zeros_sum = sum(where(zero, x, 0.0), dims, true);
+      Tensor other_zero = zeros_sum - x;
       Tensor at_zero = where(eq(zeros_in_slice, 1.0), p,
                              where(eq(zeros_in_slice, 2.0), other_zero * p, 0.0));
-      return {ge_ * where(zero, at_zero, expand_back(y, in.shape, c.attrs) / x_or_1)};
+      // A non-zero element of a slice with zeros: its Π_{j≠i} holds a zero, so it is 0, or NaN
+      // when another element is inf or NaN (PyTorch's exclusive products). y / x_i is not: y
+      // is NaN when an inf or an overflowing product meets the zero. With one zero, (the zero)
+      // · (the others' product) keeps the second derivative towards it.
+      Tensor nonfinite = logical_not(isfinite(x));
+      Tensor other_nonfinite =
+          gt(sum(nonfinite.to(x.dtype()), dims, true) - nonfinite.to(x.dtype()), 0.0);
+      Tensor others = p / x_or_1;
+      Tensor beside_zero =
+          where(eq(zeros_in_slice, 1.0),
+                zeros_sum * where(isfinite(others), others, 0.0), 0.0);
+      beside_zero = where(other_nonfinite, NAN, beside_zero);
+      Tensor no_zero = expand_back(y, in.shape, c.attrs) / x_or_1;
+      return {ge_ * where(zero, at_zero, where(gt(zeros_in_slice, 0.0), beside_zero, no_zero))};
     }
     case K::Amax:
     case K::Amin: {

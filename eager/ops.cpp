@@ -107,7 +107,6 @@ KILN_BINARY(mul, Mul)
 KILN_BINARY(div, Div)
 KILN_BINARY(floor_divide, FloorDivide)
 KILN_BINARY(remainder, Remainder)
-KILN_BINARY(pow, Pow)
 KILN_BINARY(eq, Eq)
 KILN_BINARY(ne, Ne)
 KILN_BINARY(lt, Lt)
@@ -115,6 +114,16 @@ KILN_BINARY(le, Le)
 KILN_BINARY(gt, Gt)
 KILN_BINARY(ge, Ge)
 #undef KILN_BINARY
+Tensor pow(const Tensor& a, const Tensor& b, Loc loc) { return binary(OpKind::Pow, a, b, loc); }
+Tensor pow(const Tensor& a, Scalar b, Loc loc) {
+  // PyTorch's pow with a number exponent computes 0.5 and -0.5 as sqrt and rsqrt: pow(-inf,
+  // 0.5) is nan and pow(-0, 0.5) is -0 there, where C's pow gives inf and 0.
+  if (b.is_floating() && a.defined() && is_floating(a.dtype())) {
+    if (b.to<double>() == 0.5) return sqrt(a, loc);
+    if (b.to<double>() == -0.5) return rsqrt(a, loc);
+  }
+  return binary(OpKind::Pow, a, wrap(b), loc);
+}
 #define KILN_BINARY_T(fn, Kind) \
   Tensor fn(const Tensor& a, const Tensor& b, Loc loc) { return binary(OpKind::Kind, a, b, loc); }
 KILN_BINARY_T(maximum, Maximum)
@@ -365,8 +374,12 @@ std::vector<Tensor> split(const Tensor& x, const std::vector<int64_t>& sizes, in
   return out;
 }
 std::vector<Tensor> split(const Tensor& x, int64_t size, int64_t dim, Loc loc) {
-  KILN_CHECK(size > 0, "split", loc, "split size must be positive, got {}", size);
+  KILN_CHECK(x.dim() > 0, "split", loc, "a 0-d tensor cannot be split");
   int d = wrap_dim(dim, x.dim(), "split", loc);
+  // PyTorch allows size 0 for an empty dim only (one empty piece).
+  KILN_CHECK(size > 0 || (size == 0 && x.size(d) == 0), "split", loc,
+             "split size must be positive (or 0 for an empty dim), got {} for dim {} of size {}",
+             size, d, x.size(d));
   std::vector<int64_t> sizes;
   for (int64_t at = 0; at < x.size(d); at += size) sizes.push_back(std::min(size, x.size(d) - at));
   if (sizes.empty()) sizes.push_back(0);

@@ -140,8 +140,8 @@ Tensor Tensor::unsqueeze(int64_t dim, Loc loc) const {
 }
 Tensor Tensor::flatten(int64_t start, int64_t end, Loc loc) const {
   KILN_CHECK(defined(), "flatten", loc, "tensor is undefined");
-  if (dim() == 0) return reshape({1}, loc);
   int s = wrap_dim(start, dim(), "flatten", loc), e = wrap_dim(end, dim(), "flatten", loc);
+  if (dim() == 0) return reshape({1}, loc);
   KILN_CHECK(s <= e, "flatten", loc, "start dim {} is after end dim {}", s, e);
   Shape out;
   for (int i = 0; i < s; ++i) out.push_back(shape()[i]);

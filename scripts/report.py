@@ -32,9 +32,16 @@ def speedup(eager, compiled):
     return eager["value"] / compiled["value"]
 
 
+def cell(record):
+    """A record's figure, or why it has none: skipped (no GPU, no data) or failed."""
+    if record is None:
+        return ""
+    if record["value"] is None:
+        return record.get("status", "failed")
+    return fmt(record["value"])
+
+
 def fmt(v):
-    if v is None:
-        return "failed"
     if abs(v) >= 100:
         return f"{v:,.0f}"
     if abs(v) >= 1:
@@ -72,8 +79,7 @@ def main():
             sp = speedup(e, c) if unit not in ("percent", "relative") else None
             if sp is not None:  # speeds only
                 bars.append((f"{suite}/{case}", sp))
-            lines.append(f"| {case} | {unit} | {fmt(e['value']) if e else ''} | "
-                         f"{fmt(c['value']) if c else ''} | {fmt(other['value']) if other else ''} | "
+            lines.append(f"| {case} | {unit} | {cell(e)} | {cell(c)} | {cell(other)} | "
                          f"{f'{sp:.2f}x' if sp is not None else ''} |")
         lines.append("")
 

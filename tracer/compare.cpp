@@ -43,29 +43,52 @@ std::vector<ArgValue> fresh_copies(const std::vector<ArgValue>& args) {
       for (Tensor& t : a.list)
         if (t.defined()) tensors.push_back(&t);
   }
-  // Arguments that share memory (one tensor passed twice, x with x.t()) are copied as one
-  // storage, so a write through one shows through the others as it does in the call. A non-leaf
-  // that requires grad is copied alone (below), to stay attached to the caller's graph.
-  std::unordered_map<const StorageImpl*, int> sharing;
-  for (Tensor* t : tensors) ++sharing[t->storage().get()];
-  std::unordered_map<const StorageImpl*, Tensor> storage_copy;
+  // Each argument's memory is copied with its layout (strides, offset, a 0 stride of expand),
+  // so the function sees what it sees in the call: view() of a transposed argument fails,
+  // in-place writes into an expanded one raise. Arguments that share memory (one tensor passed
+  // twice, x with x.t()) are views of one copy of the span they cover, so a write through one
+  // shows through the others. A non-leaf that requires grad is copied alone (below), to stay
+  // attached to the caller's graph.
+  auto copied_with_layout = [](const Tensor& t) { return !(t.requires_grad() && !t.is_leaf()); };
+  std::unordered_map<const StorageImpl*, std::pair<int64_t, int64_t>> spans;  // [lo, hi)
+  for (Tensor* t : tensors) {
+    if (!copied_with_layout(*t)) continue;
+    int64_t lo = t->offset(), hi = t->offset() + (t->numel() > 0);
+    if (t->numel() > 0)
+      for (int d = 0; d < t->dim(); ++d) {
+        int64_t reach = (t->size(d) - 1) * t->stride(d);
+        (reach < 0 ? lo : hi) += reach;
+      }
+    auto [it, fresh] = spans.try_emplace(t->storage().get(), lo, hi);
+    if (!fresh) it->second = {std::min(it->second.first, lo), std::max(it->second.second, hi)};
+  }
+  std::unordered_map<const StorageImpl*, Tensor> span_copy;
   for (Tensor* t : tensors) {
     const bool rg = t->requires_grad(), leaf = t->is_leaf();
-    if (sharing[t->storage().get()] > 1 && !(rg && !leaf)) {
-      Tensor& whole = storage_copy[t->storage().get()];
-      if (!whole.defined()) whole = untraced([&] { return whole_storage(*t).clone(); });
+    if (copied_with_layout(*t)) {
+      const auto [lo, hi] = spans[t->storage().get()];
+      Tensor& copy = span_copy[t->storage().get()];
+      if (!copy.defined()) {
+        auto span = std::make_shared<TensorImpl>();
+        span->storage = t->storage();
+        span->dtype = t->dtype();
+        span->shape = {hi - lo};
+        span->strides = {1};
+        span->offset = lo;
+        copy = untraced([&] { return Tensor(std::move(span)).clone(); });
+      }
       auto impl = std::make_shared<TensorImpl>();
-      impl->storage = whole.storage();
+      impl->storage = copy.storage();
       impl->dtype = t->dtype();
       impl->shape = t->shape();
       impl->strides = t->strides();
-      impl->offset = t->offset();
-      impl->base = whole.impl_ptr();
+      impl->offset = t->offset() - lo;
+      impl->base = copy.impl_ptr();
       *t = Tensor(std::move(impl));
     } else {
       // A copy of a non-leaf that requires grad stays one (clone() keeps it attached to the
       // caller's graph), so the copy allows in-place ops exactly when the argument does.
-      *t = untraced([&] { return rg && !leaf ? t->clone() : t->detach().clone(); });
+      *t = untraced([&] { return t->clone(); });
     }
     if (rg && leaf) t->requires_grad_(true);
   }
@@ -213,6 +236,7 @@ CompareReport compare_runs(
     begin = end;
   }
   for (size_t k = 0; k < prog->outputs.size(); ++k) {
+    if (k < eager_outs.size() && eager_outs[k].is_length) continue;
     int v = prog->outputs[k];
     CompareReport::Output o;
     if (v >= 0 && st.slots[v].defined())
@@ -280,7 +304,9 @@ std::vector<OutValue> checked_call(
 
   std::string what;
   CompareReport::Output d;
-  for (size_t k = 0; k < outs.size() && k < eager_outs.size() && what.empty(); ++k) {
+  for (size_t k = 0, number = 0; k < outs.size() && k < eager_outs.size() && what.empty(); ++k) {
+    const bool length = eager_outs[k].is_length;
+    if (length && outs[k].scalar.to<int64_t>() == eager_outs[k].scalar.to<int64_t>()) continue;
     if (outs[k].is_tensor) {
       d = diff(eager_outs[k].tensor, outs[k].tensor, options.rtol, options.atol);
     } else {  // a host number
@@ -292,8 +318,12 @@ std::vector<OutValue> checked_call(
              (std::isnan(e) && std::isnan(c));
     }
     if (!d.ok)
-      what = fmt::format("output {}{}", k,
-                         outs[k].is_tensor ? shape_note(eager_outs[k].tensor, outs[k].tensor) : "");
+      what = length ? fmt::format("the length of a returned vector (compiled {}, eager {})",
+                               outs[k].scalar.str(), eager_outs[k].scalar.str())
+                 : fmt::format("output {}{}", number,
+                               outs[k].is_tensor ? shape_note(eager_outs[k].tensor, outs[k].tensor)
+                                                 : "");
+    number += !length;
   }
   // What the function wrote into its tensor arguments (eager wrote the copies).
   std::vector<Tensor> arg_eager = tensors_of(eager_args), arg_compiled = tensors_of(args);

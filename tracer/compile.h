@@ -188,7 +188,7 @@ template <class R> void to_outs(const R& r, std::vector<OutValue>& out) {
     out.push_back({false, Tensor(), Scalar(r)});
   } else if constexpr (std::is_same_v<D, std::vector<Tensor>>) {
     // Its length first (a host value of the result), so that what follows it is found again.
-    out.push_back({false, Tensor(), Scalar(static_cast<int64_t>(r.size()))});
+    out.push_back({false, Tensor(), Scalar(static_cast<int64_t>(r.size())), true});
     for (const Tensor& t : r) out.push_back({true, t, {}});
   } else if constexpr (is_tuple<D>::value) {
     std::apply([&](const auto&... e) { (to_outs(e, out), ...); }, r);
@@ -403,8 +403,10 @@ CompareReport compare(
 }  // namespace tracer
 
 template <class F, class... A>
-CompareReport compare(F&& fn, const A&... args) {
-  std::tuple<const A&...> tup(args...);
+CompareReport compare(F&& fn, A&&... args) {
+  // Non-tensor arguments are passed as the caller passed them (a module by non-const
+  // reference), as compile() passes them.
+  std::tuple<std::remove_reference_t<A>&...> tup(args...);
   std::vector<tracer::ArgValue> av{tracer::detail::to_arg(args)...};
   return tracer::compare(
       av, [&](const std::vector<tracer::ArgValue>& in) {

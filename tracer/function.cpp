@@ -441,6 +441,19 @@ struct CompiledFunction::Impl {
   mutable std::shared_mutex mu;
   std::vector<std::shared_ptr<Entry>> entries;
   std::vector<std::string> recompiles;  // each trace after the first, with its reason
+  size_t recompiles_dropped = 0;         // the oldest ones, beyond kMaxRecompilesKept
+  // Entries dropped because their guards can no longer pass (a captured tensor freed or
+  // resized): each was a compile, so they count toward cache_size_limit, as PyTorch counts
+  // every recompile (a captured tensor rebound on every call traced on every call, forever).
+  int dropped_entries = 0;
+  static constexpr size_t kMaxRecompilesKept = 64;
+  void log_recompile(std::string why) {
+    recompiles.push_back(std::move(why));
+    if (recompiles.size() > kMaxRecompilesKept) {
+      recompiles.erase(recompiles.begin());
+      ++recompiles_dropped;
+    }
+  }
   std::atomic<int> traces{0};
   std::atomic<bool> eager_only{false};
   // Counts the traces that finished and the resets: a trace that ran the function while
@@ -486,6 +499,8 @@ void CompiledFunction::reset() {
   ++impl_->generation;
   impl_->entries.clear();
   impl_->recompiles.clear();
+  impl_->recompiles_dropped = 0;
+  impl_->dropped_entries = 0;
   impl_->auto_dims.clear();
   impl_->auto_scalars.clear();
   impl_->traces = 0;
@@ -808,31 +823,31 @@ std::vector<OutValue> CompiledFunction::call(const std::vector<ArgValue>& given,
 namespace kiln::tracer {
 namespace {
 
-// KILN_LOGS topics of the tracer: recompiles, guards, graph, breaks (read once).
+// KILN_LOGS topics of the tracer: recompiles, guards, graph, breaks (read once; names are
+// separated by commas, spaces around them ignored, as the codegen's parser does).
 bool log_enabled(std::string_view topic) {
-  static const std::string logs = [] {
+  static const std::vector<std::string> topics = [] {
     const char* v = std::getenv("KILN_LOGS");
     std::string all(v ? v : "");
-    // Said once, as TORCH_LOGS rejects unknown names (the codegen reads ir and codegen).
-    for (size_t pos = 0; pos < all.size();) {
+    std::vector<std::string> names;
+    for (size_t pos = 0; pos <= all.size();) {
       size_t end = std::min(all.find(',', pos), all.size());
       std::string_view name = std::string_view(all).substr(pos, end - pos);
+      while (!name.empty() && std::isspace(static_cast<unsigned char>(name.front())))
+        name.remove_prefix(1);
+      while (!name.empty() && std::isspace(static_cast<unsigned char>(name.back())))
+        name.remove_suffix(1);
+      // Said once, as TORCH_LOGS rejects unknown names (the codegen reads ir and codegen).
       if (!name.empty() && name != "recompiles" && name != "guards" && name != "graph" &&
           name != "breaks" && name != "ir" && name != "codegen")
         fmt::print(stderr, "kiln: KILN_LOGS: unknown topic '{}' (known: recompiles, guards, "
                    "graph, breaks, ir, codegen)\n", name);
+      if (!name.empty()) names.emplace_back(name);
       pos = end + 1;
     }
-    return all;
+    return names;
   }();
-  size_t pos = 0;
-  while (pos <= logs.size()) {
-    size_t end = logs.find(',', pos);
-    if (end == std::string::npos) end = logs.size();
-    if (std::string_view(logs).substr(pos, end - pos) == topic) return true;
-    pos = end + 1;
-  }
-  return false;
+  return std::find(topics.begin(), topics.end(), topic) != topics.end();
 }
 
 // Tensors the function created (op results, tensors made from host data) that nothing the
@@ -1273,8 +1288,9 @@ std::vector<OutValue> CompiledFunction::Impl::trace(
   // A failed entry whose guards no longer hold (a captured tensor freed, a symbolic replay that
   // failed) is dropped; one that only lacks a branch gets the new branch below.
   if (failed && !missing_branch)
-    std::erase_if(entries, [&](const std::shared_ptr<Entry>& e) { return e.get() == failed; });
-  int leaves = 0;
+    dropped_entries += static_cast<int>(
+        std::erase_if(entries, [&](const std::shared_ptr<Entry>& e) { return e.get() == failed; }));
+  int leaves = dropped_entries;
   for (auto& e : entries) leaves += e->root->leaves();
   std::string reason = miss_reason;
   if (reason.empty()) reason = closest_entry_failure(entries, args);
@@ -1367,6 +1383,13 @@ std::vector<OutValue> CompiledFunction::Impl::trace(
   }
   if (!prog->foreign_thread_reason.empty()) {
     run_eagerly_from_now_on(prog->foreign_thread_reason);
+    return outs;
+  }
+  // Memory running out while the backward was recorded may not happen again: this trace is not
+  // cached, and the next call traces again (review: it turned the function eager for good).
+  if (prog->backward_error.find("out of memory") != std::string::npos) {
+    log_recompile(fmt::format("a trace not cached: recording its outputs' backward ran out of "
+                              "memory ({}); the next call traces again", prog->backward_error));
     return outs;
   }
   if (!prog->backward_error.empty()) {
@@ -1477,7 +1500,7 @@ std::vector<OutValue> CompiledFunction::Impl::trace(
     std::string why = fmt::format(
         "trace #{} not cached: a tensor it created ({}) outlives the call in host state; "
         "update such state in place", n, where);
-    recompiles.push_back(why);
+    log_recompile(why);
     if (log_enabled("recompiles")) fmt::print(stderr, "kiln.compile: '{}': {}\n", name, why);
     if (++uncached_in_a_row >= 3) run_eagerly_from_now_on(why);
     return outs;
@@ -1522,7 +1545,7 @@ std::vector<OutValue> CompiledFunction::Impl::trace(
   auto note_recompile = [&](std::string what) {
     if (log_enabled("recompiles"))
       fmt::print(stderr, "kiln.compile: '{}' recompiling (trace #{}): {}\n", name, n, what);
-    recompiles.push_back(fmt::format("trace #{}: {}", n, what));
+    log_recompile(fmt::format("trace #{}: {}", n, what));
   };
   if (prog->aliased_mutation && has_reads) {
     // A replay would have changed the real tensors before finding an unseen branch.
@@ -1728,6 +1751,8 @@ std::string CompiledFunction::explain() const {
   }
   if (!im.recompiles.empty()) {
     out += "recompiles:\n";
+    if (im.recompiles_dropped)
+      out += fmt::format("  ({} earlier ones not kept)\n", im.recompiles_dropped);
     for (const std::string& r : im.recompiles) out += "  " + r + "\n";
   }
   return out;

@@ -100,6 +100,9 @@ struct OutValue {
   bool is_tensor = true;
   kiln::Tensor tensor;
   kiln::Scalar scalar;
+  /// The length of a returned std::vector<Tensor>, which precedes its elements: not an output
+  /// of its own in reports (output k is the k-th tensor or number the function returned).
+  bool is_length = false;
 };
 
 /// Calls the user's function on the real arguments and converts its result.

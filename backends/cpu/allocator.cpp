@@ -74,14 +74,10 @@ class CachingAllocator final : public Allocator {
           return p;
         }
       }
-      void* p = std::aligned_alloc(kAlignment, slot->cls);
-      if (!p) throw Error("allocate", fmt::format("out of memory allocating {} bytes", nbytes));
-      return p;
+      return system_alloc(kAlignment, slot->cls, nbytes);
     }
     if (nbytes < kLargeBlock) {
-      void* p = std::aligned_alloc(kAlignment, std::max<size_t>((nbytes + 63) & ~size_t{63}, 64));
-      if (!p) throw Error("allocate", fmt::format("out of memory allocating {} bytes", nbytes));
-      return p;
+      return system_alloc(kAlignment, std::max<size_t>((nbytes + 63) & ~size_t{63}, 64), nbytes);
     }
     size_t cls = size_class(nbytes);
     {
@@ -102,8 +98,7 @@ class CachingAllocator final : public Allocator {
       }
       ++misses_;
     }
-    void* p = std::aligned_alloc(kHugePage, (cls + kHugePage - 1) / kHugePage * kHugePage);
-    if (!p) throw Error("allocate", fmt::format("out of memory allocating {} bytes", nbytes));
+    void* p = system_alloc(kHugePage, (cls + kHugePage - 1) / kHugePage * kHugePage, nbytes);
     madvise(p, cls, MADV_HUGEPAGE);  // best effort; ignored where THP is off
     return p;
   }
@@ -162,6 +157,19 @@ class CachingAllocator final : public Allocator {
   }
 
  private:
+  // Memory from the system; when there is none, the cached free blocks are given back and the
+  // request tried once more (as PyTorch's CUDA allocator does), so memory this cache holds
+  // never makes an allocation fail.
+  void* system_alloc(size_t alignment, size_t size, size_t nbytes) {
+    void* p = std::aligned_alloc(alignment, size);
+    if (!p) {
+      empty();
+      p = std::aligned_alloc(alignment, size);
+    }
+    if (!p) throw Error("allocate", fmt::format("out of memory allocating {} bytes", nbytes));
+    return p;
+  }
+
   // The free list of a block under 1 MiB: its class's size, the list and its bound.
   struct ListSlot {
     size_t cls;

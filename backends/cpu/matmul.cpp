@@ -47,15 +47,20 @@ MatrixOperand describe(const Tensor& t, bool is_lhs, const Shape& batch) {
   return op;
 }
 
-// A contiguous copy of `t` (kernels cannot call the dispatcher).
-Tensor contiguous_copy(const Tensor& t) {
+// A new contiguous tensor (kernels cannot call the dispatcher).
+Tensor new_contiguous(const Shape& shape, DType dtype) {
   auto impl = std::make_shared<TensorImpl>();
   impl->storage = std::make_shared<StorageImpl>(
-      static_cast<size_t>(t.numel()) * t.itemsize(), allocator());
-  impl->shape = t.shape();
-  impl->strides = contiguous_strides(t.shape());
-  impl->dtype = t.dtype();
-  Tensor out(std::move(impl));
+      static_cast<size_t>(numel(shape)) * itemsize(dtype), allocator());
+  impl->shape = shape;
+  impl->strides = contiguous_strides(shape);
+  impl->dtype = dtype;
+  return Tensor(std::move(impl));
+}
+
+// A contiguous copy of `t`.
+Tensor contiguous_copy(const Tensor& t) {
+  Tensor out = new_contiguous(t.shape(), t.dtype());
   copy_cast(out, t);
   return out;
 }
@@ -196,11 +201,21 @@ void matmul_kernel(const OpCall& call, const InferredMeta& meta, std::span<Tenso
       // beta·bias enters through GEMM's beta: write the broadcast bias into out first. With
       // beta == 0 the bias is ignored entirely (NaNs in it too), as in PyTorch.
       if (beta != T(0)) copy_cast(out, call.inputs[0]);
-      // alpha == 0: the product is not formed (BLAS's rule, PyTorch's answer), so NaN or inf
-      // in the matrices does not reach the result: beta * bias, or zeros.
+      // alpha == 0: BLAS would skip the product, but PyTorch multiplies it by 0, so its NaN
+      // and inf reach the result (and 0 times a negative product is -0). As compiled code:
+      // fma(beta, bias, alpha * product).
       if (alpha == T(0)) {
+        Tensor product = new_contiguous(out.shape(), out.dtype());
+        batched_gemm<T>(call, a, b, batch, T(1), T(0), product);
+        const T* p = product.data<T>();
         T* o = out.data<T>();
-        for (int64_t i = 0, n = out.numel(); i < n; ++i) o[i] = beta != T(0) ? beta * o[i] : T(0);
+        for (int64_t i = 0, n = out.numel(); i < n; ++i) {
+          T scaled = T(0) * p[i];
+          if constexpr (std::is_floating_point_v<T>)
+            o[i] = beta != T(0) ? std::fma(beta, o[i], scaled) : scaled;
+          else
+            o[i] = beta != T(0) ? beta * o[i] + scaled : scaled;
+        }
         return;
       }
     }

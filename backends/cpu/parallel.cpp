@@ -164,14 +164,16 @@ class ThreadPool {
   bool stop_ = false;
 };
 
-// More threads than this only oversubscribe the machine (and can exhaust thread limits).
-constexpr int kMaxThreads = 256;
-
 int default_threads() {
   if (const char* env = std::getenv("KILN_NUM_THREADS")) {
     char* end = nullptr;
     long n = std::strtol(env, &end, 10);  // the whole value: "2x" is not 2
-    if (end != env && *end == '\0' && n >= 1) return static_cast<int>(std::min<long>(n, kMaxThreads));
+    if (end != env && *end == '\0' && n >= 1) {
+      if (n > kMaxThreads)
+        std::fprintf(stderr, "kiln: KILN_NUM_THREADS=%s is above kiln's maximum; using %d\n", env,
+                     kMaxThreads);
+      return static_cast<int>(std::min<long>(n, kMaxThreads));
+    }
     std::fprintf(stderr, "kiln: ignoring KILN_NUM_THREADS=%s (expected a positive integer)\n", env);
   }
   return std::clamp<int>(static_cast<int>(std::thread::hardware_concurrency()), 1, kMaxThreads);

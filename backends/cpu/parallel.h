@@ -13,10 +13,15 @@ namespace kiln::cpu {
 /// Elements below which a loop runs on the calling thread (no threading cost).
 inline constexpr int64_t kGrainSize = 32768;
 
-/// Number of threads kernels use (default: hardware threads; KILN_NUM_THREADS overrides).
+/// The most threads kernels use: more only oversubscribe the machine (and can exhaust
+/// thread limits).
+inline constexpr int kMaxThreads = 256;
+
+/// Number of threads kernels use (default: hardware threads; KILN_NUM_THREADS overrides, up to
+/// kMaxThreads, with a warning above it).
 int num_threads();
-/// Sets the number of threads, clamped to [1, 256]. Not to be called while another thread is
-/// running kiln ops.
+/// Sets the number of threads, clamped to [1, kMaxThreads]. Not to be called while another
+/// thread is running kiln ops.
 void set_num_threads(int n);
 
 /// Flush-to-zero and denormals-are-zero for float math on the calling thread (x86 MXCSR);

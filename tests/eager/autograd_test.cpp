@@ -494,6 +494,23 @@ TEST_CASE("prod's gradient at zeros is the product of the other elements, not 0/
   CHECK(gu.to_vector<double>() == std::vector<double>{0, 0, 0, 0});
   CHECK(grad({sum(gu.select(1, 0))}, {u})[0].to_vector<double>() ==
         std::vector<double>{0, 12, 0, 0});
+  // A zero with an inf or an overflowing product beside it (review: the non-zero elements got
+  // NaN from y / x_i, y being NaN). PyTorch 1.13, float32: [2, inf, 0] → [nan, 0, inf];
+  // [inf, 0, 3] → [0, inf, nan]; [1e30, 1e30, 0] → [0, 0, inf]; [nan, 0, 3] → [0, nan, nan].
+  auto prod_grad = [](std::vector<float> values) {
+    Tensor x = from_vector<float>(values, {3}).requires_grad_();
+    prod(x).backward();
+    return x.grad().to_vector<float>();
+  };
+  auto same = [](const std::vector<float>& got, const std::vector<float>& want) {
+    for (size_t i = 0; i < want.size(); ++i)
+      CHECK((std::isnan(want[i]) ? std::isnan(got[i]) : got[i] == want[i]));
+  };
+  same(prod_grad({2, INFINITY, 0}), {NAN, 0, INFINITY});
+  same(prod_grad({INFINITY, 0, 3}), {0, INFINITY, NAN});
+  same(prod_grad({1e30f, 1e30f, 0}), {0, 0, INFINITY});
+  same(prod_grad({NAN, 0, 3}), {0, NAN, NAN});
+  same(prod_grad({2, 0, 3}), {0, 6, 0});
 }
 
 TEST_CASE("relu and maximum/minimum pass the gradient through NaN as PyTorch does") {

@@ -138,6 +138,14 @@ TEST_CASE("0-d and empty tensors: views and metadata") {
   CHECK(s.numel() == 1);
   CHECK(s.shape() == Shape{});
   CHECK(s.view({1, 1}).shape() == Shape{1, 1});
+  // A 0-d tensor takes dims 0 and -1 only, as in PyTorch (review: these succeeded).
+  CHECK(s.transpose(0, -1).shape() == Shape{});
+  CHECK(s.squeeze(-1).shape() == Shape{});
+  CHECK(s.flatten(0, -1).shape() == Shape{1});
+  for (auto bad : std::vector<std::function<Tensor()>>{
+           [&] { return s.squeeze(1); }, [&] { return s.transpose(3, 9); },
+           [&] { return s.flatten(1, 2); }, [&] { return s.unsqueeze(2); }})
+    CHECK_THROWS_WITH(bad(), Catch::Contains("out of range: expected one in [-1, 0]"));
   Tensor e = zeros({0, 4});
   CHECK(e.numel() == 0);
   CHECK(e.t().shape() == Shape{4, 0});
@@ -218,6 +226,8 @@ TEST_CASE("printing is close to PyTorch's repr") {
   CHECK(tensor({1e6f, 1.f}).str() == "tensor([1.0000e+06, 1.0000e+00])");
   CHECK(tensor({100.f, 0.5f}).str() == "tensor([100.0000,   0.5000])");
   CHECK(tensor({NAN, 1.f, -INFINITY}).str() == "tensor([nan, 1., -inf])");
+  CHECK(tensor({-NAN, 0.5f}).str() == "tensor([   nan, 0.5000])");  // not -nan (review)
+  CHECK(scalar_tensor(-NAN).str() == "tensor(nan)");
   CHECK(tensor({-0.f, 1.f}).str() == "tensor([-0., 1.])");
   CHECK(tensor({-1.f, 2.f, -3.f}).str() == "tensor([-1.,  2., -3.])");
   CHECK(zeros({2}).str() == "tensor([0., 0.])");
@@ -478,6 +488,10 @@ TEST_CASE("Tensor methods spell the functions as PyTorch does, with the caller's
   same(x.logsumexp({1}), logsumexp(x, {1}));
   same((x > 0).all({1}), all(x > 0, {1}));
   CHECK((x > 0).any({1}).to_vector<bool>() == std::vector<bool>{true, true});
+  // One dim as an integer, as in PyTorch (review: these three did not compile).
+  same(x.logsumexp(1), logsumexp(x, {1}));
+  CHECK((x > -1).all(1).to_vector<bool>() == std::vector<bool>{false, true});
+  CHECK((x > 2).any(-1, true).to_vector<bool>() == std::vector<bool>{false, true});
   CHECK(x.max().item<double>() == 3.0);
   CHECK(x.min().item<double>() == -1.5);
   auto [values, indices] = x.max(1);

@@ -25,6 +25,8 @@ def main():
          "avg_step_time": 40.0, "gemm_time_per_step": 25.0},
         {"suite": "x", "case": "broken", "mode": "compiled", "value": None, "unit": "ms",
          "status": "failed", "error": "boom"},
+        {"suite": "x", "case": "on_gpu", "mode": "compiled", "value": None, "unit": "GB/s",
+         "status": "skipped", "error": "no CUDA device"},
     ]
     out = tempfile.mkdtemp(prefix="kiln-report-test-")
     path = os.path.join(out, "results.json")
@@ -35,6 +37,7 @@ def main():
     assert "| latency | ms | 10.00 | 4.00 |  | 2.50x |" in md, md  # time: eager / compiled
     assert "| digits_mlp_accuracy | percent | 97.00 | 97.00 |  |  |" in md, md  # no speed-up
     assert "| broken | ms |  | failed |" in md, md
+    assert "| on_gpu | GB/s |  | skipped |" in md, md  # a skipped case is not "failed"
     assert "| t/step | 50.0 | 30.0 | 40.0 | 25.0 | 2.00x |" in md, md  # bound: 50 / 25
     assert md.count("| t/step |") == 1, md  # only cases with GEMM time in both modes
     for png in ("speedup.png", "loss.png"):

@@ -272,3 +272,43 @@ TEST_CASE("check = true: an infinity against a finite value is beyond any tolera
   for (int call = 0; call < 3; ++call)
     CHECK(mean_of(full({2}, 3e38f)).item<float>() == 3e38f);
 }
+
+TEST_CASE("compare() passes each argument with its layout, modules by reference, and numbers a "
+          "vector's elements from 0 (review)") {
+  // A lone argument was cloned contiguous: compare said "matches" for calls that raise.
+  Tensor x = arange(6, DType::Float32).view({2, 3});
+  auto flat = [](const Tensor& a) { return a.view({-1}) * 1; };
+  CHECK_THROWS_WITH(flat(x.t()), Catch::Contains("view"));
+  CHECK_THROWS_WITH(compare(flat, x.t()), Catch::Contains("view"));
+  auto scale_in_place = [](Tensor a) {
+    a.mul_(10);
+    return a.sum();
+  };
+  Tensor expanded = arange(6, DType::Float32).unsqueeze(0).expand({2, 6});
+  CHECK_THROWS_WITH(compare(scale_in_place, expanded), Catch::Contains("mul_"));
+  auto strides_of = [](const Tensor& a) {
+    CHECK(a.strides() == Strides{1, 3});
+    return a * 2;
+  };
+  Tensor big = arange(1000, DType::Float32);
+  CompareReport sliced = compare(strides_of, big.slice(0, 10, 16).view({2, 3}).t());
+  CHECK(sliced.ok);
+  CHECK(vec(big.slice(0, 10, 12)) == std::vector<float>{10, 11});  // the caller's memory as it was
+
+  // A module by non-const reference, as compile() takes it (compare did not compile).
+  nn::Linear lin(3, 2);
+  auto apply = [](nn::Linear& m, const Tensor& in) { return m(in); };
+  CHECK(compare(apply, lin, x).ok);
+
+  // A vector's elements are outputs 0 and 1 (its length came first as "output 0").
+  auto pair = [](const Tensor& a) { return std::vector<Tensor>{a * 2.0, a + 1.0}; };
+  CompareReport two = compare(pair, x);
+  CHECK(two.outputs.size() == 2);
+  CHECK_THAT(two.str(), Catch::Contains("output 1") && !Catch::Contains("output 2"));
+  double g = 2.0;
+  auto stale = compile([&](const Tensor& a) { return std::vector<Tensor>{a * g, a + 1.0}; },
+                       CompileOptions{.check = true});
+  stale(x);
+  g = 3.0;
+  CHECK_THROWS_WITH(stale(x), Catch::Contains("output 0"));
+}
