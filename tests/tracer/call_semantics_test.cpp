@@ -615,3 +615,31 @@ TEST_CASE("compile: a kiln::Scalar argument is a host number: its value and kind
   CHECK(equal(cf(x, Scalar(3)), tensor({0, 3, 6}).to(DType::Int32)));
   CHECK(equal(cf(x, Scalar(2.5)), tensor({0.0, 2.5, 5.0}).to(DType::Float32)));
 }
+
+// Review: a captured tensor rebound before every call traced on every call, forever (each
+// entry was dropped when its tensor was freed), and the recompile log grew by one line a call.
+TEST_CASE("compile: entries dropped for a freed captured tensor count toward cache_size_limit",
+          "[compile][options]") {
+  Tensor w = full({4}, 1.0f);
+  auto cf = compile([&](const Tensor& x) { return x * w; });
+  const Tensor x = arange(4, DType::Float32);
+  for (int i = 0; i < 20; ++i) {
+    w = full({4}, static_cast<double>(i));
+    CHECK(cf(x).to_vector<float>() == (x * static_cast<double>(i)).to_vector<float>());
+  }
+  CHECK(cf.compile_count() <= 8);
+  CHECK_THAT(cf.explain(), Catch::Contains("cache limit reached") &&
+                               Catch::Contains("a tensor the function captured was freed"));
+
+  // With a large limit the log keeps the latest recompiles only.
+  Tensor v = full({4}, 1.0f);
+  auto many = compile([&](const Tensor& in) { return in + v; },
+                      CompileOptions{.cache_size_limit = 1000});
+  for (int i = 0; i < 100; ++i) {
+    v = full({4}, static_cast<double>(i));
+    CHECK(many(x).to_vector<float>() == (x + static_cast<double>(i)).to_vector<float>());
+  }
+  std::string log = many.explain();
+  CHECK_THAT(log, Catch::Contains("earlier ones not kept") && Catch::Contains("trace #100:") &&
+                      !Catch::Contains("trace #2:"));
+}
