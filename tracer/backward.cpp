@@ -94,6 +94,33 @@ void record_backward(Recorder& rec, Program& p, const std::vector<OutValue>& out
   p.grad_reach.assign(outs.size(), std::vector<bool>(inputs.size(), false));
   for (size_t j = 0; j < req_outs.size(); ++j)
     p.grad_reach[req_pos[j]] = reachable(autograd::gradient_edge(req_outs[j]), input_edges);
+  // The eager nodes with saved tensors each output's backward passes through.
+  std::vector<std::unordered_set<const autograd::Node*>> saving(req_outs.size());
+  for (size_t j = 0; j < req_outs.size(); ++j) {
+    std::vector<const autograd::Node*> stack;
+    if (autograd::Edge root = autograd::gradient_edge(req_outs[j]); root.valid())
+      stack.push_back(root.fn.get());
+    std::unordered_set<const autograd::Node*> seen;
+    while (!stack.empty()) {
+      const autograd::Node* n = stack.back();
+      stack.pop_back();
+      if (!seen.insert(n).second) continue;
+      if (auto* op = dynamic_cast<const autograd::OpNode*>(n)) {
+        auto any_saved = [](const std::vector<autograd::SavedTensor>& v) {
+          return std::any_of(v.begin(), v.end(), [](const auto& t) { return t.defined(); });
+        };
+        if (any_saved(op->saved_inputs) || any_saved(op->saved_outputs)) saving[j].insert(n);
+      }
+      for (const autograd::Edge& e : n->next_edges)
+        if (e.valid()) stack.push_back(e.fn.get());
+    }
+  }
+  p.shares_saved.assign(outs.size(), std::vector<bool>(outs.size(), false));
+  for (size_t j = 0; j < req_outs.size(); ++j)
+    for (size_t l = j + 1; l < req_outs.size(); ++l)
+      if (std::any_of(saving[j].begin(), saving[j].end(),
+                      [&](const autograd::Node* n) { return saving[l].count(n) > 0; }))
+        p.shares_saved[req_pos[j]][req_pos[l]] = p.shares_saved[req_pos[l]][req_pos[j]] = true;
   std::vector<Tensor> placeholders;
   for (size_t j = 0; j < req_outs.size(); ++j) {
     Tensor g = untraced([&] { return ones_like(req_outs[j].detach()); });
@@ -148,15 +175,21 @@ class CompiledBackward final : public autograd::Node {
   std::vector<Tensor> apply(std::vector<Tensor>&& grads) override {
     // As eager's nodes: a second backward through an output needs retain_graph on the first.
     // The outputs share this node, so each may be back-propagated once on its own (eager's
-    // x * 2 and exp(x) have a node each): the node is freed when every output has been. The
+    // x * 2 and exp(x) have a node each) unless eager's backward of the two shares a node that
+    // saved tensors: the node is freed when every output has been. The
     // saved outputs are other handles to their memory (attach_backward), so an output never
     // back-propagated does not keep the node alive through them.
     applied_.assign(p_->grad_outputs.size(), false);
     for (size_t k = 0; k < applied_.size() && k < grads.size(); ++k)
       applied_[k] = p_->grad_outputs[k] >= 0 && grads[k].defined();
+    // Unlike eager, where two outputs computed through one node that saved tensors free them
+    // for each other (shares_saved).
     bool again = released_;
     for (size_t k = 0; k < applied_.size() && k < consumed_.size(); ++k)
-      again |= applied_[k] && consumed_[k];
+      for (size_t l = 0; l < consumed_.size() && applied_[k]; ++l)
+        again |= consumed_[l] && (l == k || (k < p_->shares_saved.size() &&
+                                             l < p_->shares_saved[k].size() &&
+                                             p_->shares_saved[k][l]));
     KILN_CHECK(!again, "backward", autograd::backward_call_site(), "{}",
                autograd::kGraphFreedMessage);
     // As eager's saved tensors: a saved value (an output, say) changed in place since the call

@@ -160,6 +160,10 @@ struct Program {
   /// graph seen while tracing). A replay whose output k gets no gradient leaves input i
   /// without one unless another output with a gradient reaches it, as eager backward does.
   std::vector<std::vector<bool>> grad_reach;
+  /// shares_saved[k][l]: outputs k and l were computed through one eager autograd node that
+  /// saved tensors (`e = x.exp()`, then `e * 2` and `e * x`): a backward from one without
+  /// retain_graph frees them, and a backward from the other then raises, as in eager.
+  std::vector<std::vector<bool>> shares_saved;
   /// Generator offset consumed by one call (random ops).
   uint64_t rng_consumed = 0;
   /// The random ops' offsets follow the sizes (Node::rng_draws), set by generalize().
