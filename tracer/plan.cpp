@@ -778,7 +778,18 @@ void Plan::run_compiled(const Region& r, RunState& st) const {
           return;
         }
     }
-    outs = exe->run(ins);
+    try {
+      outs = exe->run(ins);
+    } catch (const Error& e) {
+      // Memory for the region's results ran out: named by the region's first op and the
+      // user's line, as eager names the op that allocates (review: it named kiln's allocator).
+      if (e.op() != "allocate" || r.nodes.empty()) throw;
+      const Node& first = p.nodes[r.nodes.front()];
+      throw Error(std::string(op_name(first.op)),
+                  fmt::format("{} (in a compiled region of {} ops starting here)", e.message(),
+                              r.nodes.size()),
+                  first.loc);
+    }
   }
   for (size_t k = 0; k < r.outputs.size(); ++k) st.slots[r.outputs[k]] = std::move(outs[k]);
   for (auto& [v, src] : r.aliases) st.slots[v] = st.value(p, src);

@@ -2,6 +2,8 @@
 // tests/README.md), memory flat over 100,000 calls once the cache limit is reached, and compiled
 // code freed with the function.
 #include <catch2/catch.hpp>
+#include <sys/resource.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -12,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "backends/cpu/allocator.h"
 #include "codegen/codegen.h"
 #include "core/sanitizers.h"
 #include "kiln/kiln.h"
@@ -199,4 +202,48 @@ TEST_CASE("resources: a call whose outputs are never back-propagated is freed wi
   o[0].sum().backward();
   std::vector<float> g = x.grad().to_vector<float>();
   for (int i = 0; i < 8; ++i) CHECK(g[i] == Approx(std::exp(float(i))));
+}
+
+// Review: memory running out in a compiled region named kiln's allocator and its source line;
+// eager names the op and the user's line. Run in a child process under an address-space limit.
+TEST_CASE("resources: out of memory in a compiled region names its op and the user's line",
+          "[compile][memory]") {
+  if (kAddressSanitizer || kThreadSanitizer) {
+    SUCCEED("skipped: sanitizers reserve address space, so RLIMIT_AS cannot be used");
+    return;
+  }
+  const int line = __LINE__ + 1;
+  auto fn = [](const Tensor& x) { return x * 2.0 + 1.0; };
+  pid_t child = fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    auto cf = compile(fn);
+    Tensor x = ones({1 << 24});  // 64 MiB results
+    // The trace, a compiled replay (built here), an eager trial; the next replay is compiled.
+    for (int call = 0; call < 3; ++call) (void)cf(x);
+    cpu::empty_cache();
+    long vm_kb = 0;
+    std::FILE* f = std::fopen("/proc/self/status", "r");
+    char text[256];
+    while (f && std::fgets(text, sizeof text, f))
+      if (std::sscanf(text, "VmSize: %ld kB", &vm_kb) == 1) break;
+    if (f) std::fclose(f);
+    rlimit limit{};
+    limit.rlim_cur = limit.rlim_max = (vm_kb + 16 * 1024) * 1024;
+    if (vm_kb == 0 || setrlimit(RLIMIT_AS, &limit) != 0) _exit(3);
+    try {
+      (void)cf(x);
+      _exit(4);
+    } catch (const Error& e) {
+      const bool named = (e.op() == "mul" || e.op() == "add") &&
+                         e.where().line() == static_cast<unsigned>(line) &&
+                         std::string(e.what()).find("out of memory") != std::string::npos;
+      if (!named) std::fprintf(stderr, "got: %s\n", e.what());
+      _exit(named ? 0 : 5);
+    }
+  }
+  int status = 0;
+  REQUIRE(waitpid(child, &status, 0) == child);
+  REQUIRE(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
 }
