@@ -155,7 +155,7 @@ CompareReport compare_runs(
   std::vector<ArgValue> compiled_args = fresh_copies(args);
   std::vector<OutValue> eager_outs;
   const GeneratorState rng_start = give_back.rng;
-  Recorder rec(*prog);
+  Recorder rec(*prog, /*keep_values=*/true);
   for (size_t i = 0; i < eager_args.size(); ++i)
     if (eager_args[i].kind == ArgValue::Kind::Tensor) rec.add_arg(eager_args[i].tensor, int(i));
   rec.install();
@@ -167,7 +167,7 @@ CompareReport compare_runs(
   // Eager's values, copies of those in state it wrote: the compiled run writes that again.
   std::vector<Tensor> eager_value(prog->values.size());
   for (size_t v = 0; v < prog->values.size(); ++v) {
-    const Tensor& t = rec.tensor(static_cast<int>(v));
+    const Tensor t = rec.tensor(static_cast<int>(v));
     eager_value[v] = journal.wrote(t) ? untraced([&] { return t.detach().clone(); }) : t;
   }
   journal.restore();

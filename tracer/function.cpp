@@ -882,7 +882,8 @@ void escape_candidates(const Recorder& rec, const Program& p, const std::vector<
   for (size_t v = 0; v < p.values.size(); ++v) {
     int s = p.values[v].source;
     if (s >= 0 && p.sources[s].kind != SourceKind::Snapshot) continue;
-    const Tensor& t = rec.tensor(v);
+    const Tensor t = rec.tensor(v);
+    if (!t.defined()) continue;  // dropped by the function: it cannot outlive the call
     if (t.impl()->wrapped_number || known.count(t.impl()) || !seen.insert(t.impl()).second ||
         host_memory.count(t.storage().get()))
       continue;
@@ -1105,14 +1106,14 @@ void CompiledFunction::Impl::remember_captured(Program& p, Recorder& rec) {
   for (size_t v = 0; v < p.values.size(); ++v) {
     int s = p.values[v].source;
     if (s < 0 || p.sources[s].kind != SourceKind::Captured) continue;
-    const auto& impl = rec.tensor(static_cast<int>(v)).impl_ptr();
+    const std::shared_ptr<TensorImpl> impl = rec.tensor(static_cast<int>(v)).impl_ptr();
     bool known = std::any_of(captured_tensors.begin(), captured_tensors.end(),
                              [&](const auto& w) { return w.lock() == impl; });
     if (!known) captured_tensors.push_back(impl);
   }
   if (!p.write_backs.empty() || p.aliased_mutation)
     p.args_sharing_captured = args_sharing(
-        p, captured_tensors, [&](int v) -> const Tensor& { return rec.tensor(v); });
+        p, captured_tensors, [&](int v) { return rec.tensor(v); });
 }
 
 namespace {

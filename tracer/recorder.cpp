@@ -73,11 +73,12 @@ bool Recorder::GeoKey::operator<(const GeoKey& o) const {
 }
 
 Recorder::GeoKey Recorder::key_of(const Tensor& t) {
-  return {t.storage().get(), t.offset(), t.dtype(), t.shape(), t.strides()};
+  return {t.storage()->serial(), t.offset(), t.dtype(), t.shape(), t.strides()};
 }
 
-Recorder::Recorder(Program& program)
+Recorder::Recorder(Program& program, bool keep_values)
     : p_(program),
+      keep_values_(keep_values),
       start_serial_(StorageImpl::next_serial()),
       thread_(StorageImpl::current_thread_number()),
       write_epoch_start_(StorageImpl::begin_write_epoch()),
@@ -128,16 +129,22 @@ int Recorder::new_value(const Tensor& t, int source) {
   info.device = t.device();
   info.source = source;
   int v = p_.add_value(info);
-  tensors_.push_back(t);
-  auto it = writes_.find(t.storage().get());
+  held_.push_back(source >= 0 || keep_values_ ? t : Tensor());
+  impls_.push_back(t.impl_ptr());
+  auto it = writes_.find(t.storage()->serial());
   write_count_.push_back(it == writes_.end() ? 0 : it->second);
   by_impl_[t.impl()] = v;
   by_geometry_[key_of(t)] = v;
   return v;
 }
 
+int Recorder::by_impl(const Tensor& t) const {
+  auto it = by_impl_.find(t.impl());
+  return it != by_impl_.end() && impls_[it->second].lock().get() == t.impl() ? it->second : -1;
+}
+
 int Recorder::add_arg(const Tensor& t, int index) {
-  if (auto it = by_impl_.find(t.impl()); it != by_impl_.end()) return it->second;  // same tensor twice
+  if (int v = by_impl(t); v >= 0) return v;  // same tensor twice
   Source s;
   s.kind = SourceKind::Arg;
   s.index = index;
@@ -154,9 +161,8 @@ int Recorder::add_source(const Tensor& t, Source src) {
 // the written tensor's exact geometry; otherwise `t` is an alias that saw the write, which the
 // functional program cannot express (Program::aliased_mutation).
 int Recorder::find(const Tensor& t) {
-  int v = -1;
-  if (auto it = by_impl_.find(t.impl()); it != by_impl_.end()) v = it->second;
-  auto w = writes_.find(t.storage().get());
+  int v = by_impl(t);
+  auto w = writes_.find(t.storage()->serial());
   uint64_t writes = w == writes_.end() ? 0 : w->second;
   if (v >= 0 && write_count_[v] == writes) return v;
   if (auto it = by_geometry_.find(key_of(t)); it != by_geometry_.end()) {
@@ -173,8 +179,22 @@ int Recorder::find(const Tensor& t) {
   return -1;
 }
 
+void Recorder::check_foreign_write(const Tensor& t) {
+  const StorageImpl* s = t.defined() ? t.storage().get() : nullptr;
+  if (!s || s->last_write_epoch_not_by(thread_) < write_epoch_start_ ||
+      !p_.foreign_thread_reason.empty())
+    return;
+  p_.foreign_thread_reason = fmt::format(
+      "another thread wrote in place into a tensor it uses ({} {}) while it was traced; kiln "
+      "records only the calling thread's ops",
+      name(t.dtype()), to_string(t.shape()));
+}
+
 int Recorder::lookup(const Tensor& t) {
   int v = find(t);
+  // Read after another thread wrote it: checked here, as the function may drop the tensor
+  // before finish() could look at it.
+  if (v >= 0) check_foreign_write(t);
   if (v >= 0) return v;
   Source s;
   if (t.storage()->serial() >= start_serial_) {
@@ -195,12 +215,12 @@ int Recorder::lookup(const Tensor& t) {
     return add_source(t, std::move(s));
   }
   // The .grad of a leaf the function already uses: re-read from that leaf on every run.
-  for (size_t i = 0; i < tensors_.size(); ++i) {
+  for (size_t i = 0; i < held_.size(); ++i) {
     int src = p_.values[i].source;
     if (src < 0) continue;
     SourceKind k = p_.sources[src].kind;
     if (k != SourceKind::Arg && k != SourceKind::Captured) continue;
-    Tensor g = grad_of(tensors_[i]);
+    Tensor g = grad_of(held_[i]);
     if (g.defined() && (g.is_same(t) || (!(key_of(g) < key_of(t)) && !(key_of(t) < key_of(g))))) {
       s.kind = SourceKind::GradOf;
       s.index = static_cast<int>(i);
@@ -279,7 +299,7 @@ void Recorder::after_kernel(const OpCall& call, const InferredMeta& meta,
     // The functional program gets a new value for the written tensor; older values of its
     // memory become stale (see find()).
     const Tensor& dst = outs[0];
-    ++writes_[dst.storage().get()];
+    ++writes_[dst.storage()->serial()];
     n.out.push_back(new_value(dst, -1));
   } else {
     for (const Tensor& t : outs) n.out.push_back(new_value(t, -1));
@@ -361,27 +381,19 @@ void Recorder::on_callback(const std::string& name,
 void Recorder::finish() {
   // Only this thread's ops are recorded: another thread's in-place write meanwhile into memory
   // the function uses would be missing from every replay.
-  for (const Tensor& t : tensors_) {
-    const StorageImpl* s = t.defined() ? t.storage().get() : nullptr;
-    if (!s || s->last_write_epoch_not_by(thread_) < write_epoch_start_ ||
-        !p_.foreign_thread_reason.empty())
-      continue;
-    p_.foreign_thread_reason = fmt::format(
-        "another thread wrote in place into a tensor it uses ({} {}) while it was traced; kiln "
-        "records only the calling thread's ops",
-        name(t.dtype()), to_string(t.shape()));
-  }
+  // (A value the function dropped was checked at each read, lookup().)
+  for (size_t v = 0; v < held_.size(); ++v) check_foreign_write(tensor(static_cast<int>(v)));
   // Arguments, captured tensors and .grads read at the call whose memory the function changed
   // in place (a compiled clip_grad_norm_ scales each .grad in place).
-  size_t n_values = tensors_.size();
+  size_t n_values = held_.size();
   for (size_t v = 0; v < n_values; ++v) {
     int src = p_.values[v].source;
     if (src < 0) continue;
     SourceKind k = p_.sources[src].kind;
     if (k != SourceKind::Arg && k != SourceKind::Captured && k != SourceKind::GradOf) continue;
-    auto w = writes_.find(tensors_[v].storage().get());
+    auto w = writes_.find(held_[v].storage()->serial());
     if (w == writes_.end()) continue;
-    auto it = by_geometry_.find(key_of(tensors_[v]));
+    auto it = by_geometry_.find(key_of(held_[v]));
     if (it == by_geometry_.end() || write_count_[it->second] != w->second) {
       // Written through a view of another geometry (`x.view({n}) += 1`, `x.select(0, 1)
       // .fill_(7)`) and not read back whole: the functional program has no value of the whole
@@ -390,7 +402,7 @@ void Recorder::finish() {
       if (!p_.aliased_mutation)
         p_.aliased_mutation_reason = fmt::format(
             "an argument or captured tensor (shape {}) was changed in place through a view",
-            to_string(tensors_[v].shape()));
+            to_string(held_[v].shape()));
       p_.aliased_mutation = true;
     } else if (it->second != static_cast<int>(v)) {
       p_.write_backs.push_back({src, it->second});

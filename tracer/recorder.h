@@ -15,7 +15,10 @@ namespace kiln::tracer {
 
 class Recorder final : public DispatchHook {
  public:
-  explicit Recorder(Program& program);
+  /// `keep_values`: hold every value's tensor (kiln::compare reads eager's value of each op);
+  /// otherwise only the sources' are held, and the function's intermediates are freed when
+  /// its own code drops them, as in eager (the first call needs no more memory than eager).
+  explicit Recorder(Program& program, bool keep_values = false);
   ~Recorder() override;
   Recorder(const Recorder&) = delete;
   Recorder& operator=(const Recorder&) = delete;
@@ -31,8 +34,11 @@ class Recorder final : public DispatchHook {
   int add_source(const Tensor& t, Source src);
   /// The value id of `t`: a value recorded so far, or a new source (captured, snapshot, ...).
   int lookup(const Tensor& t);
-  /// The tensor of value `v` as it was while tracing.
-  const Tensor& tensor(int v) const { return tensors_[v]; }
+  /// The tensor of value `v` as it was while tracing; undefined for an op's result that the
+  /// function has since dropped (unless keep_values).
+  Tensor tensor(int v) const {
+    return held_[v].defined() ? held_[v] : Tensor(impls_[v].lock());
+  }
 
   bool before_kernel(const OpCall& call, const InferredMeta& meta,
                      std::vector<Tensor>& outs) override {
@@ -64,8 +70,9 @@ class Recorder final : public DispatchHook {
   static Recorder* current();
 
  private:
+  // Memory is named by its storage's serial, never reused (a freed storage's address is).
   struct GeoKey {
-    const StorageImpl* storage;
+    uint64_t storage;
     int64_t offset;
     DType dtype;
     Shape shape;
@@ -75,9 +82,15 @@ class Recorder final : public DispatchHook {
   static GeoKey key_of(const Tensor& t);
   int new_value(const Tensor& t, int source);
   int find(const Tensor& t);
+  // Sets Program::foreign_thread_reason when another thread wrote `t`'s memory in place since
+  // the trace began.
+  void check_foreign_write(const Tensor& t);
+  // The value recorded for this very TensorImpl (alive), or -1.
+  int by_impl(const Tensor& t) const;
   bool record_dropout_as_mask(const OpCall& call, const std::vector<Tensor>& outs);
 
   Program& p_;
+  bool keep_values_;
   uint64_t start_serial_;
   uint32_t thread_;  // StorageImpl::current_thread_number() of the tracing thread
   uint64_t write_epoch_start_;  // StorageImpl::begin_write_epoch() when the trace began
@@ -92,11 +105,12 @@ class Recorder final : public DispatchHook {
   HostReadObserver prev_observer_ = nullptr;
   RawAccessObserver prev_raw_observer_ = nullptr;
   Recorder* prev_current_ = nullptr;
-  std::vector<Tensor> tensors_;                 // by value id (keeps impls alive)
+  std::vector<Tensor> held_;  // by value id: sources' tensors (every value's if keep_values)
+  std::vector<std::weak_ptr<TensorImpl>> impls_;  // by value id
   std::vector<uint64_t> write_count_;           // storage writes seen when the value was made
-  std::unordered_map<const TensorImpl*, int> by_impl_;
+  std::unordered_map<const TensorImpl*, int> by_impl_;  // checked against impls_ (reuse)
   std::map<GeoKey, int> by_geometry_;
-  std::unordered_map<const StorageImpl*, uint64_t> writes_;  // in-place writes per storage
+  std::unordered_map<uint64_t, uint64_t> writes_;  // in-place writes per storage serial
   std::vector<Tensor> grad_leaves_;
   std::unordered_set<const TensorImpl*> grad_leaf_set_;
   // Dropout masks by (seed, offset, p, shape): a backward's dropout reuses its forward's.
