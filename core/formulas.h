@@ -476,14 +476,15 @@ struct Pow {
   }
 };
 
-/// The larger of a and b; NaN if either is NaN.
+/// The larger of a and b; NaN if either is NaN; a when they are equal (-0 and +0 too, as
+/// PyTorch's std::max: maximum(-0., 0.) = -0., clamp(-0., 0, 1) = -0.).
 struct Maximum {
-  template <class S> static S eval(S a, S b) { return select(a > b || isnan(a), a, b); }
+  template <class S> static S eval(S a, S b) { return select(a < b || isnan(b), b, a); }
 };
 
-/// The smaller of a and b; NaN if either is NaN.
+/// The smaller of a and b; NaN if either is NaN; a when they are equal.
 struct Minimum {
-  template <class S> static S eval(S a, S b) { return select(a < b || isnan(a), a, b); }
+  template <class S> static S eval(S a, S b) { return select(b < a || isnan(b), b, a); }
 };
 
 struct Atan2 {

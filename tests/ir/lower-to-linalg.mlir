@@ -93,15 +93,16 @@ func.func @compare(%x: tensor<3xf32>, %i: tensor<3xi64>, %b: tensor<3xi1>) -> (t
   return %0, %1, %2, %3 : tensor<3xi1>, tensor<3xi1>, tensor<3xi1>, tensor<3xi1>
 }
 
-// Bodies come from core/formulas.h: relu = select(x < 0, 0, x); maximum keeps NaN of a
-// (select(a > b || isnan(a), a, b)); round is half to even; gelu mode 1 is the tanh form.
+// Bodies come from core/formulas.h: relu = select(x < 0, 0, x); maximum keeps NaN of either
+// and a on ties (select(a < b || isnan(b), b, a)); round is half to even; gelu mode 1 is the
+// tanh form.
 // CHECK-LABEL: func.func @formulas
 // CHECK: arith.cmpf olt
 // CHECK-NEXT: arith.select
-// CHECK: %[[GT:.*]] = arith.cmpf ogt, %[[A:.*]], %[[B:.*]] : f32
-// CHECK-NEXT: %[[NAN:.*]] = arith.cmpf uno, %[[A]], %[[A]] : f32
-// CHECK-NEXT: %[[OR:.*]] = arith.ori %[[GT]], %[[NAN]] : i1
-// CHECK-NEXT: arith.select %[[OR]], %[[A]], %[[B]] : f32
+// CHECK: %[[LT:.*]] = arith.cmpf olt, %[[A:.*]], %[[B:.*]] : f32
+// CHECK-NEXT: %[[NAN:.*]] = arith.cmpf uno, %[[B]], %[[B]] : f32
+// CHECK-NEXT: %[[OR:.*]] = arith.ori %[[LT]], %[[NAN]] : i1
+// CHECK-NEXT: arith.select %[[OR]], %[[B]], %[[A]] : f32
 // CHECK: math.roundeven
 // CHECK: arith.negf
 // CHECK: math.fma

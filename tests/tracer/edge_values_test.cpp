@@ -37,6 +37,27 @@ TEST_CASE("sign(-0.0) is +0.0 eagerly and compiled (PyTorch)", "[compile][edge]"
   }
 }
 
+TEST_CASE("maximum, minimum and clamp keep their first operand on ties of -0. and +0., eagerly "
+          "and compiled (PyTorch)", "[compile][edge]") {
+  // PyTorch 1.13: maximum([-0., 0.], [0., -0.]) = [-0., 0.], minimum alike; clamp([-0., 0.],
+  // 0, 1) = [-0., 0.]; clamp([0., -0.], max=-0.) = [0., -0.]; NaN in either operand wins.
+  Tensor a = tensor({-0.0f, 0.0f, NAN, 1.0f}), b = tensor({0.0f, -0.0f, 1.0f, NAN});
+  auto signs = [](const Tensor& t) {
+    std::vector<int> out;
+    for (float v : t.to_vector<float>()) out.push_back(std::isnan(v) ? 2 : std::signbit(v));
+    return out;
+  };
+  auto both = compile([](const Tensor& x, const Tensor& y) {
+    return std::make_tuple(maximum(x, y) * 1.0f, minimum(x, y) * 1.0f, x.clamp(0.0, 1.0) * 1.0f);
+  });
+  for (int call = 0; call < 3; ++call) {
+    auto [mx, mn, cl] = both(a, b);
+    for (const Tensor& t : {maximum(a, b), mx}) CHECK(signs(t) == std::vector<int>{1, 0, 2, 2});
+    for (const Tensor& t : {minimum(a, b), mn}) CHECK(signs(t) == std::vector<int>{1, 0, 2, 2});
+    for (const Tensor& t : {a.clamp(0.0, 1.0), cl}) CHECK(signs(t) == std::vector<int>{1, 0, 2, 0});
+  }
+}
+
 TEST_CASE("pow with a number exponent 0.5 or -0.5 is sqrt or rsqrt, eagerly and compiled "
           "(PyTorch)", "[compile][edge]") {
   // PyTorch 1.13: [-inf, -0., 4.].pow(0.5) = [nan, -0., 2.], .pow(-0.5) = [nan, -inf, 0.5]
