@@ -3,6 +3,7 @@
 // same bytes can be cached on disk and a warm start only links them (codegen/cache.cpp).
 #include "codegen/jit.h"
 
+#include <cctype>
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
@@ -87,8 +88,11 @@ int parse_log_stages(std::string_view s) {
   while (!s.empty()) {
     size_t comma = s.find(',');
     std::string_view item = s.substr(0, comma);
-    while (!item.empty() && item.front() == ' ') item.remove_prefix(1);
-    while (!item.empty() && item.back() == ' ') item.remove_suffix(1);
+    // White space around a name is ignored, as the tracer's parser does (tabs, newlines too).
+    while (!item.empty() && std::isspace(static_cast<unsigned char>(item.front())))
+      item.remove_prefix(1);
+    while (!item.empty() && std::isspace(static_cast<unsigned char>(item.back())))
+      item.remove_suffix(1);
     if (item == "ir") bits |= kLogIr;
     if (item == "codegen") bits |= kLogCodegen;
     if (comma == std::string_view::npos) break;

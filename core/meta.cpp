@@ -320,7 +320,8 @@ InferredMeta index(OpKind op, std::span<const TensorMeta> in, const OpAttrs& a, 
       KILN_CHECK(in[1].shape.size() <= 1, nm, loc, "index must be 0-d or 1-D, got shape {}",
                  to_string(in[1].shape));
       Shape out = x.shape;
-      if (r) out[wrap_dim(a.dim, r, nm, loc)] = numel(in[1].shape);
+      const int d = wrap_dim(a.dim, r, nm, loc);  // a 0-d input takes dims 0 and -1
+      if (r) out[d] = numel(in[1].shape);
       return {x.dtype, {{x.dtype, out}}};
     }
     case OpKind::Gather: {
@@ -520,14 +521,14 @@ DType result_type(std::span<const TensorMeta> inputs) {
 
 uint32_t reduction_mask(const OpAttrs& attrs, int rank, const char* op, Loc loc) {
   if (attrs.all_dims || attrs.dims.empty()) return rank ? (1u << rank) - 1 : 0;
-  uint32_t mask = 0;
+  uint32_t seen = 0;  // a 0-d input takes dim 0 (or -1) once, as in PyTorch, and reduces none
   for (int64_t d : attrs.dims) {
     int w = wrap_dim(d, rank, op, loc);
-    KILN_CHECK(!(mask >> w & 1), op, loc, "dim {} appears more than once in {}", w,
+    KILN_CHECK(!(seen >> w & 1), op, loc, "dim {} appears more than once in {}", w,
                to_string(attrs.dims));
-    if (rank) mask |= 1u << w;
+    seen |= 1u << w;
   }
-  return mask;
+  return rank ? seen : 0;
 }
 
 static InferredMeta infer_meta_unchecked(OpKind op, std::span<const TensorMeta> inputs,

@@ -156,8 +156,29 @@ CompareReport compare_runs(
   std::vector<OutValue> eager_outs;
   const GeneratorState rng_start = give_back.rng;
   Recorder rec(*prog, /*keep_values=*/true);
-  for (size_t i = 0; i < eager_args.size(); ++i)
-    if (eager_args[i].kind == ArgValue::Kind::Tensor) rec.add_arg(eager_args[i].tensor, int(i));
+  // Arguments in one flat list, a tensor list's elements one by one (as compile() numbers
+  // them): the compiled run reads each element from its own copy, not from eager's, which the
+  // eager run may have written.
+  auto flatten = [](const std::vector<ArgValue>& in) {
+    std::vector<ArgValue> flat;
+    for (const ArgValue& a : in) {
+      if (a.kind != ArgValue::Kind::TensorList) {
+        flat.push_back(a);
+        continue;
+      }
+      for (const Tensor& t : a.list) {
+        ArgValue e;
+        e.kind = t.defined() ? ArgValue::Kind::Tensor : ArgValue::Kind::Undefined;
+        e.tensor = t;
+        flat.push_back(e);
+      }
+    }
+    return flat;
+  };
+  const std::vector<ArgValue> eager_flat = flatten(eager_args);
+  const std::vector<ArgValue> compiled_flat = flatten(compiled_args);
+  for (size_t i = 0; i < eager_flat.size(); ++i)
+    if (eager_flat[i].kind == ArgValue::Kind::Tensor) rec.add_arg(eager_flat[i].tensor, int(i));
   rec.install();
   eager_outs = call(eager_args);
   rec.finish();
@@ -174,11 +195,11 @@ CompareReport compare_runs(
 
   // The compiled run of the same program, every value kept, segment by segment.
   RunState st;
-  st.args.resize(args.size());
-  st.scalars.resize(args.size());
-  for (size_t i = 0; i < args.size(); ++i) {
-    st.args[i] = compiled_args[i].tensor;
-    st.scalars[i] = compiled_args[i].scalar;
+  st.args.resize(compiled_flat.size());
+  st.scalars.resize(compiled_flat.size());
+  for (size_t i = 0; i < compiled_flat.size(); ++i) {
+    st.args[i] = compiled_flat[i].tensor;
+    st.scalars[i] = compiled_flat[i].scalar;
   }
   st.rng = rng_start;
   st.in_place = prog->aliased_mutation;

@@ -639,7 +639,10 @@ bool only_sizes_differ(const Entry& e, const std::vector<ArgValue>& args,
       if (t.dtype() != g.dtype || t.dim() != g.shape.size() ||
           t.requires_grad() != g.requires_grad || alias_index(args, i) != g.alias_of)
         return false;
-      if (t.is_contiguous() != g.contiguous || !g.contiguous) {
+      // A strided argument takes part when its strides are the entry's (x[:, :5] of rows of
+      // 8 as the batch changes: [8, 1]); strides that change with the sizes (a transpose)
+      // keep it specialised per size, since the guard checks them exactly.
+      if (t.is_contiguous() != g.contiguous || (!g.contiguous && t.strides() != g.strides)) {
         if (strided && !t.is_contiguous() && t.shape() != g.shape) *strided = int(i);
         return false;
       }
@@ -1668,9 +1671,9 @@ std::vector<OutValue> CompiledFunction::Impl::trace(
     }
   }
   if (bases.empty() && strided_arg >= 0 && options.dynamic == Dynamic::Auto)
-    how = fmt::format("; not made symbolic: argument {} is strided (a slice, a transpose), and "
-                      "strided arguments are specialised per size (pass .contiguous() to let "
-                      "its sizes vary)",
+    how = fmt::format("; not made symbolic: argument {} is strided with strides that change "
+                      "with its sizes (a transpose), and such arguments are specialised per "
+                      "size (pass .contiguous() to let its sizes vary)",
                       strided_arg);
   if (!e->dynamic && !marked.empty()) {
     if (!bases.empty()) how += "; the marked dims are symbolic all the same";

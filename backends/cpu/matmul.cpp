@@ -210,7 +210,7 @@ void matmul_kernel(const OpCall& call, const InferredMeta& meta, std::span<Tenso
         const T* p = product.data<T>();
         T* o = out.data<T>();
         for (int64_t i = 0, n = out.numel(); i < n; ++i) {
-          T scaled = T(0) * p[i];
+          T scaled = alpha * p[i];  // alpha is ±0 here: -0. keeps its sign, as PyTorch
           if constexpr (std::is_floating_point_v<T>)
             o[i] = beta != T(0) ? std::fma(beta, o[i], scaled) : scaled;
           else

@@ -146,6 +146,11 @@ TEST_CASE("0-d and empty tensors: views and metadata") {
            [&] { return s.squeeze(1); }, [&] { return s.transpose(3, 9); },
            [&] { return s.flatten(1, 2); }, [&] { return s.unsqueeze(2); }})
     CHECK_THROWS_WITH(bad(), Catch::Contains("out of range: expected one in [-1, 0]"));
+  // index_select's dim and repeated reduction dims too (re-review).
+  CHECK_THROWS_WITH(index_select(s, 1, tensor({0})), Catch::Contains("expected one in [-1, 0]"));
+  CHECK(index_select(s, -1, tensor({0})).item<float>() == 2.0f);
+  CHECK_THROWS_WITH(sum(s, {0, -1}), Catch::Contains("appears more than once"));
+  CHECK(sum(s, {0}).item<float>() == 2.0f);
   Tensor e = zeros({0, 4});
   CHECK(e.numel() == 0);
   CHECK(e.t().shape() == Shape{4, 0});

@@ -295,6 +295,17 @@ TEST_CASE("compare() passes each argument with its layout, modules by reference,
   CHECK(sliced.ok);
   CHECK(vec(big.slice(0, 10, 12)) == std::vector<float>{10, 11});  // the caller's memory as it was
 
+  // A tensor list whose element the function writes in place (re-review: the compiled run
+  // read eager's copy, already written, and compare blamed the op).
+  auto increment_first = [](std::vector<Tensor> v) {
+    v[0].add_(1);
+    return v[0] * 1;
+  };
+  Tensor first = arange(3, DType::Float32);
+  CompareReport listed = compare(increment_first, std::vector<Tensor>{first, ones({2})});
+  CHECK(listed.ok);
+  CHECK(vec(first) == std::vector<float>{0, 1, 2});  // given back
+
   // A module by non-const reference, as compile() takes it (compare did not compile).
   nn::Linear lin(3, 2);
   auto apply = [](nn::Linear& m, const Tensor& in) { return m(in); };

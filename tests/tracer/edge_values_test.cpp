@@ -122,6 +122,14 @@ TEST_CASE("addmm with alpha = 0 multiplies the product by 0 as PyTorch: NaN and 
       expect(dropped(bias * NAN, a, b), {-0.0, -0.0, -0.0});
       expect(cd(bias * NAN, a, b), {-0.0, -0.0, -0.0});
     }
+    // alpha = -0. keeps its sign: -0. times positive products (re-review).
+    auto negative_zero = [](const Tensor& c, const Tensor& x, const Tensor& y) {
+      return addmm(c, x, y, 0.0, -0.0);
+    };
+    auto cn = compile(negative_zero);
+    Tensor pos = ones({2, 2}, dt);
+    for (const Tensor& r : {negative_zero(bias, pos, b), cn(bias, pos, b), cn(bias, pos, b)})
+      for (double v : r.to_vector<double>()) CHECK((v == 0 && std::signbit(v)));
   }
 }
 
