@@ -182,8 +182,8 @@ class CompiledBackward final : public autograd::Node {
     applied_.assign(p_->grad_outputs.size(), false);
     for (size_t k = 0; k < applied_.size() && k < grads.size(); ++k)
       applied_[k] = p_->grad_outputs[k] >= 0 && grads[k].defined();
-    // Unlike eager, where two outputs computed through one node that saved tensors free them
-    // for each other (shares_saved).
+    // A backward without retain_graph through an output, or through one computed with it
+    // through an eager node that saved tensors (shares_saved: it freed them, as eager's).
     bool again = released_;
     for (size_t k = 0; k < applied_.size() && k < consumed_.size(); ++k)
       for (size_t l = 0; l < consumed_.size() && applied_[k]; ++l)
