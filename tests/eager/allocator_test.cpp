@@ -2,7 +2,6 @@
 // size class (tiny, small and large), the per-class bounds, and empty_cache.
 #include <catch2/catch.hpp>
 
-#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -11,6 +10,7 @@
 #include <cstring>
 #include <vector>
 
+#include "address_limit.h"
 #include "backends/cpu/allocator.h"
 #include "kiln/kiln.h"
 #include "core/sanitizers.h"
@@ -154,15 +154,7 @@ TEST_CASE("cpu allocator: an allocation that finds no memory empties the cache a
   pid_t child = fork();
   REQUIRE(child >= 0);
   if (child == 0) {
-    long vm_kb = 0;
-    std::FILE* f = std::fopen("/proc/self/status", "r");
-    char line[256];
-    while (f && std::fgets(line, sizeof line, f))
-      if (std::sscanf(line, "VmSize: %ld kB", &vm_kb) == 1) break;
-    if (f) std::fclose(f);
-    rlimit limit{};
-    limit.rlim_cur = limit.rlim_max = (vm_kb + 1536L * 1024) * 1024;
-    if (vm_kb == 0 || setrlimit(RLIMIT_AS, &limit) != 0) _exit(3);
+    if (!testing::limit_address_space(1536L * 1024)) _exit(3);
     try {
       { Tensor freed = zeros({600L << 18}); }  // 600 MiB, now in the cache
       if (cpu::allocator_stats().cached_bytes < (600UL << 20)) _exit(4);

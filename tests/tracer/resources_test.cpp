@@ -2,7 +2,6 @@
 // tests/README.md), memory flat over 100,000 calls once the cache limit is reached, and compiled
 // code freed with the function.
 #include <catch2/catch.hpp>
-#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -14,6 +13,7 @@
 #include <thread>
 #include <vector>
 
+#include "address_limit.h"
 #include "backends/cpu/allocator.h"
 #include "codegen/codegen.h"
 #include "core/sanitizers.h"
@@ -222,15 +222,7 @@ TEST_CASE("resources: out of memory in a compiled region names its op and the us
     // The trace, a compiled replay (built here), an eager trial; the next replay is compiled.
     for (int call = 0; call < 3; ++call) (void)cf(x);
     cpu::empty_cache();
-    long vm_kb = 0;
-    std::FILE* f = std::fopen("/proc/self/status", "r");
-    char text[256];
-    while (f && std::fgets(text, sizeof text, f))
-      if (std::sscanf(text, "VmSize: %ld kB", &vm_kb) == 1) break;
-    if (f) std::fclose(f);
-    rlimit limit{};
-    limit.rlim_cur = limit.rlim_max = (vm_kb + 16 * 1024) * 1024;
-    if (vm_kb == 0 || setrlimit(RLIMIT_AS, &limit) != 0) _exit(3);
+    if (!testing::limit_address_space(16 * 1024)) _exit(3);
     try {
       (void)cf(x);
       _exit(4);
