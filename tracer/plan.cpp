@@ -197,7 +197,11 @@ struct Plan::Region {
   // kernels are fused and multi-threaded too, and win for some shapes, e.g. a lone reduction
   // over rows; compiled reductions accumulate in float64 as eager's do, so switching keeps the
   // numerics).
-  static constexpr int kTrials = 8;  // the first two (one each way) only warm up
+  // The first two (one each way) only warm up. When the first timed pair differs by 30 % or
+  // more the choice is made there: each eager-kernel trial of the Transformer step's region
+  // cost 30 ms over the compiled code's 66, and two of them fell in the benchmark's timed steps.
+  static constexpr int kTrials = 8;
+  static constexpr double kClearMargin = 1.3;
   mutable std::atomic<int> trials{0};
   // Fastest timed run each way: the machine's other load only ever adds time, so the minimum
   // estimates a way's own cost better than a sum (3 runs each way; with sums, other jobs on a
@@ -205,6 +209,13 @@ struct Plan::Region {
   static constexpr int64_t kNotTimed = std::numeric_limits<int64_t>::max();
   mutable std::atomic<int64_t> compiled_ns{kNotTimed}, eager_ns{kNotTimed};
   mutable std::atomic<int> choice{-1};  // -1 measuring, 0 compiled, 1 eager kernels
+  // Whether both ways were timed (other threads may still be running their trials) and their
+  // fastest runs differ by kClearMargin or more.
+  bool clear_winner() const {
+    const int64_t e = eager_ns.load(), c = compiled_ns.load();
+    if (e == kNotTimed || c == kNotTimed) return false;
+    return static_cast<double>(std::max(e, c)) >= kClearMargin * static_cast<double>(std::min(e, c));
+  }
   std::string fallback_reason;
   // Nodes whose eager kernels reject input values that their compiled code computes through
   // (see data_checked_inputs): their inputs are scanned after a compiled run (run_compiled).
@@ -744,7 +755,7 @@ void Plan::run_region(const Region& r, RunState& st) const {
         while (ns < seen && !best.compare_exchange_weak(seen, ns, std::memory_order_relaxed)) {
         }
       }
-      if (trial == Region::kTrials - 1)
+      if (trial == Region::kTrials - 1 || (trial == 3 && r.clear_winner()))
         r.choice.store(r.eager_ns.load() < r.compiled_ns.load() * 0.95 ? 1 : 0);
       return;
     }
@@ -868,7 +879,7 @@ std::string Plan::describe() const {
   // fastest timed trial each way; "" while measuring or where nothing was measured.
   auto measured_choice = [](const Region& r) -> std::string {
     const int choice = r.choice.load();
-    if (choice < 0 || r.trials.load() < Region::kTrials) return "";
+    if (choice < 0) return "";
     const double eager_us = r.eager_ns.load() / 1e3;
     const double compiled_us = r.compiled_ns.load() / 1e3;
     return choice == 1
