@@ -357,6 +357,7 @@ Tensor stack(const std::vector<Tensor>& xs, int64_t dim, Loc loc) {
   });
 }
 std::vector<Tensor> split(const Tensor& x, const std::vector<int64_t>& sizes, int64_t dim, Loc loc) {
+  KILN_CHECK(x.dim() > 0, "split", loc, "a 0-d tensor cannot be split");
   int d = wrap_dim(dim, x.dim(), "split", loc);
   int64_t total = 0;
   for (int64_t s : sizes) {
@@ -387,6 +388,7 @@ std::vector<Tensor> split(const Tensor& x, int64_t size, int64_t dim, Loc loc) {
 }
 std::vector<Tensor> chunk(const Tensor& x, int64_t chunks, int64_t dim, Loc loc) {
   KILN_CHECK(chunks > 0, "chunk", loc, "chunks must be positive, got {}", chunks);
+  KILN_CHECK(x.dim() > 0, "chunk", loc, "a 0-d tensor cannot be chunked");
   int d = wrap_dim(dim, x.dim(), "chunk", loc);
   // An empty dim gives `chunks` empty pieces, as in PyTorch (split by size gives one).
   if (x.size(d) == 0) return split(x, std::vector<int64_t>(chunks, 0), d, loc);
@@ -415,7 +417,7 @@ Tensor one_hot(const Tensor& indices, int64_t num_classes, Loc loc) {
   if (num_classes == -1) {
     KILN_CHECK(indices.numel() > 0, "one_hot", loc,
                "cannot infer num_classes from an empty tensor; pass it explicitly");
-    const int64_t largest = amax(indices, {}, false, loc).item<int64_t>();
+    const int64_t largest = amax(indices, {}, false, loc).item<int64_t>(loc);
     KILN_CHECK(largest < std::numeric_limits<int64_t>::max(), "one_hot", loc,
                "the largest index {} leaves no num_classes (largest + 1) in int64", largest);
     num_classes = largest + 1;

@@ -284,7 +284,7 @@ const Tensor& SGD::momentum_buffer(size_t i, Loc loc) const {
 int64_t AdamW::step_count() const { return static_cast<int64_t>(steps_.item<double>()); }
 int64_t AdamW::step_count(size_t i, Loc loc) const {
   check_parameter_index("AdamW.step_count", i, params_.size(), loc);
-  return static_cast<int64_t>(step_tensor(i, loc).item<double>());
+  return static_cast<int64_t>(step_tensor(i, loc).item<double>(loc));
 }
 Tensor AdamW::step_tensor(size_t i, Loc loc) const {
   check_parameter_index("AdamW.step_tensor", i, params_.size(), loc);

@@ -559,13 +559,30 @@ std::string stale_trace_difference(const Program& replayed, const Program& fresh
 
 namespace {
 
+// Whether `op` broadcasts size-1 dims of its inputs (right-aligned against its output): the
+// elementwise ops, matmul's batch dims and addmm's bias, expand, copy_'s source, masked_fill's
+// mask and mse_loss. Other ops' input sizes equal their output's or are not aligned with it
+// (embedding's indices, a reduced or concatenated dim): counting those made an index [1]
+// against an embedding's [1, D] output a broadcast, so mark_dynamic at size 1 was dropped.
+bool broadcasts_inputs(OpKind op) {
+  switch (op_info(op).category) {
+    case OpCategory::Binary:
+    case OpCategory::Ternary:
+    case OpCategory::Matmul: return true;
+    default:
+      return op == OpKind::Expand || op == OpKind::CopyInto || op == OpKind::MaskedFill ||
+             op == OpKind::MseLoss;
+  }
+}
+
 // Calls `fn(node, input position, dim)` for each size-1 dim of an op's input that the op
 // broadcast to another size (0 included): against its output, or for mse_loss, whose output
 // is reduced, against the other input.
 template <class F> void for_each_broadcast(const Program& p, F&& fn) {
   for (size_t i = 0; i < p.nodes.size(); ++i) {
     const Node& n = p.nodes[i];
-    if (n.kind != Node::Kind::Op || n.out.empty() || n.out[0] < 0) continue;
+    if (n.kind != Node::Kind::Op || n.out.empty() || n.out[0] < 0 || !broadcasts_inputs(n.op))
+      continue;
     Shape to = p.values[n.out[0]].shape;
     if (n.op == OpKind::MseLoss && n.in.size() == 2 && n.in[0] >= 0 && n.in[1] >= 0) {
       const Shape &a = p.values[n.in[0]].shape, &b = p.values[n.in[1]].shape;

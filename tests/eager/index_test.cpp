@@ -1,9 +1,12 @@
 // cat / stack / split / chunk and the index ops, with known values.
 #include <catch2/catch.hpp>
-
+#include <functional>
 #include <limits>
+#include <string>
+#include <utility>
 #include <vector>
 
+#include "error_of.h"
 #include "kiln/kiln.h"
 
 using namespace kiln;
@@ -127,6 +130,16 @@ TEST_CASE("stack, split and chunk values") {
   CHECK(zero_split[0].shape() == Shape{0, 3});
   CHECK_THROWS_WITH(split(m, 0, 1), Catch::Contains("split size must be positive"));
   CHECK_THROWS_WITH(split(scalar_tensor(1.0), 1), Catch::Contains("0-d"));
+  // chunk and split by sizes name themselves and the caller's line too (review: kiln::size at
+  // eager/ops.cpp).
+  for (const auto& [op, call] : std::vector<std::pair<std::string, std::function<void()>>>{
+           {"chunk", [] { chunk(scalar_tensor(1.0), 1); }},
+           {"split", [] { split(scalar_tensor(1.0), std::vector<int64_t>{1}); }}}) {
+    const Error e = kiln::testing::error_of(call);
+    CHECK(e.op() == op);
+    CHECK(std::string(e.what()).find("0-d") != std::string::npos);
+    CHECK(std::string(e.where().file_name()).find("index_test.cpp") != std::string::npos);
+  }
   // split then cat is the identity.
   CHECK(cat(split(m, 1, 1), 1).to_vector<int64_t>() == L{0, 1, 2, 3, 4, 5});
 }

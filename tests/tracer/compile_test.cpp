@@ -1312,6 +1312,36 @@ TEST_CASE("compile: mark_dynamic dims traced at size 1 then broadcast or squeeze
   CHECK(contains(sq.explain(), "which the trace broadcast or squeezed"));
 }
 
+TEST_CASE("compile: mark_dynamic at size 1 holds for ops that do not broadcast (review)",
+          "[compile]") {
+  // embedding's, index_select's and one_hot's index [1] against their output's last dim was
+  // taken for a broadcast, so the mark was dropped: 3 traces for 5 batch sizes.
+  Tensor w = from_vector<float>({0, 1, 10, 11, 20, 21}, {3, 2});
+  auto emb = compile([](const Tensor& w, const Tensor& i) { return embedding(w, i); },
+                     CompileOptions{}.mark_dynamic(1, 0));
+  auto sel = compile([](const Tensor& w, const Tensor& i) { return index_select(w, 0, i); },
+                     CompileOptions{}.mark_dynamic(1, 0));
+  auto hot = compile([](const Tensor& i) { return one_hot(i, 3) * 2; },
+                     CompileOptions{}.mark_dynamic(0, 0));
+  for (int64_t b : {1, 2, 3, 4, 5}) {
+    Tensor i = remainder(arange(b, DType::Int64) + 1, 3);  // 1, 2, 0, 1, 2
+    std::vector<float> rows;
+    std::vector<int64_t> hots;
+    for (int64_t k = 0; k < b; ++k) {
+      const int64_t r = (k + 1) % 3;
+      rows.insert(rows.end(), {float(10 * r), float(10 * r + 1)});
+      for (int64_t c = 0; c < 3; ++c) hots.push_back(c == r ? 2 : 0);
+    }
+    CHECK(vec(emb(w, i)) == rows);
+    CHECK(vec(sel(w, i)) == rows);
+    CHECK(hot(i).to_vector<int64_t>() == hots);
+  }
+  CHECK(emb.compile_count() == 1);
+  CHECK(sel.compile_count() == 1);
+  CHECK(hot.compile_count() == 1);
+  CHECK_FALSE(contains(emb.explain(), "is not applied to this trace"));
+}
+
 TEST_CASE("compile: a clone() of an argument feeding a checked integer op replays (review)",
           "[compile]") {
   // The run-time check of remainder's divisor (one_hot's classes, nll_loss's targets) read the
