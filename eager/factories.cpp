@@ -1,5 +1,6 @@
 #include "eager/factories.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <mutex>
@@ -41,10 +42,14 @@ Tensor random_op(OpKind op, const Shape& shape, DType dtype, Scalar low, Scalar 
   a.dtype = dtype;
   a.low = low;
   a.high = high;
-  GeneratorState s = generator_state();
-  a.seed = s.seed;
-  a.offset = reserve_random(static_cast<uint64_t>(numel(shape)) * draws_per_element);
-  return dispatch::call1({op, {}, a, loc});
+  // A negative size raises in the op; it reserves nothing.
+  const bool valid = std::all_of(shape.begin(), shape.end(), [](int64_t d) { return d >= 0; });
+  const uint64_t n = valid ? static_cast<uint64_t>(numel(shape)) * draws_per_element : 0;
+  return draw_random(n, [&](uint64_t seed, uint64_t offset) {
+    a.seed = seed;
+    a.offset = offset;
+    return dispatch::call1({op, {}, a, loc});
+  });
 }
 
 // Recursive: a compiled replay holds it (hold_generator) around its own generator calls.
@@ -287,6 +292,26 @@ uint64_t reserve_random(uint64_t n) {
   g_rng.offset += philox::blocks(n);
   if (t_draw_log) t_draw_log->push_back({at, philox::blocks(n)});
   return at;
+}
+Tensor draw_random(uint64_t n, const std::function<Tensor(uint64_t, uint64_t)>& op) {
+  const uint64_t blocks = philox::blocks(n);
+  uint64_t seed = 0, at = 0;
+  {
+    std::lock_guard<std::recursive_mutex> lock(g_rng_mu);
+    seed = g_rng.seed;
+    at = reserve_random(n);
+  }
+  try {
+    return op(seed, at);
+  } catch (...) {
+    std::lock_guard<std::recursive_mutex> lock(g_rng_mu);
+    if (g_rng.seed == seed && g_rng.offset == at + blocks) {
+      g_rng.offset = at;
+      if (t_draw_log && !t_draw_log->empty() && t_draw_log->back() == std::pair{at, blocks})
+        t_draw_log->pop_back();
+    }
+    throw;
+  }
 }
 DrawLog* set_draw_log(DrawLog* log) { return std::exchange(t_draw_log, log); }
 

@@ -1,6 +1,7 @@
 #pragma once
 /// Tensor factories and the global random generator.
 #include <cstdint>
+#include <functional>
 #include <initializer_list>
 #include <mutex>
 #include <type_traits>
@@ -121,6 +122,11 @@ GeneratorReseeds generator_reseeds();
 /// Reserves `n` 32-bit draws (rounded up to whole Philox blocks) and returns the counter
 /// offset at which they start; random ops call this so each draw uses fresh counters.
 uint64_t reserve_random(uint64_t n);
+/// Runs a random op `op(seed, offset)` on `n` fresh 32-bit draws reserved at `offset` (as
+/// reserve_random). When it throws (a bad size, dtype or bound; out of memory) the draws are
+/// given back, as PyTorch's generator is untouched by a failed call — unless another thread
+/// drew after them, in which case they stay used (never drawn twice).
+Tensor draw_random(uint64_t n, const std::function<Tensor(uint64_t seed, uint64_t offset)>& op);
 /// Holds the generator for a run of random ops whose draws are counted after they ran (a
 /// compiled replay reads generator_state(), runs, then advance_generator()s): the other
 /// threads' draws wait meanwhile, so that no counter is drawn twice. The holding thread may

@@ -464,9 +464,12 @@ Tensor dropout(const Tensor& x, double p, bool training, Loc loc) {
   if (!training || p == 0) return x;  // an alias of x, as in PyTorch
   OpAttrs a;
   a.p = p;
-  a.seed = generator_state().seed;
-  a.offset = reserve_random(static_cast<uint64_t>(x.defined() ? x.numel() : 0));
-  return unary(OpKind::Dropout, x, loc, a);
+  return draw_random(static_cast<uint64_t>(x.defined() ? x.numel() : 0),
+                     [&](uint64_t seed, uint64_t offset) {
+                       a.seed = seed;
+                       a.offset = offset;
+                       return unary(OpKind::Dropout, x, loc, a);
+                     });
 }
 Tensor nll_loss(const Tensor& log_probs, const Tensor& target, Reduction reduction,
                 int64_t ignore_index, Loc loc) {

@@ -250,3 +250,19 @@ TEST_CASE("dropout_mask: dropout's scale or 0 per element, from the same words")
   bad.dtype = DType::Int64;
   CHECK_THROWS_AS(dispatch::call1({OpKind::DropoutMask, {}, bad, Loc::current()}), Error);
 }
+
+TEST_CASE("a random op that raises leaves the generator as it was (review)", "[random]") {
+  // The draws were reserved before the checks: randint(5, 5) moved the stream, and randn with
+  // a negative size wound it back, so later draws repeated earlier ones.
+  manual_seed(0);
+  const std::vector<float> expected = rand({8}).to_vector<float>();
+  manual_seed(0);
+  CHECK_THROWS_AS(randint(5, 5, {3}), Error);
+  for (int i = 0; i < 4; ++i) CHECK_THROWS_AS(randn({-1, 1}), Error);
+  CHECK_THROWS_AS(rand({3}, DType::Int64), Error);
+  CHECK_THROWS_AS(dropout(ones({3}), 0.5, true) + ones({4}), Error);  // the add fails
+  CHECK(generator_state().offset == philox::blocks(3));  // only dropout's draws, which ran
+  manual_seed(0);
+  CHECK_THROWS_AS(randint(5, 5, {3}), Error);
+  CHECK(rand({8}).to_vector<float>() == expected);
+}
