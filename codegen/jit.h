@@ -119,6 +119,11 @@ using EmitPart = std::function<std::string(llvm::Module&, PartStats&)>;
 /// Rethrows the first part's exception after all threads have finished.
 std::vector<std::string> emit_in_parts(llvm::Module& mod, unsigned parts, const EmitPart& emit,
                                        std::vector<PartStats>& stats);
+/// Names of the symbols that x86-64 ELF `object` reaches with a 32-bit PC-relative relocation
+/// (R_X86_64_PC32) but does not define: a part's object must have none, as the JIT may load the
+/// symbol's part more than 2 GiB away. Empty for other targets; throws kiln::Error when `object`
+/// is not an object file.
+std::vector<std::string> direct_references_to_undefined(std::string_view object);
 /// One string for the compile cache: a single object as itself, several as a bundle.
 std::string bundle_objects(const std::vector<std::string>& objects);
 /// The objects in `bytes` (views into it): one for a plain object file. Throws kiln::Error for

@@ -14,6 +14,7 @@
 #include "llvm/Bitcode/BitcodeWriter.h"
 #include "llvm/IR/LLVMContext.h"
 #include "llvm/IR/Module.h"
+#include "llvm/Object/ELFObjectFile.h"
 #include "llvm/Support/MemoryBuffer.h"
 #include "llvm/Support/raw_ostream.h"
 #include "llvm/Transforms/Utils/SplitModule.h"
@@ -32,6 +33,19 @@ constexpr char kBundleMagic[8] = {'K', 'I', 'L', 'N', 'O', 'B', 'J', 'S'};
 
 template <class T> void put(std::string& out, T v) {
   out.append(reinterpret_cast<const char*>(&v), sizeof v);
+}
+
+/// SplitModule gives the locals that parts share hidden visibility, and a hidden declaration is
+/// reached with a 32-bit PC-relative address. The JIT loads each part at an address of its own,
+/// which may lie more than 2 GiB from the others (it did under ASan: "out of range of Delta32
+/// fixup"), so every declaration is made preemptible: the part reaches it through its own GOT
+/// entry or call stub, which the JIT linker places next to the part.
+void reach_other_parts_indirectly(llvm::Module& part) {
+  for (llvm::GlobalValue& gv : part.global_values()) {
+    if (!gv.isDeclaration() || gv.hasLocalLinkage()) continue;
+    gv.setVisibility(llvm::GlobalValue::DefaultVisibility);
+    gv.setDSOLocal(false);
+  }
 }
 
 }  // namespace
@@ -96,6 +110,7 @@ std::vector<std::string> emit_in_parts(llvm::Module& mod, unsigned parts, const 
       if (!part)
         throw Error("codegen::Executable: splitting the module",
                     llvm::toString(part.takeError()));
+      reach_other_parts_indirectly(**part);
       objects[i] = emit(**part, stats[i]);
     } catch (...) {
       errors[i] = std::current_exception();
@@ -127,6 +142,36 @@ std::vector<std::string> emit_in_parts(llvm::Module& mod, unsigned parts, const 
   for (const std::exception_ptr& e : errors)
     if (e) std::rethrow_exception(e);
   return objects;
+}
+
+std::vector<std::string> direct_references_to_undefined(std::string_view object) {
+  std::vector<std::string> names;
+  // A copy: ELF parsing needs the buffer aligned, and a view into a bundle may not be.
+  std::unique_ptr<llvm::MemoryBuffer> copy =
+      llvm::MemoryBuffer::getMemBufferCopy(llvm::StringRef(object.data(), object.size()));
+  llvm::Expected<std::unique_ptr<llvm::object::ObjectFile>> file =
+      llvm::object::ObjectFile::createObjectFile(copy->getMemBufferRef());
+  if (!file)
+    throw Error("codegen::direct_references_to_undefined",
+                "not an object file: " + llvm::toString(file.takeError()));
+  auto* elf = llvm::dyn_cast<llvm::object::ELF64LEObjectFile>(file->get());
+  if (!elf || elf->getArch() != llvm::Triple::x86_64) return names;
+  for (const llvm::object::SectionRef& section : elf->sections())
+    for (const llvm::object::RelocationRef& reloc : section.relocations()) {
+      if (reloc.getType() != llvm::ELF::R_X86_64_PC32) continue;
+      llvm::object::symbol_iterator sym = reloc.getSymbol();
+      if (sym == elf->symbol_end()) continue;
+      llvm::Expected<uint32_t> flags = sym->getFlags();
+      if (!flags) {
+        llvm::consumeError(flags.takeError());
+        continue;
+      }
+      if (!(*flags & llvm::object::SymbolRef::SF_Undefined)) continue;
+      llvm::Expected<llvm::StringRef> name = sym->getName();
+      if (name) names.push_back(name->str());
+      else llvm::consumeError(name.takeError());
+    }
+  return names;
 }
 
 std::string bundle_objects(const std::vector<std::string>& objects) {

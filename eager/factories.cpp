@@ -293,25 +293,17 @@ uint64_t reserve_random(uint64_t n) {
   if (t_draw_log) t_draw_log->push_back({at, philox::blocks(n)});
   return at;
 }
-Tensor draw_random(uint64_t n, const std::function<Tensor(uint64_t, uint64_t)>& op) {
-  const uint64_t blocks = philox::blocks(n);
-  uint64_t seed = 0, at = 0;
-  {
-    std::lock_guard<std::recursive_mutex> lock(g_rng_mu);
-    seed = g_rng.seed;
-    at = reserve_random(n);
-  }
-  try {
-    return op(seed, at);
-  } catch (...) {
-    std::lock_guard<std::recursive_mutex> lock(g_rng_mu);
-    if (g_rng.seed == seed && g_rng.offset == at + blocks) {
-      g_rng.offset = at;
-      if (t_draw_log && !t_draw_log->empty() && t_draw_log->back() == std::pair{at, blocks})
-        t_draw_log->pop_back();
-    }
-    throw;
-  }
+ReservedDraws reserve_draws(uint64_t n) {
+  std::lock_guard<std::recursive_mutex> lock(g_rng_mu);
+  const uint64_t seed = g_rng.seed;
+  return {seed, reserve_random(n), philox::blocks(n)};
+}
+void give_back_draws(const ReservedDraws& r) {
+  std::lock_guard<std::recursive_mutex> lock(g_rng_mu);
+  if (g_rng.seed != r.seed || g_rng.offset != r.offset + r.blocks) return;  // drawn after them
+  g_rng.offset = r.offset;
+  if (t_draw_log && !t_draw_log->empty() && t_draw_log->back() == std::pair{r.offset, r.blocks})
+    t_draw_log->pop_back();
 }
 DrawLog* set_draw_log(DrawLog* log) { return std::exchange(t_draw_log, log); }
 

@@ -126,7 +126,25 @@ uint64_t reserve_random(uint64_t n);
 /// reserve_random). When it throws (a bad size, dtype or bound; out of memory) the draws are
 /// given back, as PyTorch's generator is untouched by a failed call — unless another thread
 /// drew after them, in which case they stay used (never drawn twice).
-Tensor draw_random(uint64_t n, const std::function<Tensor(uint64_t seed, uint64_t offset)>& op);
+/// `op` is a callable Tensor(uint64_t seed, uint64_t offset); a template, so that a random op
+/// pays no std::function allocation.
+template <class Op> Tensor draw_random(uint64_t n, Op&& op);
+/// draw_random's halves: the seed and offset of `n` reserved draws, and their return when
+/// nothing was drawn after them.
+struct ReservedDraws {
+  uint64_t seed, offset, blocks;
+};
+ReservedDraws reserve_draws(uint64_t n);
+void give_back_draws(const ReservedDraws& r);
+template <class Op> Tensor draw_random(uint64_t n, Op&& op) {
+  const ReservedDraws r = reserve_draws(n);
+  try {
+    return op(r.seed, r.offset);
+  } catch (...) {
+    give_back_draws(r);
+    throw;
+  }
+}
 /// Holds the generator for a run of random ops whose draws are counted after they ran (a
 /// compiled replay reads generator_state(), runs, then advance_generator()s): the other
 /// threads' draws wait meanwhile, so that no counter is drawn twice. The holding thread may

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <iterator>
 #include <optional>
 #include <string>
 #include <thread>
@@ -393,6 +394,21 @@ TEST_CASE("cache: a large graph is emitted in parts on several threads, cached a
   Tensor x = randn({32, 16});
   Tensor want = eager_rounds(n, x);
   CHECK(max_abs_diff(a.run({x})[0], want) < 1e-5);
+  // A part reaches the others' symbols through its own GOT entries and stubs, never with a
+  // 32-bit direct address: the JIT may load parts more than 2 GiB apart (it did under ASan).
+  REQUIRE(cache.entries().size() == 1);
+  std::ifstream in(cache.entries()[0], std::ios::binary);
+  const std::string entry((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const size_t bundle_at = entry.find("KILNOBJS");  // the object bundle ends the entry
+  REQUIRE(bundle_at != std::string::npos);
+  const std::vector<std::string_view> parts =
+      codegen::unbundle_objects(std::string_view(entry).substr(bundle_at));
+  CHECK(static_cast<int>(parts.size()) == a.stats().object_parts);
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const std::vector<std::string> direct = codegen::direct_references_to_undefined(parts[i]);
+    CAPTURE(i, direct.size(), direct.empty() ? "" : direct[0]);
+    CHECK(direct.empty());
+  }
   // The disk cache keeps the parts together and links them all again.
   codegen::Executable b = compile_fresh(g);
   CHECK(b.stats().source == Source::DiskCache);
