@@ -70,7 +70,15 @@ InferredMeta elementwise(OpKind op, std::span<const TensorMeta> in, const OpAttr
              nm, loc, "not supported on bool tensors; convert with .to(kiln::Float32)");
   DType out = apply_rule(op_info(op).dtype_rule, promoted);
   DType compute = op_info(op).dtype_rule == DTypeRule::ToBool ? promoted : out;
-  if (op == OpKind::Add || op == OpKind::Sub) check_scalar_fits(a.alpha, compute, nm, loc);
+  if (op == OpKind::Add || op == OpKind::Sub) {  // PyTorch's alpha_check
+    KILN_CHECK(is_floating(compute) || !a.alpha.is_floating(), nm, loc,
+               "alpha must not be a floating point number ({}) for {} inputs", a.alpha.str(),
+               name(compute));
+    KILN_CHECK(compute == DType::Bool || !a.alpha.is_bool(), nm, loc,
+               "a bool alpha ({}) is only supported for bool results, not {}", a.alpha.str(),
+               name(compute));
+    check_scalar_fits(a.alpha, compute, nm, loc);
+  }
   return {compute, {{out, shape}}};
 }
 

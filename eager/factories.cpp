@@ -169,6 +169,13 @@ Tensor randn(const Shape& shape, TensorOptions opts, Loc loc) {
                    opts.device.value_or(Device::cpu()), loc);
 }
 Tensor randint(int64_t low, int64_t high, const Shape& shape, TensorOptions opts, Loc loc) {
+  if (opts.dtype == DType::Bool) {  // as PyTorch: the bounds must lie in [0, 2]
+    KILN_CHECK(low >= 0 && high <= 2, "randint", loc,
+               "bounds [{}, {}) are out of range for bool (values must be 0 or 1)", low, high);
+    return as_op("randint", [&] {
+      return randint(low, high, shape, {DType::Int64, opts.device}, loc).to(DType::Bool, loc);
+    });
+  }
   return random_op(OpKind::RandInt, shape, opts.dtype.value_or(DType::Int64), low, high, 2,
                    opts.device.value_or(Device::cpu()), loc);
 }

@@ -50,7 +50,8 @@ Tensor eye(int64_t n, int64_t m = -1, TensorOptions opts = {}, Loc loc = Loc::cu
 Tensor rand(const Shape& shape, TensorOptions opts = {}, Loc loc = Loc::current());
 /// Standard normal (Box–Muller on Philox draws).
 Tensor randn(const Shape& shape, TensorOptions opts = {}, Loc loc = Loc::current());
-/// Uniform integers in [low, high) (int64 unless opts says otherwise).
+/// Uniform integers in [low, high) (int64 unless opts says otherwise; bool needs 0 <= low and
+/// high <= 2).
 Tensor randint(int64_t low, int64_t high, const Shape& shape, TensorOptions opts = {},
                Loc loc = Loc::current());
 

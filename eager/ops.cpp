@@ -193,6 +193,20 @@ Tensor isclose(const Tensor& a, const Tensor& b, double rtol, double atol, bool 
   KILN_CHECK(rtol >= 0 && atol >= 0, "isclose", loc, "rtol ({}) and atol ({}) must be >= 0",
              rtol, atol);
   broadcast_shapes(a.shape(), b.shape(), "isclose", loc);  // the error names isclose
+  if (!is_floating(a.dtype()) && !is_floating(b.dtype())) {
+    // Integers and bools: the difference is taken exactly in int64 (float64 holds integers
+    // only up to 2^53, where 2^53 + 1 would be "close" to 2^53 at zero tolerance).
+    Tensor x = a.to(DType::Int64, loc), y = b.to(DType::Int64, loc);
+    Tensor close = eq(x, y, loc);
+    if (rtol == 0 && atol == 0) return close;
+    // |x - y| exactly where the int64 difference cannot overflow, else in float64 (far beyond
+    // any tolerance an integer comparison uses, where rounding does not matter).
+    Tensor wide = abs(sub(x.to(DType::Float64, loc), y.to(DType::Float64, loc), 1, loc), loc);
+    Tensor exact = abs(sub(x, y, 1, loc), loc).to(DType::Float64, loc);
+    Tensor error = where(lt(wide, 0x1p62, loc), exact, wide, loc);
+    Tensor allowed = add(mul(abs(y, loc).to(DType::Float64, loc), rtol, loc), atol, 1, loc);
+    return logical_or(close, le(error, allowed, loc), loc);
+  }
   auto as_float = [&](const Tensor& t) {
     return is_floating(t.dtype()) ? t : t.to(DType::Float64, loc);
   };

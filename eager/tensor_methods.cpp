@@ -17,17 +17,21 @@ Tensor view_op(OpKind op, const Tensor& x, OpAttrs a, Loc loc) {
 // `x += y`). `saves_self`: the op's backward reads x's value (mul_, div_: for x's gradient or
 // for the gradient of `operand`, the tensor y or undefined); when autograd records it, it
 // computes from a clone of x (as PyTorch saves the original self), since the write into x would
-// otherwise invalidate the saved value and backward() would fail.
+// otherwise invalidate the saved value and backward() would fail. `scalar`: the other operand
+// when it is a number, named in the error.
 template <class F>
 Tensor& in_place(Tensor& x, const char* op, Loc loc, bool saves_self, const Tensor& operand,
-                 F compute) {
+                 const Scalar* scalar, F compute) {
   return as_op(op, [&]() -> Tensor& {
     bool clone_self = saves_self && x.defined() && is_grad_enabled() &&
                       (x.requires_grad() || (operand.defined() && operand.requires_grad()));
     Tensor result = clone_self ? compute(x.clone(loc)) : compute(x);
     KILN_CHECK(category(result.dtype()) <= category(x.dtype()), op, loc,
-               "result type {} can't be cast to the in-place output type {}",
-               name(result.dtype()), name(x.dtype()));
+               "result type {} can't be cast to the in-place output type {} (self: {} {}; "
+               "other: {})",
+               name(result.dtype()), name(x.dtype()), name(x.dtype()), to_string(x.shape()),
+               scalar ? fmt::format("the scalar {}", scalar->str())
+                      : fmt::format("{} {}", name(operand.dtype()), to_string(operand.shape())));
     KILN_CHECK(result.shape() == x.shape(), op, loc,
                "output with shape {} doesn't match the broadcast shape {}", to_string(x.shape()),
                to_string(result.shape()));
@@ -230,35 +234,35 @@ Tensor& Tensor::div_(TensorOperand other) { return *this /= other; }
 Tensor& Tensor::div_(ScalarOperand other) { return *this /= other; }
 
 Tensor& Tensor::operator+=(TensorOperand o) {
-  return in_place(*this, "add_", o.loc, false, o.tensor,
+  return in_place(*this, "add_", o.loc, false, o.tensor, nullptr,
                   [&](const Tensor& self) { return add(self, o.tensor, 1, o.loc); });
 }
 Tensor& Tensor::operator-=(TensorOperand o) {
-  return in_place(*this, "sub_", o.loc, false, o.tensor,
+  return in_place(*this, "sub_", o.loc, false, o.tensor, nullptr,
                   [&](const Tensor& self) { return sub(self, o.tensor, 1, o.loc); });
 }
 Tensor& Tensor::operator*=(TensorOperand o) {
-  return in_place(*this, "mul_", o.loc, true, o.tensor,
+  return in_place(*this, "mul_", o.loc, true, o.tensor, nullptr,
                   [&](const Tensor& self) { return mul(self, o.tensor, o.loc); });
 }
 Tensor& Tensor::operator/=(TensorOperand o) {
-  return in_place(*this, "div_", o.loc, true, o.tensor,
+  return in_place(*this, "div_", o.loc, true, o.tensor, nullptr,
                   [&](const Tensor& self) { return div(self, o.tensor, o.loc); });
 }
 Tensor& Tensor::operator+=(ScalarOperand o) {
-  return in_place(*this, "add_", o.loc, false, Tensor(),
+  return in_place(*this, "add_", o.loc, false, Tensor(), &o.scalar,
                   [&](const Tensor& self) { return add(self, o.scalar, 1, o.loc); });
 }
 Tensor& Tensor::operator-=(ScalarOperand o) {
-  return in_place(*this, "sub_", o.loc, false, Tensor(),
+  return in_place(*this, "sub_", o.loc, false, Tensor(), &o.scalar,
                   [&](const Tensor& self) { return sub(self, o.scalar, 1, o.loc); });
 }
 Tensor& Tensor::operator*=(ScalarOperand o) {
-  return in_place(*this, "mul_", o.loc, true, Tensor(),
+  return in_place(*this, "mul_", o.loc, true, Tensor(), &o.scalar,
                   [&](const Tensor& self) { return mul(self, o.scalar, o.loc); });
 }
 Tensor& Tensor::operator/=(ScalarOperand o) {
-  return in_place(*this, "div_", o.loc, true, Tensor(),
+  return in_place(*this, "div_", o.loc, true, Tensor(), &o.scalar,
                   [&](const Tensor& self) { return div(self, o.scalar, o.loc); });
 }
 

@@ -34,6 +34,9 @@ void put(StateDict& entries, const StateDict& other_kind, const char* what,
 }  // namespace
 
 Tensor Module::register_parameter(const std::string& n, Tensor t, Loc loc) {
+  KILN_CHECK(!t.defined() || is_floating(t.dtype()), "register_parameter", loc,
+             "parameter '{}' must be floating point to require gradients, got {} {}", n,
+             kiln::name(t.dtype()), to_string(t.shape()));
   if (t.defined() && !t.requires_grad()) t.requires_grad_(true, loc);
   put(params_, buffers_, "register_parameter", n, t, loc);
   return t;

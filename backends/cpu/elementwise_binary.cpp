@@ -34,10 +34,7 @@ template <class Fm, class C> struct AlphaFn {
 
 template <class Fm>
 void run_add_sub(const OpCall& call, const Tensor& out, const Tensor& a, const Tensor& b) {
-  const Scalar& alpha = call.attrs.alpha;
-  KILN_CHECK(is_floating(out.dtype()) || !alpha.is_floating(), call.name(), call.loc,
-             "alpha must not be a floating point number ({}) for {} inputs", alpha.str(),
-             name(out.dtype()));
+  const Scalar& alpha = call.attrs.alpha;  // checked against the dtype in core/meta.cpp
   bool one = alpha.is_floating() ? alpha.to<double>() == 1.0 : alpha.to<int64_t>() == 1;
   if (one) return run_any(out, a, b, Fn<Fm>{});
   KILN_DISPATCH_ALL(out.dtype(), T, {

@@ -58,6 +58,18 @@ TEST_CASE("isclose and allclose: PyTorch's examples and edge values") {
   CHECK(bools(isclose(tensor({3, 4}), tensor({3, 5}))) == B{true, false});
   CHECK(bools(isclose(tensor({true, false}), tensor({true, true}))) == B{true, false});
   CHECK(allclose(tensor({1, 2}), tensor({1.f, 2.f})));
+  // Review: int64 beyond 2^53 compared through float64, where 2^53 + 1 rounds to 2^53.
+  const int64_t big = int64_t{1} << 53;
+  Tensor i = tensor<int64_t>({big, big + 1});
+  Tensor j = tensor<int64_t>({big + 1, big + 1});
+  CHECK(bools(isclose(i, j, 0.0, 0.0)) == B{false, true});
+  CHECK_FALSE(allclose(i, j, 0.0, 0.0));
+  CHECK(bools(isclose(i, j, 0.0, 1.0)) == B{true, true});
+  CHECK(bools(isclose(tensor({3, -4}), tensor({5, -5}), 0.2, 0.0)) == B{false, true});
+  // The int64 difference of the extremes would overflow (and wrap to "close").
+  const int64_t top = std::numeric_limits<int64_t>::max();
+  CHECK(bools(isclose(tensor<int64_t>({top, top}), tensor<int64_t>({-1, top - 1}), 0.0, 1.0)) ==
+        B{false, true});
   // Errors name isclose and the shapes.
   CHECK_THROWS_WITH(isclose(ones({2, 3}), ones({4})),
                     Catch::Contains("isclose") && Catch::Contains("[2, 3]"));

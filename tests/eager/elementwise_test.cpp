@@ -813,6 +813,28 @@ TEST_CASE("errors name the op and the shapes") {
   auto a = error_of([] { add(tensor({1, 2}), tensor({1, 2}), 0.5); });
   CHECK(a.op == "add");
   CHECK_THAT(a.what, Contains("alpha"));
+  // Review: an in-place op whose result cannot be cast back did not say what the operands were.
+  auto cast_back = error_of([] {
+    Tensor t = tensor({1, 2});
+    t.mul_(2.5);
+  });
+  CHECK(cast_back.op == "mul_");
+  CHECK_THAT(cast_back.what, Contains("self: int32 [2]") && Contains("the scalar 2.5"));
+  CHECK_THAT(error_of([] {
+               Tensor t = tensor({1, 2});
+               t += ones({2});
+             }).what,
+             Contains("other: float32 [2]"));
+  // Review: a bool alpha was taken as 1 for numeric results; PyTorch raises.
+  auto b = error_of([] { sub(tensor({1.f, 2.f}), tensor({1.f, 2.f}), true); });
+  CHECK(b.op == "sub");
+  CHECK_THAT(b.what, Contains("bool alpha (true)") && Contains("float32"));
+  CHECK(add(tensor({true, false}), tensor({false, false}), true).to_vector<bool>() ==
+        std::vector<bool>{true, false});
+  // The alpha checks hold for a result dtype promoted from the inputs, not the first input's.
+  CHECK_THROWS_WITH(add(tensor({1, 2}), tensor({1, 2}), false), Contains("bool alpha"));
+  CHECK(add(tensor({1, 2}), tensor({1.f, 2.f}), 0.5).to_vector<float>() ==
+        std::vector<float>{1.5f, 3.f});
 }
 
 TEST_CASE("row tails: ops on rows shorter than a vector leave the rest of the buffer alone") {

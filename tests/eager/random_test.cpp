@@ -177,7 +177,18 @@ TEST_CASE("randint stays in [low, high) and hits every value") {
   CHECK(randint(3, 4, {5}).to_vector<int64_t>() == std::vector<int64_t>(5, 3));
   CHECK_THROWS_AS(randint(5, 5, {2}), Error);
   CHECK_THROWS_AS(randint(0, int64_t{1} << 40, {2}, {Int32}), Error);
-  CHECK_THROWS_AS(randint(0, 2, {2}, {Bool}), Error);
+  // bool, as PyTorch: bounds within [0, 2]; the draws are int64 randint's.
+  manual_seed(6);
+  std::vector<int64_t> ints = randint(0, 2, {1000}).to_vector<int64_t>();
+  manual_seed(6);
+  Tensor bits = randint(0, 2, {1000}, {Bool});
+  CHECK(bits.dtype() == DType::Bool);
+  CHECK(bits.to(DType::Int64).to_vector<int64_t>() == ints);
+  CHECK(std::count(ints.begin(), ints.end(), 1) == Approx(500).margin(80));
+  CHECK(randint(1, 2, {3}, {Bool}).to_vector<bool>() == std::vector<bool>(3, true));
+  CHECK_THROWS_WITH(randint(0, 3, {2}, {Bool}),
+                    Catch::Contains("randint") && Catch::Contains("bounds [0, 3)"));
+  CHECK_THROWS_AS(randint(-1, 1, {2}, {Bool}), Error);
 }
 
 TEST_CASE("dropout") {

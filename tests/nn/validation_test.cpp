@@ -150,4 +150,10 @@ TEST_CASE("optimizer state accessors and register_* check and name the caller's 
              Catch::Contains("'a' is already registered as a buffer"));
   CHECK_THAT(error_of([&] { m.register_buffer("p", ones({1})); }),
              Catch::Contains("'p' is already registered as a parameter"));
+  // Review: an integer parameter raised under requires_grad_'s name.
+  CHECK_THAT(error_of([&] { m.register_parameter("n", tensor({1, 2})); }),
+             Catch::Contains("register_parameter") &&
+                 Catch::Contains("parameter 'n' must be floating point") &&
+                 Catch::Contains("int32 [2]") && Catch::Contains("validation_test.cpp"));
+  CHECK(m.named_parameters().size() == 1);
 }
