@@ -250,9 +250,12 @@ std::vector<Tensor> call(OpCall&& c) {
   try {
     return run_call(c);
   } catch (Error& e) {
-    // Raised below the op (the allocator, a kernel's own check): name the op and its line.
-    if (e.op() == "allocate") e.set_op(c.name());
-    if (inside_kiln(e.where()) && !inside_kiln(c.loc)) e.set_where(c.loc);
+    // Raised below the op at a line of kiln (the host or device allocator, a device kernel's
+    // launch): name the op and the user's line.
+    if (inside_kiln(e.where()) && !inside_kiln(c.loc)) {
+      e.set_op(c.name());
+      e.set_where(c.loc);
+    }
     throw;
   }
 }

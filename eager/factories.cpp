@@ -26,10 +26,11 @@ TensorOptions options(DType dtype, std::optional<Device> device) {
 TensorOptions like(const Tensor& x, const TensorOptions& opts) {
   return options(opts.dtype.value_or(x.dtype()), opts.device.value_or(x.device()));
 }
-// A tensor built on the cpu, moved to the requested device.
-Tensor on_device(const Tensor& t, const TensorOptions& opts, Loc loc) {
+// A tensor built on the cpu by the factory `op`, moved to the requested device (a failed move
+// names `op`, not `to`).
+Tensor on_device(const char* op, const Tensor& t, const TensorOptions& opts, Loc loc) {
   Device d = opts.device.value_or(Device::cpu());
-  return d.is_cpu() ? t : t.to(d, loc);
+  return d.is_cpu() ? t : as_op(op, [&] { return t.to(d, loc); });
 }
 
 // Drawn where the tensor lives (attrs.device): counter-based Philox gives the same numbers on
@@ -86,7 +87,7 @@ Tensor full(const Shape& shape, Scalar value, TensorOptions opts, Loc loc) {
   return as_op("full", [&] {
     Tensor t = empty(shape, {opts.dtype.value_or(value.dtype())}, loc);
     t.fill_(value, loc);
-    return on_device(t, opts, loc);
+    return on_device("full", t, opts, loc);
   });
 }
 
@@ -125,7 +126,7 @@ Tensor arange(Scalar start, Scalar end, Scalar step, TensorOptions opts, Loc loc
       p[i] = all_int ? static_cast<T>(start.to<int64_t>() + i * step.to<int64_t>())
                      : static_cast<T>(s + static_cast<double>(i) * st);
   });
-  return on_device(out, opts, loc);
+  return on_device("arange", out, opts, loc);
 }
 
 Tensor linspace(double start, double end, int64_t steps, TensorOptions opts, Loc loc) {
@@ -140,7 +141,7 @@ Tensor linspace(double start, double end, int64_t steps, TensorOptions opts, Loc
       p[i] = static_cast<T>(i < half ? start + step * static_cast<double>(i)
                                      : end - step * static_cast<double>(steps - 1 - i));
   });
-  return on_device(out, opts, loc);
+  return on_device("linspace", out, opts, loc);
 }
 
 Tensor eye(int64_t n, int64_t m, TensorOptions opts, Loc loc) {
@@ -156,7 +157,7 @@ Tensor eye(int64_t n, int64_t m, TensorOptions opts, Loc loc) {
   return as_op("eye", [&] {
     Tensor rows = arange(n, {DType::Int64}, loc).unsqueeze(1, loc);
     Tensor cols = arange(m, {DType::Int64}, loc).unsqueeze(0, loc);
-    return on_device(eq(rows, cols, loc).to(float_or(opts), loc), opts, loc);
+    return on_device("eye", eq(rows, cols, loc).to(float_or(opts), loc), opts, loc);
   });
 }
 
@@ -239,7 +240,8 @@ template <class T>
 Tensor tensor_1d(std::initializer_list<T> values, TensorOptions opts, Loc loc) {
   check_values_fit(std::vector<T>(values), opts, loc);
   Tensor t = from_vector(std::vector<T>(values), {static_cast<int64_t>(values.size())}, loc);
-  return on_device(opts.dtype && *opts.dtype != t.dtype() ? t.to(*opts.dtype, loc) : t, opts, loc);
+  Tensor typed = opts.dtype && *opts.dtype != t.dtype() ? t.to(*opts.dtype, loc) : t;
+  return on_device("tensor", typed, opts, loc);
 }
 
 template <class T>
@@ -254,7 +256,8 @@ Tensor tensor_2d(std::initializer_list<std::initializer_list<T>> rows, TensorOpt
   }
   check_values_fit(flat, opts, loc);
   Tensor t = from_vector(flat, {static_cast<int64_t>(rows.size()), cols}, loc);
-  return on_device(opts.dtype && *opts.dtype != t.dtype() ? t.to(*opts.dtype, loc) : t, opts, loc);
+  Tensor typed = opts.dtype && *opts.dtype != t.dtype() ? t.to(*opts.dtype, loc) : t;
+  return on_device("tensor", typed, opts, loc);
 }
 
 #define KILN_INSTANTIATE(T)                                                                 \

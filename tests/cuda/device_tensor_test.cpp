@@ -8,6 +8,7 @@
 #include <functional>
 
 #include "cuda_test_util.h"
+#include "error_of.h"
 #include "eager/dispatch.h"
 #include "kiln/kiln.h"
 
@@ -179,4 +180,15 @@ TEST_CASE("copy_ from another device moves the source over first") {
     Tensor c = tensor({0.0f, 0.0f});
     CHECK(error_message([&] { c.copy_(a); }) == "no CUDA device: " + d.status.reason);
   }
+}
+
+TEST_CASE("an eager op on a device that cannot run it names the op and the user's line") {
+  // Review: the error named codegen::Executable::run and a line inside kiln.
+  test::ScopedDriver d("/nonexistent/libcuda.so.1");
+  Tensor a = fake_cuda_tensor({1, 2, 3}, {3});
+  const int line = __LINE__ + 1;
+  Error e = testing::error_of([&] { (void)exp(a); });
+  CHECK(e.op() == "exp");
+  CHECK(static_cast<int>(e.where().line()) == line);
+  CHECK_THAT(e.message(), Catch::StartsWith("no CUDA device"));
 }

@@ -4,11 +4,14 @@
 
 #include <unistd.h>
 
+#include <functional>
+
 #include "backends/cuda/allocator.h"
 #include "backends/cuda/blas.h"
 #include "backends/cuda/copy.h"
 #include "backends/cuda/mlir_runtime.h"
 #include "cuda_test_util.h"
+#include "error_of.h"
 #include "eager/dispatch.h"
 #include "kiln/kiln.h"
 
@@ -83,6 +86,20 @@ TEST_CASE("the error of a failed CUDA call names the op and the user's line") {
     CHECK(static_cast<int>(e.where().line()) == line);
     CHECK(std::string(e.where().file_name()).find("driver_test.cpp") != std::string::npos);
   }
+}
+
+TEST_CASE("factories that build on the cpu and move to the device name themselves") {
+  // Review: arange, linspace, tensor() and full on cuda raised under `to`'s name.
+  ScopedDriver d(kMissing);
+  const TensorOptions on_gpu{Float32, Device::cuda()};
+  auto op_of = [](const std::function<void()>& f) { return testing::error_of(f).op(); };
+  CHECK(op_of([&] { arange(5, on_gpu); }) == "arange");
+  CHECK(op_of([&] { linspace(0, 1, 3, on_gpu); }) == "linspace");
+  CHECK(op_of([&] { tensor({1.0f, 2.0f}, on_gpu); }) == "tensor");
+  CHECK(op_of([&] { tensor({{1, 2}, {3, 4}}, on_gpu); }) == "tensor");
+  CHECK(op_of([&] { full({2}, 3.0, on_gpu); }) == "full");
+  CHECK(op_of([&] { eye(2, -1, on_gpu); }) == "eye");
+  CHECK(starts_with(testing::error_of([&] { arange(5, on_gpu); }).message(), "no CUDA device"));
 }
 
 TEST_CASE("the toolkit's stub driver loads but cuInit reports CUDA_ERROR_STUB_LIBRARY") {
