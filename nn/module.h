@@ -96,7 +96,9 @@ class Module {
   ///
   /// Pitfall: the registry cannot see assignments to a member. `head->weight = emb->weight`
   /// makes head's forward use emb's tensor while parameters(), state_dict() and save() keep the
-  /// old one (PyTorch's __setattr__ re-registers; C++ cannot). Tie weights by re-registering:
+  /// old one (PyTorch's __setattr__ re-registers; C++ cannot), and a compiled function that
+  /// captured the old tensor replays it while that tensor lives (compile() guards a captured
+  /// tensor by identity; `check = true` reports the difference). Tie weights by re-registering:
   ///   head->weight = head->register_parameter("weight", emb->weight);
   /// (parameters() then lists the shared tensor once; state_dict() under both names.)
   /// Throws kiln::Error when `name` is a buffer's (as PyTorch's KeyError).

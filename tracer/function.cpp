@@ -1353,6 +1353,7 @@ std::vector<OutValue> CompiledFunction::Impl::trace(
       prog->output_constants.push_back(o.is_tensor ? Scalar() : o.scalar);
       prog->output_undefined.push_back(undefined);
     }
+    mark_snapshots_reaching_caller(*prog);
     rec.uninstall();
     escape_candidates(rec, *prog, outs, candidates);
     lock.lock();

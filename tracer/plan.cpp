@@ -68,7 +68,8 @@ const Tensor& RunState::value(const Program& p, int v) {
                         {vi.dtype, vi.device});
         });
       else
-        slot = in_place ? untraced([&] { return s.snapshot.clone(); }) : s.snapshot;
+        slot = in_place || s.reaches_caller ? untraced([&] { return s.snapshot.clone(); })
+                                            : s.snapshot;
       break;
     }
     case SourceKind::HostInput: {

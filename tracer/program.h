@@ -68,6 +68,9 @@ struct Source {
   bool overwritten = false;
   bool ramp = false;
   int64_t ramp_start = 0, ramp_step = 1;
+  /// Snapshot that reaches the caller (an output, a view of one, a .grad): a fresh copy per
+  /// run, as eager makes a new tensor each call (the caller may change it in place).
+  bool reaches_caller = false;
   HostReader host;  ///< HostInput
   SizeFormula size;  ///< SizeOf
 };
@@ -228,5 +231,10 @@ std::vector<int> args_sharing(const Program& p, const std::vector<std::weak_ptr<
   }
   return out;
 }
+
+/// Sets Source::reaches_caller of the snapshots that the caller gets back: an output, a .grad
+/// or a write-back is the snapshot's value or a view of it (views share its memory on replay).
+/// Call once the outputs are set.
+void mark_snapshots_reaching_caller(Program& p);
 
 }  // namespace kiln::tracer

@@ -417,4 +417,23 @@ void Recorder::finish() {
   for (auto [at, blocks] : draws_) p_.rng_consumed += blocks;
 }
 
+void mark_snapshots_reaching_caller(Program& p) {
+  // alias[v]: the snapshot source whose memory value v shares (through view ops), or -1.
+  std::vector<int> alias(p.values.size(), -1);
+  for (size_t v = 0; v < p.values.size(); ++v) {
+    int s = p.values[v].source;
+    if (s >= 0 && p.sources[s].kind == SourceKind::Snapshot) alias[v] = s;
+  }
+  for (const Node& n : p.nodes)
+    if (n.kind == Node::Kind::Op && op_info(n.op).category == OpCategory::View && !n.in.empty() &&
+        n.in[0] >= 0 && alias[n.in[0]] >= 0)
+      for (int o : n.out) alias[o] = alias[n.in[0]];
+  auto reach = [&](int v) {
+    if (v >= 0 && alias[v] >= 0) p.sources[alias[v]].reaches_caller = true;
+  };
+  for (int v : p.outputs) reach(v);
+  for (auto [leaf, grad] : p.grad_assignments) reach(grad);
+  for (auto [source, value] : p.write_backs) reach(value);
+}
+
 }  // namespace kiln::tracer

@@ -369,6 +369,33 @@ TEST_CASE("compile: returning a view of a tensor the function made is cached", "
   CHECK_FALSE(contains(f.explain(), "not cached"));
 }
 
+TEST_CASE("compile: a tensor made from host data and returned is a new tensor on every call",
+          "[compile][alias]") {
+  // Review (a new user's trial): replays returned the trace's copy of `tensor({1, 2})` itself,
+  // so a caller's in-place change showed up in every later call's results.
+  auto made = compile([](const Tensor&) { return tensor({1.0f, 2.0f}); });
+  auto made_and_used = compile([](const Tensor& x) {
+    Tensor c = tensor({1.0f, 2.0f});
+    return std::vector<Tensor>{c, x * c, c.view({2, 1})};
+  });
+  auto ramp = compile([](const Tensor& x) { return std::vector<Tensor>{arange(3, Float32), x}; });
+  for (int call = 0; call < 4; ++call) {
+    INFO("call " << call);
+    Tensor r = made(zeros({1}));
+    CHECK(vec(r) == std::vector<float>{1, 2});
+    r.fill_(-1.0f);
+    std::vector<Tensor> out = made_and_used(ones({2}));
+    CHECK(vec(out[0]) == std::vector<float>{1, 2});
+    CHECK(vec(out[1]) == std::vector<float>{1, 2});
+    out[0].mul_(10.0f);  // the view returned with it shares its memory, as in eager
+    CHECK(vec(out[2]) == std::vector<float>{10, 20});
+    Tensor a = ramp(ones({1}))[0];
+    CHECK(vec(a) == std::vector<float>{0, 1, 2});
+    a.add_(5.0f);
+  }
+  CHECK(contains(made_and_used.explain(), "1 trace(s), 1 cache entry"));
+}
+
 TEST_CASE("compile: state that alternates between calls keeps one entry per state",
           "[compile][cache]") {
   // Found by a fresh-user trial: a failed guard on a captured tensor's .grad or requires_grad
