@@ -379,6 +379,7 @@ TEST_CASE("compile: a tensor made from host data and returned is a new tensor on
     return std::vector<Tensor>{c, x * c, c.view({2, 1})};
   });
   auto ramp = compile([](const Tensor& x) { return std::vector<Tensor>{arange(3, Float32), x}; });
+  auto folded = compile([](const Tensor&) { return tensor({1.0f, 2.0f}) * 2.0f; });
   for (int call = 0; call < 4; ++call) {
     INFO("call " << call);
     Tensor r = made(zeros({1}));
@@ -392,6 +393,9 @@ TEST_CASE("compile: a tensor made from host data and returned is a new tensor on
     Tensor a = ramp(ones({1}))[0];
     CHECK(vec(a) == std::vector<float>{0, 1, 2});
     a.add_(5.0f);
+    Tensor d = folded(ones({1}));
+    CHECK(vec(d) == std::vector<float>{2, 4});
+    d.fill_(0.0f);
   }
   CHECK(contains(made_and_used.explain(), "1 trace(s), 1 cache entry"));
 }
