@@ -122,6 +122,9 @@ Tensor pow(const Tensor& a, Scalar b, Loc loc) {
     if (b.to<double>() == 0.5) return sqrt(a, loc);
     if (b.to<double>() == -0.5) return rsqrt(a, loc);
   }
+  KILN_CHECK(!a.defined() || is_floating(a.dtype()) || b.is_floating() || b.to<int64_t>() >= 0,
+             "pow", loc, "integers to negative integer powers are not allowed ({} {} ** {})",
+             name(a.dtype()), to_string(a.shape()), b.str());
   return binary(OpKind::Pow, a, wrap(b), loc);
 }
 #define KILN_BINARY_T(fn, Kind) \

@@ -71,8 +71,9 @@ Tensor floor_divide(const Tensor& a, Scalar b, Loc loc = Loc::current());
 /// kiln::Error, INT_MIN % -1 = 0. Floats: x % 0 = nan.
 Tensor remainder(const Tensor& a, const Tensor& b, Loc loc = Loc::current());
 Tensor remainder(const Tensor& a, Scalar b, Loc loc = Loc::current());
-/// a^b. Integers: exact by repeated squaring (wrapping); a negative exponent gives
-/// 1/a^|b| truncated (1 for a = 1, ±1 for a = -1, 0 otherwise; a = 0 throws kiln::Error).
+/// a^b. Integers: exact by repeated squaring (wrapping); a negative exponent tensor gives
+/// 1/a^|b| truncated (1 for a = 1, ±1 for a = -1, 0 otherwise; a = 0 throws kiln::Error); a
+/// negative number exponent throws kiln::Error, as in PyTorch.
 /// A number exponent 0.5 or -0.5 on a float tensor is sqrt or rsqrt, as in PyTorch
 /// (pow(-inf, 0.5) = nan, pow(-0., 0.5) = -0.); a tensor exponent follows C's pow.
 Tensor pow(const Tensor& a, const Tensor& b, Loc loc = Loc::current());

@@ -663,6 +663,12 @@ TEST_CASE("integer pow: exact by squaring, negative exponents") {
   auto err = error_of([] { pow(tensor({1, 0}), tensor({-1, -2})); });
   CHECK(err.op == "pow");
   CHECK_THAT(err.what, Contains("negative power (-2)"));
+  // A negative number exponent raises, as PyTorch's "Integers to negative integer powers are
+  // not allowed" (review: it truncated).
+  auto neg = error_of([] { pow(tensor({2, 3}), -1); });
+  CHECK(neg.op == "pow");
+  CHECK_THAT(neg.what, Contains("negative integer powers") && Contains("int32 [2] ** -1"));
+  CHECK(pow(tensor({2, 4}), -1.0).to_vector<float>() == std::vector<float>{0.5f, 0.25f});
   // An integer tensor to a float exponent is float.
   Tensor f = pow(tensor({4, 9}), 0.5);
   CHECK(f.dtype() == DType::Float32);
