@@ -1185,9 +1185,15 @@ struct LowerMatmul : mlir::OpRewritePattern<kiln::dialect::MatmulOp> {
       return mlir::tensor::ExpandShapeOp::create(rw, loc, out, r, groups, sizes);
     };
     mlir::Value mm, filled;
+    // The loop contraction sums float32 in float64, rounded once (as eager's dot product,
+    // backends/cpu/blas.cpp): summed in float32, one term after another, a 1-D product of
+    // 4e6 terms was 1.8e-3 off.
+    mlir::Type acc = t.isF32() ? mlir::Type(rw.getF64Type()) : t;
+    auto acc_out = mlir::RankedTensorType::get(out.getShape(), acc);
     if (!named) {
-      mlir::Value init = mlir::tensor::EmptyOp::create(rw, loc, out.getShape(), t, *dyn);
-      filled = mlir::linalg::FillOp::create(rw, loc, mlir::ValueRange{zero}, mlir::ValueRange{init}).getResult(0);
+      mlir::Value init = mlir::tensor::EmptyOp::create(rw, loc, out.getShape(), acc, *dyn);
+      mlir::Value acc_zero = mlir::arith::ConstantOp::create(rw, loc, rw.getZeroAttr(acc));
+      filled = mlir::linalg::FillOp::create(rw, loc, mlir::ValueRange{acc_zero}, mlir::ValueRange{init}).getResult(0);
     }
     if (rows_gemm) {
       mlir::Value a2 = collapse_leading(a, ra - 1);  // [M', K]
@@ -1239,11 +1245,13 @@ struct LowerMatmul : mlir::OpRewritePattern<kiln::dialect::MatmulOp> {
       llvm::SmallVector<mlir::utils::IteratorType> iterators(ro, mlir::utils::IteratorType::parallel);
       iterators.push_back(mlir::utils::IteratorType::reduction);
       mm = mlir::linalg::GenericOp::create(
-               rw, loc, mlir::TypeRange{out}, mlir::ValueRange{a, b}, mlir::ValueRange{filled},
+               rw, loc, mlir::TypeRange{acc_out}, mlir::ValueRange{a, b}, mlir::ValueRange{filled},
                maps, iterators,
                [&](mlir::OpBuilder& bb, mlir::Location l, mlir::ValueRange args) {
-                 mlir::Value x = convert(bb, l, args[0], t), y = convert(bb, l, args[1], t), r;
-                 if (auto ft = llvm::dyn_cast<mlir::FloatType>(t)) {
+                 // operands in the result type first, as eager converts them to its compute dtype
+                 auto widen = [&](mlir::Value v) { return convert(bb, l, convert(bb, l, v, t), acc); };
+                 mlir::Value x = widen(args[0]), y = widen(args[1]), r;
+                 if (auto ft = llvm::dyn_cast<mlir::FloatType>(acc)) {
                    IrScope scope(bb, l, ft);
                    r = kiln::formulas::Add::eval(IrFloat(args[2]), IrFloat(x) * IrFloat(y)).v;
                  } else {
@@ -1253,6 +1261,18 @@ struct LowerMatmul : mlir::OpRewritePattern<kiln::dialect::MatmulOp> {
                  mlir::linalg::YieldOp::create(bb, l, r);
                })
                .getResult(0);
+      if (acc != t) {  // rounded to float32
+        auto id = mlir::AffineMap::getMultiDimIdentityMap(ro, ctx);
+        mlir::Value empty = mlir::tensor::EmptyOp::create(rw, loc, out.getShape(), t, *dyn);
+        mm = mlir::linalg::GenericOp::create(
+                 rw, loc, mlir::TypeRange{out}, mlir::ValueRange{mm}, mlir::ValueRange{empty},
+                 llvm::SmallVector<mlir::AffineMap>{id, id},
+                 llvm::SmallVector<mlir::utils::IteratorType>(ro, mlir::utils::IteratorType::parallel),
+                 [&](mlir::OpBuilder& bb, mlir::Location l, mlir::ValueRange args) {
+                   mlir::linalg::YieldOp::create(bb, l, convert(bb, l, args[0], t));
+                 })
+                 .getResult(0);
+      }
     }
     if (!addmm) {
       rw.replaceOp(op, mm);

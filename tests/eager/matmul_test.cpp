@@ -422,3 +422,28 @@ TEST_CASE("gemm_time counts each matmul op once, a spread batch too, and none in
   CHECK(c.shape() == Shape{64, 32});
   CHECK(s.shape() == Shape{16, 40, 40});
 }
+
+TEST_CASE("a float32 dot product (1x1 result) is accurate over a long k") {
+  // Review (a new user's trial): matmul(v, w) of 4e6 floats was 1.8e-3 off the float64 value;
+  // PyTorch's sdot 1.1e-6. Positive terms, so the float64 sum is a tight reference.
+  const int64_t k = 4'000'000;
+  manual_seed(0);
+  Tensor v = rand({k}), w = rand({k});
+  const double exact = matmul(v.to(Float64), w.to(Float64)).item<double>();
+  auto error = [&](const Tensor& r) { return std::abs(r.item<double>() - exact) / exact; };
+  CHECK(error(matmul(v, w)) < 1e-6);
+  CHECK(error(matmul(v.view({1, k}), w.view({k, 1}))) < 1e-6);
+  CHECK(error(linear(v, w.view({1, k}))) < 1e-6);
+  CHECK(error(bmm(v.view({1, 1, k}), w.view({1, k, 1}))) < 1e-6);
+  // Strided operands (a column of a transposed matrix) and beta / alpha through addmm.
+  Tensor vt = v.view({k / 2, 2}).t();  // [2, k/2]: rows with stride 2
+  Tensor col = w.view({k / 2, 2}).select(1, 0).view({k / 2, 1});
+  const double row0 =
+      matmul(vt.select(0, 1).to(Float64).view({1, k / 2}), col.to(Float64)).item<double>();
+  CHECK(std::abs(matmul(vt.select(0, 1).view({1, k / 2}), col).item<double>() - row0) <
+        1e-6 * row0);
+  Tensor bias = tensor({2.0f}).view({1, 1});
+  const double want = 3 * exact + 2 * 2.0;
+  Tensor r = addmm(bias, v.view({1, k}), w.view({k, 1}), 2.0, 3.0);
+  CHECK(std::abs(r.item<double>() - want) < 1e-6 * want);
+}

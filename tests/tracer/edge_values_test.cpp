@@ -167,3 +167,14 @@ TEST_CASE("dropout keeps NaN and inf visible: a dropped NaN or inf is NaN (x * m
   }
   CHECK(dropped > 0);
 }
+
+TEST_CASE("compile: a float32 dot product over a long k is as accurate as eager's") {
+  // Compiled code calls the same GEMM (cpu::sgemm), whose 1x1 products sum in double.
+  const int64_t k = 4'000'000;
+  manual_seed(0);
+  Tensor v = rand({k}), w = rand({k});
+  const double exact = matmul(v.to(Float64), w.to(Float64)).item<double>();
+  auto f = compile([](const Tensor& a, const Tensor& b) { return matmul(a, b) * 2.0f; });
+  for (int call = 0; call < 2; ++call)
+    CHECK(std::abs(f(v, w).item<double>() - 2 * exact) < 2e-6 * exact);
+}
