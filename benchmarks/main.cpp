@@ -250,7 +250,7 @@ int main(int argc, char** argv) {
     if (!f) {
       fmt::print(stderr, "kiln-bench: cannot write --json file '{}': {}\n", args.json_path,
                  std::strerror(errno));
-      return 2;
+      return 1;  // as --help says: the JSON file could not be written
     }
     std::fclose(f);
     if (!existed) std::filesystem::remove(args.json_path);
