@@ -101,10 +101,13 @@ AttentionOutput MultiheadAttention::forward(const Tensor& query, const Tensor& k
                                                          : masked_fill(mask, cm, -INFINITY))
                           : cm;
   }
-  if (mask.defined()) {
-    scores = mask.dtype() == DType::Bool ? masked_fill(scores, mask, -INFINITY)
-                                         : add(scores, mask);
-  }
+  // A bool mask is added as 0 / -inf, as PyTorch 1.13 converts it: a row whose keys are all
+  // masked then gets NaN gradients, as with a float mask (masked_fill gave them 0).
+  auto additive = [&](const Tensor& m) {
+    if (m.dtype() != DType::Bool) return m;
+    return masked_fill(zeros(m.shape(), {scores.dtype(), scores.device()}), m, -INFINITY);
+  };
+  if (mask.defined()) scores = add(scores, additive(mask));
   if (key_padding_mask.defined()) {
     KILN_CHECK(key_padding_mask.shape() == Shape({B, S}) &&
                    (key_padding_mask.dtype() == DType::Bool || is_floating(key_padding_mask.dtype())),
@@ -112,7 +115,7 @@ AttentionOutput MultiheadAttention::forward(const Tensor& query, const Tensor& k
                "key_padding_mask must be bool or floating point [{}, {}], got {} {}", B, S,
                kiln::name(key_padding_mask.dtype()), to_string(key_padding_mask.shape()));
     Tensor kpm = key_padding_mask.view({B, 1, 1, S});
-    scores = kpm.dtype() == DType::Bool ? masked_fill(scores, kpm, -INFINITY) : add(scores, kpm);
+    scores = add(scores, additive(kpm));
   }
   Tensor attn = softmax(scores, -1);
   Tensor attn_d = dropout(attn, setting(dropout_p, "dropout_p"), is_training());

@@ -155,6 +155,27 @@ TEST_CASE("attention masks: per batch and head [B*H, L, S] as PyTorch; integer m
              Catch::Contains("attn_mask must be [3, 3] or [4, 3, 3] (batch x heads, L, S), got [4, 4]"));
 }
 
+TEST_CASE("attention: a batch row whose keys are all masked has NaN gradients, bool or float") {
+  // Review (a new user's trial): a bool key_padding_mask masking every key of a row gave q and
+  // k zero gradients and the key projection finite ones; a float -inf mask (and PyTorch 1.13,
+  // which adds a bool mask as 0 / -inf) gives NaN.
+  manual_seed(5);
+  MultiheadAttention mha(4, 2, 0.0, true, /*batch_first=*/true);
+  Tensor kpm = zeros({2, 3}, {DType::Bool});
+  kpm.select(0, 1).fill_(true);
+  Tensor inf_kpm = masked_fill(zeros({2, 3}), kpm, -INFINITY);
+  for (const Tensor& mask : {kpm, inf_kpm}) {
+    INFO(kiln::name(mask.dtype()));
+    Tensor q = randn({2, 2, 4}).requires_grad_(), kv = randn({2, 3, 4}).requires_grad_();
+    mha.zero_grad();
+    mha.forward(q, kv, kv, mask).output.sum().backward();
+    auto has_nan = [](const Tensor& t) { return isnan(t).any().item<bool>(); };
+    CHECK_FALSE(has_nan(q.grad().select(0, 0)));  // batch 0 is unmasked
+    CHECK(has_nan(q.grad().select(0, 1)));
+    CHECK(has_nan(mha.in_proj_weight.grad().slice(0, 4, 8)));  // the key projection
+  }
+}
+
 TEST_CASE("TransformerEncoder runs forward and backward with the expected parameter names") {
   manual_seed(1);
   TransformerEncoderLayerOptions o;
