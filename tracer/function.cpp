@@ -1187,15 +1187,24 @@ std::vector<OutValue> CompiledFunction::Impl::replay(Entry& e, const std::vector
   st.rng = generator_state();
   Segment* seg = e.root.get();
   st.in_place = seg->program->aliased_mutation;
-  for (;;) {
-    if (st.slots.size() < seg->program->values.size()) st.slots.resize(seg->program->values.size());
-    check_sources(*seg->program, st, captured_tensors);
-    std::optional<Scalar> read = seg->plan->run(st);
-    if (seg->leaf) break;
-    Segment* c = seg->child(*read);
-    if (!c) throw MissingBranch{*read, seg->program->nodes[seg->end - 1].loc};
-    if (e.dynamic && !contains(c->checked_sizes, sizes_key(e, args))) throw UncheckedBranch{};
-    seg = c;
+  try {
+    for (;;) {
+      if (st.slots.size() < seg->program->values.size())
+        st.slots.resize(seg->program->values.size());
+      check_sources(*seg->program, st, captured_tensors);
+      std::optional<Scalar> read = seg->plan->run(st);
+      if (seg->leaf) break;
+      Segment* c = seg->child(*read);
+      if (!c) throw MissingBranch{*read, seg->program->nodes[seg->end - 1].loc};
+      if (e.dynamic && !contains(c->checked_sizes, sizes_key(e, args))) throw UncheckedBranch{};
+      seg = c;
+    }
+  } catch (const Error&) {
+    // The error reaches the caller (a symbolic entry's traces the call instead): eager's ops
+    // before the failing one drew their numbers (review: the generator was left unmoved, and
+    // the next call redrew this one's dropout masks).
+    if (generator && !e.dynamic) advance_generator(st.rng_offset(*seg->program, st.node));
+    throw;
   }
   const Program& p = *seg->program;
   if (ran) *ran = seg->program;

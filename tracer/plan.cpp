@@ -97,7 +97,12 @@ Shape RunState::shape_of(const ValueInfo& v) const {
 }
 
 uint64_t RunState::rng_offset(const Program& p, size_t node) const {
-  if (!p.rng_symbolic) return node < p.nodes.size() ? p.nodes[node].rng_delta : p.rng_consumed;
+  if (!p.rng_symbolic) {  // the offset of the first random node from `node` on
+    for (size_t i = node; i < p.nodes.size(); ++i)
+      if (p.nodes[i].kind == Node::Kind::Op && op_info(p.nodes[i].op).category == OpCategory::Random)
+        return p.nodes[i].rng_delta;
+    return p.rng_consumed;
+  }
   return rng_offset_before(p, node, [&](int v) { return numel(shape_of(p.values[v])); });
 }
 
@@ -699,6 +704,7 @@ void run_op_node(const Program& p, const Node& n, RunState& st) {
 }  // namespace
 
 void run_node_eagerly(const Program& p, const Node& n, RunState& st) {
+  st.node = static_cast<size_t>(&n - p.nodes.data());
   if (n.public_op) return as_op(n.public_op, [&] { run_op_node(p, n, st); });
   run_op_node(p, n, st);
 }
@@ -790,6 +796,7 @@ void Plan::run_compiled(const Region& r, RunState& st) const {
           return;
         }
     }
+    if (!r.nodes.empty()) st.node = r.nodes.front();
     try {
       outs = exe->run(ins);
     } catch (const Error& e) {
@@ -834,6 +841,7 @@ std::optional<Scalar> Plan::run(RunState& st) const {
       case Step::Kind::Eager: run_eager(p.nodes[s.node], st); break;
       case Step::Kind::Callback: {
         const Node& n = p.nodes[s.node];
+        st.node = s.node;
         std::vector<Tensor> ins;
         for (int v : n.in) ins.push_back(st.value(p, v));
         n.callback(ins);

@@ -53,9 +53,12 @@ struct RunState {
   }
   /// The shape of a value at this run's sizes (its symbolic dims evaluated).
   Shape shape_of(const ValueInfo& v) const;
-  /// Generator offset, from the call's start, that random node `node` of `p` draws at (all
-  /// nodes: what the call consumes).
+  /// Generator offset, from the call's start, that the random nodes before node `node` of `p`
+  /// drew (the offset random node `node` draws at; all nodes: what the call consumes).
   uint64_t rng_offset(const Program& p, size_t node) const;
+  /// The node running or last run (an index into the program): a replay that raises advances
+  /// the generator by what the nodes before it drew, as eager's ops before the failing one did.
+  size_t node = 0;
 };
 
 struct PlanOptions {

@@ -433,6 +433,34 @@ TEST_CASE("compile: dropout draws eager's numbers for the same seed and offset",
   CHECK(a != b);
 }
 
+TEST_CASE("compile: a replay that raises advances the generator as eager's ops before the error",
+          "[compile][rng]") {
+  // Review (a new user's trial): the generator was left where the call started, so the next
+  // call redrew the failed call's dropout masks where eager draws new ones.
+  auto f = [](const Tensor& x, const Tensor& idx) {
+    Tensor kept = index_select(dropout(x, 0.5, true), 0, idx);  // raises for a bad idx
+    return kept + randn({3});                                    // not drawn then
+  };
+  auto cf = compile(f);
+  Tensor x = ones({4, 3});
+  cf(x, tensor<int64_t>({0, 1}));
+  cf(x, tensor<int64_t>({2, 3}));
+  manual_seed(5);
+  CHECK_THROWS_AS(f(x, tensor<int64_t>({0, 9})), Error);
+  const GeneratorState eager = generator_state();
+  manual_seed(5);
+  CHECK_THROWS_AS(cf(x, tensor<int64_t>({0, 9})), Error);
+  CHECK(generator_state().offset == eager.offset);
+  CHECK(eager.offset > 0);
+  // The next call draws what eager's next call draws.
+  manual_seed(5);
+  try { f(x, tensor<int64_t>({0, 9})); } catch (const Error&) {}
+  std::vector<float> e = vec(f(x, tensor<int64_t>({1, 2})));
+  manual_seed(5);
+  try { cf(x, tensor<int64_t>({0, 9})); } catch (const Error&) {}
+  CHECK(vec(cf(x, tensor<int64_t>({1, 2}))) == e);
+}
+
 TEST_CASE("compile: dropout is x * mask in the compiled region; the backward reuses the mask",
           "[compile][rng][autograd]") {
   // Dropped elements are 0 even where x is inf or nan (as eager's kernel), kept ones x * 2.
