@@ -2,12 +2,15 @@
 /// Process-wide settings of the CPU backend, as torch.set_num_threads and
 /// torch.set_flush_denormal are in PyTorch.
 
+#include "core/error.h"
+
 namespace kiln {
 
 /// Threads that eager CPU kernels and compiled loops use (default: the hardware threads, or
-/// KILN_NUM_THREADS). `n` is clamped to [1, 256]. Not to be called while another thread is
+/// KILN_NUM_THREADS). `n` above 256 is taken as 256; `n` < 1 throws kiln::Error, as PyTorch's
+/// "set_num_threads expects a positive integer". Not to be called while another thread is
 /// running kiln ops.
-void set_num_threads(int n);
+void set_num_threads(int n, Loc loc = Loc::current());
 /// The number of threads set by set_num_threads (or the default).
 int get_num_threads();
 

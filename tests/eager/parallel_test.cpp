@@ -188,3 +188,17 @@ TEST_CASE("fork() while another thread runs parallel ops: the child's ops work",
   busy.join();
   CHECK(ok == 5);
 }
+
+TEST_CASE("set_num_threads: a count below 1 raises, as PyTorch; above 256 is 256") {
+  // Review (a new user's trial): 0 and -1 were taken as 1 without a word.
+  const int saved = get_num_threads();
+  CHECK_THROWS_WITH(set_num_threads(0), Catch::Contains("set_num_threads") &&
+                                            Catch::Contains("positive integer, got 0") &&
+                                            Catch::Contains("parallel_test.cpp"));
+  CHECK_THROWS_AS(set_num_threads(-1), Error);
+  CHECK(get_num_threads() == saved);  // unchanged by the failed calls
+  set_num_threads(1000);
+  CHECK(get_num_threads() == 256);
+  set_num_threads(saved);
+  CHECK(get_num_threads() == saved);
+}
