@@ -52,8 +52,9 @@ std::optional<KernelInput> kernel_input(const Tensor& t, DType compute, Device d
   const int r = t.dim();
   std::vector<int> order(r);
   for (int i = 0; i < r; ++i) order[i] = i;
-  std::stable_sort(order.begin(), order.end(),
-                   [&](int a, int b) { return t.strides()[a] > t.strides()[b]; });
+  std::sort(order.begin(), order.end(), [&](int a, int b) {  // ties in dim order
+    return t.strides()[a] != t.strides()[b] ? t.strides()[a] > t.strides()[b] : a < b;
+  });
   auto impl = std::make_shared<TensorImpl>(*t.impl());
   impl->autograd.reset();
   Shape base_shape = t.shape();

@@ -5,6 +5,7 @@
 
 #include <cctype>
 #include <algorithm>
+#include <tuple>
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
@@ -169,25 +170,29 @@ void expose_static_initializers(llvm::Module& mod) {
                                      std::pair{"llvm.global_dtors", kKilnFini}}) {
     llvm::GlobalVariable* array = mod.getGlobalVariable(array_name);
     if (!array) continue;
-    std::vector<std::pair<uint64_t, llvm::Function*>> fns;
+    std::vector<std::tuple<uint64_t, size_t, llvm::Function*>> fns;  // priority, position
     if (auto* init = llvm::dyn_cast_or_null<llvm::ConstantArray>(
             array->hasInitializer() ? array->getInitializer() : nullptr))
       for (llvm::Value* op : init->operands()) {
         auto* entry = llvm::cast<llvm::ConstantStruct>(op);
         auto* prio = llvm::cast<llvm::ConstantInt>(entry->getOperand(0));
         if (auto* f = llvm::dyn_cast<llvm::Function>(entry->getOperand(1)))
-          fns.emplace_back(prio->getZExtValue(), f);
+          fns.emplace_back(prio->getZExtValue(), fns.size(), f);
       }
-    // Constructors by ascending priority, destructors by descending.
-    std::stable_sort(fns.begin(), fns.end(), [&](auto& a, auto& b) {
-      return array_name[11] == 'c' ? a.first < b.first : a.first > b.first;
+    // Constructors by ascending priority, destructors by descending; equal ones in their order
+    // (std::sort with the position: libstdc++'s stable_sort warns under clang 22).
+    std::sort(fns.begin(), fns.end(), [&](auto& a, auto& b) {
+      auto [pa, ia, fa] = a;
+      auto [pb, ib, fb] = b;
+      if (pa != pb) return array_name[11] == 'c' ? pa < pb : pa > pb;
+      return ia < ib;
     });
     array->eraseFromParent();
     llvm::LLVMContext& ctx = mod.getContext();
     auto* type = llvm::FunctionType::get(llvm::Type::getVoidTy(ctx), false);
     auto* f = llvm::Function::Create(type, llvm::GlobalValue::ExternalLinkage, fn_name, mod);
     llvm::IRBuilder<> b(llvm::BasicBlock::Create(ctx, "entry", f));
-    for (auto& [prio, callee] : fns) b.CreateCall(callee);
+    for (auto& [prio, position, callee] : fns) b.CreateCall(callee);
     b.CreateRetVoid();
   }
 }

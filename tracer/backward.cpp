@@ -275,7 +275,7 @@ class CompiledBackward final : public autograd::Node {
   Tensor source_tensor(size_t i) const {
     const Source& s = p_->sources[i];
     if (s.kind == SourceKind::Arg)
-      return s.index < saved_.args.size() ? saved_.args[s.index] : Tensor();
+      return static_cast<size_t>(s.index) < saved_.args.size() ? saved_.args[s.index] : Tensor();
     if (s.kind == SourceKind::Captured) return Tensor(s.captured.lock());
     return Tensor();
   }

@@ -1431,8 +1431,10 @@ std::vector<OutValue> CompiledFunction::Impl::trace(
   std::vector<const BaseCandidate*> bases;
   for (const BaseCandidate& c : base_candidates)
     if (path_program(*c.entry->root, *prog)) bases.push_back(&c);
-  std::stable_sort(bases.begin(), bases.end(), [](const BaseCandidate* a, const BaseCandidate* b) {
-    return a->dims.size() + a->scalars.size() > b->dims.size() + b->scalars.size();
+  // Ties keep base_candidates' order (the bases point into it).
+  std::sort(bases.begin(), bases.end(), [](const BaseCandidate* a, const BaseCandidate* b) {
+    size_t na = a->dims.size() + a->scalars.size(), nb = b->dims.size() + b->scalars.size();
+    return na != nb ? na > nb : std::less<>()(a, b);
   });
   std::optional<BaseCandidate> refuted_base;  // the symbolic case below
   if (unchecked) {
