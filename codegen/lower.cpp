@@ -1193,7 +1193,9 @@ struct LowerMatmul : mlir::OpRewritePattern<kiln::dialect::MatmulOp> {
     if (!named) {
       mlir::Value init = mlir::tensor::EmptyOp::create(rw, loc, out.getShape(), acc, *dyn);
       mlir::Value acc_zero = mlir::arith::ConstantOp::create(rw, loc, rw.getZeroAttr(acc));
-      filled = mlir::linalg::FillOp::create(rw, loc, mlir::ValueRange{acc_zero}, mlir::ValueRange{init}).getResult(0);
+      filled = mlir::linalg::FillOp::create(rw, loc, mlir::ValueRange{acc_zero},
+                                            mlir::ValueRange{init})
+                   .getResult(0);
     }
     if (rows_gemm) {
       mlir::Value a2 = collapse_leading(a, ra - 1);  // [M', K]
@@ -1249,7 +1251,9 @@ struct LowerMatmul : mlir::OpRewritePattern<kiln::dialect::MatmulOp> {
                maps, iterators,
                [&](mlir::OpBuilder& bb, mlir::Location l, mlir::ValueRange args) {
                  // operands in the result type first, as eager converts them to its compute dtype
-                 auto widen = [&](mlir::Value v) { return convert(bb, l, convert(bb, l, v, t), acc); };
+                 auto widen = [&](mlir::Value v) {
+                   return convert(bb, l, convert(bb, l, v, t), acc);
+                 };
                  mlir::Value x = widen(args[0]), y = widen(args[1]), r;
                  if (auto ft = llvm::dyn_cast<mlir::FloatType>(acc)) {
                    IrScope scope(bb, l, ft);
@@ -1267,7 +1271,8 @@ struct LowerMatmul : mlir::OpRewritePattern<kiln::dialect::MatmulOp> {
         mm = mlir::linalg::GenericOp::create(
                  rw, loc, mlir::TypeRange{out}, mlir::ValueRange{mm}, mlir::ValueRange{empty},
                  llvm::SmallVector<mlir::AffineMap>{id, id},
-                 llvm::SmallVector<mlir::utils::IteratorType>(ro, mlir::utils::IteratorType::parallel),
+                 llvm::SmallVector<mlir::utils::IteratorType>(
+                     ro, mlir::utils::IteratorType::parallel),
                  [&](mlir::OpBuilder& bb, mlir::Location l, mlir::ValueRange args) {
                    mlir::linalg::YieldOp::create(bb, l, convert(bb, l, args[0], t));
                  })

@@ -98,9 +98,11 @@ Shape RunState::shape_of(const ValueInfo& v) const {
 
 uint64_t RunState::rng_offset(const Program& p, size_t node) const {
   if (!p.rng_symbolic) {  // the offset of the first random node from `node` on
-    for (size_t i = node; i < p.nodes.size(); ++i)
-      if (p.nodes[i].kind == Node::Kind::Op && op_info(p.nodes[i].op).category == OpCategory::Random)
-        return p.nodes[i].rng_delta;
+    for (size_t i = node; i < p.nodes.size(); ++i) {
+      const Node& n = p.nodes[i];
+      if (n.kind == Node::Kind::Op && op_info(n.op).category == OpCategory::Random)
+        return n.rng_delta;
+    }
     return p.rng_consumed;
   }
   return rng_offset_before(p, node, [&](int v) { return numel(shape_of(p.values[v])); });
