@@ -14,7 +14,8 @@
 // The training runs once (in the first case's setup); the cases report its figures:
 //  * digits_mlp_accuracy (eager / compiled): final test accuracy, percent.
 //  * digits_mlp_step (eager / compiled): training steps per second over the epochs after the
-//    first (the first compiled step traces and compiles), only the step calls timed.
+//    first (the first compiled step traces and compiles), only the step calls timed; extra
+//    field gemm_us_per_step: of each step, the wall time of its CPU GEMMs (cpu::gemm_time).
 //  * digits_mlp_max_loss_diff (compiled): the max over every step of
 //    |loss_compiled − loss_eager| / |loss_eager|.
 // Their median_ms is the measured time: the mean step for digits_mlp_step, that mode's steps
@@ -42,6 +43,7 @@
 
 #include <fmt/format.h>
 
+#include "backends/cpu/blas.h"
 #include "benchmarks/harness.h"
 #include "kiln/kiln.h"
 #include "kiln/nn.h"
@@ -183,6 +185,7 @@ struct EpochLog {
   double mean_loss = 0;    // over the epoch's steps
   double accuracy = 0;     // test, percent, after the epoch
   double step_seconds = 0; // the epoch's step calls only
+  double gemm_seconds = 0; // of which CPU GEMM ops (cpu::gemm_time)
   int steps = 0;
 };
 
@@ -192,6 +195,7 @@ struct ModeRun {
   double total_s = 0;         // its steps and evaluations
   double steps_per_s = 0;     // epochs after the first
   double first_epoch_steps_per_s = 0;
+  double gemm_us_per_step = 0, step_us = 0;  // epochs after the first
   int compile_count = 0;
   std::string explain;
 };
@@ -218,14 +222,19 @@ double accuracy(nn::Sequential& model, const Tensor& x, const std::vector<int64_
 
 // Per-epoch figures of one mode once its epochs are done.
 void finish_mode(ModeRun& run) {
-  double later_s = 0;
+  double later_s = 0, later_gemm_s = 0;
   int later_steps = 0;
   for (size_t e = 1; e < run.epochs.size(); ++e) {
     later_s += run.epochs[e].step_seconds;
+    later_gemm_s += run.epochs[e].gemm_seconds;
     later_steps += run.epochs[e].steps;
   }
   run.first_epoch_steps_per_s = run.epochs[0].steps / run.epochs[0].step_seconds;
   run.steps_per_s = later_steps ? later_steps / later_s : run.first_epoch_steps_per_s;
+  if (later_steps) {
+    run.gemm_us_per_step = later_gemm_s / later_steps * 1e6;
+    run.step_us = later_s / later_steps * 1e6;
+  }
 }
 
 // Trains both modes from the same initial weights. Their steps alternate (eager, compiled,
@@ -276,9 +285,11 @@ void train_modes(const Split& s, int epochs, ModeRun& eager_run, ModeRun& compil
       Tensor x = from_vector(bx, {kBatch, kFeatures}), y = from_vector(by, {kBatch});
       for (int m = 0; m < 2; ++m) {
         manual_seed(static_cast<uint64_t>(e) * 1000 + static_cast<uint64_t>(k));  // same masks
+        const uint64_t gemm_ns = cpu::gemm_time().ns;
         auto t0 = Clock::now();
         Tensor loss = modes[m].step(x, y);
         logs[m].step_seconds += std::chrono::duration<double>(Clock::now() - t0).count();
+        logs[m].gemm_seconds += double(cpu::gemm_time().ns - gemm_ns) * 1e-9;
         float l = loss.item<float>();
         modes[m].run->losses.push_back(l);
         logs[m].mean_loss += l;
@@ -366,7 +377,8 @@ Benchmark step_case(const RunConfig& config, bool compiled) {
   const ModeRun& m = compiled ? r.compiled : r.eager;
   Benchmark b{{}, per_second(1), 1.0 / m.steps_per_s};
   b.extra = {{"steps", static_cast<double>(m.losses.size())},
-             {"first_epoch_steps_per_s", m.first_epoch_steps_per_s}};
+             {"first_epoch_steps_per_s", m.first_epoch_steps_per_s},
+             {"gemm_us_per_step", m.gemm_us_per_step}};
   if (compiled) b.extra.emplace_back("compile_count", m.compile_count);
   return b;
 }
@@ -444,6 +456,14 @@ void summary(std::span<const Record> records) {
                vs_eager, verdict(vs_eager >= 2));
     fmt::print("  {:<44} {:8.2f}x        (information: another workload)\n",
                "compiled / PyTorch 1.13's 3,860 st/s", vs_torch);
+    // GEMMs are oneDNN's in both modes, single-threaded at this size (blas.h): with every
+    // other op free, a compiled step would still take its GEMM time.
+    const ModeRun &me = res.eager, &mc = res.compiled;
+    if (mc.gemm_us_per_step > 0)
+      fmt::print("  GEMM (oneDNN) time per step: eager {:.0f} of {:.0f} us, compiled {:.0f} of "
+                 "{:.0f} us; bound on the speed-up with every other op free: {:.2f}x\n",
+                 me.gemm_us_per_step, me.step_us, mc.gemm_us_per_step, mc.step_us,
+                 me.step_us / mc.gemm_us_per_step);
     fmt::print("  (3,860 st/s is PyTorch's step of an MLP 64-128-10 with SGD and no dropout, not this\n"
                "   one; benchmarks/peers/side_by_side.py runs PyTorch on this workload, target >= 2x)\n");
   }
