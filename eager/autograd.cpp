@@ -367,6 +367,10 @@ bool any_requires_grad(const OpCall& c) {
 
 bool is_in_place(OpKind op) { return op == OpKind::CopyInto || op == OpKind::Fill; }
 
+constexpr const char* kLeafInPlace =
+    "a leaf tensor that requires grad is being used in an in-place operation; wrap parameter "
+    "updates in kiln::no_grad";
+
 
 class RecordHook final : public DispatchHook {
  public:
@@ -409,9 +413,13 @@ class RecordHook final : public DispatchHook {
       // of the base made a leaf by requires_grad_() (`arange(4).view({2, 2})`), which the base
       // cannot stand for (PyTorch's "view of a leaf" test: requires_grad and _base.is_leaf).
       Meta* tm = meta(target);
-      KILN_CHECK(!(tm && tm->requires_grad && !(bm && bm->grad_fn)) &&
-                     !(bm && bm->requires_grad && !bm->grad_fn),
-                 c.name(), c.loc,
+      // A target without a grad_fn of its own is that leaf itself (PyTorch then says "a leaf
+      // Variable", not "a view of a leaf").
+      const bool views_grad_leaf = (tm && tm->requires_grad && !(bm && bm->grad_fn)) ||
+                                   (bm && bm->requires_grad && !bm->grad_fn);
+      KILN_CHECK(!views_grad_leaf || !tm || !tm->requires_grad || tm->grad_fn, c.name(), c.loc,
+                 kLeafInPlace);
+      KILN_CHECK(!views_grad_leaf, c.name(), c.loc,
                  "a view (shape {}) of a leaf tensor that requires grad is being used in an "
                  "in-place operation; wrap parameter updates in kiln::no_grad",
                  to_string(target.shape()));
@@ -423,9 +431,7 @@ class RecordHook final : public DispatchHook {
     }
     Meta* m = meta(target);
     if (!m) return false;
-    KILN_CHECK(!(m->requires_grad && !m->grad_fn), c.name(), c.loc,
-               "a leaf tensor that requires grad is being used in an in-place operation; "
-               "wrap parameter updates in kiln::no_grad");
+    KILN_CHECK(!(m->requires_grad && !m->grad_fn), c.name(), c.loc, kLeafInPlace);
     KILN_CHECK(!m->detached || !any_requires_grad(c), c.name(), c.loc,
                "a view made under no_grad of memory that gained a gradient history is modified "
                "in place with grad mode on; its history would be lost (PyTorch raises too): "

@@ -206,6 +206,13 @@ TEST_CASE("in-place writes into views rebase the base's gradient history (CopySl
   // Errors: a view of a leaf that requires grad; a double backward through the rebased base.
   Tensor leaf = tensor({1.0, 2.0}).requires_grad_();
   CHECK_THROWS_WITH(leaf.slice(0, 0, 1).fill_(0), Catch::Contains("of a leaf tensor that requires grad"));
+  // A view made a leaf by requires_grad_() (its base does not require grad) is the leaf itself,
+  // as PyTorch says ("a leaf Variable"); its base is left as it was.
+  Tensor own = arange(3, {DType::Float32});
+  Tensor view_leaf = own.view({3}).requires_grad_();
+  CHECK_THROWS_WITH(view_leaf.add_(1.0),
+                    Catch::StartsWith("kiln::add_: a leaf tensor that requires grad is being used"));
+  CHECK(own.to_vector<float>() == std::vector<float>{0, 1, 2});
   Tensor d2 = zeros({2}, {DType::Float64});
   d2.slice(0, 0, 1).copy_(x.slice(0, 0, 1) * x.slice(0, 0, 1));
   CHECK_THROWS_WITH(grad({sum(d2)}, {x}, {}, /*create_graph=*/true), Catch::Contains("double backward"));
