@@ -211,7 +211,7 @@ TEST_CASE("in-place writes into views rebase the base's gradient history (CopySl
   Tensor own = arange(3, {DType::Float32});
   Tensor view_leaf = own.view({3}).requires_grad_();
   CHECK_THROWS_WITH(view_leaf.add_(1.0),
-                    Catch::StartsWith("kiln::add_: a leaf tensor that requires grad is being used"));
+                    Catch::StartsWith("kiln::add_: a leaf tensor that requires grad is being"));
   CHECK(own.to_vector<float>() == std::vector<float>{0, 1, 2});
   Tensor d2 = zeros({2}, {DType::Float64});
   d2.slice(0, 0, 1).copy_(x.slice(0, 0, 1) * x.slice(0, 0, 1));
