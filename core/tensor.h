@@ -310,8 +310,13 @@ struct TensorMeta {
   DType dtype = DType::Float32;
   Shape shape;
   bool wrapped_number = false;
+  /// A 2-D matrix stored column-major: a transpose of a contiguous matrix (nn::Linear's
+  /// weight.t()), which addmm's backward gives a gradient of the same layout.
+  bool column_major = false;
   static TensorMeta of(const Tensor& t) {
-    return {t.dtype(), t.shape(), t.impl()->wrapped_number};
+    const bool column_major = t.dim() == 2 && t.shape()[0] > 1 && t.shape()[1] > 1 &&
+                              t.strides()[0] == 1 && t.strides()[1] == t.shape()[0];
+    return {t.dtype(), t.shape(), t.impl()->wrapped_number, column_major};
   }
 };
 

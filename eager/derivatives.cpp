@@ -312,10 +312,17 @@ std::vector<Tensor> linalg(const BackwardContext& c, const Tensor& g) {
     const Tensor& a = c.inputs[1];
     const Tensor& b = c.inputs[2];
     double alpha = c.attrs.alpha.to<double>(), beta = c.attrs.beta.to<double>();
+    auto scaled = [](const Tensor& t, double s) { return s == 1.0 ? t : t * s; };
     std::vector<Tensor> out(3);
-    if (c.needs_grad[0]) out[0] = sum_to(g * beta, c.input_meta[0].shape);
-    if (c.needs_grad[1]) out[1] = matmul(g, b.t()) * alpha;
-    if (c.needs_grad[2]) out[2] = matmul(a.t(), g) * alpha;
+    if (c.needs_grad[0]) out[0] = sum_to(scaled(g, beta), c.input_meta[0].shape);
+    if (c.needs_grad[1]) out[1] = scaled(matmul(g, b.t()), alpha);
+    if (c.needs_grad[2]) {
+      // mat2 a transposed contiguous matrix (nn::Linear's weight.t()): its gradient is made as
+      // (gᵀ·a)ᵀ, the same layout, so the weight's gradient comes out contiguous instead of
+      // being copied from a transpose (PyTorch's mm_mat2_backward does the same).
+      out[2] = scaled(c.input_meta[2].column_major ? matmul(g.t(), a).t() : matmul(a.t(), g),
+                      alpha);
+    }
     return out;
   }
   // a is saved only when b's gradient is wanted and b only for a's (OpNode::save): ranks and

@@ -423,6 +423,32 @@ TEST_CASE("gradcheck: matmul, addmm, linear") {
   gradcheck([](const T& in) { return addmm(in[0], in[1], in[2], 0.5, 2.0); }, {uniform({2}), a, b});
   gradcheck([](const T& in) { return linear(in[0], in[1], in[2]); }, {a, uniform({5, 4}), uniform({5})});
   gradcheck([](const T& in) { return matmul(in[0].t(), in[1]); }, {uniform({4, 3}), b});
+  // addmm with a transposed mat2 (linear's weight.t()), with alpha 1 and not.
+  gradcheck([](const T& in) { return addmm(in[0], in[1], in[2].t()); },
+            {uniform({2}), a, uniform({2, 4})});
+  gradcheck([](const T& in) { return addmm(in[0], in[1], in[2].t(), 0.5, 2.0); },
+            {uniform({2}), a, uniform({2, 4})});
+}
+
+TEST_CASE("linear's weight gradient is made contiguous, with the values of x^T g") {
+  // addmm's backward gives a column-major mat2 (weight.t()) a gradient of the same layout, so
+  // the weight's gradient needs no transposing copy (PyTorch's mm_mat2_backward).
+  Tensor x = uniform({5, 3}, -1, 1, 7);
+  Tensor w = uniform({4, 3}, -1, 1, 8).requires_grad_();
+  Tensor g = uniform({5, 4}, -1, 1, 9);
+  Tensor wt = w.t();
+  std::vector<Tensor> dwt = grad({(addmm(zeros({4}, {DType::Float64}), x, wt) * g).sum()}, {wt});
+  CHECK(dwt[0].strides() == Strides{1, 3});  // wt's layout: its transpose is contiguous
+  (linear(x, w, Tensor()) * g).sum().backward();
+  REQUIRE(w.grad().is_contiguous());
+  std::vector<double> xv = x.to_vector<double>(), gv = g.to_vector<double>();
+  std::vector<double> dw = w.grad().to_vector<double>();
+  for (int o = 0; o < 4; ++o)
+    for (int i = 0; i < 3; ++i) {
+      double ref = 0;  // dW[o, i] = sum over rows r of g[r, o] * x[r, i]
+      for (int r = 0; r < 5; ++r) ref += gv[r * 4 + o] * xv[r * 3 + i];
+      CHECK(dw[o * 3 + i] == Approx(ref).epsilon(1e-12));
+    }
 }
 
 TEST_CASE("gradcheck: views and shape ops") {
