@@ -303,27 +303,53 @@ class ViewOfBase final : public Node {
   ViewGeometry view_;
 };
 
+// `view`'s history becomes that of its region of its base's current history (the base is
+// contiguous and has a grad_fn).
+void view_base_history(const Tensor& view) {
+  Tensor base(view.impl()->base);
+  auto as_view = std::make_shared<ViewOfBase>(
+      ViewGeometry{view.shape(), view.strides(), view.offset() - base.offset(), base.shape()});
+  as_view->next_edges = {gradient_edge(base)};
+  Meta& m = ensure_meta(view);
+  m.requires_grad = true;
+  m.grad_fn = as_view;
+  m.output_nr = 0;
+  m.is_view_of_grad_tensor = true;
+  m.view_version = view.storage()->history_version();
+}
+
+// A view whose base's memory was written in place with history after the view was taken
+// (through another view, or through this one's own view) gets its region of the base's new
+// history, as PyTorch regenerates a view's grad_fn; returns whether it did. A base that is not
+// contiguous (ViewGeometry) leaves the view stale: using it raises.
+bool regenerate_view_history(const Tensor& t) {
+  if (!t.defined() || !t.impl()->base) return false;
+  Meta* m = meta(t);
+  // Only views taken of a tensor with history (grad mode on), not leaves made from views.
+  if (!m || !m->is_view_of_grad_tensor || !m->grad_fn || m->detached ||
+      t.storage()->history_version() == m->view_version)
+    return false;
+  Tensor base(t.impl()->base);
+  Meta* bm = meta(base);
+  if (!bm || !bm->requires_grad || !bm->grad_fn || !base.is_contiguous()) return false;
+  view_base_history(t);
+  return true;
+}
+
 // The in-place op `node` wrote view `out`: its base takes the new history, and `out` becomes a
 // view of that (PyTorch rebases the same way). before_kernel checked the base (contiguous, not a
 // leaf that requires grad).
 void rebase_history(const std::shared_ptr<OpNode>& node, Tensor& out) {
   Tensor base(out.impl()->base);
   ViewGeometry view{out.shape(), out.strides(), out.offset() - base.offset(), base.shape()};
-  auto copy = std::make_shared<CopySlices>(view, node);
+  auto copy = std::make_shared<CopySlices>(std::move(view), node);
   copy->next_edges = node->next_edges;
   copy->next_edges[0] = gradient_edge(base);  // the base's old history
   Meta& bm = ensure_meta(base);
   bm.requires_grad = true;
   bm.grad_fn = copy;
   bm.output_nr = 0;
-  auto as_view = std::make_shared<ViewOfBase>(std::move(view));
-  as_view->next_edges = {Edge{copy, 0}};
-  Meta& m = ensure_meta(out);
-  m.requires_grad = true;
-  m.grad_fn = as_view;
-  m.output_nr = 0;
-  m.is_view_of_grad_tensor = true;
-  m.view_version = out.storage()->history_version();
+  view_base_history(out);
   ++t_copy_slices;
 }
 
@@ -377,6 +403,7 @@ class RecordHook final : public DispatchHook {
   bool before_kernel(const OpCall& c, const InferredMeta&, std::vector<Tensor>&) override {
     if (!t_grad_enabled) return false;
     for (const Tensor& t : c.inputs) {
+      regenerate_view_history(t);
       Meta* vm = meta(t);
       KILN_CHECK(!vm || !vm->is_view_of_grad_tensor ||
                      t.storage()->history_version() == vm->view_version,
@@ -717,7 +744,7 @@ void note_parameter_rebind() { g_parameter_rebinds.fetch_add(1, std::memory_orde
 uint64_t in_place_view_writes() { return autograd::t_copy_slices; }
 
 bool lost_in_place_history(const Tensor& t) {
-  if (!t.defined()) return false;
+  if (!t.defined() || regenerate_view_history(t)) return false;
   Meta* m = meta(t);
   // A view whose base was written in place after it was taken: its history is stale.
   if (m && m->is_view_of_grad_tensor && t.storage()->history_version() != m->view_version)

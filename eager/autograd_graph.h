@@ -108,8 +108,9 @@ struct Meta final : AutogradMeta {
   /// Set for views of tensors that require grad; in-place ops on them are rejected.
   bool is_view_of_grad_tensor = false;
   /// The storage's history_version when the view was made: if an in-place op recorded by
-  /// autograd later changes the memory's history, the view's recorded history is stale and
-  /// using it in a recorded op is an error.
+  /// autograd later changes the memory's history, the view's recorded history is stale: a
+  /// recorded op using it first regenerates it from the base's (regenerate_view_history in
+  /// autograd.cpp), or raises where it cannot (a leaf made from a view, a non-contiguous base).
   uint64_t view_version = 0;
   /// Asks for no gradient: a view made under no_grad (or a view of one) of memory that had
   /// gained a history in place; using it is then not an error (lost_in_place_history).
