@@ -397,7 +397,6 @@ constexpr const char* kLeafInPlace =
     "a leaf tensor that requires grad is being used in an in-place operation; wrap parameter "
     "updates in kiln::no_grad";
 
-
 class RecordHook final : public DispatchHook {
  public:
   bool before_kernel(const OpCall& c, const InferredMeta&, std::vector<Tensor>&) override {
