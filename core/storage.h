@@ -68,9 +68,9 @@ class StorageImpl {
 
   /// Whether an in-place op recorded by autograd gave a tensor of `lineage` (TensorImpl) on
   /// this storage a gradient history it did not have (`h.slice(0, 0, 2).copy_(x)` for x that
-  /// requires grad). The other tensors of that lineage (h, other views) do not get the history
-  /// (autograd does not rebase views onto their base, as PyTorch's CopySlices does), so using
-  /// them in a recorded op is an error instead of a gradient silently lost (eager/autograd.cpp).
+  /// requires grad). The other views of that lineage take their region of the base's history
+  /// when next used (eager/autograd.cpp, regenerate_view_history, as PyTorch); other tensors
+  /// of it that cannot raise when used in a recorded op instead of losing a gradient silently.
   bool gained_history_in_place(uint64_t lineage) const {
     if (!any_gained_.load(std::memory_order_acquire)) return false;
     std::lock_guard<std::mutex> lock(gained_mu_);

@@ -320,15 +320,19 @@ void view_base_history(const Tensor& view) {
 
 // A view whose base's memory was written in place with history after the view was taken
 // (through another view, or through this one's own view) gets its region of the base's new
-// history, as PyTorch regenerates a view's grad_fn; returns whether it did. A base that is not
-// contiguous (ViewGeometry) leaves the view stale: using it raises.
+// history, as PyTorch regenerates a view's grad_fn; returns whether it did. So does a view that
+// had no history when the memory gained one in place (`h.slice(0, 0, 2).copy_(x)` with h
+// zeros). A base that is not contiguous (ViewGeometry) leaves the view stale: using it raises.
 bool regenerate_view_history(const Tensor& t) {
   if (!t.defined() || !t.impl()->base) return false;
   Meta* m = meta(t);
-  // Only views taken of a tensor with history (grad mode on), not leaves made from views.
-  if (!m || !m->is_view_of_grad_tensor || !m->grad_fn || m->detached ||
-      t.storage()->history_version() == m->view_version)
-    return false;
+  if (m && m->detached) return false;
+  // A view taken of a tensor with history; not a leaf made from a view (no grad_fn).
+  const bool stale_history = m && m->is_view_of_grad_tensor && m->grad_fn &&
+                             t.storage()->history_version() != m->view_version;
+  const bool gained = (!m || (!m->requires_grad && !m->no_grad_view_of_grad_tensor)) &&
+                      t.storage()->gained_history_in_place(t.impl()->lineage);
+  if (!stale_history && !gained) return false;
   Tensor base(t.impl()->base);
   Meta* bm = meta(base);
   if (!bm || !bm->requires_grad || !bm->grad_fn || !base.is_contiguous()) return false;

@@ -19,11 +19,11 @@ void set_grad_enabled(bool enabled);
 /// tensor of its lineage that an in-place op gave a gradient history
 /// (`h.slice(0, 0, 2).copy_(x)`; StorageImpl::gained_history_in_place) without having that
 /// history itself, or it is a view of a tensor with history whose memory was written in place
-/// after the view was taken and whose history cannot be regenerated from its base's (a leaf
-/// made from a view, a non-contiguous base; a view that can is regenerated here, as PyTorch
-/// does on access). Using it in a recorded op raises kiln::Error (its gradient would be lost);
-/// compiled calls with such a tensor run eagerly, which raises. False for detach() results and
-/// no_grad views.
+/// after the view was taken — and its history cannot be regenerated from its base's (it is not
+/// a view, or a leaf made from one, or its base is not contiguous; a view that can is
+/// regenerated here, as PyTorch does on access). Using it in a recorded op raises kiln::Error
+/// (its gradient would be lost); compiled calls with such a tensor run eagerly, which raises.
+/// False for detach() results and no_grad views.
 bool lost_in_place_history(const Tensor& t);
 
 /// How many in-place ops on views gave their base a new gradient history (CopySlices) on this

@@ -233,16 +233,16 @@ TEST_CASE("in-place writes into views rebase the base's gradient history (CopySl
 
 TEST_CASE("a tensor of memory that gained a gradient history in place without it is not "
           "silently differentiated") {
-  // A view of h taken before h.slice(0, 0, 2) was written does not see the new history
-  // (PyTorch regenerates it; kiln raises where its gradient would be lost).
+  // A view of h taken before h.slice(0, 0, 2) was written takes the new history when used, as
+  // PyTorch regenerates it: earlier = h[1:3] = [2·x1, 0], d sum(2·earlier)/dx = [0, 4].
   Tensor x = tensor({1.0, 3.0}).requires_grad_();
   Tensor h = zeros({3}, {DType::Float64});
   Tensor earlier = h.slice(0, 1, 3);
   h.slice(0, 0, 2).copy_(x * 2);
-  CHECK_THROWS_WITH((earlier * 2).sum(),
-                    Catch::Contains("shares memory with another tensor (a view of it, or its base) "
-                                    "that an in-place op gave a gradient history"));
-  // A view taken after the write is fine: [2, 6, 0] · ... gives sum(h[1:3]) = 6, d/dx = [0, 2].
+  (earlier * 2).sum().backward(Tensor(), /*retain_graph=*/true);
+  CHECK(x.grad().to_vector<double>() == std::vector<double>{0, 4});
+  x.set_grad(Tensor());
+  // A view taken after the write: [2, 6, 0] · ... gives sum(h[1:3]) = 6, d/dx = [0, 2].
   h.slice(0, 1, 3).sum().backward();
   CHECK(x.grad().to_vector<double>() == std::vector<double>{0, 2});
   // Aliases that ask for no gradient are no error: detach() (taken before or after the write)
@@ -257,13 +257,21 @@ TEST_CASE("a tensor of memory that gained a gradient history in place without it
   Tensor hd = h.detach();
   CHECK((hd.slice(0, 0, 2) * x).sum().item<double>() == 2 + 18);
   CHECK(matmul(hd.view({1, 3}), ones({3, 1}, {DType::Float64})).item<double>() == 8);
-  // Writing the whole tensor (not a view) gives it the history; views of it taken before then
-  // raise; requires_grad_() on them would drop the history.
+  // Writing the whole tensor (not a view) gives it the history, and views of it taken before
+  // then take it too: d sum(alias)/dx = [2, 2].
   Tensor whole = zeros({2}, {DType::Float64});
   Tensor alias = whole.view({2});
   whole.copy_(x * 2);
-  CHECK_THROWS_WITH(alias.sum(), Catch::Contains("its gradient would be lost"));
-  CHECK_THROWS_WITH(alias.requires_grad_(), Catch::Contains("as a leaf it would drop that history"));
+  x.set_grad(Tensor());
+  alias.sum().backward(Tensor(), /*retain_graph=*/true);
+  CHECK(x.grad().to_vector<double>() == std::vector<double>{2, 2});
+  // An alias that is not a view (a tensor sharing the storage, made by hand) still raises.
+  auto shared = std::make_shared<TensorImpl>(*whole.detach().impl());
+  shared->lineage = 0;
+  Tensor by_hand(shared);
+  CHECK_THROWS_WITH(by_hand.sum(), Catch::Contains("its gradient would be lost"));
+  CHECK_THROWS_WITH(by_hand.requires_grad_(),
+                    Catch::Contains("as a leaf it would drop that history"));
   Tensor under_no_grad;
   {
     NoGradGuard no_grad;
