@@ -3,6 +3,8 @@
 // must move (inputs read once, outputs written once); the device-to-device copy is the ceiling
 // the fused kernels are compared with (summary: % of copy). Each timed call waits for the
 // device (cuda::synchronize), so times are wall-clock per call, launch overhead included.
+#include <cstring>
+
 #include <fmt/format.h>
 
 #include "backends/cuda/blas.h"
@@ -23,6 +25,11 @@ constexpr double kF32 = sizeof(float);
 
 void require_device() {
   if (!cuda::is_available()) throw Skipped("no CUDA device: " + cuda::unavailable_reason());
+}
+
+void require_blas() {
+  require_device();
+  if (!cuda::blas_available()) throw Skipped(cuda::blas_unavailable_reason());
 }
 
 Tensor device_randn(const Shape& shape) { return randn(shape).to(Device::cuda()); }
@@ -91,8 +98,7 @@ Benchmark eager_square_plus(const RunConfig&) {
 }
 
 Benchmark cublas_sgemm(const RunConfig&) {
-  require_device();
-  if (!cuda::blas_available()) throw Skipped("cuBLAS not found: " + cuda::blas_unavailable_reason());
+  require_blas();
   Tensor a = device_randn({kGemm, kGemm}), b = device_randn({kGemm, kGemm});
   Tensor c = empty({kGemm, kGemm}, Device::cuda());
   return {[=] {
@@ -114,8 +120,29 @@ Benchmark eager_matmul(const RunConfig&) {
           gflop_per_s(2.0 * kGemm * kGemm * kGemm)};
 }
 
+/// n random bfloat16 values (n even) on the device, carried as the bytes of a float32 tensor of
+/// n / 2 elements: kiln has no bfloat16 dtype. Rounded to nearest even from float32.
+Tensor device_bf16_randn(int64_t n) {
+  Tensor host = randn({n}), carrier = empty({n / 2});
+  const float* src = host.data<float>();
+  auto* dst = reinterpret_cast<uint16_t*>(carrier.data<float>());
+  for (int64_t i = 0; i < n; ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, &src[i], sizeof bits);
+    dst[i] = static_cast<uint16_t>((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16);
+  }
+  return carrier.to(Device::cuda());
+}
+
 Benchmark bf16_gemm(const RunConfig&) {
-  throw Skipped("kiln has no bfloat16 dtype yet (float32 and float64 GEMMs only)");
+  require_blas();
+  Tensor a = device_bf16_randn(kGemm * kGemm), b = device_bf16_randn(kGemm * kGemm);
+  Tensor c = empty({kGemm * kGemm / 2}, Device::cuda());
+  return {[=] {
+            cuda::gemm_bf16(kGemm, kGemm, kGemm, a.raw_data(), b.raw_data(), c.raw_data());
+            cuda::synchronize(0);
+          },
+          gflop_per_s(2.0 * kGemm * kGemm * kGemm)};
 }
 
 std::vector<Case> cases() {

@@ -2,6 +2,7 @@
 
 #include <dlfcn.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdlib>
 #include <limits>
@@ -18,6 +19,7 @@ using Status = int;  // cublasStatus_t
 struct HandleStruct;
 using Handle = HandleStruct*;  // cublasHandle_t
 constexpr int kOpN = 0, kOpT = 1;
+constexpr int kDataBf16 = 14, kComputeF32 = 68, kGemmDefault = -1;  // library_types.h, cublas_api.h
 constexpr int kMaxDevices = 64;
 
 template <class T>
@@ -34,6 +36,10 @@ struct Blas {
   const char* (*status_string)(Status) = nullptr;  // absent in old versions
   GemmStridedBatched<float> sgemm = nullptr;
   GemmStridedBatched<double> dgemm = nullptr;
+  Status (*gemm_ex)(Handle, int transa, int transb, int m, int n, int k, const void* alpha,
+                    const void* A, int a_type, int lda, const void* B, int b_type, int ldb,
+                    const void* beta, void* C, int c_type, int ldc, int compute_type,
+                    int algo) = nullptr;  // optional: only gemm_bf16 needs it
   std::mutex handle_mutex;
   std::array<Handle, kMaxDevices> handles{};
 };
@@ -62,6 +68,7 @@ Blas& blas() {
         reinterpret_cast<decltype(out->status_string)>(dlsym(lib, "cublasGetStatusString"));
     out->sgemm = reinterpret_cast<decltype(out->sgemm)>(dlsym(lib, "cublasSgemmStridedBatched"));
     out->dgemm = reinterpret_cast<decltype(out->dgemm)>(dlsym(lib, "cublasDgemmStridedBatched"));
+    out->gemm_ex = reinterpret_cast<decltype(out->gemm_ex)>(dlsym(lib, "cublasGemmEx"));
     if (!out->create || !out->set_stream || !out->sgemm || !out->dgemm) {
       out->reason = "the cuBLAS library lacks cublasCreate_v2/cublasSetStream_v2/"
                     "cublas[SD]gemmStridedBatched";
@@ -94,6 +101,15 @@ Handle handle_for(int device, Loc loc) {
   return h;
 }
 
+void check_sizes(int64_t m, int64_t n, int64_t k, int64_t batch, int64_t max_ld, Loc loc) {
+  KILN_CHECK(m >= 0 && n >= 0 && k >= 0 && batch >= 0, "cuda gemm", loc,
+             "negative size: m={} n={} k={} batch={}", m, n, k, batch);
+  constexpr int64_t kIntMax = std::numeric_limits<int>::max();
+  KILN_CHECK(m <= kIntMax && n <= kIntMax && k <= kIntMax && batch <= kIntMax && max_ld <= kIntMax,
+             "cuda gemm", loc, "sizes beyond int32 are not supported: m={} n={} k={} batch={}", m,
+             n, k, batch);
+}
+
 }  // namespace
 
 bool blas_available() noexcept {
@@ -119,13 +135,7 @@ void gemm_strided_batched(DType dtype, bool trans_a, bool trans_b, int64_t m, in
                           int64_t ldc, int64_t stride_c, int64_t batch, int device, Loc loc) {
   KILN_CHECK(dtype == DType::Float32 || dtype == DType::Float64, "cuda gemm", loc,
              "dtype {} is not supported (float32, float64)", name(dtype));
-  constexpr int64_t kIntMax = std::numeric_limits<int>::max();
-  KILN_CHECK(m >= 0 && n >= 0 && k >= 0 && batch >= 0, "cuda gemm", loc,
-             "negative size: m={} n={} k={} batch={}", m, n, k, batch);
-  KILN_CHECK(m <= kIntMax && n <= kIntMax && k <= kIntMax && batch <= kIntMax && lda <= kIntMax &&
-                 ldb <= kIntMax && ldc <= kIntMax,
-             "cuda gemm", loc, "sizes beyond int32 are not supported: m={} n={} k={} batch={}", m,
-             n, k, batch);
+  check_sizes(m, n, k, batch, std::max({lda, ldb, ldc}), loc);
   KILN_CHECK(ldc >= std::max<int64_t>(n, 1) && lda >= std::max<int64_t>(trans_a ? m : k, 1) &&
                  ldb >= std::max<int64_t>(trans_b ? k : n, 1),
              "cuda gemm", loc, "leading dimensions too small: lda={} ldb={} ldc={} for m={} n={} "
@@ -152,6 +162,23 @@ void gemm_strided_batched(DType dtype, bool trans_a, bool trans_b, int64_t m, in
   }
   KILN_CHECK(s == 0, "cuda gemm", loc, "cublas{}gemmStridedBatched(m={}, n={}, k={}, batch={}): {}",
              dtype == DType::Float32 ? 'S' : 'D', m, n, k, batch, status_text(lib, s));
+}
+
+void gemm_bf16(int64_t m, int64_t n, int64_t k, const void* a, const void* b, void* c, int device,
+               Loc loc) {
+  check_sizes(m, n, k, 1, std::max({m, n, k}), loc);
+  Handle h = handle_for(device, loc);
+  Blas& lib = blas();
+  KILN_CHECK(lib.gemm_ex, "cuda gemm", loc, "the cuBLAS library lacks cublasGemmEx (bfloat16)");
+  if (m == 0 || n == 0) return;
+  set_current_device(device, loc);
+  float alpha = 1, beta = 0;
+  // Column-major C^T (n x m) = B^T (n x k) @ A^T (k x m), as in gemm_strided_batched.
+  Status s = lib.gemm_ex(h, kOpN, kOpN, int(n), int(m), int(k), &alpha, b, kDataBf16, int(n), a,
+                         kDataBf16, int(k), &beta, c, kDataBf16, int(n), kComputeF32,
+                         kGemmDefault);
+  KILN_CHECK(s == 0, "cuda gemm", loc, "cublasGemmEx(bf16, m={}, n={}, k={}): {}", m, n, k,
+             status_text(lib, s));
 }
 
 }  // namespace kiln::cuda

@@ -34,4 +34,12 @@ void gemm_strided_batched(DType dtype, bool trans_a, bool trans_b, int64_t m, in
                           int64_t ldc, int64_t stride_c, int64_t batch, int device = 0,
                           Loc loc = Loc::current());
 
+/// Row-major C = A @ B for contiguous bfloat16 A (m x k), B (k x n) and C (m x n), accumulated
+/// in float32 (cublasGemmEx with CUBLAS_COMPUTE_32F). Device pointers on `device`; asynchronous
+/// on the kiln stream. kiln has no bfloat16 dtype: this is the benchmarks' bf16 ceiling, used by
+/// no Tensor op. Throws kiln::Error as gemm_strided_batched does, and when the loaded cuBLAS
+/// lacks cublasGemmEx.
+void gemm_bf16(int64_t m, int64_t n, int64_t k, const void* a, const void* b, void* c,
+               int device = 0, Loc loc = Loc::current());
+
 }  // namespace kiln::cuda

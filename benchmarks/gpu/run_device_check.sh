@@ -8,9 +8,11 @@
 #                A device command is limited to 600 s: build in one command, run in the next.
 #   BUILD=dir    build folder (default build-gpu)
 #   OUT=dir      where the JSON records and the log go (default $OUT if set, else report/gpu)
+#   STEP_TIMEOUT=s  the most seconds each test binary or timing suite may run (default 600)
 #   KILN_CUDA_ARCH is not needed: sm_90 is the default target (codegen::GpuTarget).
 # The machine needs the build toolchain (scripts/setup.sh installs it; that needs apt and the
-# network) unless --no-build runs on a build folder made elsewhere.
+# network) unless --no-build runs on a build folder made elsewhere: benchmarks/gpu/pack_build.sh
+# packs one with the libraries it needs, for a machine without LLVM/MLIR 22.
 # Exit status: 0 when a GPU was usable, the tests passed and every case ran; 1 otherwise.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -24,6 +26,7 @@ for arg in "$@"; do
   esac
 done
 BUILD=${BUILD:-build-gpu}
+STEP_TIMEOUT=${STEP_TIMEOUT:-600}
 OUT=${OUT:-report/gpu}
 mkdir -p "$OUT"
 LOG="$OUT/device_check.log"
@@ -38,7 +41,13 @@ then
     tee -a "$LOG"
   status=1
 fi
-if ldconfig -p | grep -q 'libcublas\.so'; then echo "cuBLAS: found" | tee -a "$LOG"
+cublas_on_path() {  # in the loader's cache, or in a folder of LD_LIBRARY_PATH
+  ldconfig -p | grep -q 'libcublas\.so' && return 0
+  local d
+  for d in ${LD_LIBRARY_PATH//:/ }; do compgen -G "$d/libcublas.so*" > /dev/null && return 0; done
+  return 1
+}
+if cublas_on_path; then echo "cuBLAS: found" | tee -a "$LOG"
 else echo "cuBLAS: not found (matmul on the GPU will raise)" | tee -a "$LOG"; status=1; fi
 
 if [ "$BUILD_STEP" = 1 ]; then
@@ -57,19 +66,24 @@ fi
 
 step "GPU tests"
 run_test() {  # a test binary and its Catch filter, each one word (no globbing)
-  if timeout 600 "$@" >> "$LOG" 2>&1; then echo "passed: $*" | tee -a "$LOG"
-  else echo "FAILED: $*" | tee -a "$LOG"; status=1; fi
+  local out
+  out=$(mktemp)
+  if timeout "$STEP_TIMEOUT" "$@" > "$out" 2>&1; then echo "passed: $*" | tee -a "$LOG"
+  else echo "FAILED: $*; its output ends:" | tee -a "$LOG"; tail -40 "$out"; status=1; fi
+  cat "$out" >> "$LOG"
+  rm -f "$out"
 }
 run_test "$BUILD/tests/test_cuda"
 run_test "$BUILD/tests/test_codegen" "gpu*"
 run_test "$BUILD/tests/test_tracer" "[cuda]"
 
 step "timings: gpu suite"
-"$BUILD/benchmarks/kiln-bench" gpu $QUICK --json "$OUT/gpu.json" 2>&1 | tee -a "$LOG" || status=1
+timeout "$STEP_TIMEOUT" "$BUILD/benchmarks/kiln-bench" gpu $QUICK --json "$OUT/gpu.json" 2>&1 |
+  tee -a "$LOG" || status=1
 
 step "timings: Transformer training step at its original size on the GPU"
-KILN_BENCH_DEVICE=cuda "$BUILD/benchmarks/kiln-bench" transformer --full $QUICK \
-  --json "$OUT/transformer.json" 2>&1 | tee -a "$LOG" || status=1
+KILN_BENCH_DEVICE=cuda timeout "$STEP_TIMEOUT" "$BUILD/benchmarks/kiln-bench" transformer --full \
+  $QUICK --json "$OUT/transformer.json" 2>&1 | tee -a "$LOG" || status=1
 
 step "table"
 python3 - "$OUT/gpu.json" "$OUT/transformer.json" <<'PY' | tee -a "$LOG"
