@@ -294,9 +294,9 @@ std::shared_ptr<const CompiledCode> get_or_compile(const std::string& graph_mlir
   const bool loops_for_gemm = no_gemm && *no_gemm && *no_gemm != '0';
   const std::string gpu_target =
       options.device.is_cuda()
-          ? fmt::format("\n{} {} {} O{} {}", options.device.str(), options.gpu.chip,
+          ? fmt::format("\n{} {} {} O{} {} x{}", options.device.str(), options.gpu.chip,
                         options.gpu.features, options.gpu.opt_level,
-                        options.gpu.threads_per_block)
+                        options.gpu.threads_per_block, options.gpu.elements_per_thread)
           : "";
   const std::string key = host_target_id() + gpu_target +
                           (loops_for_gemm ? "\nno-extern-gemm" : "") + "\n" + graph_mlir;

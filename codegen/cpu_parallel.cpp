@@ -93,34 +93,9 @@ constexpr char kInterchanged[] = "kiln.reduction_outside_columns";
 /// rewritten; small static nests are left alone, and the others get the work hint like other
 /// nests (`outer` is then erased).
 void interchange_reduction_nest(mlir::scf::ForOp outer) {
-  llvm::SmallVector<mlir::scf::ForOp> fors{outer};
+  llvm::SmallVector<mlir::scf::ForOp> fors;
   mlir::scf::ParallelOp par;
-  for (;;) {
-    mlir::scf::ForOp f = fors.back();
-    if (!f.getInitArgs().empty() || f.getNumResults() != 0) return;
-    mlir::Block* body = f.getBody();
-    if (body->getOperations().size() != 2) return;  // the next loop and the yield
-    mlir::Operation* next = &body->front();
-    if (auto inner = llvm::dyn_cast<mlir::scf::ForOp>(next)) {
-      fors.push_back(inner);
-      continue;
-    }
-    par = llvm::dyn_cast<mlir::scf::ParallelOp>(next);
-    break;
-  }
-  if (!par || par.getNumResults() != 0) return;
-  for (mlir::Value step : par.getStep())
-    if (mlir::getConstantIntValue(step) != 1) return;
-  // Loop bounds must come from outside the nest (they are hoisted constants or dims).
-  auto outside = [&](mlir::Value v) {
-    return !outer->isAncestor(v.getParentBlock()->getParentOp());
-  };
-  for (mlir::scf::ForOp f : fors)
-    if (!outside(f.getLowerBound()) || !outside(f.getUpperBound()) || !outside(f.getStep()))
-      return;
-  for (mlir::Value v : llvm::concat<const mlir::Value>(par.getLowerBound(), par.getUpperBound()))
-    if (!outside(v)) return;
-
+  if (!match_reduction_nest(outer, fors, par)) return;
   Bounds nest;
   for (mlir::scf::ForOp f : fors)
     append_bounds(nest, f.getLowerBound(), f.getUpperBound());
@@ -170,6 +145,38 @@ void interchange_reduction_nest(mlir::scf::ForOp outer) {
 }
 
 }  // namespace
+
+bool match_reduction_nest(mlir::scf::ForOp outer, llvm::SmallVectorImpl<mlir::scf::ForOp>& fors,
+                          mlir::scf::ParallelOp& par) {
+  fors.assign({outer});
+  par = nullptr;
+  for (;;) {
+    mlir::scf::ForOp f = fors.back();
+    if (!f.getInitArgs().empty() || f.getNumResults() != 0) return false;
+    mlir::Block* body = f.getBody();
+    if (body->getOperations().size() != 2) return false;  // the next loop and the yield
+    mlir::Operation* next = &body->front();
+    if (auto inner = llvm::dyn_cast<mlir::scf::ForOp>(next)) {
+      fors.push_back(inner);
+      continue;
+    }
+    par = llvm::dyn_cast<mlir::scf::ParallelOp>(next);
+    break;
+  }
+  if (!par || par.getNumResults() != 0) return false;
+  for (mlir::Value step : par.getStep())
+    if (mlir::getConstantIntValue(step) != 1) return false;
+  // Loop bounds must come from outside the nest (they are hoisted constants or dims).
+  auto outside = [&](mlir::Value v) {
+    return !outer->isAncestor(v.getParentBlock()->getParentOp());
+  };
+  for (mlir::scf::ForOp f : fors)
+    if (!outside(f.getLowerBound()) || !outside(f.getUpperBound()) || !outside(f.getStep()))
+      return false;
+  for (mlir::Value v : llvm::concat<const mlir::Value>(par.getLowerBound(), par.getUpperBound()))
+    if (!outside(v)) return false;
+  return true;
+}
 
 void prepare_parallel_loops(mlir::ModuleOp m) {
   auto fn = m.lookupSymbol<mlir::func::FuncOp>("main");

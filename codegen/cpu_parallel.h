@@ -16,6 +16,7 @@
 /// `scf.for` nests: forking per outer iteration costs more than it gains. The OpenMP entry points the lowered code calls
 /// (`__kmpc_fork_call`, `__kmpc_for_static_init_8u`, ...) are kiln's own, over its thread pool
 /// (omp_runtime.cpp), so no OpenMP runtime with its own (spinning) threads is loaded.
+#include "mlir/Dialect/SCF/IR/SCF.h"
 #include "mlir/IR/BuiltinOps.h"
 
 namespace kiln::codegen {
@@ -29,5 +30,14 @@ void prepare_parallel_loops(mlir::ModuleOp m);
 /// become several blocks inside the scope, which the scope does not allow, and conversion to
 /// the LLVM dialect fails.
 void finish_parallel_loops(mlir::ModuleOp m);
+
+/// A reduction over leading dims as convert-linalg-to-parallel-loops leaves it (a column sum):
+/// a perfect nest of `scf.for` loops without iter_args (each body holds just the next loop)
+/// around one `scf.parallel` with step-1 loops, every bound defined outside the nest. Fills
+/// `fors` (outermost first) and `par`; false for any other loop. The output elements of such a
+/// nest are indexed by the parallel dims only (it comes from a linalg op), so the parallel loop
+/// may go outside the row loops.
+bool match_reduction_nest(mlir::scf::ForOp outer, llvm::SmallVectorImpl<mlir::scf::ForOp>& fors,
+                          mlir::scf::ParallelOp& par);
 
 }  // namespace kiln::codegen

@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <mutex>
 
+#include "codegen/cpu_parallel.h"
 #include "codegen/jit.h"
 #include "core/error.h"
 #include "llvm/Support/TargetSelect.h"
@@ -96,6 +97,97 @@ void wrap_serial_nests(mlir::func::FuncOp fn) {
     auto par = mlir::scf::ParallelOp::create(b, loc, mlir::ValueRange{zero},
                                              mlir::ValueRange{one}, mlir::ValueRange{one});
     l->moveBefore(par.getBody()->getTerminator());
+  }
+}
+
+/// A reduction over leading dims (a column sum, cpu_parallel.h's match_reduction_nest: row loops
+/// around a parallel loop over columns) would launch one kernel per row, each synchronised: the
+/// parallel loop goes outside, so one kernel runs a thread per column that adds its rows in order
+/// (neighbouring threads read neighbouring columns).
+void parallel_outside_reductions(mlir::func::FuncOp fn) {
+  llvm::SmallVector<mlir::scf::ForOp> top;
+  for (mlir::Operation& op : fn.getBody().front())
+    if (auto f = llvm::dyn_cast<mlir::scf::ForOp>(op)) top.push_back(f);
+  for (mlir::scf::ForOp outer : top) {
+    llvm::SmallVector<mlir::scf::ForOp> fors;
+    mlir::scf::ParallelOp par;
+    if (!match_reduction_nest(outer, fors, par)) continue;
+    mlir::OpBuilder b(outer);
+    mlir::Location loc = outer.getLoc();
+    mlir::scf::ParallelOp::create(
+        b, loc, par.getLowerBound(), par.getUpperBound(), par.getStep(),
+        [&](mlir::OpBuilder& nb, mlir::Location, mlir::ValueRange ivs) {
+          mlir::IRMapping map;
+          for (auto [old_iv, new_iv] : llvm::zip(par.getInductionVars(), ivs))
+            map.map(old_iv, new_iv);
+          for (mlir::scf::ForOp f : fors) {
+            auto nf = mlir::scf::ForOp::create(nb, loc, f.getLowerBound(), f.getUpperBound(),
+                                               f.getStep());
+            map.map(f.getInductionVar(), nf.getInductionVar());
+            nb.setInsertionPoint(nf.getBody()->getTerminator());
+          }
+          for (mlir::Operation& op : par.getBody()->without_terminator()) nb.clone(op, map);
+        });
+    outer.erase();
+  }
+}
+
+/// Elements up to which a constant that is not one repeated value (nll_loss's class indices) is
+/// read in kernels through a chain of selects; larger ones raise.
+constexpr int64_t kMaxSelectConstant = 64;
+
+/// A constant the bufferization put in a host global (memref.global: the 1.0 of x + 1.0) would
+/// be read by kernels through a host pointer (CUDA_ERROR_ILLEGAL_ADDRESS on the H200). Each load
+/// becomes the value itself: the splat value, or for a small constant a chain of selects on the
+/// loaded element's linear index. A global used otherwise, or a larger one, raises; compile()
+/// then runs the region's ops eagerly.
+void inline_constant_globals(mlir::ModuleOp m, mlir::func::FuncOp fn) {
+  llvm::SmallVector<mlir::memref::GetGlobalOp> gets;
+  fn.walk([&](mlir::memref::GetGlobalOp g) { gets.push_back(g); });
+  for (mlir::memref::GetGlobalOp get : gets) {
+    auto global = m.lookupSymbol<mlir::memref::GlobalOp>(get.getNameAttr());
+    std::optional<mlir::Attribute> init = global ? global.getInitialValue() : std::nullopt;
+    auto dense = init ? llvm::dyn_cast<mlir::DenseElementsAttr>(*init) : nullptr;
+    bool only_loads = llvm::all_of(get->getUsers(), [](mlir::Operation* user) {
+      return llvm::isa<mlir::memref::LoadOp>(user);
+    });
+    if (!global || !global.getConstant() || !dense || !only_loads ||
+        (!dense.isSplat() && dense.getNumElements() > kMaxSelectConstant))
+      throw Error("codegen (gpu)", "the constant " + get.getName().str() +
+                                       " would stay in host memory (only loads of at most " +
+                                       std::to_string(kMaxSelectConstant) +
+                                       " elements are made values)");
+    llvm::SmallVector<mlir::TypedAttr> values;
+    if (dense.isSplat()) values.push_back(dense.getSplatValue<mlir::TypedAttr>());
+    else
+      for (mlir::Attribute a : dense.getValues<mlir::Attribute>())
+        values.push_back(llvm::cast<mlir::TypedAttr>(a));
+    llvm::ArrayRef<int64_t> shape = get.getType().getShape();
+    for (mlir::Operation* user : llvm::to_vector(get->getUsers())) {
+      auto load = llvm::cast<mlir::memref::LoadOp>(user);
+      mlir::OpBuilder b(load);
+      mlir::Location loc = load.getLoc();
+      mlir::Value v = mlir::arith::ConstantOp::create(b, loc, values.back());
+      if (values.size() > 1) {
+        // Row-major linear index of the loaded element (the global has a static shape).
+        mlir::Value linear = mlir::arith::ConstantIndexOp::create(b, loc, 0);
+        for (auto [d, index] : llvm::enumerate(load.getIndices())) {
+          mlir::Value size = mlir::arith::ConstantIndexOp::create(b, loc, shape[d]);
+          linear = mlir::arith::AddIOp::create(
+              b, loc, mlir::arith::MulIOp::create(b, loc, linear, size), index);
+        }
+        for (int64_t k = static_cast<int64_t>(values.size()) - 2; k >= 0; --k) {
+          mlir::Value is_k = mlir::arith::CmpIOp::create(
+              b, loc, mlir::arith::CmpIPredicate::eq, linear,
+              mlir::arith::ConstantIndexOp::create(b, loc, k));
+          v = mlir::arith::SelectOp::create(
+              b, loc, is_k, mlir::arith::ConstantOp::create(b, loc, values[k]), v);
+        }
+      }
+      load.getResult().replaceAllUsesWith(v);
+      load.erase();
+    }
+    get.erase();
   }
 }
 
@@ -255,6 +347,67 @@ void linearize(mlir::func::FuncOp fn) {
   }
 }
 
+/// A one-dim elementwise loop over [0, n) (a body of loads, pure ops and stores, as linearize
+/// leaves it) becomes a loop over ceil(n / (threads * per_thread)) blocks of `threads`
+/// iterations, iteration t of block b computing elements b * threads * per_thread + t + j *
+/// threads for j < per_thread: each load of a warp stays coalesced, and every element's loads
+/// are cloned before any store, so a thread has per_thread loads in flight (kernel arguments are
+/// not noalias: the device compiler cannot move a load above an earlier store). Loads read a
+/// clamped index and stores are guarded, for the last block.
+void unroll_elementwise(mlir::func::FuncOp fn, int threads, int per_thread) {
+  if (per_thread <= 1) return;
+  for (mlir::scf::ParallelOp p : top_level_loops(fn)) {
+    if (p.getNumLoops() != 1 || !mlir::isConstantIntValue(p.getLowerBound()[0], 0) ||
+        !mlir::isConstantIntValue(p.getStep()[0], 1))
+      continue;
+    if (auto n = mlir::getConstantIntValue(p.getUpperBound()[0]); n && *n <= threads) continue;
+    mlir::Block* body = p.getBody();
+    bool elementwise = true, stores = false;
+    for (mlir::Operation& op : body->without_terminator()) {
+      stores |= llvm::isa<mlir::memref::StoreOp>(op);
+      elementwise &= op.getNumRegions() == 0 &&
+                     (llvm::isa<mlir::memref::LoadOp, mlir::memref::StoreOp>(op) ||
+                      mlir::isMemoryEffectFree(&op));
+    }
+    if (!elementwise || !stores) continue;
+    mlir::OpBuilder b(p);
+    mlir::Location loc = p.getLoc();
+    auto index = [&](int64_t v) { return mlir::arith::ConstantIndexOp::create(b, loc, v); };
+    mlir::Value n = p.getUpperBound()[0];
+    mlir::Value block_threads = index(threads), chunk = index(int64_t{threads} * per_thread);
+    mlir::Value blocks = mlir::arith::CeilDivUIOp::create(b, loc, n, chunk);
+    mlir::Value total = mlir::arith::MulIOp::create(b, loc, blocks, block_threads);
+    mlir::Value last = mlir::arith::SubIOp::create(b, loc, n, index(1));
+    auto q = mlir::scf::ParallelOp::create(b, loc, mlir::ValueRange{index(0)},
+                                           mlir::ValueRange{total}, mlir::ValueRange{index(1)});
+    b.setInsertionPoint(q.getBody()->getTerminator());
+    mlir::Value g = q.getInductionVars()[0];
+    mlir::Value first = mlir::arith::AddIOp::create(
+        b, loc,
+        mlir::arith::MulIOp::create(b, loc,
+                                    mlir::arith::DivUIOp::create(b, loc, g, block_threads), chunk),
+        mlir::arith::RemUIOp::create(b, loc, g, block_threads));
+    std::vector<mlir::IRMapping> maps(per_thread);
+    std::vector<mlir::Value> in_bounds(per_thread);
+    for (int j = 0; j < per_thread; ++j) {
+      mlir::Value i = mlir::arith::AddIOp::create(b, loc, first, index(int64_t{j} * threads));
+      in_bounds[j] =
+          mlir::arith::CmpIOp::create(b, loc, mlir::arith::CmpIPredicate::ult, i, n);
+      maps[j].map(p.getInductionVars()[0],
+                  mlir::arith::MinUIOp::create(b, loc, i, last).getResult());
+      for (mlir::Operation& op : body->without_terminator())
+        if (!llvm::isa<mlir::memref::StoreOp>(op)) b.clone(op, maps[j]);
+    }
+    for (int j = 0; j < per_thread; ++j) {
+      auto guard = mlir::scf::IfOp::create(b, loc, in_bounds[j], /*withElseRegion=*/false);
+      mlir::OpBuilder inside = guard.getThenBodyBuilder();
+      for (mlir::Operation& op : body->without_terminator())
+        if (llvm::isa<mlir::memref::StoreOp>(op)) inside.clone(op, maps[j]);
+    }
+    p.erase();
+  }
+}
+
 /// Intermediates live in device memory: the host code's malloc/free (memref.alloc lowered)
 /// become the CUDA runtime's (codegen/runtime.cpp). gpu.alloc would need async tokens.
 void allocate_on_device(mlir::ModuleOp m) {
@@ -330,6 +483,12 @@ GpuTarget GpuTarget::from_env() {
                   "must be a multiple of 32 in [32, 1024], got \"" + n + "\"");
     t.threads_per_block = v;
   }
+  if (std::string n = env("KILN_CUDA_ELEMENTS_PER_THREAD"); !n.empty()) {
+    int v = std::atoi(n.c_str());
+    if (v < 1 || v > 16)
+      throw Error("KILN_CUDA_ELEMENTS_PER_THREAD", "must be in [1, 16], got \"" + n + "\"");
+    t.elements_per_thread = v;
+  }
   return t;
 }
 
@@ -354,9 +513,12 @@ void lower_for_gpu(mlir::ModuleOp m, const GpuTarget& target, bool row_separable
   run(m, "func.func(convert-linalg-to-parallel-loops),canonicalize,cse", "parallel loops",
       messages);
   fn = m.lookupSymbol<mlir::func::FuncOp>("main");
+  inline_constant_globals(m, fn);
+  parallel_outside_reductions(fn);
   wrap_host_accesses(fn);
   if (row_separable) fuse_rows(fn);
   linearize(fn);  // nests left multi-dimensional (grid y/z are limited to 65535)
+  unroll_elementwise(fn, target.threads_per_block, target.elements_per_thread);
   log_module("GPU parallel loops", m);
   // Blocks of threads_per_block threads (no-min-max-bounds: with an affine.min bound
   // convert-parallel-loops-to-gpu silently leaves the loop on the host).

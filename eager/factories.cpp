@@ -85,9 +85,11 @@ Tensor ones(const Shape& shape, TensorOptions opts, Loc loc) {
 }
 Tensor full(const Shape& shape, Scalar value, TensorOptions opts, Loc loc) {
   return as_op("full", [&] {
-    Tensor t = empty(shape, {opts.dtype.value_or(value.dtype())}, loc);
+    // Filled where it lives: inside compile() a transfer cannot be recorded, and backward()'s
+    // ones_like seed of a CUDA loss would raise.
+    Tensor t = empty(shape, options(opts.dtype.value_or(value.dtype()), opts.device), loc);
     t.fill_(value, loc);
-    return on_device("full", t, opts, loc);
+    return t;
   });
 }
 

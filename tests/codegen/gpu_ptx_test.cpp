@@ -85,6 +85,73 @@ TEST_CASE("gpu ptx: fused x*x + x is one kernel and assembles for sm_90") {
   }
 }
 
+/// Global loads before the first global store in `ptx`.
+int loads_before_first_store(const std::string& ptx) {
+  size_t store = ptx.find("st.global");
+  std::string head = ptx.substr(0, store);
+  int n = 0;
+  for (size_t at = head.find("ld.global"); at != std::string::npos;
+       at = head.find("ld.global", at + 1))
+    ++n;
+  return n;
+}
+
+/// Whether `ptx` branches back to a label it defined earlier (a loop inside a kernel).
+bool has_loop(const std::string& ptx) {
+  std::smatch m;
+  const std::regex branch(R"(bra(\.uni)?\s+(\$L__BB\d+_\d+);)");
+  for (auto it = ptx.cbegin(); std::regex_search(it, ptx.cend(), m, branch); it = m.suffix().first) {
+    size_t at = static_cast<size_t>(m[0].first - ptx.cbegin());
+    size_t label = ptx.find(m[2].str() + ":");
+    if (label != std::string::npos && label < at) return true;
+  }
+  return false;
+}
+
+TEST_CASE("gpu ptx: an elementwise kernel loads elements_per_thread elements before storing") {
+  for (int per_thread : {1, 4, 8}) {
+    ir::Graph g;
+    ir::Value x = g.input(DType::Float32, {ir::kDynamic});
+    g.output(g.op(OpKind::Add, {g.op(OpKind::Mul, {x, x}), x}));
+    codegen::CompileOptions o = cuda_options();
+    o.gpu.elements_per_thread = per_thread;
+    codegen::Executable exe(g, o);
+    INFO("elements_per_thread " << per_thread << "\n" << exe.ptx());
+    CHECK(entries(exe.ptx()) == 1);
+    // The last element's load may sink below the first guard, never below the first store.
+    CHECK(loads_before_first_store(exe.ptx()) == per_thread);
+    check_assembles(exe.ptx(), "square_plus_unrolled");
+  }
+}
+
+TEST_CASE("gpu ptx: a column sum adds its rows in a loop inside one kernel") {
+  ir::Graph g;
+  ir::Value x = g.input(DType::Float32, {ir::kDynamic, 768});
+  OpAttrs a;
+  a.dims = {0};
+  g.output(g.op(OpKind::Sum, {x}, a));
+  codegen::Executable exe(g, cuda_options());
+  INFO(exe.ptx());
+  // Zero the float64 sums, add the rows, round to float32. A row loop on the host would instead
+  // launch a loop-free adding kernel once per row.
+  CHECK(entries(exe.ptx()) == 3);
+  CHECK(has_loop(exe.ptx()));
+  check_assembles(exe.ptx(), "column_sum");
+}
+
+TEST_CASE("gpu ptx: a constant operand is a value, not a host global the kernel reads") {
+  // x + 1.0 as compile() traces it: the 1.0 is a kiln.constant, which bufferizes to a
+  // memref.global in host memory; a kernel reading it faulted on the H200.
+  ir::Graph g;
+  ir::Value x = g.input(DType::Float32, {ir::kDynamic, 32});
+  g.output(g.op(OpKind::Add, {x, g.constant(Scalar(1.5), DType::Float32)}));
+  codegen::Executable exe(g, cuda_options());
+  INFO(exe.ptx());
+  CHECK(entries(exe.ptx()) == 1);
+  CHECK(loads_before_first_store(exe.ptx()) == 4);  // x's four elements; 1.5 is a value
+  check_assembles(exe.ptx(), "add_constant");
+}
+
 TEST_CASE("gpu ptx: a gelu chain is one kernel without libdevice calls") {
   ir::Graph g;
   ir::Value x = g.input(DType::Float32, {4096, 1024});
