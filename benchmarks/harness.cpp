@@ -114,6 +114,15 @@ int fixed_calls(const Case& c, const RunConfig& config, bool timed) {
                       : (timed ? c.fixed_reps : c.fixed_warmup);
 }
 
+// A fixed-step case's step that took a second or more, reported on stderr as it ends: a long
+// case (the Transformer at its original size on a GPU) then shows how far it got even when a
+// time limit stops it (the device check's first H200 run timed out with no figure at all).
+void report_slow_step(const Case& c, const RunConfig& config, bool timed, int i, double s) {
+  if (s < 1.0) return;
+  fmt::print(stderr, "  {} ({}): {} step {}/{} took {:.1f} s\n", c.name, mode_name(c.mode),
+             timed ? "timed" : "warm-up", i + 1, fixed_calls(c, config, timed), s);
+}
+
 // Median, min and max of the per-call seconds, the value, and the case's extra figures.
 // `gemm_s`: wall time of the timed calls' CPU GEMM ops (cpu::gemm_time). Throws when there
 // are no timed calls (a fixed-step case with 0 repetitions), for guarded().
@@ -167,13 +176,18 @@ Record run_case(const Suite& suite, const Case& c, const RunConfig& config) {
     if (bench.measured_s) {
       per_call = {*bench.measured_s};
     } else if (c.fixed_reps > 0) {
-      for (int i = 0; i < fixed_calls(c, config, false); ++i) bench.body();
+      for (int i = 0; i < fixed_calls(c, config, false); ++i) {
+        auto start = Clock::now();
+        bench.body();
+        report_slow_step(c, config, false, i, seconds_since(start));
+      }
       for (int r = 0; r < fixed_calls(c, config, true); ++r) {
         const uint64_t gemm_ns = cpu::gemm_time().ns;
         auto start = Clock::now();
         bench.body();
         per_call.push_back(seconds_since(start));
         gemm_s += double(cpu::gemm_time().ns - gemm_ns) * 1e-9;
+        report_slow_step(c, config, true, r, per_call.back());
       }
     } else {
       // Warm-up; its mean time per call sizes the batches below.
@@ -225,6 +239,7 @@ std::vector<Record> run_interleaved(const Suite& suite, const Case& a, const Cas
         const uint64_t gemm_ns = cpu::gemm_time().ns;
         auto start = Clock::now();
         s.ok = guarded(s.rec, [&] { s.bench.body(); });
+        if (s.ok) report_slow_step(*s.c, config, timed, i, seconds_since(start));
         if (s.ok && timed) {
           s.per_call.push_back(seconds_since(start));
           s.gemm_s += double(cpu::gemm_time().ns - gemm_ns) * 1e-9;

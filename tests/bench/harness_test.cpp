@@ -1,5 +1,11 @@
 // kiln-bench's harness (benchmarks/harness.cpp): interleaved eager / compiled pairs, and the
-// GEMM time per step of fixed-step cases.
+// GEMM time per step of fixed-step cases, and the report of slow steps.
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <iterator>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -144,4 +150,44 @@ TEST_CASE("harness: a fixed-step case reports the wall time of its GEMM ops per 
   const double gemm_ms = rec.extra[2].second, step_ms = rec.extra[1].second;
   CHECK(gemm_ms > 0);
   CHECK(gemm_ms < step_ms - 1.9);  // the pause is not GEMM time
+}
+
+TEST_CASE("harness: a fixed-step case reports each step of a second or more on stderr") {
+  // Quick: one warm-up step of 1.05 s and two timed steps, the second of 1.05 s.
+  kb::Suite suite{"s", "test", {}, {}};
+  kb::Case c;
+  c.name = "long_step";
+  c.mode = kb::Mode::Compiled;
+  c.unit = "steps/s";
+  c.fixed_reps = 2;
+  c.quick_warmup = 1;
+  c.quick_reps = 2;
+  c.setup = [](const kb::RunConfig&) {
+    auto calls = std::make_shared<int>(0);
+    return kb::Benchmark{[calls] {
+                           int call = (*calls)++;
+                           if (call != 1)
+                             std::this_thread::sleep_for(std::chrono::milliseconds(1050));
+                         },
+                         kb::per_second(1.0)};
+  };
+  std::fflush(stderr);
+  char path[] = "/tmp/kiln_harness_stderr_XXXXXX";
+  int file = mkstemp(path);
+  REQUIRE(file >= 0);
+  int saved = dup(2);
+  dup2(file, 2);
+  kb::Record rec = kb::run_case(suite, c, kb::RunConfig{true, 1});
+  std::fflush(stderr);
+  dup2(saved, 2);
+  close(saved);
+  close(file);
+  std::ifstream in(path);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::remove(path);
+  INFO(text);
+  CHECK(rec.status == kb::Status::Ok);
+  CHECK(text.find("long_step (compiled): warm-up step 1/1 took 1.") != std::string::npos);
+  CHECK(text.find("timed step 1/2") == std::string::npos);  // the fast one
+  CHECK(text.find("long_step (compiled): timed step 2/2 took 1.") != std::string::npos);
 }
