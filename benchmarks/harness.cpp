@@ -239,9 +239,10 @@ std::vector<Record> run_interleaved(const Suite& suite, const Case& a, const Cas
         const uint64_t gemm_ns = cpu::gemm_time().ns;
         auto start = Clock::now();
         s.ok = guarded(s.rec, [&] { s.bench.body(); });
-        if (s.ok) report_slow_step(*s.c, config, timed, i, seconds_since(start));
+        const double step_s = seconds_since(start);
+        if (s.ok) report_slow_step(*s.c, config, timed, i, step_s);
         if (s.ok && timed) {
-          s.per_call.push_back(seconds_since(start));
+          s.per_call.push_back(step_s);
           s.gemm_s += double(cpu::gemm_time().ns - gemm_ns) * 1e-9;
         }
       }

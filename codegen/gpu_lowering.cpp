@@ -364,6 +364,9 @@ void unroll_elementwise(mlir::func::FuncOp fn, int threads, int per_thread) {
     mlir::Block* body = p.getBody();
     bool elementwise = true, stores = false;
     for (mlir::Operation& op : body->without_terminator()) {
+      // A load after a store (a body reading back what it wrote, as fuse_rows' merged bodies
+      // do) must stay after it: not hoisted above the stores.
+      elementwise &= !(stores && llvm::isa<mlir::memref::LoadOp>(op));
       stores |= llvm::isa<mlir::memref::StoreOp>(op);
       elementwise &= op.getNumRegions() == 0 &&
                      (llvm::isa<mlir::memref::LoadOp, mlir::memref::StoreOp>(op) ||

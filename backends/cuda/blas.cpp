@@ -174,9 +174,10 @@ void gemm_bf16(int64_t m, int64_t n, int64_t k, const void* a, const void* b, vo
   set_current_device(device, loc);
   float alpha = 1, beta = 0;
   // Column-major C^T (n x m) = B^T (n x k) @ A^T (k x m), as in gemm_strided_batched.
-  Status s = lib.gemm_ex(h, kOpN, kOpN, int(n), int(m), int(k), &alpha, b, kDataBf16, int(n), a,
-                         kDataBf16, int(k), &beta, c, kDataBf16, int(n), kComputeF32,
-                         kGemmDefault);
+  // Leading dimensions of at least 1, as cuBLAS requires even for k == 0 (then C = 0).
+  const int ld_b = int(std::max<int64_t>(n, 1)), ld_a = int(std::max<int64_t>(k, 1));
+  Status s = lib.gemm_ex(h, kOpN, kOpN, int(n), int(m), int(k), &alpha, b, kDataBf16, ld_b, a,
+                         kDataBf16, ld_a, &beta, c, kDataBf16, ld_b, kComputeF32, kGemmDefault);
   KILN_CHECK(s == 0, "cuda gemm", loc, "cublasGemmEx(bf16, m={}, n={}, k={}): {}", m, n, k,
              status_text(lib, s));
 }

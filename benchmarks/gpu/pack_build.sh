@@ -27,17 +27,31 @@ trap 'rm -rf "$stage"' EXIT
 mkdir -p "$stage/programs/tests" "$stage/programs/benchmarks" "$stage/libs/lib" "$DIR"
 for p in "${PROGRAMS[@]}"; do
   [ -x "$BUILD/$p" ] || { echo "missing $BUILD/$p: build it first" >&2; exit 1; }
-  if ldd "$BUILD/$p" | grep -q 'not found'; then echo "unresolved libraries in $p" >&2; exit 1; fi
+  # (no `| grep -q`: under pipefail its early exit fails ldd with SIGPIPE)
+  if [[ $(ldd "$BUILD/$p") == *"not found"* ]]; then
+    echo "unresolved libraries in $p" >&2
+    exit 1
+  fi
   strip --strip-all -o "$stage/programs/$p" "$BUILD/$p"
   ldd "$BUILD/$p" | awk '$2 == "=>" && $3 ~ /^\// {print $1, $3}' | while read -r name path; do
     [[ "$name" =~ $SYSTEM ]] || cp -L "$path" "$stage/libs/lib/$name"
   done
 done
-tar -C "$stage/programs" -cf - . | "${XZ[@]}" > "$DIR/programs.tar.xz"
-# Two library archives, compressed side by side on two cores.
+# Each archive is written to a .tmp file and renamed when complete, so an interrupted run
+# leaves no truncated archive that a later run would keep.
+pack() {  # pack ARCHIVE TAR-ARGUMENTS...
+  local archive=$1
+  shift
+  tar "$@" | "${XZ[@]}" > "$archive.tmp" && mv "$archive.tmp" "$archive"
+}
+pack "$DIR/programs.tar.xz" -C "$stage/programs" -cf - .
+# The two library archives, compressed side by side on two cores.
 llvm=$(cd "$stage/libs" && ls lib/libLLVM.so.*)
-[ -f "$DIR/llvm.tar.xz" ] || tar -C "$stage/libs" -cf - "$llvm" | "${XZ[@]}" > "$DIR/llvm.tar.xz" &
-[ -f "$DIR/libs.tar.xz" ] ||
-  tar -C "$stage/libs" --exclude="$llvm" -cf - lib | "${XZ[@]}" > "$DIR/libs.tar.xz"
-wait
+pid=""
+if [ ! -f "$DIR/llvm.tar.xz" ]; then
+  pack "$DIR/llvm.tar.xz" -C "$stage/libs" -cf - "$llvm" &
+  pid=$!
+fi
+[ -f "$DIR/libs.tar.xz" ] || pack "$DIR/libs.tar.xz" -C "$stage/libs" --exclude="$llvm" -cf - lib
+[ -z "$pid" ] || wait "$pid"
 du -m "$DIR"/*.tar.xz

@@ -42,9 +42,10 @@ then
   status=1
 fi
 cublas_on_path() {  # in the loader's cache, or in a folder of LD_LIBRARY_PATH
-  ldconfig -p | grep -q 'libcublas\.so' && return 0
-  local d
-  for d in ${LD_LIBRARY_PATH//:/ }; do compgen -G "$d/libcublas.so*" > /dev/null && return 0; done
+  # (no `| grep -q`: under pipefail its early exit fails ldconfig with SIGPIPE)
+  [[ $(ldconfig -p) == *libcublas.so* ]] && return 0
+  local d lib_path=${LD_LIBRARY_PATH:-}
+  for d in ${lib_path//:/ }; do compgen -G "$d/libcublas.so*" > /dev/null && return 0; done
   return 1
 }
 if cublas_on_path; then echo "cuBLAS: found" | tee -a "$LOG"
