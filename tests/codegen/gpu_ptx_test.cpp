@@ -65,26 +65,6 @@ void check_assembles(const std::string& ptx, const std::string& name) {
   std::filesystem::remove(out);
 }
 
-}  // namespace
-
-TEST_CASE("gpu ptx: fused x*x + x is one kernel and assembles for sm_90") {
-  for (std::vector<int64_t> shape : {std::vector<int64_t>{1 << 20}, std::vector<int64_t>{300, 7}}) {
-    ir::Graph g;
-    ir::Value x = g.input(DType::Float32, shape);
-    g.output(g.op(OpKind::Add, {g.op(OpKind::Mul, {x, x}), x}));
-    codegen::Executable exe(g, cuda_options());
-    CHECK(exe.device() == Device::cuda());
-    const std::string& ptx = exe.ptx();
-    CHECK(ptx.find(".target sm_90") != std::string::npos);
-    CHECK(entries(ptx) == 1);
-    CHECK(exe.num_kernels() == 1);
-    // One element per thread, x loaded once: mul then add.
-    CHECK(std::regex_search(ptx, std::regex(R"(mul\.rn\.f32)")));
-    CHECK(std::regex_search(ptx, std::regex(R"(add\.rn\.f32)")));
-    check_assembles(ptx, "square_plus");
-  }
-}
-
 /// Global loads before the first global store in `ptx`.
 int loads_before_first_store(const std::string& ptx) {
   size_t store = ptx.find("st.global");
@@ -106,6 +86,26 @@ bool has_loop(const std::string& ptx) {
     if (label != std::string::npos && label < at) return true;
   }
   return false;
+}
+
+}  // namespace
+
+TEST_CASE("gpu ptx: fused x*x + x is one kernel and assembles for sm_90") {
+  for (std::vector<int64_t> shape : {std::vector<int64_t>{1 << 20}, std::vector<int64_t>{300, 7}}) {
+    ir::Graph g;
+    ir::Value x = g.input(DType::Float32, shape);
+    g.output(g.op(OpKind::Add, {g.op(OpKind::Mul, {x, x}), x}));
+    codegen::Executable exe(g, cuda_options());
+    CHECK(exe.device() == Device::cuda());
+    const std::string& ptx = exe.ptx();
+    CHECK(ptx.find(".target sm_90") != std::string::npos);
+    CHECK(entries(ptx) == 1);
+    CHECK(exe.num_kernels() == 1);
+    // One element per thread, x loaded once: mul then add.
+    CHECK(std::regex_search(ptx, std::regex(R"(mul\.rn\.f32)")));
+    CHECK(std::regex_search(ptx, std::regex(R"(add\.rn\.f32)")));
+    check_assembles(ptx, "square_plus");
+  }
 }
 
 TEST_CASE("gpu ptx: an elementwise kernel loads elements_per_thread elements before storing") {
