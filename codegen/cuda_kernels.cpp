@@ -3,8 +3,9 @@
 // graphs (codegen/gpu_lowering.cpp) and cached per (op, attributes, dtypes, shapes). So one
 // lowering per op serves the CPU, compiled GPU graphs and eager GPU ops, and every eager GPU
 // kernel's PTX is checked on machines without a GPU (tests/conformance/gpu_ptx_ops_test.cpp).
-// Ops the codegen does not lower (in-place copy_/fill_, cat, gather/scatter, random ops,
-// strided copies) run their CPU kernel on host copies of the operands' storages and copy the
+// Dropout and its mask draw on the device from a kernel whose operand is the Philox key
+// (codegen/lower_random.cpp). Ops the codegen does not lower (in-place copy_/fill_, cat,
+// gather/scatter, the other random ops, strided copies) run their CPU kernel on host copies of the operands' storages and copy the
 // written storages back: correct for every op, slow (codegen/README.md, "GPU").
 #include <algorithm>
 #include <cstring>
@@ -222,12 +223,65 @@ bool in_place_on_device(const OpCall& c) {
   return true;
 }
 
+/// A Philox key (seed, offset) as an int64 [2] tensor on `device`, written by four 32-bit
+/// memsets on kiln's stream: no host buffer and no synchronisation, unlike a copy.
+Tensor device_key(uint64_t seed, uint64_t offset, Device device, Loc loc) {
+  Tensor key = dispatch::empty({2}, DType::Int64, device);
+  const uint32_t words[4] = {static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32),
+                             static_cast<uint32_t>(offset), static_cast<uint32_t>(offset >> 32)};
+  cuda::set_current_device(device.index, loc);
+  const cuda::DriverApi& api = cuda::driver("dropout", loc);
+  const auto base = reinterpret_cast<cuda::CUdeviceptr>(key.raw_data());
+  for (int i = 0; i < 4; ++i)
+    cuda::check(api.cuMemsetD32Async(base + 4 * i, words[i], 1,
+                                     cuda::kiln_stream(device.index, loc)),
+                "dropout", loc);
+  return key;
+}
+
+/// dropout_mask, and dropout(x) as x times the mask of x's dtype (eager's x * (keep ? scale :
+/// 0): NaN and inf stay NaN), drawn by generated kernels on the device. The mask kernel reads
+/// the key from its operand, so it is compiled once per (shape, dtype, p), not per draw.
+/// Returns false when a kernel is not available (the host path).
+bool random_on_device(const OpCall& c, Device device, Tensor& out) {
+  if (c.op == OpKind::Dropout && (c.inputs[0].device() != device || c.attrs.p <= 0))
+    return false;
+  OpCall mask_call = c;
+  mask_call.op = OpKind::DropoutMask;
+  mask_call.inputs.clear();
+  mask_call.attrs.seed = mask_call.attrs.offset = 0;  // in the operand, not the kernel key
+  if (c.op == OpKind::Dropout) {
+    mask_call.attrs.dims = c.inputs[0].shape();
+    mask_call.attrs.dtype = c.inputs[0].dtype();
+  }
+  std::vector<KernelInput> key = {{device_key(c.attrs.seed, c.attrs.offset, device, c.loc), {}}};
+  auto mask_kernel = one_op_kernel(mask_call, key, device);
+  if (!mask_kernel) return false;
+  if (c.op == OpKind::DropoutMask) {
+    mask_kernel->run_into({key[0].tensor}, {out});
+    return true;
+  }
+  std::optional<KernelInput> x = kernel_input(c.inputs[0], c.inputs[0].dtype(), device);
+  if (!x) return false;
+  Tensor mask = dispatch::empty(c.inputs[0].shape(), c.inputs[0].dtype(), device);
+  OpCall mul{OpKind::Mul, {}, {}, c.loc};
+  std::vector<KernelInput> ins = {*x, {mask, {}}};
+  auto mul_kernel = one_op_kernel(mul, ins, device);
+  if (!mul_kernel) return false;
+  mask_kernel->run_into({key[0].tensor}, {mask});
+  mul_kernel->run_into({x->tensor, mask}, {out});
+  return true;
+}
+
 /// The dispatcher's kernel for CUDA tensors (eager/dispatch.h, set_device_kernel).
 void cuda_kernel(const OpCall& c, const InferredMeta& meta, std::span<Tensor> outs) {
   Device device = c.attrs.device;
   for (const Tensor& t : c.inputs)
     if (t.defined() && t.device().is_cuda()) device = t.device();
   if ((c.op == OpKind::Fill || c.op == OpKind::CopyInto) && in_place_on_device(c)) return;
+  if ((c.op == OpKind::DropoutMask || c.op == OpKind::Dropout) && outs.size() == 1 &&
+      random_on_device(c, device, outs[0]))
+    return;
   // Other in-place ops and strided copies (whose one-op graph would see a contiguous input)
   // take the host path, as do ops with several results or absent optional inputs.
   bool generated = c.op != OpKind::CopyInto && c.op != OpKind::Fill &&

@@ -528,8 +528,11 @@ void lower_for_gpu(mlir::ModuleOp m, const GpuTarget& target, bool row_separable
   run(m,
       "func.func(scf-parallel-loop-tiling{parallel-loop-tile-sizes=" +
           std::to_string(target.threads_per_block) + " no-min-max-bounds=true},"
-      "gpu-map-parallel-loops,convert-parallel-loops-to-gpu),gpu-kernel-outlining,canonicalize,"
-      "cse",
+      "gpu-map-parallel-loops,convert-parallel-loops-to-gpu),"
+      // Constants and index arithmetic move into the kernels: left outside, outlining passes
+      // each as a kernel parameter (32 of them for a dropout mask), so the device compiler saw
+      // registers where immediates were (no mul.wide, divisions by sizes it could not fold).
+      "gpu-launch-sink-index-computations,gpu-kernel-outlining,canonicalize,cse",
       "kernels", messages);
   merge_gpu_modules(m);
   // Anything that touches memory outside a kernel now would dereference device pointers on the

@@ -1688,6 +1688,7 @@ struct LowerConstant : mlir::OpRewritePattern<kiln::dialect::ConstantOp> {
 void populate_kiln_to_linalg_patterns(mlir::RewritePatternSet& patterns) {
   patterns.add<LowerElementwise, LowerReduce, LowerVar, LowerArgReduce, LowerMatmul, LowerTranspose,
                LowerView, LowerOneHot, LowerCat, LowerConstant>(patterns.getContext());
+  populate_random_patterns(patterns);
 }
 
 std::unique_ptr<mlir::Pass> create_kiln_to_linalg_pass() {

@@ -19,6 +19,10 @@ namespace kiln::codegen {
 /// core/formulas.h for floating types. Ops whose kind is not covered yet are left in place.
 void populate_kiln_to_linalg_patterns(mlir::RewritePatternSet& patterns);
 
+/// kiln.random (dropout_mask) -> linalg.generic with Philox per element (codegen/lower_random.cpp);
+/// part of populate_kiln_to_linalg_patterns.
+void populate_random_patterns(mlir::RewritePatternSet& patterns);
+
 /// Pass `convert-kiln-to-linalg` (on builtin.module).
 std::unique_ptr<mlir::Pass> create_kiln_to_linalg_pass();
 

@@ -92,6 +92,15 @@ def Kiln_ShapeOp : Kiln_Op<"shape"> {
   let assemblyFormat = "$kind $inputs attr-dict `:` functional-type($inputs, results)";
 }
 
+def Kiln_RandomOp : Kiln_Op<"random"> {
+  let summary = "random-category row of the op table drawn from an explicit Philox key: "
+                "dropout_mask (`p`); `key` is tensor<2xi64> holding (seed, counter offset), so "
+                "the op is a pure function of its operand and one kernel serves every draw";
+  let arguments = (ins StrAttr:$kind, AnyRankedTensor:$key, F64Attr:$p);
+  let results = (outs AnyRankedTensor:$result);
+  let assemblyFormat = "$kind $key attr-dict `:` functional-type($key, results)";
+}
+
 def Kiln_ConstantOp : Kiln_Op<"constant", [ConstantLike]> {
   let summary = "tensor constant";
   let arguments = (ins ElementsAttr:$value);

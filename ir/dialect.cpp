@@ -58,6 +58,9 @@ const char* dialect_op_for(OpKind op) {
     // Of the Index rows only one_hot is covered (a compare with the class index per element).
     case OpCategory::Index: return op == OpKind::OneHot ? "index" : nullptr;
     case OpCategory::Shape: return "shape";  // cat
+    // Of the Random rows the dropout mask (one Philox word per element, codegen/lower.cpp).
+    // Its key is an operand, so the op is pure.
+    case OpCategory::Random: return op == OpKind::DropoutMask ? "random" : nullptr;
     default: return nullptr;
   }
 }
@@ -105,6 +108,17 @@ std::vector<mlir::RankedTensorType> infer_result_types(
     const OpAttrs& attrs, Loc loc) {
   // The number of operands is checked by infer_meta (layer_norm takes 1 to 3).
   const char* name = op_info(op).name.data();
+  if (op_info(op).category == OpCategory::Random) {
+    // The only operand is the Philox key; the result's shape and dtype are attributes.
+    auto i64 = mlir::IntegerType::get(ctx, 64);
+    KILN_CHECK(operands.size() == 1 && operands[0].getElementType() == i64 &&
+                   operands[0].getShape() == llvm::ArrayRef<int64_t>{2},
+               name, loc, "takes one key operand, tensor<2xi64> (seed, offset)");
+    InferredMeta inferred = infer_meta(op, {}, attrs, loc);
+    const OutputMeta& o = inferred.outputs.at(0);
+    llvm::SmallVector<int64_t> shape(o.shape.begin(), o.shape.end());
+    return {mlir::RankedTensorType::get(shape, element_type(ctx, o.dtype))};
+  }
   std::vector<TensorMeta> metas;
   int max_rank = 0;
   for (auto t : operands) {
@@ -271,6 +285,9 @@ void attrs_to_named(OpKind kind, const OpAttrs& a, mlir::Builder& b,
       if (kind == OpKind::OneHot) add("mode", b.getI64IntegerAttr(a.mode));  // num_classes
       break;
     case OpCategory::Shape: add("dim", b.getI64IntegerAttr(a.dim)); break;  // cat
+    case OpCategory::Random:
+      add("p", b.getF64FloatAttr(a.p));
+      break;
     case OpCategory::Loss:
       if (a.mode != 0) add("mode", b.getI64IntegerAttr(a.mode));
       if (kind == OpKind::NllLoss && a.ignore_index != OpAttrs().ignore_index)
@@ -311,6 +328,17 @@ OpAttrs attrs_from_op(OpKind kind, mlir::Operation* op) {
     if (!a.all_dims) a.dim = a.dims[0];
   }
   if (kind == OpKind::Squeeze) a.all_dims = op->hasAttr("dims");
+  if (op_info(kind).category == OpCategory::Random) {
+    if (auto p = op->getAttrOfType<mlir::FloatAttr>("p")) a.p = p.getValueAsDouble();
+    // The drawn shape and dtype are the result's (a `?` dim reads as -1, which infer_meta
+    // rejects: random ops have static shapes).
+    if (op->getNumResults() == 1) {
+      auto t = llvm::cast<mlir::RankedTensorType>(op->getResult(0).getType());
+      a.dims = Dims(std::vector<int64_t>(t.getShape().begin(), t.getShape().end()));
+      for (int64_t& d : a.dims) d = mlir::ShapedType::isDynamic(d) ? -1 : d;
+      if (auto d = dtype_of(t.getElementType())) a.dtype = *d;
+    }
+  }
   return a;
 }
 
@@ -397,6 +425,7 @@ mlir::LogicalResult MatmulOp::verify() { return verify_kiln_op(getOperation(), g
 mlir::LogicalResult ViewOp::verify() { return verify_kiln_op(getOperation(), getKind(), "view"); }
 mlir::LogicalResult IndexOp::verify() { return verify_kiln_op(getOperation(), getKind(), "index"); }
 mlir::LogicalResult ShapeOp::verify() { return verify_kiln_op(getOperation(), getKind(), "shape"); }
+mlir::LogicalResult RandomOp::verify() { return verify_kiln_op(getOperation(), getKind(), "random"); }
 mlir::LogicalResult CompositeOp::verify() {
   return verify_kiln_op(getOperation(), getKind(), "composite");
 }

@@ -65,6 +65,13 @@ void check_assembles(const std::string& ptx, const std::string& name) {
   std::filesystem::remove(out);
 }
 
+/// Occurrences of `what` in `text`.
+int count(const std::string& text, const std::string& what) {
+  int n = 0;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
 /// Global loads before the first global store in `ptx`.
 int loads_before_first_store(const std::string& ptx) {
   size_t store = ptx.find("st.global");
@@ -251,4 +258,30 @@ TEST_CASE("gpu ptx: cat of two computed inputs writes each into its slice of the
   codegen::Executable exe(g, cuda_options());
   CHECK(entries(exe.ptx()) == 3);
   check_assembles(exe.ptx(), "cat");
+}
+
+TEST_CASE("gpu ptx: a dropout mask is one kernel that reads its Philox key on the device") {
+  // Eager dropout on a CUDA tensor runs this kernel (codegen/cuda_kernels.cpp) instead of
+  // drawing on the host and copying the mask over. The key (seed, offset) is its operand.
+  for (DType dtype : {DType::Bool, DType::Float32}) {
+    ir::Graph g;
+    ir::Value key = g.input(DType::Int64, {2});
+    OpAttrs a;
+    a.dims = {32, 512, 768};
+    a.dtype = dtype;
+    a.p = 0.1;
+    g.output(g.op(OpKind::DropoutMask, {key}, a));
+    codegen::Executable exe(g, cuda_options());
+    INFO(exe.ptx());
+    CHECK(entries(exe.ptx()) == 1);
+    CHECK(exe.num_kernels() == 1);
+    // The key's two words come from global memory inside the kernel (not the host).
+    CHECK(loads_before_first_store(exe.ptx()) >= 2);
+    CHECK(std::regex_search(exe.ptx(), std::regex(R"(mul\.wide\.u32)")));  // Philox rounds
+    // Parameters: the two memref descriptors (key 5, the 3-d mask 9) and 4 loop bounds, no
+    // constants (there were 48): Philox's multipliers as parameters kept the device compiler
+    // from using 32-bit multiplies.
+    CHECK(count(exe.ptx(), ".param .") <= 18);
+    check_assembles(exe.ptx(), "dropout_mask");
+  }
 }

@@ -142,3 +142,19 @@ func.func @gather_not_covered(%a: tensor<3xf32>, %i: tensor<3xi64>) -> tensor<3x
   %0 = kiln.index "gather" %a, %i : (tensor<3xf32>, tensor<3xi64>) -> tensor<3xf32>
   return %0 : tensor<3xf32>
 }
+
+// -----
+
+func.func @random_key(%k: tensor<3xi64>) -> tensor<4xi1> {
+  // expected-error @+1 {{dropout_mask: takes one key operand, tensor<2xi64> (seed, offset)}}
+  %0 = kiln.random "dropout_mask" %k {p = 0.5 : f64} : (tensor<3xi64>) -> tensor<4xi1>
+  return %0 : tensor<4xi1>
+}
+
+// -----
+
+func.func @random_dtype(%k: tensor<2xi64>) -> tensor<4xi32> {
+  // expected-error @+1 {{dtype must be floating point or bool}}
+  %0 = kiln.random "dropout_mask" %k {p = 0.5 : f64} : (tensor<2xi64>) -> tensor<4xi32>
+  return %0 : tensor<4xi32>
+}
