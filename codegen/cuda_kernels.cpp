@@ -26,16 +26,18 @@ namespace kiln::codegen {
 namespace {
 
 /// One input of a one-op kernel: the tensor passed to the kernel and, for a dense permuted view
-/// (W.t()), the permutation the graph applies to it (the tensor passed is the contiguous base).
+/// (W.t()), the permutation the graph applies to it (the tensor passed is the contiguous base);
+/// for a broadcast view (stride 0), the shape the graph then expands it to.
 struct KernelInput {
   Tensor tensor;
   std::optional<Dims> permute;
+  std::optional<Dims> expand;
 };
 
 /// `t` as a kernel input on `device`, or nullopt when the host path must take it (a strided
-/// view that is not a dense permutation). 0-d host scalars are converted to `compute` (as
-/// compile() feeds wrapped scalars) and copied to the device (a copy, not Tensor::to, which
-/// compile()'s tracing rejects).
+/// view that is not a dense permutation, possibly broadcast). 0-d host scalars are converted to
+/// `compute` (as compile() feeds wrapped scalars) and copied to the device (a copy, not
+/// Tensor::to, which compile()'s tracing rejects).
 std::optional<KernelInput> kernel_input(const Tensor& t, DType compute, Device device) {
   if (t.device() != device) {
     Tensor host = t;
@@ -46,6 +48,19 @@ std::optional<KernelInput> kernel_input(const Tensor& t, DType compute, Device d
     Tensor d = dispatch::empty(host.shape(), host.dtype(), device);
     cuda::copy_to_device(d.raw_data(), host.raw_data(), itemsize(host.dtype()), device.index);
     return KernelInput{d, std::nullopt};
+  }
+  // A broadcast view (sum()'s gradient expanded back to its input's shape): the kernel reads
+  // its distinct elements (the stride-0 dims as size 1), and the graph expands them.
+  bool broadcast = false;
+  for (int d = 0; d < t.dim(); ++d) broadcast |= t.strides()[d] == 0 && t.shape()[d] > 1;
+  if (broadcast) {
+    auto impl = std::make_shared<TensorImpl>(*t.impl());
+    impl->autograd.reset();
+    for (int d = 0; d < t.dim(); ++d)
+      if (impl->strides[d] == 0) impl->shape[d] = 1;
+    std::optional<KernelInput> distinct = kernel_input(Tensor(std::move(impl)), compute, device);
+    if (distinct) distinct->expand = t.shape();
+    return distinct;
   }
   if (t.is_contiguous()) return KernelInput{t, std::nullopt};
   if (!t.is_non_overlapping_and_dense()) return std::nullopt;
@@ -71,8 +86,8 @@ std::optional<KernelInput> kernel_input(const Tensor& t, DType compute, Device d
   return KernelInput{base, perm};
 }
 
-/// Everything that selects a one-op kernel: op, attributes, and per input dtype, shape and
-/// permutation.
+/// Everything that selects a one-op kernel: op, attributes, and per input dtype, shape,
+/// permutation and broadcast shape.
 std::string kernel_key(const OpCall& c, const std::vector<KernelInput>& ins, Device device) {
   const OpAttrs& a = c.attrs;
   std::string key = fmt::format(
@@ -82,8 +97,9 @@ std::string kernel_key(const OpCall& c, const std::vector<KernelInput>& ins, Dev
       a.end, a.step, a.alpha.str(), a.beta.str(), a.has_low, a.has_high, a.eps, a.p, a.mode,
       a.ignore_index, name(a.dtype), a.low.str(), a.high.str(), a.seed, a.offset);
   for (const KernelInput& in : ins)
-    key += fmt::format(" {}{}{}", name(in.tensor.dtype()), to_string(in.tensor.shape()),
-                       in.permute ? "^" + to_string(*in.permute) : "");
+    key += fmt::format(" {}{}{}{}", name(in.tensor.dtype()), to_string(in.tensor.shape()),
+                       in.permute ? "^" + to_string(*in.permute) : "",
+                       in.expand ? "->" + to_string(*in.expand) : "");
   return key;
 }
 
@@ -118,9 +134,15 @@ std::shared_ptr<const Executable> one_op_kernel(const OpCall& c,
         p.dims = *in.permute;
         v = g.op(OpKind::Permute, {v}, p);
       }
+      if (in.expand) {
+        OpAttrs e;
+        e.dims = *in.expand;
+        v = g.op(OpKind::Expand, {v}, e);
+      }
       vals.push_back(v);
     }
-    g.output(g.op(c.op, vals, c.attrs));
+    // contiguous(): the permuted input itself, which the graph returns as a new tensor.
+    g.output(c.op == OpKind::Contiguous ? vals.at(0) : g.op(c.op, vals, c.attrs));
     CompileOptions options;
     options.device = device;
     options.gpu = GpuTarget::from_env();
@@ -223,6 +245,27 @@ bool in_place_on_device(const OpCall& c) {
   return true;
 }
 
+/// contiguous() of a dense permuted view (attention's heads merged back, [B, H, T, D] ->
+/// [B, T, H, D]) or of a broadcast one, and copy_ of one into a contiguous tensor of its dtype
+/// and shape: one copy kernel instead of a round trip through the host. Returns false
+/// otherwise.
+bool permuted_copy_on_device(const OpCall& c, Device device, std::span<Tensor> outs) {
+  const bool copy = c.op == OpKind::CopyInto;
+  if (c.op != OpKind::Contiguous && !copy) return false;
+  const Tensor& src = c.inputs[copy ? 1 : 0];
+  const Tensor& dst = copy ? c.inputs[0] : outs[0];
+  if (src.device() != device || dst.device() != device || src.dtype() != dst.dtype() ||
+      !(src.shape() == dst.shape()) || !dst.is_contiguous() || src.is_contiguous() ||
+      src.numel() == 0 || src.storage() == dst.storage())
+    return false;
+  std::optional<KernelInput> in = kernel_input(src, src.dtype(), device);
+  if (!in || (!in->permute && !in->expand)) return false;
+  auto exe = one_op_kernel(OpCall{OpKind::Contiguous, {src}, {}, c.loc}, {*in}, device);
+  if (!exe) return false;
+  exe->run_into({in->tensor}, {dst});
+  return true;
+}
+
 /// A Philox key (seed, offset) as an int64 [2] tensor on `device`, written by four 32-bit
 /// memsets on kiln's stream: no host buffer and no synchronisation, unlike a copy.
 Tensor device_key(uint64_t seed, uint64_t offset, Device device, Loc loc) {
@@ -279,6 +322,7 @@ void cuda_kernel(const OpCall& c, const InferredMeta& meta, std::span<Tensor> ou
   for (const Tensor& t : c.inputs)
     if (t.defined() && t.device().is_cuda()) device = t.device();
   if ((c.op == OpKind::Fill || c.op == OpKind::CopyInto) && in_place_on_device(c)) return;
+  if (permuted_copy_on_device(c, device, outs)) return;
   if ((c.op == OpKind::DropoutMask || c.op == OpKind::Dropout) && outs.size() == 1 &&
       random_on_device(c, device, outs[0]))
     return;

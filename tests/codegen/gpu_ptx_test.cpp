@@ -285,3 +285,28 @@ TEST_CASE("gpu ptx: a dropout mask is one kernel that reads its Philox key on th
     check_assembles(exe.ptx(), "dropout_mask");
   }
 }
+
+TEST_CASE("gpu ptx: contiguous() of a permuted view is one copy kernel") {
+  // What eager contiguous() / copy_ of a dense permuted CUDA view runs (codegen/cuda_kernels.cpp):
+  // the graph of the base permuted, whose output is a new contiguous tensor.
+  ir::Graph g;
+  ir::Value base = g.input(DType::Float32, {32, 512, 12, 64});  // [B, T, H, D]
+  OpAttrs a;
+  a.dims = {0, 2, 1, 3};
+  g.output(g.op(OpKind::Permute, {base}, a));
+  codegen::Executable exe(g, cuda_options());
+  INFO(exe.ptx());
+  CHECK(entries(exe.ptx()) == 1);
+  CHECK(count(exe.ptx(), "st.global") >= 1);
+  check_assembles(exe.ptx(), "permuted_copy");
+  // The same graph on the CPU gives the permuted values, contiguous.
+  codegen::CompileOptions cpu;
+  cpu.disk_cache = false;
+  ir::Graph small;
+  ir::Value x = small.input(DType::Float32, {2, 3, 4, 5});
+  small.output(small.op(OpKind::Permute, {x}, a));
+  Tensor in = arange(0, 120, 1, {DType::Float32}).view({2, 3, 4, 5});
+  Tensor out = codegen::Executable(small, cpu).run({in}).at(0);
+  CHECK(out.is_contiguous());
+  CHECK(out.to_vector<float>() == in.permute({0, 2, 1, 3}).contiguous().to_vector<float>());
+}

@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "backends/cuda/driver.h"
+#include "eager/dispatch.h"
 #include "kiln/kiln.h"
 #include "kiln/nn.h"
 #include "nn/optim.h"
@@ -106,4 +107,57 @@ TEST_CASE("cuda: autograd and an AdamW step on the device match the cpu", "[cuda
   }
   for (size_t i = 0; i < cpu_lin.parameters().size(); ++i)
     CHECK(rel_diff(gpu_lin.parameters()[i], cpu_lin.parameters()[i]) < 1e-5);
+}
+
+TEST_CASE("cuda: dropout draws the cpu's mask on the device; permuted copies stay there",
+          "[cuda]") {
+  REQUIRE_CUDA_OR_SKIP();
+  // Dropout and its mask: a generated Philox kernel with the key as its operand.
+  Tensor x = randn({64, 33});
+  for (double p : {0.1, 0.5}) {
+    GeneratorState s = generator_state();
+    Tensor on_cpu = dropout(x, p);
+    set_generator_state(s);
+    Tensor on_gpu = dropout(x.cuda(), p);
+    CHECK(on_gpu.device().is_cuda());
+    CHECK(rel_diff(on_gpu, on_cpu) == 0);
+    OpAttrs a;
+    a.dims = {5, 7, 3};
+    a.dtype = DType::Bool;
+    a.p = p;
+    a.seed = 9;
+    a.offset = 123;
+    Tensor mask_cpu = dispatch::call1({OpKind::DropoutMask, {}, a, Loc::current()});
+    a.device = Device::cuda();
+    Tensor mask_gpu = dispatch::call1({OpKind::DropoutMask, {}, a, Loc::current()});
+    CHECK(mask_gpu.device().is_cuda());
+    CHECK(mask_gpu.cpu().to_vector<bool>() == mask_cpu.to_vector<bool>());
+  }
+  // The gradient of dropout on the device: the same mask times the scale.
+  Tensor xg = x.cuda().detach().requires_grad_();
+  GeneratorState s = generator_state();
+  dropout(xg, 0.25).sum().backward();
+  set_generator_state(s);
+  Tensor xc = x.detach().requires_grad_();
+  dropout(xc, 0.25).sum().backward();
+  CHECK(rel_diff(xg.grad(), xc.grad()) == 0);
+  // contiguous() and copy_ of a permuted device view (attention's heads merged back).
+  Tensor base = randn({2, 3, 4, 5});
+  Tensor view_gpu = base.cuda().permute({0, 2, 1, 3});
+  Tensor view_cpu = base.permute({0, 2, 1, 3});
+  CHECK(rel_diff(view_gpu.contiguous(), view_cpu.contiguous()) == 0);
+  CHECK(view_gpu.contiguous().is_contiguous());
+  Tensor dst = zeros({2, 4, 3, 5}, {DType::Float32, Device::cuda()});
+  dst.copy_(view_gpu);
+  CHECK(rel_diff(dst, view_cpu) == 0);
+  // Broadcast views (stride 0) as kernel inputs: sum()'s gradient expanded back, a row
+  // expanded over a batch, permuted and broadcast at once.
+  Tensor row = randn({1, 5}), y = randn({4, 5});
+  CHECK(rel_diff(mul(row.cuda().expand({4, 5}), y.cuda()), mul(row.expand({4, 5}), y)) == 0);
+  CHECK(rel_diff(row.cuda().expand({4, 5}).contiguous(), row.expand({4, 5})) == 0);
+  Tensor col = randn({3, 1});
+  CHECK(rel_diff(exp(col.cuda().expand({3, 6}).t()), exp(col.expand({3, 6}).t())) < 1e-6);
+  Tensor yg = y.cuda().detach().requires_grad_();
+  (yg * yg).sum().backward();
+  CHECK(rel_diff(yg.grad(), 2 * y) == 0);
 }
