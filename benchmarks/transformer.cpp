@@ -17,6 +17,7 @@
 
 #include "backends/cuda/driver.h"
 #include "benchmarks/harness.h"
+#include "codegen/codegen.h"
 #include "kiln/nn.h"
 
 namespace kiln::bench {
@@ -159,6 +160,12 @@ void summary(std::span<const Record> records) {
                  gemm_e, e->extra[1].second, gemm_c, c->extra[1].second,
                  e->extra[1].second - gemm_e, c->extra[1].second - gemm_c,
                  e->extra[1].second / gemm_c);
+  }
+  if (bench_device().is_cuda()) {
+    // What still crosses PCIe: eager ops that ran their CPU kernel on host copies.
+    auto host = codegen::cuda_host_fallbacks();
+    fmt::print("  eager ops run on the host (calls): {}\n", host.empty() ? "none" : "");
+    for (const auto& [op, calls] : host) fmt::print("    {:<40} {}\n", op, calls);
   }
   if (c && s.batch == 8 && bench_device().is_cpu()) {
     fmt::print("  compiled / PyTorch 1.13 eager ({} samples/s, 2 threads): {:.2f}x   target >= 1.3x   {}\n",

@@ -17,6 +17,7 @@ std::string lower_to_linalg(const ir::Graph& g, bool fuse = true);
 #include <cstddef>
 #include <memory>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "core/tensor.h"
@@ -179,5 +180,11 @@ class Executable {
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
+
+/// Eager ops on CUDA tensors that ran their CPU kernel on host copies of their operands (no
+/// generated kernel for the op or for its operands' layout; codegen/cuda_kernels.cpp), as (op
+/// name and reason, calls) since the process started. Each call is a round trip over PCIe, so
+/// `kiln-bench transformer` on cuda prints them.
+std::vector<std::pair<std::string, uint64_t>> cuda_host_fallbacks();
 
 }  // namespace kiln::codegen

@@ -9,6 +9,7 @@
 // written storages back: correct for every op, slow (codegen/README.md, "GPU").
 #include <algorithm>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <optional>
 #include <mutex>
@@ -47,7 +48,7 @@ std::optional<KernelInput> kernel_input(const Tensor& t, DType compute, Device d
     }
     Tensor d = dispatch::empty(host.shape(), host.dtype(), device);
     cuda::copy_to_device(d.raw_data(), host.raw_data(), itemsize(host.dtype()), device.index);
-    return KernelInput{d, std::nullopt};
+    return KernelInput{d, std::nullopt, std::nullopt};
   }
   // A broadcast view (sum()'s gradient expanded back to its input's shape): the kernel reads
   // its distinct elements (the stride-0 dims as size 1), and the graph expands them.
@@ -62,7 +63,7 @@ std::optional<KernelInput> kernel_input(const Tensor& t, DType compute, Device d
     if (distinct) distinct->expand = t.shape();
     return distinct;
   }
-  if (t.is_contiguous()) return KernelInput{t, std::nullopt};
+  if (t.is_contiguous()) return KernelInput{t, std::nullopt, std::nullopt};
   if (!t.is_non_overlapping_and_dense()) return std::nullopt;
   // The base's dims are t's dims by decreasing stride; t = base.permute(inverse order).
   const int r = t.dim();
@@ -83,7 +84,7 @@ std::optional<KernelInput> kernel_input(const Tensor& t, DType compute, Device d
   impl->strides = contiguous_strides(base_shape);
   Tensor base(std::move(impl));
   if (!base.is_contiguous()) return std::nullopt;
-  return KernelInput{base, perm};
+  return KernelInput{base, perm, std::nullopt};
 }
 
 /// Everything that selects a one-op kernel: op, attributes, and per input dtype, shape,
@@ -154,11 +155,25 @@ std::shared_ptr<const Executable> one_op_kernel(const OpCall& c,
   return kc.kernels.emplace(key, exe).first->second;
 }
 
+struct HostFallbacks {
+  std::mutex mutex;
+  std::map<std::string, uint64_t> calls;
+};
+HostFallbacks& host_fallbacks() {
+  static HostFallbacks* f = new HostFallbacks;  // never destroyed: ops may run at exit
+  return *f;
+}
+
 /// Runs `c` with its CPU kernel on host copies: each CUDA storage an operand uses is copied to
 /// the host once, the op runs through the CPU dispatcher on views of those copies with the
 /// same offsets and strides, and the results (and, for in-place ops, the written storage) go
 /// back to the device.
-void run_on_host(const OpCall& c, std::span<Tensor> outs) {
+void run_on_host(const OpCall& c, std::span<Tensor> outs, const char* why) {
+  {
+    HostFallbacks& f = host_fallbacks();
+    std::lock_guard lock(f.mutex);
+    ++f.calls[fmt::format("{} ({})", c.name(), why)];
+  }
   std::unordered_map<const StorageImpl*, Storage> host;
   auto mirror = [&](const Tensor& t) -> Tensor {
     if (!t.defined() || t.device().is_cpu()) return t;
@@ -297,7 +312,8 @@ bool random_on_device(const OpCall& c, Device device, Tensor& out) {
     mask_call.attrs.dims = c.inputs[0].shape();
     mask_call.attrs.dtype = c.inputs[0].dtype();
   }
-  std::vector<KernelInput> key = {{device_key(c.attrs.seed, c.attrs.offset, device, c.loc), {}}};
+  std::vector<KernelInput> key = {
+      {device_key(c.attrs.seed, c.attrs.offset, device, c.loc), std::nullopt, std::nullopt}};
   auto mask_kernel = one_op_kernel(mask_call, key, device);
   if (!mask_kernel) return false;
   if (c.op == OpKind::DropoutMask) {
@@ -308,7 +324,7 @@ bool random_on_device(const OpCall& c, Device device, Tensor& out) {
   if (!x) return false;
   Tensor mask = dispatch::empty(c.inputs[0].shape(), c.inputs[0].dtype(), device);
   OpCall mul{OpKind::Mul, {}, {}, c.loc};
-  std::vector<KernelInput> ins = {*x, {mask, {}}};
+  std::vector<KernelInput> ins = {*x, {mask, std::nullopt, std::nullopt}};
   auto mul_kernel = one_op_kernel(mul, ins, device);
   if (!mul_kernel) return false;
   mask_kernel->run_into({key[0].tensor}, {mask});
@@ -328,24 +344,21 @@ void cuda_kernel(const OpCall& c, const InferredMeta& meta, std::span<Tensor> ou
     return;
   // Other in-place ops and strided copies (whose one-op graph would see a contiguous input)
   // take the host path, as do ops with several results or absent optional inputs.
-  bool generated = c.op != OpKind::CopyInto && c.op != OpKind::Fill &&
-                   c.op != OpKind::Contiguous && meta.outputs.size() == 1;
+  if (c.op == OpKind::CopyInto || c.op == OpKind::Fill || c.op == OpKind::Contiguous)
+    return run_on_host(c, outs, "this layout");
+  if (meta.outputs.size() != 1) return run_on_host(c, outs, "several results");
   std::vector<KernelInput> ins;
   for (const Tensor& t : c.inputs) {
-    if (!generated) break;
     std::optional<KernelInput> in;
     if (t.defined()) in = kernel_input(t, meta.compute_dtype, device);
-    if (in) ins.push_back(std::move(*in));
-    else generated = false;
+    if (!in) return run_on_host(c, outs, t.defined() ? "a strided input" : "an absent input");
+    ins.push_back(std::move(*in));
   }
-  if (generated)
-    if (auto exe = one_op_kernel(c, ins, device)) {
-      std::vector<Tensor> tensors;
-      for (const KernelInput& in : ins) tensors.push_back(in.tensor);
-      exe->run_into(tensors, std::vector<Tensor>(outs.begin(), outs.end()));
-      return;
-    }
-  run_on_host(c, outs);
+  auto exe = one_op_kernel(c, ins, device);
+  if (!exe) return run_on_host(c, outs, "no GPU lowering");
+  std::vector<Tensor> tensors;
+  for (const KernelInput& in : ins) tensors.push_back(in.tensor);
+  exe->run_into(tensors, std::vector<Tensor>(outs.begin(), outs.end()));
 }
 
 /// Installed when this file is linked (kiln_tracer links it whole; CMakeLists.txt).
@@ -355,4 +368,11 @@ const bool g_registered = [] {
 }();
 
 }  // namespace
+
+std::vector<std::pair<std::string, uint64_t>> cuda_host_fallbacks() {
+  HostFallbacks& f = host_fallbacks();
+  std::lock_guard lock(f.mutex);
+  return {f.calls.begin(), f.calls.end()};
+}
+
 }  // namespace kiln::codegen

@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "backends/cuda/driver.h"
+#include "codegen/codegen.h"
 #include "eager/dispatch.h"
 #include "kiln/kiln.h"
 #include "kiln/nn.h"
@@ -112,6 +113,7 @@ TEST_CASE("cuda: autograd and an AdamW step on the device match the cpu", "[cuda
 TEST_CASE("cuda: dropout draws the cpu's mask on the device; permuted copies stay there",
           "[cuda]") {
   REQUIRE_CUDA_OR_SKIP();
+  const auto host_before = codegen::cuda_host_fallbacks();
   // Dropout and its mask: a generated Philox kernel with the key as its operand.
   Tensor x = randn({64, 33});
   for (double p : {0.1, 0.5}) {
@@ -160,4 +162,6 @@ TEST_CASE("cuda: dropout draws the cpu's mask on the device; permuted copies sta
   Tensor yg = y.cuda().detach().requires_grad_();
   (yg * yg).sum().backward();
   CHECK(rel_diff(yg.grad(), 2 * y) == 0);
+  // None of the above went through the host.
+  CHECK(codegen::cuda_host_fallbacks() == host_before);
 }
