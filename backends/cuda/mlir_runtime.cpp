@@ -1,6 +1,7 @@
 #include "backends/cuda/mlir_runtime.h"
 
 #include <cstdint>
+#include <cstdlib>
 #include <exception>
 #include <string>
 
@@ -17,6 +18,15 @@ thread_local std::optional<Error> t_first_error;
 
 void record(Error e) {
   if (!t_first_error) t_first_error = std::move(e);
+}
+
+/// KILN_CUDA_LAUNCH_BLOCKING=1 (read once): every launch waits for its kernel.
+bool launch_blocking() {
+  static const bool blocking = [] {
+    const char* e = std::getenv("KILN_CUDA_LAUNCH_BLOCKING");
+    return e && *e && *e != '0';
+  }();
+  return blocking;
 }
 
 // Runs `body`, turning any exception into a recorded error and `fallback`.
@@ -136,6 +146,12 @@ void mgpuStreamDestroy(CUstream /*stream*/) {
 }
 
 void mgpuStreamSynchronize(CUstream stream) {
+  // MLIR's host code synchronises after every launch. kiln skips that, as PyTorch launches
+  // asynchronously: all of kiln's device work is ordered on the one kiln stream, freed blocks
+  // are only reused by work queued later on it, and every host read of device memory
+  // synchronises first (copy.cpp). A kernel's fault then surfaces at the next synchronising
+  // call; KILN_CUDA_LAUNCH_BLOCKING=1 keeps the synchronisation, so errors name their op.
+  if (!launch_blocking()) return;
   guarded_void("mgpuStreamSynchronize", [&] {
     check_runtime(current("mgpuStreamSynchronize").cuStreamSynchronize(stream),
                   "mgpuStreamSynchronize");
@@ -182,17 +198,16 @@ void* mgpuMemAlloc(uint64_t size_bytes, CUstream /*stream*/, bool is_host_shared
   return guarded("mgpuMemAlloc", static_cast<void*>(nullptr), [&]() -> void* {
     if (is_host_shared)
       throw kiln::Error("mgpuMemAlloc", "host-shared (managed) allocations are not supported");
-    // Reuse is safe: mgpuMemFree waits for the stream before a block goes back to the cache.
+    // Reuse is safe: the block's earlier users and its next ones are ordered on the kiln stream.
     return reinterpret_cast<void*>(caching_allocator(t_default_device).allocate(size_bytes));
   });
 }
 
-void mgpuMemFree(void* ptr, CUstream stream) {
+void mgpuMemFree(void* ptr, CUstream /*stream*/) {
   guarded_void("mgpuMemFree", [&] {
     if (!ptr) return;
-    // Kernels still queued may read the block; finish them before it can be reused.
-    if (stream)
-      check_runtime(current("mgpuMemFree").cuStreamSynchronize(stream), "mgpuMemFree");
+    // Kernels still queued may read the block; they are on the kiln stream, as is all work
+    // that can reuse it (see mgpuStreamSynchronize).
     caching_allocator(t_default_device).deallocate(reinterpret_cast<uint64_t>(ptr));
   });
 }
