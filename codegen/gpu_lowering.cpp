@@ -3,12 +3,14 @@
 // Pipeline, registrations and gotchas: /work/shared/notes/mlir22-toolchain.md, section 3.
 #include "codegen/gpu_lowering.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <mutex>
 
 #include "codegen/cpu_parallel.h"
 #include "codegen/jit.h"
 #include "core/error.h"
+#include "llvm/ADT/DenseSet.h"
 #include "llvm/Support/TargetSelect.h"
 #include "mlir/Dialect/Arith/IR/Arith.h"
 #include "mlir/Dialect/Func/IR/FuncOps.h"
@@ -250,18 +252,18 @@ bool has_serial_loop(mlir::scf::ParallelOp p) {
   return found;
 }
 
-/// Rewrites a parallel loop over (d0, d1, ...) as a parallel loop over d0 whose body loops over
-/// the other dims sequentially (one thread per row).
-void keep_rows_parallel(mlir::scf::ParallelOp p) {
-  if (p.getNumLoops() == 1) return;
+/// Rewrites a parallel loop over (d0, d1, ...) as a parallel loop over its first `row_dims`
+/// dims whose body loops over the other dims sequentially (one thread per row).
+void keep_rows_parallel(mlir::scf::ParallelOp p, unsigned row_dims) {
+  if (p.getNumLoops() == row_dims) return;
   mlir::OpBuilder b(p);
   mlir::Location loc = p.getLoc();
-  auto outer = mlir::scf::ParallelOp::create(b, loc, p.getLowerBound().take_front(1),
-                                             p.getUpperBound().take_front(1),
-                                             p.getStep().take_front(1));
+  auto outer = mlir::scf::ParallelOp::create(b, loc, p.getLowerBound().take_front(row_dims),
+                                             p.getUpperBound().take_front(row_dims),
+                                             p.getStep().take_front(row_dims));
   b.setInsertionPoint(outer.getBody()->getTerminator());
-  llvm::SmallVector<mlir::Value> ivs = {outer.getInductionVars()[0]};
-  for (unsigned d = 1; d < p.getNumLoops(); ++d) {
+  llvm::SmallVector<mlir::Value> ivs(outer.getInductionVars());
+  for (unsigned d = row_dims; d < p.getNumLoops(); ++d) {
     auto loop = mlir::scf::ForOp::create(b, loc, p.getLowerBound()[d], p.getUpperBound()[d],
                                          p.getStep()[d]);
     ivs.push_back(loop.getInductionVar());
@@ -275,6 +277,62 @@ void keep_rows_parallel(mlir::scf::ParallelOp p) {
 
 bool is_row_loop(mlir::scf::ParallelOp p) {
   return !mlir::getConstantIntValue(p.getUpperBound()[0]).has_value();
+}
+
+/// How many leading dims the row loops of `fn` can all keep parallel: 1 (dim 0, which the
+/// row-split analysis checked), or more when every row loop runs over the same leading dims
+/// (from 0, step 1; the same constant sizes after dim 0) and every memref they write is only
+/// read and written at those dims' own indices, so that "row" (i0, ..., ik) of each loop reads
+/// only row (i0, ..., ik) of what the loops before it wrote. Softmax over the last dim of
+/// [B, H, L, S] then gets a thread per (b, h, l) — B * H * L threads — instead of B threads
+/// each doing H * L rows.
+unsigned shared_row_dims(llvm::MutableArrayRef<mlir::scf::ParallelOp> rows) {
+  if (rows.empty()) return 1;
+  auto same = [](mlir::Value a, mlir::Value b) {
+    auto ca = mlir::getConstantIntValue(a), cb = mlir::getConstantIntValue(b);
+    return ca && cb && *ca == *cb;
+  };
+  mlir::scf::ParallelOp first = rows.front();
+  unsigned k = first.getNumLoops();
+  for (mlir::scf::ParallelOp p : rows) {
+    k = std::min(k, p.getNumLoops());
+    for (unsigned d = 0; d < k; ++d) {
+      bool ok = mlir::isConstantIntValue(p.getLowerBound()[d], 0) &&
+                mlir::isConstantIntValue(p.getStep()[d], 1) &&
+                (d == 0 || same(p.getUpperBound()[d], first.getUpperBound()[d]));
+      if (!ok) k = d;
+    }
+  }
+  // Memrefs the row loops write.
+  llvm::SmallDenseSet<mlir::Value, 8> written;
+  for (mlir::scf::ParallelOp p : rows)
+    p.walk([&](mlir::memref::StoreOp s) { written.insert(s.getMemRef()); });
+  // The largest k at which every access of a written memref indexes dims < k by the row IVs.
+  auto separable = [&](unsigned k) {
+    for (mlir::scf::ParallelOp& p : rows) {
+      bool ok = true;
+      auto check = [&](mlir::Value memref, mlir::ValueRange indices) {
+        if (!written.contains(memref)) return;
+        if (indices.size() < k) {
+          ok = false;
+          return;
+        }
+        for (unsigned d = 0; d < k; ++d) ok &= indices[d] == p.getInductionVars()[d];
+      };
+      p.walk([&](mlir::Operation* op) {
+        if (auto l = llvm::dyn_cast<mlir::memref::LoadOp>(op)) check(l.getMemRef(), l.getIndices());
+        if (auto s = llvm::dyn_cast<mlir::memref::StoreOp>(op))
+          check(s.getMemRef(), s.getIndices());
+        // Any other use of a written memref inside the loops (a subview, a copy) is unknown.
+        if (!llvm::isa<mlir::memref::LoadOp, mlir::memref::StoreOp>(op))
+          for (mlir::Value v : op->getOperands()) ok &= !written.contains(v);
+      });
+      if (!ok) return false;
+    }
+    return true;
+  };
+  while (k > 1 && !separable(k)) --k;
+  return std::max(k, 1u);
 }
 
 /// Row mode, for graphs the row-split analysis found row-separable (codegen/row_split.h: every
@@ -296,8 +354,11 @@ bool fuse_rows(mlir::func::FuncOp fn) {
     if (after) alloc->moveAfter(after);
     else alloc->moveBefore(&block.front());
   }
+  llvm::SmallVector<mlir::scf::ParallelOp> rows;
   for (mlir::scf::ParallelOp p : loops)
-    if (is_row_loop(p)) keep_rows_parallel(p);
+    if (is_row_loop(p)) rows.push_back(p);
+  const unsigned row_dims = shared_row_dims(rows);
+  for (mlir::scf::ParallelOp p : rows) keep_rows_parallel(p, row_dims);
   bool merged = false;
   mlir::scf::ParallelOp leader;
   llvm::SmallVector<mlir::Operation*> between;  // pure ops after the leader
@@ -326,7 +387,8 @@ bool fuse_rows(mlir::func::FuncOp fn) {
     // p's body after the leader's, with p's row index the leader's.
     mlir::OpBuilder b(leader.getBody()->getTerminator());
     mlir::IRMapping map;
-    map.map(p.getInductionVars()[0], leader.getInductionVars()[0]);
+    for (unsigned d = 0; d < row_dims; ++d)
+      map.map(p.getInductionVars()[d], leader.getInductionVars()[d]);
     for (mlir::Operation& inner : p.getBody()->without_terminator()) b.clone(inner, map);
     p.erase();
     merged = true;

@@ -95,6 +95,19 @@ bool has_loop(const std::string& ptx) {
   return false;
 }
 
+/// Branches in `ptx` back to a label defined before them: one per loop a thread runs.
+int backward_branches(const std::string& ptx) {
+  int n = 0;
+  std::smatch m;
+  const std::regex branch(R"(bra(\.uni)?\s+(\$L__BB\d+_\d+);)");
+  for (auto it = ptx.cbegin(); std::regex_search(it, ptx.cend(), m, branch); it = m.suffix().first) {
+    size_t at = static_cast<size_t>(m[0].first - ptx.cbegin());
+    size_t label = ptx.find(m[2].str() + ":");
+    n += label != std::string::npos && label < at;
+  }
+  return n;
+}
+
 }  // namespace
 
 TEST_CASE("gpu ptx: fused x*x + x is one kernel and assembles for sm_90") {
@@ -182,6 +195,41 @@ TEST_CASE("gpu ptx: softmax over rows is at most 2 kernels") {
   // max, exp + sum, the float64 sum's rounding and the divide: one kernel, a thread per row.
   CHECK(entries(exe.ptx()) == 1);
   check_assembles(exe.ptx(), "softmax");
+}
+
+TEST_CASE("gpu ptx: softmax of attention scores has a thread per row, not per batch") {
+  // [B, H, L, S] scores: every nest runs over (b, h, l), so the one kernel gets a thread per
+  // (b, h, l) with 4 loops over S (max, exp, sum, scale). With a thread per b (the batch dim
+  // alone), each thread ran H * L rows: 32 threads for the original-size Transformer.
+  ir::Graph g;
+  OpAttrs a;
+  a.dim = -1;
+  g.output(g.op(OpKind::Softmax, {g.input(DType::Float32, {32, 12, 512, 512})}, a));
+  codegen::Executable exe(g, cuda_options());
+  INFO(exe.ptx());
+  CHECK(entries(exe.ptx()) == 1);
+  CHECK(backward_branches(exe.ptx()) == 4);
+  check_assembles(exe.ptx(), "softmax_4d");
+  // layer_norm over the last dim of [B, T, E]: a thread per (b, t).
+  ir::Graph ln;
+  OpAttrs norm;
+  norm.dims = {768};
+  norm.eps = 1e-5;
+  ln.output(ln.op(OpKind::LayerNorm, {ln.input(DType::Float32, {32, 512, 768})}, norm));
+  codegen::Executable lexe(ln, cuda_options());
+  INFO(lexe.ptx());
+  CHECK(entries(lexe.ptx()) == 1);
+  CHECK(backward_branches(lexe.ptx()) <= 4);
+  check_assembles(lexe.ptx(), "layer_norm_3d");
+  // Normalised over the last two dims: (b, t) rows would read other rows' mean, so the
+  // kernel keeps a thread per b.
+  ir::Graph ln2;
+  norm.dims = {512, 768};
+  ln2.output(ln2.op(OpKind::LayerNorm, {ln2.input(DType::Float32, {32, 512, 768})}, norm));
+  codegen::Executable l2(ln2, cuda_options());
+  INFO(l2.ptx());
+  CHECK(backward_branches(l2.ptx()) > backward_branches(lexe.ptx()));
+  check_assembles(l2.ptx(), "layer_norm_2d_normalized");
 }
 
 TEST_CASE("gpu ptx: layer_norm and a full sum") {
