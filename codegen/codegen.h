@@ -63,6 +63,10 @@ struct CompileOptions {
   Device device = Device::cpu();
   /// The GPU target when `device` is a CUDA device.
   GpuTarget gpu = {};
+  /// For tests, with `device` cpu: the loop nests are rewritten as for a GPU (`gpu`'s threads
+  /// and elements per thread) and the resulting parallel loops run on the calling thread, so
+  /// the GPU lowering's loop rewrites are checked against eager results without a GPU.
+  bool emulate_gpu_loops = false;
 };
 
 /// Where an Executable's code came from and what building it cost (milliseconds, wall clock).
@@ -184,7 +188,8 @@ class Executable {
 /// Eager ops on CUDA tensors that ran their CPU kernel on host copies of their operands (no
 /// generated kernel for the op or for its operands' layout; codegen/cuda_kernels.cpp), as (op
 /// name and reason, calls) since the process started. Each call is a round trip over PCIe, so
-/// `kiln-bench transformer` on cuda prints them.
+/// `kiln-bench transformer` on cuda prints them. Defined in kiln_cuda_kernels (the CUDA
+/// kernel provider, which kiln_tracer links).
 std::vector<std::pair<std::string, uint64_t>> cuda_host_fallbacks();
 
 }  // namespace kiln::codegen

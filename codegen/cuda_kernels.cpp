@@ -4,8 +4,9 @@
 // lowering per op serves the CPU, compiled GPU graphs and eager GPU ops, and every eager GPU
 // kernel's PTX is checked on machines without a GPU (tests/conformance/gpu_ptx_ops_test.cpp).
 // Dropout and its mask draw on the device from a kernel whose operand is the Philox key
-// (codegen/lower_random.cpp). Ops the codegen does not lower (in-place copy_/fill_, cat,
-// gather/scatter, the other random ops, strided copies) run their CPU kernel on host copies of the operands' storages and copy the
+// (codegen/lower_random.cpp). contiguous()/copy_ of permuted or broadcast views are copy
+// kernels. Ops the codegen does not lower (other copy_/fill_, gather/scatter, the other random
+// ops, other strided views) run their CPU kernel on host copies of the operands' storages and copy the
 // written storages back: correct for every op, slow (codegen/README.md, "GPU").
 #include <algorithm>
 #include <cstring>
@@ -88,15 +89,16 @@ std::optional<KernelInput> kernel_input(const Tensor& t, DType compute, Device d
 }
 
 /// Everything that selects a one-op kernel: op, attributes, and per input dtype, shape,
-/// permutation and broadcast shape.
+/// permutation and broadcast shape. Not a random op's seed and offset: no graph uses them (the
+/// dropout mask's key is an operand), and a key per draw would cache one entry per call.
 std::string kernel_key(const OpCall& c, const std::vector<KernelInput>& ins, Device device) {
   const OpAttrs& a = c.attrs;
   std::string key = fmt::format(
       "{} {} dims={} all={} keep={} dim={},{} slice={},{},{} alpha={} beta={} clamp={}{} eps={} "
-      "p={} mode={} ignore={} dtype={} low={} high={} seed={},{}",
+      "p={} mode={} ignore={} dtype={} low={} high={}",
       c.name(), device.str(), to_string(a.dims), a.all_dims, a.keepdim, a.dim, a.dim1, a.start,
       a.end, a.step, a.alpha.str(), a.beta.str(), a.has_low, a.has_high, a.eps, a.p, a.mode,
-      a.ignore_index, name(a.dtype), a.low.str(), a.high.str(), a.seed, a.offset);
+      a.ignore_index, name(a.dtype), a.low.str(), a.high.str());
   for (const KernelInput& in : ins)
     key += fmt::format(" {}{}{}{}", name(in.tensor.dtype()), to_string(in.tensor.shape()),
                        in.permute ? "^" + to_string(*in.permute) : "",
@@ -302,12 +304,15 @@ Tensor device_key(uint64_t seed, uint64_t offset, Device device, Loc loc) {
 /// the key from its operand, so it is compiled once per (shape, dtype, p), not per draw.
 /// Returns false when a kernel is not available (the host path).
 bool random_on_device(const OpCall& c, Device device, Tensor& out) {
-  if (c.op == OpKind::Dropout && (c.inputs[0].device() != device || c.attrs.p <= 0))
-    return false;
+  std::optional<KernelInput> x;
+  if (c.op == OpKind::Dropout) {
+    if (c.inputs[0].device() != device) return false;
+    x = kernel_input(c.inputs[0], c.inputs[0].dtype(), device);
+    if (!x) return false;
+  }
   OpCall mask_call = c;
   mask_call.op = OpKind::DropoutMask;
   mask_call.inputs.clear();
-  mask_call.attrs.seed = mask_call.attrs.offset = 0;  // in the operand, not the kernel key
   if (c.op == OpKind::Dropout) {
     mask_call.attrs.dims = c.inputs[0].shape();
     mask_call.attrs.dtype = c.inputs[0].dtype();
@@ -320,8 +325,6 @@ bool random_on_device(const OpCall& c, Device device, Tensor& out) {
     mask_kernel->run_into({key[0].tensor}, {out});
     return true;
   }
-  std::optional<KernelInput> x = kernel_input(c.inputs[0], c.inputs[0].dtype(), device);
-  if (!x) return false;
   Tensor mask = dispatch::empty(c.inputs[0].shape(), c.inputs[0].dtype(), device);
   OpCall mul{OpKind::Mul, {}, {}, c.loc};
   std::vector<KernelInput> ins = {*x, {mask, std::nullopt, std::nullopt}};

@@ -303,6 +303,7 @@ struct Executable::Impl : CompiledMeta {
   bool relaxed = false;  // compile() relaxed dim 0 to `?` (row_split.h)
   Device device = Device::cpu();
   GpuTarget gpu;
+  bool emulate_gpu_loops = false;  // CompileOptions::emulate_gpu_loops
 };
 
 Executable::Executable(const ir::Graph& g, const CompileOptions& options) {
@@ -312,6 +313,7 @@ Executable::Executable(const ir::Graph& g, const CompileOptions& options) {
     Impl& I = *impl_;
     I.device = options.device;
     I.gpu = options.gpu;
+    I.emulate_gpu_loops = options.emulate_gpu_loops && options.device.is_cpu();
     I.code = get_or_compile(text, options, I.stats, [&](CompiledMeta& meta) {
       std::string object = I.compile(text, relax);
       meta = I;
@@ -486,7 +488,11 @@ std::string Executable::Impl::compile(const std::string& graph_mlir, bool relax)
     mlir::linalg::CopyOp::create(b, copy.getLoc(), copy.getSource(), copy.getTarget());
     copy.erase();
   });
-  if (I.row_split.splittable) {
+  if (I.emulate_gpu_loops) {
+    const bool row_separable = I.row_split.splittable && !I.row_split.gemm;
+    I.row_split = RowSplitPlan{};  // one call over all rows, as one launch
+    gpu_parallel_loops(m, I.gpu, row_separable, /*cuda_gemm=*/false, I.messages);
+  } else if (I.row_split.splittable) {
     I.run_pipeline(m, "func.func(convert-linalg-to-loops)", "loops");  // run() splits the rows
   } else {
     // Each loop nest shared out over the thread pool (cpu_parallel.h).

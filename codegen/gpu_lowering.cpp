@@ -567,12 +567,12 @@ void fill_gpu_registry(mlir::DialectRegistry& r) {
   mlir::registerNVVMDialectTranslation(r);
 }
 
-void lower_for_gpu(mlir::ModuleOp m, const GpuTarget& target, bool row_separable,
-                   std::string& messages, GpuLowered& out) {
+void gpu_parallel_loops(mlir::ModuleOp m, const GpuTarget& target, bool row_separable,
+                        bool cuda_gemm, std::string& messages) {
   init_gpu_once();
   auto fn = m.lookupSymbol<mlir::func::FuncOp>("main");
   if (!fn) throw Error("codegen (gpu)", "graph has no @main");
-  call_cuda_gemm(m);
+  if (cuda_gemm) call_cuda_gemm(m);
   copies_to_loops(m);
   wrap_serial_nests(fn);
   run(m, "func.func(convert-linalg-to-parallel-loops),canonicalize,cse", "parallel loops",
@@ -585,6 +585,12 @@ void lower_for_gpu(mlir::ModuleOp m, const GpuTarget& target, bool row_separable
   linearize(fn);  // nests left multi-dimensional (grid y/z are limited to 65535)
   unroll_elementwise(fn, target.threads_per_block, target.elements_per_thread);
   log_module("GPU parallel loops", m);
+}
+
+void lower_for_gpu(mlir::ModuleOp m, const GpuTarget& target, bool row_separable,
+                   std::string& messages, GpuLowered& out) {
+  init_gpu_once();
+  gpu_parallel_loops(m, target, row_separable, /*cuda_gemm=*/true, messages);
   // Blocks of threads_per_block threads (no-min-max-bounds: with an affine.min bound
   // convert-parallel-loops-to-gpu silently leaves the loop on the host).
   run(m,
@@ -592,15 +598,15 @@ void lower_for_gpu(mlir::ModuleOp m, const GpuTarget& target, bool row_separable
           std::to_string(target.threads_per_block) + " no-min-max-bounds=true},"
       "gpu-map-parallel-loops,convert-parallel-loops-to-gpu),"
       // Constants and index arithmetic move into the kernels: left outside, outlining passes
-      // each as a kernel parameter (32 of them for a dropout mask), so the device compiler saw
-      // registers where immediates were (no mul.wide, divisions by sizes it could not fold).
+      // each as a kernel parameter (48 for a dropout mask, 40 for a gelu chain), so the device
+      // compiler saw registers where immediates were (no mul.wide, divisions it could not fold).
       "gpu-launch-sink-index-computations,gpu-kernel-outlining,canonicalize,cse",
       "kernels", messages);
   merge_gpu_modules(m);
   // Anything that touches memory outside a kernel now would dereference device pointers on the
   // host.
   std::string host_access;
-  fn = m.lookupSymbol<mlir::func::FuncOp>("main");
+  auto fn = m.lookupSymbol<mlir::func::FuncOp>("main");
   fn.walk([&](mlir::Operation* op) {
     if (llvm::isa<mlir::memref::LoadOp, mlir::memref::StoreOp, mlir::scf::ParallelOp,
                   mlir::linalg::LinalgOp>(op))

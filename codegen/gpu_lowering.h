@@ -22,6 +22,14 @@ struct GpuLowered {
   int kernels = 0;   ///< `.entry` kernels in the PTX
 };
 
+/// The first half of lower_for_gpu: @main's loop nests rewritten into the parallel loops that
+/// become kernels (rows fused, column sums turned inside out, constants inlined, elementwise
+/// nests linearised and unrolled), still scf on memrefs. `cuda_gemm`: GEMM calls go to cuBLAS
+/// (false keeps the CPU's). CompileOptions::emulate_gpu_loops runs these loops on the CPU, so
+/// tests check the rewrites' results without a GPU.
+void gpu_parallel_loops(mlir::ModuleOp m, const GpuTarget& target, bool row_separable,
+                        bool cuda_gemm, std::string& messages);
+
 /// Lowers a bufferized destination-passing @main (after kiln-extern-calls) for an NVIDIA GPU:
 /// its loop nests become kernels (an elementwise nest one kernel over all its elements; when
 /// every nest of the graph runs over the same rows, as softmax or layer_norm do, all of them

@@ -128,6 +128,13 @@ CompiledCode::CompiledCode() { g_live_code.fetch_add(1, std::memory_order_relaxe
 CompiledCode::~CompiledCode() {
   if (fini) {  // before the JIT (and the code) goes
     select_cuda_device(meta.cuda_device);
+    // Launches are asynchronous: the module's kernels may still be queued when it is unloaded.
+    if (meta.cuda_device >= 0 && cuda::is_available()) {
+      try {
+        cuda::synchronize(meta.cuda_device);
+      } catch (const Error&) {  // a fault of an earlier kernel: reported by the next sync
+      }
+    }
     fini();
     (void)take_cuda_runtime_error();  // an unload failure must not surface in an unrelated run
   }

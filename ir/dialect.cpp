@@ -58,7 +58,7 @@ const char* dialect_op_for(OpKind op) {
     // Of the Index rows only one_hot is covered (a compare with the class index per element).
     case OpCategory::Index: return op == OpKind::OneHot ? "index" : nullptr;
     case OpCategory::Shape: return "shape";  // cat
-    // Of the Random rows the dropout mask (one Philox word per element, codegen/lower.cpp).
+    // Of the Random rows the dropout mask (one Philox word per element, codegen/lower_random.cpp).
     // Its key is an operand, so the op is pure.
     case OpCategory::Random: return op == OpKind::DropoutMask ? "random" : nullptr;
     default: return nullptr;

@@ -8,6 +8,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "backends/cuda/driver.h"
 #include "codegen/codegen.h"
 #include "eager/autograd.h"
 #include "eager/dispatch.h"
@@ -17,6 +18,21 @@
 #include "tracer/recorder.h"
 
 namespace kiln::tracer {
+namespace {
+
+/// Waits for the kernels queued on `d` (CUDA launches are asynchronous), so a time taken after
+/// it includes them.
+void wait_for(Device d) {
+  if (d.is_cuda()) cuda::synchronize(d.index);
+}
+
+/// Waits for every CUDA device (KILN_PROFILE's step times).
+void wait_for_all_devices() {
+  if (!cuda::is_available()) return;
+  for (int i = 0; i < cuda::device_count(); ++i) cuda::synchronize(i);
+}
+
+}  // namespace
 
 // ------------------------------------ RunState ------------------------------------
 
@@ -752,10 +768,13 @@ void Plan::run_region(const Region& r, RunState& st) const {
     }
     int trial = r.trials.fetch_add(1, std::memory_order_relaxed);
     if (trial < Region::kTrials && !always_compiled()) {
+      // Kernels run asynchronously: each trial's time includes its own, not the last one's.
+      wait_for(r.device);
       auto t0 = std::chrono::steady_clock::now();
       bool eager = trial % 2 == 1;
       if (eager) run_eagerly();
       else run_compiled(r, st);
+      wait_for(r.device);
       int64_t ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
                        std::chrono::steady_clock::now() - t0).count();
       if (trial >= 2) {
@@ -837,7 +856,10 @@ std::optional<Scalar> Plan::run(RunState& st) const {
   const bool profile = profiling();
   for (const Step& s : steps_) {
     std::chrono::steady_clock::time_point t0;
-    if (profile) t0 = std::chrono::steady_clock::now();
+    if (profile) {
+      wait_for_all_devices();
+      t0 = std::chrono::steady_clock::now();
+    }
     switch (s.kind) {
       case Step::Kind::Region: run_region(*s.region, st); break;
       case Step::Kind::Eager: run_eager(p.nodes[s.node], st); break;
@@ -856,6 +878,7 @@ std::optional<Scalar> Plan::run(RunState& st) const {
     }
     for (int v : s.free_after) st.slots[v] = Tensor();
     if (profile) {
+      wait_for_all_devices();
       s.profile->ns.fetch_add(std::chrono::duration_cast<std::chrono::nanoseconds>(
                                  std::chrono::steady_clock::now() - t0).count(),
                              std::memory_order_relaxed);

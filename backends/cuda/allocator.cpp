@@ -3,6 +3,7 @@
 #include <array>
 #include <utility>
 
+#include "backends/cuda/copy.h"
 #include "backends/cuda/driver.h"
 
 namespace kiln::cuda {
@@ -125,6 +126,9 @@ class DriverMemory final : public DeviceMemory {
   }
   void free(uint64_t address) override {
     set_current_device(device_);
+    // Kernels still queued on the kiln stream may use the block (launches are asynchronous).
+    check(driver("cuda deallocate").cuStreamSynchronize(kiln_stream(device_)),
+          "cuStreamSynchronize");
     check(driver("cuda deallocate").cuMemFree(address), "cuMemFree");
   }
 

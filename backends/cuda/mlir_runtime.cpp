@@ -150,7 +150,8 @@ void mgpuStreamSynchronize(CUstream stream) {
   // asynchronously: all of kiln's device work is ordered on the one kiln stream, freed blocks
   // are only reused by work queued later on it, and every host read of device memory
   // synchronises first (copy.cpp). A kernel's fault then surfaces at the next synchronising
-  // call; KILN_CUDA_LAUNCH_BLOCKING=1 keeps the synchronisation, so errors name their op.
+  // call or launch; KILN_CUDA_LAUNCH_BLOCKING=1 keeps the synchronisation, so errors name
+  // their op.
   if (!launch_blocking()) return;
   guarded_void("mgpuStreamSynchronize", [&] {
     check_runtime(current("mgpuStreamSynchronize").cuStreamSynchronize(stream),

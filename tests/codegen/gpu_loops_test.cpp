@@ -1,0 +1,147 @@
+// The GPU lowering's loop rewrites (codegen/gpu_lowering.cpp: rows fused over the leading dims
+// every nest shares, column sums, elementwise nests linearised and unrolled, constants inlined)
+// run on the CPU (CompileOptions::emulate_gpu_loops) against eager results: what the kernels
+// compute, checked without a GPU. The kernels' PTX is checked in gpu_ptx_test.cpp.
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <vector>
+
+#include "codegen/codegen.h"
+#include "eager/dispatch.h"
+#include "kiln/kiln.h"
+
+using namespace kiln;
+
+namespace {
+
+codegen::CompileOptions emulated() {
+  codegen::CompileOptions o;
+  o.disk_cache = false;
+  o.emulate_gpu_loops = true;
+  return o;
+}
+
+/// Largest |a - b| / (1 + |b|).
+double rel_diff(const Tensor& a, const Tensor& b) {
+  REQUIRE(a.shape() == b.shape());
+  std::vector<double> x = a.to(DType::Float64).contiguous().to_vector<double>();
+  std::vector<double> y = b.to(DType::Float64).contiguous().to_vector<double>();
+  double m = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    if (std::isnan(x[i]) || std::isnan(y[i])) {
+      if (std::isnan(x[i]) != std::isnan(y[i])) return INFINITY;
+      continue;
+    }
+    m = std::max(m, std::abs(x[i] - y[i]) / (1 + std::abs(y[i])));
+  }
+  return m;
+}
+
+/// Compiles `g` (one input) with the GPU loops emulated and runs it on `x`.
+Tensor run_emulated(const ir::Graph& g, const std::vector<Tensor>& inputs) {
+  codegen::Executable exe(g, emulated());
+  return exe.run(inputs).at(0);
+}
+
+}  // namespace
+
+TEST_CASE("gpu loops on the cpu: softmax over the last dim of a 4-d tensor") {
+  // Rows fused over (b, h, l): the attention scores' layout.
+  Tensor x = randn({3, 4, 5, 37}) * 4.0;
+  ir::Graph g;
+  OpAttrs a;
+  a.dim = -1;
+  g.output(g.op(OpKind::Softmax, {g.input(DType::Float32, {3, 4, 5, 37})}, a));
+  CHECK(rel_diff(run_emulated(g, {x}), softmax(x, -1)) < 1e-6);
+}
+
+TEST_CASE("gpu loops on the cpu: softmax over a middle dim keeps a thread per batch row") {
+  // The max/sum nests run over (b, t) and the elementwise ones over (b, s, t), with S = T: the
+  // second loop dims have equal sizes, but the nests index their intermediates with different
+  // ones, so rows stay dim 0 alone.
+  Tensor x = randn({3, 5, 5}) * 3.0;
+  ir::Graph g;
+  OpAttrs a;
+  a.dim = 1;
+  g.output(g.op(OpKind::Softmax, {g.input(DType::Float32, {3, 5, 5})}, a));
+  CHECK(rel_diff(run_emulated(g, {x}), softmax(x, 1)) < 1e-6);
+}
+
+TEST_CASE("gpu loops on the cpu: a row sum read transposed keeps a thread per batch row") {
+  // y[b, i, j] = x[b, i, j] / s[b, j] with s the row sums: the nests share the sizes of their
+  // first two dims, but row (b, i) of y reads every s[b, j], so they cannot run as one loop over
+  // (b, i).
+  Tensor x = randn({3, 5, 5}) + 4.0;
+  ir::Graph g;
+  ir::Value in = g.input(DType::Float32, {3, 5, 5});
+  OpAttrs sum_attrs;
+  sum_attrs.dims = {2};
+  sum_attrs.keepdim = true;
+  OpAttrs t;
+  t.dim = 1;
+  t.dim1 = 2;
+  ir::Value s = g.op(OpKind::Transpose, {g.op(OpKind::Sum, {in}, sum_attrs)}, t);
+  g.output(g.op(OpKind::Div, {in, s}));
+  Tensor want = x / sum(x, {2}, true).transpose(1, 2);
+  CHECK(rel_diff(run_emulated(g, {x}), want) < 1e-6);
+}
+
+TEST_CASE("gpu loops on the cpu: a dropout mask from its key equals eager's") {
+  OpAttrs a;
+  a.dims = {37, 41};
+  a.dtype = DType::Float32;
+  a.p = 0.3;
+  ir::Graph g;
+  g.output(g.op(OpKind::DropoutMask, {g.input(DType::Int64, {2})}, a));
+  Tensor key = from_vector<int64_t>({123, 4567}, Shape{2});
+  a.seed = 123;
+  a.offset = 4567;
+  Tensor want = dispatch::call1({OpKind::DropoutMask, {}, a, Loc::current()});
+  CHECK(run_emulated(g, {key}).to_vector<float>() == want.to_vector<float>());
+}
+
+TEST_CASE("gpu loops on the cpu: layer_norm over the last one and two dims") {
+  Tensor x = randn({3, 6, 40}) + 2.0;
+  Tensor w = randn({40}), b = randn({40});
+  for (bool two_dims : {false, true}) {
+    INFO("normalised over the last " << (two_dims ? 2 : 1) << " dims");
+    Shape normalized = two_dims ? Shape{6, 40} : Shape{40};
+    ir::Graph g;
+    OpAttrs a;
+    a.dims = normalized;
+    a.eps = 1e-5;
+    ir::Value in = g.input(DType::Float32, {3, 6, 40});
+    if (two_dims) {
+      g.output(g.op(OpKind::LayerNorm, {in}, a));
+      CHECK(rel_diff(run_emulated(g, {x}), layer_norm(x, normalized)) < 1e-5);
+    } else {
+      g.output(g.op(OpKind::LayerNorm,
+                    {in, g.input(DType::Float32, {40}), g.input(DType::Float32, {40})}, a));
+      CHECK(rel_diff(run_emulated(g, {x, w, b}), layer_norm(x, normalized, w, b)) < 1e-5);
+    }
+  }
+}
+
+TEST_CASE("gpu loops on the cpu: column sums, elementwise chains, constants") {
+  Tensor x = randn({300, 70});
+  {  // a bias gradient: the sum over rows
+    ir::Graph g;
+    OpAttrs a;
+    a.dims = {0};
+    g.output(g.op(OpKind::Sum, {g.input(DType::Float32, {300, 70})}, a));
+    // Against float64 sums: the kernel accumulates in float64 and rounds once.
+    CHECK(rel_diff(run_emulated(g, {x}), sum(x.to(DType::Float64), {0})) < 1e-7);
+  }
+  {  // x*x + x, unrolled 4 elements per thread over 21,000 elements (not a multiple of 1024)
+    ir::Graph g;
+    ir::Value in = g.input(DType::Float32, {300, 70});
+    g.output(g.op(OpKind::Add, {g.op(OpKind::Mul, {in, in}), in}));
+    CHECK(rel_diff(run_emulated(g, {x}), x * x + x) == 0);
+  }
+  {  // a constant operand, as compile() traces x + 1.5
+    ir::Graph g;
+    g.output(g.op(OpKind::Add,
+                  {g.input(DType::Float32, {300, 70}), g.constant(Scalar(1.5), DType::Float32)}));
+    CHECK(rel_diff(run_emulated(g, {x}), x + 1.5) == 0);
+  }
+}
