@@ -134,6 +134,182 @@ void parallel_outside_reductions(mlir::func::FuncOp fn) {
   }
 }
 
+/// Threads a split reduction aims at (about 64 per SM of an H100/H200: enough to cover memory
+/// latency), and the fewest output elements times reduced elements ratio that is split.
+constexpr int64_t kSplitThreads = 1 << 17;
+
+/// The sum inside a perfect nest of scf.for loops (from 0, step 1) in the body of `par`:
+/// `acc[idx] = acc[idx] + v` with idx not depending on the loops. Fills the loops (outermost
+/// first) and the load, add and store.
+struct NestedSum {
+  llvm::SmallVector<mlir::scf::ForOp> fors;
+  mlir::memref::LoadOp load;
+  mlir::arith::AddFOp add;
+  mlir::memref::StoreOp store;
+};
+std::optional<NestedSum> match_nested_sum(mlir::scf::ParallelOp par) {
+  NestedSum s;
+  for (mlir::Operation& op : par.getBody()->without_terminator())
+    if (auto f = llvm::dyn_cast<mlir::scf::ForOp>(op)) {
+      if (!s.fors.empty()) return std::nullopt;  // one nest
+      s.fors.push_back(f);
+    } else if (op.getNumRegions() != 0) {
+      return std::nullopt;
+    }
+  if (s.fors.empty()) return std::nullopt;
+  while (true) {
+    mlir::Block* body = s.fors.back().getBody();
+    if (body->getOperations().size() != 2) break;
+    auto inner = llvm::dyn_cast<mlir::scf::ForOp>(body->front());
+    if (!inner) break;
+    s.fors.push_back(inner);
+  }
+  // Bounds from outside `par` (split_sums multiplies them before it).
+  auto inside = [&](mlir::Value v) { return par->isAncestor(v.getParentBlock()->getParentOp()); };
+  for (mlir::scf::ForOp f : s.fors)
+    if (!mlir::isConstantIntValue(f.getLowerBound(), 0) ||
+        !mlir::isConstantIntValue(f.getStep(), 1) || f.getNumRegionIterArgs() != 0 ||
+        inside(f.getUpperBound()))
+      return std::nullopt;
+  mlir::Block* body = s.fors.back().getBody();
+  for (mlir::Operation& op : body->without_terminator()) {
+    if (op.getNumRegions() != 0) return std::nullopt;
+    if (auto st = llvm::dyn_cast<mlir::memref::StoreOp>(op)) {
+      if (s.store) return std::nullopt;
+      s.store = st;
+    }
+  }
+  if (!s.store) return std::nullopt;
+  s.add = s.store.getValueToStore().getDefiningOp<mlir::arith::AddFOp>();
+  if (!s.add || s.add->getBlock() != body) return std::nullopt;
+  for (mlir::Value operand : {s.add.getLhs(), s.add.getRhs()})
+    if (auto l = operand.getDefiningOp<mlir::memref::LoadOp>();
+        l && l.getMemRef() == s.store.getMemRef() && l.getIndices() == s.store.getIndices())
+      s.load = l;
+  if (!s.load || !s.load->hasOneUse()) return std::nullopt;
+  // The accumulator's element: the same in every iteration of the loops.
+  for (mlir::Value i : s.store.getIndices())
+    for (mlir::scf::ForOp f : s.fors)
+      if (f->isAncestor(i.getParentBlock()->getParentOp())) return std::nullopt;
+  // No other access of the accumulator in the loops.
+  bool other = false;
+  body->walk([&](mlir::Operation* op) {
+    if (op != s.load && op != s.store)
+      for (mlir::Value v : op->getOperands()) other |= v == s.store.getMemRef();
+  });
+  if (other) return std::nullopt;
+  return s;
+}
+
+/// A sum with few output elements and many summed ones (the loss's full sum: one thread over
+/// 12.6M elements of the original Transformer's output; a bias gradient: a thread per column
+/// over 16,384 rows) is split: a first loop over (chunk c, outputs) sums elements c, c + C,
+/// c + 2C, ... of the reduced range into float partials (neighbouring threads read
+/// neighbouring elements), and the original nest then adds the C partials of each output in
+/// order. C is chosen for about kSplitThreads threads. Only nests whose output count is static.
+/// Returns whether it split one; a split's second loop may qualify again (a full sum's 49,152
+/// partials are summed by 192 threads, then one), so split_sums repeats until none does.
+bool split_one_sum(mlir::func::FuncOp fn) {
+  for (mlir::scf::ParallelOp par : fn.getBody().front().getOps<mlir::scf::ParallelOp>()) {
+    int64_t outputs = 1;
+    bool static_outputs = true;
+    for (auto [lb, ub, step] :
+         llvm::zip(par.getLowerBound(), par.getUpperBound(), par.getStep())) {
+      auto u = mlir::getConstantIntValue(ub);
+      static_outputs &= u && mlir::isConstantIntValue(lb, 0) && mlir::isConstantIntValue(step, 1);
+      if (u) outputs *= *u;
+    }
+    if (!static_outputs || outputs >= kSplitThreads / 8) continue;
+    std::optional<NestedSum> sum = match_nested_sum(par);
+    if (!sum) continue;
+    std::optional<int64_t> static_k = 1;
+    for (mlir::scf::ForOp f : sum->fors) {
+      auto n = mlir::getConstantIntValue(f.getUpperBound());
+      if (n && static_k) *static_k *= *n;
+      else static_k.reset();
+    }
+    // Each chunk sums at least 256 elements.
+    int64_t chunks = std::max<int64_t>(1, kSplitThreads / outputs);
+    if (static_k) chunks = std::min(chunks, *static_k / 256);
+    if (chunks < 2) continue;
+    mlir::OpBuilder b(par);
+    mlir::Location loc = par.getLoc();
+    auto idx = [&](int64_t v) -> mlir::Value { return mlir::arith::ConstantIndexOp::create(b, loc, v); };
+    mlir::Type elem = sum->add.getType();
+    llvm::SmallVector<int64_t> part_shape = {chunks};
+    for (mlir::Value ub : par.getUpperBound()) part_shape.push_back(*mlir::getConstantIntValue(ub));
+    auto part_type = mlir::MemRefType::get(part_shape, elem);
+    mlir::Value part = mlir::memref::AllocOp::create(b, loc, part_type);
+    // The reduced range's size, as a value (loop bounds defined outside `par`).
+    mlir::Value total = idx(1);
+    for (mlir::scf::ForOp f : sum->fors)
+      total = mlir::arith::MulIOp::create(b, loc, total, f.getUpperBound());
+    // 1. Partials.
+    llvm::SmallVector<mlir::Value> lbs = {idx(0)}, ubs = {idx(chunks)}, steps = {idx(1)};
+    for (mlir::Value ub : par.getUpperBound()) {
+      lbs.push_back(idx(0));
+      ubs.push_back(ub);
+      steps.push_back(idx(1));
+    }
+    mlir::Value chunk_count = idx(chunks);
+    mlir::scf::ParallelOp::create(
+        b, loc, lbs, ubs, steps, [&](mlir::OpBuilder& pb, mlir::Location l, mlir::ValueRange ivs) {
+          mlir::Value zero = mlir::arith::ConstantOp::create(pb, l, pb.getFloatAttr(elem, 0.0));
+          auto loop = mlir::scf::ForOp::create(
+              pb, l, ivs[0], total, chunk_count, mlir::ValueRange{zero},
+              [&](mlir::OpBuilder& fb, mlir::Location fl, mlir::Value k, mlir::ValueRange acc) {
+                mlir::IRMapping map;
+                for (unsigned d = 0; d < par.getNumLoops(); ++d)
+                  map.map(par.getInductionVars()[d], ivs[d + 1]);
+                // k in row-major order over the loops' bounds.
+                mlir::Value rest = k;
+                for (size_t j = sum->fors.size(); j-- > 0;) {
+                  mlir::scf::ForOp f = sum->fors[j];
+                  mlir::Value n = f.getUpperBound();
+                  map.map(f.getInductionVar(),
+                          j == 0 ? rest : mlir::arith::RemUIOp::create(fb, fl, rest, n).getResult());
+                  if (j > 0) rest = mlir::arith::DivUIOp::create(fb, fl, rest, n);
+                }
+                for (mlir::Operation& op : sum->fors.back().getBody()->without_terminator()) {
+                  if (&op == sum->load.getOperation() || &op == sum->add.getOperation() ||
+                      &op == sum->store.getOperation())
+                    continue;
+                  fb.clone(op, map);
+                }
+                mlir::Value v = sum->add.getLhs() == sum->load.getResult() ? sum->add.getRhs()
+                                                                           : sum->add.getLhs();
+                mlir::Value added = mlir::arith::AddFOp::create(
+                    fb, fl, acc[0], map.lookupOrDefault(v), sum->add.getFastmathAttr());
+                mlir::scf::YieldOp::create(fb, fl, added);
+              });
+          llvm::SmallVector<mlir::Value> at(ivs.begin(), ivs.end());
+          mlir::memref::StoreOp::create(pb, l, loop.getResult(0), part, at);
+        });
+    // 2. The original nest adds the partials instead.
+    mlir::OpBuilder rb(sum->fors.front());
+    auto combine = mlir::scf::ForOp::create(rb, loc, idx(0), chunk_count, idx(1));
+    rb.setInsertionPoint(combine.getBody()->getTerminator());
+    mlir::Value acc = mlir::memref::LoadOp::create(rb, loc, sum->store.getMemRef(),
+                                                   sum->store.getIndices());
+    llvm::SmallVector<mlir::Value> at = {combine.getInductionVar()};
+    for (mlir::Value iv : par.getInductionVars()) at.push_back(iv);
+    mlir::Value p = mlir::memref::LoadOp::create(rb, loc, part, at);
+    mlir::Value added = mlir::arith::AddFOp::create(rb, loc, acc, p, sum->add.getFastmathAttr());
+    mlir::memref::StoreOp::create(rb, loc, added, sum->store.getMemRef(), sum->store.getIndices());
+    sum->fors.front().erase();
+    mlir::OpBuilder after(par);
+    after.setInsertionPointAfter(par);
+    mlir::memref::DeallocOp::create(after, loc, part);
+    return true;
+  }
+  return false;
+}
+
+void split_sums(mlir::func::FuncOp fn) {
+  while (split_one_sum(fn)) {
+  }
+}
+
 /// Elements up to which a constant that is not one repeated value (nll_loss's class indices) is
 /// read in kernels through a chain of selects; larger ones raise.
 constexpr int64_t kMaxSelectConstant = 64;
@@ -581,6 +757,7 @@ void gpu_parallel_loops(mlir::ModuleOp m, const GpuTarget& target, bool row_sepa
   inline_constant_globals(m, fn);
   parallel_outside_reductions(fn);
   wrap_host_accesses(fn);
+  split_sums(fn);
   if (row_separable) fuse_rows(fn);
   linearize(fn);  // nests left multi-dimensional (grid y/z are limited to 65535)
   unroll_elementwise(fn, target.threads_per_block, target.elements_per_thread);

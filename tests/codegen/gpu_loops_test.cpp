@@ -122,6 +122,31 @@ TEST_CASE("gpu loops on the cpu: layer_norm over the last one and two dims") {
   }
 }
 
+TEST_CASE("gpu loops on the cpu: sums split into partials") {
+  // Few outputs, many summed elements: partial sums over strided chunks, then their sum.
+  Tensor x = randn({32, 64, 50});
+  Tensor x64 = x.to(DType::Float64);
+  auto sum_graph = [](const Dims& dims, bool mean) {
+    ir::Graph g;
+    OpAttrs a;
+    a.dims = dims;
+    a.all_dims = dims.empty();
+    g.output(g.op(mean ? OpKind::Mean : OpKind::Sum, {g.input(DType::Float32, {32, 64, 50})}, a));
+    return g;
+  };
+  CHECK(rel_diff(run_emulated(sum_graph({}, false), {x}), sum(x64)) < 1e-7);   // 102,400 -> 1
+  CHECK(rel_diff(run_emulated(sum_graph({}, true), {x}), mean(x64)) < 1e-7);
+  CHECK(rel_diff(run_emulated(sum_graph({0, 1}, false), {x}), sum(x64, {0, 1})) < 1e-7);
+  CHECK(rel_diff(run_emulated(sum_graph({0}, false), {x}), sum(x64, {0})) < 1e-7);
+  // A bias gradient's column sum over many rows.
+  Tensor rows = randn({3000, 5});
+  ir::Graph g;
+  OpAttrs a;
+  a.dims = {0};
+  g.output(g.op(OpKind::Sum, {g.input(DType::Float32, {3000, 5})}, a));
+  CHECK(rel_diff(run_emulated(g, {rows}), sum(rows.to(DType::Float64), {0})) < 1e-7);
+}
+
 TEST_CASE("gpu loops on the cpu: column sums, elementwise chains, constants") {
   Tensor x = randn({300, 70});
   {  // a bias gradient: the sum over rows

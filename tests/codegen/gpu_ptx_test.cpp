@@ -152,9 +152,10 @@ TEST_CASE("gpu ptx: a column sum adds its rows in a loop inside one kernel") {
   g.output(g.op(OpKind::Sum, {x}, a));
   codegen::Executable exe(g, cuda_options());
   INFO(exe.ptx());
-  // Zero the float64 sums, add the rows, round to float32. A row loop on the host would instead
-  // launch a loop-free adding kernel once per row.
-  CHECK(entries(exe.ptx()) == 3);
+  // Zero the float64 sums, partial sums over strided chunks of rows (a thread per chunk and
+  // column), add the partials, round to float32. A row loop on the host would instead launch a
+  // loop-free adding kernel once per row; one thread per column had 768 threads for 16,384 rows.
+  CHECK(entries(exe.ptx()) == 4);
   CHECK(has_loop(exe.ptx()));
   check_assembles(exe.ptx(), "column_sum");
 }
@@ -246,11 +247,11 @@ TEST_CASE("gpu ptx: layer_norm and a full sum") {
   }
   {
     ir::Graph g;
-    g.output(g.op(OpKind::Sum, {g.input(DType::Float32, {1000})}));
+    g.output(g.op(OpKind::Sum, {g.input(DType::Float32, {1 << 22})}));
     codegen::Executable exe(g, cuda_options());
-    // The float64 accumulator's init, the accumulation and its rounding: one kernel of one
-    // thread (a sequential sum; no tree reduction yet).
-    CHECK(entries(exe.ptx()) == 1);
+    // 16,384 threads each sum every 16,384th element, 64 threads sum those partials, and one
+    // thread their 64 partials (init, accumulation and rounding). It was one thread for all.
+    CHECK(entries(exe.ptx()) == 3);
     check_assembles(exe.ptx(), "sum_all");
   }
 }
