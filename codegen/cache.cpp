@@ -293,9 +293,9 @@ std::shared_ptr<const CompiledCode> get_or_compile(const std::string& graph_mlir
   const char* no_gemm = std::getenv("KILN_NO_EXTERN_GEMM");
   const bool loops_for_gemm = no_gemm && *no_gemm && *no_gemm != '0';
   const std::string gpu_target =
-      options.device.is_cuda() || options.emulate_gpu_loops
+      options.device.is_cuda() || emulates_gpu_loops(options)
           ? fmt::format("\n{}{} {} {} O{} {} x{}", options.device.str(),
-                        options.emulate_gpu_loops ? " emulating gpu loops" : "", options.gpu.chip,
+                        emulates_gpu_loops(options) ? " emulating gpu loops" : "", options.gpu.chip,
                         options.gpu.features, options.gpu.opt_level,
                         options.gpu.threads_per_block, options.gpu.elements_per_thread)
           : "";

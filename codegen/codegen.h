@@ -65,9 +65,14 @@ struct CompileOptions {
   GpuTarget gpu = {};
   /// For tests, with `device` cpu: the loop nests are rewritten as for a GPU (`gpu`'s threads
   /// and elements per thread) and the resulting parallel loops run on the calling thread, so
-  /// the GPU lowering's loop rewrites are checked against eager results without a GPU.
+  /// the GPU lowering's loop rewrites are checked against eager results without a GPU. The
+  /// environment's KILN_EMULATE_GPU_LOOPS=1 turns it on for every CPU Executable (compile()'s
+  /// regions too: whole training steps then check the rewrites against eager mode).
   bool emulate_gpu_loops = false;
 };
+
+/// Whether `options` compiles a CPU graph as emulated GPU loops (the option or the environment).
+bool emulates_gpu_loops(const CompileOptions& options);
 
 /// Where an Executable's code came from and what building it cost (milliseconds, wall clock).
 /// Stage times are 0 for the stages a cache hit skipped.

@@ -2,6 +2,7 @@
 // bufferization -> loops -> LLVM dialect -> object code (codegen/jit.cpp), through the compile
 // cache (codegen/cache.cpp).
 // Pipeline and required registrations: /work/shared/notes/mlir22-toolchain.md, section 2.
+#include <cstdlib>
 #include <mutex>
 #include <optional>
 
@@ -306,6 +307,14 @@ struct Executable::Impl : CompiledMeta {
   bool emulate_gpu_loops = false;  // CompileOptions::emulate_gpu_loops
 };
 
+bool emulates_gpu_loops(const CompileOptions& options) {
+  static const bool env = [] {
+    const char* e = std::getenv("KILN_EMULATE_GPU_LOOPS");
+    return e && *e && *e != '0';
+  }();
+  return options.device.is_cpu() && (options.emulate_gpu_loops || env);
+}
+
 Executable::Executable(const ir::Graph& g, const CompileOptions& options) {
   const std::string text = g.to_mlir();
   auto build = [&](bool relax) {
@@ -313,7 +322,7 @@ Executable::Executable(const ir::Graph& g, const CompileOptions& options) {
     Impl& I = *impl_;
     I.device = options.device;
     I.gpu = options.gpu;
-    I.emulate_gpu_loops = options.emulate_gpu_loops && options.device.is_cpu();
+    I.emulate_gpu_loops = emulates_gpu_loops(options);
     I.code = get_or_compile(text, options, I.stats, [&](CompiledMeta& meta) {
       std::string object = I.compile(text, relax);
       meta = I;

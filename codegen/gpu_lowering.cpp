@@ -542,15 +542,19 @@ bool fuse_rows(mlir::func::FuncOp fn) {
     auto p = llvm::dyn_cast<mlir::scf::ParallelOp>(op);
     if (!p || !is_row_loop(p)) {
       bool pure = mlir::isMemoryEffectFree(&op) && op.getNumRegions() == 0;
-      if (leader && pure) between.push_back(&op);
-      else leader = nullptr;
+      if (leader && pure) {
+        between.push_back(&op);
+      } else {  // ops that stay between loops: nothing before them merges with what follows
+        leader = nullptr;
+        between.clear();
+      }
       continue;
     }
     bool movable = leader != nullptr;
     for (mlir::Operation* x : between)
       for (mlir::Value v : x->getOperands())
         if (mlir::Operation* def = v.getDefiningOp();
-            def && def->getBlock() == &block && !def->isBeforeInBlock(leader) &&
+            movable && def && def->getBlock() == &block && !def->isBeforeInBlock(leader) &&
             !llvm::is_contained(between, def))
           movable = false;
     if (!movable) {
