@@ -70,7 +70,13 @@ run_test() {  # a test binary and its Catch filter, each one word (no globbing)
   local out
   out=$(mktemp)
   if timeout "$STEP_TIMEOUT" "$@" > "$out" 2>&1; then echo "passed: $*" | tee -a "$LOG"
-  else echo "FAILED: $*; its output ends:" | tee -a "$LOG"; tail -40 "$out"; status=1; fi
+  else
+    echo "FAILED: $*; its output ends:" | tee -a "$LOG"; tail -40 "$out"; status=1
+    # Launches are asynchronous: a kernel's fault is reported by a later op. Once more with
+    # every launch waiting, so the failure names the op that caused it.
+    echo "again with KILN_CUDA_LAUNCH_BLOCKING=1:" | tee -a "$LOG"
+    KILN_CUDA_LAUNCH_BLOCKING=1 timeout "$STEP_TIMEOUT" "$@" 2>&1 | tail -40 | tee -a "$LOG"
+  fi
   cat "$out" >> "$LOG"
   rm -f "$out"
 }
