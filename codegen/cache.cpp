@@ -293,9 +293,12 @@ std::shared_ptr<const CompiledCode> get_or_compile(const std::string& graph_mlir
   const char* no_gemm = std::getenv("KILN_NO_EXTERN_GEMM");
   const bool loops_for_gemm = no_gemm && *no_gemm && *no_gemm != '0';
   const std::string gpu_target =
-      options.device.is_cuda() || emulates_gpu_loops(options)
+      options.device.is_cuda() || gpu_loop_emulation(options) != 0
           ? fmt::format("\n{}{} {} {} O{} {} x{}", options.device.str(),
-                        emulates_gpu_loops(options) ? " emulating gpu loops" : "", options.gpu.chip,
+                        gpu_loop_emulation(options) == 0   ? ""
+                        : gpu_loop_emulation(options) == 1 ? " emulating gpu loops"
+                                                           : " emulating gpu loops in reverse",
+                        options.gpu.chip,
                         options.gpu.features, options.gpu.opt_level,
                         options.gpu.threads_per_block, options.gpu.elements_per_thread)
           : "";

@@ -69,10 +69,15 @@ struct CompileOptions {
   /// environment's KILN_EMULATE_GPU_LOOPS=1 turns it on for every CPU Executable (compile()'s
   /// regions too: whole training steps then check the rewrites against eager mode).
   bool emulate_gpu_loops = false;
+  /// With emulate_gpu_loops: each parallel loop runs its iterations last to first (environment:
+  /// KILN_EMULATE_GPU_LOOPS=reverse). A thread that reads what another writes gives a wrong
+  /// result in one of the two orders, as it races on a GPU.
+  bool emulate_in_reverse = false;
 };
 
-/// Whether `options` compiles a CPU graph as emulated GPU loops (the option or the environment).
-bool emulates_gpu_loops(const CompileOptions& options);
+/// How `options` compiles a CPU graph: 0 plainly, 1 as emulated GPU loops, 2 as emulated GPU
+/// loops in reverse order (the options or the environment).
+int gpu_loop_emulation(const CompileOptions& options);
 
 /// Where an Executable's code came from and what building it cost (milliseconds, wall clock).
 /// Stage times are 0 for the stages a cache hit skipped.

@@ -304,15 +304,18 @@ struct Executable::Impl : CompiledMeta {
   bool relaxed = false;  // compile() relaxed dim 0 to `?` (row_split.h)
   Device device = Device::cpu();
   GpuTarget gpu;
-  bool emulate_gpu_loops = false;  // CompileOptions::emulate_gpu_loops
+  int emulate_gpu_loops = 0;  // gpu_loop_emulation()
 };
 
-bool emulates_gpu_loops(const CompileOptions& options) {
-  static const bool env = [] {
+int gpu_loop_emulation(const CompileOptions& options) {
+  static const int env = [] {
     const char* e = std::getenv("KILN_EMULATE_GPU_LOOPS");
-    return e && *e && *e != '0';
+    if (!e || !*e || *e == '0') return 0;
+    return std::string_view(e) == "reverse" ? 2 : 1;
   }();
-  return options.device.is_cpu() && (options.emulate_gpu_loops || env);
+  if (!options.device.is_cpu()) return 0;
+  if (options.emulate_gpu_loops) return options.emulate_in_reverse ? 2 : 1;
+  return env;
 }
 
 Executable::Executable(const ir::Graph& g, const CompileOptions& options) {
@@ -322,7 +325,7 @@ Executable::Executable(const ir::Graph& g, const CompileOptions& options) {
     Impl& I = *impl_;
     I.device = options.device;
     I.gpu = options.gpu;
-    I.emulate_gpu_loops = emulates_gpu_loops(options);
+    I.emulate_gpu_loops = gpu_loop_emulation(options);
     I.code = get_or_compile(text, options, I.stats, [&](CompiledMeta& meta) {
       std::string object = I.compile(text, relax);
       meta = I;
@@ -501,6 +504,7 @@ std::string Executable::Impl::compile(const std::string& graph_mlir, bool relax)
     const bool row_separable = I.row_split.splittable && !I.row_split.gemm;
     I.row_split = RowSplitPlan{};  // one call over all rows, as one launch
     gpu_parallel_loops(m, I.gpu, row_separable, /*cuda_gemm=*/false, I.messages);
+    if (I.emulate_gpu_loops == 2) reverse_parallel_loops(m);
   } else if (I.row_split.splittable) {
     I.run_pipeline(m, "func.func(convert-linalg-to-loops)", "loops");  // run() splits the rows
   } else {

@@ -198,6 +198,27 @@ std::optional<NestedSum> match_nested_sum(mlir::scf::ParallelOp par) {
       for (mlir::Value v : op->getOperands()) other |= v == s.store.getMemRef();
   });
   if (other) return std::nullopt;
+  // The partials run before `par`: the summed values may only read values from outside `par`
+  // or the nest's own, and nothing before the nest in `par` may write memory other than the
+  // accumulator (a 0-d value the nest reads, computed and stored just before it, would be read
+  // before it is written).
+  auto own = [&](mlir::Value v) {  // par's indices, or defined in the nest
+    return llvm::is_contained(par.getInductionVars(), v) ||
+           s.fors.front()->isAncestor(v.getParentBlock()->getParentOp());
+  };
+  for (mlir::Operation& op : body->without_terminator())
+    for (mlir::Value v : op.getOperands())
+      if (inside(v) && !own(v)) return std::nullopt;
+  for (mlir::Operation& op : par.getBody()->without_terminator()) {
+    if (&op == s.fors.front().getOperation()) break;
+    auto st = llvm::dyn_cast<mlir::memref::StoreOp>(op);
+    if (st ? st.getMemRef() != s.store.getMemRef() : !mlir::isMemoryEffectFree(&op) &&
+                                                        !llvm::isa<mlir::memref::LoadOp>(op))
+      return std::nullopt;
+  }
+  // Partial sums reorder the additions: only where the sum allows it (kiln's do).
+  if (!mlir::arith::bitEnumContainsAll(s.add.getFastmath(), mlir::arith::FastMathFlags::reassoc))
+    return std::nullopt;
   return s;
 }
 
@@ -219,7 +240,7 @@ bool split_one_sum(mlir::func::FuncOp fn) {
       static_outputs &= u && mlir::isConstantIntValue(lb, 0) && mlir::isConstantIntValue(step, 1);
       if (u) outputs *= *u;
     }
-    if (!static_outputs || outputs >= kSplitThreads / 8) continue;
+    if (!static_outputs || outputs == 0 || outputs >= kSplitThreads / 8) continue;
     std::optional<NestedSum> sum = match_nested_sum(par);
     if (!sum) continue;
     std::optional<int64_t> static_k = 1;
@@ -479,10 +500,19 @@ unsigned shared_row_dims(llvm::MutableArrayRef<mlir::scf::ParallelOp> rows) {
       if (!ok) k = d;
     }
   }
-  // Memrefs the row loops write.
+  // Memrefs the row loops write. Each must be a buffer of its own (an allocation or an argument)
+  // used only by loads and stores: a view of it (a reshape for attention's heads) reads other
+  // rows' elements through another value, which the index check below would not see.
   llvm::SmallDenseSet<mlir::Value, 8> written;
   for (mlir::scf::ParallelOp p : rows)
     p.walk([&](mlir::memref::StoreOp s) { written.insert(s.getMemRef()); });
+  for (mlir::Value m : written) {
+    bool own = llvm::isa<mlir::BlockArgument>(m) || m.getDefiningOp<mlir::memref::AllocOp>();
+    for (mlir::Operation* user : m.getUsers())
+      own &= llvm::isa<mlir::memref::LoadOp, mlir::memref::StoreOp, mlir::memref::DeallocOp,
+                       mlir::memref::DimOp>(user);
+    if (!own) return 1;
+  }
   // The largest k at which every access of a written memref indexes dims < k by the row IVs.
   auto separable = [&](unsigned k) {
     for (mlir::scf::ParallelOp& p : rows) {
@@ -766,6 +796,21 @@ void gpu_parallel_loops(mlir::ModuleOp m, const GpuTarget& target, bool row_sepa
   linearize(fn);  // nests left multi-dimensional (grid y/z are limited to 65535)
   unroll_elementwise(fn, target.threads_per_block, target.elements_per_thread);
   log_module("GPU parallel loops", m);
+}
+
+void reverse_parallel_loops(mlir::ModuleOp m) {
+  m.walk([](mlir::scf::ParallelOp p) {
+    mlir::OpBuilder b = mlir::OpBuilder::atBlockBegin(p.getBody());
+    for (auto [iv, lb, ub, step] : llvm::zip(p.getInductionVars(), p.getLowerBound(),
+                                            p.getUpperBound(), p.getStep())) {
+      if (!mlir::isConstantIntValue(lb, 0) || !mlir::isConstantIntValue(step, 1)) continue;
+      mlir::Location loc = p.getLoc();
+      mlir::Value last = mlir::arith::SubIOp::create(
+          b, loc, ub, mlir::arith::ConstantIndexOp::create(b, loc, 1));
+      mlir::Value reversed = mlir::arith::SubIOp::create(b, loc, last, iv);
+      iv.replaceAllUsesExcept(reversed, reversed.getDefiningOp());
+    }
+  });
 }
 
 void lower_for_gpu(mlir::ModuleOp m, const GpuTarget& target, bool row_separable,

@@ -30,6 +30,10 @@ struct GpuLowered {
 void gpu_parallel_loops(mlir::ModuleOp m, const GpuTarget& target, bool row_separable,
                         bool cuda_gemm, std::string& messages);
 
+/// Every scf.parallel of `m` runs its iterations last to first (each index i becomes ub - 1 - i;
+/// loops from 0 with step 1 only): CompileOptions::emulate_in_reverse.
+void reverse_parallel_loops(mlir::ModuleOp m);
+
 /// Lowers a bufferized destination-passing @main (after kiln-extern-calls) for an NVIDIA GPU:
 /// its loop nests become kernels (an elementwise nest one kernel over all its elements; when
 /// every nest of the graph runs over the same rows, as softmax or layer_norm do, all of them
