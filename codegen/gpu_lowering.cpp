@@ -407,8 +407,13 @@ void wrap_host_accesses(mlir::func::FuncOp fn) {
                       mlir::func::CallOp, mlir::func::ReturnOp>(op) &&
            (op->getNumRegions() == 0 || llvm::isa<mlir::scf::ForOp>(op));
   };
-  llvm::SmallVector<mlir::Operation*> run;
+  llvm::SmallVector<mlir::Operation*> run, sizes;
   auto flush = [&] {
+    // Sizes read among the run stay outside the loop, ahead of it: split_sums needs a
+    // dynamic sum's bounds from outside (a memref.dim reads only the descriptor).
+    if (!run.empty())
+      for (mlir::Operation* d : sizes) d->moveBefore(run.front());
+    sizes.clear();
     bool memory = llvm::any_of(run, touches_memory);
     bool escapes = false;
     for (mlir::Operation* op : run)
@@ -429,6 +434,16 @@ void wrap_host_accesses(mlir::func::FuncOp fn) {
   for (mlir::Operation& op : llvm::make_early_inc_range(block)) {
     // Constants stay outside (other nests use them too).
     if (op.hasTrait<mlir::OpTrait::ConstantLike>()) continue;
+    if (auto d = llvm::dyn_cast<mlir::memref::DimOp>(op)) {
+      bool operands_before = true;  // its memref and index: arguments or earlier ops
+      for (mlir::Value v : d->getOperands())
+        if (mlir::Operation* def = v.getDefiningOp(); def && llvm::is_contained(run, def))
+          operands_before = false;
+      if (operands_before) {
+        sizes.push_back(&op);
+        continue;
+      }
+    }
     if (wrappable(&op)) run.push_back(&op);
     else flush();
   }

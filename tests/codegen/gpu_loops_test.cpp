@@ -194,6 +194,19 @@ TEST_CASE("gpu loops on the cpu: sums split into partials") {
   CHECK(rel_diff(run_emulated(sum_graph({}, true), {x}), mean(x64)) < 1e-7);
   CHECK(rel_diff(run_emulated(sum_graph({0, 1}, false), {x}), sum(x64, {0, 1})) < 1e-7);
   CHECK(rel_diff(run_emulated(sum_graph({0}, false), {x}), sum(x64, {0})) < 1e-7);
+  {  // a dynamic number of summed elements (compile()'s symbolic batch)
+    ir::Graph g;
+    OpAttrs all;
+    all.all_dims = true;
+    g.output(g.op(OpKind::Sum, {g.input(DType::Float32, {ir::kDynamic, 50})}, all));
+    Tensor y = randn({2000, 50});
+    CHECK(rel_diff(run_emulated(g, {y}), sum(y.to(DType::Float64))) < 1e-7);
+    codegen::CompileOptions cuda;
+    cuda.device = Device::cuda();
+    cuda.disk_cache = false;
+    // Partials, their partials, the last sum: split although the count is known at run time.
+    CHECK(codegen::Executable(g, cuda).num_kernels() >= 2);
+  }
   // A bias gradient's column sum over many rows.
   Tensor rows = randn({3000, 5});
   ir::Graph g;
