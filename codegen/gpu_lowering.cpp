@@ -255,7 +255,9 @@ bool split_one_sum(mlir::func::FuncOp fn) {
     if (chunks < 2) continue;
     mlir::OpBuilder b(par);
     mlir::Location loc = par.getLoc();
-    auto idx = [&](int64_t v) -> mlir::Value { return mlir::arith::ConstantIndexOp::create(b, loc, v); };
+    auto idx = [&](int64_t v) -> mlir::Value {
+      return mlir::arith::ConstantIndexOp::create(b, loc, v);
+    };
     mlir::Type elem = sum->add.getType();
     llvm::SmallVector<int64_t> part_shape = {chunks};
     for (mlir::Value ub : par.getUpperBound()) part_shape.push_back(*mlir::getConstantIntValue(ub));
@@ -287,8 +289,9 @@ bool split_one_sum(mlir::func::FuncOp fn) {
                 for (size_t j = sum->fors.size(); j-- > 0;) {
                   mlir::scf::ForOp f = sum->fors[j];
                   mlir::Value n = f.getUpperBound();
-                  map.map(f.getInductionVar(),
-                          j == 0 ? rest : mlir::arith::RemUIOp::create(fb, fl, rest, n).getResult());
+                  mlir::Value i =
+                      j == 0 ? rest : mlir::arith::RemUIOp::create(fb, fl, rest, n).getResult();
+                  map.map(f.getInductionVar(), i);
                   if (j > 0) rest = mlir::arith::DivUIOp::create(fb, fl, rest, n);
                 }
                 for (mlir::Operation& op : sum->fors.back().getBody()->without_terminator()) {

@@ -425,7 +425,9 @@ mlir::LogicalResult MatmulOp::verify() { return verify_kiln_op(getOperation(), g
 mlir::LogicalResult ViewOp::verify() { return verify_kiln_op(getOperation(), getKind(), "view"); }
 mlir::LogicalResult IndexOp::verify() { return verify_kiln_op(getOperation(), getKind(), "index"); }
 mlir::LogicalResult ShapeOp::verify() { return verify_kiln_op(getOperation(), getKind(), "shape"); }
-mlir::LogicalResult RandomOp::verify() { return verify_kiln_op(getOperation(), getKind(), "random"); }
+mlir::LogicalResult RandomOp::verify() {
+  return verify_kiln_op(getOperation(), getKind(), "random");
+}
 mlir::LogicalResult CompositeOp::verify() {
   return verify_kiln_op(getOperation(), getKind(), "composite");
 }

@@ -100,7 +100,8 @@ int backward_branches(const std::string& ptx) {
   int n = 0;
   std::smatch m;
   const std::regex branch(R"(bra(\.uni)?\s+(\$L__BB\d+_\d+);)");
-  for (auto it = ptx.cbegin(); std::regex_search(it, ptx.cend(), m, branch); it = m.suffix().first) {
+  for (auto it = ptx.cbegin(); std::regex_search(it, ptx.cend(), m, branch);
+       it = m.suffix().first) {
     size_t at = static_cast<size_t>(m[0].first - ptx.cbegin());
     size_t label = ptx.find(m[2].str() + ":");
     n += label != std::string::npos && label < at;
