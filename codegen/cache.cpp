@@ -292,12 +292,13 @@ std::shared_ptr<const CompiledCode> get_or_compile(const std::string& graph_mlir
   // Environment switches that change the generated code are part of the key.
   const char* no_gemm = std::getenv("KILN_NO_EXTERN_GEMM");
   const bool loops_for_gemm = no_gemm && *no_gemm && *no_gemm != '0';
+  const GpuLoopEmulation emulation = gpu_loop_emulation(options);
+  const char* emulated = emulation == GpuLoopEmulation::Off       ? ""
+                         : emulation == GpuLoopEmulation::InOrder ? " emulating gpu loops"
+                                                                  : " emulating gpu loops in reverse";
   const std::string gpu_target =
-      options.device.is_cuda() || gpu_loop_emulation(options) != 0
-          ? fmt::format("\n{}{} {} {} O{} {} x{}", options.device.str(),
-                        gpu_loop_emulation(options) == 0   ? ""
-                        : gpu_loop_emulation(options) == 1 ? " emulating gpu loops"
-                                                           : " emulating gpu loops in reverse",
+      options.device.is_cuda() || emulation != GpuLoopEmulation::Off
+          ? fmt::format("\n{}{} {} {} O{} {} x{}", options.device.str(), emulated,
                         options.gpu.chip,
                         options.gpu.features, options.gpu.opt_level,
                         options.gpu.threads_per_block, options.gpu.elements_per_thread)

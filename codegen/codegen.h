@@ -75,9 +75,11 @@ struct CompileOptions {
   bool emulate_in_reverse = false;
 };
 
-/// How `options` compiles a CPU graph: 0 plainly, 1 as emulated GPU loops, 2 as emulated GPU
-/// loops in reverse order (the options or the environment).
-int gpu_loop_emulation(const CompileOptions& options);
+/// How a CPU graph's loops run: as the CPU lowering makes them, or as the GPU lowering makes
+/// them (in order, or each loop's iterations in reverse).
+enum class GpuLoopEmulation { Off, InOrder, Reversed };
+/// The emulation `options` asks for (the options, else the environment; Off for a CUDA device).
+GpuLoopEmulation gpu_loop_emulation(const CompileOptions& options);
 
 /// Where an Executable's code came from and what building it cost (milliseconds, wall clock).
 /// Stage times are 0 for the stages a cache hit skipped.

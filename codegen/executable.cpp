@@ -304,17 +304,18 @@ struct Executable::Impl : CompiledMeta {
   bool relaxed = false;  // compile() relaxed dim 0 to `?` (row_split.h)
   Device device = Device::cpu();
   GpuTarget gpu;
-  int emulate_gpu_loops = 0;  // gpu_loop_emulation()
+  GpuLoopEmulation emulate_gpu_loops = GpuLoopEmulation::Off;
 };
 
-int gpu_loop_emulation(const CompileOptions& options) {
-  static const int env = [] {
+GpuLoopEmulation gpu_loop_emulation(const CompileOptions& options) {
+  using E = GpuLoopEmulation;
+  static const E env = [] {
     const char* e = std::getenv("KILN_EMULATE_GPU_LOOPS");
-    if (!e || !*e || *e == '0') return 0;
-    return std::string_view(e) == "reverse" ? 2 : 1;
+    if (!e || !*e || *e == '0') return E::Off;
+    return std::string_view(e) == "reverse" ? E::Reversed : E::InOrder;
   }();
-  if (!options.device.is_cpu()) return 0;
-  if (options.emulate_gpu_loops) return options.emulate_in_reverse ? 2 : 1;
+  if (!options.device.is_cpu()) return E::Off;
+  if (options.emulate_gpu_loops) return options.emulate_in_reverse ? E::Reversed : E::InOrder;
   return env;
 }
 
@@ -500,11 +501,11 @@ std::string Executable::Impl::compile(const std::string& graph_mlir, bool relax)
     mlir::linalg::CopyOp::create(b, copy.getLoc(), copy.getSource(), copy.getTarget());
     copy.erase();
   });
-  if (I.emulate_gpu_loops) {
+  if (I.emulate_gpu_loops != GpuLoopEmulation::Off) {
     const bool row_separable = I.row_split.splittable && !I.row_split.gemm;
     I.row_split = RowSplitPlan{};  // one call over all rows, as one launch
     gpu_parallel_loops(m, I.gpu, row_separable, /*cuda_gemm=*/false, I.messages);
-    if (I.emulate_gpu_loops == 2) reverse_parallel_loops(m);
+    if (I.emulate_gpu_loops == GpuLoopEmulation::Reversed) reverse_parallel_loops(m);
   } else if (I.row_split.splittable) {
     I.run_pipeline(m, "func.func(convert-linalg-to-loops)", "loops");  // run() splits the rows
   } else {

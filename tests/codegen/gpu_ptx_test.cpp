@@ -23,13 +23,15 @@ codegen::CompileOptions cuda_options() {
   return o;
 }
 
-/// `.entry` kernels in `ptx`.
-int entries(const std::string& ptx) {
+/// Occurrences of `what` in `text`.
+int count(const std::string& text, const std::string& what) {
   int n = 0;
-  for (size_t at = ptx.find(".entry"); at != std::string::npos; at = ptx.find(".entry", at + 1))
-    ++n;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
   return n;
 }
+
+/// `.entry` kernels in `ptx`.
+int entries(const std::string& ptx) { return count(ptx, ".entry"); }
 
 /// ptxas from $CUDA_HOME, /usr/local/cuda or PATH; "" when absent.
 std::string find_ptxas() {
@@ -65,13 +67,6 @@ void check_assembles(const std::string& ptx, const std::string& name) {
   std::filesystem::remove(out);
 }
 
-/// Occurrences of `what` in `text`.
-int count(const std::string& text, const std::string& what) {
-  int n = 0;
-  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
-  return n;
-}
-
 /// Global loads before the first global store in `ptx`.
 int loads_before_first_store(const std::string& ptx) {
   size_t store = ptx.find("st.global");
@@ -81,18 +76,6 @@ int loads_before_first_store(const std::string& ptx) {
        at = head.find("ld.global", at + 1))
     ++n;
   return n;
-}
-
-/// Whether `ptx` branches back to a label it defined earlier (a loop inside a kernel).
-bool has_loop(const std::string& ptx) {
-  std::smatch m;
-  const std::regex branch(R"(bra(\.uni)?\s+(\$L__BB\d+_\d+);)");
-  for (auto it = ptx.cbegin(); std::regex_search(it, ptx.cend(), m, branch); it = m.suffix().first) {
-    size_t at = static_cast<size_t>(m[0].first - ptx.cbegin());
-    size_t label = ptx.find(m[2].str() + ":");
-    if (label != std::string::npos && label < at) return true;
-  }
-  return false;
 }
 
 /// Branches in `ptx` back to a label defined before them: one per loop a thread runs.
@@ -108,6 +91,9 @@ int backward_branches(const std::string& ptx) {
   }
   return n;
 }
+
+/// Whether a kernel of `ptx` has a loop.
+bool has_loop(const std::string& ptx) { return backward_branches(ptx) > 0; }
 
 }  // namespace
 
