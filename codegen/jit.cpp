@@ -259,9 +259,12 @@ std::string emit_object(mlir::ModuleOp m, const std::string& diagnostics, Compil
       throw Error("codegen::Executable: invalid LLVM IR", vos.str() + diagnostics);
   }
   // The loop vectorizer prefers 256-bit vectors on these CPUs; kernels here are long
-  // streaming loops, where full AVX-512 width does not cost frequency that matters.
-  if ((*tm)->getTargetFeatureString().contains("+avx512f"))
+  // streaming loops, where full AVX-512 width does not cost frequency that matters. Short
+  // rows (a classifier's 10 logits) get masked vectors (loop_hints.cpp).
+  if ((*tm)->getTargetFeatureString().contains("+avx512f")) {
     for (llvm::Function& f : *mod) f.addFnAttr("prefer-vector-width", "512");
+    hint_short_loops(*mod, 16);
+  }
   stats.llvm_opt_ms = lap();  // translation; -O2 is added below
   std::vector<std::string> objects;
   std::vector<PartStats> parts;

@@ -100,6 +100,10 @@ std::shared_ptr<const CompiledCode> load_object(const std::string& object, Compi
 /// at least kOutlineMinLoopNests nests and two hardware threads; returns how many moved.
 inline constexpr size_t kOutlineMinLoopNests = 100;
 int outline_serial_loop_nests(mlir::ModuleOp m);
+/// Marks each innermost loop with a constant trip count below 4 * `lanes` that is no multiple
+/// of `lanes` (float lanes of a vector) for LLVM's vectorizer with a masked tail (see
+/// loop_hints.cpp); returns how many were marked.
+int hint_short_loops(llvm::Module& mod, unsigned lanes);
 /// Instructions (before -O2) per part: smaller modules stay whole.
 inline constexpr uint64_t kInstructionsPerPart = 5000;
 inline constexpr unsigned kMaxObjectParts = 8;
