@@ -11,6 +11,7 @@
 #include <cstring>
 #include <optional>
 #include <type_traits>
+#include <vector>
 
 #include "backends/cpu/allocator.h"
 #include "backends/cpu/parallel.h"
@@ -289,6 +290,37 @@ float dot_product(int64_t k, const float* x, int64_t incx, const float* y, int64
   for (; i < k; ++i) acc[0] += double(x[i * incx]) * double(y[i * incy]);
   return float((acc[0] + acc[1]) + (acc[2] + acc[3]));
 }
+// oneDNN runs on one OpenMP thread: a per-thread setting, made on whichever thread calls it.
+void single_omp_thread(const Dnnl& d) {
+  if (d.omp_set_num_threads && t_omp_threads != 1) {
+    d.omp_set_num_threads(1);
+    t_omp_threads = 1;
+  }
+}
+
+// C = alpha·op(A)·op(B) + beta·C as Cᵀ = alpha·op(B)ᵀ·op(A)ᵀ (see kNarrowN): op(B)ᵀ is B as
+// stored when trans_b, else Bᵀ; likewise op(A)ᵀ.
+bool narrow_transposed(const Dnnl& d, bool trans_a, bool trans_b, int64_t m, int64_t n,
+                       int64_t k, float alpha, const float* a, int64_t lda, const float* b,
+                       int64_t ldb, float beta, float* c, int64_t ldc) {
+  thread_local std::vector<float> scratch;  // n x m, row-major
+  scratch.resize(static_cast<size_t>(n * m));
+  single_omp_thread(d);
+  if (d.sgemm(trans_b ? 'N' : 'T', trans_a ? 'N' : 'T', n, m, k, alpha, b, ldb, a, lda, 0.0f,
+              scratch.data(), m) != 0)
+    return false;
+  for (int64_t i = 0; i < m; ++i) {
+    float* row = c + i * ldc;
+    const float* col = scratch.data() + i;
+    if (beta == 0.0f) {
+      for (int64_t j = 0; j < n; ++j) row[j] = col[j * m];
+    } else {
+      for (int64_t j = 0; j < n; ++j) row[j] = col[j * m] + beta * row[j];
+    }
+  }
+  return true;
+}
+
 }  // namespace
 
 bool sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
@@ -316,11 +348,7 @@ bool sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float al
   // row (or column) blocks, so that one pool serves every kernel and no OpenMP team sleeps and
   // wakes beside it. Figures at kSplitGemmMinFlops in blas.h.
   auto call = [&](int64_t rows, int64_t cols, const float* pa, const float* pb, float* pc) {
-    // A per-thread setting: set on whichever thread runs this block.
-    if (d.omp_set_num_threads && t_omp_threads != 1) {
-      d.omp_set_num_threads(1);
-      t_omp_threads = 1;
-    }
+    single_omp_thread(d);
     return d.sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', rows, cols, k, alpha, pa, lda, pb,
                    ldb, beta, pc, ldc) == 0;
   };
@@ -338,6 +366,9 @@ bool sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float al
       b = padded_b->data(), ldb = padded_b->ld();
     }
   }
+  if (n < kNarrowN && m >= 2 * n && (trans_a || trans_b) && leading_dims_ok &&
+      (want <= 1 || flops < kSplitGemmMinFlops))
+    return narrow_transposed(d, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
   if (want <= 1 || flops < kSplitGemmMinFlops || !leading_dims_ok) return call(m, n, a, b, c);
   std::atomic<bool> ok{true};
   if (m >= 2 * kSplitGemmMinRows) {

@@ -25,8 +25,10 @@ namespace kiln::cpu {
 /// B, or a transposed A, whose leading dimension is a multiple of 256 floats is first copied
 /// with padded rows: oneDNN reads it in place, and rows 1 KiB-multiples apart share cache sets
 /// (on Zen 3 the weight gradients of the transformer's FFN ran 2x slower). Without oneDNN it
-/// runs kiln's blocked kernel (gemm<float>). Returns false, writing nothing, if oneDNN rejects
-/// the arguments (a bad leading dimension).
+/// runs kiln's blocked kernel (gemm<float>). A narrow single-threaded product (n < kNarrowN
+/// columns, m >= 2n rows, A or B transposed: a classifier's [64, 128]·Wᵀ with W [10, 128]) is
+/// computed as Cᵀ = op(B)ᵀ·op(A)ᵀ into a scratch block and transposed into C. Returns false,
+/// writing nothing, if oneDNN rejects the arguments (a bad leading dimension).
 /// Products below this many flops (2·m·n·k) run on one thread. In a loop over the same warm
 /// operands a 2-way split already pays from ~2 MFLOP (2 vCPUs: 64x128x128 11.2 us on 1 thread,
 /// 8.0 us split), but in a training step the calling thread has just written A and B, and the
@@ -36,6 +38,11 @@ namespace kiln::cpu {
 /// 1.41-1.49 ms split, 1.73-1.97 ms OpenMP) and lost on 1024x1024x256 (1.55-1.75 ms against
 /// 1.41-1.48 ms).
 inline constexpr double kSplitGemmMinFlops = 16e6;
+/// Products with fewer columns than this run transposed (see sgemm). oneDNN 2.6 on this Zen 4,
+/// one thread: [64, 128]·[10, 128]ᵀ 4.3 -> 2.7 us, [256, 512]·[8, 512]ᵀ 57 -> 25 us,
+/// [128, 64]ᵀ·[128, 10] 3.6 -> 2.2 us; but with neither operand transposed 3.6 -> 5.3 us, and
+/// at 16 columns 4.3 -> 6.3 us.
+inline constexpr int64_t kNarrowN = 16;
 /// Fewest rows (or columns) of C in one block of a split product.
 inline constexpr int64_t kSplitGemmMinRows = 16;
 /// A batch of products each below this many flops is spread over the pool one product per

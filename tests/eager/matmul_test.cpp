@@ -356,6 +356,32 @@ TEST_CASE("blas.h: gemm on arbitrary strides and sgemm transposes") {
   }
 }
 
+namespace {
+
+struct GemmShape { int64_t m, n, k; bool ta, tb; };
+
+// out == alpha·op(A)·op(B) + beta·C in float64 within 1e-4 relative, the padding of each row of
+// C past n (ldc > n) left alone.
+bool matches_reference(GemmShape s, double alpha, double beta, const std::vector<float>& a,
+                       int64_t lda, const std::vector<float>& b, int64_t ldb,
+                       const std::vector<float>& c, const std::vector<float>& out, int64_t ldc) {
+  bool ok = true;
+  for (int64_t i = 0; i < s.m; ++i)
+    for (int64_t j = 0; j < ldc; ++j) {
+      double want = c[i * ldc + j];
+      if (j < s.n) {
+        double sum = 0;
+        for (int64_t p = 0; p < s.k; ++p)
+          sum += double(a[s.ta ? p * lda + i : i * lda + p]) * b[s.tb ? j * ldb + p : p * ldb + j];
+        want = alpha * sum + beta * want;
+      }
+      ok &= std::abs(out[i * ldc + j] - want) <= 1e-4 * (1 + std::abs(want));
+    }
+  return ok;
+}
+
+}  // namespace
+
 TEST_CASE("blas.h: sgemm split into row or column blocks on the pool matches a float64 reference") {
   // Products of at least kSplitGemmMinFlops are split into blocks of C, one per thread: rows
   // (offsets into A and C) or, for a short C, columns (offsets into B and C). Every operand
@@ -384,22 +410,34 @@ TEST_CASE("blas.h: sgemm split into row or column blocks on the pool matches a f
       std::vector<float> out = c;
       REQUIRE(cpu::sgemm(s.ta, s.tb, s.m, s.n, s.k, 0.5f, a.data(), lda, b.data(), ldb, 1.f,
                          out.data(), ldc, threads));
-      bool ok = true;
-      for (int64_t i = 0; i < s.m; ++i)
-        for (int64_t j = 0; j < ldc; ++j) {
-          double want = c[i * ldc + j];  // padding past n is left alone
-          if (j < s.n) {
-            double sum = 0;
-            for (int64_t p = 0; p < s.k; ++p)
-              sum += double(a[s.ta ? p * lda + i : i * lda + p]) * b[s.tb ? j * ldb + p : p * ldb + j];
-            want += 0.5 * sum;
-          }
-          ok &= std::abs(out[i * ldc + j] - want) <= 1e-4 * (1 + std::abs(want));
-        }
-      CHECK(ok);
+      CHECK(matches_reference({s.m, s.n, s.k, s.ta, s.tb}, 0.5, 1.0, a, lda, b, ldb, c, out, ldc));
     }
   }
   cpu::set_num_threads(saved);
+}
+
+TEST_CASE("blas.h: narrow sgemm products (computed transposed) match a float64 reference") {
+  // n < kNarrowN columns with A or B transposed run as Cᵀ = op(B)ᵀ·op(A)ᵀ and a transpose into
+  // C; the other layouts directly. Every layout, beta 0 (a NaN in C is overwritten) and 1, a
+  // padded C (ldc > n: the padding is left alone).
+  for (bool ta : {false, true})
+    for (bool tb : {false, true})
+      for (int64_t n : {1, 3, 10, 15})
+        for (int64_t m : {32, 64})
+          for (int64_t k : {7, 128})
+            for (float beta : {0.0f, 1.0f}) {
+              CAPTURE(ta, tb, n, m, k, beta);
+              const int64_t lda = (ta ? m : k) + 3, ldb = (tb ? k : n) + 5, ldc = n + 2;
+              std::vector<double> ad = values((ta ? k : m) * lda, 2), bd = values((tb ? n : k) * ldb, 4),
+                                  cd = values(m * ldc, 5);
+              std::vector<float> a(ad.begin(), ad.end()), b(bd.begin(), bd.end()), c(cd.begin(), cd.end());
+              if (beta == 0.0f) c[0] = NAN;
+              std::vector<float> out = c;
+              REQUIRE(cpu::sgemm(ta, tb, m, n, k, 0.5f, a.data(), lda, b.data(), ldb, beta,
+                                 out.data(), ldc, 1));
+              if (beta == 0.0f) c[0] = 0.0f;  // beta 0 overwrites: the reference adds nothing
+              CHECK(matches_reference({m, n, k, ta, tb}, 0.5, beta, a, lda, b, ldb, c, out, ldc));
+            }
 }
 
 TEST_CASE("gemm_time counts each matmul op once, a spread batch too, and none inside a region") {
