@@ -33,20 +33,26 @@ constexpr size_t kPage = 4096;
 constexpr size_t kMaxCachedBlock = size_t{16} << 20;
 
 struct ThreadCache {
-  void* slots[kSlots] = {};
+  // The capacity is kept beside each pointer: the scan then reads one small array instead of
+  // the header of every cached block (a cache line, often a TLB entry, each).
+  struct Slot {
+    void* block = nullptr;
+    size_t capacity = 0;
+  };
+  Slot slots[kSlots] = {};
   ~ThreadCache() {
-    for (void* b : slots)
-      if (b) cpu::allocator()->deallocate(b, static_cast<Block*>(b)->capacity + kAlignment);
+    for (Slot& s : slots)
+      if (s.block) cpu::allocator()->deallocate(s.block, s.capacity + kAlignment);
   }
 };
 thread_local ThreadCache t_cache;
 
 void* rt_malloc(size_t nbytes) {
   size_t capacity = (nbytes + kPage - 1) / kPage * kPage;
-  for (void*& b : t_cache.slots) {
-    if (b && static_cast<Block*>(b)->capacity == capacity) {
-      void* hit = b;
-      b = nullptr;
+  for (ThreadCache::Slot& s : t_cache.slots) {
+    if (s.block && s.capacity == capacity) {
+      void* hit = s.block;
+      s.block = nullptr;
       return static_cast<char*>(hit) + kAlignment;
     }
   }
@@ -68,15 +74,16 @@ void rt_free(void* ptr) {
     cpu::allocator()->deallocate(base, capacity + kAlignment);
     return;
   }
-  for (void*& b : t_cache.slots) {
-    if (!b) {
-      b = base;
+  for (ThreadCache::Slot& s : t_cache.slots) {
+    if (!s.block) {
+      s = {base, capacity};
       return;
     }
   }
   // Full: evict the first slot (blocks of a graph are freed in a fixed order).
-  std::swap(base, t_cache.slots[0]);
-  cpu::allocator()->deallocate(base, static_cast<Block*>(base)->capacity + kAlignment);
+  ThreadCache::Slot evicted = t_cache.slots[0];
+  t_cache.slots[0] = {base, capacity};
+  cpu::allocator()->deallocate(evicted.block, evicted.capacity + kAlignment);
 }
 
 void* rt_aligned_alloc(size_t alignment, size_t nbytes) {
