@@ -206,8 +206,10 @@ void unshare_inits(mlir::func::FuncOp fn) {
         shared.push_back(&init);
     }
   });
+  llvm::SetVector<mlir::Operation*> originals;
   for (mlir::OpOperand* init : shared) {
     mlir::Operation* def = init->get().getDefiningOp();
+    originals.insert(def);
     mlir::OpBuilder b(init->getOwner());
     mlir::Operation* copy = b.clone(*def);
     if (empty_collapsed(def)) {  // a GEMM's C (lower.cpp): its own empty too
@@ -223,6 +225,16 @@ void unshare_inits(mlir::func::FuncOp fn) {
       }
     }
     init->set(copy->getResult(0));
+  }
+  // Every user got its own copy, so the originals are unused now; a fill left alone would
+  // still be bufferized and run on every call (in the digits MLP's step a 32 KiB memset and
+  // two 512-byte ones of buffers nothing read). Their own empty operands go with them.
+  while (!originals.empty()) {
+    mlir::Operation* op = originals.pop_back_val();
+    if (!mlir::isOpTriviallyDead(op)) continue;
+    for (mlir::Value operand : op->getOperands())
+      if (mlir::Operation* def = operand.getDefiningOp()) originals.insert(def);
+    op->erase();
   }
 }
 

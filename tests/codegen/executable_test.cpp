@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "backends/cpu/blas.h"
+#include "tests/codegen/compile_logs.h"
 #include "backends/cpu/parallel.h"
 #include "codegen/codegen.h"
 #include "codegen/runtime.h"
@@ -1076,4 +1077,23 @@ TEST_CASE("Executable: a 1,200-op elementwise chain is split into bounded loop b
   Tensor expect = x;
   for (int i = 0; i < kSteps; ++i) expect = expect * 1.0001f + 0.001f;
   CHECK(max_diff(exe.run({x})[0], expect) < 1e-4);
+}
+
+TEST_CASE("executable: GEMMs whose zero inits CSE merged write their outputs, no buffer is filled unread") {
+  // Two products of one result shape share a zero fill after CSE; each gets its own
+  // (unshare_inits), and the shared original is dropped, not bufferized and filled per call.
+  ir::Graph g;
+  ir::Value a = g.input(DType::Float32, {64, 10}), b = g.input(DType::Float32, {10, 128});
+  ir::Value d = g.input(DType::Float32, {10, 128});
+  g.output(g.op(OpKind::Matmul, {a, b}));
+  g.output(g.op(OpKind::Matmul, {a, d}));
+  const std::string bufferized = test::stage_text(test::compile_logs(g, "ir"), "bufferized");
+  REQUIRE(!bufferized.empty());
+  CHECK(test::count(bufferized, "call @kiln_rt_gemm_f32") == 2);
+  CHECK(test::count(bufferized, "memref.alloc(") == 0);
+  codegen::Executable exe(g);
+  Tensor ta = randn({64, 10}), tb = randn({10, 128}), td = randn({10, 128});
+  std::vector<Tensor> out = exe.run({ta, tb, td});
+  CHECK(amax(abs(sub(out[0], matmul(ta, tb)))).item<double>() < 1e-5);
+  CHECK(amax(abs(sub(out[1], matmul(ta, td)))).item<double>() < 1e-5);
 }

@@ -1,56 +1,14 @@
 // Short inner loops (codegen/loop_hints.cpp): a row of 10 classes becomes masked AVX-512 code
 // instead of scalar code, with the same results as eager.
 #include <catch2/catch.hpp>
-#include <unistd.h>
 
-#include <cstdio>
-#include <cstdlib>
-#include <fstream>
-#include <iterator>
 #include <string>
 
-#include "codegen/codegen.h"
 #include "kiln/kiln.h"
+#include "tests/codegen/compile_logs.h"
 
 using namespace kiln;
-
-namespace {
-
-/// The optimised LLVM IR of `g` (KILN_LOGS=codegen, read back from stderr) and its
-/// Executable's outputs for `inputs`. The caches are skipped so the pipeline runs.
-std::string optimised_ir(const ir::Graph& g) {
-  const char* old_disable = std::getenv("KILN_DISABLE_CACHE");
-  std::string saved_disable = old_disable ? old_disable : "";
-  ::setenv("KILN_DISABLE_CACHE", "1", 1);
-  codegen::clear_memory_cache();
-  char path[] = "/tmp/kiln-loop-hints-XXXXXX";
-  int fd = ::mkstemp(path);
-  REQUIRE(fd >= 0);
-  std::fflush(stderr);
-  int saved = ::dup(2);
-  ::dup2(fd, 2);
-  codegen::set_log_stages("codegen");
-  { codegen::Executable exe(g); }
-  codegen::set_log_stages("");
-  std::fflush(stderr);
-  ::dup2(saved, 2);
-  ::close(saved);
-  ::close(fd);
-  if (old_disable) ::setenv("KILN_DISABLE_CACHE", saved_disable.c_str(), 1);
-  else ::unsetenv("KILN_DISABLE_CACHE");
-  std::ifstream in(path);
-  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  std::remove(path);
-  return text;
-}
-
-size_t count(const std::string& text, const std::string& what) {
-  size_t n = 0;
-  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
-  return n;
-}
-
-}  // namespace
+using kiln::test::count;
 
 TEST_CASE("loop hints: log_softmax over 10 classes is masked vector code and matches eager") {
   ir::Graph g;
@@ -58,7 +16,7 @@ TEST_CASE("loop hints: log_softmax over 10 classes is masked vector code and mat
   OpAttrs last;
   last.dim = -1;
   g.output(g.op(OpKind::LogSoftmax, {x}, last));
-  const std::string ir = optimised_ir(g);
+  const std::string ir = test::compile_logs(g, "codegen");
   REQUIRE(ir.find("LLVM IR after -O2") != std::string::npos);
   if (__builtin_cpu_supports("avx512f")) {
     // The rows' max, exp-sum and output loops run on masked 16-lane vectors; without the
