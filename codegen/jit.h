@@ -101,8 +101,8 @@ std::shared_ptr<const CompiledCode> load_object(const std::string& object, Compi
 inline constexpr size_t kOutlineMinLoopNests = 100;
 int outline_serial_loop_nests(mlir::ModuleOp m);
 /// Marks each innermost loop with a constant trip count below 4 * `lanes` that is no multiple
-/// of `lanes` (float lanes of a vector) for LLVM's vectorizer with a masked tail (see
-/// loop_hints.cpp); returns how many were marked.
+/// of `lanes` (float lanes of a vector) so that, where LLVM's vectorizer vectorises it, the tail
+/// is masked, and not unrolled first (see loop_hints.cpp); returns how many were marked.
 int hint_short_loops(llvm::Module& mod, unsigned lanes);
 /// Instructions (before -O2) per part: smaller modules stay whole.
 inline constexpr uint64_t kInstructionsPerPart = 5000;

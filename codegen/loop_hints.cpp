@@ -6,7 +6,10 @@
 // (and unroll.disable, so that the full unroll does not come first) it becomes masked vector
 // code: AVX-512 masks cost nothing extra. The digits MLP's compiled training step went from
 // about 141 to 137 us. Only these loops are marked: a predicated loop is not interleaved, and
-// predicating every loop made the long compute-bound gelu chain 18 % slower.
+// predicating every loop made the long compute-bound gelu chain 18 % slower. Vectorisation is
+// not forced (llvm.loop.vectorize.enable): a forced loop that cannot be vectorised (argmax's
+// index selects) makes -O2 print "loop not vectorized" warnings, and forcing lets LLVM
+// reassociate float reductions that lower.cpp keeps in order (a product).
 #include "codegen/jit.h"
 #include "llvm/Analysis/AssumptionCache.h"
 #include "llvm/Analysis/LoopInfo.h"
@@ -40,8 +43,7 @@ int hint_short_loops(llvm::Module& mod, unsigned lanes) {
       const unsigned trips = se.getSmallConstantTripCount(loop);
       if (trips < 2 || trips >= 4 * lanes || trips % lanes == 0) continue;
       llvm::MDNode* id = llvm::MDNode::getDistinct(
-          ctx, {nullptr, flag("llvm.loop.vectorize.enable"),
-                flag("llvm.loop.vectorize.predicate.enable"),
+          ctx, {nullptr, flag("llvm.loop.vectorize.predicate.enable"),
                 flag("llvm.loop.unroll.disable")});
       id->replaceOperandWith(0, id);
       loop->setLoopID(id);

@@ -303,7 +303,7 @@ void single_omp_thread(const Dnnl& d) {
 bool narrow_transposed(const Dnnl& d, bool trans_a, bool trans_b, int64_t m, int64_t n,
                        int64_t k, float alpha, const float* a, int64_t lda, const float* b,
                        int64_t ldb, float beta, float* c, int64_t ldc) {
-  thread_local std::vector<float> scratch;  // n x m, row-major
+  thread_local std::vector<float> scratch;  // n x m, row-major; at most kNarrowMaxElements
   scratch.resize(static_cast<size_t>(n * m));
   single_omp_thread(d);
   if (d.sgemm(trans_b ? 'N' : 'T', trans_a ? 'N' : 'T', n, m, k, alpha, b, ldb, a, lda, 0.0f,
@@ -366,8 +366,8 @@ bool sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float al
       b = padded_b->data(), ldb = padded_b->ld();
     }
   }
-  if (n < kNarrowN && m >= 2 * n && (trans_a || trans_b) && leading_dims_ok &&
-      (want <= 1 || flops < kSplitGemmMinFlops))
+  if (n < kNarrowN && m >= 2 * n && n * m <= kNarrowMaxElements && (trans_a || trans_b) &&
+      leading_dims_ok && (want <= 1 || flops < kSplitGemmMinFlops))
     return narrow_transposed(d, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
   if (want <= 1 || flops < kSplitGemmMinFlops || !leading_dims_ok) return call(m, n, a, b, c);
   std::atomic<bool> ok{true};

@@ -26,7 +26,8 @@ namespace kiln::cpu {
 /// with padded rows: oneDNN reads it in place, and rows 1 KiB-multiples apart share cache sets
 /// (on Zen 3 the weight gradients of the transformer's FFN ran 2x slower). Without oneDNN it
 /// runs kiln's blocked kernel (gemm<float>). A narrow single-threaded product (n < kNarrowN
-/// columns, m >= 2n rows, A or B transposed: a classifier's [64, 128]·Wᵀ with W [10, 128]) is
+/// columns, m >= 2n rows, m·n <= kNarrowMaxElements, A or B transposed: a classifier's
+/// [64, 128]·Wᵀ with W [10, 128]) is
 /// computed as Cᵀ = op(B)ᵀ·op(A)ᵀ into a scratch block and transposed into C. Returns false,
 /// writing nothing, if oneDNN rejects the arguments (a bad leading dimension).
 /// Products below this many flops (2·m·n·k) run on one thread. In a loop over the same warm
@@ -43,6 +44,9 @@ inline constexpr double kSplitGemmMinFlops = 16e6;
 /// [128, 64]ᵀ·[128, 10] 3.6 -> 2.2 us; but with neither operand transposed 3.6 -> 5.3 us, and
 /// at 16 columns 4.3 -> 6.3 us.
 inline constexpr int64_t kNarrowN = 16;
+/// The transposed result goes through a per-thread scratch block of at most this many floats
+/// (256 KiB); larger narrow products run directly.
+inline constexpr int64_t kNarrowMaxElements = int64_t{1} << 16;
 /// Fewest rows (or columns) of C in one block of a split product.
 inline constexpr int64_t kSplitGemmMinRows = 16;
 /// A batch of products each below this many flops is spread over the pool one product per

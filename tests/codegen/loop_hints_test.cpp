@@ -2,7 +2,9 @@
 // instead of scalar code, with the same results as eager.
 #include <catch2/catch.hpp>
 
+#include <cmath>
 #include <string>
+#include <vector>
 
 #include "kiln/kiln.h"
 #include "tests/codegen/compile_logs.h"
@@ -30,4 +32,32 @@ TEST_CASE("loop hints: log_softmax over 10 classes is masked vector code and mat
   Tensor got = exe.run({in})[0];
   Tensor want = log_softmax(in.to(DType::Float64), -1);
   CHECK(amax(abs(sub(got.to(DType::Float64), want))).item<double>() < 1e-5);
+}
+
+TEST_CASE("loop hints: the hints force nothing: argmax stays silent, a product keeps its order") {
+  // The hint only asks for a masked tail where LLVM vectorises anyway. Forcing vectorisation
+  // (review) printed LLVM's "loop not vectorized" warnings for argmax over 10 classes, and let
+  // LLVM reassociate a product's multiplies, which lower.cpp leaves in order.
+  ir::Graph argmax;
+  OpAttrs rows;
+  rows.dim = 1;
+  argmax.output(argmax.op(OpKind::Argmax, {argmax.input(DType::Float32, {64, 10})}, rows));
+  CHECK(test::compile_logs(argmax, "").empty());
+
+  ir::Graph prod_graph;
+  OpAttrs each_row;
+  each_row.dims = {1};
+  prod_graph.output(
+      prod_graph.op(OpKind::Prod, {prod_graph.input(DType::Float32, {2, 18})}, each_row));
+  codegen::Executable exe(prod_graph);
+  // Row 0 in order: 1e30 * 1e30 overflows to inf, and stays inf; paired lane by lane with the
+  // 1e-30s first (reassociated) it would be about 1.
+  std::vector<float> v(36, 1.0f);
+  v[0] = v[1] = 1e30f;
+  v[16] = v[17] = 1e-30f;
+  for (int i = 18; i < 36; ++i) v[i] = 1.0f + 0.001f * static_cast<float>(i);
+  Tensor x = from_vector(v, {2, 18});
+  Tensor got = exe.run({x})[0];
+  CHECK(std::isinf(got.data<float>()[0]));
+  CHECK(got.data<float>()[1] == prod(x, {1}).data<float>()[1]);
 }
