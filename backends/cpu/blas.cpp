@@ -290,6 +290,7 @@ float dot_product(int64_t k, const float* x, int64_t incx, const float* y, int64
   for (; i < k; ++i) acc[0] += double(x[i * incx]) * double(y[i * incy]);
   return float((acc[0] + acc[1]) + (acc[2] + acc[3]));
 }
+
 // oneDNN runs on one OpenMP thread: a per-thread setting, made on whichever thread calls it.
 void single_omp_thread(const Dnnl& d) {
   if (d.omp_set_num_threads && t_omp_threads != 1) {

@@ -27,9 +27,9 @@ namespace kiln::cpu {
 /// (on Zen 3 the weight gradients of the transformer's FFN ran 2x slower). Without oneDNN it
 /// runs kiln's blocked kernel (gemm<float>). A narrow single-threaded product (n < kNarrowN
 /// columns, m >= 2n rows, m·n <= kNarrowMaxElements, A or B transposed: a classifier's
-/// [64, 128]·Wᵀ with W [10, 128]) is
-/// computed as Cᵀ = op(B)ᵀ·op(A)ᵀ into a scratch block and transposed into C. Returns false,
-/// writing nothing, if oneDNN rejects the arguments (a bad leading dimension).
+/// [64, 128]·Wᵀ with W [10, 128]) is computed as Cᵀ = op(B)ᵀ·op(A)ᵀ into a scratch block and
+/// transposed into C. Returns false, writing nothing, if oneDNN rejects the arguments (a bad
+/// leading dimension).
 /// Products below this many flops (2·m·n·k) run on one thread. In a loop over the same warm
 /// operands a 2-way split already pays from ~2 MFLOP (2 vCPUs: 64x128x128 11.2 us on 1 thread,
 /// 8.0 us split), but in a training step the calling thread has just written A and B, and the

@@ -10,11 +10,11 @@
 #include <vector>
 
 #include "backends/cpu/blas.h"
-#include "tests/codegen/compile_logs.h"
 #include "backends/cpu/parallel.h"
 #include "codegen/codegen.h"
 #include "codegen/runtime.h"
 #include "kiln/kiln.h"
+#include "tests/codegen/compile_logs.h"
 
 using namespace kiln;
 
@@ -735,8 +735,8 @@ TEST_CASE("Executable: Linear's bias is the GEMM's C (broadcast, then accumulate
 }
 
 // The transformer's feed-forward input and MHA in-projection: layer_norm -> Linear -> gelu with
-// the bias added in gelu's loop, and the heads view x.view(B, T, H, D).transpose(1, 2) of a GEMM's
-// result (dim 0 kept: still row-parallel, row_split.cpp), against eager.
+// the bias added in gelu's loop, and the heads view x.view(B, T, H, D).transpose(1, 2) of a
+// GEMM's result (dim 0 kept: still row-parallel, row_split.cpp), against eager.
 TEST_CASE("Executable: layer_norm -> Linear -> gelu, and attention heads of a Linear, row-parallel") {
   const int64_t B = 8, T = 64, E = 64, F = 256, H = 4, D = E / H;
   Tensor x = randn({B, T, E}), lw = randn({E}), lb = randn({E});
@@ -1080,7 +1080,7 @@ TEST_CASE("Executable: a 1,200-op elementwise chain is split into bounded loop b
   CHECK(max_diff(exe.run({x})[0], expect) < 1e-4);
 }
 
-TEST_CASE("executable: GEMMs whose zero inits CSE merged write their outputs, no buffer is filled unread") {
+TEST_CASE("Executable: GEMMs whose zero inits CSE merged fill no buffer that nothing reads") {
   // Two products of one result shape share a zero fill after CSE; each gets its own
   // (unshare_inits), and the shared original is dropped, not bufferized and filled per call.
   ir::Graph g;

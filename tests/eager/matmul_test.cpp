@@ -429,9 +429,10 @@ TEST_CASE("blas.h: narrow sgemm products (computed transposed) match a float64 r
             for (float beta : {0.0f, 1.0f}) {
               CAPTURE(ta, tb, n, m, k, beta);
               const int64_t lda = (ta ? m : k) + 3, ldb = (tb ? k : n) + 5, ldc = n + 2;
-              std::vector<double> ad = values((ta ? k : m) * lda, 2), bd = values((tb ? n : k) * ldb, 4),
-                                  cd = values(m * ldc, 5);
-              std::vector<float> a(ad.begin(), ad.end()), b(bd.begin(), bd.end()), c(cd.begin(), cd.end());
+              std::vector<double> ad = values((ta ? k : m) * lda, 2);
+              std::vector<double> bd = values((tb ? n : k) * ldb, 4), cd = values(m * ldc, 5);
+              std::vector<float> a(ad.begin(), ad.end()), b(bd.begin(), bd.end());
+              std::vector<float> c(cd.begin(), cd.end());
               if (beta == 0.0f) c[0] = NAN;
               std::vector<float> out = c;
               REQUIRE(cpu::sgemm(ta, tb, m, n, k, 0.5f, a.data(), lda, b.data(), ldb, beta,
