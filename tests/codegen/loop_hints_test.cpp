@@ -59,5 +59,9 @@ TEST_CASE("loop hints: the hints force nothing: argmax stays silent, a product k
   Tensor x = from_vector(v, {2, 18});
   Tensor got = exe.run({x})[0];
   CHECK(std::isinf(got.data<float>()[0]));
-  CHECK(got.data<float>()[1] == prod(x, {1}).data<float>()[1]);
+  // Row 1 is the in-order float product to the bit (eager's kernel is not the reference: its
+  // accumulation order depends on how kiln itself was built, as in the sanitizer builds).
+  float in_order = 1.0f;
+  for (int i = 18; i < 36; ++i) in_order *= v[i];
+  CHECK(got.data<float>()[1] == in_order);
 }
