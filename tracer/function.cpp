@@ -242,6 +242,15 @@ struct Segment {
   // Leaf only: the traced backward.
   std::shared_ptr<Plan> backward;
   std::vector<int> saved;  // values the backward reads from the forward
+  // Found once: the per-call checks visit these instead of every value of the program.
+  std::vector<int> captured_values, arg_values;  // values_from(*program, Captured / Arg)
+  // Per output (leaf only): the values from the output back through the view ops that made it
+  // (chain[0] the output; node i made chain[i] from chain[i + 1]) (alias_written_outputs).
+  struct ViewChain {
+    std::vector<int> values;
+    std::vector<const Node*> nodes;
+  };
+  std::vector<ViewChain> output_chains;
 
   Segment* child(const Scalar& v) const {
     for (auto& [k, s] : children)
@@ -308,6 +317,30 @@ void remember(std::vector<std::vector<int64_t>>& sets, std::vector<int64_t> key)
   sets.push_back(std::move(key));
 }
 
+// The view chains of p's outputs (Segment::output_chains): from each output back through the
+// forward's view ops (not in place) to the first value a view op did not make.
+std::vector<Segment::ViewChain> output_view_chains(const Program& p) {
+  std::vector<const Node*> producer(p.values.size(), nullptr);  // the last forward node
+  for (size_t i = 0; i < std::min(p.backward_begin, p.nodes.size()); ++i)
+    for (int o : p.nodes[i].out)
+      if (o >= 0 && o < static_cast<int>(producer.size())) producer[o] = &p.nodes[i];
+  std::vector<Segment::ViewChain> chains;
+  for (int out : p.outputs) {
+    Segment::ViewChain c;
+    for (int v = out; v >= 0;) {
+      c.values.push_back(v);
+      const Node* n = producer[v];
+      if (!n || n->kind != Node::Kind::Op || n->in_place || n->in.empty() ||
+          op_info(n->op).category != OpCategory::View)
+        break;
+      c.nodes.push_back(n);
+      v = n->in[0];
+    }
+    chains.push_back(std::move(c));
+  }
+  return chains;
+}
+
 // Segments of `p` from node `from`: a chain split after each Read node.
 std::unique_ptr<Segment> make_chain(const std::shared_ptr<const Program>& p, size_t from,
                                     const CompileOptions& o) {
@@ -316,8 +349,11 @@ std::unique_ptr<Segment> make_chain(const std::shared_ptr<const Program>& p, siz
   while (end < fwd_end && p->nodes[end].kind != Node::Kind::Read) ++end;
   auto seg = std::make_unique<Segment>();
   seg->program = p;
+  seg->captured_values = values_from(*p, SourceKind::Captured);
+  seg->arg_values = values_from(*p, SourceKind::Arg);
   seg->begin = from;
   seg->leaf = end == fwd_end;
+  if (seg->leaf) seg->output_chains = output_view_chains(*p);
   seg->end = seg->leaf ? end : end + 1;
   PlanOptions po;
   po.compile = o.backend == Backend::Cpu;
@@ -1078,23 +1114,22 @@ namespace {
 // unchanged, a .grad undefined as when traced), all before the segment runs: a GuardFailure
 // after an in-place write or a write-back would apply the function's mutations twice (the
 // call is traced again from the mutated arguments).
-void check_sources(const Program& p, RunState& st,
+void check_sources(const Segment& seg, RunState& st,
                    const std::vector<std::weak_ptr<TensorImpl>>& captured) {
+  const Program& p = *seg.program;
   // Eager raises where such a tensor is used in a recorded op (lost_in_place_history); a
   // replay records nothing, so the call traces again, which runs the function eagerly.
   if (is_grad_enabled())
-    for (size_t v = 0; v < p.values.size(); ++v) {
-      int s = p.values[v].source;
-      if (s >= 0 && p.sources[s].kind == SourceKind::Captured &&
-          lost_in_place_history(st.value(p, static_cast<int>(v))))
+    for (int v : seg.captured_values)
+      if (lost_in_place_history(st.value(p, v)))
         throw GuardFailure{"a captured tensor shares memory with a tensor that gained a gradient "
                            "history in place, which it does not carry"};
-    }
   for (int v : p.grad_undefined_at_call)
     if (st.value(p, v).grad().defined())
       throw GuardFailure{"the .grad that backward set was undefined when traced and is now defined"};
   if (!p.write_backs.empty() || p.aliased_mutation) {
-    auto now = args_sharing(p, captured, [&](int v) -> const Tensor& { return st.value(p, v); });
+    auto now = args_sharing(seg.arg_values, captured,
+                            [&](int v) -> const Tensor& { return st.value(p, v); });
     if (now != p.args_sharing_captured)
       throw GuardFailure{now.size() < p.args_sharing_captured.size()
                              ? "an argument no longer shares memory with a captured tensor"
@@ -1115,8 +1150,8 @@ void CompiledFunction::Impl::remember_captured(Program& p, Recorder& rec) {
     if (!known) captured_tensors.push_back(impl);
   }
   if (!p.write_backs.empty() || p.aliased_mutation)
-    p.args_sharing_captured = args_sharing(
-        p, captured_tensors, [&](int v) { return rec.tensor(v); });
+    p.args_sharing_captured = args_sharing(values_from(p, SourceKind::Arg), captured_tensors,
+                                           [&](int v) { return rec.tensor(v); });
 }
 
 namespace {
@@ -1138,35 +1173,20 @@ std::vector<std::pair<int, Tensor>> values_before_write_backs(const Program& p, 
 // Outputs that are an argument or captured tensor the function changed in place, or views of
 // one, are that tensor or the same views of it, as in eager (`x *= 3; return x;` returns x
 // itself): their slots become the written-to tensor and the view ops run again on it.
-void alias_written_outputs(const Program& p, const std::vector<std::pair<int, Tensor>>& written,
+void alias_written_outputs(const Segment& seg, const std::vector<std::pair<int, Tensor>>& written,
                            RunState& st) {
-  size_t end = std::min(p.backward_begin, p.nodes.size());
-  auto producer = [&](int v) -> const Node* {
-    for (size_t i = end; i-- > 0;)
-      for (int o : p.nodes[i].out)
-        if (o == v) return &p.nodes[i];
-    return nullptr;
-  };
-  for (int out : p.outputs) {
-    std::vector<const Node*> chain;  // view ops from the output back to a written value
-    for (int v = out; v >= 0;) {
-      auto w = std::find_if(written.begin(), written.end(), [&](auto& e) { return e.first == v; });
-      if (w != written.end()) {
-        st.slots[v] = w->second;
-        bool was_in_place = st.in_place;
-        st.in_place = true;  // real views, not copies
-        for (auto n = chain.rbegin(); n != chain.rend(); ++n) run_node_eagerly(p, **n, st);
-        st.in_place = was_in_place;
-        break;
-      }
-      const Node* n = producer(v);
-      if (!n || n->kind != Node::Kind::Op || n->in_place || n->in.empty() ||
-          op_info(n->op).category != OpCategory::View)
-        break;
-      chain.push_back(n);
-      v = n->in[0];
+  for (const Segment::ViewChain& c : seg.output_chains)
+    for (size_t i = 0; i < c.values.size(); ++i) {
+      auto w = std::find_if(written.begin(), written.end(),
+                            [&](auto& e) { return e.first == c.values[i]; });
+      if (w == written.end()) continue;
+      st.slots[c.values[i]] = w->second;
+      bool was_in_place = st.in_place;
+      st.in_place = true;  // real views, not copies
+      for (size_t k = i; k-- > 0;) run_node_eagerly(*seg.program, *c.nodes[k], st);
+      st.in_place = was_in_place;
+      break;
     }
-  }
 }
 
 }  // namespace
@@ -1191,7 +1211,7 @@ std::vector<OutValue> CompiledFunction::Impl::replay(Entry& e, const std::vector
     for (;;) {
       if (st.slots.size() < seg->program->values.size())
         st.slots.resize(seg->program->values.size());
-      check_sources(*seg->program, st, captured_tensors);
+      check_sources(*seg, st, captured_tensors);
       std::optional<Scalar> read = seg->plan->run(st);
       if (seg->leaf) break;
       Segment* c = seg->child(*read);
@@ -1234,12 +1254,17 @@ std::vector<OutValue> CompiledFunction::Impl::replay(Entry& e, const std::vector
       // A new value in the memory of another written tensor (`b.copy_(a)`, then `a += 5`: b's
       // new value is a's old one, which compiled code may hand back as `a` itself) is read
       // before any write-back can change it.
+      std::vector<const StorageImpl*> target_storage(targets.size(), nullptr);
+      for (size_t j = 0; j < targets.size(); ++j)
+        if (targets[j].defined()) target_storage[j] = targets[j].storage().get();
       std::vector<Tensor> read_first(p.write_backs.size());
       for (size_t k = 0; k < p.write_backs.size(); ++k) {
         const Tensor& value = st.value(p, p.write_backs[k].second);
+        if (!value.defined()) continue;
+        const StorageImpl* storage = value.storage().get();
+        if (!storage) continue;
         for (size_t j = 0; j < targets.size(); ++j)
-          if (j != k && targets[j].defined() && value.defined() &&
-              value.storage().get() == targets[j].storage().get()) {
+          if (j != k && target_storage[j] == storage) {
             read_first[k] = untraced([&] { return value.detach().clone(); });
             break;
           }
@@ -1271,7 +1296,7 @@ std::vector<OutValue> CompiledFunction::Impl::replay(Entry& e, const std::vector
       auto w = std::find_if(written.begin(), written.end(), [&](auto& e) { return e.first == leaf; });
       (w != written.end() ? w->second : st.value(p, leaf)).set_grad(grad);
     }
-    if (!written.empty()) alias_written_outputs(p, written, st);
+    if (!written.empty()) alias_written_outputs(*seg, written, st);
   }
   std::vector<OutValue> outs(p.outputs.size());
   for (size_t k = 0; k < outs.size(); ++k) {

@@ -45,8 +45,10 @@ const Tensor& RunState::value(const Program& p, int v) {
   const Source& s = p.sources[si];
   switch (s.kind) {
     case SourceKind::Arg: slot = args[s.index]; break;
-    case SourceKind::ScalarArg: slot = dispatch::wrap_scalar(scalars[s.index]); break;
-    case SourceKind::Constant: slot = dispatch::wrap_scalar(s.scalar); break;
+    case SourceKind::ScalarArg:
+    case SourceKind::Constant:
+    case SourceKind::HostInput:
+    case SourceKind::SizeOf: slot = dispatch::wrap_scalar(*host_scalar(p, v)); break;
     case SourceKind::Captured: {
       auto impl = s.captured.lock();
       if (!impl) throw GuardFailure{"a tensor the function captured was freed", true};
@@ -88,21 +90,34 @@ const Tensor& RunState::value(const Program& p, int v) {
                                             : s.snapshot;
       break;
     }
-    case SourceKind::HostInput: {
-      std::optional<Scalar> now = s.host();
-      if (!now) throw GuardFailure{"the host value the function reads at run time is gone", true};
-      if (now->kind() != s.scalar.kind())
-        throw GuardFailure{"a host value the function reads at run time changed type"};
-      slot = dispatch::wrap_scalar(*now);
-      break;
-    }
-    case SourceKind::SizeOf:
-      slot = dispatch::wrap_scalar(size_value(s.size, eval(s.size.sym), s.scalar));
-      break;
     case SourceKind::GradOutput:
       KILN_CHECK(false, "compile", Loc::current(), "internal error: missing incoming gradient");
   }
   return slot;
+}
+
+std::optional<Scalar> RunState::host_scalar(const Program& p, int v) {
+  int si = p.values[v].source;
+  if (si < 0) return std::nullopt;
+  const Source& s = p.sources[si];
+  switch (s.kind) {
+    case SourceKind::ScalarArg: return scalars[s.index];
+    case SourceKind::Constant: return s.scalar;
+    case SourceKind::HostInput: {
+      // Read once per call, at its first use, like the tensor value() makes of it.
+      for (auto& [value, read] : host_reads)
+        if (value == v) return read;
+      std::optional<Scalar> now = s.host();
+      if (!now) throw GuardFailure{"the host value the function reads at run time is gone", true};
+      if (now->kind() != s.scalar.kind())
+        throw GuardFailure{"a host value the function reads at run time changed type"};
+      if (host_reads.empty()) host_reads.reserve(16);
+      host_reads.emplace_back(v, *now);
+      return now;
+    }
+    case SourceKind::SizeOf: return size_value(s.size, eval(s.size.sym), s.scalar);
+    default: return std::nullopt;
+  }
 }
 
 Shape RunState::shape_of(const ValueInfo& v) const {
@@ -791,22 +806,48 @@ void Plan::run_region(const Region& r, RunState& st) const {
   run_compiled(r, st);
 }
 
+namespace {
+
+// A 0-d CPU tensor of `dtype` holding `value` converted as copy_ would (Scalar::to, a rounding
+// cast), for a region's input. The tensors are kept per thread and reused once nothing else
+// holds them (the region's run has returned): the digits MLP's step passes 9 host scalars per
+// call, 18 of its replay's 111 allocations when made afresh.
+Tensor host_scalar_input(Scalar value, DType dtype, size_t& next) {
+  thread_local std::vector<Tensor> pool;
+  while (next < pool.size() &&
+         (pool[next].impl_ptr().use_count() != 1 || pool[next].storage().use_count() != 1))
+    ++next;  // still held: a nested replay's region input, or kept by its caller
+  if (next == pool.size()) {
+    if (pool.size() >= 256) pool.erase(pool.begin());  // bounded; a replaced one stays valid
+    pool.push_back(Tensor());
+    next = pool.size() - 1;
+  }
+  Tensor& t = pool[next++];
+  if (!t.defined() || t.dtype() != dtype) t = dispatch::empty({}, dtype, Device::cpu());
+  KILN_DISPATCH_ALL(dtype, T, { *t.data<T>() = value.to<T>(); });
+  return t;
+}
+
+}  // namespace
+
 void Plan::run_compiled(const Region& r, RunState& st) const {
   const Program& p = *p_;
   std::vector<Tensor> ins;
   ins.reserve(r.inputs.size());
+  size_t next_scalar = 0;
   for (const Region::Input& in : r.inputs) {
+    if (r.device.is_cpu() && !st.slots[in.value].defined()) {
+      // A host scalar (an optimizer's lr or betas, a Python-style number) goes straight into a
+      // tensor of the region's input dtype: not wrapped in a float64 tensor first and then
+      // converted.
+      if (std::optional<Scalar> host = st.host_scalar(p, in.value)) {
+        ins.push_back(host_scalar_input(*host, in.dtype, next_scalar));
+        continue;
+      }
+    }
     const Tensor& t = st.value(p, in.value);
     if (t.dtype() == in.dtype && t.device() == r.device) {
       ins.push_back(t);
-    } else if (t.dim() == 0 && t.dtype() == DType::Float64 && in.dtype == DType::Float32 &&
-               t.device().is_cpu() && r.device.is_cpu()) {
-      // A host value (an optimizer's lr or betas) entering as float32: converted here, as
-      // copy_ would (a rounding cast), without an eager op's dispatch per value (7 in the
-      // digits MLP's step, 2.4 us of its host time with copy_).
-      Tensor c = dispatch::empty({}, DType::Float32, r.device);
-      *c.data<float>() = static_cast<float>(*t.data<double>());
-      ins.push_back(std::move(c));
     } else {  // a wrapped host scalar entering in its op's compute dtype, or a host value
       Tensor c = dispatch::empty(t.shape(), in.dtype, r.device);
       c.copy_(t);

@@ -45,6 +45,11 @@ struct RunState {
 
   /// The tensor of value v, materialising sources on first use.
   const Tensor& value(const Program& p, int v);
+  /// The host scalar of value v when its source is one (a scalar argument, a constant, a host
+  /// value read at run time, a size), else nullopt. Throws GuardFailure as value() does.
+  std::optional<Scalar> host_scalar(const Program& p, int v);
+  /// Host values (SourceKind::HostInput) read so far in this call, by value id.
+  std::vector<std::pair<int, Scalar>> host_reads;
   /// Size of dim `dim` of tensor argument `arg`, times `factor`, times (the size of dim `dim2`
   /// of argument `arg2` + offset2) when there is one, plus `offset` (symbolic ints).
   int64_t eval(const SymInt& s) const {

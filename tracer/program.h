@@ -212,22 +212,26 @@ uint64_t rng_offset_before(const Program& p, size_t end, NumelOf numel_of) {
   return offset;
 }
 
-/// The argument values of `p` whose tensor (`tensor_of(value id)`) shares memory with one of
-/// `captured` (tensors the function's traces captured; compared by their storage now, which
-/// donate_buffers replaces on every call).
+/// Value ids of `p` whose source has kind `kind`, in order.
+std::vector<int> values_from(const Program& p, SourceKind kind);
+
+/// The argument values among `arg_values` (values_from(p, SourceKind::Arg)) whose tensor
+/// (`tensor_of(value id)`) shares memory with one of `captured` (tensors the function's traces
+/// captured; compared by their storage now, which donate_buffers replaces on every call).
 template <class TensorOf>
-std::vector<int> args_sharing(const Program& p, const std::vector<std::weak_ptr<TensorImpl>>& captured,
+std::vector<int> args_sharing(const std::vector<int>& arg_values,
+                              const std::vector<std::weak_ptr<TensorImpl>>& captured,
                               TensorOf&& tensor_of) {
+  std::vector<int> out;
+  if (arg_values.empty()) return out;
   std::vector<const StorageImpl*> storages;
+  storages.reserve(captured.size());
   for (const auto& c : captured)
     if (auto impl = c.lock()) storages.push_back(impl->storage.get());
-  std::vector<int> out;
-  for (size_t v = 0; v < p.values.size(); ++v) {
-    int s = p.values[v].source;
-    if (s < 0 || p.sources[s].kind != SourceKind::Arg) continue;
-    const Tensor& t = tensor_of(static_cast<int>(v));
+  for (int v : arg_values) {
+    const Tensor& t = tensor_of(v);
     if (t.defined() && std::find(storages.begin(), storages.end(), t.storage().get()) != storages.end())
-      out.push_back(static_cast<int>(v));
+      out.push_back(v);
   }
   return out;
 }

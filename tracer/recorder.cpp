@@ -417,6 +417,14 @@ void Recorder::finish() {
   for (auto [at, blocks] : draws_) p_.rng_consumed += blocks;
 }
 
+std::vector<int> values_from(const Program& p, SourceKind kind) {
+  std::vector<int> out;
+  for (size_t v = 0; v < p.values.size(); ++v)
+    if (int s = p.values[v].source; s >= 0 && p.sources[s].kind == kind)
+      out.push_back(static_cast<int>(v));
+  return out;
+}
+
 void mark_snapshots_reaching_caller(Program& p) {
   // alias[v]: the snapshot source whose memory value v shares (through view ops), or -1.
   std::vector<int> alias(p.values.size(), -1);

@@ -287,6 +287,30 @@ TEST_CASE("FC-10 (compile): host branches on arguments are guarded", "[compile]"
   CHECK_THROWS_WITH(stale(two), Catch::Contains("differs from eager"));
 }
 
+TEST_CASE("compile: dynamic host scalars of several kinds enter compiled regions with the "
+          "value of each call", "[compile]") {
+  // The replay hands host scalars to compiled code in 0-d tensors it reuses from call to call;
+  // every call must see its own values, in the region's dtypes, and results must not change
+  // when later calls reuse those tensors.
+  auto f = compile([](const Tensor& x, double a, int64_t k) { return x * a + k; });
+  auto g = compile([](const Tensor& i, int64_t k, bool flip) { return flip ? i * k : i - k; });
+  Tensor x = from_vector<float>({1, -2}, {2});
+  Tensor i = from_vector<int64_t>({3, 4}, {2});
+  std::vector<Tensor> kept;
+  for (int n = 1; n <= 12; ++n) {
+    INFO("call " << n);
+    double a = 0.1 * n;
+    int64_t k = 1000 * n;
+    Tensor fx = f(x, a, k), gi = g(i, k, n % 2 == 0);
+    CHECK(vec(fx) == vec(x * a + k));
+    CHECK(gi.to_vector<int64_t>() == (n % 2 == 0 ? i * k : i - k).to_vector<int64_t>());
+    kept.push_back(fx);
+  }
+  for (int n = 1; n <= 12; ++n)
+    CHECK(vec(kept[n - 1]) == vec(x * (0.1 * n) + 1000 * n));
+  CHECK(f.compile_count() == 2);  // the first values specialise, the second make them dynamic
+}
+
 TEST_CASE("compile: data-dependent branches build a trace tree", "[compile]") {
   // The AutoGraph example: x > 0 ? x*x : x+x.
   auto f = compile([](const Tensor& x) {
