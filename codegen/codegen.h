@@ -191,7 +191,10 @@ class Executable {
   Device device() const;
 
  private:
-  std::vector<Tensor> checked_inputs(const std::vector<Tensor>& inputs) const;
+  /// `inputs` once checked against the graph's, or `copies` (filled) when one of them is
+  /// strided and needs a contiguous copy.
+  const std::vector<Tensor>& checked_inputs(const std::vector<Tensor>& inputs,
+                                            std::vector<Tensor>& copies) const;
   void launch(const std::vector<Tensor>& ins, const std::vector<Tensor>& outs) const;
   struct Impl;
   std::unique_ptr<Impl> impl_;

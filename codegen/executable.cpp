@@ -583,7 +583,8 @@ const std::string& Executable::linalg_ir() const { return impl_->linalg; }
 const CompileStats& Executable::stats() const { return impl_->stats; }
 
 std::vector<Tensor> Executable::run(const std::vector<Tensor>& inputs) const {
-  std::vector<Tensor> ins = checked_inputs(inputs);
+  std::vector<Tensor> copies;
+  const std::vector<Tensor>& ins = checked_inputs(inputs, copies);
   std::vector<Tensor> outs;
   outs.reserve(impl_->outputs.size());
   for (const Param& p : impl_->outputs) {
@@ -607,7 +608,8 @@ void Executable::run_into(const std::vector<Tensor>& inputs,
                           const std::vector<Tensor>& outputs) const {
   const Impl& I = *impl_;
   const char* where = "codegen::Executable::run_into";
-  std::vector<Tensor> ins = checked_inputs(inputs);
+  std::vector<Tensor> copies;
+  const std::vector<Tensor>& ins = checked_inputs(inputs, copies);
   if (outputs.size() != I.outputs.size())
     throw Error(where, fmt::format("expected {} outputs, got {}", I.outputs.size(), outputs.size()));
   for (size_t i = 0; i < outputs.size(); ++i) {
@@ -634,7 +636,8 @@ void Executable::run_into(const std::vector<Tensor>& inputs,
   launch(ins, outputs);
 }
 
-std::vector<Tensor> Executable::checked_inputs(const std::vector<Tensor>& inputs) const {
+const std::vector<Tensor>& Executable::checked_inputs(const std::vector<Tensor>& inputs,
+                                                      std::vector<Tensor>& copies) const {
   const Impl& I = *impl_;
   const char* where = "codegen::Executable::run";
   if (I.device.is_cuda() && !cuda_available())
@@ -643,8 +646,7 @@ std::vector<Tensor> Executable::checked_inputs(const std::vector<Tensor>& inputs
   if (inputs.size() != I.inputs.size())
     throw Error(where, "expected " + std::to_string(I.inputs.size()) + " inputs, got " +
                            std::to_string(inputs.size()));
-  std::vector<Tensor> ins;
-  ins.reserve(inputs.size());
+  bool strided = false;
   for (size_t i = 0; i < inputs.size(); ++i) {
     const Tensor& t = inputs[i];
     const Param& p = I.inputs[i];
@@ -658,9 +660,13 @@ std::vector<Tensor> Executable::checked_inputs(const std::vector<Tensor>& inputs
     if (t.device() != I.device)
       throw Error(where, fmt::format("input {} is on {}, the code was compiled for {}", i,
                                      t.device().str(), I.device.str()));
-    ins.push_back(t.is_contiguous() ? t : t.contiguous());
+    strided = strided || !t.is_contiguous();
   }
-  return ins;
+  if (!strided) return inputs;
+  copies.clear();
+  copies.reserve(inputs.size());
+  for (const Tensor& t : inputs) copies.push_back(t.is_contiguous() ? t : t.contiguous());
+  return copies;
 }
 
 void Executable::launch(const std::vector<Tensor>& ins, const std::vector<Tensor>& outs) const {

@@ -1098,3 +1098,30 @@ TEST_CASE("Executable: GEMMs whose zero inits CSE merged fill no buffer that not
   CHECK(amax(abs(sub(out[0], matmul(ta, tb)))).item<double>() < 1e-5);
   CHECK(amax(abs(sub(out[1], matmul(ta, td)))).item<double>() < 1e-5);
 }
+
+TEST_CASE("Executable: more live intermediates than the runtime's per-thread buffer cache holds") {
+  // 150 GEMM results, all read by the final sum: more freed blocks than the cache's 128 slots,
+  // so frees evict, and the second and third runs take cached blocks of two sizes.
+  ir::Graph g;
+  ir::Value x = g.input(DType::Float32, {16, 16}), y = g.input(DType::Float32, {16, 2048});
+  constexpr int kProducts = 150;
+  ir::Value total;
+  for (int i = 1; i <= kProducts; ++i) {
+    ir::Value scaled = g.op(OpKind::Mul, {x, g.constant(Scalar(double(i)), DType::Float32)});
+    ir::Value r = g.op(OpKind::Matmul, {scaled, i % 2 ? x : g.op(OpKind::Neg, {x})});
+    total = i == 1 ? r : g.op(OpKind::Add, {total, r});
+  }
+  g.output(total);
+  g.output(g.op(OpKind::Matmul, {x, y}));  // a larger block beside the small ones
+  const std::string bufferized = test::stage_text(test::compile_logs(g, "ir"), "bufferized");
+  CHECK(test::count(bufferized, "memref.alloc(") > 128);
+  codegen::Executable exe(g);
+  // sum over i of i * (-1)^(i+1) * x @ x = -75 * x @ x for 150 terms.
+  for (int run = 0; run < 3; ++run) {
+    Tensor tx = randn({16, 16}), ty = randn({16, 2048});
+    std::vector<Tensor> out = exe.run({tx, ty});
+    Tensor expect = matmul(tx, tx) * -75.0f;
+    CHECK(max_diff(out[0], expect) < 1e-3 * amax(abs(expect)).item<double>());
+    CHECK(max_diff(out[1], matmul(tx, ty)) < 1e-4);
+  }
+}
