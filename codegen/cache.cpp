@@ -32,7 +32,8 @@ namespace {
 namespace fs = std::filesystem;
 
 constexpr char kMagic[8] = {'K', 'I', 'L', 'N', 'O', 'B', 'J', '\0'};
-constexpr uint32_t kFormat = 3;  // 2: row-split plan in the metadata; 3: its gemm flag
+// 2: row-split plan in the metadata; 3: its gemm flag; 4: outputs' in-place input
+constexpr uint32_t kFormat = 4;
 // Entries of another version read as stale and are rebuilt. The source hash (codegen/, formulas,
 // the dialect; see CMakeLists.txt) changes with any pipeline edit; bump the number when the
 // entry's metadata changes meaning.
@@ -108,6 +109,7 @@ void write_params(Writer& w, const std::vector<Param>& params) {
       w.u32(static_cast<uint32_t>(input));
       w.u32(static_cast<uint32_t>(dim));
     }
+    w.u32(static_cast<uint32_t>(p.alias_input + 1));
   }
 }
 
@@ -122,6 +124,7 @@ std::vector<Param> read_params(Reader& r) {
       input = static_cast<int>(r.u32());
       dim = static_cast<int>(r.u32());
     }
+    p.alias_input = static_cast<int>(r.u32()) - 1;
   }
   return params;
 }
@@ -303,8 +306,13 @@ std::shared_ptr<const CompiledCode> get_or_compile(const std::string& graph_mlir
                         options.gpu.features, options.gpu.opt_level,
                         options.gpu.threads_per_block, options.gpu.elements_per_thread)
           : "";
+  std::string in_place;
+  for (auto [output, input] : options.in_place_outputs)
+    in_place += fmt::format(" {}:{}", output, input);
   const std::string key = host_target_id() + gpu_target +
-                          (loops_for_gemm ? "\nno-extern-gemm" : "") + "\n" + graph_mlir;
+                          (loops_for_gemm ? "\nno-extern-gemm" : "") +
+                          (in_place.empty() ? "" : "\nin-place outputs" + in_place) + "\n" +
+                          graph_mlir;
   const std::string memory_key = version() + "\n" + key;
   std::shared_ptr<const CompiledCode> code;
   if (options.memory_cache) {

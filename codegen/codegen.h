@@ -73,6 +73,14 @@ struct CompileOptions {
   /// KILN_EMULATE_GPU_LOOPS=reverse). A thread that reads what another writes gives a wrong
   /// result in one of the two orders, as it races on a GPU.
   bool emulate_in_reverse = false;
+  /// Buffer donation (jax.jit's donate_argnums, XLA's input-output aliasing): (output, input)
+  /// pairs whose output the caller lets the code write into that input's buffer, giving up the
+  /// input's values. An output is written in place only where that is proven safe: it is
+  /// computed by an elementwise loop nest that reads the input element for element, every
+  /// other read of the input comes before that loop nest, and the input is not returned
+  /// (output_alias() tells which pairs held). CPU only (not with emulate_gpu_loops), and not
+  /// for row-parallel graphs, whose row blocks read unsliced inputs whole.
+  std::vector<std::pair<int, int>> in_place_outputs = {};
 };
 
 /// How a CPU graph's loops run: as the CPU lowering makes them, or as the GPU lowering makes
@@ -162,12 +170,18 @@ class Executable {
   Executable& operator=(Executable&&) noexcept;
 
   /// Runs the compiled graph. Inputs must match the graph's dtypes and static dims (checked);
-  /// non-contiguous inputs are made contiguous first. Returns one new tensor per graph output.
+  /// non-contiguous inputs are made contiguous first. Returns one new tensor per graph output,
+  /// except that an output written in place (output_alias) is its input tensor, or that
+  /// input's contiguous copy, now holding the output's values.
   std::vector<Tensor> run(const std::vector<Tensor>& inputs) const;
   /// Runs the compiled graph writing into `outputs`: contiguous tensors of the graph's output
   /// dtypes and shapes on the Executable's device, sharing no memory with the inputs (checked;
-  /// kiln::Error otherwise). Eager CUDA ops run their one-op kernels this way.
+  /// kiln::Error otherwise). Eager CUDA ops run their one-op kernels this way. An output written
+  /// in place (output_alias) is computed in its input's buffer, then copied into `outputs`.
   void run_into(const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs) const;
+
+  /// The input whose buffer output `k` is computed in (CompileOptions::in_place_outputs), or -1.
+  int output_alias(int k) const;
 
   /// Number of kernels after fusion, counted like TorchInductor counts them: a row-parallel
   /// graph (see row_parallel()) is one kernel — one parallel loop over row blocks whose body

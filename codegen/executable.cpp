@@ -8,6 +8,7 @@
 
 #include "codegen/cache.h"
 #include "codegen/gpu_lowering.h"
+#include "codegen/in_place.h"
 #include "codegen/codegen.h"
 #include "codegen/runtime.h"
 #include "codegen/jit.h"
@@ -317,6 +318,7 @@ struct Executable::Impl : CompiledMeta {
   Device device = Device::cpu();
   GpuTarget gpu;
   GpuLoopEmulation emulate_gpu_loops = GpuLoopEmulation::Off;
+  std::vector<std::pair<int, int>> in_place_requests;  // CompileOptions::in_place_outputs
 };
 
 GpuLoopEmulation gpu_loop_emulation(const CompileOptions& options) {
@@ -339,6 +341,7 @@ Executable::Executable(const ir::Graph& g, const CompileOptions& options) {
     I.device = options.device;
     I.gpu = options.gpu;
     I.emulate_gpu_loops = gpu_loop_emulation(options);
+    I.in_place_requests = options.in_place_outputs;
     I.code = get_or_compile(text, options, I.stats, [&](CompiledMeta& meta) {
       std::string object = I.compile(text, relax);
       meta = I;
@@ -440,7 +443,12 @@ std::string Executable::Impl::compile(const std::string& graph_mlir, bool relax)
   unshare_inits(fn);
 
   // 2. Destination-passing: @main(inputs..., out memrefs...) writes each result with
-  // bufferization.materialize_in_destination and returns nothing.
+  // bufferization.materialize_in_destination and returns nothing. An output computed in place
+  // (in_place.h) has no out memref: it materializes into its input's buffer.
+  std::vector<std::pair<int, int>> in_place;
+  if (!I.in_place_requests.empty() && I.device.is_cpu() &&
+      I.emulate_gpu_loops == GpuLoopEmulation::Off && !I.row_split.splittable)
+    in_place = in_place_pairs(fn, I.in_place_requests);
   for (auto [t, shape] : llvm::zip(fn.getArgumentTypes(), graph_shapes)) {
     auto rt = llvm::cast<mlir::RankedTensorType>(t);
     I.inputs.push_back(Param{to_dtype(rt.getElementType()), shape, {}});
@@ -461,14 +469,24 @@ std::string Executable::Impl::compile(const std::string& graph_mlir, bool relax)
                     "cannot tell a dynamic output dim from the inputs (not yet):\n" + I.linalg);
       p.dyn_src[j] = *src;
     }
+    for (auto [output, input] : in_place)
+      if (output == static_cast<int>(I.outputs.size())) p.alias_input = input;
     I.outputs.push_back(p);
-    arg_types.push_back(mlir::MemRefType::get(rt.getShape(), rt.getElementType()));
   }
   {
     mlir::OpBuilder b(ret);
     mlir::Block& body = fn.getBody().front();
     for (auto [i, r] : llvm::enumerate(ret.getOperands())) {
-      mlir::Value out = body.addArgument(arg_types[I.inputs.size() + i], ret.getLoc());
+      const int input = I.outputs[i].alias_input;
+      mlir::Value out;
+      if (input >= 0) {
+        out = donated_buffer(fn, input);
+        arg_types[static_cast<size_t>(input)] = out.getType();
+      } else {
+        auto rt = llvm::cast<mlir::RankedTensorType>(r.getType());
+        arg_types.push_back(mlir::MemRefType::get(rt.getShape(), rt.getElementType()));
+        out = body.addArgument(arg_types.back(), ret.getLoc());
+      }
       auto mat = mlir::bufferization::MaterializeInDestinationOp::create(b, ret.getLoc(), r, out);
       mat.setRestrict(true);
       mat.setWritable(true);
@@ -582,10 +600,29 @@ bool Executable::row_parallel() const { return impl_->row_split.splittable; }
 const std::string& Executable::linalg_ir() const { return impl_->linalg; }
 const CompileStats& Executable::stats() const { return impl_->stats; }
 
+int Executable::output_alias(int k) const {
+  return k >= 0 && k < static_cast<int>(impl_->outputs.size()) ? impl_->outputs[k].alias_input : -1;
+}
+
 std::vector<Tensor> Executable::run(const std::vector<Tensor>& inputs) const {
   std::vector<Tensor> copies;
-  const std::vector<Tensor>& ins = checked_inputs(inputs, copies);
-  std::vector<Tensor> outs;
+  const std::vector<Tensor>* checked = &checked_inputs(inputs, copies);
+  // The code writes a donated input while reading the others: one whose memory another input
+  // shares is replaced by a copy (the in-place analysis took the inputs to be distinct buffers).
+  for (const Param& p : impl_->outputs) {
+    if (p.alias_input < 0) continue;
+    const size_t j = static_cast<size_t>(p.alias_input);
+    const Tensor& donated = (*checked)[j];
+    bool shared = false;
+    for (size_t i = 0; i < checked->size(); ++i)
+      shared = shared || (i != j && (*checked)[i].storage() == donated.storage());
+    if (!shared) continue;
+    if (checked != &copies) copies = *checked;
+    copies[j] = donated.clone();
+    checked = &copies;
+  }
+  const std::vector<Tensor>& ins = *checked;
+  std::vector<Tensor> outs, written;
   outs.reserve(impl_->outputs.size());
   for (const Param& p : impl_->outputs) {
     Shape shape = Shape::filled(static_cast<int>(p.shape.size()), 0);
@@ -598,9 +635,22 @@ std::vector<Tensor> Executable::run(const std::vector<Tensor>& inputs) const {
       auto [input, dim] = p.dyn_src[j];
       shape[k] = ins[static_cast<size_t>(input)].shape()[dim];
     }
-    outs.push_back(dispatch::empty(shape, p.dtype, impl_->device));
+    if (p.alias_input < 0) {
+      outs.push_back(dispatch::empty(shape, p.dtype, impl_->device));
+      written.push_back(outs.back());
+      continue;
+    }
+    const Tensor& in = ins[static_cast<size_t>(p.alias_input)];
+    if (in.shape() != shape)  // equal types in the graph; an internal error if it happens
+      throw Error("codegen::Executable::run",
+                  fmt::format("output {} is computed in input {}, of shape {}, but has shape {}",
+                              outs.size(), p.alias_input, to_string(in.shape()),
+                              to_string(shape)));
+    outs.push_back(in);
   }
-  launch(ins, outs);
+  launch(ins, written);
+  for (const Param& p : impl_->outputs)
+    if (p.alias_input >= 0) ins[static_cast<size_t>(p.alias_input)].bump_version();
   return outs;
 }
 
@@ -633,6 +683,12 @@ void Executable::run_into(const std::vector<Tensor>& inputs,
       if (in.storage() == t.storage())
         throw Error(where, fmt::format("output {} shares memory with an input", i));
   }
+  for (const Param& p : I.outputs)
+    if (p.alias_input >= 0) {  // computed in its input's buffer, then copied to the caller's
+      std::vector<Tensor> results = run(inputs);
+      for (size_t i = 0; i < outputs.size(); ++i) Tensor(outputs[i]).copy_(results[i]);
+      return;
+    }
   launch(ins, outputs);
 }
 

@@ -32,6 +32,7 @@ struct Param {
   DType dtype;
   std::vector<int64_t> shape;                // ir::kDynamic for `?`
   std::vector<std::pair<int, int>> dyn_src;  // outputs: per dim, the (input, dim) giving a `?`
+  int alias_input = -1;  // outputs: the input whose buffer it is computed in (in place), or -1
 };
 
 /// How run() splits rows over threads (codegen/row_split.h).

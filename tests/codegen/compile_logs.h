@@ -16,7 +16,8 @@ namespace kiln::test {
 
 /// The dumps of `stages` ("ir", "codegen", ...) written while `g` compiles; the caches are
 /// skipped so the whole pipeline runs.
-inline std::string compile_logs(const ir::Graph& g, const char* stages) {
+inline std::string compile_logs(const ir::Graph& g, const char* stages,
+                                const codegen::CompileOptions& options = {}) {
   const char* old_disable = std::getenv("KILN_DISABLE_CACHE");
   std::string saved_disable = old_disable ? old_disable : "";
   ::setenv("KILN_DISABLE_CACHE", "1", 1);
@@ -28,7 +29,7 @@ inline std::string compile_logs(const ir::Graph& g, const char* stages) {
   int saved = ::dup(2);
   ::dup2(fd, 2);
   codegen::set_log_stages(stages);
-  { codegen::Executable exe(g); }
+  { codegen::Executable exe(g, options); }
   codegen::set_log_stages("");
   std::fflush(stderr);
   ::dup2(saved, 2);

@@ -1,0 +1,87 @@
+// Buffer donation: outputs computed in an input's buffer (codegen/in_place.h).
+#include "codegen/in_place.h"
+
+#include "llvm/ADT/SmallPtrSet.h"
+#include "mlir/Dialect/Bufferization/IR/Bufferization.h"
+#include "mlir/Dialect/Linalg/IR/Linalg.h"
+#include "mlir/Dialect/MemRef/IR/MemRef.h"
+
+namespace kiln::codegen {
+namespace {
+
+bool safe_in_place(mlir::func::FuncOp fn, mlir::Value result, mlir::BlockArgument input) {
+  mlir::Block* body = &fn.getBody().front();
+  auto res = llvm::dyn_cast<mlir::OpResult>(result);
+  if (!res || result.getType() != input.getType() ||
+      !llvm::isa<mlir::RankedTensorType>(input.getType()))
+    return false;
+  auto generic = llvm::dyn_cast<mlir::linalg::GenericOp>(res.getOwner());
+  if (!generic || generic->getBlock() != body ||
+      generic.getNumLoops() != generic.getNumParallelLoops())
+    return false;
+  if (!generic.getMatchingIndexingMap(generic.getDpsInitOperand(res.getResultNumber()))
+           .isIdentity())
+    return false;
+  for (mlir::OpOperand& o : generic->getOpOperands())
+    if (o.get() == input &&
+        (generic.isDpsInit(&o) || !generic.getMatchingIndexingMap(&o).isIdentity()))
+      return false;
+  // Every other use of the input's buffer comes before the generic. A linalg op only reads its
+  // input operands; any other op's tensor results may share the buffer (a view, a reshape, the
+  // result of a destination operand) and are followed.
+  llvm::SmallVector<mlir::Value> work{input};
+  llvm::SmallPtrSet<mlir::Value, 8> seen;
+  seen.insert(input);
+  while (!work.empty()) {
+    mlir::Value v = work.pop_back_val();
+    for (mlir::OpOperand& use : v.getUses()) {
+      mlir::Operation* user = use.getOwner();
+      if (user == generic.getOperation()) {
+        if (v != input) return false;  // a view of the input, read in another order
+        continue;
+      }
+      mlir::Operation* top = body->findAncestorOpInBlock(*user);
+      if (!top || !top->isBeforeInBlock(generic)) return false;
+      auto linalg = llvm::dyn_cast<mlir::linalg::LinalgOp>(user);
+      if (linalg && linalg.isDpsInput(&use)) continue;
+      for (mlir::Value r : user->getResults())
+        if (llvm::isa<mlir::TensorType>(r.getType()) && seen.insert(r).second) work.push_back(r);
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
+std::vector<std::pair<int, int>> in_place_pairs(mlir::func::FuncOp fn,
+                                                const std::vector<std::pair<int, int>>& requested) {
+  std::vector<std::pair<int, int>> out;
+  mlir::Block& body = fn.getBody().front();
+  auto ret = llvm::cast<mlir::func::ReturnOp>(body.getTerminator());
+  const int outputs = static_cast<int>(ret.getNumOperands());
+  const int inputs = static_cast<int>(body.getNumArguments());
+  for (auto [output, input] : requested) {
+    if (output < 0 || output >= outputs || input < 0 || input >= inputs) continue;
+    bool taken = false;
+    for (auto [o, i] : out) taken = taken || o == output || i == input;
+    if (!taken && safe_in_place(fn, ret.getOperand(output), body.getArgument(input)))
+      out.push_back({output, input});
+  }
+  return out;
+}
+
+mlir::Value donated_buffer(mlir::func::FuncOp fn, int input) {
+  mlir::Block& body = fn.getBody().front();
+  mlir::BlockArgument arg = body.getArgument(input);
+  auto tensor = llvm::cast<mlir::RankedTensorType>(arg.getType());
+  arg.setType(mlir::MemRefType::get(tensor.getShape(), tensor.getElementType()));
+  mlir::OpBuilder b = mlir::OpBuilder::atBlockBegin(&body);
+  // restrict: the analysis may take the buffer as the tensor's own. The output's destination
+  // is a second view of the same memref, written only where in_place_pairs found it safe.
+  auto read = mlir::bufferization::ToTensorOp::create(b, arg.getLoc(), tensor, arg,
+                                                      /*restrict=*/true);
+  arg.replaceAllUsesExcept(read.getResult(), read);
+  return arg;
+}
+
+}  // namespace kiln::codegen
