@@ -456,7 +456,11 @@ std::vector<Tensor> other(const BackwardContext& c, const Tensor& g) {
       int64_t classes = c.input_meta[0].shape.back();
       Tensor valid = ne(target, c.attrs.ignore_index);
       Tensor safe = where(valid, target.to(DType::Int64), 0);
-      Tensor w = one_hot(safe, classes).to(g.dtype()) * valid.to(g.dtype()).unsqueeze(-1);
+      OpAttrs encode;
+      encode.mode = classes;
+      encode.indices_checked = true;  // the forward checked the targets
+      Tensor w = dispatch::call1({K::OneHot, {safe}, encode, c.loc}).to(g.dtype()) *
+                 valid.to(g.dtype()).unsqueeze(-1);
       Tensor scale = g;
       if (c.attrs.mode == 0) scale = g.unsqueeze(-1);
       // Every target ignored: the count is 0 and w is all 0; the gradient is 0 (PyTorch), so

@@ -341,6 +341,31 @@ std::vector<Segment::ViewChain> output_view_chains(const Program& p) {
   return chains;
 }
 
+// The (new value, old value) pairs of the tensors `p` writes back that compiled code may
+// compute in place (PlanOptions::donate): a new value written back once, not an output or a
+// .grad; an old value (the tensor as the call found it) that is not an output, a .grad, or
+// another write-back's value, so nothing reads its elements after the update.
+std::vector<std::pair<int, int>> donations(const Program& p) {
+  auto used = [&](int v) {
+    if (std::find(p.outputs.begin(), p.outputs.end(), v) != p.outputs.end()) return true;
+    for (auto& [leaf, g] : p.grad_assignments)
+      if (g == v) return true;
+    return false;
+  };
+  std::vector<std::pair<int, int>> out;
+  for (auto& [src, v] : p.write_backs) {
+    int writes = 0, old_value = -1;
+    for (auto& wb : p.write_backs) writes += wb.second == v;
+    for (size_t u = 0; u < p.values.size() && old_value < 0; ++u)
+      if (p.values[u].source == src) old_value = static_cast<int>(u);
+    if (writes != 1 || old_value < 0 || old_value == v || used(v) || used(old_value)) continue;
+    bool written = false;
+    for (auto& wb : p.write_backs) written = written || wb.second == old_value;
+    if (!written) out.push_back({v, old_value});
+  }
+  return out;
+}
+
 // Segments of `p` from node `from`: a chain split after each Read node.
 std::unique_ptr<Segment> make_chain(const std::shared_ptr<const Program>& p, size_t from,
                                     const CompileOptions& o) {
@@ -415,6 +440,10 @@ std::unique_ptr<Segment> make_chain(const std::shared_ptr<const Program>& p, siz
       if (backward_error) std::rethrow_exception(backward_error);
     }
   }
+  // Buffer donation into compiled code: a leaf segment with no traced backward (nothing reads
+  // the forward's values after it) whose arguments share no memory with captured tensors.
+  if (!seg->plan && seg->leaf && o.donate_buffers && p->args_sharing_captured.empty())
+    po.donate = donations(*p);
   if (!seg->plan) seg->plan = std::make_unique<Plan>(p, seg->begin, seg->end, po);
   if (!seg->leaf) {
     const Node& read = p->nodes[end];
@@ -1274,12 +1303,19 @@ std::vector<OutValue> CompiledFunction::Impl::replay(Entry& e, const std::vector
         Tensor target = targets[k];
         if (!target.defined()) continue;
         written.push_back({v, target});
-        // Not when an argument is a captured tensor too: other values may still read its buffer.
-        if (read_first[k].defined()) target.copy_(read_first[k]);
-        else if (options.donate_buffers && p.args_sharing_captured.empty() &&
-                 can_adopt(p, *seg, v, target, st))
+        const bool in_own_buffer = st.value(p, v).is_same(target);  // PlanOptions::donate
+        if (in_own_buffer) {
+          // Computed in the target's buffer by the compiled code: already written there.
+        } else if (read_first[k].defined()) {
+          target.copy_(read_first[k]);
+        } else if (options.donate_buffers && p.args_sharing_captured.empty() &&
+                   can_adopt(p, *seg, v, target, st)) {
+          // Not when an argument is a captured tensor too: other values may still read its
+          // buffer.
           adopt(target, st.slots[v]);
-        else target.copy_(st.value(p, v));
+        } else {
+          target.copy_(st.value(p, v));
+        }
         // The trace recorded this write with gradient history (eager bumps the count in the
         // autograd hook; this copy runs under no_grad): views of the target taken before the
         // call are stale. A leaf's write (an optimizer step) leaves its views usable.

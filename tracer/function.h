@@ -51,12 +51,17 @@ struct CompileOptions {
   /// Relative / absolute tolerance of `check` and kiln::compare.
   double rtol = 1e-5, atol = 1e-6;
   /// Buffer donation (like JAX's donate_argnums), for training steps: a tensor the function
-  /// updates in place (an argument, or a captured parameter / optimizer state) may be given
-  /// the buffer of its new value instead of having the value copied into it. Values, shape,
-  /// dtype, autograd state and every Tensor handle are what eager leaves; a raw data() pointer
-  /// taken before the call no longer points at the tensor's elements. Only tensors that share
-  /// their buffer with nothing else (no views) are donated; the others are copied into.
-  /// Off by default: eager in-place ops keep a tensor's buffer, and so do compiled ones.
+  /// updates in place (an argument, or a captured parameter / optimizer state) gives its
+  /// buffer to the compiled code. Where the last compiled region computes the new value
+  /// element for element from the old one (an optimizer's update of a parameter and its
+  /// moments), it is computed in the tensor's own buffer, as eager's in-place ops do
+  /// (explain() says "computed in their tensors' buffers"); the scans that make eager raise
+  /// (class indices out of range) run first, so a call that raises leaves the tensors as they
+  /// were. Otherwise the tensor may be given the buffer of its new value instead of having the
+  /// value copied into it: a raw data() pointer taken before the call then no longer points at
+  /// its elements. Only tensors that share their buffer with nothing else (no views) are given
+  /// another buffer; the others are written in place or copied into. Values, shape, dtype,
+  /// autograd state and every Tensor handle are what eager leaves. Off by default.
   bool donate_buffers = false;
   /// Marks a dim dynamic (returns *this for chaining).
   CompileOptions& mark_dynamic(int arg, int dim) {

@@ -26,7 +26,8 @@ bool same_fixed_attrs(const OpAttrs& a, const OpAttrs& b) {
   return a.all_dims == b.all_dims && a.keepdim == b.keepdim && a.dim == b.dim &&
          a.dim1 == b.dim1 && a.step == b.step && same(a.alpha, b.alpha) && same(a.beta, b.beta) &&
          a.has_low == b.has_low && a.has_high == b.has_high && a.eps == b.eps && a.p == b.p &&
-         a.mode == b.mode && a.ignore_index == b.ignore_index && a.dtype == b.dtype &&
+         a.mode == b.mode && a.ignore_index == b.ignore_index &&
+         a.indices_checked == b.indices_checked && a.dtype == b.dtype &&
          same(a.low, b.low) && same(a.high, b.high) && a.dims.size() == b.dims.size();
 }
 

@@ -259,6 +259,10 @@ struct Plan::Region {
   // Nodes whose eager kernels reject input values that their compiled code computes through
   // (see data_checked_inputs): their inputs are scanned after a compiled run (run_compiled).
   std::vector<size_t> data_checked;
+  // Buffer donation: candidate (new value, old value) pairs (PlanOptions::donate), and the
+  // (output, input) indices whose output the compiled code computes in the input's buffer.
+  std::vector<std::pair<int, int>> donate;
+  std::vector<std::pair<int, int>> in_place;
 };
 
 struct Plan::Step {
@@ -282,7 +286,9 @@ bool integer_op(const Node& n) { return !is_floating(n.meta.compute_dtype); }
 // integer base and exponent of pow (0 to a negative power).
 std::vector<int> data_checked_inputs(const Node& n) {
   switch (n.op) {
-    case OpKind::OneHot: return {n.in[0]};
+    case OpKind::OneHot:
+      if (n.attrs.indices_checked) return {};  // nll_loss's backward: its forward checked them
+      return {n.in[0]};
     case OpKind::NllLoss: return {n.in[1]};
     case OpKind::FloorDivide:
     case OpKind::Remainder:
@@ -547,6 +553,10 @@ Plan::Plan(std::shared_ptr<const Program> program, size_t begin, size_t end,
   close();
   pull_in_views(begin, end);
 
+  // Donation into the last step only: nothing in the range runs after it.
+  if (!options.donate.empty() && !steps_.empty() && steps_.back().region)
+    steps_.back().region->donate = options.donate;
+
   // Values each step reads, and which values are needed outside each region.
   auto reads = [&](const Step& s, auto&& f) {
     if (s.region) {
@@ -578,7 +588,7 @@ Plan::Plan(std::shared_ptr<const Program> program, size_t begin, size_t end,
   std::vector<Region*> regions;
   for (Step& s : steps_)
     if (s.region) regions.push_back(s.region.get());
-  PlanOptions region_options{options.compile, used_outside_region, false};
+  PlanOptions region_options{options.compile, used_outside_region, false, {}};
   std::atomic<size_t> next{0};
   auto work = [&] {
     for (size_t i; (i = next.fetch_add(1)) < regions.size();) {
@@ -654,6 +664,34 @@ void Plan::pull_in_views(size_t begin, size_t end) {
   }
 }
 
+// The (graph output, graph input) index pairs of region `r` whose donated pair (Region::donate)
+// the compiled code may compute in place: the old value is read by nothing that runs after the
+// compiled code (a view node, an alias) and is not data-checked; the data checks' inputs are
+// all region inputs, so run_compiled can scan them before the code writes anything.
+std::vector<std::pair<int, int>> Plan::donation_requests(const Region& r,
+                                                         const std::vector<int>& in_v,
+                                                         const std::vector<int>& checked) const {
+  const Program& p = *p_;
+  std::vector<std::pair<int, int>> out;
+  for (size_t i : r.data_checked)
+    for (int v : data_checked_inputs(p.nodes[i]))
+      if (std::find(in_v.begin(), in_v.end(), v) == in_v.end()) return out;
+  for (auto [v, u] : r.donate) {
+    auto k = std::find(r.outputs.begin(), r.outputs.end(), v);
+    auto j = std::find(in_v.begin(), in_v.end(), u);
+    if (k == r.outputs.end() || j == in_v.end() ||
+        std::find(checked.begin(), checked.end(), u) != checked.end())
+      continue;
+    bool read_after = false;
+    for (auto [a, b] : r.aliases) read_after = read_after || a == u || b == u || a == v || b == v;
+    for (size_t i : r.views)
+      for (int x : p.nodes[i].in) read_after = read_after || x == u;
+    if (!read_after)
+      out.push_back({static_cast<int>(k - r.outputs.begin()), static_cast<int>(j - in_v.begin())});
+  }
+  return out;
+}
+
 void Plan::build_region(Region& r, const PlanOptions& o) {
   const Program& p = *p_;
   bool has_sym = false;
@@ -687,7 +725,11 @@ void Plan::build_region(Region& r, const PlanOptions& o) {
       codegen::CompileOptions co;
       co.device = r.device;
       if (r.device.is_cuda()) co.gpu = codegen::GpuTarget::from_env();
+      co.in_place_outputs = donation_requests(r, in_v, checked);
       if (g.num_outputs() > 0) r.exe = std::make_shared<codegen::Executable>(g, co);
+      r.in_place.clear();
+      for (auto [k, j] : co.in_place_outputs)
+        if (r.exe && r.exe->output_alias(k) == j) r.in_place.push_back({k, j});
       r.static_only = has_sym && !dynamic;
       return;
     } catch (const Error& e) {
@@ -855,6 +897,7 @@ void Plan::run_compiled(const Region& r, RunState& st) const {
     }
   }
   std::vector<Tensor> outs;
+  bool data_checked_before = false;
   if (r.exe) {
     const codegen::Executable* exe = r.exe.get();
     if (r.static_only) {
@@ -864,6 +907,19 @@ void Plan::run_compiled(const Region& r, RunState& st) const {
         if (ins[k].shape() != p.values[r.inputs[k].value].shape) {
           for (size_t i : r.nodes) run_eager(p.nodes[i], st);
           return;
+        }
+    }
+    if (!r.in_place.empty()) {
+      // Outputs computed in their inputs' buffers (buffer donation): a value eager rejects
+      // raises after the run (below), when the caller's tensors must be as they were, so the
+      // data checks' inputs (all region inputs) are scanned first; the code then writes copies.
+      data_checked_before = true;
+      for (size_t i : r.data_checked)
+        data_checked_before = data_checked_before && !eager_rejects(p, p.nodes[i], st);
+      if (!data_checked_before)
+        for (auto [output, input] : r.in_place) {
+          Tensor& donated = ins[static_cast<size_t>(input)];
+          donated = donated.clone();
         }
     }
     if (!r.nodes.empty()) st.node = r.nodes.front();
@@ -887,6 +943,7 @@ void Plan::run_compiled(const Region& r, RunState& st) const {
   // the user's op name and line, before anything of the segment is written back (a scan of the
   // checked inputs, cheap next to the region). Nodes in program order: a forward's check
   // before its backward's.
+  if (data_checked_before) return;  // scanned before the run: the same inputs passed
   for (size_t i : r.data_checked)
     if (eager_rejects(p, p.nodes[i], st)) run_eager(p.nodes[i], st);
 }
@@ -981,13 +1038,16 @@ std::string Plan::describe() const {
         out += fmt::format("    eager region ({} ops: {}) - not compiled: {}\n", r.nodes.size(),
                            ops, r.fallback_reason);
       else
-        out += fmt::format("    compiled region: {} ops -> {} kernel(s){}{}{}{}: {}\n",
+        out += fmt::format("    compiled region: {} ops -> {} kernel(s){}{}{}{}{}: {}\n",
                            r.nodes.size(), r.exe ? r.exe->num_kernels() : 0,
                            r.device.is_cuda() ? " on " + r.device.str() : "",
                            r.static_only ? " (traced shapes only)" : "",
                            r.exe ? fmt::format(", built in {:.0f} ms", r.exe->stats().total_ms) : "",
-                           measured_choice(r),
-                           ops);
+                           r.in_place.empty()
+                               ? ""
+                               : fmt::format(", {} result(s) computed in their tensors' buffers "
+                                             "(donated)", r.in_place.size()),
+                           measured_choice(r), ops);
       append_profile(out, line_start, s);
       continue;
     }

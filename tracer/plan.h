@@ -72,6 +72,11 @@ struct PlanOptions {
   /// freed after their last use when `free_dead` is set.
   std::vector<bool> live_after;
   bool free_dead = true;
+  /// Buffer donation (CompileOptions::donate_buffers): (new value, old value) pairs of tensors
+  /// the call writes back, whose new value the range's last step, when it is a compiled region,
+  /// may compute in the old value's buffer (codegen's in_place_outputs). The caller guarantees
+  /// that nothing after the range reads the old value's elements.
+  std::vector<std::pair<int, int>> donate;
 };
 
 class Plan {
@@ -97,6 +102,8 @@ class Plan {
   struct Step;
   void pull_in_views(size_t begin, size_t end);
   void build_region(Region& r, const PlanOptions& options);
+  std::vector<std::pair<int, int>> donation_requests(const Region& r, const std::vector<int>& in_v,
+                                                     const std::vector<int>& checked) const;
   void run_region(const Region& r, RunState& st) const;
   void run_compiled(const Region& r, RunState& st) const;
   void run_eager(const Node& n, RunState& st) const;
