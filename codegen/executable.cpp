@@ -2,6 +2,7 @@
 // bufferization -> loops -> LLVM dialect -> object code (codegen/jit.cpp), through the compile
 // cache (codegen/cache.cpp).
 // Pipeline and required registrations: /work/shared/notes/mlir22-toolchain.md, section 2.
+#include <algorithm>
 #include <cstdlib>
 #include <mutex>
 #include <optional>
@@ -319,6 +320,7 @@ struct Executable::Impl : CompiledMeta {
   GpuTarget gpu;
   GpuLoopEmulation emulate_gpu_loops = GpuLoopEmulation::Off;
   std::vector<std::pair<int, int>> in_place_requests;  // CompileOptions::in_place_outputs
+  bool any_alias = false;  // an output is computed in an input's buffer (Param::alias_input)
 };
 
 GpuLoopEmulation gpu_loop_emulation(const CompileOptions& options) {
@@ -349,6 +351,7 @@ Executable::Executable(const ir::Graph& g, const CompileOptions& options) {
     });
     static_cast<CompiledMeta&>(I) = I.code->meta;
     I.entry = I.code->fn;
+    for (const Param& p : I.outputs) I.any_alias = I.any_alias || p.alias_input >= 0;
   };
   // CUDA: dim 0 is relaxed to `?` as on cpu, and the row-split analysis tells which loop nests
   // may run as one kernel over rows (gpu_lowering.h). Without a device the host code is still
@@ -609,17 +612,23 @@ std::vector<Tensor> Executable::run(const std::vector<Tensor>& inputs) const {
   const std::vector<Tensor>* checked = &checked_inputs(inputs, copies);
   // The code writes a donated input while reading the others: one whose memory another input
   // shares is replaced by a copy (the in-place analysis took the inputs to be distinct buffers).
-  for (const Param& p : impl_->outputs) {
-    if (p.alias_input < 0) continue;
-    const size_t j = static_cast<size_t>(p.alias_input);
-    const Tensor& donated = (*checked)[j];
-    bool shared = false;
+  if (impl_->any_alias) {
+    std::vector<std::pair<const StorageImpl*, size_t>> storages;
+    storages.reserve(checked->size());
     for (size_t i = 0; i < checked->size(); ++i)
-      shared = shared || (i != j && (*checked)[i].storage() == donated.storage());
-    if (!shared) continue;
-    if (checked != &copies) copies = *checked;
-    copies[j] = donated.clone();
-    checked = &copies;
+      storages.push_back({(*checked)[i].storage().get(), i});
+    std::sort(storages.begin(), storages.end());
+    std::vector<bool> shared(checked->size(), false);
+    for (size_t a = 0; a + 1 < storages.size(); ++a)
+      if (storages[a].first == storages[a + 1].first)
+        shared[storages[a].second] = shared[storages[a + 1].second] = true;
+    for (const Param& p : impl_->outputs) {
+      const size_t j = static_cast<size_t>(p.alias_input);
+      if (p.alias_input < 0 || !shared[j]) continue;
+      if (checked != &copies) copies = *checked;
+      copies[j] = copies[j].clone();
+      checked = &copies;
+    }
   }
   const std::vector<Tensor>& ins = *checked;
   std::vector<Tensor> outs, written;
