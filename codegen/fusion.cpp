@@ -277,13 +277,20 @@ mlir::linalg::GenericOp merge_returned_producer(mlir::RewriterBase& rewriter,
       continue;
     mlir::Value value = producer->getResult(0);
     int consumer_uses = 0;
-    bool others_return = true;
+    bool others_after = true;
+    mlir::Block* block = consumer->getBlock();
     for (mlir::OpOperand& use : value.getUses()) {
-      if (use.getOwner() == consumer.getOperation()) ++consumer_uses;
-      else others_return &= llvm::isa<mlir::func::ReturnOp>(use.getOwner());
+      if (use.getOwner() == consumer.getOperation()) {
+        ++consumer_uses;
+        continue;
+      }
+      mlir::Operation* user = block->findAncestorOpInBlock(*use.getOwner());
+      others_after &= user && consumer->isBeforeInBlock(user);
     }
     // A single use is upstream's ordinary fusion.
-    if (consumer_uses != 1 || !others_return || value.hasOneUse()) continue;
+    if (consumer_uses != 1 || !others_after || value.hasOneUse() ||
+        body_size(producer) + body_size(consumer) > kMaxFusedOps)
+      continue;
     rewriter.setInsertionPoint(consumer);
     mlir::FailureOr<mlir::linalg::ElementwiseOpFusionResult> fused =
         mlir::linalg::fuseElementwiseOps(rewriter, operand);
