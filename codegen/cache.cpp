@@ -188,6 +188,13 @@ std::string deserialize(std::string_view bytes, const std::string& key, Entry& e
   entry.meta.cuda_device = static_cast<int>(r.u32());
   entry.object = std::string(r.str());
   if (!r.ok || !r.in.empty()) return "corrupted entry (malformed)";
+  for (const Param& out : entry.meta.outputs) {  // an output computed in an input's buffer
+    if (out.alias_input < 0) continue;
+    if (static_cast<size_t>(out.alias_input) >= entry.meta.inputs.size())
+      return "corrupted entry (in-place input)";
+    const Param& in = entry.meta.inputs[static_cast<size_t>(out.alias_input)];
+    if (in.dtype != out.dtype || in.shape != out.shape) return "corrupted entry (in-place input)";
+  }
   return "";
 }
 

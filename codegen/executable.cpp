@@ -448,10 +448,17 @@ std::string Executable::Impl::compile(const std::string& graph_mlir, bool relax)
   // 2. Destination-passing: @main(inputs..., out memrefs...) writes each result with
   // bufferization.materialize_in_destination and returns nothing. An output computed in place
   // (in_place.h) has no out memref: it materializes into its input's buffer.
+  // In a row-parallel graph each row block runs @main on its rows: an input sliced by rows is
+  // read and written by its own block only; one passed whole is read by every block.
   std::vector<std::pair<int, int>> in_place;
   if (!I.in_place_requests.empty() && I.device.is_cpu() &&
-      I.emulate_gpu_loops == GpuLoopEmulation::Off && !I.row_split.splittable)
+      I.emulate_gpu_loops == GpuLoopEmulation::Off)
     in_place = in_place_pairs(fn, I.in_place_requests);
+  if (I.row_split.splittable)
+    std::erase_if(in_place, [&](std::pair<int, int> pair) {
+      return static_cast<size_t>(pair.second) >= I.row_split.sliced_input.size() ||
+             !I.row_split.sliced_input[static_cast<size_t>(pair.second)];
+    });
   for (auto [t, shape] : llvm::zip(fn.getArgumentTypes(), graph_shapes)) {
     auto rt = llvm::cast<mlir::RankedTensorType>(t);
     I.inputs.push_back(Param{to_dtype(rt.getElementType()), shape, {}});
@@ -776,7 +783,12 @@ void Executable::launch(const std::vector<Tensor>& ins, const std::vector<Tensor
   if (I.row_split.splittable) {
     for (size_t i = 0; i < operands.size(); ++i)
       sliced[i] = i >= ins.size() || I.row_split.sliced_input[i];
-    rows = outs.empty() ? 0 : outs[0].shape()[0];
+    // The first sliced operand's rows (outputs are sliced; all of them may be computed in
+    // their inputs' buffers, leaving none).
+    rows = -1;
+    for (size_t i = 0; i < operands.size() && rows < 0; ++i)
+      if (sliced[i]) rows = operands[i]->shape()[0];
+    rows = std::max<int64_t>(rows, 0);
     for (size_t i = 0; i < operands.size(); ++i) {
       if (!sliced[i]) continue;
       const Tensor& t = *operands[i];

@@ -5,6 +5,7 @@
 #include "mlir/Dialect/Bufferization/IR/Bufferization.h"
 #include "mlir/Dialect/Linalg/IR/Linalg.h"
 #include "mlir/Dialect/MemRef/IR/MemRef.h"
+#include "mlir/Dialect/Tensor/IR/Tensor.h"
 
 namespace kiln::codegen {
 namespace {
@@ -19,8 +20,13 @@ bool safe_in_place(mlir::func::FuncOp fn, mlir::Value result, mlir::BlockArgumen
   if (!generic || generic->getBlock() != body ||
       generic.getNumLoops() != generic.getNumParallelLoops())
     return false;
-  if (!generic.getMatchingIndexingMap(generic.getDpsInitOperand(res.getResultNumber()))
-           .isIdentity())
+  // The result's init is a fresh tensor.empty the body does not read: a computed init would
+  // let eliminate-empty-tensors move the write into the input's buffer to the op computing it,
+  // before reads this check orders after the generic.
+  mlir::OpOperand* init = generic.getDpsInitOperand(res.getResultNumber());
+  if (!generic.getMatchingIndexingMap(init).isIdentity() ||
+      !init->get().getDefiningOp<mlir::tensor::EmptyOp>() ||
+      generic.payloadUsesValueFromOperand(init))
     return false;
   for (mlir::OpOperand& o : generic->getOpOperands())
     if (o.get() == input &&

@@ -11,7 +11,8 @@ namespace kiln::codegen {
 /// Of the requested (output, input) pairs of `fn` (fused linalg on tensors, returning its
 /// outputs), those whose output may be computed in the input's buffer: the returned value is a
 /// result of an all-parallel linalg.generic in fn's body with the input's type, written with an
-/// identity indexing map; the generic reads the input only as an input operand with an identity
+/// identity indexing map into a tensor.empty init the body does not read; the generic reads the
+/// input only as an input operand with an identity
 /// map (element i read, then written, by the same iteration); every other use of the input's
 /// buffer, through any op whose results may share it (views, reshapes, destination operands),
 /// comes before the generic in the body (so also no return of it). At most one pair per output

@@ -851,9 +851,10 @@ void Plan::run_region(const Region& r, RunState& st) const {
 namespace {
 
 // A 0-d CPU tensor of `dtype` holding `value` converted as copy_ would (Scalar::to, a rounding
-// cast), for a region's input. The tensors are kept per thread and reused once nothing else
-// holds them (the region's run has returned): the digits MLP's step passes 9 host scalars per
-// call, 18 of its replay's 111 allocations when made afresh.
+// cast; not for a float value and an integer dtype), for a region's input. The tensors are kept
+// per thread and reused once nothing else holds them (the region's run has returned): the
+// digits MLP's step passes 9 host scalars per call, 18 of its replay's 111 allocations when
+// made afresh.
 Tensor host_scalar_input(Scalar value, DType dtype, size_t& next) {
   thread_local std::vector<Tensor> pool;
   while (next < pool.size() &&
@@ -882,7 +883,10 @@ void Plan::run_compiled(const Region& r, RunState& st) const {
       // A host scalar (an optimizer's lr or betas, a Python-style number) goes straight into a
       // tensor of the region's input dtype: not wrapped in a float64 tensor first and then
       // converted.
-      if (std::optional<Scalar> host = st.host_scalar(p, in.value)) {
+      std::optional<Scalar> host = st.host_scalar(p, in.value);
+      // (A float entering an integer input goes through copy_, which defines NaN, inf and
+      // out-of-range values; a static_cast does not.)
+      if (host && !(host->is_floating() && !is_floating(in.dtype))) {
         ins.push_back(host_scalar_input(*host, in.dtype, next_scalar));
         continue;
       }
