@@ -31,6 +31,12 @@ struct Model {
       return loss.detach();
     };
   }
+  // The same starting weights as `other`.
+  void copy_parameters(const Model& other) {
+    NoGradGuard no_grad;
+    for (size_t i = 0; i < fc->parameters().size(); ++i)
+      fc->parameters()[i].copy_(other.fc->parameters()[i]);
+  }
 };
 
 Tensor targets(std::vector<int64_t> v) { return from_vector(v, {static_cast<int64_t>(v.size())}); }
@@ -41,11 +47,7 @@ TEST_CASE("compile(donate_buffers): an AdamW step updates parameters and moments
           "buffers, as eager does", "[compile][donate]") {
   manual_seed(3);
   Model eager, compiled;
-  {
-    NoGradGuard no_grad;
-    for (size_t i = 0; i < eager.fc->parameters().size(); ++i)
-      compiled.fc->parameters()[i].copy_(eager.fc->parameters()[i]);
-  }
+  compiled.copy_parameters(eager);
   auto eager_step = eager.step();
   auto compiled_step = compile(compiled.step(), CompileOptions{.donate_buffers = true});
   Tensor x = randn({6, 8}), y = targets({0, 1, 2, 3, 1, 2});
@@ -116,11 +118,7 @@ TEST_CASE("compile(donate_buffers, check): the eager comparison sees the in-plac
   // parameters in place must leave the journal able to give that state back.
   manual_seed(5);
   Model eager, checked;
-  {
-    NoGradGuard no_grad;
-    for (size_t i = 0; i < eager.fc->parameters().size(); ++i)
-      checked.fc->parameters()[i].copy_(eager.fc->parameters()[i]);
-  }
+  checked.copy_parameters(eager);
   auto eager_step = eager.step();
   auto step = compile(checked.step(), CompileOptions{.check = true, .atol = 1e-5,
                                                      .donate_buffers = true});
