@@ -41,9 +41,14 @@ struct GpuTarget {
   /// Every load comes before any store, so each thread keeps this many loads in flight: with one
   /// element per thread, x*x + x at 2^28 floats moved 62 % of the H200's copy bandwidth.
   int elements_per_thread = 4;
+  /// Threads that share a row of a row reduction (softmax, layer_norm, a row sum over the last
+  /// dim): 32, a warp, whose lanes read the row's consecutive elements and combine their parts
+  /// with shuffles; 1 keeps a thread per row (the kernels before the lanes, for comparison).
+  /// Rows shorter than 64 elements keep a thread each.
+  int row_lanes = 32;
   /// The default target with the environment's overrides: KILN_CUDA_ARCH (e.g. "sm_80"),
   /// KILN_CUDA_PTX_FEATURES (e.g. "+ptx78"), KILN_CUDA_THREADS_PER_BLOCK,
-  /// KILN_CUDA_ELEMENTS_PER_THREAD (1 to 16). compile() and eager CUDA ops use it.
+  /// KILN_CUDA_ELEMENTS_PER_THREAD (1 to 16), KILN_CUDA_ROW_LANES (1 or 32). compile() and eager CUDA ops use it.
   static GpuTarget from_env();
 };
 

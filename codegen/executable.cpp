@@ -544,7 +544,7 @@ std::string Executable::Impl::compile(const std::string& graph_mlir, bool relax)
   if (I.emulate_gpu_loops != GpuLoopEmulation::Off) {
     const bool row_separable = I.row_split.splittable && !I.row_split.gemm;
     I.row_split = RowSplitPlan{};  // one call over all rows, as one launch
-    gpu_parallel_loops(m, I.gpu, row_separable, /*cuda_gemm=*/false, I.messages);
+    gpu_parallel_loops(m, I.gpu, row_separable, /*for_device=*/false, I.messages);
     if (I.emulate_gpu_loops == GpuLoopEmulation::Reversed) reverse_parallel_loops(m);
   } else if (I.row_split.splittable) {
     I.run_pipeline(m, "func.func(convert-linalg-to-loops)", "loops");  // run() splits the rows

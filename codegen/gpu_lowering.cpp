@@ -782,6 +782,11 @@ GpuTarget GpuTarget::from_env() {
       throw Error("KILN_CUDA_ELEMENTS_PER_THREAD", "must be in [1, 16], got \"" + n + "\"");
     t.elements_per_thread = v;
   }
+  if (std::string n = env("KILN_CUDA_ROW_LANES"); !n.empty()) {
+    if (n != "1" && n != "32")
+      throw Error("KILN_CUDA_ROW_LANES", "must be 1 or 32, got \"" + n + "\"");
+    t.row_lanes = std::atoi(n.c_str());
+  }
   return t;
 }
 
@@ -796,11 +801,11 @@ void fill_gpu_registry(mlir::DialectRegistry& r) {
 }
 
 void gpu_parallel_loops(mlir::ModuleOp m, const GpuTarget& target, bool row_separable,
-                        bool cuda_gemm, std::string& messages) {
+                        bool for_device, std::string& messages) {
   init_gpu_once();
   auto fn = m.lookupSymbol<mlir::func::FuncOp>("main");
   if (!fn) throw Error("codegen (gpu)", "graph has no @main");
-  if (cuda_gemm) call_cuda_gemm(m);
+  if (for_device) call_cuda_gemm(m);
   copies_to_loops(m);
   wrap_serial_nests(fn);
   run(m, "func.func(convert-linalg-to-parallel-loops),canonicalize,cse", "parallel loops",
@@ -811,6 +816,9 @@ void gpu_parallel_loops(mlir::ModuleOp m, const GpuTarget& target, bool row_sepa
   wrap_host_accesses(fn);
   split_sums(fn);
   if (row_separable) fuse_rows(fn);
+  // The emulation runs every loop on one CPU thread: lanes of one (no shuffles).
+  if (!for_device) spread_rows_over_lanes(fn, 1);
+  else if (target.row_lanes > 1) spread_rows_over_lanes(fn, target.row_lanes);
   linearize(fn);  // nests left multi-dimensional (grid y/z are limited to 65535)
   unroll_elementwise(fn, target.threads_per_block, target.elements_per_thread);
   log_module("GPU parallel loops", m);
@@ -834,7 +842,7 @@ void reverse_parallel_loops(mlir::ModuleOp m) {
 void lower_for_gpu(mlir::ModuleOp m, const GpuTarget& target, bool row_separable,
                    std::string& messages, GpuLowered& out) {
   init_gpu_once();
-  gpu_parallel_loops(m, target, row_separable, /*cuda_gemm=*/true, messages);
+  gpu_parallel_loops(m, target, row_separable, /*for_device=*/true, messages);
   // Blocks of threads_per_block threads (no-min-max-bounds: with an affine.min bound
   // convert-parallel-loops-to-gpu silently leaves the loop on the host).
   run(m,

@@ -8,6 +8,9 @@
 namespace mlir {
 class ModuleOp;
 class DialectRegistry;
+namespace func {
+class FuncOp;
+}
 }  // namespace mlir
 
 namespace kiln::codegen {
@@ -23,12 +26,26 @@ struct GpuLowered {
 };
 
 /// The first half of lower_for_gpu: @main's loop nests rewritten into the parallel loops that
-/// become kernels (rows fused, column sums turned inside out, constants inlined, elementwise
-/// nests linearised and unrolled), still scf on memrefs. `cuda_gemm`: GEMM calls go to cuBLAS
-/// (false keeps the CPU's). CompileOptions::emulate_gpu_loops runs these loops on the CPU, so
-/// tests check the rewrites' results without a GPU.
+/// become kernels (rows fused and spread over lanes, column sums turned inside out, constants
+/// inlined, elementwise nests linearised and unrolled), still scf on memrefs. `for_device`:
+/// GEMM calls go to cuBLAS and rows get target.row_lanes lanes; false, for
+/// CompileOptions::emulate_gpu_loops, which runs these loops on the CPU so tests check the
+/// rewrites' results without a GPU: GEMMs stay the CPU's and rows get lanes of one thread.
 void gpu_parallel_loops(mlir::ModuleOp m, const GpuTarget& target, bool row_separable,
-                        bool cuda_gemm, std::string& messages);
+                        bool for_device, std::string& messages);
+
+/// Rows over the lanes of a warp (gpu_row_lanes.cpp): each top-level parallel loop of `fn` whose
+/// threads run serial loops along their row's last (contiguous) dim — softmax, layer_norm, row
+/// sums — becomes a loop over (rows, `lanes`): lane l runs columns l, l + lanes, ..., keeps its
+/// part of each reduction in a register (from the combine's neutral element), and the lanes
+/// combine their parts with a butterfly of `gpu.shuffle xor` (log2(lanes) steps; every lane ends
+/// with the same bits), so a warp's loads are contiguous. Only loops shown safe are rewritten:
+/// a buffer written in the row body is its own, indexed by the row indices and then constants
+/// (a per-row value: stored once, by every lane alike) or constants and the column index (an
+/// element only its lane touches). `lanes`: 32 (a warp; NVVM's shuffle masks assume whole
+/// warps), or 1 for the CPU emulation, which rewrites the loops without shuffles (rows shorter
+/// than 2 * lanes keep a thread each on a GPU). Returns the number of loops rewritten.
+int spread_rows_over_lanes(mlir::func::FuncOp fn, int lanes);
 
 /// Every scf.parallel of `m` runs its iterations last to first (each index i becomes ub - 1 - i;
 /// loops from 0 with step 1 only): CompileOptions::emulate_in_reverse.

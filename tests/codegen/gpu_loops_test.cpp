@@ -239,3 +239,56 @@ TEST_CASE("gpu loops on the cpu: column sums, elementwise chains, constants") {
     CHECK(rel_diff(run_emulated(g, {x}), x + 1.5) == 0);
   }
 }
+
+TEST_CASE("gpu loops on the cpu: rows spread over lanes") {
+  // The lane rewrite (gpu_row_lanes.cpp) runs with lanes of one thread here: each reduction's
+  // part starts at its combine's neutral element and is combined with the row's initial value
+  // after the loop; gpu_ptx_test.cpp checks the shuffles of the 32-lane form.
+  SECTION("softmax after a matmul: the row max and sum start from values an earlier loop stored") {
+    // With a GEMM the graph is not row-separable: the fills are kernels of their own, so each
+    // reduction loads its initial value.
+    Tensor x = randn({24, 16}), w = randn({16, 200});
+    ir::Graph g;
+    OpAttrs a;
+    a.dim = -1;
+    g.output(g.op(OpKind::Softmax, {g.op(OpKind::Matmul, {g.input(DType::Float32, {24, 16}),
+                                                          g.input(DType::Float32, {16, 200})})},
+                  a));
+    CHECK(rel_diff(run_emulated(g, {x, w}), softmax(matmul(x, w), -1)) < 1e-6);
+  }
+  SECTION("integer sums, max, min and products of rows") {
+    Tensor xi = randint(-50, 50, {7, 130}, Int64);
+    Tensor xf = randn({7, 130});
+    OpAttrs last;
+    last.dims = {-1};
+    // Rows of negative values for the max and positive ones for the min: a part starting at 0
+    // instead of the neutral element would show.
+    for (OpKind kind : {OpKind::Sum, OpKind::Amax, OpKind::Amin}) {
+      ir::Graph g;
+      g.output(g.op(kind, {g.input(DType::Int64, {7, 130})}, last));
+      Tensor in = kind == OpKind::Sum ? xi : kind == OpKind::Amax ? xi - 60 : xi + 60;
+      Tensor want = kind == OpKind::Sum    ? sum(in, {-1})
+                    : kind == OpKind::Amax ? amax(in, {-1})
+                                           : amin(in, {-1});
+      CHECK(rel_diff(run_emulated(g, {in}), want) == 0);
+    }
+    ir::Graph g;
+    g.output(g.op(OpKind::Prod, {g.input(DType::Float32, {7, 130})}, last));
+    Tensor scaled = xf * 0.1 + 1.0;
+    CHECK(rel_diff(run_emulated(g, {scaled}), prod(scaled.to(DType::Float64), {-1})) < 1e-5);
+  }
+  SECTION("a NaN in a row reaches the row's max and every softmax output") {
+    std::vector<float> v(3 * 100, 0.5f);
+    v[100 + 77] = NAN;
+    Tensor x = from_vector(v, {3, 100});
+    ir::Graph g;
+    OpAttrs a;
+    a.dim = -1;
+    g.output(g.op(OpKind::Softmax, {g.input(DType::Float32, {3, 100})}, a));
+    std::vector<float> y = run_emulated(g, {x}).to_vector<float>();
+    CHECK(y[0] == Approx(0.01));
+    CHECK(std::isnan(y[100]));
+    CHECK(std::isnan(y[199]));
+    CHECK(y[299] == Approx(0.01));
+  }
+}

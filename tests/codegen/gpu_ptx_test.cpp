@@ -347,3 +347,57 @@ TEST_CASE("gpu ptx: contiguous() of a permuted view is one copy kernel") {
   CHECK(out.is_contiguous());
   CHECK(out.to_vector<float>() == in.permute({0, 2, 1, 3}).contiguous().to_vector<float>());
 }
+
+TEST_CASE("gpu ptx: a row reduction's lanes combine their parts with shuffles") {
+  auto softmax_graph = [](const std::vector<int64_t>& shape, bool after_matmul) {
+    ir::Graph g;
+    OpAttrs a;
+    a.dim = -1;
+    ir::Value x = g.input(DType::Float32, shape);
+    if (after_matmul)
+      x = g.op(OpKind::Matmul, {g.input(DType::Float32, {shape[0], 64}),
+                                g.input(DType::Float32, {64, shape[1]})});
+    g.output(g.op(OpKind::Softmax, {x}, a));
+    return g;
+  };
+  const std::string bfly = "shfl.sync.bfly";
+  {
+    codegen::Executable exe(softmax_graph({512, 4096}, false), cuda_options());
+    std::string ptx = exe.ptx();
+    INFO(ptx);
+    // A float32 max (5 shuffles for 32 lanes) and a float64 sum (two 32-bit halves each).
+    CHECK(count(ptx, bfly) == 15);
+    CHECK(count(ptx, "bar.warp.sync") == 0);  // the initial values are the fills', in registers
+    // x read by the max and exp loops, exp(x - max) by the sum and divide loops; the row max
+    // and sum come from registers, not reloaded in every iteration.
+    CHECK(count(ptx, "ld.global") == 4);
+    CHECK(entries(ptx) == 1);
+    check_assembles(ptx, "softmax_lanes");
+  }
+  {  // after a GEMM the fills are kernels of their own: each reduction loads its initial value,
+     // and a warp sync keeps every lane's load before any lane's store
+    codegen::Executable exe(softmax_graph({512, 4096}, true), cuda_options());
+    INFO(exe.ptx());
+    CHECK(count(exe.ptx(), bfly) == 15);
+    CHECK(count(exe.ptx(), "bar.warp.sync") == 2);
+    check_assembles(exe.ptx(), "matmul_softmax_lanes");
+  }
+  {  // rows shorter than 64 elements keep a thread per row
+    codegen::Executable exe(softmax_graph({512, 40}, false), cuda_options());
+    CHECK(count(exe.ptx(), bfly) == 0);
+  }
+  {  // GpuTarget::row_lanes = 1: a thread per row
+    codegen::CompileOptions one = cuda_options();
+    one.gpu.row_lanes = 1;
+    codegen::Executable exe(softmax_graph({512, 4096}, false), one);
+    CHECK(count(exe.ptx(), bfly) == 0);
+  }
+  {  // a column sum reads neighbouring columns with neighbouring threads already: no lanes
+    ir::Graph g;
+    OpAttrs a;
+    a.dims = {0};
+    g.output(g.op(OpKind::Sum, {g.input(DType::Float32, {4096, 512})}, a));
+    codegen::Executable exe(g, cuda_options());
+    CHECK(count(exe.ptx(), bfly) == 0);
+  }
+}

@@ -74,6 +74,36 @@ TEST_CASE("cuda: eager ops on the device equal the cpu's", "[cuda]") {
   CHECK(z.cpu().to_vector<float>() == std::vector<float>(5, 1.5f));
 }
 
+TEST_CASE("cuda: row reductions over a warp's lanes equal the cpu's", "[cuda]") {
+  // Rows of 64 or more elements get 32 lanes each (codegen/gpu_row_lanes.cpp); 37 rows leave
+  // the last block of 256 threads part full, and 300 and 4,097 columns part of the last pass.
+  REQUIRE_CUDA_OR_SKIP();
+  for (int64_t cols : {64, 300, 4097}) {
+    INFO(cols << " columns");
+    Tensor x = randn({37, cols}) * 3.0;
+    Tensor xd = x.cuda();
+    CHECK(rel_diff(softmax(xd, -1), softmax(x, -1)) < 1e-6);
+    CHECK(rel_diff(log_softmax(xd, -1), log_softmax(x, -1)) < 1e-5);
+    CHECK(rel_diff(layer_norm(xd, {cols}), layer_norm(x, {cols})) < 1e-5);
+    CHECK(rel_diff(sum(xd, {-1}), sum(x, {-1})) < 1e-6);
+    CHECK(rel_diff(amax(xd, {-1}), amax(x, {-1})) == 0);
+    CHECK(rel_diff(amin(xd - 100.0, {-1}), amin(x - 100.0, {-1})) == 0);
+    Tensor xi = randint(-1000, 1000, {37, cols});
+    CHECK(rel_diff(sum(xi.cuda(), {-1}), sum(xi, {-1})) == 0);
+  }
+  Tensor nan_row = ones({3, 100});
+  nan_row.select(0, 1).select(0, 77).fill_(NAN);
+  std::vector<float> y = softmax(nan_row.cuda(), -1).cpu().to_vector<float>();
+  CHECK(y[0] == Approx(0.01));
+  CHECK(std::isnan(y[100]));
+  CHECK(y[299] == Approx(0.01));
+  // After a GEMM, the reductions load their initial values (a warp sync before the stores).
+  auto f = [](const Tensor& a, const Tensor& b) { return softmax(matmul(a, b), -1); };
+  auto cf = compile(f);
+  Tensor a = randn({77, 16}), b = randn({16, 500});
+  CHECK(rel_diff(cf(a.cuda(), b.cuda()), f(a, b)) < 1e-5);
+}
+
 TEST_CASE("cuda: compiled functions on the device equal eager", "[cuda]") {
   REQUIRE_CUDA_OR_SKIP();
   auto f = [](const Tensor& x, const Tensor& w) {
