@@ -468,9 +468,10 @@ bool has_serial_loop(mlir::scf::ParallelOp p) {
 }
 
 /// Rewrites a parallel loop over (d0, d1, ...) as a parallel loop over its first `row_dims`
-/// dims whose body loops over the other dims sequentially (one thread per row).
-void keep_rows_parallel(mlir::scf::ParallelOp p, unsigned row_dims) {
-  if (p.getNumLoops() == row_dims) return;
+/// dims whose body loops over the other dims sequentially (one thread per row). Returns the new
+/// loop (`p` when it has `row_dims` dims already).
+mlir::scf::ParallelOp keep_rows_parallel(mlir::scf::ParallelOp p, unsigned row_dims) {
+  if (p.getNumLoops() == row_dims) return p;
   mlir::OpBuilder b(p);
   mlir::Location loc = p.getLoc();
   auto outer = mlir::scf::ParallelOp::create(b, loc, p.getLowerBound().take_front(row_dims),
@@ -488,24 +489,28 @@ void keep_rows_parallel(mlir::scf::ParallelOp p, unsigned row_dims) {
   for (auto [old_iv, new_iv] : llvm::zip(p.getInductionVars(), ivs)) map.map(old_iv, new_iv);
   for (mlir::Operation& op : p.getBody()->without_terminator()) b.clone(op, map);
   p.erase();
+  return outer;
 }
 
 bool is_row_loop(mlir::scf::ParallelOp p) {
   return !mlir::getConstantIntValue(p.getUpperBound()[0]).has_value();
 }
 
-/// How many leading dims the row loops of `fn` can all keep parallel: 1 (dim 0, which the
+/// How many leading dims the row loops `rows` can all keep parallel: 1 (dim 0, which the
 /// row-split analysis checked), or more when every row loop runs over the same leading dims
 /// (from 0, step 1; the same constant sizes after dim 0) and every memref they write is only
 /// read and written at those dims' own indices, so that "row" (i0, ..., ik) of each loop reads
 /// only row (i0, ..., ik) of what the loops before it wrote. Softmax over the last dim of
 /// [B, H, L, S] then gets a thread per (b, h, l) — B * H * L threads — instead of B threads
-/// each doing H * L rows.
-unsigned shared_row_dims(llvm::MutableArrayRef<mlir::scf::ParallelOp> rows) {
-  if (rows.empty()) return 1;
+/// each doing H * L rows. `verify`: no analysis vouched for dim 0 (a run of loops between GEMMs):
+/// dim 0 is checked like the others (the same bound, the same value or constant, in every
+/// loop), and 0 is returned when even it does not hold.
+unsigned shared_row_dims(llvm::ArrayRef<mlir::scf::ParallelOp> rows, bool verify) {
+  const unsigned unverified = verify ? 0 : 1;
+  if (rows.empty()) return unverified;
   auto same = [](mlir::Value a, mlir::Value b) {
     auto ca = mlir::getConstantIntValue(a), cb = mlir::getConstantIntValue(b);
-    return ca && cb && *ca == *cb;
+    return a == b || (ca && cb && *ca == *cb);
   };
   mlir::scf::ParallelOp first = rows.front();
   unsigned k = first.getNumLoops();
@@ -514,26 +519,37 @@ unsigned shared_row_dims(llvm::MutableArrayRef<mlir::scf::ParallelOp> rows) {
     for (unsigned d = 0; d < k; ++d) {
       bool ok = mlir::isConstantIntValue(p.getLowerBound()[d], 0) &&
                 mlir::isConstantIntValue(p.getStep()[d], 1) &&
-                (d == 0 || same(p.getUpperBound()[d], first.getUpperBound()[d]));
+                ((d == 0 && !verify) || same(p.getUpperBound()[d], first.getUpperBound()[d]));
       if (!ok) k = d;
     }
   }
   // Memrefs the row loops write. Each must be a buffer of its own (an allocation or an argument)
   // used only by loads and stores: a view of it (a reshape for attention's heads) reads other
-  // rows' elements through another value, which the index check below would not see.
+  // rows' elements through another value, which the index check below would not see. A GEMM
+  // after the loops reads it through its pointer (extracted outside the loops), which is fine.
   llvm::SmallDenseSet<mlir::Value, 8> written;
   for (mlir::scf::ParallelOp p : rows)
     p.walk([&](mlir::memref::StoreOp s) { written.insert(s.getMemRef()); });
+  auto inside_rows = [&](mlir::Operation* op) {
+    return llvm::any_of(rows, [&](mlir::scf::ParallelOp p) { return p->isAncestor(op); });
+  };
   for (mlir::Value m : written) {
     bool own = llvm::isa<mlir::BlockArgument>(m) || m.getDefiningOp<mlir::memref::AllocOp>();
-    for (mlir::Operation* user : m.getUsers())
+    for (mlir::Operation* user : m.getUsers()) {
+      if (llvm::isa<mlir::memref::ExtractAlignedPointerAsIndexOp,
+                    mlir::memref::ExtractStridedMetadataOp>(user) &&
+          !inside_rows(user)) {
+        for (mlir::Operation* u : user->getUsers()) own &= !inside_rows(u);
+        continue;
+      }
       own &= llvm::isa<mlir::memref::LoadOp, mlir::memref::StoreOp, mlir::memref::DeallocOp,
                        mlir::memref::DimOp>(user);
-    if (!own) return 1;
+    }
+    if (!own) return unverified;
   }
   // The largest k at which every access of a written memref indexes dims < k by the row IVs.
   auto separable = [&](unsigned k) {
-    for (mlir::scf::ParallelOp& p : rows) {
+    for (mlir::scf::ParallelOp p : rows) {
       bool ok = true;
       auto check = [&](mlir::Value memref, mlir::ValueRange indices) {
         if (!written.contains(memref)) return;
@@ -555,16 +571,19 @@ unsigned shared_row_dims(llvm::MutableArrayRef<mlir::scf::ParallelOp> rows) {
     }
     return true;
   };
-  while (k > 1 && !separable(k)) --k;
-  return std::max(k, 1u);
+  while (k > unverified && !separable(k)) --k;
+  return k >= 1 ? k : unverified;
 }
 
-/// Row mode, for graphs the row-split analysis found row-separable (codegen/row_split.h: every
-/// nest runs over the same rows, row i of a result reads only row i of what came before;
-/// dim 0 is the only `?`): consecutive loop nests over the rows become one loop over rows,
-/// i.e. one kernel with a thread per row (softmax, layer_norm: one kernel instead of 4-11), as
-/// the CPU row split runs them per block of rows. Returns whether any nests were merged.
-bool fuse_rows(mlir::func::FuncOp fn) {
+/// Row mode: consecutive loop nests over the rows become one loop over rows, i.e. one kernel
+/// with a thread per row (softmax, layer_norm: one kernel instead of 4-11), as the CPU row split
+/// runs them per block of rows. For graphs the row-split analysis found row-separable
+/// (codegen/row_split.h: every nest runs over the same rows, row i of a result reads only row i
+/// of what came before; dim 0 is the only `?`) all row loops are merged where nothing stays
+/// between them. Otherwise (`verify`: a graph with GEMMs, such as attention's softmax between
+/// two) each run of row loops between ops that stay (a GEMM call) merges only where
+/// shared_row_dims verifies it, dim 0 included. Returns whether any nests were merged.
+bool fuse_rows(mlir::func::FuncOp fn, bool verify) {
   mlir::Block& block = fn.getBody().front();
   auto loops = top_level_loops(fn);
   if (loops.size() < 2 || llvm::none_of(loops, has_serial_loop)) return false;
@@ -578,17 +597,31 @@ bool fuse_rows(mlir::func::FuncOp fn) {
     if (after) alloc->moveAfter(after);
     else alloc->moveBefore(&block.front());
   }
-  llvm::SmallVector<mlir::scf::ParallelOp> rows;
-  for (mlir::scf::ParallelOp p : loops)
-    if (is_row_loop(p)) rows.push_back(p);
-  const unsigned row_dims = shared_row_dims(rows);
-  for (mlir::scf::ParallelOp p : rows) keep_rows_parallel(p, row_dims);
+  auto stays = [](mlir::Operation& op) {  // an op no loop merges across
+    auto p = llvm::dyn_cast<mlir::scf::ParallelOp>(op);
+    if (p) return !is_row_loop(p);
+    return !(mlir::isMemoryEffectFree(&op) && op.getNumRegions() == 0);
+  };
+  // The groups of row loops that share row dims: all of them, or (verify) each run.
+  llvm::SmallVector<llvm::SmallVector<mlir::scf::ParallelOp>> groups(1);
+  for (mlir::Operation& op : block) {
+    if (verify && stays(op) && !groups.back().empty()) groups.emplace_back();
+    if (auto p = llvm::dyn_cast<mlir::scf::ParallelOp>(op); p && is_row_loop(p))
+      groups.back().push_back(p);
+  }
+  llvm::DenseMap<mlir::Operation*, unsigned> row_dims;  // of the loops that may merge
+  for (auto& group : groups) {
+    if (verify && (group.size() < 2 || llvm::none_of(group, has_serial_loop))) continue;
+    const unsigned dims = shared_row_dims(group, verify);
+    if (dims == 0) continue;
+    for (mlir::scf::ParallelOp p : group) row_dims[keep_rows_parallel(p, dims)] = dims;
+  }
   bool merged = false;
   mlir::scf::ParallelOp leader;
   llvm::SmallVector<mlir::Operation*> between;  // pure ops after the leader
   for (mlir::Operation& op : llvm::make_early_inc_range(block)) {
     auto p = llvm::dyn_cast<mlir::scf::ParallelOp>(op);
-    if (!p || !is_row_loop(p)) {
+    if (!p || !row_dims.contains(p)) {
       bool pure = mlir::isMemoryEffectFree(&op) && op.getNumRegions() == 0;
       if (leader && pure) {
         between.push_back(&op);
@@ -598,7 +631,7 @@ bool fuse_rows(mlir::func::FuncOp fn) {
       }
       continue;
     }
-    bool movable = leader != nullptr;
+    bool movable = leader != nullptr && row_dims.lookup(leader) == row_dims.lookup(p);
     for (mlir::Operation* x : between)
       for (mlir::Value v : x->getOperands())
         if (mlir::Operation* def = v.getDefiningOp();
@@ -615,9 +648,10 @@ bool fuse_rows(mlir::func::FuncOp fn) {
     // p's body after the leader's, with p's row index the leader's.
     mlir::OpBuilder b(leader.getBody()->getTerminator());
     mlir::IRMapping map;
-    for (unsigned d = 0; d < row_dims; ++d)
+    for (unsigned d = 0; d < row_dims.lookup(p); ++d)
       map.map(p.getInductionVars()[d], leader.getInductionVars()[d]);
     for (mlir::Operation& inner : p.getBody()->without_terminator()) b.clone(inner, map);
+    row_dims.erase(p);
     p.erase();
     merged = true;
   }
@@ -815,7 +849,7 @@ void gpu_parallel_loops(mlir::ModuleOp m, const GpuTarget& target, bool row_sepa
   parallel_outside_reductions(fn);
   wrap_host_accesses(fn);
   split_sums(fn);
-  if (row_separable) fuse_rows(fn);
+  fuse_rows(fn, /*verify=*/!row_separable);
   // The emulation runs every loop on one CPU thread: lanes of one (no shuffles).
   if (!for_device) spread_rows_over_lanes(fn, 1);
   else if (target.row_lanes > 1) spread_rows_over_lanes(fn, target.row_lanes);

@@ -244,9 +244,9 @@ TEST_CASE("gpu loops on the cpu: rows spread over lanes") {
   // The lane rewrite (gpu_row_lanes.cpp) runs with lanes of one thread here: each reduction's
   // part starts at its combine's neutral element and is combined with the row's initial value
   // after the loop; gpu_ptx_test.cpp checks the shuffles of the 32-lane form.
-  SECTION("softmax after a matmul: the row max and sum start from values an earlier loop stored") {
-    // With a GEMM the graph is not row-separable: the fills are kernels of their own, so each
-    // reduction loads its initial value.
+  SECTION("softmax after a matmul; a reduction whose fill is a loop of its own") {
+    // With a GEMM the graph is not row-separable: the loops after it merge where
+    // shared_row_dims verifies it.
     Tensor x = randn({24, 16}), w = randn({16, 200});
     ir::Graph g;
     OpAttrs a;
@@ -255,6 +255,30 @@ TEST_CASE("gpu loops on the cpu: rows spread over lanes") {
                                                           g.input(DType::Float32, {16, 200})})},
                   a));
     CHECK(rel_diff(run_emulated(g, {x, w}), softmax(matmul(x, w), -1)) < 1e-6);
+    // The second input's rows are not the batch: its fill stays a loop of its own, so its max
+    // loads the initial value.
+    Tensor b = randn({10, 300});
+    ir::Graph two;
+    OpAttrs last;
+    last.dims = {-1};
+    two.output(two.op(OpKind::Sum, {two.input(DType::Float32, {24, 300})}, last));
+    two.output(two.op(OpKind::Amax, {two.input(DType::Float32, {10, 300})}, last));
+    Tensor rows = randn({24, 300});
+    std::vector<Tensor> outs = codegen::Executable(two, emulated()).run({rows, b - 10.0});
+    CHECK(rel_diff(outs.at(0), sum(rows.to(DType::Float64), {-1})) < 1e-7);
+    CHECK(rel_diff(outs.at(1), amax(b - 10.0, {-1})) == 0);
+  }
+  SECTION("after a matmul, a row sum read at other rows is complete before it is read") {
+    // out[i, j] = m[i, j] * s[j]: merged per row, row i would read s[j] before row j wrote it.
+    Tensor x = randn({24, 16}), w = randn({16, 24});
+    ir::Graph g;
+    OpAttrs last;
+    last.dims = {-1};
+    ir::Value m = g.op(OpKind::Matmul, {g.input(DType::Float32, {24, 16}),
+                                        g.input(DType::Float32, {16, 24})});
+    g.output(g.op(OpKind::Mul, {m, g.op(OpKind::Sum, {m}, last)}));
+    Tensor mm = matmul(x, w);
+    CHECK(rel_diff(run_emulated(g, {x, w}), mm * sum(mm, {-1})) < 1e-5);
   }
   SECTION("integer sums, max, min and products of rows") {
     Tensor xi = randint(-50, 50, {7, 130}, Int64);

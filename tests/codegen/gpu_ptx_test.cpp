@@ -374,13 +374,27 @@ TEST_CASE("gpu ptx: a row reduction's lanes combine their parts with shuffles") 
     CHECK(entries(ptx) == 1);
     check_assembles(ptx, "softmax_lanes");
   }
-  {  // after a GEMM the fills are kernels of their own: each reduction loads its initial value,
-     // and a warp sync keeps every lane's load before any lane's store
+  {  // after a GEMM: the run of row loops after it is verified and merged as well
     codegen::Executable exe(softmax_graph({512, 4096}, true), cuda_options());
     INFO(exe.ptx());
+    CHECK(entries(exe.ptx()) == 1);  // it was 7: two fills, max, exp, sum, reciprocal, scale
     CHECK(count(exe.ptx(), bfly) == 15);
-    CHECK(count(exe.ptx(), "bar.warp.sync") == 2);
+    CHECK(count(exe.ptx(), "bar.warp.sync") == 0);
     check_assembles(exe.ptx(), "matmul_softmax_lanes");
+  }
+  {  // the first input's rows are the batch (`?`): its fill, sum and rounding merge. The second
+     // input's rows are not, so its fill stays a kernel of its own: its max loads the initial
+     // value, and a warp sync keeps every lane's load before any lane's store
+    ir::Graph g;
+    OpAttrs a;
+    a.dims = {-1};
+    g.output(g.op(OpKind::Sum, {g.input(DType::Float32, {512, 300})}, a));
+    g.output(g.op(OpKind::Amax, {g.input(DType::Float32, {256, 300})}, a));
+    codegen::Executable exe(g, cuda_options());
+    INFO(exe.ptx());
+    CHECK(count(exe.ptx(), bfly) == 15);
+    CHECK(count(exe.ptx(), "bar.warp.sync") == 1);
+    check_assembles(exe.ptx(), "two_batches_lanes");
   }
   {  // rows shorter than 64 elements keep a thread per row
     codegen::Executable exe(softmax_graph({512, 40}, false), cuda_options());
