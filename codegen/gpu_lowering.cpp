@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <functional>
 #include <mutex>
 
 #include "codegen/cpu_parallel.h"
@@ -453,6 +454,15 @@ void wrap_host_accesses(mlir::func::FuncOp fn) {
   flush();
 }
 
+/// Whether `op` or an op reached through its results (and theirs) satisfies `inside`.
+bool reaches(mlir::Operation* op, const std::function<bool(mlir::Operation*)>& inside) {
+  if (inside(op)) return true;
+  for (mlir::Value r : op->getResults())
+    for (mlir::Operation* u : r.getUsers())
+      if (reaches(u, inside)) return true;
+  return false;
+}
+
 /// The top-level parallel loops of `fn`.
 llvm::SmallVector<mlir::scf::ParallelOp> top_level_loops(mlir::func::FuncOp fn) {
   llvm::SmallVector<mlir::scf::ParallelOp> loops;
@@ -530,23 +540,15 @@ unsigned shared_row_dims(llvm::ArrayRef<mlir::scf::ParallelOp> rows, bool verify
   llvm::SmallDenseSet<mlir::Value, 8> written;
   for (mlir::scf::ParallelOp p : rows)
     p.walk([&](mlir::memref::StoreOp s) { written.insert(s.getMemRef()); });
+  // In verify mode, a view or pointer of it is fine when only code outside the loops uses it
+  // (attention's probabilities reshaped for the GEMM after them); the row-separable path keeps
+  // the stricter rule.
   auto inside_rows = [&](mlir::Operation* op) {
-    return llvm::any_of(rows, [&](mlir::scf::ParallelOp p) { return p->isAncestor(op); });
+    return !verify ||
+           llvm::any_of(rows, [&](mlir::scf::ParallelOp p) { return p->isAncestor(op); });
   };
-  for (mlir::Value m : written) {
-    bool own = llvm::isa<mlir::BlockArgument>(m) || m.getDefiningOp<mlir::memref::AllocOp>();
-    for (mlir::Operation* user : m.getUsers()) {
-      if (llvm::isa<mlir::memref::ExtractAlignedPointerAsIndexOp,
-                    mlir::memref::ExtractStridedMetadataOp>(user) &&
-          !inside_rows(user)) {
-        for (mlir::Operation* u : user->getUsers()) own &= !inside_rows(u);
-        continue;
-      }
-      own &= llvm::isa<mlir::memref::LoadOp, mlir::memref::StoreOp, mlir::memref::DeallocOp,
-                       mlir::memref::DimOp>(user);
-    }
-    if (!own) return unverified;
-  }
+  for (mlir::Value m : written)
+    if (!own_buffer(m, inside_rows)) return unverified;
   // The largest k at which every access of a written memref indexes dims < k by the row IVs.
   auto separable = [&](unsigned k) {
     for (mlir::scf::ParallelOp p : rows) {
@@ -794,6 +796,17 @@ void expand_remf(mlir::ModuleOp m) {
 }
 
 }  // namespace
+
+bool own_buffer(mlir::Value m, const std::function<bool(mlir::Operation*)>& inside) {
+  if (!llvm::isa<mlir::BlockArgument>(m) && !m.getDefiningOp<mlir::memref::AllocOp>())
+    return false;
+  for (mlir::Operation* user : m.getUsers())
+    if (!llvm::isa<mlir::memref::LoadOp, mlir::memref::StoreOp, mlir::memref::DeallocOp,
+                   mlir::memref::DimOp>(user) &&
+        reaches(user, inside))
+      return false;
+  return true;
+}
 
 GpuTarget GpuTarget::from_env() {
   GpuTarget t;

@@ -1,6 +1,7 @@
 #pragma once
 /// Internal to codegen/: the GPU half of the pipeline (codegen/README.md, "GPU"). MLIR-free
 /// apart from forward declarations, like jit.h.
+#include <functional>
 #include <string>
 
 #include "codegen/codegen.h"
@@ -8,6 +9,8 @@
 namespace mlir {
 class ModuleOp;
 class DialectRegistry;
+class Operation;
+class Value;
 namespace func {
 class FuncOp;
 }
@@ -46,6 +49,12 @@ void gpu_parallel_loops(mlir::ModuleOp m, const GpuTarget& target, bool row_sepa
 /// warps), or 1 for the CPU emulation, which rewrites the loops without shuffles (rows shorter
 /// than 2 * lanes keep a thread each on a GPU). Returns the number of loops rewritten.
 int spread_rows_over_lanes(mlir::func::FuncOp fn, int lanes);
+
+/// Whether memref `m` is a buffer of its own for loops that `inside` tells apart: an allocation
+/// or an argument used only by loads, stores, deallocs and dims, or by other ops (views, pointer
+/// extraction) of which nothing reached through their results is `inside` — so the loops touch
+/// its elements only through `m` itself, and an index check of their accesses sees them all.
+bool own_buffer(mlir::Value m, const std::function<bool(mlir::Operation*)>& inside);
 
 /// Every scf.parallel of `m` runs its iterations last to first (each index i becomes ub - 1 - i;
 /// loops from 0 with step 1 only): CompileOptions::emulate_in_reverse.

@@ -128,8 +128,8 @@ bool RowPlan::analyse(int64_t min_columns) {
   return !loops_.empty() && accesses_ok() && accumulators_ok();
 }
 
-/// Every buffer the body writes is one of its own (an allocation or an argument, used only by
-/// loads, stores, deallocs and dims: no view reads its elements under another name), and each
+/// Every buffer the body writes is one of its own (own_buffer: no view inside the loop reads its
+/// elements under another name), and each
 /// access of it indexes the row dims by the row indices, then constants and at most the
 /// enclosing column loop's index. With the index, element (row, j) is read and written only by
 /// lane j % lanes ("column" buffers); without, every lane of the row reads and writes the same
@@ -139,13 +139,9 @@ bool RowPlan::accesses_ok() {
   p_.walk([&](mlir::memref::StoreOp s) { written.insert(s.getMemRef()); });
   const unsigned rows = p_.getNumLoops();
   llvm::SmallDenseMap<mlir::Value, bool, 8> is_column;
-  for (mlir::Value m : written) {
-    bool own = llvm::isa<mlir::BlockArgument>(m) || m.getDefiningOp<mlir::memref::AllocOp>();
-    for (mlir::Operation* user : m.getUsers())
-      own &= llvm::isa<mlir::memref::LoadOp, mlir::memref::StoreOp, mlir::memref::DeallocOp,
-                       mlir::memref::DimOp>(user);
-    if (!own) return false;
-  }
+  auto inside = [&](mlir::Operation* op) { return p_->isAncestor(op); };
+  for (mlir::Value m : written)
+    if (!own_buffer(m, inside)) return false;
   bool ok = true;
   p_.walk([&](mlir::Operation* op) {
     if (!llvm::isa<mlir::memref::LoadOp, mlir::memref::StoreOp>(op)) {

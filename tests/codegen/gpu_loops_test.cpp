@@ -268,6 +268,19 @@ TEST_CASE("gpu loops on the cpu: rows spread over lanes") {
     CHECK(rel_diff(outs.at(0), sum(rows.to(DType::Float64), {-1})) < 1e-7);
     CHECK(rel_diff(outs.at(1), amax(b - 10.0, {-1})) == 0);
   }
+  SECTION("attention: softmax between two GEMMs, its probabilities reshaped for the second") {
+    Tensor q = randn({2, 3, 70, 16}), k = randn({2, 3, 16, 70}), v = randn({2, 3, 70, 16});
+    ir::Graph g;
+    OpAttrs a;
+    a.dim = -1;
+    ir::Value scores = g.op(OpKind::Mul, {g.op(OpKind::Matmul, {g.input(DType::Float32, {2, 3, 70, 16}),
+                                                                g.input(DType::Float32, {2, 3, 16, 70})}),
+                                          g.constant(Scalar(0.25), DType::Float32)});
+    g.output(g.op(OpKind::Matmul, {g.op(OpKind::Softmax, {scores}, a),
+                                   g.input(DType::Float32, {2, 3, 70, 16})}));
+    Tensor want = matmul(softmax(matmul(q, k) * 0.25, -1), v);
+    CHECK(rel_diff(run_emulated(g, {q, k, v}), want) < 1e-5);
+  }
   SECTION("after a matmul, a row sum read at other rows is complete before it is read") {
     // out[i, j] = m[i, j] * s[j]: merged per row, row i would read s[j] before row j wrote it.
     Tensor x = randn({24, 16}), w = randn({16, 24});

@@ -415,3 +415,38 @@ TEST_CASE("gpu ptx: a row reduction's lanes combine their parts with shuffles") 
     CHECK(count(exe.ptx(), bfly) == 0);
   }
 }
+
+TEST_CASE("gpu ptx: attention's softmax between two GEMMs is one kernel over a warp per row") {
+  // scores = q @ k * 0.125, softmax over the last dim, @ v: the scale, max, exp, sum and divide
+  // merge into one kernel with rows over (b, h, l), though the probabilities are reshaped for
+  // the second GEMM (a view that only code after the loops uses).
+  ir::Graph g;
+  OpAttrs a;
+  a.dim = -1;
+  ir::Value q = g.input(DType::Float32, {8, 12, 512, 64});
+  ir::Value k = g.input(DType::Float32, {8, 12, 64, 512});
+  ir::Value v = g.input(DType::Float32, {8, 12, 512, 64});
+  ir::Value scores =
+      g.op(OpKind::Mul, {g.op(OpKind::Matmul, {q, k}), g.constant(Scalar(0.125), DType::Float32)});
+  g.output(g.op(OpKind::Matmul, {g.op(OpKind::Softmax, {scores}, a), v}));
+  codegen::Executable exe(g, cuda_options());
+  INFO(exe.ptx());
+  CHECK(entries(exe.ptx()) <= 2);  // the softmax kernel, and the result's copy out of the GEMM
+  CHECK(count(exe.ptx(), "shfl.sync.bfly") == 15);
+  check_assembles(exe.ptx(), "attention");
+  // layer_norm before a GEMM: one kernel with two float64 sums over lanes, one for the epilogue
+  ir::Graph ln;
+  OpAttrs norm;
+  norm.dims = {768};
+  norm.eps = 1e-5;
+  ir::Value y = ln.op(OpKind::LayerNorm, {ln.input(DType::Float32, {4096, 768}),
+                                          ln.input(DType::Float32, {768}),
+                                          ln.input(DType::Float32, {768})},
+                      norm);
+  ln.output(ln.op(OpKind::Gelu, {ln.op(OpKind::Matmul, {y, ln.input(DType::Float32, {768, 768})})}));
+  codegen::Executable lexe(ln, cuda_options());
+  INFO(lexe.ptx());
+  CHECK(entries(lexe.ptx()) == 2);
+  CHECK(count(lexe.ptx(), "shfl.sync.bfly") == 20);
+  check_assembles(lexe.ptx(), "layer_norm_matmul");
+}
