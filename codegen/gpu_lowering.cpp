@@ -864,8 +864,9 @@ void gpu_parallel_loops(mlir::ModuleOp m, const GpuTarget& target, bool row_sepa
   split_sums(fn);
   fuse_rows(fn, /*verify=*/!row_separable);
   // The emulation runs every loop on one CPU thread: lanes of one (no shuffles).
-  if (!for_device) spread_rows_over_lanes(fn, 1);
-  else if (target.row_lanes > 1) spread_rows_over_lanes(fn, target.row_lanes);
+  if (!for_device) spread_rows_over_lanes(fn, 1, target.threads_per_block);
+  else if (target.row_lanes != 1)
+    spread_rows_over_lanes(fn, target.row_lanes, target.threads_per_block);
   linearize(fn);  // nests left multi-dimensional (grid y/z are limited to 65535)
   unroll_elementwise(fn, target.threads_per_block, target.elements_per_thread);
   log_module("GPU parallel loops", m);

@@ -47,8 +47,13 @@ void gpu_parallel_loops(mlir::ModuleOp m, const GpuTarget& target, bool row_sepa
 /// (a per-row value: stored once, by every lane alike) or constants and the column index (an
 /// element only its lane touches). `lanes`: 32 (a warp; NVVM's shuffle masks assume whole
 /// warps), or 1 for the CPU emulation, which rewrites the loops without shuffles (rows shorter
-/// than 2 * lanes keep a thread each on a GPU). Returns the number of loops rewritten.
-int spread_rows_over_lanes(mlir::func::FuncOp fn, int lanes);
+/// than 2 * lanes keep a thread each on a GPU). Returns the number of loops rewritten. Throws
+/// kiln::Error unless lanes is 1, or 32 with `threads_per_block` a multiple of 32.
+int spread_rows_over_lanes(mlir::func::FuncOp fn, int lanes, int threads_per_block);
+
+/// Registers kiln-gpu-row-lanes{lanes=32} (spread_rows_over_lanes on each function, for lit
+/// tests) and the dialects its input and output need.
+void register_gpu_row_lanes_pass(mlir::DialectRegistry& registry);
 
 /// Whether memref `m` is a buffer of its own for loops that `inside` tells apart: an allocation
 /// or an argument used only by loads, stores, deallocs and dims, or by other ops (views, pointer

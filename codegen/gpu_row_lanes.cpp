@@ -6,7 +6,10 @@
 // butterfly of shuffles, after which every lane holds the row's result.
 #include <optional>
 
+#include <fmt/format.h>
+
 #include "codegen/gpu_lowering.h"
+#include "core/error.h"
 #include "mlir/Dialect/Arith/IR/Arith.h"
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/Dialect/GPU/IR/GPUDialect.h"
@@ -16,6 +19,7 @@
 #include "mlir/IR/BuiltinOps.h"
 #include "mlir/IR/IRMapping.h"
 #include "mlir/Interfaces/SideEffectInterfaces.h"
+#include "mlir/Pass/Pass.h"
 
 namespace kiln::codegen {
 namespace {
@@ -214,7 +218,9 @@ bool RowPlan::accumulators_ok() {
         if (auto l = v.getDefiningOp<mlir::memref::LoadOp>();
             l && l.getMemRef() == st.getMemRef() && same_indices(l.getIndices(), st.getIndices()))
           a.load = l;
-      if (!a.load || !a.load->hasOneUse() ||
+      // The running value must not be used but by its store: after the rewrite it is a lane's
+      // part (a running sum stored per column, a cumsum, would store parts).
+      if (!a.load || !a.load->hasOneUse() || !a.combine->getResult(0).hasOneUse() ||
           a.combine->getOperand(0) == a.combine->getOperand(1))
         return false;
       auto neutral = mlir::arith::getNeutralElement(a.combine);
@@ -222,6 +228,9 @@ bool RowPlan::accumulators_ok() {
       if (!neutral || !(t.isF32() || t.isF64() || t.isInteger(32) || t.isInteger(64)))
         return false;
       a.neutral = *neutral;
+      // getNeutralElement gives +0.0 for addf; -0.0 is its neutral element (-0.0 + -0.0 = -0.0).
+      if (llvm::isa<mlir::arith::AddFOp>(a.combine))
+        a.neutral = mlir::FloatAttr::get(t, -0.0);
       // The element is the same in every iteration (loaded before and stored after the loop).
       for (mlir::Value i : st.getIndices())
         if (c.loop->isAncestor(i.getParentBlock()->getParentOp())) return false;
@@ -371,9 +380,46 @@ void RowPlan::apply(int lanes) {
   p_.erase();
 }
 
+/// kiln-gpu-row-lanes{lanes=32}: spread_rows_over_lanes on every function, for lit tests
+/// (tests/ir/gpu-row-lanes.mlir).
+struct RowLanesPass : mlir::PassWrapper<RowLanesPass, mlir::OperationPass<mlir::func::FuncOp>> {
+  MLIR_DEFINE_EXPLICIT_INTERNAL_INLINE_TYPE_ID(RowLanesPass)
+  RowLanesPass() = default;
+  RowLanesPass(const RowLanesPass& other) : PassWrapper(other) {}
+  llvm::StringRef getArgument() const override { return "kiln-gpu-row-lanes"; }
+  llvm::StringRef getDescription() const override {
+    return "spread row reductions over the lanes of a warp (codegen/gpu_row_lanes.cpp)";
+  }
+  void getDependentDialects(mlir::DialectRegistry& r) const override {
+    r.insert<mlir::gpu::GPUDialect, mlir::NVVM::NVVMDialect>();
+  }
+  void runOnOperation() override {
+    try {
+      spread_rows_over_lanes(getOperation(), lanes, 256);
+    } catch (const Error& e) {
+      getOperation().emitError(e.what());
+      signalPassFailure();
+    }
+  }
+  Option<int> lanes{*this, "lanes", llvm::cl::desc("threads per row (1 or 32)"),
+                    llvm::cl::init(32)};
+};
+
 }  // namespace
 
-int spread_rows_over_lanes(mlir::func::FuncOp fn, int lanes) {
+void register_gpu_row_lanes_pass(mlir::DialectRegistry& registry) {
+  registry.insert<mlir::scf::SCFDialect, mlir::gpu::GPUDialect, mlir::NVVM::NVVMDialect>();
+  mlir::PassRegistration<RowLanesPass>();
+}
+
+int spread_rows_over_lanes(mlir::func::FuncOp fn, int lanes, int threads_per_block) {
+  // A row's lanes must be one whole warp: NVVM's shuffle masks cover lanes [0, width), and a
+  // block that is not whole warps would split a row's lanes.
+  if (lanes != 1 && (lanes != 32 || threads_per_block % 32 != 0))
+    throw Error("codegen (gpu)", fmt::format("row lanes must be 1 or 32 (a warp) with a multiple "
+                                             "of 32 threads per block, got {} lanes and {} "
+                                             "threads per block",
+                                             lanes, threads_per_block));
   llvm::SmallVector<mlir::scf::ParallelOp> candidates;
   for (mlir::Operation& op : fn.getBody().front())
     if (auto p = llvm::dyn_cast<mlir::scf::ParallelOp>(op)) candidates.push_back(p);

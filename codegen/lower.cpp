@@ -10,6 +10,7 @@
 #include <optional>
 
 #include "codegen/codegen.h"
+#include "codegen/gpu_lowering.h"
 #include "codegen/lower.h"
 #include "core/error.h"
 #include "core/meta.h"
@@ -1701,6 +1702,7 @@ void register_codegen(mlir::DialectRegistry& registry) {
   mlir::PassRegistration<KilnToLinalgPass>();
   register_fusion_pass();
   register_extern_calls_pass();
+  register_gpu_row_lanes_pass(registry);
   mlir::registerLinalgPasses();  // linalg-fuse-elementwise-ops, ...
 }
 

@@ -406,6 +406,12 @@ TEST_CASE("gpu ptx: a row reduction's lanes combine their parts with shuffles") 
     codegen::Executable exe(softmax_graph({512, 4096}, false), one);
     CHECK(count(exe.ptx(), bfly) == 0);
   }
+  {  // lanes other than a whole warp would shuffle with masks that leave lanes out
+    codegen::CompileOptions half = cuda_options();
+    half.gpu.row_lanes = 16;
+    CHECK_THROWS_WITH(codegen::Executable(softmax_graph({512, 4096}, false), half),
+                      Catch::Contains("row lanes must be 1 or 32"));
+  }
   {  // a column sum reads neighbouring columns with neighbouring threads already: no lanes
     ir::Graph g;
     OpAttrs a;
