@@ -297,6 +297,22 @@ void append_descriptor(std::vector<int64_t>& words, void* data, const Shape& sha
   }
 }
 
+
+/// Per input of @main: whether its dim 0 is `?` only through the row relaxation (the graph's
+/// own shape has a static dim 0), so run() holds it to that size (gpu_parallel_loops'
+/// `same_rows`).
+std::vector<bool> relaxed_inputs(mlir::ModuleOp m,
+                                 const std::vector<std::vector<int64_t>>& graph_shapes) {
+  auto fn = m.lookupSymbol<mlir::func::FuncOp>("main");
+  std::vector<bool> relaxed(graph_shapes.size(), false);
+  for (size_t i = 0; i < graph_shapes.size() && i < fn.getNumArguments(); ++i) {
+    auto t = llvm::dyn_cast<mlir::ShapedType>(fn.getArgument(i).getType());
+    relaxed[i] = t && t.getRank() > 0 && t.isDynamicDim(0) && !graph_shapes[i].empty() &&
+                 graph_shapes[i][0] != ir::kDynamic;
+  }
+  return relaxed;
+}
+
 }  // namespace
 
 // CompiledMeta: inputs, outputs, kernels, linalg, row_split (filled by compile(), or copied from
@@ -519,7 +535,7 @@ std::string Executable::Impl::compile(const std::string& graph_mlir, bool relax)
     const bool row_separable = I.row_split.splittable && !I.row_split.gemm;
     I.row_split = RowSplitPlan{};  // run() launches kernels; their threads are the parallelism
     GpuLowered gpu;
-    lower_for_gpu(m, I.gpu, row_separable, I.messages, gpu);
+    lower_for_gpu(m, I.gpu, row_separable, relaxed_inputs(m, graph_shapes), I.messages, gpu);
     I.ptx = std::move(gpu.ptx);
     I.gpu_kernels = gpu.kernels;
     I.cuda_device = I.device.index;
@@ -544,7 +560,8 @@ std::string Executable::Impl::compile(const std::string& graph_mlir, bool relax)
   if (I.emulate_gpu_loops != GpuLoopEmulation::Off) {
     const bool row_separable = I.row_split.splittable && !I.row_split.gemm;
     I.row_split = RowSplitPlan{};  // one call over all rows, as one launch
-    gpu_parallel_loops(m, I.gpu, row_separable, /*for_device=*/false, I.messages);
+    gpu_parallel_loops(m, I.gpu, row_separable, relaxed_inputs(m, graph_shapes),
+                       /*for_device=*/false, I.messages);
     if (I.emulate_gpu_loops == GpuLoopEmulation::Reversed) reverse_parallel_loops(m);
   } else if (I.row_split.splittable) {
     I.run_pipeline(m, "func.func(convert-linalg-to-loops)", "loops");  // run() splits the rows

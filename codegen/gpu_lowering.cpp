@@ -30,6 +30,7 @@
 #include "mlir/Dialect/SCF/Utils/Utils.h"
 #include "mlir/IR/PatternMatch.h"
 #include "mlir/Interfaces/SideEffectInterfaces.h"
+#include "mlir/Interfaces/ViewLikeInterface.h"
 #include "mlir/Pass/PassManager.h"
 #include "mlir/Pass/PassRegistry.h"
 #include "mlir/Target/LLVM/NVVM/Target.h"
@@ -577,6 +578,85 @@ unsigned shared_row_dims(llvm::ArrayRef<mlir::scf::ParallelOp> rows, bool verify
   return k >= 1 ? k : unverified;
 }
 
+/// gpu_parallel_loops' `same_rows`: every `memref.dim %arg_i, 0` of such an input becomes one
+/// value, the first such input's, made at the function's start.
+void unify_row_counts(mlir::func::FuncOp fn, const std::vector<bool>& same_rows) {
+  mlir::Value rows;
+  mlir::OpBuilder b = mlir::OpBuilder::atBlockBegin(&fn.getBody().front());
+  for (auto [i, arg] : llvm::enumerate(fn.getArguments())) {
+    auto t = llvm::dyn_cast<mlir::MemRefType>(arg.getType());
+    if (i >= same_rows.size() || !same_rows[i] || !t || t.getRank() == 0 || !t.isDynamicDim(0))
+      continue;
+    for (mlir::Operation* user : llvm::to_vector(arg.getUsers())) {
+      auto dim = llvm::dyn_cast<mlir::memref::DimOp>(user);
+      if (!dim || !mlir::isConstantIntValue(dim.getIndex(), 0)) continue;
+      if (!rows) {
+        mlir::Value zero = mlir::arith::ConstantIndexOp::create(b, fn.getLoc(), 0);
+        rows = mlir::memref::DimOp::create(b, fn.getLoc(), arg, zero);
+      }
+      dim.getResult().replaceAllUsesWith(rows);
+      dim.erase();
+    }
+  }
+}
+
+/// The buffer `m` is a view of (an allocation, an argument, or what a non-view op returns).
+mlir::Value view_root(mlir::Value m) {
+  while (auto view = m.getDefiningOp<mlir::ViewLikeOpInterface>()) m = view.getViewSource();
+  return m;
+}
+
+/// Loops standing before a GEMM call that cannot touch their buffers move after it, in order, so
+/// that they join the row loops after it: a reduction's fill that bufferization placed before
+/// the GEMM whose result the reduction sums (softmax's backward in attention). The call's
+/// buffers are those whose pointers its operands extract; a loop moves when no buffer it loads
+/// or stores shares a root (view_root) with them.
+void sink_loops_past_gemms(mlir::Block& block) {
+  for (auto call : llvm::to_vector(block.getOps<mlir::func::CallOp>())) {
+    // kiln_rt_gemm_* in the CPU emulation.
+    if (!call.getCallee().starts_with("kiln_rt_cuda_gemm") &&
+        !call.getCallee().starts_with("kiln_rt_gemm"))
+      continue;
+    llvm::SmallDenseSet<mlir::Value, 4> call_roots;
+    bool known = true;
+    for (mlir::Value v : call.getOperands()) {
+      mlir::Operation* def = v.getDefiningOp();
+      if (auto ptr = llvm::dyn_cast_or_null<mlir::memref::ExtractAlignedPointerAsIndexOp>(def))
+        call_roots.insert(view_root(ptr.getSource()));
+      else
+        known &= !def || llvm::isa<mlir::arith::ConstantOp, mlir::memref::DimOp,
+                                   mlir::memref::ExtractStridedMetadataOp>(def);
+    }
+    if (!known) continue;
+    llvm::SmallVector<mlir::scf::ParallelOp> moving;  // nearest the call first
+    for (mlir::Operation* op = call->getPrevNode(); op; op = op->getPrevNode()) {
+      // Pure ops and allocations stay (a loop cannot use a buffer allocated after it).
+      if ((mlir::isMemoryEffectFree(op) && op->getNumRegions() == 0) ||
+          llvm::isa<mlir::memref::AllocOp>(op))
+        continue;
+      auto loop = llvm::dyn_cast<mlir::scf::ParallelOp>(op);
+      if (!loop) break;
+      bool apart = true;
+      loop.walk([&](mlir::Operation* inner) {
+        if (inner == loop.getOperation()) return;
+        for (mlir::Value v : inner->getOperands())
+          if (llvm::isa<mlir::MemRefType>(v.getType())) apart &= !call_roots.contains(view_root(v));
+        // Only loads, stores and pure ops: nothing else whose effects are unknown.
+        apart &= llvm::isa<mlir::memref::LoadOp, mlir::memref::StoreOp, mlir::scf::ForOp,
+                           mlir::scf::YieldOp, mlir::scf::ReduceOp, mlir::scf::IfOp>(inner) ||
+                 mlir::isMemoryEffectFree(inner);
+      });
+      if (!apart) break;
+      moving.push_back(loop);
+    }
+    mlir::Operation* after = call;
+    for (mlir::scf::ParallelOp loop : llvm::reverse(moving)) {
+      loop->moveAfter(after);
+      after = loop;
+    }
+  }
+}
+
 /// Row mode: consecutive loop nests over the rows become one loop over rows, i.e. one kernel
 /// with a thread per row (softmax, layer_norm: one kernel instead of 4-11), as the CPU row split
 /// runs them per block of rows. For graphs the row-split analysis found row-separable
@@ -599,6 +679,8 @@ bool fuse_rows(mlir::func::FuncOp fn, bool verify) {
     if (after) alloc->moveAfter(after);
     else alloc->moveBefore(&block.front());
   }
+  if (verify) sink_loops_past_gemms(block);
+  log_module("GPU rows: sunk", fn->getParentOfType<mlir::ModuleOp>());
   auto stays = [](mlir::Operation& op) {  // an op no loop merges across
     auto p = llvm::dyn_cast<mlir::scf::ParallelOp>(op);
     if (p) return !is_row_loop(p);
@@ -848,7 +930,8 @@ void fill_gpu_registry(mlir::DialectRegistry& r) {
 }
 
 void gpu_parallel_loops(mlir::ModuleOp m, const GpuTarget& target, bool row_separable,
-                        bool for_device, std::string& messages) {
+                        const std::vector<bool>& same_rows, bool for_device,
+                        std::string& messages) {
   init_gpu_once();
   auto fn = m.lookupSymbol<mlir::func::FuncOp>("main");
   if (!fn) throw Error("codegen (gpu)", "graph has no @main");
@@ -858,6 +941,7 @@ void gpu_parallel_loops(mlir::ModuleOp m, const GpuTarget& target, bool row_sepa
   run(m, "func.func(convert-linalg-to-parallel-loops),canonicalize,cse", "parallel loops",
       messages);
   fn = m.lookupSymbol<mlir::func::FuncOp>("main");
+  unify_row_counts(fn, same_rows);
   inline_constant_globals(m, fn);
   parallel_outside_reductions(fn);
   wrap_host_accesses(fn);
@@ -888,9 +972,9 @@ void reverse_parallel_loops(mlir::ModuleOp m) {
 }
 
 void lower_for_gpu(mlir::ModuleOp m, const GpuTarget& target, bool row_separable,
-                   std::string& messages, GpuLowered& out) {
+                   const std::vector<bool>& same_rows, std::string& messages, GpuLowered& out) {
   init_gpu_once();
-  gpu_parallel_loops(m, target, row_separable, /*for_device=*/true, messages);
+  gpu_parallel_loops(m, target, row_separable, same_rows, /*for_device=*/true, messages);
   // Blocks of threads_per_block threads (no-min-max-bounds: with an affine.min bound
   // convert-parallel-loops-to-gpu silently leaves the loop on the host).
   run(m,

@@ -3,6 +3,7 @@
 /// apart from forward declarations, like jit.h.
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "codegen/codegen.h"
 
@@ -34,8 +35,13 @@ struct GpuLowered {
 /// GEMM calls go to cuBLAS and rows get target.row_lanes lanes; false, for
 /// CompileOptions::emulate_gpu_loops, which runs these loops on the CPU so tests check the
 /// rewrites' results without a GPU: GEMMs stay the CPU's and rows get lanes of one thread.
+/// `same_rows[i]`: input i's dim 0 is `?` only through the row relaxation (row_split.h), so at
+/// run time it is the graph's static size, the same for every such input (run() checks the
+/// inputs against the graph's shapes, and GPU code runs all rows at once): their dims become
+/// one value, so loops over the rows of different inputs are seen to share their rows.
 void gpu_parallel_loops(mlir::ModuleOp m, const GpuTarget& target, bool row_separable,
-                        bool for_device, std::string& messages);
+                        const std::vector<bool>& same_rows, bool for_device,
+                        std::string& messages);
 
 /// Rows over the lanes of a warp (gpu_row_lanes.cpp): each top-level parallel loop of `fn` whose
 /// threads run serial loops along their row's last (contiguous) dim — softmax, layer_norm, row
@@ -75,6 +81,6 @@ void reverse_parallel_loops(mlir::ModuleOp m);
 /// `row_separable`: the row-split analysis (row_split.h) found every nest running over the
 /// same rows (dim 0 the only `?`), without GEMMs: consecutive nests are merged per row.
 void lower_for_gpu(mlir::ModuleOp m, const GpuTarget& target, bool row_separable,
-                   std::string& messages, GpuLowered& out);
+                   const std::vector<bool>& same_rows, std::string& messages, GpuLowered& out);
 
 }  // namespace kiln::codegen
