@@ -10,6 +10,7 @@
 
 #include "backends/cuda/driver.h"
 #include "codegen/codegen.h"
+#include "gpu_graphs.h"
 #include "kiln/kiln.h"
 
 using namespace kiln;
@@ -458,16 +459,7 @@ TEST_CASE("gpu ptx: attention's softmax between two GEMMs is one kernel over a w
   // softmax's backward after the GEMM giving its incoming gradient, y * (g - sum(g * y)): the
   // sum's fill (placed before the GEMM) moves after it, and the rows of y and of the GEMM's
   // result (two inputs' `?`) are one count: one kernel, where it was 4.
-  ir::Graph bw;
-  OpAttrs keep;
-  keep.dims = {-1};
-  keep.keepdim = true;
-  ir::Value y_in = bw.input(DType::Float32, {4096, 512});
-  ir::Value grad = bw.op(OpKind::Matmul, {bw.input(DType::Float32, {4096, 64}),
-                                          bw.input(DType::Float32, {64, 512})});
-  ir::Value dot = bw.op(OpKind::Sum, {bw.op(OpKind::Mul, {grad, y_in})}, keep);
-  bw.output(bw.op(OpKind::Mul, {y_in, bw.op(OpKind::Sub, {grad, dot})}));
-  codegen::Executable bexe(bw, cuda_options());
+  codegen::Executable bexe(test::softmax_backward_after_gemm(4096, 512, 64), cuda_options());
   INFO(bexe.ptx());
   CHECK(entries(bexe.ptx()) == 1);
   CHECK(count(bexe.ptx(), "shfl.sync.bfly") == 10);
