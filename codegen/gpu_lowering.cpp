@@ -456,11 +456,13 @@ void wrap_host_accesses(mlir::func::FuncOp fn) {
 }
 
 /// Whether `op` or an op reached through its results (and theirs) satisfies `inside`.
-bool reaches(mlir::Operation* op, const std::function<bool(mlir::Operation*)>& inside) {
+bool reaches(mlir::Operation* op, const std::function<bool(mlir::Operation*)>& inside,
+             llvm::SmallPtrSetImpl<mlir::Operation*>& seen) {
+  if (!seen.insert(op).second) return false;
   if (inside(op)) return true;
   for (mlir::Value r : op->getResults())
     for (mlir::Operation* u : r.getUsers())
-      if (reaches(u, inside)) return true;
+      if (reaches(u, inside, seen)) return true;
   return false;
 }
 
@@ -600,18 +602,22 @@ void unify_row_counts(mlir::func::FuncOp fn, const std::vector<bool>& same_rows)
   }
 }
 
-/// The buffer `m` is a view of (an allocation, an argument, or what a non-view op returns).
+/// The allocation or argument buffer `m` is a view of; null when it comes from anything else
+/// (an op not known as a view, such as memref.transpose, may still alias).
 mlir::Value view_root(mlir::Value m) {
   while (auto view = m.getDefiningOp<mlir::ViewLikeOpInterface>()) m = view.getViewSource();
-  return m;
+  if (llvm::isa<mlir::BlockArgument>(m) || m.getDefiningOp<mlir::memref::AllocOp>()) return m;
+  return {};
 }
 
 /// Loops standing before a GEMM call that cannot touch their buffers move after it, in order, so
 /// that they join the row loops after it: a reduction's fill that bufferization placed before
 /// the GEMM whose result the reduction sums (softmax's backward in attention). The call's
-/// buffers are those whose pointers its operands extract; a loop moves when no buffer it loads
-/// or stores shares a root (view_root) with them.
-void sink_loops_past_gemms(mlir::Block& block) {
+/// buffers are those whose pointers its operands extract; a loop moves when every buffer it
+/// loads or stores has a known root (view_root) that none of them shares. Returns whether any
+/// loop moved.
+bool sink_loops_past_gemms(mlir::Block& block) {
+  bool sunk = false;
   for (auto call : llvm::to_vector(block.getOps<mlir::func::CallOp>())) {
     // kiln_rt_gemm_* in the CPU emulation.
     if (!call.getCallee().starts_with("kiln_rt_cuda_gemm") &&
@@ -621,11 +627,14 @@ void sink_loops_past_gemms(mlir::Block& block) {
     bool known = true;
     for (mlir::Value v : call.getOperands()) {
       mlir::Operation* def = v.getDefiningOp();
-      if (auto ptr = llvm::dyn_cast_or_null<mlir::memref::ExtractAlignedPointerAsIndexOp>(def))
-        call_roots.insert(view_root(ptr.getSource()));
-      else
+      if (auto ptr = llvm::dyn_cast_or_null<mlir::memref::ExtractAlignedPointerAsIndexOp>(def)) {
+        mlir::Value root = view_root(ptr.getSource());
+        known &= static_cast<bool>(root);
+        call_roots.insert(root);
+      } else {
         known &= !def || llvm::isa<mlir::arith::ConstantOp, mlir::memref::DimOp,
                                    mlir::memref::ExtractStridedMetadataOp>(def);
+      }
     }
     if (!known) continue;
     llvm::SmallVector<mlir::scf::ParallelOp> moving;  // nearest the call first
@@ -635,12 +644,15 @@ void sink_loops_past_gemms(mlir::Block& block) {
           llvm::isa<mlir::memref::AllocOp>(op))
         continue;
       auto loop = llvm::dyn_cast<mlir::scf::ParallelOp>(op);
-      if (!loop) break;
+      if (!loop || loop->getNumResults() != 0) break;
       bool apart = true;
       loop.walk([&](mlir::Operation* inner) {
         if (inner == loop.getOperation()) return;
         for (mlir::Value v : inner->getOperands())
-          if (llvm::isa<mlir::MemRefType>(v.getType())) apart &= !call_roots.contains(view_root(v));
+          if (llvm::isa<mlir::MemRefType>(v.getType())) {
+            mlir::Value root = view_root(v);
+            apart &= root && !call_roots.contains(root);
+          }
         // Only loads, stores and pure ops: nothing else whose effects are unknown.
         apart &= llvm::isa<mlir::memref::LoadOp, mlir::memref::StoreOp, mlir::scf::ForOp,
                            mlir::scf::YieldOp, mlir::scf::ReduceOp, mlir::scf::IfOp>(inner) ||
@@ -653,8 +665,10 @@ void sink_loops_past_gemms(mlir::Block& block) {
     for (mlir::scf::ParallelOp loop : llvm::reverse(moving)) {
       loop->moveAfter(after);
       after = loop;
+      sunk = true;
     }
   }
+  return sunk;
 }
 
 /// Row mode: consecutive loop nests over the rows become one loop over rows, i.e. one kernel
@@ -679,8 +693,8 @@ bool fuse_rows(mlir::func::FuncOp fn, bool verify) {
     if (after) alloc->moveAfter(after);
     else alloc->moveBefore(&block.front());
   }
-  if (verify) sink_loops_past_gemms(block);
-  log_module("GPU rows: sunk", fn->getParentOfType<mlir::ModuleOp>());
+  if (verify && sink_loops_past_gemms(block))
+    log_module("GPU rows: loops moved after GEMMs", fn->getParentOfType<mlir::ModuleOp>());
   auto stays = [](mlir::Operation& op) {  // an op no loop merges across
     auto p = llvm::dyn_cast<mlir::scf::ParallelOp>(op);
     if (p) return !is_row_loop(p);
@@ -880,12 +894,13 @@ void expand_remf(mlir::ModuleOp m) {
 }  // namespace
 
 bool own_buffer(mlir::Value m, const std::function<bool(mlir::Operation*)>& inside) {
+  llvm::SmallPtrSet<mlir::Operation*, 16> seen;
   if (!llvm::isa<mlir::BlockArgument>(m) && !m.getDefiningOp<mlir::memref::AllocOp>())
     return false;
   for (mlir::Operation* user : m.getUsers())
     if (!llvm::isa<mlir::memref::LoadOp, mlir::memref::StoreOp, mlir::memref::DeallocOp,
                    mlir::memref::DimOp>(user) &&
-        reaches(user, inside))
+        reaches(user, inside, seen))
       return false;
   return true;
 }
