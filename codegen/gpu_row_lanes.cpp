@@ -89,7 +89,9 @@ class RowPlan {
   mlir::scf::ParallelOp p_;
   llvm::SmallVector<ColumnLoop> loops_;
   llvm::SmallDenseSet<mlir::Operation*, 4> dropped_inits_;
-  llvm::SmallDenseSet<mlir::Value, 8> row_buffers_;  // per-row values the body stores
+  // Buffers the body writes that hold per-row values (every lane stores the same bits), as
+  // accesses_ok finds them; the others it writes are column buffers (lane-owned elements).
+  llvm::SmallDenseSet<mlir::Value, 8> row_buffers_;
 };
 
 /// A column loop the rewrite handles: from 0 by 1 over a bound from outside the row body, no
@@ -133,11 +135,10 @@ bool RowPlan::analyse(int64_t min_columns) {
 }
 
 /// Every buffer the body writes is one of its own (own_buffer: no view inside the loop reads its
-/// elements under another name), and each
-/// access of it indexes the row dims by the row indices, then constants and at most the
-/// enclosing column loop's index. With the index, element (row, j) is read and written only by
-/// lane j % lanes ("column" buffers); without, every lane of the row reads and writes the same
-/// value ("row" buffers, checked by accumulators_ok).
+/// elements under another name), and each access of it indexes the row dims by the row indices,
+/// then constants and at most the enclosing column loop's index. With the index, element
+/// (row, j) is read and written only by lane j % lanes (a column buffer); without, every lane of
+/// the row reads and writes the same value (row_buffers_, checked by accumulators_ok).
 bool RowPlan::accesses_ok() {
   llvm::SmallDenseSet<mlir::Value, 8> written;
   p_.walk([&](mlir::memref::StoreOp s) { written.insert(s.getMemRef()); });
@@ -170,6 +171,8 @@ bool RowPlan::accesses_ok() {
     auto [it, fresh] = is_column.try_emplace(m, column_uses == 1);
     ok &= it->second == (column_uses == 1);
   });
+  for (auto [m, column] : is_column)
+    if (!column) row_buffers_.insert(m);
   return ok;
 }
 
@@ -180,34 +183,19 @@ bool RowPlan::accesses_ok() {
 bool RowPlan::accumulators_ok() {
   mlir::Block* body = p_.getBody();
   auto position = [&](mlir::Operation* op) { return body->findAncestorOpInBlock(*op); };
-  // Row buffers accessed in the body, with their accesses in body order.
+  // Row buffers' accesses, in body order.
   llvm::MapVector<mlir::Value, llvm::SmallVector<mlir::Operation*>> row_accesses;
-  const unsigned rows = p_.getNumLoops();
-  p_.walk([&](mlir::Operation* op) {
-    mlir::Value m = memref_of(op);
-    if (!m || !llvm::isa<mlir::memref::StoreOp>(op)) return;
-    row_accesses.try_emplace(m);
+  body->walk([&](mlir::Operation* op) {
+    if (mlir::Value m = memref_of(op); m && row_buffers_.contains(m))
+      row_accesses[m].push_back(op);
   });
-  for (auto& [m, accesses] : row_accesses) {
-    body->walk([&](mlir::Operation* op) {
-      if (memref_of(op) == m) accesses.push_back(op);
-    });
-    bool column = false;
-    for (mlir::Operation* a : accesses) {
-      auto f = llvm::dyn_cast<mlir::scf::ForOp>(a->getParentOp());
-      for (mlir::Value i : indices_of(a).drop_front(rows))
-        column |= f && i == f.getInductionVar();
-    }
-    if (column) accesses.clear();  // a column buffer: lane-owned elements
-    else row_buffers_.insert(m);
-  }
   for (ColumnLoop& c : loops_) {
     mlir::Block* lb = c.loop.getBody();
     for (mlir::Operation& op : lb->without_terminator()) {
       auto st = llvm::dyn_cast<mlir::memref::StoreOp>(op);
       if (!st) continue;
       auto it = row_accesses.find(st.getMemRef());
-      if (it == row_accesses.end() || it->second.empty()) continue;  // a column buffer
+      if (it == row_accesses.end()) continue;  // a column buffer
       Accumulator a;
       a.store = st;
       a.combine = st.getValueToStore().getDefiningOp();
@@ -310,7 +298,8 @@ void RowPlan::apply(int lanes) {
         return;
       }
     mlir::Operation* c = b.clone(op, map);
-    if (auto s = llvm::dyn_cast<mlir::memref::StoreOp>(op); s && row_buffers_.contains(s.getMemRef()))
+    auto s = llvm::dyn_cast<mlir::memref::StoreOp>(op);
+    if (s && row_buffers_.contains(s.getMemRef()))
       stored[s.getMemRef()] = {s.getIndices(), llvm::cast<mlir::memref::StoreOp>(c).getValue()};
   };
   auto column_loop = [&](mlir::scf::ForOp f) -> ColumnLoop* {

@@ -274,9 +274,9 @@ TEST_CASE("gpu loops on the cpu: rows spread over lanes") {
     ir::Graph g;
     OpAttrs a;
     a.dim = -1;
-    ir::Value scores = g.op(OpKind::Mul, {g.op(OpKind::Matmul, {g.input(DType::Float32, {2, 3, 70, 16}),
-                                                                g.input(DType::Float32, {2, 3, 16, 70})}),
-                                          g.constant(Scalar(0.25), DType::Float32)});
+    ir::Value qk = g.op(OpKind::Matmul, {g.input(DType::Float32, {2, 3, 70, 16}),
+                                         g.input(DType::Float32, {2, 3, 16, 70})});
+    ir::Value scores = g.op(OpKind::Mul, {qk, g.constant(Scalar(0.25), DType::Float32)});
     g.output(g.op(OpKind::Matmul, {g.op(OpKind::Softmax, {scores}, a),
                                    g.input(DType::Float32, {2, 3, 70, 16})}));
     Tensor want = matmul(softmax(matmul(q, k) * 0.25, -1), v);

@@ -450,7 +450,8 @@ TEST_CASE("gpu ptx: attention's softmax between two GEMMs is one kernel over a w
                                           ln.input(DType::Float32, {768}),
                                           ln.input(DType::Float32, {768})},
                       norm);
-  ln.output(ln.op(OpKind::Gelu, {ln.op(OpKind::Matmul, {y, ln.input(DType::Float32, {768, 768})})}));
+  ir::Value w = ln.input(DType::Float32, {768, 768});
+  ln.output(ln.op(OpKind::Gelu, {ln.op(OpKind::Matmul, {y, w})}));
   codegen::Executable lexe(ln, cuda_options());
   INFO(lexe.ptx());
   CHECK(entries(lexe.ptx()) == 2);
