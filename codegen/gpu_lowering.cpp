@@ -774,8 +774,9 @@ void linearize(mlir::func::FuncOp fn) {
 /// iterations, iteration t of block b computing elements b * threads * per_thread + t + j *
 /// threads for j < per_thread: each load of a warp stays coalesced, and every element's loads
 /// are cloned before any store, so a thread has per_thread loads in flight (kernel arguments are
-/// not noalias: the device compiler cannot move a load above an earlier store). Loads read a
-/// clamped index and stores are guarded, for the last block.
+/// not noalias: the device compiler cannot move a load above an earlier store). A thread whose
+/// elements are all in bounds uses them as they are; in the last block loads read a clamped
+/// index and stores are guarded.
 void unroll_elementwise(mlir::func::FuncOp fn, int threads, int per_thread) {
   if (per_thread <= 1) return;
   for (mlir::scf::ParallelOp p : top_level_loops(fn)) {
@@ -812,23 +813,41 @@ void unroll_elementwise(mlir::func::FuncOp fn, int threads, int per_thread) {
         mlir::arith::MulIOp::create(b, loc,
                                     mlir::arith::DivUIOp::create(b, loc, g, block_threads), chunk),
         mlir::arith::RemUIOp::create(b, loc, g, block_threads));
-    std::vector<mlir::IRMapping> maps(per_thread);
-    std::vector<mlir::Value> in_bounds(per_thread);
-    for (int j = 0; j < per_thread; ++j) {
-      mlir::Value i = mlir::arith::AddIOp::create(b, loc, first, index(int64_t{j} * threads));
-      in_bounds[j] =
-          mlir::arith::CmpIOp::create(b, loc, mlir::arith::CmpIPredicate::ult, i, n);
-      maps[j].map(p.getInductionVars()[0],
-                  mlir::arith::MinUIOp::create(b, loc, i, last).getResult());
-      for (mlir::Operation& op : body->without_terminator())
-        if (!llvm::isa<mlir::memref::StoreOp>(op)) b.clone(op, maps[j]);
-    }
-    for (int j = 0; j < per_thread; ++j) {
-      auto guard = mlir::scf::IfOp::create(b, loc, in_bounds[j], /*withElseRegion=*/false);
-      mlir::OpBuilder inside = guard.getThenBodyBuilder();
-      for (mlir::Operation& op : body->without_terminator())
-        if (llvm::isa<mlir::memref::StoreOp>(op)) inside.clone(op, maps[j]);
-    }
+    // Every block but the last has all its elements in bounds: one test of the thread's last
+    // element picks plain indices (addresses a constant apart, no per-element test: about a
+    // third fewer instructions per element) over the clamped, guarded copy.
+    std::vector<mlir::Value> offsets(per_thread);  // j * threads
+    for (int j = 0; j < per_thread; ++j) offsets[j] = index(int64_t{j} * threads);
+    mlir::Value thread_last = mlir::arith::AddIOp::create(b, loc, first, offsets.back());
+    auto whole = mlir::scf::IfOp::create(
+        b, loc, mlir::arith::CmpIOp::create(b, loc, mlir::arith::CmpIPredicate::ult, thread_last, n),
+        /*withElseRegion=*/true);
+    auto clone_elements = [&](mlir::OpBuilder at, bool guarded) {
+      std::vector<mlir::IRMapping> maps(per_thread);
+      std::vector<mlir::Value> in_bounds(per_thread);
+      for (int j = 0; j < per_thread; ++j) {
+        mlir::Value i = mlir::arith::AddIOp::create(at, loc, first, offsets[j]);
+        mlir::Value read_at = i;
+        if (guarded) {
+          in_bounds[j] =
+              mlir::arith::CmpIOp::create(at, loc, mlir::arith::CmpIPredicate::ult, i, n);
+          read_at = mlir::arith::MinUIOp::create(at, loc, i, last);
+        }
+        maps[j].map(p.getInductionVars()[0], read_at);
+        for (mlir::Operation& op : body->without_terminator())
+          if (!llvm::isa<mlir::memref::StoreOp>(op)) at.clone(op, maps[j]);
+      }
+      for (int j = 0; j < per_thread; ++j) {
+        mlir::OpBuilder store_at = at;
+        if (guarded)
+          store_at = mlir::scf::IfOp::create(at, loc, in_bounds[j], /*withElseRegion=*/false)
+                         .getThenBodyBuilder();
+        for (mlir::Operation& op : body->without_terminator())
+          if (llvm::isa<mlir::memref::StoreOp>(op)) store_at.clone(op, maps[j]);
+      }
+    };
+    clone_elements(whole.getThenBodyBuilder(), /*guarded=*/false);
+    clone_elements(whole.getElseBodyBuilder(), /*guarded=*/true);
     p.erase();
   }
 }

@@ -22,6 +22,7 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <initializer_list>
 #include <limits>
 #include <type_traits>
 
@@ -104,16 +105,29 @@ template <class S> S wrapping_neg(S a) {
 // ln(FLT_MAX) = 88.7228, exp2 from 128) and down through the denormals (exp gives 0 only below
 // -103.97, exp2 below -150): the SIMD library's Cephes version cut both ends at ±88.376.
 
+/// x rounded to the nearest integer, ties to even (nearbyint in the default rounding mode), for
+/// |x| < 2^22: after adding 1.5 · 2^23 no fraction bits are left, so the addition rounds x and
+/// the subtraction is exact.
+template <class S> S round_small(S x) {
+  const S big(0x1.8p23);
+  S shifted = x + big;  // its own statement: never contracted into an fma with x's product
+  return shifted - big;
+}
+
 /// e^r · 2^k, for |r| <= ~0.35 and an integral-valued k in [-151, 129]. e^r: Cephes' degree-5
 /// polynomial (the coefficients of xsimd's expf). 2^k is applied in two steps, 2^h · 2^(k-h) with
 /// h = floor(k / 2), so each factor is a normal float: e^r · 2^h is exact, and the one rounding
 /// is the last multiply's (an overflow to inf, or a denormal result rounded, not flushed to 0).
 /// `pow2i(n)` gives 2^n for an integral-valued n in [-76, 65] from S's exponent bits.
+///
+/// The roundings here are additions (round_small), not float-to-integer conversions: a GPU runs
+/// those at 1/4 to 1/8 of its fma rate, and four of them per element made a fused gelu chain
+/// instruction-bound on the H200 (63 % of copy bandwidth).
 template <class S, class P> S exp_f32_scaled(S k, S r, const P& pow2i) {
   S y(0x1.6ef19ep-10);
   for (double c : {0x1.131b16p-7, 0x1.5552aep-5, 0x1.55534ap-3, 0.5}) y = fma(y, r, S(c));
   S p = fma(y, r * r, r) + S(1);
-  S h = floor(k * S(0.5));
+  S h = round_small(fma(k, S(0.5), S(-0.25)));  // floor(k / 2): k / 2 - 1/4 is exact
   return p * pow2i(h) * pow2i(k - h);
 }
 
@@ -127,7 +141,7 @@ template <class S> S clamp_not_nan(S x, double low, double high) {
 /// x is clamped to [-104, 89] first, where e^x already rounds to 0 and inf.
 template <class S, class P> S exp_f32(S x, const P& pow2i) {
   S xc = clamp_not_nan(x, -104.0, 89.0);
-  S k = nearbyint(xc * S(0x1.715476p+0));  // 1 / ln 2
+  S k = round_small(xc * S(0x1.715476p+0));  // 1 / ln 2
   S r = fma(-k, S(0x1.63p-1), xc);         // ln 2, high part (exact k·ln2_hi)
   r = fma(-k, S(-0x1.bd0106p-13), r);      // ln 2, low part
   return select(isnan(x), x, exp_f32_scaled(k, r, pow2i));
@@ -136,7 +150,7 @@ template <class S, class P> S exp_f32(S x, const P& pow2i) {
 /// float32 2^x: k = round(x), e^((x − k)·ln 2) · 2^k; x is clamped to [-151, 129] first.
 template <class S, class P> S exp2_f32(S x, const P& pow2i) {
   S xc = clamp_not_nan(x, -151.0, 129.0);
-  S k = nearbyint(xc);
+  S k = round_small(xc);
   S r = (xc - k) * S(0.69314718055994530942);
   return select(isnan(x), x, exp_f32_scaled(k, r, pow2i));
 }
@@ -278,13 +292,18 @@ struct Erf {
   }
 };
 
-/// 1 / (1 + e^-x).
+/// a / b for b in [1, +inf] (the 1 + e^-x of sigmoid, silu and gelu): exact division here and
+/// on the CPU. Compiled code marks it approximable (codegen/lower.cpp), so a GPU divides as
+/// a · rcp(b) in two instructions (PTX div.approx.f32: within 2 ulp for b up to 2^126, and 0 above,
+/// where |a / b| < 2^-126 · |a| anyway) instead of IEEE division's ~10 and its slow path.
+template <class S> S divide_by_at_least_one(S a, S b) { return a / b; }
+
 /// 1 / (1 + e^-x), evaluated from e = e^-|x| (at most 1, never overflows): 1 / (1 + e) for
 /// x >= 0, e / (1 + e) for x < 0, so sigmoid(-100) is the denormal 3.8e-44, not 1/inf = 0.
 struct Sigmoid {
   template <class S> static S eval(S x) {
     S e = Exp::eval(select(x < S(0), x, -x));
-    S r = S(1) / (S(1) + e);
+    S r = divide_by_at_least_one(S(1), S(1) + e);
     return select(x < S(0), e * r, r);
   }
 };
@@ -310,7 +329,7 @@ struct GeluErf {
 struct GeluTanh {
   template <class S> static S eval(S x) {
     S u2 = S(2 * 0.79788456080286535588) * (x + S(0.044715) * x * x * x);
-    return x / (S(1) + Exp::eval(-u2));
+    return divide_by_at_least_one(x, S(1) + Exp::eval(-u2));
   }
 };
 
@@ -338,10 +357,9 @@ struct GeluTanhBackward {
   }
 };
 
-/// x · sigmoid(x) = x / (1 + e^-x).
-/// x / (1 + e^-x), as PyTorch (silu(-100) is -0 in float32 there too).
+/// x · sigmoid(x), as x / (1 + e^-x) like PyTorch (silu(-100) is -0 in float32 there too).
 struct Silu {
-  template <class S> static S eval(S x) { return x / (S(1) + Exp::eval(-x)); }
+  template <class S> static S eval(S x) { return divide_by_at_least_one(x, S(1) + Exp::eval(-x)); }
 };
 
 /// Rounding ops are the identity on integers.

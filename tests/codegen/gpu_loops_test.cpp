@@ -233,6 +233,24 @@ TEST_CASE("gpu loops on the cpu: column sums, elementwise chains, constants") {
     g.output(g.op(OpKind::Add, {g.op(OpKind::Mul, {in, in}), in}));
     CHECK(rel_diff(run_emulated(g, {x}), x * x + x) == 0);
   }
+  {  // gelu/silu/sigmoid chains over 21,380 elements: the last block's first 132 threads have
+     // all four elements in bounds (the unguarded path), the others clamp and guard them
+    Tensor w = randn({20, 1069}) * 4;
+    OpAttrs tanh_mode;
+    tanh_mode.mode = 1;
+    for (OpKind kind : {OpKind::Gelu, OpKind::Silu, OpKind::Sigmoid}) {
+      ir::Graph g;
+      ir::Value in = g.input(DType::Float32, {20, 1069});
+      ir::Value y = g.op(OpKind::Add, {g.op(OpKind::Mul, {in, in}), in});
+      g.output(g.op(kind, {y}, kind == OpKind::Gelu ? tanh_mode : OpAttrs{}));
+      Tensor eager_y = w * w + w;
+      Tensor want = kind == OpKind::Gelu  ? gelu(eager_y, "tanh")
+                    : kind == OpKind::Silu ? silu(eager_y)
+                                           : sigmoid(eager_y);
+      INFO(op_name(kind));
+      CHECK(rel_diff(run_emulated(g, {w}), want) < 1e-6);  // (measured: up to 7e-8)
+    }
+  }
   {  // a constant operand, as compile() traces x + 1.5
     ir::Graph g;
     g.output(g.op(OpKind::Add,
