@@ -240,19 +240,47 @@ void unshare_inits(mlir::func::FuncOp fn) {
   }
 }
 
+/// `dst` collapsed as each of `expands` (outermost first) expands: the buffer whose expansion
+/// they give. Null, with nothing built, when its type is not `want`.
+mlir::Value collapse_like(mlir::Value dst, llvm::ArrayRef<mlir::memref::ExpandShapeOp> expands,
+                          mlir::Type want, mlir::OpBuilder& b) {
+  mlir::Type type = dst.getType();
+  for (mlir::memref::ExpandShapeOp e : expands) {
+    auto memref = llvm::cast<mlir::MemRefType>(type);
+    if (!mlir::memref::CollapseShapeOp::isGuaranteedCollapsible(memref,
+                                                                 e.getReassociationIndices()))
+      return {};
+    type = mlir::memref::CollapseShapeOp::computeCollapsedType(memref,
+                                                               e.getReassociationIndices());
+  }
+  if (type != want) return {};
+  mlir::Value v = dst;
+  for (mlir::memref::ExpandShapeOp e : expands)
+    v = mlir::memref::CollapseShapeOp::create(b, e.getLoc(), v, e.getReassociationIndices());
+  return v;
+}
+
 /// A result computed in a temporary and then copied into its output argument, because
 /// eliminate-empty-tensors does not look through reshapes (lower.cpp's GEMM over collapsed rows
-/// expands its result back): the temporary is replaced by the output buffer. Only when the
-/// temporary is a plain alloc whose last use before its dealloc is that copy, and the output
-/// argument is used by nothing else (outputs are fresh tensors, never inputs: see run()).
+/// expands its result back; a batched GEMM's [b·h, m, n] result is copied out as [b, h, m, n]):
+/// the temporary is replaced by the output buffer, collapsed as the copy's source expands it.
+/// Only when the temporary is a plain alloc whose last use before its dealloc is that copy, and
+/// the output argument is used by nothing else (outputs are fresh tensors, never inputs: see
+/// run()).
 void forward_output_copies(mlir::func::FuncOp fn) {
   llvm::SmallVector<mlir::memref::CopyOp> copies;
   fn.walk([&](mlir::memref::CopyOp copy) { copies.push_back(copy); });
   for (mlir::memref::CopyOp copy : copies) {
     auto dst = llvm::dyn_cast<mlir::BlockArgument>(copy.getTarget());
-    auto alloc = copy.getSource().getDefiningOp<mlir::memref::AllocOp>();
+    llvm::SmallVector<mlir::memref::ExpandShapeOp> expands;  // from the copy back to the alloc
+    mlir::Value source = copy.getSource();
+    while (auto e = source.getDefiningOp<mlir::memref::ExpandShapeOp>()) {
+      expands.push_back(e);
+      source = e.getSrc();
+    }
+    auto alloc = source.getDefiningOp<mlir::memref::AllocOp>();
     if (!dst || !alloc || !dst.hasOneUse() || dst.getOwner() != &fn.getBody().front() ||
-        alloc.getType() != dst.getType() || alloc->getBlock() != copy->getBlock())
+        copy.getSource().getType() != dst.getType() || alloc->getBlock() != copy->getBlock())
       continue;
     bool ok = true;
     mlir::Operation* dealloc = nullptr;
@@ -274,10 +302,15 @@ void forward_output_copies(mlir::func::FuncOp fn) {
       }
     }
     if (!ok) continue;
+    mlir::OpBuilder b(alloc);
+    mlir::Value replacement = collapse_like(dst, expands, alloc.getType(), b);
+    if (!replacement) continue;
     copy->erase();
     if (dealloc) dealloc->erase();
-    alloc.getResult().replaceAllUsesWith(dst);
+    alloc.getResult().replaceAllUsesWith(replacement);
     alloc->erase();
+    for (mlir::memref::ExpandShapeOp e : expands)  // outermost first: each frees the next
+      if (e->use_empty()) e->erase();
   }
 }
 

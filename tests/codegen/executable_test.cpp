@@ -999,6 +999,31 @@ TEST_CASE("Executable: 4-D attention products are one batched GEMM (batch dims c
   }
 }
 
+TEST_CASE("Executable: a 4-D GEMM result is written into the output, not copied there") {
+  // The batched GEMM runs over [b*h, m, n]; its result was computed in a temporary and copied
+  // out as [b, h, m, n] (a whole extra pass: on CUDA a kernel of its own in attention). Now the
+  // output buffer, collapsed, is the GEMM's C. A second output reads the product after it.
+  ir::Graph g;
+  ir::Value q = g.input(DType::Float32, {2, 3, 40, 32});
+  ir::Value k = g.input(DType::Float32, {2, 3, 32, 24});
+  ir::Value s = g.op(OpKind::Matmul, {q, k});
+  g.output(s);
+  g.output(g.op(OpKind::Add, {s, g.constant(Scalar(1.0), DType::Float32)}));
+  codegen::Executable exe(g);
+  Tensor qt = randn({2, 3, 40, 32}), kt = randn({2, 3, 32, 24});
+  for (int call = 0; call < 2; ++call) {
+    std::vector<Tensor> out = exe.run({qt, kt});
+    Tensor want = matmul(qt, kt);
+    CHECK(rel_diff(out[0], want) < 1e-5);
+    CHECK(rel_diff(out[1], want + 1) < 1e-5);
+  }
+  const std::string bufferized =
+      test::stage_text(test::compile_logs(g, "ir", codegen::CompileOptions{}), "bufferized");
+  REQUIRE(!bufferized.empty());
+  CHECK(test::count(bufferized, "memref.copy") == 0);
+  CHECK(test::count(bufferized, "memref.collapse_shape %arg2") == 1);  // C is the output
+}
+
 TEST_CASE("Executable: 2-D @ 3-D is one batched GEMM with a shared left operand") {
   for (DType dt : {DType::Float32, DType::Float64}) {
     INFO("dtype " << kiln::name(dt));
