@@ -106,13 +106,11 @@ template <class S> S wrapping_neg(S a) {
 // -103.97, exp2 below -150): the SIMD library's Cephes version cut both ends at ±88.376.
 
 /// x rounded to the nearest integer, ties to even (nearbyint in the default rounding mode), for
-/// |x| < 2^22: after adding 1.5 · 2^23 no fraction bits are left, so the addition rounds x and
-/// the subtraction is exact.
-template <class S> S round_small(S x) {
-  const S big(0x1.8p23);
-  S shifted = x + big;  // its own statement: never contracted into an fma with x's product
-  return shifted - big;
-}
+/// |x| < 2^22. The IR algebra overloads it (codegen/lower.cpp) with two additions, x + 1.5·2^23
+/// − 1.5·2^23 (no fraction bits are left after the first): the same values without a
+/// float-to-int conversion, which a GPU runs at 1/4 to 1/8 of its fma rate. On a CPU the one
+/// rounding instruction is cheaper than two additions.
+template <class S> S round_small(S x) { return nearbyint(x); }
 
 /// e^r · 2^k, for |r| <= ~0.35 and an integral-valued k in [-151, 129]. e^r: Cephes' degree-5
 /// polynomial (the coefficients of xsimd's expf). 2^k is applied in two steps, 2^h · 2^(k-h) with
@@ -120,9 +118,9 @@ template <class S> S round_small(S x) {
 /// is the last multiply's (an overflow to inf, or a denormal result rounded, not flushed to 0).
 /// `pow2i(n)` gives 2^n for an integral-valued n in [-76, 65] from S's exponent bits.
 ///
-/// The roundings here are additions (round_small), not float-to-integer conversions: a GPU runs
-/// those at 1/4 to 1/8 of its fma rate, and four of them per element made a fused gelu chain
-/// instruction-bound on the H200 (63 % of copy bandwidth).
+/// The roundings are round_small's, so compiled code rounds without float-to-int conversions:
+/// four of them per element made a fused gelu chain instruction-bound on the H200 (63 % of copy
+/// bandwidth).
 template <class S, class P> S exp_f32_scaled(S k, S r, const P& pow2i) {
   S y(0x1.6ef19ep-10);
   for (double c : {0x1.131b16p-7, 0x1.5552aep-5, 0x1.55534ap-3, 0.5}) y = fma(y, r, S(c));
