@@ -852,6 +852,31 @@ void unroll_elementwise(mlir::func::FuncOp fn, int threads, int per_thread) {
   }
 }
 
+/// tanh, erf, log, ...: MLIR's polynomials (arith + fma), so no libdevice is needed. The
+/// divisions inside tanh's (by a polynomial >= 4.9e-3 of the clamped x) and erfc's (by |x| + 2
+/// and 2|x| + 1, >= 1; above |x| = 10.05 the result is selected apart) are marked approximable:
+/// div.approx / rcp.approx (2 ulp, 2 instructions) instead of IEEE division (~10 and a slow
+/// path), as CUDA's own -use_fast_math would. Divisions of other approximations (log1p's by
+/// u - 1, up to 3e38, beyond div.approx's 2^126) and of the graph stay exact.
+void approximate_math(mlir::ModuleOp m, const std::string& messages) {
+  auto apply = [&](auto populate) {
+    mlir::RewritePatternSet patterns(m.getContext());
+    populate(patterns);
+    if (mlir::failed(mlir::applyPatternsGreedily(m, std::move(patterns))))
+      throw Error("codegen (gpu): math approximation", messages);
+  };
+  llvm::DenseSet<mlir::Operation*> exact;  // the divisions before tanh's and erfc's
+  m.walk([&](mlir::arith::DivFOp d) { exact.insert(d); });
+  apply([](mlir::RewritePatternSet& p) {
+    mlir::populatePolynomialApproximateTanhPattern(p);
+    mlir::populatePolynomialApproximateErfcPattern(p);
+  });
+  m.walk([&](mlir::arith::DivFOp d) {
+    if (!exact.contains(d)) d.setFastmath(mlir::arith::FastMathFlags::afn);
+  });
+  apply([](mlir::RewritePatternSet& p) { mlir::populateMathPolynomialApproximationPatterns(p); });
+}
+
 /// Intermediates live in device memory: the host code's malloc/free (memref.alloc lowered)
 /// become the CUDA runtime's (codegen/runtime.cpp). gpu.alloc would need async tokens.
 void allocate_on_device(mlir::ModuleOp m) {
@@ -1032,13 +1057,7 @@ void lower_for_gpu(mlir::ModuleOp m, const GpuTarget& target, bool row_separable
   });
   if (!host_access.empty())
     throw Error("codegen (gpu)", "a " + host_access + " stayed on the host (not a kernel)");
-  // tanh, erf, log, ...: polynomials (arith + fma), so no libdevice is needed.
-  {
-    mlir::RewritePatternSet patterns(m.getContext());
-    mlir::populateMathPolynomialApproximationPatterns(patterns);
-    if (mlir::failed(mlir::applyPatternsGreedily(m, std::move(patterns))))
-      throw Error("codegen (gpu): math approximation", messages);
-  }
+  approximate_math(m, messages);
   expand_remf(m);
   out.kernels = 0;
   m.walk([&](mlir::gpu::GPUFuncOp f) { out.kernels += f.isKernel(); });

@@ -199,6 +199,35 @@ TEST_CASE("gpu ptx: exp-based activations: no float-to-int conversions, no IEEE 
   }
 }
 
+TEST_CASE("gpu ptx: tanh's and erfc's own divisions are approximate, the graph's stay exact") {
+  // Whole-block SASS slots per 4 elements (ptxas sm_90): tanh 280 -> 136, gelu (erf) 464 -> 336.
+  auto ptx_of = [](OpKind kind, bool divide) {
+    ir::Graph g;
+    ir::Value x = g.input(DType::Float32, {4096, 1024});
+    ir::Value y = g.op(kind, {x});
+    if (divide) y = g.op(OpKind::Div, {y, g.input(DType::Float32, {4096, 1024})});
+    g.output(y);
+    return codegen::Executable(g, cuda_options()).ptx();
+  };
+  auto exact = [](const std::string& ptx) {
+    return count(ptx, "div.rn.f32") + count(ptx, "rcp.rn.f32");
+  };
+  auto approximate = [](const std::string& ptx) {
+    return count(ptx, "div.approx.f32") + count(ptx, "rcp.approx.f32");
+  };
+  for (OpKind kind : {OpKind::Tanh, OpKind::Gelu}) {  // gelu: 0.5 x erfc(-x / sqrt 2)
+    std::string ptx = ptx_of(kind, false);
+    INFO(op_name(kind) << "\n" << ptx);
+    CHECK(exact(ptx) == 0);
+    CHECK(approximate(ptx) > 0);
+    check_assembles(ptx, "approximate_division");
+    std::string divided = ptx_of(kind, true);  // tanh(x) / y: the user's division is IEEE
+    CHECK(count(divided, "div.rn.f32") > 0);
+  }
+  // log1p's x * log(u) / (u - 1) divides by up to 3e38, beyond div.approx's 2^126: exact.
+  CHECK(exact(ptx_of(OpKind::Log1p, false)) > 0);
+}
+
 TEST_CASE("gpu ptx: a thread whose elements are all in bounds addresses them without tests") {
   // 256 threads x 4 elements: a thread's elements are 1024 bytes apart. The whole-block path
   // reads and writes them at constant offsets from one address; only the last block clamps

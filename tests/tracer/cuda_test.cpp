@@ -60,6 +60,26 @@ TEST_CASE("cuda: eager ops on the device equal the cpu's", "[cuda]") {
   CHECK(rel_diff(exp(xd), exp(x)) < 1e-6);
   CHECK(rel_diff(tanh(xd), tanh(x)) < 1e-6);
   CHECK(rel_diff(gelu(xd), gelu(x)) < 1e-6);
+  // div.approx / rcp.approx inside (2 ulp): sigmoid, silu, tanh-gelu; NaN and inf pass through
+  Tensor wide = x * 30.0;
+  Tensor wide_d = wide.cuda();
+  CHECK(rel_diff(sigmoid(wide_d), sigmoid(wide)) < 1e-6);
+  CHECK(rel_diff(silu(wide_d), silu(wide)) < 1e-6);
+  CHECK(rel_diff(gelu(wide_d, "tanh"), gelu(wide, "tanh")) < 1e-6);
+  Tensor special = tensor({NAN, INFINITY, -INFINITY, -100.0f, 100.0f, 0.0f});
+  for (auto op : {+[](const Tensor& t) { return sigmoid(t); },
+                  +[](const Tensor& t) { return silu(t); },
+                  +[](const Tensor& t) { return gelu(t, "tanh"); },
+                  +[](const Tensor& t) { return tanh(t); }}) {
+    std::vector<float> got = op(special.cuda()).cpu().to_vector<float>();
+    std::vector<float> want = op(special).to_vector<float>();
+    for (size_t i = 0; i < want.size(); ++i) {
+      INFO("element " << i << ": device " << got[i] << ", cpu " << want[i]);
+      CHECK((std::isnan(got[i]) ? std::isnan(want[i])
+                                : got[i] == want[i] ||
+                                      std::abs(got[i] - want[i]) <= 1e-6f * std::abs(want[i])));
+    }
+  }
   CHECK(rel_diff(softmax(xd, -1), softmax(x, -1)) < 1e-6);
   CHECK(rel_diff(layer_norm(xd, {33}), layer_norm(x, {33})) < 1e-5);
   CHECK(rel_diff(sum(xd), sum(x)) < 1e-6);
