@@ -852,6 +852,28 @@ void unroll_elementwise(mlir::func::FuncOp fn, int threads, int per_thread) {
   }
 }
 
+/// The graph's approximable float32 divisions (afn: formulas::divide_by_at_least_one, the
+/// 1 + e^-x of sigmoid, silu and gelu) in kernels become PTX div.full.f32: within 2 ulp over
+/// the whole range in a few instructions, where IEEE division (div.rn) takes ~10 and a slow
+/// path. Not div.approx, which LLVM gives an afn division: it returns 0 for divisors above
+/// 2^126, and 1 + e^-x gets there (silu of x in [-88.72, -87.34] would be 0, not ~1e-36).
+void divide_full_range(mlir::ModuleOp m) {
+  llvm::SmallVector<mlir::arith::DivFOp> divisions;
+  m.walk([&](mlir::arith::DivFOp d) {
+    if (d.getType().isF32() && d->getParentOfType<mlir::gpu::GPUFuncOp>() &&
+        mlir::arith::bitEnumContainsAll(d.getFastmath(), mlir::arith::FastMathFlags::afn))
+      divisions.push_back(d);
+  });
+  for (mlir::arith::DivFOp d : divisions) {
+    mlir::OpBuilder b(d);
+    auto full = mlir::LLVM::CallIntrinsicOp::create(
+        b, d.getLoc(), d.getType(), b.getStringAttr("llvm.nvvm.div.full"),
+        mlir::ValueRange{d.getLhs(), d.getRhs()});
+    d.replaceAllUsesWith(full.getResult(0));
+    d.erase();
+  }
+}
+
 /// tanh, erf, log, ...: MLIR's polynomials (arith + fma), so no libdevice is needed. The
 /// divisions inside tanh's (by a polynomial >= 4.9e-3 of the clamped x) and erfc's (by |x| + 2
 /// and 2|x| + 1, >= 1; above |x| = 10.05 the result is selected apart) are marked approximable:
@@ -1057,6 +1079,7 @@ void lower_for_gpu(mlir::ModuleOp m, const GpuTarget& target, bool row_separable
   });
   if (!host_access.empty())
     throw Error("codegen (gpu)", "a " + host_access + " stayed on the host (not a kernel)");
+  divide_full_range(m);
   approximate_math(m, messages);
   expand_remf(m);
   out.kernels = 0;

@@ -85,7 +85,8 @@ IrFloat operator*(IrFloat a, IrFloat b) { return binary<mlir::arith::MulFOp>(a, 
 IrFloat operator/(IrFloat a, IrFloat b) { return binary<mlir::arith::DivFOp>(a, b); }
 IrFloat operator-(IrFloat a) { return unary<mlir::arith::NegFOp>(a); }
 /// The formulas' a / b for b >= 1 (formulas::divide_by_at_least_one), marked approximable
-/// (afn): NVPTX then emits div.approx.f32; x86 divides exactly as before.
+/// (afn): kernels divide with PTX div.full.f32 (gpu_lowering.cpp); x86 divides exactly as
+/// before.
 IrFloat divide_by_at_least_one(IrFloat a, IrFloat b) {
   auto d = mlir::arith::DivFOp::create(*g_ir->b, g_ir->loc, a.v, b.v);
   d.setFastmath(mlir::arith::FastMathFlags::afn);
@@ -228,6 +229,7 @@ IrFloat atan2(IrFloat y, IrFloat x) {
 /// integer, ties to even, with two additions instead of a float-to-int conversion (a GPU runs
 /// those at 1/4 to 1/8 of its fma rate).
 IrFloat round_small(IrFloat x) {
+  if (!ir_f32()) return nearbyint(x);  // 1.5·2^23 is float32's
   const IrFloat big(0x1.8p23);
   return (x + big) - big;
 }

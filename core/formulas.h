@@ -291,9 +291,9 @@ struct Erf {
 };
 
 /// a / b for b in [1, +inf] (the 1 + e^-x of sigmoid, silu and gelu): exact division here and
-/// on the CPU. Compiled code marks it approximable (codegen/lower.cpp), so a GPU divides as
-/// a · rcp(b) in two instructions (PTX div.approx.f32: within 2 ulp for b up to 2^126, and 0 above,
-/// where |a / b| < 2^-126 · |a| anyway) instead of IEEE division's ~10 and its slow path.
+/// on the CPU. Compiled code marks it approximable (codegen/lower.cpp), and a GPU divides with
+/// PTX div.full.f32 (within 2 ulp over the whole range, a few instructions) instead of IEEE
+/// division's ~10 and its slow path (codegen/gpu_lowering.cpp, divide_full_range).
 template <class S> S divide_by_at_least_one(S a, S b) { return a / b; }
 
 /// 1 / (1 + e^-x), evaluated from e = e^-|x| (at most 1, never overflows): 1 / (1 + e) for

@@ -1003,25 +1003,34 @@ TEST_CASE("Executable: a 4-D GEMM result is written into the output, not copied 
   // The batched GEMM runs over [b*h, m, n]; its result was computed in a temporary and copied
   // out as [b, h, m, n] (a whole extra pass: on CUDA a kernel of its own in attention). Now the
   // output buffer, collapsed, is the GEMM's C. A second output reads the product after it.
-  ir::Graph g;
-  ir::Value q = g.input(DType::Float32, {2, 3, 40, 32});
-  ir::Value k = g.input(DType::Float32, {2, 3, 32, 24});
-  ir::Value s = g.op(OpKind::Matmul, {q, k});
-  g.output(s);
-  g.output(g.op(OpKind::Add, {s, g.constant(Scalar(1.0), DType::Float32)}));
-  codegen::Executable exe(g);
-  Tensor qt = randn({2, 3, 40, 32}), kt = randn({2, 3, 32, 24});
-  for (int call = 0; call < 2; ++call) {
-    std::vector<Tensor> out = exe.run({qt, kt});
-    Tensor want = matmul(qt, kt);
-    CHECK(rel_diff(out[0], want) < 1e-5);
-    CHECK(rel_diff(out[1], want + 1) < 1e-5);
+  // Static and `?` batch (row-split on the CPU), compiled and with the GPU loops emulated.
+  for (int64_t batch : {int64_t{2}, ir::kDynamic}) {
+    for (bool emulate : {false, true}) {
+      INFO("batch " << batch << (emulate ? ", GPU loops emulated" : ""));
+      ir::Graph g;
+      ir::Value q = g.input(DType::Float32, {batch, 3, 40, 32});
+      ir::Value k = g.input(DType::Float32, {batch, 3, 32, 24});
+      ir::Value s = g.op(OpKind::Matmul, {q, k});
+      g.output(s);
+      g.output(g.op(OpKind::Add, {s, g.constant(Scalar(1.0), DType::Float32)}));
+      codegen::CompileOptions o;
+      o.disk_cache = false;
+      o.emulate_gpu_loops = emulate;
+      codegen::Executable exe(g, o);
+      for (int64_t b : {int64_t{2}, int64_t{5}}) {
+        if (batch != ir::kDynamic && b != batch) continue;
+        Tensor qt = randn({b, 3, 40, 32}), kt = randn({b, 3, 32, 24});
+        std::vector<Tensor> out = exe.run({qt, kt});
+        Tensor want = matmul(qt, kt);
+        CHECK(rel_diff(out[0], want) < 1e-5);
+        CHECK(rel_diff(out[1], want + 1) < 1e-5);
+      }
+      const std::string bufferized = test::stage_text(test::compile_logs(g, "ir", o), "bufferized");
+      REQUIRE(!bufferized.empty());
+      CHECK(test::count(bufferized, "memref.copy") == 0);
+      CHECK(test::count(bufferized, "memref.collapse_shape %arg2") == 1);  // C is the output
+    }
   }
-  const std::string bufferized =
-      test::stage_text(test::compile_logs(g, "ir", codegen::CompileOptions{}), "bufferized");
-  REQUIRE(!bufferized.empty());
-  CHECK(test::count(bufferized, "memref.copy") == 0);
-  CHECK(test::count(bufferized, "memref.collapse_shape %arg2") == 1);  // C is the output
 }
 
 TEST_CASE("Executable: 2-D @ 3-D is one batched GEMM with a shared left operand") {

@@ -60,13 +60,14 @@ TEST_CASE("cuda: eager ops on the device equal the cpu's", "[cuda]") {
   CHECK(rel_diff(exp(xd), exp(x)) < 1e-6);
   CHECK(rel_diff(tanh(xd), tanh(x)) < 1e-6);
   CHECK(rel_diff(gelu(xd), gelu(x)) < 1e-6);
-  // div.approx / rcp.approx inside (2 ulp): sigmoid, silu, tanh-gelu; NaN and inf pass through
+  // div.full inside (2 ulp): sigmoid, silu, tanh-gelu; NaN and inf pass through; silu(-88) and
+  // gelu(-10.03, tanh), ~1e-36, divide by more than 2^126 (div.approx would give 0)
   Tensor wide = x * 30.0;
   Tensor wide_d = wide.cuda();
   CHECK(rel_diff(sigmoid(wide_d), sigmoid(wide)) < 1e-6);
   CHECK(rel_diff(silu(wide_d), silu(wide)) < 1e-6);
   CHECK(rel_diff(gelu(wide_d, "tanh"), gelu(wide, "tanh")) < 1e-6);
-  Tensor special = tensor({NAN, INFINITY, -INFINITY, -100.0f, 100.0f, 0.0f});
+  Tensor special = tensor({NAN, INFINITY, -INFINITY, -100.0f, 100.0f, 0.0f, -88.0f, -10.03f});
   for (auto op : {+[](const Tensor& t) { return sigmoid(t); },
                   +[](const Tensor& t) { return silu(t); },
                   +[](const Tensor& t) { return gelu(t, "tanh"); },
