@@ -9,6 +9,27 @@
 
 #include "core/formulas.h"
 
+#if XSIMD_WITH_AVX512F
+#include <type_traits>
+
+// xsimd 8.1 has no AVX-512 fma: batches of avx512f and its descendants fell back to x * y + z,
+// two roundings and two instructions for each step of every polynomial (exp, erf, ...), so eager
+// float kernels were slower than and 1 ulp apart from compiled code, whose fma is fused. These
+// overloads (more specialised than xsimd's generic template, found by argument-dependent lookup
+// and by xsimd::fma) fuse them.
+namespace xsimd {
+template <class A, class = std::enable_if_t<std::is_base_of_v<avx512f, A>>>
+batch<float, A> fma(const batch<float, A>& x, const batch<float, A>& y, const batch<float, A>& z) {
+  return _mm512_fmadd_ps(x, y, z);
+}
+template <class A, class = std::enable_if_t<std::is_base_of_v<avx512f, A>>>
+batch<double, A> fma(const batch<double, A>& x, const batch<double, A>& y,
+                     const batch<double, A>& z) {
+  return _mm512_fmadd_pd(x, y, z);
+}
+}  // namespace xsimd
+#endif
+
 namespace kiln::formulas {
 
 template <> struct F32Exp<xsimd::batch<float>> {
