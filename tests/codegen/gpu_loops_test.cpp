@@ -248,7 +248,11 @@ TEST_CASE("gpu loops on the cpu: column sums, elementwise chains, constants") {
                     : kind == OpKind::Silu ? silu(eager_y)
                                            : sigmoid(eager_y);
       INFO(op_name(kind));
-      CHECK(rel_diff(run_emulated(g, {w}), want) == 0);  // eager evaluates the same formulas
+#if defined(__FMA__)  // eager's SIMD fma is fused, as compiled code's is: the same formulas
+      CHECK(rel_diff(run_emulated(g, {w}), want) == 0);
+#else  // a build for plain x86-64 (the sanitizer builds): eager's fma rounds twice
+      CHECK(rel_diff(run_emulated(g, {w}), want) < 1e-6);
+#endif
     }
   }
   {  // a constant operand, as compile() traces x + 1.5
