@@ -878,8 +878,8 @@ void divide_full_range(mlir::ModuleOp m) {
 /// divisions inside tanh's (by a polynomial >= 4.9e-3 of the clamped x) and erfc's (by |x| + 2
 /// and 2|x| + 1, >= 1; above |x| = 10.05 the result is selected apart) are marked approximable:
 /// div.approx / rcp.approx (2 ulp, 2 instructions) instead of IEEE division (~10 and a slow
-/// path), as CUDA's own -use_fast_math would. Divisions of other approximations (log1p's by
-/// u - 1, up to 3e38, beyond div.approx's 2^126) and of the graph stay exact.
+/// path). Divisions of other approximations (log1p's by u - 1, up to 3e38, beyond
+/// div.approx's 2^126) and of the graph stay exact.
 void approximate_math(mlir::ModuleOp m, const std::string& messages) {
   auto apply = [&](auto populate) {
     mlir::RewritePatternSet patterns(m.getContext());
