@@ -244,6 +244,9 @@ struct Segment {
   std::vector<int> saved;  // values the backward reads from the forward
   // Found once: the per-call checks visit these instead of every value of the program.
   std::vector<int> captured_values, arg_values;  // values_from(*program, Captured / Arg)
+  // The captured tensors, .grads and host values this segment reads: their guards are checked
+  // before it runs (check_sources), not at first use, after in-place writes.
+  std::vector<int> guarded_reads;
   // Per output (leaf only): the values from the output back through the view ops that made it
   // (chain[0] the output; node i made chain[i] from chain[i + 1]) (alias_written_outputs).
   struct ViewChain {
@@ -366,6 +369,31 @@ std::vector<std::pair<int, int>> donations(const Program& p) {
   return out;
 }
 
+// The values with a guarded source (a captured tensor, a .grad, a host value read at run
+// time) that nodes [begin, end) read, and for a leaf segment what it hands back or writes.
+std::vector<int> guarded_reads(const Program& p, size_t begin, size_t end, bool leaf) {
+  std::vector<bool> used(p.values.size(), false);
+  for (size_t i = begin; i < end; ++i)
+    for (int v : p.nodes[i].in)
+      if (v >= 0) used[v] = true;
+  if (leaf) {
+    for (int v : p.outputs)
+      if (v >= 0) used[v] = true;
+    for (auto& [src, v] : p.write_backs) used[v] = true;
+    for (auto& [leaf_value, g] : p.grad_assignments)
+      if (g >= 0) used[g] = true;
+  }
+  std::vector<int> out;
+  for (size_t v = 0; v < p.values.size(); ++v) {
+    int s = p.values[v].source;
+    if (!used[v] || s < 0) continue;
+    SourceKind k = p.sources[s].kind;
+    if (k == SourceKind::Captured || k == SourceKind::GradOf || k == SourceKind::HostInput)
+      out.push_back(static_cast<int>(v));
+  }
+  return out;
+}
+
 // Segments of `p` from node `from`: a chain split after each Read node.
 std::unique_ptr<Segment> make_chain(const std::shared_ptr<const Program>& p, size_t from,
                                     const CompileOptions& o) {
@@ -380,6 +408,7 @@ std::unique_ptr<Segment> make_chain(const std::shared_ptr<const Program>& p, siz
   seg->leaf = end == fwd_end;
   if (seg->leaf) seg->output_chains = output_view_chains(*p);
   seg->end = seg->leaf ? end : end + 1;
+  seg->guarded_reads = guarded_reads(*p, seg->begin, seg->end, seg->leaf);
   PlanOptions po;
   po.compile = o.backend == Backend::Cpu;
   // A segment that ends at a host read is followed by segments (of branches traced now or
@@ -1146,6 +1175,15 @@ namespace {
 void check_sources(const Segment& seg, RunState& st,
                    const std::vector<std::weak_ptr<TensorImpl>>& captured) {
   const Program& p = *seg.program;
+  // RunState::value checks a captured tensor, a .grad or a host value when it first fetches
+  // it: fetched here, a failing guard raises before the segment changes anything (it raised
+  // after an in-place write, and the retrace ran the function again on the written tensors).
+  for (int v : seg.guarded_reads) {
+    if (p.sources[p.values[v].source].kind == SourceKind::HostInput)
+      st.host_scalar(p, v);
+    else
+      st.value(p, v);
+  }
   // Eager raises where such a tensor is used in a recorded op (lost_in_place_history); a
   // replay records nothing, so the call traces again, which runs the function eagerly.
   if (is_grad_enabled())
