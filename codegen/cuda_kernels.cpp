@@ -23,6 +23,7 @@
 #include "codegen/codegen.h"
 #include "eager/autograd.h"
 #include "eager/dispatch.h"
+#include "eager/value_checks.h"
 
 namespace kiln::codegen {
 namespace {
@@ -166,6 +167,16 @@ HostFallbacks& host_fallbacks() {
   return *f;
 }
 
+/// Ops a kernel runs itself: not recorded by autograd or a tracer (restored on exit).
+struct KernelScope {
+  NoGradGuard no_grad;
+  DispatchHook* tracer = dispatch::set_tracer_hook(nullptr);
+  KernelScope() = default;
+  KernelScope(const KernelScope&) = delete;
+  KernelScope& operator=(const KernelScope&) = delete;
+  ~KernelScope() { dispatch::set_tracer_hook(tracer); }
+};
+
 /// Runs `c` with its CPU kernel on host copies: each CUDA storage an operand uses is copied to
 /// the host once, the op runs through the CPU dispatcher on views of those copies with the
 /// same offsets and strides, and the results (and, for in-place ops, the written storage) go
@@ -198,15 +209,8 @@ void run_on_host(const OpCall& c, std::span<Tensor> outs, const char* why) {
   for (Tensor& t : hc.inputs) t = mirror(t);
   std::vector<Tensor> results;
   {
-    NoGradGuard no_grad;
-    DispatchHook* tracer = dispatch::set_tracer_hook(nullptr);
-    try {
-      results = dispatch::call(std::move(hc));
-    } catch (...) {
-      dispatch::set_tracer_hook(tracer);
-      throw;
-    }
-    dispatch::set_tracer_hook(tracer);
+    KernelScope scope;
+    results = dispatch::call(std::move(hc));
   }
   if (op_info(c.op).category != OpCategory::View &&
       (c.op == OpKind::CopyInto || c.op == OpKind::Fill)) {
@@ -335,6 +339,28 @@ bool random_on_device(const OpCall& c, Device device, Tensor& out) {
   return true;
 }
 
+/// Whether eager's CPU kernel would reject the values of `c`'s inputs (eager/value_checks.h:
+/// indices out of range, an integer division by zero, ...), which generated kernels compute
+/// through. Copies the checked inputs (indices, divisors: small next to what the op reads) to
+/// the host.
+bool eager_rejects(const OpCall& c, const InferredMeta& meta) {
+  std::vector<int> checked = value_checked_inputs(c.op, c.attrs, meta.compute_dtype);
+  if (checked.empty()) return false;
+  std::vector<Shape> shapes;
+  for (const Tensor& t : c.inputs) shapes.push_back(t.defined() ? t.shape() : Shape{});
+  std::vector<std::vector<int64_t>> values;
+  for (int k : checked) {
+    Tensor host;
+    {
+      KernelScope scope;
+      host = c.inputs[k].cpu().to(DType::Int64).contiguous();
+    }
+    const int64_t* d = host.data<int64_t>();
+    values.emplace_back(d, d + host.numel());
+  }
+  return eager_rejects_values(c.op, c.attrs, shapes, values);
+}
+
 /// The dispatcher's kernel for CUDA tensors (eager/dispatch.h, set_device_kernel).
 void cuda_kernel(const OpCall& c, const InferredMeta& meta, std::span<Tensor> outs) {
   Device device = c.attrs.device;
@@ -350,6 +376,8 @@ void cuda_kernel(const OpCall& c, const InferredMeta& meta, std::span<Tensor> ou
   if (c.op == OpKind::CopyInto || c.op == OpKind::Fill || c.op == OpKind::Contiguous)
     return run_on_host(c, outs, "this layout");
   if (meta.outputs.size() != 1) return run_on_host(c, outs, "several results");
+  // The CPU kernel raises eager's error for values the generated one computes through.
+  if (eager_rejects(c, meta)) return run_on_host(c, outs, "rejected input values");
   std::vector<KernelInput> ins;
   for (const Tensor& t : c.inputs) {
     std::optional<KernelInput> in;

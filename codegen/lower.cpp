@@ -345,9 +345,8 @@ mlir::Value scalar_constant(mlir::OpBuilder& b, mlir::Location loc, mlir::Attrib
   return mlir::arith::ConstantOp::create(b, loc, t, mlir::IntegerAttr::get(t, v));
 }
 
-/// Indexing map reading `operand` for a loop nest over `result` (right-aligned broadcasting: a
-/// static size-1 dim against a larger result dim reads index 0; `?` dims do not broadcast).
-/// `loops` >= result rank; extra loops (reduction dims) are not read.
+}  // namespace
+
 mlir::AffineMap broadcast_map(mlir::RankedTensorType operand, mlir::RankedTensorType result,
                               int64_t loops) {
   mlir::MLIRContext* ctx = operand.getContext();
@@ -362,6 +361,8 @@ mlir::AffineMap broadcast_map(mlir::RankedTensorType operand, mlir::RankedTensor
   }
   return mlir::AffineMap::get(loops, 0, exprs, ctx);
 }
+
+namespace {
 
 /// The sizes of `result`'s `?` dims for a loop nest whose loop j is result dim j: each is the
 /// tensor.dim of an operand dim read by loop j alone (maps[i] reads operands[i]). Empty optional
@@ -1600,44 +1601,6 @@ struct KilnToLinalgPass
 
 }  // namespace
 
-/// kiln.index "one_hot": out[..., c] = int64(x[...] == c), one generic over the result whose
-/// input map drops the class dim, so it fuses with the cast and multiply that follow it in
-/// nll_loss's backward. A class index outside [0, C) equals no c: its row is all zeros (eager
-/// raises; compiled code cannot. The tracer keeps eager's error by checking the indices after
-/// the region runs, tracer/plan.cpp).
-struct LowerOneHot : mlir::OpRewritePattern<kiln::dialect::IndexOp> {
-  using OpRewritePattern::OpRewritePattern;
-  mlir::LogicalResult matchAndRewrite(kiln::dialect::IndexOp op,
-                                      mlir::PatternRewriter& rw) const override {
-    if (kiln::dialect::op_kind_from_name(op.getKind()) != OpKind::OneHot || op.getInputs().size() != 1)
-      return rw.notifyMatchFailure(op, "kind not lowered yet");
-    mlir::Value x = op.getInputs()[0];
-    auto out = llvm::cast<mlir::RankedTensorType>(op.getResult().getType());
-    mlir::Location loc = op.getLoc();
-    mlir::MLIRContext* ctx = rw.getContext();
-    int64_t rank = out.getRank();
-    llvm::SmallVector<mlir::AffineExpr> exprs;
-    for (int64_t d = 0; d + 1 < rank; ++d) exprs.push_back(mlir::getAffineDimExpr(d, ctx));
-    llvm::SmallVector<mlir::AffineMap> maps = {mlir::AffineMap::get(rank, 0, exprs, ctx)};
-    auto dyn = dynamic_sizes(rw, loc, out, mlir::ValueRange{x}, maps);
-    if (!dyn) return rw.notifyMatchFailure(op, "no operand gives a dynamic result size");
-    maps.push_back(mlir::AffineMap::getMultiDimIdentityMap(rank, ctx));
-    mlir::Value init = mlir::tensor::EmptyOp::create(rw, loc, out.getShape(), out.getElementType(), *dyn);
-    llvm::SmallVector<mlir::utils::IteratorType> iterators(rank, mlir::utils::IteratorType::parallel);
-    auto generic = mlir::linalg::GenericOp::create(
-        rw, loc, mlir::TypeRange{out}, mlir::ValueRange{x}, mlir::ValueRange{init}, maps, iterators,
-        [&](mlir::OpBuilder& b, mlir::Location l, mlir::ValueRange args) {
-          mlir::Type i64 = b.getI64Type();
-          mlir::Value c = mlir::linalg::IndexOp::create(b, l, rank - 1);
-          c = mlir::arith::IndexCastOp::create(b, l, i64, c);
-          mlir::Value eq = mlir::arith::CmpIOp::create(b, l, mlir::arith::CmpIPredicate::eq, args[0], c);
-          mlir::linalg::YieldOp::create(b, l, mlir::arith::ExtUIOp::create(b, l, i64, eq).getResult());
-        });
-    rw.replaceOp(op, generic.getResults());
-    return mlir::success();
-  }
-};
-
 /// kiln.shape "cat": the result's tensor.empty with one tensor.insert_slice per input at its
 /// offset along `dim`. Bufferization (eliminate-empty-tensors) then has the last input's
 /// producer write straight into its slice of a graph output; the others are written to a
@@ -1710,8 +1673,9 @@ struct LowerConstant : mlir::OpRewritePattern<kiln::dialect::ConstantOp> {
 
 void populate_kiln_to_linalg_patterns(mlir::RewritePatternSet& patterns) {
   patterns.add<LowerElementwise, LowerReduce, LowerVar, LowerArgReduce, LowerMatmul, LowerTranspose,
-               LowerView, LowerOneHot, LowerCat, LowerConstant>(patterns.getContext());
+               LowerView, LowerCat, LowerConstant>(patterns.getContext());
   populate_random_patterns(patterns);
+  populate_index_patterns(patterns);
 }
 
 std::unique_ptr<mlir::Pass> create_kiln_to_linalg_pass() {

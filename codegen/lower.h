@@ -3,6 +3,8 @@
 #include <memory>
 
 #include "ir/decompose.h"  // kiln-decompose, run before convert-kiln-to-linalg
+#include "mlir/IR/AffineMap.h"
+#include "mlir/IR/BuiltinTypes.h"
 #include "mlir/IR/PatternMatch.h"
 #include "mlir/Pass/Pass.h"
 
@@ -22,6 +24,16 @@ void populate_kiln_to_linalg_patterns(mlir::RewritePatternSet& patterns);
 /// kiln.random (dropout_mask) -> linalg.generic with Philox per element (codegen/lower_random.cpp);
 /// part of populate_kiln_to_linalg_patterns.
 void populate_random_patterns(mlir::RewritePatternSet& patterns);
+
+/// kiln.index (one_hot, tril, triu, masked_fill, index_select, gather, embedding) ->
+/// linalg.generic (codegen/lower_index.cpp); part of populate_kiln_to_linalg_patterns.
+void populate_index_patterns(mlir::RewritePatternSet& patterns);
+
+/// Indexing map reading `operand` for a loop nest over `result` (right-aligned broadcasting: a
+/// static size-1 dim against a larger result dim reads index 0; `?` dims do not broadcast).
+/// `loops` >= result rank; extra loops (reduction dims) are not read.
+mlir::AffineMap broadcast_map(mlir::RankedTensorType operand, mlir::RankedTensorType result,
+                              int64_t loops);
 
 /// Pass `convert-kiln-to-linalg` (on builtin.module).
 std::unique_ptr<mlir::Pass> create_kiln_to_linalg_pass();

@@ -55,8 +55,10 @@ const char* dialect_op_for(OpKind op) {
     // `to` is elementwise (a convert per element), so it fuses with its neighbours; the other
     // Copy rows are in-place or identities the tracer handles itself.
     case OpCategory::Copy: return op == OpKind::Cast ? "elementwise" : nullptr;
-    // Of the Index rows only one_hot is covered (a compare with the class index per element).
-    case OpCategory::Index: return op == OpKind::OneHot ? "index" : nullptr;
+    // The Index rows that read or select elements; index_add and scatter_add, which write
+    // through indices, are not covered.
+    case OpCategory::Index:
+      return op == OpKind::IndexAdd || op == OpKind::ScatterAdd ? nullptr : "index";
     case OpCategory::Shape: return "shape";  // cat
     // Of the Random rows the dropout mask (one Philox word per element, codegen/lower_random.cpp).
     // Its key is an operand, so the op is pure.
@@ -282,7 +284,11 @@ void attrs_to_named(OpKind kind, const OpAttrs& a, mlir::Builder& b,
       if (kind == OpKind::Cast) add("dtype", mlir::TypeAttr::get(element_type(b.getContext(), a.dtype)));
       break;
     case OpCategory::Index:
-      if (kind == OpKind::OneHot) add("mode", b.getI64IntegerAttr(a.mode));  // num_classes
+      // one_hot: num_classes; tril / triu: the diagonal.
+      if (kind == OpKind::OneHot || a.mode != 0) add("mode", b.getI64IntegerAttr(a.mode));
+      if (kind == OpKind::IndexSelect || kind == OpKind::Gather)
+        add("dim", b.getI64IntegerAttr(a.dim));
+      if (kind == OpKind::MaskedFill) add("alpha", scalar_attr(b, a.alpha));
       break;
     case OpCategory::Shape: add("dim", b.getI64IntegerAttr(a.dim)); break;  // cat
     case OpCategory::Random:

@@ -13,6 +13,7 @@
 #include "eager/autograd.h"
 #include "eager/dispatch.h"
 #include "eager/factories.h"
+#include "eager/value_checks.h"
 #include "eager/view.h"
 #include "ir/graph.h"
 #include "tracer/recorder.h"
@@ -176,6 +177,15 @@ bool lowerable(const Program& p, const Node& n) {
     for (int v : n.in)
       if (v < 0 || p.values[v].wrapped || p.values[v].dtype != t) return false;
   }
+  if (n.op == OpKind::IndexSelect || n.op == OpKind::Gather || n.op == OpKind::Embedding) {
+    // Compiled code clamps an index into the indexed dim (codegen/lower_index.cpp): the dim
+    // must be static, its traced size the run's, and not 0 (nothing to clamp into).
+    const ValueInfo& x = p.values[n.in[0]];
+    if (x.shape.size() == 0) return false;
+    const int axis = n.op == OpKind::Embedding ? 0 : wrap_dim(n.attrs.dim, x.shape.size(), "");
+    if (x.shape[axis] == 0 || (axis < static_cast<int>(x.sym.size()) && x.sym[axis].arg >= 0))
+      return false;
+  }
   return ir::supports(n.op);
 }
 
@@ -279,60 +289,31 @@ struct Plan::Step {
 
 namespace {
 
-bool integer_op(const Node& n) { return !is_floating(n.meta.compute_dtype); }
-
-// Inputs of `n` whose values eager's kernel checks but compiled code does not: class indices
-// (one_hot: a zero row; nll_loss: a zero loss), integer divisors (floor_divide, remainder),
-// integer base and exponent of pow (0 to a negative power).
+// Inputs of `n` whose values eager's kernel checks but compiled code does not
+// (eager/value_checks.h: class indices and indices, integer divisors, integer pow).
 std::vector<int> data_checked_inputs(const Node& n) {
-  switch (n.op) {
-    case OpKind::OneHot:
-      if (n.attrs.indices_checked) return {};  // nll_loss's backward: its forward checked them
-      return {n.in[0]};
-    case OpKind::NllLoss: return {n.in[1]};
-    case OpKind::FloorDivide:
-    case OpKind::Remainder:
-      if (integer_op(n)) return {n.in[1]};
-      return {};
-    case OpKind::Pow:
-      if (integer_op(n)) return {n.in[0], n.in[1]};
-      return {};
-    default: return {};
-  }
+  std::vector<int> out;
+  for (int k : value_checked_inputs(n.op, n.attrs, n.meta.compute_dtype)) out.push_back(n.in[k]);
+  return out;
 }
 
 // The values of `v` as int64 (a copy).
 std::vector<int64_t> int_values(const Program& p, RunState& st, int v) {
-  Tensor t = st.value(p, v).to(DType::Int64).contiguous();
+  Tensor t = st.value(p, v).to(DType::Int64).contiguous().cpu();
   const int64_t* d = t.data<int64_t>();
   return std::vector<int64_t>(d, d + t.numel());
 }
 
-// Whether eager's kernel raises for the inputs `n` got in this run (data_checked_inputs).
+// Whether eager's kernel raises for the inputs `n` got in this run (data_checked_inputs). The
+// shapes are the traced ones: a compiled run has the program's shapes, or a symbolic graph in
+// which the dims these checks read are static (nll_loss's class dim, ir/decompose.cpp; the
+// indexed dim of index_select / gather / embedding, lowerable()).
 bool eager_rejects(const Program& p, const Node& n, RunState& st) {
-  auto any = [](const std::vector<int64_t>& xs, auto pred) {
-    return std::any_of(xs.begin(), xs.end(), pred);
-  };
-  switch (n.op) {
-    case OpKind::OneHot:
-      return any(int_values(p, st, n.in[0]), [&](int64_t i) { return i < 0 || i >= n.attrs.mode; });
-    case OpKind::NllLoss: {
-      // The class count is the traced one: a compiled run has the program's shapes, or a
-      // symbolic graph in which nll_loss's class dim is static (ir/decompose.cpp).
-      const Shape& x = p.values[n.in[0]].shape;
-      const int64_t classes = x[x.size() == 2 ? 1 : 0];
-      return any(int_values(p, st, n.in[1]), [&](int64_t t) {
-        return t != n.attrs.ignore_index && (t < 0 || t >= classes);
-      });
-    }
-    case OpKind::FloorDivide:
-    case OpKind::Remainder:
-      return any(int_values(p, st, n.in[1]), [](int64_t d) { return d == 0; });
-    case OpKind::Pow:  // conservative: a 0 anywhere and a negative exponent anywhere
-      return any(int_values(p, st, n.in[0]), [](int64_t b) { return b == 0; }) &&
-             any(int_values(p, st, n.in[1]), [](int64_t e) { return e < 0; });
-    default: return false;
-  }
+  std::vector<Shape> shapes;
+  for (int v : n.in) shapes.push_back(v >= 0 ? p.values[v].shape : Shape{});
+  std::vector<std::vector<int64_t>> values;
+  for (int v : data_checked_inputs(n)) values.push_back(int_values(p, st, v));
+  return eager_rejects_values(n.op, n.attrs, shapes, values);
 }
 
 // Builds the region's graph; `dynamic` puts `?` where the program has symbolic dims.

@@ -358,3 +358,43 @@ TEST_CASE("gpu loops on the cpu: rows spread over lanes") {
     CHECK(y[299] == Approx(0.01));
   }
 }
+
+TEST_CASE("gpu loops on the cpu: embedding, index_select, gather, tril and masked_fill equal "
+          "eager's; an index out of range reads the clamped element, inside the buffer") {
+  Tensor w = randn({50, 24}), x = randn({6, 40});
+  Tensor tokens = randint(0, 50, {4, 33}), cols = randint(0, 40, {17}),
+         picks = randint(0, 6, {5, 40}).to(DType::Int32);
+  Tensor mask = rand({40}) < 0.3;
+  ir::Graph g;
+  ir::Value gw = g.input(DType::Float32, {50, 24}), gx = g.input(DType::Float32, {6, 40});
+  ir::Value gt = g.input(DType::Int64, {4, 33}), gc = g.input(DType::Int64, {17});
+  ir::Value gp = g.input(DType::Int32, {5, 40}), gm = g.input(DType::Bool, {40});
+  OpAttrs along1, along0, diag, fill;
+  along1.dim = 1;
+  diag.mode = 2;
+  fill.alpha = Scalar(-1e9);
+  g.output(g.op(OpKind::Embedding, {gw, gt}));
+  g.output(g.op(OpKind::IndexSelect, {gx, gc}, along1));
+  g.output(g.op(OpKind::Gather, {gx, gp}, along0));
+  g.output(g.op(OpKind::Tril, {gx}, diag));
+  g.output(g.op(OpKind::MaskedFill, {gx, gm}, fill));
+  std::vector<Tensor> want = {embedding(w, tokens), index_select(x, 1, cols), gather(x, 0, picks),
+                              tril(x, 2), masked_fill(x, mask, -1e9)};
+  for (auto reverse : {false, true}) {
+    codegen::CompileOptions o = emulated();
+    o.emulate_in_reverse = reverse;
+    codegen::Executable exe(g, o);
+    std::vector<Tensor> got = exe.run({w, x, tokens, cols, picks, mask});
+    for (size_t i = 0; i < want.size(); ++i) {
+      INFO("output " << i);
+      CHECK(got[i].to_vector<float>() == want[i].to_vector<float>());
+    }
+    // Out of range: -7 reads row 0, 50 reads row 49 (the caller raises eager's error).
+    Tensor bad = tokens.clone();
+    bad.data<int64_t>()[0] = -7;
+    bad.data<int64_t>()[1] = 50;
+    Tensor e = exe.run({w, x, bad, cols, picks, mask}).at(0);
+    CHECK(e.select(0, 0).select(0, 0).to_vector<float>() == w.select(0, 0).to_vector<float>());
+    CHECK(e.select(0, 0).select(0, 1).to_vector<float>() == w.select(0, 49).to_vector<float>());
+  }
+}

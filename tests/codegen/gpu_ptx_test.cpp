@@ -397,6 +397,24 @@ TEST_CASE("gpu ptx: a dropout mask is one kernel that reads its Philox key on th
   }
 }
 
+TEST_CASE("gpu ptx: an embedding lookup and its scaling are one kernel reading the table on "
+          "the device at a clamped index") {
+  // Eager embedding on a CUDA tensor ran on the host (the table copied over PCIe both ways).
+  ir::Graph g;
+  ir::Value table = g.input(DType::Float32, {30522, 768});
+  ir::Value tokens = g.input(DType::Int64, {32, 512});
+  ir::Value e = g.op(OpKind::Embedding, {table, tokens});
+  g.output(g.op(OpKind::Mul, {e, g.constant(Scalar(27.7), DType::Float32)}));
+  codegen::Executable exe(g, cuda_options());
+  INFO(exe.ptx());
+  CHECK(entries(exe.ptx()) == 1);
+  CHECK(exe.num_kernels() == 1);
+  // The index is clamped into [0, 30521] before the table is read.
+  CHECK(std::regex_search(exe.ptx(), std::regex(R"(max\.s64[^\n]*, 0;)")));
+  CHECK(std::regex_search(exe.ptx(), std::regex(R"(min\.s64[^\n]*, 30521;)")));
+  check_assembles(exe.ptx(), "embedding");
+}
+
 TEST_CASE("gpu ptx: contiguous() of a permuted view is one copy kernel") {
   // What eager contiguous() / copy_ of a dense permuted CUDA view runs (codegen/cuda_kernels.cpp):
   // the graph of the base permuted, whose output is a new contiguous tensor.

@@ -98,7 +98,7 @@ TEST_CASE("ir::Graph raises eager's error for invalid inputs") {
     CHECK(e.op() == "add");
     CHECK(e.message() == eager_message);
   }
-  CHECK_THROWS_AS(g.op(OpKind::Tril, {a}), Error);  // not covered yet
+  CHECK_THROWS_AS(g.op(OpKind::IndexAdd, {a, a, a}), Error);  // not covered
   try {  // cat's shapes, checked as eager checks them
     g.op(OpKind::Cat, {a, b});
     FAIL("no error");
@@ -255,7 +255,11 @@ TEST_CASE("ir::Graph: to (every dtype pair) and one_hot build, verify and round-
   CHECK(contains(text, "kiln.index \"one_hot\" %arg1 {mode = 7 : i64} : (tensor<?x2xi64>) -> tensor<?x2x7xi64>"));
   CHECK(ir::supports(OpKind::Cast));
   CHECK(ir::supports(OpKind::OneHot));
-  CHECK_FALSE(ir::supports(OpKind::Gather));  // the other Index rows are not covered yet
+  CHECK(ir::supports(OpKind::Gather));
+  CHECK(ir::supports(OpKind::Tril));
+  // The Index rows that write through indices are not covered.
+  CHECK_FALSE(ir::supports(OpKind::ScatterAdd));
+  CHECK_FALSE(ir::supports(OpKind::IndexAdd));
 }
 
 TEST_CASE("ir::Graph: one_hot raises eager's errors") {

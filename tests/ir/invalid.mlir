@@ -137,9 +137,17 @@ func.func @one_hot_wrong_classes(%a: tensor<3xi64>) -> tensor<3x4xi64> {
 
 // -----
 
-func.func @gather_not_covered(%a: tensor<3xf32>, %i: tensor<3xi64>) -> tensor<3xf32> {
-  // expected-error @+1 {{op kind "gather" belongs to no kiln op yet}}
-  %0 = kiln.index "gather" %a, %i : (tensor<3xf32>, tensor<3xi64>) -> tensor<3xf32>
+func.func @scatter_add_not_covered(%a: tensor<3xf32>, %i: tensor<3xi64>) -> tensor<3xf32> {
+  // expected-error @+1 {{op kind "scatter_add" belongs to no kiln op yet}}
+  %0 = kiln.index "scatter_add" %a, %i, %a : (tensor<3xf32>, tensor<3xi64>, tensor<3xf32>) -> tensor<3xf32>
+  return %0 : tensor<3xf32>
+}
+
+// -----
+
+func.func @gather_float_index(%a: tensor<3xf32>, %i: tensor<3xf32>) -> tensor<3xf32> {
+  // expected-error @+1 {{gather: indices must be int64 or int32, got float32}}
+  %0 = kiln.index "gather" %a, %i : (tensor<3xf32>, tensor<3xf32>) -> tensor<3xf32>
   return %0 : tensor<3xf32>
 }
 

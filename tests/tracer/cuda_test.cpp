@@ -216,3 +216,43 @@ TEST_CASE("cuda: dropout draws the cpu's mask on the device; permuted copies sta
   // None of the above went through the host.
   CHECK(codegen::cuda_host_fallbacks() == host_before);
 }
+
+TEST_CASE("cuda: index ops run on the device and raise eager's error for an index out of range",
+          "[cuda]") {
+  REQUIRE_CUDA_OR_SKIP();
+  Tensor w = randn({50, 24}), x = randn({6, 40});
+  Tensor tokens = randint(0, 50, {4, 33}), cols = randint(0, 40, {17});
+  Tensor picks = randint(0, 6, {5, 40}), mask = rand({40}) < 0.3;
+  Tensor wd = w.cuda(), xd = x.cuda(), td = tokens.cuda();
+  auto host_calls = [] {
+    uint64_t n = 0;
+    for (auto& [what, calls] : codegen::cuda_host_fallbacks()) n += calls;
+    return n;
+  };
+  const uint64_t before = host_calls();
+  CHECK(rel_diff(embedding(wd, td), embedding(w, tokens)) == 0);
+  CHECK(rel_diff(index_select(xd, 1, cols.cuda()), index_select(x, 1, cols)) == 0);
+  CHECK(rel_diff(gather(xd, 0, picks.cuda()), gather(x, 0, picks)) == 0);
+  CHECK(rel_diff(tril(xd, 2), tril(x, 2)) == 0);
+  CHECK(rel_diff(triu(xd, -1), triu(x, -1)) == 0);
+  CHECK(rel_diff(masked_fill(xd, mask.cuda(), -1e9), masked_fill(x, mask, -1e9)) == 0);
+  CHECK(host_calls() == before);  // none took the host path
+  // Out of range: eager's error, from the CPU kernel the check hands the call to.
+  Tensor bad = tokens.clone();
+  bad.data<int64_t>()[5] = 50;
+  std::string cpu_error, cuda_error;
+  try {
+    embedding(w, bad);
+  } catch (const Error& e) {
+    cpu_error = e.message();
+  }
+  try {
+    embedding(wd, bad.cuda());
+  } catch (const Error& e) {
+    cuda_error = e.message();
+  }
+  CHECK(cpu_error.find("out of range") != std::string::npos);
+  CHECK(cuda_error == cpu_error);
+  CHECK_THROWS_WITH(one_hot(from_vector<int64_t>({0, 7}, Shape{2}).cuda(), 5),
+                    Catch::Contains("out of range"));
+}

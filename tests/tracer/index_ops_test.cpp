@@ -1,0 +1,114 @@
+// compile() and the Index rows that read or select elements (embedding, index_select, gather,
+// tril / triu, masked_fill): compiled into the graph's regions (codegen/lower_index.cpp), equal
+// to eager, and an index out of range raises eager's error with the user's line, leaving the
+// caller's tensors as they were.
+#include <catch2/catch.hpp>
+#include <cmath>
+
+#include "error_of.h"
+#include "kiln/kiln.h"
+#include "kiln/nn.h"
+#include "nn/transformer.h"
+#include "tracer/util.h"
+
+using namespace kiln;
+using kiln::testing::contains;
+using kiln::testing::error_of;
+using kiln::testing::vec;
+
+namespace {
+
+Tensor ids(std::vector<int64_t> v, Shape shape) { return from_vector(v, shape); }
+
+}  // namespace
+
+TEST_CASE("compile: embedding, index_select, gather, tril, triu and masked_fill run in one "
+          "compiled region and equal eager", "[compile][index]") {
+  manual_seed(5);
+  Tensor w = randn({10, 4});
+  auto fn = [&](const Tensor& x, const Tensor& idx, const Tensor& m) {
+    Tensor e = embedding(w, idx) * 2;
+    Tensor s = index_select(x, 1, idx.view({-1})) + 1;
+    Tensor g = gather(x, 1, idx) - 1;
+    Tensor t = tril(x, -1) + triu(x, 2);
+    Tensor f = masked_fill(x, m, -5.5) * 3;
+    return std::vector<Tensor>{e, s, g, t, f};
+  };
+  auto cf = compile(fn);
+  Tensor x = randn({3, 5});
+  Tensor idx = ids({0, 4, 2, 1, 1, 0}, {2, 3});
+  Tensor m = from_vector(std::vector<bool>{true, false, true, false, false}, {5});
+  // Past the first runs, which time the compiled code against eager kernels.
+  for (int call = 0; call < 10; ++call) {
+    INFO("call " << call);
+    std::vector<Tensor> c = cf(x, idx, m), e = fn(x, idx, m);
+    for (size_t i = 0; i < e.size(); ++i) CHECK(vec(c[i]) == vec(e[i]));
+  }
+  std::string ex = cf.explain();
+  INFO(ex);
+  CHECK(contains(ex, "embedding mul view index_select add gather sub tril triu add masked_fill mul"));
+  CHECK_FALSE(contains(ex, "eager op:"));
+}
+
+TEST_CASE("compile: an index out of range raises eager's error at the user's line and leaves "
+          "the tensors the step updates as they were", "[compile][index]") {
+  NoGradGuard no_grad;
+  Tensor w = arange(40, DType::Float32).view({10, 4});
+  Tensor p = zeros({4}), q = zeros({4});
+  // A captured tensor updated in place (donate_buffers: computed in p's buffer where the
+  // codegen can, so the indices are scanned before the compiled code runs).
+  auto update = [&](Tensor& target) {
+    return [&](const Tensor& idx) {
+      target.add_(embedding(w, idx).view({4}));  // the line eager's error names
+    };
+  };
+  auto cf = compile(update(p), CompileOptions{.donate_buffers = true});
+  auto eager_step = update(q);
+  Tensor idx = ids({9}, {1});
+  for (int call = 0; call < 10; ++call) cf(idx), eager_step(idx);
+  CHECK(vec(p) == vec(q));
+  CHECK(vec(p) == std::vector<float>{360, 370, 380, 390});
+  for (int64_t bad : {10, -1}) {
+    INFO("index " << bad);
+    Tensor b = ids({bad}, {1});
+    std::string eager = error_of([&] { eager_step(b); }).what();
+    std::string compiled = error_of([&] { cf(b); }).what();
+    CHECK(contains(eager, "embedding"));
+    CHECK(contains(eager, "is out of range"));
+    CHECK(compiled == eager);  // the op, the message and the user's line
+    CHECK(vec(p) == std::vector<float>{360, 370, 380, 390});  // not written
+  }
+  std::string ex = cf.explain();
+  INFO(ex);
+  CHECK(contains(ex, "compiled region: 4 ops -> 1 kernel(s)"));
+  CHECK_FALSE(contains(ex, "eager op:"));
+}
+
+TEST_CASE("compile: causal self-attention masks with triu and masked_fill inside the compiled "
+          "region; forward and gradients equal eager", "[compile][index]") {
+  manual_seed(11);
+  const int64_t L = 7, E = 8;
+  Tensor q0 = randn({2, L, E}), k0 = randn({2, L, E});
+  auto attention = [&](const Tensor& q, const Tensor& k) {
+    Tensor scores = matmul(q, k.transpose(1, 2)) * 0.35;
+    Tensor masked = masked_fill(scores, nn::causal_mask(L), -INFINITY);
+    return softmax(masked, -1).sum();
+  };
+  auto cf = compile(attention);
+  for (int call = 0; call < 3; ++call) {
+    Tensor q1 = q0.clone().requires_grad_(), k1 = k0.clone().requires_grad_();
+    Tensor q2 = q0.clone().requires_grad_(), k2 = k0.clone().requires_grad_();
+    Tensor c = cf(q1, k1), e = attention(q2, k2);
+    CHECK(c.item<float>() == Approx(e.item<float>()).epsilon(1e-6));
+    c.backward();
+    e.backward();
+    std::vector<float> gq = vec(q1.grad()), gq_eager = vec(q2.grad());
+    for (size_t i = 0; i < gq.size(); ++i) CHECK(gq[i] == Approx(gq_eager[i]).margin(1e-5));
+  }
+  std::string ex = cf.explain();
+  INFO(ex);
+  CHECK(contains(ex, "triu"));
+  CHECK(contains(ex, "masked_fill"));
+  CHECK_FALSE(contains(ex, "eager op: masked_fill"));
+  CHECK_FALSE(contains(ex, "eager op: triu"));
+}
