@@ -21,6 +21,7 @@
 #include "backends/cuda/copy.h"
 #include "backends/cuda/driver.h"
 #include "codegen/codegen.h"
+#include "codegen/strided_read.h"
 #include "eager/autograd.h"
 #include "eager/dispatch.h"
 #include "eager/value_checks.h"
@@ -30,11 +31,14 @@ namespace {
 
 /// One input of a one-op kernel: the tensor passed to the kernel and, for a dense permuted view
 /// (W.t()), the permutation the graph applies to it (the tensor passed is the contiguous base);
-/// for a broadcast view (stride 0), the shape the graph then expands it to.
+/// for a broadcast view (stride 0), the shape the graph then expands it to; for another strided
+/// view (`x[:, 1:]`, `x[..., ::2]`), the view ops the graph applies to the contiguous block of
+/// storage passed (codegen/strided_read.h).
 struct KernelInput {
   Tensor tensor;
   std::optional<Dims> permute;
   std::optional<Dims> expand;
+  std::optional<StridedRead> strided;
 };
 
 /// `t` as a kernel input on `device`, or nullopt when the host path must take it (a strided
@@ -50,7 +54,7 @@ std::optional<KernelInput> kernel_input(const Tensor& t, DType compute, Device d
     }
     Tensor d = dispatch::empty(host.shape(), host.dtype(), device);
     cuda::copy_to_device(d.raw_data(), host.raw_data(), itemsize(host.dtype()), device.index);
-    return KernelInput{d, std::nullopt, std::nullopt};
+    return KernelInput{d, std::nullopt, std::nullopt, std::nullopt};
   }
   // A broadcast view (sum()'s gradient expanded back to its input's shape): the kernel reads
   // its distinct elements (the stride-0 dims as size 1), and the graph expands them.
@@ -65,8 +69,16 @@ std::optional<KernelInput> kernel_input(const Tensor& t, DType compute, Device d
     if (distinct) distinct->expand = t.shape();
     return distinct;
   }
-  if (t.is_contiguous()) return KernelInput{t, std::nullopt, std::nullopt};
-  if (!t.is_non_overlapping_and_dense()) return std::nullopt;
+  if (t.is_contiguous()) return KernelInput{t, std::nullopt, std::nullopt, std::nullopt};
+  if (!t.is_non_overlapping_and_dense()) {
+    std::optional<StridedRead> read = strided_read(t.shape(), t.strides());
+    if (!read) return std::nullopt;
+    auto impl = std::make_shared<TensorImpl>(*t.impl());
+    impl->autograd.reset();
+    impl->shape = read->block;
+    impl->strides = contiguous_strides(read->block);
+    return KernelInput{Tensor(std::move(impl)), std::nullopt, std::nullopt, read};
+  }
   // The base's dims are t's dims by decreasing stride; t = base.permute(inverse order).
   const int r = t.dim();
   std::vector<int> order(r);
@@ -86,7 +98,7 @@ std::optional<KernelInput> kernel_input(const Tensor& t, DType compute, Device d
   impl->strides = contiguous_strides(base_shape);
   Tensor base(std::move(impl));
   if (!base.is_contiguous()) return std::nullopt;
-  return KernelInput{base, perm, std::nullopt};
+  return KernelInput{base, perm, std::nullopt, std::nullopt};
 }
 
 /// Everything that selects a one-op kernel: op, attributes, and per input dtype, shape,
@@ -100,10 +112,15 @@ std::string kernel_key(const OpCall& c, const std::vector<KernelInput>& ins, Dev
       c.name(), device.str(), to_string(a.dims), a.all_dims, a.keepdim, a.dim, a.dim1, a.start,
       a.end, a.step, a.alpha.str(), a.beta.str(), a.has_low, a.has_high, a.eps, a.p, a.mode,
       a.ignore_index, name(a.dtype), a.low.str(), a.high.str());
-  for (const KernelInput& in : ins)
+  for (const KernelInput& in : ins) {
     key += fmt::format(" {}{}{}{}", name(in.tensor.dtype()), to_string(in.tensor.shape()),
                        in.permute ? "^" + to_string(*in.permute) : "",
                        in.expand ? "->" + to_string(*in.expand) : "");
+    if (const auto& r = in.strided)
+      key += fmt::format("[kept {}{} perm {} unsq {}]", to_string(r->kept),
+                         r->extra_inner ? " inner" : "", to_string(r->permute),
+                         fmt::join(r->unsqueeze, ","));
+  }
   return key;
 }
 
@@ -133,6 +150,7 @@ std::shared_ptr<const Executable> one_op_kernel(const OpCall& c,
     std::vector<ir::Value> vals;
     for (const KernelInput& in : ins) {
       ir::Value v = g.input(in.tensor.dtype(), in.tensor.shape().vec());
+      if (in.strided) v = apply_strided_read(g, v, *in.strided);
       if (in.permute) {
         OpAttrs p;
         p.dims = *in.permute;
@@ -280,7 +298,7 @@ bool permuted_copy_on_device(const OpCall& c, Device device, std::span<Tensor> o
       src.numel() == 0 || src.storage() == dst.storage())
     return false;
   std::optional<KernelInput> in = kernel_input(src, src.dtype(), device);
-  if (!in || (!in->permute && !in->expand)) return false;
+  if (!in || (!in->permute && !in->expand && !in->strided)) return false;
   auto exe = one_op_kernel(OpCall{OpKind::Contiguous, {src}, {}, c.loc}, {*in}, device);
   if (!exe) return false;
   exe->run_into({in->tensor}, {dst});
@@ -322,7 +340,8 @@ bool random_on_device(const OpCall& c, Device device, Tensor& out) {
     mask_call.attrs.dtype = c.inputs[0].dtype();
   }
   std::vector<KernelInput> key = {
-      {device_key(c.attrs.seed, c.attrs.offset, device, c.loc), std::nullopt, std::nullopt}};
+      {device_key(c.attrs.seed, c.attrs.offset, device, c.loc), std::nullopt, std::nullopt,
+       std::nullopt}};
   auto mask_kernel = one_op_kernel(mask_call, key, device);
   if (!mask_kernel) return false;
   if (c.op == OpKind::DropoutMask) {
@@ -331,7 +350,7 @@ bool random_on_device(const OpCall& c, Device device, Tensor& out) {
   }
   Tensor mask = dispatch::empty(c.inputs[0].shape(), c.inputs[0].dtype(), device);
   OpCall mul{OpKind::Mul, {}, {}, c.loc};
-  std::vector<KernelInput> ins = {*x, {mask, std::nullopt, std::nullopt}};
+  std::vector<KernelInput> ins = {*x, {mask, std::nullopt, std::nullopt, std::nullopt}};
   auto mul_kernel = one_op_kernel(mul, ins, device);
   if (!mul_kernel) return false;
   mask_kernel->run_into({key[0].tensor}, {mask});

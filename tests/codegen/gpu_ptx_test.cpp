@@ -10,6 +10,7 @@
 
 #include "backends/cuda/driver.h"
 #include "codegen/codegen.h"
+#include "codegen/strided_read.h"
 #include "gpu_graphs.h"
 #include "kiln/kiln.h"
 
@@ -413,6 +414,23 @@ TEST_CASE("gpu ptx: an embedding lookup and its scaling are one kernel reading t
   CHECK(std::regex_search(exe.ptx(), std::regex(R"(max\.s64[^\n]*, 0;)")));
   CHECK(std::regex_search(exe.ptx(), std::regex(R"(min\.s64[^\n]*, 30521;)")));
   check_assembles(exe.ptx(), "embedding");
+}
+
+TEST_CASE("gpu ptx: a sliced input (an LM's shifted logits) is read in place by one kernel") {
+  // Eager ops on CUDA views that are neither contiguous nor dense took the host path; the
+  // kernel now gets the block of storage and slices it (codegen/strided_read.h).
+  Tensor logits = empty({8, 128, 1000}).slice(1, 0, 127);  // x[:, :-1]
+  auto read = codegen::strided_read(logits.shape(), logits.strides());
+  REQUIRE(read);
+  ir::Graph g;
+  ir::Value block = g.input(DType::Float32, read->block.vec());
+  ir::Value x = codegen::apply_strided_read(g, block, *read);
+  g.output(g.op(OpKind::Exp, {x}));
+  codegen::Executable exe(g, cuda_options());
+  INFO(exe.ptx());
+  CHECK(entries(exe.ptx()) == 1);
+  CHECK(exe.num_kernels() == 1);  // no copy of the slice first
+  check_assembles(exe.ptx(), "sliced_exp");
 }
 
 TEST_CASE("gpu ptx: contiguous() of a permuted view is one copy kernel") {

@@ -256,3 +256,20 @@ TEST_CASE("cuda: index ops run on the device and raise eager's error for an inde
   CHECK_THROWS_WITH(one_hot(from_vector<int64_t>({0, 7}, Shape{2}).cuda(), 5),
                     Catch::Contains("out of range"));
 }
+
+TEST_CASE("cuda: ops on sliced and strided views run on the device", "[cuda]") {
+  REQUIRE_CUDA_OR_SKIP();
+  Tensor x = randn({4, 9, 30});
+  Tensor xd = x.cuda();
+  auto host_calls = [] {
+    uint64_t n = 0;
+    for (auto& [what, calls] : codegen::cuda_host_fallbacks()) n += calls;
+    return n;
+  };
+  const uint64_t before = host_calls();
+  CHECK(rel_diff(exp(xd.slice(1, 0, 8)), exp(x.slice(1, 0, 8))) == 0);           // x[:, :-1]
+  CHECK(rel_diff(xd.slice(2, 1, 30, 3) * 2.0, x.slice(2, 1, 30, 3) * 2.0) == 0);  // a step
+  CHECK(rel_diff(xd.select(2, 7).contiguous(), x.select(2, 7).contiguous()) == 0);
+  CHECK(rel_diff(log_softmax(xd.slice(1, 1, 9), -1), log_softmax(x.slice(1, 1, 9), -1)) < 1e-6);
+  CHECK(host_calls() == before);
+}
