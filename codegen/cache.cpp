@@ -308,10 +308,10 @@ std::shared_ptr<const CompiledCode> get_or_compile(const std::string& graph_mlir
                                                                   : " emulating gpu loops in reverse";
   const std::string gpu_target =
       options.device.is_cuda() || emulation != GpuLoopEmulation::Off
-          ? fmt::format("\n{}{} {} {} O{} {} x{} lanes {}", options.device.str(), emulated,
-                        options.gpu.chip, options.gpu.features, options.gpu.opt_level,
+          ? fmt::format("\n{}{} {} {} O{} {} x{} lanes {} toolkit {}", options.device.str(),
+                        emulated, options.gpu.chip, options.gpu.features, options.gpu.opt_level,
                         options.gpu.threads_per_block, options.gpu.elements_per_thread,
-                        options.gpu.row_lanes)
+                        options.gpu.row_lanes, options.gpu.toolkit)
           : "";
   std::string in_place;
   for (auto [output, input] : options.in_place_outputs)

@@ -46,6 +46,13 @@ struct GpuTarget {
   /// with shuffles; 1 keeps a thread per row (the kernels before the lanes, for comparison).
   /// Rows shorter than 64 elements keep a thread each.
   int row_lanes = 32;
+  /// The CUDA toolkit whose nvvm/libdevice/libdevice.10.bc is linked into kernels that call
+  /// float64 math functions (exp, log, sin, erf, ... have no polynomial form here for float64;
+  /// libdevice's __nv_exp, ...): "" for none found, and those kernels then fail to compile
+  /// with a kiln::Error naming the function. from_env() takes $CUDA_HOME, $CUDA_PATH or
+  /// $CUDA_ROOT, else the first of /usr/local/cuda, the newest /usr/local/cuda-*, /usr/lib/cuda
+  /// and /opt/cuda that has libdevice.
+  std::string toolkit;
   /// The default target with the environment's overrides: KILN_CUDA_ARCH (e.g. "sm_80"),
   /// KILN_CUDA_PTX_FEATURES (e.g. "+ptx78"), KILN_CUDA_THREADS_PER_BLOCK,
   /// KILN_CUDA_ELEMENTS_PER_THREAD (1 to 16), KILN_CUDA_ROW_LANES (1 or 32). compile() and eager CUDA ops use it.

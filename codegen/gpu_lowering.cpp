@@ -5,8 +5,12 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <filesystem>
+#include <string.h>  // strverscmp
 #include <functional>
 #include <mutex>
+
+#include <fmt/format.h>
 
 #include "codegen/cpu_parallel.h"
 #include "codegen/jit.h"
@@ -899,6 +903,78 @@ void approximate_math(mlir::ModuleOp m, const std::string& messages) {
   apply([](mlir::RewritePatternSet& p) { mlir::populateMathPolynomialApproximationPatterns(p); });
 }
 
+/// The CPU lowering made float64 erf / erfc calls to libm's (convert-kiln-to-linalg): in
+/// kernels they are math ops again, which the NVVM lowering maps to libdevice's __nv_erf /
+/// __nv_erfc (a call to the host's libm left an unresolved extern in the PTX).
+void libm_erf_to_math(mlir::ModuleOp m) {
+  llvm::SmallVector<mlir::func::CallOp> calls;
+  m.walk([&](mlir::func::CallOp c) {
+    if ((c.getCallee() == "erf" || c.getCallee() == "erfc") && c.getNumOperands() == 1 &&
+        c.getNumResults() == 1 && c.getResult(0).getType().isF64())
+      calls.push_back(c);
+  });
+  for (mlir::func::CallOp c : calls) {
+    mlir::OpBuilder b(c);
+    mlir::Value r = c.getCallee() == "erf"
+                        ? mlir::math::ErfOp::create(b, c.getLoc(), c.getOperand(0)).getResult()
+                        : mlir::math::ErfcOp::create(b, c.getLoc(), c.getOperand(0)).getResult();
+    c.getResult(0).replaceAllUsesWith(r);
+    c.erase();
+  }
+  for (const char* name : {"erf", "erfc"})
+    if (auto fn = m.lookupSymbol<mlir::func::FuncOp>(name); fn && fn.symbolKnownUseEmpty(m))
+      fn.erase();
+}
+
+/// MLIR's gpu-lower-to-nvvm-pipeline, with the toolkit whose libdevice is linked for float64
+/// math (GpuTarget::toolkit; the pipeline has no option for it, gpu-module-to-binary has).
+void lower_to_ptx(mlir::ModuleOp m, const GpuTarget& target, const std::string& messages) {
+  // The default cubin-features (+ptx60) aborts the process for sm_90: always set it.
+  const std::string pipeline = "gpu-lower-to-nvvm-pipeline{cubin-chip=" + target.chip +
+                               " cubin-features=" + target.features +
+                               " cubin-format=isa opt-level=" +
+                               std::to_string(target.opt_level) + "}";
+  const std::string where = "codegen::Executable: GPU NVVM and PTX";
+  mlir::PassManager pm = mlir::PassManager::on<mlir::ModuleOp>(m.getContext());
+  std::string err;
+  llvm::raw_string_ostream es(err);
+  if (mlir::failed(mlir::parsePassPipeline(pipeline, pm, es)))
+    throw Error(where, "bad pipeline: " + err);
+  if (!target.toolkit.empty())
+    for (mlir::Pass& pass : pm.getPasses())
+      if (pass.getArgument() == "gpu-module-to-binary" &&
+          mlir::failed(pass.initializeOptions("toolkit=" + target.toolkit, [&](const llvm::Twine& e) {
+            err = e.str();
+            return mlir::failure();
+          })))
+        throw Error(where, "cannot set the CUDA toolkit: " + err);
+  if (mlir::failed(pm.run(m))) throw Error(where, messages);
+}
+
+/// Functions the PTX calls but does not define (libdevice's __nv_exp, ... for float64 math when
+/// no CUDA toolkit was found): the module would fail to load on the device, so the build fails
+/// here, naming them.
+void check_no_externs(const std::string& ptx, const GpuTarget& target) {
+  std::vector<std::string> names;
+  for (size_t at = ptx.find(".extern .func"); at != std::string::npos;
+       at = ptx.find(".extern .func", at + 1)) {
+    size_t end = ptx.find('(', ptx.find(')', at) + 1);
+    size_t start = ptx.rfind(' ', end - 1);
+    if (end == std::string::npos || start == std::string::npos || start < at) continue;
+    std::string name = ptx.substr(start + 1, end - start - 1);
+    name.erase(name.find_last_not_of(" \t\n") + 1);
+    names.push_back(name);
+  }
+  if (names.empty()) return;
+  throw Error("codegen (gpu)",
+              fmt::format("the kernels call {} (CUDA's libdevice, for float64 math), which {}; "
+                          "set CUDA_HOME to a CUDA toolkit with nvvm/libdevice/libdevice.10.bc",
+                          fmt::join(names, ", "),
+                          target.toolkit.empty() ? "no CUDA toolkit was found to provide"
+                                                 : "the toolkit " + target.toolkit +
+                                                       " did not provide"));
+}
+
 /// Intermediates live in device memory: the host code's malloc/free (memref.alloc lowered)
 /// become the CUDA runtime's (codegen/runtime.cpp). gpu.alloc would need async tokens.
 void allocate_on_device(mlir::ModuleOp m) {
@@ -971,8 +1047,38 @@ bool own_buffer(mlir::Value m, const std::function<bool(mlir::Operation*)>& insi
   return true;
 }
 
+namespace {
+
+/// The CUDA toolkit folder with nvvm/libdevice/libdevice.10.bc (GpuTarget::toolkit), or "".
+std::string find_cuda_toolkit() {
+  namespace fs = std::filesystem;
+  auto has_libdevice = [](const fs::path& root) {
+    std::error_code ec;
+    return fs::exists(root / "nvvm" / "libdevice" / "libdevice.10.bc", ec);
+  };
+  for (const char* var : {"CUDA_HOME", "CUDA_PATH", "CUDA_ROOT"})
+    if (const char* v = std::getenv(var); v && *v && has_libdevice(v)) return v;
+  std::vector<fs::path> candidates = {"/usr/local/cuda"};
+  std::vector<fs::path> versioned;  // /usr/local/cuda-13.0, ...: the newest first
+  std::error_code ec;
+  for (const fs::directory_entry& e : fs::directory_iterator("/usr/local", ec))
+    if (e.path().filename().string().starts_with("cuda-")) versioned.push_back(e.path());
+  std::sort(versioned.begin(), versioned.end(), [](const fs::path& a, const fs::path& b) {
+    return ::strverscmp(a.c_str(), b.c_str()) > 0;  // glibc: 13.0 after 12.9
+  });
+  candidates.insert(candidates.end(), versioned.begin(), versioned.end());
+  candidates.insert(candidates.end(), {"/usr/lib/cuda", "/opt/cuda"});
+  for (const fs::path& p : candidates)
+    if (has_libdevice(p)) return p.string();
+  return "";
+}
+
+}  // namespace
+
 GpuTarget GpuTarget::from_env() {
   GpuTarget t;
+  static const std::string toolkit = find_cuda_toolkit();  // looked up once per process
+  t.toolkit = toolkit;
   auto env = [](const char* name) -> std::string {
     const char* v = std::getenv(name);
     return v && *v ? v : "";
@@ -1055,6 +1161,7 @@ void reverse_parallel_loops(mlir::ModuleOp m) {
 void lower_for_gpu(mlir::ModuleOp m, const GpuTarget& target, bool row_separable,
                    const std::vector<bool>& same_rows, std::string& messages, GpuLowered& out) {
   init_gpu_once();
+  libm_erf_to_math(m);
   gpu_parallel_loops(m, target, row_separable, same_rows, /*for_device=*/true, messages);
   // Blocks of threads_per_block threads (no-min-max-bounds: with an affine.min bound
   // convert-parallel-loops-to-gpu silently leaves the loop on the host).
@@ -1084,18 +1191,14 @@ void lower_for_gpu(mlir::ModuleOp m, const GpuTarget& target, bool row_separable
   expand_remf(m);
   out.kernels = 0;
   m.walk([&](mlir::gpu::GPUFuncOp f) { out.kernels += f.isKernel(); });
-  // The default cubin-features (+ptx60) aborts the process for sm_90: always set it.
-  run(m,
-      "gpu-lower-to-nvvm-pipeline{cubin-chip=" + target.chip + " cubin-features=" +
-          target.features + " cubin-format=isa opt-level=" + std::to_string(target.opt_level) +
-          "}",
-      "NVVM and PTX", messages);
+  lower_to_ptx(m, target, messages);
   allocate_on_device(m);
   out.ptx.clear();
   m.walk([&](mlir::gpu::BinaryOp bin) {
     for (mlir::Attribute a : bin.getObjects())
       if (auto obj = llvm::dyn_cast<mlir::gpu::ObjectAttr>(a)) out.ptx += obj.getObject().str();
   });
+  check_no_externs(out.ptx, target);
 }
 
 }  // namespace kiln::codegen

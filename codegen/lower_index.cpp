@@ -31,10 +31,12 @@ Value loop_index(mlir::OpBuilder& b, mlir::Location l, int64_t d) {
 }
 
 /// `s` (a Scalar attribute) as a constant of element type `t`, converted as eager's
-/// Scalar::to<T> does.
+/// Scalar::to<T> does: one rounding to float32 (an int64 above 2^53 went through double, two).
 Value scalar_of_type(mlir::OpBuilder& b, mlir::Location l, const Scalar& s, mlir::Type t) {
-  if (auto ft = llvm::dyn_cast<mlir::FloatType>(t))
-    return mlir::arith::ConstantOp::create(b, l, t, mlir::FloatAttr::get(ft, s.to<double>()));
+  if (auto ft = llvm::dyn_cast<mlir::FloatType>(t)) {
+    const double v = ft.isF32() ? static_cast<double>(s.to<float>()) : s.to<double>();
+    return mlir::arith::ConstantOp::create(b, l, t, mlir::FloatAttr::get(ft, v));
+  }
   if (t.isInteger(1))
     return mlir::arith::ConstantOp::create(b, l, t, b.getIntegerAttr(t, s.to<bool>() ? 1 : 0));
   return mlir::arith::ConstantOp::create(b, l, t, b.getIntegerAttr(t, s.to<int64_t>()));
@@ -145,7 +147,7 @@ Value lower_masked_fill(mlir::PatternRewriter& rw, mlir::Location loc, Value x, 
 /// index_select, gather, embedding: out[e] = source[e with dim `axis` replaced by
 /// clamp(index[idx_map(e)], 0, size − 1)], where size is the source's size along `axis`.
 /// `coords(b, l, i)` gives the source coordinates for the clamped index i (an index value).
-/// Fails (nullptr) when the source's size along `axis` is 0 (nothing to clamp into).
+/// Fails (nullptr) when the source's size along `axis` is 0 or `?` (nothing to clamp into).
 Value lower_take(mlir::PatternRewriter& rw, mlir::Location loc, Value source, Value index,
                  mlir::RankedTensorType out, int64_t axis, mlir::AffineMap index_map,
                  llvm::ArrayRef<Value> sizes,
@@ -153,7 +155,8 @@ Value lower_take(mlir::PatternRewriter& rw, mlir::Location loc, Value source, Va
                                                              Value)>
                      coords) {
   auto source_type = llvm::cast<mlir::RankedTensorType>(source.getType());
-  if (source_type.getDimSize(axis) == 0) return nullptr;
+  // A `?` size could be 0 at run time, with nothing to clamp into.
+  if (source_type.isDynamicDim(axis) || source_type.getDimSize(axis) == 0) return nullptr;
   // The largest valid index, in i64 (computed once, outside the loops).
   Value last = mlir::arith::SubIOp::create(
       rw, loc,
@@ -247,7 +250,7 @@ struct LowerIndex : mlir::OpRewritePattern<kiln::dialect::IndexOp> {
       }
       default: return rw.notifyMatchFailure(op, "kind not lowered yet");
     }
-    if (!result) return rw.notifyMatchFailure(op, "indexed dim of size 0");
+    if (!result) return rw.notifyMatchFailure(op, "indexed dim of size 0 or `?`");
     rw.replaceOp(op, result);
     return mlir::success();
   }

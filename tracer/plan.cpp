@@ -810,8 +810,14 @@ void Plan::run_region(const Region& r, RunState& st) const {
       wait_for(r.device);
       auto t0 = std::chrono::steady_clock::now();
       bool eager = trial % 2 == 1;
-      if (eager) run_eagerly();
-      else run_compiled(r, st);
+      try {
+        if (eager) run_eagerly();
+        else run_compiled(r, st);
+      } catch (...) {
+        // A run that raised (an index out of range) measured nothing: its trial is run again.
+        r.trials.fetch_sub(1, std::memory_order_relaxed);
+        throw;
+      }
       wait_for(r.device);
       int64_t ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
                        std::chrono::steady_clock::now() - t0).count();
@@ -1005,12 +1011,14 @@ std::string Plan::describe() const {
   auto measured_choice = [](const Region& r) -> std::string {
     const int choice = r.choice.load();
     if (choice < 0) return "";
-    const double eager_us = r.eager_ns.load() / 1e3;
-    const double compiled_us = r.compiled_ns.load() / 1e3;
+    auto us = [](int64_t ns) {
+      return ns == Region::kNotTimed ? std::string("(not timed)") : fmt::format("{:.0f}", ns / 1e3);
+    };
+    const std::string eager_us = us(r.eager_ns.load()), compiled_us = us(r.compiled_ns.load());
     return choice == 1
-               ? fmt::format(", runs on eager kernels (measured {:.0f} vs compiled {:.0f} us)",
+               ? fmt::format(", runs on eager kernels (measured {} vs compiled {} us)",
                              eager_us, compiled_us)
-               : fmt::format(", runs compiled (measured {:.0f} vs eager kernels {:.0f} us)",
+               : fmt::format(", runs compiled (measured {} vs eager kernels {} us)",
                              compiled_us, eager_us);
   };
   for (const Step& s : steps_) {

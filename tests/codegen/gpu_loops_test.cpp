@@ -398,3 +398,14 @@ TEST_CASE("gpu loops on the cpu: embedding, index_select, gather, tril and maske
     CHECK(e.select(0, 0).select(0, 1).to_vector<float>() == w.select(0, 49).to_vector<float>());
   }
 }
+
+TEST_CASE("index_select along a `?` dim is not lowered: at size 0 nothing could be clamped into") {
+  // The dim may be 0 at run time: the clamp gave index -1, a read before the buffer (review).
+  ir::Graph g;
+  OpAttrs along0;
+  g.output(g.op(OpKind::IndexSelect,
+                {g.input(DType::Float32, {ir::kDynamic, 3}), g.input(DType::Int64, {2})}, along0));
+  codegen::CompileOptions o;
+  o.disk_cache = false;
+  CHECK_THROWS_AS(codegen::Executable(g, o), Error);
+}

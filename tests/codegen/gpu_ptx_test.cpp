@@ -433,6 +433,30 @@ TEST_CASE("gpu ptx: a sliced input (an LM's shifted logits) is read in place by 
   check_assembles(exe.ptx(), "sliced_exp");
 }
 
+TEST_CASE("gpu ptx: float64 math links CUDA's libdevice; without it, a clear error") {
+  // float64 exp, erf, ... have no polynomial form here: the kernels call libdevice's __nv_exp,
+  // __nv_erf (erf/erfc were calls to the host's libm, an unresolved extern in the PTX).
+  for (OpKind k : {OpKind::Exp, OpKind::Erf, OpKind::Gelu}) {
+    INFO(op_name(k));
+    ir::Graph g;
+    g.output(g.op(k, {g.input(DType::Float64, {1000})}));
+    codegen::CompileOptions o = cuda_options();
+    o.memory_cache = false;
+    o.gpu.toolkit = "/nonexistent";
+    CHECK_THROWS_WITH(codegen::Executable(g, o),
+                      Catch::Contains("__nv_") && Catch::Contains("libdevice") &&
+                          Catch::Contains("CUDA_HOME") && !Catch::Contains("\n("));
+    o.gpu.toolkit = codegen::GpuTarget::from_env().toolkit;
+    if (o.gpu.toolkit.empty()) {
+      WARN("skipped the linked kernel: no CUDA toolkit with libdevice found");
+      continue;
+    }
+    std::string ptx = codegen::Executable(g, o).ptx();
+    CHECK(ptx.find(".extern") == std::string::npos);
+    check_assembles(ptx, "f64_math");
+  }
+}
+
 TEST_CASE("gpu ptx: contiguous() of a permuted view is one copy kernel") {
   // What eager contiguous() / copy_ of a dense permuted CUDA view runs (codegen/cuda_kernels.cpp):
   // the graph of the base permuted, whose output is a new contiguous tensor.
