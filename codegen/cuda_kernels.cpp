@@ -71,6 +71,9 @@ std::optional<KernelInput> kernel_input(const Tensor& t, DType compute, Device d
   }
   if (t.is_contiguous()) return KernelInput{t, std::nullopt, std::nullopt, std::nullopt};
   if (!t.is_non_overlapping_and_dense()) {
+    // Bool inputs are converted from bytes whole, before the graph's ops (bool_bytes.cpp): a
+    // bool block would be read to its end, past the storage's (review).
+    if (t.dtype() == DType::Bool) return std::nullopt;
     std::optional<StridedRead> read = strided_read(t.shape(), t.strides());
     if (!read) return std::nullopt;
     auto impl = std::make_shared<TensorImpl>(*t.impl());

@@ -943,7 +943,8 @@ void lower_to_ptx(mlir::ModuleOp m, const GpuTarget& target, const std::string& 
   if (!target.toolkit.empty())
     for (mlir::Pass& pass : pm.getPasses())
       if (pass.getArgument() == "gpu-module-to-binary" &&
-          mlir::failed(pass.initializeOptions("toolkit=" + target.toolkit, [&](const llvm::Twine& e) {
+          mlir::failed(pass.initializeOptions("toolkit=\"" + target.toolkit + "\"",
+                                              [&](const llvm::Twine& e) {
             err = e.str();
             return mlir::failure();
           })))
@@ -955,17 +956,23 @@ void lower_to_ptx(mlir::ModuleOp m, const GpuTarget& target, const std::string& 
 /// no CUDA toolkit was found): the module would fail to load on the device, so the build fails
 /// here, naming them.
 void check_no_externs(const std::string& ptx, const GpuTarget& target) {
+  // `.extern .func (.param .b64 func_retval0) __nv_exp(...)`, or without the return group.
   std::vector<std::string> names;
-  for (size_t at = ptx.find(".extern .func"); at != std::string::npos;
-       at = ptx.find(".extern .func", at + 1)) {
-    size_t end = ptx.find('(', ptx.find(')', at) + 1);
-    size_t start = ptx.rfind(' ', end - 1);
-    if (end == std::string::npos || start == std::string::npos || start < at) continue;
-    std::string name = ptx.substr(start + 1, end - start - 1);
-    name.erase(name.find_last_not_of(" \t\n") + 1);
-    names.push_back(name);
+  bool all_libdevice = true;
+  const std::string decl = ".extern .func";
+  for (size_t at = ptx.find(decl); at != std::string::npos; at = ptx.find(decl, at + 1)) {
+    size_t p = ptx.find_first_not_of(" \t", at + decl.size());
+    if (p != std::string::npos && ptx[p] == '(')
+      p = ptx.find_first_not_of(" \t", ptx.find(')', p) + 1);
+    if (p == std::string::npos) continue;
+    size_t end = ptx.find_first_of(" \t\n(;", p);
+    names.push_back(ptx.substr(p, end == std::string::npos ? std::string::npos : end - p));
+    all_libdevice = all_libdevice && names.back().starts_with("__nv_");
   }
   if (names.empty()) return;
+  if (!all_libdevice)
+    throw Error("codegen (gpu)", fmt::format("the kernels call {}, which the PTX does not define",
+                                             fmt::join(names, ", ")));
   throw Error("codegen (gpu)",
               fmt::format("the kernels call {} (CUDA's libdevice, for float64 math), which {}; "
                           "set CUDA_HOME to a CUDA toolkit with nvvm/libdevice/libdevice.10.bc",
@@ -1060,9 +1067,9 @@ std::string find_cuda_toolkit() {
     if (const char* v = std::getenv(var); v && *v && has_libdevice(v)) return v;
   std::vector<fs::path> candidates = {"/usr/local/cuda"};
   std::vector<fs::path> versioned;  // /usr/local/cuda-13.0, ...: the newest first
-  std::error_code ec;
-  for (const fs::directory_entry& e : fs::directory_iterator("/usr/local", ec))
-    if (e.path().filename().string().starts_with("cuda-")) versioned.push_back(e.path());
+  std::error_code ec;  // an unreadable /usr/local ends the listing, not the process
+  for (fs::directory_iterator it("/usr/local", ec), end; !ec && it != end; it.increment(ec))
+    if (it->path().filename().string().starts_with("cuda-")) versioned.push_back(it->path());
   std::sort(versioned.begin(), versioned.end(), [](const fs::path& a, const fs::path& b) {
     return ::strverscmp(a.c_str(), b.c_str()) > 0;  // glibc: 13.0 after 12.9
   });

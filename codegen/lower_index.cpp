@@ -207,7 +207,9 @@ struct LowerIndex : mlir::OpRewritePattern<kiln::dialect::IndexOp> {
       case OpKind::Triu:
         result = lower_triangle(rw, loc, in[0], out, *kind == OpKind::Tril, a.mode);
         break;
-      case OpKind::MaskedFill: result = lower_masked_fill(rw, loc, in[0], in[1], out, a.alpha); break;
+      case OpKind::MaskedFill:
+        result = lower_masked_fill(rw, loc, in[0], in[1], out, a.alpha);
+        break;
       case OpKind::IndexSelect: {
         if (rank == 0) return rw.notifyMatchFailure(op, "0-d source");
         const int64_t axis = a.dim < 0 ? a.dim + rank : a.dim;
@@ -240,8 +242,9 @@ struct LowerIndex : mlir::OpRewritePattern<kiln::dialect::IndexOp> {
         auto sizes = dynamic_sizes_of(out, [&](int64_t j) {
           return j + 1 < rank ? dim_of(rw, loc, in[1], j) : dim_of(rw, loc, in[0], 1);
         });
-        result = lower_take(rw, loc, in[0], in[1], out, 0, mlir::AffineMap::get(rank, 0, exprs, ctx),
-                            sizes, [&](mlir::OpBuilder& b, mlir::Location l, Value at) {
+        result = lower_take(rw, loc, in[0], in[1], out, 0,
+                            mlir::AffineMap::get(rank, 0, exprs, ctx), sizes,
+                            [&](mlir::OpBuilder& b, mlir::Location l, Value at) {
                               llvm::SmallVector<Value> c = {
                                   at, mlir::linalg::IndexOp::create(b, l, rank - 1)};
                               return c;

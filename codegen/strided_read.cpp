@@ -14,7 +14,8 @@ std::optional<StridedRead> strided_read(const Shape& shape, const Strides& strid
     if (shape[d] > 1) dims.push_back(d);
   }
   if (dims.empty()) return std::nullopt;  // one element: contiguous already
-  if (dims.size() + 1 > static_cast<size_t>(kMaxRank)) return std::nullopt;  // no room for the extra dim
+  // Room for the extra inner dim.
+  if (dims.size() + 1 > static_cast<size_t>(kMaxRank)) return std::nullopt;
   std::sort(dims.begin(), dims.end(), [&](int a, int b) {  // ties in dim order
     return strides[a] != strides[b] ? strides[a] > strides[b] : a < b;
   });

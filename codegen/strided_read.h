@@ -18,7 +18,8 @@ namespace kiln::codegen {
 ///   -> keep [0, n) of each dim, index 0 of the extra dim -> permute to the view's dim order
 ///   -> unsqueeze the size-1 dims.
 /// The block may reach past the storage's end (its last row runs on to the full row length):
-/// the ops read only the view's elements, all inside the storage.
+/// the ops read only the view's elements, all inside the storage. Not for bool blocks, which
+/// the codegen converts from bytes whole at the graph's boundary (codegen/bool_bytes.cpp).
 struct StridedRead {
   Shape block;
   Shape kept;          ///< per block dim: the leading elements kept (block[k] when all)

@@ -178,32 +178,25 @@ mlir::Value layer_norm(Emitter& E, mlir::ValueRange in, const OpAttrs& a) {
   return y;
 }
 
-// nll_loss: the target's log-prob is picked by a one-hot mask (no gather primitive): class ids
-// [C, 1] == target [N] is [C, N]; Σ over classes of where(mask, xᵀ, 0). Ignored targets give 0;
-// mean divides by the number of the others (0/0 = nan, as eager). Out-of-range targets, which
-// eager rejects, give 0 here: the tracer scans the targets after the compiled run and raises
-// eager's error (tracer/plan.cpp, data_checked_inputs).
+// nll_loss: the target's log-prob is read with gather (x[n, t[n]]; the lowering clamps the
+// index into [0, C), codegen/lower_index.cpp). Ignored targets give 0; mean divides by the
+// number of the others (0/0 = nan, as eager). Out-of-range targets, which eager rejects, read a
+// clamped class here: the tracer scans the targets after the compiled run and raises eager's
+// error (tracer/plan.cpp, data_checked_inputs), eager CUDA ops before the kernel. It was a
+// one-hot select against a [C, 1] constant of class ids: C reads per row, and for C > 64 a
+// constant that CUDA kernels cannot read (cross_entropy on the GPU took the host path).
 mlir::Value nll_loss(Emitter& E, mlir::Value x, mlir::Value target, const OpAttrs& a) {
   auto xt = type_of(x);
-  bool batched = xt.getRank() == 2;
-  int64_t classes = xt.getDimSize(batched ? 1 : 0);
-  if (classes == mlir::ShapedType::kDynamic) return {};
-  mlir::Type t = xt.getElementType(), i64 = E.b.getI64Type();
-  std::vector<int64_t> ids(static_cast<size_t>(classes));
-  std::iota(ids.begin(), ids.end(), int64_t{0});
-  auto id_type = batched ? mlir::RankedTensorType::get({classes, 1}, i64)
-                         : mlir::RankedTensorType::get({classes}, i64);
-  mlir::Value id = ConstantOp::create(E.b, E.loc, id_type,
-                                      mlir::DenseElementsAttr::get(id_type, llvm::ArrayRef(ids)));
-  mlir::Value xs = x;
-  if (batched) {
-    OpAttrs tr;
-    tr.dim1 = 1;
-    xs = E.op(OpKind::Transpose, mlir::ValueRange{x}, tr);
-  }
+  const bool batched = xt.getRank() == 2;
+  const int64_t class_dim = batched ? 1 : 0;
+  if (xt.isDynamicDim(class_dim) || xt.getDimSize(class_dim) == 0) return {};
+  mlir::Type t = xt.getElementType();
+  OpAttrs at_class;
+  at_class.dim = class_dim;
+  mlir::Value index = E.op(OpKind::Unsqueeze, mlir::ValueRange{target}, at_class);
+  mlir::Value gathered = E.op(OpKind::Gather, mlir::ValueRange{x, index}, at_class);
+  mlir::Value picked = E.op(OpKind::Squeeze, mlir::ValueRange{gathered}, at_class);
   mlir::Value zero = E.scalar(t, 0);
-  mlir::Value picked =
-      E.reduce(OpKind::Sum, E.where(E.op(OpKind::Eq, target, id), xs, zero), over_dim(0), false);
   // ignore_index in the target's dtype: a 0-d operand does not promote, and lowering never narrows.
   mlir::Value ignore = E.scalar(elem(target), static_cast<double>(a.ignore_index));
   mlir::Value valid = E.op(OpKind::Ne, target, ignore);

@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <regex>
 #include <string>
 
@@ -454,7 +455,34 @@ TEST_CASE("gpu ptx: float64 math links CUDA's libdevice; without it, a clear err
     std::string ptx = codegen::Executable(g, o).ptx();
     CHECK(ptx.find(".extern") == std::string::npos);
     check_assembles(ptx, "f64_math");
+    // A toolkit folder with a space in its name (the option was passed unquoted; review).
+    auto spaced = std::filesystem::temp_directory_path() / "kiln cuda toolkit";
+    std::filesystem::create_directories(spaced);
+    std::error_code ec;
+    std::filesystem::create_directory_symlink(std::filesystem::path(o.gpu.toolkit) / "nvvm",
+                                              spaced / "nvvm", ec);
+    o.gpu.toolkit = spaced.string();
+    CHECK(codegen::Executable(g, o).ptx().find(".extern") == std::string::npos);
   }
+}
+
+TEST_CASE("gpu ptx: cross_entropy over 30522 classes compiles for the GPU") {
+  // nll_loss compared each class id with the target, the ids a [C, 1] constant: above 64
+  // classes a host constant the kernels could not read, so the build failed and eager
+  // cross_entropy on CUDA tensors took the host path. It now gathers x[n, t[n]].
+  ir::Graph g;
+  ir::Value x = g.input(DType::Float32, {256, 30522});
+  ir::Value t = g.input(DType::Int64, {256});
+  OpAttrs last, mean;
+  last.dim = -1;
+  mean.mode = 1;
+  g.output(g.op(OpKind::NllLoss, {g.op(OpKind::LogSoftmax, {x}, last), t}, mean));
+  std::unique_ptr<codegen::Executable> exe;
+  REQUIRE_NOTHROW(exe = std::make_unique<codegen::Executable>(g, cuda_options()));
+  INFO(exe->ptx());
+  CHECK(entries(exe->ptx()) == exe->num_kernels());
+  CHECK(exe->ptx().find(".global .align") == std::string::npos);  // no constant of class ids
+  check_assembles(exe->ptx(), "cross_entropy");
 }
 
 TEST_CASE("gpu ptx: contiguous() of a permuted view is one copy kernel") {

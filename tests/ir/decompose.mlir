@@ -9,7 +9,7 @@
 // LOWER-LABEL: func.func @softmax
 // LOWER-COUNT-2: linalg.fill
 // LOWER-LABEL: func.func @nll_loss
-// LOWER: linalg.transpose
+// LOWER: tensor.extract %arg0
 // LOWER-NOT: kiln.
 
 // softmax = exp(x - amax) * reciprocal(sum(exp(x - amax))), reductions with keepdim over the dim.
@@ -136,15 +136,14 @@ func.func @logsumexp(%x: tensor<4x6xf32>) -> (tensor<4xf32>, tensor<4x1xf32>) {
   return %0, %1 : tensor<4xf32>, tensor<4x1xf32>
 }
 
-// nll_loss: one-hot select (class ids [C, 1] == target, over x transposed to [C, N]), summed
-// over classes; ignored targets give 0; mean divides by the count of the others.
+// nll_loss: the target's log-prob read with gather along the class dim (its lowering clamps
+// the index; the tracer and eager CUDA ops check the targets); ignored targets give 0; mean
+// divides by the count of the others.
 // CHECK-LABEL: func.func @nll_loss
-// CHECK: %[[IDS:.*]] = kiln.constant dense<{{\[}}[0], [1], [2]]> : tensor<3x1xi64>
-// CHECK: %[[XT:.*]] = kiln.view "transpose" %arg0 {dim1 = 1 : i64} : (tensor<?x3xf32>) -> tensor<3x?xf32>
+// CHECK: %[[IDX:.*]] = kiln.view "unsqueeze" %arg1 {dim = 1 : i64} : (tensor<?xi64>) -> tensor<?x1xi64>
+// CHECK: %[[G:.*]] = kiln.index "gather" %arg0, %[[IDX]] {dim = 1 : i64} : (tensor<?x3xf32>, tensor<?x1xi64>) -> tensor<?x1xf32>
+// CHECK: %[[P:.*]] = kiln.view "squeeze" %[[G]] {dim = 1 : i64} : (tensor<?x1xf32>) -> tensor<?xf32>
 // CHECK: %[[ZERO:.*]] = kiln.constant dense<0.000000e+00> : tensor<f32>
-// CHECK: %[[HOT:.*]] = kiln.elementwise "eq" %arg1, %[[IDS]] : (tensor<?xi64>, tensor<3x1xi64>) -> tensor<3x?xi1>
-// CHECK: %[[SEL:.*]] = kiln.elementwise "where" %[[HOT]], %[[XT]], %[[ZERO]]
-// CHECK: %[[P:.*]] = kiln.reduce "sum" %[[SEL]] {dims = array<i64: 0>} : (tensor<3x?xf32>) -> tensor<?xf32>
 // CHECK: %[[IGN:.*]] = kiln.constant dense<1> : tensor<i64>
 // CHECK: %[[VALID:.*]] = kiln.elementwise "ne" %arg1, %[[IGN]]
 // CHECK: %[[NEG:.*]] = kiln.elementwise "neg" %[[P]]

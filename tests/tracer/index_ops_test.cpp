@@ -46,7 +46,8 @@ TEST_CASE("compile: embedding, index_select, gather, tril, triu and masked_fill 
   }
   std::string ex = cf.explain();
   INFO(ex);
-  CHECK(contains(ex, "embedding mul view index_select add gather sub tril triu add masked_fill mul"));
+  CHECK(contains(ex,
+                 "embedding mul view index_select add gather sub tril triu add masked_fill mul"));
   CHECK_FALSE(contains(ex, "eager op:"));
 }
 
