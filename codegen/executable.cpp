@@ -557,7 +557,12 @@ std::string Executable::Impl::compile(const std::string& graph_mlir, bool relax)
   }
   I.stats.lower_ms = lap();
 
-  // 3. Bufferize (kernels write the caller's buffers), loops.
+  // 3. Bufferize (kernels write the caller's buffers), loops. The inputs are the caller's
+  // tensors: an op that updates its operand in place (index_add's loops) gets a copy of one.
+  for (auto [i, arg] : llvm::enumerate(fn.getArguments()))
+    if (llvm::isa<mlir::TensorType>(arg.getType()))
+      fn.setArgAttr(static_cast<unsigned>(i), "bufferization.writable",
+                    mlir::BoolAttr::get(&I.ctx, false));
   I.run_pipeline(m,
                  "eliminate-empty-tensors,one-shot-bufferize{bufferize-function-boundaries "
                  "function-boundary-type-conversion=identity-layout-map},"

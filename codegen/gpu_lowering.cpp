@@ -14,6 +14,7 @@
 
 #include "codegen/cpu_parallel.h"
 #include "codegen/jit.h"
+#include "codegen/lower.h"
 #include "core/error.h"
 #include "llvm/ADT/DenseSet.h"
 #include "llvm/Support/TargetSelect.h"
@@ -105,6 +106,77 @@ void wrap_serial_nests(mlir::func::FuncOp fn) {
     auto par = mlir::scf::ParallelOp::create(b, loc, mlir::ValueRange{zero},
                                              mlir::ValueRange{one}, mlir::ValueRange{one});
     l->moveBefore(par.getBody()->getTerminator());
+  }
+}
+
+/// index_add / scatter_add (lower_index.cpp) are a nest of scf.for loops tagged kScatterLoopAttr
+/// whose innermost body adds into the result: a load, an add and a store at the same indices.
+/// Run as they are, they would be one thread's loop. The nest becomes one parallel loop and the
+/// load-add-store an atomic add (memref.atomic_rmw: PTX atom.global.add), so repeated indices
+/// add in no fixed order, as in PyTorch's CUDA index_add_ and scatter_add_. A nest of another
+/// form stays serial (wrap_host_accesses makes it a one-thread kernel).
+void scatter_loops_to_atomics(mlir::func::FuncOp fn) {
+  llvm::SmallVector<mlir::scf::ForOp> tagged;
+  fn.walk([&](mlir::scf::ForOp f) {
+    if (f->hasAttr(kScatterLoopAttr)) tagged.push_back(f);
+  });
+  for (mlir::scf::ForOp outer : tagged) {
+    llvm::SmallVector<mlir::scf::ForOp> fors = {outer};
+    bool perfect = outer.getNumResults() == 0;
+    while (perfect) {
+      mlir::Block* body = fors.back().getBody();
+      auto inner = llvm::dyn_cast<mlir::scf::ForOp>(body->front());
+      if (!inner) break;
+      perfect = inner.getNumResults() == 0 && body->getOperations().size() == 2;
+      fors.push_back(inner);
+    }
+    if (!perfect) continue;
+    // The innermost body's store of load + v into the same element.
+    mlir::memref::StoreOp store;
+    mlir::Operation* add = nullptr;
+    mlir::memref::LoadOp load;
+    mlir::Value addend;
+    fors.back().getBody()->walk([&](mlir::memref::StoreOp st) {
+      mlir::Operation* sum = st.getValueToStore().getDefiningOp();
+      if (!sum || !llvm::isa<mlir::arith::AddFOp, mlir::arith::AddIOp>(sum) || !sum->hasOneUse())
+        return;
+      for (unsigned k = 0; k < 2; ++k) {
+        auto ld = sum->getOperand(k).getDefiningOp<mlir::memref::LoadOp>();
+        if (ld && ld->hasOneUse() && ld.getMemRef() == st.getMemRef() &&
+            llvm::equal(ld.getIndices(), st.getIndices())) {
+          store = st, add = sum, load = ld, addend = sum->getOperand(1 - k);
+          return;
+        }
+      }
+    });
+    if (!store) continue;
+    llvm::SmallVector<mlir::Value> lbs, ubs, steps;
+    for (mlir::scf::ForOp f : fors) {
+      lbs.push_back(f.getLowerBound());
+      ubs.push_back(f.getUpperBound());
+      steps.push_back(f.getStep());
+    }
+    mlir::OpBuilder b(outer);
+    auto par = mlir::scf::ParallelOp::create(b, outer.getLoc(), lbs, ubs, steps);
+    b.setInsertionPoint(par.getBody()->getTerminator());
+    mlir::IRMapping map;
+    for (auto [f, iv] : llvm::zip(fors, par.getInductionVars()))
+      map.map(f.getInductionVar(), iv);
+    for (mlir::Operation& op : fors.back().getBody()->without_terminator()) {
+      if (&op == load.getOperation() || &op == add) continue;
+      if (&op != store.getOperation()) {
+        b.clone(op, map);
+        continue;
+      }
+      llvm::SmallVector<mlir::Value> indices;
+      for (mlir::Value i : store.getIndices()) indices.push_back(map.lookupOrDefault(i));
+      mlir::memref::AtomicRMWOp::create(
+          b, store.getLoc(),
+          llvm::isa<mlir::arith::AddFOp>(add) ? mlir::arith::AtomicRMWKind::addf
+                                              : mlir::arith::AtomicRMWKind::addi,
+          map.lookupOrDefault(addend), map.lookupOrDefault(store.getMemRef()), indices);
+    }
+    outer.erase();
   }
 }
 
@@ -545,8 +617,10 @@ unsigned shared_row_dims(llvm::ArrayRef<mlir::scf::ParallelOp> rows, bool verify
   // rows' elements through another value, which the index check below would not see. A GEMM
   // after the loops reads it through its pointer (extracted outside the loops), which is fine.
   llvm::SmallDenseSet<mlir::Value, 8> written;
-  for (mlir::scf::ParallelOp p : rows)
+  for (mlir::scf::ParallelOp p : rows) {
     p.walk([&](mlir::memref::StoreOp s) { written.insert(s.getMemRef()); });
+    p.walk([&](mlir::memref::AtomicRMWOp a) { written.insert(a.getMemref()); });  // scatters
+  }
   // In verify mode, a view or pointer of it is fine when only code outside the loops uses it
   // (attention's probabilities reshaped for the GEMM after them); the row-separable path keeps
   // the stricter rule.
@@ -1135,6 +1209,7 @@ void gpu_parallel_loops(mlir::ModuleOp m, const GpuTarget& target, bool row_sepa
   run(m, "func.func(convert-linalg-to-parallel-loops),canonicalize,cse", "parallel loops",
       messages);
   fn = m.lookupSymbol<mlir::func::FuncOp>("main");
+  scatter_loops_to_atomics(fn);
   unify_row_counts(fn, same_rows);
   inline_constant_globals(m, fn);
   parallel_outside_reductions(fn);

@@ -26,8 +26,13 @@ void populate_kiln_to_linalg_patterns(mlir::RewritePatternSet& patterns);
 void populate_random_patterns(mlir::RewritePatternSet& patterns);
 
 /// kiln.index (one_hot, tril, triu, masked_fill, index_select, gather, embedding) ->
-/// linalg.generic (codegen/lower_index.cpp); part of populate_kiln_to_linalg_patterns.
+/// linalg.generic; index_add, scatter_add -> scf.for nests (codegen/lower_index.cpp); part of
+/// populate_kiln_to_linalg_patterns.
 void populate_index_patterns(mlir::RewritePatternSet& patterns);
+
+/// Unit attribute on the outermost scf.for of an index_add / scatter_add (lower_index.cpp): the
+/// GPU lowering turns that nest into one parallel loop of atomic adds.
+inline constexpr char kScatterLoopAttr[] = "kiln.scatter_add";
 
 /// Indexing map reading `operand` for a loop nest over `result` (right-aligned broadcasting: a
 /// static size-1 dim against a larger result dim reads index 0; `?` dims do not broadcast).

@@ -1,6 +1,9 @@
 // kiln.index -> linalg.generic: the Index rows of the op table that read or select elements
 // (one_hot, tril, triu, masked_fill, index_select, gather, embedding). index_add and
-// scatter_add, which write through indices, are not lowered (they run on eager kernels).
+// scatter_add, which write through indices, become a nest of scf.for loops on tensors
+// (tensor.extract / tensor.insert into the result, bufferized in place), tagged
+// kScatterLoopAttr: on the CPU they run in order, as eager's kernel does; for the GPU
+// (codegen/gpu_lowering.cpp) the nest becomes one parallel loop of atomic adds.
 //
 // index_select, gather and embedding read their source with tensor.extract at an index loaded
 // from the index tensor, clamped to the source's size along the indexed dim: an index outside
@@ -8,11 +11,14 @@
 // code cannot, so the tracer scans the indices of these ops (tracer/plan.cpp,
 // data_checked_inputs) and eager GPU ops check them before the kernel runs
 // (codegen/cuda_kernels.cpp), both with eager's check (eager/value_checks.h).
+#include <functional>
+
 #include "codegen/lower.h"
 #include "core/error.h"
 #include "ir/dialect.h"
 #include "mlir/Dialect/Arith/IR/Arith.h"
 #include "mlir/Dialect/Linalg/IR/Linalg.h"
+#include "mlir/Dialect/SCF/IR/SCF.h"
 #include "mlir/Dialect/Tensor/IR/Tensor.h"
 
 namespace kiln::codegen {
@@ -144,6 +150,23 @@ Value lower_masked_fill(mlir::PatternRewriter& rw, mlir::Location loc, Value x, 
       .getResult(0);
 }
 
+/// `index` clamped into [0, last] (an i64), as an index value.
+Value clamped_index(mlir::OpBuilder& b, mlir::Location l, Value index, Value last) {
+  if (!index.getType().isInteger(64))
+    index = mlir::arith::ExtSIOp::create(b, l, b.getI64Type(), index);
+  index = mlir::arith::MaxSIOp::create(b, l, index, i64_constant(b, l, 0));
+  index = mlir::arith::MinSIOp::create(b, l, index, last);
+  return mlir::arith::IndexCastOp::create(b, l, b.getIndexType(), index);
+}
+
+/// x's size along `axis` minus 1, in i64; nullptr when that size is 0 or `?` (nothing to clamp
+/// an index into).
+Value last_index(mlir::PatternRewriter& rw, mlir::Location loc, Value x, int64_t axis) {
+  auto type = llvm::cast<mlir::RankedTensorType>(x.getType());
+  if (type.isDynamicDim(axis) || type.getDimSize(axis) == 0) return nullptr;
+  return i64_constant(rw, loc, type.getDimSize(axis) - 1);
+}
+
 /// index_select, gather, embedding: out[e] = source[e with dim `axis` replaced by
 /// clamp(index[idx_map(e)], 0, size − 1)], where size is the source's size along `axis`.
 /// `coords(b, l, i)` gives the source coordinates for the clamped index i (an index value).
@@ -154,24 +177,12 @@ Value lower_take(mlir::PatternRewriter& rw, mlir::Location loc, Value source, Va
                  llvm::function_ref<llvm::SmallVector<Value>(mlir::OpBuilder&, mlir::Location,
                                                              Value)>
                      coords) {
-  auto source_type = llvm::cast<mlir::RankedTensorType>(source.getType());
-  // A `?` size could be 0 at run time, with nothing to clamp into.
-  if (source_type.isDynamicDim(axis) || source_type.getDimSize(axis) == 0) return nullptr;
-  // The largest valid index, in i64 (computed once, outside the loops).
-  Value last = mlir::arith::SubIOp::create(
-      rw, loc,
-      mlir::arith::IndexCastOp::create(rw, loc, rw.getI64Type(),
-                                       dim_of(rw, loc, source, axis)),
-      i64_constant(rw, loc, 1));
+  Value last = last_index(rw, loc, source, axis);  // computed once, outside the loops
+  if (!last) return nullptr;
   return parallel_generic(
              rw, loc, out, sizes, {index}, {index_map},
              [&](mlir::OpBuilder& b, mlir::Location l, mlir::ValueRange a) {
-               Value i = a[0];
-               if (!i.getType().isInteger(64))
-                 i = mlir::arith::ExtSIOp::create(b, l, b.getI64Type(), i);
-               i = mlir::arith::MaxSIOp::create(b, l, i, i64_constant(b, l, 0));
-               i = mlir::arith::MinSIOp::create(b, l, i, last);
-               Value at = mlir::arith::IndexCastOp::create(b, l, b.getIndexType(), i);
+               Value at = clamped_index(b, l, a[0], last);
                return mlir::tensor::ExtractOp::create(b, l, source, coords(b, l, at))
                    .getResult();
              })
@@ -186,6 +197,59 @@ llvm::SmallVector<Value> axis_replaced(mlir::OpBuilder& b, mlir::Location l, int
   for (int64_t k = 0; k < rank; ++k)
     c.push_back(k == axis ? at : mlir::linalg::IndexOp::create(b, l, k).getResult());
   return c;
+}
+
+/// index_add (`index_add` true) and scatter_add: the result starts as x, then for every element e
+/// of the iteration space (index_add: the source's; scatter_add: the index's), in row-major
+/// order, result[e with dim `axis` replaced by clamp(i)] += source[e], where i is index[e_axis]
+/// (index_add) or index[e] (scatter_add). One scf.for per dim, the result carried through
+/// them; the outermost is tagged kScatterLoopAttr. Bool (logical or) is not lowered.
+Value lower_scatter_add(mlir::PatternRewriter& rw, mlir::Location loc, Value x, Value index,
+                        Value source, int64_t axis, bool index_add) {
+  mlir::Type element = llvm::cast<mlir::RankedTensorType>(x.getType()).getElementType();
+  if (element.isInteger(1)) return nullptr;  // (before any op is made: the pattern fails clean)
+  Value last = last_index(rw, loc, x, axis);
+  if (!last) return nullptr;
+  Value space = index_add ? source : index;
+  const int64_t rank = llvm::cast<mlir::RankedTensorType>(space.getType()).getRank();
+  const bool index_is_0d = llvm::cast<mlir::RankedTensorType>(index.getType()).getRank() == 0;
+  Value zero = mlir::arith::ConstantIndexOp::create(rw, loc, 0);
+  Value one = mlir::arith::ConstantIndexOp::create(rw, loc, 1);
+  llvm::SmallVector<Value> ivs;
+  // The innermost body: one element of the source added into the result.
+  auto add_one = [&](mlir::OpBuilder& b, mlir::Location l, Value acc) -> Value {
+    llvm::SmallVector<Value> at_index;
+    if (!index_add) at_index = ivs;
+    else if (!index_is_0d) at_index = {ivs[axis]};
+    Value i = mlir::tensor::ExtractOp::create(b, l, index, at_index);
+    llvm::SmallVector<Value> target(ivs);
+    target[axis] = clamped_index(b, l, i, last);
+    Value v = mlir::tensor::ExtractOp::create(b, l, source, ivs);
+    Value old = mlir::tensor::ExtractOp::create(b, l, acc, target);
+    Value sum = llvm::isa<mlir::FloatType>(element)
+                    ? mlir::arith::AddFOp::create(b, l, old, v).getResult()
+                    : mlir::arith::AddIOp::create(b, l, old, v).getResult();
+    return mlir::tensor::InsertOp::create(b, l, sum, acc, target);
+  };
+  std::function<Value(mlir::OpBuilder&, mlir::Location, Value)> nest =
+      [&](mlir::OpBuilder& b, mlir::Location l, Value acc) -> Value {
+    const int64_t d = static_cast<int64_t>(ivs.size());
+    if (d == rank) return add_one(b, l, acc);
+    Value size = mlir::tensor::DimOp::create(b, l, space, d);
+    auto loop = mlir::scf::ForOp::create(
+        b, l, zero, size, one, mlir::ValueRange{acc},
+        [&](mlir::OpBuilder& nb, mlir::Location nl, Value iv, mlir::ValueRange carried) {
+          ivs.push_back(iv);
+          Value r = nest(nb, nl, carried[0]);
+          ivs.pop_back();
+          mlir::scf::YieldOp::create(nb, nl, r);
+        });
+    if (d == 0) loop->setAttr(kScatterLoopAttr, rw.getUnitAttr());
+    return loop.getResult(0);
+  };
+  // The loops write x's buffer in place when x is an intermediate; bufferization copies a
+  // graph input first (inputs are not writable: executable.cpp).
+  return nest(rw, loc, x);
 }
 
 struct LowerIndex : mlir::OpRewritePattern<kiln::dialect::IndexOp> {
@@ -251,9 +315,17 @@ struct LowerIndex : mlir::OpRewritePattern<kiln::dialect::IndexOp> {
                             });
         break;
       }
+      case OpKind::IndexAdd:
+      case OpKind::ScatterAdd: {
+        if (rank == 0) return rw.notifyMatchFailure(op, "0-d input");
+        const int64_t axis = a.dim < 0 ? a.dim + rank : a.dim;
+        result = lower_scatter_add(rw, loc, in[0], in[1], in[2], axis,
+                                   *kind == OpKind::IndexAdd);
+        break;
+      }
       default: return rw.notifyMatchFailure(op, "kind not lowered yet");
     }
-    if (!result) return rw.notifyMatchFailure(op, "indexed dim of size 0 or `?`");
+    if (!result) return rw.notifyMatchFailure(op, "indexed dim of size 0 or `?`, or bool");
     rw.replaceOp(op, result);
     return mlir::success();
   }

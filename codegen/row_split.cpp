@@ -42,12 +42,18 @@ bool relax_leading_dim(mlir::ModuleOp m) {
   auto out0 = llvm::cast<mlir::RankedTensorType>(ret.getOperand(0).getType());
   if (out0.getRank() == 0 || out0.isDynamicDim(0) || out0.getDimSize(0) <= 1) return false;
   int64_t rows = out0.getDimSize(0);
-  for (mlir::Operation& op : body.without_terminator())
+  for (mlir::Operation& op : body.without_terminator()) {
     if (!llvm::isa<kiln::dialect::ElementwiseOp, kiln::dialect::ReduceOp,
                    kiln::dialect::MatmulOp, kiln::dialect::ConstantOp,
                    kiln::dialect::CompositeOp, kiln::dialect::IndexOp,  // re-inferred like the others
                    kiln::dialect::ViewOp>(op))  // only of values that keep their type (below)
       return false;
+    // index_add / scatter_add write rows at indices: not split by rows, and their indexed dim
+    // must stay static (codegen/lower_index.cpp).
+    if (auto index = llvm::dyn_cast<kiln::dialect::IndexOp>(op);
+        index && (index.getKind() == "index_add" || index.getKind() == "scatter_add"))
+      return false;
+  }
 
   llvm::DenseMap<mlir::Value, mlir::Type> before;  // the graph's own types
   for (mlir::BlockArgument a : body.getArguments()) before[a] = a.getType();

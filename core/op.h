@@ -53,8 +53,9 @@ struct OpAttrs {
   int64_t mode = 0;             // gelu: 0 erf, 1 tanh; loss reduction: 0 none, 1 mean, 2 sum;
                                 // var/std correction; one_hot num_classes; tril/triu diagonal
   int64_t ignore_index = -100;  // nll_loss
-  // one_hot: the indices were validated by the op whose gradient this is (nll_loss's backward
-  // one-hot encodes the targets its forward checked): compiled code need not check them again.
+  // one_hot, index_add, scatter_add: the indices were validated by the op whose gradient this
+  // is (nll_loss's backward one-hot encodes the targets its forward checked; embedding's and
+  // gather's add at theirs): compiled code and eager GPU ops need not check them again.
   bool indices_checked = false;
   DType dtype = DType::Float32; // cast/random target dtype
   Scalar low = 0, high = 1;     // rand/randint range; randn mean/std

@@ -52,6 +52,17 @@ Tensor zeros_of(const TensorMeta& m, const Tensor& g) {
   return zeros(m.shape, {m.dtype, g.device()});
 }
 
+/// index_add / scatter_add (`op`) in a backward whose indices the forward checked (or kiln built
+/// in range): marked so, so that compiled code and eager GPU ops do not scan them again
+/// (eager/value_checks.h).
+Tensor add_at_checked_indices(K op, const Tensor& x, int64_t dim, const Tensor& index,
+                              const Tensor& source, Loc loc) {
+  OpAttrs a;
+  a.dim = dim;
+  a.indices_checked = true;
+  return dispatch::call1({op, {x, index, source}, a, loc});
+}
+
 // Gradient of a slice [start, start + len) with step 1 along dim: g padded with zeros.
 Tensor pad_slice(const Tensor& g, const TensorMeta& in, int dim, int64_t start) {
   int64_t len = g.shape()[dim], total = in.shape[dim];
@@ -383,7 +394,7 @@ std::vector<Tensor> view(const BackwardContext& c, const Tensor& g) {
       // replayed wrongly (the rows became ones; found by tests/conformance).
       int64_t len = g.shape()[d];
       Tensor idx = arange(Scalar(start), Scalar(start + len * a.step), Scalar(a.step), {DType::Int64});
-      return {index_add(zeros_of(in, g), d, idx, g)};
+      return {add_at_checked_indices(K::IndexAdd, zeros_of(in, g), d, idx, g, c.loc)};
     }
     case K::Select: {
       int d = wrap_dim(a.dim, r, "select");
@@ -422,13 +433,16 @@ std::vector<Tensor> other(const BackwardContext& c, const Tensor& g) {
       return out;
     }
     case K::IndexSelect:
-      return {index_add(zeros_of(c.input_meta[0], g), c.attrs.dim, c.inputs[1], g)};
+      return {add_at_checked_indices(K::IndexAdd, zeros_of(c.input_meta[0], g), c.attrs.dim,
+                                     c.inputs[1], g, c.loc)};
     case K::Embedding: {
       int64_t dim = c.input_meta[0].shape[1];
-      return {index_add(zeros_of(c.input_meta[0], g), 0, c.inputs[1].reshape({-1}), g.reshape({-1, dim}))};
+      return {add_at_checked_indices(K::IndexAdd, zeros_of(c.input_meta[0], g), 0,
+                                     c.inputs[1].reshape({-1}), g.reshape({-1, dim}), c.loc)};
     }
     case K::Gather:
-      return {scatter_add(zeros_of(c.input_meta[0], g), c.attrs.dim, c.inputs[1], g)};
+      return {add_at_checked_indices(K::ScatterAdd, zeros_of(c.input_meta[0], g), c.attrs.dim,
+                                     c.inputs[1], g, c.loc)};
     case K::IndexAdd:
       return {g, Tensor(), c.needs_grad[2] ? index_select(g, c.attrs.dim, c.inputs[1]) : Tensor()};
     case K::ScatterAdd: {

@@ -11,6 +11,10 @@ std::vector<int> value_checked_inputs(OpKind op, const OpAttrs& a, DType compute
     case OpKind::OneHot:
       if (a.indices_checked) return {};  // nll_loss's backward: its forward checked them
       return {0};
+    case OpKind::IndexAdd:
+    case OpKind::ScatterAdd:
+      if (a.indices_checked) return {};  // a backward's: the forward checked them
+      return {1};
     case OpKind::NllLoss:
     case OpKind::IndexSelect:
     case OpKind::Gather:
@@ -50,7 +54,9 @@ bool eager_rejects_values(OpKind op, const OpAttrs& a, const std::vector<Shape>&
       });
     }
     case OpKind::IndexSelect:
-    case OpKind::Gather: return out_of(size_along_dim());
+    case OpKind::Gather:
+    case OpKind::IndexAdd:
+    case OpKind::ScatterAdd: return out_of(size_along_dim());
     case OpKind::Embedding: return shapes[0].size() != 2 || out_of(shapes[0][0]);
     case OpKind::FloorDivide:
     case OpKind::Remainder: return any(values[0], [](int64_t d) { return d == 0; });

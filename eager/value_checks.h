@@ -13,7 +13,8 @@ namespace kiln {
 
 /// Positions of the inputs of a call of `op` whose values eager's kernel checks and generated
 /// code does not: one_hot's indices (unless `a.indices_checked`), nll_loss's targets,
-/// index_select's / gather's / embedding's indices, the divisor of an integer floor_divide or
+/// index_select's / gather's / embedding's indices, index_add's / scatter_add's (unless
+/// `a.indices_checked`), the divisor of an integer floor_divide or
 /// remainder, base and exponent of an integer pow. `compute` is the call's compute dtype.
 std::vector<int> value_checked_inputs(OpKind op, const OpAttrs& a, DType compute);
 

@@ -55,10 +55,9 @@ const char* dialect_op_for(OpKind op) {
     // `to` is elementwise (a convert per element), so it fuses with its neighbours; the other
     // Copy rows are in-place or identities the tracer handles itself.
     case OpCategory::Copy: return op == OpKind::Cast ? "elementwise" : nullptr;
-    // The Index rows that read or select elements; index_add and scatter_add, which write
-    // through indices, are not covered.
-    case OpCategory::Index:
-      return op == OpKind::IndexAdd || op == OpKind::ScatterAdd ? nullptr : "index";
+    // The Index rows: reads and selections of elements, and index_add / scatter_add, which
+    // add through indices.
+    case OpCategory::Index: return "index";
     case OpCategory::Shape: return "shape";  // cat
     // Of the Random rows the dropout mask (one Philox word per element, codegen/lower_random.cpp).
     // Its key is an operand, so the op is pure.
@@ -286,7 +285,8 @@ void attrs_to_named(OpKind kind, const OpAttrs& a, mlir::Builder& b,
     case OpCategory::Index:
       // one_hot: num_classes; tril / triu: the diagonal.
       if (kind == OpKind::OneHot || a.mode != 0) add("mode", b.getI64IntegerAttr(a.mode));
-      if (kind == OpKind::IndexSelect || kind == OpKind::Gather)
+      if (kind == OpKind::IndexSelect || kind == OpKind::Gather || kind == OpKind::IndexAdd ||
+          kind == OpKind::ScatterAdd)
         add("dim", b.getI64IntegerAttr(a.dim));
       if (kind == OpKind::MaskedFill) add("alpha", scalar_attr(b, a.alpha));
       break;

@@ -177,11 +177,15 @@ bool lowerable(const Program& p, const Node& n) {
     for (int v : n.in)
       if (v < 0 || p.values[v].wrapped || p.values[v].dtype != t) return false;
   }
-  if (n.op == OpKind::IndexSelect || n.op == OpKind::Gather || n.op == OpKind::Embedding) {
+  if (n.op == OpKind::IndexSelect || n.op == OpKind::Gather || n.op == OpKind::Embedding ||
+      n.op == OpKind::IndexAdd || n.op == OpKind::ScatterAdd) {
     // Compiled code clamps an index into the indexed dim (codegen/lower_index.cpp): the dim
-    // must be static, its traced size the run's, and not 0 (nothing to clamp into).
+    // must be static, its traced size the run's, and not 0 (nothing to clamp into). Bool
+    // index_add / scatter_add (a logical or) are not lowered.
     const ValueInfo& x = p.values[n.in[0]];
     if (x.shape.size() == 0) return false;
+    if ((n.op == OpKind::IndexAdd || n.op == OpKind::ScatterAdd) && x.dtype == DType::Bool)
+      return false;
     const int axis = n.op == OpKind::Embedding ? 0 : wrap_dim(n.attrs.dim, x.shape.size(), "");
     if (x.shape[axis] == 0 || (axis < static_cast<int>(x.sym.size()) && x.sym[axis].arg >= 0))
       return false;

@@ -409,3 +409,40 @@ TEST_CASE("index_select along a `?` dim is not lowered: at size 0 nothing could 
   o.disk_cache = false;
   CHECK_THROWS_AS(codegen::Executable(g, o), Error);
 }
+
+TEST_CASE("gpu loops on the cpu: index_add and scatter_add are one parallel loop of atomic adds "
+          "that equals eager's, repeated indices included") {
+  // Integer-valued floats: the atomic adds' order (any, on a GPU) does not change the sums.
+  Tensor x = randint(-4, 4, {6, 40}).to(DType::Float32);
+  Tensor rows = from_vector(std::vector<int64_t>{5, 0, 5, 2, 5}, {5});
+  Tensor src = randint(-9, 9, {5, 40}).to(DType::Float32);
+  Tensor picks = randint(0, 40, {4, 30}).to(DType::Int32);
+  Tensor values = randint(-9, 9, {6, 35}).to(DType::Float32);  // larger than the index
+  Tensor counts = randint(0, 100, {6, 40});
+  ir::Graph g;
+  ir::Value gx = g.input(DType::Float32, {6, 40}), gr = g.input(DType::Int64, {5});
+  ir::Value gs = g.input(DType::Float32, {5, 40}), gp = g.input(DType::Int32, {4, 30});
+  ir::Value gv = g.input(DType::Float32, {6, 35}), gc = g.input(DType::Int64, {6, 40});
+  ir::Value gs64 = g.input(DType::Int64, {5, 40});
+  OpAttrs along0, along1;
+  along1.dim = 1;
+  g.output(g.op(OpKind::IndexAdd, {gx, gr, gs}, along0));
+  g.output(g.op(OpKind::ScatterAdd, {gx, gp, gv}, along1));
+  g.output(g.op(OpKind::IndexAdd, {gc, gr, gs64}, along0));
+  std::vector<Tensor> want = {index_add(x, 0, rows, src), scatter_add(x, 1, picks, values),
+                              index_add(counts, 0, rows, src.to(DType::Int64))};
+  for (auto reverse : {false, true}) {
+    codegen::CompileOptions o = emulated();
+    o.emulate_in_reverse = reverse;
+    codegen::Executable exe(g, o);
+    INFO(exe.linalg_ir());
+    std::vector<Tensor> ins = {x, rows, src, picks, values, counts, src.to(DType::Int64)};
+    std::vector<Tensor> got = exe.run(ins);
+    CHECK(got[0].to_vector<float>() == want[0].to_vector<float>());
+    CHECK(got[1].to_vector<float>() == want[1].to_vector<float>());
+    CHECK(got[2].to_vector<int64_t>() == want[2].to_vector<int64_t>());
+    // The inputs are not written (the result starts as a copy of x).
+    CHECK(exe.run(ins)[0].to_vector<float>() ==
+          want[0].to_vector<float>());
+  }
+}

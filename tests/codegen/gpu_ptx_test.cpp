@@ -417,6 +417,34 @@ TEST_CASE("gpu ptx: an embedding lookup and its scaling are one kernel reading t
   check_assembles(exe.ptx(), "embedding");
 }
 
+TEST_CASE("gpu ptx: an embedding's gradient (index_add) is a parallel loop of atomic adds") {
+  // index_add / scatter_add on CUDA tensors ran on the host: an embedding's backward copied
+  // the [30522, 768] gradient table over PCIe both ways every step.
+  ir::Graph g;
+  ir::Value table = g.input(DType::Float32, {30522, 768});
+  ir::Value tokens = g.input(DType::Int64, {16384});
+  ir::Value grad = g.input(DType::Float32, {16384, 768});
+  g.output(g.op(OpKind::IndexAdd, {table, tokens, grad}));
+  codegen::Executable exe(g, cuda_options());
+  INFO(exe.ptx());
+  // At most a copy of the table into the result and the adds; no one-thread kernel.
+  CHECK(entries(exe.ptx()) <= 2);
+  CHECK(count(exe.ptx(), "atom.global.add.f32") == 1);
+  CHECK(std::regex_search(exe.ptx(), std::regex(R"(min\.s64[^\n]*, 30521;)")));
+  check_assembles(exe.ptx(), "index_add");
+
+  ir::Graph h;  // scatter_add of int64 counts along dim 1
+  OpAttrs along1;
+  along1.dim = 1;
+  h.output(h.op(OpKind::ScatterAdd, {h.input(DType::Int64, {64, 100}),
+                                     h.input(DType::Int32, {64, 7}),
+                                     h.input(DType::Int64, {64, 7})}, along1));
+  codegen::Executable counts(h, cuda_options());
+  INFO(counts.ptx());
+  CHECK(count(counts.ptx(), "atom.global.add.u64") == 1);
+  check_assembles(counts.ptx(), "scatter_add");
+}
+
 TEST_CASE("gpu ptx: a sliced input (an LM's shifted logits) is read in place by one kernel") {
   // Eager ops on CUDA views that are neither contiguous nor dense took the host path; the
   // kernel now gets the block of storage and slices it (codegen/strided_read.h).

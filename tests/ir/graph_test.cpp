@@ -98,7 +98,7 @@ TEST_CASE("ir::Graph raises eager's error for invalid inputs") {
     CHECK(e.op() == "add");
     CHECK(e.message() == eager_message);
   }
-  CHECK_THROWS_AS(g.op(OpKind::IndexAdd, {a, a, a}), Error);  // not covered
+  CHECK_THROWS_AS(g.op(OpKind::IndexAdd, {a, a, a}), Error);  // a float index
   try {  // cat's shapes, checked as eager checks them
     g.op(OpKind::Cat, {a, b});
     FAIL("no error");
@@ -257,9 +257,11 @@ TEST_CASE("ir::Graph: to (every dtype pair) and one_hot build, verify and round-
   CHECK(ir::supports(OpKind::OneHot));
   CHECK(ir::supports(OpKind::Gather));
   CHECK(ir::supports(OpKind::Tril));
-  // The Index rows that write through indices are not covered.
-  CHECK_FALSE(ir::supports(OpKind::ScatterAdd));
-  CHECK_FALSE(ir::supports(OpKind::IndexAdd));
+  CHECK(ir::supports(OpKind::ScatterAdd));
+  CHECK(ir::supports(OpKind::IndexAdd));
+  // Of the Random rows only the dropout mask (its key an operand) is covered.
+  CHECK_FALSE(ir::supports(OpKind::Normal));
+  CHECK(ir::supports(OpKind::DropoutMask));
 }
 
 TEST_CASE("ir::Graph: one_hot raises eager's errors") {

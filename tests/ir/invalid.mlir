@@ -137,9 +137,17 @@ func.func @one_hot_wrong_classes(%a: tensor<3xi64>) -> tensor<3x4xi64> {
 
 // -----
 
-func.func @scatter_add_not_covered(%a: tensor<3xf32>, %i: tensor<3xi64>) -> tensor<3xf32> {
-  // expected-error @+1 {{op kind "scatter_add" belongs to no kiln op yet}}
-  %0 = kiln.index "scatter_add" %a, %i, %a : (tensor<3xf32>, tensor<3xi64>, tensor<3xf32>) -> tensor<3xf32>
+func.func @rand_not_covered(%k: tensor<2xi64>) -> tensor<3xf32> {
+  // expected-error @+1 {{op kind "rand" belongs to no kiln op yet}}
+  %0 = kiln.random "rand" %k {p = 0.5 : f64} : (tensor<2xi64>) -> tensor<3xf32>
+  return %0 : tensor<3xf32>
+}
+
+// -----
+
+func.func @scatter_add_index_too_large(%a: tensor<3xf32>, %i: tensor<4xi64>) -> tensor<3xf32> {
+  // expected-error @+1 {{do not fit along dim 0}}
+  %0 = kiln.index "scatter_add" %a, %i, %a : (tensor<3xf32>, tensor<4xi64>, tensor<3xf32>) -> tensor<3xf32>
   return %0 : tensor<3xf32>
 }
 

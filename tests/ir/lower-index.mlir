@@ -3,7 +3,8 @@
 // the value where the broadcast mask is true; index_select, gather and embedding read their
 // source with tensor.extract at the loaded index clamped into [0, size - 1], so an index out
 // of range (which the tracer and eager CUDA ops reject with eager's error) never reads outside
-// the buffer; all of them fuse with their elementwise neighbours.
+// the buffer; all of them fuse with their elementwise neighbours. index_add and scatter_add
+// become scf.for nests adding into the result at clamped indices.
 // RUN: kiln-opt %s --convert-kiln-to-linalg | FileCheck %s
 // RUN: kiln-opt %s --convert-kiln-to-linalg | kiln-opt | FileCheck %s
 // RUN: kiln-opt %s --convert-kiln-to-linalg --kiln-fuse-elementwise | FileCheck %s --check-prefix=FUSED
@@ -95,4 +96,49 @@ func.func @index_select(%x: tensor<?x6xf64>, %i: tensor<4xi64>) -> tensor<?x4xf6
 func.func @gather(%x: tensor<5x3xi32>, %i: tensor<2x3xi64>) -> tensor<2x3xi32> {
   %0 = kiln.index "gather" %x, %i {dim = 0 : i64} : (tensor<5x3xi32>, tensor<2x3xi64>) -> tensor<2x3xi32>
   return %0 : tensor<2x3xi32>
+}
+
+// index_add: x's rows plus the source's rows at the clamped indices, in order: one scf.for per
+// dim of the source carrying the result, tagged for the GPU lowering (atomic adds there).
+// CHECK-LABEL: func.func @index_add
+// CHECK-DAG: %[[LAST:.*]] = arith.constant 4 : i64
+// CHECK: %[[R:.*]] = scf.for %[[I:.*]] = %{{.*}} iter_args(%[[ACC:.*]] = %arg0)
+// CHECK: scf.for %[[J:.*]] = %{{.*}} iter_args(%[[ACC2:.*]] = %[[ACC]])
+// CHECK: %[[IDX:.*]] = tensor.extract %arg1[%[[I]]] : tensor<4xi64>
+// CHECK: %[[HI:.*]] = arith.minsi %{{.*}}, %[[LAST]] : i64
+// CHECK: %[[ROW:.*]] = arith.index_cast %[[HI]] : i64 to index
+// CHECK: %[[V:.*]] = tensor.extract %arg2[%[[I]], %[[J]]]
+// CHECK: %[[OLD:.*]] = tensor.extract %[[ACC2]][%[[ROW]], %[[J]]]
+// CHECK: %[[SUM:.*]] = arith.addf %[[OLD]], %[[V]] : f32
+// CHECK: tensor.insert %[[SUM]] into %[[ACC2]][%[[ROW]], %[[J]]]
+// CHECK: } {kiln.scatter_add}
+// CHECK: return %[[R]]
+func.func @index_add(%x: tensor<5x3xf32>, %i: tensor<4xi64>, %s: tensor<4x3xf32>) -> tensor<5x3xf32> {
+  %0 = kiln.index "index_add" %x, %i, %s {dim = 0 : i64} : (tensor<5x3xf32>, tensor<4xi64>, tensor<4x3xf32>) -> tensor<5x3xf32>
+  return %0 : tensor<5x3xf32>
+}
+
+// scatter_add of int64 along dim 1: the index's own element picks the column; integer add.
+// CHECK-LABEL: func.func @scatter_add
+// CHECK-DAG: %[[LAST:.*]] = arith.constant 6 : i64
+// CHECK: scf.for %[[I:.*]] = %{{.*}} iter_args
+// CHECK: scf.for %[[J:.*]] = %{{.*}} iter_args(%[[ACC:.*]] = %{{.*}})
+// CHECK: %[[IDX:.*]] = tensor.extract %arg1[%[[I]], %[[J]]] : tensor<2x3xi32>
+// CHECK: arith.extsi %[[IDX]] : i32 to i64
+// CHECK: %[[HI:.*]] = arith.minsi %{{.*}}, %[[LAST]] : i64
+// CHECK: %[[COL:.*]] = arith.index_cast %[[HI]] : i64 to index
+// CHECK: tensor.extract %[[ACC]][%[[I]], %[[COL]]]
+// CHECK: arith.addi
+// CHECK: tensor.insert %{{.*}} into %[[ACC]][%[[I]], %[[COL]]]
+func.func @scatter_add(%x: tensor<2x7xi64>, %i: tensor<2x3xi32>, %s: tensor<2x4xi64>) -> tensor<2x7xi64> {
+  %0 = kiln.index "scatter_add" %x, %i, %s {dim = 1 : i64} : (tensor<2x7xi64>, tensor<2x3xi32>, tensor<2x4xi64>) -> tensor<2x7xi64>
+  return %0 : tensor<2x7xi64>
+}
+
+// Bool (a logical or) is not lowered: the op stays.
+// CHECK-LABEL: func.func @index_add_bool
+// CHECK: kiln.index "index_add"
+func.func @index_add_bool(%x: tensor<5xi1>, %i: tensor<2xi64>, %s: tensor<2xi1>) -> tensor<5xi1> {
+  %0 = kiln.index "index_add" %x, %i, %s : (tensor<5xi1>, tensor<2xi64>, tensor<2xi1>) -> tensor<5xi1>
+  return %0 : tensor<5xi1>
 }

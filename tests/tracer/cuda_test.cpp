@@ -257,6 +257,32 @@ TEST_CASE("cuda: index ops run on the device and raise eager's error for an inde
                     Catch::Contains("out of range"));
 }
 
+TEST_CASE("cuda: index_add, scatter_add and an embedding's gradient run on the device",
+          "[cuda]") {
+  REQUIRE_CUDA_OR_SKIP();
+  // Integer-valued floats: the atomic adds' order does not change the sums.
+  Tensor x = randint(-4, 4, {6, 40}).to(DType::Float32);
+  Tensor src = randint(-9, 9, {5, 40}).to(DType::Float32);
+  Tensor rows = from_vector<int64_t>({5, 0, 5, 2, 5}, Shape{5});
+  Tensor picks = randint(0, 40, {6, 30});
+  const auto host_before = codegen::cuda_host_fallbacks();
+  CHECK(rel_diff(index_add(x.cuda(), 0, rows.cuda(), src.cuda()), index_add(x, 0, rows, src)) ==
+        0);
+  Tensor vals = src.slice(1, 0, 30).contiguous();
+  CHECK(rel_diff(scatter_add(x.cuda(), 1, picks.slice(0, 0, 5).cuda(), vals.cuda()),
+                 scatter_add(x, 1, picks.slice(0, 0, 5), vals)) == 0);
+  Tensor w = randn({50, 24});
+  Tensor wd = w.cuda().requires_grad_(), wc = w.clone().requires_grad_();
+  Tensor tokens = randint(0, 50, {4, 33});
+  embedding(wd, tokens.cuda()).sum().backward();
+  embedding(wc, tokens).sum().backward();
+  CHECK(rel_diff(wd.grad(), wc.grad()) == 0);  // counts of each token: exact
+  CHECK(codegen::cuda_host_fallbacks() == host_before);  // none took the host path
+  CHECK_THROWS_WITH(index_add(x.cuda(), 0, from_vector<int64_t>({1, 6}, Shape{2}).cuda(),
+                              src.slice(0, 0, 2).cuda()),
+                    Catch::Contains("out of range"));
+}
+
 TEST_CASE("cuda: ops on sliced and strided views run on the device", "[cuda]") {
   REQUIRE_CUDA_OR_SKIP();
   Tensor x = randn({4, 9, 30});

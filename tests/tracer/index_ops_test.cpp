@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 
+#include "codegen/codegen.h"
 #include "error_of.h"
 #include "kiln/kiln.h"
 #include "kiln/nn.h"
@@ -140,4 +141,114 @@ TEST_CASE("compile: calls that raise during a region's timing runs do not use th
   CHECK(contains(ex, "measured"));
   CHECK_FALSE(contains(ex, "not timed"));
   CHECK_FALSE(contains(ex, "9223372036854776"));
+}
+
+TEST_CASE("compile: index_add and scatter_add run compiled, repeated indices included, and "
+          "equal eager (bit for bit in CPU code)", "[compile][index]") {
+  manual_seed(3);
+  auto fn = [](const Tensor& x, const Tensor& rows, const Tensor& src, const Tensor& picks,
+               const Tensor& vals, const Tensor& d) {
+    Tensor a = index_add(x * 2, 0, rows, src) + 1;
+    Tensor b = scatter_add(x, 1, picks, vals) * 3;
+    Tensor c = index_add(x, 1, rows.slice(0, 0, 3), src.slice(0, 0, 3).transpose(0, 1));
+    Tensor e = index_add(d, 0, rows, d.slice(0, 0, 5));  // float64
+    return std::vector<Tensor>{a, b, c, e};
+  };
+  auto cf = compile(fn);
+  Tensor x = randn({6, 6}), src = randn({5, 6}), vals = randn({6, 9}), d = randn({7, 3}, DType::Float64);
+  Tensor rows = ids({5, 0, 5, 2, 5}, {5});
+  Tensor picks = randint(0, 6, {4, 8}).to(DType::Int32);
+  // CPU code adds in eager's order; the GPU's atomic adds (KILN_EMULATE_GPU_LOOPS runs those
+  // loops, in reverse too) in any order, which may change the last bit.
+  const bool in_order = codegen::gpu_loop_emulation({}) == codegen::GpuLoopEmulation::Off;
+  for (int call = 0; call < 10; ++call) {  // past the runs that time compiled against eager
+    INFO("call " << call);
+    std::vector<Tensor> c = cf(x, rows, src, picks, vals, d), e = fn(x, rows, src, picks, vals, d);
+    for (size_t i = 0; i < e.size(); ++i) {
+      INFO("output " << i);
+      if (in_order) CHECK(c[i].to(DType::Float64).to_vector<double>() ==
+                          e[i].to(DType::Float64).to_vector<double>());
+      else CHECK(amax(abs(c[i] - e[i])).to(DType::Float64).item<double>() < 1e-5);
+    }
+  }
+  std::string ex = cf.explain();
+  INFO(ex);
+  CHECK(contains(ex, "index_add"));
+  CHECK(contains(ex, "scatter_add"));
+  CHECK_FALSE(contains(ex, "eager op:"));
+}
+
+TEST_CASE("compile: index_add's index out of range raises eager's error at the user's line",
+          "[compile][index]") {
+  NoGradGuard no_grad;
+  Tensor p = zeros({4, 2}), q = zeros({4, 2}), src = ones({2, 2});
+  auto update = [&](Tensor& target) {
+    return [&](const Tensor& idx) {
+      target.copy_(index_add(target, 0, idx, src) * 2);  // the line eager's error names
+    };
+  };
+  auto cf = compile(update(p), CompileOptions{.donate_buffers = true});
+  auto eager_step = update(q);
+  Tensor idx = ids({3, 3}, {2});
+  for (int call = 0; call < 10; ++call) cf(idx), eager_step(idx);
+  CHECK(vec(p) == vec(q));
+  for (int64_t bad : {4, -1}) {
+    INFO("index " << bad);
+    Tensor b = ids({1, bad}, {2});
+    std::string eager = error_of([&] { eager_step(b); }).what();
+    std::string compiled = error_of([&] { cf(b); }).what();
+    CHECK(contains(eager, "index_add"));
+    CHECK(contains(eager, "is out of range"));
+    CHECK(compiled == eager);
+    CHECK(vec(p) == vec(q));  // neither was written
+  }
+  std::string ex = cf.explain();
+  INFO(ex);
+  CHECK_FALSE(contains(ex, "eager op:"));
+}
+
+TEST_CASE("compile: an embedding model's training step, the lookup's gradient (index_add) "
+          "included, is compiled and equals eager", "[compile][index]") {
+  // The backward of embedding, index_select and gather adds at the forward's indices: an
+  // eager op that split the compiled step (and on a GPU took the host path).
+  auto make = [] {
+    manual_seed(8);
+    auto emb = std::make_shared<nn::Embedding>(20, 6);
+    auto head = std::make_shared<nn::Linear>(6, 5);
+    std::vector<Tensor> params = {emb->weight, head->weight, head->bias};
+    auto opt = std::make_shared<nn::SGD>(params, nn::SGDOptions{.lr = 0.5});
+    return std::tuple{emb, head, opt};
+  };
+  auto [emb_c, head_c, opt_c] = make();
+  auto [emb_e, head_e, opt_e] = make();
+  Tensor pos = ids({2, 0, 1, 2}, {4, 1, 1}).expand({4, 1, 6}).contiguous();
+  auto step = [&pos](auto& emb, auto& head, auto& opt, const Tensor& tokens,
+                     const Tensor& target) {
+    opt->zero_grad();
+    Tensor h = emb->forward(tokens);
+    Tensor picked = gather(h, 1, pos);  // one position of each row
+    Tensor loss = cross_entropy(head->forward(h.mean(1) + picked.squeeze(1)), target);
+    loss.backward();
+    opt->step();
+    return loss.detach();
+  };
+  auto cf = compile([&](const Tensor& t, const Tensor& y) {
+    return step(emb_c, head_c, opt_c, t, y);
+  });
+  Tensor tokens = ids({3, 3, 7, 19, 0, 3, 12, 7, 7, 1, 3, 5}, {4, 3});
+  Tensor target = ids({0, 4, 2, 2}, {4});
+  for (int call = 0; call < 12; ++call) {
+    INFO("call " << call);
+    float lc = cf(tokens, target).item<float>();
+    float le = step(emb_e, head_e, opt_e, tokens, target).item<float>();
+    CHECK(lc == Approx(le).epsilon(1e-5));
+    std::vector<float> wc = vec(emb_c->weight), we = vec(emb_e->weight);
+    for (size_t i = 0; i < wc.size(); ++i) CHECK(wc[i] == Approx(we[i]).margin(1e-5));
+  }
+  std::string ex = cf.explain();
+  INFO(ex);
+  CHECK(contains(ex, "index_add"));
+  CHECK(contains(ex, "scatter_add"));
+  CHECK_FALSE(contains(ex, "eager op: index_add"));
+  CHECK_FALSE(contains(ex, "eager op: scatter_add"));
 }
