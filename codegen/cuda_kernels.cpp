@@ -3,13 +3,14 @@
 // graphs (codegen/gpu_lowering.cpp) and cached per (op, attributes, dtypes, shapes). So one
 // lowering per op serves the CPU, compiled GPU graphs and eager GPU ops, and every eager GPU
 // kernel's PTX is checked on machines without a GPU (tests/conformance/gpu_ptx_ops_test.cpp).
-// Dropout and its mask draw on the device from a kernel whose operand is the Philox key
-// (codegen/lower_random.cpp). contiguous()/copy_ of permuted or broadcast views are copy
-// kernels. Ops the codegen does not lower (other copy_/fill_, gather/scatter, the other random
-// ops, other strided views) run their CPU kernel on host copies of the operands' storages and
+// Random ops (rand, randn, randint, dropout and its mask) draw on the device from a kernel whose
+// operand is the Philox key (codegen/lower_random.cpp). contiguous()/copy_ of permuted or
+// broadcast views are copy kernels. Ops the codegen does not lower (other copy_/fill_, bool
+// index_add/scatter_add, other strided views) run their CPU kernel on host copies of the operands' storages and
 // copy the written storages back: correct for every op, slow (codegen/README.md, "GPU").
 #include <algorithm>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <memory>
 #include <optional>
@@ -324,19 +325,24 @@ Tensor device_key(uint64_t seed, uint64_t offset, Device device, Loc loc) {
   return key;
 }
 
-/// dropout_mask, and dropout(x) as x times the mask of x's dtype (eager's x * (keep ? scale :
-/// 0): NaN and inf stay NaN), drawn by generated kernels on the device. The mask kernel reads
-/// the key from its operand, so it is compiled once per (shape, dtype, p), not per draw.
-/// Returns false when a kernel is not available (the host path).
+/// rand, randn, randint, dropout_mask, and dropout(x) as x times the mask of x's dtype (eager's
+/// x * (keep ? scale : 0): NaN and inf stay NaN), drawn by generated kernels on the device
+/// (eager's numbers: codegen/lower_random.cpp). The kernel reads the key from its operand, so
+/// it is compiled once per (shape, dtype, p or range), not per draw. Returns false when a
+/// kernel is not available or eager's kernel would raise (the host path).
 bool random_on_device(const OpCall& c, Device device, Tensor& out) {
+  if (c.op == OpKind::RandInt && c.attrs.dtype == DType::Int32 &&
+      (c.attrs.low.to<int64_t>() < std::numeric_limits<int32_t>::min() ||
+       c.attrs.high.to<int64_t>() - 1 > std::numeric_limits<int32_t>::max()))
+    return false;  // the CPU kernel raises: the range does not fit int32
   std::optional<KernelInput> x;
   if (c.op == OpKind::Dropout) {
     if (c.inputs[0].device() != device) return false;
     x = kernel_input(c.inputs[0], c.inputs[0].dtype(), device);
     if (!x) return false;
   }
-  OpCall mask_call = c;
-  mask_call.op = OpKind::DropoutMask;
+  OpCall mask_call = c;  // the draw: the mask for dropout
+  if (c.op == OpKind::Dropout) mask_call.op = OpKind::DropoutMask;
   mask_call.inputs.clear();
   if (c.op == OpKind::Dropout) {
     mask_call.attrs.dims = c.inputs[0].shape();
@@ -347,7 +353,7 @@ bool random_on_device(const OpCall& c, Device device, Tensor& out) {
        std::nullopt}};
   auto mask_kernel = one_op_kernel(mask_call, key, device);
   if (!mask_kernel) return false;
-  if (c.op == OpKind::DropoutMask) {
+  if (c.op != OpKind::Dropout) {
     mask_kernel->run_into({key[0].tensor}, {out});
     return true;
   }
@@ -390,7 +396,7 @@ void cuda_kernel(const OpCall& c, const InferredMeta& meta, std::span<Tensor> ou
     if (t.defined() && t.device().is_cuda()) device = t.device();
   if ((c.op == OpKind::Fill || c.op == OpKind::CopyInto) && in_place_on_device(c)) return;
   if (permuted_copy_on_device(c, device, outs)) return;
-  if ((c.op == OpKind::DropoutMask || c.op == OpKind::Dropout) && outs.size() == 1 &&
+  if (op_info(c.op).category == OpCategory::Random && outs.size() == 1 &&
       random_on_device(c, device, outs[0]))
     return;
   // Other in-place ops and strided copies (whose one-op graph would see a contiguous input)

@@ -149,6 +149,14 @@ std::optional<std::pair<int, int>> dim_source(mlir::Value v, int64_t d) {
       v = dps.getTiedOpOperand(llvm::cast<mlir::OpResult>(v))->get();
       continue;
     }
+    if (auto loop = llvm::dyn_cast<mlir::scf::ForOp>(op)) {  // index_add's loops: their init
+      v = loop.getInitArgs()[llvm::cast<mlir::OpResult>(v).getResultNumber()];
+      continue;
+    }
+    if (auto cast = llvm::dyn_cast<mlir::tensor::CastOp>(op)) {
+      v = cast.getSource();
+      continue;
+    }
     if (auto collapse = llvm::dyn_cast<mlir::tensor::CollapseShapeOp>(op)) {
       // A view that keeps dim d as one source dim (attention's heads merged back: [?, T, H, D]
       // -> [?, T, H * D]): that dim of the source.
@@ -160,6 +168,7 @@ std::optional<std::pair<int, int>> dim_source(mlir::Value v, int64_t d) {
     }
     mlir::Value size;
     if (auto empty = llvm::dyn_cast<mlir::tensor::EmptyOp>(op)) {
+      if (!empty.getType().isDynamicDim(d)) return std::nullopt;  // (past a cast)
       size = empty.getDynamicSize(static_cast<unsigned>(d));
     } else if (auto slice = llvm::dyn_cast<mlir::tensor::ExtractSliceOp>(op)) {
       // A prefix slice lowered from kiln.view "slice" (lower.cpp; not rank-reducing): its

@@ -30,8 +30,8 @@ void populate_random_patterns(mlir::RewritePatternSet& patterns);
 /// populate_kiln_to_linalg_patterns.
 void populate_index_patterns(mlir::RewritePatternSet& patterns);
 
-/// Unit attribute on the outermost scf.for of an index_add / scatter_add (lower_index.cpp): the
-/// GPU lowering turns that nest into one parallel loop of atomic adds.
+/// Unit attribute on the scf.for loops of an index_add / scatter_add (lower_index.cpp): the GPU
+/// lowering turns such a nest into one parallel loop of atomic adds.
 inline constexpr char kScatterLoopAttr[] = "kiln.scatter_add";
 
 /// Indexing map reading `operand` for a loop nest over `result` (right-aligned broadcasting: a

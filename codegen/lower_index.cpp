@@ -203,9 +203,9 @@ llvm::SmallVector<Value> axis_replaced(mlir::OpBuilder& b, mlir::Location l, int
 /// of the iteration space (index_add: the source's; scatter_add: the index's), in row-major
 /// order, result[e with dim `axis` replaced by clamp(i)] += source[e], where i is index[e_axis]
 /// (index_add) or index[e] (scatter_add). One scf.for per dim, the result carried through
-/// them; the outermost is tagged kScatterLoopAttr. Bool (logical or) is not lowered.
+/// them, each tagged kScatterLoopAttr. Bool (logical or) is not lowered.
 Value lower_scatter_add(mlir::PatternRewriter& rw, mlir::Location loc, Value x, Value index,
-                        Value source, int64_t axis, bool index_add) {
+                        Value source, mlir::RankedTensorType out, int64_t axis, bool index_add) {
   mlir::Type element = llvm::cast<mlir::RankedTensorType>(x.getType()).getElementType();
   if (element.isInteger(1)) return nullptr;  // (before any op is made: the pattern fails clean)
   Value last = last_index(rw, loc, x, axis);
@@ -215,6 +215,10 @@ Value lower_scatter_add(mlir::PatternRewriter& rw, mlir::Location loc, Value x, 
   const bool index_is_0d = llvm::cast<mlir::RankedTensorType>(index.getType()).getRank() == 0;
   Value zero = mlir::arith::ConstantIndexOp::create(rw, loc, 0);
   Value one = mlir::arith::ConstantIndexOp::create(rw, loc, 1);
+  // The bounds, made before the loops: a `?` size read inside one would end the perfect nest
+  // that the GPU lowering makes parallel.
+  llvm::SmallVector<Value> sizes;
+  for (int64_t d = 0; d < rank; ++d) sizes.push_back(dim_of(rw, loc, space, d));
   llvm::SmallVector<Value> ivs;
   // The innermost body: one element of the source added into the result.
   auto add_one = [&](mlir::OpBuilder& b, mlir::Location l, Value acc) -> Value {
@@ -235,20 +239,22 @@ Value lower_scatter_add(mlir::PatternRewriter& rw, mlir::Location loc, Value x, 
       [&](mlir::OpBuilder& b, mlir::Location l, Value acc) -> Value {
     const int64_t d = static_cast<int64_t>(ivs.size());
     if (d == rank) return add_one(b, l, acc);
-    Value size = mlir::tensor::DimOp::create(b, l, space, d);
     auto loop = mlir::scf::ForOp::create(
-        b, l, zero, size, one, mlir::ValueRange{acc},
+        b, l, zero, sizes[d], one, mlir::ValueRange{acc},
         [&](mlir::OpBuilder& nb, mlir::Location nl, Value iv, mlir::ValueRange carried) {
           ivs.push_back(iv);
           Value r = nest(nb, nl, carried[0]);
           ivs.pop_back();
           mlir::scf::YieldOp::create(nb, nl, r);
         });
-    if (d == 0) loop->setAttr(kScatterLoopAttr, rw.getUnitAttr());
+    // Every loop of the nest is tagged: canonicalization removes a loop of one iteration.
+    loop->setAttr(kScatterLoopAttr, rw.getUnitAttr());
     return loop.getResult(0);
   };
   // The loops write x's buffer in place when x is an intermediate; bufferization copies a
-  // graph input first (inputs are not writable: executable.cpp).
+  // graph input first (inputs are not writable: executable.cpp). The op's type may have `?`
+  // where x's has a size (ir/dialect.cpp relaxes some): the loops carry the op's type.
+  if (x.getType() != out) x = mlir::tensor::CastOp::create(rw, loc, out, x);
   return nest(rw, loc, x);
 }
 
@@ -319,7 +325,7 @@ struct LowerIndex : mlir::OpRewritePattern<kiln::dialect::IndexOp> {
       case OpKind::ScatterAdd: {
         if (rank == 0) return rw.notifyMatchFailure(op, "0-d input");
         const int64_t axis = a.dim < 0 ? a.dim + rank : a.dim;
-        result = lower_scatter_add(rw, loc, in[0], in[1], in[2], axis,
+        result = lower_scatter_add(rw, loc, in[0], in[1], in[2], out, axis,
                                    *kind == OpKind::IndexAdd);
         break;
       }

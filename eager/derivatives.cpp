@@ -56,7 +56,7 @@ Tensor zeros_of(const TensorMeta& m, const Tensor& g) {
 /// in range): marked so, so that compiled code and eager GPU ops do not scan them again
 /// (eager/value_checks.h).
 Tensor add_at_checked_indices(K op, const Tensor& x, int64_t dim, const Tensor& index,
-                              const Tensor& source, Loc loc) {
+                              const Tensor& source, Loc loc = Loc::current()) {
   OpAttrs a;
   a.dim = dim;
   a.indices_checked = true;
@@ -394,7 +394,7 @@ std::vector<Tensor> view(const BackwardContext& c, const Tensor& g) {
       // replayed wrongly (the rows became ones; found by tests/conformance).
       int64_t len = g.shape()[d];
       Tensor idx = arange(Scalar(start), Scalar(start + len * a.step), Scalar(a.step), {DType::Int64});
-      return {add_at_checked_indices(K::IndexAdd, zeros_of(in, g), d, idx, g, c.loc)};
+      return {add_at_checked_indices(K::IndexAdd, zeros_of(in, g), d, idx, g)};
     }
     case K::Select: {
       int d = wrap_dim(a.dim, r, "select");
@@ -434,15 +434,15 @@ std::vector<Tensor> other(const BackwardContext& c, const Tensor& g) {
     }
     case K::IndexSelect:
       return {add_at_checked_indices(K::IndexAdd, zeros_of(c.input_meta[0], g), c.attrs.dim,
-                                     c.inputs[1], g, c.loc)};
+                                     c.inputs[1], g)};
     case K::Embedding: {
       int64_t dim = c.input_meta[0].shape[1];
       return {add_at_checked_indices(K::IndexAdd, zeros_of(c.input_meta[0], g), 0,
-                                     c.inputs[1].reshape({-1}), g.reshape({-1, dim}), c.loc)};
+                                     c.inputs[1].reshape({-1}), g.reshape({-1, dim}))};
     }
     case K::Gather:
       return {add_at_checked_indices(K::ScatterAdd, zeros_of(c.input_meta[0], g), c.attrs.dim,
-                                     c.inputs[1], g, c.loc)};
+                                     c.inputs[1], g)};
     case K::IndexAdd:
       return {g, Tensor(), c.needs_grad[2] ? index_select(g, c.attrs.dim, c.inputs[1]) : Tensor()};
     case K::ScatterAdd: {

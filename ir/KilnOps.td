@@ -98,9 +98,11 @@ def Kiln_ShapeOp : Kiln_Op<"shape"> {
 
 def Kiln_RandomOp : Kiln_Op<"random"> {
   let summary = "random-category row of the op table drawn from an explicit Philox key: "
-                "dropout_mask (`p`); `key` is tensor<2xi64> holding (seed, counter offset), so "
-                "the op is a pure function of its operand and one kernel serves every draw";
-  let arguments = (ins StrAttr:$kind, AnyRankedTensor:$key, F64Attr:$p);
+                "dropout_mask (`p`), rand / randn / randint (`low`, `high`: the range, or "
+                "randn's mean and std); `key` is tensor<2xi64> holding (seed, counter offset), "
+                "so the op is a pure function of its operand and one kernel serves every draw";
+  let arguments = (ins StrAttr:$kind, AnyRankedTensor:$key, F64Attr:$p,
+                       KilnScalarAttr:$low, KilnScalarAttr:$high);
   let results = (outs AnyRankedTensor:$result);
   let assemblyFormat = "$kind $key attr-dict `:` functional-type($key, results)";
 }

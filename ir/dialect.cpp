@@ -59,9 +59,9 @@ const char* dialect_op_for(OpKind op) {
     // add through indices.
     case OpCategory::Index: return "index";
     case OpCategory::Shape: return "shape";  // cat
-    // Of the Random rows the dropout mask (one Philox word per element, codegen/lower_random.cpp).
-    // Its key is an operand, so the op is pure.
-    case OpCategory::Random: return op == OpKind::DropoutMask ? "random" : nullptr;
+    // The Random rows that draw from a Philox key (codegen/lower_random.cpp): the key is an
+    // operand, so the op is pure. Dropout itself is x times its mask.
+    case OpCategory::Random: return op == OpKind::Dropout ? nullptr : "random";
     default: return nullptr;
   }
 }
@@ -293,6 +293,10 @@ void attrs_to_named(OpKind kind, const OpAttrs& a, mlir::Builder& b,
     case OpCategory::Shape: add("dim", b.getI64IntegerAttr(a.dim)); break;  // cat
     case OpCategory::Random:
       add("p", b.getF64FloatAttr(a.p));
+      if (kind != OpKind::DropoutMask) {
+        add("low", scalar_attr(b, a.low));
+        add("high", scalar_attr(b, a.high));
+      }
       break;
     case OpCategory::Loss:
       if (a.mode != 0) add("mode", b.getI64IntegerAttr(a.mode));
@@ -336,6 +340,8 @@ OpAttrs attrs_from_op(OpKind kind, mlir::Operation* op) {
   if (kind == OpKind::Squeeze) a.all_dims = op->hasAttr("dims");
   if (op_info(kind).category == OpCategory::Random) {
     if (auto p = op->getAttrOfType<mlir::FloatAttr>("p")) a.p = p.getValueAsDouble();
+    if (auto s = scalar_from(op->getAttr("low"))) a.low = *s;
+    if (auto s = scalar_from(op->getAttr("high"))) a.high = *s;
     // The drawn shape and dtype are the result's (a `?` dim reads as -1, which infer_meta
     // rejects: random ops have static shapes).
     if (op->getNumResults() == 1) {

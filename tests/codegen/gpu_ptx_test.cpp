@@ -443,6 +443,49 @@ TEST_CASE("gpu ptx: an embedding's gradient (index_add) is a parallel loop of at
   INFO(counts.ptx());
   CHECK(count(counts.ptx(), "atom.global.add.u64") == 1);
   check_assembles(counts.ptx(), "scatter_add");
+
+  // A loop of one iteration (folded away) or `?` sizes still give the parallel atomic loop, not
+  // one thread doing every add (review): a [1, N] row, and a gather's gradient over [?, ?, V].
+  OpAttrs along2;
+  along2.dim = 2;
+  for (bool dynamic : {false, true}) {
+    INFO("dynamic " << dynamic);
+    ir::Graph s;
+    const int64_t b = dynamic ? ir::kDynamic : 1, t = dynamic ? ir::kDynamic : 4;
+    s.output(s.op(OpKind::ScatterAdd,
+                  {s.input(DType::Float32, {b, t, 5000}), s.input(DType::Int64, {b, t, 1}),
+                   s.input(DType::Float32, {b, t, 1})},
+                  along2));
+    codegen::Executable exe2(s, cuda_options());
+    INFO(exe2.ptx());
+    CHECK(count(exe2.ptx(), "atom.global.add.f32") == 1);
+    CHECK(count(exe2.ptx(), "st.global.f32") <= 1);  // the copy of x only
+  }
+}
+
+TEST_CASE("gpu ptx: rand, randn and randint are one kernel each, reading their key") {
+  // They were drawn on the host and copied over PCIe. randn's float64 log and cos are
+  // libdevice's (linked from the CUDA toolkit).
+  const std::string toolkit = codegen::GpuTarget::from_env().toolkit;
+  for (OpKind k : {OpKind::Uniform, OpKind::Normal, OpKind::RandInt}) {
+    INFO(op_name(k));
+    if (k == OpKind::Normal && toolkit.empty()) {
+      WARN("skipped randn: no CUDA toolkit with libdevice found");
+      continue;
+    }
+    OpAttrs a;
+    a.dims = {1000, 1000};
+    a.dtype = k == OpKind::RandInt ? DType::Int64 : DType::Float32;
+    a.low = k == OpKind::RandInt ? Scalar(int64_t{-5}) : Scalar(0.0);
+    a.high = k == OpKind::RandInt ? Scalar(int64_t{30522}) : Scalar(1.0);
+    ir::Graph g;
+    g.output(g.op(k, {g.input(DType::Int64, {2})}, a));
+    codegen::Executable exe(g, cuda_options());
+    INFO(exe.ptx());
+    CHECK(entries(exe.ptx()) == 1);
+    CHECK(exe.ptx().find(".extern") == std::string::npos);
+    check_assembles(exe.ptx(), std::string(op_name(k)));
+  }
 }
 
 TEST_CASE("gpu ptx: a sliced input (an LM's shifted logits) is read in place by one kernel") {

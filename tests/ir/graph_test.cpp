@@ -259,9 +259,10 @@ TEST_CASE("ir::Graph: to (every dtype pair) and one_hot build, verify and round-
   CHECK(ir::supports(OpKind::Tril));
   CHECK(ir::supports(OpKind::ScatterAdd));
   CHECK(ir::supports(OpKind::IndexAdd));
-  // Of the Random rows only the dropout mask (its key an operand) is covered.
-  CHECK_FALSE(ir::supports(OpKind::Normal));
+  // The Random rows drawn from a key operand; dropout itself is x times its mask.
+  CHECK(ir::supports(OpKind::Normal));
   CHECK(ir::supports(OpKind::DropoutMask));
+  CHECK_FALSE(ir::supports(OpKind::Dropout));
 }
 
 TEST_CASE("ir::Graph: one_hot raises eager's errors") {

@@ -137,9 +137,9 @@ func.func @one_hot_wrong_classes(%a: tensor<3xi64>) -> tensor<3x4xi64> {
 
 // -----
 
-func.func @rand_not_covered(%k: tensor<2xi64>) -> tensor<3xf32> {
-  // expected-error @+1 {{op kind "rand" belongs to no kiln op yet}}
-  %0 = kiln.random "rand" %k {p = 0.5 : f64} : (tensor<2xi64>) -> tensor<3xf32>
+func.func @dropout_not_covered(%k: tensor<2xi64>) -> tensor<3xf32> {
+  // expected-error @+1 {{op kind "dropout" belongs to no kiln op yet}}
+  %0 = kiln.random "dropout" %k {p = 0.5 : f64} : (tensor<2xi64>) -> tensor<3xf32>
   return %0 : tensor<3xf32>
 }
 

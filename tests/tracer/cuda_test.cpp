@@ -283,6 +283,25 @@ TEST_CASE("cuda: index_add, scatter_add and an embedding's gradient run on the d
                     Catch::Contains("out of range"));
 }
 
+TEST_CASE("cuda: rand, randn and randint draw on the device the cpu's numbers", "[cuda]") {
+  REQUIRE_CUDA_OR_SKIP();
+  // They were drawn on the host and copied over PCIe.
+  auto draw = [](Device d) {
+    manual_seed(21);
+    return std::vector<Tensor>{rand({300, 7}, d), rand({5, 3}, {DType::Float64, d}),
+                               randn({300, 7}, d), randint(-5, 1000, {77}, d)};
+  };
+  const auto host_before = codegen::cuda_host_fallbacks();
+  std::vector<Tensor> on_device = draw(Device::cuda()), on_cpu = draw(Device::cpu());
+  CHECK(codegen::cuda_host_fallbacks() == host_before);  // none took the host path
+  CHECK(rel_diff(on_device[0], on_cpu[0]) == 0);  // [0, 1): u itself
+  CHECK(rel_diff(on_device[1], on_cpu[1]) == 0);
+  CHECK(rel_diff(on_device[2], on_cpu[2]) < 1e-6);  // log and cos: libdevice vs libm
+  CHECK(on_device[3].cpu().to_vector<int64_t>() == on_cpu[3].to_vector<int64_t>());
+  CHECK_THROWS_WITH(randint(0, int64_t{1} << 40, {3}, {DType::Int32, Device::cuda()}),
+                    Catch::Contains("does not fit dtype int32"));
+}
+
 TEST_CASE("cuda: ops on sliced and strided views run on the device", "[cuda]") {
   REQUIRE_CUDA_OR_SKIP();
   Tensor x = randn({4, 9, 30});
