@@ -32,7 +32,8 @@ void require_blas() {
   if (!cuda::blas_available()) throw Skipped(cuda::blas_unavailable_reason());
 }
 
-Tensor device_randn(const Shape& shape) { return randn(shape).to(Device::cuda()); }
+/// Drawn on the device (a generated Philox kernel: eager's numbers, no 1 GiB host draw and copy).
+Tensor device_randn(const Shape& shape) { return randn(shape, Device::cuda()); }
 
 Benchmark d2d_copy(const RunConfig&) {
   require_device();
@@ -104,6 +105,32 @@ Benchmark eager_square_plus(const RunConfig&) {
           gb_per_s(2 * kF32 * k256M)};
 }
 
+/// randn drawn on the device: Philox and Box-Muller (float64 log and cos) per element.
+Benchmark eager_randn(const RunConfig&) {
+  require_device();
+  return {[] {
+            do_not_optimize(randn({k256M}, Device::cuda()));
+            cuda::synchronize(0);
+          },
+          gb_per_s(kF32 * k256M)};
+}
+
+/// A BERT-size embedding's gradient: index_add of [32 * 512, 768] rows into a [30522, 768]
+/// table (atomic adds; repeated tokens add into the same row). Bytes: the table copied (read,
+/// written), the rows and indices read.
+Benchmark eager_embedding_grad(const RunConfig&) {
+  require_device();
+  constexpr int64_t kVocab = 30522, kDim = 768, kTokens = 32 * 512;
+  Tensor table = zeros({kVocab, kDim}, Device::cuda());
+  Tensor tokens = randint(0, kVocab, {kTokens}, Device::cuda());
+  Tensor rows = device_randn({kTokens, kDim});
+  return {[=] {
+            do_not_optimize(index_add(table, 0, tokens, rows));
+            cuda::synchronize(0);
+          },
+          gb_per_s(kF32 * (2.0 * kVocab * kDim + kTokens * kDim) + 8.0 * kTokens)};
+}
+
 Benchmark cublas_sgemm(const RunConfig&) {
   require_blas();
   Tensor a = device_randn({kGemm, kGemm}), b = device_randn({kGemm, kGemm});
@@ -161,6 +188,8 @@ std::vector<Case> cases() {
       {"softmax_65536x4096", Mode::Compiled, "GB/s", softmax},
       // The kernel before rows were spread over a warp's lanes (160 GB/s on the H200).
       {"softmax_1_lane", Mode::Compiled, "GB/s", softmax_thread_per_row},
+      {"randn_2^28", Mode::Eager, "GB/s", eager_randn},
+      {"embedding_grad_30522x768", Mode::Eager, "GB/s", eager_embedding_grad},
       {"sgemm_8192", Mode::Reference, "GFLOP/s", cublas_sgemm},
       {"matmul_8192_f32", Mode::Eager, "GFLOP/s", eager_matmul},
       {"gemm_8192_bf16", Mode::Reference, "GFLOP/s", bf16_gemm},
@@ -186,8 +215,8 @@ void summary(std::span<const Record> records) {
 }
 
 [[maybe_unused]] const bool registered = register_suite(
-    {kSuite, "CUDA backend on the device: copy ceiling, fused kernels, softmax, cuBLAS (skipped "
-             "without a GPU)",
+    {kSuite, "CUDA backend on the device: copy ceiling, fused kernels, softmax, randn, an "
+             "embedding's gradient (index_add), cuBLAS (skipped without a GPU)",
      cases, summary});
 
 }  // namespace
