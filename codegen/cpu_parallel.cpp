@@ -3,6 +3,7 @@
 
 #include <algorithm>
 
+#include "codegen/lower.h"
 #include "codegen/omp_runtime.h"
 #include "core/error.h"
 #include "mlir/Dialect/Utils/StaticValueUtils.h"
@@ -144,7 +145,65 @@ void interchange_reduction_nest(mlir::scf::ForOp outer) {
   outer.erase();
 }
 
+/// Replaces loops fors[first, last) of a perfect nest by one scf.parallel over them (the loops
+/// after them and the innermost body inside it), tagged kScatterLoopAttr.
+void loops_to_parallel(llvm::MutableArrayRef<mlir::scf::ForOp> fors, size_t first, size_t last) {
+  mlir::OpBuilder b(fors[first]);
+  mlir::Location loc = fors[first].getLoc();
+  llvm::SmallVector<mlir::Value> lbs, ubs, steps;
+  for (size_t i = first; i < last; ++i) {
+    lbs.push_back(fors[i].getLowerBound());
+    ubs.push_back(fors[i].getUpperBound());
+    steps.push_back(fors[i].getStep());
+  }
+  auto par = mlir::scf::ParallelOp::create(
+      b, loc, lbs, ubs, steps, [&](mlir::OpBuilder& nb, mlir::Location, mlir::ValueRange ivs) {
+        mlir::IRMapping map;
+        for (size_t i = first; i < last; ++i) map.map(fors[i].getInductionVar(), ivs[i - first]);
+        for (size_t i = last; i < fors.size(); ++i) {
+          auto nf = mlir::scf::ForOp::create(nb, loc, map.lookupOrDefault(fors[i].getLowerBound()),
+                                             map.lookupOrDefault(fors[i].getUpperBound()),
+                                             map.lookupOrDefault(fors[i].getStep()));
+          map.map(fors[i].getInductionVar(), nf.getInductionVar());
+          nb.setInsertionPoint(nf.getBody()->getTerminator());
+        }
+        for (mlir::Operation& op : fors.back().getBody()->without_terminator()) nb.clone(op, map);
+      });
+  par->setAttr(kScatterLoopAttr, b.getUnitAttr());
+  fors[first].erase();
+}
+
+/// prepare_parallel_loops' first step for index_add / scatter_add nests (cpu_parallel.h).
+void share_out_scatter_nests(mlir::func::FuncOp fn) {
+  llvm::SmallVector<mlir::scf::ForOp> outers;
+  for (mlir::Operation& op : fn.getBody().front())
+    if (auto f = llvm::dyn_cast<mlir::scf::ForOp>(op); f && f->hasAttr(kScatterLoopAttr))
+      outers.push_back(f);
+  for (mlir::scf::ForOp outer : outers) {
+    llvm::SmallVector<mlir::scf::ForOp> fors;
+    if (!match_scatter_nest(outer, fors)) continue;
+    size_t axis = fors.size();  // none: its loop had one iteration and was folded away
+    for (size_t i = 0; i < fors.size(); ++i)
+      if (fors[i]->hasAttr(kScatterAxisAttr)) axis = i;
+    if (axis + 1 < fors.size()) loops_to_parallel(fors, axis + 1, fors.size());
+    else if (axis > 0) loops_to_parallel(fors, 0, axis);
+  }
+}
+
 }  // namespace
+
+bool match_scatter_nest(mlir::scf::ForOp outer, llvm::SmallVectorImpl<mlir::scf::ForOp>& fors) {
+  fors.assign({outer});
+  for (;;) {
+    mlir::scf::ForOp f = fors.back();
+    if (!f->hasAttr(kScatterLoopAttr) || f.getNumResults() != 0) return false;
+    mlir::Block* body = f.getBody();
+    auto inner = llvm::dyn_cast<mlir::scf::ForOp>(body->front());
+    if (!inner) return true;
+    if (body->getOperations().size() != 2) return false;  // the next loop and the yield
+    fors.push_back(inner);
+  }
+}
 
 bool match_reduction_nest(mlir::scf::ForOp outer, llvm::SmallVectorImpl<mlir::scf::ForOp>& fors,
                           mlir::scf::ParallelOp& par) {
@@ -181,6 +240,7 @@ bool match_reduction_nest(mlir::scf::ForOp outer, llvm::SmallVectorImpl<mlir::sc
 void prepare_parallel_loops(mlir::ModuleOp m) {
   auto fn = m.lookupSymbol<mlir::func::FuncOp>("main");
   if (!fn) return;
+  share_out_scatter_nests(fn);
   bool any = false;
   fn.walk([&](mlir::scf::ParallelOp) { any = true; });
   if (!any) return;
@@ -213,6 +273,12 @@ void prepare_parallel_loops(mlir::ModuleOp m) {
     }
     Bounds nest;
     append_bounds(nest, p.getLowerBound(), p.getUpperBound());
+    // A scatter's parallel loop around its sequential loops (share_out_scatter_nests): their
+    // iterations are its work too.
+    if (p->hasAttr(kScatterLoopAttr))
+      for (auto f = llvm::dyn_cast<mlir::scf::ForOp>(p.getBody()->front()); f;
+           f = llvm::dyn_cast<mlir::scf::ForOp>(f.getBody()->front()))
+        append_bounds(nest, f.getLowerBound(), f.getUpperBound());
     if (statically_small(nest)) {
       split_parallel(p, 0);
       continue;

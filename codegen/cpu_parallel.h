@@ -21,7 +21,18 @@
 
 namespace kiln::codegen {
 
-/// Rewrites @main's `scf.parallel` loops as described above. Throws kiln::Error for a parallel
+/// index_add / scatter_add's loop nest (codegen/lower_index.cpp: scf.for loops tagged
+/// kScatterLoopAttr): fills `fors`, outermost first, when `outer` starts a perfect nest of such
+/// loops without results (the innermost body adds one element).
+bool match_scatter_nest(mlir::scf::ForOp outer, llvm::SmallVectorImpl<mlir::scf::ForOp>& fors);
+
+/// Rewrites @main's `scf.parallel` loops as described above. index_add / scatter_add nests
+/// are shared out first: different iterations of the loops other than the one over the indexed
+/// dim (kScatterAxisAttr) add into different elements, so the loops after it become one
+/// `scf.parallel` inside the others (shared out by column blocks, as a reduction over leading
+/// dims), or, when the indexed dim's loop is the innermost (or was folded away), the loops
+/// before it become an `scf.parallel` around it. Each element still gets its additions in
+/// eager's order, so the results equal eager's bit for bit. Throws kiln::Error for a parallel
 /// loop with reductions (convert-linalg-to-parallel-loops makes none).
 void prepare_parallel_loops(mlir::ModuleOp m);
 

@@ -10,7 +10,6 @@
 // copy the written storages back: correct for every op, slow (codegen/README.md, "GPU").
 #include <algorithm>
 #include <cstring>
-#include <limits>
 #include <map>
 #include <memory>
 #include <optional>
@@ -23,6 +22,7 @@
 #include "backends/cuda/driver.h"
 #include "codegen/codegen.h"
 #include "codegen/strided_read.h"
+#include "core/philox.h"
 #include "eager/autograd.h"
 #include "eager/dispatch.h"
 #include "eager/value_checks.h"
@@ -332,8 +332,7 @@ Tensor device_key(uint64_t seed, uint64_t offset, Device device, Loc loc) {
 /// kernel is not available or eager's kernel would raise (the host path).
 bool random_on_device(const OpCall& c, Device device, Tensor& out) {
   if (c.op == OpKind::RandInt && c.attrs.dtype == DType::Int32 &&
-      (c.attrs.low.to<int64_t>() < std::numeric_limits<int32_t>::min() ||
-       c.attrs.high.to<int64_t>() - 1 > std::numeric_limits<int32_t>::max()))
+      !philox::randint_fits_int32(c.attrs.low.to<int64_t>(), c.attrs.high.to<int64_t>()))
     return false;  // the CPU kernel raises: the range does not fit int32
   std::optional<KernelInput> x;
   if (c.op == OpKind::Dropout) {

@@ -199,13 +199,22 @@ constexpr int64_t kParallelMinBytes = 256 << 10;
 constexpr int64_t kBlockBytesMultiLoop = 128 << 10;
 constexpr int64_t kBlockBytesOneLoop = 4 << 20;
 
-/// Gives every destination-style op its own init when CSE merged identical ones (e.g. the
-/// zero fills of two sums): eliminate-empty-tensors would otherwise turn the shared init into
-/// the first output's buffer, and the second result would be computed in that same buffer.
+/// Gives every destination-style op, and every index_add / scatter_add loop nest (whose init
+/// its loops update in place), its own init when CSE merged identical ones (e.g. the zero
+/// fills of two sums, or of two embeddings' gradients): eliminate-empty-tensors would otherwise
+/// turn the shared init into the first output's buffer, and the second result would be
+/// computed in that same buffer. A loop nest's init that is not a fill (a value used
+/// elsewhere too) is copied first.
 void unshare_inits(mlir::func::FuncOp fn) {
   auto empty_collapsed = [](mlir::Operation* def) {
     auto c = llvm::dyn_cast_or_null<mlir::tensor::CollapseShapeOp>(def);
     return c && c.getSrc().getDefiningOp<mlir::tensor::EmptyOp>();
+  };
+  // A fill: linalg.fill, or a generic that reads nothing (a constant expanded to a shape).
+  auto fill_like = [](mlir::Operation* def) {
+    if (llvm::isa_and_present<mlir::linalg::FillOp>(def)) return true;
+    auto g = llvm::dyn_cast_or_null<mlir::linalg::GenericOp>(def);
+    return g && g.getNumDpsInputs() == 0 && g->getNumResults() == 1;
   };
   llvm::SmallVector<mlir::OpOperand*> shared;
   fn.walk([&](mlir::DestinationStyleOpInterface dps) {
@@ -215,6 +224,29 @@ void unshare_inits(mlir::func::FuncOp fn) {
       if (llvm::isa_and_present<mlir::linalg::FillOp, mlir::tensor::EmptyOp>(def) ||
           empty_collapsed(def))
         shared.push_back(&init);
+    }
+  });
+  fn.walk([&](mlir::scf::ForOp loop) {
+    auto parent = loop->getParentOfType<mlir::scf::ForOp>();
+    if (!loop->hasAttr(kScatterLoopAttr) || (parent && parent->hasAttr(kScatterLoopAttr)))
+      return;
+    for (mlir::OpOperand& init : loop.getInitArgsMutable()) {
+      if (init.get().hasOneUse()) continue;
+      mlir::Operation* def = init.get().getDefiningOp();
+      if (llvm::isa_and_present<mlir::tensor::EmptyOp>(def) || fill_like(def)) {
+        shared.push_back(&init);
+        continue;
+      }
+      if (!def) continue;  // an input: bufferization copies it (inputs are not writable)
+      mlir::OpBuilder b(loop);
+      auto type = llvm::cast<mlir::RankedTensorType>(init.get().getType());
+      llvm::SmallVector<mlir::Value> sizes;
+      for (int64_t d = 0; d < type.getRank(); ++d)
+        if (type.isDynamicDim(d))
+          sizes.push_back(mlir::tensor::DimOp::create(b, loop.getLoc(), init.get(), d));
+      mlir::Value empty = mlir::tensor::EmptyOp::create(b, loop.getLoc(), type.getShape(),
+                                                        type.getElementType(), sizes);
+      init.set(mlir::linalg::CopyOp::create(b, loop.getLoc(), init.get(), empty).getResult(0));
     }
   });
   llvm::SetVector<mlir::Operation*> originals;
@@ -227,8 +259,9 @@ void unshare_inits(mlir::func::FuncOp fn) {
       b.setInsertionPoint(copy);
       copy->setOperand(0, b.clone(*def->getOperand(0).getDefiningOp())->getResult(0));
     }
-    if (auto fill = llvm::dyn_cast<mlir::linalg::FillOp>(copy)) {
+    if (fill_like(copy)) {
       // The fill's own destination must not be shared either.
+      auto fill = llvm::cast<mlir::DestinationStyleOpInterface>(copy);
       mlir::Value dest = fill.getDpsInits()[0];
       if (auto empty = dest.getDefiningOp<mlir::tensor::EmptyOp>()) {
         b.setInsertionPoint(copy);

@@ -123,16 +123,8 @@ void scatter_loops_to_atomics(mlir::func::FuncOp fn) {
       tagged.push_back(f);
   });
   for (mlir::scf::ForOp outer : tagged) {
-    llvm::SmallVector<mlir::scf::ForOp> fors = {outer};
-    bool perfect = outer.getNumResults() == 0;
-    while (perfect) {
-      mlir::Block* body = fors.back().getBody();
-      auto inner = llvm::dyn_cast<mlir::scf::ForOp>(body->front());
-      if (!inner) break;
-      perfect = inner.getNumResults() == 0 && body->getOperations().size() == 2;
-      fors.push_back(inner);
-    }
-    if (!perfect) continue;
+    llvm::SmallVector<mlir::scf::ForOp> fors;
+    if (!match_scatter_nest(outer, fors)) continue;
     // The innermost body's store of load + v into the same element.
     mlir::memref::StoreOp store;
     mlir::Operation* add = nullptr;

@@ -33,6 +33,9 @@ void populate_index_patterns(mlir::RewritePatternSet& patterns);
 /// Unit attribute on the scf.for loops of an index_add / scatter_add (lower_index.cpp): the GPU
 /// lowering turns such a nest into one parallel loop of atomic adds.
 inline constexpr char kScatterLoopAttr[] = "kiln.scatter_add";
+/// Unit attribute on the loop of such a nest over the indexed dim (the only loop whose
+/// iterations may add into the same element).
+inline constexpr char kScatterAxisAttr[] = "kiln.scatter_axis";
 
 /// Indexing map reading `operand` for a loop nest over `result` (right-aligned broadcasting: a
 /// static size-1 dim against a larger result dim reads index 0; `?` dims do not broadcast).

@@ -203,7 +203,8 @@ llvm::SmallVector<Value> axis_replaced(mlir::OpBuilder& b, mlir::Location l, int
 /// of the iteration space (index_add: the source's; scatter_add: the index's), in row-major
 /// order, result[e with dim `axis` replaced by clamp(i)] += source[e], where i is index[e_axis]
 /// (index_add) or index[e] (scatter_add). One scf.for per dim, the result carried through
-/// them, each tagged kScatterLoopAttr. Bool (logical or) is not lowered.
+/// them, each tagged kScatterLoopAttr (the loop over `axis` kScatterAxisAttr too). Bool
+/// (logical or) is not lowered.
 Value lower_scatter_add(mlir::PatternRewriter& rw, mlir::Location loc, Value x, Value index,
                         Value source, mlir::RankedTensorType out, int64_t axis, bool index_add) {
   mlir::Type element = llvm::cast<mlir::RankedTensorType>(x.getType()).getElementType();
@@ -249,6 +250,7 @@ Value lower_scatter_add(mlir::PatternRewriter& rw, mlir::Location loc, Value x, 
         });
     // Every loop of the nest is tagged: canonicalization removes a loop of one iteration.
     loop->setAttr(kScatterLoopAttr, rw.getUnitAttr());
+    if (d == axis) loop->setAttr(kScatterAxisAttr, rw.getUnitAttr());
     return loop.getResult(0);
   };
   // The loops write x's buffer in place when x is an intermediate; bufferization copies a

@@ -177,6 +177,9 @@ struct LowerRandom : mlir::OpRewritePattern<kiln::dialect::RandomOp> {
     auto out = llvm::cast<mlir::RankedTensorType>(op.getResult().getType());
     if (!out.hasStaticShape()) return rw.notifyMatchFailure(op, "dynamic shape");
     const OpAttrs a = kiln::dialect::attrs_from_op(*kind, op);
+    if (*kind == OpKind::RandInt && out.getElementType().isInteger(32) &&
+        !philox::randint_fits_int32(a.low.to<int64_t>(), a.high.to<int64_t>()))
+      return rw.notifyMatchFailure(op, "randint's range does not fit int32 (eager raises)");
     const int words = words_per_element(*kind);
     mlir::Location loc = op.getLoc();
     mlir::MLIRContext* ctx = rw.getContext();

@@ -43,6 +43,11 @@ inline uint32_t bits(uint64_t seed, uint64_t offset, uint64_t i) {
   return philox4x32(offset + i / 4, 0, seed)[i % 4];
 }
 
+/// Whether randint's values in [low, high) all fit int32 (else an int32 draw raises). high > low.
+inline constexpr bool randint_fits_int32(int64_t low, int64_t high) {
+  return low >= -(int64_t{1} << 31) && high <= (int64_t{1} << 31);  // high - 1 <= INT32_MAX
+}
+
 /// Uniform float in [0, 1) from 32 bits (24 significant bits, like cuRAND's curand_uniform
 /// shifted to exclude 1).
 inline float to_uniform_float(uint32_t x) { return static_cast<float>(x >> 8) * 0x1.0p-24f; }

@@ -201,6 +201,24 @@ TEST_CASE("gpu loops on the cpu: rand, randn and randint from their key equal ea
   }
 }
 
+TEST_CASE("randint into int32 over a range that does not fit is not compiled (eager raises)") {
+  OpAttrs a;
+  a.dims = {13, 37};
+  a.dtype = DType::Int32;
+  a.low = int64_t{-1} << 62;
+  a.high = int64_t{1} << 62;
+  ir::Graph g;
+  g.output(g.op(OpKind::RandInt, {g.input(DType::Int64, {2})}, a));
+  for (bool emulate : {false, true}) {
+    INFO("emulated " << emulate);
+    codegen::CompileOptions o = emulate ? emulated() : codegen::CompileOptions{};
+    o.disk_cache = false;
+    CHECK_THROWS_AS(codegen::Executable(g, o), Error);
+  }
+  CHECK_THROWS_WITH(dispatch::call1({OpKind::RandInt, {}, a, Loc::current()}),
+                    Catch::Contains("does not fit dtype int32"));
+}
+
 TEST_CASE("gpu loops on the cpu: layer_norm over the last one and two dims") {
   Tensor x = randn({3, 6, 40}) + 2.0;
   Tensor w = randn({40}), b = randn({40});

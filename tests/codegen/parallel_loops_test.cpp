@@ -201,3 +201,48 @@ TEST_CASE("parallel loops: sums over leading dims share out blocks of columns") 
   check(dyn.run({small}), small);
   cpu::set_num_threads(saved);
 }
+
+TEST_CASE("parallel loops: index_add and scatter_add are shared out and equal eager bit for "
+          "bit") {
+  // Their loops ran on one thread. Loops other than the one over the indexed dim never add
+  // into the same element: shared out, each element still adds its sources in eager's order.
+  const int saved = cpu::num_threads();
+  cpu::set_num_threads(2);
+  Tensor rows = randint(0, 50, {3000});  // many repeats
+  Tensor src = randn({3000, 300}), x = randn({50, 300});
+  Tensor picks = randint(0, 40, {2000, 70}), vals = randn({2000, 70}), y = randn({2000, 40});
+  Tensor cube_idx = randint(0, 9, {40, 30, 60}), cube = randn({40, 30, 60});
+  OpAttrs along0, along1, along2;
+  along1.dim = 1;
+  along2.dim = 2;
+  struct Case {
+    const char* what;
+    OpKind op;
+    OpAttrs attrs;
+    std::vector<Tensor> in;
+    Tensor want;
+  };
+  std::vector<Case> cases = {
+      {"index_add, dim 0 (an embedding's gradient)", OpKind::IndexAdd, along0, {x, rows, src},
+       index_add(x, 0, rows, src)},
+      {"scatter_add along the last dim", OpKind::ScatterAdd, along1, {y, picks, vals},
+       scatter_add(y, 1, picks, vals)},
+      {"scatter_add along a middle dim", OpKind::ScatterAdd, along1,
+       {randn({40, 9, 60}), cube_idx, cube},
+       Tensor()},
+  };
+  cases[2].want = scatter_add(cases[2].in[0], 1, cube_idx, cube);
+  for (const Case& c : cases) {
+    INFO(c.what);
+    ir::Graph g;
+    std::vector<ir::Value> ins;
+    for (const Tensor& t : c.in) ins.push_back(g.input(t.dtype(), t.shape().vec()));
+    g.output(g.op(c.op, ins, c.attrs));
+    codegen::Executable exe(g);
+    const uint64_t before = codegen::parallel_loop_runs();
+    Tensor got = exe.run(c.in)[0];
+    CHECK(codegen::parallel_loop_runs() > before);
+    CHECK(got.to_vector<float>() == c.want.to_vector<float>());
+  }
+  cpu::set_num_threads(saved);
+}

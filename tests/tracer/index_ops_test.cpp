@@ -4,6 +4,7 @@
 // caller's tensors as they were.
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <functional>
 
 #include "codegen/codegen.h"
 #include "error_of.h"
@@ -251,4 +252,34 @@ TEST_CASE("compile: an embedding model's training step, the lookup's gradient (i
   CHECK(contains(ex, "scatter_add"));
   CHECK_FALSE(contains(ex, "eager op: index_add"));
   CHECK_FALSE(contains(ex, "eager op: scatter_add"));
+}
+
+TEST_CASE("compile: two lookups' gradients of the same shape each get their own buffer",
+          "[compile][index]") {
+  // Their backward adds into two zero tables that CSE merged into one fill; the second
+  // gradient was computed in the first's output buffer and then overwritten (review: a.grad
+  // came back as b.grad).
+  Tensor i = ids({0, 2}, {2}), j = ids({1, 3}, {2});
+  auto lookups = [&](const Tensor& a, const Tensor& b) {
+    return (embedding(a, i) * index_select(b, 0, j)).sum();
+  };
+  auto slices = [](const Tensor& a, const Tensor& b) {
+    return (a.slice(0, 1, 5, 2) * b.slice(0, 0, 6, 4)).sum();
+  };
+  for (auto fn : {std::function<Tensor(const Tensor&, const Tensor&)>(lookups),
+                  std::function<Tensor(const Tensor&, const Tensor&)>(slices)}) {
+    auto cf = compile(fn);
+    for (int call = 0; call < 10; ++call) {
+      INFO("call " << call);
+      Tensor a1 = arange(18, DType::Float32).view({6, 3}).requires_grad_();
+      Tensor b1 = (arange(18, DType::Float32).view({6, 3}) * -2).detach().requires_grad_();
+      Tensor a2 = a1.detach().clone().requires_grad_(), b2 = b1.detach().clone().requires_grad_();
+      cf(a1, b1).backward();
+      fn(a2, b2).backward();
+      CHECK(vec(a1.grad()) == vec(a2.grad()));
+      CHECK(vec(b1.grad()) == vec(b2.grad()));
+    }
+    INFO(cf.explain());
+    CHECK_FALSE(contains(cf.explain(), "eager op: index_add"));
+  }
 }
