@@ -13,6 +13,7 @@
 #include "mlir/Dialect/SCF/IR/SCF.h"
 #include "mlir/IR/Builders.h"
 #include "mlir/IR/IRMapping.h"
+#include "mlir/Interfaces/SideEffectInterfaces.h"
 
 namespace kiln::codegen {
 namespace {
@@ -142,6 +143,7 @@ void interchange_reduction_nest(mlir::scf::ForOp outer) {
         for (mlir::Operation& op : body->without_terminator()) nb.clone(op, map);
       });
   np->setAttr(kInterchanged, b.getUnitAttr());
+  if (par->hasAttr(kScatterLoopAttr)) np->setAttr(kScatterLoopAttr, b.getUnitAttr());
   outer.erase();
 }
 
@@ -187,6 +189,48 @@ void share_out_scatter_nests(mlir::func::FuncOp fn) {
       if (fors[i]->hasAttr(kScatterAxisAttr)) axis = i;
     if (axis + 1 < fors.size()) loops_to_parallel(fors, axis + 1, fors.size());
     else if (axis > 0) loops_to_parallel(fors, 0, axis);
+  }
+}
+
+/// The innermost loops of index_add / scatter_add nests read the index and clamp it per
+/// element; when that does not change along the loop (index_add's row index, over a row's
+/// columns), those ops move before it. The store's address is then affine in the loop and
+/// LLVM vectorises it (a load it cannot prove unaliased with the store would stay). Loads
+/// move only from buffers the nest never writes.
+void hoist_scatter_invariants(mlir::func::FuncOp fn) {
+  auto in_scatter = [&](mlir::Operation* op) -> mlir::Operation* {  // its outermost tagged op
+    mlir::Operation* root = nullptr;
+    for (mlir::Operation* a = op; a && a != fn.getOperation(); a = a->getParentOp())
+      if (a->hasAttr(kScatterLoopAttr)) root = a;
+    return root;
+  };
+  auto is_loop = [](mlir::Operation* op) {
+    return llvm::isa<mlir::scf::ForOp, mlir::scf::ParallelOp>(op);
+  };
+  llvm::SmallVector<std::pair<mlir::Operation*, mlir::Operation*>> innermost;  // (loop, root)
+  fn.walk([&](mlir::Operation* op) {
+    if (!is_loop(op)) return;
+    mlir::Operation* root = in_scatter(op);
+    if (!root) return;
+    bool nested = false;
+    op->walk([&](mlir::Operation* x) { nested |= x != op && is_loop(x); });
+    if (!nested) innermost.emplace_back(op, root);
+  });
+  for (auto [loop, root] : innermost) {
+    llvm::SmallDenseSet<mlir::Value, 4> written;
+    root->walk([&](mlir::memref::StoreOp s) { written.insert(s.getMemRef()); });
+    root->walk([&](mlir::memref::AtomicRMWOp a) { written.insert(a.getMemref()); });
+    auto outside = [&](mlir::Value v) {
+      return !loop->isAncestor(v.getParentBlock()->getParentOp());
+    };
+    for (mlir::Operation& op : llvm::make_early_inc_range(loop->getRegion(0).front())) {
+      if (op.getNumRegions() != 0 || op.hasTrait<mlir::OpTrait::IsTerminator>() ||
+          !llvm::all_of(op.getOperands(), outside))
+        continue;
+      auto load = llvm::dyn_cast<mlir::memref::LoadOp>(op);
+      if (mlir::isMemoryEffectFree(&op) || (load && !written.contains(load.getMemRef())))
+        op.moveBefore(loop);
+    }
   }
 }
 
@@ -258,6 +302,7 @@ void prepare_parallel_loops(mlir::ModuleOp m) {
   for (mlir::Operation& op : fn.getBody().front())
     if (auto f = llvm::dyn_cast<mlir::scf::ForOp>(op)) top_fors.push_back(f);
   for (mlir::scf::ForOp f : top_fors) interchange_reduction_nest(f);
+  hoist_scatter_invariants(fn);
   llvm::SmallVector<mlir::scf::ParallelOp> loops;
   fn.walk([&](mlir::scf::ParallelOp p) {
     if (!p->hasAttr(kInterchanged)) loops.push_back(p);
