@@ -82,16 +82,7 @@ Benchmark compiled_step(const RunConfig&) {
 }
 
 std::vector<Case> cases() {
-  std::vector<Case> out = {{"bow_step", Mode::Eager, "steps/s", eager_step},
-                           {"bow_step", Mode::Compiled, "steps/s", compiled_step}};
-  for (Case& c : out) {
-    c.fixed_warmup = 5;  // the compiled mode traces and compiles in its first warm-up step
-    c.fixed_reps = 50;
-    c.quick_warmup = 9;  // past compile()'s timing runs (tracer/plan.cpp)
-    c.quick_reps = 5;
-    c.interleave = true;
-  }
-  return out;
+  return training_step_cases("bow_step", "steps/s", eager_step, compiled_step, true);
 }
 
 void summary(std::span<const Record> records) {

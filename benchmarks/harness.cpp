@@ -292,6 +292,22 @@ Tensor filled(const Shape& shape, float lo, float hi) {
   return t;
 }
 
+std::vector<Case> training_step_cases(const std::string& name, const std::string& unit,
+                                      std::function<Benchmark(const RunConfig&)> eager,
+                                      std::function<Benchmark(const RunConfig&)> compiled,
+                                      bool interleave) {
+  std::vector<Case> out = {{name, Mode::Eager, unit, std::move(eager)},
+                           {name, Mode::Compiled, unit, std::move(compiled)}};
+  for (Case& c : out) {
+    c.fixed_warmup = 5;  // the compiled mode traces and compiles in its first warm-up step
+    c.fixed_reps = 50;
+    c.quick_warmup = 9;
+    c.quick_reps = 5;
+    c.interleave = interleave;
+  }
+  return out;
+}
+
 Benchmark copy_reference(int64_t n) {
   Tensor src = filled({n}), dst = filled({n});
   return {[src, dst, n] {

@@ -171,6 +171,15 @@ const Record* find_record(std::span<const Record> records, std::string_view suit
 /// touched before timing) with a deterministic pattern in [lo, hi]. Needs no kernels.
 Tensor filled(const Shape& shape, float lo = -1.f, float hi = 1.f);
 
+/// A training step's two cases, eager then compiled, with the same name and unit: 5 warm-up and
+/// 50 timed steps (--quick: 9 warm-up, past compile()'s timing runs — each region's first 8
+/// runs alternate eager and compiled, tracer/plan.cpp — which otherwise were most of the 5
+/// timed steps; then 5), alternating when `interleave`.
+std::vector<Case> training_step_cases(const std::string& name, const std::string& unit,
+                                      std::function<Benchmark(const RunConfig&)> eager,
+                                      std::function<Benchmark(const RunConfig&)> compiled,
+                                      bool interleave);
+
 /// The copy-bandwidth ceiling: memcpy of `n` float32 between two kiln-allocated buffers (written
 /// once, so no page faults are timed), split over kiln's threads like a kernel; GB/s counts one
 /// read and one write.

@@ -115,18 +115,10 @@ Benchmark compiled_step(const RunConfig&) {
 }
 
 std::vector<Case> cases() {
-  std::vector<Case> out = {{"transformer_step", Mode::Eager, "samples/s", eager_step},
-                           {"transformer_step", Mode::Compiled, "samples/s", compiled_step}};
-  for (Case& c : out) {
-    c.fixed_warmup = 5;  // the compiled mode traces and compiles in its first warm-up step
-    c.fixed_reps = 50;
-    // --quick: past compile()'s timing runs (each region's first 8 runs alternate eager and
-    // compiled, tracer/plan.cpp), which otherwise were most of the 5 timed steps (0.62x).
-    c.quick_warmup = 9;
-    c.quick_reps = 5;
-    c.interleave = !full_sizes();  // both models in memory: not at the original sizes
-  }
-  return out;
+  // Both models in memory when interleaved: not at the original sizes. (--quick's 9 warm-up
+  // steps: with 1, the 5 timed steps were mostly compile()'s timing runs: 0.62x.)
+  return training_step_cases("transformer_step", "samples/s", eager_step, compiled_step,
+                             !full_sizes());
 }
 
 void summary(std::span<const Record> records) {
