@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # kiln's main job: sets up, builds (Release), then runs kiln-bench's reference workloads eager
 # and compiled — tutorial programs, the digits MLP on real data, the Transformer training step,
-# fusion, compile time and call overhead, eager ops — prints a summary table and writes a report
-# (report.md, results.json, speedup.png, loss.png) to report/ (or --out DIR).
+# an embedding classifier's step, fusion, compile time and call overhead, eager ops — prints a
+# summary table and writes a report (report.md, results.json, speedup.png, loss.png) to report/
+# (or --out DIR).
 #
 # Usage: scripts/demo.sh [--quick] [--full] [--out DIR] [--suites "s1 s2 ..."]
 #   --quick   fewer repetitions / epochs (about 25 s after the build, against 40-60 s)
@@ -12,7 +13,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 out=report
-suites="tutorial digits transformer fusion compile-overhead compile-time eager-ops"
+suites="tutorial digits transformer embedding fusion compile-overhead compile-time eager-ops"
 bench_args=()
 while [ $# -gt 0 ]; do
   case "$1" in
