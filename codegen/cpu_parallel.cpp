@@ -321,9 +321,13 @@ void prepare_parallel_loops(mlir::ModuleOp m) {
     // A scatter's parallel loop around its sequential loops (share_out_scatter_nests): their
     // iterations are its work too.
     if (p->hasAttr(kScatterLoopAttr))
-      for (auto f = llvm::dyn_cast<mlir::scf::ForOp>(p.getBody()->front()); f;
-           f = llvm::dyn_cast<mlir::scf::ForOp>(f.getBody()->front()))
-        append_bounds(nest, f.getLowerBound(), f.getUpperBound());
+      p.getBody()->walk([&](mlir::scf::ForOp f) {
+        auto outside = [&](mlir::Value v) {
+          return !p->isAncestor(v.getParentBlock()->getParentOp());
+        };
+        if (outside(f.getLowerBound()) && outside(f.getUpperBound()))
+          append_bounds(nest, f.getLowerBound(), f.getUpperBound());
+      });
     if (statically_small(nest)) {
       split_parallel(p, 0);
       continue;

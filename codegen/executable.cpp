@@ -231,7 +231,12 @@ void unshare_inits(mlir::func::FuncOp fn) {
     if (!loop->hasAttr(kScatterLoopAttr) || (parent && parent->hasAttr(kScatterLoopAttr)))
       return;
     for (mlir::OpOperand& init : loop.getInitArgsMutable()) {
-      if (init.get().hasOneUse()) continue;
+      // Shared also when a cast of a value with other uses (a relaxed `?` type).
+      bool one_use = init.get().hasOneUse();
+      for (auto c = init.get().getDefiningOp<mlir::tensor::CastOp>(); c && one_use;
+           c = c.getSource().getDefiningOp<mlir::tensor::CastOp>())
+        one_use = c.getSource().hasOneUse();
+      if (one_use) continue;
       mlir::Operation* def = init.get().getDefiningOp();
       if (llvm::isa_and_present<mlir::tensor::EmptyOp>(def) || fill_like(def)) {
         shared.push_back(&init);

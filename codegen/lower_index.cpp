@@ -255,9 +255,11 @@ Value lower_scatter_add(mlir::PatternRewriter& rw, mlir::Location loc, Value x, 
   };
   // The loops write x's buffer in place when x is an intermediate; bufferization copies a
   // graph input first (inputs are not writable: executable.cpp). The op's type may have `?`
-  // where x's has a size (ir/dialect.cpp relaxes some): the loops carry the op's type.
-  if (x.getType() != out) x = mlir::tensor::CastOp::create(rw, loc, out, x);
-  return nest(rw, loc, x);
+  // where x's has a size (ir/dialect.cpp relaxes some): the result is cast (a cast of the
+  // init would hide a shared init from unshare_inits).
+  Value result = nest(rw, loc, x);
+  if (result.getType() != out) result = mlir::tensor::CastOp::create(rw, loc, out, result);
+  return result;
 }
 
 struct LowerIndex : mlir::OpRewritePattern<kiln::dialect::IndexOp> {

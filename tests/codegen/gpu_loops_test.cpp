@@ -509,8 +509,8 @@ TEST_CASE("gpu loops on the cpu: index_add and scatter_add are one parallel loop
   }
 }
 
-TEST_CASE("index_add over 10007 elements, whose graph type is relaxed to `?`, equals eager on "
-          "CPU code and emulated GPU loops") {
+TEST_CASE("index_add over 10007 elements, whose graph type is relaxed to `?`, and into zeros "
+          "that are returned too, equals eager on CPU code and emulated GPU loops") {
   // ir/dialect.cpp gives sizes that are multiples of 10007 a `?` in the op's result type; the
   // loops' result keeps x's static type and is cast (review).
   Tensor x = randint(-4, 4, {10007}).to(DType::Float32);
@@ -520,11 +520,25 @@ TEST_CASE("index_add over 10007 elements, whose graph type is relaxed to `?`, eq
   g.output(g.op(OpKind::IndexAdd, {g.input(DType::Float32, {10007}), g.input(DType::Int64, {3}),
                                    g.input(DType::Float32, {3})}));
   Tensor want = index_add(x, 0, idx, src);
+  // Zeros returned and also added into (review): the two results must not share a buffer.
+  ir::Graph z;
+  OpAttrs to_size;
+  to_size.dims = {50};
+  ir::Value zeros = z.op(OpKind::Expand, {z.constant(Scalar(0.0), DType::Float32)}, to_size);
+  z.output(zeros);
+  z.output(z.op(OpKind::IndexAdd, {zeros, z.input(DType::Int64, {3}),
+                                   z.input(DType::Float32, {3})}));
+  Tensor rows = from_vector(std::vector<int64_t>{49, 0, 49}, {3});
+  std::vector<float> added(50, 0.f);
+  added[0] = 2, added[49] = 4;
   for (bool emulate : {false, true}) {
     INFO("emulated " << emulate);
     codegen::CompileOptions o = emulate ? emulated() : codegen::CompileOptions{};
     o.disk_cache = false;
     CHECK(codegen::Executable(g, o).run({x, idx, src}).at(0).to_vector<float>() ==
           want.to_vector<float>());
+    std::vector<Tensor> got = codegen::Executable(z, o).run({rows, src});
+    CHECK(got.at(0).to_vector<float>() == std::vector<float>(50, 0.f));
+    CHECK(got.at(1).to_vector<float>() == added);
   }
 }
