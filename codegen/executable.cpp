@@ -230,13 +230,19 @@ void unshare_inits(mlir::func::FuncOp fn) {
     auto parent = loop->getParentOfType<mlir::scf::ForOp>();
     if (!loop->hasAttr(kScatterLoopAttr) || (parent && parent->hasAttr(kScatterLoopAttr)))
       return;
+    // One use that reads or writes elements (a tensor.dim reads only the size).
+    auto one_use = [](mlir::Value v) {
+      return llvm::count_if(v.getUsers(), [](mlir::Operation* u) {
+               return !llvm::isa<mlir::tensor::DimOp>(u);
+             }) == 1;
+    };
     for (mlir::OpOperand& init : loop.getInitArgsMutable()) {
       // Shared also when a cast of a value with other uses (a relaxed `?` type).
-      bool one_use = init.get().hasOneUse();
-      for (auto c = init.get().getDefiningOp<mlir::tensor::CastOp>(); c && one_use;
+      bool alone = one_use(init.get());
+      for (auto c = init.get().getDefiningOp<mlir::tensor::CastOp>(); c && alone;
            c = c.getSource().getDefiningOp<mlir::tensor::CastOp>())
-        one_use = c.getSource().hasOneUse();
-      if (one_use) continue;
+        alone = one_use(c.getSource());
+      if (alone) continue;
       mlir::Operation* def = init.get().getDefiningOp();
       if (llvm::isa_and_present<mlir::tensor::EmptyOp>(def) || fill_like(def)) {
         shared.push_back(&init);
