@@ -6,8 +6,9 @@
 // Random ops (rand, randn, randint, dropout and its mask) draw on the device from a kernel whose
 // operand is the Philox key (codegen/lower_random.cpp). contiguous()/copy_ of permuted or
 // broadcast views are copy kernels. Ops the codegen does not lower (other copy_/fill_, bool
-// index_add/scatter_add, other strided views) run their CPU kernel on host copies of the operands' storages and
-// copy the written storages back: correct for every op, slow (codegen/README.md, "GPU").
+// index_add/scatter_add, other strided views) run their CPU kernel on host copies of the
+// operands' storages and copy the written storages back: correct for every op, slow
+// (codegen/README.md, "GPU").
 #include <algorithm>
 #include <cstring>
 #include <map>

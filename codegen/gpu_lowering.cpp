@@ -110,11 +110,12 @@ void wrap_serial_nests(mlir::func::FuncOp fn) {
 }
 
 /// index_add / scatter_add (lower_index.cpp) are a nest of scf.for loops tagged kScatterLoopAttr
-/// (a loop of one iteration may have been folded away) whose innermost body adds into the result: a load, an add and a store at the same indices.
-/// Run as they are, they would be one thread's loop. The nest becomes one parallel loop and the
-/// load-add-store an atomic add (memref.atomic_rmw: PTX atom.global.add), so repeated indices
-/// add in no fixed order, as in PyTorch's CUDA index_add_ and scatter_add_. A nest of another
-/// form stays serial (wrap_host_accesses makes it a one-thread kernel).
+/// (a loop of one iteration may have been folded away) whose innermost body adds into the
+/// result: a load, an add and a store at the same indices. Run as they are, they would be one
+/// thread's loop. The nest becomes one parallel loop and the load-add-store an atomic add
+/// (memref.atomic_rmw: PTX atom.global.add), so repeated indices add in no fixed order, as in
+/// PyTorch's CUDA index_add_ and scatter_add_. A nest of another form stays serial
+/// (wrap_host_accesses makes it a one-thread kernel).
 void scatter_loops_to_atomics(mlir::func::FuncOp fn) {
   llvm::SmallVector<mlir::scf::ForOp> tagged;  // the outermost loop of each nest
   fn.walk([&](mlir::scf::ForOp f) {

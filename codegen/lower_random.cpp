@@ -8,8 +8,8 @@
 // CUDA's libdevice).
 //
 // Each element computes its whole block (4 words) and keeps what it needs: for a mask 4x the
-// rounds of the eager kernel, which stores all four. On a GPU that is ~60 integer instructions per element, far
-// cheaper than drawing on the host and copying the mask over PCIe.
+// rounds of the eager kernel, which stores all four. On a GPU that is ~60 integer
+// instructions per element, far cheaper than drawing on the host and copying over PCIe.
 #include <algorithm>
 #include <cmath>
 #include <numbers>

@@ -268,7 +268,8 @@ void randint(const OpCall& call, const Tensor& out) {
   const OpAttrs& a = call.attrs;
   const int64_t low = a.low.to<int64_t>(), high = a.high.to<int64_t>();
   if (out.dtype() == DType::Int32) {
-    KILN_CHECK(philox::randint_fits_int32(low, high), call.name(), call.loc, "range [{}, {}) does not fit dtype int32", low, high);
+    KILN_CHECK(philox::randint_fits_int32(low, high), call.name(), call.loc,
+               "range [{}, {}) does not fit dtype int32", low, high);
   }
   // high - low as unsigned: correct even when it exceeds INT64_MAX.
   const uint64_t range = static_cast<uint64_t>(high) - static_cast<uint64_t>(low);

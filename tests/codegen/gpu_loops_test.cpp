@@ -188,7 +188,8 @@ TEST_CASE("gpu loops on the cpu: rand, randn and randint from their key equal ea
     Tensor want = dispatch::call1({d.op, {}, a, Loc::current()});
     Tensor got = run_emulated(g, {key});
     if (d.op == OpKind::RandInt && d.dtype != DType::Float32) {
-      CHECK(got.to(DType::Int64).to_vector<int64_t>() == want.to(DType::Int64).to_vector<int64_t>());
+      CHECK(got.to(DType::Int64).to_vector<int64_t>() ==
+            want.to(DType::Int64).to_vector<int64_t>());
     } else if (d.op == OpKind::Uniform && d.low.to<double>() == 0.0) {
       CHECK(got.to_vector<float>() == want.to_vector<float>());  // u itself: exact
     } else {

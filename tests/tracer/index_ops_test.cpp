@@ -156,7 +156,8 @@ TEST_CASE("compile: index_add and scatter_add run compiled, repeated indices inc
     return std::vector<Tensor>{a, b, c, e};
   };
   auto cf = compile(fn);
-  Tensor x = randn({6, 6}), src = randn({5, 6}), vals = randn({6, 9}), d = randn({7, 3}, DType::Float64);
+  Tensor x = randn({6, 6}), src = randn({5, 6}), vals = randn({6, 9});
+  Tensor d = randn({7, 3}, DType::Float64);
   Tensor rows = ids({5, 0, 5, 2, 5}, {5});
   Tensor picks = randint(0, 6, {4, 8}).to(DType::Int32);
   // CPU code adds in eager's order; the GPU's atomic adds (KILN_EMULATE_GPU_LOOPS runs those
