@@ -4,7 +4,8 @@
 // softmax, exp(x - max) feeds both the sum and the divide, so it would be written to memory and
 // read back. Here a cheap elementwise producer that feeds a reduction is fused into every
 // consumer (recomputed, as TorchInductor does); the original dies once its last use is fused.
-// A producer read with broadcasting is never fused (it would be recomputed per element).
+// A producer read with broadcasting is not fused (it would be recomputed per element), unless
+// it only copies an element of its input.
 #include "codegen/lower.h"
 #include "mlir/Dialect/Arith/IR/Arith.h"
 #include "mlir/Dialect/Affine/IR/AffineOps.h"
@@ -74,6 +75,23 @@ bool recompute_reads_less(mlir::linalg::GenericOp producer, mlir::OpOperand* ope
   return added <= element_bytes(operand->get());
 }
 
+/// A generic that copies one element of its input (a select of a 0-d value): fused into a
+/// consumer it is one load of that element, even where the consumer reads it broadcast.
+/// AdamW's bias corrections, one element each of a [parameters] vector of step counts, were
+/// kernels of their own, two per parameter (1-thread launches on a GPU). Larger copies keep
+/// upstream's rule: one with several users is stored once rather than read strided by each.
+bool copies_one_element(mlir::Operation* op) {
+  auto generic = llvm::dyn_cast<mlir::linalg::GenericOp>(op);
+  if (!generic || generic.getNumDpsInputs() != 1 || generic->getNumResults() != 1 ||
+      generic.getNumReductionLoops() > 0)
+    return false;
+  auto type = llvm::dyn_cast<mlir::RankedTensorType>(generic->getResult(0).getType());
+  if (!type || !type.hasStaticShape() || type.getNumElements() != 1) return false;
+  auto yield = llvm::cast<mlir::linalg::YieldOp>(generic.getBody()->getTerminator());
+  return &generic.getBody()->front() == yield.getOperation() &&
+         yield.getOperand(0) == generic.getBody()->getArgument(0);
+}
+
 bool should_fuse(mlir::OpOperand* operand) {
   mlir::Operation* producer = operand->get().getDefiningOp();
   if (!producer) return false;
@@ -84,6 +102,7 @@ bool should_fuse(mlir::OpOperand* operand) {
     return llvm::isa<mlir::linalg::MatmulOp, mlir::linalg::BatchMatmulOp>(op);
   };
   if (named_matmul(producer) || named_matmul(operand->getOwner())) return false;
+  if (copies_one_element(producer)) return true;
   // A producer read with broadcasting (e.g. 1 / rowsum, [N, 1] into [N, K]) would be recomputed
   // for every element of the consumer: it stays a (small) loop nest of its own.
   if (auto consumer = llvm::dyn_cast<mlir::linalg::LinalgOp>(operand->getOwner()))

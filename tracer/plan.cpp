@@ -573,7 +573,7 @@ Plan::Plan(std::shared_ptr<const Program> program, size_t begin, size_t end,
   std::vector<Region*> regions;
   for (Step& s : steps_)
     if (s.region) regions.push_back(s.region.get());
-  PlanOptions region_options{options.compile, used_outside_region, false, {}};
+  PlanOptions region_options{options.compile, used_outside_region, false, {}, options.build_for};
   std::atomic<size_t> next{0};
   auto work = [&] {
     for (size_t i; (i = next.fetch_add(1)) < regions.size();) {
@@ -707,6 +707,7 @@ void Plan::build_region(Region& r, const PlanOptions& o) {
       r.device = Device::cpu();
       for (int v : in_v)
         if (!p.values[v].wrapped && p.values[v].device.is_cuda()) r.device = p.values[v].device;
+      if (o.build_for) r.device = *o.build_for;
       codegen::CompileOptions co;
       co.device = r.device;
       if (r.device.is_cuda()) co.gpu = codegen::GpuTarget::from_env();

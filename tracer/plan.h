@@ -77,6 +77,10 @@ struct PlanOptions {
   /// may compute in the old value's buffer (codegen's in_place_outputs). The caller guarantees
   /// that nothing after the range reads the old value's elements.
   std::vector<std::pair<int, int>> donate;
+  /// Builds every compiled region for this device instead of its inputs' device: what a trace
+  /// made on one device compiles to on another (tests of the CUDA build of a CPU trace, on
+  /// machines without a GPU). Such a plan's regions refuse to run on the traced inputs.
+  std::optional<Device> build_for;
 };
 
 class Plan {

@@ -1159,3 +1159,29 @@ TEST_CASE("Executable: more live intermediates than the runtime's per-thread buf
     CHECK(max_diff(out[1], matmul(tx, ty)) < 1e-4);
   }
 }
+
+TEST_CASE("Executable: elements selected from a vector are read inside their consumer's loop") {
+  // AdamW's bias corrections as the tracer records them: 1 - beta^step over a [parameters]
+  // vector, then one element per parameter, broadcast over that parameter's update. Each
+  // select was a loop nest of its own (a 1-thread kernel on a GPU), two per parameter.
+  ir::Graph g;
+  ir::Value steps = g.input(DType::Float32, {15});
+  ir::Value x = g.input(DType::Float32, {96, 32});
+  ir::Value half = g.constant(Scalar(0.5), DType::Float32);
+  ir::Value c = g.op(OpKind::Sub, {g.constant(Scalar(1.0), DType::Float32),
+                                   g.op(OpKind::Pow, {half, steps})});  // [15]
+  auto element = [&](int64_t k) {
+    OpAttrs sel;
+    sel.dim = 0;
+    sel.start = k;
+    return g.op(OpKind::Select, {c}, sel);  // 0-d
+  };
+  g.output(g.op(OpKind::Div, {g.op(OpKind::Mul, {x, element(3)}), element(7)}));
+  codegen::Executable exe(g);
+  INFO(exe.linalg_ir());
+  CHECK(exe.num_loop_nests() == 2);  // the [15] vector, then the update reading two elements
+  Tensor st = arange(1, 16, 1, {DType::Float32}), xt = randn({96, 32});
+  Tensor ct = sub(full({}, 1.0, {DType::Float32}), pow(full({}, 0.5, {DType::Float32}), st));
+  Tensor ref = div(mul(xt, ct.select(0, 3)), ct.select(0, 7));
+  CHECK(max_diff(exe.run({st, xt})[0], ref) <= 1e-6 * max_abs(ref));
+}

@@ -1,0 +1,126 @@
+// The CUDA build of whole traced training steps, on machines without a GPU: a step is traced on
+// the CPU, then its plan is built again with every region compiled for CUDA
+// (PlanOptions::build_for). Each region must compile (a region whose GPU lowering fails runs on
+// eager kernels: one launch per op and no fusion), and the kernel counts must stay near what
+// fusion gives now. The device-only tests in cuda_test.cpp run these steps on a GPU.
+#include <catch2/catch.hpp>
+#include <functional>
+#include <memory>
+
+#include <fmt/format.h>
+
+#include "kiln/kiln.h"
+#include "kiln/nn.h"
+#include "tracer/function.h"
+#include "tracer/plan.h"
+#include "tracer/util.h"
+
+using namespace kiln;
+
+namespace {
+
+size_t count_of(const std::string& text, const std::string& what) {
+  size_t n = 0;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
+/// The plan of the last replayed call's whole trace (a compiled function with
+/// CompileOptions::check), its regions built for `device`.
+std::unique_ptr<tracer::Plan> plan_of_last_call(Device device) {
+  std::shared_ptr<const tracer::Program> p = tracer::last_replayed_program();
+  REQUIRE(p);
+  REQUIRE(p->backward_begin >= p->nodes.size());  // the step's backward is in its trace
+  tracer::PlanOptions o;
+  o.live_after.assign(p->values.size(), false);
+  for (int v : p->outputs)
+    if (v >= 0) o.live_after[v] = true;
+  for (auto [src, v] : p->write_backs) o.live_after[v] = true;
+  for (auto [leaf, g] : p->grad_assignments) {
+    o.live_after[leaf] = true;
+    if (g >= 0) o.live_after[g] = true;
+  }
+  o.build_for = device;
+  return std::make_unique<tracer::Plan>(p, 0, p->nodes.size(), o);
+}
+
+/// Traces `step` (two checked calls: the second replays), then builds its plan for CUDA.
+std::unique_ptr<tracer::Plan> cuda_plan_of(const std::function<Tensor()>& step) {
+  // Tolerances: sums in another order, on values near 0.
+  auto cf = compile(step, CompileOptions{.check = true, .rtol = 1e-3, .atol = 1e-4});
+  cf();
+  cf();
+  return plan_of_last_call(Device::cuda());
+}
+
+/// `max_kernels`: a little above the count at the last change of fusion, so a regression in
+/// the GPU lowering's fusion fails here.
+void check_all_regions_compiled_for_cuda(const tracer::Plan& plan, int max_kernels) {
+  const std::string text = plan.describe();
+  INFO(text);
+  CHECK(plan.num_regions() >= 1);
+  CHECK(text.find("not compiled") == std::string::npos);
+  CHECK(text.find("compiled region") != std::string::npos);
+  CHECK(text.find(" on cuda:0") != std::string::npos);
+  // The only steps on eager kernels: dropout masks, drawn before the regions (one generated
+  // kernel each on a GPU).
+  CHECK(plan.num_eager_ops() == static_cast<int>(count_of(text, "eager op: dropout_mask")));
+  CHECK(plan.num_kernels() <= max_kernels);
+  WARN(fmt::format("CUDA build of the step: {} region(s), {} kernel(s) (GEMMs included), {} "
+                   "eager op(s)",
+                   plan.num_regions(), plan.num_kernels(), plan.num_eager_ops()));
+}
+
+/// A small Transformer layer as the benchmarks configure it (gelu, dropout 0.1, batch first).
+nn::TransformerEncoderLayerOptions layer_options(int64_t d_model) {
+  nn::TransformerEncoderLayerOptions o;
+  o.d_model = d_model;
+  o.nhead = 4;
+  o.dim_feedforward = 2 * d_model;
+  o.dropout = 0.1;
+  o.activation = "gelu";
+  o.batch_first = true;
+  return o;
+}
+
+}  // namespace
+
+TEST_CASE("gpu build: a Transformer training step traced on the CPU compiles for CUDA",
+          "[compile][gpu_build]") {
+  // The transformer benchmark's step (benchmarks/transformer.cpp) at a small size.
+  manual_seed(0);
+  auto model = std::make_shared<nn::TransformerEncoder>(layer_options(32), 2);
+  nn::AdamW opt(model->parameters(), nn::AdamWOptions{.lr = 1e-4});
+  Tensor x = randn({2, 16, 32});
+  auto plan = cuda_plan_of([&] {
+    opt.zero_grad();
+    Tensor loss = model->forward(x).sum();
+    loss.backward();
+    opt.step();
+    return loss.detach();
+  });
+  check_all_regions_compiled_for_cuda(*plan, 280);  // 269 kernels
+}
+
+TEST_CASE("gpu build: a language model's training step (embedding, a Transformer layer, "
+          "cross_entropy of shifted logits) compiles for CUDA", "[compile][gpu_build]") {
+  manual_seed(1);
+  const int64_t vocab = 100, dim = 32, batch = 2, seq = 16;
+  nn::Embedding embed(vocab, dim);
+  nn::TransformerEncoderLayer layer(layer_options(dim));
+  nn::Linear head(dim, vocab);
+  std::vector<Tensor> params = layer.parameters();
+  for (const Tensor& p : {embed.weight, head.weight, head.bias}) params.push_back(p);
+  nn::AdamW opt(params, nn::AdamWOptions{.lr = 1e-3});
+  Tensor tokens = randint(0, vocab, {batch, seq + 1});
+  auto plan = cuda_plan_of([&] {
+    opt.zero_grad();
+    Tensor in = tokens.slice(1, 0, seq), target = tokens.slice(1, 1, seq + 1);
+    Tensor logits = head.forward(layer.forward(embed.forward(in)));
+    Tensor loss = cross_entropy(logits.reshape({batch * seq, vocab}), target.reshape({-1}));
+    loss.backward();
+    opt.step();
+    return loss.detach();
+  });
+  check_all_regions_compiled_for_cuda(*plan, 180);  // 171 kernels
+}
