@@ -251,42 +251,55 @@ void run_on_host(const OpCall& c, std::span<Tensor> outs, const char* why) {
   }
 }
 
-/// fill_ and copy_ on contiguous device memory without a host round trip: fills as driver
-/// memsets of the value's bit pattern (1, 4 or 8 bytes with equal halves, e.g. 0), copies of
-/// the same dtype and shape from another buffer as one device-to-device copy. Returns false
-/// for the other cases (the host path).
-bool in_place_on_device(const OpCall& c) {
+/// copy_ of the same dtype and shape from another contiguous buffer into contiguous device
+/// memory: one device-to-device copy. Returns false for the other cases.
+bool contiguous_copy_on_device(const OpCall& c) {
   const Tensor& dst = c.inputs[0];
-  if (!dst.device().is_cuda() || !dst.is_contiguous() || dst.numel() == 0) return false;
-  const int device = dst.device().index;
-  const size_t n = static_cast<size_t>(dst.numel()), size = itemsize(dst.dtype());
+  if (c.op != OpKind::CopyInto || !dst.device().is_cuda() || !dst.is_contiguous() ||
+      dst.numel() == 0)
+    return false;
+  const Tensor& src = c.inputs[1];
+  if (src.device() != dst.device() || src.dtype() != dst.dtype() ||
+      src.shape() != dst.shape() || !src.is_contiguous() || src.storage() == dst.storage())
+    return false;
+  cuda::copy_device_to_device(dst.raw_data(), dst.device().index, src.raw_data(),
+                              dst.device().index,
+                              static_cast<size_t>(dst.numel()) * itemsize(dst.dtype()), c.loc);
+  return true;
+}
+
+/// fill_ and copy_ into device memory of any layout that cuda::pitched_view describes (a KV
+/// cache's slot, a column, a block `x[:, :k]`, a contiguous tensor) as the driver's 2-D
+/// memsets and copies of its rows, queued on kiln's stream: the host path copied the whole
+/// storage to the host and back. copy_'s source is first made a contiguous device tensor of
+/// the destination's dtype and shape (cast, broadcast, and copied when it shares the
+/// destination's storage) by eager ops, which run on the device. Returns false for other
+/// cases (the host path).
+bool pitched_write_on_device(const OpCall& c, Device device) {
+  const Tensor& dst = c.inputs[0];
+  if (!dst.device().is_cuda() || dst.device() != device || dst.numel() == 0) return false;
+  std::optional<cuda::PitchedView> view = cuda::pitched_view(dst.shape(), dst.strides());
+  if (!view) return false;
+  const size_t size = itemsize(dst.dtype());
   if (c.op == OpKind::Fill) {
     uint64_t bits = 0;
     KILN_DISPATCH_ALL(dst.dtype(), T, {
       T v = c.attrs.alpha.to<T>();
       std::memcpy(&bits, &v, sizeof(T));
     });
-    if (size == 1) {
-      cuda::memset_device(dst.raw_data(), static_cast<unsigned char>(bits), n, device, c.loc);
-      return true;
-    }
-    size_t words = size == 4 ? n : 2 * n;
-    if (size == 8 && (bits >> 32) != (bits & 0xffffffffu)) return false;
-    if (size != 4 && size != 8) return false;
-    cuda::set_current_device(device, c.loc);
-    cuda::check(cuda::driver("fill_", c.loc)
-                    .cuMemsetD32Async(reinterpret_cast<cuda::CUdeviceptr>(dst.raw_data()),
-                                      static_cast<unsigned>(bits & 0xffffffffu), words,
-                                      cuda::kiln_stream(device, c.loc)),
-                "fill_", c.loc);
-    return true;
+    return cuda::fill_pitched(dst.raw_data(), *view, bits, size, device.index, c.loc);
   }
-  const Tensor& src = c.inputs[1];
-  if (c.op != OpKind::CopyInto || src.device() != dst.device() || src.dtype() != dst.dtype() ||
-      src.shape() != dst.shape() || !src.is_contiguous() || src.storage() == dst.storage())
-    return false;
-  cuda::copy_device_to_device(dst.raw_data(), device, src.raw_data(), device, n * size, c.loc);
-  return true;
+  if (c.op != OpKind::CopyInto || c.inputs[1].device() != device) return false;
+  Tensor src = c.inputs[1];
+  {
+    KernelScope scope;
+    if (src.dtype() != dst.dtype()) src = src.to(dst.dtype(), c.loc);
+    if (src.shape() != dst.shape()) src = src.expand(dst.shape(), c.loc);
+    if (!src.is_contiguous()) src = src.contiguous(c.loc);
+    if (src.storage() == dst.storage()) src = src.clone(c.loc);
+  }
+  return cuda::copy_into_pitched(dst.raw_data(), *view, src.raw_data(), size, device.index,
+                                 c.loc);
 }
 
 /// contiguous() of a dense permuted view (attention's heads merged back, [B, H, T, D] ->
@@ -394,8 +407,10 @@ void cuda_kernel(const OpCall& c, const InferredMeta& meta, std::span<Tensor> ou
   Device device = c.attrs.device;
   for (const Tensor& t : c.inputs)
     if (t.defined() && t.device().is_cuda()) device = t.device();
-  if ((c.op == OpKind::Fill || c.op == OpKind::CopyInto) && in_place_on_device(c)) return;
+  if (contiguous_copy_on_device(c)) return;
   if (permuted_copy_on_device(c, device, outs)) return;
+  if ((c.op == OpKind::Fill || c.op == OpKind::CopyInto) && pitched_write_on_device(c, device))
+    return;
   if (op_info(c.op).category == OpCategory::Random && outs.size() == 1 &&
       random_on_device(c, device, outs[0]))
     return;

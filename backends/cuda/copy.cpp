@@ -1,7 +1,9 @@
 #include "backends/cuda/copy.h"
 
+#include <algorithm>
 #include <array>
 #include <mutex>
+#include <utility>
 #include <vector>
 
 namespace kiln::cuda {
@@ -14,6 +16,10 @@ std::mutex g_stream_mutex;
 std::array<CUstream, kMaxDevices> g_streams{};
 
 CUdeviceptr device_address(const void* p) { return reinterpret_cast<CUdeviceptr>(p); }
+
+/// At most this many 2-D memsets for one fill_ of 8-byte elements of two different words
+/// (per row or column of the view); more take the host path.
+constexpr int64_t kMaxPitchedRuns = 64;
 
 }  // namespace
 
@@ -69,6 +75,89 @@ void memset_device(void* dst, unsigned char value, size_t nbytes, int device, Lo
   check(api.cuStreamSynchronize(s), "cuStreamSynchronize", loc);
   check(api.cuMemsetD8(device_address(dst), value, nbytes), "cuMemsetD8", loc);
   check(api.cuCtxSynchronize(), "cuCtxSynchronize", loc);
+}
+
+std::optional<PitchedView> pitched_view(const Shape& shape, const Strides& strides) {
+  // (size, stride) levels from the innermost out, size-1 dims dropped, nesting dims merged.
+  std::vector<std::pair<int64_t, int64_t>> levels;
+  for (int d = static_cast<int>(shape.size()) - 1; d >= 0; --d) {
+    if (shape[d] == 0) return std::nullopt;
+    if (shape[d] == 1) continue;
+    if (strides[d] <= 0) return std::nullopt;
+    if (!levels.empty() && strides[d] == levels.back().first * levels.back().second)
+      levels.back().first *= shape[d];
+    else
+      levels.push_back({shape[d], strides[d]});
+  }
+  if (levels.empty() || levels.front().second != 1) levels.insert(levels.begin(), {1, 1});
+  if (levels.size() > 3) return std::nullopt;
+  PitchedView v;
+  v.width = levels[0].first;
+  if (levels.size() > 1) std::tie(v.height, v.pitch) = levels[1];
+  else v.pitch = v.width;
+  if (levels.size() > 2) std::tie(v.planes, v.plane_stride) = levels[2];
+  // Rows and planes must not overlap (a later one would overwrite an earlier one's elements).
+  if (v.pitch < v.width) return std::nullopt;
+  if (v.planes > 1 && v.plane_stride < v.pitch * (v.height - 1) + v.width) return std::nullopt;
+  return v;
+}
+
+bool copy_into_pitched(void* dst, const PitchedView& v, const void* src, size_t elem_size,
+                       int device, Loc loc) {
+  CUstream s = kiln_stream(device, loc);
+  const DriverApi& api = driver("copy_", loc);
+  Memcpy2D c;
+  c.srcMemoryType = c.dstMemoryType = kMemoryTypeDevice;
+  c.srcPitch = c.WidthInBytes = static_cast<size_t>(v.width) * elem_size;
+  c.dstPitch = static_cast<size_t>(v.pitch) * elem_size;
+  c.Height = static_cast<size_t>(v.height);
+  for (int64_t p = 0; p < v.planes; ++p) {
+    c.dstDevice = device_address(dst) + static_cast<size_t>(p * v.plane_stride) * elem_size;
+    c.srcDevice = device_address(src) + p * c.WidthInBytes * c.Height;
+    CUresult r = api.cuMemcpy2DAsync(&c, s);
+    if (p == 0 && r == kCudaErrorInvalidValue) return false;
+    check(r, "cuMemcpy2DAsync", loc);
+  }
+  return true;
+}
+
+bool fill_pitched(void* dst, const PitchedView& v, uint64_t bits, size_t elem_size, int device,
+                  Loc loc) {
+  if (elem_size != 1 && elem_size != 2 && elem_size != 4 && elem_size != 8) return false;
+  const bool two_words = elem_size == 8 && (bits >> 32) != (bits & 0xffffffffu);
+  // An 8-byte pattern of two different words: each word by its own 32-bit memsets of one word
+  // per 8-byte "row", along each row of the view or down each of its columns (fewer calls).
+  const int64_t runs = two_words ? v.planes * std::min(v.height, v.width) : 0;
+  if (runs > kMaxPitchedRuns) return false;
+  CUstream s = kiln_stream(device, loc);
+  const DriverApi& api = driver("fill_", loc);
+  const size_t pitch = static_cast<size_t>(v.pitch) * elem_size;
+  const size_t width = static_cast<size_t>(v.width), height = static_cast<size_t>(v.height);
+  auto word = [&](int half) { return static_cast<unsigned>(bits >> (32 * half)); };
+  for (int64_t p = 0; p < v.planes; ++p) {
+    CUdeviceptr at = device_address(dst) + static_cast<size_t>(p * v.plane_stride) * elem_size;
+    CUresult r = kCudaSuccess;
+    if (elem_size == 1) {
+      r = api.cuMemsetD2D8Async(at, pitch, static_cast<unsigned char>(bits), width, height, s);
+    } else if (elem_size == 2) {
+      r = api.cuMemsetD2D16Async(at, pitch, static_cast<unsigned short>(bits), width, height,
+                                 s);
+    } else if (!two_words) {
+      r = api.cuMemsetD2D32Async(at, pitch, word(0), width * (elem_size / 4), height, s);
+    } else {
+      const bool by_rows = v.height <= v.width;
+      const int64_t lines = by_rows ? v.height : v.width;
+      for (int64_t k = 0; k < lines && r == kCudaSuccess; ++k)
+        for (int half = 0; half < 2 && r == kCudaSuccess; ++half) {
+          CUdeviceptr line = at + (by_rows ? k * pitch : k * 8) + 4 * half;
+          r = api.cuMemsetD2D32Async(line, by_rows ? 8 : pitch, word(half), 1,
+                                     by_rows ? width : height, s);
+        }
+    }
+    if (p == 0 && r == kCudaErrorInvalidValue) return false;
+    check(r, "cuMemsetD2D", loc);
+  }
+  return true;
 }
 
 }  // namespace kiln::cuda

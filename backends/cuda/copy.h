@@ -7,8 +7,10 @@
 /// ("no CUDA device: ..." without a driver; the driver's error otherwise).
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 
 #include "backends/cuda/driver.h"
+#include "core/shape.h"
 
 namespace kiln::cuda {
 
@@ -29,5 +31,35 @@ void copy_device_to_device(void* dst, int dst_device, const void* src, int src_d
 /// Sets `nbytes` bytes of device memory `dst` to `value`.
 void memset_device(void* dst, unsigned char value, size_t nbytes, int device = 0,
                    Loc loc = Loc::current());
+
+/// A strided view of memory as what the driver's 2-D copies and memsets write: `planes`
+/// times (`plane_stride` elements apart) `height` rows (`pitch` elements apart) of `width`
+/// contiguous elements. All counts and strides are in elements.
+struct PitchedView {
+  int64_t width = 1, height = 1, pitch = 1, planes = 1, plane_stride = 0;
+};
+
+/// The pitched form of a non-empty view with `shape` and `strides` (elements): its dims of
+/// size > 1 that nest contiguously merged, at most three levels left (a last stride above 1
+/// is rows of width 1), with no two elements at the same address. nullopt otherwise. E.g. a
+/// KV cache's slot [B, H, 1, D] of [B, H, T, D] is B * H rows of D with pitch T * D; a column
+/// x[:, j] of [N, M] is N rows of 1 with pitch M.
+std::optional<PitchedView> pitched_view(const Shape& shape, const Strides& strides);
+
+/// Queues on device `device`'s kiln stream (not waited for): copies `v`'s elements of
+/// `elem_size` bytes from the contiguous device buffer `src` (in the view's element order) into
+/// the strided view `v` of device memory starting at `dst`. Each plane is one cuMemcpy2DAsync.
+/// Returns false, having written nothing, when the driver refuses the pitch
+/// (CUDA_ERROR_INVALID_VALUE: cuMemcpy2D may refuse device pitches cuMemAllocPitch did not
+/// give); throws kiln::Error for other driver errors.
+bool copy_into_pitched(void* dst, const PitchedView& v, const void* src, size_t elem_size,
+                       int device, Loc loc = Loc::current());
+/// Queues on device `device`'s kiln stream: sets every element of the strided view `v` at
+/// `dst` to the `elem_size`-byte pattern `bits` (1, 2, 4 or 8 bytes) with the driver's 2-D
+/// memsets: one per plane, or for 8-byte patterns of two different words (float64 3.0) two per
+/// row or column, at most 64 in all. Returns false, doing nothing, for other sizes, more
+/// memsets, or a pitch the driver refuses.
+bool fill_pitched(void* dst, const PitchedView& v, uint64_t bits, size_t elem_size, int device,
+                  Loc loc = Loc::current());
 
 }  // namespace kiln::cuda

@@ -69,6 +69,10 @@ std::string resolve_symbols(void* lib, DriverApi& api) {
   bind(api.cuMemcpyAsync, "cuMemcpyAsync");
   bind(api.cuMemsetD32Async, "cuMemsetD32Async");
   bind(api.cuMemsetD16Async, "cuMemsetD16Async");
+  bind(api.cuMemcpy2DAsync, "cuMemcpy2DAsync_v2");
+  bind(api.cuMemsetD2D8Async, "cuMemsetD2D8Async");
+  bind(api.cuMemsetD2D16Async, "cuMemsetD2D16Async");
+  bind(api.cuMemsetD2D32Async, "cuMemsetD2D32Async");
   bind(api.cuModuleLoadData, "cuModuleLoadData");
   bind(api.cuModuleLoadDataEx, "cuModuleLoadDataEx");
   bind(api.cuModuleUnload, "cuModuleUnload");

@@ -28,7 +28,26 @@ using CUfunction = struct CUfunc_st*;
 using CUstream = struct CUstream_st*;
 using CUevent = struct CUevent_st*;
 
+/// cuda.h's CUDA_MEMCPY2D (cuMemcpy2D's description of a pitched copy).
+struct Memcpy2D {
+  size_t srcXInBytes = 0, srcY = 0;
+  int srcMemoryType = 0;  // CUmemorytype: kMemoryTypeDevice
+  const void* srcHost = nullptr;
+  CUdeviceptr srcDevice = 0;
+  void* srcArray = nullptr;
+  size_t srcPitch = 0;
+  size_t dstXInBytes = 0, dstY = 0;
+  int dstMemoryType = 0;
+  void* dstHost = nullptr;
+  CUdeviceptr dstDevice = 0;
+  void* dstArray = nullptr;
+  size_t dstPitch = 0;
+  size_t WidthInBytes = 0, Height = 0;
+};
+inline constexpr int kMemoryTypeDevice = 2;  // CU_MEMORYTYPE_DEVICE
+
 inline constexpr CUresult kCudaSuccess = 0;
+inline constexpr CUresult kCudaErrorInvalidValue = 1;
 inline constexpr CUresult kCudaErrorOutOfMemory = 2;
 inline constexpr CUresult kCudaErrorStubLibrary = 34;
 
@@ -59,6 +78,13 @@ struct DriverApi {
   CUresult (*cuMemcpyAsync)(CUdeviceptr, CUdeviceptr, size_t, CUstream);      // unified
   CUresult (*cuMemsetD32Async)(CUdeviceptr, unsigned, size_t, CUstream);
   CUresult (*cuMemsetD16Async)(CUdeviceptr, unsigned short, size_t, CUstream);
+  CUresult (*cuMemcpy2DAsync)(const Memcpy2D*, CUstream);                     // _v2
+  CUresult (*cuMemsetD2D8Async)(CUdeviceptr, size_t pitch, unsigned char, size_t width,
+                                size_t height, CUstream);
+  CUresult (*cuMemsetD2D16Async)(CUdeviceptr, size_t pitch, unsigned short, size_t width,
+                                 size_t height, CUstream);
+  CUresult (*cuMemsetD2D32Async)(CUdeviceptr, size_t pitch, unsigned, size_t width,
+                                 size_t height, CUstream);
   CUresult (*cuModuleLoadData)(CUmodule*, const void*);
   CUresult (*cuModuleLoadDataEx)(CUmodule*, const void*, unsigned, int* options, void** values);
   CUresult (*cuModuleUnload)(CUmodule);

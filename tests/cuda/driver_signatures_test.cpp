@@ -9,6 +9,7 @@
 #define KILN_CHECKED_AGAINST_CUDA_H 1
 #endif
 
+#include <cstddef>
 #include <type_traits>
 
 #include "backends/cuda/driver.h"
@@ -59,6 +60,36 @@ KILN_SAME_PROTOTYPE(cuMemcpyDtoDAsync, cuMemcpyDtoDAsync_v2);
 KILN_SAME_PROTOTYPE(cuMemcpyAsync, cuMemcpyAsync);
 KILN_SAME_PROTOTYPE(cuMemsetD32Async, cuMemsetD32Async);
 KILN_SAME_PROTOTYPE(cuMemsetD16Async, cuMemsetD16Async);
+KILN_SAME_PROTOTYPE(cuMemsetD2D8Async, cuMemsetD2D8Async);
+KILN_SAME_PROTOTYPE(cuMemsetD2D16Async, cuMemsetD2D16Async);
+KILN_SAME_PROTOTYPE(cuMemsetD2D32Async, cuMemsetD2D32Async);
+// cuMemcpy2DAsync_v2 takes cuda.h's CUDA_MEMCPY2D: the same fields at the same offsets.
+static_assert(std::is_same_v<decltype(Api::cuMemcpy2DAsync),
+                             kiln::cuda::CUresult (*)(const kiln::cuda::Memcpy2D*,
+                                                      kiln::cuda::CUstream)>);
+static_assert(std::is_same_v<decltype(&::cuMemcpy2DAsync_v2),
+                             ::CUresult (*)(const CUDA_MEMCPY2D*, ::CUstream)>);
+#define KILN_SAME_FIELD(field)                                                        \
+  static_assert(offsetof(kiln::cuda::Memcpy2D, field) == offsetof(CUDA_MEMCPY2D, field) && \
+                sizeof(kiln::cuda::Memcpy2D::field) == sizeof(CUDA_MEMCPY2D::field), #field)
+KILN_SAME_FIELD(srcXInBytes);
+KILN_SAME_FIELD(srcY);
+KILN_SAME_FIELD(srcMemoryType);
+KILN_SAME_FIELD(srcHost);
+KILN_SAME_FIELD(srcDevice);
+KILN_SAME_FIELD(srcArray);
+KILN_SAME_FIELD(srcPitch);
+KILN_SAME_FIELD(dstXInBytes);
+KILN_SAME_FIELD(dstY);
+KILN_SAME_FIELD(dstMemoryType);
+KILN_SAME_FIELD(dstHost);
+KILN_SAME_FIELD(dstDevice);
+KILN_SAME_FIELD(dstArray);
+KILN_SAME_FIELD(dstPitch);
+KILN_SAME_FIELD(WidthInBytes);
+KILN_SAME_FIELD(Height);
+static_assert(sizeof(kiln::cuda::Memcpy2D) == sizeof(CUDA_MEMCPY2D));
+static_assert(kiln::cuda::kMemoryTypeDevice == CU_MEMORYTYPE_DEVICE);
 KILN_SAME_PROTOTYPE(cuModuleLoadData, cuModuleLoadData);
 KILN_SAME_PROTOTYPE(cuModuleLoadDataEx, cuModuleLoadDataEx);
 KILN_SAME_PROTOTYPE(cuModuleUnload, cuModuleUnload);
@@ -72,6 +103,7 @@ KILN_SAME_PROTOTYPE(cuEventCreate, cuEventCreate);
 KILN_SAME_PROTOTYPE(cuEventDestroy, cuEventDestroy_v2);
 KILN_SAME_PROTOTYPE(cuEventRecord, cuEventRecord);
 KILN_SAME_PROTOTYPE(cuEventSynchronize, cuEventSynchronize);
+static_assert(kiln::cuda::kCudaErrorInvalidValue == CUDA_ERROR_INVALID_VALUE);
 static_assert(kiln::cuda::kCudaErrorOutOfMemory == CUDA_ERROR_OUT_OF_MEMORY);
 static_assert(kiln::cuda::kCudaErrorStubLibrary == CUDA_ERROR_STUB_LIBRARY);
 static_assert(sizeof(kiln::cuda::CUdeviceptr) == sizeof(::CUdeviceptr));

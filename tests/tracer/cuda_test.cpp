@@ -322,3 +322,56 @@ TEST_CASE("cuda: ops on sliced and strided views run on the device", "[cuda]") {
   CHECK(rel_diff(logical_not(m.cuda().slice(1, 1, 9)).to(DType::Float32),
                  logical_not(m.slice(1, 1, 9)).to(DType::Float32)) == 0);
 }
+
+TEST_CASE("cuda: copy_ and fill_ into strided views run on the device", "[cuda]") {
+  REQUIRE_CUDA_OR_SKIP();
+  auto host_calls = [] {
+    uint64_t n = 0;
+    for (auto& [what, calls] : codegen::cuda_host_fallbacks()) n += calls;
+    return n;
+  };
+  const uint64_t before = host_calls();
+  // A KV cache [B, H, T, D] written one slot at a time, as in a decoding loop.
+  Tensor cache = zeros({2, 3, 6, 4}), k = randn({2, 3, 1, 4});
+  Tensor cache_d = cache.cuda();
+  cache.slice(2, 4, 5).copy_(k);
+  cache_d.slice(2, 4, 5).copy_(k.cuda());
+  CHECK(rel_diff(cache_d, cache) == 0);
+  // A column; a block of planes; a cast and broadcast source; fill_ of each width.
+  Tensor x = randn({5, 7, 9}), xd = x.cuda();
+  Tensor col = randn({5});
+  x.select(2, 3).select(1, 2).copy_(col);
+  xd.select(2, 3).select(1, 2).copy_(col.cuda());
+  Tensor blk = randn({5, 2, 3});
+  x.slice(1, 1, 3).slice(2, 4, 7).copy_(blk);
+  xd.slice(1, 1, 3).slice(2, 4, 7).copy_(blk.cuda());
+  Tensor row = arange(0, 3, 1, {DType::Float64});  // float64 [3] into float32 [5, 2, 3]
+  x.slice(1, 4, 6).slice(2, 0, 3).copy_(row);
+  xd.slice(1, 4, 6).slice(2, 0, 3).copy_(row.cuda());
+  x.slice(2, 0, 9, 2).fill_(-1.5);
+  xd.slice(2, 0, 9, 2).fill_(-1.5);
+  CHECK(rel_diff(xd, x) == 0);
+  // A source that overlaps the view: copied first, as eager reads a snapshot.
+  Tensor y = arange(0, 20, 1, {DType::Float32}).view({4, 5}), yd = y.cuda();
+  y.slice(1, 1, 5).copy_(y.slice(1, 0, 4));
+  yd.slice(1, 1, 5).copy_(yd.slice(1, 0, 4));
+  CHECK(rel_diff(yd, y) == 0);
+  // Into a contiguous tensor: a bool source cast, a row broadcast.
+  Tensor f = randn({3, 5}), fd = f.cuda();
+  Tensor mask = randn({3, 5}) > 0.0;
+  f.copy_(mask);
+  fd.copy_(mask.cuda());
+  CHECK(rel_diff(fd, f) == 0);
+  f.copy_(row.slice(0, 0, 1));
+  fd.copy_(row.slice(0, 0, 1).cuda());
+  CHECK(rel_diff(fd, f) == 0);
+  for (DType t : {DType::Bool, DType::Int32, DType::Int64, DType::Float64}) {
+    Tensor z = zeros({4, 6}, {t}), zd = z.cuda();
+    z.slice(1, 1, 4).fill_(3);
+    zd.slice(1, 1, 4).fill_(3);
+    CHECK(rel_diff(zd.to(DType::Float64), z.to(DType::Float64)) == 0);
+    zd.fill_(-7);  // contiguous: float64 -7.0's two words differ
+    CHECK(rel_diff(zd.to(DType::Float64), full({4, 6}, -7.0, {t}).to(DType::Float64)) == 0);
+  }
+  CHECK(host_calls() == before);
+}
