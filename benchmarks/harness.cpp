@@ -12,6 +12,7 @@
 
 #include "backends/cpu/blas.h"
 #include "backends/cpu/parallel.h"
+#include "backends/cuda/profile.h"
 #include "eager/factories.h"
 
 namespace kiln::bench {
@@ -163,6 +164,17 @@ bool guarded(Record& rec, F&& fn) {
   return false;
 }
 
+/// KILN_CUDA_PROFILE: GPU time is summed per case and mode from the first timed call on
+/// (cuda/profile.h), and printed after the case.
+void start_gpu_profile(const Case& c) {
+  cuda::profile_section(fmt::format("{} {}", c.name, mode_name(c.mode)));
+}
+void print_gpu_profile() {
+  std::string report = cuda::profile_report();
+  if (!report.empty()) fmt::print("{}", report);
+  cuda::reset_profile();
+}
+
 }  // namespace
 
 Record run_case(const Suite& suite, const Case& c, const RunConfig& config) {
@@ -181,6 +193,8 @@ Record run_case(const Suite& suite, const Case& c, const RunConfig& config) {
         bench.body();
         report_slow_step(c, config, false, i, seconds_since(start));
       }
+      cuda::reset_profile();
+      start_gpu_profile(c);
       for (int r = 0; r < fixed_calls(c, config, true); ++r) {
         const uint64_t gemm_ns = cpu::gemm_time().ns;
         auto start = Clock::now();
@@ -206,6 +220,8 @@ Record run_case(const Suite& suite, const Case& c, const RunConfig& config) {
           std::clamp(p.target_s / (est * batch), double(p.min_reps), double(p.max_reps)));
 
       per_call.reserve(reps);
+      cuda::reset_profile();
+      start_gpu_profile(c);
       for (int r = 0; r < reps; ++r) {
         auto start = Clock::now();
         for (int64_t i = 0; i < batch; ++i) bench.body();
@@ -213,6 +229,7 @@ Record run_case(const Suite& suite, const Case& c, const RunConfig& config) {
       }
     }
     finish_record(rec, c, bench, per_call, gemm_s);
+    print_gpu_profile();
   });
   return rec;
 }
@@ -232,10 +249,12 @@ std::vector<Record> run_interleaved(const Suite& suite, const Case& a, const Cas
   for (Side& s : sides)
     s.ok = guarded(s.rec, [&] { s.bench = s.c->setup(config); });
   for (bool timed : {false, true}) {
+    if (timed) cuda::reset_profile();
     int n = std::max(fixed_calls(a, config, timed), fixed_calls(b, config, timed));
     for (int i = 0; i < n; ++i)
       for (Side& s : sides) {
         if (!s.ok || i >= fixed_calls(*s.c, config, timed)) continue;
+        if (timed) start_gpu_profile(*s.c);
         const uint64_t gemm_ns = cpu::gemm_time().ns;
         auto start = Clock::now();
         s.ok = guarded(s.rec, [&] { s.bench.body(); });
@@ -252,6 +271,7 @@ std::vector<Record> run_interleaved(const Suite& suite, const Case& a, const Cas
     if (s.ok) guarded(s.rec, [&] { finish_record(s.rec, *s.c, s.bench, s.per_call, s.gemm_s); });
     out.push_back(std::move(s.rec));
   }
+  print_gpu_profile();
   return out;
 }
 

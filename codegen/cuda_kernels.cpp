@@ -254,10 +254,9 @@ void run_on_host(const OpCall& c, std::span<Tensor> outs, const char* why) {
 /// copy_ of the same dtype and shape from another contiguous buffer into contiguous device
 /// memory: one device-to-device copy. Returns false for the other cases.
 bool contiguous_copy_on_device(const OpCall& c) {
+  if (c.op != OpKind::CopyInto) return false;  // (random ops have no inputs)
   const Tensor& dst = c.inputs[0];
-  if (c.op != OpKind::CopyInto || !dst.device().is_cuda() || !dst.is_contiguous() ||
-      dst.numel() == 0)
-    return false;
+  if (!dst.device().is_cuda() || !dst.is_contiguous() || dst.numel() == 0) return false;
   const Tensor& src = c.inputs[1];
   if (src.device() != dst.device() || src.dtype() != dst.dtype() ||
       src.shape() != dst.shape() || !src.is_contiguous() || src.storage() == dst.storage())
@@ -272,12 +271,14 @@ bool contiguous_copy_on_device(const OpCall& c) {
 /// cache's slot, a column, a block `x[:, :k]`, a contiguous tensor) as the driver's 2-D
 /// memsets and copies of its rows, queued on kiln's stream: the host path copied the whole
 /// storage to the host and back. copy_'s source is first made a contiguous device tensor of
-/// the destination's dtype and shape (cast, broadcast, and copied when it shares the
-/// destination's storage) by eager ops, which run on the device. Returns false for other
-/// cases (the host path).
+/// the destination's dtype and shape (cast, broadcast) by eager ops, which run on the device,
+/// and copied when it shares the destination's storage. Returns false for other cases (the
+/// host path).
 bool pitched_write_on_device(const OpCall& c, Device device) {
+  if (c.op != OpKind::Fill && c.op != OpKind::CopyInto) return false;
   const Tensor& dst = c.inputs[0];
-  if (!dst.device().is_cuda() || dst.device() != device || dst.numel() == 0) return false;
+  if (!dst.device().is_cuda() || dst.device() != device) return false;
+  if (dst.numel() == 0) return true;  // nothing to write
   std::optional<cuda::PitchedView> view = cuda::pitched_view(dst.shape(), dst.strides());
   if (!view) return false;
   const size_t size = itemsize(dst.dtype());
@@ -289,14 +290,19 @@ bool pitched_write_on_device(const OpCall& c, Device device) {
     });
     return cuda::fill_pitched(dst.raw_data(), *view, bits, size, device.index, c.loc);
   }
-  if (c.op != OpKind::CopyInto || c.inputs[1].device() != device) return false;
+  if (c.inputs[1].device() != device) return false;
   Tensor src = c.inputs[1];
   {
     KernelScope scope;
     if (src.dtype() != dst.dtype()) src = src.to(dst.dtype(), c.loc);
     if (src.shape() != dst.shape()) src = src.expand(dst.shape(), c.loc);
     if (!src.is_contiguous()) src = src.contiguous(c.loc);
-    if (src.storage() == dst.storage()) src = src.clone(c.loc);
+  }
+  if (src.storage() == dst.storage()) {  // a snapshot, as eager reads (clone() would be a
+    Tensor copy = dispatch::empty(src.shape(), src.dtype(), device);  // host round trip)
+    cuda::copy_device_to_device(copy.raw_data(), device.index, src.raw_data(), device.index,
+                                static_cast<size_t>(src.numel()) * size, c.loc);
+    src = copy;
   }
   return cuda::copy_into_pitched(dst.raw_data(), *view, src.raw_data(), size, device.index,
                                  c.loc);
@@ -409,8 +415,7 @@ void cuda_kernel(const OpCall& c, const InferredMeta& meta, std::span<Tensor> ou
     if (t.defined() && t.device().is_cuda()) device = t.device();
   if (contiguous_copy_on_device(c)) return;
   if (permuted_copy_on_device(c, device, outs)) return;
-  if ((c.op == OpKind::Fill || c.op == OpKind::CopyInto) && pitched_write_on_device(c, device))
-    return;
+  if (pitched_write_on_device(c, device)) return;
   if (op_info(c.op).category == OpCategory::Random && outs.size() == 1 &&
       random_on_device(c, device, outs[0]))
     return;

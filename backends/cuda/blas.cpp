@@ -7,10 +7,12 @@
 #include <cstdlib>
 #include <limits>
 #include <mutex>
+#include <optional>
 #include <vector>
 
 #include "backends/cuda/copy.h"
 #include "backends/cuda/driver.h"
+#include "backends/cuda/profile.h"
 
 namespace kiln::cuda {
 namespace {
@@ -147,6 +149,11 @@ void gemm_strided_batched(DType dtype, bool trans_a, bool trans_b, int64_t m, in
   // Row-major C (m x n) is column-major C^T (n x m) = op(B)^T (n x k) @ op(A)^T (k x m): pass B
   // first with the column-major view of each stored matrix (leading dimension = row stride).
   int op_first = trans_b ? kOpT : kOpN, op_second = trans_a ? kOpT : kOpN;
+  std::optional<ProfileScope> timed;  // KILN_CUDA_PROFILE
+  if (profiling())
+    timed.emplace(fmt::format("cuBLAS {}gemm {}x{}x{} (batch {})",
+                              dtype == DType::Float32 ? 's' : 'd', m, n, k, batch),
+                  kiln_stream(device, loc));
   Status s;
   if (dtype == DType::Float32) {
     float alpha_f = static_cast<float>(alpha), beta_f = static_cast<float>(beta);
@@ -176,6 +183,9 @@ void gemm_bf16(int64_t m, int64_t n, int64_t k, const void* a, const void* b, vo
   // Column-major C^T (n x m) = B^T (n x k) @ A^T (k x m), as in gemm_strided_batched.
   // Leading dimensions of at least 1, as cuBLAS requires even for k == 0 (then C = 0).
   const int ld_b = int(std::max<int64_t>(n, 1)), ld_a = int(std::max<int64_t>(k, 1));
+  std::optional<ProfileScope> timed;  // KILN_CUDA_PROFILE
+  if (profiling())
+    timed.emplace(fmt::format("cuBLAS bf16 gemm {}x{}x{}", m, n, k), kiln_stream(device, loc));
   Status s = lib.gemm_ex(h, kOpN, kOpN, int(n), int(m), int(k), &alpha, b, kDataBf16, ld_b, a,
                          kDataBf16, ld_a, &beta, c, kDataBf16, ld_b, kComputeF32, kGemmDefault);
   KILN_CHECK(s == 0, "cuda gemm", loc, "cublasGemmEx(bf16, m={}, n={}, k={}): {}", m, n, k,

@@ -17,9 +17,10 @@ std::array<CUstream, kMaxDevices> g_streams{};
 
 CUdeviceptr device_address(const void* p) { return reinterpret_cast<CUdeviceptr>(p); }
 
-/// At most this many 2-D memsets for one fill_ of 8-byte elements of two different words
-/// (per row or column of the view); more take the host path.
-constexpr int64_t kMaxPitchedRuns = 64;
+/// At most this many 2-D driver copies or memsets (each a host call of a few microseconds) for
+/// one copy_ or fill_ (for fills of 8-byte values of two different words: pairs of memsets);
+/// more take the host path.
+constexpr int64_t kMaxPitchedCalls = 64;
 
 }  // namespace
 
@@ -102,20 +103,29 @@ std::optional<PitchedView> pitched_view(const Shape& shape, const Strides& strid
   return v;
 }
 
+PitchedCalls pitched_calls(const PitchedView& v) {
+  const int64_t plane = v.width * v.height;  // a plane's elements in the source
+  if (v.planes <= v.height) return {v.planes, v.height, v.pitch, v.plane_stride, v.width, plane};
+  return {v.height, v.planes, v.plane_stride, v.pitch, plane, v.width};
+}
+
 bool copy_into_pitched(void* dst, const PitchedView& v, const void* src, size_t elem_size,
                        int device, Loc loc) {
+  const PitchedCalls d = pitched_calls(v);
+  if (d.calls > kMaxPitchedCalls) return false;
   CUstream s = kiln_stream(device, loc);
   const DriverApi& api = driver("copy_", loc);
   Memcpy2D c;
   c.srcMemoryType = c.dstMemoryType = kMemoryTypeDevice;
-  c.srcPitch = c.WidthInBytes = static_cast<size_t>(v.width) * elem_size;
-  c.dstPitch = static_cast<size_t>(v.pitch) * elem_size;
-  c.Height = static_cast<size_t>(v.height);
-  for (int64_t p = 0; p < v.planes; ++p) {
-    c.dstDevice = device_address(dst) + static_cast<size_t>(p * v.plane_stride) * elem_size;
-    c.srcDevice = device_address(src) + p * c.WidthInBytes * c.Height;
+  c.WidthInBytes = static_cast<size_t>(v.width) * elem_size;
+  c.srcPitch = static_cast<size_t>(d.src_row_pitch) * elem_size;
+  c.dstPitch = static_cast<size_t>(d.row_pitch) * elem_size;
+  c.Height = static_cast<size_t>(d.rows);
+  for (int64_t k = 0; k < d.calls; ++k) {
+    c.dstDevice = device_address(dst) + static_cast<size_t>(k * d.call_stride) * elem_size;
+    c.srcDevice = device_address(src) + static_cast<size_t>(k * d.src_call_stride) * elem_size;
     CUresult r = api.cuMemcpy2DAsync(&c, s);
-    if (p == 0 && r == kCudaErrorInvalidValue) return false;
+    if (k == 0 && r == kCudaErrorInvalidValue) return false;
     check(r, "cuMemcpy2DAsync", loc);
   }
   return true;
@@ -126,35 +136,37 @@ bool fill_pitched(void* dst, const PitchedView& v, uint64_t bits, size_t elem_si
   if (elem_size != 1 && elem_size != 2 && elem_size != 4 && elem_size != 8) return false;
   const bool two_words = elem_size == 8 && (bits >> 32) != (bits & 0xffffffffu);
   // An 8-byte pattern of two different words: each word by its own 32-bit memsets of one word
-  // per 8-byte "row", along each row of the view or down each of its columns (fewer calls).
-  const int64_t runs = two_words ? v.planes * std::min(v.height, v.width) : 0;
-  if (runs > kMaxPitchedRuns) return false;
+  // per 8-byte "row", along each row of the view or down each of its columns (fewer calls),
+  // plane by plane.
+  const PitchedCalls d =
+      two_words ? PitchedCalls{v.planes, v.height, v.pitch, v.plane_stride, 0, 0}
+                : pitched_calls(v);
+  const int64_t lines = two_words ? std::min(v.height, v.width) : 1;
+  if (d.calls * lines > kMaxPitchedCalls) return false;
   CUstream s = kiln_stream(device, loc);
   const DriverApi& api = driver("fill_", loc);
-  const size_t pitch = static_cast<size_t>(v.pitch) * elem_size;
-  const size_t width = static_cast<size_t>(v.width), height = static_cast<size_t>(v.height);
+  const size_t pitch = static_cast<size_t>(d.row_pitch) * elem_size;
+  const size_t width = static_cast<size_t>(v.width), rows = static_cast<size_t>(d.rows);
   auto word = [&](int half) { return static_cast<unsigned>(bits >> (32 * half)); };
-  for (int64_t p = 0; p < v.planes; ++p) {
-    CUdeviceptr at = device_address(dst) + static_cast<size_t>(p * v.plane_stride) * elem_size;
+  for (int64_t k = 0; k < d.calls; ++k) {
+    CUdeviceptr at = device_address(dst) + static_cast<size_t>(k * d.call_stride) * elem_size;
     CUresult r = kCudaSuccess;
     if (elem_size == 1) {
-      r = api.cuMemsetD2D8Async(at, pitch, static_cast<unsigned char>(bits), width, height, s);
+      r = api.cuMemsetD2D8Async(at, pitch, static_cast<unsigned char>(bits), width, rows, s);
     } else if (elem_size == 2) {
-      r = api.cuMemsetD2D16Async(at, pitch, static_cast<unsigned short>(bits), width, height,
-                                 s);
+      r = api.cuMemsetD2D16Async(at, pitch, static_cast<unsigned short>(bits), width, rows, s);
     } else if (!two_words) {
-      r = api.cuMemsetD2D32Async(at, pitch, word(0), width * (elem_size / 4), height, s);
+      r = api.cuMemsetD2D32Async(at, pitch, word(0), width * (elem_size / 4), rows, s);
     } else {
       const bool by_rows = v.height <= v.width;
-      const int64_t lines = by_rows ? v.height : v.width;
-      for (int64_t k = 0; k < lines && r == kCudaSuccess; ++k)
+      for (int64_t line = 0; line < lines && r == kCudaSuccess; ++line)
         for (int half = 0; half < 2 && r == kCudaSuccess; ++half) {
-          CUdeviceptr line = at + (by_rows ? k * pitch : k * 8) + 4 * half;
-          r = api.cuMemsetD2D32Async(line, by_rows ? 8 : pitch, word(half), 1,
-                                     by_rows ? width : height, s);
+          CUdeviceptr first = at + (by_rows ? line * pitch : line * 8) + 4 * half;
+          r = api.cuMemsetD2D32Async(first, by_rows ? 8 : pitch, word(half), 1,
+                                     by_rows ? width : rows, s);
         }
     }
-    if (p == 0 && r == kCudaErrorInvalidValue) return false;
+    if (k == 0 && r == kCudaErrorInvalidValue) return false;
     check(r, "cuMemsetD2D", loc);
   }
   return true;

@@ -46,19 +46,30 @@ struct PitchedView {
 /// x[:, j] of [N, M] is N rows of 1 with pitch M.
 std::optional<PitchedView> pitched_view(const Shape& shape, const Strides& strides);
 
+/// A pitched view as 2-D driver operations: `calls` of them, the k-th at element
+/// k * call_stride of the view (and k * src_call_stride of the contiguous source of a copy),
+/// each `rows` rows of the view's width, `row_pitch` apart (src_row_pitch in the source). One
+/// per plane; or, when the view has fewer rows than planes, one per row, running down the
+/// planes (fewer host calls).
+struct PitchedCalls {
+  int64_t calls, rows, row_pitch, call_stride, src_row_pitch, src_call_stride;
+};
+PitchedCalls pitched_calls(const PitchedView& v);
+
 /// Queues on device `device`'s kiln stream (not waited for): copies `v`'s elements of
 /// `elem_size` bytes from the contiguous device buffer `src` (in the view's element order) into
-/// the strided view `v` of device memory starting at `dst`. Each plane is one cuMemcpy2DAsync.
-/// Returns false, having written nothing, when the driver refuses the pitch
+/// the strided view `v` of device memory starting at `dst`, one cuMemcpy2DAsync per plane (or
+/// per row when there are fewer rows than planes). Returns false, having written nothing, for
+/// more than 64 such calls or when the driver refuses the pitch
 /// (CUDA_ERROR_INVALID_VALUE: cuMemcpy2D may refuse device pitches cuMemAllocPitch did not
 /// give); throws kiln::Error for other driver errors.
 bool copy_into_pitched(void* dst, const PitchedView& v, const void* src, size_t elem_size,
                        int device, Loc loc = Loc::current());
 /// Queues on device `device`'s kiln stream: sets every element of the strided view `v` at
 /// `dst` to the `elem_size`-byte pattern `bits` (1, 2, 4 or 8 bytes) with the driver's 2-D
-/// memsets: one per plane, or for 8-byte patterns of two different words (float64 3.0) two per
-/// row or column, at most 64 in all. Returns false, doing nothing, for other sizes, more
-/// memsets, or a pitch the driver refuses.
+/// memsets: one per plane (or row, as copies), or for 8-byte patterns of two different words
+/// (float64 3.0) two per row or column of each plane. Returns false, doing nothing, for other
+/// sizes, more than 64 memsets (pairs), or a pitch the driver refuses.
 bool fill_pitched(void* dst, const PitchedView& v, uint64_t bits, size_t elem_size, int device,
                   Loc loc = Loc::current());
 

@@ -86,6 +86,7 @@ std::string resolve_symbols(void* lib, DriverApi& api) {
   bind(api.cuEventDestroy, "cuEventDestroy_v2");
   bind(api.cuEventRecord, "cuEventRecord");
   bind(api.cuEventSynchronize, "cuEventSynchronize");
+  bind(api.cuEventElapsedTime, "cuEventElapsedTime");
   return missing;
 }
 

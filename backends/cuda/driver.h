@@ -100,6 +100,7 @@ struct DriverApi {
   CUresult (*cuEventDestroy)(CUevent);                                  // _v2
   CUresult (*cuEventRecord)(CUevent, CUstream);
   CUresult (*cuEventSynchronize)(CUevent);
+  CUresult (*cuEventElapsedTime)(float* ms, CUevent start, CUevent end);  // v1: every driver
 };
 
 /// Whether a driver was loaded, initialised, and reports at least one device. Never throws.

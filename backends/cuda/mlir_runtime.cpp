@@ -3,11 +3,13 @@
 #include <cstdint>
 #include <cstdlib>
 #include <exception>
+#include <optional>
 #include <string>
 
 #include "backends/cuda/allocator.h"
 #include "backends/cuda/copy.h"
 #include "backends/cuda/driver.h"
+#include "backends/cuda/profile.h"
 
 namespace kiln::cuda {
 namespace {
@@ -109,6 +111,7 @@ CUfunction mgpuModuleGetFunction(CUmodule module, const char* name) {
     if (r != kCudaSuccess)
       throw kiln::Error("mgpuModuleGetFunction",
                         fmt::format("kernel '{}': {}", name ? name : "", error_text(r)));
+    profile_name_kernel(f, module, name ? name : "");
     return f;
   });
 }
@@ -124,6 +127,11 @@ void mgpuLaunchKernel(CUfunction function, intptr_t grid_x, intptr_t grid_y, int
   if (grid_x <= 0 || grid_y <= 0 || grid_z <= 0 || block_x <= 0 || block_y <= 0 || block_z <= 0)
     return;
   guarded_void("mgpuLaunchKernel", [&] {
+    std::optional<ProfileScope> timed;  // KILN_CUDA_PROFILE
+    if (profiling())
+      timed.emplace(profile_kernel_name(function, grid_x * grid_y * grid_z,
+                                        block_x * block_y * block_z),
+                    stream);
     CUresult r = current("mgpuLaunchKernel")
                      .cuLaunchKernel(function, unsigned(grid_x), unsigned(grid_y),
                                      unsigned(grid_z), unsigned(block_x), unsigned(block_y),

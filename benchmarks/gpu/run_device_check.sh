@@ -118,4 +118,12 @@ e, c = value("transformer_step", "eager"), value("transformer_step", "compiled")
 if e and c:
     print(f"transformer step compiled / eager: {c / e:.2f}x (target >= 1.3x)")
 PY
+
+# Where the step's GPU time goes, per mode: each kernel and cuBLAS GEMM timed with CUDA events
+# (backends/cuda/profile.h). After the table, in its own run: the events add host time per
+# launch, which would perturb the timings above.
+step "profile: Transformer training step, GPU time by kernel (KILN_CUDA_PROFILE=1)"
+KILN_CUDA_PROFILE=1 KILN_BENCH_DEVICE=cuda timeout "$STEP_TIMEOUT" \
+  "$BUILD/benchmarks/kiln-bench" transformer --full --quick 2>&1 |
+  grep -v '^\[' | tee -a "$LOG" || status=1
 exit $status

@@ -103,6 +103,7 @@ KILN_SAME_PROTOTYPE(cuEventCreate, cuEventCreate);
 KILN_SAME_PROTOTYPE(cuEventDestroy, cuEventDestroy_v2);
 KILN_SAME_PROTOTYPE(cuEventRecord, cuEventRecord);
 KILN_SAME_PROTOTYPE(cuEventSynchronize, cuEventSynchronize);
+KILN_SAME_PROTOTYPE(cuEventElapsedTime, cuEventElapsedTime);
 static_assert(kiln::cuda::kCudaErrorInvalidValue == CUDA_ERROR_INVALID_VALUE);
 static_assert(kiln::cuda::kCudaErrorOutOfMemory == CUDA_ERROR_OUT_OF_MEMORY);
 static_assert(kiln::cuda::kCudaErrorStubLibrary == CUDA_ERROR_STUB_LIBRARY);

@@ -2,6 +2,7 @@
 // (codegen/cuda_kernels.cpp's fill_ / copy_ into a strided CUDA view). Checked against the
 // element offsets the strides give, in the view's element order.
 #include <catch2/catch.hpp>
+#include <algorithm>
 #include <functional>
 #include <random>
 #include <vector>
@@ -9,7 +10,9 @@
 #include "backends/cuda/copy.h"
 
 using namespace kiln;
+using kiln::cuda::PitchedCalls;
 using kiln::cuda::PitchedView;
+using kiln::cuda::pitched_calls;
 using kiln::cuda::pitched_view;
 
 namespace {
@@ -17,7 +20,7 @@ namespace {
 /// Offsets of a view's elements in row-major order of its index, from its strides.
 std::vector<int64_t> offsets(const Shape& shape, const Strides& strides) {
   std::vector<int64_t> out;
-  std::function<void(size_t, int64_t)> walk = [&](size_t d, int64_t at) {
+  std::function<void(int, int64_t)> walk = [&](int d, int64_t at) {
     if (d == shape.size()) return out.push_back(at);
     for (int64_t i = 0; i < shape[d]; ++i) walk(d + 1, at + i * strides[d]);
   };
@@ -31,6 +34,18 @@ std::vector<int64_t> offsets(const PitchedView& v) {
   for (int64_t p = 0; p < v.planes; ++p)
     for (int64_t r = 0; r < v.height; ++r)
       for (int64_t w = 0; w < v.width; ++w) out.push_back(p * v.plane_stride + r * v.pitch + w);
+  return out;
+}
+
+/// (destination offset, source offset) of each element the driver calls of `v` copy.
+std::vector<std::pair<int64_t, int64_t>> copied(const PitchedView& v) {
+  const PitchedCalls c = pitched_calls(v);
+  std::vector<std::pair<int64_t, int64_t>> out;
+  for (int64_t k = 0; k < c.calls; ++k)
+    for (int64_t r = 0; r < c.rows; ++r)
+      for (int64_t w = 0; w < v.width; ++w)
+        out.push_back({k * c.call_stride + r * c.row_pitch + w,
+                       k * c.src_call_stride + r * c.src_row_pitch + w});
   return out;
 }
 
@@ -63,6 +78,12 @@ TEST_CASE("pitched_view: a KV cache's slot, a column and a block") {
   CHECK(block->planes == 4);
   CHECK(block->plane_stride == 30);
   CHECK(offsets(*block) == offsets({4, 2, 2}, {30, 6, 1}));
+  // 4 planes of 2 rows: 2 calls, one per row, each running down the 4 planes.
+  PitchedCalls calls = pitched_calls(*block);
+  CHECK(calls.calls == 2);
+  CHECK(calls.rows == 4);
+  CHECK(calls.row_pitch == 30);
+  CHECK(calls.src_row_pitch == 4);
 }
 
 TEST_CASE("pitched_view: views it cannot describe") {
@@ -96,6 +117,15 @@ TEST_CASE("pitched_view: random slices of random tensors write exactly the view'
     ++described;
     INFO("shape " << to_string(shape) << " strides " << to_string(strides));
     CHECK(offsets(*v) == offsets(shape, strides));
+    // The driver calls write element i of the contiguous source to the view's element i,
+    // in as few calls as planes or rows.
+    std::vector<int64_t> view = offsets(shape, strides);
+    std::vector<std::pair<int64_t, int64_t>> pairs = copied(*v);
+    REQUIRE(pairs.size() == view.size());
+    bool same = true;
+    for (auto [d, src] : pairs) same &= view.at(src) == d;
+    CHECK(same);
+    CHECK(pitched_calls(*v).calls == std::min(v->planes, v->height));
   }
   CHECK(described > 1000);
 }

@@ -1,0 +1,207 @@
+#include "backends/cuda/profile.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <mutex>
+#include <unordered_map>
+#include <vector>
+
+#include <fmt/format.h>
+
+namespace kiln::cuda {
+namespace {
+
+/// Timed ranges kept before their events are read (each read waits for the range's end).
+constexpr size_t kMaxPending = 4096;
+
+struct Range {
+  int name;
+  CUevent start, end;
+};
+
+struct Profile {
+  std::mutex mutex;
+  bool failed = false;
+  std::string section;  // profile_section()
+  std::vector<std::string> sections, names;  // per name id: its section, its name
+  std::unordered_map<std::string, int> ids;  // by section + '\n' + name
+  std::vector<double> total_ms;
+  std::vector<int64_t> calls;
+  uint64_t next_id = 1;
+  std::unordered_map<uint64_t, Range> open;  // by ProfileScope id
+  std::vector<Range> ended;
+  std::vector<CUevent> spare;
+  std::unordered_map<CUfunction, std::string> kernels;
+  std::unordered_map<CUmodule, int> modules;
+};
+
+Profile& profile() {
+  static Profile* p = new Profile;  // never destroyed: launches may happen at exit
+  return *p;
+}
+
+// Stops profiling after a failed event call, with one message. Caller holds the mutex.
+bool failed_call(Profile& p, CUresult r, const char* what) {
+  if (r == kCudaSuccess) return false;
+  if (!p.failed)
+    std::fprintf(stderr, "kiln: KILN_CUDA_PROFILE: %s failed (%s); profiling stops\n", what,
+                 error_text(r).c_str());
+  p.failed = true;
+  return true;
+}
+
+// Reads the events of every ended range into the totals and keeps the events for reuse.
+// Caller holds the mutex.
+void collect(Profile& p) {
+  if (p.ended.empty()) return;  // (without a driver, nothing was timed)
+  const DriverApi& api = driver("KILN_CUDA_PROFILE");
+  for (const Range& r : p.ended) {
+    float ms = 0;
+    if (!p.failed && !failed_call(p, api.cuEventSynchronize(r.end), "cuEventSynchronize") &&
+        !failed_call(p, api.cuEventElapsedTime(&ms, r.start, r.end), "cuEventElapsedTime")) {
+      p.total_ms[r.name] += ms;
+      ++p.calls[r.name];
+    }
+    p.spare.push_back(r.start);
+    p.spare.push_back(r.end);
+  }
+  p.ended.clear();
+}
+
+}  // namespace
+
+bool profiling() noexcept {
+  static const bool on = [] {
+    const char* v = std::getenv("KILN_CUDA_PROFILE");
+    return v && *v && std::string_view(v) != "0";
+  }();
+  return on;
+}
+
+ProfileScope::ProfileScope(std::string_view name, CUstream stream) noexcept : stream_(stream) {
+  if (!profiling()) return;
+  try {
+    Profile& p = profile();
+    std::lock_guard lock(p.mutex);
+    if (p.failed) return;
+    const DriverApi& api = driver("KILN_CUDA_PROFILE");
+    auto [it, fresh] = p.ids.try_emplace(p.section + '\n' + std::string(name),
+                                         static_cast<int>(p.names.size()));
+    if (fresh) {
+      p.sections.push_back(p.section);
+      p.names.emplace_back(name);
+      p.total_ms.push_back(0);
+      p.calls.push_back(0);
+    }
+    CUevent e[2];
+    for (CUevent& x : e) {
+      if (!p.spare.empty()) {
+        x = p.spare.back();
+        p.spare.pop_back();
+      } else if (failed_call(p, api.cuEventCreate(&x, 0), "cuEventCreate")) {
+        return;
+      }
+    }
+    if (failed_call(p, api.cuEventRecord(e[0], stream), "cuEventRecord")) return;
+    id_ = p.next_id++;
+    p.open[id_] = {it->second, e[0], e[1]};
+  } catch (...) {
+    id_ = 0;
+  }
+}
+
+ProfileScope::~ProfileScope() {
+  if (id_ == 0) return;
+  try {
+    Profile& p = profile();
+    std::lock_guard lock(p.mutex);
+    auto it = p.open.find(id_);
+    if (p.failed || it == p.open.end()) return;
+    Range r = it->second;
+    p.open.erase(it);
+    if (failed_call(p, driver("KILN_CUDA_PROFILE").cuEventRecord(r.end, stream_),
+                    "cuEventRecord"))
+      return;
+    p.ended.push_back(r);
+    if (p.ended.size() >= kMaxPending) collect(p);
+  } catch (...) {
+  }
+}
+
+void profile_name_kernel(CUfunction f, CUmodule m, std::string_view kernel) {
+  if (!profiling()) return;
+  Profile& p = profile();
+  std::lock_guard lock(p.mutex);
+  auto [it, fresh] = p.modules.try_emplace(m, static_cast<int>(p.modules.size()));
+  p.kernels[f] = fmt::format("{} of module {}", kernel, it->second);
+}
+
+std::string profile_kernel_name(CUfunction f, int64_t grid, int64_t block) {
+  Profile& p = profile();
+  std::lock_guard lock(p.mutex);
+  auto it = p.kernels.find(f);
+  return fmt::format("{} (grid {}, block {})", it == p.kernels.end() ? "kernel" : it->second,
+                     grid, block);
+}
+
+void profile_section(std::string_view section) {
+  if (!profiling()) return;
+  Profile& p = profile();
+  std::lock_guard lock(p.mutex);
+  p.section = section;
+}
+
+std::string profile_report(int top) {
+  if (!profiling()) return "";
+  Profile& p = profile();
+  std::lock_guard lock(p.mutex);
+  collect(p);  // ranges still open (another thread's call) count in a later report
+  std::vector<std::string> sections;
+  for (const std::string& s : p.sections)
+    if (std::find(sections.begin(), sections.end(), s) == sections.end()) sections.push_back(s);
+  std::string out;
+  for (const std::string& section : sections) {
+    std::vector<int> order;
+    double all = 0, gemm = 0;
+    int64_t gemm_calls = 0, launches = 0;
+    for (int i = 0; i < static_cast<int>(p.names.size()); ++i) {
+      if (p.calls[i] == 0 || p.sections[i] != section) continue;
+      order.push_back(i);
+      all += p.total_ms[i];
+      if (p.names[i].starts_with("cuBLAS")) {
+        gemm += p.total_ms[i];
+        gemm_calls += p.calls[i];
+      } else {
+        launches += p.calls[i];
+      }
+    }
+    if (order.empty()) continue;
+    std::sort(order.begin(), order.end(),
+              [&](int a, int b) { return p.total_ms[a] > p.total_ms[b]; });
+    out += fmt::format("GPU time by kernel{} (KILN_CUDA_PROFILE, CUDA events):\n"
+                       "{:>11} {:>8} {:>11} {:>6}  name\n",
+                       section.empty() ? "" : ", " + section, "total ms", "calls", "avg us", "%");
+    for (size_t k = 0; k < order.size() && static_cast<int>(k) < top; ++k) {
+      int i = order[k];
+      out += fmt::format("{:>11.3f} {:>8} {:>11.1f} {:>6.1f}  {}\n", p.total_ms[i], p.calls[i],
+                         1e3 * p.total_ms[i] / p.calls[i], 100 * p.total_ms[i] / all,
+                         p.names[i]);
+    }
+    out += fmt::format("generated kernels: {:.3f} ms in {} launches; cuBLAS: {:.3f} ms in {} "
+                       "calls; all: {:.3f} ms\n",
+                       all - gemm, launches, gemm, gemm_calls, all);
+  }
+  return out;
+}
+
+void reset_profile() {
+  if (!profiling()) return;
+  Profile& p = profile();
+  std::lock_guard lock(p.mutex);
+  collect(p);
+  std::fill(p.total_ms.begin(), p.total_ms.end(), 0.0);
+  std::fill(p.calls.begin(), p.calls.end(), 0);
+}
+
+}  // namespace kiln::cuda

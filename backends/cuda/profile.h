@@ -1,0 +1,53 @@
+#pragma once
+/// KILN_CUDA_PROFILE=1: the GPU time of every generated kernel's launch and every cuBLAS GEMM
+/// on kiln's streams, measured with CUDA events around each and summed by name: where a
+/// training step's device time goes (GEMMs against fused kernels, and which kernels), without
+/// an external profiler. The events add a few microseconds of host time per launch and no
+/// synchronisation until a report; off by default.
+///
+/// Kernel names are "<kernel> of module <n> (grid X, block Y)", modules numbered in load
+/// order; GEMMs "cuBLAS sgemm m x n x k (batch b)". The report is a table sorted by total time
+/// (ms, calls, average us, share of the profiled time).
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "backends/cuda/driver.h"
+
+namespace kiln::cuda {
+
+/// Whether KILN_CUDA_PROFILE is set to a value other than "0" (read once).
+bool profiling() noexcept;
+
+/// Times the device work queued on `stream` between construction and destruction under
+/// `name` (when profiling(); otherwise does nothing). Never throws: a failed event call turns
+/// profiling off with one message on stderr.
+class ProfileScope {
+ public:
+  ProfileScope(std::string_view name, CUstream stream) noexcept;
+  ~ProfileScope();
+  ProfileScope(const ProfileScope&) = delete;
+  ProfileScope& operator=(const ProfileScope&) = delete;
+
+ private:
+  uint64_t id_ = 0;  // 0: not timed
+  CUstream stream_ = nullptr;
+};
+
+/// Names a loaded module's kernel for the profile (mlir_runtime.cpp calls it on
+/// mgpuModuleGetFunction), and numbers modules in load order.
+void profile_name_kernel(CUfunction f, CUmodule m, std::string_view kernel);
+/// The profile name of kernel `f` launched with these sizes.
+std::string profile_kernel_name(CUfunction f, int64_t grid, int64_t block);
+
+/// Sums what is timed from now on under `section` (a benchmark case and mode, say), apart
+/// from other sections' sums.
+void profile_section(std::string_view section);
+/// Waits for the timed work and returns, per section, the table of everything timed since
+/// the last reset (the `top` names of most time, then totals for generated kernels, cuBLAS
+/// and all); "" when not profiling or nothing was timed.
+std::string profile_report(int top = 25);
+/// Forgets what was timed so far (after a warm-up, say).
+void reset_profile();
+
+}  // namespace kiln::cuda
