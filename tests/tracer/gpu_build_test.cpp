@@ -124,3 +124,49 @@ TEST_CASE("gpu build: a language model's training step (embedding, a Transformer
   });
   check_all_regions_compiled_for_cuda(*plan, 180);  // 171 kernels
 }
+
+TEST_CASE("gpu build: an MLP classifier's training step (the digits benchmark) compiles for CUDA",
+          "[compile][gpu_build]") {
+  // benchmarks/digits.cpp: 64 -> 128 -> 128 -> 10, ReLU, dropout 0.1, cross_entropy, AdamW.
+  manual_seed(2);
+  nn::Linear l1(64, 128), l2(128, 128), l3(128, 10);
+  nn::Dropout drop(0.1);
+  std::vector<Tensor> params;
+  for (nn::Linear* l : {&l1, &l2, &l3})
+    for (const Tensor& p : l->parameters()) params.push_back(p);
+  nn::AdamW opt(params, nn::AdamWOptions{.lr = 3e-3});
+  Tensor x = randn({64, 64}), y = randint(0, 10, {64});
+  auto plan = cuda_plan_of([&] {
+    opt.zero_grad();
+    Tensor h = drop.forward(relu(l1.forward(x)));
+    h = drop.forward(relu(l2.forward(h)));
+    Tensor loss = cross_entropy(l3.forward(h), y);
+    loss.backward();
+    opt.step();
+    return loss.detach();
+  });
+  check_all_regions_compiled_for_cuda(*plan, 55);  // 48 kernels
+}
+
+TEST_CASE("gpu build: an embedding classifier's training step (the embedding benchmark) "
+          "compiles for CUDA", "[compile][gpu_build]") {
+  // benchmarks/embedding.cpp at a small size: embedding, Linear, ReLU, mean over tokens,
+  // Linear, cross_entropy, AdamW; the embedding's gradient is an index_add.
+  manual_seed(3);
+  nn::Embedding embed(500, 32);
+  nn::Linear hidden(32, 32), head(32, 20);
+  std::vector<Tensor> params = {embed.weight};
+  for (nn::Linear* l : {&hidden, &head})
+    for (const Tensor& p : l->parameters()) params.push_back(p);
+  nn::AdamW opt(params, nn::AdamWOptions{.lr = 1e-3});
+  Tensor tokens = randint(0, 500, {8, 12}), labels = randint(0, 20, {8});
+  auto plan = cuda_plan_of([&] {
+    opt.zero_grad();
+    Tensor h = relu(hidden.forward(embed.forward(tokens))).mean(1);
+    Tensor loss = cross_entropy(head.forward(h), labels);
+    loss.backward();
+    opt.step();
+    return loss.detach();
+  });
+  check_all_regions_compiled_for_cuda(*plan, 52);  // 45 kernels
+}
