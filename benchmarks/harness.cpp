@@ -165,7 +165,7 @@ bool guarded(Record& rec, F&& fn) {
 }
 
 /// KILN_CUDA_PROFILE: GPU time is summed per case and mode from the first timed call on
-/// (cuda/profile.h), and printed after the case.
+/// (cuda/profile.h), and printed once the case is timed (before its result line).
 void start_gpu_profile(const Case& c) {
   cuda::profile_section(fmt::format("{} {}", c.name, mode_name(c.mode)));
 }
@@ -185,6 +185,7 @@ Record run_case(const Suite& suite, const Case& c, const RunConfig& config) {
 
     std::vector<double> per_call;  // seconds
     double gemm_s = 0;
+    cuda::reset_profile();  // (a case whose setup measured itself has no profile)
     if (bench.measured_s) {
       per_call = {*bench.measured_s};
     } else if (c.fixed_reps > 0) {

@@ -280,7 +280,7 @@ bool pitched_write_on_device(const OpCall& c, Device device) {
   if (!dst.device().is_cuda() || dst.device() != device) return false;
   if (dst.numel() == 0) return true;  // nothing to write
   std::optional<cuda::PitchedView> view = cuda::pitched_view(dst.shape(), dst.strides());
-  if (!view) return false;
+  if (!view || cuda::pitched_calls(*view).calls > cuda::kMaxPitchedCalls) return false;
   const size_t size = itemsize(dst.dtype());
   if (c.op == OpKind::Fill) {
     uint64_t bits = 0;
@@ -298,10 +298,14 @@ bool pitched_write_on_device(const OpCall& c, Device device) {
     if (src.shape() != dst.shape()) src = src.expand(dst.shape(), c.loc);
     if (!src.is_contiguous()) src = src.contiguous(c.loc);
   }
-  if (src.storage() == dst.storage()) {  // a snapshot, as eager reads (clone() would be a
-    Tensor copy = dispatch::empty(src.shape(), src.dtype(), device);  // host round trip)
-    cuda::copy_device_to_device(copy.raw_data(), device.index, src.raw_data(), device.index,
-                                static_cast<size_t>(src.numel()) * size, c.loc);
+  if (src.storage() == dst.storage()) {  // a snapshot, as eager reads, queued on the stream
+    Tensor copy = dispatch::empty(src.shape(), src.dtype(), device);
+    cuda::check(cuda::driver("copy_", c.loc)
+                    .cuMemcpyDtoDAsync(reinterpret_cast<cuda::CUdeviceptr>(copy.raw_data()),
+                                       reinterpret_cast<cuda::CUdeviceptr>(src.raw_data()),
+                                       static_cast<size_t>(src.numel()) * size,
+                                       cuda::kiln_stream(device.index, c.loc)),
+                "copy_", c.loc);
     src = copy;
   }
   return cuda::copy_into_pitched(dst.raw_data(), *view, src.raw_data(), size, device.index,

@@ -153,7 +153,7 @@ void gemm_strided_batched(DType dtype, bool trans_a, bool trans_b, int64_t m, in
   if (profiling())
     timed.emplace(fmt::format("cuBLAS {}gemm {}x{}x{} (batch {})",
                               dtype == DType::Float32 ? 's' : 'd', m, n, k, batch),
-                  kiln_stream(device, loc));
+                  kiln_stream(device, loc), device);
   Status s;
   if (dtype == DType::Float32) {
     float alpha_f = static_cast<float>(alpha), beta_f = static_cast<float>(beta);
@@ -185,7 +185,8 @@ void gemm_bf16(int64_t m, int64_t n, int64_t k, const void* a, const void* b, vo
   const int ld_b = int(std::max<int64_t>(n, 1)), ld_a = int(std::max<int64_t>(k, 1));
   std::optional<ProfileScope> timed;  // KILN_CUDA_PROFILE
   if (profiling())
-    timed.emplace(fmt::format("cuBLAS bf16 gemm {}x{}x{}", m, n, k), kiln_stream(device, loc));
+    timed.emplace(fmt::format("cuBLAS bf16 gemm {}x{}x{}", m, n, k), kiln_stream(device, loc),
+                  device);
   Status s = lib.gemm_ex(h, kOpN, kOpN, int(n), int(m), int(k), &alpha, b, kDataBf16, ld_b, a,
                          kDataBf16, ld_a, &beta, c, kDataBf16, ld_b, kComputeF32, kGemmDefault);
   KILN_CHECK(s == 0, "cuda gemm", loc, "cublasGemmEx(bf16, m={}, n={}, k={}): {}", m, n, k,

@@ -17,10 +17,6 @@ std::array<CUstream, kMaxDevices> g_streams{};
 
 CUdeviceptr device_address(const void* p) { return reinterpret_cast<CUdeviceptr>(p); }
 
-/// At most this many 2-D driver copies or memsets (each a host call of a few microseconds) for
-/// one copy_ or fill_ (for fills of 8-byte values of two different words: pairs of memsets);
-/// more take the host path.
-constexpr int64_t kMaxPitchedCalls = 64;
 
 }  // namespace
 

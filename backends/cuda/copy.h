@@ -55,12 +55,16 @@ struct PitchedCalls {
   int64_t calls, rows, row_pitch, call_stride, src_row_pitch, src_call_stride;
 };
 PitchedCalls pitched_calls(const PitchedView& v);
+/// At most this many 2-D driver copies or memsets (each a host call of a few microseconds,
+/// queued without waiting) for one copy_ or fill_ (for fills of 8-byte values of two different
+/// words: pairs of memsets); more take the host path.
+inline constexpr int64_t kMaxPitchedCalls = 1024;
 
 /// Queues on device `device`'s kiln stream (not waited for): copies `v`'s elements of
 /// `elem_size` bytes from the contiguous device buffer `src` (in the view's element order) into
 /// the strided view `v` of device memory starting at `dst`, one cuMemcpy2DAsync per plane (or
 /// per row when there are fewer rows than planes). Returns false, having written nothing, for
-/// more than 64 such calls or when the driver refuses the pitch
+/// more than kMaxPitchedCalls such calls or when the driver refuses the pitch
 /// (CUDA_ERROR_INVALID_VALUE: cuMemcpy2D may refuse device pitches cuMemAllocPitch did not
 /// give); throws kiln::Error for other driver errors.
 bool copy_into_pitched(void* dst, const PitchedView& v, const void* src, size_t elem_size,
@@ -69,7 +73,7 @@ bool copy_into_pitched(void* dst, const PitchedView& v, const void* src, size_t 
 /// `dst` to the `elem_size`-byte pattern `bits` (1, 2, 4 or 8 bytes) with the driver's 2-D
 /// memsets: one per plane (or row, as copies), or for 8-byte patterns of two different words
 /// (float64 3.0) two per row or column of each plane. Returns false, doing nothing, for other
-/// sizes, more than 64 memsets (pairs), or a pitch the driver refuses.
+/// sizes, more than kMaxPitchedCalls memsets (pairs), or a pitch the driver refuses.
 bool fill_pitched(void* dst, const PitchedView& v, uint64_t bits, size_t elem_size, int device,
                   Loc loc = Loc::current());
 

@@ -99,6 +99,7 @@ CUmodule mgpuModuleLoadJIT(void* data, int opt_level, size_t /*assembly_size*/) 
 }
 
 void mgpuModuleUnload(CUmodule module) {
+  profile_forget_module(module);
   guarded_void("mgpuModuleUnload", [&] {
     check_runtime(current("mgpuModuleUnload").cuModuleUnload(module), "mgpuModuleUnload");
   });
@@ -127,16 +128,15 @@ void mgpuLaunchKernel(CUfunction function, intptr_t grid_x, intptr_t grid_y, int
   if (grid_x <= 0 || grid_y <= 0 || grid_z <= 0 || block_x <= 0 || block_y <= 0 || block_z <= 0)
     return;
   guarded_void("mgpuLaunchKernel", [&] {
-    std::optional<ProfileScope> timed;  // KILN_CUDA_PROFILE
+    const DriverApi& api = current("mgpuLaunchKernel");  // the device's context is current
+    std::optional<ProfileScope> timed;                     // KILN_CUDA_PROFILE
     if (profiling())
       timed.emplace(profile_kernel_name(function, grid_x * grid_y * grid_z,
                                         block_x * block_y * block_z),
-                    stream);
-    CUresult r = current("mgpuLaunchKernel")
-                     .cuLaunchKernel(function, unsigned(grid_x), unsigned(grid_y),
-                                     unsigned(grid_z), unsigned(block_x), unsigned(block_y),
-                                     unsigned(block_z), unsigned(shared_bytes), stream, params,
-                                     extra);
+                    stream, t_default_device);
+    CUresult r = api.cuLaunchKernel(function, unsigned(grid_x), unsigned(grid_y), unsigned(grid_z),
+                                    unsigned(block_x), unsigned(block_y), unsigned(block_z),
+                                    unsigned(shared_bytes), stream, params, extra);
     if (r != kCudaSuccess)
       throw kiln::Error("mgpuLaunchKernel",
                         fmt::format("grid {}x{}x{}, block {}x{}x{}: {}", grid_x, grid_y, grid_z,

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <exception>
 #include <mutex>
 #include <unordered_map>
 #include <vector>
@@ -17,6 +18,7 @@ constexpr size_t kMaxPending = 4096;
 
 struct Range {
   int name;
+  int device;
   CUevent start, end;
 };
 
@@ -31,9 +33,10 @@ struct Profile {
   uint64_t next_id = 1;
   std::unordered_map<uint64_t, Range> open;  // by ProfileScope id
   std::vector<Range> ended;
-  std::vector<CUevent> spare;
+  std::unordered_map<int, std::vector<CUevent>> spare;  // by device (events of its context)
   std::unordered_map<CUfunction, std::string> kernels;
   std::unordered_map<CUmodule, int> modules;
+  int next_module = 0;
 };
 
 Profile& profile() {
@@ -63,8 +66,8 @@ void collect(Profile& p) {
       p.total_ms[r.name] += ms;
       ++p.calls[r.name];
     }
-    p.spare.push_back(r.start);
-    p.spare.push_back(r.end);
+    p.spare[r.device].push_back(r.start);
+    p.spare[r.device].push_back(r.end);
   }
   p.ended.clear();
 }
@@ -79,7 +82,8 @@ bool profiling() noexcept {
   return on;
 }
 
-ProfileScope::ProfileScope(std::string_view name, CUstream stream) noexcept : stream_(stream) {
+ProfileScope::ProfileScope(std::string_view name, CUstream stream, int device) noexcept
+    : stream_(stream), uncaught_(std::uncaught_exceptions()) {
   if (!profiling()) return;
   try {
     Profile& p = profile();
@@ -95,17 +99,18 @@ ProfileScope::ProfileScope(std::string_view name, CUstream stream) noexcept : st
       p.calls.push_back(0);
     }
     CUevent e[2];
+    std::vector<CUevent>& spare = p.spare[device];
     for (CUevent& x : e) {
-      if (!p.spare.empty()) {
-        x = p.spare.back();
-        p.spare.pop_back();
-      } else if (failed_call(p, api.cuEventCreate(&x, 0), "cuEventCreate")) {
+      if (!spare.empty()) {
+        x = spare.back();
+        spare.pop_back();
+      } else if (failed_call(p, api.cuEventCreate(&x, 0), "cuEventCreate")) {  // timed events
         return;
       }
     }
     if (failed_call(p, api.cuEventRecord(e[0], stream), "cuEventRecord")) return;
     id_ = p.next_id++;
-    p.open[id_] = {it->second, e[0], e[1]};
+    p.open[id_] = {it->second, device, e[0], e[1]};
   } catch (...) {
     id_ = 0;
   }
@@ -120,6 +125,11 @@ ProfileScope::~ProfileScope() {
     if (p.failed || it == p.open.end()) return;
     Range r = it->second;
     p.open.erase(it);
+    if (std::uncaught_exceptions() > uncaught_) {  // the launch failed: nothing ran
+      p.spare[r.device].push_back(r.start);
+      p.spare[r.device].push_back(r.end);
+      return;
+    }
     if (failed_call(p, driver("KILN_CUDA_PROFILE").cuEventRecord(r.end, stream_),
                     "cuEventRecord"))
       return;
@@ -129,12 +139,23 @@ ProfileScope::~ProfileScope() {
   }
 }
 
-void profile_name_kernel(CUfunction f, CUmodule m, std::string_view kernel) {
+void profile_name_kernel(CUfunction f, CUmodule m, std::string_view kernel) noexcept {
+  if (!profiling()) return;
+  try {
+    Profile& p = profile();
+    std::lock_guard lock(p.mutex);
+    auto [it, fresh] = p.modules.try_emplace(m, p.next_module);
+    if (fresh) ++p.next_module;
+    p.kernels[f] = fmt::format("{} of module {}", kernel, it->second);
+  } catch (...) {
+  }
+}
+
+void profile_forget_module(CUmodule m) noexcept {
   if (!profiling()) return;
   Profile& p = profile();
   std::lock_guard lock(p.mutex);
-  auto [it, fresh] = p.modules.try_emplace(m, static_cast<int>(p.modules.size()));
-  p.kernels[f] = fmt::format("{} of module {}", kernel, it->second);
+  p.modules.erase(m);  // a handle reused by a later load is a new module
 }
 
 std::string profile_kernel_name(CUfunction f, int64_t grid, int64_t block) {
@@ -185,8 +206,8 @@ std::string profile_report(int top) {
     for (size_t k = 0; k < order.size() && static_cast<int>(k) < top; ++k) {
       int i = order[k];
       out += fmt::format("{:>11.3f} {:>8} {:>11.1f} {:>6.1f}  {}\n", p.total_ms[i], p.calls[i],
-                         1e3 * p.total_ms[i] / p.calls[i], 100 * p.total_ms[i] / all,
-                         p.names[i]);
+                         1e3 * p.total_ms[i] / p.calls[i],
+                         all > 0 ? 100 * p.total_ms[i] / all : 0.0, p.names[i]);
     }
     out += fmt::format("generated kernels: {:.3f} ms in {} launches; cuBLAS: {:.3f} ms in {} "
                        "calls; all: {:.3f} ms\n",

@@ -2,8 +2,8 @@
 /// KILN_CUDA_PROFILE=1: the GPU time of every generated kernel's launch and every cuBLAS GEMM
 /// on kiln's streams, measured with CUDA events around each and summed by name: where a
 /// training step's device time goes (GEMMs against fused kernels, and which kernels), without
-/// an external profiler. The events add a few microseconds of host time per launch and no
-/// synchronisation until a report; off by default.
+/// an external profiler. The events add a few microseconds of host time per launch, and every
+/// 4,096 timed calls the profiler waits for them (a report waits too); off by default.
 ///
 /// Kernel names are "<kernel> of module <n> (grid X, block Y)", modules numbered in load
 /// order; GEMMs "cuBLAS sgemm m x n x k (batch b)". The report is a table sorted by total time
@@ -19,12 +19,13 @@ namespace kiln::cuda {
 /// Whether KILN_CUDA_PROFILE is set to a value other than "0" (read once).
 bool profiling() noexcept;
 
-/// Times the device work queued on `stream` between construction and destruction under
-/// `name` (when profiling(); otherwise does nothing). Never throws: a failed event call turns
-/// profiling off with one message on stderr.
+/// Times the device work queued on `stream` (of device `device`, whose context is current)
+/// between construction and destruction under `name` (when profiling(); otherwise does
+/// nothing). A scope left by an exception (a failed launch) counts nothing. Never throws: a
+/// failed event call turns profiling off with one message on stderr.
 class ProfileScope {
  public:
-  ProfileScope(std::string_view name, CUstream stream) noexcept;
+  ProfileScope(std::string_view name, CUstream stream, int device) noexcept;
   ~ProfileScope();
   ProfileScope(const ProfileScope&) = delete;
   ProfileScope& operator=(const ProfileScope&) = delete;
@@ -32,11 +33,14 @@ class ProfileScope {
  private:
   uint64_t id_ = 0;  // 0: not timed
   CUstream stream_ = nullptr;
+  int uncaught_ = 0;  // std::uncaught_exceptions() at construction
 };
 
 /// Names a loaded module's kernel for the profile (mlir_runtime.cpp calls it on
 /// mgpuModuleGetFunction), and numbers modules in load order.
-void profile_name_kernel(CUfunction f, CUmodule m, std::string_view kernel);
+void profile_name_kernel(CUfunction f, CUmodule m, std::string_view kernel) noexcept;
+/// Forgets an unloaded module's number (mgpuModuleUnload).
+void profile_forget_module(CUmodule m) noexcept;
 /// The profile name of kernel `f` launched with these sizes.
 std::string profile_kernel_name(CUfunction f, int64_t grid, int64_t block);
 

@@ -123,7 +123,9 @@ PY
 # (backends/cuda/profile.h). After the table, in its own run: the events add host time per
 # launch, which would perturb the timings above.
 step "profile: Transformer training step, GPU time by kernel (KILN_CUDA_PROFILE=1)"
+# Diagnostic only: its failure or timeout does not fail the check.
 KILN_CUDA_PROFILE=1 KILN_BENCH_DEVICE=cuda timeout "$STEP_TIMEOUT" \
   "$BUILD/benchmarks/kiln-bench" transformer --full --quick 2>&1 |
-  grep -v '^\[' | tee -a "$LOG" || status=1
+  grep --line-buffered -v '^\[' | tee -a "$LOG" ||
+  echo "(the profiled run failed or timed out; the table above stands)" | tee -a "$LOG"
 exit $status
