@@ -523,7 +523,7 @@ std::string Executable::Impl::compile(const std::string& graph_mlir, bool relax)
   {
     mlir::PassManager pm = mlir::PassManager::on<mlir::ModuleOp>(&I.ctx);
     pm.addPass(mlir::createCanonicalizerPass());  // also folds the dims bools_as_bytes reads
-    pm.addPass(create_fuse_elementwise_pass());
+    pm.addPass(create_fuse_elementwise_pass(I.device.is_cuda()));
     pm.addPass(mlir::createCSEPass());
     if (mlir::failed(pm.run(m))) throw Error("codegen::Executable: fusion", I.messages);
   }

@@ -92,7 +92,11 @@ bool copies_one_element(mlir::Operation* op) {
          yield.getOperand(0) == generic.getBody()->getArgument(0);
 }
 
-bool should_fuse(mlir::OpOperand* operand) {
+/// `recompute_math`: a producer calling math functions, or of up to kMaxFusedOps body ops, may
+/// be recomputed too (GPU code, where a kernel has about 14 flops to spare per byte it moves on
+/// an H200: softmax's exp(x - max) recomputed in the sum and the divide, instead of written to
+/// memory and read back twice).
+bool should_fuse(mlir::OpOperand* operand, bool recompute_math) {
   mlir::Operation* producer = operand->get().getDefiningOp();
   if (!producer) return false;
   // A named matmul stays one: the reshape-by-expansion patterns would fold lower.cpp's
@@ -117,9 +121,13 @@ bool should_fuse(mlir::OpOperand* operand) {
     auto linalg = llvm::dyn_cast<mlir::linalg::LinalgOp>(user);
     return linalg && linalg.getNumReductionLoops() > 0;
   });
-  if (transcendental(producer)) return false;  // computed once, stored (eager does the same)
+  // On the CPU computed once and stored (eager does the same). GPU code recomputes it, as
+  // TorchInductor's looped softmax kernels recompute exp(x - max) in their last loop; the
+  // body bound is then kMaxFusedOps (an exp is about 40 ops).
+  if (!recompute_math && transcendental(producer)) return false;
+  const int max_ops = recompute_math ? kMaxFusedOps : kMaxRecomputedOps;
   return feeds_reduction &&
-         body_size(producer) + body_size(operand->getOwner()) <= kMaxRecomputedOps &&
+         body_size(producer) + body_size(operand->getOwner()) <= max_ops &&
          recompute_reads_less(llvm::cast<mlir::linalg::GenericOp>(producer), operand);
 }
 
@@ -346,20 +354,31 @@ struct FuseElementwisePass
     r.insert<mlir::affine::AffineDialect, mlir::linalg::LinalgDialect,
              mlir::tensor::TensorDialect>();
   }
+  FuseElementwisePass() = default;
+  FuseElementwisePass(const FuseElementwisePass& other) : PassWrapper(other) {}
+  explicit FuseElementwisePass(bool gpu) { recompute_math = gpu; }
+  Option<bool> recompute_math{
+      *this, "recompute-math",
+      llvm::cl::desc("recompute producers calling math functions into several consumers "
+                     "(GPU code)"),
+      llvm::cl::init(false)};
+
   void runOnOperation() override {
     mlir::MLIRContext* ctx = &getContext();
     fold_addend_into_gemm(getOperation());
     mlir::RewritePatternSet patterns(ctx);
     // The same pattern set as upstream's pass, with kiln's control function.
-    mlir::linalg::populateElementwiseOpsFusionPatterns(patterns, should_fuse);
-    mlir::linalg::populateFoldReshapeOpsByExpansionPatterns(patterns, should_fuse);
+    const bool math = recompute_math;
+    auto control = [math](mlir::OpOperand* operand) { return should_fuse(operand, math); };
+    mlir::linalg::populateElementwiseOpsFusionPatterns(patterns, control);
+    mlir::linalg::populateFoldReshapeOpsByExpansionPatterns(patterns, control);
     mlir::tensor::populateBubbleUpExpandShapePatterns(patterns);
     mlir::affine::AffineApplyOp::getCanonicalizationPatterns(patterns, ctx);
     mlir::linalg::GenericOp::getCanonicalizationPatterns(patterns, ctx);
     mlir::tensor::ExpandShapeOp::getCanonicalizationPatterns(patterns, ctx);
     mlir::tensor::CollapseShapeOp::getCanonicalizationPatterns(patterns, ctx);
     ctx->getLoadedDialect<mlir::linalg::LinalgDialect>()->getCanonicalizationPatterns(patterns);
-    mlir::linalg::populateConstantFoldLinalgOperations(patterns, should_fuse);
+    mlir::linalg::populateConstantFoldLinalgOperations(patterns, control);
     // Region simplification after every round made long graphs quadratic (FC-34); CSE and
     // canonicalization run as passes after this one.
     mlir::GreedyRewriteConfig config;
@@ -372,8 +391,8 @@ struct FuseElementwisePass
 
 }  // namespace
 
-std::unique_ptr<mlir::Pass> create_fuse_elementwise_pass() {
-  return std::make_unique<FuseElementwisePass>();
+std::unique_ptr<mlir::Pass> create_fuse_elementwise_pass(bool for_gpu) {
+  return std::make_unique<FuseElementwisePass>(for_gpu);
 }
 
 void register_fusion_pass() { mlir::PassRegistration<FuseElementwisePass>(); }

@@ -48,7 +48,8 @@ std::unique_ptr<mlir::Pass> create_kiln_to_linalg_pass();
 
 /// Pass `kiln-fuse-elementwise` (codegen/fusion.cpp): upstream elementwise fusion, except that a
 /// small elementwise producer with several consumers is fused (recomputed) into each of them.
-std::unique_ptr<mlir::Pass> create_fuse_elementwise_pass();
+/// `for_gpu` (option recompute-math): producers calling math functions are recomputed too.
+std::unique_ptr<mlir::Pass> create_fuse_elementwise_pass(bool for_gpu = false);
 void register_fusion_pass();
 /// Pass `kiln-extern-calls` (codegen/extern_calls.cpp, on builtin.module, after bufferization):
 /// float linalg.matmul / batch_matmul on unit-stride memrefs -> func.call @kiln_rt_gemm_f32/f64
