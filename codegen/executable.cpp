@@ -293,30 +293,48 @@ void unshare_inits(mlir::func::FuncOp fn) {
   }
 }
 
-/// `dst` collapsed as each of `expands` (outermost first) expands: the buffer whose expansion
-/// they give. Null, with nothing built, when its type is not `want`.
-mlir::Value collapse_like(mlir::Value dst, llvm::ArrayRef<mlir::memref::ExpandShapeOp> expands,
-                          mlir::Type want, mlir::OpBuilder& b) {
+/// `dst` reshaped back through each of `chain` (expand_shape / collapse_shape ops, outermost
+/// first, leading from a buffer to `dst`'s shape): the buffer whose reshapes they give. Null,
+/// with nothing built, when its type is not `want` or a reshape cannot be undone.
+mlir::Value reshape_back(mlir::Value dst, llvm::ArrayRef<mlir::Operation*> chain, mlir::Type want,
+                         mlir::OpBuilder& b) {
   mlir::Type type = dst.getType();
-  for (mlir::memref::ExpandShapeOp e : expands) {
+  for (mlir::Operation* op : chain) {
     auto memref = llvm::cast<mlir::MemRefType>(type);
-    if (!mlir::memref::CollapseShapeOp::isGuaranteedCollapsible(memref,
-                                                                 e.getReassociationIndices()))
+    if (auto e = llvm::dyn_cast<mlir::memref::ExpandShapeOp>(op)) {
+      if (!mlir::memref::CollapseShapeOp::isGuaranteedCollapsible(memref,
+                                                                   e.getReassociationIndices()))
+        return {};
+      type = mlir::memref::CollapseShapeOp::computeCollapsedType(memref,
+                                                                 e.getReassociationIndices());
+      continue;
+    }
+    auto c = llvm::cast<mlir::memref::CollapseShapeOp>(op);  // undone by expanding back
+    mlir::MemRefType src = c.getSrcType();
+    if (memref != c.getResultType() || !src.hasStaticShape() || !src.getLayout().isIdentity())
       return {};
-    type = mlir::memref::CollapseShapeOp::computeCollapsedType(memref,
-                                                               e.getReassociationIndices());
+    type = src;
   }
   if (type != want) return {};
   mlir::Value v = dst;
-  for (mlir::memref::ExpandShapeOp e : expands)
-    v = mlir::memref::CollapseShapeOp::create(b, e.getLoc(), v, e.getReassociationIndices());
+  for (mlir::Operation* op : chain) {
+    if (auto e = llvm::dyn_cast<mlir::memref::ExpandShapeOp>(op)) {
+      v = mlir::memref::CollapseShapeOp::create(b, e.getLoc(), v, e.getReassociationIndices());
+    } else {
+      auto c = llvm::cast<mlir::memref::CollapseShapeOp>(op);
+      v = mlir::memref::ExpandShapeOp::create(b, c.getLoc(), c.getSrcType(), v,
+                                              c.getReassociationIndices());
+    }
+  }
   return v;
 }
 
 /// A result computed in a temporary and then copied into its output argument, because
 /// eliminate-empty-tensors does not look through reshapes (lower.cpp's GEMM over collapsed rows
-/// expands its result back; a batched GEMM's [b·h, m, n] result is copied out as [b, h, m, n]):
-/// the temporary is replaced by the output buffer, collapsed as the copy's source expands it.
+/// expands its result back; a batched GEMM's [b·h, m, n] result is copied out as [b, h, m, n];
+/// a bias gradient's [1, 1, n] column sum is copied out as [n]): the temporary is replaced by
+/// the output buffer, reshaped back as the copy's source reshapes the temporary (a copy kernel
+/// per result on a GPU).
 /// Only when the temporary is a plain alloc whose last use before its dealloc is that copy, and
 /// the output argument is used by nothing else (outputs are fresh tensors, never inputs: see
 /// run()).
@@ -325,11 +343,13 @@ void forward_output_copies(mlir::func::FuncOp fn) {
   fn.walk([&](mlir::memref::CopyOp copy) { copies.push_back(copy); });
   for (mlir::memref::CopyOp copy : copies) {
     auto dst = llvm::dyn_cast<mlir::BlockArgument>(copy.getTarget());
-    llvm::SmallVector<mlir::memref::ExpandShapeOp> expands;  // from the copy back to the alloc
+    llvm::SmallVector<mlir::Operation*> reshapes;  // from the copy back to the alloc
     mlir::Value source = copy.getSource();
-    while (auto e = source.getDefiningOp<mlir::memref::ExpandShapeOp>()) {
-      expands.push_back(e);
-      source = e.getSrc();
+    for (mlir::Operation* def = source.getDefiningOp();
+         llvm::isa_and_nonnull<mlir::memref::ExpandShapeOp, mlir::memref::CollapseShapeOp>(def);
+         def = source.getDefiningOp()) {
+      reshapes.push_back(def);
+      source = def->getOperand(0);
     }
     auto alloc = source.getDefiningOp<mlir::memref::AllocOp>();
     if (!dst || !alloc || !dst.hasOneUse() || dst.getOwner() != &fn.getBody().front() ||
@@ -356,14 +376,14 @@ void forward_output_copies(mlir::func::FuncOp fn) {
     }
     if (!ok) continue;
     mlir::OpBuilder b(alloc);
-    mlir::Value replacement = collapse_like(dst, expands, alloc.getType(), b);
+    mlir::Value replacement = reshape_back(dst, reshapes, alloc.getType(), b);
     if (!replacement) continue;
     copy->erase();
     if (dealloc) dealloc->erase();
     alloc.getResult().replaceAllUsesWith(replacement);
     alloc->erase();
-    for (mlir::memref::ExpandShapeOp e : expands)  // outermost first: each frees the next
-      if (e->use_empty()) e->erase();
+    for (mlir::Operation* r : reshapes)  // outermost first: each frees the next
+      if (r->use_empty()) r->erase();
   }
 }
 

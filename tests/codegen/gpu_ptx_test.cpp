@@ -712,3 +712,32 @@ TEST_CASE("gpu ptx: attention's softmax between two GEMMs is one kernel over a w
   CHECK(count(bexe.ptx(), "shfl.sync.bfly") == 10);
   check_assembles(bexe.ptx(), "softmax_backward");
 }
+
+TEST_CASE("gpu ptx: a bias gradient viewed as [n] is summed into its output: no copy kernel") {
+  // Autograd's bias gradient: a sum over the rows with keepdim ([1, 1, n]) viewed as [n]. The
+  // rounded sum was written to a temporary and copied into the output by a kernel of its own
+  // (a launch per bias and layer norm parameter per step); the output buffer now takes the
+  // temporary's place, expanded back to [1, 1, n].
+  auto graph = [](const std::vector<int64_t>& x_shape) {
+    ir::Graph g;
+    ir::Value x = g.input(DType::Float32, x_shape);
+    OpAttrs a;
+    a.dims = {0, 1};
+    a.keepdim = true;
+    OpAttrs v;
+    v.dims = {x_shape[2]};
+    g.output(g.op(OpKind::View, {g.op(OpKind::Sum, {x}, a)}, v));
+    return g;
+  };
+  codegen::Executable exe(graph({2, 64, 768}), cuda_options());
+  INFO(exe.ptx());
+  CHECK(entries(exe.ptx()) == 3);  // zero the float64 sums, add the rows, round
+  check_assembles(exe.ptx(), "bias_grad");
+  codegen::CompileOptions cpu;
+  cpu.disk_cache = false;
+  Tensor x = randn({3, 5, 7});
+  Tensor out = codegen::Executable(graph({3, 5, 7}), cpu).run({x}).at(0);
+  Tensor ref = sum(x.to(DType::Float64), {0, 1}).to(DType::Float32);
+  CHECK(out.shape() == Shape{7});
+  CHECK(out.to_vector<float>() == ref.to_vector<float>());
+}

@@ -2,6 +2,7 @@
 // tests/README.md), memory flat over 100,000 calls once the cache limit is reached, and compiled
 // code freed with the function.
 #include <catch2/catch.hpp>
+#include <malloc.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -218,15 +219,19 @@ TEST_CASE("resources: out of memory in a compiled region names its op and the us
   REQUIRE(child >= 0);
   if (child == 0) {
     auto cf = compile(fn);
-    // 256 MiB results: more than glibc's heap can hold free from earlier tests in this process
-    // (a 64 MiB result was once served from it, under the limit, and the call succeeded).
-    Tensor x = ones({1 << 26});
+    // Results larger than glibc's heap holds free from earlier tests in this process: glibc
+    // serves even a large request from a free chunk before it maps new memory, and the call
+    // then succeeded under the limit (a 64 MiB result once; a 256 MiB one in 1 run in 4 after
+    // the CUDA build tests grew the heap). At least 256 MiB.
+    const int64_t heap_free_floats = static_cast<int64_t>(mallinfo2().fordblks / 4);
+    Tensor x = ones({std::max<int64_t>(int64_t{1} << 26, heap_free_floats + (int64_t{16} << 20))});
     // The trace, a compiled replay (built here), an eager trial; the next replay is compiled.
     for (int call = 0; call < 3; ++call) (void)cf(x);
     cpu::empty_cache();
     if (!testing::limit_address_space(16 * 1024)) _exit(3);
     try {
       (void)cf(x);
+      std::fprintf(stderr, "the call under the address-space limit succeeded\n");
       _exit(4);
     } catch (const Error& e) {
       const bool named = (e.op() == "mul" || e.op() == "add") &&
