@@ -543,7 +543,10 @@ std::string Executable::Impl::compile(const std::string& graph_mlir, bool relax)
   {
     mlir::PassManager pm = mlir::PassManager::on<mlir::ModuleOp>(&I.ctx);
     pm.addPass(mlir::createCanonicalizerPass());  // also folds the dims bools_as_bytes reads
-    pm.addPass(create_fuse_elementwise_pass(I.device.is_cuda()));
+    // GPU fusion decisions, also where GPU loops are emulated on the CPU (so that tests check
+    // the values of what GPU code computes).
+    pm.addPass(create_fuse_elementwise_pass(I.device.is_cuda() ||
+                                            I.emulate_gpu_loops != GpuLoopEmulation::Off));
     pm.addPass(mlir::createCSEPass());
     if (mlir::failed(pm.run(m))) throw Error("codegen::Executable: fusion", I.messages);
   }

@@ -1113,7 +1113,15 @@ void expand_remf(mlir::ModuleOp m) {
 
 bool own_buffer(mlir::Value m, const std::function<bool(mlir::Operation*)>& inside) {
   llvm::SmallPtrSet<mlir::Operation*, 16> seen;
-  if (!llvm::isa<mlir::BlockArgument>(m) && !m.getDefiningOp<mlir::memref::AllocOp>())
+  // A reshape of an argument or allocation that nothing else uses is that buffer under another
+  // shape: an output that forward_output_copies put in a temporary's place ([n] expanded back
+  // to a keepdim reduction's [rows, 1]).
+  mlir::Value root = m;
+  if (mlir::Operation* def = m.getDefiningOp();
+      llvm::isa_and_nonnull<mlir::memref::ExpandShapeOp, mlir::memref::CollapseShapeOp>(def) &&
+      def->getOperand(0).hasOneUse())
+    root = def->getOperand(0);
+  if (!llvm::isa<mlir::BlockArgument>(root) && !root.getDefiningOp<mlir::memref::AllocOp>())
     return false;
   for (mlir::Operation* user : m.getUsers())
     if (!llvm::isa<mlir::memref::LoadOp, mlir::memref::StoreOp, mlir::memref::DeallocOp,

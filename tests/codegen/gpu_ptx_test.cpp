@@ -741,3 +741,22 @@ TEST_CASE("gpu ptx: a bias gradient viewed as [n] is summed into its output: no 
   CHECK(out.shape() == Shape{7});
   CHECK(out.to_vector<float>() == ref.to_vector<float>());
 }
+
+TEST_CASE("gpu ptx: a row max viewed as [rows] keeps its warp per row, in the output buffer") {
+  // The keepdim max is computed in the output expanded back to [rows, 1] (forward_output_copies,
+  // above); the row-lanes rewrite must still see that buffer as the loops' own (own_buffer:
+  // a reshape of an argument that nothing else uses), or each row got a thread of its own.
+  ir::Graph g;
+  ir::Value x = g.input(DType::Float32, {4096, 1024});
+  OpAttrs a;
+  a.dims = {1};
+  a.keepdim = true;
+  OpAttrs v;
+  v.dims = {4096};
+  g.output(g.op(OpKind::View, {g.op(OpKind::Amax, {x}, a)}, v));
+  codegen::Executable exe(g, cuda_options());
+  INFO(exe.ptx());
+  CHECK(entries(exe.ptx()) <= 2);
+  CHECK(count(exe.ptx(), "shfl.sync.bfly") == 5);  // a float32 max over 32 lanes
+  check_assembles(exe.ptx(), "row_max_viewed");
+}
