@@ -4,6 +4,7 @@
 // the fused kernels are compared with (summary: % of copy). Each timed call waits for the
 // device (cuda::synchronize), so times are wall-clock per call, launch overhead included.
 #include <cstring>
+#include <memory>
 
 #include <fmt/format.h>
 
@@ -131,6 +132,23 @@ Benchmark eager_embedding_grad(const RunConfig&) {
           gb_per_s(kF32 * (2.0 * kVocab * kDim + kTokens * kDim) + 8.0 * kTokens)};
 }
 
+/// A decoding step's KV cache write: copy_ of [32, 12, 1, 64] keys into slot t of a
+/// [32, 12, 2048, 64] cache (384 rows of 256 bytes, pitch 512 KiB: one cuMemcpy2DAsync; it
+/// copied the whole 192 MiB cache to the host and back). Bytes: the slot read and written.
+Benchmark eager_kv_cache_write(const RunConfig&) {
+  require_device();
+  constexpr int64_t kB = 32, kH = 12, kT = 2048, kD = 64;
+  Tensor cache = zeros({kB, kH, kT, kD}, Device::cuda());
+  Tensor keys = device_randn({kB, kH, 1, kD});
+  auto t = std::make_shared<int64_t>(0);
+  return {[=] {
+            const int64_t at = (*t)++ % kT;
+            cache.slice(2, at, at + 1).copy_(keys);
+            cuda::synchronize(0);
+          },
+          gb_per_s(2.0 * kF32 * kB * kH * kD)};
+}
+
 Benchmark cublas_sgemm(const RunConfig&) {
   require_blas();
   Tensor a = device_randn({kGemm, kGemm}), b = device_randn({kGemm, kGemm});
@@ -190,6 +208,7 @@ std::vector<Case> cases() {
       {"softmax_1_lane", Mode::Compiled, "GB/s", softmax_thread_per_row},
       {"randn_2^28", Mode::Eager, "GB/s", eager_randn},
       {"embedding_grad_30522x768", Mode::Eager, "GB/s", eager_embedding_grad},
+      {"kv_cache_slot_write", Mode::Eager, "GB/s", eager_kv_cache_write},
       {"sgemm_8192", Mode::Reference, "GFLOP/s", cublas_sgemm},
       {"matmul_8192_f32", Mode::Eager, "GFLOP/s", eager_matmul},
       {"gemm_8192_bf16", Mode::Reference, "GFLOP/s", bf16_gemm},
@@ -216,7 +235,8 @@ void summary(std::span<const Record> records) {
 
 [[maybe_unused]] const bool registered = register_suite(
     {kSuite, "CUDA backend on the device: copy ceiling, fused kernels, softmax, randn, an "
-             "embedding's gradient (index_add), cuBLAS (skipped without a GPU)",
+             "embedding's gradient (index_add), a KV cache slot write (copy_ into a strided "
+             "view), cuBLAS (skipped without a GPU)",
      cases, summary});
 
 }  // namespace
