@@ -44,12 +44,21 @@ std::unique_ptr<tracer::Plan> plan_of_last_call(Device device) {
   return std::make_unique<tracer::Plan>(p, 0, p->nodes.size(), o);
 }
 
-/// Traces `step` (two checked calls: the second replays), then builds its plan for CUDA.
-/// Tolerances: sums in another order, on values near 0; `atol` above AdamW's lr where a
-/// gradient that is 0 in exact arithmetic (a key projection's bias) becomes steps of +-lr
-/// whose signs differ between eager and compiled (CompileOptions::check).
-std::unique_ptr<tracer::Plan> cuda_plan_of(const std::function<Tensor()>& step,
+/// Traces a training step (zero_grad, `loss`, backward, `opt`'s step) with two checked calls
+/// (the second replays), then builds its plan for CUDA. Tolerances: sums in another order, on
+/// values near 0; `atol` above AdamW's lr where a gradient that is 0 in exact arithmetic (a key
+/// projection's bias) becomes steps of +-lr whose signs differ between eager and compiled
+/// (CompileOptions::check).
+std::unique_ptr<tracer::Plan> cuda_plan_of(nn::Optimizer& opt,
+                                           const std::function<Tensor()>& loss,
                                            double atol = 1e-4) {
+  auto step = [&] {
+    opt.zero_grad();
+    Tensor l = loss();
+    l.backward();
+    opt.step();
+    return l.detach();
+  };
   auto cf = compile(step, CompileOptions{.check = true, .rtol = 1e-3, .atol = atol});
   cf();
   cf();
@@ -95,13 +104,7 @@ TEST_CASE("gpu build: a Transformer training step traced on the CPU compiles for
   auto model = std::make_shared<nn::TransformerEncoder>(layer_options(32), 2);
   nn::AdamW opt(model->parameters(), nn::AdamWOptions{.lr = 1e-4});
   Tensor x = randn({2, 16, 32});
-  auto plan = cuda_plan_of([&] {
-    opt.zero_grad();
-    Tensor loss = model->forward(x).sum();
-    loss.backward();
-    opt.step();
-    return loss.detach();
-  });
+  auto plan = cuda_plan_of(opt, [&] { return model->forward(x).sum(); });
   check_all_regions_compiled_for_cuda(*plan, 265);  // 253 kernels
 }
 
@@ -116,14 +119,10 @@ TEST_CASE("gpu build: a language model's training step (embedding, a Transformer
   for (const Tensor& p : {embed.weight, head.weight, head.bias}) params.push_back(p);
   nn::AdamW opt(params, nn::AdamWOptions{.lr = 1e-3});
   Tensor tokens = randint(0, vocab, {batch, seq + 1});
-  auto plan = cuda_plan_of([&] {
-    opt.zero_grad();
+  auto plan = cuda_plan_of(opt, [&] {
     Tensor in = tokens.slice(1, 0, seq), target = tokens.slice(1, 1, seq + 1);
     Tensor logits = head.forward(layer.forward(embed.forward(in)));
-    Tensor loss = cross_entropy(logits.reshape({batch * seq, vocab}), target.reshape({-1}));
-    loss.backward();
-    opt.step();
-    return loss.detach();
+    return cross_entropy(logits.reshape({batch * seq, vocab}), target.reshape({-1}));
   });
   check_all_regions_compiled_for_cuda(*plan, 170);  // 161 kernels
 }
@@ -139,14 +138,10 @@ TEST_CASE("gpu build: an MLP classifier's training step (the digits benchmark) c
     for (const Tensor& p : l->parameters()) params.push_back(p);
   nn::AdamW opt(params, nn::AdamWOptions{.lr = 3e-3});
   Tensor x = randn({64, 64}), y = randint(0, 10, {64});
-  auto plan = cuda_plan_of([&] {
-    opt.zero_grad();
+  auto plan = cuda_plan_of(opt, [&] {
     Tensor h = drop.forward(relu(l1.forward(x)));
     h = drop.forward(relu(l2.forward(h)));
-    Tensor loss = cross_entropy(l3.forward(h), y);
-    loss.backward();
-    opt.step();
-    return loss.detach();
+    return cross_entropy(l3.forward(h), y);
   });
   check_all_regions_compiled_for_cuda(*plan, 50);  // 45 kernels
 }
@@ -163,13 +158,9 @@ TEST_CASE("gpu build: an embedding classifier's training step (the embedding ben
     for (const Tensor& p : l->parameters()) params.push_back(p);
   nn::AdamW opt(params, nn::AdamWOptions{.lr = 1e-3});
   Tensor tokens = randint(0, 500, {8, 12}), labels = randint(0, 20, {8});
-  auto plan = cuda_plan_of([&] {
-    opt.zero_grad();
+  auto plan = cuda_plan_of(opt, [&] {
     Tensor h = relu(hidden.forward(embed.forward(tokens))).mean(1);
-    Tensor loss = cross_entropy(head.forward(h), labels);
-    loss.backward();
-    opt.step();
-    return loss.detach();
+    return cross_entropy(head.forward(h), labels);
   });
   check_all_regions_compiled_for_cuda(*plan, 47);  // 43 kernels
 }
@@ -185,12 +176,6 @@ TEST_CASE("gpu build: a Transformer layer at the original widths (768, 12 heads,
   auto model = std::make_shared<nn::TransformerEncoder>(o, 1);
   nn::AdamW opt(model->parameters(), nn::AdamWOptions{.lr = 1e-4});
   Tensor x = randn({2, 64, 768});
-  auto plan = cuda_plan_of([&] {
-    opt.zero_grad();
-    Tensor loss = model->forward(x).sum();
-    loss.backward();
-    opt.step();
-    return loss.detach();
-  }, 3e-4);
+  auto plan = cuda_plan_of(opt, [&] { return model->forward(x).sum(); }, 3e-4);
   check_all_regions_compiled_for_cuda(*plan, 145);  // 137 kernels
 }
