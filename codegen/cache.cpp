@@ -32,8 +32,9 @@ namespace {
 namespace fs = std::filesystem;
 
 constexpr char kMagic[8] = {'K', 'I', 'L', 'N', 'O', 'B', 'J', '\0'};
-// 2: row-split plan in the metadata; 3: its gemm flag; 4: outputs' in-place input
-constexpr uint32_t kFormat = 4;
+// 2: row-split plan in the metadata; 3: its gemm flag; 4: outputs' in-place input; 5: its
+// per-row flag
+constexpr uint32_t kFormat = 5;
 // Entries of another version read as stale and are rebuilt. The source hash (codegen/, formulas,
 // the dialect; see CMakeLists.txt) changes with any pipeline edit; bump the number when the
 // entry's metadata changes meaning.
@@ -141,6 +142,7 @@ std::string serialize(const std::string& key, const CompiledMeta& meta, const st
   payload.u32(static_cast<uint32_t>(meta.row_split.sliced_input.size()));
   for (bool sliced : meta.row_split.sliced_input) payload.u32(sliced);
   payload.u32(meta.row_split.gemm);
+  payload.u32(meta.row_split.per_row);
   payload.str(meta.ptx);
   payload.u32(static_cast<uint32_t>(meta.gpu_kernels));
   payload.u32(static_cast<uint32_t>(meta.cuda_device));
@@ -183,6 +185,7 @@ std::string deserialize(std::string_view bytes, const std::string& key, Entry& e
   for (size_t i = 0; i < entry.meta.row_split.sliced_input.size(); ++i)
     entry.meta.row_split.sliced_input[i] = r.u32() != 0;
   entry.meta.row_split.gemm = r.u32() != 0;
+  entry.meta.row_split.per_row = r.u32() != 0;
   entry.meta.ptx = std::string(r.str());
   entry.meta.gpu_kernels = static_cast<int>(r.u32());
   entry.meta.cuda_device = static_cast<int>(r.u32());

@@ -14,6 +14,7 @@
 #include "codegen/runtime.h"
 #include "codegen/jit.h"
 #include "codegen/lower.h"
+#include "codegen/row_fusion.h"
 #include "codegen/row_split.h"
 #include "codegen/cpu_parallel.h"
 #include "backends/cpu/parallel.h"
@@ -51,6 +52,7 @@
 #include "mlir/Dialect/MemRef/Transforms/Passes.h"
 #include "mlir/Dialect/SCF/IR/SCF.h"
 #include "mlir/Dialect/SCF/Transforms/BufferizableOpInterfaceImpl.h"
+#include "mlir/Dialect/SCF/Transforms/Passes.h"
 #include "mlir/Dialect/Tensor/IR/Tensor.h"
 #include "mlir/Dialect/Tensor/Transforms/BufferizableOpInterfaceImpl.h"
 #include "mlir/Dialect/UB/IR/UBOps.h"
@@ -100,6 +102,7 @@ void init_once() {
     mlir::bufferization::registerBufferizationPasses();
     mlir::bufferization::registerBufferizationPipelines();
     mlir::memref::registerMemRefPasses();
+    mlir::registerSCFPasses();  // scf-parallel-for-to-nested-fors (after the CPU's row fusion)
     register_extern_calls_pass();
   });
 }
@@ -193,9 +196,10 @@ std::optional<std::pair<int, int>> dim_source(mlir::Value v, int64_t d) {
 
 /// Below this many bytes of row-carrying operands a graph runs on the calling thread.
 constexpr int64_t kParallelMinBytes = 256 << 10;
-/// Bytes of row-carrying operands per call of a row-split graph: small when the graph has
-/// several loop nests, so each block's data stays in L2 between them; large for one loop nest,
-/// where blocks only spread the work and each call costs about a microsecond.
+/// Bytes of row-carrying operands per call of a row-split graph: small when the graph keeps an
+/// intermediate of the block's rows, so the block's data stays in L2 between its loop nests;
+/// large for one loop nest or per-row intermediates (RowSplitPlan::per_row), where blocks only
+/// spread the work and each call costs about a microsecond.
 constexpr int64_t kBlockBytesMultiLoop = 128 << 10;
 constexpr int64_t kBlockBytesOneLoop = 4 << 20;
 
@@ -671,6 +675,11 @@ std::string Executable::Impl::compile(const std::string& graph_mlir, bool relax)
     mlir::linalg::CopyOp::create(b, copy.getLoc(), copy.getSource(), copy.getTarget());
     copy.erase();
   });
+  // Output buffers are fresh tensors (run) or ones checked apart from the inputs and each other
+  // (run_into): nothing else reaches their memory, which tells LLVM and the row fusion
+  // (row_fusion.h) that stores to them leave every other buffer as it was.
+  for (unsigned i = static_cast<unsigned>(I.inputs.size()); i < fn.getNumArguments(); ++i)
+    fn.setArgAttr(i, "llvm.noalias", mlir::UnitAttr::get(&I.ctx));
   if (I.emulate_gpu_loops != GpuLoopEmulation::Off) {
     const bool row_separable = I.row_split.splittable && !I.row_split.gemm;
     I.row_split = RowSplitPlan{};  // one call over all rows, as one launch
@@ -678,7 +687,11 @@ std::string Executable::Impl::compile(const std::string& graph_mlir, bool relax)
                        /*for_device=*/false, I.messages);
     if (I.emulate_gpu_loops == GpuLoopEmulation::Reversed) reverse_parallel_loops(m);
   } else if (I.row_split.splittable) {
-    I.run_pipeline(m, "func.func(convert-linalg-to-loops)", "loops");  // run() splits the rows
+    // run() splits the rows into blocks; within a block the nests run row by row.
+    I.run_pipeline(m, "func.func(convert-linalg-to-parallel-loops),canonicalize,cse", "loops");
+    I.row_split.per_row =
+        cpu_row_loops(m.lookupSymbol<mlir::func::FuncOp>("main"), /*verify=*/I.row_split.gemm);
+    I.run_pipeline(m, "func.func(scf-parallel-for-to-nested-fors)", "row loops");
   } else {
     // Each loop nest shared out over the thread pool (cpu_parallel.h).
     I.run_pipeline(m, "func.func(convert-linalg-to-parallel-loops)", "loops");
@@ -715,7 +728,8 @@ std::string Executable::Impl::compile(const std::string& graph_mlir, bool relax)
                 "expand-strided-metadata crashes on it)");
   // 5. LLVM dialect.
   I.run_pipeline(m,
-                 "convert-scf-to-cf,expand-strided-metadata,lower-affine,convert-to-llvm,"
+                 "convert-scf-to-cf,expand-strided-metadata,lower-affine,"
+                 "finalize-memref-to-llvm{use-aligned-alloc=true},convert-to-llvm,"
                  "reconcile-unrealized-casts",
                  "conversion to LLVM");
 
@@ -825,10 +839,17 @@ void Executable::run_into(const std::vector<Tensor>& inputs,
                                      "graph's shape, got {} {} on {}",
                                      i, name(p.dtype), I.device.str(), name(t.dtype()),
                                      to_string(t.shape()), t.device().str()));
-    // Outputs are written while inputs are read: they must not share memory.
+    // Outputs are written while inputs are read: they must not share memory (the code is
+    // compiled for buffers that nothing else reaches).
     for (const Tensor& in : ins)
       if (in.storage() == t.storage())
         throw Error(where, fmt::format("output {} shares memory with an input", i));
+    for (size_t j = 0; j < i; ++j) {  // contiguous: elements [offset, offset + numel)
+      const Tensor& u = outputs[j];
+      if (u.storage() == t.storage() && u.offset() < t.offset() + t.numel() &&
+          t.offset() < u.offset() + u.numel())
+        throw Error(where, fmt::format("outputs {} and {} share memory", j, i));
+    }
   }
   for (const Param& p : I.outputs)
     if (p.alias_input >= 0) {  // computed in its input's buffer, then copied to the caller's
@@ -930,8 +951,14 @@ void Executable::launch(const std::vector<Tensor>& ins, const std::vector<Tensor
   if (rows < 2 || rows * row_bytes < kParallelMinBytes) {
     call(0, rows, std::vector<bool>(operands.size(), false));
   } else {
-    int64_t block_bytes = I.kernels > 1 ? kBlockBytesMultiLoop : kBlockBytesOneLoop;
+    int64_t block_bytes =
+        I.kernels > 1 && !I.row_split.per_row ? kBlockBytesMultiLoop : kBlockBytesOneLoop;
     int64_t block_rows = std::clamp<int64_t>(block_bytes / std::max<int64_t>(row_bytes, 1), 1, rows);
+    // Large blocks still give every thread two, where that leaves them kParallelMinBytes / 4
+    // (a 2 MiB softmax was one block, on one thread).
+    const int64_t two_per_thread = (rows + 2 * cpu::num_threads() - 1) / (2 * cpu::num_threads());
+    const int64_t min_rows = kParallelMinBytes / 4 / std::max<int64_t>(row_bytes, 1);
+    block_rows = std::min(block_rows, std::max({two_per_thread, min_rows, int64_t{1}}));
     // A GEMM packs its right-hand side (the weight) on every call: small blocks repeat that
     // work (x [8, 128, 1024] @ W.t() + b in 8 blocks: 0.95x eager's time; one block per thread
     // 0.83x, two 0.86x). Two blocks per thread, so that a thread slowed by other jobs on the

@@ -15,6 +15,7 @@
 #include "codegen/cpu_parallel.h"
 #include "codegen/jit.h"
 #include "codegen/lower.h"
+#include "codegen/row_fusion.h"
 #include "core/error.h"
 #include "llvm/ADT/DenseSet.h"
 #include "llvm/Support/TargetSelect.h"
@@ -526,133 +527,6 @@ void wrap_host_accesses(mlir::func::FuncOp fn) {
   flush();
 }
 
-/// Whether `op` or an op reached through its results (and theirs) satisfies `inside`.
-bool reaches(mlir::Operation* op, const std::function<bool(mlir::Operation*)>& inside,
-             llvm::SmallPtrSetImpl<mlir::Operation*>& seen) {
-  if (!seen.insert(op).second) return false;
-  if (inside(op)) return true;
-  for (mlir::Value r : op->getResults())
-    for (mlir::Operation* u : r.getUsers())
-      if (reaches(u, inside, seen)) return true;
-  return false;
-}
-
-/// The top-level parallel loops of `fn`.
-llvm::SmallVector<mlir::scf::ParallelOp> top_level_loops(mlir::func::FuncOp fn) {
-  llvm::SmallVector<mlir::scf::ParallelOp> loops;
-  for (mlir::Operation& op : fn.getBody().front())
-    if (auto p = llvm::dyn_cast<mlir::scf::ParallelOp>(op)) loops.push_back(p);
-  return loops;
-}
-
-bool has_serial_loop(mlir::scf::ParallelOp p) {
-  bool found = false;
-  p.walk([&](mlir::scf::ForOp) { found = true; });
-  return found;
-}
-
-/// Rewrites a parallel loop over (d0, d1, ...) as a parallel loop over its first `row_dims`
-/// dims whose body loops over the other dims sequentially (one thread per row). Returns the new
-/// loop (`p` when it has `row_dims` dims already).
-mlir::scf::ParallelOp keep_rows_parallel(mlir::scf::ParallelOp p, unsigned row_dims) {
-  if (p.getNumLoops() == row_dims) return p;
-  mlir::OpBuilder b(p);
-  mlir::Location loc = p.getLoc();
-  auto outer = mlir::scf::ParallelOp::create(b, loc, p.getLowerBound().take_front(row_dims),
-                                             p.getUpperBound().take_front(row_dims),
-                                             p.getStep().take_front(row_dims));
-  b.setInsertionPoint(outer.getBody()->getTerminator());
-  llvm::SmallVector<mlir::Value> ivs(outer.getInductionVars());
-  for (unsigned d = row_dims; d < p.getNumLoops(); ++d) {
-    auto loop = mlir::scf::ForOp::create(b, loc, p.getLowerBound()[d], p.getUpperBound()[d],
-                                         p.getStep()[d]);
-    ivs.push_back(loop.getInductionVar());
-    b.setInsertionPoint(loop.getBody()->getTerminator());
-  }
-  mlir::IRMapping map;
-  for (auto [old_iv, new_iv] : llvm::zip(p.getInductionVars(), ivs)) map.map(old_iv, new_iv);
-  for (mlir::Operation& op : p.getBody()->without_terminator()) b.clone(op, map);
-  p.erase();
-  return outer;
-}
-
-bool is_row_loop(mlir::scf::ParallelOp p) {
-  return !mlir::getConstantIntValue(p.getUpperBound()[0]).has_value();
-}
-
-/// How many leading dims the row loops `rows` can all keep parallel: 1 (dim 0, which the
-/// row-split analysis checked), or more when every row loop runs over the same leading dims
-/// (from 0, step 1; the same constant sizes after dim 0) and every memref they write is only
-/// read and written at those dims' own indices, so that "row" (i0, ..., ik) of each loop reads
-/// only row (i0, ..., ik) of what the loops before it wrote. Softmax over the last dim of
-/// [B, H, L, S] then gets a thread per (b, h, l) — B * H * L threads — instead of B threads
-/// each doing H * L rows. `verify`: no analysis vouched for dim 0 (a run of loops between GEMMs):
-/// dim 0 is checked like the others (the same bound, the same value or constant, in every
-/// loop), and 0 is returned when even it does not hold.
-unsigned shared_row_dims(llvm::ArrayRef<mlir::scf::ParallelOp> rows, bool verify) {
-  const unsigned unverified = verify ? 0 : 1;
-  if (rows.empty()) return unverified;
-  auto same = [](mlir::Value a, mlir::Value b) {
-    auto ca = mlir::getConstantIntValue(a), cb = mlir::getConstantIntValue(b);
-    return a == b || (ca && cb && *ca == *cb);
-  };
-  mlir::scf::ParallelOp first = rows.front();
-  unsigned k = first.getNumLoops();
-  for (mlir::scf::ParallelOp p : rows) {
-    k = std::min(k, p.getNumLoops());
-    for (unsigned d = 0; d < k; ++d) {
-      bool ok = mlir::isConstantIntValue(p.getLowerBound()[d], 0) &&
-                mlir::isConstantIntValue(p.getStep()[d], 1) &&
-                ((d == 0 && !verify) || same(p.getUpperBound()[d], first.getUpperBound()[d]));
-      if (!ok) k = d;
-    }
-  }
-  // Memrefs the row loops write. Each must be a buffer of its own (an allocation or an argument)
-  // used only by loads and stores: a view of it (a reshape for attention's heads) reads other
-  // rows' elements through another value, which the index check below would not see. A GEMM
-  // after the loops reads it through its pointer (extracted outside the loops), which is fine.
-  llvm::SmallDenseSet<mlir::Value, 8> written;
-  for (mlir::scf::ParallelOp p : rows) {
-    p.walk([&](mlir::memref::StoreOp s) { written.insert(s.getMemRef()); });
-    p.walk([&](mlir::memref::AtomicRMWOp a) { written.insert(a.getMemref()); });  // scatters
-  }
-  // In verify mode, a view or pointer of it is fine when only code outside the loops uses it
-  // (attention's probabilities reshaped for the GEMM after them); the row-separable path keeps
-  // the stricter rule.
-  auto inside_rows = [&](mlir::Operation* op) {
-    return !verify ||
-           llvm::any_of(rows, [&](mlir::scf::ParallelOp p) { return p->isAncestor(op); });
-  };
-  for (mlir::Value m : written)
-    if (!own_buffer(m, inside_rows)) return unverified;
-  // The largest k at which every access of a written memref indexes dims < k by the row IVs.
-  auto separable = [&](unsigned k) {
-    for (mlir::scf::ParallelOp p : rows) {
-      bool ok = true;
-      auto check = [&](mlir::Value memref, mlir::ValueRange indices) {
-        if (!written.contains(memref)) return;
-        if (indices.size() < k) {
-          ok = false;
-          return;
-        }
-        for (unsigned d = 0; d < k; ++d) ok &= indices[d] == p.getInductionVars()[d];
-      };
-      p.walk([&](mlir::Operation* op) {
-        if (auto l = llvm::dyn_cast<mlir::memref::LoadOp>(op)) check(l.getMemRef(), l.getIndices());
-        if (auto s = llvm::dyn_cast<mlir::memref::StoreOp>(op))
-          check(s.getMemRef(), s.getIndices());
-        // Any other use of a written memref inside the loops (a subview, a copy) is unknown.
-        if (!llvm::isa<mlir::memref::LoadOp, mlir::memref::StoreOp>(op))
-          for (mlir::Value v : op->getOperands()) ok &= !written.contains(v);
-      });
-      if (!ok) return false;
-    }
-    return true;
-  };
-  while (k > unverified && !separable(k)) --k;
-  return k >= 1 ? k : unverified;
-}
-
 /// gpu_parallel_loops' `same_rows`: every `memref.dim %arg_i, 0` of such an input becomes one
 /// value, the first such input's, made at the function's start.
 void unify_row_counts(mlir::func::FuncOp fn, const std::vector<bool>& same_rows) {
@@ -673,160 +547,6 @@ void unify_row_counts(mlir::func::FuncOp fn, const std::vector<bool>& same_rows)
       dim.erase();
     }
   }
-}
-
-/// The allocation or argument buffer `m` is a view of; null when it comes from anything else
-/// (an op not known as a view, such as memref.transpose, may still alias).
-mlir::Value view_root(mlir::Value m) {
-  while (auto view = m.getDefiningOp<mlir::ViewLikeOpInterface>()) m = view.getViewSource();
-  if (llvm::isa<mlir::BlockArgument>(m) || m.getDefiningOp<mlir::memref::AllocOp>()) return m;
-  return {};
-}
-
-/// Loops standing before a GEMM call that cannot touch their buffers move after it, in order, so
-/// that they join the row loops after it: a reduction's fill that bufferization placed before
-/// the GEMM whose result the reduction sums (softmax's backward in attention). The call's
-/// buffers are those whose pointers its operands extract; a loop moves when every buffer it
-/// loads or stores has a known root (view_root) that none of them shares. Returns whether any
-/// loop moved.
-bool sink_loops_past_gemms(mlir::Block& block) {
-  bool sunk = false;
-  for (auto call : llvm::to_vector(block.getOps<mlir::func::CallOp>())) {
-    // kiln_rt_gemm_* in the CPU emulation.
-    if (!call.getCallee().starts_with("kiln_rt_cuda_gemm") &&
-        !call.getCallee().starts_with("kiln_rt_gemm"))
-      continue;
-    llvm::SmallDenseSet<mlir::Value, 4> call_roots;
-    bool known = true;
-    for (mlir::Value v : call.getOperands()) {
-      mlir::Operation* def = v.getDefiningOp();
-      if (auto ptr = llvm::dyn_cast_or_null<mlir::memref::ExtractAlignedPointerAsIndexOp>(def)) {
-        mlir::Value root = view_root(ptr.getSource());
-        known &= static_cast<bool>(root);
-        call_roots.insert(root);
-      } else {
-        known &= !def || llvm::isa<mlir::arith::ConstantOp, mlir::memref::DimOp,
-                                   mlir::memref::ExtractStridedMetadataOp>(def);
-      }
-    }
-    if (!known) continue;
-    llvm::SmallVector<mlir::scf::ParallelOp> moving;  // nearest the call first
-    for (mlir::Operation* op = call->getPrevNode(); op; op = op->getPrevNode()) {
-      // Pure ops and allocations stay (a loop cannot use a buffer allocated after it).
-      if ((mlir::isMemoryEffectFree(op) && op->getNumRegions() == 0) ||
-          llvm::isa<mlir::memref::AllocOp>(op))
-        continue;
-      auto loop = llvm::dyn_cast<mlir::scf::ParallelOp>(op);
-      if (!loop || loop->getNumResults() != 0) break;
-      bool apart = true;
-      loop.walk([&](mlir::Operation* inner) {
-        if (inner == loop.getOperation()) return;
-        for (mlir::Value v : inner->getOperands())
-          if (llvm::isa<mlir::MemRefType>(v.getType())) {
-            mlir::Value root = view_root(v);
-            apart &= root && !call_roots.contains(root);
-          }
-        // Only loads, stores and pure ops: nothing else whose effects are unknown.
-        apart &= llvm::isa<mlir::memref::LoadOp, mlir::memref::StoreOp, mlir::scf::ForOp,
-                           mlir::scf::YieldOp, mlir::scf::ReduceOp, mlir::scf::IfOp>(inner) ||
-                 mlir::isMemoryEffectFree(inner);
-      });
-      if (!apart) break;
-      moving.push_back(loop);
-    }
-    mlir::Operation* after = call;
-    for (mlir::scf::ParallelOp loop : llvm::reverse(moving)) {
-      loop->moveAfter(after);
-      after = loop;
-      sunk = true;
-    }
-  }
-  return sunk;
-}
-
-/// Row mode: consecutive loop nests over the rows become one loop over rows, i.e. one kernel
-/// with a thread per row (softmax, layer_norm: one kernel instead of 4-11), as the CPU row split
-/// runs them per block of rows. For graphs the row-split analysis found row-separable
-/// (codegen/row_split.h: every nest runs over the same rows, row i of a result reads only row i
-/// of what came before; dim 0 is the only `?`) all row loops are merged where nothing stays
-/// between them. Otherwise (`verify`: a graph with GEMMs, such as attention's softmax between
-/// two) each run of row loops between ops that stay (a GEMM call) merges only where
-/// shared_row_dims verifies it, dim 0 included. Returns whether any nests were merged.
-bool fuse_rows(mlir::func::FuncOp fn, bool verify) {
-  mlir::Block& block = fn.getBody().front();
-  auto loops = top_level_loops(fn);
-  if (loops.size() < 2 || llvm::none_of(loops, has_serial_loop)) return false;
-  // Allocations go up to where their sizes are known, so they do not separate loops.
-  for (auto alloc : llvm::to_vector(block.getOps<mlir::memref::AllocOp>())) {
-    mlir::Operation* after = nullptr;
-    for (mlir::Value v : alloc->getOperands())
-      if (mlir::Operation* def = v.getDefiningOp();
-          def && (!after || after->isBeforeInBlock(def)))
-        after = def;
-    if (after) alloc->moveAfter(after);
-    else alloc->moveBefore(&block.front());
-  }
-  if (verify && sink_loops_past_gemms(block))
-    log_module("GPU rows: loops moved after GEMMs", fn->getParentOfType<mlir::ModuleOp>());
-  auto stays = [](mlir::Operation& op) {  // an op no loop merges across
-    auto p = llvm::dyn_cast<mlir::scf::ParallelOp>(op);
-    if (p) return !is_row_loop(p);
-    return !(mlir::isMemoryEffectFree(&op) && op.getNumRegions() == 0);
-  };
-  // The groups of row loops that share row dims: all of them, or (verify) each run.
-  llvm::SmallVector<llvm::SmallVector<mlir::scf::ParallelOp>> groups(1);
-  for (mlir::Operation& op : block) {
-    if (verify && stays(op) && !groups.back().empty()) groups.emplace_back();
-    if (auto p = llvm::dyn_cast<mlir::scf::ParallelOp>(op); p && is_row_loop(p))
-      groups.back().push_back(p);
-  }
-  llvm::DenseMap<mlir::Operation*, unsigned> row_dims;  // of the loops that may merge
-  for (auto& group : groups) {
-    if (verify && (group.size() < 2 || llvm::none_of(group, has_serial_loop))) continue;
-    const unsigned dims = shared_row_dims(group, verify);
-    if (dims == 0) continue;
-    for (mlir::scf::ParallelOp p : group) row_dims[keep_rows_parallel(p, dims)] = dims;
-  }
-  bool merged = false;
-  mlir::scf::ParallelOp leader;
-  llvm::SmallVector<mlir::Operation*> between;  // pure ops after the leader
-  for (mlir::Operation& op : llvm::make_early_inc_range(block)) {
-    auto p = llvm::dyn_cast<mlir::scf::ParallelOp>(op);
-    if (!p || !row_dims.contains(p)) {
-      bool pure = mlir::isMemoryEffectFree(&op) && op.getNumRegions() == 0;
-      if (leader && pure) {
-        between.push_back(&op);
-      } else {  // ops that stay between loops: nothing before them merges with what follows
-        leader = nullptr;
-        between.clear();
-      }
-      continue;
-    }
-    bool movable = leader != nullptr && row_dims.lookup(leader) == row_dims.lookup(p);
-    for (mlir::Operation* x : between)
-      for (mlir::Value v : x->getOperands())
-        if (mlir::Operation* def = v.getDefiningOp();
-            movable && def && def->getBlock() == &block && !def->isBeforeInBlock(leader) &&
-            !llvm::is_contained(between, def))
-          movable = false;
-    if (!movable) {
-      leader = p;
-      between.clear();
-      continue;
-    }
-    for (mlir::Operation* x : between) x->moveBefore(leader);
-    between.clear();
-    // p's body after the leader's, with p's row index the leader's.
-    mlir::OpBuilder b(leader.getBody()->getTerminator());
-    mlir::IRMapping map;
-    for (unsigned d = 0; d < row_dims.lookup(p); ++d)
-      map.map(p.getInductionVars()[d], leader.getInductionVars()[d]);
-    for (mlir::Operation& inner : p.getBody()->without_terminator()) b.clone(inner, map);
-    row_dims.erase(p);
-    p.erase();
-    merged = true;
-  }
-  return merged;
 }
 
 /// An elementwise nest over (d0, ..., dk) becomes one loop over all its elements, so that
@@ -1109,30 +829,6 @@ void expand_remf(mlir::ModuleOp m) {
   }
 }
 
-}  // namespace
-
-bool own_buffer(mlir::Value m, const std::function<bool(mlir::Operation*)>& inside) {
-  llvm::SmallPtrSet<mlir::Operation*, 16> seen;
-  // A reshape of an argument or allocation that nothing else uses is that buffer under another
-  // shape: an output that forward_output_copies put in a temporary's place ([n] expanded back
-  // to a keepdim reduction's [rows, 1]).
-  mlir::Value root = m;
-  if (mlir::Operation* def = m.getDefiningOp();
-      llvm::isa_and_nonnull<mlir::memref::ExpandShapeOp, mlir::memref::CollapseShapeOp>(def) &&
-      def->getOperand(0).hasOneUse())
-    root = def->getOperand(0);
-  if (!llvm::isa<mlir::BlockArgument>(root) && !root.getDefiningOp<mlir::memref::AllocOp>())
-    return false;
-  for (mlir::Operation* user : m.getUsers())
-    if (!llvm::isa<mlir::memref::LoadOp, mlir::memref::StoreOp, mlir::memref::DeallocOp,
-                   mlir::memref::DimOp>(user) &&
-        reaches(user, inside, seen))
-      return false;
-  return true;
-}
-
-namespace {
-
 /// The CUDA toolkit folder with nvvm/libdevice/libdevice.10.bc (GpuTarget::toolkit), or "".
 std::string find_cuda_toolkit() {
   namespace fs = std::filesystem;
@@ -1218,7 +914,7 @@ void gpu_parallel_loops(mlir::ModuleOp m, const GpuTarget& target, bool row_sepa
   parallel_outside_reductions(fn);
   wrap_host_accesses(fn);
   split_sums(fn);
-  fuse_rows(fn, /*verify=*/!row_separable);
+  fuse_row_loops(fn, /*verify=*/!row_separable);
   // The emulation runs every loop on one CPU thread: lanes of one (no shuffles).
   if (!for_device) spread_rows_over_lanes(fn, 1, target.threads_per_block);
   else if (target.row_lanes != 1)

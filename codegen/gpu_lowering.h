@@ -61,13 +61,6 @@ int spread_rows_over_lanes(mlir::func::FuncOp fn, int lanes, int threads_per_blo
 /// tests) and the dialects its input and output need.
 void register_gpu_row_lanes_pass(mlir::DialectRegistry& registry);
 
-/// Whether memref `m` is a buffer of its own for loops that `inside` tells apart: an allocation
-/// or an argument (or a reshape of one that has no other use) used only by loads, stores,
-/// deallocs and dims, or by other ops (views, pointer
-/// extraction) of which nothing reached through their results is `inside` — so the loops touch
-/// its elements only through `m` itself, and an index check of their accesses sees them all.
-bool own_buffer(mlir::Value m, const std::function<bool(mlir::Operation*)>& inside);
-
 /// Every scf.parallel of `m` runs its iterations last to first (each index i becomes ub - 1 - i;
 /// loops from 0 with step 1 only): CompileOptions::emulate_in_reverse.
 void reverse_parallel_loops(mlir::ModuleOp m);

@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include "codegen/gpu_lowering.h"
+#include "codegen/row_fusion.h"
 #include "core/error.h"
 #include "mlir/Dialect/Arith/IR/Arith.h"
 #include "mlir/Dialect/Func/IR/FuncOps.h"

@@ -42,6 +42,9 @@ struct RowSplitPlan {
   std::vector<bool> sliced_input;
   /// The graph has a named matmul (a GEMM call): run() gives each thread one block of rows.
   bool gemm = false;
+  /// Every intermediate is one row (cpu_row_loops, row_fusion.h): blocks as large as a single
+  /// loop nest's keep them in cache.
+  bool per_row = false;
 };
 
 /// What run() needs besides the code; stored with the object in the disk cache.

@@ -11,6 +11,7 @@
 
 #include "codegen/codegen.h"
 #include "codegen/gpu_lowering.h"
+#include "codegen/row_fusion.h"
 #include "codegen/lower.h"
 #include "core/error.h"
 #include "core/meta.h"
@@ -1689,6 +1690,7 @@ void register_codegen(mlir::DialectRegistry& registry) {
   register_fusion_pass();
   register_extern_calls_pass();
   register_gpu_row_lanes_pass(registry);
+  register_cpu_row_loops_pass(registry);
   mlir::registerLinalgPasses();  // linalg-fuse-elementwise-ops, ...
 }
 

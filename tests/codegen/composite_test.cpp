@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "backends/cpu/parallel.h"
 #include "codegen/codegen.h"
 #include "kiln/kiln.h"
 
@@ -271,6 +272,42 @@ TEST_CASE("composite: layer_norm with and without weight / bias, over 1 and 2 tr
                                     has_b ? values(b) : bv, 1e-3),
                      shape, dt, what);
         }
+}
+
+// Row-split graphs run their loop nests row by row inside each block of rows, with one-row
+// intermediates; softmax computes exp in its output row (codegen/row_fusion.h). Enough rows for
+// several blocks and a partial last one, with NaN/Inf rows, on 1 and 2 threads.
+TEST_CASE("composite: softmax and layer_norm over many row blocks equal float64") {
+  const Shape shape{3001, 333};
+  std::vector<double> v = randv(numel(shape), 23);
+  add_specials(v, shape[1]);
+  v[1500 * 333 + 7] = kNaN;
+  Tensor x = make(v, shape, DType::Float32);
+  std::vector<double> wv = randv(333, 24), bv = randv(333, 25);
+  Tensor w = make(wv, {333}, DType::Float32), b = make(bv, {333}, DType::Float32);
+  ir::Graph sg, lg;
+  OpAttrs last, ln;
+  last.dim = -1;
+  sg.output(sg.op(OpKind::Softmax, {sg.input(DType::Float32, shape.vec())}, last));
+  ln.dims = {333};
+  ln.eps = 1e-5;
+  lg.output(lg.op(OpKind::LayerNorm,
+                  {lg.input(DType::Float32, shape.vec()), lg.input(DType::Float32, {333}),
+                   lg.input(DType::Float32, {333})},
+                  ln));
+  codegen::Executable softmax_exe(sg), layer_norm_exe(lg);
+  CHECK(softmax_exe.row_parallel());
+  CHECK(layer_norm_exe.row_parallel());
+  const std::vector<double> softmax_ref = ref_softmax(v, shape, -1, false);
+  const std::vector<double> layer_norm_ref = ref_layer_norm(v, 333, wv, bv, 1e-5);
+  for (int threads : {1, 2}) {
+    cpu::set_num_threads(threads);
+    const std::string on = std::to_string(threads) + " thread(s)";
+    check_both(softmax_exe.run({x})[0], softmax(x, -1), softmax_ref, shape, DType::Float32,
+               "softmax [3001, 333] " + on);
+    check_both(layer_norm_exe.run({x, w, b})[0], layer_norm(x, Shape{333}, w, b, 1e-5),
+               layer_norm_ref, shape, DType::Float32, "layer_norm [3001, 333] " + on);
+  }
 }
 
 TEST_CASE("composite: var and std (correction 0, 1 and > n), logsumexp, keepdim, NaN/Inf") {

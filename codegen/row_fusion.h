@@ -1,0 +1,51 @@
+#pragma once
+/// Internal to codegen/: loop nests over the same rows merged into one loop over rows, for GPU
+/// kernels (a thread or warp per row) and for CPU code (each row's intermediates stay in L1).
+#include <functional>
+
+#include "llvm/ADT/SmallVector.h"
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "mlir/Dialect/SCF/IR/SCF.h"
+
+namespace mlir {
+class DialectRegistry;
+}
+
+namespace kiln::codegen {
+
+/// The top-level scf.parallel loops of `fn`, in order.
+llvm::SmallVector<mlir::scf::ParallelOp> top_level_loops(mlir::func::FuncOp fn);
+
+/// Row mode: consecutive top-level parallel loop nests over the rows become one parallel loop
+/// over rows whose body runs each nest's remaining dims as serial loops (softmax, layer_norm:
+/// one loop instead of 4-11). For graphs the row-split analysis found row-separable
+/// (row_split.h: every nest runs over the same rows, row i of a result reads only row i of what
+/// came before; dim 0 is the only `?`) all row loops are merged where nothing stays between
+/// them. Otherwise (`verify`: a graph with GEMMs, such as attention's softmax between two) each
+/// run of row loops between ops that stay (a GEMM call) merges only where the loops' accesses
+/// show it safe, dim 0 included. Returns whether any nests were merged.
+bool fuse_row_loops(mlir::func::FuncOp fn, bool verify);
+
+/// The CPU's row loops (after convert-linalg-to-parallel-loops; run() calls the code on blocks
+/// of rows and the block's rows run one after another): fuse_row_loops, then
+/// - an allocation only one row loop touches, always at the loop's row indices, shrinks to one
+///   row (memref<?x1024xf32> -> memref<1x1024xf32>), so each row's intermediates stay in L1
+///   whatever the block's size;
+/// - such a row whose last reader copies it, element for element, into an output argument
+///   marked llvm.noalias that nothing else touches is computed in the output's row instead
+///   (softmax's exp is stored in the output and scaled there, as eager's kernel does).
+/// Returns whether no allocation with a dynamic size is left: every intermediate is then per
+/// row, and run() may use blocks as large as a single loop nest's.
+bool cpu_row_loops(mlir::func::FuncOp fn, bool verify);
+
+/// Registers kiln-cpu-row-loops{verify=false} (cpu_row_loops on each function, for lit tests).
+void register_cpu_row_loops_pass(mlir::DialectRegistry& registry);
+
+/// Whether memref `m` is a buffer of its own for loops that `inside` tells apart: an allocation
+/// or an argument (or a reshape of one that has no other use) used only by loads, stores,
+/// deallocs and dims, or by other ops (views, pointer extraction) of which nothing reached
+/// through their results is `inside` — so the loops touch its elements only through `m`
+/// itself, and an index check of their accesses sees them all.
+bool own_buffer(mlir::Value m, const std::function<bool(mlir::Operation*)>& inside);
+
+}  // namespace kiln::codegen
