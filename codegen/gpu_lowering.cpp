@@ -915,6 +915,7 @@ void gpu_parallel_loops(mlir::ModuleOp m, const GpuTarget& target, bool row_sepa
   wrap_host_accesses(fn);
   split_sums(fn);
   fuse_row_loops(fn, /*verify=*/!row_separable);
+  fuse_same_domain_loops(fn);
   // The emulation runs every loop on one CPU thread: lanes of one (no shuffles).
   if (!for_device) spread_rows_over_lanes(fn, 1, target.threads_per_block);
   else if (target.row_lanes != 1)

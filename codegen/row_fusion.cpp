@@ -3,6 +3,7 @@
 #include "codegen/row_fusion.h"
 
 #include <algorithm>
+#include <tuple>
 
 #include "codegen/jit.h"
 #include "llvm/ADT/DenseMap.h"
@@ -218,6 +219,55 @@ bool sink_loops_past_gemms(mlir::Block& block) {
   return sunk;
 }
 
+/// Merges runs of top-level parallel loops of `block`: a loop that `candidate` accepts, after a
+/// leader with only pure ops between them, joins the leader when `joins(leader, loop)` and the
+/// ops between can move before the leader (their operands are defined before it): its body goes
+/// after the leader's, its first `shared_dims(loop)` indices being the leader's. Otherwise it
+/// becomes the leader. Any other op ends a run. Returns whether any loop joined another.
+bool merge_loop_runs(
+    mlir::Block& block, llvm::function_ref<bool(mlir::scf::ParallelOp)> candidate,
+    llvm::function_ref<bool(mlir::scf::ParallelOp, mlir::scf::ParallelOp)> joins,
+    llvm::function_ref<unsigned(mlir::scf::ParallelOp)> shared_dims) {
+  bool merged = false;
+  mlir::scf::ParallelOp leader;
+  llvm::SmallVector<mlir::Operation*> between;  // pure ops after the leader
+  for (mlir::Operation& op : llvm::make_early_inc_range(block)) {
+    auto p = llvm::dyn_cast<mlir::scf::ParallelOp>(op);
+    if (!p || !candidate(p)) {
+      bool pure = mlir::isMemoryEffectFree(&op) && op.getNumRegions() == 0;
+      if (leader && pure) {
+        between.push_back(&op);
+      } else {  // ops that stay between loops: nothing before them merges with what follows
+        leader = nullptr;
+        between.clear();
+      }
+      continue;
+    }
+    bool movable = leader != nullptr && joins(leader, p);
+    for (mlir::Operation* x : between)
+      for (mlir::Value v : x->getOperands())
+        if (mlir::Operation* def = v.getDefiningOp();
+            movable && def && def->getBlock() == &block && !def->isBeforeInBlock(leader) &&
+            !llvm::is_contained(between, def))
+          movable = false;
+    if (!movable) {
+      leader = p;
+      between.clear();
+      continue;
+    }
+    for (mlir::Operation* x : between) x->moveBefore(leader);
+    between.clear();
+    mlir::OpBuilder b(leader.getBody()->getTerminator());
+    mlir::IRMapping map;
+    for (unsigned d = 0; d < shared_dims(p); ++d)
+      map.map(p.getInductionVars()[d], leader.getInductionVars()[d]);
+    for (mlir::Operation& inner : p.getBody()->without_terminator()) b.clone(inner, map);
+    p.erase();
+    merged = true;
+  }
+  return merged;
+}
+
 }  // namespace
 
 bool fuse_row_loops(mlir::func::FuncOp fn, bool verify) {
@@ -255,46 +305,12 @@ bool fuse_row_loops(mlir::func::FuncOp fn, bool verify) {
     if (dims == 0) continue;
     for (mlir::scf::ParallelOp p : group) row_dims[keep_rows_parallel(p, dims)] = dims;
   }
-  bool merged = false;
-  mlir::scf::ParallelOp leader;
-  llvm::SmallVector<mlir::Operation*> between;  // pure ops after the leader
-  for (mlir::Operation& op : llvm::make_early_inc_range(block)) {
-    auto p = llvm::dyn_cast<mlir::scf::ParallelOp>(op);
-    if (!p || !row_dims.contains(p)) {
-      bool pure = mlir::isMemoryEffectFree(&op) && op.getNumRegions() == 0;
-      if (leader && pure) {
-        between.push_back(&op);
-      } else {  // ops that stay between loops: nothing before them merges with what follows
-        leader = nullptr;
-        between.clear();
-      }
-      continue;
-    }
-    bool movable = leader != nullptr && row_dims.lookup(leader) == row_dims.lookup(p);
-    for (mlir::Operation* x : between)
-      for (mlir::Value v : x->getOperands())
-        if (mlir::Operation* def = v.getDefiningOp();
-            movable && def && def->getBlock() == &block && !def->isBeforeInBlock(leader) &&
-            !llvm::is_contained(between, def))
-          movable = false;
-    if (!movable) {
-      leader = p;
-      between.clear();
-      continue;
-    }
-    for (mlir::Operation* x : between) x->moveBefore(leader);
-    between.clear();
-    // p's body after the leader's, with p's row index the leader's.
-    mlir::OpBuilder b(leader.getBody()->getTerminator());
-    mlir::IRMapping map;
-    for (unsigned d = 0; d < row_dims.lookup(p); ++d)
-      map.map(p.getInductionVars()[d], leader.getInductionVars()[d]);
-    for (mlir::Operation& inner : p.getBody()->without_terminator()) b.clone(inner, map);
-    row_dims.erase(p);
-    p.erase();
-    merged = true;
-  }
-  return merged;
+  return merge_loop_runs(
+      block, [&](mlir::scf::ParallelOp p) { return row_dims.contains(p); },
+      [&](mlir::scf::ParallelOp leader, mlir::scf::ParallelOp p) {
+        return row_dims.lookup(leader) == row_dims.lookup(p);
+      },
+      [&](mlir::scf::ParallelOp p) { return row_dims.lookup(p); });
 }
 
 
@@ -459,6 +475,92 @@ void compute_in_output_row(mlir::memref::AllocOp row, mlir::scf::ParallelOp loop
   row.erase();
 }
 
+/// Whether `a` and `b` run over the same iteration space: the same lower and upper bounds and
+/// steps (the same values, or equal constants) in every dim.
+bool same_domain(mlir::scf::ParallelOp a, mlir::scf::ParallelOp b) {
+  if (a.getNumLoops() != b.getNumLoops()) return false;
+  auto same = [](mlir::Value x, mlir::Value y) {
+    auto cx = mlir::getConstantIntValue(x), cy = mlir::getConstantIntValue(y);
+    return x == y || (cx && cy && *cx == *cy);
+  };
+  for (unsigned d = 0; d < a.getNumLoops(); ++d)
+    if (!same(a.getLowerBound()[d], b.getLowerBound()[d]) ||
+        !same(a.getUpperBound()[d], b.getUpperBound()[d]) ||
+        !same(a.getStep()[d], b.getStep()[d]))
+      return false;
+  return true;
+}
+
+/// Whether the bodies of `a` and of `b` (after it, same_domain) may run one after the other in
+/// each iteration: every buffer either writes is its own (own_buffer) and every access of it in
+/// both loops is at the same indices — each a loop index (the same dim in both) or a value from
+/// outside the loops — which use every loop index unless the loops have one iteration. Each
+/// iteration then touches only its own elements of what they write.
+bool same_elements(mlir::scf::ParallelOp a, mlir::scf::ParallelOp b) {
+  llvm::SmallDenseSet<mlir::Value, 8> written;
+  bool atomic = false;
+  for (mlir::scf::ParallelOp p : {a, b}) {
+    p.walk([&](mlir::memref::StoreOp s) { written.insert(s.getMemRef()); });
+    p.walk([&](mlir::memref::AtomicRMWOp) { atomic = true; });  // scatters: any element
+  }
+  if (atomic) return false;
+  auto inside = [&](mlir::Operation* op) { return a->isAncestor(op) || b->isAncestor(op); };
+  for (mlir::Value m : written)
+    if (!own_buffer(m, inside)) return false;
+  bool one_iteration = true;
+  for (unsigned d = 0; d < a.getNumLoops(); ++d) {
+    auto lb = mlir::getConstantIntValue(a.getLowerBound()[d]);
+    auto ub = mlir::getConstantIntValue(a.getUpperBound()[d]);
+    one_iteration &= lb && ub && *ub - *lb <= 1;
+  }
+  // An index: the loop dim it is, a constant, or a value from outside the loops.
+  enum Kind { kLoopDim, kConstant, kOutside };
+  using Index = std::tuple<Kind, int64_t, mlir::Value>;
+  llvm::DenseMap<mlir::Value, llvm::SmallVector<Index>> first;  // per written buffer
+  bool ok = true;
+  for (mlir::scf::ParallelOp p : {a, b}) {
+    p.walk([&](mlir::Operation* op) {
+      mlir::Value m;
+      mlir::ValueRange indices;
+      if (auto l = llvm::dyn_cast<mlir::memref::LoadOp>(op)) {
+        m = l.getMemRef();
+        indices = l.getIndices();
+      } else if (auto st = llvm::dyn_cast<mlir::memref::StoreOp>(op)) {
+        m = st.getMemRef();
+        indices = st.getIndices();
+      } else {
+        for (mlir::Value v : op->getOperands()) ok &= !written.contains(v);  // a view, a copy
+        return;
+      }
+      if (!written.contains(m)) return;
+      llvm::SmallVector<Index> key;
+      llvm::SmallVector<bool> used(p.getNumLoops(), false);
+      for (mlir::Value v : indices) {
+        auto ivs = p.getInductionVars();
+        auto it = llvm::find(ivs, v);
+        if (it != ivs.end()) {
+          const auto d = static_cast<size_t>(it - ivs.begin());
+          used[d] = true;
+          key.push_back({kLoopDim, static_cast<int64_t>(d), {}});
+        } else {
+          mlir::Operation* def = v.getDefiningOp();
+          auto arg = llvm::dyn_cast<mlir::BlockArgument>(v);
+          ok &= (def && !inside(def)) ||
+                (arg && !inside(arg.getOwner()->getParentOp()) &&
+                 arg.getOwner()->getParentOp() != a.getOperation() &&
+                 arg.getOwner()->getParentOp() != b.getOperation());
+          if (auto c = mlir::getConstantIntValue(v)) key.push_back({kConstant, *c, {}});
+          else key.push_back({kOutside, 0, v});
+        }
+      }
+      ok &= one_iteration || llvm::all_of(used, [](bool u) { return u; });
+      auto [it, fresh] = first.try_emplace(m, key);
+      ok &= fresh || it->second == key;
+    });
+  }
+  return ok;
+}
+
 /// kiln-cpu-row-loops{verify=false}: cpu_row_loops on every function, for lit tests
 /// (tests/ir/cpu-row-loops.mlir).
 struct CpuRowLoopsPass
@@ -471,10 +573,27 @@ struct CpuRowLoopsPass
     return "merge the CPU's row loops, shrink row buffers to one row, compute rows in the "
            "outputs (codegen/row_fusion.cpp)";
   }
-  void runOnOperation() override { cpu_row_loops(getOperation(), verify); }
+  void runOnOperation() override {
+    if (!getOperation().isExternal()) cpu_row_loops(getOperation(), verify);
+  }
   Option<bool> verify{*this, "verify",
                       llvm::cl::desc("check that dim 0 is shared (no row-split analysis)"),
                       llvm::cl::init(false)};
+};
+
+/// kiln-fuse-same-domain-loops: fuse_same_domain_loops on every function, for lit tests
+/// (tests/ir/fuse-same-domain-loops.mlir).
+struct SameDomainLoopsPass
+    : mlir::PassWrapper<SameDomainLoopsPass, mlir::OperationPass<mlir::func::FuncOp>> {
+  MLIR_DEFINE_EXPLICIT_INTERNAL_INLINE_TYPE_ID(SameDomainLoopsPass)
+  llvm::StringRef getArgument() const override { return "kiln-fuse-same-domain-loops"; }
+  llvm::StringRef getDescription() const override {
+    return "merge consecutive parallel loops over one iteration space that touch their own "
+           "elements (codegen/row_fusion.cpp)";
+  }
+  void runOnOperation() override {
+    if (!getOperation().isExternal()) fuse_same_domain_loops(getOperation());
+  }
 };
 
 }  // namespace
@@ -489,9 +608,19 @@ bool cpu_row_loops(mlir::func::FuncOp fn, bool verify) {
   return per_row;
 }
 
+bool fuse_same_domain_loops(mlir::func::FuncOp fn) {
+  return merge_loop_runs(
+      fn.getBody().front(), [](mlir::scf::ParallelOp p) { return p->getNumResults() == 0; },
+      [](mlir::scf::ParallelOp leader, mlir::scf::ParallelOp p) {
+        return same_domain(leader, p) && same_elements(leader, p);
+      },
+      [](mlir::scf::ParallelOp p) { return p.getNumLoops(); });
+}
+
 void register_cpu_row_loops_pass(mlir::DialectRegistry& registry) {
   registry.insert<mlir::scf::SCFDialect, mlir::memref::MemRefDialect>();
   mlir::PassRegistration<CpuRowLoopsPass>();
+  mlir::PassRegistration<SameDomainLoopsPass>();
 }
 
 }  // namespace kiln::codegen

@@ -26,6 +26,15 @@ llvm::SmallVector<mlir::scf::ParallelOp> top_level_loops(mlir::func::FuncOp fn);
 /// show it safe, dim 0 included. Returns whether any nests were merged.
 bool fuse_row_loops(mlir::func::FuncOp fn, bool verify);
 
+/// Consecutive top-level parallel loops over the same iteration space (the same bounds and
+/// steps in every dim; only pure ops between them) become one loop when every buffer they
+/// write is their own (own_buffer) and is accessed in all of them at the same indices, which
+/// use every loop index: each iteration then touches only its own elements of what they write,
+/// and running the bodies one after another per iteration keeps every read after the writes it
+/// saw before. A column sum's zero fill, its loop over the rows and its rounding to float32 (a
+/// bias gradient) become one GPU kernel instead of three. Returns whether any loops merged.
+bool fuse_same_domain_loops(mlir::func::FuncOp fn);
+
 /// The CPU's row loops (after convert-linalg-to-parallel-loops; run() calls the code on blocks
 /// of rows and the block's rows run one after another): fuse_row_loops, then
 /// - an allocation only one row loop touches, always at the loop's row indices, shrinks to one
@@ -38,7 +47,8 @@ bool fuse_row_loops(mlir::func::FuncOp fn, bool verify);
 /// row, and run() may use blocks as large as a single loop nest's.
 bool cpu_row_loops(mlir::func::FuncOp fn, bool verify);
 
-/// Registers kiln-cpu-row-loops{verify=false} (cpu_row_loops on each function, for lit tests).
+/// Registers kiln-cpu-row-loops{verify=false} and kiln-fuse-same-domain-loops (cpu_row_loops and
+/// fuse_same_domain_loops on each function, for lit tests).
 void register_cpu_row_loops_pass(mlir::DialectRegistry& registry);
 
 /// Whether memref `m` is a buffer of its own for loops that `inside` tells apart: an allocation
