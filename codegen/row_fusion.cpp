@@ -316,24 +316,39 @@ bool fuse_row_loops(mlir::func::FuncOp fn, bool verify) {
 
 bool own_buffer(mlir::Value m, const std::function<bool(mlir::Operation*)>& inside) {
   llvm::SmallPtrSet<mlir::Operation*, 16> seen;
-  // A reshape of an argument or allocation that nothing else uses is that buffer under another
-  // shape: an output that forward_output_copies put in a temporary's place ([n] expanded back
-  // to a keepdim reduction's [rows, 1]).
+  // A reshape of an argument or allocation is that buffer under another shape (an output that
+  // forward_output_copies put in a temporary's place: [n] expanded back to a keepdim
+  // reduction's [rows, 1]) when nothing else reaches the buffer inside the loops; other uses
+  // after them (the optimizer reading a gradient) are fine.
   mlir::Value root = m;
-  if (mlir::Operation* def = m.getDefiningOp();
-      llvm::isa_and_nonnull<mlir::memref::ExpandShapeOp, mlir::memref::CollapseShapeOp>(def) &&
-      def->getOperand(0).hasOneUse())
-    root = def->getOperand(0);
-  if (!llvm::isa<mlir::BlockArgument>(root) && !root.getDefiningOp<mlir::memref::AllocOp>())
+  mlir::Operation* reshape = m.getDefiningOp();
+  if (llvm::isa_and_nonnull<mlir::memref::ExpandShapeOp, mlir::memref::CollapseShapeOp>(reshape))
+    root = reshape->getOperand(0);
+  else
+    reshape = nullptr;
+  // An argument of the function, not of a loop (an iter_arg may be any buffer).
+  auto arg = llvm::dyn_cast<mlir::BlockArgument>(root);
+  const bool function_argument =
+      arg && arg.getOwner()->isEntryBlock() &&
+      llvm::isa<mlir::func::FuncOp>(arg.getOwner()->getParentOp());
+  if (!function_argument && !root.getDefiningOp<mlir::memref::AllocOp>()) return false;
+  auto reaches_inside = [&](mlir::Value buffer, mlir::Operation* except) {
+    for (mlir::Operation* user : buffer.getUsers())
+      if (user != except &&
+          !llvm::isa<mlir::memref::LoadOp, mlir::memref::StoreOp, mlir::memref::DeallocOp,
+                     mlir::memref::DimOp>(user) &&
+          reaches(user, inside, seen))
+        return true;
     return false;
-  for (mlir::Operation* user : m.getUsers())
-    if (!llvm::isa<mlir::memref::LoadOp, mlir::memref::StoreOp, mlir::memref::DeallocOp,
-                   mlir::memref::DimOp>(user) &&
-        reaches(user, inside, seen))
-      return false;
+  };
+  if (reaches_inside(m, nullptr)) return false;
+  if (!reshape) return true;
+  // The buffer under its own shape: no other access or view of it inside the loops.
+  seen.clear();
+  for (mlir::Operation* user : root.getUsers())
+    if (user != reshape && (inside(user) || reaches(user, inside, seen))) return false;
   return true;
 }
-
 
 namespace {
 
@@ -373,7 +388,9 @@ std::pair<mlir::memref::AllocOp, mlir::scf::ParallelOp> contract_to_one_row(
     loop = p;
     accesses.push_back(user);
   }
-  if (!loop) return {};
+  // The loop must be top-level, beside the allocation: inside a serial loop the buffer would
+  // carry each row's values from one of its iterations to the next.
+  if (!loop || loop->getBlock() != alloc->getBlock()) return {};
   const unsigned k = loop.getNumLoops();
   mlir::MemRefType type = alloc.getType();
   if (type.getRank() < k || !type.getLayout().isIdentity()) return {};
@@ -447,15 +464,24 @@ void compute_in_output_row(mlir::memref::AllocOp row, mlir::scf::ParallelOp loop
     for (unsigned d = 0; d < k; ++d)
       if (access_indices(user)[d].get() != loop.getInductionVars()[d]) return;
   }
-  // In the copy loop, the row and the output are accessed at the same trailing indices, which
-  // include the loop's index: each element is read from the row and written to the output in
-  // the same iteration.
+  // In the copy loop, directly in its body, the row is only loaded and the output only stored,
+  // every load before the first store, all at the same trailing indices, which include the
+  // loop's index: each element is read from the row, then written to the output, in one
+  // iteration, and nothing reads the row after the output took its place.
   llvm::SmallVector<mlir::Operation*> in_copy;
+  bool copies = true;
+  mlir::Operation* first_store = nullptr;
   copy_loop.walk([&](mlir::Operation* op) {
-    if (llvm::isa<mlir::memref::LoadOp, mlir::memref::StoreOp>(op) &&
-        (accessed_buffer(op) == row.getResult() || accessed_buffer(op) == out))
-      in_copy.push_back(op);
+    if (!llvm::isa<mlir::memref::LoadOp, mlir::memref::StoreOp>(op)) return;
+    const bool of_row = accessed_buffer(op) == row.getResult();
+    if (!of_row && accessed_buffer(op) != out) return;
+    const bool store = llvm::isa<mlir::memref::StoreOp>(op);
+    copies &= op->getBlock() == copy_loop.getBody() && store != of_row &&
+              (store || !first_store);
+    if (store && !first_store) first_store = op;
+    in_copy.push_back(op);
   });
+  if (!copies) return;
   mlir::Value iv = copy_loop.getInductionVar();
   for (mlir::Operation* op : in_copy) {
     auto first = access_indices(in_copy.front()), mine = access_indices(op);
@@ -497,13 +523,20 @@ bool same_domain(mlir::scf::ParallelOp a, mlir::scf::ParallelOp b) {
 /// outside the loops — which use every loop index unless the loops have one iteration. Each
 /// iteration then touches only its own elements of what they write.
 bool same_elements(mlir::scf::ParallelOp a, mlir::scf::ParallelOp b) {
+  // Only loads, stores, loops and pure ops: a write of another kind (an atomic of a scatter, a
+  // copy, a call) would escape the index checks below.
   llvm::SmallDenseSet<mlir::Value, 8> written;
-  bool atomic = false;
+  bool known = true;
   for (mlir::scf::ParallelOp p : {a, b}) {
-    p.walk([&](mlir::memref::StoreOp s) { written.insert(s.getMemRef()); });
-    p.walk([&](mlir::memref::AtomicRMWOp) { atomic = true; });  // scatters: any element
+    p.walk([&](mlir::Operation* op) {
+      if (auto st = llvm::dyn_cast<mlir::memref::StoreOp>(op)) written.insert(st.getMemRef());
+      else if (!llvm::isa<mlir::memref::LoadOp, mlir::scf::ParallelOp, mlir::scf::ForOp,
+                          mlir::scf::IfOp, mlir::scf::YieldOp, mlir::scf::ReduceOp,
+                          mlir::scf::ReduceReturnOp>(op))
+        known &= op->getNumRegions() == 0 && mlir::isMemoryEffectFree(op);
+    });
   }
-  if (atomic) return false;
+  if (!known) return false;
   auto inside = [&](mlir::Operation* op) { return a->isAncestor(op) || b->isAncestor(op); };
   for (mlir::Value m : written)
     if (!own_buffer(m, inside)) return false;

@@ -147,3 +147,67 @@ func.func @other_rows(%x: memref<?x8xf32>, %out: memref<?x8xf32> {llvm.noalias})
   memref.dealloc %e : memref<?x8xf32>
   return
 }
+
+// -----
+
+// The copy loop reads the row again after storing the output: the row keeps a buffer of its
+// own (in the output, the second read would see the first store).
+// CHECK-LABEL: func.func @reread_after_store
+// CHECK:         memref.alloc() : memref<1x8xf32>
+func.func @reread_after_store(%x: memref<?x8xf32>, %out: memref<?x8xf32> {llvm.noalias}, %out2: memref<?x8xf32> {llvm.noalias}) {
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %c8 = arith.constant 8 : index
+  %one = arith.constant 1.0 : f32
+  %rows = memref.dim %x, %c0 : memref<?x8xf32>
+  %e = memref.alloc(%rows) : memref<?x8xf32>
+  scf.parallel (%i) = (%c0) to (%rows) step (%c1) {
+    scf.for %j = %c0 to %c8 step %c1 {
+      %v = memref.load %x[%i, %j] : memref<?x8xf32>
+      %ex = math.exp %v : f32
+      memref.store %ex, %e[%i, %j] : memref<?x8xf32>
+    }
+    scf.for %j = %c0 to %c8 step %c1 {
+      %a = memref.load %e[%i, %j] : memref<?x8xf32>
+      %s = arith.addf %a, %one : f32
+      memref.store %s, %out[%i, %j] : memref<?x8xf32>
+      %b = memref.load %e[%i, %j] : memref<?x8xf32>
+      memref.store %b, %out2[%i, %j] : memref<?x8xf32>
+    }
+    scf.reduce
+  }
+  memref.dealloc %e : memref<?x8xf32>
+  return
+}
+
+// -----
+
+// The row loop runs inside a serial loop, whose iterations carry each row's values: the buffer
+// keeps all its rows.
+// CHECK-LABEL: func.func @serial_around
+// CHECK:         memref.alloc(%{{.*}}) : memref<?x8xf32>
+func.func @serial_around(%x: memref<?x8xf32>, %out: memref<?x8xf32>) {
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %c3 = arith.constant 3 : index
+  %c8 = arith.constant 8 : index
+  %zero = arith.constant 0.0 : f32
+  %rows = memref.dim %x, %c0 : memref<?x8xf32>
+  %acc = memref.alloc(%rows) : memref<?x8xf32>
+  scf.for %t = %c0 to %c3 step %c1 {
+    scf.parallel (%i) = (%c0) to (%rows) step (%c1) {
+      scf.for %j = %c0 to %c8 step %c1 {
+        %first = arith.cmpi eq, %t, %c0 : index
+        %old = memref.load %acc[%i, %j] : memref<?x8xf32>
+        %base = arith.select %first, %zero, %old : f32
+        %v = memref.load %x[%i, %j] : memref<?x8xf32>
+        %s = arith.addf %base, %v : f32
+        memref.store %s, %acc[%i, %j] : memref<?x8xf32>
+        memref.store %s, %out[%i, %j] : memref<?x8xf32>
+      }
+      scf.reduce
+    }
+  }
+  memref.dealloc %acc : memref<?x8xf32>
+  return
+}

@@ -129,3 +129,125 @@ func.func @apart(%x: memref<32xf32>, %y: memref<32xf32>, %out: memref<32xf32>) {
   }
   return
 }
+
+// -----
+
+// The rounded sums go to an output viewed as [1, 32] whose buffer a later loop reads as well
+// (an optimizer reading the gradient): still one loop. The same output read inside the loops
+// through its own shape keeps them apart.
+// CHECK-LABEL: func.func @output_read_after
+// CHECK:         scf.parallel
+// CHECK-NEXT:      memref.store
+// CHECK-NOT:     scf.parallel
+// CHECK:           arith.truncf
+// CHECK:         call @barrier
+// CHECK:         scf.parallel
+// CHECK:           arith.mulf
+// CHECK:         return
+// CHECK-LABEL: func.func @output_read_inside
+// CHECK:         scf.parallel
+// CHECK:         scf.parallel
+// CHECK:         return
+func.func @output_read_after(%acc: memref<1x32xf64>, %out: memref<32xf32>, %p: memref<32xf32>) {
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %c32 = arith.constant 32 : index
+  %zero = arith.constant 0.0 : f64
+  scf.parallel (%j) = (%c0) to (%c32) step (%c1) {
+    memref.store %zero, %acc[%c0, %j] : memref<1x32xf64>
+    scf.reduce
+  }
+  %view = memref.expand_shape %out [[0, 1]] output_shape [1, 32] : memref<32xf32> into memref<1x32xf32>
+  scf.parallel (%j) = (%c0) to (%c32) step (%c1) {
+    %a = memref.load %acc[%c0, %j] : memref<1x32xf64>
+    %t = arith.truncf %a : f64 to f32
+    memref.store %t, %view[%c0, %j] : memref<1x32xf32>
+    scf.reduce
+  }
+  func.call @barrier() : () -> ()
+  scf.parallel (%j) = (%c0) to (%c32) step (%c1) {
+    %g = memref.load %out[%j] : memref<32xf32>
+    %w = arith.mulf %g, %g : f32
+    memref.store %w, %p[%j] : memref<32xf32>
+    scf.reduce
+  }
+  return
+}
+func.func private @barrier()
+func.func @output_read_inside(%acc: memref<1x32xf64>, %out: memref<32xf32>) {
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %c31 = arith.constant 31 : index
+  %c32 = arith.constant 32 : index
+  %view = memref.expand_shape %out [[0, 1]] output_shape [1, 32] : memref<32xf32> into memref<1x32xf32>
+  scf.parallel (%j) = (%c0) to (%c32) step (%c1) {
+    %a = memref.load %acc[%c0, %j] : memref<1x32xf64>
+    %t = arith.truncf %a : f64 to f32
+    memref.store %t, %view[%c0, %j] : memref<1x32xf32>
+    scf.reduce
+  }
+  scf.parallel (%j) = (%c0) to (%c32) step (%c1) {
+    %k = arith.subi %c31, %j : index
+    %g = memref.load %out[%k] : memref<32xf32>
+    %w = arith.extf %g : f32 to f64
+    memref.store %w, %acc[%c0, %j] : memref<1x32xf64>
+    scf.reduce
+  }
+  return
+}
+
+// -----
+
+// A buffer written through a loop's iter_arg, or by a copy into a view: apart (neither write
+// would be index-checked).
+// CHECK-LABEL: func.func @iter_arg
+// CHECK:         scf.parallel
+// CHECK:         scf.parallel
+func.func @iter_arg(%x: memref<33xf32>, %out: memref<32xf32>) {
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %c32 = arith.constant 32 : index
+  %t = memref.alloc() : memref<33xf32>
+  scf.parallel (%j) = (%c0) to (%c32) step (%c1) {
+    %v = memref.load %x[%j] : memref<33xf32>
+    %r = scf.for %k = %c0 to %c1 step %c1 iter_args(%b = %t) -> (memref<33xf32>) {
+      memref.store %v, %b[%j] : memref<33xf32>
+      scf.yield %t : memref<33xf32>
+    }
+    scf.reduce
+  }
+  scf.parallel (%j) = (%c0) to (%c32) step (%c1) {
+    %k = arith.addi %j, %c1 : index
+    %v = memref.load %t[%k] : memref<33xf32>
+    memref.store %v, %out[%j] : memref<32xf32>
+    scf.reduce
+  }
+  memref.dealloc %t : memref<33xf32>
+  return
+}
+
+// -----
+
+// CHECK-LABEL: func.func @copy_write
+// CHECK:         scf.parallel
+// CHECK:         scf.parallel
+func.func @copy_write(%x: memref<33xf32>, %out: memref<32xf32>) {
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %c32 = arith.constant 32 : index
+  %t = memref.alloc() : memref<33xf32>
+  scf.parallel (%j) = (%c0) to (%c32) step (%c1) {
+    %s = memref.subview %x[%j] [1] [1] : memref<33xf32> to memref<1xf32, strided<[1], offset: ?>>
+    %d = memref.subview %t[%j] [1] [1] : memref<33xf32> to memref<1xf32, strided<[1], offset: ?>>
+    memref.copy %s, %d : memref<1xf32, strided<[1], offset: ?>> to memref<1xf32, strided<[1], offset: ?>>
+    scf.reduce
+  }
+  scf.parallel (%j) = (%c0) to (%c32) step (%c1) {
+    %k = arith.addi %j, %c1 : index
+    %v = memref.load %t[%k] : memref<33xf32>
+    memref.store %v, %out[%j] : memref<32xf32>
+    scf.reduce
+  }
+  memref.dealloc %t : memref<33xf32>
+  return
+}
