@@ -1,5 +1,6 @@
-// Loop nests over the same rows merged into one loop over rows (row_fusion.h): GPU kernels with
-// a thread or warp per row, CPU code whose row intermediates stay in L1.
+// Loop nests merged (row_fusion.h): nests over the same rows into one loop over rows (GPU
+// kernels with a thread or warp per row; CPU code whose row intermediates stay in L1), and GPU
+// loops over one iteration space that touch their own elements into one kernel.
 #include "codegen/row_fusion.h"
 
 #include <algorithm>
@@ -441,7 +442,7 @@ void compute_in_output_row(mlir::memref::AllocOp row, mlir::scf::ParallelOp loop
   }
   auto copy_loop = llvm::dyn_cast_or_null<mlir::scf::ForOp>(last);
   if (!copy_loop) return;
-  // The output: the buffer a store in that loop writes the value loaded from the row to.
+  // The output: the first argument marked llvm.noalias that a store in that loop writes.
   mlir::Value out;
   copy_loop.walk([&](mlir::memref::StoreOp s) {
     if (!out && s.getMemRef() != row.getResult() && noalias_argument(s.getMemRef()))

@@ -1,6 +1,7 @@
 #pragma once
-/// Internal to codegen/: loop nests over the same rows merged into one loop over rows, for GPU
-/// kernels (a thread or warp per row) and for CPU code (each row's intermediates stay in L1).
+/// Internal to codegen/: loop nests merged — over the same rows into one loop over rows, for GPU
+/// kernels (a thread or warp per row) and for CPU code (each row's intermediates stay in L1);
+/// GPU loops over one iteration space into one kernel.
 #include <functional>
 
 #include "llvm/ADT/SmallVector.h"
@@ -52,10 +53,10 @@ bool cpu_row_loops(mlir::func::FuncOp fn, bool verify);
 void register_cpu_row_loops_pass(mlir::DialectRegistry& registry);
 
 /// Whether memref `m` is a buffer of its own for loops that `inside` tells apart: an allocation
-/// or an argument (or a reshape of one that has no other use) used only by loads, stores,
-/// deallocs and dims, or by other ops (views, pointer extraction) of which nothing reached
-/// through their results is `inside` — so the loops touch its elements only through `m`
-/// itself, and an index check of their accesses sees them all.
+/// or a function argument (or a reshape of one, when nothing else reaches that buffer inside
+/// the loops) used only by loads, stores, deallocs and dims, or by other ops (views, pointer
+/// extraction) of which nothing reached through their results is `inside` — so the loops touch
+/// its elements only through `m` itself, and an index check of their accesses sees them all.
 bool own_buffer(mlir::Value m, const std::function<bool(mlir::Operation*)>& inside);
 
 }  // namespace kiln::codegen
