@@ -94,6 +94,19 @@ Benchmark matmul_1024(const RunConfig&) {
   return {[a, b] { do_not_optimize(kiln::matmul(a, b)); }, gflop_per_s(kMatmulFlops)};
 }
 
+// The same product under set_float32_matmul_precision("medium"): bfloat16 inputs where the CPU
+// has the kernels (backends/cpu/bf16_gemm.h), float32 elsewhere.
+Benchmark matmul_1024_medium(const RunConfig&) {
+  Tensor a = filled({kMatmulN, kMatmulN}), b = filled({kMatmulN, kMatmulN});
+  return {[a, b] {
+            const MatmulPrecision saved = float32_matmul_precision();
+            set_float32_matmul_precision(MatmulPrecision::Medium);
+            do_not_optimize(kiln::matmul(a, b));
+            set_float32_matmul_precision(saved);
+          },
+          gflop_per_s(kMatmulFlops)};
+}
+
 Benchmark matmul_1024_reference(const RunConfig&) {
 #ifdef KILN_BENCH_HAVE_SGEMM
   Tensor a = filled({kMatmulN, kMatmulN}), b = filled({kMatmulN, kMatmulN});
@@ -124,6 +137,7 @@ std::vector<Case> cases() {
       {"transpose_contiguous_1024", Mode::Eager, "GB/s", transpose_contiguous_1024},
       {"matmul_1024", Mode::Eager, "GFLOP/s", matmul_1024},
       {"matmul_1024", Mode::Reference, "GFLOP/s", matmul_1024_reference},
+      {"matmul_1024_medium", Mode::Eager, "GFLOP/s", matmul_1024_medium},
   };
 }
 

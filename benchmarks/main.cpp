@@ -17,6 +17,7 @@
 
 #include "backends/cpu/parallel.h"
 #include "benchmarks/harness.h"
+#include "core/precision.h"
 
 namespace kb = kiln::bench;
 
@@ -24,6 +25,7 @@ namespace {
 
 constexpr std::string_view kUsage =
     "usage: kiln-bench SUITE... [--json FILE] [--threads N] [--quick] [--full] [--filter TEXT]\n"
+    "                  [--matmul-precision highest|high|medium]\n"
     "       kiln-bench --list\n"
     "\n"
     "Runs the named benchmark suites and prints one row per case: median / min / max time of\n"
@@ -35,6 +37,9 @@ constexpr std::string_view kUsage =
     "  --full         the reference workloads at their original sizes (transformer: d_model 768,\n"
     "                 12 layers, batch 32, seq 512); sets KILN_BENCH_FULL=1\n"
     "  --filter TEXT  run only cases whose name contains TEXT\n"
+    "  --matmul-precision P  kiln::set_float32_matmul_precision(P) before the suites run:\n"
+    "                 highest (default), high (TF32 on NVIDIA GPUs), medium (bfloat16 inputs\n"
+    "                 where the CPU or GPU has the kernels); see core/precision.h\n"
     "  --list         list the suites and their cases\n"
     "  --help         this text\n"
     "\n"
@@ -74,6 +79,13 @@ Args parse_args(int argc, char** argv) {
       args.json_path = value();
     } else if (a == "--filter") {
       args.filter = value();
+    } else if (a == "--matmul-precision") {
+      const std::string v = value();
+      try {
+        kiln::set_float32_matmul_precision(v);
+      } catch (const kiln::Error& e) {
+        usage_error(fmt::format("--matmul-precision: {}", e.message()));
+      }
     } else if (a == "--threads") {
       std::string v = value();
       char* end = nullptr;
@@ -257,9 +269,13 @@ int main(int argc, char** argv) {
   }
   if (args.threads > 0) kiln::cpu::set_num_threads(args.threads);
   kb::RunConfig config{args.quick, kiln::cpu::num_threads()};
-  fmt::print("kiln-bench: {} thread(s) of {} hardware, {}; CPU: {}\n", config.threads,
+  fmt::print("kiln-bench: {} thread(s) of {} hardware, {}; CPU: {}{}\n", config.threads,
              std::thread::hardware_concurrency(), args.quick ? "quick" : "full repetitions",
-             kb::cpu_description());
+             kb::cpu_description(),
+             kiln::float32_matmul_precision() == kiln::MatmulPrecision::Highest
+                 ? ""
+                 : fmt::format("; float32 matmul precision: {}",
+                               kiln::name(kiln::float32_matmul_precision())));
 
   std::vector<kb::Record> records;
   print_header(widths);

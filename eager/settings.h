@@ -3,6 +3,7 @@
 /// torch.set_flush_denormal are in PyTorch.
 
 #include "core/error.h"
+#include "core/precision.h"
 
 namespace kiln {
 

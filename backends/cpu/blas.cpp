@@ -14,7 +14,9 @@
 #include <vector>
 
 #include "backends/cpu/allocator.h"
+#include "backends/cpu/bf16_gemm.h"
 #include "backends/cpu/parallel.h"
+#include "core/precision.h"
 
 namespace kiln::cpu {
 namespace {
@@ -27,6 +29,7 @@ using DnnlSgemmFn = int (*)(char transa, char transb, int64_t m, int64_t n, int6
 using OmpSetNumThreadsFn = void (*)(int);
 
 struct Dnnl {
+  void* library = nullptr;  // the dlopen handle, for the matmul primitive (bf16_gemm.cpp)
   DnnlSgemmFn sgemm = nullptr;
   OmpSetNumThreadsFn omp_set_num_threads = nullptr;  // from libgomp, which libdnnl pulls in
 };
@@ -48,6 +51,7 @@ const Dnnl& dnnl() {
                    dlerror());
       return d;
     }
+    d.library = h;
     d.sgemm = reinterpret_cast<DnnlSgemmFn>(dlsym(h, "dnnl_sgemm"));
     d.omp_set_num_threads = reinterpret_cast<OmpSetNumThreadsFn>(dlsym(h, "omp_set_num_threads"));
     if (!d.sgemm)
@@ -277,6 +281,8 @@ template void gemm<int64_t>(int64_t, int64_t, int64_t, int64_t, const int64_t*, 
 
 bool onednn_available() { return dnnl().sgemm != nullptr; }
 
+void* onednn_library() noexcept { return dnnl().library; }
+
 namespace {
 // sum x[i·incx]·y[i·incy] over i < k, accumulated in double and rounded once. oneDNN's 1×1
 // sgemm summed in float, one term after another: 1.8e-3 relative error at k = 4e6 (PyTorch's
@@ -324,9 +330,21 @@ bool narrow_transposed(const Dnnl& d, bool trans_a, bool trans_b, int64_t m, int
 
 }  // namespace
 
+void onednn_single_thread() noexcept { single_omp_thread(dnnl()); }
+
 bool sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
            const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
            int64_t ldc, int threads) noexcept {
+  if (float32_matmul_precision() == MatmulPrecision::Medium &&
+      2.0 * double(m) * double(n) * double(k) >= kBf16GemmMinFlops &&
+      bf16_gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, threads))
+    return true;
+  return sgemm_float32(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, threads);
+}
+
+bool sgemm_float32(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+                   const float* a, int64_t lda, const float* b, int64_t ldb, float beta,
+                   float* c, int64_t ldc, int threads) noexcept {
   if (m <= 0 || n <= 0) return true;
   if (k <= 0) {
     scale_c(m, n, beta, c, ldc);

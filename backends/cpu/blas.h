@@ -56,6 +56,13 @@ inline constexpr double kSpreadGemmBatchMaxFlops = kSplitGemmMinFlops;
 bool sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
            const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
            int64_t ldc, int threads = 0) noexcept;
+/// sgemm in float32 whatever float32_matmul_precision() says. sgemm itself, under
+/// MatmulPrecision::Medium (core/precision.h), computes products of at least
+/// kBf16GemmMinFlops with bfloat16 inputs where the CPU has the kernels (bf16_gemm.h), and
+/// calls this otherwise.
+bool sgemm_float32(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+                   const float* a, int64_t lda, const float* b, int64_t ldb, float beta,
+                   float* c, int64_t ldc, int threads = 0) noexcept;
 
 /// Wall time of the GEMM ops run so far in this process (eager matmul of every dtype and the
 /// GEMM calls of compiled CPU code), in nanoseconds, and their count. Only an op started

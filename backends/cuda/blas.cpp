@@ -13,6 +13,7 @@
 #include "backends/cuda/copy.h"
 #include "backends/cuda/driver.h"
 #include "backends/cuda/profile.h"
+#include "core/precision.h"
 
 namespace kiln::cuda {
 namespace {
@@ -21,7 +22,9 @@ using Status = int;  // cublasStatus_t
 struct HandleStruct;
 using Handle = HandleStruct*;  // cublasHandle_t
 constexpr int kOpN = 0, kOpT = 1;
-constexpr int kDataBf16 = 14, kComputeF32 = 68, kGemmDefault = -1;  // library_types.h, cublas_api.h
+// library_types.h (cudaDataType) and cublas_api.h (cublasComputeType_t, cublasGemmAlgo_t)
+constexpr int kDataF32 = 0, kDataBf16 = 14, kGemmDefault = -1;
+constexpr int kComputeF32 = 68, kComputeF32FastBf16 = 75, kComputeF32FastTf32 = 77;
 constexpr int kMaxDevices = 64;
 
 template <class T>
@@ -42,6 +45,13 @@ struct Blas {
                     const void* A, int a_type, int lda, const void* B, int b_type, int ldb,
                     const void* beta, void* C, int c_type, int ldc, int compute_type,
                     int algo) = nullptr;  // optional: only gemm_bf16 needs it
+  // Optional: float32 products under MatmulPrecision::High or Medium (TF32 / bfloat16 inputs).
+  Status (*gemm_strided_batched_ex)(Handle, int transa, int transb, int m, int n, int k,
+                                    const void* alpha, const void* A, int a_type, int lda,
+                                    long long stride_a, const void* B, int b_type, int ldb,
+                                    long long stride_b, const void* beta, void* C, int c_type,
+                                    int ldc, long long stride_c, int batch, int compute_type,
+                                    int algo) = nullptr;
   std::mutex handle_mutex;
   std::array<Handle, kMaxDevices> handles{};
 };
@@ -71,6 +81,8 @@ Blas& blas() {
     out->sgemm = reinterpret_cast<decltype(out->sgemm)>(dlsym(lib, "cublasSgemmStridedBatched"));
     out->dgemm = reinterpret_cast<decltype(out->dgemm)>(dlsym(lib, "cublasDgemmStridedBatched"));
     out->gemm_ex = reinterpret_cast<decltype(out->gemm_ex)>(dlsym(lib, "cublasGemmEx"));
+    out->gemm_strided_batched_ex = reinterpret_cast<decltype(out->gemm_strided_batched_ex)>(
+        dlsym(lib, "cublasGemmStridedBatchedEx"));
     if (!out->create || !out->set_stream || !out->sgemm || !out->dgemm) {
       out->reason = "the cuBLAS library lacks cublasCreate_v2/cublasSetStream_v2/"
                     "cublas[SD]gemmStridedBatched";
@@ -114,6 +126,15 @@ void check_sizes(int64_t m, int64_t n, int64_t k, int64_t batch, int64_t max_ld,
 
 }  // namespace
 
+int cublas_compute_type(MatmulPrecision p) {
+  switch (p) {
+    case MatmulPrecision::High: return kComputeF32FastTf32;
+    case MatmulPrecision::Medium: return kComputeF32FastBf16;
+    case MatmulPrecision::Highest: break;
+  }
+  return kComputeF32;
+}
+
 bool blas_available() noexcept {
   try {
     return is_available() && blas().loaded;
@@ -149,13 +170,28 @@ void gemm_strided_batched(DType dtype, bool trans_a, bool trans_b, int64_t m, in
   // Row-major C (m x n) is column-major C^T (n x m) = op(B)^T (n x k) @ op(A)^T (k x m): pass B
   // first with the column-major view of each stored matrix (leading dimension = row stride).
   int op_first = trans_b ? kOpT : kOpN, op_second = trans_a ? kOpT : kOpN;
+  // float32 under High / Medium: TF32 or bfloat16 tensor cores (core/precision.h), where this
+  // cuBLAS has cublasGemmStridedBatchedEx; float32 otherwise.
+  const MatmulPrecision precision =
+      dtype == DType::Float32 && lib.gemm_strided_batched_ex ? float32_matmul_precision()
+                                                              : MatmulPrecision::Highest;
   std::optional<ProfileScope> timed;  // KILN_CUDA_PROFILE
   if (profiling())
-    timed.emplace(fmt::format("cuBLAS {}gemm {}x{}x{} (batch {})",
-                              dtype == DType::Float32 ? 's' : 'd', m, n, k, batch),
+    timed.emplace(fmt::format("cuBLAS {}gemm {}x{}x{} (batch {}){}",
+                              dtype == DType::Float32 ? 's' : 'd', m, n, k, batch,
+                              precision == MatmulPrecision::Highest
+                                  ? ""
+                                  : fmt::format(", precision {}", name(precision))),
                   kiln_stream(device, loc), device);
   Status s;
-  if (dtype == DType::Float32) {
+  if (precision != MatmulPrecision::Highest) {
+    float alpha_f = static_cast<float>(alpha), beta_f = static_cast<float>(beta);
+    const int compute = cublas_compute_type(precision);
+    s = lib.gemm_strided_batched_ex(h, op_first, op_second, int(n), int(m), int(k), &alpha_f, b,
+                                    kDataF32, int(ldb), stride_b, a, kDataF32, int(lda),
+                                    stride_a, &beta_f, c, kDataF32, int(ldc), stride_c,
+                                    int(batch), compute, kGemmDefault);
+  } else if (dtype == DType::Float32) {
     float alpha_f = static_cast<float>(alpha), beta_f = static_cast<float>(beta);
     s = lib.sgemm(h, op_first, op_second, int(n), int(m), int(k), &alpha_f,
                   static_cast<const float*>(b), int(ldb), stride_b, static_cast<const float*>(a),

@@ -7,6 +7,7 @@
 
 #include "core/dtype.h"
 #include "core/error.h"
+#include "core/precision.h"
 
 namespace kiln::cuda {
 
@@ -25,6 +26,10 @@ std::string blas_unavailable_reason() noexcept;
 /// k x m (trans_a true); ldc >= n. dtype is Float32 or Float64. With beta == 0, C need not be
 /// initialised. Asynchronous on the kiln stream (copies to the host wait for it).
 ///
+/// float32 follows float32_matmul_precision() (core/precision.h): Highest is
+/// cublasSgemmStridedBatched (CUBLAS_COMPUTE_32F); High and Medium are
+/// cublasGemmStridedBatchedEx with CUBLAS_COMPUTE_32F_FAST_TF32 and _FAST_16BF (TF32 or
+/// bfloat16 tensor cores from Ampere on; cuBLAS computes in float32 where the GPU lacks them).
 /// Implemented with column-major cuBLAS by swapping the operands (C^T = op(B)^T op(A)^T).
 /// Throws kiln::Error: "no CUDA device: ..." without a driver, "cuBLAS not found: ..." without
 /// the library, for other dtypes, for sizes beyond int32, and for cuBLAS errors.
@@ -33,6 +38,11 @@ void gemm_strided_batched(DType dtype, bool trans_a, bool trans_b, int64_t m, in
                           const void* b, int64_t ldb, int64_t stride_b, double beta, void* c,
                           int64_t ldc, int64_t stride_c, int64_t batch, int device = 0,
                           Loc loc = Loc::current());
+
+/// cuBLAS's compute type (cublasComputeType_t) for a float32 product under `p`:
+/// CUBLAS_COMPUTE_32F (Highest), CUBLAS_COMPUTE_32F_FAST_TF32 (High),
+/// CUBLAS_COMPUTE_32F_FAST_16BF (Medium).
+int cublas_compute_type(MatmulPrecision p);
 
 /// Row-major C = A @ B for contiguous bfloat16 A (m x k), B (k x n) and C (m x n), accumulated
 /// in float32 (cublasGemmEx with CUBLAS_COMPUTE_32F). Device pointers on `device`; asynchronous

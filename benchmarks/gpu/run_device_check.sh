@@ -92,15 +92,28 @@ step "timings: Transformer training step at its original size on the GPU"
 KILN_BENCH_DEVICE=cuda timeout "$STEP_TIMEOUT" "$BUILD/benchmarks/kiln-bench" transformer --full \
   $QUICK --json "$OUT/transformer.json" 2>&1 | tee -a "$LOG" || status=1
 
+# The same step with float32 matmuls on TF32 tensor cores (set_float32_matmul_precision("high"),
+# what TensorFlow and JAX do by default on such GPUs): the GEMMs then no longer hide the rest.
+step "timings: the same step with TF32 matmuls (--matmul-precision high)"
+KILN_BENCH_DEVICE=cuda timeout "$STEP_TIMEOUT" "$BUILD/benchmarks/kiln-bench" transformer --full \
+  $QUICK --matmul-precision high --json "$OUT/transformer_tf32.json" 2>&1 | tee -a "$LOG" ||
+  status=1
+
 step "table"
-python3 - "$OUT/gpu.json" "$OUT/transformer.json" <<'PY' | tee -a "$LOG"
+python3 - "$OUT/gpu.json" "$OUT/transformer.json" "$OUT/transformer_tf32.json" <<'PY' |
+  tee -a "$LOG"
 import json, sys
 rows = []
 for path in sys.argv[1:]:
     try:
-        rows += json.load(open(path))
+        records = json.load(open(path))
     except Exception as e:
         print(f"(no records in {path}: {e})")
+        continue
+    if path.endswith("_tf32.json"):  # the TF32 run's cases get their own names
+        for r in records:
+            r["case"] = r.get("case", "") + "_tf32"
+    rows += records
 def ok(r):  # kiln-bench writes "status" only for cases that did not run
     return r.get("status", "ok") == "ok" and r.get("value") is not None
 def value(case, mode=None):
@@ -114,9 +127,10 @@ for r in rows:
         continue
     pct = f"{100 * r['value'] / copy:.1f}" if copy and r.get("unit") == "GB/s" and r.get("case") != "d2d_copy_1GiB" else ""
     print(f"{r['case']:<22} {r['mode']:<10} {r['value']:>10.1f} {r['unit']:<10} {pct:>9}")
-e, c = value("transformer_step", "eager"), value("transformer_step", "compiled")
-if e and c:
-    print(f"transformer step compiled / eager: {c / e:.2f}x (target >= 1.3x)")
+for case, label in (("transformer_step", "float32"), ("transformer_step_tf32", "TF32")):
+    e, c = value(case, "eager"), value(case, "compiled")
+    if e and c:
+        print(f"transformer step ({label} matmuls) compiled / eager: {c / e:.2f}x (target >= 1.3x)")
 PY
 
 # Where the step's GPU time goes, per mode: each kernel and cuBLAS GEMM timed with CUDA events

@@ -118,3 +118,23 @@ TEST_CASE("the driver entry points match cuda.h's prototypes (checked at compile
   WARN("skipped: cuda.h was not found at build time");
 #endif
 }
+
+// cuBLAS's compute types are passed as plain ints (backends/cuda/blas.cpp): the values for each
+// matmul precision, against cublas_api.h where the toolkit is at hand.
+#if defined(KILN_HAVE_CUDA_H) && __has_include(<cublas_api.h>)
+#include <cublas_api.h>
+#define KILN_CHECKED_AGAINST_CUBLAS_H 1
+#endif
+#include "backends/cuda/blas.h"
+
+TEST_CASE("cuBLAS compute types per matmul precision match cublas_api.h") {
+  using kiln::MatmulPrecision;
+  using kiln::cuda::cublas_compute_type;
+#ifdef KILN_CHECKED_AGAINST_CUBLAS_H
+  CHECK(cublas_compute_type(MatmulPrecision::Highest) == CUBLAS_COMPUTE_32F);
+  CHECK(cublas_compute_type(MatmulPrecision::High) == CUBLAS_COMPUTE_32F_FAST_TF32);
+  CHECK(cublas_compute_type(MatmulPrecision::Medium) == CUBLAS_COMPUTE_32F_FAST_16BF);
+#else
+  WARN("skipped: cublas_api.h was not found at build time");
+#endif
+}

@@ -130,6 +130,37 @@ TEST_CASE("gpu: cuBLAS gemm_strided_batched matches a cpu reference (row-major)"
     }
 }
 
+TEST_CASE("gpu: float32 matmul follows the matmul precision (TF32, bfloat16 inputs)") {
+  KILN_REQUIRE_CUDA_OR_SKIP();
+  if (!cuda::blas_available()) {
+    WARN("skipped: " << cuda::blas_unavailable_reason());
+    return;
+  }
+  const MatmulPrecision saved = float32_matmul_precision();
+  manual_seed(3);
+  const Tensor a = randn({512, 512}, {Float64}), b = randn({512, 512}, {Float64});
+  const Tensor exact = matmul(a, b);
+  const double scale = matmul(a.abs(), b.abs()).max().item<double>();
+  const Tensor da = a.to(DType::Float32).cuda(), db = b.to(DType::Float32).cuda();
+  auto err = [&](const Tensor& t) {
+    return (t.cpu().to(DType::Float64) - exact).abs().max().item<double>() / scale;
+  };
+  struct Expect {
+    const char* precision;
+    double low, high;  // bounds on the largest error, relative to sum |a·b|
+  };
+  // float32: about 2^-24 per product; TF32 inputs 2^-11; bfloat16 inputs 2^-8.
+  for (Expect e : {Expect{"highest", 0, 1e-5}, Expect{"high", 1e-5, 5e-3},
+                   Expect{"medium", 1e-4, 3e-2}}) {
+    CAPTURE(e.precision);
+    set_float32_matmul_precision(e.precision);
+    const Tensor eager = matmul(da, db);
+    CHECK(err(eager) >= e.low);
+    CHECK(err(eager) < e.high);
+  }
+  set_float32_matmul_precision(saved);
+}
+
 TEST_CASE("gpu: a PTX kernel loads and runs through load_module and launch") {
   KILN_REQUIRE_CUDA_OR_SKIP();
   // out[i] = 2 * in[i] for i < n, one thread per element.

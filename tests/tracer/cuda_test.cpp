@@ -375,3 +375,19 @@ TEST_CASE("cuda: copy_ and fill_ into strided views run on the device", "[cuda]"
   }
   CHECK(host_calls() == before);
 }
+
+TEST_CASE("cuda: compiled matmuls follow the matmul precision as eager ones do", "[cuda]") {
+  REQUIRE_CUDA_OR_SKIP();
+  const MatmulPrecision saved = float32_matmul_precision();
+  manual_seed(5);
+  const Tensor a = randn({384, 512}).cuda(), b = randn({512, 256}).cuda();
+  auto f = compile([](const Tensor& x, const Tensor& y) { return relu(matmul(x, y)) * 2.0; });
+  for (const char* p : {"highest", "high", "medium", "highest"}) {
+    CAPTURE(p);
+    set_float32_matmul_precision(p);
+    const Tensor eager = relu(matmul(a, b)) * 2.0;
+    CHECK(rel_diff(f(a, b), eager.cpu()) < 1e-5);  // the same cuBLAS call, same precision
+  }
+  set_float32_matmul_precision(saved);
+  CHECK(f.compile_count() == 1);
+}

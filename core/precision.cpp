@@ -1,0 +1,41 @@
+#include "core/precision.h"
+
+#include <atomic>
+
+namespace kiln {
+namespace {
+std::atomic<MatmulPrecision> g_matmul_precision{MatmulPrecision::Highest};
+constexpr MatmulPrecision kAll[] = {MatmulPrecision::Highest, MatmulPrecision::High,
+                                    MatmulPrecision::Medium};
+}  // namespace
+
+std::string_view name(MatmulPrecision p) {
+  switch (p) {
+    case MatmulPrecision::Highest: return "highest";
+    case MatmulPrecision::High: return "high";
+    case MatmulPrecision::Medium: return "medium";
+  }
+  return "invalid";
+}
+
+void set_float32_matmul_precision(MatmulPrecision p, Loc loc) {
+  KILN_CHECK(static_cast<unsigned>(p) <= static_cast<unsigned>(MatmulPrecision::Medium),
+             "set_float32_matmul_precision", loc, "invalid MatmulPrecision value {}",
+             static_cast<int>(p));
+  g_matmul_precision.store(p, std::memory_order_relaxed);
+}
+
+void set_float32_matmul_precision(std::string_view p, Loc loc) {
+  for (MatmulPrecision known : kAll)
+    if (p == name(known)) return set_float32_matmul_precision(known, loc);
+  throw Error("set_float32_matmul_precision",
+              fmt::format("unknown precision \"{}\" (expected \"highest\", \"high\" or "
+                          "\"medium\")", p),
+              loc);
+}
+
+MatmulPrecision float32_matmul_precision() {
+  return g_matmul_precision.load(std::memory_order_relaxed);
+}
+
+}  // namespace kiln
