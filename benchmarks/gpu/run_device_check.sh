@@ -9,6 +9,10 @@
 #   BUILD=dir    build folder (default build-gpu)
 #   OUT=dir      where the JSON records and the log go (default $OUT if set, else report/gpu)
 #   STEP_TIMEOUT=s  the most seconds each test binary or timing suite may run (default 600)
+#   TOTAL_TIMEOUT=s the most seconds the whole run may take (default: no limit). Each step then
+#                   gets at most what is left less a reserve for the table, a step that would
+#                   get under 20 s is skipped, and the table is always printed: a device call
+#                   limited to 600 s still reports what ran.
 #   KILN_CUDA_ARCH is not needed: sm_90 is the default target (codegen::GpuTarget).
 # The machine needs the build toolchain (scripts/setup.sh installs it; that needs apt and the
 # network) unless --no-build runs on a build folder made elsewhere: benchmarks/gpu/pack_build.sh
@@ -27,6 +31,28 @@ for arg in "$@"; do
 done
 BUILD=${BUILD:-build-gpu}
 STEP_TIMEOUT=${STEP_TIMEOUT:-600}
+TOTAL_TIMEOUT=${TOTAL_TIMEOUT:-0}
+START_SECONDS=$SECONDS
+# Seconds the next step may run: STEP_TIMEOUT, or less where TOTAL_TIMEOUT leaves less (10 s kept
+# for the table). Prints 0 when too little is left to start one.
+budget() {
+  local left
+  if [ "$TOTAL_TIMEOUT" -le 0 ]; then echo "$STEP_TIMEOUT"; return; fi
+  left=$((TOTAL_TIMEOUT - (SECONDS - START_SECONDS) - 10))
+  if [ "$left" -lt 20 ]; then echo 0
+  elif [ "$left" -lt "$STEP_TIMEOUT" ]; then echo "$left"
+  else echo "$STEP_TIMEOUT"; fi
+}
+# Runs "$@" under timeout with budget()'s limit, or says it was skipped (exit status 124).
+limited() {
+  local t
+  t=$(budget)
+  if [ "$t" -eq 0 ]; then
+    echo "skipped: TOTAL_TIMEOUT=$TOTAL_TIMEOUT s leaves too little time for: $*" | tee -a "$LOG"
+    return 124
+  fi
+  timeout "$t" "$@"
+}
 OUT=${OUT:-report/gpu}
 mkdir -p "$OUT"
 LOG="$OUT/device_check.log"
@@ -68,14 +94,15 @@ fi
 step "GPU tests"
 run_test() {  # a test binary and its Catch filter, each one word (no globbing)
   local out
+  if [ "$(budget)" -eq 0 ]; then limited "$@"; status=1; return; fi  # says it is skipped
   out=$(mktemp)
-  if timeout "$STEP_TIMEOUT" "$@" > "$out" 2>&1; then echo "passed: $*" | tee -a "$LOG"
+  if limited "$@" > "$out" 2>&1; then echo "passed: $*" | tee -a "$LOG"
   else
     echo "FAILED: $*; its output ends:" | tee -a "$LOG"; tail -40 "$out"; status=1
     # Launches are asynchronous: a kernel's fault is reported by a later op. Once more with
     # every launch waiting, so the failure names the op that caused it.
     echo "again with KILN_CUDA_LAUNCH_BLOCKING=1:" | tee -a "$LOG"
-    KILN_CUDA_LAUNCH_BLOCKING=1 timeout "$STEP_TIMEOUT" "$@" 2>&1 | tail -40 | tee -a "$LOG"
+    KILN_CUDA_LAUNCH_BLOCKING=1 limited "$@" 2>&1 | tail -40 | tee -a "$LOG"
   fi
   cat "$out" >> "$LOG"
   rm -f "$out"
@@ -84,24 +111,25 @@ run_test "$BUILD/tests/test_cuda"
 run_test "$BUILD/tests/test_codegen" "gpu*"
 run_test "$BUILD/tests/test_tracer" "[cuda]"
 
+rm -f "$OUT/gpu.json" "$OUT/transformer.json" "$OUT/transformer_tf32.json"  # no stale records
 step "timings: gpu suite"
-timeout "$STEP_TIMEOUT" "$BUILD/benchmarks/kiln-bench" gpu $QUICK --json "$OUT/gpu.json" 2>&1 |
+limited "$BUILD/benchmarks/kiln-bench" gpu $QUICK --json "$OUT/gpu.json" 2>&1 |
   tee -a "$LOG" || status=1
 
 step "timings: Transformer training step at its original size on the GPU"
-KILN_BENCH_DEVICE=cuda timeout "$STEP_TIMEOUT" "$BUILD/benchmarks/kiln-bench" transformer --full \
+KILN_BENCH_DEVICE=cuda limited "$BUILD/benchmarks/kiln-bench" transformer --full \
   $QUICK --json "$OUT/transformer.json" 2>&1 | tee -a "$LOG" || status=1
 
 # The same step with float32 matmuls on TF32 tensor cores (set_float32_matmul_precision("high"),
 # what TensorFlow and JAX do by default on such GPUs): the GEMMs then no longer hide the rest.
 step "timings: the same step with TF32 matmuls (--matmul-precision high)"
-KILN_BENCH_DEVICE=cuda timeout "$STEP_TIMEOUT" "$BUILD/benchmarks/kiln-bench" transformer --full \
+KILN_BENCH_DEVICE=cuda limited "$BUILD/benchmarks/kiln-bench" transformer --full \
   $QUICK --matmul-precision high --json "$OUT/transformer_tf32.json" 2>&1 | tee -a "$LOG" ||
   status=1
 
 step "table"
-python3 - "$OUT/gpu.json" "$OUT/transformer.json" "$OUT/transformer_tf32.json" <<'PY' |
-  tee -a "$LOG"
+records=("$OUT/gpu.json" "$OUT/transformer.json" "$OUT/transformer_tf32.json")
+python3 - "${records[@]}" <<'PY' | tee -a "$LOG"
 import json, sys
 rows = []
 for path in sys.argv[1:]:
@@ -138,7 +166,7 @@ PY
 # launch, which would perturb the timings above.
 step "profile: Transformer training step, GPU time by kernel (KILN_CUDA_PROFILE=1)"
 # Diagnostic only: its failure or timeout does not fail the check.
-KILN_CUDA_PROFILE=1 KILN_BENCH_DEVICE=cuda timeout "$STEP_TIMEOUT" \
+KILN_CUDA_PROFILE=1 KILN_BENCH_DEVICE=cuda limited \
   "$BUILD/benchmarks/kiln-bench" transformer --full --quick 2>&1 |
   grep --line-buffered -v '^\[' | tee -a "$LOG" ||
   echo "(the profiled run failed or timed out; the table above stands)" | tee -a "$LOG"
