@@ -948,7 +948,10 @@ void Executable::launch(const std::vector<Tensor>& ins, const std::vector<Tensor
       else if (rows) row_bytes += t.numel() / rows * static_cast<int64_t>(itemsize(t.dtype()));
     }
   }
+  // Read once: every GEMM of this run rounds its inputs alike (runtime.h, GemmRunScope).
+  const MatmulPrecision precision = float32_matmul_precision();
   if (rows < 2 || rows * row_bytes < kParallelMinBytes) {
+    GemmRunScope gemm_run(precision, 1.0);
     call(0, rows, std::vector<bool>(operands.size(), false));
   } else {
     int64_t block_bytes =
@@ -971,7 +974,11 @@ void Executable::launch(const std::vector<Tensor>& ins, const std::vector<Tensor
     int64_t blocks = (rows + block_rows - 1) / block_rows;
     cpu::parallel_for(0, blocks, 1, [&](int64_t b, int64_t e) {
       SerialGemmScope serial_gemm;  // the blocks are the parallelism (runtime.h)
-      for (int64_t k = b; k < e; ++k) call(k * block_rows, std::min(rows, (k + 1) * block_rows), sliced);
+      for (int64_t k = b; k < e; ++k) {
+        const int64_t lo = k * block_rows, hi = std::min(rows, (k + 1) * block_rows);
+        GemmRunScope gemm_run(precision, double(rows) / double(hi - lo));  // the whole product
+        call(lo, hi, sliced);
+      }
     });
   }
   if (I.device.is_cuda()) cuda_finish_run("codegen::Executable::run");

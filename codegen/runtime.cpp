@@ -104,6 +104,12 @@ void* rt_aligned_alloc(size_t alignment, size_t nbytes) {
 /// back to kiln's gemm when oneDNN rejects the leading dims.
 std::atomic<uint64_t> g_gemm_calls{0};
 thread_local bool t_serial_gemm = false;  // SerialGemmScope
+struct GemmRun {  // GemmRunScope
+  bool set = false;
+  MatmulPrecision precision = MatmulPrecision::Highest;
+  double rows_factor = 1;
+};
+thread_local GemmRun t_gemm_run;
 
 template <class T>
 void gemm_batched(int64_t batch, int64_t m, int64_t n, int64_t k, int64_t a, int64_t off_a,
@@ -117,6 +123,13 @@ void gemm_batched(int64_t batch, int64_t m, int64_t n, int64_t k, int64_t a, int
   // per-head products) is spread over kiln's pool one product per thread; a single or large
   // product is split by cpu::sgemm itself.
   const bool small = 2.0 * double(m) * double(n) * double(k) < cpu::kSpreadGemmBatchMaxFlops;
+  // The op's rounding, decided once for all its products and row blocks (GemmRunScope), from
+  // the rows that share one B, as eager matmul does (cpu::gemm_rounding).
+  const GemmRun run = t_gemm_run;
+  const double rows_per_b = double(m) * double(batch_b == 0 ? batch : 1);
+  const cpu::GemmRounding rounding =
+      cpu::gemm_rounding(run.set ? run.precision : float32_matmul_precision(),
+                         rows_per_b * (run.set ? run.rows_factor : 1.0), double(n), double(k));
   auto product = [&](int64_t i, bool serial) {
     const T* pa = reinterpret_cast<const T*>(a) + off_a + i * batch_a;
     const T* pb = reinterpret_cast<const T*>(b) + off_b + i * batch_b;
@@ -128,7 +141,7 @@ void gemm_batched(int64_t batch, int64_t m, int64_t n, int64_t k, int64_t a, int
     }
     if constexpr (std::is_same_v<T, float>)
       if (cpu::sgemm(trans_a != 0, trans_b != 0, m, n, k, 1.f, pa, lda, pb, ldb, float(beta), pc,
-                     ldc, serial ? 1 : 0))
+                     ldc, serial ? 1 : 0, rounding))
         return;
     // op(A)[i, p] = A[i·lda + p], or A[p·lda + i] transposed; op(B) likewise.
     cpu::gemm<T>(m, n, k, T(1), pa, trans_a ? 1 : lda, trans_a ? lda : 1, pb, trans_b ? 1 : ldb,
@@ -146,6 +159,16 @@ void gemm_batched(int64_t batch, int64_t m, int64_t n, int64_t k, int64_t a, int
 }
 
 }  // namespace
+
+GemmRunScope::GemmRunScope(MatmulPrecision precision, double rows_factor)
+    : previous_precision_(t_gemm_run.precision),
+      previous_factor_(t_gemm_run.rows_factor),
+      previous_set_(t_gemm_run.set) {
+  t_gemm_run = {true, precision, rows_factor};
+}
+GemmRunScope::~GemmRunScope() {
+  t_gemm_run = {previous_set_, previous_precision_, previous_factor_};
+}
 
 SerialGemmScope::SerialGemmScope() : previous_(t_serial_gemm) { t_serial_gemm = true; }
 SerialGemmScope::~SerialGemmScope() { t_serial_gemm = previous_; }

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/precision.h"
 
 namespace kiln::codegen {
 
@@ -35,6 +36,25 @@ uint64_t gemm_calls();
 /// loop nests of graphs that are not row-splittable; codegen/cpu_parallel.h): tests check with
 /// it that large loops were shared out and small ones were not.
 uint64_t parallel_loop_runs();
+
+/// While alive on a thread, the runtime GEMM's float32 products round their inputs as
+/// cpu::gemm_rounding decides for `precision` (read once per Executable::run, so that one run
+/// never mixes precisions) and for the whole product: `rows_factor` times the rows of each call
+/// (the run's rows over its row block's, where Executable::run splits a graph into blocks of
+/// rows), so that compiled products decide as eager ones do. Without one, a product reads the
+/// current precision and counts its own rows.
+class GemmRunScope {
+ public:
+  GemmRunScope(MatmulPrecision precision, double rows_factor);
+  ~GemmRunScope();
+  GemmRunScope(const GemmRunScope&) = delete;
+  GemmRunScope& operator=(const GemmRunScope&) = delete;
+
+ private:
+  MatmulPrecision previous_precision_;
+  double previous_factor_;
+  bool previous_set_;
+};
 
 /// While alive on a thread, the runtime GEMM runs single-threaded on that thread: Executable::run
 /// sets it around each row block it runs on the thread pool (the blocks are the parallelism;

@@ -2,9 +2,9 @@
 /// How float32 matrix products may compute inside: PyTorch's
 /// torch.set_float32_matmul_precision / get_float32_matmul_precision, with the same names.
 ///
-/// The setting is process-wide and read at each product, by eager matmul (CPU and CUDA) and by
-/// the GEMM calls of compiled code, so eager and compiled runs always use the same precision
-/// and changing it never recompiles. Inputs, outputs and accumulation stay float32 in every
+/// The setting is process-wide and read at each call, by eager matmul (CPU and CUDA) and by the
+/// GEMM calls of compiled code, so eager and compiled runs use the same precision and changing
+/// it never recompiles. Inputs, outputs and accumulation stay float32 in every
 /// mode; only the products of elements may be rounded first:
 ///   - Highest (the default): float32 products (oneDNN sgemm; cuBLAS CUBLAS_COMPUTE_32F).
 ///   - High: on NVIDIA GPUs from Ampere on, TensorFloat-32 tensor cores
@@ -12,10 +12,16 @@
 ///     product about 2^-11); on the CPU as Highest.
 ///   - Medium: bfloat16 inputs (8 mantissa bits, relative error of a product about 2^-8) with
 ///     float32 accumulation, where the hardware has bfloat16 dot-product kernels: on the CPU
-///     oneDNN's AVX512-BF16/AMX matmul for products of at least cpu::kBf16GemmMinFlops (about
-///     1.7x the float32 rate on a Zen 4 core, including the conversion), elsewhere as High;
-///     on NVIDIA GPUs CUBLAS_COMPUTE_32F_FAST_16BF.
-/// float64 and integer products are never affected.
+///     oneDNN's AVX512-BF16/AMX matmul (about 1.6-2x the float32 rate on Zen 4, including the
+///     conversion) for matmul ops large enough to repay converting their operands
+///     (cpu::bf16_gemm_pays: at least 16 MFLOP and 192 flops per converted element, decided
+///     once per op from its whole size, so eager and compiled runs, which split a product
+///     differently, decide alike); the dot-product instruction also flushes denormal inputs
+///     to zero. Elsewhere as High. On NVIDIA GPUs CUBLAS_COMPUTE_32F_FAST_16BF (cuBLAS may
+///     take TF32 instead of bfloat16 inputs).
+/// float64 and integer products are never affected. One op reads the setting once: its
+/// products never mix precisions when another thread changes it meanwhile (a compiled run
+/// reads it once for all its GEMMs).
 #include <cstdint>
 #include <string_view>
 

@@ -48,7 +48,10 @@ struct CompileOptions {
   /// rounding noise in a gradient that is 0 in exact arithmetic (a key projection's bias)
   /// into steps of ±lr, which differ between eager and compiled: raise atol for such state.
   bool check = false;
-  /// Relative / absolute tolerance of `check` and kiln::compare.
+  /// Relative / absolute tolerance of `check` and kiln::compare. Under
+  /// set_float32_matmul_precision("medium") raise rtol to about 1e-2: a last-bit difference
+  /// in a matmul's input (compiled and eager layer_norm may differ there) can move its
+  /// bfloat16 rounding by 2^-8.
   double rtol = 1e-5, atol = 1e-6;
   /// Buffer donation (like JAX's donate_argnums), for training steps: a tensor the function
   /// updates in place (an argument, or a captured parameter / optimizer state) gives its

@@ -16,7 +16,6 @@
 #include "backends/cpu/allocator.h"
 #include "backends/cpu/bf16_gemm.h"
 #include "backends/cpu/parallel.h"
-#include "core/precision.h"
 
 namespace kiln::cpu {
 namespace {
@@ -332,11 +331,19 @@ bool narrow_transposed(const Dnnl& d, bool trans_a, bool trans_b, int64_t m, int
 
 void onednn_single_thread() noexcept { single_omp_thread(dnnl()); }
 
+GemmRounding gemm_rounding(MatmulPrecision precision, double rows, double n, double k) {
+  return precision == MatmulPrecision::Medium && bf16_gemm_pays(rows, n, k) &&
+                 bf16_gemm_available()
+             ? GemmRounding::BFloat16
+             : GemmRounding::None;
+}
+
 bool sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
            const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
-           int64_t ldc, int threads) noexcept {
-  if (float32_matmul_precision() == MatmulPrecision::Medium &&
-      2.0 * double(m) * double(n) * double(k) >= kBf16GemmMinFlops &&
+           int64_t ldc, int threads, GemmRounding rounding) noexcept {
+  if (rounding == GemmRounding::Auto)
+    rounding = gemm_rounding(float32_matmul_precision(), double(m), double(n), double(k));
+  if (rounding == GemmRounding::BFloat16 &&
       bf16_gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, threads))
     return true;
   return sgemm_float32(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, threads);

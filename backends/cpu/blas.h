@@ -10,6 +10,8 @@
 /// wins (overwrite = 0).
 #include <cstdint>
 
+#include "core/precision.h"
+
 namespace kiln::cpu {
 
 /// Row-major C = alpha · op(A) · op(B) + beta · C with op(A) m×k, op(B) k×n, C m×n, where
@@ -53,13 +55,26 @@ inline constexpr int64_t kSplitGemmMinRows = 16;
 /// thread (attention's per-head products) instead of splitting each product.
 inline constexpr double kSpreadGemmBatchMaxFlops = kSplitGemmMinFlops;
 
+/// How sgemm rounds its inputs: bfloat16 (bf16_gemm.h) or not at all, decided by the caller
+/// once for a whole op (gemm_rounding), or by sgemm for its own product (Auto).
+enum class GemmRounding : uint8_t { Auto, None, BFloat16 };
+
+/// The rounding of a float32 matmul op under `precision`: BFloat16 under MatmulPrecision::Medium
+/// where bf16_gemm_available() and bf16_gemm_pays(rows, n, k), else None. `rows` counts the rows
+/// of C computed with one B (n columns, depth k): every row block of a product, and every
+/// batch element that shares its B (a Linear on [B, T, K]); products with a B of their own
+/// (attention's per-head products) count one each. An op reads the precision once and decides
+/// once, so that its products never mix precisions (another thread may change the setting
+/// meanwhile), and eager and compiled code, which fold batches and split rows differently,
+/// decide alike.
+GemmRounding gemm_rounding(MatmulPrecision precision, double rows, double n, double k);
+
 bool sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
            const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
-           int64_t ldc, int threads = 0) noexcept;
-/// sgemm in float32 whatever float32_matmul_precision() says. sgemm itself, under
-/// MatmulPrecision::Medium (core/precision.h), computes products of at least
-/// kBf16GemmMinFlops with bfloat16 inputs where the CPU has the kernels (bf16_gemm.h), and
-/// calls this otherwise.
+           int64_t ldc, int threads = 0, GemmRounding rounding = GemmRounding::Auto) noexcept;
+/// sgemm in float32 whatever float32_matmul_precision() says. sgemm itself computes with
+/// bfloat16 inputs where `rounding` is BFloat16, or, for Auto, where
+/// gemm_rounding(float32_matmul_precision(), m, n, k) says so; it calls this otherwise.
 bool sgemm_float32(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
                    const float* a, int64_t lda, const float* b, int64_t ldb, float beta,
                    float* c, int64_t ldc, int threads = 0) noexcept;

@@ -139,6 +139,12 @@ void batched_gemm(const OpCall& call, MatrixOperand a, MatrixOperand b, Shape ba
     }
   }
   const int64_t m = a.rows, nb = numel(batch);
+  // float32 products round their inputs as the op's size decides (blas.h): the rows of all
+  // batch elements that share one B.
+  bool b_shared = true;
+  for (int d = 0; d < b.nbatch; ++d) b_shared = b_shared && (batch[d] == 1 || b.bstride[d] == 0);
+  const GemmRounding rounding = gemm_rounding(
+      float32_matmul_precision(), double(m) * double(b_shared ? nb : 1), double(n), double(k));
   const T* pa = static_cast<const T*>(a.t.raw_data());
   const T* pb = static_cast<const T*>(b.t.raw_data());
   std::atomic<bool> failed{false};
@@ -158,7 +164,8 @@ void batched_gemm(const OpCall& call, MatrixOperand a, MatrixOperand b, Shape ba
     T* cp = c + bi * m * n;
     if constexpr (std::is_same_v<T, float>) {
       if (blas) {
-        if (!sgemm(ta, tb, m, n, k, alpha, pa + oa, lda, pb + ob, ldb, beta, cp, n, threads))
+        if (!sgemm(ta, tb, m, n, k, alpha, pa + oa, lda, pb + ob, ldb, beta, cp, n, threads,
+                   rounding))
           failed.store(true, std::memory_order_relaxed);
         return;
       }

@@ -99,16 +99,18 @@ TEST_CASE("to_bfloat16 rounds to nearest even and keeps NaN, Inf and signs") {
   }
 }
 
-TEST_CASE("Medium: float32 GEMM of bfloat16-rounded inputs, every transpose, split or not") {
+TEST_CASE("bfloat16 GEMM: float32 products of rounded inputs, every transpose, split or not") {
   const bool bf16 = cpu::bf16_gemm_available();
   if (!bf16) WARN("skipped the bfloat16 values: no bfloat16 GEMM kernels on this CPU");
   struct Shape3 {
     int64_t m, n, k;
   };
-  // Rows split on the pool; columns split (m < 32); k = 1000 for a long accumulation.
-  for (Shape3 s : {Shape3{300, 200, 150}, Shape3{20, 1000, 1000}})
+  // Rows split on the pool; columns split (m < 32); k = 1000 for a long accumulation; blocks
+  // of unequal size (a tail) on 3 threads.
+  for (Shape3 s : {Shape3{300, 200, 150}, Shape3{20, 1000, 1000}, Shape3{257, 130, 300},
+                   Shape3{20, 1201, 700}})
     for (int t = 0; t < 4; ++t)
-      for (int threads : {1, 2}) {
+      for (int threads : {1, 2, 3}) {
         const bool ta = t & 1, tb = t & 2;
         const int64_t lda = (ta ? s.m : s.k) + 3, ldb = (tb ? s.k : s.n) + 5, ldc = s.n + 7;
         const auto a = filled((ta ? s.k : s.m) * lda, 1), b = filled((tb ? s.n : s.k) * ldb, 2);
@@ -116,11 +118,8 @@ TEST_CASE("Medium: float32 GEMM of bfloat16-rounded inputs, every transpose, spl
         const float alpha = 0.5f, beta = 0.25f;
         CAPTURE(s.m, s.n, s.k, ta, tb, threads);
         std::vector<float> c = c0, c_f32 = c0;
-        {
-          PrecisionScope scope(MatmulPrecision::Medium);
-          REQUIRE(cpu::sgemm(ta, tb, s.m, s.n, s.k, alpha, a.data(), lda, b.data(), ldb, beta,
-                             c.data(), ldc, threads));
-        }
+        REQUIRE(cpu::sgemm(ta, tb, s.m, s.n, s.k, alpha, a.data(), lda, b.data(), ldb, beta,
+                           c.data(), ldc, threads, cpu::GemmRounding::BFloat16));
         REQUIRE(cpu::sgemm_float32(ta, tb, s.m, s.n, s.k, alpha, a.data(), lda, b.data(), ldb,
                                    beta, c_f32.data(), ldc, threads));
         if (!bf16) {
@@ -154,14 +153,14 @@ TEST_CASE("Medium: eager matmul follows the setting; small products and float64 
     return from_vector(std::vector<double>(v.begin(), v.end()), s).to(DType::Float32);
   };
   const Tensor a = tensor(filled(256 * 512, 4), {256, 512});
-  const Tensor b = tensor(filled(512 * 128, 5), {512, 128});
+  const Tensor b = tensor(filled(512 * 256, 5), {512, 256});
   const Tensor highest = matmul(a, b);
   Tensor medium, medium64, small, small_highest;
   {
     PrecisionScope scope(MatmulPrecision::Medium);
-    medium = matmul(a, b);  // 33.6 MFLOP
+    medium = matmul(a, b);  // 67 MFLOP
     medium64 = matmul(a.to(DType::Float64), b.to(DType::Float64));
-    small = matmul(a.slice(0, 0, 8), b);  // 1 MFLOP: below kBf16GemmMinFlops
+    small = matmul(a.slice(0, 0, 8), b);  // 2 MFLOP: below kBf16GemmMinFlops
   }
   small_highest = matmul(a.slice(0, 0, 8), b);
   const Tensor exact = matmul(a.to(DType::Float64), b.to(DType::Float64));
@@ -194,4 +193,58 @@ TEST_CASE("Medium: a NaN or Inf in an input reaches the outputs that read it") {
   CHECK(std::isnan(c[5 * 512 + 40]));
   CHECK(std::isinf(c[0 * 512 + 40]));
   CHECK(std::isfinite(c[0 * 512 + 41]));
+}
+
+TEST_CASE("gemm_rounding: bfloat16 only under medium, for products large and deep enough") {
+  using cpu::GemmRounding;
+  const GemmRounding bf16 =
+      cpu::bf16_gemm_available() ? GemmRounding::BFloat16 : GemmRounding::None;
+  CHECK(cpu::gemm_rounding(MatmulPrecision::Highest, 1024, 1024, 1024) == GemmRounding::None);
+  CHECK(cpu::gemm_rounding(MatmulPrecision::High, 1024, 1024, 1024) == GemmRounding::None);
+  CHECK(cpu::gemm_rounding(MatmulPrecision::Medium, 1024, 1024, 1024) == bf16);
+  CHECK(cpu::gemm_rounding(MatmulPrecision::Medium, 64, 64, 64) == GemmRounding::None);  // 0.5 MFLOP
+  // 268 MFLOP, but 2·m·n / (m + n) = 63.5 flops per converted element: converting B dominates.
+  CHECK(cpu::gemm_rounding(MatmulPrecision::Medium, 32, 4096, 1024) == GemmRounding::None);
+  CHECK(cpu::gemm_rounding(MatmulPrecision::Medium, 256, 4096, 1024) == bf16);
+}
+
+TEST_CASE("Medium: a batched matmul decides once, from the rows that share one B") {
+  // x [16, 64, 128] as a transposed view (its batch does not fold into rows) times one shared
+  // w [128, 128]: 16 products of 2.1 MFLOP (float32 alone), 33.5 MFLOP and 1024 rows together.
+  std::vector<float> xv = filled(64 * 16 * 128, 8), wv = filled(128 * 128, 9);
+  const Tensor x = from_vector(std::vector<double>(xv.begin(), xv.end()), {64, 16, 128})
+                       .to(DType::Float32)
+                       .transpose(0, 1);
+  const Tensor w = from_vector(std::vector<double>(wv.begin(), wv.end()), {128, 128})
+                       .to(DType::Float32);
+  // The same x with a B of its own per product (attention's shape): float32, each alone.
+  const Tensor w_each = w.unsqueeze(0).expand({16, 128, 128}).contiguous();
+  Tensor shared, own;
+  {
+    PrecisionScope scope(MatmulPrecision::Medium);
+    shared = matmul(x, w);
+    own = matmul(x, w_each);
+  }
+  auto round = [](const Tensor& t) {  // bfloat16-rounded values, in float64
+    std::vector<float> v = t.contiguous().to_vector<float>();
+    std::vector<double> r(v.size());
+    for (size_t i = 0; i < v.size(); ++i) r[i] = rounded(v[i]);
+    return from_vector(r, t.shape());
+  };
+  const bool bf16 = cpu::bf16_gemm_available();
+  const Tensor want = bf16 ? matmul(round(x), round(w))
+                           : matmul(x.to(DType::Float64), w.to(DType::Float64));
+  const Tensor per_product = (shared.to(DType::Float64) - want).abs().amax({1, 2});
+  CHECK(per_product.max().item<double>() < 1e-4);  // every product rounded alike
+  CHECK(equal(own, matmul(x, w_each)));  // as under highest
+}
+
+TEST_CASE("Medium: alpha = 0 gives beta · C, as float32 does, with Inf and NaN inputs") {
+  std::vector<float> a = filled(256 * 256, 10), b = filled(256 * 256, 11);
+  a[0] = std::numeric_limits<float>::infinity();
+  b[5] = std::numeric_limits<float>::quiet_NaN();
+  std::vector<float> c(256 * 256, 2.f);
+  REQUIRE(cpu::sgemm(false, false, 256, 256, 256, 0.f, a.data(), 256, b.data(), 256, 0.5f,
+                     c.data(), 256, 0, cpu::GemmRounding::BFloat16));
+  for (float v : c) REQUIRE(v == 1.f);
 }
