@@ -149,18 +149,22 @@ Benchmark eager_kv_cache_write(const RunConfig&) {
           gb_per_s(2.0 * kF32 * kB * kH * kD)};
 }
 
-Benchmark cublas_sgemm(const RunConfig&) {
+// cuBLAS float32 8192³ at a given matmul precision (TF32 tensor cores under High), whatever
+// the process-wide setting.
+Benchmark cublas_sgemm_at(MatmulPrecision precision) {
   require_blas();
   Tensor a = device_randn({kGemm, kGemm}), b = device_randn({kGemm, kGemm});
   Tensor c = empty({kGemm, kGemm}, Device::cuda());
   return {[=] {
             cuda::gemm_strided_batched(DType::Float32, false, false, kGemm, kGemm, kGemm, 1.0,
                                        a.raw_data(), kGemm, 0, b.raw_data(), kGemm, 0, 0.0,
-                                       c.raw_data(), kGemm, 0, 1);
+                                       c.raw_data(), kGemm, 0, 1, precision);
             cuda::synchronize(0);
           },
           gflop_per_s(2.0 * kGemm * kGemm * kGemm)};
 }
+Benchmark cublas_sgemm(const RunConfig&) { return cublas_sgemm_at(MatmulPrecision::Highest); }
+Benchmark cublas_sgemm_tf32(const RunConfig&) { return cublas_sgemm_at(MatmulPrecision::High); }
 
 Benchmark eager_matmul(const RunConfig&) {
   require_device();
@@ -210,6 +214,7 @@ std::vector<Case> cases() {
       {"embedding_grad_30522x768", Mode::Eager, "GB/s", eager_embedding_grad},
       {"kv_cache_slot_write", Mode::Eager, "GB/s", eager_kv_cache_write},
       {"sgemm_8192", Mode::Reference, "GFLOP/s", cublas_sgemm},
+      {"sgemm_8192_tf32", Mode::Reference, "GFLOP/s", cublas_sgemm_tf32},
       {"matmul_8192_f32", Mode::Eager, "GFLOP/s", eager_matmul},
       {"gemm_8192_bf16", Mode::Reference, "GFLOP/s", bf16_gemm},
   };

@@ -58,7 +58,7 @@ void rt_cuda_gemm(int64_t batch, int64_t m, int64_t n, int64_t k, int64_t a, int
                                reinterpret_cast<const char*>(b) + off_b * size, ldb, batch_b,
                                static_cast<double>(beta),
                                reinterpret_cast<char*>(c) + off_c * size, ldc, batch_c, batch,
-                               t_device);
+                               gemm_run_precision(), t_device);
   } catch (const Error& e) {
     record(e);
   }

@@ -128,8 +128,8 @@ void gemm_batched(int64_t batch, int64_t m, int64_t n, int64_t k, int64_t a, int
   const GemmRun run = t_gemm_run;
   const double rows_per_b = double(m) * double(batch_b == 0 ? batch : 1);
   const cpu::GemmRounding rounding =
-      cpu::gemm_rounding(run.set ? run.precision : float32_matmul_precision(),
-                         rows_per_b * (run.set ? run.rows_factor : 1.0), double(n), double(k));
+      cpu::gemm_rounding(gemm_run_precision(), rows_per_b * (run.set ? run.rows_factor : 1.0),
+                         double(n), double(k));
   auto product = [&](int64_t i, bool serial) {
     const T* pa = reinterpret_cast<const T*>(a) + off_a + i * batch_a;
     const T* pb = reinterpret_cast<const T*>(b) + off_b + i * batch_b;
@@ -159,6 +159,10 @@ void gemm_batched(int64_t batch, int64_t m, int64_t n, int64_t k, int64_t a, int
 }
 
 }  // namespace
+
+MatmulPrecision gemm_run_precision() {
+  return t_gemm_run.set ? t_gemm_run.precision : float32_matmul_precision();
+}
 
 GemmRunScope::GemmRunScope(MatmulPrecision precision, double rows_factor)
     : previous_precision_(t_gemm_run.precision),

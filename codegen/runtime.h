@@ -56,6 +56,10 @@ class GemmRunScope {
   bool previous_set_;
 };
 
+/// The precision of the GemmRunScope alive on this thread, else float32_matmul_precision():
+/// what compiled code's cuBLAS GEMMs use (one read per run, as on the CPU).
+MatmulPrecision gemm_run_precision();
+
 /// While alive on a thread, the runtime GEMM runs single-threaded on that thread: Executable::run
 /// sets it around each row block it runs on the thread pool (the blocks are the parallelism;
 /// a threaded BLAS inside each block would oversubscribe the cores).

@@ -155,7 +155,8 @@ std::string blas_unavailable_reason() noexcept {
 void gemm_strided_batched(DType dtype, bool trans_a, bool trans_b, int64_t m, int64_t n,
                           int64_t k, double alpha, const void* a, int64_t lda, int64_t stride_a,
                           const void* b, int64_t ldb, int64_t stride_b, double beta, void* c,
-                          int64_t ldc, int64_t stride_c, int64_t batch, int device, Loc loc) {
+                          int64_t ldc, int64_t stride_c, int64_t batch,
+                          std::optional<MatmulPrecision> precision_wanted, int device, Loc loc) {
   KILN_CHECK(dtype == DType::Float32 || dtype == DType::Float64, "cuda gemm", loc,
              "dtype {} is not supported (float32, float64)", name(dtype));
   check_sizes(m, n, k, batch, std::max({lda, ldb, ldc}), loc);
@@ -173,8 +174,9 @@ void gemm_strided_batched(DType dtype, bool trans_a, bool trans_b, int64_t m, in
   // float32 under High / Medium: TF32 or bfloat16 tensor cores (core/precision.h), where this
   // cuBLAS has cublasGemmStridedBatchedEx; float32 otherwise.
   const MatmulPrecision precision =
-      dtype == DType::Float32 && lib.gemm_strided_batched_ex ? float32_matmul_precision()
-                                                              : MatmulPrecision::Highest;
+      dtype == DType::Float32 && lib.gemm_strided_batched_ex
+          ? precision_wanted.value_or(float32_matmul_precision())
+          : MatmulPrecision::Highest;
   std::optional<ProfileScope> timed;  // KILN_CUDA_PROFILE
   if (profiling())
     timed.emplace(fmt::format("cuBLAS {}gemm {}x{}x{} (batch {}){}",

@@ -3,6 +3,7 @@
 /// unless env KILN_CUBLAS names the library. One handle per device, bound to the device's
 /// kiln stream (copy.h).
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "core/dtype.h"
@@ -26,7 +27,7 @@ std::string blas_unavailable_reason() noexcept;
 /// k x m (trans_a true); ldc >= n. dtype is Float32 or Float64. With beta == 0, C need not be
 /// initialised. Asynchronous on the kiln stream (copies to the host wait for it).
 ///
-/// float32 follows float32_matmul_precision() (core/precision.h): Highest is
+/// float32 follows `precision`, else float32_matmul_precision() (core/precision.h): Highest is
 /// cublasSgemmStridedBatched (CUBLAS_COMPUTE_32F); High and Medium are
 /// cublasGemmStridedBatchedEx with CUBLAS_COMPUTE_32F_FAST_TF32 and _FAST_16BF (TF32 or
 /// bfloat16 tensor cores from Ampere on; cuBLAS computes in float32 where the GPU lacks them).
@@ -36,7 +37,8 @@ std::string blas_unavailable_reason() noexcept;
 void gemm_strided_batched(DType dtype, bool trans_a, bool trans_b, int64_t m, int64_t n,
                           int64_t k, double alpha, const void* a, int64_t lda, int64_t stride_a,
                           const void* b, int64_t ldb, int64_t stride_b, double beta, void* c,
-                          int64_t ldc, int64_t stride_c, int64_t batch, int device = 0,
+                          int64_t ldc, int64_t stride_c, int64_t batch,
+                          std::optional<MatmulPrecision> precision = std::nullopt, int device = 0,
                           Loc loc = Loc::current());
 
 /// cuBLAS's compute type (cublasComputeType_t) for a float32 product under `p`:
