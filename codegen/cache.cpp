@@ -33,8 +33,8 @@ namespace fs = std::filesystem;
 
 constexpr char kMagic[8] = {'K', 'I', 'L', 'N', 'O', 'B', 'J', '\0'};
 // 2: row-split plan in the metadata; 3: its gemm flag; 4: outputs' in-place input; 5: its
-// per-row flag
-constexpr uint32_t kFormat = 5;
+// per-row flag; 6: the runtime GEMM's rows_split argument (codegen/runtime.cpp)
+constexpr uint32_t kFormat = 6;
 // Entries of another version read as stale and are rebuilt. The source hash (codegen/, formulas,
 // the dialect; see CMakeLists.txt) changes with any pipeline edit; bump the number when the
 // entry's metadata changes meaning.

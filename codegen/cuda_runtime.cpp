@@ -44,7 +44,8 @@ template <DType D>
 void rt_cuda_gemm(int64_t batch, int64_t m, int64_t n, int64_t k, int64_t a, int64_t off_a,
                   int64_t batch_a, int64_t lda, int64_t b, int64_t off_b, int64_t batch_b,
                   int64_t ldb, int64_t c, int64_t off_c, int64_t batch_c, int64_t ldc,
-                  int64_t beta, int64_t trans_a, int64_t trans_b) {
+                  int64_t /*rows_split: GPU runs are not split into row blocks*/, int64_t beta,
+                  int64_t trans_a, int64_t trans_b) {
   const int64_t size = static_cast<int64_t>(itemsize(D));
   if (t_error || cuda::runtime_error_pending()) return;  // operands may be null (a failed alloc)
   try {

@@ -98,7 +98,8 @@ void* rt_aligned_alloc(size_t alignment, size_t nbytes) {
 }
 
 /// C[i] = op(A[i]) · op(B[i]) + beta · C[i] for i < batch (beta 0 or 1; op(X) = Xᵀ when trans_x
-/// is 1, BLAS conventions: lda/ldb are the stored matrices' row strides), row-major with
+/// is 1, BLAS conventions: lda/ldb are the stored matrices' row strides; rows_split 1 when C's
+/// rows are a row block of the run, GemmRunScope), row-major with
 /// unit-stride rows; the calling convention of codegen/extern_calls.cpp: every argument an int64_t
 /// (pointers as integers, offsets in elements). float goes through cpu::sgemm (oneDNN), falling
 /// back to kiln's gemm when oneDNN rejects the leading dims.
@@ -115,7 +116,7 @@ template <class T>
 void gemm_batched(int64_t batch, int64_t m, int64_t n, int64_t k, int64_t a, int64_t off_a,
                   int64_t batch_a, int64_t lda, int64_t b, int64_t off_b, int64_t batch_b,
                   int64_t ldb, int64_t c, int64_t off_c, int64_t batch_c, int64_t ldc,
-                  int64_t beta, int64_t trans_a, int64_t trans_b) {
+                  int64_t rows_split, int64_t beta, int64_t trans_a, int64_t trans_b) {
   g_gemm_calls.fetch_add(1, std::memory_order_relaxed);
   cpu::GemmTimer timer;
   if (m == 0 || n == 0) return;
@@ -123,13 +124,16 @@ void gemm_batched(int64_t batch, int64_t m, int64_t n, int64_t k, int64_t a, int
   // per-head products) is spread over kiln's pool one product per thread; a single or large
   // product is split by cpu::sgemm itself.
   const bool small = 2.0 * double(m) * double(n) * double(k) < cpu::kSpreadGemmBatchMaxFlops;
-  // The op's rounding, decided once for all its products and row blocks (GemmRunScope), from
-  // the rows that share one B, as eager matmul does (cpu::gemm_rounding).
-  const GemmRun run = t_gemm_run;
-  const double rows_per_b = double(m) * double(batch_b == 0 ? batch : 1);
-  const cpu::GemmRounding rounding =
-      cpu::gemm_rounding(gemm_run_precision(), rows_per_b * (run.set ? run.rows_factor : 1.0),
-                         double(n), double(k));
+  // float32: the op's rounding, decided once for all its products and row blocks
+  // (GemmRunScope), from the rows that share one B, as eager matmul does (cpu::gemm_rounding);
+  // rows_split (extern_calls.cpp) says whether those rows are a block's of a row-split run.
+  cpu::GemmRounding rounding = cpu::GemmRounding::None;
+  if constexpr (std::is_same_v<T, float>) {
+    const GemmRun run = t_gemm_run;
+    const double rows_per_b = double(m) * double(batch_b == 0 ? batch : 1) *
+                              (run.set && rows_split ? run.rows_factor : 1.0);
+    rounding = cpu::gemm_rounding(gemm_run_precision(), rows_per_b, double(n), double(k));
+  }
   auto product = [&](int64_t i, bool serial) {
     const T* pa = reinterpret_cast<const T*>(a) + off_a + i * batch_a;
     const T* pb = reinterpret_cast<const T*>(b) + off_b + i * batch_b;

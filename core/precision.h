@@ -15,9 +15,11 @@
 ///     oneDNN's AVX512-BF16/AMX matmul (about 1.6-2x the float32 rate on Zen 4, including the
 ///     conversion) for matmul ops large enough to repay converting their operands
 ///     (cpu::bf16_gemm_pays: at least 16 MFLOP and 192 flops per converted element, decided
-///     once per op from its whole size, so eager and compiled runs, which split a product
-///     differently, decide alike); the dot-product instruction also flushes denormal inputs
-///     to zero. Elsewhere as High. On NVIDIA GPUs CUBLAS_COMPUTE_32F_FAST_16BF (cuBLAS may
+///     once per op from the rows of C that share one B, cpu::gemm_rounding, so eager and
+///     compiled runs, which fold batches and split rows differently, decide alike; one known
+///     exception: a B whose batch dims are all 1, [1, K, N], which compiled code computes as
+///     loops in float32); the dot-product instruction also flushes denormal inputs to zero.
+///     Elsewhere as High. On NVIDIA GPUs CUBLAS_COMPUTE_32F_FAST_16BF (cuBLAS may
 ///     take TF32 instead of bfloat16 inputs).
 /// float64 and integer products are never affected. One op reads the setting once: its
 /// products never mix precisions when another thread changes it meanwhile (a compiled run

@@ -62,8 +62,8 @@ enum class GemmRounding : uint8_t { Auto, None, BFloat16 };
 /// The rounding of a float32 matmul op under `precision`: BFloat16 under MatmulPrecision::Medium
 /// where bf16_gemm_available() and bf16_gemm_pays(rows, n, k), else None. `rows` counts the rows
 /// of C computed with one B (n columns, depth k): every row block of a product, and every
-/// batch element that shares its B (a Linear on [B, T, K]); products with a B of their own
-/// (attention's per-head products) count one each. An op reads the precision once and decides
+/// batch element that shares its B by shape (a Linear on [B, T, K]); products with a B of
+/// their own (attention's per-head products, an expanded B) count one each. An op reads the precision once and decides
 /// once, so that its products never mix precisions (another thread may change the setting
 /// meanwhile), and eager and compiled code, which fold batches and split rows differently,
 /// decide alike.

@@ -112,6 +112,16 @@ void batched_gemm(const OpCall& call, MatrixOperand a, MatrixOperand b, Shape ba
   }
 
   const bool blas = std::is_same_v<T, float> && onednn_available();
+  // float32 products round their inputs as the op's size decides (blas.h): the rows of all
+  // batch elements that share one B by shape (B's batch dims of size 1; an expanded B counts
+  // as a B per element, as compiled code materialises it), decided before any copy or fold.
+  GemmRounding rounding = GemmRounding::None;
+  if (blas) {
+    bool b_shared = true;
+    for (int i = 0; i + 2 < b.t.dim(); ++i) b_shared = b_shared && b.t.size(i) == 1;
+    const double rows_per_b = double(a.rows) * double(b_shared ? numel(batch) : 1);
+    rounding = gemm_rounding(float32_matmul_precision(), rows_per_b, double(n), double(k));
+  }
   // sgemm needs a unit stride in one of the two dims of each operand; copy otherwise.
   bool ta = false, tb = false;
   int64_t lda = 0, ldb = 0;
@@ -139,12 +149,6 @@ void batched_gemm(const OpCall& call, MatrixOperand a, MatrixOperand b, Shape ba
     }
   }
   const int64_t m = a.rows, nb = numel(batch);
-  // float32 products round their inputs as the op's size decides (blas.h): the rows of all
-  // batch elements that share one B.
-  bool b_shared = true;
-  for (int d = 0; d < b.nbatch; ++d) b_shared = b_shared && (batch[d] == 1 || b.bstride[d] == 0);
-  const GemmRounding rounding = gemm_rounding(
-      float32_matmul_precision(), double(m) * double(b_shared ? nb : 1), double(n), double(k));
   const T* pa = static_cast<const T*>(a.t.raw_data());
   const T* pb = static_cast<const T*>(b.t.raw_data());
   std::atomic<bool> failed{false};

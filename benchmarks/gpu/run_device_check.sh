@@ -32,6 +32,10 @@ done
 BUILD=${BUILD:-build-gpu}
 STEP_TIMEOUT=${STEP_TIMEOUT:-600}
 TOTAL_TIMEOUT=${TOTAL_TIMEOUT:-0}
+[[ $TOTAL_TIMEOUT =~ ^[0-9]+$ && $STEP_TIMEOUT =~ ^[0-9]+$ ]] || {
+  echo "TOTAL_TIMEOUT and STEP_TIMEOUT are whole seconds" >&2
+  exit 2
+}
 START_SECONDS=$SECONDS
 # Seconds the next step may run: STEP_TIMEOUT, or less where TOTAL_TIMEOUT leaves less (10 s kept
 # for the table). Prints 0 when too little is left to start one.
@@ -43,12 +47,13 @@ budget() {
   elif [ "$left" -lt "$STEP_TIMEOUT" ]; then echo "$left"
   else echo "$STEP_TIMEOUT"; fi
 }
-# Runs "$@" under timeout with budget()'s limit, or says it was skipped (exit status 124).
+# Runs "$@" under timeout with budget()'s limit, or says on stdout (which every caller logs)
+# that it was skipped, exit status 124.
 limited() {
   local t
   t=$(budget)
   if [ "$t" -eq 0 ]; then
-    echo "skipped: TOTAL_TIMEOUT=$TOTAL_TIMEOUT s leaves too little time for: $*" | tee -a "$LOG"
+    echo "skipped: TOTAL_TIMEOUT=$TOTAL_TIMEOUT s leaves too little time for: $*"
     return 124
   fi
   timeout "$t" "$@"
@@ -94,7 +99,7 @@ fi
 step "GPU tests"
 run_test() {  # a test binary and its Catch filter, each one word (no globbing)
   local out
-  if [ "$(budget)" -eq 0 ]; then limited "$@"; status=1; return; fi  # says it is skipped
+  if [ "$(budget)" -eq 0 ]; then limited "$@" | tee -a "$LOG"; status=1; return; fi  # skipped
   out=$(mktemp)
   if limited "$@" > "$out" 2>&1; then echo "passed: $*" | tee -a "$LOG"
   else

@@ -83,3 +83,37 @@ TEST_CASE("Executable: GEMMs round as the whole eager product does, split into r
       }
     }
 }
+
+TEST_CASE("Executable: GEMMs whose rows are not the split rows keep eager's rounding") {
+  Restore restore;
+  manual_seed(12);
+  set_float32_matmul_precision("medium");
+  // (1) A batch_matmul split over its batch: each product has its own B and 128 rows (4.2
+  // MFLOP, float32 in eager); the blocks must not count the run's batch as its rows.
+  ir::Graph bmm_graph;
+  {
+    ir::Value u = bmm_graph.input(DType::Float32, {8, 128, 128});
+    ir::Value v = bmm_graph.input(DType::Float32, {8, 128, 128});
+    bmm_graph.output(bmm_graph.op(OpKind::Relu, {bmm_graph.op(OpKind::Matmul, {u, v})}));
+  }
+  const Tensor u = randn({8, 128, 128}), v = randn({8, 128, 128});
+  // (2) x + W1 @ W2: every row block computes the whole 128 x 128 x 128 product (4.2 MFLOP).
+  ir::Graph whole_graph;
+  {
+    ir::Value x = whole_graph.input(DType::Float32, {4, 128, 128});
+    ir::Value w1 = whole_graph.input(DType::Float32, {128, 128});
+    ir::Value w2 = whole_graph.input(DType::Float32, {128, 128});
+    whole_graph.output(whole_graph.op(OpKind::Add, {x, whole_graph.op(OpKind::Matmul, {w1, w2})}));
+  }
+  const Tensor x = randn({4, 128, 128}), w1 = randn({128, 128}), w2 = randn({128, 128});
+  const codegen::Executable bmm_exe(bmm_graph), whole_exe(whole_graph);
+  for (int threads : {2, 4}) {
+    CAPTURE(threads);
+    cpu::set_num_threads(threads);
+    const Tensor eager_bmm = relu(matmul(u, v)), eager_whole = x + matmul(w1, w2);
+    CHECK(max_diff(bmm_exe.run({u, v})[0], eager_bmm) <
+          1e-6 * eager_bmm.abs().max().item<double>());
+    CHECK(max_diff(whole_exe.run({x, w1, w2})[0], eager_whole) <
+          1e-6 * eager_whole.abs().max().item<double>());
+  }
+}

@@ -26,6 +26,9 @@ struct PrecisionScope {
 // The float32 value of a bfloat16 bit pattern.
 float widen(uint16_t h) { return std::bit_cast<float>(uint32_t{h} << 16); }
 double rounded(float x) { return widen(cpu::to_bfloat16(x)); }
+double max_diff_f(const Tensor& a, const Tensor& b) {
+  return (a.to(DType::Float64) - b.to(DType::Float64)).abs().max().item<double>();
+}
 
 std::vector<float> filled(int64_t n, int salt) {  // deterministic values in [-1, 1)
   std::vector<float> v(static_cast<size_t>(n));
@@ -237,6 +240,16 @@ TEST_CASE("Medium: a batched matmul decides once, from the rows that share one B
   const Tensor per_product = (shared.to(DType::Float64) - want).abs().amax({1, 2});
   CHECK(per_product.max().item<double>() < 1e-4);  // every product rounded alike
   CHECK(equal(own, matmul(x, w_each)));  // as under highest
+  // An expanded B is a B per product whatever its strides: a stride-0 view and the copy of a
+  // strided one (which eager materialises) round alike.
+  const Tensor w_strided = w.t().contiguous().t();  // column-major
+  Tensor expanded, copied;
+  {
+    PrecisionScope scope(MatmulPrecision::Medium);
+    expanded = matmul(x, w.unsqueeze(0).expand({16, 128, 128}));
+    copied = matmul(x, w_strided.unsqueeze(0).expand({16, 128, 128}));
+  }
+  CHECK(max_diff_f(expanded, copied) < 1e-5);
 }
 
 TEST_CASE("Medium: alpha = 0 gives beta · C, as float32 does, with Inf and NaN inputs") {

@@ -82,7 +82,7 @@ func.func @both(%a: tensor<5x3xf32>, %b: tensor<7x5xf32>) -> tensor<3x7xf32> {
   return %r : tensor<3x7xf32>
 }
 
-// LLVM: declare void @kiln_rt_gemm_f32(i64, i64, i64, i64, i64, i64, i64, i64, i64, i64, i64, i64, i64, i64, i64, i64, i64, i64, i64)
+// LLVM: declare void @kiln_rt_gemm_f32(i64, i64, i64, i64, i64, i64, i64, i64, i64, i64, i64, i64, i64, i64, i64, i64, i64, i64, i64, i64)
 // LLVM-LABEL: define {{.*}} @linear(
 // LLVM: call void @kiln_rt_gemm_f32(
 

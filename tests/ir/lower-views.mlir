@@ -50,7 +50,7 @@ func.func @views(%x: tensor<4x6xf32>, %s: tensor<4x1xi32>, %d: tensor<?x5xf64>) 
 // CHECK: linalg.generic {{.*}}ins(%arg4, %[[MM]] : tensor<5xf32>, tensor<3x5xf32>)
 // CHECK: %[[P:.*]] = arith.mulf %{{.*}}, %cst_0
 // CHECK: math.fma %cst, %in, %[[P]] : f32
-// EXTERN-DAG: func.func private @kiln_rt_gemm_f32(index, index, index, index, index, index, index, index, index, index, index, index, index, index, index, index, index, index, index)
+// EXTERN-DAG: func.func private @kiln_rt_gemm_f32(index, index, index, index, index, index, index, index, index, index, index, index, index, index, index, index, index, index, index, index)
 // The zero fill of C folds into the call: beta = 0 (then trans_a = trans_b = 0, the last two).
 // EXTERN-LABEL: func.func @matmuls
 // EXTERN: memref.extract_aligned_pointer_as_index
@@ -60,7 +60,7 @@ func.func @views(%x: tensor<4x6xf32>, %s: tensor<4x1xi32>, %d: tensor<?x5xf64>) 
 // EXTERN: call @kiln_rt_gemm_f32({{.*}}, %c0{{[_0-9]*}}, %c0{{[_0-9]*}}, %c0{{[_0-9]*}}) :
 // EXTERN-NOT: linalg.matmul
 // EXTERN-NOT: linalg.batch_matmul
-// LLVM: declare void @kiln_rt_gemm_f32(i64, i64, i64, i64, i64, i64, i64, i64, i64, i64, i64, i64, i64, i64, i64, i64, i64, i64, i64)
+// LLVM: declare void @kiln_rt_gemm_f32(i64, i64, i64, i64, i64, i64, i64, i64, i64, i64, i64, i64, i64, i64, i64, i64, i64, i64, i64, i64)
 // LLVM: define {{.*}} @matmuls(
 // LLVM: call void @kiln_rt_gemm_f32(
 func.func @matmuls(%a: tensor<2x3x4xf32>, %b: tensor<2x4x5xf32>, %v: tensor<4xi32>, %m: tensor<4x5xf64>, %bias: tensor<5xf32>, %p: tensor<3x4xf32>, %q: tensor<4x5xf32>) -> (tensor<2x3x5xf32>, tensor<5xf64>, tensor<3x5xf32>) {
