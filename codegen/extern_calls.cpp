@@ -109,9 +109,9 @@ struct ExternCallsPass : mlir::PassWrapper<ExternCallsPass, mlir::OperationPass<
         if (i == 0) a_sizes.assign(md.getSizes().begin(), md.getSizes().end());
       }
       // Whether the rows that share one B (C's rows; with a broadcast A or B, all of a batch's)
-      // scale with a row-split run's block: the only dynamic dims of a row-split graph's
-      // buffers are its relaxed rows, so a dynamic row (or, for a batch sharing B, batch) dim
-      // of C does. The runtime then counts the run's rows, not the block's, when it decides
+      // scale with a row-split run's block: a row-split graph's buffers are dynamic only in its
+      // relaxed rows (and in symbolic sizes, which this takes for split rows too), so a dynamic
+      // row (or, for a batch sharing B, batch) dim of C does. The runtime then counts the run's rows, not the block's, when it decides
       // whether to round to bfloat16 (runtime.h, GemmRunScope), as eager matmul decides.
       auto c_shape = llvm::cast<mlir::MemRefType>(c.getType()).getShape();
       const bool b_batched = llvm::cast<mlir::MemRefType>(b.getType()).getRank() == 3;

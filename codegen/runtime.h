@@ -39,10 +39,11 @@ uint64_t parallel_loop_runs();
 
 /// While alive on a thread, the runtime GEMM's float32 products round their inputs as
 /// cpu::gemm_rounding decides for `precision` (read once per Executable::run, so that one run
-/// never mixes precisions) and for the whole product: `rows_factor` times the rows of each call
-/// (the run's rows over its row block's, where Executable::run splits a graph into blocks of
-/// rows), so that compiled products decide as eager ones do. Without one, a product reads the
-/// current precision and counts its own rows.
+/// never mixes precisions) and for the whole product: a call whose C rows are the block's
+/// (rows_split, from kiln-extern-calls) counts `rows_factor` times its rows (the run's rows over
+/// its row block's, where Executable::run splits a graph into blocks of rows), so that compiled
+/// products decide as eager ones do. Without one, a product reads the current precision and
+/// counts its own rows.
 class GemmRunScope {
  public:
   GemmRunScope(MatmulPrecision precision, double rows_factor);

@@ -63,10 +63,10 @@ enum class GemmRounding : uint8_t { Auto, None, BFloat16 };
 /// where bf16_gemm_available() and bf16_gemm_pays(rows, n, k), else None. `rows` counts the rows
 /// of C computed with one B (n columns, depth k): every row block of a product, and every
 /// batch element that shares its B by shape (a Linear on [B, T, K]); products with a B of
-/// their own (attention's per-head products, an expanded B) count one each. An op reads the precision once and decides
-/// once, so that its products never mix precisions (another thread may change the setting
-/// meanwhile), and eager and compiled code, which fold batches and split rows differently,
-/// decide alike.
+/// their own (attention's per-head products, an expanded B) count one each. An op reads the
+/// precision once and decides once, so that its products never mix precisions (another
+/// thread may change the setting meanwhile), and eager and compiled code, which fold batches
+/// and split rows differently, decide alike.
 GemmRounding gemm_rounding(MatmulPrecision precision, double rows, double n, double k);
 
 bool sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,

@@ -205,8 +205,11 @@ void gemm_strided_batched(DType dtype, bool trans_a, bool trans_b, int64_t m, in
                   static_cast<const double*>(a), int(lda), stride_a, &beta,
                   static_cast<double*>(c), int(ldc), stride_c, int(batch));
   }
-  KILN_CHECK(s == 0, "cuda gemm", loc, "cublas{}gemmStridedBatched(m={}, n={}, k={}, batch={}): {}",
-             dtype == DType::Float32 ? 'S' : 'D', m, n, k, batch, status_text(lib, s));
+  KILN_CHECK(s == 0, "cuda gemm", loc, "{}(m={}, n={}, k={}, batch={}): {}",
+             precision != MatmulPrecision::Highest ? "cublasGemmStridedBatchedEx"
+             : dtype == DType::Float32            ? "cublasSgemmStridedBatched"
+                                                  : "cublasDgemmStridedBatched",
+             m, n, k, batch, status_text(lib, s));
 }
 
 void gemm_bf16(int64_t m, int64_t n, int64_t k, const void* a, const void* b, void* c, int device,

@@ -55,7 +55,8 @@ TEST_CASE("Executable: GEMMs round as the whole eager product does, split into r
   {
     ir::Value u = batched_graph.input(DType::Float32, {8, 64, 128});
     ir::Value v = batched_graph.input(DType::Float32, {128, 128});
-    batched_graph.output(batched_graph.op(OpKind::Relu, {batched_graph.op(OpKind::Matmul, {u, v})}));
+    ir::Value product = batched_graph.op(OpKind::Matmul, {u, v});
+    batched_graph.output(batched_graph.op(OpKind::Relu, {product}));
   }
   const Tensor u = randn({8, 64, 128}), v = randn({128, 128});
   const codegen::Executable linear_exe(linear_graph), batched_exe(batched_graph);

@@ -205,7 +205,8 @@ TEST_CASE("gemm_rounding: bfloat16 only under medium, for products large and dee
   CHECK(cpu::gemm_rounding(MatmulPrecision::Highest, 1024, 1024, 1024) == GemmRounding::None);
   CHECK(cpu::gemm_rounding(MatmulPrecision::High, 1024, 1024, 1024) == GemmRounding::None);
   CHECK(cpu::gemm_rounding(MatmulPrecision::Medium, 1024, 1024, 1024) == bf16);
-  CHECK(cpu::gemm_rounding(MatmulPrecision::Medium, 64, 64, 64) == GemmRounding::None);  // 0.5 MFLOP
+  // 0.5 MFLOP: below kBf16GemmMinFlops.
+  CHECK(cpu::gemm_rounding(MatmulPrecision::Medium, 64, 64, 64) == GemmRounding::None);
   // 268 MFLOP, but 2·m·n / (m + n) = 63.5 flops per converted element: converting B dominates.
   CHECK(cpu::gemm_rounding(MatmulPrecision::Medium, 32, 4096, 1024) == GemmRounding::None);
   CHECK(cpu::gemm_rounding(MatmulPrecision::Medium, 256, 4096, 1024) == bf16);
