@@ -16,9 +16,9 @@ inline constexpr double kBf16GemmMinFlops = 16e6;
 /// 23.4 ms; on two threads m = 64 was slower (10.1 against 9.3 ms), m = 128 faster.
 inline constexpr double kBf16GemmMinFlopsPerElement = 192;
 
-/// Whether sgemm computes an m x n x k product in bfloat16 under Medium: both bounds above.
-/// Compiled code that runs a graph by blocks of rows passes the whole product's m (see
-/// GemmRowsScope in blas.h), so that compiled and eager products decide alike.
+/// Whether an m x n x k product is worth bfloat16 under Medium: both bounds above. Callers
+/// pass the rows of the whole op (cpu::gemm_rounding in blas.h; compiled code's row blocks
+/// through codegen::GemmRunScope), so that compiled and eager products decide alike.
 inline bool bf16_gemm_pays(double m, double n, double k) {
   return 2 * m * n * k >= kBf16GemmMinFlops && 2 * m * n >= kBf16GemmMinFlopsPerElement * (m + n);
 }
