@@ -915,11 +915,15 @@ void gpu_parallel_loops(mlir::ModuleOp m, const GpuTarget& target, bool row_sepa
   wrap_host_accesses(fn);
   split_sums(fn);
   fuse_row_loops(fn, /*verify=*/!row_separable);
-  fuse_same_domain_loops(fn);
   // The emulation runs every loop on one CPU thread: lanes of one (no shuffles).
-  if (!for_device) spread_rows_over_lanes(fn, 1, target.threads_per_block);
-  else if (target.row_lanes != 1)
-    spread_rows_over_lanes(fn, target.row_lanes, target.threads_per_block);
+  const int lanes = for_device ? target.row_lanes : 1;
+  // Static graphs (whole steps): rows merge where a warp's lanes will share each row; with a
+  // thread per row on a device (KILN_CUDA_ROW_LANES=1) the merged rows would read uncoalesced.
+  if (!row_separable && (lanes > 1 || !for_device))
+    fuse_static_row_loops(fn,
+                          [&](mlir::scf::ParallelOp p) { return spreads_over_lanes(p, lanes); });
+  fuse_same_domain_loops(fn);
+  if (!for_device || lanes != 1) spread_rows_over_lanes(fn, lanes, target.threads_per_block);
   linearize(fn);  // nests left multi-dimensional (grid y/z are limited to 65535)
   unroll_elementwise(fn, target.threads_per_block, target.elements_per_thread);
   log_module("GPU parallel loops", m);

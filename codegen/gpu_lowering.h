@@ -12,6 +12,9 @@ class ModuleOp;
 class DialectRegistry;
 class Operation;
 class Value;
+namespace scf {
+class ParallelOp;
+}
 namespace func {
 class FuncOp;
 }
@@ -56,6 +59,9 @@ void gpu_parallel_loops(mlir::ModuleOp m, const GpuTarget& target, bool row_sepa
 /// than 2 * lanes keep a thread each on a GPU). Returns the number of loops rewritten. Throws
 /// kiln::Error unless lanes is 1, or 32 with `threads_per_block` a multiple of 32.
 int spread_rows_over_lanes(mlir::func::FuncOp fn, int lanes, int threads_per_block);
+
+/// Whether spread_rows_over_lanes would rewrite the top-level parallel loop `p` for `lanes`.
+bool spreads_over_lanes(mlir::scf::ParallelOp p, int lanes);
 
 /// Registers kiln-gpu-row-lanes{lanes=32} (spread_rows_over_lanes on each function, for lit
 /// tests) and the dialects its input and output need.

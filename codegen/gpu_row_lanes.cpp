@@ -402,6 +402,18 @@ void register_gpu_row_lanes_pass(mlir::DialectRegistry& registry) {
   mlir::PassRegistration<RowLanesPass>();
 }
 
+namespace {
+
+/// On a GPU, rows shorter than two warps keep a thread each (most lanes would idle); in the
+/// emulation (lanes == 1) every row loop is rewritten, so tests reach it with small shapes.
+int64_t min_columns_for(int lanes) { return lanes > 1 ? 2 * int64_t{lanes} : 0; }
+
+}  // namespace
+
+bool spreads_over_lanes(mlir::scf::ParallelOp p, int lanes) {
+  return RowPlan::make(p, min_columns_for(lanes)).has_value();
+}
+
 int spread_rows_over_lanes(mlir::func::FuncOp fn, int lanes, int threads_per_block) {
   // A row's lanes must be one whole warp: NVVM's shuffle masks cover lanes [0, width), and a
   // block that is not whole warps would split a row's lanes.
@@ -413,9 +425,7 @@ int spread_rows_over_lanes(mlir::func::FuncOp fn, int lanes, int threads_per_blo
   llvm::SmallVector<mlir::scf::ParallelOp> candidates;
   for (mlir::Operation& op : fn.getBody().front())
     if (auto p = llvm::dyn_cast<mlir::scf::ParallelOp>(op)) candidates.push_back(p);
-  // On a GPU, rows shorter than two warps keep a thread each (most lanes would idle); in the
-  // emulation (lanes == 1) every row loop is rewritten, so tests reach it with small shapes.
-  const int64_t min_columns = lanes > 1 ? 2 * int64_t{lanes} : 0;
+  const int64_t min_columns = min_columns_for(lanes);
   int rewritten = 0;
   for (mlir::scf::ParallelOp p : candidates)
     if (auto plan = RowPlan::make(p, min_columns)) {

@@ -269,13 +269,8 @@ bool merge_loop_runs(
   return merged;
 }
 
-}  // namespace
-
-bool fuse_row_loops(mlir::func::FuncOp fn, bool verify) {
-  mlir::Block& block = fn.getBody().front();
-  auto loops = top_level_loops(fn);
-  if (loops.size() < 2 || llvm::none_of(loops, has_serial_loop)) return false;
-  // Allocations go up to where their sizes are known, so they do not separate loops.
+/// Allocations go up to where their sizes are known, so they do not separate loops.
+void hoist_allocations(mlir::Block& block) {
   for (auto alloc : llvm::to_vector(block.getOps<mlir::memref::AllocOp>())) {
     mlir::Operation* after = nullptr;
     for (mlir::Value v : alloc->getOperands())
@@ -285,6 +280,42 @@ bool fuse_row_loops(mlir::func::FuncOp fn, bool verify) {
     if (after) alloc->moveAfter(after);
     else alloc->moveBefore(&block.front());
   }
+}
+
+/// The attribute that names a static row group's loops (fuse_static_row_loops) while they are
+/// tried and merged.
+constexpr llvm::StringLiteral kRowGroup = "kiln.row_group";
+
+/// Merges the loops of `fn` tagged with a row group in `groups` (id -> row dims): each becomes a
+/// loop over its group's row dims (keep_rows_parallel), then consecutive loops of one group
+/// merge (merge_loop_runs).
+void merge_row_groups(mlir::func::FuncOp fn, const llvm::DenseMap<int64_t, unsigned>& groups) {
+  auto group_of = [](mlir::scf::ParallelOp p) -> int64_t {
+    auto id = p->getAttrOfType<mlir::IntegerAttr>(kRowGroup);
+    return id ? id.getInt() : -1;
+  };
+  for (mlir::scf::ParallelOp p : top_level_loops(fn)) {
+    const int64_t id = group_of(p);
+    auto it = groups.find(id);
+    if (it == groups.end()) continue;
+    mlir::scf::ParallelOp q = keep_rows_parallel(p, it->second);
+    q->setAttr(kRowGroup, mlir::IntegerAttr::get(mlir::IntegerType::get(q.getContext(), 64), id));
+  }
+  merge_loop_runs(
+      fn.getBody().front(), [&](mlir::scf::ParallelOp p) { return groups.contains(group_of(p)); },
+      [&](mlir::scf::ParallelOp leader, mlir::scf::ParallelOp p) {
+        return group_of(leader) == group_of(p);
+      },
+      [&](mlir::scf::ParallelOp p) { return groups.lookup(group_of(p)); });
+}
+
+}  // namespace
+
+bool fuse_row_loops(mlir::func::FuncOp fn, bool verify) {
+  mlir::Block& block = fn.getBody().front();
+  auto loops = top_level_loops(fn);
+  if (loops.size() < 2 || llvm::none_of(loops, has_serial_loop)) return false;
+  hoist_allocations(block);
   if (verify && sink_loops_past_gemms(block))
     log_module("GPU rows: loops moved after GEMMs", fn->getParentOfType<mlir::ModuleOp>());
   auto stays = [](mlir::Operation& op) {  // an op no loop merges across
@@ -312,6 +343,58 @@ bool fuse_row_loops(mlir::func::FuncOp fn, bool verify) {
         return row_dims.lookup(leader) == row_dims.lookup(p);
       },
       [&](mlir::scf::ParallelOp p) { return row_dims.lookup(p); });
+}
+
+bool fuse_static_row_loops(mlir::func::FuncOp fn,
+                           llvm::function_ref<bool(mlir::scf::ParallelOp)> accept) {
+  mlir::Block& block = fn.getBody().front();
+  auto loops = top_level_loops(fn);
+  if (loops.size() < 2 || llvm::none_of(loops, has_serial_loop)) return false;
+  hoist_allocations(block);
+  auto is_static = [](mlir::scf::ParallelOp p) {
+    if (p->getNumResults() != 0) return false;
+    for (auto [lb, ub, step] : llvm::zip(p.getLowerBound(), p.getUpperBound(), p.getStep()))
+      if (!mlir::isConstantIntValue(lb, 0) || !mlir::isConstantIntValue(step, 1) ||
+          !mlir::getConstantIntValue(ub))
+        return false;
+    return true;
+  };
+  // Runs of static loops with only pure ops between them, cut greedily into groups that share
+  // at least one row dim.
+  llvm::SmallVector<llvm::SmallVector<mlir::scf::ParallelOp>> groups(1);
+  for (mlir::Operation& op : block) {
+    auto p = llvm::dyn_cast<mlir::scf::ParallelOp>(op);
+    if (p && is_static(p)) {
+      llvm::SmallVector<mlir::scf::ParallelOp>& group = groups.back();
+      group.push_back(p);
+      if (group.size() > 1 && shared_row_dims(group, /*verify=*/true) == 0) {
+        group.pop_back();
+        groups.push_back({p});
+      }
+      continue;
+    }
+    if (!(mlir::isMemoryEffectFree(&op) && op.getNumRegions() == 0) && !groups.back().empty())
+      groups.emplace_back();
+  }
+  llvm::DenseMap<int64_t, unsigned> dims;  // group id -> row dims
+  mlir::Builder b(fn.getContext());
+  for (auto [id, group] : llvm::enumerate(groups)) {
+    if (group.size() < 2 || llvm::none_of(group, has_serial_loop)) continue;
+    dims[id] = shared_row_dims(group, /*verify=*/true);
+    for (mlir::scf::ParallelOp p : group) p->setAttr(kRowGroup, b.getI64IntegerAttr(id));
+  }
+  // Each group is merged in a copy first: it merges only if every loop it becomes is one that
+  // `accept`s.
+  llvm::DenseMap<int64_t, unsigned> accepted = dims;
+  auto trial = llvm::cast<mlir::func::FuncOp>(fn->clone());
+  merge_row_groups(trial, dims);
+  for (mlir::scf::ParallelOp p : top_level_loops(trial))
+    if (auto id = p->getAttrOfType<mlir::IntegerAttr>(kRowGroup); id && !accept(p))
+      accepted.erase(id.getInt());
+  trial->erase();
+  merge_row_groups(fn, accepted);
+  for (mlir::scf::ParallelOp p : top_level_loops(fn)) p->removeAttr(kRowGroup);
+  return !accepted.empty();
 }
 
 

@@ -27,6 +27,19 @@ llvm::SmallVector<mlir::scf::ParallelOp> top_level_loops(mlir::func::FuncOp fn);
 /// show it safe, dim 0 included. Returns whether any nests were merged.
 bool fuse_row_loops(mlir::func::FuncOp fn, bool verify);
 
+/// Row mode for graphs with static shapes that are not row-separable (a whole training step):
+/// runs of consecutive top-level parallel loops with constant bounds (only pure ops between
+/// them) are cut into groups, each as long as its loops share at least one row dim by
+/// fuse_row_loops' verify rule. A group of two or more loops with a reduction among them (a
+/// serial loop: softmax's row max and sum with the normalisation and dropout after them, or
+/// its backward's row sum between two elementwise loops) becomes one loop over its row dims,
+/// when every loop that results is one `accept` takes (the caller's test that the rows will be
+/// spread over a warp's lanes: a row loop that keeps a thread per row reads uncoalesced).
+/// Each row's elements are then read back by the warp that wrote them, in cache, instead of
+/// by another kernel from DRAM. Returns whether any group merged.
+bool fuse_static_row_loops(mlir::func::FuncOp fn,
+                           llvm::function_ref<bool(mlir::scf::ParallelOp)> accept);
+
 /// Consecutive top-level parallel loops over the same iteration space (the same bounds and
 /// steps in every dim; only pure ops between them) become one loop when every buffer they
 /// write is their own (own_buffer) and is accessed in all of them at the same indices, which
