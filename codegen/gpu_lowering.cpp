@@ -923,7 +923,8 @@ void gpu_parallel_loops(mlir::ModuleOp m, const GpuTarget& target, bool row_sepa
     fuse_static_row_loops(fn,
                           [&](mlir::scf::ParallelOp p) { return spreads_over_lanes(p, lanes); });
   fuse_same_domain_loops(fn);
-  if (!for_device || lanes != 1) spread_rows_over_lanes(fn, lanes, target.threads_per_block);
+  if (!for_device || lanes != 1)
+    spread_rows_over_lanes(fn, lanes, target.threads_per_block, target.elements_per_thread);
   linearize(fn);  // nests left multi-dimensional (grid y/z are limited to 65535)
   unroll_elementwise(fn, target.threads_per_block, target.elements_per_thread);
   log_module("GPU parallel loops", m);

@@ -58,13 +58,17 @@ void gpu_parallel_loops(mlir::ModuleOp m, const GpuTarget& target, bool row_sepa
 /// warps), or 1 for the CPU emulation, which rewrites the loops without shuffles (rows shorter
 /// than 2 * lanes keep a thread each on a GPU). Returns the number of loops rewritten. Throws
 /// kiln::Error unless lanes is 1, or 32 with `threads_per_block` a multiple of 32.
-int spread_rows_over_lanes(mlir::func::FuncOp fn, int lanes, int threads_per_block);
+/// `per_lane`: columns a lane's column loop computes per step, all their loads before any of
+/// their stores (GpuTarget::elements_per_thread; 1 where a load follows a store in the loop).
+int spread_rows_over_lanes(mlir::func::FuncOp fn, int lanes, int threads_per_block,
+                           int per_lane);
 
 /// Whether spread_rows_over_lanes would rewrite the top-level parallel loop `p` for `lanes`.
 bool spreads_over_lanes(mlir::scf::ParallelOp p, int lanes);
 
-/// Registers kiln-gpu-row-lanes{lanes=32} (spread_rows_over_lanes on each function, for lit
-/// tests) and the dialects its input and output need.
+/// Registers kiln-gpu-row-lanes{lanes=32 per-lane=1} (spread_rows_over_lanes on each function,
+/// for lit tests), kiln-gpu-static-rows{lanes=32} (fuse_static_row_loops, accepting what
+/// spreads_over_lanes takes) and the dialects their input and output need.
 void register_gpu_row_lanes_pass(mlir::DialectRegistry& registry);
 
 /// Every scf.parallel of `m` runs its iterations last to first (each index i becomes ub - 1 - i;

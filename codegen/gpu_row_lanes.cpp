@@ -77,8 +77,9 @@ class RowPlan {
     return plan;
   }
 
-  /// Replaces the row loop by one over (rows, lanes).
-  void apply(int lanes);
+  /// Replaces the row loop by one over (rows, lanes); each lane's column loop computes up to
+  /// `per_lane` of its columns per step (unrolled_columns).
+  void apply(int lanes, int per_lane);
 
  private:
   explicit RowPlan(mlir::scf::ParallelOp p) : p_(p) {}
@@ -257,6 +258,22 @@ bool RowPlan::accumulators_ok() {
   return true;
 }
 
+/// How many columns a lane's loop over `f`'s columns computes per step: `per_lane`, each
+/// column's loads cloned before any column's store so that a lane has that many loads in flight
+/// (kernel arguments are not noalias: the device compiler cannot move a load above an earlier
+/// store, and a merged row's elementwise loop would wait for each load in turn), or 1 when a
+/// load follows a store in the body (it reads what the column wrote and must stay after it).
+/// Moving one column's loads above another's stores is safe: a column buffer's element belongs
+/// to one column, and every other buffer the loop reads is not written in the row body.
+int unrolled_columns(mlir::scf::ForOp f, int per_lane) {
+  bool stored = false;
+  for (mlir::Operation& op : f.getBody()->without_terminator()) {
+    if (stored && llvm::isa<mlir::memref::LoadOp>(op)) return 1;
+    stored |= llvm::isa<mlir::memref::StoreOp>(op);
+  }
+  return std::max(per_lane, 1);
+}
+
 /// `combine` applied to (acc, v) in the operand order of the original combine (`acc_first`).
 mlir::Value combine_like(mlir::OpBuilder& b, mlir::Operation* combine, bool acc_first,
                          mlir::Value acc, mlir::Value v) {
@@ -266,7 +283,7 @@ mlir::Value combine_like(mlir::OpBuilder& b, mlir::Operation* combine, bool acc_
   return c->getResult(0);
 }
 
-void RowPlan::apply(int lanes) {
+void RowPlan::apply(int lanes, int per_lane) {
   // The value each row buffer's element holds once stored (every lane stores the same bits):
   // later loads of it use the value, not memory (the device compiler must assume a store of
   // another buffer may change it, and reloads it in every iteration).
@@ -290,19 +307,21 @@ void RowPlan::apply(int lanes) {
     map.map(from, to);
   mlir::Value lane = q.getInductionVars().back();
   mlir::Value stride = index(lanes);
-  // Clones `op` into the new loop, a load of a stored row value becoming that value.
-  auto clone = [&](mlir::Operation& op) {
+  // Clones `op` into the new loop (through `with`), a load of a stored row value becoming that
+  // value.
+  auto clone_with = [&](mlir::Operation& op, mlir::IRMapping& with) {
     if (auto l = llvm::dyn_cast<mlir::memref::LoadOp>(op))
       if (auto it = stored.find(l.getMemRef());
           it != stored.end() && same_indices(it->second.indices, l.getIndices())) {
-        map.map(l.getResult(), it->second.value);
+        with.map(l.getResult(), it->second.value);
         return;
       }
-    mlir::Operation* c = b.clone(op, map);
+    mlir::Operation* c = b.clone(op, with);
     auto s = llvm::dyn_cast<mlir::memref::StoreOp>(op);
     if (s && row_buffers_.contains(s.getMemRef()))
       stored[s.getMemRef()] = {s.getIndices(), llvm::cast<mlir::memref::StoreOp>(c).getValue()};
   };
+  auto clone = [&](mlir::Operation& op) { clone_with(op, map); };
   auto column_loop = [&](mlir::scf::ForOp f) -> ColumnLoop* {
     for (ColumnLoop& c : loops_)
       if (c.loop == f) return &c;
@@ -320,24 +339,64 @@ void RowPlan::apply(int lanes) {
     llvm::SmallVector<mlir::Value> parts;
     for (Accumulator& a : c->accumulators)
       parts.push_back(mlir::arith::ConstantOp::create(b, loc, a.neutral));
-    auto g = mlir::scf::ForOp::create(b, loc, lane, map.lookupOrDefault(c->loop.getUpperBound()),
-                                      stride, parts);
+    // Lane l's columns l, l + lanes, ..., `unroll` of them per step: column j of a step is
+    // base + j * lanes, read at base (the step's first column, always in bounds) when it is
+    // past the end, its stores skipped and its accumulator parts kept.
+    const int unroll = unrolled_columns(c->loop, per_lane);
+    mlir::Value columns = map.lookupOrDefault(c->loop.getUpperBound());
+    auto g = mlir::scf::ForOp::create(b, loc, lane, columns, index(int64_t{lanes} * unroll),
+                                      parts);
     {
       mlir::OpBuilder::InsertionGuard guard(b);
       // The builder gives a loop without values a yield of its own: ours replaces it.
       if (g.getBody()->mightHaveTerminator()) g.getBody()->getTerminator()->erase();
       b.setInsertionPointToStart(g.getBody());
-      map.map(c->loop.getInductionVar(), g.getInductionVar());
-      for (auto [a, part] : llvm::zip(c->accumulators, g.getRegionIterArgs()))
-        map.map(a.load.getResult(), part);
-      llvm::SmallVector<mlir::Value> next;
-      for (mlir::Operation& inner : c->loop.getBody()->without_terminator()) {
-        bool skip = false;
-        for (Accumulator& a : c->accumulators) skip |= &inner == a.load || &inner == a.store;
-        if (!skip) clone(inner);
+      mlir::Value base = g.getInductionVar();
+      llvm::SmallVector<mlir::Value> acc(g.getRegionIterArgs());
+      std::vector<mlir::IRMapping> maps(unroll, map);
+      std::vector<mlir::Value> in_bounds(unroll);
+      auto accumulator_access = [&](mlir::Operation& inner) {
+        for (Accumulator& a : c->accumulators)
+          if (&inner == a.load || &inner == a.store) return true;
+        return false;
+      };
+      for (int j = 0; j < unroll; ++j) {
+        mlir::Value column = base;
+        if (j > 0) {
+          mlir::Value at = mlir::arith::AddIOp::create(b, loc, base, index(int64_t{j} * lanes));
+          in_bounds[j] =
+              mlir::arith::CmpIOp::create(b, loc, mlir::arith::CmpIPredicate::ult, at, columns);
+          column = mlir::arith::SelectOp::create(b, loc, in_bounds[j], at, base);
+        }
+        maps[j].map(c->loop.getInductionVar(), column);
+        for (auto [a, part] : llvm::zip(c->accumulators, acc))
+          maps[j].map(a.load.getResult(), part);
+        // One column in the body's order; several with every store after all the loads.
+        for (mlir::Operation& inner : c->loop.getBody()->without_terminator())
+          if (!accumulator_access(inner) &&
+              (unroll == 1 || !llvm::isa<mlir::memref::StoreOp>(inner)))
+            clone_with(inner, maps[j]);
+        for (auto [a, part] : llvm::zip(c->accumulators, acc)) {
+          mlir::Value next = maps[j].lookup(a.combine->getResult(0));
+          part = j == 0 ? next : mlir::arith::SelectOp::create(b, loc, in_bounds[j], next, part);
+        }
       }
-      for (Accumulator& a : c->accumulators) next.push_back(map.lookup(a.combine->getResult(0)));
-      mlir::scf::YieldOp::create(b, loc, next);
+      const bool stores = llvm::any_of(c->loop.getBody()->without_terminator(),
+                                       [&](mlir::Operation& inner) {
+                                         return llvm::isa<mlir::memref::StoreOp>(inner) &&
+                                                !accumulator_access(inner);
+                                       });
+      for (int j = 0; j < unroll && unroll > 1 && stores; ++j) {
+        mlir::OpBuilder::InsertionGuard store_guard(b);
+        if (j > 0)
+          b.setInsertionPointToStart(
+              mlir::scf::IfOp::create(b, loc, in_bounds[j], /*withElseRegion=*/false)
+                  .thenBlock());
+        for (mlir::Operation& inner : c->loop.getBody()->without_terminator())
+          if (!accumulator_access(inner) && llvm::isa<mlir::memref::StoreOp>(inner))
+            clone_with(inner, maps[j]);
+      }
+      mlir::scf::YieldOp::create(b, loc, acc);
     }
     for (auto [a, part] : llvm::zip(c->accumulators, g.getResults())) {
       // The butterfly: after step k every lane holds the combination of its 2k neighbours'
@@ -385,11 +444,36 @@ struct RowLanesPass : mlir::PassWrapper<RowLanesPass, mlir::OperationPass<mlir::
   }
   void runOnOperation() override {
     try {
-      spread_rows_over_lanes(getOperation(), lanes, 256);
+      spread_rows_over_lanes(getOperation(), lanes, 256, per_lane);
     } catch (const Error& e) {
       getOperation().emitError(e.what());
       signalPassFailure();
     }
+  }
+  Option<int> lanes{*this, "lanes", llvm::cl::desc("threads per row (1 or 32)"),
+                    llvm::cl::init(32)};
+  Option<int> per_lane{*this, "per-lane",
+                       llvm::cl::desc("columns a lane computes per step of a column loop"),
+                       llvm::cl::init(1)};
+};
+
+/// kiln-gpu-static-rows{lanes=32}: fuse_static_row_loops on every function, a group merging
+/// where spreads_over_lanes(lanes) takes the loops it becomes, for lit tests
+/// (tests/ir/gpu-static-rows.mlir).
+struct StaticRowsPass
+    : mlir::PassWrapper<StaticRowsPass, mlir::OperationPass<mlir::func::FuncOp>> {
+  MLIR_DEFINE_EXPLICIT_INTERNAL_INLINE_TYPE_ID(StaticRowsPass)
+  StaticRowsPass() = default;
+  StaticRowsPass(const StaticRowsPass& other) : PassWrapper(other) {}
+  llvm::StringRef getArgument() const override { return "kiln-gpu-static-rows"; }
+  llvm::StringRef getDescription() const override {
+    return "merge static loops over shared rows where a warp's lanes will share each row "
+           "(codegen/row_fusion.cpp)";
+  }
+  void runOnOperation() override {
+    if (getOperation().isExternal()) return;
+    fuse_static_row_loops(getOperation(),
+                          [&](mlir::scf::ParallelOp p) { return spreads_over_lanes(p, lanes); });
   }
   Option<int> lanes{*this, "lanes", llvm::cl::desc("threads per row (1 or 32)"),
                     llvm::cl::init(32)};
@@ -400,6 +484,7 @@ struct RowLanesPass : mlir::PassWrapper<RowLanesPass, mlir::OperationPass<mlir::
 void register_gpu_row_lanes_pass(mlir::DialectRegistry& registry) {
   registry.insert<mlir::scf::SCFDialect, mlir::gpu::GPUDialect, mlir::NVVM::NVVMDialect>();
   mlir::PassRegistration<RowLanesPass>();
+  mlir::PassRegistration<StaticRowsPass>();
 }
 
 namespace {
@@ -414,7 +499,8 @@ bool spreads_over_lanes(mlir::scf::ParallelOp p, int lanes) {
   return RowPlan::make(p, min_columns_for(lanes)).has_value();
 }
 
-int spread_rows_over_lanes(mlir::func::FuncOp fn, int lanes, int threads_per_block) {
+int spread_rows_over_lanes(mlir::func::FuncOp fn, int lanes, int threads_per_block,
+                           int per_lane) {
   // A row's lanes must be one whole warp: NVVM's shuffle masks cover lanes [0, width), and a
   // block that is not whole warps would split a row's lanes.
   if (lanes != 1 && (lanes != 32 || threads_per_block % 32 != 0))
@@ -429,7 +515,7 @@ int spread_rows_over_lanes(mlir::func::FuncOp fn, int lanes, int threads_per_blo
   int rewritten = 0;
   for (mlir::scf::ParallelOp p : candidates)
     if (auto plan = RowPlan::make(p, min_columns)) {
-      plan->apply(lanes);
+      plan->apply(lanes, per_lane);
       ++rewritten;
     }
   return rewritten;

@@ -22,4 +22,26 @@ inline ir::Graph softmax_backward_after_gemm(int64_t rows, int64_t cols, int64_t
   return g;
 }
 
+/// Attention's forward in a graph that keeps its static shapes (as a whole training step does):
+/// inputs q [batch, rows, d], k [batch, d, cols], v [batch, cols, d], keep [batch, rows, cols];
+/// outputs the column sum of `out` over the batch (first: it has no rows to relax, like a weight
+/// gradient) and out = (softmax(q @ k, -1) * keep) @ v.
+inline ir::Graph static_attention(int64_t batch, int64_t rows, int64_t cols, int64_t d) {
+  ir::Graph g;
+  OpAttrs last;
+  last.dim = -1;
+  ir::Value q = g.input(DType::Float32, {batch, rows, d});
+  ir::Value k = g.input(DType::Float32, {batch, d, cols});
+  ir::Value v = g.input(DType::Float32, {batch, cols, d});
+  ir::Value keep = g.input(DType::Float32, {batch, rows, cols});
+  ir::Value p =
+      g.op(OpKind::Mul, {g.op(OpKind::Softmax, {g.op(OpKind::Matmul, {q, k})}, last), keep});
+  ir::Value out = g.op(OpKind::Matmul, {p, v});
+  OpAttrs batch_sum;
+  batch_sum.dims = {0};
+  g.output(g.op(OpKind::Sum, {out}, batch_sum));
+  g.output(out);
+  return g;
+}
+
 }  // namespace kiln::test

@@ -61,6 +61,28 @@ TEST_CASE("gpu loops on the cpu: softmax over the last dim of a 4-d tensor") {
   CHECK(rel_diff(run_emulated(g, {x}), softmax(x, -1)) < 1e-6);
 }
 
+TEST_CASE("gpu loops on the cpu: a static graph's softmax and dropout merged over rows") {
+  // test::static_attention: no `?` dims, so fuse_static_row_loops merges the max, the sum of
+  // exp and the masked probabilities into one loop over rows (gpu_ptx_test counts its kernels),
+  // and the column loops take 4 columns per lane and step, the last step partly past the end
+  // (130 columns). Both outputs against eager ops in float64.
+  ir::Graph g = test::static_attention(6, 33, 130, 16);
+  manual_seed(3);
+  Tensor q = randn({6, 33, 16}), k = randn({6, 16, 130}), v = randn({6, 130, 16});
+  Tensor keep = (rand({6, 33, 130}) > 0.1).to(DType::Float32);
+  std::vector<Tensor> ins = {q, k, v, keep};
+  auto f64 = [](const Tensor& t) { return t.to(DType::Float64); };
+  Tensor out = matmul(softmax(matmul(f64(q), f64(k)), -1) * f64(keep), f64(v));
+  Tensor column = sum(out, {0});
+  for (bool reverse : {false, true}) {
+    codegen::CompileOptions o = emulated();
+    o.emulate_in_reverse = reverse;
+    std::vector<Tensor> got = codegen::Executable(g, o).run(ins);
+    CHECK(rel_diff(got.at(0), column) < 1e-5);
+    CHECK(rel_diff(got.at(1), out) < 1e-5);
+  }
+}
+
 TEST_CASE("gpu loops on the cpu: softmax over a middle dim keeps a thread per batch row") {
   // The max/sum nests run over (b, t) and the elementwise ones over (b, s, t), with S = T: the
   // second loop dims have equal sizes, but the nests index their intermediates with different

@@ -7,6 +7,7 @@
 #include <fstream>
 #include <memory>
 #include <regex>
+#include <set>
 #include <string>
 
 #include "backends/cuda/driver.h"
@@ -81,18 +82,19 @@ int loads_before_first_store(const std::string& ptx) {
   return n;
 }
 
-/// Branches in `ptx` back to a label defined before them: one per loop a thread runs.
+/// Labels in `ptx` that a later branch jumps back to: one per loop a thread runs (a loop whose
+/// guarded parts each branch back to its latch still counts once).
 int backward_branches(const std::string& ptx) {
-  int n = 0;
+  std::set<std::string> targets;
   std::smatch m;
   const std::regex branch(R"(bra(\.uni)?\s+(\$L__BB\d+_\d+);)");
   for (auto it = ptx.cbegin(); std::regex_search(it, ptx.cend(), m, branch);
        it = m.suffix().first) {
     size_t at = static_cast<size_t>(m[0].first - ptx.cbegin());
     size_t label = ptx.find(m[2].str() + ":");
-    n += label != std::string::npos && label < at;
+    if (label != std::string::npos && label < at) targets.insert(m[2].str());
   }
-  return n;
+  return static_cast<int>(targets.size());
 }
 
 /// Whether a kernel of `ptx` has a loop.
@@ -603,10 +605,10 @@ TEST_CASE("gpu ptx: a row reduction's lanes combine their parts with shuffles") 
     CHECK(count(ptx, bfly) == 15);
     CHECK(count(ptx, "bar.warp.sync") == 0);  // the initial values are the fills', in registers
     // x read by the max, sum and divide loops, which recompute exp(x - max) (it was stored
-    // by a fourth loop and read back twice); the row max and sum come from registers, not
-    // reloaded in every iteration.
-    CHECK(count(ptx, "ld.global") == 3);
-    CHECK(count(ptx, "st.global") == 1 + 2 + 1);  // the row max, the sum (float64), y
+    // by a fourth loop and read back twice), 4 columns per lane and step; the row max and sum
+    // come from registers, not reloaded in every iteration.
+    CHECK(count(ptx, "ld.global") == 3 * 4);
+    CHECK(count(ptx, "st.global") == 1 + 2 + 4);  // the row max, the sum (float64), y
     CHECK(entries(ptx) == 1);
     check_assembles(ptx, "softmax_lanes");
   }
@@ -714,6 +716,24 @@ TEST_CASE("gpu ptx: attention's softmax between two GEMMs is one kernel over a w
   CHECK(entries(bexe.ptx()) == 1);
   CHECK(count(bexe.ptx(), "shfl.sync.bfly") == 10);
   check_assembles(bexe.ptx(), "softmax_backward");
+}
+
+TEST_CASE("gpu ptx: in a static graph, softmax and the dropout after it are one kernel over a "
+          "warp per row") {
+  // A whole training step keeps its traced shapes (here the first output, a sum over the batch
+  // like a weight gradient, has no rows to relax), so no `?` marks the row loops and the
+  // static groups merge them: softmax(q @ k) * keep's max, sum of exp and masked probabilities
+  // are one kernel (before, the probabilities were a kernel of their own, which read the
+  // scores again from DRAM), then the batch sum's kernel.
+  ir::Graph g = test::static_attention(96, 128, 128, 64);
+  codegen::Executable exe(g, cuda_options());
+  const std::string ptx = exe.ptx();
+  INFO(ptx);
+  CHECK(entries(ptx) == 2);
+  // The max over lanes (5) and the float64 sum (two halves, 10), in the same kernel.
+  CHECK(count(ptx, "shfl.sync.bfly") == 15);
+  check_assembles(ptx, "static_softmax_dropout");
+  // gpu_loops_test.cpp checks its values with these loops run on the CPU.
 }
 
 TEST_CASE("gpu ptx: a bias gradient viewed as [n] is summed into its output: no copy kernel") {

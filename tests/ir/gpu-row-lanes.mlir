@@ -5,6 +5,7 @@
 // RUN: kiln-opt %s --split-input-file --kiln-gpu-row-lanes | FileCheck %s
 // RUN: kiln-opt %s --split-input-file --kiln-gpu-row-lanes=lanes=1 | FileCheck %s --check-prefix=ONE
 // RUN: not kiln-opt %s --split-input-file --kiln-gpu-row-lanes=lanes=16 2>&1 | FileCheck %s --check-prefix=BAD
+// RUN: kiln-opt %s --split-input-file --kiln-gpu-row-lanes=per-lane=4 | FileCheck %s --check-prefix=FOUR
 
 // Softmax's shape: the max's init is stored in the body (its value is used, the store dropped),
 // the exp loop writes a column buffer, the row max is used from the register afterwards.
@@ -27,6 +28,32 @@
 // CHECK-NOT:         memref.load %[[ACC]]
 // CHECK:             arith.subf %{{.*}}, %[[MAX]]
 // CHECK:             memref.store %{{.*}}[%[[ROW]], %[[K]]]
+// With 4 columns per lane and step, every column's loads come before any column's store, so a
+// lane has 4 loads in flight; columns past the row's end read the step's first column, keep the
+// running max as it was and store nothing.
+// FOUR-LABEL: func.func @softmax_rows
+// FOUR:         scf.parallel (%[[ROW:.*]], %[[LANE:.*]]) = ({{.*}}) to (%{{.*}}, %c32)
+// FOUR:           scf.for %[[J:.*]] = %[[LANE]] to %c128 step %c128{{.*}} iter_args(%[[P:.*]] = %{{.*}}) -> (f32)
+// FOUR-NEXT:        %[[V0:.*]] = memref.load %{{.*}}[%[[ROW]], %[[J]]]
+// FOUR-NEXT:        %[[M0:.*]] = arith.maximumf %[[V0]], %[[P]]
+// FOUR:             %[[AT1:.*]] = arith.addi %[[J]], %c32
+// FOUR-NEXT:        %[[IN1:.*]] = arith.cmpi ult, %[[AT1]], %c128
+// FOUR-NEXT:        %[[C1:.*]] = arith.select %[[IN1]], %[[AT1]], %[[J]]
+// FOUR-NEXT:        %[[V1:.*]] = memref.load %{{.*}}[%[[ROW]], %[[C1]]]
+// FOUR-NEXT:        %[[M1:.*]] = arith.maximumf %[[V1]], %[[M0]]
+// FOUR-NEXT:        arith.select %[[IN1]], %[[M1]], %[[M0]]
+// FOUR-COUNT-2:     memref.load
+// FOUR-NOT:         scf.if
+// FOUR:             scf.yield
+// FOUR-COUNT-5:   gpu.shuffle  xor
+// FOUR:           scf.for %[[K:.*]] = %[[LANE]] to %c128 step %c128
+// FOUR-COUNT-4:     memref.load %{{.*}}[%[[ROW]], %{{.*}}] : memref<?x128xf32>
+// FOUR-NOT:         memref.load
+// FOUR:             memref.store %{{.*}}, %{{.*}}[%[[ROW]], %[[K]]]
+// FOUR-NEXT:        scf.if %{{.*}} {
+// FOUR-NEXT:          memref.store
+// FOUR-NEXT:        }
+// FOUR-COUNT-2:     scf.if
 // ONE-LABEL: func.func @softmax_rows
 // ONE:         scf.parallel (%{{.*}}, %{{.*}}) = ({{.*}}) to (%{{.*}}, %c1{{.*}})
 // ONE-NOT:     gpu.shuffle
@@ -162,6 +189,50 @@ func.func @column_sum(%x: memref<4096x512xf32>, %acc: memref<512xf32>) {
       %a = memref.load %acc[%c] : memref<512xf32>
       %s = arith.addf %a, %v : f32
       memref.store %s, %acc[%c] : memref<512xf32>
+    }
+    scf.reduce
+  }
+  return
+}
+
+// -----
+
+// A load after a store in a column loop (it reads back what the column wrote) must stay after
+// it: that loop keeps one column per lane and step; the other loop of the row still takes 4.
+// CHECK-LABEL: func.func @read_back
+// CHECK:         scf.for %{{.*}} step %c32
+// CHECK:         scf.for %{{.*}} step %c32
+// CHECK-COUNT-5:   gpu.shuffle  xor
+// ONE-LABEL: func.func @read_back
+// FOUR-LABEL: func.func @read_back
+// FOUR:         scf.parallel (%[[ROW:.*]], %[[LANE:.*]]) =
+// FOUR:           scf.for %[[J:.*]] = %[[LANE]] to %c128 step %c32{{.*}} {
+// FOUR-NEXT:        %[[V:.*]] = memref.load %{{.*}}[%[[ROW]], %[[J]]]
+// FOUR-NEXT:        memref.store %[[V]], %[[T:.*]][%[[ROW]], %[[J]]]
+// FOUR-NEXT:        %[[W:.*]] = memref.load %[[T]][%[[ROW]], %[[J]]]
+// FOUR:             memref.store %{{.*}}, %{{.*}}[%[[ROW]], %[[J]]]
+// FOUR:           scf.for %{{.*}} = %[[LANE]] to %c128 step %c128
+func.func @read_back(%x: memref<?x128xf32>, %t: memref<?x128xf32>, %y: memref<?x128xf32>,
+                     %acc: memref<?xf32>) {
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %c128 = arith.constant 128 : index
+  %zero = arith.constant 0.0 : f32
+  %n = memref.dim %x, %c0 : memref<?x128xf32>
+  scf.parallel (%r) = (%c0) to (%n) step (%c1) {
+    scf.for %j = %c0 to %c128 step %c1 {
+      %v = memref.load %x[%r, %j] : memref<?x128xf32>
+      memref.store %v, %t[%r, %j] : memref<?x128xf32>
+      %w = memref.load %t[%r, %j] : memref<?x128xf32>
+      %d = arith.mulf %w, %w : f32
+      memref.store %d, %y[%r, %j] : memref<?x128xf32>
+    }
+    memref.store %zero, %acc[%r] : memref<?xf32>
+    scf.for %j = %c0 to %c128 step %c1 {
+      %v = memref.load %y[%r, %j] : memref<?x128xf32>
+      %a = memref.load %acc[%r] : memref<?xf32>
+      %s = arith.addf %a, %v : f32
+      memref.store %s, %acc[%r] : memref<?xf32>
     }
     scf.reduce
   }

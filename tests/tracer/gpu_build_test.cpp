@@ -124,7 +124,7 @@ TEST_CASE("gpu build: a language model's training step (embedding, a Transformer
     Tensor logits = head.forward(layer.forward(embed.forward(in)));
     return cross_entropy(logits.reshape({batch * seq, vocab}), target.reshape({-1}));
   });
-  check_all_regions_compiled_for_cuda(*plan, 99);  // 93 kernels
+  check_all_regions_compiled_for_cuda(*plan, 96);  // 92 kernels
 }
 
 TEST_CASE("gpu build: an MLP classifier's training step (the digits benchmark) compiles for CUDA",
@@ -177,5 +177,5 @@ TEST_CASE("gpu build: a Transformer layer at the original widths (768, 12 heads,
   nn::AdamW opt(model->parameters(), nn::AdamWOptions{.lr = 1e-4});
   Tensor x = randn({2, 64, 768});
   auto plan = cuda_plan_of(opt, [&] { return model->forward(x).sum(); }, 3e-4);
-  check_all_regions_compiled_for_cuda(*plan, 102);  // 96 kernels
+  check_all_regions_compiled_for_cuda(*plan, 96);  // 92 kernels
 }
