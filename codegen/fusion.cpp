@@ -92,6 +92,12 @@ bool copies_one_element(mlir::Operation* op) {
          yield.getOperand(0) == generic.getBody()->getArgument(0);
 }
 
+/// Body ops (its yield included) of a producer that GPU code recomputes in every elementwise
+/// consumer, whatever they are, when that reads no more memory (recompute_reads_less): a bias
+/// add, x + b[col], whose stored result costs a write and a read per consumer where recomputing
+/// costs only the consumers' reads of x.
+constexpr int kMaxLightOps = 3;
+
 /// `recompute_math`: a producer calling math functions, or of up to kMaxFusedOps body ops, may
 /// be recomputed too (GPU code, where a kernel has about 14 flops to spare per byte it moves on
 /// an H200: softmax's exp(x - max) recomputed in the sum and the divide, instead of written to
@@ -114,6 +120,11 @@ bool should_fuse(mlir::OpOperand* operand, bool recompute_math) {
   if (body_size(producer) + body_size(operand->getOwner()) > kMaxFusedOps) return false;
   if (producer->hasOneUse()) return true;
   if (!llvm::isa<mlir::linalg::GenericOp>(producer)) return false;
+  auto generic = llvm::cast<mlir::linalg::GenericOp>(producer);
+  if (recompute_math && body_size(producer) <= kMaxLightOps &&
+      generic.getNumReductionLoops() == 0 && !transcendental(producer) &&
+      recompute_reads_less(generic, operand))
+    return true;
   // Recompute only for a reduction among the users (softmax's exp feeds a sum and a divide):
   // that saves writing and re-reading a full-size intermediate. Purely elementwise sharing is
   // left to upstream's rule (store once, read twice), which keeps long DAGs linear to compile.
@@ -128,7 +139,7 @@ bool should_fuse(mlir::OpOperand* operand, bool recompute_math) {
   const int max_ops = recompute_math ? kMaxFusedOps : kMaxRecomputedOps;
   return feeds_reduction &&
          body_size(producer) + body_size(operand->getOwner()) <= max_ops &&
-         recompute_reads_less(llvm::cast<mlir::linalg::GenericOp>(producer), operand);
+         recompute_reads_less(generic, operand);
 }
 
 /// x @ w + bias: a float linalg.matmul / batch_matmul into a zero fill (possibly expanded back
@@ -167,7 +178,26 @@ bool feeds_one_elementwise_op(mlir::linalg::GenericOp add) {
          user.getMatchingIndexingMap(&use).isIdentity();
 }
 
-void fold_addend_into_gemm(mlir::ModuleOp module) {
+/// Whether every use of `v`, through reshapes, is an input of a linalg.generic that reads it
+/// element for element (a permutation map: an elementwise op, a transpose copy, a reduction's
+/// operand), so that a cheap producer of `v` can be recomputed in each (should_fuse).
+bool read_only_by_generics(mlir::Value v) {
+  for (mlir::OpOperand& use : v.getUses()) {
+    mlir::Operation* user = use.getOwner();
+    if (llvm::isa<mlir::tensor::ExpandShapeOp, mlir::tensor::CollapseShapeOp>(user)) {
+      if (!read_only_by_generics(user->getResult(0))) return false;
+      continue;
+    }
+    if (llvm::isa<mlir::tensor::DimOp>(user)) continue;
+    auto generic = llvm::dyn_cast<mlir::linalg::GenericOp>(user);
+    if (!generic || !generic.isDpsInput(&use) ||
+        !generic.getMatchingIndexingMap(&use).isPermutation())
+      return false;
+  }
+  return true;
+}
+
+void fold_addend_into_gemm(mlir::ModuleOp module, bool for_gpu) {
   llvm::SmallVector<mlir::linalg::GenericOp> adds;
   module.walk([&](mlir::linalg::GenericOp g) { adds.push_back(g); });
   for (mlir::linalg::GenericOp add : adds) {
@@ -186,6 +216,11 @@ void fold_addend_into_gemm(mlir::ModuleOp module) {
     llvm::SmallVector<mlir::AffineMap> maps = add.getIndexingMapsArray();
     int64_t rank = add.getNumLoops();
     if (!maps[2].isIdentity() || feeds_one_elementwise_op(add)) continue;
+    // GPU code recomputes a bias add in each of its consumers (kMaxLightOps): the GEMM writes
+    // its product once and each consumer reads it, where the folded addend cost a broadcast
+    // pass writing C and the GEMM reading C back (a Linear before gelu, whose backward reads
+    // the pre-activation again; attention's projections before their head transposes).
+    if (for_gpu && read_only_by_generics(add->getResult(0))) continue;
     for (int mi = 0; mi < 2; ++mi) {
       mlir::Value prod = add.getDpsInputs()[mi], addend = add.getDpsInputs()[1 - mi];
       if (!maps[mi].isIdentity() || !only_use_but_dims(prod, add)) continue;
@@ -365,7 +400,19 @@ struct FuseElementwisePass
 
   void runOnOperation() override {
     mlir::MLIRContext* ctx = &getContext();
-    fold_addend_into_gemm(getOperation());
+    if (recompute_math) {
+      // Transposes that stay copies (attention's head transposes) become generics, which fuse
+      // with their producer (a projection's bias add) and consumer (q's scaling) into one loop;
+      // a named transpose was a loop of its own, and q's was stored both unscaled and scaled.
+      llvm::SmallVector<mlir::linalg::TransposeOp> transposes;
+      getOperation().walk([&](mlir::linalg::TransposeOp t) { transposes.push_back(t); });
+      mlir::IRRewriter rewriter(ctx);
+      for (mlir::linalg::TransposeOp t : transposes) {
+        rewriter.setInsertionPoint(t);
+        if (mlir::failed(mlir::linalg::generalizeNamedOp(rewriter, t))) return signalPassFailure();
+      }
+    }
+    fold_addend_into_gemm(getOperation(), recompute_math);
     mlir::RewritePatternSet patterns(ctx);
     // The same pattern set as upstream's pass, with kiln's control function.
     const bool math = recompute_math;

@@ -896,6 +896,30 @@ void fill_gpu_registry(mlir::DialectRegistry& r) {
   mlir::registerNVVMDialectTranslation(r);
 }
 
+namespace {
+
+/// Threads a merged row loop must keep, at least, where its loops had as many (kSplitThreads /
+/// 2: enough to cover memory latency on an H100/H200).
+constexpr int64_t kMinRowThreads = kSplitThreads / 2;
+
+/// Whether the row loop `p` (rows over `lanes` lanes, each with elements_per_thread columns
+/// in flight) has as many threads as the largest loop it merged had elementwise
+/// (`iterations` / elements_per_thread), or kMinRowThreads: 64 rows of 4,096 columns are 2,048
+/// threads where their elementwise loop had 65,536.
+bool keeps_threads_busy(mlir::scf::ParallelOp p, int64_t iterations, int lanes,
+                        const GpuTarget& target) {
+  int64_t rows = 1;
+  for (mlir::Value ub : p.getUpperBound()) {
+    auto n = mlir::getConstantIntValue(ub);
+    if (!n) return false;
+    rows *= *n;
+  }
+  const int64_t per_thread = std::max(target.elements_per_thread, 1);
+  return rows * lanes >= std::min(kMinRowThreads, (iterations + per_thread - 1) / per_thread);
+}
+
+}  // namespace
+
 void gpu_parallel_loops(mlir::ModuleOp m, const GpuTarget& target, bool row_separable,
                         const std::vector<bool>& same_rows, bool for_device,
                         std::string& messages) {
@@ -920,8 +944,10 @@ void gpu_parallel_loops(mlir::ModuleOp m, const GpuTarget& target, bool row_sepa
   // Static graphs (whole steps): rows merge where a warp's lanes will share each row; with a
   // thread per row on a device (KILN_CUDA_ROW_LANES=1) the merged rows would read uncoalesced.
   if (!row_separable && (lanes > 1 || !for_device))
-    fuse_static_row_loops(fn,
-                          [&](mlir::scf::ParallelOp p) { return spreads_over_lanes(p, lanes); });
+    fuse_static_row_loops(fn, [&](mlir::scf::ParallelOp p, int64_t iterations) {
+      return spreads_over_lanes(p, lanes) &&
+             (!for_device || keeps_threads_busy(p, iterations, lanes, target));
+    });
   fuse_same_domain_loops(fn);
   if (!for_device || lanes != 1)
     spread_rows_over_lanes(fn, lanes, target.threads_per_block, target.elements_per_thread);

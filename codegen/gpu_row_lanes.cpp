@@ -4,6 +4,7 @@
 // threads instead: lane l runs columns l, l + lanes, ... (a warp's load is one contiguous run),
 // keeps its part of each reduction in a register, and the lanes combine their parts with a
 // butterfly of shuffles, after which every lane holds the row's result.
+#include <algorithm>
 #include <optional>
 
 #include <fmt/format.h>
@@ -306,7 +307,6 @@ void RowPlan::apply(int lanes, int per_lane) {
   for (auto [from, to] : llvm::zip(p_.getInductionVars(), q.getInductionVars()))
     map.map(from, to);
   mlir::Value lane = q.getInductionVars().back();
-  mlir::Value stride = index(lanes);
   // Clones `op` into the new loop (through `with`), a load of a stored row value becoming that
   // value.
   auto clone_with = [&](mlir::Operation& op, mlir::IRMapping& with) {
@@ -342,7 +342,10 @@ void RowPlan::apply(int lanes, int per_lane) {
     // Lane l's columns l, l + lanes, ..., `unroll` of them per step: column j of a step is
     // base + j * lanes, read at base (the step's first column, always in bounds) when it is
     // past the end, its stores skipped and its accumulator parts kept.
-    const int unroll = unrolled_columns(c->loop, per_lane);
+    int unroll = unrolled_columns(c->loop, per_lane);
+    // No more per step than a lane has columns (64 columns: 2 per lane, not 4).
+    if (auto n = mlir::getConstantIntValue(c->loop.getUpperBound()))
+      unroll = static_cast<int>(std::clamp<int64_t>((*n + lanes - 1) / lanes, 1, unroll));
     mlir::Value columns = map.lookupOrDefault(c->loop.getUpperBound());
     auto g = mlir::scf::ForOp::create(b, loc, lane, columns, index(int64_t{lanes} * unroll),
                                       parts);
@@ -472,8 +475,9 @@ struct StaticRowsPass
   }
   void runOnOperation() override {
     if (getOperation().isExternal()) return;
-    fuse_static_row_loops(getOperation(),
-                          [&](mlir::scf::ParallelOp p) { return spreads_over_lanes(p, lanes); });
+    fuse_static_row_loops(getOperation(), [&](mlir::scf::ParallelOp p, int64_t) {
+      return spreads_over_lanes(p, lanes);
+    });
   }
   Option<int> lanes{*this, "lanes", llvm::cl::desc("threads per row (1 or 32)"),
                     llvm::cl::init(32)};

@@ -346,7 +346,7 @@ bool fuse_row_loops(mlir::func::FuncOp fn, bool verify) {
 }
 
 bool fuse_static_row_loops(mlir::func::FuncOp fn,
-                           llvm::function_ref<bool(mlir::scf::ParallelOp)> accept) {
+                           llvm::function_ref<bool(mlir::scf::ParallelOp, int64_t)> accept) {
   mlir::Block& block = fn.getBody().front();
   auto loops = top_level_loops(fn);
   if (loops.size() < 2 || llvm::none_of(loops, has_serial_loop)) return false;
@@ -376,20 +376,28 @@ bool fuse_static_row_loops(mlir::func::FuncOp fn,
     if (!(mlir::isMemoryEffectFree(&op) && op.getNumRegions() == 0) && !groups.back().empty())
       groups.emplace_back();
   }
-  llvm::DenseMap<int64_t, unsigned> dims;  // group id -> row dims
+  llvm::DenseMap<int64_t, unsigned> dims;       // group id -> row dims
+  llvm::DenseMap<int64_t, int64_t> iterations;  // group id -> its largest loop's iterations
   mlir::Builder b(fn.getContext());
   for (auto [id, group] : llvm::enumerate(groups)) {
     if (group.size() < 2 || llvm::none_of(group, has_serial_loop)) continue;
     dims[id] = shared_row_dims(group, /*verify=*/true);
-    for (mlir::scf::ParallelOp p : group) p->setAttr(kRowGroup, b.getI64IntegerAttr(id));
+    for (mlir::scf::ParallelOp p : group) {
+      p->setAttr(kRowGroup, b.getI64IntegerAttr(id));
+      int64_t n = 1;
+      for (mlir::Value ub : p.getUpperBound()) n *= *mlir::getConstantIntValue(ub);
+      iterations[id] = std::max(iterations.lookup(id), n);
+    }
   }
+  if (dims.empty()) return false;
   // Each group is merged in a copy first: it merges only if every loop it becomes is one that
   // `accept`s.
   llvm::DenseMap<int64_t, unsigned> accepted = dims;
   auto trial = llvm::cast<mlir::func::FuncOp>(fn->clone());
   merge_row_groups(trial, dims);
   for (mlir::scf::ParallelOp p : top_level_loops(trial))
-    if (auto id = p->getAttrOfType<mlir::IntegerAttr>(kRowGroup); id && !accept(p))
+    if (auto id = p->getAttrOfType<mlir::IntegerAttr>(kRowGroup);
+        id && !accept(p, iterations.lookup(id.getInt())))
       accepted.erase(id.getInt());
   trial->erase();
   merge_row_groups(fn, accepted);

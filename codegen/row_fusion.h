@@ -33,12 +33,14 @@ bool fuse_row_loops(mlir::func::FuncOp fn, bool verify);
 /// fuse_row_loops' verify rule. A group of two or more loops with a reduction among them (a
 /// serial loop: softmax's row max and sum with the normalisation and dropout after them, or
 /// its backward's row sum between two elementwise loops) becomes one loop over its row dims,
-/// when every loop that results is one `accept` takes (the caller's test that the rows will be
-/// spread over a warp's lanes: a row loop that keeps a thread per row reads uncoalesced).
-/// Each row's elements are then read back by the warp that wrote them, in cache, instead of
-/// by another kernel from DRAM. Returns whether any group merged.
+/// when every loop that results is one `accept(loop, iterations)` takes, `iterations` being
+/// the most any loop of the group ran (the caller's test that the rows will be spread over a
+/// warp's lanes, since a row loop that keeps a thread per row reads uncoalesced, and that the
+/// rows keep enough threads busy). Each row's elements are then read back by the warp that
+/// wrote them, in cache, instead of by another kernel from DRAM. Returns whether any group
+/// merged.
 bool fuse_static_row_loops(mlir::func::FuncOp fn,
-                           llvm::function_ref<bool(mlir::scf::ParallelOp)> accept);
+                           llvm::function_ref<bool(mlir::scf::ParallelOp, int64_t)> accept);
 
 /// Consecutive top-level parallel loops over the same iteration space (the same bounds and
 /// steps in every dim; only pure ops between them) become one loop when every buffer they

@@ -44,4 +44,25 @@ inline ir::Graph static_attention(int64_t batch, int64_t rows, int64_t cols, int
   return g;
 }
 
+/// Attention's query projection: inputs x [batch, len, heads * dim], w [heads * dim, heads * dim],
+/// b [heads * dim]; output ((x @ w + b) viewed as [batch, len, heads, dim], transposed to
+/// [batch, heads, len, dim]) * 0.125.
+inline ir::Graph query_heads(int64_t batch, int64_t len, int64_t heads, int64_t dim) {
+  ir::Graph g;
+  const int64_t width = heads * dim;
+  ir::Value x = g.input(DType::Float32, {batch, len, width});
+  ir::Value w = g.input(DType::Float32, {width, width});
+  ir::Value b = g.input(DType::Float32, {width});
+  OpAttrs split;
+  split.dims = {batch, len, heads, dim};
+  OpAttrs swap;
+  swap.dim = 1;
+  swap.dim1 = 2;
+  ir::Value heads_first = g.op(
+      OpKind::Transpose,
+      {g.op(OpKind::View, {g.op(OpKind::Add, {g.op(OpKind::Matmul, {x, w}), b})}, split)}, swap);
+  g.output(g.op(OpKind::Mul, {heads_first, g.constant(Scalar(0.125), DType::Float32)}));
+  return g;
+}
+
 }  // namespace kiln::test

@@ -83,6 +83,17 @@ TEST_CASE("gpu loops on the cpu: a static graph's softmax and dropout merged ove
   }
 }
 
+TEST_CASE("gpu loops on the cpu: a projection's bias recomputed in its head transpose") {
+  // test::query_heads: GPU fusion leaves the bias out of the GEMM's C and adds it in the
+  // transposing loop (gpu_ptx_test counts the kernels); against eager ops in float64.
+  manual_seed(5);
+  Tensor x = randn({3, 7, 40}), w = randn({40, 40}), b = randn({40});
+  auto f64 = [](const Tensor& t) { return t.to(DType::Float64); };
+  Tensor want =
+      (matmul(f64(x), f64(w)) + f64(b)).reshape({3, 7, 5, 8}).transpose(1, 2) * 0.125;
+  CHECK(rel_diff(run_emulated(test::query_heads(3, 7, 5, 8), {x, w, b}), want) < 1e-5);
+}
+
 TEST_CASE("gpu loops on the cpu: softmax over a middle dim keeps a thread per batch row") {
   // The max/sum nests run over (b, t) and the elementwise ones over (b, s, t), with S = T: the
   // second loop dims have equal sizes, but the nests index their intermediates with different

@@ -734,6 +734,33 @@ TEST_CASE("gpu ptx: in a static graph, softmax and the dropout after it are one 
   CHECK(count(ptx, "shfl.sync.bfly") == 15);
   check_assembles(ptx, "static_softmax_dropout");
   // gpu_loops_test.cpp checks its values with these loops run on the CPU.
+  // Few long rows stay apart: 64 rows of 4,096 would be 2,048 threads (a warp per row) where
+  // the elementwise loop x - max had 65,536 (keeps_threads_busy). x - max(x, 1) and its column
+  // sum (first: no rows to relax): the max, the difference and the column sum, 3 kernels.
+  ir::Graph few;
+  ir::Value x = few.input(DType::Float32, {64, 4096});
+  OpAttrs row;
+  row.dims = {1};
+  row.keepdim = true;
+  ir::Value centred = few.op(OpKind::Sub, {x, few.op(OpKind::Amax, {x}, row)});
+  OpAttrs column;
+  column.dims = {0};
+  few.output(few.op(OpKind::Sum, {centred}, column));
+  few.output(centred);
+  codegen::Executable few_exe(few, cuda_options());
+  INFO(few_exe.ptx());
+  CHECK(entries(few_exe.ptx()) == 3);
+}
+
+TEST_CASE("gpu ptx: a projection's bias, head transpose and scaling are one kernel after "
+          "cuBLAS") {
+  // The bias add is not broadcast into the GEMM's C (a kernel writing C, which cuBLAS then
+  // reads): one kernel reads the product with the heads' permutation, adds the bias and scales
+  // (the transpose was a kernel of its own, storing q unscaled and scaled).
+  codegen::Executable exe(test::query_heads(4, 128, 12, 64), cuda_options());
+  INFO(exe.ptx());
+  CHECK(entries(exe.ptx()) == 1);
+  check_assembles(exe.ptx(), "query_heads");
 }
 
 TEST_CASE("gpu ptx: a bias gradient viewed as [n] is summed into its output: no copy kernel") {

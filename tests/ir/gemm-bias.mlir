@@ -8,6 +8,9 @@
 // RUN: kiln-opt %s --convert-kiln-to-linalg --canonicalize --kiln-fuse-elementwise \
 // RUN: | mlir-opt --pass-pipeline='builtin.module(eliminate-empty-tensors,one-shot-bufferize{bufferize-function-boundaries function-boundary-type-conversion=identity-layout-map})' \
 // RUN: | kiln-opt --kiln-extern-calls | FileCheck %s --check-prefix=EXTERN
+// GPU code (recompute-math) recomputes a bias add in every consumer that reads it element for
+// element instead (codegen/fusion.cpp, kMaxLightOps), and head transposes fuse as generics.
+// RUN: kiln-opt %s --convert-kiln-to-linalg --canonicalize --kiln-fuse-elementwise=recompute-math=true | FileCheck %s --check-prefix=GPU
 
 // nn::Linear on [B, T, K] as traced: matmul, then add of the bias [N].
 // CHECK-LABEL: func.func @linear_bias
@@ -19,6 +22,9 @@
 // CHECK-NOT: linalg.generic
 // CHECK-NOT: linalg.fill
 // CHECK: return %[[R]]
+// GPU-LABEL: func.func @linear_bias
+// GPU: linalg.broadcast
+// GPU: linalg.matmul
 // EXTERN-LABEL: func.func @linear_bias
 // EXTERN: linalg.broadcast
 // EXTERN: call @kiln_rt_gemm_f32({{.*}}, %c1{{[_0-9]*}}, %c0{{[_0-9]*}}, %c1{{[_0-9]*}}) :
@@ -84,4 +90,56 @@ func.func @not_folded(%x: tensor<4x8x16xf32>, %w: tensor<16x64xf32>, %b: tensor<
   %y3 = kiln.matmul "matmul" %x, %w : (tensor<4x8x16xf32>, tensor<16x64xf32>) -> tensor<4x8x64xf32>
   %z3 = kiln.elementwise "add" %y3, %b {alpha = 2.000000e+00 : f64} : (tensor<4x8x64xf32>, tensor<64xf32>) -> tensor<4x8x64xf32>
   return %y, %z, %z2, %z3 : tensor<4x8x64xf32>, tensor<4x8x64xf32>, tensor<4x8x64xf32>, tensor<4x8x64xf32>
+}
+
+// The biased product read by two elementwise ops (gelu's forward and a stand-in for its
+// backward): the CPU folds the bias into the GEMM's C and both read the stored sum; GPU code
+// keeps the GEMM's plain product and recomputes the add in both loops, saving the broadcast
+// pass and the GEMM's read of C.
+// CHECK-LABEL: func.func @two_users
+// CHECK: linalg.broadcast
+// CHECK: linalg.matmul
+// GPU-LABEL: func.func @two_users
+// GPU-NOT: linalg.broadcast
+// GPU: %[[MM:.*]] = linalg.matmul
+// GPU: linalg.generic {{.*}} ins(%[[MM]], %arg2 : tensor<32x64xf32>, tensor<64xf32>)
+// GPU: arith.addf
+// GPU: math.erf
+// GPU: linalg.generic {{.*}} ins(%[[MM]], %arg2 : tensor<32x64xf32>, tensor<64xf32>)
+// GPU: arith.addf
+// GPU: arith.mulf
+// GPU-NOT: linalg.generic
+// GPU: return
+func.func @two_users(%x: tensor<32x16xf32>, %w: tensor<16x64xf32>, %b: tensor<64xf32>) -> (tensor<32x64xf32>, tensor<32x64xf32>) {
+  %y = kiln.matmul "matmul" %x, %w : (tensor<32x16xf32>, tensor<16x64xf32>) -> tensor<32x64xf32>
+  %z = kiln.elementwise "add" %y, %b : (tensor<32x64xf32>, tensor<64xf32>) -> tensor<32x64xf32>
+  %g = kiln.elementwise "gelu" %z : (tensor<32x64xf32>) -> tensor<32x64xf32>
+  %s = kiln.elementwise "mul" %z, %z : (tensor<32x64xf32>, tensor<32x64xf32>) -> tensor<32x64xf32>
+  return %g, %s : tensor<32x64xf32>, tensor<32x64xf32>
+}
+
+// Attention's query: (x @ w + b) split into heads, heads transposed before rows, scaled. The
+// CPU folds the bias into C and keeps the transpose a linalg.transpose; GPU code writes the
+// GEMM's product and one loop reads it with the heads' permutation, adds the bias and scales.
+// CHECK-LABEL: func.func @query_heads
+// CHECK: linalg.broadcast
+// CHECK: linalg.transpose
+// GPU-LABEL: func.func @query_heads
+// GPU-NOT: linalg.broadcast
+// GPU-NOT: linalg.transpose
+// GPU: linalg.matmul
+// GPU: linalg.generic
+// GPU-SAME: iterator_types = ["parallel", "parallel", "parallel", "parallel"]
+// GPU: arith.addf
+// GPU: arith.mulf
+// GPU-NOT: linalg.generic
+// GPU: return
+func.func @query_heads(%x: tensor<4x8x64xf32>, %w: tensor<64x64xf32>, %b: tensor<64xf32>) -> tensor<4x2x8x32xf32> {
+  %y = kiln.matmul "matmul" %x, %w : (tensor<4x8x64xf32>, tensor<64x64xf32>) -> tensor<4x8x64xf32>
+  %z = kiln.elementwise "add" %y, %b : (tensor<4x8x64xf32>, tensor<64xf32>) -> tensor<4x8x64xf32>
+  %h = kiln.view "view" %z {dims = array<i64: 4, 8, 2, 32>} : (tensor<4x8x64xf32>) -> tensor<4x8x2x32xf32>
+  %t = kiln.view "transpose" %h {dim = 1 : i64, dim1 = 2 : i64} : (tensor<4x8x2x32xf32>) -> tensor<4x2x8x32xf32>
+  %c = kiln.constant dense<1.250000e-01> : tensor<f32> : tensor<f32>
+  %q = kiln.elementwise "mul" %t, %c : (tensor<4x2x8x32xf32>, tensor<f32>) -> tensor<4x2x8x32xf32>
+  return %q : tensor<4x2x8x32xf32>
 }

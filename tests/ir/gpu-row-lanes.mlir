@@ -238,3 +238,33 @@ func.func @read_back(%x: memref<?x128xf32>, %t: memref<?x128xf32>, %y: memref<?x
   }
   return
 }
+
+// -----
+
+// 64 columns are 2 per lane: a step takes 2, not 4 (columns 3 and 4 would always be past the
+// end).
+// CHECK-LABEL: func.func @two_per_lane
+// ONE-LABEL: func.func @two_per_lane
+// FOUR-LABEL: func.func @two_per_lane
+// FOUR:         scf.for %{{.*}} = %{{.*}} to %c64 step %c64
+// FOUR-COUNT-2:   memref.load %{{.*}} : memref<?x64xf32>
+// FOUR-NOT:       memref.load
+// FOUR:           scf.yield
+func.func @two_per_lane(%x: memref<?x64xf32>, %acc: memref<?xf32>) {
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %c64 = arith.constant 64 : index
+  %zero = arith.constant 0.0 : f32
+  %n = memref.dim %x, %c0 : memref<?x64xf32>
+  scf.parallel (%r) = (%c0) to (%n) step (%c1) {
+    memref.store %zero, %acc[%r] : memref<?xf32>
+    scf.for %j = %c0 to %c64 step %c1 {
+      %v = memref.load %x[%r, %j] : memref<?x64xf32>
+      %a = memref.load %acc[%r] : memref<?xf32>
+      %s = arith.addf %a, %v : f32
+      memref.store %s, %acc[%r] : memref<?xf32>
+    }
+    scf.reduce
+  }
+  return
+}
