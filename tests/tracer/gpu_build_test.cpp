@@ -179,3 +179,18 @@ TEST_CASE("gpu build: a Transformer layer at the original widths (768, 12 heads,
   auto plan = cuda_plan_of(opt, [&] { return model->forward(x).sum(); }, 3e-4);
   check_all_regions_compiled_for_cuda(*plan, 90);  // 85 kernels
 }
+
+TEST_CASE("gpu build: one Transformer layer at the original size (batch 32, seq 512), for the "
+          "traffic estimate", "[.gpu_build_full]") {
+  // Hidden (about 8 GB and 30 s on the CPU): with KILN_LOGS=ir its "GPU parallel loops" dump is
+  // what benchmarks/gpu/traffic_estimate.py reads (bytes each kernel moves, GEMM flops).
+  manual_seed(4);
+  nn::TransformerEncoderLayerOptions o = layer_options(768);
+  o.nhead = 12;
+  o.dim_feedforward = 3072;
+  auto model = std::make_shared<nn::TransformerEncoder>(o, 1);
+  nn::AdamW opt(model->parameters(), nn::AdamWOptions{.lr = 1e-4});
+  Tensor x = randn({32, 512, 768});
+  auto plan = cuda_plan_of(opt, [&] { return model->forward(x).sum(); }, 1e-2);
+  check_all_regions_compiled_for_cuda(*plan, 90);
+}
