@@ -165,32 +165,33 @@ TEST_CASE("gpu build: an embedding classifier's training step (the embedding ben
   check_all_regions_compiled_for_cuda(*plan, 30);  // 28 kernels
 }
 
-TEST_CASE("gpu build: a Transformer layer at the original widths (768, 12 heads, FFN 3072) "
-          "compiles for CUDA", "[compile][gpu_build]") {
-  // The original-size step's layer (benchmarks/transformer.cpp, KILN_BENCH_FULL), one layer,
-  // batch 2, seq 64: the row widths and head size of the step the device check times.
+namespace {
+
+/// One layer of the original-size step (benchmarks/transformer.cpp, KILN_BENCH_FULL: 768 wide,
+/// 12 heads, FFN 3072) on [batch, seq, 768], its training step built for CUDA.
+std::unique_ptr<tracer::Plan> original_width_layer_plan(int64_t batch, int64_t seq,
+                                                        double atol) {
   manual_seed(4);
   nn::TransformerEncoderLayerOptions o = layer_options(768);
   o.nhead = 12;
   o.dim_feedforward = 3072;
   auto model = std::make_shared<nn::TransformerEncoder>(o, 1);
   nn::AdamW opt(model->parameters(), nn::AdamWOptions{.lr = 1e-4});
-  Tensor x = randn({2, 64, 768});
-  auto plan = cuda_plan_of(opt, [&] { return model->forward(x).sum(); }, 3e-4);
-  check_all_regions_compiled_for_cuda(*plan, 90);  // 85 kernels
+  Tensor x = randn({batch, seq, 768});
+  return cuda_plan_of(opt, [&] { return model->forward(x).sum(); }, atol);
+}
+
+}  // namespace
+
+TEST_CASE("gpu build: a Transformer layer at the original widths (768, 12 heads, FFN 3072) "
+          "compiles for CUDA", "[compile][gpu_build]") {
+  // Batch 2, seq 64: the row widths and head size of the step the device check times.
+  check_all_regions_compiled_for_cuda(*original_width_layer_plan(2, 64, 3e-4), 90);  // 85
 }
 
 TEST_CASE("gpu build: one Transformer layer at the original size (batch 32, seq 512), for the "
           "traffic estimate", "[.gpu_build_full]") {
   // Hidden (about 8 GB and 30 s on the CPU): with KILN_LOGS=ir its "GPU parallel loops" dump is
   // what benchmarks/gpu/traffic_estimate.py reads (bytes each kernel moves, GEMM flops).
-  manual_seed(4);
-  nn::TransformerEncoderLayerOptions o = layer_options(768);
-  o.nhead = 12;
-  o.dim_feedforward = 3072;
-  auto model = std::make_shared<nn::TransformerEncoder>(o, 1);
-  nn::AdamW opt(model->parameters(), nn::AdamWOptions{.lr = 1e-4});
-  Tensor x = randn({32, 512, 768});
-  auto plan = cuda_plan_of(opt, [&] { return model->forward(x).sum(); }, 1e-2);
-  check_all_regions_compiled_for_cuda(*plan, 90);
+  check_all_regions_compiled_for_cuda(*original_width_layer_plan(32, 512, 1e-2), 90);
 }
