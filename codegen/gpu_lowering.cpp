@@ -948,6 +948,7 @@ void gpu_parallel_loops(mlir::ModuleOp m, const GpuTarget& target, bool row_sepa
       return spreads_over_lanes(p, lanes) &&
              (!for_device || keeps_threads_busy(p, iterations, lanes, target));
     });
+  recompute_row_intermediates(fn);
   fuse_same_domain_loops(fn);
   if (!for_device || lanes != 1)
     spread_rows_over_lanes(fn, lanes, target.threads_per_block, target.elements_per_thread);

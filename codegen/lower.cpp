@@ -1691,6 +1691,7 @@ void register_codegen(mlir::DialectRegistry& registry) {
   register_extern_calls_pass();
   register_gpu_row_lanes_pass(registry);
   register_cpu_row_loops_pass(registry);
+  register_gpu_row_recompute_pass(registry);
   mlir::registerLinalgPasses();  // linalg-fuse-elementwise-ops, ...
 }
 

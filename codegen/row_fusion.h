@@ -51,6 +51,21 @@ bool fuse_static_row_loops(mlir::func::FuncOp fn,
 /// bias gradient) become one GPU kernel instead of three. Returns whether any loops merged.
 bool fuse_same_domain_loops(mlir::func::FuncOp fn);
 
+/// GPU row loops (after the merges above): an allocation that one column loop of a row loop
+/// stores (directly in the loop, at each row IV and the loop's own IV, covering the dim) and
+/// only later loops of the same row load (at the same row, any column) is not stored: each load
+/// becomes the stored value's computation again, at the loaded column. That computation may be
+/// at most a few pure ops (no math functions) and loads of buffers nothing in the row loop
+/// writes, of at most twice the element's bytes: the readers load the inputs again, from cache
+/// when the warp just read the row. Attention's backward then keeps dropout's gradient of the
+/// probabilities ([B, H, L, L]) in no buffer: it was stored and read back twice in its row.
+/// A column loop left writing nothing goes too. Returns how many allocations went.
+int recompute_row_intermediates(mlir::func::FuncOp fn);
+
+/// Registers kiln-gpu-row-recompute (recompute_row_intermediates on each function, for lit
+/// tests).
+void register_gpu_row_recompute_pass(mlir::DialectRegistry& registry);
+
 /// The CPU's row loops (after convert-linalg-to-parallel-loops; run() calls the code on blocks
 /// of rows and the block's rows run one after another): fuse_row_loops, then
 /// - an allocation only one row loop touches, always at the loop's row indices, shrinks to one

@@ -663,7 +663,12 @@ Tensor default_grad(const Tensor& out, const char* op, Loc loc) {
 using namespace autograd;
 
 bool is_grad_enabled() { return t_grad_enabled; }
+
 void set_grad_enabled(bool enabled) { t_grad_enabled = enabled; }
+
+std::unique_lock<std::recursive_mutex> hold_leaf_grads() {
+  return std::unique_lock<std::recursive_mutex>(g_leaf_mu);
+}
 
 bool Tensor::requires_grad() const {
   Meta* m = meta(*this);

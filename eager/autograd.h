@@ -5,6 +5,7 @@
 /// backward node (eager/derivatives.cpp holds the formulas, one per op). Tensor::backward() and
 /// kiln::grad() run the recorded graph in reverse topological order without recursion, and free
 /// it as they go unless retain_graph is set.
+#include <mutex>
 #include <vector>
 
 #include "core/tensor.h"
@@ -42,6 +43,13 @@ void note_parameter_rebind();
 /// compares it around a trace: a function that runs one (a gradient penalty, a Hessian-vector
 /// product) runs eagerly, as its replays would return those gradients without their history.
 uint64_t create_graph_backwards();
+
+/// Holds the lock that makes a leaf's .grad accumulation atomic (eager backward takes it around
+/// each sum, as PyTorch's AccumulateGrad does). A compiled replay that reads a .grad and writes
+/// the sum back holds it across both: two threads' replays, or a replay and an eager backward,
+/// then never add to the same old .grad and lose one sum. Recursive: the holding thread may
+/// run backward.
+std::unique_lock<std::recursive_mutex> hold_leaf_grads();
 
 /// RAII: disables gradient recording in its scope (like torch.no_grad()).
 class NoGradGuard {

@@ -276,6 +276,8 @@ struct Entry {
   uint64_t parameter_rebinds = 0;  // eager/autograd.h: no module parameter replaced since
   bool dynamic = false;
   bool draws_random = false;  // a trace of its tree has random ops: replays hold the generator
+  bool touches_grads = false;  // a trace of its tree reads or sets a .grad: replays hold the
+                               // leaves' .grad lock (hold_leaf_grads)
   // Duck sizing: argument dims ((arg, dim) pairs) that were equal in the traces a symbolic
   // entry was made from; one symbol stands for both, so they must stay equal.
   std::vector<std::pair<std::pair<int, int>, std::pair<int, int>>> equal_dims;
@@ -1038,6 +1040,12 @@ bool draws_random(const Program& p) {
   });
 }
 
+bool touches_grads(const Program& p) {
+  return !p.grad_assignments.empty() ||
+         std::any_of(p.sources.begin(), p.sources.end(),
+                     [](const Source& s) { return s.kind == SourceKind::GradOf; });
+}
+
 bool insert_branch(Segment& root, const std::shared_ptr<const Program>& p,
                    const CompileOptions& o) {
   Segment* seg = &root;
@@ -1271,6 +1279,11 @@ std::vector<OutValue> CompiledFunction::Impl::replay(Entry& e, const std::vector
   // other threads from drawing them too (concurrent replays repeated each other's dropout).
   std::unique_lock<std::recursive_mutex> generator;
   if (e.draws_random) generator = hold_generator();
+  // A .grad read and its sum written back by one replay (a backward inside the function) must
+  // not interleave with another thread's accumulation into it, eager or compiled: held to the
+  // end of the replay. Taken after the generator, as eager takes them.
+  std::unique_lock<std::recursive_mutex> grads;
+  if (e.touches_grads) grads = hold_leaf_grads();
   st.rng = generator_state();
   Segment* seg = e.root.get();
   st.in_place = seg->program->aliased_mutation;
@@ -1674,6 +1687,7 @@ std::vector<OutValue> CompiledFunction::Impl::trace(
     confirm_path(*failed, *prog, sizes_key(*failed, args));
     add_host_values(*failed, *prog);
     failed->draws_random |= draws_random(*prog);
+    failed->touches_grads |= touches_grads(*prog);
     note_recompile("new branch: " + reason);
     if (log_enabled("graph")) fmt::print(stderr, "kiln.compile: '{}' branch added\n", name);
     return outs;
@@ -1801,6 +1815,7 @@ std::vector<OutValue> CompiledFunction::Impl::trace(
   if (n > 1) note_recompile(reason + how);
   e->root = make_chain(prog, 0, options);
   e->draws_random = draws_random(*prog);
+  e->touches_grads = touches_grads(*prog);
   confirm_path(*e, *prog, sizes_key(*e, args));  // the trace itself is at these sizes
   if (log_enabled("guards"))
     fmt::print(stderr, "kiln.compile: '{}' guards of specialisation #{}:\n{}", name, e->id,

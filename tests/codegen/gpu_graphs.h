@@ -44,6 +44,29 @@ inline ir::Graph static_attention(int64_t batch, int64_t rows, int64_t cols, int
   return g;
 }
 
+/// Attention's backward through its dropout and softmax, with static shapes: inputs g [batch,
+/// rows, d] (the output's gradient), v_t [batch, d, cols], keep [batch, rows, cols] (bool, the
+/// dropout mask), p [batch, rows, cols] (the probabilities), k [batch, cols, d]; output
+/// (p * (dp - sum(dp * p, -1, keepdim))) @ k, where dp = (g @ v_t) * keep * 1.25 (dropout's
+/// backward at p = 0.2).
+inline ir::Graph static_attention_backward(int64_t batch, int64_t rows, int64_t cols,
+                                           int64_t d) {
+  ir::Graph g;
+  OpAttrs row_sum;
+  row_sum.dims = {-1};
+  row_sum.keepdim = true;
+  ir::Value grad = g.input(DType::Float32, {batch, rows, d});
+  ir::Value v_t = g.input(DType::Float32, {batch, d, cols});
+  ir::Value keep = g.input(DType::Bool, {batch, rows, cols});
+  ir::Value p = g.input(DType::Float32, {batch, rows, cols});
+  ir::Value k = g.input(DType::Float32, {batch, cols, d});
+  ir::Value dp = g.op(OpKind::Mul, {g.op(OpKind::Mul, {g.op(OpKind::Matmul, {grad, v_t}), keep}),
+                                    g.constant(Scalar(1.25), DType::Float32)});
+  ir::Value dot = g.op(OpKind::Sum, {g.op(OpKind::Mul, {dp, p})}, row_sum);
+  g.output(g.op(OpKind::Matmul, {g.op(OpKind::Mul, {p, g.op(OpKind::Sub, {dp, dot})}), k}));
+  return g;
+}
+
 /// Attention's query projection: inputs x [batch, len, heads * dim], w [heads * dim, heads * dim],
 /// b [heads * dim]; output ((x @ w + b) viewed as [batch, len, heads, dim], transposed to
 /// [batch, heads, len, dim]) * 0.125.

@@ -83,6 +83,26 @@ TEST_CASE("gpu loops on the cpu: a static graph's softmax and dropout merged ove
   }
 }
 
+TEST_CASE("gpu loops on the cpu: dropout's gradient recomputed in the softmax backward's row") {
+  // test::static_attention_backward: the row loop's first column loop (dropout's backward)
+  // stored its result, which the row sum and the score gradient read; recompute_row_intermediates
+  // makes both compute it from the GEMM's product and the mask instead (gpu_ptx_test counts the
+  // stores). Against eager ops in float64, in order and reversed.
+  manual_seed(4);
+  Tensor grad = randn({5, 33, 16}), v_t = randn({5, 16, 130}), p = rand({5, 33, 130});
+  Tensor keep = rand({5, 33, 130}) > 0.2, k = randn({5, 130, 16});
+  auto f64 = [](const Tensor& t) { return t.to(DType::Float64); };
+  Tensor dp = matmul(f64(grad), f64(v_t)) * f64(keep) * 1.25;
+  Tensor want = matmul(f64(p) * (dp - sum(dp * f64(p), {-1}, true)), f64(k));
+  for (bool reverse : {false, true}) {
+    codegen::CompileOptions o = emulated();
+    o.emulate_in_reverse = reverse;
+    std::vector<Tensor> got = codegen::Executable(test::static_attention_backward(5, 33, 130, 16),
+                                                  o).run({grad, v_t, keep, p, k});
+    CHECK(rel_diff(got.at(0), want) < 1e-4);  // eager's float32 ops: 3.9e-5 (dp - sum cancels)
+  }
+}
+
 TEST_CASE("gpu loops on the cpu: a projection's bias recomputed in its head transpose") {
   // test::query_heads: GPU fusion leaves the bias out of the GEMM's C and adds it in the
   // transposing loop (gpu_ptx_test counts the kernels); against eager ops in float64.

@@ -763,6 +763,20 @@ TEST_CASE("gpu ptx: a projection's bias, head transpose and scaling are one kern
   check_assembles(exe.ptx(), "query_heads");
 }
 
+TEST_CASE("gpu ptx: attention's backward row stores only its score gradient") {
+  // test::static_attention_backward between its two GEMMs: dropout's backward, the row sum and
+  // the score gradient are one kernel (fuse_static_row_loops). Dropout's gradient ([batch, rows,
+  // cols], 400 MB a layer at the original size) was stored there and read back twice; the two
+  // readers now compute it again from the product and the mask (recompute_row_intermediates):
+  // 6 stores (the score gradient's 4 columns per step, the row sum's 2), where there were 10.
+  codegen::Executable exe(test::static_attention_backward(32, 128, 512, 64), cuda_options());
+  const std::string ptx = exe.ptx();
+  INFO(ptx);
+  CHECK(entries(ptx) == 1);
+  CHECK(count(ptx, "st.global.") == 6);
+  check_assembles(ptx, "attention_backward_row");
+}
+
 TEST_CASE("gpu ptx: a bias gradient viewed as [n] is summed into its output: no copy kernel") {
   // Autograd's bias gradient: a sum over the rows with keepdim ([1, 1, n]) viewed as [n]. The
   // rounded sum was written to a temporary and copied into the output by a kernel of its own

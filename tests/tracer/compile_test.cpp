@@ -748,6 +748,35 @@ TEST_CASE("compile: many threads share one compiled function; compile once per g
   CHECK(f.compile_count() == 3);
 }
 
+// A replay reads a parameter's .grad and writes the sum back: without the leaves' .grad lock,
+// two threads added to the same old .grad and one sum was lost (1,030 for 1,602 in a trial),
+// where eager, which locks each accumulation, kept every one.
+TEST_CASE("compile: backward inside a compiled function accumulates every thread's gradient",
+          "[compile][threads]") {
+  Tensor w = zeros({4}).requires_grad_();
+  auto f = compile([&](const Tensor& x) {
+    Tensor loss = (w * x).sum();
+    loss.backward();
+    return loss;
+  });
+  f(ones({4}));
+  f(ones({4}));  // traced again: .grad is now defined; every later call replays
+  constexpr int kThreads = 4, kCalls = 300;
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t)
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < kCalls; ++i) f(full({4}, float(t + 1)));
+    });
+  // Eager backward passes into the same .grad at the same time.
+  threads.emplace_back([&] {
+    for (int i = 0; i < kCalls; ++i) (w * 0.5).sum().backward();
+  });
+  for (auto& th : threads) th.join();
+  // 2 + kCalls * (1 + 2 + 3 + 4) + kCalls * 0.5, exact in float32.
+  CHECK(w.grad().to_vector<float>() == std::vector<float>(4, 2.f + kCalls * 10.f + kCalls * 0.5f));
+  CHECK(f.compile_count() == 2);
+}
+
 TEST_CASE("FC-32 (compile): dropping a compiled function frees what its traces hold",
           "[compile]") {
   std::weak_ptr<StorageImpl> held;
