@@ -18,6 +18,7 @@
 #include "backends/cpu/parallel.h"
 #include "benchmarks/harness.h"
 #include "core/precision.h"
+#include "tracer/function.h"
 
 namespace kb = kiln::bench;
 
@@ -276,6 +277,11 @@ int main(int argc, char** argv) {
                  ? ""
                  : fmt::format("; float32 matmul precision: {}",
                                kiln::name(kiln::float32_matmul_precision())));
+  // Review: with compile() off, "compiled" rows of the suites that call it were eager code.
+  if (kiln::tracer::compile_disabled())
+    fmt::print("kiln-bench: KILN_COMPILE=0: compile() runs functions eagerly, so the "
+               "\"compiled\" rows of suites that use it (tutorial, digits, transformer, "
+               "embedding, compile-overhead) measure eager code\n");
 
   std::vector<kb::Record> records;
   print_header(widths);

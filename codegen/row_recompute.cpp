@@ -113,18 +113,19 @@ std::optional<RowIntermediate> match(mlir::memref::AllocOp alloc, mlir::Block& b
     return std::nullopt;
   mlir::Value column = r.column_loop.getInductionVar();
   mlir::ValueRange indices = r.store.getIndices();
-  unsigned columns = 0, rows = 0;
+  unsigned columns = 0;
+  llvm::SmallPtrSet<void*, 4> rows;
   for (auto [d, index] : llvm::enumerate(indices)) {
     if (index == column) {
       r.column_dim = d;
       ++columns;
     } else if (llvm::is_contained(row_loop.getInductionVars(), index)) {
-      ++rows;
+      rows.insert(index.getAsOpaquePointer());
     } else if (!mlir::getConstantIntValue(index)) {
       return std::nullopt;
     }
   }
-  if (columns != 1 || rows != row_loop.getNumLoops()) return std::nullopt;
+  if (columns != 1 || rows.size() != row_loop.getNumLoops()) return std::nullopt;
   mlir::MemRefType type = alloc.getType();
   mlir::Value upper = r.column_loop.getUpperBound();
   if (type.isDynamicDim(r.column_dim)

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <mutex>
 #include <optional>
+#include <pthread.h>
 #include <queue>
 #include <unordered_map>
 #include <unordered_set>
@@ -22,7 +23,29 @@ thread_local bool t_grad_enabled = true;
 // Guards what threads running backward concurrently share: a leaf's .grad and its
 // AccumulateGrad node (PyTorch locks gradient accumulation the same way). Recursive: under
 // create_graph, accumulating records ops (clone, add), whose inputs' gradient_edge locks again.
+// A compiled replay holds it for the whole replay (hold_leaf_grads), after the generator's.
 std::recursive_mutex g_leaf_mu;
+// fork() waits for it (and for the generator's lock, which replays take first), so the child's
+// copy is not held by a thread that does not exist there: its first recorded op hung. The
+// handler is registered when a replay first takes either lock, after the allocator's: fork's
+// prepare handlers run in reverse order of registration, so it waits for the replay before the
+// allocator's handler takes the allocator's lock, which the replay may still need (registered
+// earlier, fork held the allocator's lock and waited for this one, held by a replay waiting
+// for the allocator).
+std::recursive_mutex* g_fork_generator = nullptr;
+void register_fork_handlers() {
+  pthread_atfork(
+      [] {
+        g_fork_generator = hold_generator().release();
+        g_leaf_mu.lock();
+      },
+      [] {
+        g_leaf_mu.unlock();
+        g_fork_generator->unlock();
+      },
+      // The generator's own handler (eager/factories.cpp) makes the child's generator lock anew.
+      [] { new (&g_leaf_mu) std::recursive_mutex(); });
+}
 std::atomic<uint64_t> g_sequence{0};
 
 // Deep graphs (100k nodes) must not be destroyed recursively: a dying node moves what it
@@ -666,7 +689,13 @@ bool is_grad_enabled() { return t_grad_enabled; }
 
 void set_grad_enabled(bool enabled) { t_grad_enabled = enabled; }
 
+void register_replay_fork_handlers() {
+  static std::once_flag once;
+  std::call_once(once, register_fork_handlers);
+}
+
 std::unique_lock<std::recursive_mutex> hold_leaf_grads() {
+  register_replay_fork_handlers();
   return std::unique_lock<std::recursive_mutex>(g_leaf_mu);
 }
 

@@ -48,8 +48,12 @@ uint64_t create_graph_backwards();
 /// each sum, as PyTorch's AccumulateGrad does). A compiled replay that reads a .grad and writes
 /// the sum back holds it across both: two threads' replays, or a replay and an eager backward,
 /// then never add to the same old .grad and lose one sum. Recursive: the holding thread may
-/// run backward.
+/// run backward. Lock order: a thread that needs the random generator's lock too
+/// (hold_generator, generator_state) takes that one first.
 std::unique_lock<std::recursive_mutex> hold_leaf_grads();
+/// Registers (once) the fork() handler that waits for both locks a replay may hold, the
+/// generator's and the leaves' .grad lock (hold_generator and hold_leaf_grads call it).
+void register_replay_fork_handlers();
 
 /// RAII: disables gradient recording in its scope (like torch.no_grad()).
 class NoGradGuard {

@@ -246,6 +246,11 @@ std::vector<Tensor> run_call(OpCall& c) {
 
 }  // namespace
 
+namespace {
+thread_local uint64_t t_op_errors = 0;
+thread_local std::string t_last_op_error;
+}  // namespace
+
 std::vector<Tensor> call(OpCall&& c) {
   try {
     return run_call(c);
@@ -256,9 +261,14 @@ std::vector<Tensor> call(OpCall&& c) {
       e.set_op(c.name());
       e.set_where(c.loc);
     }
+    ++t_op_errors;
+    t_last_op_error = e.what();
     throw;
   }
 }
+
+uint64_t op_errors() { return t_op_errors; }
+const std::string& last_op_error() { return t_last_op_error; }
 
 Tensor call1(OpCall&& c) { return std::move(call(std::move(c))[0]); }
 

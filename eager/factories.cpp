@@ -9,6 +9,7 @@
 #include <pthread.h>
 
 #include "core/philox.h"
+#include "eager/autograd.h"
 #include "eager/dispatch.h"
 #include "eager/ops.h"
 
@@ -291,6 +292,7 @@ void set_generator_state(GeneratorState s, Loc loc) {
 }
 GeneratorReseeds generator_reseeds() { return t_reseeds; }
 std::unique_lock<std::recursive_mutex> hold_generator() {
+  register_replay_fork_handlers();
   return std::unique_lock<std::recursive_mutex>(g_rng_mu);
 }
 void advance_generator(uint64_t blocks) {

@@ -49,6 +49,10 @@ struct MissingBranch {
 };
 // Internal: a symbolic entry's replay reached a branch no trace confirmed for these sizes.
 struct UncheckedBranch {};
+// Internal: a replay raised kiln::Error (a value check: an index out of range) before it
+// changed anything the caller sees: the call runs eagerly instead, so that the function's own
+// code meets the error (a try/catch in it takes its other path; else eager raises it).
+struct ReplayRaised {};
 
 bool same_scalar(const Scalar& a, const Scalar& b) {
   if (a.kind() != b.kind()) return false;
@@ -278,6 +282,8 @@ struct Entry {
   bool draws_random = false;  // a trace of its tree has random ops: replays hold the generator
   bool touches_grads = false;  // a trace of its tree reads or sets a .grad: replays hold the
                                // leaves' .grad lock (hold_leaf_grads)
+  bool writes_caller_tensors = false;  // a trace of its tree writes arguments or captured
+                                       // tensors (a replay may write them while it runs)
   // Duck sizing: argument dims ((arg, dim) pairs) that were equal in the traces a symbolic
   // entry was made from; one symbol stands for both, so they must stay equal.
   std::vector<std::pair<std::pair<int, int>, std::pair<int, int>>> equal_dims;
@@ -848,7 +854,8 @@ std::vector<OutValue> CompiledFunction::call(const std::vector<ArgValue>& given,
     }
   std::string miss_reason;
   bool missing_branch = false;  // the replay reached a host value no branch was traced for
-  for (int attempt = 0; attempt < 3; ++attempt) {
+  bool run_eagerly = false;     // a replay raised before it changed anything (ReplayRaised)
+  for (int attempt = 0; attempt < 3 && !run_eagerly; ++attempt) {
     missing_branch = false;
     std::vector<std::pair<std::shared_ptr<Entry>, bool>> found;
     std::shared_ptr<Entry> entry;  // the entry the trace below extends, confirms or drops
@@ -891,6 +898,9 @@ std::vector<OutValue> CompiledFunction::call(const std::vector<ArgValue>& given,
         } catch (const UncheckedBranch&) {
           entry = e, unchecked = true;
           break;
+        } catch (const ReplayRaised&) {
+          run_eagerly = true;
+          break;
         } catch (const GuardFailure& g) {
           miss_reason = g.reason;
           if (g.permanent && !entry) entry = e;  // dropped by the trace
@@ -903,6 +913,7 @@ std::vector<OutValue> CompiledFunction::call(const std::vector<ArgValue>& given,
         }
       }
     }
+    if (run_eagerly) break;  // outside the lock: the function may call this one again
     if (!entry && lacks_branch) {
       entry = lacks_branch, missing_branch = true;
       miss_reason = lacks_reason;
@@ -1044,6 +1055,10 @@ bool touches_grads(const Program& p) {
   return !p.grad_assignments.empty() ||
          std::any_of(p.sources.begin(), p.sources.end(),
                      [](const Source& s) { return s.kind == SourceKind::GradOf; });
+}
+
+bool writes_caller_tensors(const Program& p) {
+  return !p.write_backs.empty() || p.aliased_mutation;
 }
 
 bool insert_branch(Segment& root, const std::shared_ptr<const Program>& p,
@@ -1279,12 +1294,14 @@ std::vector<OutValue> CompiledFunction::Impl::replay(Entry& e, const std::vector
   // other threads from drawing them too (concurrent replays repeated each other's dropout).
   std::unique_lock<std::recursive_mutex> generator;
   if (e.draws_random) generator = hold_generator();
+  st.rng = generator_state();
   // A .grad read and its sum written back by one replay (a backward inside the function) must
   // not interleave with another thread's accumulation into it, eager or compiled: held to the
-  // end of the replay. Taken after the generator, as eager takes them.
+  // end of the replay. Always after the generator's lock (generator_state() above takes it
+  // too), never the other way round: a replay holding this lock and waiting for the generator
+  // deadlocked with one holding the generator (with dropout) and waiting for this.
   std::unique_lock<std::recursive_mutex> grads;
   if (e.touches_grads) grads = hold_leaf_grads();
-  st.rng = generator_state();
   Segment* seg = e.root.get();
   st.in_place = seg->program->aliased_mutation;
   try {
@@ -1300,9 +1317,13 @@ std::vector<OutValue> CompiledFunction::Impl::replay(Entry& e, const std::vector
       seg = c;
     }
   } catch (const Error&) {
-    // The error reaches the caller (a symbolic entry's traces the call instead): eager's ops
-    // before the failing one drew their numbers (review: the generator was left unmoved, and
-    // the next call redrew this one's dropout masks).
+    // A function that writes no argument or captured tensor has changed nothing the caller
+    // sees: it runs eagerly (its draws then come from the generator as it was). Other replays
+    // may have written some already (in place, or into a donated buffer): the error reaches the
+    // caller (a symbolic entry's traces the call instead), and eager's ops before the failing
+    // one drew their numbers (review: the generator was left unmoved, and the next call redrew
+    // this one's dropout masks).
+    if (!e.writes_caller_tensors && !e.dynamic) throw ReplayRaised{};
     if (generator && !e.dynamic) advance_generator(st.rng_offset(*seg->program, st.node));
     throw;
   }
@@ -1442,7 +1463,9 @@ std::vector<OutValue> CompiledFunction::Impl::trace(
   };
   std::vector<BaseCandidate> base_candidates;
   int strided_arg = -1;  // a strided argument that kept an entry from being a base
-  if (options.dynamic == Dynamic::Auto && (!missing_branch || failed->dynamic))
+  // Always marks every dim at the first trace; what it cannot mark (host scalars, a dim
+  // first seen at size 1) still becomes symbolic as under Auto.
+  if (options.dynamic != Dynamic::Never && (!missing_branch || failed->dynamic))
     for (auto it = entries.rbegin(); it != entries.rend(); ++it) {
       BaseCandidate c{it->get(), {}, {}};
       if (only_sizes_differ(**it, args, c.dims, c.scalars, &strided_arg))
@@ -1452,6 +1475,7 @@ std::vector<OutValue> CompiledFunction::Impl::trace(
   auto prog = std::make_shared<Program>();
   std::vector<OutValue> outs;
   std::vector<std::pair<std::weak_ptr<TensorImpl>, int>> candidates;
+  std::string caught_op_error;  // an op's error the function caught while traced
   const uint64_t view_writes = in_place_view_writes();
   const uint64_t double_backwards = create_graph_backwards();
   const uint64_t reseeds = generator_reseeds().count;
@@ -1462,7 +1486,9 @@ std::vector<OutValue> CompiledFunction::Impl::trace(
       if (args[i].kind == ArgValue::Kind::Tensor) rec.add_arg(args[i].tensor, static_cast<int>(i));
     lock.unlock();
     rec.install();
+    const uint64_t op_errors_before = dispatch::op_errors();
     outs = invoke();
+    if (dispatch::op_errors() != op_errors_before) caught_op_error = dispatch::last_op_error();
     record_backward(rec, *prog, outs);
     rec.finish();
     for (const OutValue& o : outs) {
@@ -1494,6 +1520,19 @@ std::vector<OutValue> CompiledFunction::Impl::trace(
   }
   if (!prog->output_dependency.empty()) {
     run_eagerly_from_now_on(prog->output_dependency);
+    return outs;
+  }
+  // The function went on after an op raised: its path depends on what the op checked (an
+  // index in range), which no guard covers, and a replay would take this path for any values.
+  if (!caught_op_error.empty()) {
+    KILN_CHECK(!options.fullgraph, "compile", loc,
+               "fullgraph=true, but '{}' caught an error an op raised while it was traced ({}); "
+               "the values that op checks decide the function's path, which a replay cannot "
+               "follow", name, caught_op_error);
+    run_eagerly_from_now_on(fmt::format(
+        "it caught an error an op raised while it was traced ({}); the values that op checks "
+        "(indices in range, ...) decide the function's path, which no guard covers",
+        caught_op_error));
     return outs;
   }
   if (prog->raw_access) {
@@ -1688,6 +1727,7 @@ std::vector<OutValue> CompiledFunction::Impl::trace(
     add_host_values(*failed, *prog);
     failed->draws_random |= draws_random(*prog);
     failed->touches_grads |= touches_grads(*prog);
+    failed->writes_caller_tensors |= writes_caller_tensors(*prog);
     note_recompile("new branch: " + reason);
     if (log_enabled("graph")) fmt::print(stderr, "kiln.compile: '{}' branch added\n", name);
     return outs;
@@ -1816,6 +1856,7 @@ std::vector<OutValue> CompiledFunction::Impl::trace(
   e->root = make_chain(prog, 0, options);
   e->draws_random = draws_random(*prog);
   e->touches_grads = touches_grads(*prog);
+  e->writes_caller_tensors = writes_caller_tensors(*prog);
   confirm_path(*e, *prog, sizes_key(*e, args));  // the trace itself is at these sizes
   if (log_enabled("guards"))
     fmt::print(stderr, "kiln.compile: '{}' guards of specialisation #{}:\n{}", name, e->id,

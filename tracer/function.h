@@ -15,7 +15,8 @@ namespace kiln {
 enum class Dynamic : uint8_t {
   Auto,    ///< specialise first; a dim (scalar) that changes and causes a recompile becomes
            ///< symbolic (a runtime argument) — "automatic dynamic", as TorchDynamo
-  Always,  ///< every dim of every tensor argument and every host scalar is symbolic from the start
+  Always,  ///< every dim (of size >= 2) of every tensor argument is symbolic from the start;
+           ///< host scalars (and dims first seen at size 1) become symbolic as under Auto
   Never,   ///< every distinct size / scalar value gets its own specialisation
 };
 

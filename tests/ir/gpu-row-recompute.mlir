@@ -122,7 +122,8 @@ func.func @chain(%x: memref<64x128xf32>, %side: memref<64x128xf32> {llvm.noalias
 // Kept, each for one reason: the input is written in the row loop (@input_written); a math
 // function (@exp); a running value of the column loop (@running); the column loop covers only
 // part of the dim (@part); inputs of 12 bytes for a 4-byte element (@wide); a load of another
-// row (@other_row); a load in the storing loop itself (@same_loop).
+// row (@other_row); a load in the storing loop itself (@same_loop); a store at one row IV twice,
+// which every j row writes (@repeated_row).
 // CHECK-LABEL: func.func @input_written
 // CHECK:         memref.alloc
 // CHECK-LABEL: func.func @exp
@@ -136,6 +137,8 @@ func.func @chain(%x: memref<64x128xf32>, %side: memref<64x128xf32> {llvm.noalias
 // CHECK-LABEL: func.func @other_row
 // CHECK:         memref.alloc
 // CHECK-LABEL: func.func @same_loop
+// CHECK:         memref.alloc
+// CHECK-LABEL: func.func @repeated_row
 // CHECK:         memref.alloc
 func.func @input_written(%x: memref<64x128xf32>) {
   %c0 = arith.constant 0 : index
@@ -283,6 +286,26 @@ func.func @same_loop(%x: memref<64x128xf32>, %y: memref<64x128xf32> {llvm.noalia
       memref.store %v, %t[%r, %j] : memref<64x128xf32>
       %u = memref.load %t[%r, %c0] : memref<64x128xf32>
       memref.store %u, %y[%r, %j] : memref<64x128xf32>
+    }
+    scf.reduce
+  }
+  return
+}
+
+func.func @repeated_row(%x: memref<4x4x128xf32>, %y: memref<4x4x128xf32> {llvm.noalias}) {
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %c4 = arith.constant 4 : index
+  %c128 = arith.constant 128 : index
+  %t = memref.alloc() : memref<4x4x128xf32>
+  scf.parallel (%i, %j) = (%c0, %c0) to (%c4, %c4) step (%c1, %c1) {
+    scf.for %k = %c0 to %c128 step %c1 {
+      %v = memref.load %x[%i, %j, %k] : memref<4x4x128xf32>
+      memref.store %v, %t[%i, %i, %k] : memref<4x4x128xf32>
+    }
+    scf.for %k = %c0 to %c128 step %c1 {
+      %v = memref.load %t[%i, %i, %k] : memref<4x4x128xf32>
+      memref.store %v, %y[%i, %j, %k] : memref<4x4x128xf32>
     }
     scf.reduce
   }

@@ -8,6 +8,9 @@
 #include <future>
 #include <thread>
 
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include "kiln/kiln.h"
 #include "tracer/util.h"
 
@@ -775,6 +778,94 @@ TEST_CASE("compile: backward inside a compiled function accumulates every thread
   // 2 + kCalls * (1 + 2 + 3 + 4) + kCalls * 0.5, exact in float32.
   CHECK(w.grad().to_vector<float>() == std::vector<float>(4, 2.f + kCalls * 10.f + kCalls * 0.5f));
   CHECK(f.compile_count() == 2);
+}
+
+// Review: a replay took the .grad lock, then the generator's (generator_state()), while one
+// with dropout held the generator's and waited for the .grad lock: two such functions on
+// several threads deadlocked within a few hundred calls. A watchdog fails the test instead of
+// letting it hang.
+TEST_CASE("compile: replays with and without random draws that run backward do not deadlock",
+          "[compile][threads]") {
+  Tensor w = zeros({4}).requires_grad_(), v = zeros({4}).requires_grad_();
+  auto with_dropout = compile([&](const Tensor& x) {
+    Tensor loss = (w * dropout(x, 0.5)).sum();
+    loss.backward();
+    return loss;
+  });
+  auto plain = compile([&](const Tensor& x) {
+    Tensor loss = (v * x).sum();
+    loss.backward();
+    return loss;
+  });
+  for (int i = 0; i < 2; ++i) with_dropout(ones({4})), plain(ones({4}));
+  constexpr int kThreads = 3, kCalls = 400;
+  std::atomic<int64_t> progress{0};
+  std::atomic<bool> finished{false};
+  std::thread watchdog([&] {
+    for (int64_t last = -1; !finished;) {
+      for (int tick = 0; tick < 300 && !finished; ++tick)
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      if (!finished && progress == last) {
+        std::fprintf(stderr, "deadlock: no call finished in 30 s\n");
+        std::_Exit(3);
+      }
+      last = progress;
+    }
+  });
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&] {
+      for (int i = 0; i < kCalls; ++i, ++progress) with_dropout(ones({4}));
+    });
+    threads.emplace_back([&] {
+      for (int i = 0; i < kCalls; ++i, ++progress) plain(ones({4}));
+    });
+  }
+  for (auto& th : threads) th.join();
+  finished = true;
+  watchdog.join();
+  CHECK(progress == 2 * kThreads * kCalls);
+  CHECK(v.grad().to_vector<float>() == std::vector<float>(4, 2.f + kThreads * kCalls));
+}
+
+// Review: a replay holds the .grad lock (and, drawing random numbers, the generator's) while
+// it runs; a fork() meanwhile gave the child a lock held by a thread it does not have, and its
+// first recorded op hung (17 of 20 children). Then fork's handlers took the allocator's lock
+// before waiting for the replay, which was allocating: the parent hung.
+TEST_CASE("compile: fork() during a replay that runs backward: the child's autograd works",
+          "[compile][fork]") {
+  Tensor w = zeros({4}).requires_grad_();
+  auto step = compile([&](const Tensor& x) {
+    Tensor loss = (w * dropout(x, 0.5)).sum();
+    loss.backward();
+    return loss;
+  });
+  step(ones({4}));
+  step(ones({4}));
+  std::atomic<bool> stop{false};
+  std::thread busy([&] {
+    while (!stop) step(ones({4}));
+  });
+  int ok = 0;
+  constexpr int kForks = 8;
+  for (int i = 0; i < kForks; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    pid_t pid = fork();
+    if (pid == 0) {
+      alarm(20);  // a deadlock ends the child with SIGALRM
+      Tensor v = ones({3}).requires_grad_();
+      (v * 2.0).sum().backward();
+      bool right = v.grad().to_vector<float>() == std::vector<float>(3, 2.f);
+      right &= randn({64}).numel() == 64;
+      _exit(right ? 0 : 1);
+    }
+    int status = 0;
+    waitpid(pid, &status, 0);
+    ok += WIFEXITED(status) && WEXITSTATUS(status) == 0;
+  }
+  stop = true;
+  busy.join();
+  CHECK(ok == kForks);
 }
 
 TEST_CASE("FC-32 (compile): dropping a compiled function frees what its traces hold",

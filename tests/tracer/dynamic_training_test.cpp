@@ -367,6 +367,14 @@ TEST_CASE("compile: a marked dim traced at size 1 that broadcasts stays speciali
   auto twice = compile([](const Tensor& x) { return x * 2.0; }, always);
   for (int i = 0; i < 5; ++i) CHECK(vec(twice(ones({3, 1}))) == std::vector<float>(3, 2.0f));
   CHECK(twice.compile_count() == 1);
+  // Host scalars become symbolic under Always as under Auto (review: Always kept one entry per
+  // value, and ran eagerly after 8 values, where Auto had 2 traces).
+  auto scaled = compile([](const Tensor& x, double s) { return x * s; }, always);
+  for (int i = 0; i < 10; ++i)
+    CHECK(vec(scaled(ones({4, 3}), 1.0 + i)) == std::vector<float>(12, float(1.0 + i)));
+  CHECK(scaled.compile_count() == 2);  // the first value's entry, then the symbolic one
+  CHECK(scaled.cache_entries() == 2);
+  CHECK_FALSE(contains(scaled.explain(), "runs eagerly"));
 }
 
 namespace {

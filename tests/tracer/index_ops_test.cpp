@@ -87,6 +87,80 @@ TEST_CASE("compile: an index out of range raises eager's error at the user's lin
   CHECK_FALSE(contains(ex, "eager op:"));
 }
 
+// An op's error that the function catches (try index_select, else a fallback): the trace saw
+// one path, and the index values that chose it are in no guard. The trace that caught one runs
+// the function eagerly from then on; a replay that raises runs the call eagerly, so the
+// function's own catch takes over (both returned the traced path's values for any index).
+TEST_CASE("compile: an op's error caught inside the function takes eager's path in every call",
+          "[compile][index]") {
+  Tensor w = arange(12, DType::Float32).view({4, 3});
+  auto body = [&](const Tensor& idx) {
+    try {
+      return index_select(w, 0, idx) * 2.0;
+    } catch (const Error&) {
+      return zeros({2, 3}) - 1.0;
+    }
+  };
+  Tensor good = ids({1, 2}, {2}), bad = ids({0, 7}, {2});
+  const std::vector<float> selected = {6, 8, 10, 12, 14, 16}, fallback(6, -1.f);
+  SECTION("traced with a bad index: eager from then on") {
+    auto cf = compile(body);
+    CHECK(vec(cf(bad)) == fallback);
+    CHECK(vec(cf(good)) == selected);  // was the fallback: the trace's path, replayed
+    CHECK(vec(cf(bad)) == fallback);
+    std::string ex = cf.explain();
+    INFO(ex);
+    CHECK(contains(ex, "caught an error an op raised"));
+    CHECK(contains(ex, "index 7 is out of range"));
+  }
+  SECTION("traced with good indices: a bad one runs that call eagerly") {
+    auto cf = compile(body);
+    for (int call = 0; call < 3; ++call) CHECK(vec(cf(good)) == selected);
+    CHECK(vec(cf(bad)) == fallback);  // raised "index 7 is out of range"
+    CHECK(vec(cf(good)) == selected);
+    CHECK(cf.compile_count() == 1);  // still replayed
+  }
+  SECTION("uncaught, the eager run raises eager's error") {
+    auto plain = [&](const Tensor& idx) { return index_select(w, 0, idx) * 2.0; };
+    auto cf = compile(plain);
+    for (int call = 0; call < 3; ++call) CHECK(vec(cf(good)) == selected);
+    CHECK(std::string(error_of([&] { cf(bad); }).what()) ==
+          error_of([&] { plain(bad); }).what());
+  }
+  SECTION("fullgraph: the trace that caught one raises") {
+    auto cf = compile(body, CompileOptions{.fullgraph = true});
+    std::string e = error_of([&] { cf(bad); }).what();
+    CHECK(contains(e, "fullgraph=true"));
+    CHECK(contains(e, "caught an error"));
+  }
+}
+
+TEST_CASE("compile: a replay that raises runs the call eagerly from the generator as it was",
+          "[compile][index]") {
+  // Dropout before the failing lookup: the eager run draws the mask the replay would have.
+  Tensor w = arange(12, DType::Float32).view({4, 3});
+  auto body = [&](const Tensor& x, const Tensor& idx) {
+    Tensor kept = dropout(x, 0.5, true);
+    try {
+      return kept + index_select(w, 0, idx);
+    } catch (const Error&) {
+      return kept * 10.0;
+    }
+  };
+  auto cf = compile(body);
+  Tensor x = ones({2, 3}), good = ids({1, 2}, {2}), bad = ids({0, 9}, {2});
+  for (int call = 0; call < 3; ++call) cf(x, good);
+  manual_seed(5);
+  std::vector<float> compiled = vec(cf(x, bad));
+  GeneratorState after_compiled = generator_state();
+  manual_seed(5);
+  std::vector<float> eager = vec(body(x, bad));
+  GeneratorState after_eager = generator_state();
+  CHECK(compiled == eager);
+  CHECK(after_compiled.offset == after_eager.offset);
+  CHECK(cf.compile_count() == 1);
+}
+
 TEST_CASE("compile: causal self-attention masks with triu and masked_fill inside the compiled "
           "region; forward and gradients equal eager", "[compile][index]") {
   manual_seed(11);
