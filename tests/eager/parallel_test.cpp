@@ -9,10 +9,8 @@
 #include <thread>
 #include <vector>
 
-#include <sys/wait.h>
-#include <unistd.h>
-
 #include "backends/cpu/parallel.h"
+#include "fork_children.h"
 #include "kiln/kiln.h"
 
 using namespace kiln;
@@ -169,21 +167,11 @@ TEST_CASE("fork() while another thread runs parallel ops: the child's ops work",
       randn({4096});
     }
   });
-  int ok = 0;
-  for (int i = 0; i < 5; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(3));
-    pid_t pid = fork();
-    if (pid == 0) {
-      alarm(20);  // a deadlock ends the child with SIGALRM
-      Tensor a = full({1 << 20}, 2.0);
-      bool right = (a * 2.0 + 1.0).sum().item<double>() == 5.0 * (1 << 20);
-      right &= randn({1 << 16}).numel() == (1 << 16);
-      _exit(right ? 0 : 1);
-    }
-    int status = 0;
-    waitpid(pid, &status, 0);
-    ok += WIFEXITED(status) && WEXITSTATUS(status) == 0;
-  }
+  int ok = kiln::testing::forked_children_ok(5, std::chrono::milliseconds(3), [] {
+    Tensor a = full({1 << 20}, 2.0);
+    bool right = (a * 2.0 + 1.0).sum().item<double>() == 5.0 * (1 << 20);
+    return right && randn({1 << 16}).numel() == (1 << 16);
+  });
   stop = true;
   busy.join();
   CHECK(ok == 5);

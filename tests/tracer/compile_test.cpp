@@ -8,9 +8,7 @@
 #include <future>
 #include <thread>
 
-#include <sys/wait.h>
-#include <unistd.h>
-
+#include "fork_children.h"
 #include "kiln/kiln.h"
 #include "tracer/util.h"
 
@@ -846,23 +844,13 @@ TEST_CASE("compile: fork() during a replay that runs backward: the child's autog
   std::thread busy([&] {
     while (!stop) step(ones({4}));
   });
-  int ok = 0;
   constexpr int kForks = 8;
-  for (int i = 0; i < kForks; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
-    pid_t pid = fork();
-    if (pid == 0) {
-      alarm(20);  // a deadlock ends the child with SIGALRM
-      Tensor v = ones({3}).requires_grad_();
-      (v * 2.0).sum().backward();
-      bool right = v.grad().to_vector<float>() == std::vector<float>(3, 2.f);
-      right &= randn({64}).numel() == 64;
-      _exit(right ? 0 : 1);
-    }
-    int status = 0;
-    waitpid(pid, &status, 0);
-    ok += WIFEXITED(status) && WEXITSTATUS(status) == 0;
-  }
+  int ok = kiln::testing::forked_children_ok(kForks, std::chrono::milliseconds(2), [] {
+    Tensor v = ones({3}).requires_grad_();
+    (v * 2.0).sum().backward();
+    return v.grad().to_vector<float>() == std::vector<float>(3, 2.f) &&
+           randn({64}).numel() == 64;
+  });
   stop = true;
   busy.join();
   CHECK(ok == kForks);
