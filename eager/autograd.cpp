@@ -9,6 +9,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "backends/cpu/allocator.h"
 #include "eager/autograd_graph.h"
 #include "eager/derivatives.h"
 #include "eager/dispatch.h"
@@ -27,13 +28,15 @@ thread_local bool t_grad_enabled = true;
 std::recursive_mutex g_leaf_mu;
 // fork() waits for it (and for the generator's lock, which replays take first), so the child's
 // copy is not held by a thread that does not exist there: its first recorded op hung. The
-// handler is registered when a replay first takes either lock, after the allocator's: fork's
+// handler is registered when this lock or a replay's generator lock is first taken, after the
+// allocator's (created first if need be): fork's
 // prepare handlers run in reverse order of registration, so it waits for the replay before the
 // allocator's handler takes the allocator's lock, which the replay may still need (registered
 // earlier, fork held the allocator's lock and waited for this one, held by a replay waiting
 // for the allocator).
 std::recursive_mutex* g_fork_generator = nullptr;
 void register_fork_handlers() {
+  cpu::allocator();  // the allocator's handler first, whatever allocated before
   pthread_atfork(
       [] {
         g_fork_generator = hold_generator().release();
@@ -145,6 +148,7 @@ Tensor private_grad_copy(const Tensor& g) {
 std::vector<Tensor> AccumulateGrad::apply(std::vector<Tensor>&& grads) {
   auto impl = leaf_.lock();
   if (!impl || !grads[0].defined()) return {};
+  register_replay_fork_handlers();
   std::lock_guard<std::recursive_mutex> lock(g_leaf_mu);
   Tensor leaf(impl);
   Meta& m = ensure_meta(leaf);
@@ -399,6 +403,7 @@ Edge gradient_edge(const Tensor& t) {
   Meta* m = meta(t);
   if (!m || !m->requires_grad) return {};
   if (m->grad_fn) return {m->grad_fn, m->output_nr};
+  register_replay_fork_handlers();
   std::lock_guard<std::recursive_mutex> lock(g_leaf_mu);
   auto acc = m->accumulator.lock();
   if (!acc) {

@@ -8,6 +8,7 @@
 #include "backends/cuda/allocator.h"
 #include "backends/cuda/driver.h"
 #include "backends/cpu/kernels.h"
+#include "eager/value_checks.h"
 #include "eager/view.h"
 
 namespace kiln::dispatch {
@@ -261,8 +262,12 @@ std::vector<Tensor> call(OpCall&& c) {
       e.set_op(c.name());
       e.set_where(c.loc);
     }
-    ++t_op_errors;
-    t_last_op_error = e.what();
+    // Only ops that check input values: their errors depend on data no guard covers (shape
+    // and dtype errors are guarded; a function that catches one takes its path again).
+    if (!value_checked_inputs(c.op, c.attrs, DType::Int64).empty()) {
+      ++t_op_errors;
+      t_last_op_error = e.what();
+    }
     throw;
   }
 }

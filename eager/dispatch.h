@@ -91,9 +91,10 @@ DispatchHook* set_autograd_hook(DispatchHook* hook);
 /// Runs `call` and returns its outputs. Throws kiln::Error for invalid inputs.
 std::vector<Tensor> call(OpCall&& call);
 
-/// How many op calls on this thread raised kiln::Error so far, and the last one's text. The
-/// tracer compares the count around a trace: a function that caught an op's error (a check of
-/// values, such as an index out of range) took a path that no guard of a trace covers.
+/// How many calls of ops that check input values (value_checks.h: indices, class indices,
+/// integer divisors) raised kiln::Error on this thread so far, and the last one's text. The
+/// tracer compares the count around a trace: a function that caught such an error took a path
+/// that no guard of a trace covers.
 uint64_t op_errors();
 const std::string& last_op_error();
 /// call() for single-output ops.

@@ -282,8 +282,8 @@ struct Entry {
   bool draws_random = false;  // a trace of its tree has random ops: replays hold the generator
   bool touches_grads = false;  // a trace of its tree reads or sets a .grad: replays hold the
                                // leaves' .grad lock (hold_leaf_grads)
-  bool writes_caller_tensors = false;  // a trace of its tree writes arguments or captured
-                                       // tensors (a replay may write them while it runs)
+  bool effects_while_run = false;  // a trace of its tree writes arguments or captured tensors,
+                                   // or runs host callbacks (a replay may do so as it runs)
   // Duck sizing: argument dims ((arg, dim) pairs) that were equal in the traces a symbolic
   // entry was made from; one symbol stands for both, so they must stay equal.
   std::vector<std::pair<std::pair<int, int>, std::pair<int, int>>> equal_dims;
@@ -905,7 +905,9 @@ std::vector<OutValue> CompiledFunction::call(const std::vector<ArgValue>& given,
           miss_reason = g.reason;
           if (g.permanent && !entry) entry = e;  // dropped by the trace
         } catch (const Error& err) {
-          if (!e->dynamic) throw;
+          // A value check at sizes a trace confirmed: eager raises it too (review: dropping the
+          // entry for it made the function eager after 8 such calls).
+          if (!e->dynamic || contains(e->checked_sizes, sizes_key(*e, args))) throw;
           // A symbolic specialisation could not run these sizes: drop it and specialise.
           miss_reason = fmt::format("symbolic replay failed ({}); specialising", err.message());
           entry = e;
@@ -1057,8 +1059,10 @@ bool touches_grads(const Program& p) {
                      [](const Source& s) { return s.kind == SourceKind::GradOf; });
 }
 
-bool writes_caller_tensors(const Program& p) {
-  return !p.write_backs.empty() || p.aliased_mutation;
+bool effects_while_run(const Program& p) {
+  return !p.write_backs.empty() || p.aliased_mutation ||
+         std::any_of(p.nodes.begin(), p.nodes.end(),
+                     [](const Node& n) { return n.kind == Node::Kind::Callback; });
 }
 
 bool insert_branch(Segment& root, const std::shared_ptr<const Program>& p,
@@ -1317,14 +1321,16 @@ std::vector<OutValue> CompiledFunction::Impl::replay(Entry& e, const std::vector
       seg = c;
     }
   } catch (const Error&) {
-    // A function that writes no argument or captured tensor has changed nothing the caller
-    // sees: it runs eagerly (its draws then come from the generator as it was). Other replays
-    // may have written some already (in place, or into a donated buffer): the error reaches the
-    // caller (a symbolic entry's traces the call instead), and eager's ops before the failing
-    // one drew their numbers (review: the generator was left unmoved, and the next call redrew
-    // this one's dropout masks).
-    if (!e.writes_caller_tensors && !e.dynamic) throw ReplayRaised{};
-    if (generator && !e.dynamic) advance_generator(st.rng_offset(*seg->program, st.node));
+    // At sizes a trace confirmed, the error is a check of values (an index out of range). A
+    // function that writes no argument or captured tensor and runs no host callback has then
+    // changed nothing the caller sees: it runs eagerly (its draws then come from the generator
+    // as it was). Other replays may have written some already (in place, or into a donated
+    // buffer): the error reaches the caller, and eager's ops before the failing one drew their
+    // numbers (review: the generator was left unmoved, and the next call redrew this one's
+    // dropout masks). At unconfirmed sizes a symbolic entry's call is traced instead.
+    const bool confirmed = !e.dynamic || contains(e.checked_sizes, sizes_key(e, args));
+    if (confirmed && !e.effects_while_run) throw ReplayRaised{};
+    if (generator && confirmed) advance_generator(st.rng_offset(*seg->program, st.node));
     throw;
   }
   const Program& p = *seg->program;
@@ -1727,7 +1733,7 @@ std::vector<OutValue> CompiledFunction::Impl::trace(
     add_host_values(*failed, *prog);
     failed->draws_random |= draws_random(*prog);
     failed->touches_grads |= touches_grads(*prog);
-    failed->writes_caller_tensors |= writes_caller_tensors(*prog);
+    failed->effects_while_run |= effects_while_run(*prog);
     note_recompile("new branch: " + reason);
     if (log_enabled("graph")) fmt::print(stderr, "kiln.compile: '{}' branch added\n", name);
     return outs;
@@ -1856,7 +1862,7 @@ std::vector<OutValue> CompiledFunction::Impl::trace(
   e->root = make_chain(prog, 0, options);
   e->draws_random = draws_random(*prog);
   e->touches_grads = touches_grads(*prog);
-  e->writes_caller_tensors = writes_caller_tensors(*prog);
+  e->effects_while_run = effects_while_run(*prog);
   confirm_path(*e, *prog, sizes_key(*e, args));  // the trace itself is at these sizes
   if (log_enabled("guards"))
     fmt::print(stderr, "kiln.compile: '{}' guards of specialisation #{}:\n{}", name, e->id,

@@ -127,6 +127,36 @@ TEST_CASE("compile: an op's error caught inside the function takes eager's path 
     CHECK(std::string(error_of([&] { cf(bad); }).what()) ==
           error_of([&] { plain(bad); }).what());
   }
+  SECTION("a caught shape error is guarded: the function stays compiled") {
+    // view() of a transposed tensor raises whatever its values: a path the guards cover.
+    auto flat = compile([](const Tensor& x) {
+      Tensor y;
+      try {
+        y = x.view({-1});
+      } catch (const Error&) {
+        y = x.reshape({-1});
+      }
+      return y * 2.0;
+    });
+    Tensor t = arange(12, DType::Float32).view({3, 4}).t();
+    for (int call = 0; call < 3; ++call) CHECK(vec(flat(t)) == vec(t.reshape({-1}) * 2.0));
+    CHECK_FALSE(contains(flat.explain(), "runs eagerly"));
+  }
+  SECTION("a symbolic entry keeps its cache") {
+    // Review: each raising call dropped the entry and traced again; after 8 the function ran
+    // eagerly for good.
+    auto plain = compile([&](const Tensor& x, const Tensor& idx) {
+      return index_select(x, 0, idx) * 2.0;
+    });
+    for (int64_t n = 4; n < 7; ++n) plain(arange(n, DType::Float32), ids({0, 1}, {2}));
+    for (int call = 0; call < 12; ++call) {
+      CHECK_THROWS_AS(plain(arange(6, DType::Float32), bad), Error);
+      CHECK(vec(plain(arange(5 + call % 2, DType::Float32), ids({0, 1}, {2}))) ==
+            std::vector<float>{0, 2});
+    }
+    CHECK(plain.compile_count() <= 3);
+    CHECK_FALSE(contains(plain.explain(), "runs eagerly"));
+  }
   SECTION("fullgraph: the trace that caught one raises") {
     auto cf = compile(body, CompileOptions{.fullgraph = true});
     std::string e = error_of([&] { cf(bad); }).what();
