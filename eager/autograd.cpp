@@ -29,11 +29,10 @@ std::recursive_mutex g_leaf_mu;
 // fork() waits for it (and for the generator's lock, which replays take first), so the child's
 // copy is not held by a thread that does not exist there: its first recorded op hung. The
 // handler is registered when this lock or a replay's generator lock is first taken, after the
-// allocator's (created first if need be): fork's
-// prepare handlers run in reverse order of registration, so it waits for the replay before the
-// allocator's handler takes the allocator's lock, which the replay may still need (registered
-// earlier, fork held the allocator's lock and waited for this one, held by a replay waiting
-// for the allocator).
+// allocator's (created first if need be). fork() runs prepare handlers in reverse order of
+// registration, so this one waits for a replay before the allocator's handler takes the
+// allocator's lock, which the replay may still need (registered earlier, fork held the
+// allocator's lock and waited for this one, held by a replay waiting for the allocator).
 std::recursive_mutex* g_fork_generator = nullptr;
 void register_fork_handlers() {
   cpu::allocator();  // the allocator's handler first, whatever allocated before
@@ -691,7 +690,6 @@ Tensor default_grad(const Tensor& out, const char* op, Loc loc) {
 using namespace autograd;
 
 bool is_grad_enabled() { return t_grad_enabled; }
-
 void set_grad_enabled(bool enabled) { t_grad_enabled = enabled; }
 
 void register_replay_fork_handlers() {
