@@ -38,6 +38,13 @@ bool may_alias_arguments(mlir::Value root) {
   return !fn.getArgAttr(arg.getArgNumber(), "llvm.noalias");
 }
 
+/// Whether `op` itself may write memory (loops and ifs count by what they hold, walked apart).
+bool may_write(mlir::Operation* op) {
+  return !llvm::isa<mlir::memref::LoadOp>(op) &&
+         !op->hasTrait<mlir::OpTrait::HasRecursiveMemoryEffects>() &&
+         !mlir::isMemoryEffectFree(op);
+}
+
 /// The buffers (roots) that ops inside `loop` other than `except` write; nullopt when one
 /// writes something unknown (a buffer without a root, or an op whose writes are not stores).
 std::optional<llvm::SmallDenseSet<mlir::Value, 8>> written_roots(mlir::scf::ParallelOp loop,
@@ -45,10 +52,7 @@ std::optional<llvm::SmallDenseSet<mlir::Value, 8>> written_roots(mlir::scf::Para
   llvm::SmallDenseSet<mlir::Value, 8> roots;
   bool known = true;
   loop.walk([&](mlir::Operation* op) {
-    if (op == except || llvm::isa<mlir::memref::LoadOp>(op) ||
-        op->hasTrait<mlir::OpTrait::HasRecursiveMemoryEffects>() ||
-        mlir::isMemoryEffectFree(op))
-      return;
+    if (op == except || !may_write(op)) return;
     mlir::Value memref;
     if (auto s = llvm::dyn_cast<mlir::memref::StoreOp>(op)) memref = s.getMemRef();
     if (auto a = llvm::dyn_cast<mlir::memref::AtomicRMWOp>(op)) memref = a.getMemref();
@@ -195,11 +199,7 @@ std::optional<RowIntermediate> match(mlir::memref::AllocOp alloc, mlir::Block& b
 bool dead_loop(mlir::scf::ForOp loop) {
   if (loop->getNumResults() != 0) return false;
   bool writes = false;
-  loop.walk([&](mlir::Operation* op) {
-    writes |= op != loop.getOperation() && !llvm::isa<mlir::memref::LoadOp>(op) &&
-              !op->hasTrait<mlir::OpTrait::HasRecursiveMemoryEffects>() &&
-              !mlir::isMemoryEffectFree(op);
-  });
+  loop.walk([&](mlir::Operation* op) { writes |= may_write(op); });
   return !writes;
 }
 
