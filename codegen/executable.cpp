@@ -571,7 +571,7 @@ std::string Executable::Impl::compile(const std::string& graph_mlir, bool relax)
   if (log_enabled(kLogIr)) log_text("linalg fused", I.linalg);
   auto fn = m.lookupSymbol<mlir::func::FuncOp>("main");
   if (!fn) throw Error("codegen::Executable", "graph has no @main");
-  I.row_split = plan_row_split(fn);
+  I.row_split = plan_row_split(fn, relaxed_inputs(m, graph_shapes));
   unshare_inits(fn);
 
   // 2. Destination-passing: @main(inputs..., out memrefs...) writes each result with
@@ -732,6 +732,14 @@ std::string Executable::Impl::compile(const std::string& graph_mlir, bool relax)
                  "finalize-memref-to-llvm{use-aligned-alloc=true},convert-to-llvm,"
                  "reconcile-unrealized-casts",
                  "conversion to LLVM");
+  // An scf.for's `llvm.loop_annotation` (column_fusion.cpp) reaches its back edge's branch as a
+  // discardable attribute, which translation to LLVM IR ignores: make it the branch's own.
+  m.walk([](mlir::LLVM::BrOp br) {
+    if (auto a = br->getAttrOfType<mlir::LLVM::LoopAnnotationAttr>("llvm.loop_annotation")) {
+      br.setLoopAnnotationAttr(a);
+      br->removeAttr("llvm.loop_annotation");
+    }
+  });
 
   I.stats.llvm_dialect_ms = lap();
   log_module("LLVM dialect", m);

@@ -57,17 +57,6 @@ bool same_indices(mlir::ValueRange a, mlir::ValueRange b) {
   return true;
 }
 
-mlir::Value memref_of(mlir::Operation* op) {
-  if (auto l = llvm::dyn_cast<mlir::memref::LoadOp>(op)) return l.getMemRef();
-  if (auto s = llvm::dyn_cast<mlir::memref::StoreOp>(op)) return s.getMemRef();
-  return {};
-}
-
-mlir::ValueRange indices_of(mlir::Operation* op) {
-  if (auto l = llvm::dyn_cast<mlir::memref::LoadOp>(op)) return l.getIndices();
-  return llvm::cast<mlir::memref::StoreOp>(op).getIndices();
-}
-
 /// The plan for one row loop, or nullopt when its body is not of the form this rewrite knows to
 /// be safe and worth it.
 class RowPlan {
@@ -112,7 +101,7 @@ bool RowPlan::loop_shape_ok(mlir::scf::ForOp f, int64_t min_columns) const {
     bool access = llvm::isa<mlir::memref::LoadOp, mlir::memref::StoreOp>(op);
     if (op.getNumRegions() != 0 || !(access || mlir::isMemoryEffectFree(&op))) return false;
     if (!access) continue;
-    mlir::ValueRange idx = indices_of(&op);
+    mlir::ValueRange idx = access_index_values(&op);
     for (size_t d = 0; d < idx.size(); ++d)
       if (idx[d] == f.getInductionVar()) {
         if (d + 1 != idx.size()) return false;
@@ -156,9 +145,9 @@ bool RowPlan::accesses_ok() {
       for (mlir::Value v : op->getOperands()) ok &= !written.contains(v);
       return;
     }
-    mlir::Value m = memref_of(op);
+    mlir::Value m = accessed_memref(op);
     if (!written.contains(m)) return;
-    mlir::ValueRange idx = indices_of(op);
+    mlir::ValueRange idx = access_index_values(op);
     if (idx.size() < rows) {
       ok = false;
       return;
@@ -189,7 +178,7 @@ bool RowPlan::accumulators_ok() {
   // Row buffers' accesses, in body order.
   llvm::MapVector<mlir::Value, llvm::SmallVector<mlir::Operation*>> row_accesses;
   body->walk([&](mlir::Operation* op) {
-    if (mlir::Value m = memref_of(op); m && row_buffers_.contains(m))
+    if (mlir::Value m = accessed_memref(op); m && row_buffers_.contains(m))
       row_accesses[m].push_back(op);
   });
   for (ColumnLoop& c : loops_) {
@@ -227,7 +216,7 @@ bool RowPlan::accumulators_ok() {
         if (c.loop->isAncestor(i.getParentBlock()->getParentOp())) return false;
       // No other access of the buffer in this loop.
       for (mlir::Operation& other : lb->without_terminator())
-        if (&other != a.load && &other != st && memref_of(&other) == st.getMemRef()) return false;
+        if (&other != a.load && &other != st && accessed_memref(&other) == st.getMemRef()) return false;
       // The init: the last access of the buffer before the loop, a store to the same element.
       mlir::Operation* before = nullptr;
       for (mlir::Operation* x : it->second)

@@ -24,6 +24,8 @@
 #include "llvm/ExecutionEngine/Orc/LLJIT.h"
 #include "llvm/IR/Constants.h"
 #include "llvm/IR/IRBuilder.h"
+#include "llvm/IR/DiagnosticInfo.h"
+#include "llvm/IR/DiagnosticPrinter.h"
 #include "llvm/IR/LegacyPassManager.h"
 #include "llvm/IR/Module.h"
 #include "llvm/Support/ErrorHandling.h"
@@ -232,12 +234,29 @@ std::string optimize_and_emit(llvm::Module& mod, PartStats& stats) {
 
 }  // namespace
 
+void route_llvm_diagnostics(llvm::LLVMContext& ctx) {
+  ctx.setDiagnosticHandlerCallBack(
+      [](const llvm::DiagnosticInfo* info, void*) {
+        std::string text;
+        llvm::raw_string_ostream os(text);
+        llvm::DiagnosticPrinterRawOStream printer(os);
+        info->print(printer);
+        if (info->getSeverity() == llvm::DS_Error) {
+          llvm::errs() << "kiln codegen (LLVM): " << text << "\n";
+        } else if (log_enabled(kLogCodegen)) {
+          log_text("LLVM diagnostic", text + "\n");
+        }
+      },
+      nullptr);
+}
+
 std::string emit_object(mlir::ModuleOp m, const std::string& diagnostics, CompileStats& stats) {
   Lap lap;
   llvm::orc::JITTargetMachineBuilder jtmb = host_jtmb();  // createTargetMachine() is non-const
   auto tm = jtmb.createTargetMachine();
   if (!tm) throw Error("codegen::Executable: JIT", llvm::toString(tm.takeError()));
   llvm::LLVMContext ctx;
+  route_llvm_diagnostics(ctx);
   std::unique_ptr<llvm::Module> mod = mlir::translateModuleToLLVMIR(m, ctx);
   if (!mod) throw Error("codegen::Executable: translation to LLVM IR", diagnostics);
   mod->setDataLayout((*tm)->createDataLayout());

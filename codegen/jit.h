@@ -19,6 +19,7 @@ namespace mlir {
 class ModuleOp;
 }
 namespace llvm {
+class LLVMContext;
 class Module;
 }
 namespace llvm::orc {
@@ -137,6 +138,11 @@ std::string bundle_objects(const std::vector<std::string>& objects);
 /// The objects in `bytes` (views into it): one for a plain object file. Throws kiln::Error for
 /// a truncated or corrupted bundle.
 std::vector<std::string_view> unbundle_objects(std::string_view bytes);
+
+/// Sends LLVM's warnings and remarks in `ctx` (a loop that a vectorization hint could not
+/// vectorize) to the `codegen` log instead of stderr: they are about generated code, nothing a
+/// user can act on. Errors still go to stderr.
+void route_llvm_diagnostics(llvm::LLVMContext& ctx);
 
 enum LogStage : unsigned { kLogIr = 1, kLogCodegen = 2 };
 /// Whether KILN_LOGS (parsed once) or set_log_stages() selected `stage`.

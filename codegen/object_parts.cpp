@@ -105,6 +105,7 @@ std::vector<std::string> emit_in_parts(llvm::Module& mod, unsigned parts, const 
   auto run = [&](size_t i) {
     try {
       llvm::LLVMContext ctx;
+      route_llvm_diagnostics(ctx);
       llvm::MemoryBufferRef ref(llvm::StringRef(bitcode[i].data(), bitcode[i].size()), "part");
       llvm::Expected<std::unique_ptr<llvm::Module>> part = llvm::parseBitcodeFile(ref, ctx);
       if (!part)

@@ -12,6 +12,7 @@
 #include "llvm/ADT/SmallPtrSet.h"
 #include "mlir/Dialect/Arith/IR/Arith.h"
 #include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "mlir/Dialect/LLVMIR/LLVMDialect.h"
 #include "mlir/Dialect/MemRef/IR/MemRef.h"
 #include "mlir/Dialect/SCF/IR/SCF.h"
 #include "mlir/IR/BuiltinOps.h"
@@ -442,9 +443,17 @@ bool own_buffer(mlir::Value m, const std::function<bool(mlir::Operation*)>& insi
   return true;
 }
 
-namespace {
+mlir::Value accessed_memref(mlir::Operation* op) {
+  if (auto l = llvm::dyn_cast<mlir::memref::LoadOp>(op)) return l.getMemRef();
+  if (auto s = llvm::dyn_cast<mlir::memref::StoreOp>(op)) return s.getMemRef();
+  return {};
+}
 
-/// Whether `root` is an argument of @main marked llvm.noalias (an output buffer of its own).
+mlir::ValueRange access_index_values(mlir::Operation* op) {
+  if (auto l = llvm::dyn_cast<mlir::memref::LoadOp>(op)) return l.getIndices();
+  return llvm::cast<mlir::memref::StoreOp>(op).getIndices();
+}
+
 bool noalias_argument(mlir::Value root) {
   auto arg = llvm::dyn_cast<mlir::BlockArgument>(root);
   if (!arg) return false;
@@ -452,15 +461,13 @@ bool noalias_argument(mlir::Value root) {
   return fn && fn.getArgAttr(arg.getArgNumber(), "llvm.noalias");
 }
 
+namespace {
+
 mlir::MutableOperandRange access_indices(mlir::Operation* op) {
   if (auto l = llvm::dyn_cast<mlir::memref::LoadOp>(op)) return l.getIndicesMutable();
   return llvm::cast<mlir::memref::StoreOp>(op).getIndicesMutable();
 }
 
-mlir::Value accessed_buffer(mlir::Operation* op) {
-  if (auto l = llvm::dyn_cast<mlir::memref::LoadOp>(op)) return l.getMemRef();
-  return llvm::cast<mlir::memref::StoreOp>(op).getMemRef();
-}
 
 /// An allocation used only by loads and stores inside one top-level parallel loop, at that
 /// loop's indices in its leading dims (and by its dealloc), becomes one slice: those dims 1,
@@ -565,8 +572,8 @@ void compute_in_output_row(mlir::memref::AllocOp row, mlir::scf::ParallelOp loop
   mlir::Operation* first_store = nullptr;
   copy_loop.walk([&](mlir::Operation* op) {
     if (!llvm::isa<mlir::memref::LoadOp, mlir::memref::StoreOp>(op)) return;
-    const bool of_row = accessed_buffer(op) == row.getResult();
-    if (!of_row && accessed_buffer(op) != out) return;
+    const bool of_row = accessed_memref(op) == row.getResult();
+    if (!of_row && accessed_memref(op) != out) return;
     const bool store = llvm::isa<mlir::memref::StoreOp>(op);
     copies &= op->getBlock() == copy_loop.getBody() && store != of_row &&
               (store || !first_store);
@@ -696,7 +703,11 @@ struct CpuRowLoopsPass
   llvm::StringRef getArgument() const override { return "kiln-cpu-row-loops"; }
   llvm::StringRef getDescription() const override {
     return "merge the CPU's row loops, shrink row buffers to one row, compute rows in the "
-           "outputs (codegen/row_fusion.cpp)";
+           "outputs, merge column loops, prefetch rows (codegen/row_fusion.cpp)";
+  }
+  // fuse_column_loops marks loops with LLVM loop annotations.
+  void getDependentDialects(mlir::DialectRegistry& registry) const override {
+    registry.insert<mlir::LLVM::LLVMDialect>();
   }
   void runOnOperation() override {
     if (!getOperation().isExternal()) cpu_row_loops(getOperation(), verify);
@@ -728,6 +739,8 @@ bool cpu_row_loops(mlir::func::FuncOp fn, bool verify) {
   mlir::Block& body = fn.getBody().front();
   for (auto alloc : llvm::to_vector(body.getOps<mlir::memref::AllocOp>()))
     if (auto [row, loop] = contract_to_one_row(alloc); row) compute_in_output_row(row, loop);
+  fuse_column_loops(fn);
+  prefetch_next_rows(fn);
   bool per_row = true;
   fn.walk([&](mlir::memref::AllocOp a) { per_row &= a.getDynamicSizes().empty(); });
   return per_row;

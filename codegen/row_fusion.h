@@ -74,13 +74,40 @@ void register_gpu_row_recompute_pass(mlir::DialectRegistry& registry);
 /// - such a row whose last reader copies it, element for element, into an output argument
 ///   marked llvm.noalias that nothing else touches is computed in the output's row instead
 ///   (softmax's exp is stored in the output and scaled there, as eager's kernel does).
+/// - consecutive column loops of a row merge (fuse_column_loops), and each row prefetches the
+///   next (prefetch_next_rows).
 /// Returns whether no allocation with a dynamic size is left: every intermediate is then per
 /// row, and run() may use blocks as large as a single loop nest's.
 bool cpu_row_loops(mlir::func::FuncOp fn, bool verify);
 
+/// The CPU's row loops: consecutive serial column loops of a row body (the same bounds) become
+/// one when running the second's body right after the first's in each iteration reads and
+/// writes the same values: what both access and either writes (an allocation or an output
+/// argument) they access only at the same indices, the column's among them, and what lies
+/// between them (an accumulator's initial value) moves above the first. Both must stay
+/// vectorizable: their stores at other indices are vector reductions (a `reassoc` sum, a max).
+/// Softmax's exp, stored in the output, and its sum become one pass over the row instead of two,
+/// as in eager's kernel. Returns how many loops merged into others.
+int fuse_column_loops(mlir::func::FuncOp fn);
+
+/// The CPU's row loops: each row starts by prefetching the next row of
+/// every argument it reads at its row indices (rows of 64 B to 16 KiB, static and contiguous),
+/// as eager's softmax and layer_norm kernels do (backends/cpu/reduce_simd.h): rows of 4 KiB end
+/// on page boundaries, where the hardware prefetchers stop. Returns how many buffers it
+/// prefetches.
+int prefetch_next_rows(mlir::func::FuncOp fn);
+
 /// Registers kiln-cpu-row-loops{verify=false} and kiln-fuse-same-domain-loops (cpu_row_loops and
 /// fuse_same_domain_loops on each function, for lit tests).
 void register_cpu_row_loops_pass(mlir::DialectRegistry& registry);
+
+/// Whether `root` is an argument of @main marked llvm.noalias (an output buffer of its own).
+bool noalias_argument(mlir::Value root);
+
+/// The memref a memref.load or memref.store accesses; null for any other op.
+mlir::Value accessed_memref(mlir::Operation* op);
+/// The indices of a memref.load or memref.store (`op` must be one).
+mlir::ValueRange access_index_values(mlir::Operation* op);
 
 /// Whether memref `m` is a buffer of its own for loops that `inside` tells apart: an allocation
 /// or a function argument (or a reshape of one, when nothing else reaches that buffer inside

@@ -131,10 +131,30 @@ bool has_dynamic_rows(mlir::Value v) {
   return t.getRank() > 0 && t.isDynamicDim(0);
 }
 
+/// Values whose dim 0 is known to be the same size (up to a collapse's factor): a loop nest's
+/// row loop runs over all its operands and results read by rows, so they must be. Two `?` dims
+/// joined by no nest may differ at run time: [s - 1, ...] and [s, ...] of a traced function.
+class RowClasses {
+ public:
+  void join(mlir::Value a, mlir::Value b) { parent_[root(a)] = root(b); }
+  bool same(mlir::Value a, mlir::Value b) { return root(a) == root(b); }
+
+ private:
+  mlir::Value root(mlir::Value v) {
+    auto it = parent_.find(v);
+    if (it == parent_.end() || it->second == v) return v;
+    mlir::Value r = root(it->second);
+    parent_[v] = r;
+    return r;
+  }
+  llvm::DenseMap<mlir::Value, mlir::Value> parent_;
+};
+
 }  // namespace
 
-RowSplitPlan plan_row_split(mlir::func::FuncOp fn) {
+RowSplitPlan plan_row_split(mlir::func::FuncOp fn, const std::vector<bool>& equal_rows) {
   RowSplitPlan plan;
+  RowClasses classes;
   mlir::Block& body = fn.getBody().front();
   llvm::DenseMap<mlir::Value, Rows> rows;  // what is known of each tensor value
   // Arguments: sliced when any use reads them by rows (checked for consistency below).
@@ -161,6 +181,12 @@ RowSplitPlan plan_row_split(mlir::func::FuncOp fn) {
     }
     rows[a] = by_rows ? Rows::kYes : Rows::kNone;
     plan.sliced_input.push_back(by_rows);
+  }
+  mlir::Value known_equal;  // the first argument of `equal_rows`
+  for (mlir::BlockArgument a : body.getArguments()) {
+    if (a.getArgNumber() >= equal_rows.size() || !equal_rows[a.getArgNumber()]) continue;
+    if (known_equal) classes.join(a, known_equal);
+    else known_equal = a;
   }
   auto kind_of = [&](mlir::Value v) {
     auto it = rows.find(v);
@@ -191,6 +217,12 @@ RowSplitPlan plan_row_split(mlir::func::FuncOp fn) {
     if (auto ret = llvm::dyn_cast<mlir::func::ReturnOp>(op)) {
       for (mlir::Value v : ret.getOperands())
         if (kind_of(v) != Rows::kYes || multiplier(v) != 1) return plan;
+      // Every block's rows are rows of each result and of each argument sliced.
+      llvm::SmallVector<mlir::Value> row_values(ret.getOperands());
+      for (mlir::BlockArgument a : body.getArguments())
+        if (rows[a] == Rows::kYes) row_values.push_back(a);
+      for (mlir::Value v : row_values)
+        if (!classes.same(v, row_values.front())) return plan;
       continue;
     }
     if (llvm::isa<mlir::tensor::ExpandShapeOp, mlir::tensor::CollapseShapeOp>(op)) {
@@ -200,6 +232,7 @@ RowSplitPlan plan_row_split(mlir::func::FuncOp fn) {
       auto src = kind_of(op.getOperand(0));
       if (!src) return plan;
       rows[op.getResult(0)] = *src;
+      classes.join(op.getResult(0), op.getOperand(0));
       if (*src == Rows::kInit) continue;  // lower.cpp's GEMM init: the output's empty, collapsed
       if (first_group_is_dim0(groups)) {
         if (*src == Rows::kYes && !has_dynamic_rows(op.getResult(0))) return plan;
@@ -258,8 +291,10 @@ RowSplitPlan plan_row_split(mlir::func::FuncOp fn) {
         if (mult && *mult != multiplier(operand.get())) return plan;
         mult = multiplier(operand.get());
       }
+      if (*uses) classes.join(operand.get(), op.getResult(0));
     }
     for (mlir::Value r : op.getResults()) {
+      classes.join(r, op.getResult(0));
       if (!has_dynamic_rows(r)) return plan;  // a static size would not follow the block
       rows[r] = Rows::kYes;
       if (mult && *mult != 1) per_row[r] = *mult;

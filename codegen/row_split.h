@@ -26,7 +26,12 @@ namespace kiln::codegen {
 bool relax_leading_dim(mlir::ModuleOp m);
 
 /// Analyses fused linalg-on-tensors `fn` (results still returned as tensors): all results must
-/// be row-carrying, each argument either row-carrying with a dynamic dim 0 or used without rows.
-RowSplitPlan plan_row_split(mlir::func::FuncOp fn);
+/// be row-carrying, each argument either row-carrying with a dynamic dim 0 or used without rows,
+/// and all of those must have the same rows: joined by loop nests that run over the rows of
+/// several of them, or among the arguments `equal_rows` marks (dim 0 relaxed from one size by
+/// relax_leading_dim; run() checks their sizes). Two results of separate nests over arguments
+/// with `?` rows are not split: their sizes may differ (run() would slice them alike, and the
+/// merged row loops run to the first one's size).
+RowSplitPlan plan_row_split(mlir::func::FuncOp fn, const std::vector<bool>& equal_rows);
 
 }  // namespace kiln::codegen

@@ -246,3 +246,37 @@ TEST_CASE("parallel loops: index_add and scatter_add are shared out and equal ea
   }
   cpu::set_num_threads(saved);
 }
+
+// kiln-fuzz seed 53 #336: a traced function returned a row sum of one `?`-row input and a
+// comparison of another, [s - 1, ...] and [s, ...]. Both were split by rows, and the merged row
+// loop ran to the first input's rows: the last sum was never written (0.375 for 0).
+TEST_CASE("parallel loops: separate nests over `?` rows of different sizes are not split by rows") {
+  ir::Graph g;
+  ir::Value x = g.input(DType::Float32, {ir::kDynamic, 3});
+  ir::Value y = g.input(DType::Float32, {ir::kDynamic, 3});
+  OpAttrs cols;
+  cols.dims = {1};
+  g.output(g.op(OpKind::Sum, {y}, cols));
+  g.output(g.op(OpKind::Mul, {x, x}));
+  codegen::Executable exe(g);
+  CHECK_FALSE(exe.row_parallel());
+  const int saved = cpu::num_threads();
+  cpu::set_num_threads(2);
+  for (auto [x_rows, y_rows] : {std::pair{2, 3}, std::pair{3, 2}, std::pair{90001, 90002}}) {
+    CAPTURE(x_rows, y_rows);
+    Tensor xt = randn({x_rows, 3}), yt = randn({y_rows, 3});
+    std::vector<Tensor> out = exe.run({xt, yt});
+    REQUIRE(out[0].shape() == Shape{y_rows});
+    CHECK(max_rel_diff(out[0], sum(yt, {1})) < 1e-6);
+    CHECK(max_rel_diff(out[1], mul(xt, xt)) == 0);
+  }
+  cpu::set_num_threads(saved);
+
+  SECTION("one input's rows in both results: still split") {
+    ir::Graph h;
+    ir::Value z = h.input(DType::Float32, {ir::kDynamic, 3});
+    h.output(h.op(OpKind::Sum, {z}, cols));
+    h.output(h.op(OpKind::Mul, {z, z}));
+    CHECK(codegen::Executable(h).row_parallel());
+  }
+}
