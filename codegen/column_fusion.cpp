@@ -176,12 +176,14 @@ int fuse_column_loops(mlir::func::FuncOp fn) {
     for (auto it = body->begin(); it != body->end(); ++it) {
       auto a = llvm::dyn_cast<mlir::scf::ForOp>(*it);
       if (!a) continue;
+      int merged = 0;  // into `a`: only a merged loop passed plain_column_loop's checks
       while (mlir::scf::ForOp b = next_loop(a)) {
         if (!fusible(a, b)) break;
         fuse_into(a, b);
-        ++fused;
+        ++merged;
       }
-      if (fused) vectorize_at_float_lanes(a);
+      if (merged) vectorize_at_float_lanes(a);
+      fused += merged;
     }
   }
   return fused;

@@ -154,6 +154,7 @@ RowMoments<T> row_moments(const T* xr, int64_t m) {
   double mean = static_cast<double>(x0) + sum_run(xr, m, [x0](auto v, int64_t) {
                   return v - x0;
                 }) / m;
+  if (!std::isfinite(mean)) mean = mean_without_overflow(xr, m, 1);
   T mt = static_cast<T>(mean);
   double m2 = sum_run(xr, m, [mt](auto v, int64_t) {
     auto d = v - mt;

@@ -474,6 +474,8 @@ void variance(const Ctx& c, bool is_std) {
       },
       add, [&](int64_t o, int64_t, double v) {
         exact_mean[o] = static_cast<double>(shift[o]) + v / n;
+        if (!std::isfinite(exact_mean[o]))
+          exact_mean[o] = mean_without_overflow(first_of(o), p.r, p.k2);
         mean[o] = static_cast<T>(exact_mean[o]);
       });
   T* out = c.out.data<T>();

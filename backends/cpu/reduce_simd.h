@@ -128,6 +128,19 @@ inline double without_mean_rounding(double m2, int64_t n, double mu, double m) {
   return std::max(m2 - static_cast<double>(n) * d * d, 0.0);
 }
 
+/// Mean of the n values x[0], x[st], ..., x[(n-1)·st] as Σ(x / n) in double: no partial sum
+/// overflows, each term being at most DBL_MAX / n. For float64 rows whose sum shifted by the
+/// first value overflowed while their mean is finite: var of [1e308, 3e307, 0.25, 0.25] (the
+/// shifted terms near -1e308) was NaN where the variance overflows to inf (found by a break-it
+/// pass). Scalar and slow: only for rows whose shifted mean came out infinite or NaN.
+template <class T>
+double mean_without_overflow(const T* x, int64_t n, int64_t st) {
+  const double inv = 1.0 / static_cast<double>(n);
+  double s = 0;
+  for (int64_t i = 0; i < n; ++i) s += static_cast<double>(x[i * st]) * inv;
+  return s;
+}
+
 /// Mean and Σ(x − mean)² of the n values x[0], x[st], ..., x[(n-1)·st], with every operation
 /// in double (a float32 value squared in double neither overflows nor underflows). Slow, scalar;
 /// for the rows needs_exact_moments picks.

@@ -65,3 +65,33 @@ TEST_CASE("loop hints: the hints force nothing: argmax stays silent, a product k
   for (int i = 18; i < 36; ++i) in_order *= v[i];
   CHECK(got.data<float>()[1] == in_order);
 }
+
+TEST_CASE("loop hints: a float64 product beside softmax's merged loop keeps its order") {
+  // Softmax's exp and sum merge into one loop, which asks for 16 lanes (column_fusion.cpp).
+  // The hint once also reached every later loop of the row (found by a break-it pass): the
+  // product of a cast was regrouped, 1e37 * 1e37 overflowed, and inf * 0 gave NaN.
+  constexpr int64_t n = 1152;
+  ir::Graph g;
+  ir::Value x = g.input(DType::Float32, {2, n});
+  OpAttrs last, each_row;
+  last.dim = -1;
+  each_row.dims = {1};
+  OpAttrs to_f64;
+  to_f64.dtype = DType::Float64;
+  g.output(g.op(OpKind::Softmax, {x}, last));
+  g.output(g.op(OpKind::Prod, {g.op(OpKind::Cast, {x}, to_f64)}, each_row));
+  const std::string logs = test::compile_logs(g, "codegen");
+  CHECK(count(logs, "loop not vectorized") == 0);
+  std::vector<float> v(2 * n);
+  for (int64_t i = 0; i < 2 * n; ++i) v[i] = i % 2 ? 1e-37f : 1e37f;
+  codegen::Executable exe(g);
+  std::vector<Tensor> out = exe.run({from_vector(v, {2, n})});
+  for (int64_t row = 0; row < 2; ++row) {
+    double in_order = 1.0;
+    for (int64_t i = 0; i < n; ++i) in_order *= static_cast<double>(v[row * n + i]);
+    CHECK(out[1].data<double>()[row] == in_order);
+    // The 1e37s share the probability; exp(1e-37 - 1e37) is 0.
+    CHECK(out[0].data<float>()[row * n] == Approx(1.0 / (n / 2)).epsilon(1e-6));
+    CHECK(out[0].data<float>()[row * n + 1] == 0.0f);
+  }
+}

@@ -650,6 +650,27 @@ TEST_CASE("var, std and layer_norm of float32 rows on a large offset are accurat
     CHECK(sd[r] == Approx(std::sqrt(ref_var(r, true))).epsilon(1e-5));
 }
 
+TEST_CASE("var, std and layer_norm of float64 rows near DBL_MAX: inf, not NaN") {
+  // Found by a break-it pass: the mean is summed shifted by the row's first value, and the
+  // shifted terms of [1e308, 3e307, 0.25, 0.25] (near -1e308) overflowed: mean -inf, var NaN.
+  // The mean, 3.25e307, is finite; the variance, (6.75e307)² / 3 + ..., overflows: inf, as in
+  // compiled code. layer_norm's rstd is then 0: its output 0 in every position.
+  const std::vector<double> v{1e308, 3e307, 0.25, 0.25};
+  Tensor x = from_vector(v, {1, 4});
+  CHECK(var(x, 1).item<double>() == INFINITY);
+  CHECK(kiln::std(x, 1, 0).item<double>() == INFINITY);
+  CHECK(var(x.t().contiguous(), 0).item<double>() == INFINITY);  // the column path
+  CHECK(mean(x, {1}).item<double>() == Approx(3.25e307).epsilon(1e-12));
+  for (double y : layer_norm(x, Shape{4}).to_vector<double>()) CHECK(y == 0.0);
+  // Its backward reads the same statistics: finite, no NaN.
+  Tensor xg = x.clone().requires_grad_();
+  sum(mul(layer_norm(xg, Shape{4}), tensor({1.0, -2.0, 3.0, 0.5}))).backward();
+  for (double g : xg.grad().to_vector<double>()) CHECK(std::isfinite(g));
+  // A row of +-inf still gives NaN (PyTorch), and a finite one is unchanged.
+  CHECK(std::isnan(var(from_vector<double>({INFINITY, 1.0}, {1, 2}), 1).item<double>()));
+  CHECK(var(from_vector<double>({1.0, 3.0}, {1, 2}), 1).item<double>() == 2.0);
+}
+
 TEST_CASE("var and std with N - correction <= 0 divide by zero as PyTorch") {
   // PyTorch 1.13: var([1,2,3], correction=3) = inf, correction=4 inf, var of a constant row nan.
   Tensor x = tensor({1.0f, 2.0f, 3.0f});

@@ -47,8 +47,11 @@ struct Program {
   int phases = 3;  ///< how many of the phases to run (the shrinker may drop B and C)
 };
 
-/// Generates program `index` of stream `seed` (deterministic).
-Program generate(uint64_t seed, uint64_t index);
+/// Generates program `index` of stream `seed` (deterministic). `large`: a stream of its own
+/// whose first size symbol is 63 to 1,006 (rows and columns long enough for the CPU's row
+/// blocks, row prefetch and vector-width hints), used at most once per argument, and whose
+/// values stay under 2^21 elements.
+Program generate(uint64_t seed, uint64_t index, bool large = false);
 
 /// The argument tensors of `phase` (deterministic from data_seed and phase).
 std::vector<Tensor> make_inputs(const Program& p, int phase);

@@ -1,7 +1,7 @@
 // kiln-fuzz: differential fuzzing of kiln::compile against eager mode (tests/fuzz/README.md).
 //
 //   kiln-fuzz [--n N] [--seed S] [--start I] [--index I] [--keep-going] [--no-shrink]
-//             [--verbose] [--print] [--max-seconds T] [--isolate] [--program FILE]
+//             [--verbose] [--print] [--max-seconds T] [--isolate] [--large] [--program FILE]
 //
 // Env: KILN_FUZZ_N and KILN_FUZZ_SEED set the defaults of --n and --seed.
 #include <fmt/format.h>
@@ -31,6 +31,7 @@ volatile bool g_in_program = false;
 // these arguments (prepared before any program runs; execv is async-signal-safe).
 std::vector<std::string> g_restart_args;
 uint64_t g_end = 0;
+volatile bool g_large = false;
 volatile uint64_t g_prior_failures = 0, g_prior_ran = 0, g_ran = 0, g_failures = 0;
 
 void on_crash(int sig) {
@@ -38,11 +39,11 @@ void on_crash(int sig) {
     char buf[256];
     int n = std::snprintf(buf, sizeof buf,
                           "\nkiln-fuzz: signal %d in program %llu (seed %llu); shrink it with: "
-                          "kiln-fuzz --seed %llu --index %llu --isolate\n",
+                          "kiln-fuzz --seed %llu --index %llu --isolate%s\n",
                           sig, static_cast<unsigned long long>(g_index),
                           static_cast<unsigned long long>(g_seed),
                           static_cast<unsigned long long>(g_seed),
-                          static_cast<unsigned long long>(g_index));
+                          static_cast<unsigned long long>(g_index), g_large ? " --large" : "");
     if (n > 0) (void)!write(2, buf, static_cast<size_t>(n));
     if (!g_restart_args.empty() && g_index + 1 < g_end) {
       // Numbers written into preallocated strings: no allocation in the handler.
@@ -102,6 +103,7 @@ int main(int argc, char** argv) {
   bool keep_going = false, do_shrink = true, verbose = false, print = false;
   double max_seconds = 0;
   bool isolate = false;
+  bool large = false;
   uint64_t end_arg = 0;
   std::vector<std::pair<uint64_t, uint64_t>> skip;  // (seed, index)
   std::string program_file;
@@ -126,6 +128,7 @@ int main(int argc, char** argv) {
     else if (a == "--print") print = true;
     else if (a == "--max-seconds") max_seconds = std::strtod(next(), nullptr);
     else if (a == "--isolate") isolate = true;
+    else if (a == "--large") large = g_large = true;
     else if (a == "--skip") {  // known failures (README "Findings"): SEED:INDEX,...
       std::stringstream ss(next());
       for (std::string x; std::getline(ss, x, ',');) {
@@ -145,7 +148,7 @@ int main(int argc, char** argv) {
       fmt::print(stderr,
                  "usage: kiln-fuzz [--n N] [--seed S] [--start I] [--index I] [--keep-going] "
                  "[--no-shrink] [--verbose] [--print] [--max-seconds T] [--isolate] "
-                 "[--program FILE] [--skip SEED:I,...]\n");
+                 "[--large] [--program FILE] [--skip SEED:I,...]\n");
       return 2;
     }
   }
@@ -198,7 +201,7 @@ int main(int argc, char** argv) {
       fmt::print("kiln-fuzz: program {} (seed {}) skipped: a known failure (--skip)\n", i, seed);
       continue;
     }
-    Program p = generate(seed, i);
+    Program p = generate(seed, i, large);
     if (verbose) fmt::print("program {} (seed {}): {}\n", i, seed, summary(p));
     if (print) fmt::print("{}\n", to_cpp(p, "(none: --print)"));
     std::fflush(stdout);
@@ -217,8 +220,8 @@ int main(int argc, char** argv) {
       Program s = shrink(p, {}, 400, checker);
       std::string ds = checker ? checker(s) : check(s);
       fmt::print("shrunk to {} ops: {}\n", s.nodes.size(), ds.empty() ? d : ds);
-      fmt::print("----- repro (kiln-fuzz --seed {} --index {}; shrunk program: {}) -----\n{}\n-----\n",
-                 seed, i, serialize(s), to_cpp(s, ds.empty() ? d : ds));
+      fmt::print("----- repro (kiln-fuzz --seed {} --index {}{}; shrunk program: {}) -----\n{}\n-----\n",
+                 seed, i, large ? " --large" : "", serialize(s), to_cpp(s, ds.empty() ? d : ds));
     }
     std::fflush(stdout);
     if (!keep_going) break;
