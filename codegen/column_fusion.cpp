@@ -104,14 +104,16 @@ bool independent_columns(mlir::scf::ForOp a, mlir::scf::ForOp b) {
 }
 
 /// Whether the ops between loops `a` and `b` (the same block) may move above `a`: pure ops, or
-/// loads and stores of allocations `a` does not access (an accumulator's initial value).
+/// loads and stores of allocations `a` does not access (an accumulator's initial value), used
+/// only by loads, stores and deallocs (no view through which `a` could reach them).
 bool movable_above(mlir::scf::ForOp a, mlir::scf::ForOp b) {
   for (mlir::Operation* op = a->getNextNode(); op != b.getOperation(); op = op->getNextNode()) {
     if (mlir::Value m = accessed_memref(op)) {
       if (!m.getDefiningOp<mlir::memref::AllocOp>()) return false;
-      bool used_in_a = false;
-      for (mlir::Operation* user : m.getUsers()) used_in_a |= a->isAncestor(user);
-      if (used_in_a) return false;
+      for (mlir::Operation* user : m.getUsers())
+        if (a->isAncestor(user) || !llvm::isa<mlir::memref::LoadOp, mlir::memref::StoreOp,
+                                               mlir::memref::DeallocOp>(user))
+          return false;
       continue;
     }
     if (op->getNumRegions() != 0 || !mlir::isMemoryEffectFree(op)) return false;

@@ -234,6 +234,39 @@ func.func @needs_whole_result(%x: memref<?x8xf32>, %out: memref<?x8xf32> {llvm.n
 
 // -----
 
+// - what lies between writes an allocation the first loop reads through a view (moved above
+//   it, the store would change what it reads);
+// CHECK-LABEL: func.func @between_writes_a_view
+// CHECK:         scf.for
+// CHECK:         memref.store %{{.*}}, %alloc
+// CHECK:         scf.for
+func.func @between_writes_a_view(%x: memref<?x8xf32>, %out: memref<?x8xf32> {llvm.noalias}, %out2: memref<?x8xf32> {llvm.noalias}) {
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %c3 = arith.constant 3 : index
+  %c8 = arith.constant 8 : index
+  %two = arith.constant 2.0 : f32
+  %rows = memref.dim %x, %c0 : memref<?x8xf32>
+  %buf = memref.alloc() : memref<1x8xf32>
+  %flat = memref.collapse_shape %buf [[0, 1]] : memref<1x8xf32> into memref<8xf32>
+  scf.parallel (%i) = (%c0) to (%rows) step (%c1) {
+    scf.for %j = %c0 to %c8 step %c1 {
+      %v = memref.load %flat[%j] : memref<8xf32>
+      memref.store %v, %out[%i, %j] : memref<?x8xf32>
+    }
+    memref.store %two, %buf[%c0, %c3] : memref<1x8xf32>
+    scf.for %j = %c0 to %c8 step %c1 {
+      %v = memref.load %x[%i, %j] : memref<?x8xf32>
+      memref.store %v, %out2[%i, %j] : memref<?x8xf32>
+    }
+    scf.reduce
+  }
+  memref.dealloc %buf : memref<1x8xf32>
+  return
+}
+
+// -----
+
 // - the second loop reads the first one's accumulator in each column (a running value).
 // CHECK-LABEL: func.func @reads_accumulator
 // CHECK:         scf.for
