@@ -122,7 +122,8 @@ bool movable_above(mlir::scf::ForOp a, mlir::scf::ForOp b) {
 }
 
 bool fusible(mlir::scf::ForOp a, mlir::scf::ForOp b) {
-  return same_bound(a.getLowerBound(), b.getLowerBound()) &&
+  return a.getInductionVar().getType() == b.getInductionVar().getType() &&
+         same_bound(a.getLowerBound(), b.getLowerBound()) &&
          same_bound(a.getUpperBound(), b.getUpperBound()) &&
          same_bound(a.getStep(), b.getStep()) && plain_column_loop(a) && plain_column_loop(b) &&
          movable_above(a, b) && independent_columns(a, b);

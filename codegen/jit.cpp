@@ -234,20 +234,26 @@ std::string optimize_and_emit(llvm::Module& mod, PartStats& stats) {
 
 }  // namespace
 
-void route_llvm_diagnostics(llvm::LLVMContext& ctx) {
+void route_llvm_diagnostics(llvm::LLVMContext& ctx, std::string* errors) {
   ctx.setDiagnosticHandlerCallBack(
-      [](const llvm::DiagnosticInfo* info, void*) {
+      [](const llvm::DiagnosticInfo* info, void* sink) {
+        const llvm::DiagnosticSeverity severity = info->getSeverity();
+        if (severity != llvm::DS_Error && severity != llvm::DS_Warning) return;
         std::string text;
         llvm::raw_string_ostream os(text);
         llvm::DiagnosticPrinterRawOStream printer(os);
         info->print(printer);
-        if (info->getSeverity() == llvm::DS_Error) {
-          llvm::errs() << "kiln codegen (LLVM): " << text << "\n";
-        } else if (log_enabled(kLogCodegen)) {
+        if (severity == llvm::DS_Error)
+          *static_cast<std::string*>(sink) += text + "\n";
+        else if (log_enabled(kLogCodegen))
           log_text("LLVM diagnostic", text + "\n");
-        }
       },
-      nullptr);
+      errors);
+}
+
+void throw_llvm_errors(const std::string& errors, std::string_view stage) {
+  if (!errors.empty())
+    throw Error("codegen::Executable: " + std::string(stage), "LLVM reported: " + errors);
 }
 
 std::string emit_object(mlir::ModuleOp m, const std::string& diagnostics, CompileStats& stats) {
@@ -255,9 +261,11 @@ std::string emit_object(mlir::ModuleOp m, const std::string& diagnostics, Compil
   llvm::orc::JITTargetMachineBuilder jtmb = host_jtmb();  // createTargetMachine() is non-const
   auto tm = jtmb.createTargetMachine();
   if (!tm) throw Error("codegen::Executable: JIT", llvm::toString(tm.takeError()));
+  std::string llvm_errors;
   llvm::LLVMContext ctx;
-  route_llvm_diagnostics(ctx);
+  route_llvm_diagnostics(ctx, &llvm_errors);
   std::unique_ptr<llvm::Module> mod = mlir::translateModuleToLLVMIR(m, ctx);
+  throw_llvm_errors(llvm_errors, "translation to LLVM IR");
   if (!mod) throw Error("codegen::Executable: translation to LLVM IR", diagnostics);
   mod->setDataLayout((*tm)->createDataLayout());
   mod->setTargetTriple((*tm)->getTargetTriple());
@@ -291,6 +299,7 @@ std::string emit_object(mlir::ModuleOp m, const std::string& diagnostics, Compil
     objects = emit_in_parts(*mod, n, optimize_and_emit, parts);
   } else {
     objects.push_back(optimize_and_emit(*mod, parts.emplace_back()));
+    throw_llvm_errors(llvm_errors, "LLVM -O2 and code generation");
   }
   // Parts run side by side: the slowest one is the wall time.
   double opt = 0;

@@ -139,10 +139,14 @@ std::string bundle_objects(const std::vector<std::string>& objects);
 /// a truncated or corrupted bundle.
 std::vector<std::string_view> unbundle_objects(std::string_view bytes);
 
-/// Sends LLVM's warnings and remarks in `ctx` (a loop that a vectorization hint could not
-/// vectorize) to the `codegen` log instead of stderr: they are about generated code, nothing a
-/// user can act on. Errors still go to stderr.
-void route_llvm_diagnostics(llvm::LLVMContext& ctx);
+/// Sends LLVM's warnings in `ctx` (a loop that a vectorization hint could not vectorize) to the
+/// `codegen` log instead of stderr: they are about generated code, nothing a user can act on.
+/// Remarks and notes are dropped. Errors are appended to `*errors` (which must outlive the
+/// context's use): with a handler installed LLVM no longer exits on them, so the caller checks
+/// `errors` after each step and throws (throw_llvm_errors).
+void route_llvm_diagnostics(llvm::LLVMContext& ctx, std::string* errors);
+/// Throws kiln::Error naming `stage` when `errors` (route_llvm_diagnostics) is not empty.
+void throw_llvm_errors(const std::string& errors, std::string_view stage);
 
 enum LogStage : unsigned { kLogIr = 1, kLogCodegen = 2 };
 /// Whether KILN_LOGS (parsed once) or set_log_stages() selected `stage`.

@@ -104,8 +104,9 @@ std::vector<std::string> emit_in_parts(llvm::Module& mod, unsigned parts, const 
   stats.assign(bitcode.size(), PartStats{});
   auto run = [&](size_t i) {
     try {
+      std::string llvm_errors;
       llvm::LLVMContext ctx;
-      route_llvm_diagnostics(ctx);
+      route_llvm_diagnostics(ctx, &llvm_errors);
       llvm::MemoryBufferRef ref(llvm::StringRef(bitcode[i].data(), bitcode[i].size()), "part");
       llvm::Expected<std::unique_ptr<llvm::Module>> part = llvm::parseBitcodeFile(ref, ctx);
       if (!part)
@@ -113,6 +114,7 @@ std::vector<std::string> emit_in_parts(llvm::Module& mod, unsigned parts, const 
                     llvm::toString(part.takeError()));
       reach_other_parts_indirectly(**part);
       objects[i] = emit(**part, stats[i]);
+      throw_llvm_errors(llvm_errors, "LLVM -O2 and code generation");
     } catch (...) {
       errors[i] = std::current_exception();
     }

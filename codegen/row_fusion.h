@@ -90,11 +90,11 @@ bool cpu_row_loops(mlir::func::FuncOp fn, bool verify);
 /// as in eager's kernel. Returns how many loops merged into others.
 int fuse_column_loops(mlir::func::FuncOp fn);
 
-/// The CPU's row loops: each row starts by prefetching the next row of
-/// every argument it reads at its row indices (rows of 64 B to 16 KiB, static and contiguous),
-/// as eager's softmax and layer_norm kernels do (backends/cpu/reduce_simd.h): rows of 4 KiB end
-/// on page boundaries, where the hardware prefetchers stop. Returns how many buffers it
-/// prefetches.
+/// The CPU's row loops: each row starts by prefetching the next row of the arguments it reads
+/// at its row indices and does not write (rows of at least 64 B, static and contiguous; at most
+/// 16 KiB of next rows in all, in the order the loop first reads them), as eager's softmax and
+/// layer_norm kernels do (backends/cpu/reduce_simd.h): rows of 4 KiB end on page boundaries,
+/// where the hardware prefetchers stop. Returns how many buffers it prefetches.
 int prefetch_next_rows(mlir::func::FuncOp fn);
 
 /// Registers kiln-cpu-row-loops{verify=false} and kiln-fuse-same-domain-loops (cpu_row_loops and

@@ -11,7 +11,9 @@ namespace kiln::codegen {
 namespace {
 
 constexpr int64_t kCacheLine = 64;
-constexpr int64_t kMaxRowBytes = 16384;  // larger rows stream on the hardware prefetchers
+// Bytes of next rows per row loop, all buffers together: a row larger than this streams on the
+// hardware prefetchers, and more would push the current rows out of L1.
+constexpr int64_t kMaxRowBytes = 16384;
 
 /// The bytes of one row of `type` after its `k` row dims, when they are static, contiguous
 /// (identity layout) and of whole bytes; else 0.
@@ -44,11 +46,13 @@ llvm::SetVector<mlir::Value> rows_read(mlir::scf::ParallelOp loop) {
   return read;
 }
 
-void prefetch_next_row(mlir::scf::ParallelOp loop, mlir::Value buffer) {
+/// Prefetches the next row of `buffer` in `loop` when it has kCacheLine to `budget` bytes.
+/// Returns the bytes prefetched (0: none).
+int64_t prefetch_next_row(mlir::scf::ParallelOp loop, mlir::Value buffer, int64_t budget) {
   const unsigned k = loop.getNumLoops();
   auto type = llvm::cast<mlir::MemRefType>(buffer.getType());
   const int64_t bytes = row_bytes(type, k);
-  if (bytes < kCacheLine || bytes > kMaxRowBytes) return;
+  if (bytes < kCacheLine || bytes > budget) return 0;
   const int64_t element_bytes = type.getElementTypeBitWidth() / 8;
   mlir::Location loc = loop.getLoc();
   mlir::OpBuilder b = mlir::OpBuilder::atBlockBegin(loop.getBody());
@@ -75,6 +79,7 @@ void prefetch_next_row(mlir::scf::ParallelOp loop, mlir::Value buffer) {
     mlir::memref::PrefetchOp::create(b, loc, buffer, at, /*isWrite=*/false,
                                      /*localityHint=*/3, /*isDataCache=*/true);
   }
+  return bytes;
 }
 
 }  // namespace
@@ -82,9 +87,11 @@ void prefetch_next_row(mlir::scf::ParallelOp loop, mlir::Value buffer) {
 int prefetch_next_rows(mlir::func::FuncOp fn) {
   int prefetched = 0;
   for (mlir::scf::ParallelOp loop : top_level_loops(fn)) {
+    int64_t budget = kMaxRowBytes;
     for (mlir::Value buffer : rows_read(loop)) {
-      prefetch_next_row(loop, buffer);
-      ++prefetched;
+      const int64_t bytes = prefetch_next_row(loop, buffer, budget);
+      budget -= bytes;
+      prefetched += bytes > 0;
     }
   }
   return prefetched;

@@ -357,6 +357,44 @@ func.func @sum_in_output(%x: memref<?x8xf32>, %out: memref<?x8xf32> {llvm.noalia
 
 // -----
 
+// - the loops count in different integer types (i32 and index: the merged body would index
+//   with an i32);
+// CHECK-LABEL: func.func @other_index_type
+// CHECK:         scf.for {{.*}} : i32
+// CHECK:         scf.for
+func.func @other_index_type(%x: memref<?x8xf32>) {
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %c8 = arith.constant 8 : index
+  %i0 = arith.constant 0 : i32
+  %i1 = arith.constant 1 : i32
+  %i8 = arith.constant 8 : i32
+  %rows = memref.dim %x, %c0 : memref<?x8xf32>
+  %a = memref.alloc() : memref<1xf32>
+  %b = memref.alloc() : memref<1xf32>
+  scf.parallel (%i) = (%c0) to (%rows) step (%c1) {
+    scf.for %j = %i0 to %i8 step %i1 : i32 {
+      %jj = arith.index_cast %j : i32 to index
+      %v = memref.load %x[%i, %jj] : memref<?x8xf32>
+      %s = memref.load %a[%c0] : memref<1xf32>
+      %t = arith.addf %s, %v fastmath<reassoc> : f32
+      memref.store %t, %a[%c0] : memref<1xf32>
+    }
+    scf.for %j = %c0 to %c8 step %c1 {
+      %v = memref.load %x[%i, %j] : memref<?x8xf32>
+      %s = memref.load %b[%c0] : memref<1xf32>
+      %t = arith.maximumf %s, %v : f32
+      memref.store %t, %b[%c0] : memref<1xf32>
+    }
+    scf.reduce
+  }
+  memref.dealloc %a : memref<1xf32>
+  memref.dealloc %b : memref<1xf32>
+  return
+}
+
+// -----
+
 // Prefetch: a row of 256 floats (1 KiB, 16 cache lines) of the input, the next row's (the last
 // row's own for the last), at each line; not the output, which the row writes.
 // CHECK-LABEL: func.func @prefetch
@@ -443,5 +481,29 @@ func.func @short_exp_and_sum(%x: memref<?x8xf32>, %out: memref<?x8xf32> {llvm.no
     scf.reduce
   }
   memref.dealloc %sum : memref<1x1xf64>
+  return
+}
+
+// -----
+
+// At most 16 KiB of next rows in all: of two inputs with 12 KiB rows, the first one read.
+// CHECK-LABEL: func.func @prefetch_budget
+// CHECK-COUNT-192: memref.prefetch %arg0
+// CHECK-NOT:       memref.prefetch
+// CHECK:           scf.for
+func.func @prefetch_budget(%x: memref<?x3072xf32>, %y: memref<?x3072xf32>, %out: memref<?x3072xf32> {llvm.noalias}) {
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %n = arith.constant 3072 : index
+  %rows = memref.dim %x, %c0 : memref<?x3072xf32>
+  scf.parallel (%i) = (%c0) to (%rows) step (%c1) {
+    scf.for %j = %c0 to %n step %c1 {
+      %v = memref.load %x[%i, %j] : memref<?x3072xf32>
+      %w = memref.load %y[%i, %j] : memref<?x3072xf32>
+      %s = arith.addf %v, %w : f32
+      memref.store %s, %out[%i, %j] : memref<?x3072xf32>
+    }
+    scf.reduce
+  }
   return
 }
