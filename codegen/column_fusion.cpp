@@ -161,10 +161,11 @@ void vectorize_at_float_lanes(mlir::scf::ForOp loop) {
   loop.walk([&](mlir::arith::ExtFOp e) { widens |= e.getIn().getType().isF32(); });
   if (!widens) return;
   mlir::MLIRContext* ctx = loop.getContext();
+  auto width = mlir::IntegerAttr::get(mlir::IntegerType::get(ctx, 32), kLanes);
   auto vectorize = mlir::LLVM::LoopVectorizeAttr::get(
       ctx, /*disable=*/mlir::BoolAttr::get(ctx, false), /*predicateEnable=*/{},
-      /*scalableEnable=*/{}, /*width=*/mlir::IntegerAttr::get(mlir::IntegerType::get(ctx, 32), kLanes),
-      /*followupVectorized=*/{}, /*followupEpilogue=*/{}, /*followupAll=*/{});
+      /*scalableEnable=*/{}, width, /*followupVectorized=*/{}, /*followupEpilogue=*/{},
+      /*followupAll=*/{});
   loop->setAttr("llvm.loop_annotation",
                 mlir::LLVM::LoopAnnotationAttr::get(ctx, {}, vectorize, {}, {}, {}, {}, {}, {}, {},
                                                     {}, {}, {}, {}, {}, {}));

@@ -1,11 +1,8 @@
 // Next-row prefetch in the CPU's row loops (row_fusion.h, prefetch_next_rows).
-#include <algorithm>
-
 #include "codegen/row_fusion.h"
 #include "llvm/ADT/SetVector.h"
 #include "mlir/Dialect/Arith/IR/Arith.h"
 #include "mlir/Dialect/MemRef/IR/MemRef.h"
-#include "mlir/Pass/Pass.h"
 
 namespace kiln::codegen {
 namespace {

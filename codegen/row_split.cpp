@@ -291,7 +291,7 @@ RowSplitPlan plan_row_split(mlir::func::FuncOp fn, const std::vector<bool>& equa
         if (mult && *mult != multiplier(operand.get())) return plan;
         mult = multiplier(operand.get());
       }
-      if (*uses) classes.join(operand.get(), op.getResult(0));
+      if (*uses && op.getNumResults() > 0) classes.join(operand.get(), op.getResult(0));
     }
     for (mlir::Value r : op.getResults()) {
       classes.join(r, op.getResult(0));
