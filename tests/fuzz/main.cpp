@@ -128,7 +128,7 @@ int main(int argc, char** argv) {
     else if (a == "--print") print = true;
     else if (a == "--max-seconds") max_seconds = std::strtod(next(), nullptr);
     else if (a == "--isolate") isolate = true;
-    else if (a == "--large") large = g_large = true;
+    else if (a == "--large") large = true;
     else if (a == "--skip") {  // known failures (README "Findings"): SEED:INDEX,...
       std::stringstream ss(next());
       for (std::string x; std::getline(ss, x, ',');) {
@@ -173,6 +173,7 @@ int main(int argc, char** argv) {
   std::signal(SIGBUS, on_crash);
   std::signal(SIGFPE, on_crash);
   std::string self = argv[0];
+  g_large = large;  // for the crash handler's message
   Checker checker = nullptr;
   if (isolate) checker = [&self](const Program& q) { return isolated_check(self, q); };
   uint64_t first = only >= 0 ? static_cast<uint64_t>(only) : start;
