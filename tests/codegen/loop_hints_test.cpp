@@ -95,3 +95,49 @@ TEST_CASE("loop hints: a float64 product beside softmax's merged loop keeps its 
     CHECK(out[0].data<float>()[row * n + 1] == 0.0f);
   }
 }
+
+TEST_CASE("blocked sums: float32 row sums run in float32 lanes, blocks of 4096 summed in float64") {
+  // blocked_sums.cpp: a float32 sum only rounded to float32 keeps float32 partials per block of
+  // 4,096 columns instead of widening every term to float64 (half the lanes, and conversions).
+  constexpr int64_t n = 10000;  // three blocks
+  ir::Graph g;
+  ir::Value x = g.input(DType::Float32, {3, n});
+  OpAttrs last, each_row;
+  last.dim = -1;
+  each_row.dims = {1};
+  g.output(g.op(OpKind::Softmax, {x}, last));
+  g.output(g.op(OpKind::Sum, {x}, each_row));
+  const std::string logs = test::compile_logs(g, "codegen");
+  if (__builtin_cpu_supports("avx512f")) {
+    CHECK(count(logs, "fadd reassoc <16 x float>") >= 2);  // the exp's sum and the row sum
+    CHECK(count(logs, "fpext <16 x float>") == 0);         // no term widened to float64
+  } else {
+    WARN("skipped the vector-code check: the host has no AVX-512");
+  }
+  codegen::Executable exe(g);
+  Tensor in = add(mul(rand({3, n}), 8.0), 1000.0);  // sums near 1e7: float32's ulp is 1
+  std::vector<Tensor> out = exe.run({in});
+  Tensor in64 = in.to(DType::Float64);
+  const double softmax_error =
+      amax(abs(sub(out[0].to(DType::Float64), softmax(in64, -1)))).item<double>();
+  CHECK(softmax_error < 1e-9);  // probabilities near 1e-4: about 1e-5 relative
+  Tensor want = sum(in64, {1});
+  const double sum_error = amax(div(abs(sub(out[1].to(DType::Float64), want)), want)).item<double>();
+  CHECK(sum_error < 2e-6);  // float32 partials over 4,096 columns in 64 lanes: ~70 ulp at most
+}
+
+TEST_CASE("blocked sums: a mean keeps its float64 sum (float32 partials of 3e38s overflow)") {
+  ir::Graph g;
+  ir::Value x = g.input(DType::Float32, {2, 200});
+  OpAttrs each_row;
+  each_row.dims = {1};
+  g.output(g.op(OpKind::Mean, {x}, each_row));
+  g.output(g.op(OpKind::Sum, {x}, each_row));
+  codegen::Executable exe(g);
+  Tensor in = mul(ones({2, 200}), 3e38);
+  std::vector<Tensor> out = exe.run({in});
+  CHECK(out[0].data<float>()[0] == 3e38f);  // as eager's mean
+  CHECK(out[0].data<float>()[1] == 3e38f);
+  CHECK(std::isinf(out[1].data<float>()[0]));  // 6e40 is past float32's range either way
+  CHECK(mean(in, {1}).data<float>()[0] == 3e38f);
+}

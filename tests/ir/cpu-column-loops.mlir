@@ -4,19 +4,22 @@
 // RUN: kiln-opt %s --split-input-file --kiln-cpu-row-loops | FileCheck %s
 
 // Softmax's exp, stored in the output, and its float64 sum: one loop, the sum's initial value
-// moved above it, the scale after the sum left alone (it needs the whole sum). The merged loop
+// moved above it, the scale after the sum left alone (it needs the whole sum). The sum, only
+// rounded to float32, then runs in a float32 partial (cpu-blocked-sums.mlir). The merged loop
 // widens float32 to float64, so it asks for float32's 16 lanes (it has 1024 columns: at least
 // 64 are needed, 4 steps of 16).
 // CHECK-LABEL: func.func @exp_and_sum
 // CHECK:         scf.parallel (%[[ROW:.*]]) =
 // CHECK:           memref.store %{{.*}}, %[[SUM:.*]][%c0{{.*}}, %c0{{.*}}] : memref<1x1xf64>
-// CHECK-NEXT:      scf.for %[[J:.*]] =
+// CHECK:           scf.for %[[J:.*]] = {{.*}} iter_args
 // CHECK:             math.exp
 // CHECK-NEXT:        memref.store %{{.*}}, %[[OUT:[a-z0-9_]+]][%[[ROW]], %[[J]]]
 // CHECK-NEXT:        memref.load %[[OUT]][%[[ROW]], %[[J]]]
-// CHECK:             arith.addf {{.*}} fastmath<reassoc> : f64
-// CHECK-NEXT:        memref.store %{{.*}}, %[[SUM]]
+// CHECK-NEXT:        arith.addf {{.*}} fastmath<reassoc> : f32
+// CHECK-NEXT:        scf.yield
 // CHECK-NEXT:      } {llvm.loop_annotation = #{{.*}}}
+// CHECK:           arith.addf {{.*}} fastmath<reassoc> : f64
+// CHECK-NEXT:      memref.store %{{.*}}, %[[SUM]]
 // CHECK:           arith.divf
 // CHECK:           scf.for
 // CHECK:             arith.mulf
@@ -453,8 +456,8 @@ func.func @no_prefetch(%x: memref<?x8xf32>, %y: memref<?x8192xf32>, %out: memref
 // CHECK-LABEL: func.func @short_exp_and_sum
 // CHECK:         scf.for
 // CHECK:           math.exp
-// CHECK:           arith.addf
-// CHECK-NEXT:      memref.store
+// CHECK:           arith.addf {{.*}} : f32
+// CHECK-NEXT:      scf.yield
 // CHECK-NEXT:    }{{$}}
 // CHECK-NOT:     scf.for
 func.func @short_exp_and_sum(%x: memref<?x8xf32>, %out: memref<?x8xf32> {llvm.noalias}) {

@@ -1,0 +1,144 @@
+// Float32 sums of the CPU's row loops in float32 partials per block of columns (row_fusion.h,
+// block_float32_sums).
+#include <optional>
+
+#include "codegen/row_fusion.h"
+#include "mlir/Dialect/Arith/IR/Arith.h"
+#include "mlir/Dialect/MemRef/IR/MemRef.h"
+
+namespace kiln::codegen {
+namespace {
+
+// Columns per float32 partial sum: eager's kBlock (backends/cpu/reduce_simd.h).
+constexpr int64_t kBlockColumns = 4096;
+
+/// A float64 running sum of widened float32 terms in a column loop:
+/// `acc[i] = acc[i] + extf(term)` (reassoc), acc[i] the same element in every iteration.
+struct WidenedSum {
+  mlir::memref::LoadOp load;
+  mlir::arith::AddFOp add;
+  mlir::memref::StoreOp store;
+  mlir::arith::ExtFOp widen;  // of the float32 term
+};
+
+std::optional<WidenedSum> widened_sum(mlir::memref::StoreOp store, mlir::scf::ForOp loop) {
+  auto add = store.getValue().getDefiningOp<mlir::arith::AddFOp>();
+  if (!add || add->getBlock() != loop.getBody() || !add->hasOneUse() || !add.getType().isF64() ||
+      !mlir::arith::bitEnumContainsAll(add.getFastmath(), mlir::arith::FastMathFlags::reassoc))
+    return std::nullopt;
+  for (mlir::Value i : store.getIndices())
+    if (!loop.isDefinedOutsideOfLoop(i)) return std::nullopt;
+  for (int k = 0; k < 2; ++k) {
+    auto load = add->getOperand(k).getDefiningOp<mlir::memref::LoadOp>();
+    auto ext = add->getOperand(1 - k).getDefiningOp<mlir::arith::ExtFOp>();
+    if (load && ext && load->getBlock() == loop.getBody() && load->hasOneUse() &&
+        load.getMemRef() == store.getMemRef() &&
+        llvm::equal(load.getIndices(), store.getIndices()) && ext.getIn().getType().isF32())
+      return WidenedSum{load, add, store, ext};
+  }
+  return std::nullopt;
+}
+
+/// Whether float32 partials keep `sum`'s result: its accumulator is an allocation that, in the
+/// loop, only the sum touches, and that outside it is only stored, freed, or loaded to be
+/// rounded to float32 (softmax's sum, a row sum). A float64 result used further (a mean, a
+/// variance, which eager computes without overflow) keeps its float64 sum.
+bool rounded_to_float32(WidenedSum sum, mlir::scf::ForOp loop) {
+  mlir::Value acc = sum.store.getMemRef();
+  if (!acc.getDefiningOp<mlir::memref::AllocOp>() && !acc.getDefiningOp<mlir::memref::AllocaOp>())
+    return false;
+  for (mlir::Operation* user : acc.getUsers()) {
+    if (loop->isAncestor(user)) {
+      if (user != sum.load && user != sum.store) return false;
+    } else if (auto load = llvm::dyn_cast<mlir::memref::LoadOp>(user)) {
+      for (mlir::Operation* use : load->getUsers()) {
+        auto trunc = llvm::dyn_cast<mlir::arith::TruncFOp>(use);
+        if (!trunc || !trunc.getType().isF32()) return false;
+      }
+    } else if (!llvm::isa<mlir::memref::StoreOp, mlir::memref::DeallocOp>(user)) {
+      return false;
+    }
+  }
+  return true;
+}
+
+/// `loop` (no results) rewritten to sum `sums` in float32 partials, each added to its float64
+/// accumulator once per block of kBlockColumns iterations. The partials start at -0.0, the
+/// sum's identity, so an empty block leaves the accumulator as it was.
+void block_sums(mlir::scf::ForOp loop, llvm::MutableArrayRef<WidenedSum> sums) {
+  mlir::OpBuilder b(loop);
+  mlir::Location loc = loop.getLoc();
+  mlir::Value lb = loop.getLowerBound(), ub = loop.getUpperBound(), step = loop.getStep();
+  auto trips = loop.getStaticTripCount();
+  mlir::Value block_lb = lb, block_ub = ub;
+  if (!trips || trips->ugt(kBlockColumns)) {
+    mlir::Value block_step = mlir::arith::MulIOp::create(
+        b, loc, step, mlir::arith::ConstantIndexOp::create(b, loc, kBlockColumns));
+    auto blocks = mlir::scf::ForOp::create(b, loc, lb, ub, block_step);
+    b.setInsertionPointToStart(blocks.getBody());
+    block_lb = blocks.getInductionVar();
+    block_ub = mlir::arith::MinSIOp::create(
+        b, loc, mlir::arith::AddIOp::create(b, loc, block_lb, block_step), ub);
+  }
+  mlir::Value identity = mlir::arith::ConstantOp::create(b, loc, b.getF32FloatAttr(-0.0f));
+  llvm::SmallVector<mlir::Value> inits(sums.size(), identity);
+  auto inner = mlir::scf::ForOp::create(b, loc, block_lb, block_ub, step, inits);
+  inner->setDiscardableAttrs(loop->getDiscardableAttrDictionary());
+  mlir::Block* body = inner.getBody();
+  body->getOperations().splice(body->end(), loop.getBody()->getOperations(),
+                               loop.getBody()->begin(), std::prev(loop.getBody()->end()));
+  loop.getInductionVar().replaceAllUsesWith(inner.getInductionVar());
+
+  struct Accumulator {
+    mlir::Value memref;
+    llvm::SmallVector<mlir::Value> indices;
+    mlir::arith::FastMathFlags flags;
+  };
+  llvm::SmallVector<mlir::Value> partials;
+  llvm::SmallVector<Accumulator> accumulators;
+  for (auto [k, sum] : llvm::enumerate(sums)) {
+    b.setInsertionPoint(sum.add);
+    const mlir::arith::FastMathFlags flags = sum.add.getFastmath();
+    partials.push_back(mlir::arith::AddFOp::create(b, loc, inner.getRegionIterArgs()[k],
+                                                   sum.widen.getIn(), flags));
+    accumulators.push_back({sum.store.getMemRef(), llvm::to_vector(sum.store.getIndices()), flags});
+    sum.store.erase();
+    sum.add.erase();
+    sum.load.erase();
+    if (sum.widen->use_empty()) sum.widen.erase();
+  }
+  b.setInsertionPointToEnd(body);
+  mlir::scf::YieldOp::create(b, loc, partials);
+
+  b.setInsertionPointAfter(inner);
+  for (auto [k, acc] : llvm::enumerate(accumulators)) {
+    mlir::Value old = mlir::memref::LoadOp::create(b, loc, acc.memref, acc.indices);
+    mlir::Value wide = mlir::arith::ExtFOp::create(b, loc, b.getF64Type(), inner.getResult(k));
+    mlir::Value sum = mlir::arith::AddFOp::create(b, loc, old, wide, acc.flags);
+    mlir::memref::StoreOp::create(b, loc, sum, acc.memref, acc.indices);
+  }
+  loop.erase();
+}
+
+}  // namespace
+
+int block_float32_sums(mlir::func::FuncOp fn) {
+  int blocked = 0;
+  for (mlir::scf::ParallelOp rows : top_level_loops(fn)) {
+    llvm::SmallVector<mlir::scf::ForOp> loops;
+    rows.walk([&](mlir::scf::ForOp f) { loops.push_back(f); });
+    for (mlir::scf::ForOp loop : loops) {
+      if (loop.getNumResults() != 0) continue;
+      llvm::SmallVector<WidenedSum> sums;
+      for (auto store : loop.getBody()->getOps<mlir::memref::StoreOp>())
+        if (auto sum = widened_sum(store, loop); sum && rounded_to_float32(*sum, loop))
+          sums.push_back(*sum);
+      if (sums.empty()) continue;
+      block_sums(loop, sums);
+      blocked += static_cast<int>(sums.size());
+    }
+  }
+  return blocked;
+}
+
+}  // namespace kiln::codegen

@@ -1,0 +1,172 @@
+// kiln-cpu-row-loops (codegen/blocked_sums.cpp): a float64 sum of widened float32 terms in a
+// CPU row's column loop, whose result is only rounded to float32, runs in float32 partials, one
+// per block of 4,096 columns, each added to the float64 sum, as eager's kernels sum.
+// RUN: kiln-opt %s --split-input-file --kiln-cpu-row-loops | FileCheck %s
+
+// Columns not known: blocks of 4,096 (step * 4096), the last one cut at the row's end. The
+// partial starts at -0.0, the sum's identity.
+// CHECK-LABEL: func.func @dynamic_columns
+// CHECK:         scf.parallel (%[[ROW:.*]]) =
+// CHECK:           %[[BLOCK:.*]] = arith.constant 4096 : index
+// CHECK:           %[[STEP:.*]] = arith.muli %{{.*}}, %[[BLOCK]] : index
+// CHECK:           scf.for %[[B:.*]] = %{{.*}} to %[[N:.*]] step %[[STEP]] {
+// CHECK:             %[[END:.*]] = arith.addi %[[B]], %[[STEP]] : index
+// CHECK:             %[[UB:.*]] = arith.minsi %[[END]], %[[N]] : index
+// CHECK:             %[[ID:.*]] = arith.constant -0.000000e+00 : f32
+// CHECK:             %[[P:.*]] = scf.for %[[J:.*]] = %[[B]] to %[[UB]] step %{{.*}} iter_args(%[[ACC:.*]] = %[[ID]]) -> (f32) {
+// CHECK:               %[[V:.*]] = memref.load %{{.*}}[%[[ROW]], %[[J]]]
+// CHECK:               %[[S:.*]] = arith.addf %[[ACC]], %[[V]] fastmath<reassoc> : f32
+// CHECK:               scf.yield %[[S]] : f32
+// CHECK:             }
+// CHECK:             %[[OLD:.*]] = memref.load %[[SUM:.*]][%c0, %c0] : memref<1x1xf64>
+// CHECK:             %[[W:.*]] = arith.extf %[[P]] : f32 to f64
+// CHECK:             %[[T:.*]] = arith.addf %[[OLD]], %[[W]] fastmath<reassoc> : f64
+// CHECK:             memref.store %[[T]], %[[SUM]][%c0, %c0]
+// CHECK:           }
+// CHECK:           arith.truncf
+func.func @dynamic_columns(%x: memref<?x?xf32>, %out: memref<?x1xf32> {llvm.noalias}) {
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %zero = arith.constant 0.0 : f64
+  %rows = memref.dim %x, %c0 : memref<?x?xf32>
+  %cols = memref.dim %x, %c1 : memref<?x?xf32>
+  %sum = memref.alloc() : memref<1x1xf64>
+  scf.parallel (%i) = (%c0) to (%rows) step (%c1) {
+    memref.store %zero, %sum[%c0, %c0] : memref<1x1xf64>
+    scf.for %j = %c0 to %cols step %c1 {
+      %v = memref.load %x[%i, %j] : memref<?x?xf32>
+      %s = memref.load %sum[%c0, %c0] : memref<1x1xf64>
+      %w = arith.extf %v : f32 to f64
+      %t = arith.addf %s, %w fastmath<reassoc> : f64
+      memref.store %t, %sum[%c0, %c0] : memref<1x1xf64>
+    }
+    %s = memref.load %sum[%c0, %c0] : memref<1x1xf64>
+    %r = arith.truncf %s : f64 to f32
+    memref.store %r, %out[%i, %c0] : memref<?x1xf32>
+    scf.reduce
+  }
+  memref.dealloc %sum : memref<1x1xf64>
+  return
+}
+
+// -----
+
+// Two sums of one loop (10,000 columns: three blocks) in two partials; the float64 terms of a
+// third (not widened from float32) keep their float64 sum.
+// CHECK-LABEL: func.func @two_sums_and_a_float64_one
+// CHECK:         scf.for %{{.*}} = %c0{{.*}} to %c10000{{.*}} step
+// CHECK:           scf.for {{.*}} iter_args(%[[A:.*]] = %{{.*}}, %[[B:.*]] = %{{.*}}) -> (f32, f32) {
+// CHECK:             arith.addf %[[A]], {{.*}} : f32
+// CHECK:             arith.addf %[[B]], {{.*}} : f32
+// CHECK:             memref.load %[[S3:alloc[a-z0-9_]*]]
+// CHECK:             arith.addf {{.*}} : f64
+// CHECK-NEXT:        memref.store %{{.*}}, %[[S3]]
+// CHECK:             scf.yield
+// CHECK-COUNT-2:   arith.addf {{.*}} fastmath<reassoc> : f64
+// CHECK:         }
+func.func @two_sums_and_a_float64_one(%x: memref<?x10000xf32>, %y: memref<?x10000xf64>,
+                                      %out: memref<?x3xf32> {llvm.noalias}) {
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %c2 = arith.constant 2 : index
+  %c10000 = arith.constant 10000 : index
+  %zero = arith.constant 0.0 : f64
+  %rows = memref.dim %x, %c0 : memref<?x10000xf32>
+  %sum1 = memref.alloc() : memref<1x1xf64>
+  %sum2 = memref.alloc() : memref<1x1xf64>
+  %sum3 = memref.alloc() : memref<1x1xf64>
+  scf.parallel (%i) = (%c0) to (%rows) step (%c1) {
+    memref.store %zero, %sum1[%c0, %c0] : memref<1x1xf64>
+    memref.store %zero, %sum2[%c0, %c0] : memref<1x1xf64>
+    memref.store %zero, %sum3[%c0, %c0] : memref<1x1xf64>
+    scf.for %j = %c0 to %c10000 step %c1 {
+      %v = memref.load %x[%i, %j] : memref<?x10000xf32>
+      %sq = arith.mulf %v, %v : f32
+      %a = memref.load %sum1[%c0, %c0] : memref<1x1xf64>
+      %wa = arith.extf %v : f32 to f64
+      %ta = arith.addf %a, %wa fastmath<reassoc> : f64
+      memref.store %ta, %sum1[%c0, %c0] : memref<1x1xf64>
+      %b = memref.load %sum2[%c0, %c0] : memref<1x1xf64>
+      %wb = arith.extf %sq : f32 to f64
+      %tb = arith.addf %wb, %b fastmath<reassoc> : f64
+      memref.store %tb, %sum2[%c0, %c0] : memref<1x1xf64>
+      %y64 = memref.load %y[%i, %j] : memref<?x10000xf64>
+      %c = memref.load %sum3[%c0, %c0] : memref<1x1xf64>
+      %tc = arith.addf %c, %y64 fastmath<reassoc> : f64
+      memref.store %tc, %sum3[%c0, %c0] : memref<1x1xf64>
+    }
+    %r1 = memref.load %sum1[%c0, %c0] : memref<1x1xf64>
+    %r2 = memref.load %sum2[%c0, %c0] : memref<1x1xf64>
+    %r3 = memref.load %sum3[%c0, %c0] : memref<1x1xf64>
+    %f1 = arith.truncf %r1 : f64 to f32
+    %f2 = arith.truncf %r2 : f64 to f32
+    %f3 = arith.truncf %r3 : f64 to f32
+    memref.store %f1, %out[%i, %c0] : memref<?x3xf32>
+    memref.store %f2, %out[%i, %c1] : memref<?x3xf32>
+    memref.store %f3, %out[%i, %c2] : memref<?x3xf32>
+    scf.reduce
+  }
+  memref.dealloc %sum1 : memref<1x1xf64>
+  memref.dealloc %sum2 : memref<1x1xf64>
+  memref.dealloc %sum3 : memref<1x1xf64>
+  return
+}
+
+// -----
+
+// Kept in float64, one reason each: the sum is used as float64 (a mean: float32 partials of
+// [3e38, 3e38] would overflow where the mean does not); an ordered sum (no reassoc); the
+// accumulator is read in the loop by another op.
+// CHECK-LABEL: func.func @kept
+// CHECK-NOT:     iter_args
+// CHECK-COUNT-3: arith.addf {{.*}} : f64
+// CHECK-NOT:     iter_args
+func.func @kept(%x: memref<?x1024xf32>, %out: memref<?x3xf32> {llvm.noalias}) {
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %c2 = arith.constant 2 : index
+  %c1024 = arith.constant 1024 : index
+  %n = arith.constant 1024.0 : f64
+  %zero = arith.constant 0.0 : f64
+  %rows = memref.dim %x, %c0 : memref<?x1024xf32>
+  %mean = memref.alloc() : memref<1x1xf64>
+  %ordered = memref.alloc() : memref<1x1xf64>
+  %read = memref.alloc() : memref<1x1xf64>
+  %seen = memref.alloc() : memref<1024xf64>
+  scf.parallel (%i) = (%c0) to (%rows) step (%c1) {
+    memref.store %zero, %mean[%c0, %c0] : memref<1x1xf64>
+    memref.store %zero, %ordered[%c0, %c0] : memref<1x1xf64>
+    memref.store %zero, %read[%c0, %c0] : memref<1x1xf64>
+    scf.for %j = %c0 to %c1024 step %c1 {
+      %v = memref.load %x[%i, %j] : memref<?x1024xf32>
+      %w = arith.extf %v : f32 to f64
+      %a = memref.load %mean[%c0, %c0] : memref<1x1xf64>
+      %ta = arith.addf %a, %w fastmath<reassoc> : f64
+      memref.store %ta, %mean[%c0, %c0] : memref<1x1xf64>
+      %b = memref.load %ordered[%c0, %c0] : memref<1x1xf64>
+      %tb = arith.addf %b, %w : f64
+      memref.store %tb, %ordered[%c0, %c0] : memref<1x1xf64>
+      %c = memref.load %read[%c0, %c0] : memref<1x1xf64>
+      %tc = arith.addf %c, %w fastmath<reassoc> : f64
+      memref.store %tc, %read[%c0, %c0] : memref<1x1xf64>
+      %peek = memref.load %read[%c0, %c0] : memref<1x1xf64>
+      memref.store %peek, %seen[%j] : memref<1024xf64>
+    }
+    %r1 = memref.load %mean[%c0, %c0] : memref<1x1xf64>
+    %m1 = arith.divf %r1, %n : f64
+    %f1 = arith.truncf %m1 : f64 to f32
+    %r2 = memref.load %ordered[%c0, %c0] : memref<1x1xf64>
+    %f2 = arith.truncf %r2 : f64 to f32
+    %r3 = memref.load %read[%c0, %c0] : memref<1x1xf64>
+    %f3 = arith.truncf %r3 : f64 to f32
+    memref.store %f1, %out[%i, %c0] : memref<?x3xf32>
+    memref.store %f2, %out[%i, %c1] : memref<?x3xf32>
+    memref.store %f3, %out[%i, %c2] : memref<?x3xf32>
+    scf.reduce
+  }
+  memref.dealloc %mean : memref<1x1xf64>
+  memref.dealloc %ordered : memref<1x1xf64>
+  memref.dealloc %read : memref<1x1xf64>
+  memref.dealloc %seen : memref<1024xf64>
+  return
+}
