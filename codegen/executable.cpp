@@ -540,7 +540,8 @@ std::string Executable::Impl::compile(const std::string& graph_mlir, bool relax)
   {
     mlir::PassManager pm = mlir::PassManager::on<mlir::ModuleOp>(&I.ctx);
     pm.addPass(kiln::dialect::create_decompose_pass());
-    pm.addPass(create_kiln_to_linalg_pass());
+    pm.addPass(create_kiln_to_linalg_pass(
+        /*cpu_math=*/!I.device.is_cuda() && I.emulate_gpu_loops == GpuLoopEmulation::Off));
     if (mlir::failed(pm.run(m))) throw Error("codegen::Executable: lowering", I.messages);
   }
   if (auto main = m.lookupSymbol<mlir::func::FuncOp>("main")) bools_as_bytes(main);

@@ -43,8 +43,10 @@ inline constexpr char kScatterAxisAttr[] = "kiln.scatter_axis";
 mlir::AffineMap broadcast_map(mlir::RankedTensorType operand, mlir::RankedTensorType result,
                               int64_t loops);
 
-/// Pass `convert-kiln-to-linalg` (on builtin.module).
-std::unique_ptr<mlir::Pass> create_kiln_to_linalg_pass();
+/// Pass `convert-kiln-to-linalg` (on builtin.module). `cpu_math` (option cpu-math): float32
+/// exp, exp2 and expm1 round with math.roundeven and convert with fptosi, as a CPU does it
+/// fastest; otherwise with float additions, as a GPU does (the same values either way).
+std::unique_ptr<mlir::Pass> create_kiln_to_linalg_pass(bool cpu_math = false);
 
 /// Pass `kiln-fuse-elementwise` (codegen/fusion.cpp): upstream elementwise fusion, except that a
 /// small elementwise producer with several consumers is fused (recomputed) into each of them.
