@@ -3,6 +3,7 @@
 #include <optional>
 
 #include "codegen/row_fusion.h"
+#include "ir/dialect.h"
 #include "mlir/Dialect/Arith/IR/Arith.h"
 #include "mlir/Dialect/MemRef/IR/MemRef.h"
 
@@ -21,10 +22,15 @@ struct WidenedSum {
   mlir::arith::ExtFOp widen;  // of the float32 term
 };
 
+/// The sum `store` writes, when it is a WidenedSum that the reduce's lowering marked as one of
+/// terms >= 0 (kNonnegativeTermsAttr: softmax's Σ exp). Float32 partials of other sums could
+/// overflow where the total does not ([3e38, 3e38, -3e38]: eager redoes such a sum in double),
+/// and a float64 sum the user asked for (sum of x.to(float64)) must stay one.
 std::optional<WidenedSum> widened_sum(mlir::memref::StoreOp store, mlir::scf::ForOp loop) {
   auto add = store.getValue().getDefiningOp<mlir::arith::AddFOp>();
   if (!add || add->getBlock() != loop.getBody() || !add->hasOneUse() || !add.getType().isF64() ||
-      !mlir::arith::bitEnumContainsAll(add.getFastmath(), mlir::arith::FastMathFlags::reassoc))
+      !mlir::arith::bitEnumContainsAll(add.getFastmath(), mlir::arith::FastMathFlags::reassoc) ||
+      !add->hasAttr(kiln::dialect::kNonnegativeTermsAttr))
     return std::nullopt;
   for (mlir::Value i : store.getIndices())
     if (!loop.isDefinedOutsideOfLoop(i)) return std::nullopt;

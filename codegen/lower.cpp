@@ -754,7 +754,8 @@ struct LowerReduce : mlir::OpRewritePattern<kiln::dialect::ReduceOp> {
     // drifting to 1.6e-2).
     mlir::Type result_t = t;
     mlir::RankedTensorType acc_type = out_type;
-    if (t.isF32() && (k == OpKind::Sum || k == OpKind::Mean)) {
+    const bool widened = t.isF32() && (k == OpKind::Sum || k == OpKind::Mean);
+    if (widened) {
       t = rw.getF64Type();
       acc_type = mlir::RankedTensorType::get(out_type.getShape(), t);
       identity = mlir::FloatAttr::get(t, 0.0);
@@ -800,8 +801,13 @@ struct LowerReduce : mlir::OpRewritePattern<kiln::dialect::ReduceOp> {
             }
             // Like eager's vectorised reductions, the accumulation may be re-associated (LLVM
             // then keeps several partial sums in vector lanes); the elementwise math is not.
-            if (auto add = r.getDefiningOp<mlir::arith::AddFOp>())
+            if (auto add = r.getDefiningOp<mlir::arith::AddFOp>()) {
               add.setFastmath(mlir::arith::FastMathFlags::reassoc);
+              // A widened float32 sum of terms >= 0 (decompose.cpp): blocked_sums.cpp may sum
+              // it in float32 blocks, which neither cancel nor overflow short of the total.
+              if (widened && op->hasAttr(kiln::dialect::kNonnegativeTermsAttr))
+                add->setAttr(kiln::dialect::kNonnegativeTermsAttr, rw.getUnitAttr());
+            }
           } else {
             switch (k) {
               case OpKind::Prod: r = mlir::arith::MulIOp::create(b, l, acc, x); break;

@@ -64,6 +64,13 @@ OpAttrs over_all() {
   return a;
 }
 
+/// Σ e over `over` for e = exp(...) >= 0 (or NaN), marked kNonnegativeTermsAttr.
+mlir::Value sum_of_exps(Emitter& E, mlir::Value e, const OpAttrs& over, bool keepdim) {
+  mlir::Value s = E.reduce(OpKind::Sum, e, over, keepdim);
+  s.getDefiningOp()->setAttr(kNonnegativeTermsAttr, E.b.getUnitAttr());
+  return s;
+}
+
 // softmax = exp(x - m) * (1 / Σ exp(x - m)); log_softmax = (x - m) - log Σ exp(x - m); m = amax
 // (NaN wins, as in eager). Subtracting m first keeps the precision of large logits. The
 // reciprocal, as in eager, is per row: after fusion it is loop-invariant in the inner loop, so
@@ -81,7 +88,7 @@ mlir::Value softmax(Emitter& E, mlir::Value x, int64_t dim, bool log, mlir::Type
   OpAttrs r = over_dim(dim);
   mlir::Value d = E.op(OpKind::Sub, x, E.reduce(OpKind::Amax, x, r, true));
   mlir::Value e = E.op(OpKind::Exp, d);
-  mlir::Value s = E.reduce(OpKind::Sum, e, r, true);
+  mlir::Value s = sum_of_exps(E, e, r, true);
   return log ? E.op(OpKind::Sub, d, E.op(OpKind::Log, s))
              : E.op(OpKind::Mul, e, E.op(OpKind::Reciprocal, s));
 }
@@ -141,7 +148,7 @@ mlir::Value logsumexp(Emitter& E, mlir::Value x, const OpAttrs& a) {
     return E.where(inf, E.scalar(t, 0), m);
   };
   mlir::Value m = finite_max(true);
-  mlir::Value s = E.reduce(OpKind::Sum, E.op(OpKind::Exp, E.op(OpKind::Sub, x, m)), a, a.keepdim);
+  mlir::Value s = sum_of_exps(E, E.op(OpKind::Exp, E.op(OpKind::Sub, x, m)), a, a.keepdim);
   // Without keepdim the max is reduced again rather than squeezed (views do not lower yet).
   return E.op(OpKind::Add, E.op(OpKind::Log, s), a.keepdim ? m : finite_max(false));
 }

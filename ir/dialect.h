@@ -50,6 +50,13 @@ mlir::Value create_op(mlir::OpBuilder& b, mlir::Location loc, OpKind kind,
                       mlir::ValueRange operands, const OpAttrs& attrs,
                       Loc where = Loc::current());
 
+/// Unit attribute on a kiln.reduce "sum" (set by kiln-decompose) whose terms are never negative
+/// (softmax's, log_softmax's and logsumexp's Σ exp(x - m)): float32 partial sums of it cannot
+/// cancel, and overflow only where the float32 total does. The reduce's lowering carries it to
+/// its float64 accumulation (`arith.addf`), where the CPU's row loops may sum in float32
+/// blocks (codegen/blocked_sums.cpp).
+inline constexpr char kNonnegativeTermsAttr[] = "kiln_nonnegative_terms";
+
 /// A kiln.constant of `type` with every element `value`.
 mlir::Value splat_constant(mlir::OpBuilder& b, mlir::Location loc, mlir::RankedTensorType type,
                            double value);

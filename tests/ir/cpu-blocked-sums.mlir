@@ -1,4 +1,5 @@
-// kiln-cpu-row-loops (codegen/blocked_sums.cpp): a float64 sum of widened float32 terms in a
+// kiln-cpu-row-loops (codegen/blocked_sums.cpp): a float64 sum of widened float32 terms >= 0
+// (its add marked kiln_nonnegative_terms by the reduce's lowering: softmax's sum of exps) in a
 // CPU row's column loop, whose result is only rounded to float32, runs in float32 partials, one
 // per block of 4,096 columns, each added to the float64 sum, as eager's kernels sum.
 // RUN: kiln-opt %s --split-input-file --kiln-cpu-row-loops | FileCheck %s
@@ -37,7 +38,7 @@ func.func @dynamic_columns(%x: memref<?x?xf32>, %out: memref<?x1xf32> {llvm.noal
       %v = memref.load %x[%i, %j] : memref<?x?xf32>
       %s = memref.load %sum[%c0, %c0] : memref<1x1xf64>
       %w = arith.extf %v : f32 to f64
-      %t = arith.addf %s, %w fastmath<reassoc> : f64
+      %t = arith.addf %s, %w fastmath<reassoc> {kiln_nonnegative_terms} : f64
       memref.store %t, %sum[%c0, %c0] : memref<1x1xf64>
     }
     %s = memref.load %sum[%c0, %c0] : memref<1x1xf64>
@@ -84,11 +85,11 @@ func.func @two_sums_and_a_float64_one(%x: memref<?x10000xf32>, %y: memref<?x1000
       %sq = arith.mulf %v, %v : f32
       %a = memref.load %sum1[%c0, %c0] : memref<1x1xf64>
       %wa = arith.extf %v : f32 to f64
-      %ta = arith.addf %a, %wa fastmath<reassoc> : f64
+      %ta = arith.addf %a, %wa fastmath<reassoc> {kiln_nonnegative_terms} : f64
       memref.store %ta, %sum1[%c0, %c0] : memref<1x1xf64>
       %b = memref.load %sum2[%c0, %c0] : memref<1x1xf64>
       %wb = arith.extf %sq : f32 to f64
-      %tb = arith.addf %wb, %b fastmath<reassoc> : f64
+      %tb = arith.addf %wb, %b fastmath<reassoc> {kiln_nonnegative_terms} : f64
       memref.store %tb, %sum2[%c0, %c0] : memref<1x1xf64>
       %y64 = memref.load %y[%i, %j] : memref<?x10000xf64>
       %c = memref.load %sum3[%c0, %c0] : memref<1x1xf64>
@@ -116,15 +117,17 @@ func.func @two_sums_and_a_float64_one(%x: memref<?x10000xf32>, %y: memref<?x1000
 
 // Kept in float64, one reason each: the sum is used as float64 (a mean: float32 partials of
 // [3e38, 3e38] would overflow where the mean does not); an ordered sum (no reassoc); the
-// accumulator is read in the loop by another op.
+// accumulator is read in the loop by another op; a sum not marked as one of terms >= 0 (a row
+// sum of [3e38, -3e38, 3e38]: float32 partials overflow, or a float64 sum the user asked for).
 // CHECK-LABEL: func.func @kept
 // CHECK-NOT:     iter_args
-// CHECK-COUNT-3: arith.addf {{.*}} : f64
+// CHECK-COUNT-4: arith.addf {{.*}} : f64
 // CHECK-NOT:     iter_args
-func.func @kept(%x: memref<?x1024xf32>, %out: memref<?x3xf32> {llvm.noalias}) {
+func.func @kept(%x: memref<?x1024xf32>, %out: memref<?x4xf32> {llvm.noalias}) {
   %c0 = arith.constant 0 : index
   %c1 = arith.constant 1 : index
   %c2 = arith.constant 2 : index
+  %c3 = arith.constant 3 : index
   %c1024 = arith.constant 1024 : index
   %n = arith.constant 1024.0 : f64
   %zero = arith.constant 0.0 : f64
@@ -133,7 +136,9 @@ func.func @kept(%x: memref<?x1024xf32>, %out: memref<?x3xf32> {llvm.noalias}) {
   %ordered = memref.alloc() : memref<1x1xf64>
   %read = memref.alloc() : memref<1x1xf64>
   %seen = memref.alloc() : memref<1024xf64>
+  %plain = memref.alloc() : memref<1x1xf64>
   scf.parallel (%i) = (%c0) to (%rows) step (%c1) {
+    memref.store %zero, %plain[%c0, %c0] : memref<1x1xf64>
     memref.store %zero, %mean[%c0, %c0] : memref<1x1xf64>
     memref.store %zero, %ordered[%c0, %c0] : memref<1x1xf64>
     memref.store %zero, %read[%c0, %c0] : memref<1x1xf64>
@@ -141,16 +146,19 @@ func.func @kept(%x: memref<?x1024xf32>, %out: memref<?x3xf32> {llvm.noalias}) {
       %v = memref.load %x[%i, %j] : memref<?x1024xf32>
       %w = arith.extf %v : f32 to f64
       %a = memref.load %mean[%c0, %c0] : memref<1x1xf64>
-      %ta = arith.addf %a, %w fastmath<reassoc> : f64
+      %ta = arith.addf %a, %w fastmath<reassoc> {kiln_nonnegative_terms} : f64
       memref.store %ta, %mean[%c0, %c0] : memref<1x1xf64>
       %b = memref.load %ordered[%c0, %c0] : memref<1x1xf64>
-      %tb = arith.addf %b, %w : f64
+      %tb = arith.addf %b, %w {kiln_nonnegative_terms} : f64
       memref.store %tb, %ordered[%c0, %c0] : memref<1x1xf64>
       %c = memref.load %read[%c0, %c0] : memref<1x1xf64>
-      %tc = arith.addf %c, %w fastmath<reassoc> : f64
+      %tc = arith.addf %c, %w fastmath<reassoc> {kiln_nonnegative_terms} : f64
       memref.store %tc, %read[%c0, %c0] : memref<1x1xf64>
       %peek = memref.load %read[%c0, %c0] : memref<1x1xf64>
       memref.store %peek, %seen[%j] : memref<1024xf64>
+      %d = memref.load %plain[%c0, %c0] : memref<1x1xf64>
+      %td = arith.addf %d, %w fastmath<reassoc> : f64
+      memref.store %td, %plain[%c0, %c0] : memref<1x1xf64>
     }
     %r1 = memref.load %mean[%c0, %c0] : memref<1x1xf64>
     %m1 = arith.divf %r1, %n : f64
@@ -159,11 +167,15 @@ func.func @kept(%x: memref<?x1024xf32>, %out: memref<?x3xf32> {llvm.noalias}) {
     %f2 = arith.truncf %r2 : f64 to f32
     %r3 = memref.load %read[%c0, %c0] : memref<1x1xf64>
     %f3 = arith.truncf %r3 : f64 to f32
-    memref.store %f1, %out[%i, %c0] : memref<?x3xf32>
-    memref.store %f2, %out[%i, %c1] : memref<?x3xf32>
-    memref.store %f3, %out[%i, %c2] : memref<?x3xf32>
+    memref.store %f1, %out[%i, %c0] : memref<?x4xf32>
+    memref.store %f2, %out[%i, %c1] : memref<?x4xf32>
+    memref.store %f3, %out[%i, %c2] : memref<?x4xf32>
+    %r4 = memref.load %plain[%c0, %c0] : memref<1x1xf64>
+    %f4 = arith.truncf %r4 : f64 to f32
+    memref.store %f4, %out[%i, %c3] : memref<?x4xf32>
     scf.reduce
   }
+  memref.dealloc %plain : memref<1x1xf64>
   memref.dealloc %mean : memref<1x1xf64>
   memref.dealloc %ordered : memref<1x1xf64>
   memref.dealloc %read : memref<1x1xf64>
