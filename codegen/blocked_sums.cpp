@@ -47,8 +47,7 @@ std::optional<WidenedSum> widened_sum(mlir::memref::StoreOp store, mlir::scf::Fo
 
 /// Whether float32 partials keep `sum`'s result: its accumulator is an allocation that, in the
 /// loop, only the sum touches, and that outside it is only stored, freed, or loaded to be
-/// rounded to float32 (softmax's sum, a row sum). A float64 result used further (a mean, a
-/// variance, which eager computes without overflow) keeps its float64 sum.
+/// rounded to float32 (softmax's sum). A float64 result used further keeps its float64 sum.
 bool rounded_to_float32(WidenedSum sum, mlir::scf::ForOp loop) {
   mlir::Value acc = sum.store.getMemRef();
   if (!acc.getDefiningOp<mlir::memref::AllocOp>() && !acc.getDefiningOp<mlir::memref::AllocaOp>())
