@@ -33,8 +33,9 @@ namespace fs = std::filesystem;
 
 constexpr char kMagic[8] = {'K', 'I', 'L', 'N', 'O', 'B', 'J', '\0'};
 // 2: row-split plan in the metadata; 3: its gemm flag; 4: outputs' in-place input; 5: its
-// per-row flag; 6: the runtime GEMM's rows_split argument (codegen/runtime.cpp)
-constexpr uint32_t kFormat = 6;
+// per-row flag; 6: the runtime GEMM's rows_split argument (codegen/runtime.cpp); 7: kernel
+// timers' descriptions
+constexpr uint32_t kFormat = 7;
 // Entries of another version read as stale and are rebuilt. The source hash (codegen/, formulas,
 // the dialect; see CMakeLists.txt) changes with any pipeline edit; bump the number when the
 // entry's metadata changes meaning.
@@ -146,6 +147,8 @@ std::string serialize(const std::string& key, const CompiledMeta& meta, const st
   payload.str(meta.ptx);
   payload.u32(static_cast<uint32_t>(meta.gpu_kernels));
   payload.u32(static_cast<uint32_t>(meta.cuda_device));
+  payload.u32(static_cast<uint32_t>(meta.profiled_kernels.size()));
+  for (const std::string& k : meta.profiled_kernels) payload.str(k);
   payload.str(object);
   Writer w;
   w.raw(kMagic, sizeof kMagic);
@@ -189,6 +192,8 @@ std::string deserialize(std::string_view bytes, const std::string& key, Entry& e
   entry.meta.ptx = std::string(r.str());
   entry.meta.gpu_kernels = static_cast<int>(r.u32());
   entry.meta.cuda_device = static_cast<int>(r.u32());
+  entry.meta.profiled_kernels.resize(std::min<uint32_t>(r.u32(), 1u << 16));
+  for (std::string& k : entry.meta.profiled_kernels) k = std::string(r.str());
   entry.object = std::string(r.str());
   if (!r.ok || !r.in.empty()) return "corrupted entry (malformed)";
   for (const Param& out : entry.meta.outputs) {  // an output computed in an input's buffer
@@ -321,6 +326,7 @@ std::shared_ptr<const CompiledCode> get_or_compile(const std::string& graph_mlir
     in_place += fmt::format(" {}:{}", output, input);
   const std::string key = host_target_id() + gpu_target +
                           (loops_for_gemm ? "\nno-extern-gemm" : "") +
+                          (kernel_profiling(options) ? "\nkernel timers" : "") +
                           (in_place.empty() ? "" : "\nin-place outputs" + in_place) + "\n" +
                           graph_mlir;
   const std::string memory_key = version() + "\n" + key;

@@ -93,6 +93,25 @@ struct CompileOptions {
   /// (output_alias() tells which pairs held). CPU only (not with emulate_gpu_loops), and not
   /// for row-parallel graphs, whose row blocks read unsliced inputs whole.
   std::vector<std::pair<int, int>> in_place_outputs = {};
+  /// Time each kernel (Executable::kernel_times()): every loop nest, GEMM and copy of a CPU
+  /// graph's code is wrapped in two clock reads (about 50 ns a kernel). The environment's
+  /// KILN_PROFILE=1 turns it on for every Executable. Not for row-parallel graphs (their
+  /// kernels run inside each row block: row_parallel()) nor CUDA ones, whose kernel_times()
+  /// stay empty.
+  bool profile_kernels = false;
+};
+
+/// Whether `options` or the environment (KILN_PROFILE=1) asks for kernel timers.
+bool kernel_profiling(const CompileOptions& options);
+
+/// One kernel's time over an Executable's runs so far (Executable::kernel_times()).
+struct KernelTime {
+  /// What the kernel is and where its ops come from: "loop nest [8, 128, 1024]: erf, exp
+  /// (model.cpp:42, model.cpp:57)" (trip counts, the math functions it evaluates, the source
+  /// lines of the ops fused into it), "GEMM (model.cpp:40)", "copy".
+  std::string kernel;
+  int64_t calls = 0;
+  double total_ms = 0;  ///< wall time of all its calls together, milliseconds
 };
 
 /// How a CPU graph's loops run: as the CPU lowering makes them, or as the GPU lowering makes
@@ -215,6 +234,9 @@ class Executable {
   const std::string& ptx() const;
   /// The device the code runs on (CompileOptions::device).
   Device device() const;
+  /// With CompileOptions::profile_kernels: each kernel's calls and time over this
+  /// Executable's runs so far, in program order (empty otherwise; see profile_kernels).
+  std::vector<KernelTime> kernel_times() const;
 
  private:
   /// `inputs` once checked against the graph's, or `copies` (filled) when one of them is

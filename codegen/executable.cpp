@@ -10,6 +10,7 @@
 #include "codegen/cache.h"
 #include "codegen/gpu_lowering.h"
 #include "codegen/in_place.h"
+#include "codegen/kernel_profile.h"
 #include "codegen/codegen.h"
 #include "codegen/runtime.h"
 #include "codegen/jit.h"
@@ -447,7 +448,17 @@ struct Executable::Impl : CompiledMeta {
   GpuLoopEmulation emulate_gpu_loops = GpuLoopEmulation::Off;
   std::vector<std::pair<int, int>> in_place_requests;  // CompileOptions::in_place_outputs
   bool any_alias = false;  // an output is computed in an input's buffer (Param::alias_input)
+  bool profile_kernels = false;  // CompileOptions::profile_kernels (or KILN_PROFILE=1)
+  std::unique_ptr<KernelCounter[]> kernel_counters;  // one per profiled_kernels entry
 };
+
+bool kernel_profiling(const CompileOptions& options) {
+  static const bool env = [] {
+    const char* v = std::getenv("KILN_PROFILE");
+    return v && *v && *v != '0';
+  }();
+  return options.profile_kernels || env;
+}
 
 GpuLoopEmulation gpu_loop_emulation(const CompileOptions& options) {
   using E = GpuLoopEmulation;
@@ -462,7 +473,9 @@ GpuLoopEmulation gpu_loop_emulation(const CompileOptions& options) {
 }
 
 Executable::Executable(const ir::Graph& g, const CompileOptions& options) {
-  const std::string text = g.to_mlir();
+  // With kernel timers the text carries the ops' source locations, which name the kernels.
+  const bool profile = kernel_profiling(options);
+  const std::string text = g.to_mlir(/*with_locations=*/profile);
   auto build = [&](bool relax) {
     impl_ = std::make_unique<Impl>();
     Impl& I = *impl_;
@@ -470,6 +483,7 @@ Executable::Executable(const ir::Graph& g, const CompileOptions& options) {
     I.gpu = options.gpu;
     I.emulate_gpu_loops = gpu_loop_emulation(options);
     I.in_place_requests = options.in_place_outputs;
+    I.profile_kernels = profile;
     I.code = get_or_compile(text, options, I.stats, [&](CompiledMeta& meta) {
       std::string object = I.compile(text, relax);
       meta = I;
@@ -478,6 +492,8 @@ Executable::Executable(const ir::Graph& g, const CompileOptions& options) {
     static_cast<CompiledMeta&>(I) = I.code->meta;
     I.entry = I.code->fn;
     for (const Param& p : I.outputs) I.any_alias = I.any_alias || p.alias_input >= 0;
+    if (!I.profiled_kernels.empty())
+      I.kernel_counters = std::make_unique<KernelCounter[]>(I.profiled_kernels.size());
   };
   // CUDA: dim 0 is relaxed to `?` as on cpu, and the row-split analysis tells which loop nests
   // may run as one kernel over rows (gpu_lowering.h). Without a device the host code is still
@@ -511,6 +527,7 @@ std::string Executable::Impl::compile(const std::string& graph_mlir, bool relax)
   mlir::OwningOpRef<mlir::ModuleOp> module =
       mlir::parseSourceString<mlir::ModuleOp>(graph_mlir, &I.ctx);
   if (!module) throw Error("codegen::Executable", "cannot parse the graph: " + I.messages);
+  if (I.profile_kernels) name_op_locations(*module);
   // The graph's own argument shapes: run() checks inputs against these even when dim 0 is
   // relaxed to `?` below.
   std::vector<std::vector<int64_t>> graph_shapes;
@@ -696,6 +713,8 @@ std::string Executable::Impl::compile(const std::string& graph_mlir, bool relax)
   } else {
     // Each loop nest shared out over the thread pool (cpu_parallel.h).
     I.run_pipeline(m, "func.func(convert-linalg-to-parallel-loops)", "loops");
+    if (I.profile_kernels)
+      I.profiled_kernels = instrument_kernels(m.lookupSymbol<mlir::func::FuncOp>("main"));
     prepare_parallel_loops(m);
     I.run_pipeline(m, "convert-scf-to-openmp", "parallel loops");
     finish_parallel_loops(m);
@@ -759,6 +778,15 @@ int Executable::num_kernels() const {
 }
 const std::string& Executable::ptx() const { return impl_->ptx; }
 Device Executable::device() const { return impl_->device; }
+std::vector<KernelTime> Executable::kernel_times() const {
+  const Impl& I = *impl_;
+  std::vector<KernelTime> times;
+  for (size_t k = 0; k < I.profiled_kernels.size(); ++k)
+    times.push_back({I.profiled_kernels[k],
+                     I.kernel_counters[k].calls.load(std::memory_order_relaxed),
+                     I.kernel_counters[k].ns.load(std::memory_order_relaxed) / 1e6});
+  return times;
+}
 int Executable::num_loop_nests() const { return impl_->kernels; }
 bool Executable::row_parallel() const { return impl_->row_split.splittable; }
 const std::string& Executable::linalg_ir() const { return impl_->linalg; }
@@ -904,6 +932,8 @@ const std::vector<Tensor>& Executable::checked_inputs(const std::vector<Tensor>&
 
 void Executable::launch(const std::vector<Tensor>& ins, const std::vector<Tensor>& outs) const {
   const Impl& I = *impl_;
+  std::optional<KernelProfileScope> timers;  // kernels of graphs that run on this thread only
+  if (I.kernel_counters) timers.emplace(I.kernel_counters.get());
   std::vector<const Tensor*> operands;
   operands.reserve(ins.size() + outs.size());
   for (const Tensor& t : ins) operands.push_back(&t);

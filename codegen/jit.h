@@ -58,6 +58,8 @@ struct CompiledMeta {
   std::string ptx;
   int gpu_kernels = 0;
   int cuda_device = 0;  ///< the CUDA device whose context loads the PTX module
+  /// Kernel timer ids' descriptions (kernel_profile.h), when compiled with kernel timers.
+  std::vector<std::string> profiled_kernels;
 };
 
 /// `_mlir_ciface_main` behind a packed-arguments wrapper: args[i] points at argument i.

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <type_traits>
@@ -181,6 +182,28 @@ GemmRunScope::~GemmRunScope() {
 SerialGemmScope::SerialGemmScope() : previous_(t_serial_gemm) { t_serial_gemm = true; }
 SerialGemmScope::~SerialGemmScope() { t_serial_gemm = previous_; }
 
+namespace {
+// Kernel timers: top-level kernels of a graph's code never nest, so one start time a thread.
+thread_local KernelCounter* t_kernel_counters = nullptr;
+thread_local std::chrono::steady_clock::time_point t_kernel_start;
+
+void rt_kernel_begin(int64_t) { t_kernel_start = std::chrono::steady_clock::now(); }
+
+void rt_kernel_end(int64_t id) {
+  if (!t_kernel_counters) return;
+  const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                      std::chrono::steady_clock::now() - t_kernel_start)
+                      .count();
+  t_kernel_counters[id].ns.fetch_add(ns, std::memory_order_relaxed);
+  t_kernel_counters[id].calls.fetch_add(1, std::memory_order_relaxed);
+}
+}  // namespace
+
+KernelProfileScope::KernelProfileScope(KernelCounter* counters) : previous_(t_kernel_counters) {
+  t_kernel_counters = counters;
+}
+KernelProfileScope::~KernelProfileScope() { t_kernel_counters = previous_; }
+
 uint64_t gemm_calls() { return g_gemm_calls.load(std::memory_order_relaxed); }
 
 const std::vector<RuntimeSymbol>& runtime_symbols() {
@@ -191,6 +214,8 @@ const std::vector<RuntimeSymbol>& runtime_symbols() {
         {"aligned_alloc", reinterpret_cast<void*>(&rt_aligned_alloc)},
         {"kiln_rt_gemm_f32", reinterpret_cast<void*>(&gemm_batched<float>)},
         {"kiln_rt_gemm_f64", reinterpret_cast<void*>(&gemm_batched<double>)},
+        {"kiln_rt_kernel_begin", reinterpret_cast<void*>(&rt_kernel_begin)},
+        {"kiln_rt_kernel_end", reinterpret_cast<void*>(&rt_kernel_end)},
     };
     for (const RuntimeSymbol& r : omp_runtime_symbols()) s.push_back(r);
     for (const RuntimeSymbol& r : cuda_runtime_symbols()) s.push_back(r);

@@ -2,6 +2,7 @@
 /// Functions that JIT-compiled code may call (extern kernels such as BLAS, parallel-for helpers).
 /// MLIR-free. Whatever JIT backs codegen::Executable must make every symbol listed here resolvable
 /// by name from the generated code.
+#include <atomic>
 #include <cstdint>
 #include <optional>
 #include <vector>
@@ -73,6 +74,26 @@ class SerialGemmScope {
 
  private:
   bool previous_;
+};
+
+/// One kernel's calls and wall time (nanoseconds) in an Executable compiled with kernel timers
+/// (CompileOptions::profile_kernels; the code calls kiln_rt_kernel_begin(id) and
+/// kiln_rt_kernel_end(id) around kernel `id`, codegen/kernel_profile.h).
+struct KernelCounter {
+  std::atomic<int64_t> calls{0}, ns{0};
+};
+
+/// While alive on a thread, the kernel timers of the code run on that thread add to
+/// `counters[id]` (indexed by kernel id); without one they add nowhere.
+class KernelProfileScope {
+ public:
+  explicit KernelProfileScope(KernelCounter* counters);
+  ~KernelProfileScope();
+  KernelProfileScope(const KernelProfileScope&) = delete;
+  KernelProfileScope& operator=(const KernelProfileScope&) = delete;
+
+ private:
+  KernelCounter* previous_;
 };
 
 }  // namespace kiln::codegen

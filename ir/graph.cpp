@@ -164,10 +164,12 @@ const ValueType& Graph::type(Value v) const {
 int Graph::num_inputs() const { return static_cast<int>(impl_->func.getNumArguments()); }
 int Graph::num_outputs() const { return static_cast<int>(impl_->ret->getNumOperands()); }
 
-std::string Graph::to_mlir() const {
+std::string Graph::to_mlir(bool with_locations) const {
   std::string text;
   llvm::raw_string_ostream os(text);
-  impl_->module->print(os);
+  mlir::OpPrintingFlags flags;
+  if (with_locations) flags.enableDebugInfo(/*enable=*/true, /*prettyForm=*/false);
+  impl_->module->print(os, flags);
   return text;
 }
 

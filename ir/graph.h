@@ -59,8 +59,9 @@ class Graph {
   int num_inputs() const;
   int num_outputs() const;
 
-  /// The module as MLIR text (kiln dialect inside `func.func @main`).
-  std::string to_mlir() const;
+  /// The module as MLIR text (kiln dialect inside `func.func @main`); with_locations adds each
+  /// op's source location (the `loc` given to op()) as MLIR debug info.
+  std::string to_mlir(bool with_locations = false) const;
   /// Runs the MLIR verifier; throws kiln::Error carrying its diagnostics on failure.
   void verify() const;
   /// Runs canonicalize + CSE (which also removes dead ops). Throws kiln::Error on failure.

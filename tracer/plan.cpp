@@ -1,6 +1,7 @@
 #include "tracer/plan.h"
 
 #include <algorithm>
+#include <tuple>
 #include <atomic>
 #include <chrono>
 #include <limits>
@@ -1006,6 +1007,61 @@ void append_profile(std::string& out, size_t line_start, const StepT& s) {
   out += fmt::format("  [avg {:.1f} us over {} runs]\n",
                      s.profile->ns.load(std::memory_order_relaxed) / 1e3 / runs, runs);
 }
+// KILN_PROFILE=1: a compiled region's kernel time by kind (codegen::Executable::kernel_times:
+// "GEMM", "loop nest", "copy"), then the costliest kernels of each kind, one line each.
+constexpr size_t kKernelsShownPerKind = 4;
+void append_kernel_times(std::string& out, const codegen::Executable& exe) {
+  if (exe.device().is_cuda() || exe.row_parallel()) {
+    out += exe.device().is_cuda()
+               ? "        kernels not timed one by one (CUDA kernels run asynchronously)\n"
+               : "        kernels not timed one by one (row-parallel: each row block runs them "
+                 "all)\n";
+    return;
+  }
+  std::vector<codegen::KernelTime> times = exe.kernel_times();
+  if (times.empty() || times.front().calls == 0) return;
+  auto per_run_ms = [](const codegen::KernelTime& t) {
+    return t.total_ms / std::max<int64_t>(t.calls, 1);
+  };
+  auto kind_of = [](const codegen::KernelTime& t) {
+    for (const char* k : {"GEMM", "loop nest", "copy"})
+      if (t.kernel.starts_with(k)) return std::string(k);
+    return t.kernel.substr(0, t.kernel.find(" ("));
+  };
+  struct Kind {
+    std::string name;
+    int count = 0;
+    double ms = 0;  // in one run
+  };
+  std::vector<Kind> kinds;
+  double all_ms = 0;
+  for (const codegen::KernelTime& t : times) {
+    const std::string name = kind_of(t);
+    auto it = std::find_if(kinds.begin(), kinds.end(), [&](const Kind& k) { return k.name == name; });
+    if (it == kinds.end()) it = kinds.insert(kinds.end(), Kind{name});
+    it->count += 1;
+    it->ms += per_run_ms(t);
+    all_ms += per_run_ms(t);
+  }
+  std::stable_sort(kinds.begin(), kinds.end(), [](const Kind& a, const Kind& b) { return a.ms > b.ms; });
+  std::stable_sort(times.begin(), times.end(),
+                   [](const auto& a, const auto& b) { return a.total_ms > b.total_ms; });
+  std::string by_kind;
+  for (const Kind& k : kinds)
+    by_kind += fmt::format("{}{} x {} ({:.2f} ms)", by_kind.empty() ? "" : ", ", k.count, k.name,
+                           k.ms);
+  out += fmt::format("        kernels in one run: {:.2f} ms: {}\n", all_ms, by_kind);
+  for (const Kind& k : kinds) {
+    size_t shown = 0;
+    for (const codegen::KernelTime& t : times) {
+      if (kind_of(t) != k.name || shown == kKernelsShownPerKind) continue;
+      ++shown;
+      out += fmt::format("          {}  [avg {:.1f} us over {} runs, {:.1f} %]\n", t.kernel,
+                         per_run_ms(t) * 1e3, t.calls,
+                         all_ms > 0 ? 100 * per_run_ms(t) / all_ms : 0.0);
+    }
+  }
+}
 }  // namespace
 
 std::string Plan::describe() const {
@@ -1047,6 +1103,7 @@ std::string Plan::describe() const {
                                              "(donated)", r.in_place.size()),
                            measured_choice(r), ops);
       append_profile(out, line_start, s);
+      if (r.exe && profiling()) append_kernel_times(out, *r.exe);
       continue;
     }
     const Node& n = p.nodes[s.node];

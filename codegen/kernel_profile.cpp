@@ -1,0 +1,162 @@
+// Kernel timers for compiled CPU code (kernel_profile.h; the runtime side is in runtime.cpp).
+#include "codegen/kernel_profile.h"
+
+#include <algorithm>
+#include <string>
+
+#include "mlir/Dialect/Arith/IR/Arith.h"
+#include "ir/dialect.h"
+#include "mlir/Dialect/MemRef/IR/MemRef.h"
+#include "mlir/Dialect/SCF/IR/SCF.h"
+#include "mlir/IR/Builders.h"
+#include "mlir/IR/BuiltinOps.h"
+#include "mlir/IR/Location.h"
+
+namespace kiln::codegen {
+namespace {
+
+constexpr char kBegin[] = "kiln_rt_kernel_begin";
+constexpr char kEnd[] = "kiln_rt_kernel_end";
+constexpr size_t kMaxLines = 4;  // source lines named per kernel
+
+std::string bound(mlir::Value lb, mlir::Value ub) {
+  auto l = mlir::getConstantIntValue(lb), u = mlir::getConstantIntValue(ub);
+  return l && u ? std::to_string(*u - *l) : "?";
+}
+
+// "[8, 128, 1024]": the trip counts of the loops that nest perfectly from `op` inwards.
+std::string nest_shape(mlir::Operation* op) {
+  std::string dims;
+  auto add = [&](const std::string& d) { dims += (dims.empty() ? "" : ", ") + d; };
+  while (op) {
+    mlir::Region* body = nullptr;
+    if (auto p = llvm::dyn_cast<mlir::scf::ParallelOp>(op)) {
+      for (size_t i = 0; i < p.getNumLoops(); ++i)
+        add(bound(p.getLowerBound()[i], p.getUpperBound()[i]));
+      body = &p.getRegion();
+    } else if (auto f = llvm::dyn_cast<mlir::scf::ForOp>(op)) {
+      add(bound(f.getLowerBound(), f.getUpperBound()));
+      body = &f.getRegion();
+    } else {
+      break;
+    }
+    // The next loop, when it is the body's only op besides constants and the terminator.
+    mlir::Operation* inner = nullptr;
+    int others = 0;
+    for (mlir::Operation& o : body->front()) {
+      if (llvm::isa<mlir::scf::ParallelOp, mlir::scf::ForOp>(o)) inner = inner ? nullptr : &o;
+      else if (!o.hasTrait<mlir::OpTrait::IsTerminator>() && !llvm::isa<mlir::arith::ConstantOp>(o))
+        ++others;
+    }
+    op = others == 0 ? inner : nullptr;
+  }
+  return "[" + dims + "]";
+}
+
+void add_once(std::vector<std::string>& names, std::string name) {
+  if (std::find(names.begin(), names.end(), name) == names.end()) names.push_back(std::move(name));
+}
+
+// The graph ops (name_op_locations' names) and their source lines ("file.cpp:42") inside `loc`
+// (fused locations hold several).
+void op_names_and_lines(mlir::Location loc, std::vector<std::string>& ops,
+                        std::vector<std::string>& lines) {
+  loc->walk([&](mlir::Location l) {
+    if (auto n = llvm::dyn_cast<mlir::NameLoc>(l)) add_once(ops, n.getName().str());
+    if (auto f = llvm::dyn_cast<mlir::FileLineColLoc>(l)) {
+      std::string file = f.getFilename().str();
+      file = file.substr(file.find_last_of('/') + 1);
+      add_once(lines, file + ":" + std::to_string(f.getLine()));
+    }
+    return mlir::WalkResult::advance();
+  });
+}
+
+// A GEMM call's size operand (extern_calls.cpp: a constant, or a dim of a memref's strided
+// metadata) as text; "?" when it is known at run time only.
+std::string gemm_size(mlir::Value v) {
+  if (auto c = mlir::getConstantIntValue(v)) return std::to_string(*c);
+  auto md = v.getDefiningOp<mlir::memref::ExtractStridedMetadataOp>();
+  if (!md) return "?";
+  auto type = llvm::cast<mlir::MemRefType>(md.getSource().getType());
+  const int64_t dim = static_cast<int64_t>(llvm::cast<mlir::OpResult>(v).getResultNumber()) - 2;
+  if (dim < 0 || dim >= type.getRank() || type.isDynamicDim(dim)) return "?";
+  return std::to_string(type.getDimSize(dim));
+}
+
+// "GEMM [m, k] x [k, n]", after "12 x " for a batch of 12 (kiln_rt_gemm_*'s first operands:
+// batch, m, n, k).
+std::string describe_gemm(mlir::func::CallOp call) {
+  if (call.getNumOperands() < 4) return "GEMM";
+  const std::string batch = gemm_size(call.getOperand(0)), m = gemm_size(call.getOperand(1)),
+                    n = gemm_size(call.getOperand(2)), k = gemm_size(call.getOperand(3));
+  return "GEMM " + (batch == "1" ? "" : batch + " x ") + "[" + m + ", " + k + "] x [" + k + ", " +
+         n + "]";
+}
+
+std::string describe(mlir::Operation* op) {
+  std::string what;
+  if (auto call = llvm::dyn_cast<mlir::func::CallOp>(op))
+    what = call.getCallee().starts_with("kiln_rt_gemm") ? describe_gemm(call)
+                                                          : call.getCallee().str();
+  else if (llvm::isa<mlir::memref::CopyOp>(op))
+    what = "copy";
+  else
+    what = "loop nest " + nest_shape(op);
+  std::vector<std::string> ops, lines;
+  op->walk([&](mlir::Operation* o) { op_names_and_lines(o->getLoc(), ops, lines); });
+  if (!llvm::isa<mlir::func::CallOp>(op) && !ops.empty()) {
+    what += ":";
+    for (size_t i = 0; i < ops.size(); ++i) what += (i ? ", " : " ") + ops[i];
+  }
+  if (!lines.empty()) {
+    what += " (";
+    for (size_t i = 0; i < std::min(lines.size(), kMaxLines); ++i)
+      what += (i ? ", " : "") + lines[i];
+    if (lines.size() > kMaxLines) what += ", ...";
+    what += ")";
+  }
+  return what;
+}
+
+}  // namespace
+
+void name_op_locations(mlir::ModuleOp m) {
+  m.walk([](mlir::Operation* op) {
+    auto kind = op->getAttrOfType<mlir::StringAttr>("kind");
+    if (kind && llvm::isa<kiln::dialect::KilnDialect>(op->getDialect()))
+      op->setLoc(mlir::NameLoc::get(kind, op->getLoc()));
+  });
+}
+
+std::vector<std::string> instrument_kernels(mlir::func::FuncOp main) {
+  std::vector<std::string> kernels;
+  llvm::SmallVector<mlir::Operation*> ops;
+  for (mlir::Operation& op : main.getBody().front()) {
+    auto call = llvm::dyn_cast<mlir::func::CallOp>(op);
+    if (llvm::isa<mlir::scf::ParallelOp, mlir::scf::ForOp, mlir::memref::CopyOp>(op) ||
+        (call && call.getCallee() != kBegin && call.getCallee() != kEnd))
+      ops.push_back(&op);
+  }
+  if (ops.empty()) return kernels;
+  auto m = main->getParentOfType<mlir::ModuleOp>();
+  mlir::OpBuilder b(m.getBodyRegion());
+  const mlir::FunctionType type = b.getFunctionType({b.getIndexType()}, {});
+  for (const char* name : {kBegin, kEnd}) {
+    if (m.lookupSymbol<mlir::func::FuncOp>(name)) continue;
+    b.setInsertionPointToStart(m.getBody());
+    mlir::func::FuncOp::create(b, m.getLoc(), name, type).setPrivate();
+  }
+  for (mlir::Operation* op : ops) {
+    b.setInsertionPoint(op);
+    mlir::Value id = mlir::arith::ConstantIndexOp::create(b, op->getLoc(),
+                                                         static_cast<int64_t>(kernels.size()));
+    mlir::func::CallOp::create(b, op->getLoc(), kBegin, mlir::TypeRange{}, mlir::ValueRange{id});
+    b.setInsertionPointAfter(op);
+    mlir::func::CallOp::create(b, op->getLoc(), kEnd, mlir::TypeRange{}, mlir::ValueRange{id});
+    kernels.push_back(describe(op));
+  }
+  return kernels;
+}
+
+}  // namespace kiln::codegen
