@@ -1013,9 +1013,8 @@ constexpr size_t kKernelsShownPerKind = 4;
 void append_kernel_times(std::string& out, const codegen::Executable& exe) {
   if (exe.device().is_cuda() || exe.row_parallel()) {
     out += exe.device().is_cuda()
-               ? "        kernels not timed one by one (CUDA kernels run asynchronously)\n"
-               : "        kernels not timed one by one (row-parallel: each row block runs them "
-                 "all)\n";
+               ? "        no per-kernel times (CUDA kernels run asynchronously)\n"
+               : "        no per-kernel times (row-parallel: each row block runs every kernel)\n";
     return;
   }
   std::vector<codegen::KernelTime> times = exe.kernel_times();
