@@ -34,7 +34,7 @@ namespace fs = std::filesystem;
 constexpr char kMagic[8] = {'K', 'I', 'L', 'N', 'O', 'B', 'J', '\0'};
 // 2: row-split plan in the metadata; 3: its gemm flag; 4: outputs' in-place input; 5: its
 // per-row flag; 6: the runtime GEMM's rows_split argument (codegen/runtime.cpp); 7: kernel
-// timers' descriptions
+// timers' descriptions (CPU ids, CUDA kernels)
 constexpr uint32_t kFormat = 7;
 // Entries of another version read as stale and are rebuilt. The source hash (codegen/, formulas,
 // the dialect; see CMakeLists.txt) changes with any pipeline edit; bump the number when the
@@ -149,6 +149,11 @@ std::string serialize(const std::string& key, const CompiledMeta& meta, const st
   payload.u32(static_cast<uint32_t>(meta.cuda_device));
   payload.u32(static_cast<uint32_t>(meta.profiled_kernels.size()));
   for (const std::string& k : meta.profiled_kernels) payload.str(k);
+  payload.u32(static_cast<uint32_t>(meta.gpu_kernel_ops.size()));
+  for (const auto& [kernel, ops] : meta.gpu_kernel_ops) {
+    payload.str(kernel);
+    payload.str(ops);
+  }
   payload.str(object);
   Writer w;
   w.raw(kMagic, sizeof kMagic);
@@ -194,6 +199,11 @@ std::string deserialize(std::string_view bytes, const std::string& key, Entry& e
   entry.meta.cuda_device = static_cast<int>(r.u32());
   entry.meta.profiled_kernels.resize(std::min<uint32_t>(r.u32(), 1u << 16));
   for (std::string& k : entry.meta.profiled_kernels) k = std::string(r.str());
+  entry.meta.gpu_kernel_ops.resize(std::min<uint32_t>(r.u32(), 1u << 16));
+  for (auto& [kernel, ops] : entry.meta.gpu_kernel_ops) {
+    kernel = std::string(r.str());
+    ops = std::string(r.str());
+  }
   entry.object = std::string(r.str());
   if (!r.ok || !r.in.empty()) return "corrupted entry (malformed)";
   for (const Param& out : entry.meta.outputs) {  // an output computed in an input's buffer

@@ -95,13 +95,14 @@ struct CompileOptions {
   std::vector<std::pair<int, int>> in_place_outputs = {};
   /// Time each kernel (Executable::kernel_times()): every loop nest, GEMM and copy of a CPU
   /// graph's code is wrapped in two clock reads (about 50 ns a kernel). The environment's
-  /// KILN_PROFILE=1 turns it on for every Executable. Not for row-parallel graphs (their
-  /// kernels run inside each row block: row_parallel()) nor CUDA ones, whose kernel_times()
-  /// stay empty.
+  /// KILN_PROFILE=1 turns it on for every Executable (KILN_CUDA_PROFILE=1 for CUDA ones). Not
+  /// for row-parallel graphs (their kernels run inside each row block: row_parallel()); CUDA
+  /// graphs only describe their kernels (kernel_descriptions()) for KILN_CUDA_PROFILE's table.
   bool profile_kernels = false;
 };
 
-/// Whether `options` or the environment (KILN_PROFILE=1) asks for kernel timers.
+/// Whether `options` or the environment (KILN_PROFILE=1; KILN_CUDA_PROFILE=1 for a CUDA
+/// device) asks for kernel timers.
 bool kernel_profiling(const CompileOptions& options);
 
 /// One kernel's time over an Executable's runs so far (Executable::kernel_times()).
@@ -237,6 +238,11 @@ class Executable {
   /// With CompileOptions::profile_kernels: each kernel's calls and time over this
   /// Executable's runs so far, in program order (empty otherwise; see profile_kernels).
   std::vector<KernelTime> kernel_times() const;
+  /// With CompileOptions::profile_kernels: what each kernel computes (KernelTime::kernel).
+  /// CPU: the kernel_times() descriptions. CUDA: "main_kernel_3: softmax, mul (model.cpp:12)",
+  /// kernel name, graph ops, lines; KILN_CUDA_PROFILE=1's table (backends/cuda/profile.h)
+  /// names their launches so and gives their GPU time.
+  std::vector<std::string> kernel_descriptions() const;
 
  private:
   /// `inputs` once checked against the graph's, or `copies` (filled) when one of them is

@@ -20,6 +20,7 @@
 #include "codegen/cpu_parallel.h"
 #include "backends/cpu/parallel.h"
 #include "backends/cuda/driver.h"
+#include "backends/cuda/profile.h"
 #include "core/error.h"
 #include "eager/dispatch.h"
 #include "ir/dialect.h"
@@ -457,7 +458,7 @@ bool kernel_profiling(const CompileOptions& options) {
     const char* v = std::getenv("KILN_PROFILE");
     return v && *v && *v != '0';
   }();
-  return options.profile_kernels || env;
+  return options.profile_kernels || env || (options.device.is_cuda() && cuda::profiling());
 }
 
 GpuLoopEmulation gpu_loop_emulation(const CompileOptions& options) {
@@ -494,6 +495,8 @@ Executable::Executable(const ir::Graph& g, const CompileOptions& options) {
     for (const Param& p : I.outputs) I.any_alias = I.any_alias || p.alias_input >= 0;
     if (!I.profiled_kernels.empty())
       I.kernel_counters = std::make_unique<KernelCounter[]>(I.profiled_kernels.size());
+    // KILN_CUDA_PROFILE's table names kernels of modules loaded from this PTX by their ops.
+    if (!I.gpu_kernel_ops.empty()) cuda::profile_describe_kernels(I.ptx, I.gpu_kernel_ops);
   };
   // CUDA: dim 0 is relaxed to `?` as on cpu, and the row-split analysis tells which loop nests
   // may run as one kernel over rows (gpu_lowering.h). Without a device the host code is still
@@ -674,6 +677,7 @@ std::string Executable::Impl::compile(const std::string& graph_mlir, bool relax)
     lower_for_gpu(m, I.gpu, row_separable, relaxed_inputs(m, graph_shapes), I.messages, gpu);
     I.ptx = std::move(gpu.ptx);
     I.gpu_kernels = gpu.kernels;
+    I.gpu_kernel_ops = std::move(gpu.kernel_ops);
     I.cuda_device = I.device.index;
     I.stats.bufferize_ms = lap();
     log_module("GPU kernels (PTX) and host code in the LLVM dialect", m);
@@ -778,6 +782,13 @@ int Executable::num_kernels() const {
 }
 const std::string& Executable::ptx() const { return impl_->ptx; }
 Device Executable::device() const { return impl_->device; }
+std::vector<std::string> Executable::kernel_descriptions() const {
+  const Impl& I = *impl_;
+  if (!I.device.is_cuda()) return I.profiled_kernels;
+  std::vector<std::string> out;
+  for (const auto& [kernel, ops] : I.gpu_kernel_ops) out.push_back(kernel + ": " + ops);
+  return out;
+}
 std::vector<KernelTime> Executable::kernel_times() const {
   const Impl& I = *impl_;
   std::vector<KernelTime> times;

@@ -2,6 +2,7 @@
 // (LLVM's NVPTX target, in process), host code in the LLVM dialect.
 // Pipeline, registrations and gotchas: /work/shared/notes/mlir22-toolchain.md, section 3.
 #include "codegen/gpu_lowering.h"
+#include "codegen/kernel_profile.h"
 
 #include <algorithm>
 #include <cstdlib>
@@ -989,6 +990,7 @@ void lower_for_gpu(mlir::ModuleOp m, const GpuTarget& target, bool row_separable
       "gpu-launch-sink-index-computations,gpu-kernel-outlining,canonicalize,cse",
       "kernels", messages);
   merge_gpu_modules(m);
+  out.kernel_ops = describe_gpu_kernels(m);
   // Anything that touches memory outside a kernel now would dereference device pointers on the
   // host.
   std::string host_access;

@@ -30,6 +30,9 @@ void fill_gpu_registry(mlir::DialectRegistry& r);
 struct GpuLowered {
   std::string ptx;   ///< the PTX of every kernel (one module), "" when the graph has none
   int kernels = 0;   ///< `.entry` kernels in the PTX
+  /// (kernel, graph ops and source lines) when the graph's ops carry names (kernel timers:
+  /// kernel_profile.h, describe_gpu_kernels)
+  std::vector<std::pair<std::string, std::string>> kernel_ops;
 };
 
 /// The first half of lower_for_gpu: @main's loop nests rewritten into the parallel loops that

@@ -60,6 +60,8 @@ struct CompiledMeta {
   int cuda_device = 0;  ///< the CUDA device whose context loads the PTX module
   /// Kernel timer ids' descriptions (kernel_profile.h), when compiled with kernel timers.
   std::vector<std::string> profiled_kernels;
+  /// CUDA code compiled with kernel timers: (kernel name, graph ops and lines) per kernel.
+  std::vector<std::pair<std::string, std::string>> gpu_kernel_ops;
 };
 
 /// `_mlir_ciface_main` behind a packed-arguments wrapper: args[i] points at argument i.

@@ -6,6 +6,7 @@
 
 #include "mlir/Dialect/Arith/IR/Arith.h"
 #include "ir/dialect.h"
+#include "mlir/Dialect/GPU/IR/GPUDialect.h"
 #include "mlir/Dialect/MemRef/IR/MemRef.h"
 #include "mlir/Dialect/SCF/IR/SCF.h"
 #include "mlir/IR/Builders.h"
@@ -58,17 +59,23 @@ void add_once(std::vector<std::string>& names, std::string name) {
 }
 
 // The graph ops (name_op_locations' names) and their source lines ("file.cpp:42") inside `loc`
-// (fused locations hold several).
+// (fused locations hold several). Only named locations count: a graph parsed without its
+// locations has the positions in its own text, which say nothing to the user.
 void op_names_and_lines(mlir::Location loc, std::vector<std::string>& ops,
                         std::vector<std::string>& lines) {
   loc->walk([&](mlir::Location l) {
-    if (auto n = llvm::dyn_cast<mlir::NameLoc>(l)) add_once(ops, n.getName().str());
-    if (auto f = llvm::dyn_cast<mlir::FileLineColLoc>(l)) {
-      std::string file = f.getFilename().str();
-      file = file.substr(file.find_last_of('/') + 1);
-      add_once(lines, file + ":" + std::to_string(f.getLine()));
-    }
-    return mlir::WalkResult::advance();
+    auto n = llvm::dyn_cast<mlir::NameLoc>(l);
+    if (!n) return mlir::WalkResult::advance();
+    add_once(ops, n.getName().str());
+    n.getChildLoc()->walk([&](mlir::Location c) {
+      if (auto f = llvm::dyn_cast<mlir::FileLineColLoc>(c)) {
+        std::string file = f.getFilename().str();
+        file = file.substr(file.find_last_of('/') + 1);
+        add_once(lines, file + ":" + std::to_string(f.getLine()));
+      }
+      return mlir::WalkResult::advance();
+    });
+    return mlir::WalkResult::skip();
   });
 }
 
@@ -94,29 +101,37 @@ std::string describe_gemm(mlir::func::CallOp call) {
          n + "]";
 }
 
-std::string describe(mlir::Operation* op) {
-  std::string what;
-  if (auto call = llvm::dyn_cast<mlir::func::CallOp>(op))
-    what = call.getCallee().starts_with("kiln_rt_gemm") ? describe_gemm(call)
-                                                          : call.getCallee().str();
-  else if (llvm::isa<mlir::memref::CopyOp>(op))
-    what = "copy";
-  else
-    what = "loop nest " + nest_shape(op);
+// "softmax, mul (model.cpp:12, model.cpp:14)": the graph ops whose names occur in `op`'s
+// locations (name_op_locations) and their source lines; "" when there are none.
+std::string fused_ops(mlir::Operation* op) {
   std::vector<std::string> ops, lines;
   op->walk([&](mlir::Operation* o) { op_names_and_lines(o->getLoc(), ops, lines); });
-  if (!llvm::isa<mlir::func::CallOp>(op) && !ops.empty()) {
-    what += ":";
-    for (size_t i = 0; i < ops.size(); ++i) what += (i ? ", " : " ") + ops[i];
-  }
+  std::string text;
+  for (size_t i = 0; i < ops.size(); ++i) text += (i ? ", " : "") + ops[i];
   if (!lines.empty()) {
-    what += " (";
+    text += text.empty() ? "(" : " (";
     for (size_t i = 0; i < std::min(lines.size(), kMaxLines); ++i)
-      what += (i ? ", " : "") + lines[i];
-    if (lines.size() > kMaxLines) what += ", ...";
-    what += ")";
+      text += (i ? ", " : "") + lines[i];
+    if (lines.size() > kMaxLines) text += ", ...";
+    text += ")";
   }
-  return what;
+  return text;
+}
+
+std::string describe(mlir::Operation* op) {
+  std::string what;
+  if (auto call = llvm::dyn_cast<mlir::func::CallOp>(op)) {
+    // A GEMM's own op is "matmul": its line says enough.
+    what = call.getCallee().starts_with("kiln_rt_gemm") ? describe_gemm(call)
+                                                          : call.getCallee().str();
+    std::vector<std::string> ops, lines;
+    op_names_and_lines(op->getLoc(), ops, lines);
+    if (!lines.empty()) what += " (" + lines.front() + ")";
+    return what;
+  }
+  what = llvm::isa<mlir::memref::CopyOp>(op) ? "copy" : "loop nest " + nest_shape(op);
+  const std::string ops = fused_ops(op);
+  return ops.empty() ? what : what + (ops.front() == '(' ? " " : ": ") + ops;
 }
 
 }  // namespace
@@ -156,6 +171,16 @@ std::vector<std::string> instrument_kernels(mlir::func::FuncOp main) {
     mlir::func::CallOp::create(b, op->getLoc(), kEnd, mlir::TypeRange{}, mlir::ValueRange{id});
     kernels.push_back(describe(op));
   }
+  return kernels;
+}
+
+std::vector<std::pair<std::string, std::string>> describe_gpu_kernels(mlir::ModuleOp m) {
+  std::vector<std::pair<std::string, std::string>> kernels;
+  m.walk([&](mlir::gpu::GPUFuncOp f) {
+    if (!f.isKernel()) return;
+    std::string ops = fused_ops(f);
+    if (!ops.empty()) kernels.emplace_back(f.getName().str(), std::move(ops));
+  });
   return kernels;
 }
 

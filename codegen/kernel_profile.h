@@ -2,6 +2,7 @@
 /// Per-kernel timing of compiled CPU code (CompileOptions::profile_kernels, KILN_PROFILE=1).
 /// Internal to codegen/ (MLIR inside).
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
@@ -21,5 +22,10 @@ void name_op_locations(mlir::ModuleOp m);
 /// name_op_locations' names), e.g. "loop nest [1024, 1024]: gelu, mul (model.cpp:42,
 /// model.cpp:57)".
 std::vector<std::string> instrument_kernels(mlir::func::FuncOp main);
+
+/// After gpu-kernel-outlining: (kernel name, "softmax, mul (model.cpp:12)") for each kernel of
+/// `m`'s gpu.modules, the graph ops fused into it and their lines as instrument_kernels names
+/// them; empty when the ops carry no names (name_op_locations did not run).
+std::vector<std::pair<std::string, std::string>> describe_gpu_kernels(mlir::ModuleOp m);
 
 }  // namespace kiln::codegen

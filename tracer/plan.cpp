@@ -1013,7 +1013,7 @@ constexpr size_t kKernelsShownPerKind = 4;
 void append_kernel_times(std::string& out, const codegen::Executable& exe) {
   if (exe.device().is_cuda() || exe.row_parallel()) {
     out += exe.device().is_cuda()
-               ? "        no per-kernel times (CUDA kernels run asynchronously)\n"
+               ? "        no per-kernel times here (KILN_CUDA_PROFILE=1 times CUDA kernels)\n"
                : "        no per-kernel times (row-parallel: each row block runs every kernel)\n";
     return;
   }

@@ -74,15 +74,16 @@ using namespace kiln::cuda;
 
 extern "C" {
 
-CUmodule mgpuModuleLoad(void* data, size_t /*gpu_blob_size*/) {
+CUmodule mgpuModuleLoad(void* data, size_t gpu_blob_size) {
   return guarded("mgpuModuleLoad", CUmodule{nullptr}, [&] {
     CUmodule m = nullptr;
     check_runtime(current("mgpuModuleLoad").cuModuleLoadData(&m, data), "mgpuModuleLoad");
+    profile_module_loaded(m, data, gpu_blob_size);
     return m;
   });
 }
 
-CUmodule mgpuModuleLoadJIT(void* data, int opt_level, size_t /*assembly_size*/) {
+CUmodule mgpuModuleLoadJIT(void* data, int opt_level, size_t assembly_size) {
   return guarded("mgpuModuleLoadJIT", CUmodule{nullptr}, [&] {
     constexpr int kErrorLogBuffer = 5, kErrorLogBufferSize = 6, kOptimizationLevel = 7;
     char log[4096] = {};
@@ -94,6 +95,7 @@ CUmodule mgpuModuleLoadJIT(void* data, int opt_level, size_t /*assembly_size*/) 
     if (r != kCudaSuccess)
       throw kiln::Error("mgpuModuleLoadJIT",
                         error_text(r) + (log[0] ? std::string("; JIT log: ") + log : ""));
+    profile_module_loaded(m, data, assembly_size);
     return m;
   });
 }

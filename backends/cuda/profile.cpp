@@ -37,6 +37,7 @@ struct Profile {
   std::unordered_map<CUfunction, std::string> kernels;
   std::unordered_map<CUmodule, int> modules;
   int next_module = 0;
+  KernelDescriptions descriptions;
 };
 
 Profile& profile() {
@@ -72,7 +73,55 @@ void collect(Profile& p) {
   p.ended.clear();
 }
 
+size_t text_hash(std::string_view text) {
+  while (!text.empty() && text.back() == '\0') text.remove_suffix(1);
+  return std::hash<std::string_view>()(text);
+}
+
 }  // namespace
+
+void KernelDescriptions::add(std::string_view ptx,
+                             const std::vector<std::pair<std::string, std::string>>& kernels) {
+  auto& named = by_text_[text_hash(ptx)];
+  for (const auto& [kernel, description] : kernels) named[kernel] = description;
+}
+
+void KernelDescriptions::loaded(CUmodule m, const void* data, size_t size) {
+  if (!data) return;
+  modules_[m] = text_hash(std::string_view(static_cast<const char*>(data), size));
+}
+
+void KernelDescriptions::unloaded(CUmodule m) { modules_.erase(m); }
+
+std::string KernelDescriptions::describe(CUmodule m, std::string_view kernel) const {
+  auto module = modules_.find(m);
+  if (module == modules_.end()) return "";
+  auto text = by_text_.find(module->second);
+  if (text == by_text_.end()) return "";
+  auto it = text->second.find(std::string(kernel));
+  return it == text->second.end() ? "" : it->second;
+}
+
+void profile_describe_kernels(
+    std::string_view ptx, const std::vector<std::pair<std::string, std::string>>& kernels) noexcept {
+  if (!profiling()) return;
+  try {
+    Profile& p = profile();
+    std::lock_guard lock(p.mutex);
+    p.descriptions.add(ptx, kernels);
+  } catch (...) {
+  }
+}
+
+void profile_module_loaded(CUmodule m, const void* data, size_t size) noexcept {
+  if (!profiling()) return;
+  try {
+    Profile& p = profile();
+    std::lock_guard lock(p.mutex);
+    p.descriptions.loaded(m, data, size);
+  } catch (...) {
+  }
+}
 
 bool profiling() noexcept {
   static const bool on = [] {
@@ -146,7 +195,9 @@ void profile_name_kernel(CUfunction f, CUmodule m, std::string_view kernel) noex
     std::lock_guard lock(p.mutex);
     auto [it, fresh] = p.modules.try_emplace(m, p.next_module);
     if (fresh) ++p.next_module;
-    p.kernels[f] = fmt::format("{} of module {}", kernel, it->second);
+    const std::string ops = p.descriptions.describe(m, kernel);
+    p.kernels[f] =
+        fmt::format("{} of module {}{}", kernel, it->second, ops.empty() ? "" : ": " + ops);
   } catch (...) {
   }
 }
@@ -156,6 +207,7 @@ void profile_forget_module(CUmodule m) noexcept {
   Profile& p = profile();
   std::lock_guard lock(p.mutex);
   p.modules.erase(m);  // a handle reused by a later load is a new module
+  p.descriptions.unloaded(m);
 }
 
 std::string profile_kernel_name(CUfunction f, int64_t grid, int64_t block) {

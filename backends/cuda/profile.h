@@ -5,12 +5,16 @@
 /// an external profiler. The events add a few microseconds of host time per launch, and every
 /// 4,096 timed calls the profiler waits for them (a report waits too); off by default.
 ///
-/// Kernel names are "<kernel> of module <n> (grid X, block Y)", modules numbered in load
-/// order; GEMMs "cuBLAS sgemm m x n x k (batch b)". The report is a table sorted by total time
+/// Kernel names are "<kernel> of module <n>: <graph ops> (<source lines>) (grid X, block Y)",
+/// modules numbered in load order, the ops and lines where the graph's code registered them
+/// (KernelDescriptions); GEMMs "cuBLAS sgemm m x n x k (batch b)". The report is a table sorted by total time
 /// (ms, calls, average us, share of the profiled time).
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <unordered_map>
+#include <utility>
+#include <vector>
 
 #include "backends/cuda/driver.h"
 
@@ -35,6 +39,31 @@ class ProfileScope {
   CUstream stream_ = nullptr;
   int uncaught_ = 0;  // std::uncaught_exceptions() at construction
 };
+
+/// What the kernels of compiled graphs compute, for the profile's kernel names: codegen
+/// registers each PTX text's kernels with their graph ops and source lines (codegen::
+/// Executable, with kernel timers on), and a module loaded from that text gets them.
+class KernelDescriptions {
+ public:
+  /// `kernels`: (kernel name, description) pairs of the module whose PTX is `ptx`.
+  void add(std::string_view ptx, const std::vector<std::pair<std::string, std::string>>& kernels);
+  /// Module `m` was loaded from the `size` bytes at `data` (trailing NULs ignored).
+  void loaded(CUmodule m, const void* data, size_t size);
+  void unloaded(CUmodule m);
+  /// The description of kernel `kernel` of module `m`, or "".
+  std::string describe(CUmodule m, std::string_view kernel) const;
+
+ private:
+  // By a hash of the PTX text: kernel name -> description.
+  std::unordered_map<size_t, std::unordered_map<std::string, std::string>> by_text_;
+  std::unordered_map<CUmodule, size_t> modules_;
+};
+
+/// Registers a PTX text's kernel descriptions (KernelDescriptions::add) when profiling().
+void profile_describe_kernels(
+    std::string_view ptx, const std::vector<std::pair<std::string, std::string>>& kernels) noexcept;
+/// Notes which PTX text module `m` was loaded from (mgpuModuleLoad), when profiling().
+void profile_module_loaded(CUmodule m, const void* data, size_t size) noexcept;
 
 /// Names a loaded module's kernel for the profile (mlir_runtime.cpp calls it on
 /// mgpuModuleGetFunction), and numbers modules in load order.

@@ -826,3 +826,37 @@ TEST_CASE("gpu ptx: a row max viewed as [rows] keeps its warp per row, in the ou
   CHECK(count(exe.ptx(), "shfl.sync.bfly") == 5);  // a float32 max over 32 lanes
   check_assembles(exe.ptx(), "row_max_viewed");
 }
+
+TEST_CASE("gpu ptx: with kernel timers each kernel is described by its graph ops and lines") {
+  ir::Graph g;
+  OpAttrs a;
+  a.dim = -1;
+  ir::Value x = g.input(DType::Float32, {512, 4096});
+  const int softmax_line = __LINE__ + 1;
+  ir::Value y = g.op(OpKind::Softmax, {x}, a);
+  const int sum_line = __LINE__ + 1;
+  g.output(g.op(OpKind::Sum, {g.op(OpKind::Mul, {y, x})}));
+  codegen::CompileOptions o = cuda_options();
+  o.profile_kernels = true;
+  codegen::Executable exe(g, o);
+  const std::vector<std::string> kernels = exe.kernel_descriptions();
+  INFO(exe.ptx());
+  REQUIRE(static_cast<int>(kernels.size()) == entries(exe.ptx()));
+  bool softmax = false, sum = false;
+  for (const std::string& k : kernels) {
+    INFO(k);
+    const std::string name = k.substr(0, k.find(':'));
+    CHECK(count(exe.ptx(), ".entry " + name + "(") == 1);  // a kernel of the PTX
+    softmax = softmax || (k.find("softmax") != std::string::npos &&
+                          k.find("gpu_ptx_test.cpp:" + std::to_string(softmax_line)) !=
+                              std::string::npos);
+    sum = sum || (k.find("sum") != std::string::npos &&
+                  k.find("gpu_ptx_test.cpp:" + std::to_string(sum_line)) != std::string::npos);
+  }
+  CHECK(softmax);
+  CHECK(sum);
+  // Without timers: no descriptions, and the same kernels.
+  codegen::Executable plain(g, cuda_options());
+  if (!codegen::kernel_profiling(cuda_options())) CHECK(plain.kernel_descriptions().empty());
+  CHECK(entries(plain.ptx()) == entries(exe.ptx()));
+}
