@@ -1,11 +1,12 @@
-// Kernel timers for compiled CPU code (kernel_profile.h; the runtime side is in runtime.cpp).
+// Kernel timers for compiled CPU code and kernel descriptions for CUDA code (kernel_profile.h;
+// the timers' runtime side is in runtime.cpp, the CUDA profile's in backends/cuda/profile.cpp).
 #include "codegen/kernel_profile.h"
 
 #include <algorithm>
 #include <string>
 
-#include "mlir/Dialect/Arith/IR/Arith.h"
 #include "ir/dialect.h"
+#include "mlir/Dialect/Arith/IR/Arith.h"
 #include "mlir/Dialect/GPU/IR/GPUDialect.h"
 #include "mlir/Dialect/MemRef/IR/MemRef.h"
 #include "mlir/Dialect/SCF/IR/SCF.h"
@@ -45,8 +46,10 @@ std::string nest_shape(mlir::Operation* op) {
     mlir::Operation* inner = nullptr;
     int others = 0;
     for (mlir::Operation& o : body->front()) {
-      if (llvm::isa<mlir::scf::ParallelOp, mlir::scf::ForOp>(o)) inner = inner ? nullptr : &o;
-      else if (!o.hasTrait<mlir::OpTrait::IsTerminator>() && !llvm::isa<mlir::arith::ConstantOp>(o))
+      if (llvm::isa<mlir::scf::ParallelOp, mlir::scf::ForOp>(o))
+        inner = inner ? nullptr : &o;
+      else if (!o.hasTrait<mlir::OpTrait::IsTerminator>() &&
+               !llvm::isa<mlir::arith::ConstantOp>(o))
         ++others;
     }
     op = others == 0 ? inner : nullptr;

@@ -1036,13 +1036,15 @@ void append_kernel_times(std::string& out, const codegen::Executable& exe) {
   double all_ms = 0;
   for (const codegen::KernelTime& t : times) {
     const std::string name = kind_of(t);
-    auto it = std::find_if(kinds.begin(), kinds.end(), [&](const Kind& k) { return k.name == name; });
+    auto it = std::find_if(kinds.begin(), kinds.end(),
+                           [&](const Kind& k) { return k.name == name; });
     if (it == kinds.end()) it = kinds.insert(kinds.end(), Kind{name});
     it->count += 1;
     it->ms += per_run_ms(t);
     all_ms += per_run_ms(t);
   }
-  std::stable_sort(kinds.begin(), kinds.end(), [](const Kind& a, const Kind& b) { return a.ms > b.ms; });
+  std::stable_sort(kinds.begin(), kinds.end(),
+                   [](const Kind& a, const Kind& b) { return a.ms > b.ms; });
   std::stable_sort(times.begin(), times.end(),
                    [](const auto& a, const auto& b) { return a.total_ms > b.total_ms; });
   std::string by_kind;

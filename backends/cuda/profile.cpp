@@ -103,7 +103,8 @@ std::string KernelDescriptions::describe(CUmodule m, std::string_view kernel) co
 }
 
 void profile_describe_kernels(
-    std::string_view ptx, const std::vector<std::pair<std::string, std::string>>& kernels) noexcept {
+    std::string_view ptx,
+    const std::vector<std::pair<std::string, std::string>>& kernels) noexcept {
   if (!profiling()) return;
   try {
     Profile& p = profile();

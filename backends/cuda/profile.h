@@ -7,8 +7,8 @@
 ///
 /// Kernel names are "<kernel> of module <n>: <graph ops> (<source lines>) (grid X, block Y)",
 /// modules numbered in load order, the ops and lines where the graph's code registered them
-/// (KernelDescriptions); GEMMs "cuBLAS sgemm m x n x k (batch b)". The report is a table sorted by total time
-/// (ms, calls, average us, share of the profiled time).
+/// (KernelDescriptions); GEMMs "cuBLAS sgemm m x n x k (batch b)". The report is a table
+/// sorted by total time (ms, calls, average us, share of the profiled time).
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -61,7 +61,8 @@ class KernelDescriptions {
 
 /// Registers a PTX text's kernel descriptions (KernelDescriptions::add) when profiling().
 void profile_describe_kernels(
-    std::string_view ptx, const std::vector<std::pair<std::string, std::string>>& kernels) noexcept;
+    std::string_view ptx,
+    const std::vector<std::pair<std::string, std::string>>& kernels) noexcept;
 /// Notes which PTX text module `m` was loaded from (mgpuModuleLoad), when profiling().
 void profile_module_loaded(CUmodule m, const void* data, size_t size) noexcept;
 
