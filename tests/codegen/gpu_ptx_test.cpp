@@ -855,6 +855,21 @@ TEST_CASE("gpu ptx: with kernel timers each kernel is described by its graph ops
   }
   CHECK(softmax);
   CHECK(sum);
+  // The descriptions come back from the disk cache.
+  char dir[] = "/tmp/kiln-gpu-kernel-ops-XXXXXX";
+  REQUIRE(::mkdtemp(dir) != nullptr);
+  codegen::CompileOptions cached = o;
+  cached.disk_cache = true;
+  cached.cache_dir = dir;
+  codegen::clear_memory_cache();
+  codegen::Executable first(g, cached);
+  codegen::clear_memory_cache();
+  codegen::Executable loaded(g, cached);
+  if (!first.stats().disk_note.starts_with("disabled")) {  // KILN_DISABLE_CACHE=1 is set
+    CHECK(loaded.stats().source == codegen::CompileStats::Source::DiskCache);
+    CHECK(loaded.kernel_descriptions() == kernels);
+  }
+  std::filesystem::remove_all(dir);
   // Without timers: no descriptions, and the same kernels.
   codegen::Executable plain(g, cuda_options());
   if (!codegen::kernel_profiling(cuda_options())) CHECK(plain.kernel_descriptions().empty());
