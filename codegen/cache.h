@@ -12,9 +12,9 @@ namespace kiln::codegen {
 /// Runs the MLIR pipeline on the graph's text, fills the metadata, returns the object code.
 using CompileFn = std::function<std::string(CompiledMeta& meta)>;
 
-/// The code for `graph_mlir` (ir::Graph::to_mlir(), which prints no locations): from the memory
-/// cache, else from a valid disk entry, else from `compile`; published to the caches that
-/// `options` allows. A bad disk entry is deleted and rebuilt; disk errors never throw.
+/// The code for `graph_mlir` (ir::Graph::to_mlir(); with locations only for kernel timers, whose
+/// code then has keys of its own): from the memory cache, else from a valid disk entry, else
+/// from `compile`; published to the caches that `options` allows. A bad disk entry is deleted and rebuilt; disk errors never throw.
 std::shared_ptr<const CompiledCode> get_or_compile(const std::string& graph_mlir,
                                                    const CompileOptions& options,
                                                    CompileStats& stats, const CompileFn& compile);

@@ -107,9 +107,11 @@ bool kernel_profiling(const CompileOptions& options);
 
 /// One kernel's time over an Executable's runs so far (Executable::kernel_times()).
 struct KernelTime {
-  /// What the kernel is and where its ops come from: "loop nest [8, 128, 1024]: erf, exp
-  /// (model.cpp:42, model.cpp:57)" (trip counts, the math functions it evaluates, the source
-  /// lines of the ops fused into it), "GEMM (model.cpp:40)", "copy".
+  /// What the kernel is and where its ops come from: "loop nest [8, 128, 1024]: where, gelu,
+  /// mul (model.cpp:42, model.cpp:57)" (the nest's trip counts, `?` where the code reads a size
+  /// at run time; the graph ops fused into it; their source lines, at most 4), "GEMM [1024,
+  /// 256] x [256, 1024] (model.cpp:40)", "copy: index_add (model.cpp:61)". Loops that the
+  /// codegen adds itself (an output's copy or bool conversion) name no graph op.
   std::string kernel;
   int64_t calls = 0;
   double total_ms = 0;  ///< wall time of all its calls together, milliseconds
@@ -202,7 +204,9 @@ class Executable {
   Executable& operator=(Executable&&) noexcept;
 
   /// Runs the compiled graph. Inputs must match the graph's dtypes and static dims (checked);
-  /// non-contiguous inputs are made contiguous first. Returns one new tensor per graph output,
+  /// non-contiguous inputs are made contiguous first. Sizes of `?` dims must also agree with
+  /// each other as the graph's ops need (a matmul's two inner sizes): that is NOT checked here
+  /// (the code would read past a buffer); compile()'s guards check it for its regions. Returns one new tensor per graph output,
   /// except that an output written in place (output_alias) is its input tensor, or that
   /// input's contiguous copy, now holding the output's values.
   std::vector<Tensor> run(const std::vector<Tensor>& inputs) const;

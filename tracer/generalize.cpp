@@ -367,6 +367,10 @@ Scalar size_value(const SizeFormula& f, int64_t n, const Scalar& traced) {
   return traced.is_floating() ? Scalar(double(n + f.offset)) : Scalar(n + f.offset);
 }
 
+namespace {
+template <class F> void for_each_broadcast(const Program& p, F&& fn);
+}  // namespace
+
 std::string generalize(Program& nw, const Program& old, const std::vector<Shape>& new_shapes,
                        const std::vector<Shape>& old_shapes,
                        const std::vector<Scalar>& new_scalars,
@@ -391,6 +395,15 @@ std::string generalize(Program& nw, const Program& old, const std::vector<Shape>
       return "a changed size is 0 or 1 (specialised, as broadcasting depends on it)";
   }
   Explainer explain{new_shapes, old_shapes, dims};
+  // Value dims that an op broadcasts (size 1 against another size) in either trace. Compiled
+  // regions read a symbolic dim as one that does not broadcast, so such a dim cannot follow a
+  // formula: a slice's length 0 in one trace and 1 in the other, broadcast against 3 there,
+  // came out of the replay as 1 (kiln-fuzz --seed 2 --index 175).
+  std::set<std::pair<int, int>> broadcast;
+  for (const Program* p : {static_cast<const Program*>(&nw), &old})
+    for_each_broadcast(*p, [&](size_t i, size_t k, int d) {
+      broadcast.insert({p->nodes[i].in[k], d});
+    });
   Program g = nw;  // work on a copy; commit on success
   for (size_t v = 0; v < g.values.size(); ++v) {
     ValueInfo& nv = g.values[v];
@@ -398,6 +411,10 @@ std::string generalize(Program& nw, const Program& old, const std::vector<Shape>
     nv.sym.assign(nv.shape.size(), SymInt{});
     for (int d = 0; d < nv.shape.size(); ++d) {
       if (nv.shape[d] == ov.shape[d]) continue;
+      if (broadcast.count({int(v), d}))
+        return fmt::format("a size ({} vs {}, of {}) is 1 where an op broadcasts it "
+                           "(specialised: compiled code does not broadcast symbolic sizes)",
+                           nv.shape[d], ov.shape[d], origin(g, int(v)));
       auto accept = [&](const SymInt& s) {
         return fits_witnesses(s, [&](const Program& w) { return w.values[v].shape[d]; });
       };

@@ -1018,7 +1018,11 @@ void append_kernel_times(std::string& out, const codegen::Executable& exe) {
     return;
   }
   std::vector<codegen::KernelTime> times = exe.kernel_times();
-  if (times.empty() || times.front().calls == 0) return;
+  if (times.empty()) {
+    out += "        no per-kernel times (no loop nests, or GPU loops emulated on the CPU)\n";
+    return;
+  }
+  if (times.front().calls == 0) return;
   auto per_run_ms = [](const codegen::KernelTime& t) {
     return t.total_ms / std::max<int64_t>(t.calls, 1);
   };
@@ -1047,11 +1051,17 @@ void append_kernel_times(std::string& out, const codegen::Executable& exe) {
                    [](const Kind& a, const Kind& b) { return a.ms > b.ms; });
   std::stable_sort(times.begin(), times.end(),
                    [](const auto& a, const auto& b) { return a.total_ms > b.total_ms; });
+  // 3 significant digits: a small region's kernels take microseconds.
+  auto time = [](double ms) {
+    return ms >= 100 ? fmt::format("{:.0f} ms", ms)
+           : ms >= 1 ? fmt::format("{:.3g} ms", ms)
+                     : fmt::format("{:.3g} us", ms * 1e3);
+  };
   std::string by_kind;
   for (const Kind& k : kinds)
-    by_kind += fmt::format("{}{} x {} ({:.2f} ms)", by_kind.empty() ? "" : ", ", k.count, k.name,
-                           k.ms);
-  out += fmt::format("        kernels in one run: {:.2f} ms: {}\n", all_ms, by_kind);
+    by_kind += fmt::format("{}{} x {} ({})", by_kind.empty() ? "" : ", ", k.count, k.name,
+                           time(k.ms));
+  out += fmt::format("        timed kernels, in one run: {}: {}\n", time(all_ms), by_kind);
   for (const Kind& k : kinds) {
     size_t shown = 0;
     for (const codegen::KernelTime& t : times) {

@@ -293,3 +293,25 @@ TEST_CASE("fuzz: layer_norm and var of a constant float32 row are exactly 0", "[
     }
   }
 }
+
+TEST_CASE("fuzz: a slice's length 0, then 1 broadcast against 3, stays specialised",
+          "[compile][fuzz]") {
+  // Seed 2 program 175: the slice [1, n/2) has length 0 at n = 3 and 1 at n = 4, where the
+  // function expands that size-1 dim to 3 and multiplies: the product broadcasts the slice.
+  // Made symbolic (length n - 3), the compiled region read its `?` dim as not broadcasting,
+  // and the replay at n = 4 returned [2, 4, 4, 1, 4] for eager's [2, 4, 4, 3, 4].
+  auto f = [](const Tensor& a) {
+    Tensor s = a.slice(2, 1, a.size(2) / 2, 1);
+    Tensor e = s.expand({2, -1, -1, s.size(2) == 1 ? 3 : -1, -1});
+    return std::vector<Tensor>{kiln::mul(kiln::add(s, 1.0), e)};
+  };
+  auto cf = compile(f);
+  for (int64_t n : {3, 3, 4, 4, 4, 6, 6}) {
+    INFO("n = " << n);
+    Tensor x = kiln::randn({n, n, n, n});
+    Tensor c = cf(x)[0], e = f(x)[0];
+    REQUIRE(c.shape() == e.shape());
+    CHECK(vec(c) == vec(e));
+  }
+  CHECK(cf.explain().find("is 1 where an op broadcasts it") != std::string::npos);
+}
