@@ -99,6 +99,12 @@ struct CompileOptions {
   /// for row-parallel graphs (their kernels run inside each row block: row_parallel()); CUDA
   /// graphs only describe their kernels (kernel_descriptions()) for KILN_CUDA_PROFILE's table.
   bool profile_kernels = false;
+  /// For graphs with `?` input dims: run() checks that the inputs' sizes agree with each other
+  /// as the graph's ops need (their shape rules, core/meta.h, once per call: about a
+  /// microsecond an op), and throws kiln::Error naming the op where they do not (a matmul of
+  /// [2, 3000] by [1, 4]); the code itself reads them unchecked. compile() turns it off for
+  /// its regions, whose guards check the sizes.
+  bool check_dynamic_sizes = true;
 };
 
 /// Whether `options` or the environment (KILN_PROFILE=1; KILN_CUDA_PROFILE=1 for a CUDA
@@ -205,8 +211,8 @@ class Executable {
 
   /// Runs the compiled graph. Inputs must match the graph's dtypes and static dims (checked);
   /// non-contiguous inputs are made contiguous first. Sizes of `?` dims must also agree with
-  /// each other as the graph's ops need (a matmul's two inner sizes): that is NOT checked here
-  /// (the code would read past a buffer); compile()'s guards check it for its regions. Returns one new tensor per graph output,
+  /// each other as the graph's ops need (a matmul's two inner sizes): checked unless
+  /// CompileOptions::check_dynamic_sizes is off. Returns one new tensor per graph output,
   /// except that an output written in place (output_alias) is its input tensor, or that
   /// input's contiguous copy, now holding the output's values.
   std::vector<Tensor> run(const std::vector<Tensor>& inputs) const;

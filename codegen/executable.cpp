@@ -11,6 +11,7 @@
 #include "codegen/gpu_lowering.h"
 #include "codegen/in_place.h"
 #include "codegen/kernel_profile.h"
+#include "codegen/shape_check.h"
 #include "codegen/codegen.h"
 #include "codegen/runtime.h"
 #include "codegen/jit.h"
@@ -451,6 +452,7 @@ struct Executable::Impl : CompiledMeta {
   bool any_alias = false;  // an output is computed in an input's buffer (Param::alias_input)
   bool profile_kernels = false;  // CompileOptions::profile_kernels (or KILN_PROFILE=1)
   std::unique_ptr<KernelCounter[]> kernel_counters;  // one per profiled_kernels entry
+  std::optional<ShapeCheck> shape_check;  // CompileOptions::check_dynamic_sizes
 };
 
 bool kernel_profiling(const CompileOptions& options) {
@@ -509,6 +511,10 @@ Executable::Executable(const ir::Graph& g, const CompileOptions& options) {
     // an input; the graph with its own static shapes still compiles (on one thread).
     if (!impl_ || !impl_->relaxed) throw;
     build(false);
+  }
+  if (options.check_dynamic_sizes) {
+    ShapeCheck check(g);
+    if (check.needed()) impl_->shape_check = std::move(check);
   }
 }
 
@@ -934,6 +940,7 @@ const std::vector<Tensor>& Executable::checked_inputs(const std::vector<Tensor>&
                                      t.device().str(), I.device.str()));
     strided = strided || !t.is_contiguous();
   }
+  if (I.shape_check) I.shape_check->check(inputs, where);
   if (!strided) return inputs;
   copies.clear();
   copies.reserve(inputs.size());

@@ -711,6 +711,7 @@ void Plan::build_region(Region& r, const PlanOptions& o) {
       if (o.build_for) r.device = *o.build_for;
       codegen::CompileOptions co;
       co.device = r.device;
+      co.check_dynamic_sizes = false;  // the entry's guards check the sizes before a replay
       if (r.device.is_cuda()) co.gpu = codegen::GpuTarget::from_env();
       co.in_place_outputs = donation_requests(r, in_v, checked);
       if (g.num_outputs() > 0) r.exe = std::make_shared<codegen::Executable>(g, co);

@@ -1196,3 +1196,41 @@ TEST_CASE("Executable: elements selected from a vector are read inside their con
   Tensor ref = div(mul(xt, ct.select(0, 3)), ct.select(0, 7));
   CHECK(max_diff(exe.run({st, xt})[0], ref) <= 1e-6 * max_abs(ref));
 }
+
+TEST_CASE("Executable: `?` input sizes that do not agree raise instead of reading past a buffer") {
+  // Found by a break-it helper: a [?, ?] @ [?, ?] product run on [2, 3000] and [1, 4] read
+  // 3000 floats of a 4-float input and returned garbage.
+  const int64_t q = ir::kDynamic;
+  ir::Graph mm;
+  mm.output(mm.op(OpKind::Matmul, {mm.input(DType::Float32, {q, q}),
+                                   mm.input(DType::Float32, {q, q})}));
+  codegen::Executable product(mm);
+  Tensor a = randn({2, 3}), b = randn({3, 4});
+  Tensor c = product.run({a, b})[0];
+  REQUIRE(c.shape() == Shape{2, 4});
+  CHECK(max_diff(c, matmul(a, b)) < 1e-5);
+  CHECK_THROWS_WITH(product.run({randn({2, 3000}), randn({1, 4})}),
+                    Catch::Contains("do not agree") && Catch::Contains("matmul"));
+  CHECK_THROWS_WITH(product.run_into({randn({2, 5}), randn({4, 4})}, {zeros({2, 4})}),
+                    Catch::Contains("do not agree"));
+
+  // Elementwise: the code reads a `?` dim as not broadcast, so size 1 against 5 is refused,
+  // while 1 against 1 and equal sizes run.
+  ir::Graph add;
+  add.output(add.op(OpKind::Add, {add.input(DType::Float32, {q}), add.input(DType::Float32, {q})}));
+  codegen::Executable sum(add);
+  Tensor x = randn({5}), y = randn({5});
+  CHECK(max_diff(sum.run({x, y})[0], kiln::add(x, y)) == 0);
+  Tensor one = randn({1});
+  CHECK(max_diff(sum.run({one, one})[0], kiln::add(one, one)) == 0);
+  CHECK_THROWS_WITH(sum.run({x, randn({3})}), Catch::Contains("do not agree"));
+  CHECK_THROWS_WITH(sum.run({x, one}), Catch::Contains("would broadcast its `?` dim 0"));
+  CHECK_THROWS_WITH(sum.run({one, x}), Catch::Contains("would broadcast its `?` dim 0"));
+
+  SECTION("check_dynamic_sizes off: consistent inputs run as before") {
+    codegen::CompileOptions o;
+    o.check_dynamic_sizes = false;
+    codegen::Executable unchecked(mm, o);
+    CHECK(max_diff(unchecked.run({a, b})[0], matmul(a, b)) < 1e-5);
+  }
+}
