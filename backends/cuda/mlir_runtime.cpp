@@ -2,6 +2,7 @@
 
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <exception>
 #include <optional>
 #include <string>
@@ -74,16 +75,17 @@ using namespace kiln::cuda;
 
 extern "C" {
 
-CUmodule mgpuModuleLoad(void* data, size_t gpu_blob_size) {
+CUmodule mgpuModuleLoad(void* data, size_t /*gpu_blob_size*/) {
   return guarded("mgpuModuleLoad", CUmodule{nullptr}, [&] {
     CUmodule m = nullptr;
     check_runtime(current("mgpuModuleLoad").cuModuleLoadData(&m, data), "mgpuModuleLoad");
-    profile_module_loaded(m, data, gpu_blob_size);
     return m;
   });
 }
 
-CUmodule mgpuModuleLoadJIT(void* data, int opt_level, size_t assembly_size) {
+// MLIR 22's gpu-to-llvm calls this with (data, opt_level) only: a third parameter would be
+// whatever the caller left in its register. The PTX text ends with a NUL.
+CUmodule mgpuModuleLoadJIT(void* data, int opt_level) {
   return guarded("mgpuModuleLoadJIT", CUmodule{nullptr}, [&] {
     constexpr int kErrorLogBuffer = 5, kErrorLogBufferSize = 6, kOptimizationLevel = 7;
     char log[4096] = {};
@@ -95,7 +97,7 @@ CUmodule mgpuModuleLoadJIT(void* data, int opt_level, size_t assembly_size) {
     if (r != kCudaSuccess)
       throw kiln::Error("mgpuModuleLoadJIT",
                         error_text(r) + (log[0] ? std::string("; JIT log: ") + log : ""));
-    profile_module_loaded(m, data, assembly_size);
+    profile_module_loaded(m, data, std::strlen(static_cast<const char*>(data)));
     return m;
   });
 }

@@ -63,7 +63,8 @@ class KernelDescriptions {
 void profile_describe_kernels(
     std::string_view ptx,
     const std::vector<std::pair<std::string, std::string>>& kernels) noexcept;
-/// Notes which PTX text module `m` was loaded from (mgpuModuleLoad), when profiling().
+/// Notes which PTX text module `m` was loaded from (mgpuModuleLoadJIT, the `size` bytes at
+/// `data`), when profiling().
 void profile_module_loaded(CUmodule m, const void* data, size_t size) noexcept;
 
 /// Names a loaded module's kernel for the profile (mlir_runtime.cpp calls it on
