@@ -94,7 +94,7 @@ struct CompileOptions {
   /// for row-parallel graphs, whose row blocks read unsliced inputs whole.
   std::vector<std::pair<int, int>> in_place_outputs = {};
   /// Time each kernel (Executable::kernel_times()): every loop nest, GEMM and copy of a CPU
-  /// graph's code is wrapped in two clock reads (about 50 ns a kernel). The environment's
+  /// graph's code is wrapped in two clock reads (under 100 ns a kernel). The environment's
   /// KILN_PROFILE=1 turns it on for every Executable (KILN_CUDA_PROFILE=1 for CUDA ones). Not
   /// for row-parallel graphs (their kernels run inside each row block: row_parallel()); CUDA
   /// graphs only describe their kernels (kernel_descriptions()) for KILN_CUDA_PROFILE's table.

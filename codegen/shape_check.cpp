@@ -15,15 +15,18 @@ namespace kiln::codegen {
 ShapeCheck::ShapeCheck(const ir::Graph& g) {
   auto main = ir::GraphAccess::module(g).lookupSymbol<mlir::func::FuncOp>("main");
   if (!main) return;
-  for (mlir::Type t : main.getArgumentTypes())
-    if (auto rt = llvm::dyn_cast<mlir::RankedTensorType>(t)) needed_ = needed_ || !rt.hasStaticShape();
+  for (mlir::Type t : main.getArgumentTypes()) {
+    auto rt = llvm::dyn_cast<mlir::RankedTensorType>(t);
+    needed_ = needed_ || (rt && !rt.hasStaticShape());
+  }
   if (!needed_) return;
   llvm::DenseMap<mlir::Value, int> number;
   auto add_value = [&](mlir::Value v) {
     number[v] = values_++;
     std::vector<int64_t> dims;
     if (auto t = llvm::dyn_cast<mlir::RankedTensorType>(v.getType()))
-      for (int64_t d : t.getShape()) dims.push_back(mlir::ShapedType::isDynamic(d) ? ir::kDynamic : d);
+      for (int64_t d : t.getShape())
+        dims.push_back(mlir::ShapedType::isDynamic(d) ? ir::kDynamic : d);
     graph_dims_.push_back(std::move(dims));
     return number[v];
   };
@@ -72,7 +75,9 @@ void ShapeCheck::check(const std::vector<Tensor>& inputs, const char* where) con
   std::vector<TensorMeta> in;
   for (const Step& s : steps_) {
     in.clear();
-    for (int v : s.in) in.push_back(metas[static_cast<size_t>(v)]);
+    // A random op's operand is its Philox key; its shape comes from its attributes.
+    if (op_info(s.op).category != OpCategory::Random)
+      for (int v : s.in) in.push_back(metas[static_cast<size_t>(v)]);
     try {
       InferredMeta r = infer_meta(s.op, in, s.attrs, Loc::current());
       if (r.outputs.empty()) return;

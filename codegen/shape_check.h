@@ -15,7 +15,8 @@ namespace kiln::codegen {
 /// runs), over numbered values: the graph's inputs first, then each op's result.
 class ShapeCheck {
  public:
-  /// Reads the ops of `g` (a kiln op without an op-table kind makes the check pass always).
+  /// Reads the ops of `g`. One it cannot read (several results, a non-static constant) turns
+  /// the check off: it then passes every input.
   explicit ShapeCheck(const ir::Graph& g);
   /// Whether the graph has a `?` input dim, the only case that needs a check.
   bool needed() const { return needed_; }

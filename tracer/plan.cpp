@@ -1,7 +1,6 @@
 #include "tracer/plan.h"
 
 #include <algorithm>
-#include <tuple>
 #include <atomic>
 #include <chrono>
 #include <limits>
