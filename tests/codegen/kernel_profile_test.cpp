@@ -1,5 +1,7 @@
 // Kernel timers of compiled CPU code (CompileOptions::profile_kernels, codegen/kernel_profile.h).
 #include <catch2/catch.hpp>
+#include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -134,6 +136,13 @@ TEST_CASE("kernel timers: row-parallel graphs have none") {
   codegen::Executable exe(g, profiled());
   REQUIRE(exe.row_parallel());
   Tensor in = randn({512, 256});
-  CHECK(same_values(exe.run({in})[0], exp(in)));
+  // Against float64: eager's float32 kernels may round otherwise (sanitizer builds).
+  Tensor out = exe.run({in})[0].contiguous(), xs = in.contiguous();
+  double worst = 0;
+  for (int64_t i = 0; i < xs.numel(); ++i) {
+    const double want = std::exp(static_cast<double>(xs.data<float>()[i]));
+    worst = std::max(worst, std::abs(out.data<float>()[i] - want) / want);
+  }
+  CHECK(worst < 1e-6);
   CHECK(exe.kernel_times().empty());
 }
