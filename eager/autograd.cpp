@@ -156,7 +156,13 @@ std::vector<Tensor> AccumulateGrad::apply(std::vector<Tensor>&& grads) {
   if (!m.grad.defined()) {
     if (auto* hook = dispatch::tracer_hook()) hook->on_grad_found_undefined(leaf);
     m.grad = private_grad_copy(g);
-  } else if (is_grad_enabled()) {
+    if (auto* hook = dispatch::tracer_hook()) hook->on_grad_assigned(leaf);
+    return {};
+  }
+  // The sum reads this leaf's .grad: a trace re-reads it at each call, and guards that it is
+  // the tensor it was (two leaves may share one .grad).
+  if (auto* hook = dispatch::tracer_hook()) hook->on_grad_read(leaf, m.grad);
+  if (is_grad_enabled()) {
     m.grad = add(m.grad, g);  // create_graph: the sum keeps the history of both
   } else if (m.grad.is_non_overlapping_and_dense()) {
     // In place, as PyTorch's AccumulateGrad: a .grad the caller holds sees the new sum.

@@ -1221,6 +1221,18 @@ void check_sources(const Segment& seg, RunState& st,
   for (int v : p.grad_undefined_at_call)
     if (st.value(p, v).grad().defined())
       throw GuardFailure{"the .grad that backward set was undefined when traced and is now defined"};
+  if (!p.grad_sharing.empty() &&
+      grad_sharing(p, [&](int v) -> const Tensor& { return st.value(p, v); }) != p.grad_sharing)
+    throw GuardFailure{"the .grads the function reads share memory with each other or with "
+                       "its tensors otherwise than when traced"};
+  for (auto [leaf, v] : p.grad_same_as) {
+    const Tensor g = st.value(p, leaf).grad();
+    const Tensor& o = st.value(p, v);
+    if (!g.defined() || g.storage() != o.storage() || g.offset() != o.offset() ||
+        g.strides() != o.strides())
+      throw GuardFailure{"a .grad that was another parameter's .grad (or an argument) when "
+                         "traced is now a tensor of its own"};
+  }
   if (!p.write_backs.empty() || p.aliased_mutation) {
     auto now = args_sharing(seg.arg_values, captured,
                             [&](int v) -> const Tensor& { return st.value(p, v); });

@@ -343,6 +343,9 @@ std::string same_structure(const Program& a, const Program& b) {
     bool scalar_kinds = scalar_kind(ns.kind) && scalar_kind(os.kind);
     if (!scalar_kinds && (ns.kind != os.kind || ns.index != os.index))
       return "the traces' inputs differ";
+    // A non-contiguous .grad's strides follow its sizes: the generalised guard cannot say which.
+    if (ns.kind == SourceKind::GradOf && (!ns.contiguous || !os.contiguous))
+      return "a .grad the function reads is not contiguous";
     if (ns.kind == SourceKind::Captured &&
         (ns.captured.owner_before(os.captured) || os.captured.owner_before(ns.captured)))
       return "a different tensor was captured";
@@ -350,6 +353,7 @@ std::string same_structure(const Program& a, const Program& b) {
   if (a.outputs != b.outputs || a.write_backs != b.write_backs ||
       a.grad_assignments != b.grad_assignments ||
       a.grad_undefined_at_call != b.grad_undefined_at_call || a.grad_reach != b.grad_reach ||
+      a.grad_sharing != b.grad_sharing || a.grad_same_as != b.grad_same_as ||
       a.args_sharing_captured != b.args_sharing_captured ||
       a.backward_begin != b.backward_begin || a.aliased_mutation != b.aliased_mutation ||
       a.output_constants.size() != b.output_constants.size())

@@ -73,6 +73,14 @@ const Tensor& RunState::value(const Program& p, int v) {
     case SourceKind::GradOf: {
       Tensor g = value(p, s.index).grad();
       if (!g.defined()) throw GuardFailure{"the .grad the function read is no longer defined"};
+      if (g.is_contiguous() != s.contiguous)
+        throw GuardFailure{fmt::format("the .grad the function read ({} {}) is {} contiguous",
+                                       name(g.dtype()), to_string(g.shape()),
+                                       s.contiguous ? "no longer" : "now")};
+      if (!s.contiguous && g.strides() != s.strides)
+        throw GuardFailure{fmt::format("the .grad the function read ({} {}) has strides {}, "
+                                       "traced with {}", name(g.dtype()), to_string(g.shape()),
+                                       to_string(g.strides()), to_string(s.strides))};
       slot = g;
       break;
     }

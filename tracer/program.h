@@ -61,6 +61,11 @@ struct Source {
   Scalar scalar;
   std::weak_ptr<TensorImpl> captured;
   bool requires_grad = false;  ///< Captured: guarded
+  /// GradOf: the .grad's layout when traced (guarded like an argument's: strides only when not
+  /// contiguous). A trace with a dense .grad accumulates into it in place; an expanded one
+  /// (set_grad(b.expand(...))) is replaced, as eager does.
+  bool contiguous = true;
+  Strides strides;
   Tensor snapshot;
   /// Snapshot made symbolic by generalize(), materialised at the run's sizes: `overwritten`
   /// (an `empty` that fill_/copy_ writes whole before anything reads it: the inside of
@@ -154,6 +159,13 @@ struct Program {
   /// Leaves (value ids) whose .grad backward found undefined and set: a guard, since a .grad
   /// defined at the call would be accumulated into instead (checked before each replay).
   std::vector<int> grad_undefined_at_call;
+  /// For each .grad read at the call (values_from(p, SourceKind::GradOf), in order): the tensor
+  /// it shared memory with when traced (grad_sharing()). A guard: two parameters' .grads that
+  /// were one tensor got each other's gradients when replayed for separate ones, and back.
+  std::vector<int> grad_sharing;
+  /// (leaf value, value): the leaf's .grad at the call was value's tensor (the same elements),
+  /// which already stood for another leaf's .grad or an argument. A guard, as grad_sharing.
+  std::vector<std::pair<int, int>> grad_same_as;
   /// Backward: for each forward output value (by output position), its GradOutput value id;
   /// for each value requiring grad (inputs/captured), the value id of its gradient or -1.
   std::vector<int> grad_inputs;     // value ids of the differentiable sources
@@ -232,6 +244,39 @@ std::vector<int> args_sharing(const std::vector<int>& arg_values,
     const Tensor& t = tensor_of(v);
     if (t.defined() && std::find(storages.begin(), storages.end(), t.storage().get()) != storages.end())
       out.push_back(v);
+  }
+  return out;
+}
+
+/// For each .grad value of `p` (values_from(p, SourceKind::GradOf)), the first other argument,
+/// captured tensor or .grad value u whose tensor (`tensor_of(u)`) shares its memory, as 2·u, or
+/// 2·u + 1 when it has the same elements (offset, shape, strides); -1 when none does. Empty when
+/// the program reads no .grad.
+template <class TensorOf>
+std::vector<int> grad_sharing(const Program& p, TensorOf&& tensor_of) {
+  std::vector<int> out;
+  std::vector<int> candidates;
+  for (size_t v = 0; v < p.values.size(); ++v) {
+    const int s = p.values[v].source;
+    if (s < 0) continue;
+    const SourceKind k = p.sources[s].kind;
+    if (k == SourceKind::Arg || k == SourceKind::Captured || k == SourceKind::GradOf)
+      candidates.push_back(static_cast<int>(v));
+  }
+  for (int g : candidates) {
+    if (p.sources[p.values[g].source].kind != SourceKind::GradOf) continue;
+    const Tensor& t = tensor_of(g);
+    int shared = -1;
+    for (int u : candidates) {
+      if (u == g) continue;
+      const Tensor& o = tensor_of(u);
+      if (!o.defined() || o.storage() != t.storage()) continue;
+      const bool same = o.offset() == t.offset() && o.shape() == t.shape() &&
+                        o.strides() == t.strides() && o.dtype() == t.dtype();
+      shared = 2 * u + (same ? 1 : 0);
+      break;
+    }
+    out.push_back(shared);
   }
   return out;
 }

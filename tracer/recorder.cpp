@@ -224,6 +224,8 @@ int Recorder::lookup(const Tensor& t) {
     if (g.defined() && (g.is_same(t) || (!(key_of(g) < key_of(t)) && !(key_of(t) < key_of(g))))) {
       s.kind = SourceKind::GradOf;
       s.index = static_cast<int>(i);
+      s.contiguous = t.is_contiguous();
+      if (!s.contiguous) s.strides = t.strides();
       return add_source(t, std::move(s));
     }
   }
@@ -326,11 +328,38 @@ void Recorder::on_grad_found_undefined(const Tensor& leaf) {
 // not used otherwise (yet): an optimizer reads g before updating p.
 void Recorder::on_grad_read(const Tensor& leaf, const Tensor& grad) {
   if (grad_leaf_set_.count(leaf.impl()) || leaf.storage()->serial() >= start_serial_ ||
-      grad.storage()->serial() >= start_serial_ || find(grad) >= 0)
+      grad.storage()->serial() >= start_serial_)
     return;
+  if (find(grad) >= 0) {
+    // Already a value: another leaf's .grad, or an argument (p.grad and q.grad one tensor).
+    // The guard compares with the tensor as the call passed it (the source value with its
+    // elements), not with what the function has written into it since.
+    const int lv = lookup(leaf);
+    for (size_t v = 0; v < held_.size(); ++v) {
+      const int src = p_.values[v].source;
+      if (src < 0) continue;
+      const Source& s = p_.sources[src];
+      if (s.kind != SourceKind::Arg && s.kind != SourceKind::Captured &&
+          s.kind != SourceKind::GradOf)
+        continue;
+      const Tensor& t = held_[v];
+      if (t.storage() != grad.storage() || t.offset() != grad.offset() ||
+          t.shape() != grad.shape() || t.strides() != grad.strides())
+        continue;
+      const std::pair<int, int> same{lv, static_cast<int>(v)};
+      const bool own = s.kind == SourceKind::GradOf && s.index == lv;
+      if (!own && std::find(p_.grad_same_as.begin(), p_.grad_same_as.end(), same) ==
+                      p_.grad_same_as.end())
+        p_.grad_same_as.push_back(same);
+      break;
+    }
+    return;
+  }
   Source s;
   s.kind = SourceKind::GradOf;
   s.index = lookup(leaf);
+  s.contiguous = grad.is_contiguous();
+  if (!s.contiguous) s.strides = grad.strides();
   add_source(grad, std::move(s));
 }
 
@@ -413,6 +442,7 @@ void Recorder::finish() {
     Tensor g = grad_of(leaf);
     p_.grad_assignments.push_back({lv, g.defined() ? lookup(g) : -1});
   }
+  p_.grad_sharing = grad_sharing(p_, [&](int v) { return tensor(v); });
   p_.rng_consumed = 0;
   for (auto [at, blocks] : draws_) p_.rng_consumed += blocks;
 }

@@ -1028,3 +1028,66 @@ TEST_CASE("compile: backward from one output when the other's formula is singula
     CHECK(gx == first);
   }
 }
+
+// backward() into a .grad that exists at the call: the trace accumulates into that tensor, so
+// its layout and its sharing with other tensors are guarded. An expanded .grad (eager replaces
+// it with the sum) raised "more than one element ... refers to a single memory location" when
+// the trace had a dense one; one .grad shared by p and q (eager adds both gradients into it)
+// gave p's sum to both when replayed for separate .grads, and lost q's the other way round.
+TEST_CASE("compiled backward: an expanded .grad after a dense one is replaced, as in eager",
+          "[compile][autograd]") {
+  Tensor x = from_vector(std::vector<float>{1, 2, 3, 4, 5, 6}, {2, 3});
+  auto step = compile([](const Tensor& w, const Tensor& x) { (w * x).sum().backward(); });
+  Tensor w = zeros({2, 3}).requires_grad_();
+  w.set_grad(zeros({2, 3}));
+  step(w, x);
+  step(w, x);
+  CHECK(vec(w.grad()) == std::vector<float>{2, 4, 6, 8, 10, 12});
+  Tensor expanded_grad = tensor({100.f, 200.f, 300.f}).expand({2, 3});
+  Tensor v = zeros({2, 3}).requires_grad_();
+  v.set_grad(expanded_grad);
+  step(v, x);
+  CHECK(vec(v.grad().contiguous()) == std::vector<float>{101, 202, 303, 104, 205, 306});
+  CHECK(vec(expanded_grad.contiguous()) == std::vector<float>{100, 200, 300, 100, 200, 300});
+  CHECK(step.compile_count() == 2);
+}
+
+TEST_CASE("compiled backward: one .grad shared by two parameters, or not, as when traced",
+          "[compile][autograd]") {
+  Tensor x = tensor({1.f, 2.f});
+  auto body = [](const Tensor& p, const Tensor& q, const Tensor& x) {
+    ((p * x).sum() + (q * x * 2.0).sum()).backward();  // d/dp = x, d/dq = 2x
+  };
+  auto shared_call = [&](auto& f) {
+    Tensor p = zeros({2}).requires_grad_(), q = zeros({2}).requires_grad_();
+    Tensor g = tensor({10.f, 20.f});
+    p.set_grad(g);
+    q.set_grad(g);
+    f(p, q, x);
+    CHECK(vec(g) == std::vector<float>{13, 26});  // [10, 20] + x + 2x, in place
+    CHECK(p.grad().is_same(g));
+  };
+  auto separate_call = [&](auto& f) {
+    Tensor p = zeros({2}).requires_grad_(), q = zeros({2}).requires_grad_();
+    p.set_grad(tensor({10.f, 20.f}));
+    q.set_grad(tensor({30.f, 40.f}));
+    f(p, q, x);
+    CHECK(vec(p.grad()) == std::vector<float>{11, 22});
+    CHECK(vec(q.grad()) == std::vector<float>{32, 44});
+  };
+  SECTION("traced shared, then separate, then shared again") {
+    auto f = compile(body);
+    shared_call(f);
+    separate_call(f);
+    shared_call(f);
+    separate_call(f);
+    CHECK(f.compile_count() == 2);
+  }
+  SECTION("traced separate, then shared") {
+    auto f = compile(body);
+    separate_call(f);
+    shared_call(f);
+    separate_call(f);
+    CHECK(f.compile_count() == 2);
+  }
+}
