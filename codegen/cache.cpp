@@ -4,6 +4,8 @@
 // u64 payload size, u64 xxh3 of the payload; payload = version, key, metadata, object.
 #include "codegen/cache.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <fmt/format.h>
@@ -21,6 +23,7 @@
 #include <unordered_map>
 
 #include "codegen/source_hash.h"  // generated (build dir)
+#include "core/env.h"
 #include "core/error.h"
 #include "llvm/ADT/StringExtras.h"
 #include "llvm/Config/llvm-config.h"
@@ -216,14 +219,28 @@ std::string deserialize(std::string_view bytes, const std::string& key, Entry& e
   return "";
 }
 
+/// Entries larger than this are not read (a whole training step's object is a few MiB).
+constexpr off_t kMaxEntryBytes = off_t{1} << 30;
+
+/// Reads the entry at `path` whole, if it is a regular file (not a symlink) of at most
+/// kMaxEntryBytes. Anything else is a miss, which the new entry then replaces: a FIFO there hung
+/// the process in open(), a link to /dev/zero read until memory ran out (found by review).
 bool read_file(const std::string& path, std::string& out) {
-  FILE* f = std::fopen(path.c_str(), "rb");
-  if (!f) return false;
-  char buf[1 << 16];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) out.append(buf, n);
-  bool ok = !std::ferror(f);
-  std::fclose(f);
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) return false;
+  struct stat st;
+  bool ok = ::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_size <= kMaxEntryBytes;
+  if (ok) {
+    out.resize(static_cast<size_t>(st.st_size));
+    size_t done = 0;
+    while (ok && done < out.size()) {
+      const ssize_t n = ::read(fd, out.data() + done, out.size() - done);
+      if (n < 0 && errno == EINTR) continue;
+      ok = n > 0;
+      if (ok) done += static_cast<size_t>(n);
+    }
+  }
+  ::close(fd);
   return ok;
 }
 
@@ -233,11 +250,10 @@ void warn_once(const std::string& message) {
 
 /// The disk cache directory for these options, or "" (with the reason in `note`) when off.
 std::string cache_dir(const CompileOptions& options, std::string& note) {
-  const char* disable = std::getenv("KILN_DISABLE_CACHE");
   std::string dir;
   if (!options.disk_cache) {
     note = "disabled (CompileOptions)";
-  } else if (disable && *disable && std::strcmp(disable, "0") != 0) {
+  } else if (env_flag("KILN_DISABLE_CACHE")) {
     note = "disabled (KILN_DISABLE_CACHE)";
   } else if (!options.cache_dir.empty()) {
     dir = options.cache_dir;
@@ -276,6 +292,13 @@ void write_entry(const std::string& dir, const std::string& path, const std::str
     if (!ok || ec) {
       error = ok ? ec.message() : std::strerror(errno);
       fs::remove(tmp, ec);
+    }
+    if (ok && !error.empty()) {
+      // The directory took the new file; only this entry's name is taken (a directory, or
+      // another user's file in a sticky directory): the cache stays on for other entries.
+      note = "not written (" + error + ")";
+      warn_once("cannot replace the compile cache entry '" + path + "' (" + error + ")");
+      return;
     }
   }
   if (error.empty()) return;
@@ -318,8 +341,7 @@ std::shared_ptr<const CompiledCode> get_or_compile(const std::string& graph_mlir
   init_llvm();
   // The disk key leaves out the version, so a stale entry sits at the same path and is replaced.
   // Environment switches that change the generated code are part of the key.
-  const char* no_gemm = std::getenv("KILN_NO_EXTERN_GEMM");
-  const bool loops_for_gemm = no_gemm && *no_gemm && *no_gemm != '0';
+  const bool loops_for_gemm = env_flag("KILN_NO_EXTERN_GEMM");
   const GpuLoopEmulation emulation = gpu_loop_emulation(options);
   const char* emulated = emulation == GpuLoopEmulation::Off       ? ""
                          : emulation == GpuLoopEmulation::InOrder ? " emulating gpu loops"

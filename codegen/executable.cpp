@@ -22,6 +22,7 @@
 #include "backends/cpu/parallel.h"
 #include "backends/cuda/driver.h"
 #include "backends/cuda/profile.h"
+#include "core/env.h"
 #include "core/error.h"
 #include "eager/dispatch.h"
 #include "ir/dialect.h"
@@ -456,10 +457,7 @@ struct Executable::Impl : CompiledMeta {
 };
 
 bool kernel_profiling(const CompileOptions& options) {
-  static const bool env = [] {
-    const char* v = std::getenv("KILN_PROFILE");
-    return v && *v && *v != '0';
-  }();
+  static const bool env = env_flag("KILN_PROFILE");
   return options.profile_kernels || env || (options.device.is_cuda() && cuda::profiling());
 }
 
@@ -467,8 +465,8 @@ GpuLoopEmulation gpu_loop_emulation(const CompileOptions& options) {
   using E = GpuLoopEmulation;
   static const E env = [] {
     const char* e = std::getenv("KILN_EMULATE_GPU_LOOPS");
-    if (!e || !*e || *e == '0') return E::Off;
-    return std::string_view(e) == "reverse" ? E::Reversed : E::InOrder;
+    if (e && std::string_view(e) == "reverse") return E::Reversed;
+    return env_flag("KILN_EMULATE_GPU_LOOPS") ? E::InOrder : E::Off;
   }();
   if (!options.device.is_cpu()) return E::Off;
   if (options.emulate_gpu_loops) return options.emulate_in_reverse ? E::Reversed : E::InOrder;

@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "codegen/lower.h"
+#include "core/env.h"
 #include "mlir/Dialect/Arith/IR/Arith.h"
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/Dialect/Linalg/IR/Linalg.h"
@@ -67,7 +68,7 @@ struct ExternCallsPass : mlir::PassWrapper<ExternCallsPass, mlir::OperationPass<
 
   void runOnOperation() override {
     // KILN_NO_EXTERN_GEMM=1 keeps the generated loops (to compare them, see codegen/README.md).
-    if (const char* e = std::getenv("KILN_NO_EXTERN_GEMM"); e && *e && *e != '0') return;
+    if (env_flag("KILN_NO_EXTERN_GEMM")) return;
     mlir::ModuleOp module = getOperation();
     llvm::SmallVector<mlir::linalg::LinalgOp> todo;
     module.walk([&](mlir::linalg::LinalgOp op) {

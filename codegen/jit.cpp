@@ -15,6 +15,7 @@
 
 #include "backends/cuda/driver.h"
 #include "codegen/runtime.h"
+#include "core/env.h"
 #include "core/error.h"
 #include "ir/graph_internal.h"
 #include "llvm/IR/Verifier.h"
@@ -323,10 +324,7 @@ namespace {
 /// functions are in its one .text section: its base address comes from one of its global
 /// functions, looked up in the JIT.
 void write_perf_map(const std::vector<std::string_view>& objects, llvm::orc::LLJIT& jit) {
-  static const bool enabled = [] {
-    const char* v = std::getenv("KILN_PERF_MAP");
-    return v && *v && *v != '0';
-  }();
+  static const bool enabled = env_flag("KILN_PERF_MAP");
   if (!enabled) return;
   struct Fn { std::string name; uint64_t address, size; };
   std::vector<Fn> fns;

@@ -13,6 +13,7 @@
 #include <tuple>
 #include <unordered_set>
 
+#include "core/env.h"
 #include "eager/autograd.h"
 #include "eager/autograd_graph.h"
 #include "eager/dispatch.h"
@@ -24,16 +25,7 @@
 namespace kiln::tracer {
 
 bool compile_disabled() {
-  static const bool off = [] {
-    const char* env = std::getenv("KILN_COMPILE");
-    std::string v = env ? env : "";  // any case: OFF, False
-    for (char& c : v) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-    if (v == "0" || v == "false" || v == "off" || v == "no") return true;
-    if (!v.empty() && v != "1" && v != "true" && v != "on" && v != "yes")
-      fmt::print(stderr, "kiln: ignoring KILN_COMPILE={} (expected 0/false/off/no or "
-                 "1/true/on/yes); compilation stays on\n", env);
-    return false;
-  }();
+  static const bool off = !env_flag("KILN_COMPILE", true);
   return off;
 }
 

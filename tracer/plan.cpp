@@ -10,6 +10,7 @@
 
 #include "backends/cuda/driver.h"
 #include "codegen/codegen.h"
+#include "core/env.h"
 #include "eager/autograd.h"
 #include "eager/dispatch.h"
 #include "eager/factories.h"
@@ -785,10 +786,7 @@ namespace {
 /// KILN_ALWAYS_COMPILED=1: compiled regions always run their compiled code, never the measured
 /// choice of eager kernels (to profile or debug the compiled code itself).
 bool always_compiled() {
-  static const bool on = [] {
-    const char* v = std::getenv("KILN_ALWAYS_COMPILED");
-    return v && *v && *v != '0';
-  }();
+  static const bool on = env_flag("KILN_ALWAYS_COMPILED");
   return on;
 }
 }  // namespace
@@ -954,10 +952,7 @@ void Plan::run_compiled(const Region& r, RunState& st) const {
 }
 
 bool profiling() {
-  static const bool on = [] {
-    const char* v = std::getenv("KILN_PROFILE");
-    return v && *v && *v != '0';
-  }();
+  static const bool on = env_flag("KILN_PROFILE");
   return on;
 }
 

@@ -11,6 +11,7 @@
 #include "backends/cuda/copy.h"
 #include "backends/cuda/driver.h"
 #include "backends/cuda/profile.h"
+#include "core/env.h"
 
 namespace kiln::cuda {
 namespace {
@@ -25,10 +26,7 @@ void record(Error e) {
 
 /// KILN_CUDA_LAUNCH_BLOCKING=1 (read once): every launch waits for its kernel.
 bool launch_blocking() {
-  static const bool blocking = [] {
-    const char* e = std::getenv("KILN_CUDA_LAUNCH_BLOCKING");
-    return e && *e && *e != '0';
-  }();
+  static const bool blocking = env_flag("KILN_CUDA_LAUNCH_BLOCKING");
   return blocking;
 }
 

@@ -10,6 +10,8 @@
 
 #include <fmt/format.h>
 
+#include "core/env.h"
+
 namespace kiln::cuda {
 namespace {
 
@@ -125,10 +127,7 @@ void profile_module_loaded(CUmodule m, const void* data, size_t size) noexcept {
 }
 
 bool profiling() noexcept {
-  static const bool on = [] {
-    const char* v = std::getenv("KILN_CUDA_PROFILE");
-    return v && *v && std::string_view(v) != "0";
-  }();
+  static const bool on = env_flag("KILN_CUDA_PROFILE");
   return on;
 }
 

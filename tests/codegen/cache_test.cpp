@@ -1,6 +1,7 @@
 // codegen's compile cache: in-memory and on-disk hits, bad entries rebuilt, no collisions,
 // KILN_LOGS dumps. Results are compared with eager kiln.
 #include <catch2/catch.hpp>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -195,6 +196,45 @@ TEST_CASE("cache: corrupted or truncated entries are deleted and rebuilt") {
     CHECK(again.stats().source == Source::DiskCache);
     check_chain(again, {100});
     REQUIRE(fs::file_size(entry) == size);
+  }
+}
+
+// An entry path holding something other than a regular file is a miss, replaced by the new
+// entry: a FIFO there hung open(), a link to /dev/zero was read until memory ran out. A name
+// that cannot be replaced (a directory) skips that entry only: it turned the cache off for
+// the whole directory, with a warning that the directory was unwritable.
+TEST_CASE("cache: a FIFO, a link or a directory at an entry's path is not read") {
+  TempCache cache;
+  ir::Graph g = chain({100});
+  compile_fresh(g);
+  REQUIRE(cache.entries().size() == 1);
+  const fs::path entry = cache.entries()[0];
+  SECTION("a FIFO, then a symlink to /dev/zero: replaced by the entry") {
+    for (int kind = 0; kind < 2; ++kind) {
+      INFO((kind == 0 ? "FIFO" : "symlink"));
+      fs::remove(entry);
+      if (kind == 0)
+        REQUIRE(::mkfifo(entry.c_str(), 0600) == 0);
+      else
+        fs::create_symlink("/dev/zero", entry);
+      codegen::Executable rebuilt = compile_fresh(g);
+      CHECK(rebuilt.stats().source == Source::Compiled);
+      check_chain(rebuilt, {100});
+      CHECK(fs::is_regular_file(fs::symlink_status(entry)));
+      CHECK(compile_fresh(g).stats().source == Source::DiskCache);
+    }
+  }
+  SECTION("a directory: this entry is not written, the others are") {
+    fs::remove(entry);
+    fs::create_directory(entry);
+    codegen::Executable a = compile_fresh(g);
+    CHECK(a.stats().source == Source::Compiled);
+    CHECK(a.stats().disk_note.rfind("not written (", 0) == 0);
+    check_chain(a, {100});
+    ir::Graph other = chain({7});
+    compile_fresh(other);
+    CHECK(compile_fresh(other).stats().source == Source::DiskCache);
+    CHECK(fs::is_directory(entry));
   }
 }
 
