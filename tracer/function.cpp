@@ -1,5 +1,7 @@
 #include "tracer/function.h"
 
+#include <pthread.h>
+
 #include <algorithm>
 #include <bit>
 #include <atomic>
@@ -504,10 +506,53 @@ void describe_tree(const Segment& s, int depth, std::string& out) {
 
 }  // namespace
 
+namespace {
+
+// Every live compiled function's lock, for fork(): a replay holds its function's lock (shared)
+// for the whole replay, so a child forked meanwhile inherited it held by a thread that does not
+// exist there, and its first trace of that function hung (found by review).
+std::mutex g_live_mu;
+std::vector<std::shared_mutex*> g_live_locks;
+
+// fork() takes every function's lock, then (registered before these) the generator's and the
+// leaves' locks, in the order replays take them; the child makes its copies anew: a
+// pthread_rwlock may not be unlocked by the child, whose thread id differs from the owner's.
+void register_function_fork_handlers() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    register_replay_fork_handlers();
+    pthread_atfork(
+        [] {
+          g_live_mu.lock();
+          for (std::shared_mutex* m : g_live_locks) m->lock();
+        },
+        [] {
+          for (std::shared_mutex* m : g_live_locks) m->unlock();
+          g_live_mu.unlock();
+        },
+        [] {
+          for (std::shared_mutex* m : g_live_locks) new (m) std::shared_mutex();
+          new (&g_live_mu) std::mutex();
+        });
+  });
+}
+
+}  // namespace
+
 struct CompiledFunction::Impl {
   const std::string& name;
   const CompileOptions& options;
-  Impl(const std::string& n, const CompileOptions& o) : name(n), options(o) {}
+  Impl(const std::string& n, const CompileOptions& o) : name(n), options(o) {
+    register_function_fork_handlers();
+    std::lock_guard lock(g_live_mu);
+    g_live_locks.push_back(&mu);
+  }
+  ~Impl() {
+    std::lock_guard lock(g_live_mu);
+    std::erase(g_live_locks, &mu);
+  }
+  Impl(const Impl&) = delete;
+  Impl& operator=(const Impl&) = delete;
 
   // `ran` (when given) is set to the trace that ran: the leaf of the entry's trace tree.
   std::vector<OutValue> replay(Entry& e, const std::vector<ArgValue>& args,

@@ -856,6 +856,28 @@ TEST_CASE("compile: fork() during a replay that runs backward: the child's autog
   CHECK(ok == kForks);
 }
 
+// Review: a replay holds its function's lock (shared) while it runs; a child forked meanwhile
+// inherited it held, and its first trace of that function (a new shape) waited for it for
+// ever: 4 to 8 of 20 children hung.
+TEST_CASE("compile: fork() during a replay of the same function: the child traces it",
+          "[compile][fork]") {
+  auto f = compile([](const Tensor& x) { return softmax(x * 2.0, -1) + 1.0; });
+  f(randn({64, 64}));
+  std::atomic<bool> stop{false};
+  std::thread busy([&] {
+    for (int i = 0; !stop; ++i) f(randn({2 + i % 8, 300}));
+  });
+  constexpr int kForks = 8;
+  int ok = kiln::testing::forked_children_ok(kForks, std::chrono::milliseconds(2), [&] {
+    Tensor x = randn({3, 700});
+    Tensor y = f(x);
+    return amax(abs(y - (softmax(x * 2.0, -1) + 1.0))).item<double>() < 1e-6;
+  });
+  stop = true;
+  busy.join();
+  CHECK(ok == kForks);
+}
+
 TEST_CASE("FC-32 (compile): dropping a compiled function frees what its traces hold",
           "[compile]") {
   std::weak_ptr<StorageImpl> held;
