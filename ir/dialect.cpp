@@ -92,10 +92,38 @@ namespace {
 // Dynamic dims. infer_meta works on concrete sizes, so each `?` is replaced by a size before
 // calling it: for elementwise ops by a static size > 1 found at the same (right-aligned)
 // position of another operand (the result is then that size whether `?` is 1 or not), for
-// matmul's contracted dim by the other operand's static size, and otherwise by kSymbolic.
-// Result dims that are multiples of kSymbolic become `?` again. (A static dim that is a
-// multiple of 10007 thus also infers as `?`, which is only less precise, never wrong.)
+// matmul's contracted dim by the other operand's static size, and otherwise by kSymbolic
+// (placeholder_for: a smaller prime where many `?` dims would overflow). Result dims that are
+// multiples of the placeholder become `?` again. (A static dim that is a multiple of it thus
+// also infers as `?`, which is only less precise, never wrong.)
 constexpr int64_t kSymbolic = 10007;
+
+// The placeholder for this op's `?` dims: kSymbolic, or the largest smaller prime for which
+// placeholder^(all operands' `?` dims) times the largest static part of an operand, in 8-byte
+// elements, stays within int64 (infer_meta checks each shape's bytes). With kSymbolic, 5 `?`
+// dims raised "shape [10007, 10007, 10007, 10007, 10007] is too large" (found by review).
+int64_t placeholder_for(llvm::ArrayRef<mlir::RankedTensorType> operands) {
+  int dynamic = 0;
+  int64_t largest_static = 1;
+  for (auto t : operands) {
+    int64_t part = 1;
+    for (int64_t d = 0; d < t.getRank(); ++d) {
+      if (t.isDynamicDim(d)) {
+        ++dynamic;
+      } else if (__builtin_mul_overflow(part, std::max<int64_t>(t.getDimSize(d), 1), &part)) {
+        return kSymbolic;  // too large at any placeholder: infer_meta reports it
+      }
+    }
+    largest_static = std::max(largest_static, part);
+  }
+  for (int64_t p : {kSymbolic, int64_t{1021}, int64_t{61}, int64_t{7}}) {
+    int64_t n = 8 * 4;  // headroom for results that broadcast `?` dims of several operands
+    bool fits = !__builtin_mul_overflow(n, largest_static, &n);
+    for (int i = 0; fits && i < dynamic; ++i) fits = !__builtin_mul_overflow(n, p, &n);
+    if (fits) return p;
+  }
+  return 2;
+}
 
 bool is_elementwise(OpKind op) {
   auto c = op_info(op).category;
@@ -157,6 +185,7 @@ std::vector<mlir::RankedTensorType> infer_result_types(
     cat_dim = static_cast<int>(attrs.dim < 0 ? attrs.dim + r : attrs.dim);
   }
   // Fill in sizes: static dims as they are, dynamic ones substituted.
+  const int64_t symbolic = placeholder_for(operands);
   for (size_t i = 0; i < operands.size(); ++i) {
     auto t = operands[i];
     int rank = static_cast<int>(t.getRank());
@@ -165,7 +194,7 @@ std::vector<mlir::RankedTensorType> infer_result_types(
         metas[i].shape[d] = t.getDimSize(d);
         continue;
       }
-      int64_t size = kSymbolic;
+      int64_t size = symbolic;
       if (is_elementwise(op)) {
         int from_right = rank - d;
         for (auto u : operands) {
@@ -197,7 +226,7 @@ std::vector<mlir::RankedTensorType> infer_result_types(
   for (const OutputMeta& o : inferred.outputs) {
     llvm::SmallVector<int64_t> shape;
     for (int64_t s : o.shape)
-      shape.push_back(s != 0 && s % kSymbolic == 0 ? mlir::ShapedType::kDynamic : s);
+      shape.push_back(s != 0 && s % symbolic == 0 ? mlir::ShapedType::kDynamic : s);
     if (op == OpKind::Cat && cat_dim >= 0 && cat_dim < static_cast<int>(shape.size()))
       for (auto u : operands)
         if (u.getRank() == static_cast<int64_t>(shape.size()) && u.isDynamicDim(cat_dim))
