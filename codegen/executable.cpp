@@ -581,14 +581,28 @@ std::string Executable::Impl::compile(const std::string& graph_mlir, bool relax)
   }
   std::string unlowered;
   m.walk([&](mlir::Operation* op) {
-    if (llvm::isa<kiln::dialect::KilnDialect>(op->getDialect()))
-      unlowered += op->getName().getStringRef().str() + " ";
+    if (llvm::isa<kiln::dialect::KilnDialect>(op->getDialect())) {
+      // Named as the user wrote it: the op-table row, its operand types, its source line.
+      std::string what;
+      llvm::raw_string_ostream os(what);
+      auto kind = op->getAttrOfType<mlir::StringAttr>("kind");
+      os << (unlowered.empty() ? "" : "; ")
+         << (kind ? kind.getValue() : op->getName().getStringRef()) << " on ";
+      llvm::interleaveComma(op->getOperandTypes(), os);
+      auto at = llvm::dyn_cast<mlir::FileLineColLoc>(op->getLoc());
+      if (at && at.getFilename() != "-")
+        os << " (" << at.getFilename() << ":" << at.getLine() << ")";
+      unlowered += what;
+    }
     // A linalg.fill initialising a reduction's accumulator is not counted: it touches only
     // the (smaller) output, right before the reduction that owns it.
     if (llvm::isa<mlir::linalg::LinalgOp>(op) && !llvm::isa<mlir::linalg::FillOp>(op)) ++I.kernels;
   });
   if (!unlowered.empty())
-    throw Error("codegen::Executable", "no lowering yet for: " + unlowered);
+    throw Error("codegen::Executable",
+                "no lowering for " + unlowered +
+                    " (not covered: softmax / log_softmax over 0 elements, nll_loss with a `?` "
+                    "class dim, a slice of a `?` dim; compile() runs such ops on eager kernels)");
   {
     llvm::raw_string_ostream os(I.linalg);
     m.print(os);

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <limits>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -258,6 +259,20 @@ TEST_CASE("Executable: errors are kiln::Error") {
   slice.end = 2;
   g.output(g.op(OpKind::Slice, {x}, slice));  // slice of a `?` dim: no lowering
   CHECK_THROWS_AS(codegen::Executable(g), Error);
+  // The message names the op and its operand types, not the dialect op that carries it (it
+  // said "no lowering yet for: kiln.composite").
+  ir::Graph empty_rows;
+  OpAttrs last;
+  last.dim = -1;
+  empty_rows.output(
+      empty_rows.op(OpKind::Softmax, {empty_rows.input(DType::Float32, {3, 0})}, last));
+  std::string message;
+  try {
+    codegen::Executable exe0(empty_rows);
+  } catch (const Error& e) {
+    message = e.what();
+  }
+  CHECK(message.find("no lowering for softmax on tensor<3x0xf32>") != std::string::npos);
 }
 
 TEST_CASE("Executable: timing of x*x + x on 2^24 float32 (prints, not a check)", "[.timing]") {
