@@ -6,6 +6,7 @@
 #include "ir/dialect.h"
 #include "mlir/Dialect/Arith/IR/Arith.h"
 #include "mlir/Dialect/MemRef/IR/MemRef.h"
+#include "mlir/Interfaces/SideEffectInterfaces.h"
 
 namespace kiln::codegen {
 namespace {
@@ -20,17 +21,20 @@ struct WidenedSum {
   mlir::arith::AddFOp add;
   mlir::memref::StoreOp store;
   mlir::arith::ExtFOp widen;  // of the float32 term
+  /// Terms >= 0 (kNonnegativeTermsAttr: softmax's Σ exp): a float32 partial overflows only
+  /// where the float32 total does. Other partials may overflow where the total does not
+  /// ([3e38, 3e38, -3e38, -3e38]): such a block is summed again in float64, as eager does.
+  bool nonnegative = false;
 };
 
-/// The sum `store` writes, when it is a WidenedSum that the reduce's lowering marked as one of
-/// terms >= 0 (kNonnegativeTermsAttr: softmax's Σ exp). Float32 partials of other sums could
-/// overflow where the total does not ([3e38, 3e38, -3e38]: eager redoes such a sum in double),
-/// and a float64 sum the user asked for (sum of x.to(float64)) must stay one.
+/// The sum `store` writes, when it is a WidenedSum that the reduce's lowering made (marked
+/// kWidenedFloat32SumAttr): a float64 sum the user asked for (sum of x.to(float64)) must stay
+/// one.
 std::optional<WidenedSum> widened_sum(mlir::memref::StoreOp store, mlir::scf::ForOp loop) {
   auto add = store.getValue().getDefiningOp<mlir::arith::AddFOp>();
   if (!add || add->getBlock() != loop.getBody() || !add->hasOneUse() || !add.getType().isF64() ||
       !mlir::arith::bitEnumContainsAll(add.getFastmath(), mlir::arith::FastMathFlags::reassoc) ||
-      !add->hasAttr(kiln::dialect::kNonnegativeTermsAttr))
+      !add->hasAttr(kiln::dialect::kWidenedFloat32SumAttr))
     return std::nullopt;
   for (mlir::Value i : store.getIndices())
     if (!loop.isDefinedOutsideOfLoop(i)) return std::nullopt;
@@ -40,14 +44,16 @@ std::optional<WidenedSum> widened_sum(mlir::memref::StoreOp store, mlir::scf::Fo
     if (load && ext && load->getBlock() == loop.getBody() && load->hasOneUse() &&
         load.getMemRef() == store.getMemRef() &&
         llvm::equal(load.getIndices(), store.getIndices()) && ext.getIn().getType().isF32())
-      return WidenedSum{load, add, store, ext};
+      return WidenedSum{load, add, store, ext,
+                        add->hasAttr(kiln::dialect::kNonnegativeTermsAttr)};
   }
   return std::nullopt;
 }
 
 /// Whether float32 partials keep `sum`'s result: its accumulator is an allocation that, in the
 /// loop, only the sum touches, and that outside it is only stored, freed, or loaded to be
-/// rounded to float32 (softmax's sum). A float64 result used further keeps its float64 sum.
+/// rounded to float32 (softmax's sum), possibly after a division (a mean's by its count). A
+/// float64 result used further keeps its float64 sum.
 bool rounded_to_float32(WidenedSum sum, mlir::scf::ForOp loop) {
   mlir::Value acc = sum.store.getMemRef();
   if (!acc.getDefiningOp<mlir::memref::AllocOp>() && !acc.getDefiningOp<mlir::memref::AllocaOp>())
@@ -56,9 +62,16 @@ bool rounded_to_float32(WidenedSum sum, mlir::scf::ForOp loop) {
     if (loop->isAncestor(user)) {
       if (user != sum.load && user != sum.store) return false;
     } else if (auto load = llvm::dyn_cast<mlir::memref::LoadOp>(user)) {
-      for (mlir::Operation* use : load->getUsers()) {
+      auto rounded = [](mlir::Operation* use) {
         auto trunc = llvm::dyn_cast<mlir::arith::TruncFOp>(use);
-        if (!trunc || !trunc.getType().isF32()) return false;
+        return trunc && trunc.getType().isF32();
+      };
+      for (mlir::Operation* use : load->getUsers()) {
+        auto div = llvm::dyn_cast<mlir::arith::DivFOp>(use);
+        if (div && div.getLhs() == load.getResult() &&
+            llvm::all_of(div->getUsers(), rounded))
+          continue;
+        if (!rounded(use)) return false;
       }
     } else if (!llvm::isa<mlir::memref::StoreOp, mlir::memref::DeallocOp>(user)) {
       return false;
@@ -67,12 +80,31 @@ bool rounded_to_float32(WidenedSum sum, mlir::scf::ForOp loop) {
   return true;
 }
 
+/// Whether running `loop`'s body again over a block changes nothing but `sums`' accumulators:
+/// it writes no other memory and calls nothing.
+bool redoable(mlir::scf::ForOp loop, llvm::ArrayRef<WidenedSum> sums) {
+  bool ok = true;
+  loop.getBody()->walk([&](mlir::Operation* op) {
+    if (auto store = llvm::dyn_cast<mlir::memref::StoreOp>(op)) {
+      ok &= llvm::any_of(sums, [&](const WidenedSum& s) { return s.store == store; });
+    } else if (!mlir::isPure(op) && !llvm::isa<mlir::memref::LoadOp, mlir::scf::YieldOp>(op)) {
+      ok = false;
+    }
+  });
+  return ok;
+}
+
 /// `loop` (no results) rewritten to sum `sums` in float32 partials, each added to its float64
 /// accumulator once per block of kBlockColumns iterations. The partials start at -0.0, the
-/// sum's identity, so an empty block leaves the accumulator as it was.
+/// sum's identity, so an empty block leaves the accumulator as it was. Where a sum may cancel
+/// (not `nonnegative`), a block whose float32 partials are not all finite runs the original
+/// loop over its columns instead, summing in float64 (eager's kernels redo such a row).
 void block_sums(mlir::scf::ForOp loop, llvm::MutableArrayRef<WidenedSum> sums) {
   mlir::OpBuilder b(loop);
   mlir::Location loc = loop.getLoc();
+  const bool checked = llvm::any_of(sums, [](const WidenedSum& s) { return !s.nonnegative; });
+  mlir::scf::ForOp redo = checked ? llvm::cast<mlir::scf::ForOp>(b.clone(*loop)) : nullptr;
+  if (redo) redo->remove();
   mlir::Value lb = loop.getLowerBound(), ub = loop.getUpperBound(), step = loop.getStep();
   auto trips = loop.getStaticTripCount();
   mlir::Value block_lb = lb, block_ub = ub;
@@ -116,6 +148,23 @@ void block_sums(mlir::scf::ForOp loop, llvm::MutableArrayRef<WidenedSum> sums) {
   mlir::scf::YieldOp::create(b, loc, partials);
 
   b.setInsertionPointAfter(inner);
+  if (redo) {
+    // p - p is 0 for a finite p, NaN for ±inf and NaN.
+    mlir::Value zero = mlir::arith::ConstantOp::create(b, loc, b.getF32FloatAttr(0.0f));
+    mlir::Value finite;
+    for (mlir::Value partial : inner.getResults()) {
+      mlir::Value diff = mlir::arith::SubFOp::create(b, loc, partial, partial);
+      mlir::Value ok = mlir::arith::CmpFOp::create(b, loc, mlir::arith::CmpFPredicate::OEQ,
+                                                   diff, zero);
+      finite = finite ? mlir::arith::AndIOp::create(b, loc, finite, ok).getResult() : ok;
+    }
+    auto branch = mlir::scf::IfOp::create(b, loc, finite, /*withElseRegion=*/true);
+    b.setInsertionPoint(branch.elseBlock()->getTerminator());
+    b.insert(redo);
+    redo.setLowerBound(block_lb);
+    redo.setUpperBound(block_ub);
+    b.setInsertionPoint(branch.thenBlock()->getTerminator());
+  }
   for (auto [k, acc] : llvm::enumerate(accumulators)) {
     mlir::Value old = mlir::memref::LoadOp::create(b, loc, acc.memref, acc.indices);
     mlir::Value wide = mlir::arith::ExtFOp::create(b, loc, b.getF64Type(), inner.getResult(k));
@@ -138,6 +187,9 @@ int block_float32_sums(mlir::func::FuncOp fn) {
       for (auto store : loop.getBody()->getOps<mlir::memref::StoreOp>())
         if (auto sum = widened_sum(store, loop); sum && rounded_to_float32(*sum, loop))
           sums.push_back(*sum);
+      // A sum that may need its block redone only where the loop can be run again.
+      if (!redoable(loop, sums))
+        llvm::erase_if(sums, [](const WidenedSum& s) { return !s.nonnegative; });
       if (sums.empty()) continue;
       block_sums(loop, sums);
       blocked += static_cast<int>(sums.size());

@@ -803,8 +803,9 @@ struct LowerReduce : mlir::OpRewritePattern<kiln::dialect::ReduceOp> {
             // then keeps several partial sums in vector lanes); the elementwise math is not.
             if (auto add = r.getDefiningOp<mlir::arith::AddFOp>()) {
               add.setFastmath(mlir::arith::FastMathFlags::reassoc);
-              // A widened float32 sum of terms >= 0 (decompose.cpp): blocked_sums.cpp may sum
-              // it in float32 blocks, which neither cancel nor overflow short of the total.
+              // A widened float32 sum: blocked_sums.cpp may sum it in float32 blocks. Of terms
+              // >= 0 (decompose.cpp) these neither cancel nor overflow short of the total.
+              if (widened) add->setAttr(kiln::dialect::kWidenedFloat32SumAttr, rw.getUnitAttr());
               if (widened && op->hasAttr(kiln::dialect::kNonnegativeTermsAttr))
                 add->setAttr(kiln::dialect::kNonnegativeTermsAttr, rw.getUnitAttr());
             }

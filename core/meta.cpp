@@ -184,6 +184,12 @@ InferredMeta matmul(OpKind op, std::span<const TensorMeta> in, const OpAttrs& a,
   if (op == OpKind::Addmm) {
     KILN_CHECK(x.size() == 2 && y.size() == 2, nm, loc, "expects 2-D matrices, got {} and {}",
                to_string(x), to_string(y));
+    // PyTorch: "For integral input tensors, argument beta must not be a floating point
+    // number" (beta = 0.5 on int tensors acted as 0).
+    for (const Scalar* s : {&a.beta, &a.alpha})
+      KILN_CHECK(is_floating(t) || !s->is_floating(), nm, loc,
+                 "{} must not be a floating point number ({}) for {} inputs",
+                 s == &a.beta ? "beta" : "alpha", s->str(), name(t));
     check_scalar_fits(a.alpha, t, nm, loc);
     check_scalar_fits(a.beta, t, nm, loc);
     Shape out{x[0], y[1]};

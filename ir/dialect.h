@@ -57,6 +57,12 @@ mlir::Value create_op(mlir::OpBuilder& b, mlir::Location loc, OpKind kind,
 /// blocks (codegen/blocked_sums.cpp).
 inline constexpr char kNonnegativeTermsAttr[] = "kiln_nonnegative_terms";
 
+/// Unit attribute on the float64 `arith.addf` that the lowering of a float32 sum or mean
+/// accumulates in (its own widening, not a float64 sum the user asked for): the CPU's row loops
+/// may sum its terms in float32 blocks as eager does, redoing a block in float64 where its
+/// float32 partial is not finite (codegen/blocked_sums.cpp).
+inline constexpr char kWidenedFloat32SumAttr[] = "kiln_widened_float32_sum";
+
 /// A kiln.constant of `type` with every element `value`.
 mlir::Value splat_constant(mlir::OpBuilder& b, mlir::Location loc, mlir::RankedTensorType type,
                            double value);

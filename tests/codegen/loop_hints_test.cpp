@@ -99,7 +99,7 @@ TEST_CASE("loop hints: a float64 product beside softmax's merged loop keeps its 
 TEST_CASE("blocked sums: softmax's sum runs in float32 lanes, blocks of 4096 summed in float64") {
   // blocked_sums.cpp: a float32 sum of exps (terms >= 0) only rounded to float32 keeps float32
   // partials per block of 4,096 columns instead of widening every term to float64 (half the
-  // lanes, and conversions). A plain row sum keeps its float64 terms (next test).
+  // lanes, and conversions). Sums that may cancel too, redone where a block overflows (next).
   constexpr int64_t n = 10000;  // three blocks
   ir::Graph g;
   ir::Value x = g.input(DType::Float32, {3, n});
@@ -127,10 +127,12 @@ TEST_CASE("blocked sums: softmax's sum runs in float32 lanes, blocks of 4096 sum
   CHECK(lse_error < 2e-4);  // near 1010: a few float32 ulp (6.1e-5)
 }
 
-TEST_CASE("blocked sums: other sums keep float64: cancelling 3e38s, a float64 sum, a mean") {
-  // Found by a break-it pass when every float32 row sum was blocked: float32 partials of
-  // [3e38, 3e38, -3e38, -3e38] overflowed (inf for 0), and an explicit float64 sum of
-  // [1e8, 3998 x 1.0, -1e8] lost the ones (3936 for 3998).
+TEST_CASE("blocked sums: cancelling 3e38s and a mean redo their block in float64; a float64 "
+          "sum the user asked for keeps float64") {
+  // Found by a break-it pass when every float32 row sum was first blocked, with no fallback:
+  // float32 partials of [3e38, 3e38, -3e38, -3e38] overflowed (inf for 0), and an explicit
+  // float64 sum of [1e8, 3998 x 1.0, -1e8] lost the ones (3936 for 3998). Now a block whose
+  // float32 partial is inf or NaN is summed again in float64, as eager's kernels redo a row.
   std::vector<float> cancel;
   for (int i = 0; i < 3; ++i) cancel.insert(cancel.end(), {3e38f, 3e38f, -3e38f, -3e38f});
   OpAttrs each_row, to_f64, to_f32;
@@ -163,5 +165,28 @@ TEST_CASE("blocked sums: other sums keep float64: cancelling 3e38s, a float64 su
     Tensor got = exe.run({from_vector(v, {2, 4000})})[0];
     CHECK(got.data<float>()[0] == 3998.0f);
     CHECK(got.data<float>()[1] == 3998.0f);
+  }
+  {
+    // 10,000 columns: three blocks. Row 0: zeros, then in the middle block 1,024 x 3e38 and
+    // 1,024 x -3e38 (two or more in each of up to 512 partial sums that LLVM keeps: inf), then
+    // 0.25 in the last block; its float64 sum is exact. Row 1 has a NaN, row 2 an inf, row 3
+    // ordinary values. A plain row sum runs in float32 lanes. (Huge values that cancel lose
+    // the small terms summed before them, in float64 too: an error of a few ulp of sum |x|.)
+    constexpr int64_t n = 10000;
+    ir::Graph g;
+    g.output(g.op(OpKind::Sum, {g.input(DType::Float32, {4, n})}, each_row));
+    const std::string logs = test::compile_logs(g, "codegen");
+    if (__builtin_cpu_supports("avx512f")) CHECK(count(logs, "fadd reassoc <16 x float>") >= 1);
+    std::vector<float> v(4 * n, 0.25f);
+    for (int64_t j = 0; j < 8192; ++j)
+      v[j] = j < 4096 ? 0.0f : j < 5120 ? 3e38f : j < 6144 ? -3e38f : 0.0f;
+    v[n + 7000] = NAN;
+    v[2 * n + 9999] = INFINITY;
+    codegen::Executable exe(g);
+    Tensor got = exe.run({from_vector(v, {4, n})})[0];
+    CHECK(got.data<float>()[0] == 0.25f * (n - 8192));
+    CHECK(std::isnan(got.data<float>()[1]));
+    CHECK(got.data<float>()[2] == INFINITY);
+    CHECK(got.data<float>()[3] == 0.25f * n);
   }
 }

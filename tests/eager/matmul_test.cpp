@@ -233,6 +233,11 @@ TEST_CASE("addmm: beta * bias + alpha * (a @ b), bias broadcast") {
   Tensor ai = a.to(Int64), bi = b.to(Int64);
   CHECK(addmm(tensor({1, 2}, {Int64}), ai, bi, 3, 2).to_vector<int64_t>() ==
         std::vector<int64_t>{41, 50, 89, 106});
+  // A float beta or alpha on integer tensors raises, as PyTorch (beta 0.5 acted as 0).
+  CHECK_THROWS_WITH(addmm(tensor({1, 2}, {Int64}), ai, bi, 0.5, 1),
+                    Catch::Contains("beta must not be a floating point number"));
+  CHECK_THROWS_WITH(addmm(tensor({1, 2}, {Int64}), ai, bi, 1, 1.5),
+                    Catch::Contains("alpha must not be a floating point number"));
   // Empty inner dim: the result is beta * bias.
   CHECK(addmm(bias, zeros({2, 0}), zeros({0, 2}), 3, 1).to_vector<float>() ==
         std::vector<float>{3, -3, 3, -3});

@@ -1,7 +1,9 @@
-// kiln-cpu-row-loops (codegen/blocked_sums.cpp): a float64 sum of widened float32 terms >= 0
-// (its add marked kiln_nonnegative_terms by the reduce's lowering: softmax's sum of exps) in a
-// CPU row's column loop, whose result is only rounded to float32, runs in float32 partials, one
-// per block of 4,096 columns, each added to the float64 sum, as eager's kernels sum.
+// kiln-cpu-row-loops (codegen/blocked_sums.cpp): a float64 sum of float32 terms that the
+// reduce's lowering widened (its add marked kiln_widened_float32_sum) in a CPU row's column
+// loop, whose result is only rounded to float32 (after a mean's division, say), runs in float32
+// partials, one per block of 4,096 columns, each added to the float64 sum, as eager's kernels
+// sum. Terms >= 0 (kiln_nonnegative_terms: softmax's sum of exps) cannot overflow short of the
+// total; other sums redo a block in float64 where its partial is not finite.
 // RUN: kiln-opt %s --split-input-file --kiln-cpu-row-loops | FileCheck %s
 
 // Columns not known: blocks of 4,096 (step * 4096), the last one cut at the row's end. The
@@ -38,7 +40,7 @@ func.func @dynamic_columns(%x: memref<?x?xf32>, %out: memref<?x1xf32> {llvm.noal
       %v = memref.load %x[%i, %j] : memref<?x?xf32>
       %s = memref.load %sum[%c0, %c0] : memref<1x1xf64>
       %w = arith.extf %v : f32 to f64
-      %t = arith.addf %s, %w fastmath<reassoc> {kiln_nonnegative_terms} : f64
+      %t = arith.addf %s, %w fastmath<reassoc> {kiln_nonnegative_terms, kiln_widened_float32_sum} : f64
       memref.store %t, %sum[%c0, %c0] : memref<1x1xf64>
     }
     %s = memref.load %sum[%c0, %c0] : memref<1x1xf64>
@@ -85,11 +87,11 @@ func.func @two_sums_and_a_float64_one(%x: memref<?x10000xf32>, %y: memref<?x1000
       %sq = arith.mulf %v, %v : f32
       %a = memref.load %sum1[%c0, %c0] : memref<1x1xf64>
       %wa = arith.extf %v : f32 to f64
-      %ta = arith.addf %a, %wa fastmath<reassoc> {kiln_nonnegative_terms} : f64
+      %ta = arith.addf %a, %wa fastmath<reassoc> {kiln_nonnegative_terms, kiln_widened_float32_sum} : f64
       memref.store %ta, %sum1[%c0, %c0] : memref<1x1xf64>
       %b = memref.load %sum2[%c0, %c0] : memref<1x1xf64>
       %wb = arith.extf %sq : f32 to f64
-      %tb = arith.addf %wb, %b fastmath<reassoc> {kiln_nonnegative_terms} : f64
+      %tb = arith.addf %wb, %b fastmath<reassoc> {kiln_nonnegative_terms, kiln_widened_float32_sum} : f64
       memref.store %tb, %sum2[%c0, %c0] : memref<1x1xf64>
       %y64 = memref.load %y[%i, %j] : memref<?x10000xf64>
       %c = memref.load %sum3[%c0, %c0] : memref<1x1xf64>
@@ -115,10 +117,10 @@ func.func @two_sums_and_a_float64_one(%x: memref<?x10000xf32>, %y: memref<?x1000
 
 // -----
 
-// Kept in float64, one reason each: the sum is used as float64 (a mean: float32 partials of
-// [3e38, 3e38] would overflow where the mean does not); an ordered sum (no reassoc); the
-// accumulator is read in the loop by another op; a sum not marked as one of terms >= 0 (a row
-// sum of [3e38, -3e38, 3e38]: float32 partials overflow, or a float64 sum the user asked for).
+// Kept in float64, one reason each: a sum that may cancel in a loop that also writes other
+// memory (its block could not be redone where [3e38, 3e38, -3e38] overflows a float32
+// partial); an ordered sum (no reassoc); the accumulator is read in the loop by another op; a
+// sum the lowering did not widen (a float64 sum the user asked for: sum of x.to(float64)).
 // CHECK-LABEL: func.func @kept
 // CHECK-NOT:     iter_args
 // CHECK-COUNT-4: arith.addf {{.*}} : f64
@@ -146,13 +148,13 @@ func.func @kept(%x: memref<?x1024xf32>, %out: memref<?x4xf32> {llvm.noalias}) {
       %v = memref.load %x[%i, %j] : memref<?x1024xf32>
       %w = arith.extf %v : f32 to f64
       %a = memref.load %mean[%c0, %c0] : memref<1x1xf64>
-      %ta = arith.addf %a, %w fastmath<reassoc> {kiln_nonnegative_terms} : f64
+      %ta = arith.addf %a, %w fastmath<reassoc> {kiln_widened_float32_sum} : f64
       memref.store %ta, %mean[%c0, %c0] : memref<1x1xf64>
       %b = memref.load %ordered[%c0, %c0] : memref<1x1xf64>
-      %tb = arith.addf %b, %w {kiln_nonnegative_terms} : f64
+      %tb = arith.addf %b, %w {kiln_nonnegative_terms, kiln_widened_float32_sum} : f64
       memref.store %tb, %ordered[%c0, %c0] : memref<1x1xf64>
       %c = memref.load %read[%c0, %c0] : memref<1x1xf64>
-      %tc = arith.addf %c, %w fastmath<reassoc> {kiln_nonnegative_terms} : f64
+      %tc = arith.addf %c, %w fastmath<reassoc> {kiln_nonnegative_terms, kiln_widened_float32_sum} : f64
       memref.store %tc, %read[%c0, %c0] : memref<1x1xf64>
       %peek = memref.load %read[%c0, %c0] : memref<1x1xf64>
       memref.store %peek, %seen[%j] : memref<1024xf64>
@@ -180,5 +182,68 @@ func.func @kept(%x: memref<?x1024xf32>, %out: memref<?x4xf32> {llvm.noalias}) {
   memref.dealloc %ordered : memref<1x1xf64>
   memref.dealloc %read : memref<1x1xf64>
   memref.dealloc %seen : memref<1024xf64>
+  return
+}
+
+// -----
+
+// A mean and a sum that may cancel, in a loop that writes nothing else: both in float32
+// partials; a block whose partials are not both finite (p - p == 0 is false for inf and NaN)
+// runs the original loop over its columns, adding float64 terms to the accumulators; the
+// others add the partials. The mean's division by its count comes after, as before.
+// CHECK-LABEL: func.func @redone_where_not_finite
+// CHECK:         scf.parallel (%[[ROW:.*]]) =
+// CHECK:           %[[P:.*]]:2 = scf.for %[[J:.*]] = {{.*}} iter_args({{.*}}) -> (f32, f32) {
+// CHECK:             arith.addf {{.*}} fastmath<reassoc> : f32
+// CHECK:             arith.addf {{.*}} fastmath<reassoc> : f32
+// CHECK:           }
+// CHECK:           %[[ZERO:.*]] = arith.constant 0.000000e+00 : f32
+// CHECK:           %[[D0:.*]] = arith.subf %[[P]]#0, %[[P]]#0 : f32
+// CHECK:           %[[OK0:.*]] = arith.cmpf oeq, %[[D0]], %[[ZERO]] : f32
+// CHECK:           %[[D1:.*]] = arith.subf %[[P]]#1, %[[P]]#1 : f32
+// CHECK:           %[[OK1:.*]] = arith.cmpf oeq, %[[D1]], %[[ZERO]] : f32
+// CHECK:           %[[OK:.*]] = arith.andi %[[OK0]], %[[OK1]] : i1
+// CHECK:           scf.if %[[OK]] {
+// CHECK-COUNT-2:     arith.extf %[[P]]
+// CHECK:           } else {
+// CHECK:             scf.for
+// CHECK-COUNT-2:       arith.addf {{.*}} fastmath<reassoc> {kiln_widened_float32_sum} : f64
+// CHECK:             }
+// CHECK:           }
+// CHECK:           arith.divf
+// CHECK:         scf.reduce
+func.func @redone_where_not_finite(%x: memref<?x1024xf32>, %out: memref<?x2xf32> {llvm.noalias}) {
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %c1024 = arith.constant 1024 : index
+  %n = arith.constant 1024.0 : f64
+  %zero = arith.constant 0.0 : f64
+  %rows = memref.dim %x, %c0 : memref<?x1024xf32>
+  %mean = memref.alloc() : memref<1x1xf64>
+  %sum = memref.alloc() : memref<1x1xf64>
+  scf.parallel (%i) = (%c0) to (%rows) step (%c1) {
+    memref.store %zero, %mean[%c0, %c0] : memref<1x1xf64>
+    memref.store %zero, %sum[%c0, %c0] : memref<1x1xf64>
+    scf.for %j = %c0 to %c1024 step %c1 {
+      %v = memref.load %x[%i, %j] : memref<?x1024xf32>
+      %w = arith.extf %v : f32 to f64
+      %a = memref.load %mean[%c0, %c0] : memref<1x1xf64>
+      %ta = arith.addf %a, %w fastmath<reassoc> {kiln_widened_float32_sum} : f64
+      memref.store %ta, %mean[%c0, %c0] : memref<1x1xf64>
+      %b = memref.load %sum[%c0, %c0] : memref<1x1xf64>
+      %tb = arith.addf %b, %w fastmath<reassoc> {kiln_widened_float32_sum} : f64
+      memref.store %tb, %sum[%c0, %c0] : memref<1x1xf64>
+    }
+    %r1 = memref.load %mean[%c0, %c0] : memref<1x1xf64>
+    %m1 = arith.divf %r1, %n : f64
+    %f1 = arith.truncf %m1 : f64 to f32
+    %r2 = memref.load %sum[%c0, %c0] : memref<1x1xf64>
+    %f2 = arith.truncf %r2 : f64 to f32
+    memref.store %f1, %out[%i, %c0] : memref<?x2xf32>
+    memref.store %f2, %out[%i, %c1] : memref<?x2xf32>
+    scf.reduce
+  }
+  memref.dealloc %mean : memref<1x1xf64>
+  memref.dealloc %sum : memref<1x1xf64>
   return
 }

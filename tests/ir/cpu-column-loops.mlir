@@ -46,7 +46,7 @@ func.func @exp_and_sum(%x: memref<?x1024xf32>, %out: memref<?x1024xf32> {llvm.no
       %e = memref.load %out[%i, %j] : memref<?x1024xf32>
       %s = memref.load %sum[%c0, %c0] : memref<1x1xf64>
       %w = arith.extf %e : f32 to f64
-      %t = arith.addf %s, %w fastmath<reassoc> {kiln_nonnegative_terms} : f64
+      %t = arith.addf %s, %w fastmath<reassoc> {kiln_nonnegative_terms, kiln_widened_float32_sum} : f64
       memref.store %t, %sum[%c0, %c0] : memref<1x1xf64>
     }
     %s = memref.load %sum[%c0, %c0] : memref<1x1xf64>
@@ -478,7 +478,7 @@ func.func @short_exp_and_sum(%x: memref<?x8xf32>, %out: memref<?x8xf32> {llvm.no
       %e = memref.load %out[%i, %j] : memref<?x8xf32>
       %s = memref.load %sum[%c0, %c0] : memref<1x1xf64>
       %w = arith.extf %e : f32 to f64
-      %t = arith.addf %s, %w fastmath<reassoc> {kiln_nonnegative_terms} : f64
+      %t = arith.addf %s, %w fastmath<reassoc> {kiln_nonnegative_terms, kiln_widened_float32_sum} : f64
       memref.store %t, %sum[%c0, %c0] : memref<1x1xf64>
     }
     scf.reduce

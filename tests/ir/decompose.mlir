@@ -8,7 +8,7 @@
 // LOWER-NOT: kiln.
 // LOWER-LABEL: func.func @softmax
 // LOWER-COUNT-2: linalg.fill
-// LOWER: arith.addf %{{.*}} fastmath<reassoc> {kiln_nonnegative_terms} : f64
+// LOWER: arith.addf %{{.*}} fastmath<reassoc> {kiln_nonnegative_terms, kiln_widened_float32_sum} : f64
 // LOWER-LABEL: func.func @nll_loss
 // LOWER: tensor.extract %arg0
 // LOWER-NOT: kiln.

@@ -19,7 +19,7 @@
 // CHECK-DAG: %[[IMAX:.*]] = arith.constant 2147483647 : i32
 // CHECK: %[[S:.*]] = linalg.generic {indexing_maps = [#[[ID]], #[[KEEP]]], iterator_types = ["parallel", "reduction"]}
 // CHECK: arith.extf %{{.*}} : f32 to f64
-// CHECK-NEXT: arith.addf {{.*}} fastmath<reassoc> : f64
+// CHECK-NEXT: arith.addf {{.*}} fastmath<reassoc> {kiln_widened_float32_sum} : f64
 // CHECK: linalg.generic
 // CHECK: arith.divf %{{.*}}, %[[FOUR]] : f64
 // CHECK-NEXT: arith.truncf %{{.*}} : f64 to f32
