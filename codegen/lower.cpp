@@ -748,7 +748,8 @@ struct LowerReduce : mlir::OpRewritePattern<kiln::dialect::ReduceOp> {
       if (k == OpKind::Mean) return rw.notifyMatchFailure(op, "integer mean");
     }
     // float32 sums and means accumulate in float64 (eager's kernels sum float32 partials over
-    // blocks of 4,096 and combine the blocks in double): compiled and eager sums then differ by
+    // blocks of 4,096 and combine the blocks in double; the CPU's row loops do so too,
+    // blocked_sums.cpp, from the mark below): compiled and eager sums then differ by
     // eager's float32 roundings, a few ulp of sum |x|, instead of drifting with the summation
     // order (measured: a 20-epoch AdamW training run kept eager's losses to 5e-6 instead of
     // drifting to 1.6e-2).

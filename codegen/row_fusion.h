@@ -74,7 +74,7 @@ void register_gpu_row_recompute_pass(mlir::DialectRegistry& registry);
 /// - such a row whose last reader copies it, element for element, into an output argument
 ///   marked llvm.noalias that nothing else touches is computed in the output's row instead
 ///   (softmax's exp is stored in the output and scaled there, as eager's kernel does).
-/// - consecutive column loops of a row merge (fuse_column_loops), float32 sums of exps sum in
+/// - consecutive column loops of a row merge (fuse_column_loops), float32 sums and means sum in
 ///   float32 blocks (block_float32_sums), and each row prefetches the next
 ///   (prefetch_next_rows).
 /// Returns whether no allocation with a dynamic size is left: every intermediate is then per
@@ -98,17 +98,20 @@ int fuse_column_loops(mlir::func::FuncOp fn);
 /// where the hardware prefetchers stop. Returns how many buffers it prefetches.
 int prefetch_next_rows(mlir::func::FuncOp fn);
 
-/// The CPU's row loops: a float64 sum of widened float32 terms (lower.cpp sums float32 in
-/// float64) that are never negative (its add marked kNonnegativeTermsAttr, ir/dialect.h:
-/// softmax's, log_softmax's and logsumexp's Σ exp) and whose result is only rounded to float32
-/// is summed in float32 partials, one per block of 4,096 columns, each added to the float64
-/// sum, as eager's kernels sum (sum_run, backends/cpu/reduce_simd.h). The vectorised loop then
-/// keeps 16 float32 lanes per register instead of 8 float64 and converts nothing per column:
-/// compiled softmax [4096, 1024] took 0.84 ms instead of 1.03 (2 threads; eager 0.82). Terms
-/// >= 0 cannot cancel, so float32 partials overflow only where the float32 total does. Other
-/// sums keep float64: float32 partials of a row [3e38, 3e38, -3e38, -3e38] overflow (eager
-/// redoes such a sum in double), a float64 sum the user asked for must stay one, and a mean or
-/// a variance uses the float64 sum further. Returns how many sums it blocked.
+/// The CPU's row loops: a float64 sum that lower.cpp made of widened float32 terms (its add
+/// marked kWidenedFloat32SumAttr, ir/dialect.h: a float32 sum or mean) whose result is only
+/// rounded to float32 (a mean's after its division) is summed in float32 partials, one per
+/// block of 4,096 columns, each added to the float64 sum, as eager's kernels sum (sum_run,
+/// backends/cpu/reduce_simd.h). The vectorised loop then keeps 16 float32 lanes per register
+/// instead of 8 float64 and converts nothing per column: compiled softmax [4096, 1024] took
+/// 0.84 ms instead of 1.03 (2 threads; eager 0.82), a row sum 0.56-0.65 instead of 0.89 (1
+/// thread). Terms >= 0 (kNonnegativeTermsAttr: softmax's, log_softmax's and logsumexp's Σ exp)
+/// cannot cancel, so their partials overflow only where the float32 total does. Other sums are
+/// blocked only in loops that write nothing but their sums: a block whose partial is inf or
+/// NaN runs the original float64 loop over its columns instead (a row [3e38, 3e38, -3e38,
+/// -3e38] is 0, as eager's kernels redo such a row in double). A float64 sum the user asked
+/// for is not marked and stays one, as does a sum used further as float64 (a variance).
+/// Returns how many sums it blocked.
 int block_float32_sums(mlir::func::FuncOp fn);
 
 /// Registers kiln-cpu-row-loops{verify=false} and kiln-fuse-same-domain-loops (cpu_row_loops and
