@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -275,6 +276,26 @@ std::string cache_dir(const CompileOptions& options, std::string& note) {
   return dir;
 }
 
+/// Removes, once per process and directory, the temporary files of writers that did not finish
+/// (a process killed between write and rename) and are over an hour old; they were never
+/// removed. A live writer's file is seconds old.
+void remove_stale_temporaries(const std::string& dir) {
+  static std::set<std::string> swept;
+  {
+    std::lock_guard lock(g_mutex);
+    if (!swept.insert(dir).second) return;
+  }
+  std::error_code ec;
+  const auto cutoff = fs::file_time_type::clock::now() - std::chrono::hours(1);
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    std::error_code e;
+    if (name.find(".kobj.tmp.") != std::string::npos && it->is_regular_file(e) &&
+        it->last_write_time(e) < cutoff && !e)
+      fs::remove(it->path(), e);
+  }
+}
+
 /// Writes `bytes` to `path` atomically (temp file + rename): readers see all of it or nothing.
 void write_entry(const std::string& dir, const std::string& path, const std::string& bytes,
                  std::string& note) {
@@ -283,6 +304,7 @@ void write_entry(const std::string& dir, const std::string& path, const std::str
       path + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(counter.fetch_add(1));
   std::error_code ec;
   fs::create_directories(dir, ec);
+  if (!ec) remove_stale_temporaries(dir);
   std::string error = ec ? ec.message() : "";
   if (error.empty()) {
     FILE* f = std::fopen(tmp.c_str(), "wb");

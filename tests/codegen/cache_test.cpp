@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -236,6 +237,20 @@ TEST_CASE("cache: a FIFO, a link or a directory at an entry's path is not read")
     CHECK(compile_fresh(other).stats().source == Source::DiskCache);
     CHECK(fs::is_directory(entry));
   }
+}
+
+// A writer killed between write and rename left its temporary file for good; the first write
+// into a directory now removes those over an hour old (a live writer's is seconds old).
+TEST_CASE("cache: temporary files of writers that did not finish are removed after an hour") {
+  TempCache cache;
+  const fs::path stale = fs::path(cache.dir) / "0123456789abcdef0123456789abcdef.kobj.tmp.1.0";
+  const fs::path fresh = fs::path(cache.dir) / "0123456789abcdef0123456789abcdef.kobj.tmp.2.0";
+  std::ofstream(stale) << "partial";
+  std::ofstream(fresh) << "partial";
+  fs::last_write_time(stale, fs::file_time_type::clock::now() - std::chrono::hours(2));
+  compile_fresh(chain({5}));
+  CHECK_FALSE(fs::exists(stale));
+  CHECK(fs::exists(fresh));
 }
 
 TEST_CASE("cache: an entry of another codegen version is stale and rebuilt") {
