@@ -263,17 +263,26 @@ std::vector<int> grad_sharing(const Program& p, TensorOf&& tensor_of) {
     if (k == SourceKind::Arg || k == SourceKind::Captured || k == SourceKind::GradOf)
       candidates.push_back(static_cast<int>(v));
   }
-  for (int g : candidates) {
+  // Each candidate's storage, fetched once: the pairs are compared by pointer.
+  std::vector<const StorageImpl*> storage(candidates.size(), nullptr);
+  bool any_grad = false;
+  for (size_t i = 0; i < candidates.size(); ++i) {
+    const Tensor& t = tensor_of(candidates[i]);
+    if (t.defined()) storage[i] = t.storage().get();
+    any_grad |= p.sources[p.values[candidates[i]].source].kind == SourceKind::GradOf;
+  }
+  if (!any_grad) return out;
+  for (size_t i = 0; i < candidates.size(); ++i) {
+    const int g = candidates[i];
     if (p.sources[p.values[g].source].kind != SourceKind::GradOf) continue;
-    const Tensor& t = tensor_of(g);
     int shared = -1;
-    for (int u : candidates) {
-      if (u == g) continue;
-      const Tensor& o = tensor_of(u);
-      if (!o.defined() || o.storage() != t.storage()) continue;
+    for (size_t j = 0; j < candidates.size() && storage[i]; ++j) {
+      if (j == i || storage[j] != storage[i]) continue;
+      const Tensor& t = tensor_of(g);
+      const Tensor& o = tensor_of(candidates[j]);
       const bool same = o.offset() == t.offset() && o.shape() == t.shape() &&
                         o.strides() == t.strides() && o.dtype() == t.dtype();
-      shared = 2 * u + (same ? 1 : 0);
+      shared = 2 * candidates[j] + (same ? 1 : 0);
       break;
     }
     out.push_back(shared);
