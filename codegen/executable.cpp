@@ -465,7 +465,7 @@ GpuLoopEmulation gpu_loop_emulation(const CompileOptions& options) {
   using E = GpuLoopEmulation;
   static const E env = [] {
     const char* e = std::getenv("KILN_EMULATE_GPU_LOOPS");
-    if (e && std::string_view(e) == "reverse") return E::Reversed;
+    if (e && llvm::StringRef(e).equals_insensitive("reverse")) return E::Reversed;
     return env_flag("KILN_EMULATE_GPU_LOOPS") ? E::InOrder : E::Off;
   }();
   if (!options.device.is_cpu()) return E::Off;

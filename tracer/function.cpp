@@ -509,14 +509,23 @@ void describe_tree(const Segment& s, int depth, std::string& out) {
 namespace {
 
 // Every live compiled function's lock, for fork(): a replay holds its function's lock (shared)
-// for the whole replay, so a child forked meanwhile inherited it held by a thread that does not
-// exist there, and its first trace of that function hung (found by review).
+// for the whole replay, and a trace holds it (exclusive) while it compiles, so a child forked
+// meanwhile inherited it held by a thread that does not exist there, and its first trace of
+// that function hung (found by review).
+struct LiveFunction {
+  std::shared_mutex* mu;
+  std::atomic<bool>* forked_while_busy;
+  bool held_at_fork = false;
+};
 std::mutex g_live_mu;
-std::vector<std::shared_mutex*> g_live_locks;
+std::vector<LiveFunction*> g_live;
 
-// fork() takes every function's lock, then (registered before these) the generator's and the
-// leaves' locks, in the order replays take them; the child makes its copies anew: a
-// pthread_rwlock may not be unlocked by the child, whose thread id differs from the owner's.
+// Before fork() (and, registered before these, the generator's and the leaves' locks, which
+// replays take after their function's): each function's lock is tried, not waited for, so a
+// fork does not wait for another thread's compile (seconds) or replay. In the child every lock
+// is made anew (a pthread_rwlock may not be unlocked by the child, whose thread id differs from
+// the owner's); a function whose lock was held there may have been mid-update, so the child
+// runs it eagerly.
 void register_function_fork_handlers() {
   static std::once_flag once;
   std::call_once(once, [] {
@@ -524,14 +533,18 @@ void register_function_fork_handlers() {
     pthread_atfork(
         [] {
           g_live_mu.lock();
-          for (std::shared_mutex* m : g_live_locks) m->lock();
+          for (LiveFunction* f : g_live) f->held_at_fork = f->mu->try_lock();
         },
         [] {
-          for (std::shared_mutex* m : g_live_locks) m->unlock();
+          for (LiveFunction* f : g_live)
+            if (f->held_at_fork) f->mu->unlock();
           g_live_mu.unlock();
         },
         [] {
-          for (std::shared_mutex* m : g_live_locks) new (m) std::shared_mutex();
+          for (LiveFunction* f : g_live) {
+            new (f->mu) std::shared_mutex();
+            if (!f->held_at_fork) f->forked_while_busy->store(true);
+          }
           new (&g_live_mu) std::mutex();
         });
   });
@@ -545,11 +558,11 @@ struct CompiledFunction::Impl {
   Impl(const std::string& n, const CompileOptions& o) : name(n), options(o) {
     register_function_fork_handlers();
     std::lock_guard lock(g_live_mu);
-    g_live_locks.push_back(&mu);
+    g_live.push_back(&live);
   }
   ~Impl() {
     std::lock_guard lock(g_live_mu);
-    std::erase(g_live_locks, &mu);
+    std::erase(g_live, &live);
   }
   Impl(const Impl&) = delete;
   Impl& operator=(const Impl&) = delete;
@@ -578,6 +591,10 @@ struct CompiledFunction::Impl {
       const std::vector<ArgValue>& args) const;
 
   mutable std::shared_mutex mu;
+  /// In a child forked while another thread held `mu`: its entries may be mid-update, so every
+  /// call runs the function eagerly (register_function_fork_handlers).
+  std::atomic<bool> forked_while_busy{false};
+  LiveFunction live{&mu, &forked_while_busy};
   std::vector<std::shared_ptr<Entry>> entries;
   std::vector<std::string> recompiles;  // each trace after the first, with its reason
   size_t recompiles_dropped = 0;         // the oldest ones, beyond kMaxRecompilesKept
@@ -874,6 +891,10 @@ std::vector<OutValue> CompiledFunction::call(const std::vector<ArgValue>& given,
   }
   // Inside another function's trace, this function's ops become part of that trace.
   if (compile_disabled() || Recorder::current() != nullptr) return invoke();
+  if (im.forked_while_busy.load(std::memory_order_relaxed)) {
+    ++im.eager_calls;
+    return invoke();
+  }
   if (im.eager_only.load(std::memory_order_relaxed)) {
     ++im.eager_calls;
     return invoke();
@@ -1927,6 +1948,10 @@ std::vector<OutValue> CompiledFunction::Impl::trace(
 
 std::string CompiledFunction::explain() const {
   const Impl& im = *impl_;
+  if (im.forked_while_busy)
+    return fmt::format("compiled function '{}': runs eagerly in this process ({} eager call(s)): "
+                       "it was forked while another thread was tracing or replaying it\n",
+                       name_, im.eager_calls.load());
   std::shared_lock lock(im.mu);
   int leaves = 0;
   for (auto& e : im.entries) leaves += e->root->leaves();

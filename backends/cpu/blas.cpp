@@ -16,6 +16,7 @@
 #include "backends/cpu/allocator.h"
 #include "backends/cpu/bf16_gemm.h"
 #include "backends/cpu/parallel.h"
+#include "core/env.h"
 
 namespace kiln::cpu {
 namespace {
@@ -36,8 +37,9 @@ struct Dnnl {
 const Dnnl& dnnl() {
   static const Dnnl lib = [] {
     Dnnl d;
-    if (const char* env = std::getenv("KILN_ONEDNN"); env && std::strcmp(env, "0") == 0) {
-      std::fprintf(stderr, "kiln: KILN_ONEDNN=0: float32 matmul uses kiln's own GEMM kernel\n");
+    if (!env_flag("KILN_ONEDNN", true)) {
+      std::fprintf(stderr, "kiln: KILN_ONEDNN is off: float32 matmul uses kiln's own GEMM "
+                   "kernel\n");
       return d;
     }
     // Must precede the first load of libgomp, which reads it once at start-up.
