@@ -4,6 +4,7 @@
 // u64 payload size, u64 xxh3 of the payload; payload = version, key, metadata, object.
 #include "codegen/cache.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -17,11 +18,13 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <filesystem>
 #include <mutex>
 #include <optional>
 #include <set>
 #include <unordered_map>
+#include <vector>
 
 #include "codegen/source_hash.h"  // generated (build dir)
 #include "core/env.h"
@@ -276,24 +279,91 @@ std::string cache_dir(const CompileOptions& options, std::string& note) {
   return dir;
 }
 
-/// Removes, once per process and directory, the temporary files of writers that did not finish
-/// (a process killed between write and rename) and are over an hour old; they were never
-/// removed. A live writer's file is seconds old.
-void remove_stale_temporaries(const std::string& dir) {
-  static std::set<std::string> swept;
+/// The disk cache's default size limit (KILN_CACHE_MAX_SIZE). Entries average tens of KiB (a
+/// whole training step's a few MiB), so this holds tens of thousands of graphs.
+constexpr int64_t kDefaultMaxBytes = int64_t{1} << 30;
+
+/// Bytes this process wrote into each directory since it last tidied it (guarded by g_mutex).
+std::unordered_map<std::string, int64_t> g_written_since_tidy;
+
+/// Whether a process's first write into `dir` should tidy it: when no process did in the last
+/// ten minutes, by the mtime of `dir`/last-tidy, which this touches. A scan stats every entry
+/// (47 ms for 11,000 entries here), too much for each short-lived process.
+bool tidy_due(const std::string& dir) {
+  const std::string marker = dir + "/last-tidy";
+  struct stat st;
+  if (::lstat(marker.c_str(), &st) == 0 && S_ISREG(st.st_mode) &&
+      std::chrono::system_clock::now() - std::chrono::system_clock::from_time_t(st.st_mtime) <
+          std::chrono::minutes(10))
+    return false;
+  const int fd = ::open(marker.c_str(), O_WRONLY | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC,
+                        0644);
+  if (fd >= 0) {
+    ::futimens(fd, nullptr);
+    ::close(fd);
+  }
+  return true;
+}
+
+/// Keeps `dir` under its size limit and removes what killed writers left. Runs at the first
+/// write of the process into `dir` (unless another process did in the last ten minutes:
+/// tidy_due), then after each limit / 16 bytes it wrote there, so a directory shared by many
+/// processes stays near its limit without a scan per write.
+/// - Temporary files over an hour old are removed: a process killed between write and rename
+///   left them, and nothing else would (a live writer's file is seconds old).
+/// - When the entries (`*.kobj`) total more than the limit, the least recently used ones (oldest
+///   modification time: a disk hit touches its entry) are removed until they total at most 80 %
+///   of it, as ccache does, so that the next writes do not trim again. `keep`, the entry just
+///   written, stays. An entry another process is reading stays readable until it closes it.
+void tidy_directory(const std::string& dir, const std::string& keep, size_t written) {
+  const int64_t limit = env_bytes("KILN_CACHE_MAX_SIZE", kDefaultMaxBytes);
+  bool first = false;
   {
     std::lock_guard lock(g_mutex);
-    if (!swept.insert(dir).second) return;
+    auto [it, inserted] = g_written_since_tidy.try_emplace(dir, 0);
+    first = inserted;
+    it->second += static_cast<int64_t>(written);
+    if (!first && (limit == 0 || it->second < limit / 16)) return;
+    it->second = 0;
   }
-  std::error_code ec;
-  const auto cutoff = fs::file_time_type::clock::now() - std::chrono::hours(1);
-  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
-    const std::string name = it->path().filename().string();
-    std::error_code e;
-    if (name.find(".kobj.tmp.") != std::string::npos && it->is_regular_file(e) &&
-        it->last_write_time(e) < cutoff && !e)
-      fs::remove(it->path(), e);
+  if (first && !tidy_due(dir)) return;
+  struct Found {
+    int64_t used_ns;
+    int64_t bytes;
+    std::string name;
+  };
+  std::vector<Found> entries;
+  int64_t total = 0;
+  DIR* d = ::opendir(dir.c_str());
+  if (!d) return;
+  const int dir_fd = ::dirfd(d);
+  const int64_t stale_ns = (static_cast<int64_t>(::time(nullptr)) - 3600) * 1'000'000'000;
+  while (const dirent* e = ::readdir(d)) {
+    const std::string_view name = e->d_name;
+    const bool temporary = name.find(".kobj.tmp.") != std::string_view::npos;
+    if (!temporary && !(name.size() > 5 && name.ends_with(".kobj"))) continue;
+    struct stat st;  // one stat per entry: its mtime and size
+    if (::fstatat(dir_fd, e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(st.st_mode))
+      continue;
+    const int64_t used_ns = int64_t{st.st_mtim.tv_sec} * 1'000'000'000 + st.st_mtim.tv_nsec;
+    if (temporary) {
+      if (used_ns < stale_ns) ::unlinkat(dir_fd, e->d_name, 0);
+      continue;
+    }
+    entries.push_back({used_ns, static_cast<int64_t>(st.st_size), std::string(name)});
+    total += st.st_size;
   }
+  if (limit > 0 && total > limit) {
+    std::sort(entries.begin(), entries.end(),
+              [](const Found& a, const Found& b) { return a.used_ns < b.used_ns; });
+    const std::string keep_name = fs::path(keep).filename().string();
+    const int64_t target = limit / 5 * 4;
+    for (const Found& f : entries) {
+      if (total <= target) break;
+      if (f.name != keep_name && ::unlinkat(dir_fd, f.name.c_str(), 0) == 0) total -= f.bytes;
+    }
+  }
+  ::closedir(d);
 }
 
 /// Writes `bytes` to `path` atomically (temp file + rename): readers see all of it or nothing.
@@ -304,7 +374,6 @@ void write_entry(const std::string& dir, const std::string& path, const std::str
       path + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(counter.fetch_add(1));
   std::error_code ec;
   fs::create_directories(dir, ec);
-  if (!ec) remove_stale_temporaries(dir);
   std::string error = ec ? ec.message() : "";
   if (error.empty()) {
     FILE* f = std::fopen(tmp.c_str(), "wb");
@@ -315,6 +384,7 @@ void write_entry(const std::string& dir, const std::string& path, const std::str
       error = ok ? ec.message() : std::strerror(errno);
       fs::remove(tmp, ec);
     }
+    if (ok && error.empty()) tidy_directory(dir, path, bytes.size());
     if (ok && !error.empty()) {
       // The directory took the new file; only this entry's name is taken (a directory, or
       // another user's file in a sticky directory): the cache stays on for other entries.
@@ -415,6 +485,9 @@ std::shared_ptr<const CompiledCode> get_or_compile(const std::string& graph_mlir
       try {
         code = load_object(entry.object, std::move(entry.meta), stats);
         stats.source = CompileStats::Source::DiskCache;
+        // Marks the entry used, for tidy_directory's least-recently-used order (atimes are
+        // often not kept: noatime, relatime). Fails harmlessly on another user's entry.
+        ::utimensat(AT_FDCWD, path.c_str(), nullptr, AT_SYMLINK_NOFOLLOW);
       } catch (const Error& e) {
         why = std::string("unloadable entry: ") + e.what();
       }

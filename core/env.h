@@ -1,6 +1,8 @@
 #pragma once
-/// Boolean environment switches (KILN_PROFILE, KILN_DISABLE_CACHE, KILN_COMPILE, ...), parsed
-/// alike everywhere. A switch that took any value but "0" as on made KILN_PROFILE=false turn the
+#include <cstdint>
+
+/// Environment settings parsed alike everywhere: boolean switches (KILN_PROFILE,
+/// KILN_DISABLE_CACHE, KILN_COMPILE, ...) and byte sizes (KILN_CACHE_MAX_SIZE). A switch that took any value but "0" as on made KILN_PROFILE=false turn the
 /// kernel timers on and KILN_DISABLE_CACHE=false turn the disk cache off.
 
 namespace kiln {
@@ -10,5 +12,11 @@ namespace kiln {
 /// variable and the accepted values, and gives `otherwise`. Reads the environment on each call:
 /// callers cache the result where it is read often.
 bool env_flag(const char* name, bool otherwise = false);
+
+/// The byte size `name`: a whole number with an optional binary suffix K, M, G or T (KiB, MiB,
+/// GiB, TiB; a trailing "B" or "iB" and any case allowed: "512M", "2GiB", "1000"); `otherwise`
+/// when unset or empty. A malformed, negative or overflowing value prints one warning on stderr
+/// and gives `otherwise`.
+int64_t env_bytes(const char* name, int64_t otherwise);
 
 }  // namespace kiln

@@ -1,10 +1,12 @@
 // codegen's compile cache: in-memory and on-disk hits, bad entries rebuilt, no collisions,
 // KILN_LOGS dumps. Results are compared with eager kiln.
 #include <catch2/catch.hpp>
+#include <fmt/format.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -14,6 +16,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "codegen/cache.h"
@@ -64,7 +67,8 @@ struct TempCache {
   }
   std::vector<fs::path> entries() const {
     std::vector<fs::path> out;
-    for (const auto& e : fs::directory_iterator(dir)) out.push_back(e.path());
+    for (const auto& e : fs::directory_iterator(dir))
+      if (e.path().filename() != "last-tidy") out.push_back(e.path());  // tidying's marker
     return out;
   }
 };
@@ -248,9 +252,81 @@ TEST_CASE("cache: temporary files of writers that did not finish are removed aft
   std::ofstream(stale) << "partial";
   std::ofstream(fresh) << "partial";
   fs::last_write_time(stale, fs::file_time_type::clock::now() - std::chrono::hours(2));
+  const fs::path marker = fs::path(cache.dir) / "last-tidy";
+  SECTION("by the first write of a process") {
+    compile_fresh(chain({5}));
+    CHECK_FALSE(fs::exists(stale));
+    CHECK(fs::exists(fresh));
+    CHECK(fs::exists(marker));
+  }
+  SECTION("unless another process tidied the directory in the last ten minutes") {
+    std::ofstream(marker).flush();
+    compile_fresh(chain({5}));
+    CHECK(fs::exists(stale));
+  }
+  SECTION("when the other process tidied it over ten minutes ago") {
+    std::ofstream(marker).flush();
+    fs::last_write_time(marker, fs::file_time_type::clock::now() - std::chrono::minutes(11));
+    compile_fresh(chain({5}));
+    CHECK_FALSE(fs::exists(stale));
+  }
+}
+
+/// The .kobj entries in `dir` and their total size.
+static std::pair<std::vector<fs::path>, std::uintmax_t> kobj_entries(const std::string& dir) {
+  std::pair<std::vector<fs::path>, std::uintmax_t> out{{}, 0};
+  for (const auto& e : fs::directory_iterator(dir)) {
+    if (e.path().extension() != ".kobj") continue;
+    out.first.push_back(e.path());
+    out.second += e.file_size();
+  }
+  return out;
+}
+
+TEST_CASE("cache: over KILN_CACHE_MAX_SIZE the least recently used entries are removed") {
+  TempCache cache;
+  const auto now = fs::file_time_type::clock::now();
+  // Graph a's entry, then ten other entries as large, last used 10 to 1 hours ago, and a file
+  // that is not an entry.
   compile_fresh(chain({5}));
-  CHECK_FALSE(fs::exists(stale));
-  CHECK(fs::exists(fresh));
+  REQUIRE(cache.entries().size() == 1);
+  const fs::path a = cache.entries()[0];
+  const std::uintmax_t size = fs::file_size(a);
+  std::vector<fs::path> others;
+  for (int i = 0; i < 10; ++i) {
+    others.push_back(fs::path(cache.dir) / fmt::format("{:032x}.kobj", i));
+    std::ofstream(others.back()) << std::string(size, 'x');
+    fs::last_write_time(others.back(), now - std::chrono::hours(10 - i));
+  }
+  const fs::path notes = fs::path(cache.dir) / "notes.txt";
+  std::ofstream(notes) << std::string(20 * size, 'n');
+  const std::string limit = std::to_string(6 * size);  // the limit / 16 < one entry's size
+
+  SECTION("a disk hit marks its entry used; a write past the limit trims to 80 % of it") {
+    fs::last_write_time(a, now - std::chrono::hours(20));  // the oldest, unless the hit marks it
+    CHECK(compile_fresh(chain({5})).stats().source == Source::DiskCache);
+    ScopedEnv max_size("KILN_CACHE_MAX_SIZE", limit.c_str());
+    compile_fresh(chain({7}));  // a second entry, written past the limit
+    const auto [left, total] = kobj_entries(cache.dir);
+    CHECK(total <= 6 * size / 5 * 4);
+    CHECK(fs::exists(a));
+    CHECK(fs::exists(notes));
+    CHECK_FALSE(fs::exists(others.front()));
+    // What is left of the others are the most recently used ones.
+    int kept = 0;
+    for (size_t i = 0; i < others.size(); ++i) {
+      INFO(i);
+      if (fs::exists(others[i])) ++kept;
+      else CHECK(kept == 0);
+    }
+    CHECK(left.size() == static_cast<size_t>(kept) + 2);
+    CHECK(kept >= 1);
+  }
+  SECTION("KILN_CACHE_MAX_SIZE=0: no limit") {
+    ScopedEnv max_size("KILN_CACHE_MAX_SIZE", "0");
+    compile_fresh(chain({7}));
+    CHECK(kobj_entries(cache.dir).first.size() == 12);
+  }
 }
 
 TEST_CASE("cache: an entry of another codegen version is stale and rebuilt") {

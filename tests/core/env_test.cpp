@@ -1,9 +1,12 @@
-// env_flag: the one parser of kiln's boolean environment switches.
+// env_flag and env_bytes: the parsers of kiln's boolean switches and byte sizes.
 #include <catch2/catch.hpp>
+#include <cstdint>
 #include <cstdlib>
+#include <utility>
 
 #include "core/env.h"
 
+using kiln::env_bytes;
 using kiln::env_flag;
 
 TEST_CASE("env_flag: 1/true/on/yes and 0/false/off/no in any case; others keep the default") {
@@ -29,6 +32,28 @@ TEST_CASE("env_flag: 1/true/on/yes and 0/false/off/no in any case; others keep t
     ::setenv(name, other, 1);
     CHECK_FALSE(env_flag(name));
     CHECK(env_flag(name, true));
+  }
+  ::unsetenv(name);
+}
+
+TEST_CASE("env_bytes: a whole number with a binary suffix; malformed values keep the default") {
+  const char* name = "KILN_TEST_ENV_BYTES";
+  ::unsetenv(name);
+  CHECK(env_bytes(name, 77) == 77);
+  const std::pair<const char*, int64_t> sizes[] = {
+      {"0", 0},           {"1000", 1000},       {"1000b", 1000},
+      {"4k", 4096},       {"4KiB", 4096},       {"512M", int64_t{512} << 20},
+      {"2G", int64_t{2} << 30}, {"2gb", int64_t{2} << 30}, {"3T", int64_t{3} << 40}};
+  for (auto [text, bytes] : sizes) {
+    INFO(text);
+    ::setenv(name, text, 1);
+    CHECK(env_bytes(name, 77) == bytes);
+  }
+  for (const char* bad : {"", "-5", "1.5G", "G", "5X", "5 G", "12345678901234567890",
+                          "4294967297G"}) {
+    INFO(bad);
+    ::setenv(name, bad, 1);
+    CHECK(env_bytes(name, 77) == 77);
   }
   ::unsetenv(name);
 }
