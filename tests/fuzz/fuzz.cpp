@@ -302,11 +302,16 @@ Tensor apply(const Program& p, const Node& n, int self, std::vector<Tensor>& val
     }
     case Op::Expand: {
       // Size-1 dims in mask p0 become 3; p1 odd: a new leading dim of 2. Others: -1 (kept).
+      // The sizes depend on the call's shapes, so the repro prints the test, not phase A's sizes.
       std::vector<int64_t> sh;
-      if (n.p[1] % 2) sh.push_back(2);
-      for (int i = 0; i < rank; ++i)
-        sh.push_back(A.size(i) == 1 && (n.p[0] >> i) & 1 ? 3 : -1);
-      set(fmt::format("{}.expand({{{}}})", a, fmt::join(sh, ", ")));
+      std::vector<std::string> sh_text;
+      if (n.p[1] % 2) sh.push_back(2), sh_text.push_back("2");
+      for (int i = 0; i < rank; ++i) {
+        const bool grow = (n.p[0] >> i) & 1;
+        sh.push_back(grow && A.size(i) == 1 ? 3 : -1);
+        sh_text.push_back(grow ? fmt::format("{}.size({}) == 1 ? 3 : -1", a, i) : "-1");
+      }
+      set(fmt::format("{}.expand({{{}}})", a, fmt::join(sh_text, ", ")));
       if (!code) r = A.expand(Dims(sh));
       break;
     }
