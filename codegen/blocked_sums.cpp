@@ -1,5 +1,5 @@
-// Float32 sums of the CPU's row loops in float32 partials per block of columns (row_fusion.h,
-// block_float32_sums).
+// Sums of the CPU's loops in partials per block of columns (row_fusion.h, block_float32_sums,
+// block_float64_sums).
 #include <optional>
 
 #include "codegen/row_fusion.h"
@@ -13,48 +13,73 @@ namespace {
 
 // Columns per float32 partial sum: eager's kBlock (backends/cpu/reduce_simd.h).
 constexpr int64_t kBlockColumns = 4096;
+// Marks the loop over blocks that block_sums makes: its sums of partials are not blocked again.
+constexpr llvm::StringLiteral kBlocksAttr = "kiln_column_blocks";
 
-/// A float64 running sum of widened float32 terms in a column loop:
-/// `acc[i] = acc[i] + extf(term)` (reassoc), acc[i] the same element in every iteration.
-struct WidenedSum {
+/// A float64 running sum in a loop: `acc[i] = acc[i] + term` (reassoc), acc[i] the same
+/// element in every iteration; term is `extf(t)` of a float32 t for a widened float32 sum.
+struct RunningSum {
   mlir::memref::LoadOp load;
   mlir::arith::AddFOp add;
   mlir::memref::StoreOp store;
-  mlir::arith::ExtFOp widen;  // of the float32 term
+  mlir::arith::ExtFOp widen;  // of the float32 term; null for a float64 sum
+  /// What the partials add: the float32 term of a widened sum, else the float64 term.
+  mlir::Value term;
   /// Terms >= 0 (kNonnegativeTermsAttr: softmax's Σ exp): a float32 partial overflows only
   /// where the float32 total does. Other partials may overflow where the total does not
   /// ([3e38, 3e38, -3e38, -3e38]): such a block is summed again in float64, as eager does.
   bool nonnegative = false;
 };
 
-/// The sum `store` writes, when it is a WidenedSum that the reduce's lowering made (marked
-/// kWidenedFloat32SumAttr): a float64 sum the user asked for (sum of x.to(float64)) must stay
-/// one.
-std::optional<WidenedSum> widened_sum(mlir::memref::StoreOp store, mlir::scf::ForOp loop) {
+/// The float64 running sum `store` writes in `loop`, if it is one.
+std::optional<RunningSum> running_sum(mlir::memref::StoreOp store, mlir::scf::ForOp loop) {
   auto add = store.getValue().getDefiningOp<mlir::arith::AddFOp>();
   if (!add || add->getBlock() != loop.getBody() || !add->hasOneUse() || !add.getType().isF64() ||
-      !mlir::arith::bitEnumContainsAll(add.getFastmath(), mlir::arith::FastMathFlags::reassoc) ||
-      !add->hasAttr(kiln::dialect::kWidenedFloat32SumAttr))
+      !mlir::arith::bitEnumContainsAll(add.getFastmath(), mlir::arith::FastMathFlags::reassoc))
     return std::nullopt;
   for (mlir::Value i : store.getIndices())
     if (!loop.isDefinedOutsideOfLoop(i)) return std::nullopt;
   for (int k = 0; k < 2; ++k) {
     auto load = add->getOperand(k).getDefiningOp<mlir::memref::LoadOp>();
-    auto ext = add->getOperand(1 - k).getDefiningOp<mlir::arith::ExtFOp>();
-    if (load && ext && load->getBlock() == loop.getBody() && load->hasOneUse() &&
+    if (load && load->getBlock() == loop.getBody() && load->hasOneUse() &&
         load.getMemRef() == store.getMemRef() &&
-        llvm::equal(load.getIndices(), store.getIndices()) && ext.getIn().getType().isF32())
-      return WidenedSum{load, add, store, ext,
+        llvm::equal(load.getIndices(), store.getIndices()))
+      return RunningSum{load, add, store, nullptr, add->getOperand(1 - k),
                         add->hasAttr(kiln::dialect::kNonnegativeTermsAttr)};
   }
   return std::nullopt;
+}
+
+/// The sum `store` writes, when it is a float64 sum of widened float32 terms that the reduce's
+/// lowering made (marked kWidenedFloat32SumAttr): a float64 sum the user asked for (sum of
+/// x.to(float64)) must stay one.
+std::optional<RunningSum> widened_sum(mlir::memref::StoreOp store, mlir::scf::ForOp loop) {
+  std::optional<RunningSum> sum = running_sum(store, loop);
+  if (!sum || !sum->add->hasAttr(kiln::dialect::kWidenedFloat32SumAttr)) return std::nullopt;
+  auto ext = sum->term.getDefiningOp<mlir::arith::ExtFOp>();
+  if (!ext || !ext.getIn().getType().isF32()) return std::nullopt;
+  sum->widen = ext;
+  sum->term = ext.getIn();
+  return sum;
+}
+
+/// Whether in `loop` only `sum`'s own load and store touch its accumulator, an allocation or an
+/// output argument of its own: then adding into it once per block changes nothing else.
+bool accumulator_private(RunningSum sum, mlir::scf::ForOp loop) {
+  mlir::Value acc = sum.store.getMemRef();
+  if (!acc.getDefiningOp<mlir::memref::AllocOp>() &&
+      !acc.getDefiningOp<mlir::memref::AllocaOp>() && !noalias_argument(acc))
+    return false;
+  return llvm::all_of(acc.getUsers(), [&](mlir::Operation* user) {
+    return !loop->isAncestor(user) || user == sum.load || user == sum.store;
+  });
 }
 
 /// Whether float32 partials keep `sum`'s result: its accumulator is an allocation that, in the
 /// loop, only the sum touches, and that outside it is only stored, freed, or loaded to be
 /// rounded to float32 (softmax's sum), possibly after a division (a mean's by its count). A
 /// float64 result used further keeps its float64 sum.
-bool rounded_to_float32(WidenedSum sum, mlir::scf::ForOp loop) {
+bool rounded_to_float32(RunningSum sum, mlir::scf::ForOp loop) {
   mlir::Value acc = sum.store.getMemRef();
   if (!acc.getDefiningOp<mlir::memref::AllocOp>() && !acc.getDefiningOp<mlir::memref::AllocaOp>())
     return false;
@@ -82,11 +107,11 @@ bool rounded_to_float32(WidenedSum sum, mlir::scf::ForOp loop) {
 
 /// Whether running `loop`'s body again over a block changes nothing but `sums`' accumulators:
 /// it writes no other memory and calls nothing.
-bool redoable(mlir::scf::ForOp loop, llvm::ArrayRef<WidenedSum> sums) {
+bool redoable(mlir::scf::ForOp loop, llvm::ArrayRef<RunningSum> sums) {
   bool ok = true;
   loop.getBody()->walk([&](mlir::Operation* op) {
     if (auto store = llvm::dyn_cast<mlir::memref::StoreOp>(op)) {
-      ok &= llvm::any_of(sums, [&](const WidenedSum& s) { return s.store == store; });
+      ok &= llvm::any_of(sums, [&](const RunningSum& s) { return s.store == store; });
     } else if (!mlir::isPure(op) && !llvm::isa<mlir::memref::LoadOp, mlir::scf::YieldOp>(op)) {
       ok = false;
     }
@@ -94,16 +119,18 @@ bool redoable(mlir::scf::ForOp loop, llvm::ArrayRef<WidenedSum> sums) {
   return ok;
 }
 
-/// `loop` (no results) rewritten to sum `sums` in float32 partials, each added to its float64
-/// accumulator once per block of kBlockColumns iterations. The partials start at -0.0, the
-/// sum's identity, so an empty block leaves the accumulator as it was. Where a sum may cancel
-/// (not `nonnegative`), a block whose float32 partials are not all finite runs the original
-/// loop over its columns instead, summing in float64 (eager's kernels redo such a row).
-void block_sums(mlir::scf::ForOp loop, llvm::MutableArrayRef<WidenedSum> sums) {
+/// `loop` (no results) rewritten to sum `sums` in partials of their terms' type (float32 for
+/// widened sums, float64), each added to its float64 accumulator once per block of
+/// kBlockColumns iterations. The partials start at -0.0, the sum's identity, so an empty block
+/// leaves the accumulator as it was. With `redo_not_finite`, a block whose partials are not all
+/// finite runs the original loop over its columns instead, summing in float64 (eager's kernels
+/// redo such a row).
+void block_sums(mlir::scf::ForOp loop, llvm::MutableArrayRef<RunningSum> sums,
+                bool redo_not_finite) {
   mlir::OpBuilder b(loop);
   mlir::Location loc = loop.getLoc();
-  const bool checked = llvm::any_of(sums, [](const WidenedSum& s) { return !s.nonnegative; });
-  mlir::scf::ForOp redo = checked ? llvm::cast<mlir::scf::ForOp>(b.clone(*loop)) : nullptr;
+  mlir::scf::ForOp redo =
+      redo_not_finite ? llvm::cast<mlir::scf::ForOp>(b.clone(*loop)) : nullptr;
   if (redo) redo->remove();
   mlir::Value lb = loop.getLowerBound(), ub = loop.getUpperBound(), step = loop.getStep();
   auto trips = loop.getStaticTripCount();
@@ -112,13 +139,19 @@ void block_sums(mlir::scf::ForOp loop, llvm::MutableArrayRef<WidenedSum> sums) {
     mlir::Value block_step = mlir::arith::MulIOp::create(
         b, loc, step, mlir::arith::ConstantIndexOp::create(b, loc, kBlockColumns));
     auto blocks = mlir::scf::ForOp::create(b, loc, lb, ub, block_step);
+    blocks->setAttr(kBlocksAttr, b.getUnitAttr());
     b.setInsertionPointToStart(blocks.getBody());
     block_lb = blocks.getInductionVar();
     block_ub = mlir::arith::MinSIOp::create(
         b, loc, mlir::arith::AddIOp::create(b, loc, block_lb, block_step), ub);
   }
-  mlir::Value identity = mlir::arith::ConstantOp::create(b, loc, b.getF32FloatAttr(-0.0f));
-  llvm::SmallVector<mlir::Value> inits(sums.size(), identity);
+  llvm::SmallVector<mlir::Value> inits;
+  for (const RunningSum& sum : sums)
+    inits.push_back(mlir::arith::ConstantOp::create(
+        b, loc, b.getFloatAttr(sum.term.getType(), llvm::APFloat::getZero(
+                                   llvm::cast<mlir::FloatType>(sum.term.getType())
+                                       .getFloatSemantics(),
+                                   /*Negative=*/true))));
   auto inner = mlir::scf::ForOp::create(b, loc, block_lb, block_ub, step, inits);
   inner->setDiscardableAttrs(loop->getDiscardableAttrDictionary());
   mlir::Block* body = inner.getBody();
@@ -136,13 +169,13 @@ void block_sums(mlir::scf::ForOp loop, llvm::MutableArrayRef<WidenedSum> sums) {
   for (auto [k, sum] : llvm::enumerate(sums)) {
     b.setInsertionPoint(sum.add);
     const mlir::arith::FastMathFlags flags = sum.add.getFastmath();
-    partials.push_back(mlir::arith::AddFOp::create(b, loc, inner.getRegionIterArgs()[k],
-                                                   sum.widen.getIn(), flags));
+    partials.push_back(
+        mlir::arith::AddFOp::create(b, loc, inner.getRegionIterArgs()[k], sum.term, flags));
     accumulators.push_back({sum.store.getMemRef(), llvm::to_vector(sum.store.getIndices()), flags});
     sum.store.erase();
     sum.add.erase();
     sum.load.erase();
-    if (sum.widen->use_empty()) sum.widen.erase();
+    if (sum.widen && sum.widen->use_empty()) sum.widen.erase();
   }
   b.setInsertionPointToEnd(body);
   mlir::scf::YieldOp::create(b, loc, partials);
@@ -167,7 +200,9 @@ void block_sums(mlir::scf::ForOp loop, llvm::MutableArrayRef<WidenedSum> sums) {
   }
   for (auto [k, acc] : llvm::enumerate(accumulators)) {
     mlir::Value old = mlir::memref::LoadOp::create(b, loc, acc.memref, acc.indices);
-    mlir::Value wide = mlir::arith::ExtFOp::create(b, loc, b.getF64Type(), inner.getResult(k));
+    mlir::Value wide = inner.getResult(k);
+    if (!wide.getType().isF64())
+      wide = mlir::arith::ExtFOp::create(b, loc, b.getF64Type(), wide);
     mlir::Value sum = mlir::arith::AddFOp::create(b, loc, old, wide, acc.flags);
     mlir::memref::StoreOp::create(b, loc, sum, acc.memref, acc.indices);
   }
@@ -183,17 +218,38 @@ int block_float32_sums(mlir::func::FuncOp fn) {
     rows.walk([&](mlir::scf::ForOp f) { loops.push_back(f); });
     for (mlir::scf::ForOp loop : loops) {
       if (loop.getNumResults() != 0) continue;
-      llvm::SmallVector<WidenedSum> sums;
+      llvm::SmallVector<RunningSum> sums;
       for (auto store : loop.getBody()->getOps<mlir::memref::StoreOp>())
         if (auto sum = widened_sum(store, loop); sum && rounded_to_float32(*sum, loop))
           sums.push_back(*sum);
       // A sum that may need its block redone only where the loop can be run again.
       if (!redoable(loop, sums))
-        llvm::erase_if(sums, [](const WidenedSum& s) { return !s.nonnegative; });
+        llvm::erase_if(sums, [](const RunningSum& s) { return !s.nonnegative; });
       if (sums.empty()) continue;
-      block_sums(loop, sums);
+      block_sums(loop, sums,
+                 llvm::any_of(sums, [](const RunningSum& s) { return !s.nonnegative; }));
       blocked += static_cast<int>(sums.size());
     }
+  }
+  return blocked;
+}
+
+int block_float64_sums(mlir::func::FuncOp fn) {
+  int blocked = 0;
+  llvm::SmallVector<mlir::scf::ForOp> loops;
+  fn.walk([&](mlir::scf::ForOp f) { loops.push_back(f); });
+  for (mlir::scf::ForOp loop : loops) {
+    auto trips = loop.getStaticTripCount();
+    if (loop.getNumResults() != 0 || (trips && trips->ule(kBlockColumns)) ||
+        loop->hasAttr(kBlocksAttr))
+      continue;
+    llvm::SmallVector<RunningSum> sums;
+    for (auto store : loop.getBody()->getOps<mlir::memref::StoreOp>())
+      if (auto sum = running_sum(store, loop); sum && accumulator_private(*sum, loop))
+        sums.push_back(*sum);
+    if (sums.empty()) continue;
+    block_sums(loop, sums, /*redo_not_finite=*/false);
+    blocked += static_cast<int>(sums.size());
   }
   return blocked;
 }

@@ -741,6 +741,7 @@ bool cpu_row_loops(mlir::func::FuncOp fn, bool verify) {
     if (auto [row, loop] = contract_to_one_row(alloc); row) compute_in_output_row(row, loop);
   fuse_column_loops(fn);
   block_float32_sums(fn);
+  block_float64_sums(fn);
   prefetch_next_rows(fn);
   bool per_row = true;
   fn.walk([&](mlir::memref::AllocOp a) { per_row &= a.getDynamicSizes().empty(); });

@@ -75,7 +75,8 @@ void register_gpu_row_recompute_pass(mlir::DialectRegistry& registry);
 ///   marked llvm.noalias that nothing else touches is computed in the output's row instead
 ///   (softmax's exp is stored in the output and scaled there, as eager's kernel does).
 /// - consecutive column loops of a row merge (fuse_column_loops), float32 sums and means sum in
-///   float32 blocks (block_float32_sums), and each row prefetches the next
+///   float32 blocks (block_float32_sums), long float64 sums in float64 blocks
+///   (block_float64_sums), and each row prefetches the next
 ///   (prefetch_next_rows).
 /// Returns whether no allocation with a dynamic size is left: every intermediate is then per
 /// row, and run() may use blocks as large as a single loop nest's.
@@ -113,6 +114,14 @@ int prefetch_next_rows(mlir::func::FuncOp fn);
 /// for is not marked and stays one, as does a sum used further as float64 (a variance).
 /// Returns how many sums it blocked.
 int block_float32_sums(mlir::func::FuncOp fn);
+
+/// Every float64 running sum of a loop longer than 4,096 iterations (or of unknown length) whose
+/// accumulator only the sum touches in the loop: summed in float64 partials, one per block of
+/// 4,096 iterations, each added to the accumulator, as eager's kernels sum (sum_run). One
+/// running sum of 10^7 terms lost what it added below half an ulp of its total: a compiled
+/// float64 sum of [1, 1e-16 x (10^7 - 1)] was 1 + 0.969e-9 (eager 1 + 0.99999e-9). Widened
+/// float32 sums that block_float32_sums left are blocked too. Returns how many sums it blocked.
+int block_float64_sums(mlir::func::FuncOp fn);
 
 /// Registers kiln-cpu-row-loops{verify=false} and kiln-fuse-same-domain-loops (cpu_row_loops and
 /// fuse_same_domain_loops on each function, for lit tests).

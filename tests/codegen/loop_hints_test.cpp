@@ -190,3 +190,38 @@ TEST_CASE("blocked sums: cancelling 3e38s and a mean redo their block in float64
     CHECK(got.data<float>()[3] == 0.25f * n);
   }
 }
+
+TEST_CASE("blocked sums: a long float64 sum adds blocks of 4096, not one running sum") {
+  // Found by a break-it pass: one running float64 sum of 10^7 terms lost every term under half
+  // an ulp of its total: sum(x) * 1e7 for x = [1, 1e-16 x (10^7 - 1)] was 1 + 0.969e-9, exactly
+  // 1/32 of the small terms short (the LLVM lane that held the 1). Each block of 4096 terms now
+  // has a partial of its own, as eager's kernels sum. Exact: 1 + (n - 1) * 1e-16.
+  constexpr int64_t n = 1000003;
+  std::vector<double> v(n, 1e-16);
+  v[0] = 1.0;
+  const double exact = 1.0 + static_cast<double>(n - 1) * 1e-16;
+  SECTION("a whole-tensor sum (one loop, no rows)") {
+    ir::Graph g;
+    OpAttrs all;
+    all.all_dims = true;
+    g.output(g.op(OpKind::Sum, {g.input(DType::Float64, {ir::kDynamic})}, all));
+    codegen::Executable exe(g);
+    const double got = exe.run({from_vector(v, {n})})[0].item<double>();
+    INFO(got - exact);
+    CHECK(std::abs(got - exact) < 1e-13);  // one running sum: 3e-12 off
+  }
+  SECTION("a row sum (a row loop's column loop)") {
+    ir::Graph g;
+    OpAttrs each_row;
+    each_row.dims = {1};
+    g.output(g.op(OpKind::Sum, {g.input(DType::Float64, {ir::kDynamic, n})}, each_row));
+    codegen::Executable exe(g);
+    std::vector<double> rows = v;
+    rows.insert(rows.end(), v.rbegin(), v.rend());  // row 1: the 1 last
+    Tensor got = exe.run({from_vector(rows, {2, n})})[0];
+    for (int r = 0; r < 2; ++r) {
+      INFO(r << ": " << got.data<double>()[r] - exact);
+      CHECK(std::abs(got.data<double>()[r] - exact) < 1e-13);
+    }
+  }
+}

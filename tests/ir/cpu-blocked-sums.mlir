@@ -247,3 +247,43 @@ func.func @redone_where_not_finite(%x: memref<?x1024xf32>, %out: memref<?x2xf32>
   memref.dealloc %sum : memref<1x1xf64>
   return
 }
+
+// -----
+
+// A float64 sum the user asked for, over columns not known (or over 4,096): float64 partials
+// per block of 4,096 columns, each added to the accumulator (block_float64_sums), as eager's
+// kernels sum: one running sum of 10^7 terms lost each term under half an ulp of its total.
+// CHECK-LABEL: func.func @long_float64_sum
+// CHECK:         scf.parallel
+// CHECK:           scf.for %[[B:.*]] = %{{.*}} to %[[N:.*]] step %[[STEP:.*]] {
+// CHECK:             %[[UB:.*]] = arith.minsi %{{.*}}, %[[N]] : index
+// CHECK:             %[[ID:.*]] = arith.constant -0.000000e+00 : f64
+// CHECK:             %[[P:.*]] = scf.for %{{.*}} = %[[B]] to %[[UB]] step %{{.*}} iter_args(%[[ACC:.*]] = %[[ID]]) -> (f64) {
+// CHECK:               %[[S:.*]] = arith.addf %[[ACC]], %{{.*}} fastmath<reassoc> : f64
+// CHECK:               scf.yield %[[S]] : f64
+// CHECK:             }
+// CHECK:             %[[OLD:.*]] = memref.load %[[SUM:.*]][%c0, %c0] : memref<1x1xf64>
+// CHECK-NEXT:        %[[T:.*]] = arith.addf %[[OLD]], %[[P]] fastmath<reassoc> : f64
+// CHECK-NEXT:        memref.store %[[T]], %[[SUM]][%c0, %c0]
+func.func @long_float64_sum(%x: memref<?x?xf64>, %out: memref<?x1xf64> {llvm.noalias}) {
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %zero = arith.constant 0.0 : f64
+  %rows = memref.dim %x, %c0 : memref<?x?xf64>
+  %cols = memref.dim %x, %c1 : memref<?x?xf64>
+  %sum = memref.alloc() : memref<1x1xf64>
+  scf.parallel (%i) = (%c0) to (%rows) step (%c1) {
+    memref.store %zero, %sum[%c0, %c0] : memref<1x1xf64>
+    scf.for %j = %c0 to %cols step %c1 {
+      %v = memref.load %x[%i, %j] : memref<?x?xf64>
+      %s = memref.load %sum[%c0, %c0] : memref<1x1xf64>
+      %t = arith.addf %s, %v fastmath<reassoc> : f64
+      memref.store %t, %sum[%c0, %c0] : memref<1x1xf64>
+    }
+    %s = memref.load %sum[%c0, %c0] : memref<1x1xf64>
+    memref.store %s, %out[%i, %c0] : memref<?x1xf64>
+    scf.reduce
+  }
+  memref.dealloc %sum : memref<1x1xf64>
+  return
+}
