@@ -254,14 +254,17 @@ struct Plan::Region {
   Device device = Device::cpu();              // where exe runs: its inputs' device
   bool static_only = false;                   // exe only valid for the traced shapes
   bool eager_fallback = false;  // neither build worked: run the nodes eagerly
-  // Measured choice between the compiled code and the region's ops on eager kernels: the first
-  // kTrials runs alternate and are timed; then eager kernels are kept if 5 % faster (kiln's eager
-  // kernels are fused and multi-threaded too, and win for some shapes, e.g. a lone reduction
-  // over rows; compiled reductions accumulate in float64 as eager's do, so switching keeps the
-  // numerics).
-  // The first two (one each way) only warm up. When the first timed pair differs by 30 % or
-  // more the choice is made there: each eager-kernel trial of the Transformer step's region
-  // cost 30 ms over the compiled code's 66, and two of them fell in the benchmark's timed steps.
+  // Measured choice between the compiled code and the region's ops on eager kernels: eager
+  // kernels are kept if 5 % faster (kiln's eager kernels are fused and multi-threaded too, and
+  // win for some shapes, e.g. a lone reduction over rows). The first kTrials / 2 calls run both
+  // ways, eager kernels first, and return the compiled code's results, so a call's results do
+  // not depend on which way it timed (the two round differently: FMA contraction, polynomial
+  // exp, summation order). Once eager kernels are kept, results switch to theirs once. Calls
+  // whose values alias as in the user's code (RunState::in_place) cannot run twice: the first
+  // kTrials calls alternate. The first call (pair) only warms up. When the first timed pair
+  // differs by 30 % or more the choice is made there: each eager-kernel trial of the
+  // Transformer step's region cost 30 ms over the compiled code's 66, and two of them fell in
+  // the benchmark's timed steps.
   static constexpr int kTrials = 8;
   static constexpr double kClearMargin = 1.3;
   mutable std::atomic<int> trials{0};
@@ -818,26 +821,43 @@ void Plan::run_region(const Region& r, RunState& st) const {
     }
     int trial = r.trials.fetch_add(1, std::memory_order_relaxed);
     if (trial < Region::kTrials && !always_compiled()) {
-      // Kernels run asynchronously: each trial's time includes its own, not the last one's.
-      wait_for(r.device);
-      auto t0 = std::chrono::steady_clock::now();
-      bool eager = trial % 2 == 1;
-      try {
+      // Kernels run asynchronously: each run's time includes its own, not the last one's.
+      auto timed = [&](bool eager) {
+        wait_for(r.device);
+        auto t0 = std::chrono::steady_clock::now();
         if (eager) run_eagerly();
         else run_compiled(r, st);
-      } catch (...) {
-        // A run that raised (an index out of range) measured nothing: its trial is run again.
-        r.trials.fetch_sub(1, std::memory_order_relaxed);
-        throw;
-      }
-      wait_for(r.device);
-      int64_t ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                       std::chrono::steady_clock::now() - t0).count();
-      if (trial >= 2) {
+        wait_for(r.device);
+        return std::chrono::duration_cast<std::chrono::nanoseconds>(
+                   std::chrono::steady_clock::now() - t0).count();
+      };
+      auto record = [&](bool eager, int64_t ns) {
         std::atomic<int64_t>& best = eager ? r.eager_ns : r.compiled_ns;
         int64_t seen = best.load(std::memory_order_relaxed);
         while (ns < seen && !best.compare_exchange_weak(seen, ns, std::memory_order_relaxed)) {
         }
+      };
+      try {
+        if (!st.in_place) {
+          // Both ways on this call's inputs, the compiled code last: its results are the
+          // call's, so calls on one input do not alternate between two roundings (a break-it
+          // pass saw a compiled float32 sum give 999999.4375 and 1000000 on alternate calls).
+          // The region's eager run is functional (run_op_node) and draws its random numbers at
+          // the call's offsets, so running it first changes nothing the compiled run reads.
+          const int64_t eager_ns = timed(true), compiled_ns = timed(false);
+          if (trial >= 1) record(true, eager_ns), record(false, compiled_ns);
+          if (trial == Region::kTrials / 2 - 1 || (trial == 1 && r.clear_winner()))
+            r.choice.store(r.eager_ns.load() < r.compiled_ns.load() * 0.95 ? 1 : 0);
+          return;
+        }
+        // Values alias as in the user's code (in-place ops write their inputs): one way a call.
+        const bool eager = trial % 2 == 1;
+        const int64_t ns = timed(eager);
+        if (trial >= 2) record(eager, ns);
+      } catch (...) {
+        // A run that raised (an index out of range) measured nothing: its trial is run again.
+        r.trials.fetch_sub(1, std::memory_order_relaxed);
+        throw;
       }
       if (trial == Region::kTrials - 1 || (trial == 3 && r.clear_winner()))
         r.choice.store(r.eager_ns.load() < r.compiled_ns.load() * 0.95 ? 1 : 0);
