@@ -160,6 +160,12 @@ Split split(const Dataset& d) {
   Split s;
   s.n_test = d.n / 5;  // 20 %
   s.n_train = d.n - s.n_test;
+  // Fewer rows ran no step and reported NaN losses as a met target (found by a break-it pass).
+  if (s.n_train < kBatch || s.n_test < 1)
+    throw std::runtime_error(fmt::format(
+        "{} rows give {} training rows (at least {}, one batch, needed) and {} test rows (at "
+        "least 1 needed): the data set is too small",
+        d.n, s.n_train, kBatch, s.n_test));
   for (int64_t k = 0; k < d.n; ++k) {
     int64_t i = perm[k];
     bool test = k < s.n_test;

@@ -21,11 +21,6 @@ namespace {
 constexpr char kSuite[] = "embedding";
 constexpr int64_t kVocab = 8000, kDim = 256, kClasses = 1000, kBatch = 64, kTokens = 32;
 
-Device bench_device() {
-  const char* d = std::getenv("KILN_BENCH_DEVICE");
-  return d && std::string_view(d).starts_with("cuda") ? Device::cuda() : Device::cpu();
-}
-
 /// The model, its optimizer and one batch; seed 0, so both modes start from the same weights.
 struct Classifier {
   std::shared_ptr<nn::Embedding> embed;

@@ -3,12 +3,14 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <fstream>
 #include <map>
 #include <memory>
 #include <stdexcept>
+#include <string_view>
 
 #include "backends/cpu/blas.h"
 #include "backends/cpu/parallel.h"
@@ -366,6 +368,22 @@ void print_peer_note() {
   fmt::print("  (the PyTorch figure was measured on 2 vCPUs of an Intel Xeon with AVX-512;\n"
              "   this CPU: {}; benchmarks/peers/side_by_side.py measures PyTorch here)\n",
              cpu_description());
+}
+
+Device bench_device() {
+  const char* env = std::getenv("KILN_BENCH_DEVICE");
+  const std::string_view v = env ? env : "";
+  if (v.empty() || v == "cpu") return Device::cpu();
+  if (v == "cuda") return Device::cuda();
+  int index = -1;
+  if (v.starts_with("cuda:") && v.size() > 5 && v.size() <= 7) {
+    index = 0;
+    for (char c : v.substr(5)) index = c >= '0' && c <= '9' ? index * 10 + (c - '0') : -1000;
+  }
+  if (index < 0 || index > 127)
+    throw std::invalid_argument(fmt::format(
+        "KILN_BENCH_DEVICE={} is not a device (expected cpu, cuda or cuda:N)", v));
+  return Device::cuda(index);
 }
 
 }  // namespace kiln::bench

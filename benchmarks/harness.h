@@ -165,6 +165,12 @@ void print_peer_note();
 const Record* find_record(std::span<const Record> records, std::string_view suite,
                           std::string_view case_name, Mode mode);
 
+/// The device of the suites that can run on a GPU (transformer, embedding): KILN_BENCH_DEVICE
+/// unset, empty or "cpu" gives the CPU, "cuda" or "cuda:N" that GPU. Any other value throws
+/// std::invalid_argument naming it (kiln-bench checks it first: exit 2); a mistyped value ran
+/// on the CPU and reported success (found by a break-it pass).
+Device bench_device();
+
 // ---- helpers for writing cases ----
 
 /// A contiguous float32 tensor of `shape`, written element by element (so its pages are
@@ -172,9 +178,10 @@ const Record* find_record(std::span<const Record> records, std::string_view suit
 Tensor filled(const Shape& shape, float lo = -1.f, float hi = 1.f);
 
 /// A training step's two cases, eager then compiled, with the same name and unit: 5 warm-up and
-/// 50 timed steps (--quick: 9 warm-up, past compile()'s timing runs — each region's first 8
-/// runs alternate eager and compiled, tracer/plan.cpp — which otherwise were most of the 5
-/// timed steps; then 5), alternating when `interleave`.
+/// 50 timed steps (--quick: 9 warm-up, past compile()'s timing runs — each region's first 4
+/// runs time both its eager kernels and its compiled code, 8 alternate where values alias,
+/// tracer/plan.cpp — which otherwise were most of the 5 timed steps; then 5), alternating when
+/// `interleave`.
 std::vector<Case> training_step_cases(const std::string& name, const std::string& unit,
                                       std::function<Benchmark(const RunConfig&)> eager,
                                       std::function<Benchmark(const RunConfig&)> compiled,

@@ -218,6 +218,11 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (args.suites.empty()) usage_error("name at least one suite (see --list)");
+  try {
+    kb::bench_device();
+  } catch (const std::invalid_argument& e) {
+    usage_error(e.what());
+  }
 
   std::vector<const kb::Suite*> selected;
   for (const std::string& name : args.suites) {

@@ -30,11 +30,8 @@ struct Sizes {
   int64_t d_model = 256, heads = 4, ffn = 1024, layers = 2, batch = 8, seq = 128;
 };
 
-/// KILN_BENCH_DEVICE=cuda runs both modes on the GPU (benchmarks/gpu/run_device_check.sh).
-Device bench_device() {
-  const char* d = std::getenv("KILN_BENCH_DEVICE");
-  return d && std::string_view(d).starts_with("cuda") ? Device::cuda() : Device::cpu();
-}
+// KILN_BENCH_DEVICE=cuda runs both modes on the GPU (bench_device, harness.h;
+// benchmarks/gpu/run_device_check.sh).
 
 /// Waits for the device, so a step's time includes its kernels.
 void finish(Device d) {

@@ -2,12 +2,22 @@
 // compiled, how many traces it took, and explain().
 //   build/examples/compile_tutorial
 #include <iostream>
+#include <string>
 
 #include "kiln/kiln.h"
 
 using namespace kiln;
 
-int main() {
+int main(int argc, char** argv) {
+  if (argc > 1) {  // it takes no arguments: say so rather than ignore them
+    const std::string a = argv[1];
+    const bool help = a == "--help" || a == "-h";
+    (help ? std::cout : std::cerr)
+        << (help ? "" : "compile_tutorial: unexpected argument '" + a + "'\n")
+        << "usage: compile_tutorial   (no arguments)\nRuns the classic tutorial programs "
+           "eagerly and through kiln::compile and prints their results and explain().\n";
+    return help ? 0 : 2;
+  }
   // 1. c = a * b and its gradients.
   auto mul = compile([](const Tensor& a, const Tensor& b) { return a * b; }, {}, "mul");
   for (int call = 0; call < 2; ++call) {

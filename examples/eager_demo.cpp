@@ -35,7 +35,16 @@ void show(std::string_view name, const Tensor& t) {
 
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
+  if (argc > 1) {  // it takes no arguments: say so rather than ignore them
+    const std::string_view a = argv[1];
+    const bool help = a == "--help" || a == "-h";
+    fmt::print(help ? stdout : stderr,
+               "{}usage: eager_demo   (no arguments)\nRuns kiln's eager ops, autograd and nn "
+               "modules on small tensors and prints each result.\n",
+               help ? "" : fmt::format("eager_demo: unexpected argument '{}'\n", a));
+    return help ? 0 : 2;
+  }
   section("factories", [] {
     show("zeros({2, 3})", kiln::zeros({2, 3}));
     show("arange(6)", kiln::arange(6));  // integer bounds: int64
