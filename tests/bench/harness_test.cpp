@@ -1,5 +1,5 @@
 // kiln-bench's harness (benchmarks/harness.cpp): interleaved eager / compiled pairs, and the
-// GEMM time per step of fixed-step cases, and the report of slow steps.
+// GEMM time per step of fixed-step cases, the report of slow steps, and KILN_BENCH_DEVICE.
 #include <unistd.h>
 
 #include <cstdio>
@@ -8,6 +8,7 @@
 #include <iterator>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <catch2/catch.hpp>
@@ -190,4 +191,25 @@ TEST_CASE("harness: a fixed-step case reports each step of a second or more on s
   CHECK(text.find("long_step (compiled): warm-up step 1/1 took 1.") != std::string::npos);
   CHECK(text.find("timed step 1/2") == std::string::npos);  // the fast one
   CHECK(text.find("long_step (compiled): timed step 2/2 took 1.") != std::string::npos);
+}
+
+TEST_CASE("harness: KILN_BENCH_DEVICE is cpu, cuda or cuda:N; anything else is an error") {
+  // A mistyped value ran the GPU suites on the CPU and reported success (break-it pass).
+  const char* name = "KILN_BENCH_DEVICE";
+  ::unsetenv(name);
+  CHECK(kb::bench_device() == kiln::Device::cpu());
+  const std::pair<const char*, kiln::Device> good[] = {
+      {"", kiln::Device::cpu()}, {"cpu", kiln::Device::cpu()}, {"cuda", kiln::Device::cuda()},
+      {"cuda:0", kiln::Device::cuda(0)}, {"cuda:3", kiln::Device::cuda(3)}};
+  for (const auto& [text, device] : good) {
+    INFO(text);
+    ::setenv(name, text, 1);
+    CHECK(kb::bench_device() == device);
+  }
+  for (const char* bad : {"bogus", "cudaXYZ", "cuda:", "cuda:x", "cuda:-1", "cuda:999", "CPU"}) {
+    INFO(bad);
+    ::setenv(name, bad, 1);
+    CHECK_THROWS_AS(kb::bench_device(), std::invalid_argument);
+  }
+  ::unsetenv(name);
 }
