@@ -234,18 +234,38 @@ int block_float32_sums(mlir::func::FuncOp fn) {
   return blocked;
 }
 
+/// How many terms `sum` adds into its element: `loop`'s trips times those of the enclosing
+/// loops in which its element stays the same (a whole-tensor sum of [100000, 100] is 100 terms
+/// a row, 10^7 into one element); UINT64_MAX where a trip count is not known.
+uint64_t terms_into_element(RunningSum sum, mlir::scf::ForOp loop) {
+  auto trips = [](mlir::scf::ForOp f) {
+    auto n = f.getStaticTripCount();
+    return n && n->getActiveBits() <= 63 ? n->getZExtValue() : UINT64_MAX;
+  };
+  uint64_t terms = trips(loop);
+  for (auto outer = loop->getParentOfType<mlir::scf::ForOp>();
+       outer && outer->isProperAncestor(loop) && terms != UINT64_MAX;
+       outer = outer->getParentOfType<mlir::scf::ForOp>()) {
+    if (outer->hasAttr(kBlocksAttr) ||
+        !llvm::all_of(sum.store.getIndices(),
+                      [&](mlir::Value i) { return outer.isDefinedOutsideOfLoop(i); }))
+      break;
+    const uint64_t n = trips(outer);
+    terms = n != 0 && terms > UINT64_MAX / n ? UINT64_MAX : terms * n;
+  }
+  return terms;
+}
+
 int block_float64_sums(mlir::func::FuncOp fn) {
   int blocked = 0;
   llvm::SmallVector<mlir::scf::ForOp> loops;
   fn.walk([&](mlir::scf::ForOp f) { loops.push_back(f); });
   for (mlir::scf::ForOp loop : loops) {
-    auto trips = loop.getStaticTripCount();
-    if (loop.getNumResults() != 0 || (trips && trips->ule(kBlockColumns)) ||
-        loop->hasAttr(kBlocksAttr))
-      continue;
+    if (loop.getNumResults() != 0 || loop->hasAttr(kBlocksAttr)) continue;
     llvm::SmallVector<RunningSum> sums;
     for (auto store : loop.getBody()->getOps<mlir::memref::StoreOp>())
-      if (auto sum = running_sum(store, loop); sum && accumulator_private(*sum, loop))
+      if (auto sum = running_sum(store, loop); sum && accumulator_private(*sum, loop) &&
+                                                terms_into_element(*sum, loop) > kBlockColumns)
         sums.push_back(*sum);
     if (sums.empty()) continue;
     block_sums(loop, sums, /*redo_not_finite=*/false);

@@ -210,6 +210,18 @@ TEST_CASE("blocked sums: a long float64 sum adds blocks of 4096, not one running
     INFO(got - exact);
     CHECK(std::abs(got - exact) < 1e-13);  // one running sum: 3e-12 off
   }
+  SECTION("a whole-tensor sum of short rows (a partial per row of 100)") {
+    ir::Graph g;
+    OpAttrs all;
+    all.all_dims = true;
+    g.output(g.op(OpKind::Sum, {g.input(DType::Float64, {ir::kDynamic, 100})}, all));
+    codegen::Executable exe(g);
+    std::vector<double> w(1000000, 1e-16);
+    w[0] = 1.0;
+    const double got = exe.run({from_vector(w, {10000, 100})})[0].item<double>();
+    INFO(got - (1.0 + 999999 * 1e-16));
+    CHECK(std::abs(got - (1.0 + 999999 * 1e-16)) < 1e-13);
+  }
   SECTION("a row sum (a row loop's column loop)") {
     ir::Graph g;
     OpAttrs each_row;

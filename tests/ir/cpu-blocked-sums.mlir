@@ -287,3 +287,38 @@ func.func @long_float64_sum(%x: memref<?x?xf64>, %out: memref<?x1xf64> {llvm.noa
   memref.dealloc %sum : memref<1x1xf64>
   return
 }
+
+// -----
+
+// A whole-tensor sum of [1000, 100]: 100 terms a row, but 100,000 into one element, so each
+// row's run gets a partial of its own; a row sum of 100 terms (@short_rows' second sum, whose
+// element changes with the row) stays a running sum.
+// CHECK-LABEL: func.func @short_rows
+// CHECK:         scf.for %[[I:.*]] = %c0 to %c1000 step %c1 {
+// CHECK:           %[[P:.*]] = scf.for {{.*}} iter_args(%[[ACC:.*]] = %{{.*}}) -> (f64) {
+// CHECK:             %[[R:.*]] = memref.load %[[ROWS:.*]][%[[I]]] : memref<1000xf64>
+// CHECK:             %[[RS:.*]] = arith.addf %[[R]], {{.*}} : f64
+// CHECK:             memref.store %[[RS]], %[[ROWS]][%[[I]]]
+// CHECK:             arith.addf %[[ACC]], {{.*}} : f64
+// CHECK:           }
+// CHECK:           memref.load %[[TOTAL:.*]][] : memref<f64>
+// CHECK:           arith.addf {{.*}}, %[[P]]
+func.func @short_rows(%x: memref<1000x100xf64>, %total: memref<f64> {llvm.noalias},
+                      %rows: memref<1000xf64> {llvm.noalias}) {
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %c100 = arith.constant 100 : index
+  %c1000 = arith.constant 1000 : index
+  scf.for %i = %c0 to %c1000 step %c1 {
+    scf.for %j = %c0 to %c100 step %c1 {
+      %v = memref.load %x[%i, %j] : memref<1000x100xf64>
+      %r = memref.load %rows[%i] : memref<1000xf64>
+      %rs = arith.addf %r, %v fastmath<reassoc> : f64
+      memref.store %rs, %rows[%i] : memref<1000xf64>
+      %s = memref.load %total[] : memref<f64>
+      %t = arith.addf %s, %v fastmath<reassoc> : f64
+      memref.store %t, %total[] : memref<f64>
+    }
+  }
+  return
+}
