@@ -292,10 +292,12 @@ std::unordered_map<std::string, int64_t> g_written_since_tidy;
 bool tidy_due(const std::string& dir) {
   const std::string marker = dir + "/last-tidy";
   struct stat st;
-  if (::lstat(marker.c_str(), &st) == 0 && S_ISREG(st.st_mode) &&
-      std::chrono::system_clock::now() - std::chrono::system_clock::from_time_t(st.st_mtime) <
-          std::chrono::minutes(10))
-    return false;
+  if (::lstat(marker.c_str(), &st) == 0 && S_ISREG(st.st_mode)) {
+    // A marker dated in the future (a clock set back, another machine's clock) is not recent.
+    const auto age =
+        std::chrono::system_clock::now() - std::chrono::system_clock::from_time_t(st.st_mtime);
+    if (age >= age.zero() && age < std::chrono::minutes(10)) return false;
+  }
   const int fd = ::open(marker.c_str(), O_WRONLY | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC,
                         0644);
   if (fd >= 0) {

@@ -735,9 +735,9 @@ std::string Executable::Impl::compile(const std::string& graph_mlir, bool relax)
   } else {
     // Each loop nest shared out over the thread pool (cpu_parallel.h).
     I.run_pipeline(m, "func.func(convert-linalg-to-parallel-loops)", "loops");
-    block_float64_sums(m.lookupSymbol<mlir::func::FuncOp>("main"));
-    if (I.profile_kernels)
+    if (I.profile_kernels)  // first: it names each nest by its loops' extents
       I.profiled_kernels = instrument_kernels(m.lookupSymbol<mlir::func::FuncOp>("main"));
+    block_float64_sums(m.lookupSymbol<mlir::func::FuncOp>("main"));
     prepare_parallel_loops(m);
     I.run_pipeline(m, "convert-scf-to-openmp", "parallel loops");
     finish_parallel_loops(m);

@@ -7,6 +7,8 @@
 #include <utility>
 #include <cstdio>
 #include <cstdlib>
+#include <mutex>
+#include <set>
 #include <string>
 
 namespace kiln {
@@ -31,8 +33,9 @@ int64_t env_bytes(const char* name, int64_t otherwise) {
   uint64_t n = 0;
   bool ok = i < v.size() && std::isdigit(static_cast<unsigned char>(v[i]));
   for (; ok && i < v.size() && std::isdigit(static_cast<unsigned char>(v[i])); ++i) {
-    n = n * 10 + static_cast<uint64_t>(v[i] - '0');
-    ok = n <= (uint64_t{1} << 62);
+    const auto digit = static_cast<uint64_t>(v[i] - '0');
+    ok = n <= ((uint64_t{1} << 62) - digit) / 10;  // before it wraps: 2^64 + 4 read as 4
+    n = n * 10 + digit;
   }
   std::string suffix = v.substr(i);
   for (char& c : suffix) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
@@ -43,8 +46,13 @@ int64_t env_bytes(const char* name, int64_t otherwise) {
     if (suffix == text) shift = bits;
   ok = ok && shift >= 0 && n <= (uint64_t{1} << (62 - shift));
   if (ok) return static_cast<int64_t>(n << shift);
-  fmt::print(stderr, "kiln: ignoring {}={} (expected a size such as 1000, 512M or 2G); it stays "
-             "{}\n", name, env, otherwise);
+  // Once per variable and value: the disk cache reads its limit at every write.
+  static std::mutex mutex;
+  static std::set<std::string> warned;
+  std::lock_guard lock(mutex);
+  if (warned.insert(std::string(name) + "=" + v).second)
+    fmt::print(stderr, "kiln: ignoring {}={} (expected a size such as 1000, 512M or 2G); it "
+               "stays {}\n", name, env, otherwise);
   return otherwise;
 }
 

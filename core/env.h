@@ -15,8 +15,8 @@ bool env_flag(const char* name, bool otherwise = false);
 
 /// The byte size `name`: a whole number with an optional binary suffix K, M, G or T (KiB, MiB,
 /// GiB, TiB; a trailing "B" or "iB" and any case allowed: "512M", "2GiB", "1000"); `otherwise`
-/// when unset or empty. A malformed, negative or overflowing value prints one warning on stderr
-/// and gives `otherwise`.
+/// when unset or empty. A malformed, negative or overflowing value (over 2^62) gives `otherwise`,
+/// with a warning on stderr the first time the variable has that value.
 int64_t env_bytes(const char* name, int64_t otherwise);
 
 }  // namespace kiln

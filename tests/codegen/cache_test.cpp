@@ -264,6 +264,12 @@ TEST_CASE("cache: temporary files of writers that did not finish are removed aft
     compile_fresh(chain({5}));
     CHECK(fs::exists(stale));
   }
+  SECTION("or when the marker is dated in the future (a clock set back)") {
+    std::ofstream(marker).flush();
+    fs::last_write_time(marker, fs::file_time_type::clock::now() + std::chrono::hours(24));
+    compile_fresh(chain({5}));
+    CHECK_FALSE(fs::exists(stale));
+  }
   SECTION("when the other process tidied it over ten minutes ago") {
     std::ofstream(marker).flush();
     fs::last_write_time(marker, fs::file_time_type::clock::now() - std::chrono::minutes(11));

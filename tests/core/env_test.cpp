@@ -43,14 +43,17 @@ TEST_CASE("env_bytes: a whole number with a binary suffix; malformed values keep
   const std::pair<const char*, int64_t> sizes[] = {
       {"0", 0},           {"1000", 1000},       {"1000b", 1000},
       {"4k", 4096},       {"4KiB", 4096},       {"512M", int64_t{512} << 20},
-      {"2G", int64_t{2} << 30}, {"2gb", int64_t{2} << 30}, {"3T", int64_t{3} << 40}};
+      {"2G", int64_t{2} << 30}, {"2gb", int64_t{2} << 30}, {"3T", int64_t{3} << 40},
+      {"4611686018427387904", int64_t{1} << 62}};
   for (auto [text, bytes] : sizes) {
     INFO(text);
     ::setenv(name, text, 1);
     CHECK(env_bytes(name, 77) == bytes);
   }
+  // 18446744073709551620 (2^64 + 4) wrapped to 4 (break-it pass): the check now runs before
+  // each digit's multiply.
   for (const char* bad : {"", "-5", "1.5G", "G", "5X", "5 G", "12345678901234567890",
-                          "4294967297G"}) {
+                          "18446744073709551620", "4611686018427387905", "4294967297G"}) {
     INFO(bad);
     ::setenv(name, bad, 1);
     CHECK(env_bytes(name, 77) == 77);
