@@ -7,6 +7,7 @@
 #include "mlir/Dialect/Arith/IR/Arith.h"
 #include "mlir/Dialect/MemRef/IR/MemRef.h"
 #include "mlir/Interfaces/SideEffectInterfaces.h"
+#include "mlir/Interfaces/ViewLikeInterface.h"
 
 namespace kiln::codegen {
 namespace {
@@ -63,16 +64,30 @@ std::optional<RunningSum> widened_sum(mlir::memref::StoreOp store, mlir::scf::Fo
   return sum;
 }
 
-/// Whether in `loop` only `sum`'s own load and store touch its accumulator, an allocation or an
-/// output argument of its own: then adding into it once per block changes nothing else.
-bool accumulator_private(RunningSum sum, mlir::scf::ForOp loop) {
-  mlir::Value acc = sum.store.getMemRef();
-  if (!acc.getDefiningOp<mlir::memref::AllocOp>() &&
-      !acc.getDefiningOp<mlir::memref::AllocaOp>() && !noalias_argument(acc))
+/// Whether in `loop` nothing but the running sums `sums` accesses the buffer of `sum`'s
+/// accumulator (an allocation or an output argument of its own, or a view of one: a sum
+/// written into its part of a cat's result). Then adding partials into it once per block
+/// changes nothing else: the sums only add into their elements, in any order (reassoc), even
+/// where two of them add into one element.
+bool accumulator_private(RunningSum sum, llvm::ArrayRef<RunningSum> sums,
+                         mlir::scf::ForOp loop) {
+  mlir::Value root = view_root(sum.store.getMemRef());
+  if (!root || (!root.getDefiningOp<mlir::memref::AllocOp>() && !noalias_argument(root)))
     return false;
-  return llvm::all_of(acc.getUsers(), [&](mlir::Operation* user) {
-    return !loop->isAncestor(user) || user == sum.load || user == sum.store;
-  });
+  llvm::SmallVector<mlir::Value> views{root};
+  for (size_t k = 0; k < views.size(); ++k) {
+    for (mlir::Operation* user : views[k].getUsers()) {
+      if (auto view = llvm::dyn_cast<mlir::ViewLikeOpInterface>(user);
+          view && view.getViewSource() == views[k]) {
+        views.push_back(view->getResult(0));
+      } else if (loop->isAncestor(user) && !llvm::any_of(sums, [&](const RunningSum& s) {
+                   return user == s.load || user == s.store;
+                 })) {
+        return false;
+      }
+    }
+  }
+  return true;
 }
 
 /// Whether float32 partials keep `sum`'s result: its accumulator is an allocation that, in the
@@ -262,11 +277,12 @@ int block_float64_sums(mlir::func::FuncOp fn) {
   fn.walk([&](mlir::scf::ForOp f) { loops.push_back(f); });
   for (mlir::scf::ForOp loop : loops) {
     if (loop.getNumResults() != 0 || loop->hasAttr(kBlocksAttr)) continue;
-    llvm::SmallVector<RunningSum> sums;
+    llvm::SmallVector<RunningSum> all, sums;
     for (auto store : loop.getBody()->getOps<mlir::memref::StoreOp>())
-      if (auto sum = running_sum(store, loop); sum && accumulator_private(*sum, loop) &&
-                                                terms_into_element(*sum, loop) > kBlockColumns)
-        sums.push_back(*sum);
+      if (auto sum = running_sum(store, loop)) all.push_back(*sum);
+    for (const RunningSum& sum : all)
+      if (accumulator_private(sum, all, loop) && terms_into_element(sum, loop) > kBlockColumns)
+        sums.push_back(sum);
     if (sums.empty()) continue;
     block_sums(loop, sums, /*redo_not_finite=*/false);
     blocked += static_cast<int>(sums.size());

@@ -152,13 +152,15 @@ unsigned shared_row_dims(llvm::ArrayRef<mlir::scf::ParallelOp> rows, bool verify
   return k >= 1 ? k : unverified;
 }
 
-/// The allocation or argument buffer `m` is a view of; null when it comes from anything else
-/// (an op not known as a view, such as memref.transpose, may still alias).
+}  // namespace
+
 mlir::Value view_root(mlir::Value m) {
   while (auto view = m.getDefiningOp<mlir::ViewLikeOpInterface>()) m = view.getViewSource();
   if (llvm::isa<mlir::BlockArgument>(m) || m.getDefiningOp<mlir::memref::AllocOp>()) return m;
   return {};
 }
+
+namespace {
 
 /// Loops standing before a GEMM call that cannot touch their buffers move after it, in order, so
 /// that they join the row loops after it: a reduction's fill that bufferization placed before

@@ -131,6 +131,10 @@ void register_cpu_row_loops_pass(mlir::DialectRegistry& registry);
 /// Whether `root` is an argument of @main marked llvm.noalias (an output buffer of its own).
 bool noalias_argument(mlir::Value root);
 
+/// The allocation or argument buffer `m` is a view of; null when it comes from anything else
+/// (an op not known as a view, such as memref.transpose, may still alias).
+mlir::Value view_root(mlir::Value m);
+
 /// The memref a memref.load or memref.store accesses; null for any other op.
 mlir::Value accessed_memref(mlir::Operation* op);
 /// The indices of a memref.load or memref.store (`op` must be one).

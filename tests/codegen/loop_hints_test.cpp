@@ -222,6 +222,27 @@ TEST_CASE("blocked sums: a long float64 sum adds blocks of 4096, not one running
     INFO(got - (1.0 + 999999 * 1e-16));
     CHECK(std::abs(got - (1.0 + 999999 * 1e-16)) < 1e-13);
   }
+  SECTION("sums written into their parts of a cat's result (views of one buffer)") {
+    // Found by a second break-it pass: the accumulator was a subview, and two sums shared it.
+    ir::Graph g;
+    ir::Value x = g.input(DType::Float64, {2, n});
+    OpAttrs each_row, along_1;
+    each_row.dims = {1};
+    each_row.keepdim = true;
+    along_1.dim = 1;
+    ir::Value twice = g.op(OpKind::Mul, {x, g.constant(Scalar(2.0), DType::Float64)});
+    g.output(g.op(OpKind::Cat, {g.op(OpKind::Sum, {x}, each_row),
+                                g.op(OpKind::Sum, {twice}, each_row)}, along_1));
+    codegen::Executable exe(g);
+    std::vector<double> rows = v;
+    rows.insert(rows.end(), v.begin(), v.end());
+    Tensor got = exe.run({from_vector(rows, {2, n})})[0];
+    REQUIRE(got.shape() == Shape{2, 2});
+    for (int k = 0; k < 4; ++k) {
+      INFO(k << ": " << got.data<double>()[k] - (k % 2 ? 2 : 1) * exact);
+      CHECK(std::abs(got.data<double>()[k] - (k % 2 ? 2 : 1) * exact) < 2e-13);
+    }
+  }
   SECTION("a row sum (a row loop's column loop)") {
     ir::Graph g;
     OpAttrs each_row;
