@@ -178,7 +178,7 @@ template <class S, class P> S expm1_f32(S x, S lib, const P& pow2i) {
 /// gives 0 from −708.4 (e^x is a denormal down to −745.1), exp2 overflows from 1023, erf and
 /// erfc give NaN for huge |x| (and erfc is off by 3e-9 relative at 21). Exp, Exp2 and Expm1
 /// below then use the full-range forms that follow, Erf and GeluErf the specialisation's
-/// `static S erf(S)` / `erfc(S)`. Specialised for xsimd::batch<double> in
+/// `static S erf(S)` / `erfc(S)`, Sin, Cos and Tan its `sin` / `cos` / `tan`. Specialised for xsimd::batch<double> in
 /// backends/cpu/simd_exp.h; scalar double uses libm and compiled code MLIR's math lowering
 /// (libm's erf / erfc for float64), both correct.
 template <class S> struct F64Range {
@@ -270,14 +270,24 @@ struct Rsqrt {
 struct Reciprocal {
   template <class S> static S eval(S x) { return S(1) / x; }
 };
+/// sin, cos, tan; float64 SIMD lanes through F64Range (libm: an exact argument reduction).
 struct Sin {
-  template <class S> static S eval(S x) { return sin(x); }
+  template <class S> static S eval(S x) {
+    if constexpr (F64Range<S>::kEnabled) return F64Range<S>::sin(x);
+    else return sin(x);
+  }
 };
 struct Cos {
-  template <class S> static S eval(S x) { return cos(x); }
+  template <class S> static S eval(S x) {
+    if constexpr (F64Range<S>::kEnabled) return F64Range<S>::cos(x);
+    else return cos(x);
+  }
 };
 struct Tan {
-  template <class S> static S eval(S x) { return tan(x); }
+  template <class S> static S eval(S x) {
+    if constexpr (F64Range<S>::kEnabled) return F64Range<S>::tan(x);
+    else return tan(x);
+  }
 };
 struct Tanh {
   template <class S> static S eval(S x) { return tanh(x); }
@@ -311,13 +321,37 @@ struct Relu {
   template <class S> static S eval(S x) { return select(x < S(0), S(0), x); }
 };
 
+/// The part of the real constant c that S(c) leaves out, for S of float32 or float64 elements,
+/// given c's float64 residual: S(c) − S(float(c)) is 0 in float32 and exactly c's float32
+/// residual in float64 (Sterbenz's lemma), which picks the right residual without naming S's
+/// element type (the IR algebra has one type for both).
+template <class S> S residual_of(double c, double float64_residual) {
+  const double f = static_cast<float>(c);
+  return S(c - f) - (S(c) - S(f)) + S(float64_residual);
+}
+
 /// gelu with approximate="none": x·Φ(x) = 0.5·x·(1 + erf(x/√2)), evaluated as
-/// 0.5·x·erfc(−x/√2) (the same value, without the cancellation of 1 + erf for x ≪ 0).
+/// 0.5·x·erfc(z), z = −x/√2 (the same value, without the cancellation of 1 + erf for x ≪ 0).
+/// erfc(z) changes by a relative −R(z)·dz for a change dz of z, R(z) = 2e^(−z²)/(√π·erfc(z)),
+/// about 2z for z >= 1: the rounding of z alone put float32 gelu(−12.9) 196 ulp off (relative
+/// 1.6e-5; found by a break-it pass). So z's rounding error dz is computed exactly (fma, and
+/// 1/√2's own residual) and erfc(z) scaled by 1 − 2z·dz where z > 0 (x < 0), which leaves
+/// under an ulp (R(z) − 2z is at most 0.64 at z = 1, where dz is below an ulp of z). Past z = 30
+/// erfc(z) is 0 in float64 too, and 2z·dz could overflow. erfc's sign is dropped: the SIMD
+/// library's erfc gave −0 for huge z, so gelu(−3e7) was +0 (compiled, and PyTorch: −0).
 struct GeluErf {
+  static constexpr double kInvSqrt2 = 0.70710678118654752440;
   template <class S> static S eval(S x) {
-    S z = x * S(-0.70710678118654752440);
-    if constexpr (F64Range<S>::kEnabled) return S(0.5) * x * F64Range<S>::erfc(z);
-    else return S(0.5) * x * erfc(z);
+    const S c = S(-kInvSqrt2), c_lo = -residual_of<S>(kInvSqrt2, -4.8336466567264567e-17);
+    S z = x * c;
+    S dz = fma(x, c, -z) + x * c_lo;
+    auto erfc_of = [](S v) {
+      if constexpr (F64Range<S>::kEnabled) return F64Range<S>::erfc(v);
+      else return erfc(v);
+    };
+    S e = erfc_of(z);
+    S scale = S(1) - select(z > S(0) && z < S(30), S(2) * z * dz, S(0));
+    return S(0.5) * x * (abs(e) * scale);
   }
 };
 

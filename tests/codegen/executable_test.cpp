@@ -88,6 +88,31 @@ TEST_CASE("Executable: exp and gelu chains within tolerance of eager") {
   CHECK(max_diff(out[1], gelu(add(xt, xt))) < 2e-6);
 }
 
+TEST_CASE("Executable: gelu's negative tail is within a few ulp (z = -x/sqrt(2) corrected)") {
+  // Found by a break-it pass: the rounding of z = -x/√2 alone moves erfc(z) by 2z·dz relative,
+  // so float32 gelu(-12.93) was 196 ulp off (1.6e-5), float64 gelu(-37.3) 1,492 ulp (1.9e-13).
+  // Reference: long double.
+  for (DType dt : {DType::Float32, DType::Float64}) {
+    const bool f32 = dt == DType::Float32;
+    ir::Graph g;
+    g.output(g.op(OpKind::Gelu, {g.input(dt, {4001})}));
+    codegen::Executable exe(g);
+    std::vector<double> xs;
+    for (int i = 0; i < 4001; ++i) xs.push_back(-1.0 - (f32 ? 12.0 : 36.0) * i / 4000.0);
+    Tensor x = from_vector(xs, {4001}).to(dt);
+    std::vector<double> in = x.to(DType::Float64).to_vector<double>();
+    std::vector<double> got = exe.run({x})[0].to(DType::Float64).to_vector<double>();
+    double worst = 0;
+    for (size_t i = 0; i < in.size(); ++i) {
+      const long double xl = in[i];
+      const auto want = static_cast<double>(0.5L * xl * erfcl(-xl / sqrtl(2.0L)));
+      if (want != 0) worst = std::max(worst, std::fabs(got[i] - want) / std::fabs(want));
+    }
+    INFO((f32 ? "float32" : "float64") << std::string(": max relative error ") << worst);
+    CHECK(worst < (f32 ? 6e-7 : 2e-15));
+  }
+}
+
 TEST_CASE("Executable: sum and amax reductions") {
   ir::Graph g;
   ir::Value x = g.input(DType::Float32, {5, 7});
