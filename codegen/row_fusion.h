@@ -116,9 +116,10 @@ int prefetch_next_rows(mlir::func::FuncOp fn);
 int block_float32_sums(mlir::func::FuncOp fn);
 
 /// Every float64 running sum that adds more than 4,096 terms (or a number not known) into one
-/// element, counting the enclosing loops that keep the element, and whose accumulator only the
-/// sum touches in its loop: summed in float64 partials, one per block of up to 4,096 iterations
-/// of its loop, each added to the accumulator, as eager's kernels sum (sum_run). One
+/// element, counting the enclosing loops that keep the element, and whose accumulator's buffer
+/// (an allocation or output, or a view of one: its part of a cat) only running sums touch in
+/// its loop: summed in float64 partials, one per block of up to 4,096 iterations of its loop,
+/// each added to the accumulator, as eager's kernels sum (sum_run). One
 /// running sum of 10^7 terms lost what it added below half an ulp of its total: a compiled
 /// float64 sum of [1, 1e-16 x (10^7 - 1)] was 1 + 0.969e-9 (eager 1 + 0.99999e-9). Widened
 /// float32 sums that block_float32_sums left are blocked too. Returns how many sums it blocked.

@@ -4,12 +4,12 @@
 
 #include <cctype>
 #include <cstdint>
-#include <utility>
 #include <cstdio>
 #include <cstdlib>
 #include <mutex>
 #include <set>
 #include <string>
+#include <utility>
 
 namespace kiln {
 
