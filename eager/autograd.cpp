@@ -648,19 +648,22 @@ std::vector<Tensor> run_backward(const std::vector<Edge>& roots, const std::vect
       if (auto it = capture_at.find(node.get()); it != capture_at.end()) {
         for (size_t i : it->second) captured[i] = grads[capture[i].input_nr];
       }
-      // Not for the tracer's partial derivatives (partial_grads): only a user's backward or
-      // grad() fills retained .grads.
-      for (auto& [nr, weak] : node->retained)
-        if (auto impl = weak.lock(); impl && grads[nr].defined() && !stop_at_capture) {
-          Meta& m = ensure_meta(Tensor(impl));
-          if (auto* o = dispatch::write_observer()) o->before_grad_change(Tensor(impl));
-          m.grad = m.grad.defined() ? add(m.grad, grads[nr]) : private_grad_copy(grads[nr]);
-        }
       std::vector<Tensor> next;
       bool run = capture.empty() ||
                  (on_path.count(node.get()) && !(stop_at_capture && capture_at.count(node.get())));
-      if (run) next = node->apply(std::move(grads));
-      if (!retain_graph && run) node->release();
+      {
+        std::lock_guard lock(node->run_mutex);  // another thread's backward may run it too
+        // Not for the tracer's partial derivatives (partial_grads): only a user's backward or
+        // grad() fills retained .grads.
+        for (auto& [nr, weak] : node->retained)
+          if (auto impl = weak.lock(); impl && grads[nr].defined() && !stop_at_capture) {
+            Meta& m = ensure_meta(Tensor(impl));
+            if (auto* o = dispatch::write_observer()) o->before_grad_change(Tensor(impl));
+            m.grad = m.grad.defined() ? add(m.grad, grads[nr]) : private_grad_copy(grads[nr]);
+          }
+        if (run) next = node->apply(std::move(grads));
+        if (!retain_graph && run) node->release();
+      }
       for (size_t i = 0; i < node->next_edges.size(); ++i) {
         const Edge& e = node->next_edges[i];
         if (!e.fn) continue;

@@ -2,6 +2,7 @@
 /// Internal: the autograd graph (nodes, edges, saved tensors, per-tensor autograd state).
 #include <atomic>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -66,6 +67,11 @@ class Node : public std::enable_shared_from_this<Node> {
   uint64_t sequence_nr;
   /// Non-leaf tensors whose .grad should be kept (retain_grad), by output number.
   std::vector<std::pair<uint32_t, std::weak_ptr<TensorImpl>>> retained;
+  /// Held while the engine runs the node, fills its retained .grads and releases it: threads
+  /// running backward through one graph (a shared prefix) take a node one at a time, so the
+  /// second finds its saved tensors released and raises, as PyTorch does. Both used to read
+  /// and free them at once: heap corruption (found by a break-it pass).
+  std::mutex run_mutex;
 };
 
 /// Accumulates the incoming gradient into a leaf tensor's .grad.

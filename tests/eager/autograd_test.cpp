@@ -1,4 +1,5 @@
 // Autograd: tutorial programs, gradcheck of every differentiable op, engine semantics.
+#include <atomic>
 #include <cmath>
 #include <thread>
 
@@ -345,6 +346,45 @@ TEST_CASE("backward from several threads into one leaf accumulates every gradien
     });
   for (auto& th : ts) th.join();
   CHECK(w.grad().to_vector<float>() == std::vector<float>(128, 800.0f));
+}
+
+TEST_CASE("two threads' backward through one graph: one runs, the other raises (no retain_graph)",
+          "[threads]") {
+  // Found by a break-it pass: both threads ran the graph's nodes at once, one freeing the saved
+  // tensors the other read: heap corruption, or x.grad counted twice with no error. Each node
+  // now runs under its own lock, so the second finds it released and raises, as in PyTorch
+  // ("Concurrency on CPU", graph retaining).
+  for (int rep = 0; rep < 100; ++rep) {
+    Tensor x = tensor({1.0f, 2.0f, 3.0f}).requires_grad_();
+    Tensor a = x.exp() * x;  // the shared part
+    std::atomic<int> ok{0}, raised{0};
+    std::vector<std::thread> ts;
+    for (int t = 0; t < 2; ++t)
+      ts.emplace_back([&, t] {
+        try {
+          (a * (t + 1.0)).sum().backward();
+          ++ok;
+        } catch (const Error& e) {
+          CHECK_THAT(e.what(), Catch::Contains("second time"));
+          ++raised;
+        }
+      });
+    for (auto& th : ts) th.join();
+    INFO("rep " << rep);
+    CHECK(raised == 1);
+    REQUIRE(ok == 1);
+    // One thread's gradient, k (e^x + x e^x) with k = 1 or 2, never both at once.
+    const std::vector<float> g = x.grad().to_vector<float>();
+    const double once = std::exp(1.0) * 2;  // d/dx x e^x at 1
+    CHECK((std::abs(g[0] - once) < 1e-5 || std::abs(g[0] - 2 * once) < 1e-5));
+  }
+  // With retain_graph both run, and both gradients accumulate.
+  Tensor x = tensor({1.0f}).requires_grad_();
+  Tensor a = x.exp() * x;
+  std::vector<std::thread> ts;
+  for (int t = 0; t < 2; ++t) ts.emplace_back([&] { a.sum().backward({}, /*retain_graph=*/true); });
+  for (auto& th : ts) th.join();
+  CHECK(x.grad().item<float>() == Approx(4 * std::exp(1.0)).epsilon(1e-6));
 }
 
 TEST_CASE("gradients take the tensor's dtype; set_grad checks shape and dtype") {
