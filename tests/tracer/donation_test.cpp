@@ -92,7 +92,7 @@ TEST_CASE("compile(donate_buffers): a step that raises on a bad target leaves th
   Model m;
   auto step = compile(m.step(), CompileOptions{.donate_buffers = true});
   Tensor x = randn({4, 8});
-  // Past the region's measured choice between its compiled code and eager kernels (8 runs),
+  // Past the region's measured choice between its compiled code and eager kernels (4 runs),
   // so the raising call runs the choice (explain() says which; compiled here so far).
   for (int call = 0; call < 10; ++call) step(x, targets({0, 1, 2, 3}));
   INFO(step.explain());
