@@ -2,7 +2,11 @@
 // bufferization -> loops -> LLVM dialect -> object code (codegen/jit.cpp), through the compile
 // cache (codegen/cache.cpp).
 // Pipeline and required registrations: /work/shared/notes/mlir22-toolchain.md, section 2.
+#include <sys/resource.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <mutex>
 #include <optional>
@@ -473,11 +477,36 @@ GpuLoopEmulation gpu_loop_emulation(const CompileOptions& options) {
   return env;
 }
 
+namespace {
+/// Address space a compile must have left under RLIMIT_AS (`ulimit -v`) to start. MLIR does
+/// not check every allocation (OperandStorage::resize writes through a failed malloc), so a
+/// compile that ran out crashed the process (SIGSEGV; found by a break-it pass), where LLVM's
+/// own failures now raise (ir::install_llvm_error_handler). A compile takes a few MiB (an
+/// elementwise chain) to a few hundred (a whole Transformer training step).
+constexpr uint64_t kCompileHeadroom = uint64_t{256} << 20;
+
+void check_compile_headroom() {
+  rlimit limit{};
+  if (::getrlimit(RLIMIT_AS, &limit) != 0 || limit.rlim_cur == RLIM_INFINITY) return;
+  unsigned long pages = 0;
+  if (std::FILE* f = std::fopen("/proc/self/statm", "r")) {
+    if (std::fscanf(f, "%lu", &pages) != 1) pages = 0;
+    std::fclose(f);
+  }
+  const uint64_t used = static_cast<uint64_t>(pages) * static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+  const uint64_t left = limit.rlim_cur > used ? limit.rlim_cur - used : 0;
+  KILN_CHECK(left >= kCompileHeadroom, "compile", Loc::current(),
+             "{} MiB of address space left under RLIMIT_AS (ulimit -v), under the {} MiB a "
+             "compile may need: MLIR cannot run out of memory safely, so no code is built",
+             left >> 20, kCompileHeadroom >> 20);
+}
+}  // namespace
+
 Executable::Executable(const ir::Graph& g, const CompileOptions& options) {
   // With kernel timers the text carries the ops' source locations, which name the kernels.
   const bool profile = kernel_profiling(options);
   const std::string text = g.to_mlir(/*with_locations=*/profile);
-  auto build = [&](bool relax) {
+  auto build_once = [&](bool relax) {
     impl_ = std::make_unique<Impl>();
     Impl& I = *impl_;
     I.device = options.device;
@@ -486,6 +515,7 @@ Executable::Executable(const ir::Graph& g, const CompileOptions& options) {
     I.in_place_requests = options.in_place_outputs;
     I.profile_kernels = profile;
     I.code = get_or_compile(text, options, I.stats, [&](CompiledMeta& meta) {
+      check_compile_headroom();
       std::string object = I.compile(text, relax);
       meta = I;
       return object;
@@ -497,6 +527,13 @@ Executable::Executable(const ir::Graph& g, const CompileOptions& options) {
       I.kernel_counters = std::make_unique<KernelCounter[]>(I.profiled_kernels.size());
     // KILN_CUDA_PROFILE's table names kernels of modules loaded from this PTX by their ops.
     if (!I.gpu_kernel_ops.empty()) cuda::profile_describe_kernels(I.ptx, I.gpu_kernel_ops);
+  };
+  auto build = [&](bool relax) {
+    try {
+      build_once(relax);
+    } catch (const std::bad_alloc&) {  // operator new inside MLIR/LLVM
+      throw Error("compile", "out of memory in MLIR/LLVM while building compiled code");
+    }
   };
   // CUDA: dim 0 is relaxed to `?` as on cpu, and the row-split analysis tells which loop nests
   // may run as one kernel over rows (gpu_lowering.h). Without a device the host code is still

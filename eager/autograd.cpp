@@ -235,7 +235,17 @@ std::vector<Tensor> OpNode::apply(std::vector<Tensor>&& grads) {
   if (!saved_outputs.empty()) ctx.output = saved_outputs[0].unpack(self, nm);
   for (const Edge& e : next_edges) ctx.needs_grad.push_back(e.valid());
   if (!grads[0].defined()) return std::vector<Tensor>(next_edges.size());
-  std::vector<Tensor> out = derivative(ctx, grads[0]);
+  std::vector<Tensor> out;
+  try {
+    out = derivative(ctx, grads[0]);
+  } catch (const Error& e) {
+    // Memory running out in a derivative named kiln's allocator and its source line (break-it
+    // pass): name the op differentiated, where it was recorded, and the backward() call.
+    if (e.message().find("out of memory") == std::string::npos) throw;
+    throw Error(nm, fmt::format("{} (computing its gradient; the op was recorded at {}:{})",
+                                e.message(), loc.file_name(), loc.line()),
+                backward_call_site(loc));
+  }
   out.resize(next_edges.size());
   // A gradient takes its input's dtype (a float32 input of a float64 product gets a float32
   // gradient, as PyTorch's engine casts), so a leaf's .grad has the leaf's dtype.

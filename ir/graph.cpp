@@ -21,11 +21,20 @@ namespace {
 [[noreturn]] void llvm_fatal_error(void*, const char* reason, bool) {
   throw Error("LLVM fatal error (in kiln's MLIR/LLVM code)", reason);
 }
+// LLVM's failed allocations (safe_malloc, SmallVector growth) report here, not to the fatal
+// handler: without it a compile that ran out of memory aborted the process (break-it pass).
+[[noreturn]] void llvm_bad_alloc(void*, const char* reason, bool) {
+  throw Error("compile", std::string("out of memory in MLIR/LLVM while building compiled "
+                                     "code (") + reason + ")");
+}
 }  // namespace
 
 void install_llvm_error_handler() {
   static std::once_flag once;
-  std::call_once(once, [] { llvm::install_fatal_error_handler(llvm_fatal_error, nullptr); });
+  std::call_once(once, [] {
+    llvm::install_fatal_error_handler(llvm_fatal_error, nullptr);
+    llvm::install_bad_alloc_error_handler(llvm_bad_alloc, nullptr);
+  });
 }
 
 struct Graph::Impl {

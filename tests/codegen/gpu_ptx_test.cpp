@@ -1,6 +1,8 @@
 // CUDA code generation without a GPU: the PTX of fused graphs (codegen::Executable with
 // CompileOptions::device = cuda), its kernel count, and that ptxas assembles it.
 #include <catch2/catch.hpp>
+#include <unistd.h>
+
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -54,8 +56,10 @@ void check_assembles(const std::string& ptx, const std::string& name) {
     return;
   }
   auto dir = std::filesystem::temp_directory_path();
-  std::string in = (dir / ("kiln_" + name + ".ptx")).string();
-  std::string out = (dir / ("kiln_" + name + ".cubin")).string();
+  // Per process: two test runs at once must not read each other's half-written files.
+  const std::string stem = "kiln_" + name + "_" + std::to_string(::getpid());
+  std::string in = (dir / (stem + ".ptx")).string();
+  std::string out = (dir / (stem + ".cubin")).string();
   std::ofstream(in) << ptx;
   std::string cmd = ptxas + " -arch=sm_90 " + in + " -o " + out + " 2>&1";
   FILE* p = popen(cmd.c_str(), "r");

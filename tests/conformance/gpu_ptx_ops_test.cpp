@@ -3,6 +3,8 @@
 // with ptxas for sm_90 when the CUDA toolkit is installed. These one-op kernels are what eager
 // ops on CUDA tensors run (codegen/README.md, "GPU").
 #include <catch2/catch.hpp>
+#include <unistd.h>
+
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -22,14 +24,20 @@ std::string ptxas_path() {
 
 /// ptxas's output, "" when it assembled `ptx`.
 std::string assemble(const std::string& ptxas, const std::string& ptx) {
+  // Named per process: ctest runs this file's tests in two processes at once (conformance,
+  // conformance_gpu_loops), and one's ptx was read half written by the other's ptxas.
   auto dir = std::filesystem::temp_directory_path();
-  std::string in = (dir / "kiln_op.ptx").string(), out = (dir / "kiln_op.cubin").string();
+  const std::string stem = "kiln_op_" + std::to_string(::getpid());
+  std::string in = (dir / (stem + ".ptx")).string(), out = (dir / (stem + ".cubin")).string();
   std::ofstream(in) << ptx;
   FILE* p = popen((ptxas + " -arch=sm_90 " + in + " -o " + out + " 2>&1").c_str(), "r");
   std::string log;
   char buf[512];
   while (p && fgets(buf, sizeof buf, p)) log += buf;
   int rc = p ? pclose(p) : -1;
+  std::error_code ec;
+  std::filesystem::remove(in, ec);
+  std::filesystem::remove(out, ec);
   return rc == 0 ? "" : "rc " + std::to_string(rc) + ": " + log;
 }
 

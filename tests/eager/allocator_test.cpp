@@ -7,7 +7,9 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "address_limit.h"
@@ -162,6 +164,50 @@ TEST_CASE("cpu allocator: an allocation that finds no memory empties the cache a
       _exit(big.numel() == (1000L << 18) ? 0 : 5);
     } catch (const Error&) {
       _exit(6);
+    }
+  }
+  int status = 0;
+  REQUIRE(waitpid(child, &status, 0) == child);
+  REQUIRE(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
+}
+
+// Break-it pass: memory running out in a backward named kiln's allocator and its source line
+// (allocator.cpp). It now names the op differentiated, where it was recorded, and the line of
+// the backward() call. Run in a child process: the address-space limit is its own.
+TEST_CASE("out of memory in backward names the op, its line and the backward() call") {
+  if (kAddressSanitizer || kThreadSanitizer) {
+    SUCCEED("skipped: sanitizers reserve address space, so RLIMIT_AS cannot be used");
+    return;
+  }
+  pid_t child = fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    Tensor x = full({int64_t{1} << 26}, 0.001).requires_grad_();  // 256 MiB
+    const unsigned recorded = __LINE__ + 1;
+    Tensor y = ((x * 2.0 + 1.0).tanh() * x).sum();
+    cpu::empty_cache();
+    if (!testing::limit_address_space(16 * 1024)) _exit(3);
+    // Take the heap's free memory too, then give 8 MiB back for the error's strings.
+    std::vector<void*> held;
+    for (void* p; (p = std::malloc(size_t{1} << 20)) != nullptr;) held.push_back(p);
+    for (int i = 0; i < 8 && !held.empty(); ++i) {
+      std::free(held.back());
+      held.pop_back();
+    }
+    unsigned called = 0;
+    try {
+      called = __LINE__ + 1;
+      y.backward();
+      _exit(4);
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      const bool named = e.where().line() == called &&
+                         what.find("out of memory") != std::string::npos &&
+                         what.find("allocator.cpp") == std::string::npos &&
+                         what.find(":" + std::to_string(recorded) + ")") != std::string::npos;
+      if (!named) std::fprintf(stderr, "got: %s\n", e.what());
+      _exit(named ? 0 : 5);
     }
   }
   int status = 0;

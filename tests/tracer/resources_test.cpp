@@ -258,6 +258,51 @@ TEST_CASE("resources: out of memory in a compiled region names its op and the us
   CHECK(WEXITSTATUS(status) == 0);
 }
 
+// Break-it pass: a compile that ran out of address space crashed in MLIR (SIGSEGV in
+// OperandStorage::resize, an unchecked malloc) or aborted in LLVM. With under 256 MiB left
+// under RLIMIT_AS no compile starts; the region's ops run on eager kernels.
+TEST_CASE("resources: with too little address space left, compile() runs the ops eagerly",
+          "[compile][memory]") {
+  if (kAddressSanitizer || kThreadSanitizer) {
+    SUCCEED("skipped: sanitizers reserve address space, so RLIMIT_AS cannot be used");
+    return;
+  }
+  pid_t child = fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    auto cf = compile([](const Tensor& x) {
+      Tensor h = x;
+      for (int i = 0; i < 50; ++i) h = (h * 1.001 + 0.5).tanh();
+      return h.sum();
+    });
+    Tensor x = ones({1000});
+    codegen::clear_memory_cache();
+    ::setenv("KILN_DISABLE_CACHE", "1", 1);  // built here, not read from disk
+    if (!testing::limit_address_space(32 * 1024)) _exit(3);
+    float first = 0;
+    for (int call = 0; call < 3; ++call) {
+      try {
+        const float v = cf(x).item<float>();
+        if (call == 0) first = v;
+        if (v != first) _exit(4);
+      } catch (const Error& e) {
+        std::fprintf(stderr, "call %d raised: %s\n", call, e.what());
+        _exit(5);
+      }
+    }
+    const std::string ex = cf.explain();
+    if (ex.find("RLIMIT_AS") == std::string::npos) {
+      std::fprintf(stderr, "explain() does not say why: %s\n", ex.c_str());
+      _exit(6);
+    }
+    _exit(0);
+  }
+  int status = 0;
+  REQUIRE(waitpid(child, &status, 0) == child);
+  REQUIRE(WIFEXITED(status));  // not killed by a signal
+  CHECK(WEXITSTATUS(status) == 0);
+}
+
 // Review: the tracing call held every intermediate until the trace ended (the recorder kept a
 // reference to each value): 12 chained ops on 64 MiB peaked at +2.3 GB, eager at +0.26 GB,
 // and ran out of memory where eager did not. The recorder now holds only its sources.
