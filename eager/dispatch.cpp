@@ -99,6 +99,11 @@ void note_host_value(const void* key, std::string_view what,
   t_tracer_hook->on_host_value(h);
 }
 
+void note_host_write(const void* key, std::string_view what, std::function<void()> apply,
+                     Loc loc) {
+  if (t_tracer_hook) t_tracer_hook->on_host_write(key, std::string(what), apply, loc);
+}
+
 Tensor host_input(Scalar value, const std::function<HostReader()>& make, Loc loc) {
   Tensor t = wrap_scalar(value);
   if (t_tracer_hook) t_tracer_hook->on_host_input(t, make(), loc);

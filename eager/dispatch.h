@@ -57,6 +57,11 @@ class DispatchHook {
   /// through `reader` (kiln::guarded, Module::is_training(), an optimizer's host branches); the
   /// tracer guards the value read now, re-read at every call (dispatch::note_host_value).
   virtual void on_host_value(const HostValue& value) {}
+  /// Called (tracer hook only) when the traced function itself writes the host state `key`
+  /// (Module::train / eval): `apply` makes the same write, on every call
+  /// (dispatch::note_host_write).
+  virtual void on_host_write(const void* key, const std::string& what,
+                             const std::function<void()>& apply, Loc loc) {}
   /// Called (tracer hook only) for `t`, a 0-d wrapped host number made by
   /// dispatch::host_input: the tracer makes it a runtime input read by `reader` on every call.
   virtual void on_host_input(const Tensor& t, const HostReader& reader, Loc loc) {}
@@ -129,6 +134,15 @@ Tensor wrap_scalar(Scalar s);
 /// optimisers' host branches use it.
 void note_host_value(const void* key, std::string_view what,
                      const std::function<HostReader()>& make, Loc loc);
+
+/// Inside a traced (compiled) function, a write of host state `key` that the function makes
+/// itself (Module::train / eval at the start of a training step): `apply`, which makes the same
+/// write, runs on every call at this point of the function, and reads of `key` later in the
+/// same trace are not guarded, their value being the function's own. A guard on the value at
+/// the call could never hold after an epoch's eval() and traced every epoch again (a break-it
+/// pass filled the cache with 8 identical entries). No-op when nothing is being traced.
+void note_host_write(const void* key, std::string_view what, std::function<void()> apply,
+                     Loc loc);
 
 /// `value` as a 0-d wrapped host number (type promotion like a Scalar operand) that, inside a
 /// traced function, is a runtime input of the compiled graph read by `reader` on every call

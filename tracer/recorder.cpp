@@ -382,6 +382,7 @@ void Recorder::on_raw_access(Loc loc) {
 }
 
 void Recorder::on_host_value(const HostValue& value) {
+  if (host_written_.count(value.key)) return;  // the function's own write decides it
   for (const HostValue& h : p_.host_values)
     if (h.key == value.key && h.what == value.what) return;
   p_.host_values.push_back(value);
@@ -393,6 +394,12 @@ void Recorder::on_host_input(const Tensor& t, const HostReader& reader, Loc loc)
   s.scalar = read_scalar(t);
   s.host = reader;
   add_source(t, std::move(s));
+}
+
+void Recorder::on_host_write(const void* key, const std::string& what,
+                             const std::function<void()>& apply, Loc loc) {
+  host_written_.insert(key);
+  on_callback(what, [apply](const std::vector<Tensor>&) { apply(); }, {}, loc);
 }
 
 void Recorder::on_callback(const std::string& name,

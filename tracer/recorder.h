@@ -58,6 +58,10 @@ class Recorder final : public DispatchHook {
   void on_host_value(const HostValue& value) override;
   /// dispatch::host_input: `t` becomes a HostInput source.
   void on_host_input(const Tensor& t, const HostReader& reader, Loc loc) override;
+  /// Module::train / eval inside the function: a Callback node repeats the write on every
+  /// call, and later reads of `key` are not guarded (Program::host_values).
+  void on_host_write(const void* key, const std::string& what, const std::function<void()>& apply,
+                     Loc loc) override;
   /// kiln::print / host callbacks.
   void on_callback(const std::string& name, std::function<void(const std::vector<Tensor>&)> fn,
                    const std::vector<Tensor>& tensors, Loc loc);
@@ -113,6 +117,7 @@ class Recorder final : public DispatchHook {
   std::unordered_map<uint64_t, uint64_t> writes_;  // in-place writes per storage serial
   std::vector<Tensor> grad_leaves_;
   std::unordered_set<const TensorImpl*> grad_leaf_set_;
+  std::unordered_set<const void*> host_written_;  // host state keys the function wrote
   // Dropout masks by (seed, offset, p, shape): a backward's dropout reuses its forward's.
   std::map<std::tuple<uint64_t, uint64_t, double, std::vector<int64_t>>, Tensor> dropout_masks_;
   std::vector<Tensor> stand_ins_;  // eager outputs recorded as another op's value

@@ -93,6 +93,47 @@ TEST_CASE("compile: a module built inside the compiled function keeps a readable
   CHECK(f.compile_count() == 1);
 }
 
+TEST_CASE("compile: a step that calls train() itself is one entry across eval() between calls",
+          "[compile][host]") {
+  // Found by a break-it pass: the PyTorch idiom, model.train() at the start of the step and
+  // model.eval() for validation between epochs, guarded the flag's value at the call (false)
+  // against the value traced (true, the function's own write): every epoch traced again, and
+  // after 8 identical entries the step ran eagerly for good. train() inside the function is
+  // now replayed on every call, and the reads after it are not guards.
+  nn::Sequential model;
+  model.push_back(std::make_shared<nn::Dropout>(0.5));
+  auto step = compile([&](const Tensor& x) {
+    model.train();
+    return model.forward(x) * 1.0;
+  });
+  for (int epoch = 0; epoch < 10; ++epoch) {
+    for (int s = 0; s < 2; ++s) {
+      manual_seed(100 + s);
+      Tensor got = step(ones({64}));
+      CHECK(model.is_training());  // the replayed train() set it, as eager would
+      manual_seed(100 + s);
+      CHECK(vec(got) == vec(model.forward(ones({64})) * 1.0));  // dropout on: eager's mask
+    }
+    model.eval();  // validation between epochs
+    CHECK(vec(model.forward(ones({64}))) == std::vector<float>(64, 1.f));
+  }
+  CHECK(step.compile_count() == 1);
+  CHECK(contains(step.explain(), "host callback Dropout.train()"));
+  // A read before the function's own write still guards the value at the call.
+  nn::Dropout d(0.5);
+  auto reads_first = compile([&](const Tensor& x) {
+    Tensor y = d.is_training() ? x * 2.0 : x * 3.0;
+    d.train();
+    return y;
+  });
+  d.eval();
+  CHECK(vec(reads_first(ones({2}))) == std::vector<float>{3, 3});
+  d.eval();
+  CHECK(vec(reads_first(ones({2}))) == std::vector<float>{3, 3});
+  CHECK(vec(reads_first(ones({2}))) == std::vector<float>{2, 2});  // left in training mode
+  CHECK(reads_first.compile_count() == 2);
+}
+
 namespace {
 // A 1-element parameter and the loss sum((w·x − 1)²): one optimizer step per call.
 struct Problem {
