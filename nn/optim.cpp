@@ -58,13 +58,23 @@ void Optimizer::load_state_dict(const StateDict& dict, Loc loc) {
     values.emplace_back(key.substr(kPrefix.size()), t.item<double>(loc));
   }
   // The options must be this optimizer's, all of them (a file of another optimizer fails here).
+  // Every missing and unexpected one is named, as Module::load_state_dict does: the first
+  // missing key alone did not say the dict was another optimizer's or a model's (break-it).
   std::vector<std::pair<std::string, double>> mine = option_values();
+  std::vector<std::string> missing, unexpected;
   for (const auto& [name, value] : mine)
-    KILN_CHECK(std::ranges::any_of(values, [&](const auto& v) { return v.first == name; }), kOp,
-               loc, "missing key \"options.{}\" in state dict", name);
+    if (!std::ranges::any_of(values, [&](const auto& v) { return v.first == name; }))
+      missing.push_back("\"options." + name + "\"");
   for (const auto& [name, value] : values)
-    KILN_CHECK(std::ranges::any_of(mine, [&](const auto& v) { return v.first == name; }), kOp,
-               loc, "unexpected key \"options.{}\" in state dict", name);
+    if (!std::ranges::any_of(mine, [&](const auto& v) { return v.first == name; }))
+      unexpected.push_back("\"options." + name + "\"");
+  std::vector<std::string> problems;
+  if (!missing.empty()) problems.push_back(fmt::format("missing keys {}", fmt::join(missing, ", ")));
+  if (!unexpected.empty())
+    problems.push_back(fmt::format("unexpected keys {}", fmt::join(unexpected, ", ")));
+  KILN_CHECK(problems.empty(), kOp, loc,
+             "the state dict holds another optimizer's options (or none: a model's): {}",
+             fmt::join(problems, "; "));
   auto previous = mine;
   set_option_values(values, loc);  // validated before anything changes
   try {
