@@ -493,7 +493,8 @@ void check_compile_headroom() {
     if (std::fscanf(f, "%lu", &pages) != 1) pages = 0;
     std::fclose(f);
   }
-  const uint64_t used = static_cast<uint64_t>(pages) * static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+  const uint64_t used =
+      static_cast<uint64_t>(pages) * static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
   const uint64_t left = limit.rlim_cur > used ? limit.rlim_cur - used : 0;
   KILN_CHECK(left >= kCompileHeadroom, "compile", Loc::current(),
              "{} MiB of address space left under RLIMIT_AS (ulimit -v), under the {} MiB a "

@@ -2,8 +2,9 @@
 #include <cstdint>
 
 /// Environment settings parsed alike everywhere: boolean switches (KILN_PROFILE,
-/// KILN_DISABLE_CACHE, KILN_COMPILE, ...) and byte sizes (KILN_CACHE_MAX_SIZE). A switch that took any value but "0" as on made KILN_PROFILE=false turn the
-/// kernel timers on and KILN_DISABLE_CACHE=false turn the disk cache off.
+/// KILN_DISABLE_CACHE, KILN_COMPILE, ...) and byte sizes (KILN_CACHE_MAX_SIZE). A switch that
+/// took any value but "0" as on made KILN_PROFILE=false turn the kernel timers on and
+/// KILN_DISABLE_CACHE=false turn the disk cache off.
 
 namespace kiln {
 

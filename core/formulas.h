@@ -178,9 +178,9 @@ template <class S, class P> S expm1_f32(S x, S lib, const P& pow2i) {
 /// gives 0 from −708.4 (e^x is a denormal down to −745.1), exp2 overflows from 1023, erf and
 /// erfc give NaN for huge |x| (and erfc is off by 3e-9 relative at 21). Exp, Exp2 and Expm1
 /// below then use the full-range forms that follow, Erf and GeluErf the specialisation's
-/// `static S erf(S)` / `erfc(S)`, Sin, Cos and Tan its `sin` / `cos` / `tan`. Specialised for xsimd::batch<double> in
-/// backends/cpu/simd_exp.h; scalar double uses libm and compiled code MLIR's math lowering
-/// (libm's erf / erfc for float64), both correct.
+/// `static S erf(S)` / `erfc(S)`, Sin, Cos and Tan its `sin` / `cos` / `tan`. Specialised for
+/// xsimd::batch<double> in backends/cpu/simd_exp.h; scalar double uses libm and compiled code
+/// MLIR's math lowering (libm's erf / erfc for float64), both correct.
 template <class S> struct F64Range {
   static constexpr bool kEnabled = false;
 };

@@ -167,8 +167,9 @@ void Module::train(bool on) {
   *training_.cell = on;
   // Inside a compiled function: repeated on every call, and the function's later
   // is_training() reads are its own value, not guards (dispatch::note_host_write).
-  dispatch::note_host_write(training_.cell.get(), name() + (on ? ".train()" : ".eval()"),
-                            [cell = training_.cell, on] { *cell = on; }, Loc::current());
+  if (dispatch::tracer_hook())
+    dispatch::note_host_write(training_.cell.get(), name() + (on ? ".train()" : ".eval()"),
+                              [cell = training_.cell, on] { *cell = on; }, Loc::current());
   for (auto& [n, m] : children_) m->train(on);
 }
 

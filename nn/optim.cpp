@@ -69,7 +69,8 @@ void Optimizer::load_state_dict(const StateDict& dict, Loc loc) {
     if (!std::ranges::any_of(mine, [&](const auto& v) { return v.first == name; }))
       unexpected.push_back("\"options." + name + "\"");
   std::vector<std::string> problems;
-  if (!missing.empty()) problems.push_back(fmt::format("missing keys {}", fmt::join(missing, ", ")));
+  if (!missing.empty())
+    problems.push_back(fmt::format("missing keys {}", fmt::join(missing, ", ")));
   if (!unexpected.empty())
     problems.push_back(fmt::format("unexpected keys {}", fmt::join(unexpected, ", ")));
   KILN_CHECK(problems.empty(), kOp, loc,
