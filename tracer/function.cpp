@@ -1669,9 +1669,17 @@ std::vector<OutValue> CompiledFunction::Impl::trace(
     // confirms them, or the call gets an entry of its own (the trace already gave its result).
     std::string why = check_symbolic(*unchecked, *prog, args);
     std::vector<int64_t> key = sizes_key(*unchecked, args);
-    if (why.empty()) {
-      confirm_path(*unchecked, *prog, key);
+    // Such a trace runs the function as every trace does: said under KILN_LOGS=recompiles and
+    // counted in explain(), which reported only the traces that made entries (break-it pass).
+    auto confirmed = [&](Entry& e, std::vector<int64_t> k) {
+      if (log_enabled("recompiles"))
+        fmt::print(stderr, "kiln.compile: '{}': traced at new sizes [{}] to confirm "
+                   "specialisation #{} (symbolic): confirmed\n", name, fmt::join(k, ", "), e.id);
+      confirm_path(e, *prog, k);
       ++size_checks;
+    };
+    if (why.empty()) {
+      confirmed(*unchecked, std::move(key));
       return outs;
     }
     // A branch the tree lacks is not inserted: nothing checked the tree's prefix, traced at
@@ -1687,8 +1695,7 @@ std::vector<OutValue> CompiledFunction::Impl::trace(
       if (contains(e->refuted_sizes, k) || contains(e->checked_sizes, k)) continue;
       std::string other = check_symbolic(*e, *prog, args);
       if (other.empty()) {
-        confirm_path(*e, *prog, k);
-        ++size_checks;
+        confirmed(*e, std::move(k));
         return outs;
       }
       if (other != kMissingBranch) {
@@ -1955,9 +1962,14 @@ std::string CompiledFunction::explain() const {
   std::shared_lock lock(im.mu);
   int leaves = 0;
   for (auto& e : im.entries) leaves += e->root->leaves();
+  const int confirming = im.size_checks;
   std::string out = fmt::format(
-      "compiled function '{}': {} trace(s), {} cache entr{} (limit {}), backend {}, dynamic {}\n",
-      name_, im.traces.load(), leaves, leaves == 1 ? "y" : "ies", options_.cache_size_limit,
+      "compiled function '{}': {} trace(s){}, {} cache entr{} (limit {}), backend {}, dynamic "
+      "{}\n",
+      name_, im.traces.load(),
+      confirming ? fmt::format(" and {} confirming new sizes (each ran the function)", confirming)
+                 : "",
+      leaves, leaves == 1 ? "y" : "ies", options_.cache_size_limit,
       options_.backend == Backend::Cpu ? "codegen (cpu / cuda per region)" : "eager",
       options_.dynamic == Dynamic::Auto ? "auto" : options_.dynamic == Dynamic::Always ? "always" : "never");
   if (compile_disabled())

@@ -79,6 +79,21 @@ TEST_CASE("compile: explain() gives a region's measured choice once its timing r
         (contains(ex, ", runs on eager kernels (measured ") && contains(ex, " vs compiled ")));
 }
 
+TEST_CASE("compile: explain() counts the traces that confirm a symbolic entry at new sizes",
+          "[compile]") {
+  // Found by a break-it pass: such traces ran the function, but explain() said "2 trace(s)"
+  // for 4 runs of its body and KILN_LOGS=recompiles said nothing of them.
+  int runs = 0;
+  auto g = compile([&](const Tensor& x) {
+    ++runs;
+    return (x * 2.0).exp();
+  });
+  for (int64_t n : {4, 8, 16, 32, 32}) g(ones({n}));
+  CHECK(runs == 4);
+  CHECK(g.compile_count() == 2);
+  CHECK(contains(g.explain(), "2 trace(s) and 2 confirming new sizes (each ran the function)"));
+}
+
 TEST_CASE("compile: a region far faster one way is chosen after the first timed pair",
           "[compile]") {
   // 24 chained ops on 2^20 elements: on eager kernels each op writes a fresh 4 MiB
