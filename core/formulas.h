@@ -337,7 +337,9 @@ template <class S> S residual_of(double c, double float64_residual) {
 /// 1.6e-5; found by a break-it pass). So z's rounding error dz is computed exactly (fma, and
 /// 1/√2's own residual) and erfc(z) scaled by 1 − 2z·dz where z > 0 (x < 0), which leaves
 /// under an ulp (R(z) − 2z is at most 0.64 at z = 1, where dz is below an ulp of z). Past z = 30
-/// erfc(z) is 0 in float64 too, and 2z·dz could overflow. erfc's sign is dropped: the SIMD
+/// erfc(z) is 0 in float64 too, and 2z·dz could overflow. dz needs a fused multiply-add: SIMD
+/// kernels built for CPUs without one (KILN_NATIVE=OFF: SSE2) get dz = x·(1/√2's residual)
+/// only, as before (compiled code targets the running CPU). erfc's sign is dropped: the SIMD
 /// library's erfc gave −0 for huge z, so gelu(−3e7) was +0 (compiled, and PyTorch: −0).
 struct GeluErf {
   static constexpr double kInvSqrt2 = 0.70710678118654752440;
