@@ -180,26 +180,18 @@ TEST_CASE("out of memory in backward names the op, its line and the backward() c
     SUCCEED("skipped: sanitizers reserve address space, so RLIMIT_AS cannot be used");
     return;
   }
-  pid_t child = fork();
-  REQUIRE(child >= 0);
-  if (child == 0) {
+  const int status = testing::status_of_child([] {
     Tensor x = full({int64_t{1} << 26}, 0.001).requires_grad_();  // 256 MiB
     const unsigned recorded = __LINE__ + 1;
     Tensor y = ((x * 2.0 + 1.0).tanh() * x).sum();
     cpu::empty_cache();
-    if (!testing::limit_address_space(16 * 1024)) _exit(3);
-    // Take the heap's free memory too, then give 8 MiB back for the error's strings.
-    std::vector<void*> held;
-    for (void* p; (p = std::malloc(size_t{1} << 20)) != nullptr;) held.push_back(p);
-    for (int i = 0; i < 8 && !held.empty(); ++i) {
-      std::free(held.back());
-      held.pop_back();
-    }
+    if (!testing::limit_address_space(16 * 1024)) return 3;
+    std::vector<void*> held = testing::hold_free_heap();
     unsigned called = 0;
     try {
       called = __LINE__ + 1;
       y.backward();
-      _exit(4);
+      return 4;
     } catch (const Error& e) {
       const std::string what = e.what();
       const bool named = e.where().line() == called &&
@@ -207,11 +199,9 @@ TEST_CASE("out of memory in backward names the op, its line and the backward() c
                          what.find("allocator.cpp") == std::string::npos &&
                          what.find(":" + std::to_string(recorded) + ")") != std::string::npos;
       if (!named) std::fprintf(stderr, "got: %s\n", e.what());
-      _exit(named ? 0 : 5);
+      return named ? 0 : 5;
     }
-  }
-  int status = 0;
-  REQUIRE(waitpid(child, &status, 0) == child);
+  });
   REQUIRE(WIFEXITED(status));
   CHECK(WEXITSTATUS(status) == 0);
 }

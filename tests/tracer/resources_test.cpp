@@ -234,12 +234,7 @@ TEST_CASE("resources: out of memory in a compiled region names its op and the us
     // the calls above can grow past the result's size when the compile cache is cold) serves
     // the result without new address space: the call then succeeded in about 1 ctest run in 10.
     // Take all of it, then give 8 MiB back for the error's strings.
-    std::vector<void*> held;
-    for (void* p; (p = std::malloc(size_t{1} << 20)) != nullptr;) held.push_back(p);
-    for (int i = 0; i < 8 && !held.empty(); ++i) {
-      std::free(held.back());
-      held.pop_back();
-    }
+    std::vector<void*> held = testing::hold_free_heap();
     try {
       (void)cf(x);
       std::fprintf(stderr, "the call under the address-space limit succeeded\n");
@@ -267,9 +262,7 @@ TEST_CASE("resources: with too little address space left, compile() runs the ops
     SUCCEED("skipped: sanitizers reserve address space, so RLIMIT_AS cannot be used");
     return;
   }
-  pid_t child = fork();
-  REQUIRE(child >= 0);
-  if (child == 0) {
+  const int status = testing::status_of_child([] {
     auto cf = compile([](const Tensor& x) {
       Tensor h = x;
       for (int i = 0; i < 50; ++i) h = (h * 1.001 + 0.5).tanh();
@@ -278,27 +271,25 @@ TEST_CASE("resources: with too little address space left, compile() runs the ops
     Tensor x = ones({1000});
     codegen::clear_memory_cache();
     ::setenv("KILN_DISABLE_CACHE", "1", 1);  // built here, not read from disk
-    if (!testing::limit_address_space(32 * 1024)) _exit(3);
+    if (!testing::limit_address_space(32 * 1024)) return 3;
     float first = 0;
     for (int call = 0; call < 3; ++call) {
       try {
         const float v = cf(x).item<float>();
         if (call == 0) first = v;
-        if (v != first) _exit(4);
+        if (v != first) return 4;
       } catch (const Error& e) {
         std::fprintf(stderr, "call %d raised: %s\n", call, e.what());
-        _exit(5);
+        return 5;
       }
     }
     const std::string ex = cf.explain();
     if (ex.find("RLIMIT_AS") == std::string::npos) {
       std::fprintf(stderr, "explain() does not say why: %s\n", ex.c_str());
-      _exit(6);
+      return 6;
     }
-    _exit(0);
-  }
-  int status = 0;
-  REQUIRE(waitpid(child, &status, 0) == child);
+    return 0;
+  });
   REQUIRE(WIFEXITED(status));  // not killed by a signal
   CHECK(WEXITSTATUS(status) == 0);
 }
