@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <mutex>
@@ -1011,6 +1012,8 @@ void Executable::launch(const std::vector<Tensor>& ins, const std::vector<Tensor
   // digits MLP step's region has dozens of operands and runs in ~100 us).
   size_t words = 0;
   for (const Tensor* t : operands) words += 3 + 2 * static_cast<size_t>(t->dim());
+  // An intermediate buffer the code could not allocate (it returned early; outputs unfinished).
+  std::atomic<size_t> failed_bytes{0};
   // Rows [lo, hi) of the sliced operands; the others whole.
   auto call = [&](int64_t lo, int64_t hi, const std::vector<bool>& sliced) {
     // Kept per thread: a few KiB, past glibc's per-thread cache, allocated on every call
@@ -1035,7 +1038,10 @@ void Executable::launch(const std::vector<Tensor>& ins, const std::vector<Tensor
       block[0] = hi - lo;
       append_descriptor(descs, static_cast<char*>(t.raw_data()) + lo * row_bytes, block);
     }
+    AllocationFailureScope allocations;
     I.entry(ptrs.data() + n);
+    if (size_t bytes = allocations.failed_bytes())
+      failed_bytes.store(bytes, std::memory_order_relaxed);
   };
   if (I.device.is_cuda()) cuda_start_run(I.device);
   std::vector<bool> sliced(operands.size(), false);
@@ -1090,6 +1096,13 @@ void Executable::launch(const std::vector<Tensor>& ins, const std::vector<Tensor
     });
   }
   if (I.device.is_cuda()) cuda_finish_run("codegen::Executable::run");
+  if (size_t bytes = failed_bytes.load())
+    throw Error("codegen::Executable::run",
+                fmt::format("out of memory allocating {} bytes for an intermediate buffer of "
+                            "the compiled code{}",
+                            bytes, bytes > (size_t{1} << 20) ? fmt::format(" ({:.1f} MiB)",
+                                                                           bytes / 1048576.0)
+                                                             : ""));
   for (const Tensor& t : outs) t.bump_version();
 }
 

@@ -272,6 +272,7 @@ std::string emit_object(mlir::ModuleOp m, const std::string& diagnostics, Compil
   mod->setTargetTriple((*tm)->getTargetTriple());
   add_packed_entry(*mod);
   expose_static_initializers(*mod);
+  return_on_failed_allocations(*mod);
   if (injected_fault() == InjectedFault::LlvmFatalError)
     llvm::report_fatal_error("injected (kiln test)");
   if (injected_fault() == InjectedFault::InvalidLlvmIr) {  // a block without a terminator

@@ -113,6 +113,11 @@ int outline_serial_loop_nests(mlir::ModuleOp m);
 /// of `lanes` (float lanes of a vector) so that, where LLVM's vectorizer vectorises it, the tail
 /// is masked, and not unrolled first (see loop_hints.cpp); returns how many were marked.
 int hint_short_loops(llvm::Module& mod, unsigned lanes);
+/// After each malloc / aligned_alloc call (intermediate buffers) in CPU code: a null result
+/// calls kiln_rt_allocation_failed(bytes) and returns; after each call that may fail (a defined
+/// function that allocates, a parallel region's fork) a true kiln_rt_failed() returns too
+/// (codegen/alloc_checks.cpp; Executable::run raises the failure). Returns the checks added.
+int return_on_failed_allocations(llvm::Module& mod);
 /// Instructions (before -O2) per part: smaller modules stay whole.
 inline constexpr uint64_t kInstructionsPerPart = 5000;
 inline constexpr unsigned kMaxObjectParts = 8;

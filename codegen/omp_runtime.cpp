@@ -41,9 +41,11 @@ int64_t rt_column_block(int64_t cols) { return column_block(cols, cpu::num_threa
 
 int32_t kmpc_global_thread_num(void*) { return t_team.index; }
 
-void run_member(Microtask fn, int32_t argc, void* const* args, Team team) {
+// Runs one member; returns the size of an allocation that failed in it (0: none).
+size_t run_member(Microtask fn, int32_t argc, void* const* args, Team team) {
   const Team outer = t_team;
   t_team = team;
+  AllocationFailureScope allocations;
   int32_t gtid = team.index, btid = 0;
   switch (argc) {
     case 0: fn(&gtid, &btid); break;
@@ -53,6 +55,7 @@ void run_member(Microtask fn, int32_t argc, void* const* args, Team team) {
     default: fn(&gtid, &btid, args[0], args[1], args[2], args[3]); break;
   }
   t_team = outer;
+  return allocations.failed_bytes();
 }
 
 void kmpc_fork_call(void*, int32_t argc, Microtask fn, ...) {
@@ -64,16 +67,21 @@ void kmpc_fork_call(void*, int32_t argc, Microtask fn, ...) {
   const int64_t work = t_next_work;
   t_next_work = std::numeric_limits<int64_t>::max();
   const int threads = cpu::num_threads();
+  // A member whose allocation failed has returned early: the code that forked the region
+  // finds the failure on its thread (kiln_rt_failed) and returns too.
   if (threads <= 1 || work < kParallelMinIterations) {
-    run_member(fn, argc, args, Team{0, 1});
+    if (size_t failed = run_member(fn, argc, args, Team{0, 1})) note_allocation_failure(failed);
     return;
   }
   g_parallel_runs.fetch_add(1, std::memory_order_relaxed);
+  std::atomic<size_t> failed{0};
   cpu::parallel_for(0, threads, 1, [&](int64_t begin, int64_t end) {
     SerialGemmScope serial_gemm;  // the team members are the parallelism
     for (int64_t i = begin; i < end; ++i)
-      run_member(fn, argc, args, Team{static_cast<int32_t>(i), threads});
+      if (size_t f = run_member(fn, argc, args, Team{static_cast<int32_t>(i), threads}))
+        failed.store(f, std::memory_order_relaxed);
   });
+  if (size_t f = failed.load()) note_allocation_failure(f);
 }
 
 template <class T>

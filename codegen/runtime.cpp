@@ -22,9 +22,21 @@ namespace {
 // page-fault on every call. Each thread keeps its last few freed blocks; a 64-byte header in
 // front of each block keeps its capacity. Larger or surplus blocks go to kiln's CPU allocator
 // (itself caching from 1 MiB up).
+//
+// A failed allocation returns null; the code then returns early (codegen/alloc_checks.cpp),
+// skipping the frees of the blocks it holds. So each thread links the blocks it hands out
+// (newest first, numbered), and an AllocationFailureScope frees those numbered since it began.
+// Compiled code frees a block on the thread that allocated it: a loop body run on the pool
+// (an outlined parallel region) cannot pass a buffer out of it.
+struct ThreadCache;
 struct Block {
   size_t capacity;  // bytes after the header
+  uint64_t serial;  // the owner's allocation count when handed out
+  ThreadCache* owner;
+  Block* prev;  // the owner's live blocks: newer
+  Block* next;  // older
 };
+static_assert(sizeof(Block) <= kAlignment);
 // All intermediates of a graph are live at once (deallocated at the end of the function): the
 // MHA in-projection region has 14, the digits MLP's whole training step 47. With 8 slots the
 // surplus went through malloc/mmap and page-faulted on every call (4.6 ms per call instead of
@@ -46,42 +58,66 @@ struct ThreadCache {
   };
   Slot slots[kSlots];
   size_t count = 0;
-  size_t bytes = 0;  // capacities of the cached blocks
+  size_t bytes = 0;      // capacities of the cached blocks
+  Block* live = nullptr;  // blocks handed out and not freed, newest first
+  uint64_t serial = 0;    // blocks handed out so far
+  size_t failed_bytes = 0;  // the size of an allocation that failed (kiln_rt_allocation_failed)
   ~ThreadCache() {
     for (size_t i = 0; i < count; ++i)
       cpu::allocator()->deallocate(slots[i].block, slots[i].capacity + kAlignment);
   }
 };
 thread_local ThreadCache t_cache;
+std::atomic<uint64_t> g_foreign_frees{0};
+
+void link(ThreadCache& c, Block* b) {
+  b->serial = c.serial++;
+  b->owner = &c;
+  b->prev = nullptr;
+  b->next = c.live;
+  if (c.live) c.live->prev = b;
+  c.live = b;
+}
+
+void unlink(ThreadCache& c, Block* b) {
+  (b->prev ? b->prev->next : c.live) = b->next;
+  if (b->next) b->next->prev = b->prev;
+}
+
+std::atomic<int64_t> g_fail_countdown{-1};  // fail_intermediate_allocation_for_testing
 
 void* rt_malloc(size_t nbytes) {
+  if (g_fail_countdown.load(std::memory_order_relaxed) >= 0 &&
+      g_fail_countdown.fetch_sub(1, std::memory_order_relaxed) == 0)
+    return nullptr;
   size_t capacity = (nbytes + kPage - 1) / kPage * kPage;
   ThreadCache& c = t_cache;
   for (size_t i = 0; i < c.count; ++i) {
     if (c.slots[i].capacity == capacity) {
-      void* hit = c.slots[i].block;
+      auto* hit = static_cast<Block*>(c.slots[i].block);
       c.slots[i] = c.slots[--c.count];
       c.bytes -= capacity;
-      return static_cast<char*>(hit) + kAlignment;
+      link(c, hit);
+      return reinterpret_cast<char*>(hit) + kAlignment;
     }
   }
   void* base;
   try {
     base = cpu::allocator()->allocate(capacity + kAlignment);
-  } catch (...) {  // no exceptions through JIT-compiled frames
+  } catch (...) {  // no exceptions through JIT-compiled frames: the code tests for null
     return nullptr;
   }
-  static_cast<Block*>(base)->capacity = capacity;
+  auto* block = static_cast<Block*>(base);
+  block->capacity = capacity;
+  link(c, block);
   return static_cast<char*>(base) + kAlignment;
 }
 
-void rt_free(void* ptr) {
-  if (!ptr) return;
-  void* base = static_cast<char*>(ptr) - kAlignment;
-  size_t capacity = static_cast<Block*>(base)->capacity;
-  ThreadCache& c = t_cache;
+// Caches the block or gives it back to kiln's allocator; it is no longer linked.
+void release(ThreadCache& c, Block* block) {
+  const size_t capacity = block->capacity;
   if (capacity > kMaxCachedBlock || c.bytes + capacity > kMaxCachedBytes) {
-    cpu::allocator()->deallocate(base, capacity + kAlignment);
+    cpu::allocator()->deallocate(block, capacity + kAlignment);
     return;
   }
   if (c.count == kSlots) {  // full: evict the oldest-placed slot
@@ -90,13 +126,37 @@ void rt_free(void* ptr) {
     c.bytes -= evicted.capacity;
     cpu::allocator()->deallocate(evicted.block, evicted.capacity + kAlignment);
   }
-  c.slots[c.count++] = {base, capacity};
+  c.slots[c.count++] = {block, capacity};
   c.bytes += capacity;
+}
+
+void rt_free(void* ptr) {
+  if (!ptr) return;
+  auto* block = reinterpret_cast<Block*>(static_cast<char*>(ptr) - kAlignment);
+  ThreadCache& c = t_cache;
+  if (block->owner != &c) {
+    // Not expected (see Block): the owner's list cannot be changed from here, so the block
+    // stays linked there, unused, and foreign_block_frees() counts it.
+    g_foreign_frees.fetch_add(1, std::memory_order_relaxed);
+    return;
+  }
+  unlink(c, block);
+  release(c, block);
 }
 
 void* rt_aligned_alloc(size_t alignment, size_t nbytes) {
   return alignment <= kAlignment ? rt_malloc(nbytes) : nullptr;
 }
+
+// Compiled code calls this when an allocation returned null, then returns (alloc_checks.cpp).
+void rt_allocation_failed(int64_t nbytes) {
+  ThreadCache& c = t_cache;
+  if (!c.failed_bytes) c.failed_bytes = static_cast<size_t>(std::max<int64_t>(nbytes, 1));
+}
+
+// Compiled code calls this after a call that may have failed (a parallel region, a function
+// of its own that allocates) and returns when it is true.
+bool rt_failed() { return t_cache.failed_bytes != 0; }
 
 /// C[i] = op(A[i]) · op(B[i]) + beta · C[i] for i < batch (beta 0 or 1; op(X) = Xᵀ when trans_x
 /// is 1, BLAS conventions: lda/ldb are the stored matrices' row strides; rows_split 1 when C's
@@ -204,6 +264,36 @@ KernelProfileScope::KernelProfileScope(KernelCounter* counters) : previous_(t_ke
 }
 KernelProfileScope::~KernelProfileScope() { t_kernel_counters = previous_; }
 
+AllocationFailureScope::AllocationFailureScope() : first_serial_(t_cache.serial) {}
+
+AllocationFailureScope::~AllocationFailureScope() {
+  ThreadCache& c = t_cache;
+  if (!c.failed_bytes) return;
+  // Only blocks of this scope's code: they are the newest, at the front of the list.
+  while (c.live && c.live->serial >= first_serial_) {
+    Block* b = c.live;
+    unlink(c, b);
+    release(c, b);
+  }
+  c.failed_bytes = 0;
+}
+
+size_t AllocationFailureScope::failed_bytes() const { return t_cache.failed_bytes; }
+
+void note_allocation_failure(size_t nbytes) { rt_allocation_failed(static_cast<int64_t>(nbytes)); }
+
+void fail_intermediate_allocation_for_testing(int64_t n) { g_fail_countdown.store(n); }
+
+uint64_t intermediate_allocations_on_this_thread() { return t_cache.serial; }
+
+size_t live_intermediate_blocks_on_this_thread() {
+  size_t n = 0;
+  for (const Block* b = t_cache.live; b; b = b->next) ++n;
+  return n;
+}
+
+uint64_t foreign_block_frees() { return g_foreign_frees.load(std::memory_order_relaxed); }
+
 uint64_t gemm_calls() { return g_gemm_calls.load(std::memory_order_relaxed); }
 
 const std::vector<RuntimeSymbol>& runtime_symbols() {
@@ -212,6 +302,8 @@ const std::vector<RuntimeSymbol>& runtime_symbols() {
         {"malloc", reinterpret_cast<void*>(&rt_malloc)},
         {"free", reinterpret_cast<void*>(&rt_free)},
         {"aligned_alloc", reinterpret_cast<void*>(&rt_aligned_alloc)},
+        {"kiln_rt_allocation_failed", reinterpret_cast<void*>(&rt_allocation_failed)},
+        {"kiln_rt_failed", reinterpret_cast<void*>(&rt_failed)},
         {"kiln_rt_gemm_f32", reinterpret_cast<void*>(&gemm_batched<float>)},
         {"kiln_rt_gemm_f64", reinterpret_cast<void*>(&gemm_batched<double>)},
         {"kiln_rt_kernel_begin", reinterpret_cast<void*>(&rt_kernel_begin)},

@@ -3,6 +3,7 @@
 /// MLIR-free. Whatever JIT backs codegen::Executable must make every symbol listed here resolvable
 /// by name from the generated code.
 #include <atomic>
+#include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <vector>
@@ -28,6 +29,41 @@ void set_cuda_runtime_device(int index);
 /// The first error a CUDA runtime function recorded on this thread since the last call (and
 /// clears it); they cannot throw through JIT-compiled frames.
 std::optional<Error> take_cuda_runtime_error();
+
+/// Around each call into JIT-compiled CPU code on a thread (Executable::run's calls, each member
+/// of a parallel region): when an allocation of the code's intermediates fails (malloc returns
+/// null; the code then sets the thread's failure and returns early, codegen/alloc_checks.cpp),
+/// failed_bytes() is its size, and the destructor frees the blocks the code allocated on this
+/// thread since the scope began (the early return skipped their frees) and clears the failure.
+/// Nested scopes on one thread each free their own blocks.
+class AllocationFailureScope {
+ public:
+  AllocationFailureScope();
+  ~AllocationFailureScope();
+  AllocationFailureScope(const AllocationFailureScope&) = delete;
+  AllocationFailureScope& operator=(const AllocationFailureScope&) = delete;
+  /// Bytes of the allocation that failed on this thread in the scope; 0 when none did.
+  size_t failed_bytes() const;
+
+ private:
+  uint64_t first_serial_;
+};
+
+/// Sets the calling thread's allocation failure, as compiled code does: a parallel region
+/// whose member failed on another thread makes the code that started it return early too.
+void note_allocation_failure(size_t nbytes);
+
+/// Intermediate blocks freed by a thread other than the one that allocated them (compiled code
+/// never does; such a block is not reused). For tests.
+uint64_t foreign_block_frees();
+
+/// Tests: the `n`-th next intermediate allocation of compiled code, on any thread (0: the next
+/// one), returns null, as when memory runs out; -1 turns this off (after the failure, the
+/// count goes on below -1: no later allocation fails).
+void fail_intermediate_allocation_for_testing(int64_t n);
+/// Tests: intermediate blocks handed out on this thread so far, and those not freed yet.
+uint64_t intermediate_allocations_on_this_thread();
+size_t live_intermediate_blocks_on_this_thread();
 
 /// How many times compiled code has called the runtime GEMM (kiln_rt_gemm_f32/f64) in this
 /// process: tests check with it that a graph's matmuls went to BLAS.
