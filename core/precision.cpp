@@ -7,6 +7,7 @@ namespace {
 std::atomic<MatmulPrecision> g_matmul_precision{MatmulPrecision::Highest};
 constexpr MatmulPrecision kAll[] = {MatmulPrecision::Highest, MatmulPrecision::High,
                                     MatmulPrecision::Medium};
+thread_local MatmulPrecisionChanges t_changes;
 }  // namespace
 
 std::string_view name(MatmulPrecision p) {
@@ -22,8 +23,11 @@ void set_float32_matmul_precision(MatmulPrecision p, Loc loc) {
   KILN_CHECK(static_cast<unsigned>(p) <= static_cast<unsigned>(MatmulPrecision::Medium),
              "set_float32_matmul_precision", loc, "invalid MatmulPrecision value {}",
              static_cast<int>(p));
-  g_matmul_precision.store(p, std::memory_order_relaxed);
+  if (g_matmul_precision.exchange(p, std::memory_order_relaxed) != p)
+    t_changes = {t_changes.count + 1, loc};
 }
+
+MatmulPrecisionChanges matmul_precision_changes() { return t_changes; }
 
 void set_float32_matmul_precision(std::string_view p, Loc loc) {
   for (MatmulPrecision known : kAll)

@@ -45,5 +45,13 @@ void set_float32_matmul_precision(MatmulPrecision p, Loc loc = Loc::current());
 void set_float32_matmul_precision(std::string_view p, Loc loc = Loc::current());
 /// The current setting (MatmulPrecision::Highest unless set).
 MatmulPrecision float32_matmul_precision();
+/// How many times set_float32_matmul_precision changed the setting on this thread, and where it
+/// last did: compile() runs a function that changes it eagerly (a replay would compute at the
+/// caller's setting and leave it unchanged), as it does one that reseeds the generator.
+struct MatmulPrecisionChanges {
+  uint64_t count = 0;
+  Loc last;
+};
+MatmulPrecisionChanges matmul_precision_changes();
 
 }  // namespace kiln

@@ -65,6 +65,7 @@ void Sequential::push_back(std::shared_ptr<Module> m, Loc loc) {
   modules_.push_back(std::move(m));
 }
 Tensor Sequential::forward(const Tensor& x) {
+  guard_submodules();  // a push_back after compile() traces again (break-it pass)
   Tensor y = x;
   for (auto& m : modules_) y = m->forward(y);
   return y;

@@ -163,6 +163,21 @@ const Shape& Module::setting(const Shape& field, const char* what, Loc loc) cons
   return field;
 }
 
+void Module::guard_submodules(Loc loc) const {
+  if (!dispatch::tracer_hook()) return;
+  std::vector<const Module*> traced;
+  for (const auto& [n, m] : children_) traced.push_back(m.get());
+  note_setting(alive_.token, &children_,
+               fmt::format("{}'s {} submodule(s) (the same objects)", name(), traced.size()),
+               [traced](const std::vector<std::pair<std::string, std::shared_ptr<Module>>>& now) {
+                 bool same = now.size() == traced.size();
+                 for (size_t i = 0; same && i < now.size(); ++i)
+                   same = now[i].second.get() == traced[i];
+                 return Scalar(same);
+               },
+               loc);
+}
+
 void Module::train(bool on) {
   *training_.cell = on;
   // Inside a compiled function: repeated on every call, and the function's later

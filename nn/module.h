@@ -124,6 +124,12 @@ class Module {
   int64_t setting(const int64_t& field, const char* what, Loc loc = Loc::current()) const;
   const Shape& setting(const Shape& field, const char* what, Loc loc = Loc::current()) const;
 
+  /// Inside a compiled function: guards this module's submodules (which objects, in which
+  /// order) as they are now, so that a change (Sequential::push_back after compile()) traces
+  /// again instead of replaying the old layers. Containers call it in forward. No-op outside
+  /// a trace.
+  void guard_submodules(Loc loc = Loc::current()) const;
+
   template <class M>
   std::shared_ptr<M> register_module(const std::string& name, std::shared_ptr<M> m,
                                      Loc loc = Loc::current()) {

@@ -16,6 +16,7 @@
 #include <unordered_set>
 
 #include "core/env.h"
+#include "core/precision.h"
 #include "eager/autograd.h"
 #include "eager/autograd_graph.h"
 #include "eager/dispatch.h"
@@ -1276,6 +1277,11 @@ void check_sources(const Segment& seg, RunState& st,
       if (lost_in_place_history(st.value(p, v)))
         throw GuardFailure{"a captured tensor shares memory with a tensor that gained a gradient "
                            "history in place, which it does not carry"};
+  // backward() in the function set these leaves' .grad: a non-leaf passes its gradient on to
+  // its own leaves instead (break-it pass: the replay set a non-leaf argument's .grad).
+  for (auto& [leaf, g] : p.grad_assignments)
+    if (!st.value(p, leaf).is_leaf())
+      throw GuardFailure{"a tensor whose .grad backward set was a leaf when traced and is not"};
   for (int v : p.grad_undefined_at_call)
     if (st.value(p, v).grad().defined())
       throw GuardFailure{"the .grad that backward set was undefined when traced and is now defined"};
@@ -1555,6 +1561,7 @@ std::vector<OutValue> CompiledFunction::Impl::trace(
   const uint64_t view_writes = in_place_view_writes();
   const uint64_t double_backwards = create_graph_backwards();
   const uint64_t reseeds = generator_reseeds().count;
+  const uint64_t precision_changes = matmul_precision_changes().count;
   const uint64_t generation_before = generation;
   {
     Recorder rec(*prog);
@@ -1642,6 +1649,13 @@ std::vector<OutValue> CompiledFunction::Impl::trace(
         "it reseeds kiln's random generator (manual_seed or set_generator_state, last at "
         "{}:{}); a replay would draw from the caller's generator state instead",
         r.last.file_name(), r.last.line()));
+    return outs;
+  }
+  if (MatmulPrecisionChanges c = matmul_precision_changes(); c.count != precision_changes) {
+    run_eagerly_from_now_on(fmt::format(
+        "it changes the float32 matmul precision (set_float32_matmul_precision, last at "
+        "{}:{}); a replay would compute at the caller's setting and leave it unchanged",
+        c.last.file_name(), c.last.line()));
     return outs;
   }
   if (create_graph_backwards() != double_backwards) {

@@ -221,6 +221,28 @@ TEST_CASE("compile: backward() inside a compiled function accumulates into .grad
   CHECK(f.compile_count() == 2);
 }
 
+// Break-it pass: traced with a leaf argument, the replay for a non-leaf one (same dtype, shape
+// and requires_grad) set the non-leaf's .grad; eager passes the gradient on to its leaf.
+TEST_CASE("compile: backward() inside, an argument that is no longer a leaf passes the gradient "
+          "on", "[compile][autograd]") {
+  auto step = [](const Tensor& x) {
+    Tensor loss = (x * x).sum();
+    loss.backward();
+    return loss.detach();
+  };
+  auto f = compile(step);
+  for (int call = 0; call < 6; ++call) {
+    INFO("call " << call);
+    const bool leaf = call % 3 != 2;  // leaves first, then alternating
+    Tensor a = ones({3}).requires_grad_();
+    Tensor x = leaf ? a : a * 2.0;
+    CHECK(f(x).item<float>() == (leaf ? 3.0f : 12.0f));
+    REQUIRE(a.grad().defined());
+    CHECK(vec(a.grad()) == (leaf ? std::vector<float>{2, 2, 2} : std::vector<float>{8, 8, 8}));
+    CHECK(x.grad().defined() == leaf);
+  }
+}
+
 TEST_CASE("compile: a second backward through compiled code needs retain_graph, as in eager",
           "[compile][autograd]") {
   auto f = compile([](const Tensor& t) { return (t * t).sum(); });

@@ -78,3 +78,29 @@ TEST_CASE("compile: float32 matmuls and their backward follow the matmul precisi
   }
   CHECK(f.compile_count() == 1);
 }
+
+// Break-it pass: a function that set the precision itself computed at it only while traced;
+// replays ran at the caller's setting (0.18 off eager's "medium" product at 256^3). Such a
+// function runs eagerly, as one that reseeds the generator does.
+TEST_CASE("compile: a function that changes the matmul precision itself runs eagerly",
+          "[compile]") {
+  PrecisionScope restore;
+  set_float32_matmul_precision("highest");
+  manual_seed(11);
+  Tensor a = randn({256, 256}), b = randn({256, 256});
+  auto step = [](const Tensor& x, const Tensor& y) {
+    set_float32_matmul_precision("medium");
+    Tensor r = matmul(x, y);
+    set_float32_matmul_precision("highest");
+    return r;
+  };
+  const Tensor want = step(a, b);
+  CHECK(max_diff(want, matmul(a, b)) > 1e-3);  // "medium" rounds: the case can fail
+  auto f = compile(step);
+  for (int call = 0; call < 4; ++call) {
+    INFO("call " << call);
+    CHECK(max_diff(f(a, b), want) == 0);
+    CHECK(float32_matmul_precision() == MatmulPrecision::Highest);
+  }
+  CHECK(f.explain().find("changes the float32 matmul precision") != std::string::npos);
+}

@@ -39,6 +39,31 @@ TEST_CASE("compile: LayerNorm.normalized_shape and MultiheadAttention.num_heads 
   CHECK_THROWS_WITH(cmha(q), Catch::Contains("num_heads (0) must be positive"));
 }
 
+// Break-it pass: layers pushed onto a compiled Sequential were not seen (the old [2, 3]
+// output was replayed, compile_count 1), compiled as a module or captured by a lambda.
+TEST_CASE("compile: layers added to a Sequential after compiling trace again") {
+  manual_seed(5);
+  for (bool captured : {false, true}) {
+    INFO((captured ? "a lambda that captures the Sequential" : "compile(seq)"));
+    Sequential seq({std::make_shared<Linear>(3, 3)});
+    auto cm = compile(seq);
+    auto cf = compile([&seq](const Tensor& x) { return seq(x); });
+    auto call = [&](const Tensor& x) { return captured ? cf(x) : cm(x); };
+    Tensor x = randn({2, 3});
+    call(x);
+    CHECK(vec(call(x)) == vec(seq(x)));
+    seq.push_back(std::make_shared<ReLU>());
+    seq.push_back(std::make_shared<Linear>(3, 2));
+    for (int i = 0; i < 2; ++i) {
+      Tensor got = call(x), want = seq(x);
+      REQUIRE(got.shape() == Shape{2, 2});
+      CHECK(vec(got) == vec(want));
+    }
+    CHECK((captured ? cf.compile_count() : cm.compile_count()) == 2);
+    CHECK(contains(captured ? cf.explain() : cm.explain(), "Sequential's 3 submodule(s)"));
+  }
+}
+
 TEST_CASE("compile: an optimizer option made invalid after compiling is eager's error") {
   Tensor p = tensor({1.f, -2.f}).requires_grad_();
   AdamW opt({p}, {.lr = 0.1});
