@@ -3,6 +3,7 @@
 #include <pthread.h>
 
 #include <algorithm>
+#include <set>
 #include <bit>
 #include <atomic>
 #include <cctype>
@@ -58,6 +59,44 @@ bool same_scalar(const Scalar& a, const Scalar& b) {
   return a.to<int64_t>() == b.to<int64_t>();
 }
 
+bool is_arg_or_captured(const Program& p, int v) {
+  const int src = p.values[v].source;
+  return src >= 0 && (p.sources[src].kind == SourceKind::Arg ||
+                      p.sources[src].kind == SourceKind::Captured);
+}
+
+// Whether `t`'s autograd graph reaches one of the trace's arguments or captured tensors (a
+// leaf's AccumulateGrad, a non-leaf's grad_fn); leaves made inside the function
+// (requires_grad_) do not count.
+bool reaches_source_leaf(const Recorder& rec, const Program& p, const Tensor& t) {
+  std::vector<const TensorImpl*> sources;
+  std::set<const autograd::Node*> source_nodes;  // a non-leaf argument's grad_fn
+  for (size_t u = 0; u < p.values.size(); ++u) {
+    if (!is_arg_or_captured(p, int(u))) continue;
+    if (Tensor s = rec.tensor(int(u)); s.defined() && s.requires_grad()) {
+        sources.push_back(s.impl_ptr().get());
+      if (!s.is_leaf()) source_nodes.insert(autograd::gradient_edge(s).fn.get());
+    }
+  }
+  std::vector<std::shared_ptr<autograd::Node>> stack{autograd::gradient_edge(t).fn};
+  std::set<const autograd::Node*> seen;
+  while (!stack.empty()) {
+    std::shared_ptr<autograd::Node> n = std::move(stack.back());
+    stack.pop_back();
+    if (!n || !seen.insert(n.get()).second) continue;
+    if (source_nodes.count(n.get())) return true;
+    if (auto* acc = dynamic_cast<autograd::AccumulateGrad*>(n.get()))
+      if (std::ranges::find(sources, acc->leaf().get()) != sources.end()) return true;
+    for (const autograd::Edge& e : n->next_edges) stack.push_back(e.fn);
+  }
+  return false;
+}
+
+bool retains_grad(const Tensor& t) {
+  const autograd::Meta* m = autograd::meta(t);
+  return m && m->retains_grad;
+}
+
 struct ArgGuard {
   ArgValue::Kind kind = ArgValue::Kind::Other;
   // tensors
@@ -67,6 +106,10 @@ struct ArgGuard {
   Strides strides;  // checked only when !contiguous
   bool contiguous = true;
   bool requires_grad = false;
+  // Whether it is a leaf, where the function's backward() sets leaves' .grad (-1: not guarded):
+  // a non-leaf passes its gradient on to its own leaves instead (break-it pass: the replay
+  // set a non-leaf argument's .grad).
+  int leaf = -1;
   int alias_of = -1;        // alias_index: an earlier tensor argument sharing the storage
   uint64_t dyn_mask = 0;    // symbolic dims
   uint64_t any_size = 0;    // symbolic dims that accept sizes 0 and 1 too (marked dynamic)
@@ -185,6 +228,10 @@ std::string guard_failure(const ArgGuard& g, const std::vector<ArgValue>& args, 
       fail(fmt::format("argument {}: requires_grad is {}, expected {}", i, t.requires_grad(),
                        g.requires_grad)))
     return first;
+  if (g.leaf >= 0 && t.is_leaf() != bool(g.leaf) &&
+      fail(fmt::format("argument {}: {} a leaf (the function's backward() sets .grad)", i,
+                       g.leaf ? "no longer" : "now")))
+    return first;
   if (alias_index(args, i) != g.alias_of &&
       fail(fmt::format("argument {}: aliasing with other arguments changed", i)))
     return first;
@@ -206,9 +253,10 @@ std::string describe_guard(const ArgGuard& g, size_t i) {
         dims += (g.dyn_mask >> d & 1) ? fmt::format("s{}.{}{}", i, d, (g.any_size >> d & 1) ? "" : ">=2")
                                       : std::to_string(g.shape[d]);
       }
-      return fmt::format("arg {}: Tensor {} [{}] {}{}, requires_grad={}{}", i, name(g.dtype), dims,
-                         g.device.str(), g.contiguous ? ", contiguous" : ", strides " + to_string(g.strides),
-                         g.requires_grad,
+      return fmt::format("arg {}: Tensor {} [{}] {}{}, requires_grad={}{}{}", i, name(g.dtype),
+                         dims, g.device.str(),
+                         g.contiguous ? ", contiguous" : ", strides " + to_string(g.strides),
+                         g.requires_grad, g.leaf < 0 ? "" : g.leaf ? ", a leaf" : ", not a leaf",
                          g.alias_of < 0    ? ""
                          : g.alias_of % 2 ? fmt::format(", the same elements as arg {}", g.alias_of / 2)
                                           : fmt::format(", same storage as arg {}", g.alias_of / 2));
@@ -794,7 +842,8 @@ bool only_sizes_differ(const Entry& e, const std::vector<ArgValue>& args,
     } else if (a.kind == ArgValue::Kind::Tensor) {
       const Tensor& t = a.tensor;
       if (t.dtype() != g.dtype || t.dim() != g.shape.size() ||
-          t.requires_grad() != g.requires_grad || alias_index(args, i) != g.alias_of)
+          t.requires_grad() != g.requires_grad || alias_index(args, i) != g.alias_of ||
+          (g.leaf >= 0 && t.is_leaf() != bool(g.leaf)))
         return false;
       // A strided argument takes part when its strides are the entry's (x[:, :5] of rows of
       // 8 as the batch changes: [8, 1]); strides that change with the sizes (a transpose)
@@ -1277,11 +1326,6 @@ void check_sources(const Segment& seg, RunState& st,
       if (lost_in_place_history(st.value(p, v)))
         throw GuardFailure{"a captured tensor shares memory with a tensor that gained a gradient "
                            "history in place, which it does not carry"};
-  // backward() in the function set these leaves' .grad: a non-leaf passes its gradient on to
-  // its own leaves instead (break-it pass: the replay set a non-leaf argument's .grad).
-  for (auto& [leaf, g] : p.grad_assignments)
-    if (!st.value(p, leaf).is_leaf())
-      throw GuardFailure{"a tensor whose .grad backward set was a leaf when traced and is not"};
   for (int v : p.grad_undefined_at_call)
     if (st.value(p, v).grad().defined())
       throw GuardFailure{"the .grad that backward set was undefined when traced and is now defined"};
@@ -1502,6 +1546,8 @@ std::vector<OutValue> CompiledFunction::Impl::replay(Entry& e, const std::vector
     for (int k : p.retained_outputs)
       if (outs[k].tensor.requires_grad() && !outs[k].tensor.is_leaf()) outs[k].tensor.retain_grad();
   }
+  for (int i : p.retained_args)
+    if (const Tensor& t = args[i].tensor; t.requires_grad() && !t.is_leaf()) t.retain_grad();
   for (auto [k, leaf_requires_grad] : p.detached_outputs) {
     outs[k].tensor = outs[k].tensor.detach();
     if (leaf_requires_grad) outs[k].tensor.requires_grad_(true);
@@ -1570,16 +1616,40 @@ std::vector<OutValue> CompiledFunction::Impl::trace(
     lock.unlock();
     rec.install();
     const uint64_t op_errors_before = dispatch::op_errors();
+    std::vector<int> retaining;  // non-leaf arguments that retain grad already
+    for (size_t i = 0; i < args.size(); ++i)
+      if (args[i].kind == ArgValue::Kind::Tensor && retains_grad(args[i].tensor))
+        retaining.push_back(int(i));
     outs = invoke();
+    for (size_t i = 0; i < args.size(); ++i)
+      if (args[i].kind == ArgValue::Kind::Tensor && retains_grad(args[i].tensor) &&
+          std::ranges::find(retaining, int(i)) == retaining.end())
+        prog->retained_args.push_back(int(i));
     if (dispatch::op_errors() != op_errors_before) caught_op_error = dispatch::last_op_error();
     record_backward(rec, *prog, outs);
     rec.finish();
     for (const OutValue& o : outs) {
       bool undefined = o.is_tensor && !o.tensor.defined();
       prog->outputs.push_back(o.is_tensor && !undefined ? rec.lookup(o.tensor) : -1);
-      if (int v = prog->outputs.back(); v >= 0 && !o.tensor.is_same(rec.tensor(v)) &&
-                                        o.tensor.is_leaf())
-        prog->detached_outputs.push_back({int(prog->outputs.size()) - 1, o.tensor.requires_grad()});
+      const int k = int(prog->outputs.size()) - 1, v = prog->outputs.back();
+      // Another tensor than its value's (x.detach()), or a leaf the function made require grad
+      // (p = x.clone(); p.requires_grad_()): replays return the value as such a leaf.
+      auto made_inside = [&] {  // not an argument or captured tensor (updated in place)
+        for (size_t u = 0; u < prog->values.size(); ++u)
+          if (is_arg_or_captured(*prog, int(u)) && rec.tensor(int(u)).is_same(o.tensor))
+            return false;
+        return true;
+      };
+      if (v >= 0 && o.tensor.is_leaf() &&
+          (!o.tensor.is_same(rec.tensor(v)) || (o.tensor.requires_grad() && made_inside())))
+        prog->detached_outputs.push_back({k, o.tensor.requires_grad()});
+      // Gradient history only through tensors the function made require grad: the replay's
+      // backward covers the arguments and captured tensors.
+      if (v >= 0 && o.tensor.requires_grad() && !o.tensor.is_leaf() &&
+          prog->output_dependency.empty() && !reaches_source_leaf(rec, *prog, o.tensor))
+        prog->output_dependency = fmt::format(
+            "its output {} requires grad only through tensors it made require grad itself "
+            "(requires_grad_), whose history a replay would not give it", k);
       prog->output_constants.push_back(o.is_tensor ? Scalar() : o.scalar);
       prog->output_undefined.push_back(undefined);
     }
@@ -1858,6 +1928,7 @@ std::vector<OutValue> CompiledFunction::Impl::trace(
     g.contiguous = t.is_contiguous();
     if (!g.contiguous) g.strides = t.strides();
     g.requires_grad = t.requires_grad();
+    if (g.requires_grad && !prog->grad_assignments.empty()) g.leaf = t.is_leaf();
     g.alias_of = alias_index(args, i);
   }
   // Symbolic dims: marked ones (optimistic: checked by replay, see call()), then automatic.

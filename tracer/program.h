@@ -201,6 +201,9 @@ struct Program {
   std::optional<Loc> raw_access;
   /// Outputs the function called retain_grad() on: their replayed tensors retain grad too.
   std::vector<int> retained_outputs;
+  /// Tensor arguments (positions) the function called retain_grad() on: a replay calls it on
+  /// the call's arguments too.
+  std::vector<int> retained_args;
   /// Argument values whose memory is that of a tensor some trace of the function captured,
   /// in a program that changes memory in place: a guard. `f(w)` for a captured `w` that `f`
   /// mutates is traced as mutating its argument; replaying either trace for the other kind of

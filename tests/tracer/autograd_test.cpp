@@ -243,6 +243,55 @@ TEST_CASE("compile: backward() inside, an argument that is no longer a leaf pass
   }
 }
 
+// Break-it pass: replays lost what the function did to autograd state itself.
+TEST_CASE("compile: retain_grad() on an argument and requires_grad_() inside the function hold "
+          "on replay", "[compile][autograd]") {
+  SECTION("x.retain_grad() on a non-leaf argument") {
+    auto f = compile([](const Tensor& x) {
+      x.retain_grad();
+      return (x * 3.0).sum();
+    });
+    for (int call = 0; call < 3; ++call) {
+      INFO("call " << call);
+      Tensor a = ones({3}).requires_grad_();
+      Tensor x = a * 2.0;
+      f(x).backward();
+      REQUIRE(x.grad().defined());  // undefined on replay before
+      CHECK(vec(x.grad()) == std::vector<float>{3, 3, 3});
+      CHECK(vec(a.grad()) == std::vector<float>{6, 6, 6});
+    }
+  }
+  SECTION("a leaf made inside and returned") {
+    for (bool factory : {false, true}) {
+      auto f = compile([factory](const Tensor& x) {
+        Tensor p = factory ? full({2}, 2.0) : x * 2.0;
+        p.requires_grad_();
+        return p;
+      });
+      for (int call = 0; call < 3; ++call) {
+        INFO("call " << call << (factory ? ", full()" : ", x * 2"));
+        Tensor p = f(ones({2}));
+        CHECK(p.requires_grad());  // false on replay before
+        CHECK(p.is_leaf());
+        CHECK(vec(p) == std::vector<float>{2, 2});
+      }
+    }
+  }
+  SECTION("an output that requires grad through such a leaf only: runs eagerly") {
+    auto f = compile([](const Tensor& x) {
+      Tensor w = ones({2});
+      w.requires_grad_();
+      return (x * w).sum();
+    });
+    for (int call = 0; call < 3; ++call) {
+      Tensor y = f(ones({2}));
+      CHECK(y.requires_grad());
+      CHECK(!y.is_leaf());
+    }
+    CHECK(contains(f.explain(), "requires grad only through tensors it made require grad"));
+  }
+}
+
 TEST_CASE("compile: a second backward through compiled code needs retain_graph, as in eager",
           "[compile][autograd]") {
   auto f = compile([](const Tensor& t) { return (t * t).sum(); });
