@@ -381,18 +381,28 @@ InferredMeta index(OpKind op, std::span<const TensorMeta> in, const OpAttrs& a, 
       KILN_CHECK(src.dtype == x.dtype, nm, loc, "source dtype {} must match input dtype {}",
                  name(src.dtype), name(x.dtype));
       int d = wrap_dim(a.dim, r, nm, loc);
-      bool ok = src.shape.size() == r;
+      // The message names the first dim that does not fit and the rule it breaks (it named
+      // the op's dim whichever dim failed, break-it pass); infer_meta appends the shapes.
       if (op == OpKind::IndexAdd) {
         KILN_CHECK(is.size() <= 1, nm, loc, "index must be 1-D, got shape {}", to_string(is));
-        for (int i = 0; ok && i < r; ++i)
-          ok = src.shape[i] == (i == d ? numel(is) : x.shape[i]);
+        KILN_CHECK(src.shape.size() == r, nm, loc, "source must have the input's {} dims", r);
+        for (int i = 0; i < r; ++i) {
+          const int64_t want = i == d ? numel(is) : x.shape[i];
+          KILN_CHECK(src.shape[i] == want, nm, loc, "source's size in dim {} must be {} ({}), got {}",
+                     i, want, i == d ? "the index's length" : "the input's", src.shape[i]);
+        }
       } else {
-        ok = ok && is.size() == r;
-        for (int i = 0; ok && i < r; ++i)
-          ok = is[i] <= src.shape[i] && (i == d || is[i] <= x.shape[i]);
+        KILN_CHECK(src.shape.size() == r && is.size() == r, nm, loc,
+                   "index and source must have the input's {} dims", r);
+        for (int i = 0; i < r; ++i) {
+          KILN_CHECK(is[i] <= src.shape[i], nm, loc,
+                     "index's size in dim {} ({}) exceeds the source's ({})", i, is[i],
+                     src.shape[i]);
+          KILN_CHECK(i == d || is[i] <= x.shape[i], nm, loc,
+                     "index's size in dim {} ({}) exceeds the input's ({})", i, is[i],
+                     x.shape[i]);
+        }
       }
-      KILN_CHECK(ok, nm, loc, "input {}, index {} and source {} do not fit along dim {}",
-                 to_string(x.shape), to_string(is), to_string(src.shape), d);
       return {x.dtype, {{x.dtype, x.shape}}};
     }
     case OpKind::Tril:

@@ -468,7 +468,8 @@ std::vector<Tensor> other(const BackwardContext& c, const Tensor& g) {
     case K::NllLoss: {
       const Tensor& target = c.inputs[1];
       int64_t classes = c.input_meta[0].shape.back();
-      Tensor valid = ne(target, c.attrs.ignore_index);
+      // In int64, as the forward compares: ignore_index may be out of an int32 target's range.
+      Tensor valid = ne(target.to(DType::Int64), c.attrs.ignore_index);
       Tensor safe = where(valid, target.to(DType::Int64), 0);
       OpAttrs encode;
       encode.mode = classes;

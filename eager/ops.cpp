@@ -162,7 +162,14 @@ namespace {
 ValuesIndices values_at(const char* op, const Tensor& x, int64_t dim, bool keepdim, Loc loc) {
   return as_op(op, [&] {
     const bool is_max = std::string_view(op) == "max";
-    // argmax has no bool kernel (as PyTorch's), but max(b, dim) works there: rank as int32.
+    // argmax has no bool kernel (as PyTorch's), but max(b, dim) works there: rank as int32,
+    // once amax's checks have named the bool input (they named the int32 copy).
+    if (x.dtype() == DType::Bool) {
+      const int d = wrap_dim(dim, x.dim(), op, loc);
+      KILN_CHECK(x.dim() == 0 || x.shape()[d] > 0, op, loc,
+                 "cannot reduce over dim {} of size 0 (shape {}) (got bool {})", d,
+                 to_string(x.shape()), to_string(x.shape()));
+    }
     const Tensor ranked = x.dtype() == DType::Bool ? x.to(DType::Int32, loc) : x;
     Tensor idx = is_max ? argmax(ranked, dim, true, loc) : argmin(ranked, dim, true, loc);
     Tensor values = gather(x, dim, idx, loc);

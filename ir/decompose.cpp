@@ -204,9 +204,12 @@ mlir::Value nll_loss(Emitter& E, mlir::Value x, mlir::Value target, const OpAttr
   mlir::Value gathered = E.op(OpKind::Gather, mlir::ValueRange{x, index}, at_class);
   mlir::Value picked = E.op(OpKind::Squeeze, mlir::ValueRange{gathered}, at_class);
   mlir::Value zero = E.scalar(t, 0);
-  // ignore_index in the target's dtype: a 0-d operand does not promote, and lowering never narrows.
-  mlir::Value ignore = E.scalar(elem(target), static_cast<double>(a.ignore_index));
-  mlir::Value valid = E.op(OpKind::Ne, target, ignore);
+  // ignore_index in the target's dtype: a 0-d operand does not promote, and lowering never
+  // narrows. Compared in int64, as eager does: an int32 target compared with 2^32 + 1 narrowed
+  // to 1 ignored every target 1 (break-it pass).
+  mlir::Value wide = cast_to(E, target, E.b.getI64Type());
+  mlir::Value ignore = E.scalar(E.b.getI64Type(), static_cast<double>(a.ignore_index));
+  mlir::Value valid = E.op(OpKind::Ne, wide, ignore);
   mlir::Value loss = E.where(valid, E.op(OpKind::Neg, picked), zero);
   if (a.mode == 0) return loss;
   mlir::Value total = E.reduce(OpKind::Sum, loss, over_all(), false);

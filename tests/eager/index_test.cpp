@@ -336,3 +336,29 @@ TEST_CASE("one_hot: num_classes inferred from the largest index must fit int64")
                                     "num_classes"));
   CHECK(one_hot(tensor({0, 2}).to(DType::Int64)).shape() == Shape{2, 3});
 }
+
+// Break-it pass: scatter_add / index_add named the op's dim whichever dim did not fit, and
+// max / min of a bool tensor described an int32 copy of it.
+TEST_CASE("shape errors name the dim that does not fit and the user's dtype") {
+  const Tensor input = zeros({2, 3});
+  std::string msg = error_of([&] { scatter_add(input, 1, zeros({5, 2}, {Int64}), ones({5, 2})); });
+  CHECK_THAT(msg, Catch::Contains("index's size in dim 0 (5) exceeds the input's (2)"));
+  msg = error_of([&] { scatter_add(input, 1, zeros({2, 4}, {Int64}), ones({2, 3})); });
+  CHECK_THAT(msg, Catch::Contains("index's size in dim 1 (4) exceeds the source's (3)"));
+  msg = error_of([&] { index_add(input, 0, from_vector<int64_t>({1}, {1}), ones({1, 2})); });
+  CHECK_THAT(msg, Catch::Contains("source's size in dim 1 must be 3 (the input's), got 2"));
+  msg = error_of([&] { index_add(input, 0, from_vector<int64_t>({1, 0}, {2}), ones({3, 3})); });
+  CHECK_THAT(msg, Catch::Contains("source's size in dim 0 must be 2 (the index's length)"));
+  for (bool is_max : {true, false}) {
+    const Tensor b = zeros({0, 3}, {Bool});
+    msg = error_of([&] { is_max ? max(b, 0) : min(b, 0); });
+    CHECK_THAT(msg, Catch::Contains("got bool [0, 3]") && !Catch::Contains("int32"));
+    msg = error_of([&] { is_max ? max(b, 5) : min(b, 5); });
+    CHECK_THAT(msg, Catch::Contains("dim 5 out of range") && !Catch::Contains("int32"));
+  }
+  // Still right where they fit: a bool max per row, index_add of two rows.
+  CHECK(max(tensor({{0, 1}, {0, 0}}, {Bool}), 1).values.to_vector<bool>() ==
+        std::vector<bool>{true, false});
+  CHECK(index_add(input, 0, from_vector<int64_t>({1, 0}, {2}), ones({2, 3})).sum().item<float>() ==
+        6.f);
+}

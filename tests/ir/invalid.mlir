@@ -146,7 +146,7 @@ func.func @dropout_not_covered(%k: tensor<2xi64>) -> tensor<3xf32> {
 // -----
 
 func.func @scatter_add_index_too_large(%a: tensor<3xf32>, %i: tensor<4xi64>) -> tensor<3xf32> {
-  // expected-error @+1 {{do not fit along dim 0}}
+  // expected-error @+1 {{index's size in dim 0 (4) exceeds the source's (3)}}
   %0 = kiln.index "scatter_add" %a, %i, %a : (tensor<3xf32>, tensor<4xi64>, tensor<3xf32>) -> tensor<3xf32>
   return %0 : tensor<3xf32>
 }

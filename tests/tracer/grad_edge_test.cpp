@@ -119,6 +119,32 @@ TEST_CASE("cross_entropy / nll_loss with every target ignored: NaN loss, zero gr
       });
 }
 
+// Break-it pass: with int32 targets, compiled code narrowed ignore_index 2^32 + 1 to 1 and
+// ignored every target 1 (from the first replay on); eager's backward raised in kiln::ne.
+TEST_CASE("cross_entropy: an ignore_index outside int32 targets' range ignores none of them",
+          "[autograd][compile]") {
+  auto in = [] {
+    return std::vector<Tensor>{tensor({{0.f, 1.f, 2.f}, {2.f, 1.f, 0.f}}).requires_grad_(),
+                               tensor({1, 2}, {Int32})};
+  };
+  both(
+      [](const std::vector<Tensor>& t) {
+        Tensor loss = cross_entropy(t[0], t[1], Reduction::None, int64_t{4294967297});
+        return std::vector<Tensor>{loss.detach(), kiln::grad({loss.sum()}, {t[0]})[0]};
+      },
+      in,
+      [](const std::vector<Tensor>& g) {
+        // -log_softmax picks: log(1 + e + e^2) - {1, 0}; gradient softmax - one_hot.
+        const double lse = std::log(1 + std::exp(1.0) + std::exp(2.0));
+        V loss = v(g[0]), grad = v(g[1]);
+        CHECK(loss[0] == Approx(lse - 1));
+        CHECK(loss[1] == Approx(lse - 0));
+        CHECK(grad[1] == Approx(std::exp(1.0 - lse) - 1));
+        CHECK(grad[3] == Approx(std::exp(2.0 - lse)));
+        CHECK(grad[5] == Approx(std::exp(0.0 - lse) - 1));
+      });
+}
+
 TEST_CASE("h = x*2; h *= y (and /=, *= scalar) back-propagates with the original h",
           "[autograd][compile]") {
   auto in = [] {
