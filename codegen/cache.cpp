@@ -43,9 +43,10 @@ constexpr char kMagic[8] = {'K', 'I', 'L', 'N', 'O', 'B', 'J', '\0'};
 // per-row flag; 6: the runtime GEMM's rows_split argument (codegen/runtime.cpp); 7: kernel
 // timers' descriptions (CPU ids, CUDA kernels)
 constexpr uint32_t kFormat = 7;
-// Entries of another version read as stale and are rebuilt. The source hash (codegen/, formulas,
-// the dialect; see CMakeLists.txt) changes with any pipeline edit; bump the number when the
-// entry's metadata changes meaning.
+// The version is part of an entry's file name, so builds of other versions sharing a directory
+// keep entries of their own (as ccache does); an entry whose stored version differs anyway is
+// stale and rebuilt. The source hash (codegen/, formulas, the dialect, ...; see CMakeLists.txt)
+// changes with any pipeline edit; bump the number when the entry's metadata changes meaning.
 constexpr const char* kCodegenVersion =
     "kiln-codegen 1, sources " KILN_CODEGEN_SOURCE_HASH ", LLVM " LLVM_VERSION_STRING;
 
@@ -433,7 +434,6 @@ std::shared_ptr<const CompiledCode> get_or_compile(const std::string& graph_mlir
                                                    CompileStats& stats, const CompileFn& compile) {
   Lap total, lap;
   init_llvm();
-  // The disk key leaves out the version, so a stale entry sits at the same path and is replaced.
   // Environment switches that change the generated code are part of the key.
   const bool loops_for_gemm = env_flag("KILN_NO_EXTERN_GEMM");
   const GpuLoopEmulation emulation = gpu_loop_emulation(options);
@@ -466,7 +466,9 @@ std::shared_ptr<const CompiledCode> get_or_compile(const std::string& graph_mlir
   if (!code) {
     dir = cache_dir(options, stats.disk_note);
     if (!dir.empty()) {
-      llvm::XXH128_hash_t h = llvm::xxh3_128bits(llvm::arrayRefFromStringRef(key));
+      // With the version: two builds sharing the directory deleted each other's entries as
+      // stale, so neither hit; old versions' entries age out under KILN_CACHE_MAX_SIZE.
+      llvm::XXH128_hash_t h = llvm::xxh3_128bits(llvm::arrayRefFromStringRef(memory_key));
       char name[40];
       std::snprintf(name, sizeof name, "%016llx%016llx.kobj",
                     static_cast<unsigned long long>(h.high64),

@@ -335,19 +335,58 @@ TEST_CASE("cache: over KILN_CACHE_MAX_SIZE the least recently used entries are r
   }
 }
 
-TEST_CASE("cache: an entry of another codegen version is stale and rebuilt") {
+/// Sets the codegen version for one scope ("" is the real one), then restores the real one.
+struct ScopedVersion {
+  explicit ScopedVersion(const std::string& v) { codegen::set_codegen_version_for_testing(v); }
+  ~ScopedVersion() { codegen::set_codegen_version_for_testing(""); }
+};
+
+// Two builds sharing a directory deleted each other's entries as stale ("stale entry
+// (version)"), so neither ever hit. The version is now in the entry's name, as ccache does.
+TEST_CASE("cache: builds of two codegen versions sharing a directory both hit") {
   TempCache cache;
   ir::Graph g = chain({3, 4});
-  codegen::set_codegen_version_for_testing("kiln-codegen 0 (test)");
-  codegen::Executable old = compile_fresh(g);
-  codegen::set_codegen_version_for_testing("");
-  CHECK(old.stats().source == Source::Compiled);
+  for (const char* v : {"kiln-codegen 0 (test)", ""}) {
+    ScopedVersion version(v);
+    codegen::Executable first = compile_fresh(g);
+    CHECK(first.stats().source == Source::Compiled);
+    CHECK(first.stats().disk_note.empty());
+  }
+  CHECK(cache.entries().size() == 2);  // one each
+  for (int round = 0; round < 3; ++round) {
+    for (const char* v : {"kiln-codegen 0 (test)", ""}) {
+      INFO(round << " " << v);
+      ScopedVersion version(v);
+      codegen::Executable hit = compile_fresh(g);
+      CHECK(hit.stats().source == Source::DiskCache);
+      check_chain(hit, {3, 4});
+    }
+  }
+  CHECK(cache.entries().size() == 2);
+}
+
+TEST_CASE("cache: an entry that holds another codegen version is stale and rebuilt") {
+  TempCache cache;
+  ir::Graph g = chain({3, 4});
+  fs::path old_entry, entry;
+  {
+    ScopedVersion version("kiln-codegen 0 (test)");
+    compile_fresh(g);
+    REQUIRE(cache.entries().size() == 1);
+    old_entry = cache.entries()[0];
+  }
+  compile_fresh(g);
+  REQUIRE(cache.entries().size() == 2);
+  entry = cache.entries()[cache.entries()[0] == old_entry ? 1 : 0];
+  fs::copy_file(old_entry, entry, fs::copy_options::overwrite_existing);  // as if damaged
   codegen::Executable rebuilt = compile_fresh(g);
   CHECK(rebuilt.stats().source == Source::Compiled);
   CHECK(rebuilt.stats().disk_note == "stale entry (version)");
   check_chain(rebuilt, {3, 4});
-  CHECK(cache.entries().size() == 1);  // replaced, not added
+  CHECK(cache.entries().size() == 2);  // replaced, not added
   CHECK(compile_fresh(g).stats().source == Source::DiskCache);
+  ScopedVersion version("kiln-codegen 0 (test)");
+  CHECK(compile_fresh(g).stats().source == Source::DiskCache);  // the old one is untouched
 }
 
 TEST_CASE("cache: an unusable or disabled cache dir still compiles") {
