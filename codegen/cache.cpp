@@ -57,8 +57,9 @@ std::mutex g_mutex;  // guards everything below
 std::unordered_map<std::string, std::weak_ptr<const CompiledCode>> g_memory;
 std::size_t g_memory_sweep_at = 64;
 std::string g_version_override;
+// Directories a write failed in: read, not written again (their entries stay valid).
 std::set<std::string> g_unwritable_dirs;
-std::atomic<bool> g_warned{false};
+std::set<std::string> g_warned;  // "<dir>\n<kind>" of the warnings printed
 
 std::string version() {
   std::lock_guard lock(g_mutex);
@@ -249,8 +250,19 @@ bool read_file(const std::string& path, std::string& out) {
   return ok;
 }
 
-void warn_once(const std::string& message) {
-  if (!g_warned.exchange(true)) std::fprintf(stderr, "kiln: warning: %s\n", message.c_str());
+/// Prints `message` once per directory and kind of failure: one flag for all of them hid a
+/// later, different failure.
+void warn_once(const std::string& dir, const char* kind, const std::string& message) {
+  {
+    std::lock_guard lock(g_mutex);
+    if (!g_warned.insert(dir + "\n" + kind).second) return;
+  }
+  std::fprintf(stderr, "kiln: warning: %s\n", message.c_str());
+}
+
+bool unwritable(const std::string& dir) {
+  std::lock_guard lock(g_mutex);
+  return g_unwritable_dirs.count(dir) != 0;
 }
 
 /// The disk cache directory for these options, or "" (with the reason in `note`) when off.
@@ -271,11 +283,6 @@ std::string cache_dir(const CompileOptions& options, std::string& note) {
     dir = std::string(home) + "/.cache/kiln";
   } else {
     note = "disabled (no HOME)";
-  }
-  std::lock_guard lock(g_mutex);
-  if (!dir.empty() && g_unwritable_dirs.count(dir)) {
-    note = "disabled (unwritable cache dir)";
-    dir.clear();
   }
   return dir;
 }
@@ -370,6 +377,8 @@ void tidy_directory(const std::string& dir, const std::string& keep, size_t writ
 }
 
 /// Writes `bytes` to `path` atomically (temp file + rename): readers see all of it or nothing.
+/// A failure to write into `dir` stops later writes there, not reads: a read-only cache filled
+/// beforehand, or one that was full for a moment, still serves the entries it has.
 void write_entry(const std::string& dir, const std::string& path, const std::string& bytes,
                  std::string& note) {
   static std::atomic<unsigned> counter{0};
@@ -392,18 +401,20 @@ void write_entry(const std::string& dir, const std::string& path, const std::str
       // The directory took the new file; only this entry's name is taken (a directory, or
       // another user's file in a sticky directory): the cache stays on for other entries.
       note = "not written (" + error + ")";
-      warn_once("cannot replace the compile cache entry '" + path + "' (" + error + ")");
+      warn_once(dir, "entry",
+                "cannot replace the compile cache entry '" + path + "' (" + error + ")");
       return;
     }
   }
   if (error.empty()) return;
-  note = "disabled (unwritable cache dir)";
+  note = "not written (unwritable cache dir: " + error + ")";
   {
     std::lock_guard lock(g_mutex);
     g_unwritable_dirs.insert(dir);
   }
-  warn_once("cannot write the compile cache in '" + dir + "' (" + error +
-            "); the disk cache is off for it");
+  warn_once(dir, "dir",
+            "cannot write the compile cache in '" + dir + "' (" + error +
+                "); its entries are still read, new ones are not written");
 }
 
 const char* source_name(CompileStats::Source s) {
@@ -505,9 +516,12 @@ std::shared_ptr<const CompiledCode> get_or_compile(const std::string& graph_mlir
   if (!code) {
     CompiledMeta meta;
     std::string object = compile(meta);
-    std::string bytes = path.empty() ? "" : serialize(key, meta, object);
+    const bool write = !path.empty() && !unwritable(dir);
+    std::string bytes = write ? serialize(key, meta, object) : "";
     code = load_object(object, std::move(meta), stats);
-    if (!path.empty()) {
+    if (!path.empty() && !write) {
+      stats.disk_note = "not written (unwritable cache dir)";  // a write there failed before
+    } else if (write) {
       lap();
       write_entry(dir, path, bytes, stats.disk_note);
       stats.disk_ms = lap();

@@ -2,7 +2,11 @@
 // KILN_LOGS dumps. Results are compared with eager kiln.
 #include <catch2/catch.hpp>
 #include <fmt/format.h>
+#include <fcntl.h>
+#include <grp.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -21,6 +25,7 @@
 
 #include "codegen/cache.h"
 #include "codegen/codegen.h"
+#include "address_limit.h"
 #include "codegen/jit.h"
 #include "kiln/kiln.h"
 
@@ -389,6 +394,43 @@ TEST_CASE("cache: an entry that holds another codegen version is stale and rebui
   CHECK(compile_fresh(g).stats().source == Source::DiskCache);  // the old one is untouched
 }
 
+// One failed write put the directory on a "do not use" list, so a read-only cache filled
+// beforehand (or one full for a moment) served none of the entries it had.
+TEST_CASE("cache: after a failed write the directory is still read, no longer written") {
+  TempCache cache;
+  ir::Graph g = chain({9}), other = chain({10}), third = chain({11});
+  compile_fresh(g);
+  REQUIRE(cache.entries().size() == 1);
+  // Root ignores the permissions: it runs the checks as nobody in a child process instead.
+  const bool root = ::geteuid() == 0;
+  if (root) REQUIRE(::chown(cache.dir.c_str(), 65534, 65534) == 0);
+  REQUIRE(::chmod(cache.dir.c_str(), 0555) == 0);
+  const int status = testing::status_of_child([&] {
+    if (root && (::setgroups(0, nullptr) != 0 || ::setresgid(65534, 65534, 65534) != 0 ||
+                 ::setresuid(65534, 65534, 65534) != 0))
+      return 20;
+    const int null = ::open("/dev/null", O_WRONLY);
+    ::dup2(null, 2);  // the warning
+    codegen::Executable hit = compile_fresh(g);
+    if (hit.stats().source != Source::DiskCache) return 21;
+    codegen::Executable failed = compile_fresh(other);  // the write fails: EACCES
+    if (failed.stats().source != Source::Compiled) return 22;
+    codegen::Executable still_hit = compile_fresh(g);
+    if (still_hit.stats().source != Source::DiskCache) return 23;
+    Tensor x = randn({9}), y = randn({9});
+    if (max_abs_diff(still_hit.run({x, y})[0], eager_chain(x, y)) >= 1e-5) return 24;
+    if (failed.stats().disk_note.rfind("not written (unwritable cache dir: ", 0) != 0) return 25;
+    codegen::Executable not_tried = compile_fresh(third);
+    if (not_tried.stats().disk_note != "not written (unwritable cache dir)") return 26;
+    if (not_tried.stats().disk_ms != 0) return 27;
+    return 0;
+  });
+  ::chmod(cache.dir.c_str(), 0755);
+  REQUIRE(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);  // otherwise the number of the check that failed
+  CHECK(cache.entries().size() == 1);
+}
+
 TEST_CASE("cache: an unusable or disabled cache dir still compiles") {
   TempCache cache;
   ir::Graph g = chain({8});
@@ -398,11 +440,11 @@ TEST_CASE("cache: an unusable or disabled cache dir still compiles") {
     ScopedEnv env("KILN_CACHE_DIR", (file + "/kiln").c_str());
     codegen::Executable a = compile_fresh(g);
     CHECK(a.stats().source == Source::Compiled);
-    CHECK(a.stats().disk_note == "disabled (unwritable cache dir)");
+    CHECK(a.stats().disk_note == "not written (unwritable cache dir: Not a directory)");
     check_chain(a, {8});
-    codegen::Executable b = compile_fresh(g);  // not tried again
+    codegen::Executable b = compile_fresh(g);  // not written again
     CHECK(b.stats().source == Source::Compiled);
-    CHECK(b.stats().disk_note == "disabled (unwritable cache dir)");
+    CHECK(b.stats().disk_note == "not written (unwritable cache dir)");
     CHECK(b.stats().disk_ms == 0);
   }
   SECTION("KILN_CACHE_DIR empty") {
