@@ -6,6 +6,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -381,6 +382,18 @@ void tidy_directory(const std::string& dir, const std::string& keep, size_t writ
 /// beforehand, or one that was full for a moment, still serves the entries it has.
 void write_entry(const std::string& dir, const std::string& path, const std::string& bytes,
                  std::string& note) {
+  // Writing past the file size limit (ulimit -f) raises SIGXFSZ, which kills the process and
+  // left the temporary file. The signal comes only from a write that would cross the limit, so
+  // an entry that fits is written whole; a larger one is skipped.
+  if (rlimit limit{}; ::getrlimit(RLIMIT_FSIZE, &limit) == 0 && limit.rlim_cur != RLIM_INFINITY &&
+                      bytes.size() > limit.rlim_cur) {
+    note = "not written (over the file size limit)";
+    warn_once(dir, "file size",
+              fmt::format("not writing compile cache entries over the file size limit (ulimit "
+                          "-f) of {} bytes in '{}' ('{}' has {} bytes)",
+                          static_cast<uint64_t>(limit.rlim_cur), dir, path, bytes.size()));
+    return;
+  }
   static std::atomic<unsigned> counter{0};
   std::string tmp =
       path + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(counter.fetch_add(1));

@@ -394,6 +394,52 @@ TEST_CASE("cache: an entry that holds another codegen version is stale and rebui
   CHECK(compile_fresh(g).stats().source == Source::DiskCache);  // the old one is untouched
 }
 
+/// The names in `dir` that are writers' temporary files.
+static std::vector<std::string> temporary_files(const std::string& dir) {
+  std::vector<std::string> out;
+  for (const auto& e : fs::directory_iterator(dir))
+    if (e.path().filename().string().find(".tmp.") != std::string::npos)
+      out.push_back(e.path().filename().string());
+  return out;
+}
+
+// Under `ulimit -f` an entry larger than the limit killed the process with SIGXFSZ in the
+// middle of its write, leaving the temporary file. The signal comes only from a write crossing
+// the limit, so an entry of exactly the limit is written and a larger one skipped.
+TEST_CASE("cache: an entry over the file size limit (ulimit -f) is not written, no SIGXFSZ") {
+  TempCache cache;
+  ir::Graph g = chain({100});
+  compile_fresh(g);
+  REQUIRE(cache.entries().size() == 1);
+  const fs::path entry = cache.entries()[0];
+  const auto size = static_cast<rlim_t>(fs::file_size(entry));
+  for (rlim_t limit : {size - 1, size / 4, size}) {
+    INFO("limit " << limit << ", entry " << size);
+    fs::remove(entry);
+    const int status = testing::status_of_child([&] {
+      // Output to a file past the limit would raise SIGXFSZ too.
+      const int null = ::open("/dev/null", O_WRONLY);
+      ::dup2(null, 1);
+      ::dup2(null, 2);
+      rlimit r{limit, limit};
+      if (::setrlimit(RLIMIT_FSIZE, &r) != 0) return 10;
+      codegen::Executable exe = compile_fresh(g);
+      if (exe.stats().source != Source::Compiled) return 11;
+      const bool fits = limit >= size;
+      if (exe.stats().disk_note != (fits ? "" : "not written (over the file size limit)"))
+        return 12;
+      Tensor x = randn({100}), y = randn({100});
+      return max_abs_diff(exe.run({x, y})[0], eager_chain(x, y)) < 1e-5 ? 0 : 13;
+    });
+    CHECK(WIFEXITED(status));
+    CHECK_FALSE(WIFSIGNALED(status));  // SIGXFSZ
+    if (WIFEXITED(status)) CHECK(WEXITSTATUS(status) == 0);
+    CHECK(temporary_files(cache.dir).empty());
+    CHECK(fs::exists(entry) == (limit >= size));
+    if (fs::exists(entry)) CHECK(compile_fresh(g).stats().source == Source::DiskCache);
+  }
+}
+
 // One failed write put the directory on a "do not use" list, so a read-only cache filled
 // beforehand (or one full for a moment) served none of the entries it had.
 TEST_CASE("cache: after a failed write the directory is still read, no longer written") {
