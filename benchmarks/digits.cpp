@@ -481,7 +481,7 @@ void summary(std::span<const Record> records) {
                verdict(diff->value <= kLossDiffTarget));
 
   const std::string& text = res.compiled.explain;
-  if (const char* full = std::getenv("KILN_BENCH_EXPLAIN"); full && *full && *full != '0') {
+  if (explain_requested()) {
     fmt::print("  compiled step: {} trace(s); explain():\n{}", res.compiled.compile_count, text);
     return;
   }

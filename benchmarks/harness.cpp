@@ -15,6 +15,7 @@
 #include "backends/cpu/blas.h"
 #include "backends/cpu/parallel.h"
 #include "backends/cuda/profile.h"
+#include "core/env.h"
 #include "eager/factories.h"
 
 namespace kiln::bench {
@@ -385,5 +386,9 @@ Device bench_device() {
         "KILN_BENCH_DEVICE={} is not a device (expected cpu, cuda or cuda:N)", v));
   return Device::cuda(index);
 }
+
+bool explain_requested() { return env_flag("KILN_BENCH_EXPLAIN"); }
+
+bool full_sizes_requested() { return env_flag("KILN_BENCH_FULL"); }
 
 }  // namespace kiln::bench

@@ -171,6 +171,14 @@ const Record* find_record(std::span<const Record> records, std::string_view suit
 /// on the CPU and reported success (found by a break-it pass).
 Device bench_device();
 
+/// KILN_BENCH_EXPLAIN: print a compiled case's whole explain() (the transformer and digits
+/// suites). A boolean switch like every KILN_* one (core/env.h env_flag: 1/true/on/yes,
+/// 0/false/off/no): any value but "0" was on, so KILN_BENCH_EXPLAIN=false printed it.
+bool explain_requested();
+
+/// KILN_BENCH_FULL: the transformer suite at the original model's sizes (env_flag, as above).
+bool full_sizes_requested();
+
 // ---- helpers for writing cases ----
 
 /// A contiguous float32 tensor of `shape`, written element by element (so its pages are

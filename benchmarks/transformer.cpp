@@ -38,13 +38,8 @@ void finish(Device d) {
   if (d.is_cuda()) cuda::synchronize(d.index);
 }
 
-bool full_sizes() {
-  const char* full = std::getenv("KILN_BENCH_FULL");
-  return full && *full && *full != '0';
-}
-
 Sizes sizes() {
-  if (full_sizes()) return {768, 12, 3072, 12, 32, 512};
+  if (full_sizes_requested()) return {768, 12, 3072, 12, 32, 512};
   return {};
 }
 
@@ -92,8 +87,7 @@ Benchmark eager_step(const RunConfig&) {
 struct ExplainAtEnd {
   std::function<std::string()> explain;
   ~ExplainAtEnd() {
-    const char* v = std::getenv("KILN_BENCH_EXPLAIN");
-    if (v && *v && *v != '0') fmt::print("{}", explain());
+    if (explain_requested()) fmt::print("{}", explain());
   }
 };
 
@@ -115,7 +109,7 @@ std::vector<Case> cases() {
   // Both models in memory when interleaved: not at the original sizes. (--quick's 9 warm-up
   // steps: with 1, the 5 timed steps were mostly compile()'s timing runs: 0.62x.)
   return training_step_cases("transformer_step", "samples/s", eager_step, compiled_step,
-                             !full_sizes());
+                             !full_sizes_requested());
 }
 
 void summary(std::span<const Record> records) {

@@ -6,6 +6,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -43,9 +44,10 @@ constexpr char kMagic[8] = {'K', 'I', 'L', 'N', 'O', 'B', 'J', '\0'};
 // per-row flag; 6: the runtime GEMM's rows_split argument (codegen/runtime.cpp); 7: kernel
 // timers' descriptions (CPU ids, CUDA kernels)
 constexpr uint32_t kFormat = 7;
-// Entries of another version read as stale and are rebuilt. The source hash (codegen/, formulas,
-// the dialect; see CMakeLists.txt) changes with any pipeline edit; bump the number when the
-// entry's metadata changes meaning.
+// The version is part of an entry's file name, so builds of other versions sharing a directory
+// keep entries of their own (as ccache does); an entry whose stored version differs anyway is
+// stale and rebuilt. The source hash (codegen/, formulas, the dialect, ...; see CMakeLists.txt)
+// changes with any pipeline edit; bump the number when the entry's metadata changes meaning.
 constexpr const char* kCodegenVersion =
     "kiln-codegen 1, sources " KILN_CODEGEN_SOURCE_HASH ", LLVM " LLVM_VERSION_STRING;
 
@@ -56,8 +58,9 @@ std::mutex g_mutex;  // guards everything below
 std::unordered_map<std::string, std::weak_ptr<const CompiledCode>> g_memory;
 std::size_t g_memory_sweep_at = 64;
 std::string g_version_override;
+// Directories a write failed in: read, not written again (their entries stay valid).
 std::set<std::string> g_unwritable_dirs;
-std::atomic<bool> g_warned{false};
+std::set<std::string> g_warned;  // "<dir>\n<kind>" of the warnings printed
 
 std::string version() {
   std::lock_guard lock(g_mutex);
@@ -248,8 +251,19 @@ bool read_file(const std::string& path, std::string& out) {
   return ok;
 }
 
-void warn_once(const std::string& message) {
-  if (!g_warned.exchange(true)) std::fprintf(stderr, "kiln: warning: %s\n", message.c_str());
+/// Prints `message` once per directory and kind of failure: one flag for all of them hid a
+/// later, different failure.
+void warn_once(const std::string& dir, const char* kind, const std::string& message) {
+  {
+    std::lock_guard lock(g_mutex);
+    if (!g_warned.insert(dir + "\n" + kind).second) return;
+  }
+  std::fprintf(stderr, "kiln: warning: %s\n", message.c_str());
+}
+
+bool unwritable(const std::string& dir) {
+  std::lock_guard lock(g_mutex);
+  return g_unwritable_dirs.count(dir) != 0;
 }
 
 /// The disk cache directory for these options, or "" (with the reason in `note`) when off.
@@ -270,11 +284,6 @@ std::string cache_dir(const CompileOptions& options, std::string& note) {
     dir = std::string(home) + "/.cache/kiln";
   } else {
     note = "disabled (no HOME)";
-  }
-  std::lock_guard lock(g_mutex);
-  if (!dir.empty() && g_unwritable_dirs.count(dir)) {
-    note = "disabled (unwritable cache dir)";
-    dir.clear();
   }
   return dir;
 }
@@ -369,8 +378,22 @@ void tidy_directory(const std::string& dir, const std::string& keep, size_t writ
 }
 
 /// Writes `bytes` to `path` atomically (temp file + rename): readers see all of it or nothing.
+/// A failure to write into `dir` stops later writes there, not reads: a read-only cache filled
+/// beforehand, or one that was full for a moment, still serves the entries it has.
 void write_entry(const std::string& dir, const std::string& path, const std::string& bytes,
                  std::string& note) {
+  // Writing past the file size limit (ulimit -f) raises SIGXFSZ, which kills the process and
+  // left the temporary file. The signal comes only from a write that would cross the limit, so
+  // an entry that fits is written whole; a larger one is skipped.
+  if (rlimit limit{}; ::getrlimit(RLIMIT_FSIZE, &limit) == 0 && limit.rlim_cur != RLIM_INFINITY &&
+                      bytes.size() > limit.rlim_cur) {
+    note = "not written (over the file size limit)";
+    warn_once(dir, "file size",
+              fmt::format("not writing compile cache entries over the file size limit (ulimit "
+                          "-f) of {} bytes in '{}' ('{}' has {} bytes)",
+                          static_cast<uint64_t>(limit.rlim_cur), dir, path, bytes.size()));
+    return;
+  }
   static std::atomic<unsigned> counter{0};
   std::string tmp =
       path + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(counter.fetch_add(1));
@@ -391,18 +414,20 @@ void write_entry(const std::string& dir, const std::string& path, const std::str
       // The directory took the new file; only this entry's name is taken (a directory, or
       // another user's file in a sticky directory): the cache stays on for other entries.
       note = "not written (" + error + ")";
-      warn_once("cannot replace the compile cache entry '" + path + "' (" + error + ")");
+      warn_once(dir, "entry",
+                "cannot replace the compile cache entry '" + path + "' (" + error + ")");
       return;
     }
   }
   if (error.empty()) return;
-  note = "disabled (unwritable cache dir)";
+  note = "not written (unwritable cache dir: " + error + ")";
   {
     std::lock_guard lock(g_mutex);
     g_unwritable_dirs.insert(dir);
   }
-  warn_once("cannot write the compile cache in '" + dir + "' (" + error +
-            "); the disk cache is off for it");
+  warn_once(dir, "dir",
+            "cannot write the compile cache in '" + dir + "' (" + error +
+                "); its entries are still read, new ones are not written");
 }
 
 const char* source_name(CompileStats::Source s) {
@@ -433,7 +458,6 @@ std::shared_ptr<const CompiledCode> get_or_compile(const std::string& graph_mlir
                                                    CompileStats& stats, const CompileFn& compile) {
   Lap total, lap;
   init_llvm();
-  // The disk key leaves out the version, so a stale entry sits at the same path and is replaced.
   // Environment switches that change the generated code are part of the key.
   const bool loops_for_gemm = env_flag("KILN_NO_EXTERN_GEMM");
   const GpuLoopEmulation emulation = gpu_loop_emulation(options);
@@ -466,7 +490,9 @@ std::shared_ptr<const CompiledCode> get_or_compile(const std::string& graph_mlir
   if (!code) {
     dir = cache_dir(options, stats.disk_note);
     if (!dir.empty()) {
-      llvm::XXH128_hash_t h = llvm::xxh3_128bits(llvm::arrayRefFromStringRef(key));
+      // With the version: two builds sharing the directory deleted each other's entries as
+      // stale, so neither hit; old versions' entries age out under KILN_CACHE_MAX_SIZE.
+      llvm::XXH128_hash_t h = llvm::xxh3_128bits(llvm::arrayRefFromStringRef(memory_key));
       char name[40];
       std::snprintf(name, sizeof name, "%016llx%016llx.kobj",
                     static_cast<unsigned long long>(h.high64),
@@ -503,9 +529,12 @@ std::shared_ptr<const CompiledCode> get_or_compile(const std::string& graph_mlir
   if (!code) {
     CompiledMeta meta;
     std::string object = compile(meta);
-    std::string bytes = path.empty() ? "" : serialize(key, meta, object);
+    const bool write = !path.empty() && !unwritable(dir);
+    std::string bytes = write ? serialize(key, meta, object) : "";
     code = load_object(object, std::move(meta), stats);
-    if (!path.empty()) {
+    if (!path.empty() && !write) {
+      stats.disk_note = "not written (unwritable cache dir)";  // a write there failed before
+    } else if (write) {
       lap();
       write_entry(dir, path, bytes, stats.disk_note);
       stats.disk_ms = lap();

@@ -54,8 +54,11 @@ struct GpuTarget {
   /// and /opt/cuda that has libdevice.
   std::string toolkit;
   /// The default target with the environment's overrides: KILN_CUDA_ARCH (e.g. "sm_80"),
-  /// KILN_CUDA_PTX_FEATURES (e.g. "+ptx78"), KILN_CUDA_THREADS_PER_BLOCK,
-  /// KILN_CUDA_ELEMENTS_PER_THREAD (1 to 16), KILN_CUDA_ROW_LANES (1 or 32). compile() and eager CUDA ops use it.
+  /// KILN_CUDA_PTX_FEATURES (e.g. "+ptx78"), KILN_CUDA_THREADS_PER_BLOCK (a multiple of 32 in
+  /// [32, 1024]), KILN_CUDA_ELEMENTS_PER_THREAD (1 to 16), KILN_CUDA_ROW_LANES (1 or 32): each
+  /// the whole value an integer (white space around it ignored); any other value keeps the
+  /// default, with a warning on stderr once per variable and value (core/env.h env_int).
+  /// compile() and eager CUDA ops use it.
   static GpuTarget from_env();
 };
 

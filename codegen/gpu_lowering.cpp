@@ -17,6 +17,7 @@
 #include "codegen/jit.h"
 #include "codegen/lower.h"
 #include "codegen/row_fusion.h"
+#include "core/env.h"
 #include "core/error.h"
 #include "llvm/ADT/DenseSet.h"
 #include "llvm/Support/TargetSelect.h"
@@ -866,24 +867,15 @@ GpuTarget GpuTarget::from_env() {
   };
   if (std::string a = env("KILN_CUDA_ARCH"); !a.empty()) t.chip = a;
   if (std::string f = env("KILN_CUDA_PTX_FEATURES"); !f.empty()) t.features = f;
-  if (std::string n = env("KILN_CUDA_THREADS_PER_BLOCK"); !n.empty()) {
-    int v = std::atoi(n.c_str());
-    if (v < 32 || v > 1024 || v % 32 != 0)
-      throw Error("KILN_CUDA_THREADS_PER_BLOCK",
-                  "must be a multiple of 32 in [32, 1024], got \"" + n + "\"");
-    t.threads_per_block = v;
-  }
-  if (std::string n = env("KILN_CUDA_ELEMENTS_PER_THREAD"); !n.empty()) {
-    int v = std::atoi(n.c_str());
-    if (v < 1 || v > 16)
-      throw Error("KILN_CUDA_ELEMENTS_PER_THREAD", "must be in [1, 16], got \"" + n + "\"");
-    t.elements_per_thread = v;
-  }
-  if (std::string n = env("KILN_CUDA_ROW_LANES"); !n.empty()) {
-    if (n != "1" && n != "32")
-      throw Error("KILN_CUDA_ROW_LANES", "must be 1 or 32, got \"" + n + "\"");
-    t.row_lanes = std::atoi(n.c_str());
-  }
+  // Parsed strictly, a bad value warned about once and the default kept: atoi read "64abc" as 64
+  // and 4294967360 as 64, and a value it rejected threw from every compile.
+  t.threads_per_block = static_cast<int>(
+      env_int("KILN_CUDA_THREADS_PER_BLOCK", t.threads_per_block, 32, 1024,
+              "a multiple of 32 in [32, 1024]", [](int64_t v) { return v % 32 == 0; }));
+  t.elements_per_thread = static_cast<int>(
+      env_int("KILN_CUDA_ELEMENTS_PER_THREAD", t.elements_per_thread, 1, 16, "1 to 16"));
+  t.row_lanes = static_cast<int>(env_int("KILN_CUDA_ROW_LANES", t.row_lanes, 1, 32, "1 or 32",
+                                         [](int64_t v) { return v == 1 || v == 32; }));
   return t;
 }
 

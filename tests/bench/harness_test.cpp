@@ -213,3 +213,26 @@ TEST_CASE("harness: KILN_BENCH_DEVICE is cpu, cuda or cuda:N; anything else is a
   }
   ::unsetenv(name);
 }
+
+// Any value but "0" was on: KILN_BENCH_EXPLAIN=false printed explain(), KILN_BENCH_FULL=off ran
+// the original sizes. They take the words of every boolean KILN_* switch (core/env.h).
+TEST_CASE("harness: KILN_BENCH_EXPLAIN and KILN_BENCH_FULL are boolean switches") {
+  const std::pair<const char*, bool (*)()> switches[] = {
+      {"KILN_BENCH_EXPLAIN", kb::explain_requested}, {"KILN_BENCH_FULL", kb::full_sizes_requested}};
+  for (auto [name, read] : switches) {
+    INFO(name);
+    ::unsetenv(name);
+    CHECK_FALSE(read());
+    for (const char* on : {"1", "true", "ON", "yes "}) {
+      INFO(on);
+      ::setenv(name, on, 1);
+      CHECK(read());
+    }
+    for (const char* off : {"0", "false", "off", "No", "", "bogus"}) {
+      INFO(off);
+      ::setenv(name, off, 1);
+      CHECK_FALSE(read());
+    }
+    ::unsetenv(name);
+  }
+}

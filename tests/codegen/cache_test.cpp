@@ -2,7 +2,11 @@
 // KILN_LOGS dumps. Results are compared with eager kiln.
 #include <catch2/catch.hpp>
 #include <fmt/format.h>
+#include <fcntl.h>
+#include <grp.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -21,6 +25,7 @@
 
 #include "codegen/cache.h"
 #include "codegen/codegen.h"
+#include "address_limit.h"
 #include "codegen/jit.h"
 #include "kiln/kiln.h"
 
@@ -335,19 +340,141 @@ TEST_CASE("cache: over KILN_CACHE_MAX_SIZE the least recently used entries are r
   }
 }
 
-TEST_CASE("cache: an entry of another codegen version is stale and rebuilt") {
+/// Sets the codegen version for one scope ("" is the real one), then restores the real one.
+struct ScopedVersion {
+  explicit ScopedVersion(const std::string& v) { codegen::set_codegen_version_for_testing(v); }
+  ~ScopedVersion() { codegen::set_codegen_version_for_testing(""); }
+};
+
+// Two builds sharing a directory deleted each other's entries as stale ("stale entry
+// (version)"), so neither ever hit. The version is now in the entry's name, as ccache does.
+TEST_CASE("cache: builds of two codegen versions sharing a directory both hit") {
   TempCache cache;
   ir::Graph g = chain({3, 4});
-  codegen::set_codegen_version_for_testing("kiln-codegen 0 (test)");
-  codegen::Executable old = compile_fresh(g);
-  codegen::set_codegen_version_for_testing("");
-  CHECK(old.stats().source == Source::Compiled);
+  for (const char* v : {"kiln-codegen 0 (test)", ""}) {
+    ScopedVersion version(v);
+    codegen::Executable first = compile_fresh(g);
+    CHECK(first.stats().source == Source::Compiled);
+    CHECK(first.stats().disk_note.empty());
+  }
+  CHECK(cache.entries().size() == 2);  // one each
+  for (int round = 0; round < 3; ++round) {
+    for (const char* v : {"kiln-codegen 0 (test)", ""}) {
+      INFO(round << " " << v);
+      ScopedVersion version(v);
+      codegen::Executable hit = compile_fresh(g);
+      CHECK(hit.stats().source == Source::DiskCache);
+      check_chain(hit, {3, 4});
+    }
+  }
+  CHECK(cache.entries().size() == 2);
+}
+
+TEST_CASE("cache: an entry that holds another codegen version is stale and rebuilt") {
+  TempCache cache;
+  ir::Graph g = chain({3, 4});
+  fs::path old_entry, entry;
+  {
+    ScopedVersion version("kiln-codegen 0 (test)");
+    compile_fresh(g);
+    REQUIRE(cache.entries().size() == 1);
+    old_entry = cache.entries()[0];
+  }
+  compile_fresh(g);
+  REQUIRE(cache.entries().size() == 2);
+  entry = cache.entries()[cache.entries()[0] == old_entry ? 1 : 0];
+  fs::copy_file(old_entry, entry, fs::copy_options::overwrite_existing);  // as if damaged
   codegen::Executable rebuilt = compile_fresh(g);
   CHECK(rebuilt.stats().source == Source::Compiled);
   CHECK(rebuilt.stats().disk_note == "stale entry (version)");
   check_chain(rebuilt, {3, 4});
-  CHECK(cache.entries().size() == 1);  // replaced, not added
+  CHECK(cache.entries().size() == 2);  // replaced, not added
   CHECK(compile_fresh(g).stats().source == Source::DiskCache);
+  ScopedVersion version("kiln-codegen 0 (test)");
+  CHECK(compile_fresh(g).stats().source == Source::DiskCache);  // the old one is untouched
+}
+
+/// The names in `dir` that are writers' temporary files.
+static std::vector<std::string> temporary_files(const std::string& dir) {
+  std::vector<std::string> out;
+  for (const auto& e : fs::directory_iterator(dir))
+    if (e.path().filename().string().find(".tmp.") != std::string::npos)
+      out.push_back(e.path().filename().string());
+  return out;
+}
+
+// Under `ulimit -f` an entry larger than the limit killed the process with SIGXFSZ in the
+// middle of its write, leaving the temporary file. The signal comes only from a write crossing
+// the limit, so an entry of exactly the limit is written and a larger one skipped.
+TEST_CASE("cache: an entry over the file size limit (ulimit -f) is not written, no SIGXFSZ") {
+  TempCache cache;
+  ir::Graph g = chain({100});
+  compile_fresh(g);
+  REQUIRE(cache.entries().size() == 1);
+  const fs::path entry = cache.entries()[0];
+  const auto size = static_cast<rlim_t>(fs::file_size(entry));
+  for (rlim_t limit : {size - 1, size / 4, size}) {
+    INFO("limit " << limit << ", entry " << size);
+    fs::remove(entry);
+    const int status = testing::status_of_child([&] {
+      // Output to a file past the limit would raise SIGXFSZ too.
+      const int null = ::open("/dev/null", O_WRONLY);
+      ::dup2(null, 1);
+      ::dup2(null, 2);
+      rlimit r{limit, limit};
+      if (::setrlimit(RLIMIT_FSIZE, &r) != 0) return 10;
+      codegen::Executable exe = compile_fresh(g);
+      if (exe.stats().source != Source::Compiled) return 11;
+      const bool fits = limit >= size;
+      if (exe.stats().disk_note != (fits ? "" : "not written (over the file size limit)"))
+        return 12;
+      Tensor x = randn({100}), y = randn({100});
+      return max_abs_diff(exe.run({x, y})[0], eager_chain(x, y)) < 1e-5 ? 0 : 13;
+    });
+    CHECK(WIFEXITED(status));
+    CHECK_FALSE(WIFSIGNALED(status));  // SIGXFSZ
+    if (WIFEXITED(status)) CHECK(WEXITSTATUS(status) == 0);
+    CHECK(temporary_files(cache.dir).empty());
+    CHECK(fs::exists(entry) == (limit >= size));
+    if (fs::exists(entry)) CHECK(compile_fresh(g).stats().source == Source::DiskCache);
+  }
+}
+
+// One failed write put the directory on a "do not use" list, so a read-only cache filled
+// beforehand (or one full for a moment) served none of the entries it had.
+TEST_CASE("cache: after a failed write the directory is still read, no longer written") {
+  TempCache cache;
+  ir::Graph g = chain({9}), other = chain({10}), third = chain({11});
+  compile_fresh(g);
+  REQUIRE(cache.entries().size() == 1);
+  // Root ignores the permissions: it runs the checks as nobody in a child process instead.
+  const bool root = ::geteuid() == 0;
+  if (root) REQUIRE(::chown(cache.dir.c_str(), 65534, 65534) == 0);
+  REQUIRE(::chmod(cache.dir.c_str(), 0555) == 0);
+  const int status = testing::status_of_child([&] {
+    if (root && (::setgroups(0, nullptr) != 0 || ::setresgid(65534, 65534, 65534) != 0 ||
+                 ::setresuid(65534, 65534, 65534) != 0))
+      return 20;
+    const int null = ::open("/dev/null", O_WRONLY);
+    ::dup2(null, 2);  // the warning
+    codegen::Executable hit = compile_fresh(g);
+    if (hit.stats().source != Source::DiskCache) return 21;
+    codegen::Executable failed = compile_fresh(other);  // the write fails: EACCES
+    if (failed.stats().source != Source::Compiled) return 22;
+    codegen::Executable still_hit = compile_fresh(g);
+    if (still_hit.stats().source != Source::DiskCache) return 23;
+    Tensor x = randn({9}), y = randn({9});
+    if (max_abs_diff(still_hit.run({x, y})[0], eager_chain(x, y)) >= 1e-5) return 24;
+    if (failed.stats().disk_note.rfind("not written (unwritable cache dir: ", 0) != 0) return 25;
+    codegen::Executable not_tried = compile_fresh(third);
+    if (not_tried.stats().disk_note != "not written (unwritable cache dir)") return 26;
+    if (not_tried.stats().disk_ms != 0) return 27;
+    return 0;
+  });
+  ::chmod(cache.dir.c_str(), 0755);
+  REQUIRE(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);  // otherwise the number of the check that failed
+  CHECK(cache.entries().size() == 1);
 }
 
 TEST_CASE("cache: an unusable or disabled cache dir still compiles") {
@@ -359,11 +486,11 @@ TEST_CASE("cache: an unusable or disabled cache dir still compiles") {
     ScopedEnv env("KILN_CACHE_DIR", (file + "/kiln").c_str());
     codegen::Executable a = compile_fresh(g);
     CHECK(a.stats().source == Source::Compiled);
-    CHECK(a.stats().disk_note == "disabled (unwritable cache dir)");
+    CHECK(a.stats().disk_note == "not written (unwritable cache dir: Not a directory)");
     check_chain(a, {8});
-    codegen::Executable b = compile_fresh(g);  // not tried again
+    codegen::Executable b = compile_fresh(g);  // not written again
     CHECK(b.stats().source == Source::Compiled);
-    CHECK(b.stats().disk_note == "disabled (unwritable cache dir)");
+    CHECK(b.stats().disk_note == "not written (unwritable cache dir)");
     CHECK(b.stats().disk_ms == 0);
   }
   SECTION("KILN_CACHE_DIR empty") {

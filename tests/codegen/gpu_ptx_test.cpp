@@ -11,6 +11,8 @@
 #include <regex>
 #include <set>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "backends/cuda/driver.h"
 #include "codegen/codegen.h"
@@ -356,6 +358,47 @@ TEST_CASE("gpu ptx: the target chip and block size come from GpuTarget") {
   // Different targets are different cache entries.
   codegen::Executable sm90(g, cuda_options());
   CHECK(sm90.ptx().find(".target sm_90") != std::string::npos);
+}
+
+// atoi read "64abc" as 64, 4294967360 (2^32 + 64) as 64 and "2.9" as 2, and "32 " threw from
+// every compile; now the whole value must be an integer in range, else the default is kept.
+TEST_CASE("gpu target: KILN_CUDA_* integers are parsed strictly; a bad one keeps the default") {
+  const codegen::GpuTarget defaults;
+  struct Var {
+    const char* name;
+    int codegen::GpuTarget::*field;
+    std::vector<std::pair<const char*, int>> good;
+    std::vector<const char*> bad;
+  };
+  const Var vars[] = {
+      {"KILN_CUDA_THREADS_PER_BLOCK", &codegen::GpuTarget::threads_per_block,
+       {{"64", 64}, {"32 ", 32}, {" 1024", 1024}},
+       {"64abc", "4294967360", "2.9", "48", "0", "-64", "2048", "abc"}},
+      {"KILN_CUDA_ELEMENTS_PER_THREAD", &codegen::GpuTarget::elements_per_thread,
+       {{"1", 1}, {"16 ", 16}, {"\t8", 8}},
+       {"2.9", "4294967298", "17", "0", "8x", "-1"}},
+      {"KILN_CUDA_ROW_LANES", &codegen::GpuTarget::row_lanes,
+       {{"1", 1}, {" 32 ", 32}},
+       {"1x", "4294967297", "16", "0", "32.0"}},
+  };
+  for (const Var& var : vars) {
+    INFO(var.name);
+    ::unsetenv(var.name);
+    CHECK(codegen::GpuTarget::from_env().*var.field == defaults.*var.field);
+    for (auto [text, value] : var.good) {
+      INFO(text);
+      ::setenv(var.name, text, 1);
+      CHECK(codegen::GpuTarget::from_env().*var.field == value);
+    }
+    for (const char* text : var.bad) {
+      INFO(text);
+      ::setenv(var.name, text, 1);
+      codegen::GpuTarget t;
+      CHECK_NOTHROW(t = codegen::GpuTarget::from_env());
+      CHECK(t.*var.field == defaults.*var.field);
+    }
+    ::unsetenv(var.name);
+  }
 }
 
 TEST_CASE("gpu ptx: CUDA executables without a device refuse to run") {
