@@ -40,9 +40,11 @@
 ///  * KILN_LOGS=recompiles,guards,graph,breaks prints those events to stderr.
 #include <array>
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <memory>
 #include <optional>
+#include <ranges>
 #include <string>
 #include <string_view>
 #include <tuple>
@@ -83,14 +85,46 @@ std::optional<std::basic_string_view<C>> text_of(const void* p) {
   return std::basic_string_view<C>(static_cast<const C*>(p));
 }
 
-// Guards an argument of a copyable, equality-comparable type by its value.
+template <class T> struct is_optional : std::false_type {};
+template <class T> struct is_optional<std::optional<T>> : std::true_type {};
+template <class T> struct is_pair : std::false_type {};
+template <class A, class B> struct is_pair<std::pair<A, B>> : std::true_type {};
+
+// The equality of a guard on a value: floating-point numbers by their bits, NaN equal to NaN
+// (-0.0 and 0.0 differ: x / v[0] is -inf and inf), as host scalar arguments are compared;
+// optionals, pairs and ranges (vector, array) element by element; anything else with ==.
+// (Break-it pass: a std::vector<double>{-0.0} replayed the trace of {0.0}, and an optional NaN
+// never equalled itself, tracing until the cache limit.)
+template <class T> bool same_value(const T& a, const T& b) {
+  if constexpr (std::is_floating_point_v<T>) {
+    return std::memcmp(&a, &b, sizeof a) == 0 || (a != a && b != b);
+  } else if constexpr (is_optional<T>::value) {
+    return a.has_value() == b.has_value() && (!a || same_value(*a, *b));
+  } else if constexpr (is_pair<T>::value) {
+    return same_value(a.first, b.first) && same_value(a.second, b.second);
+  } else if constexpr (std::ranges::forward_range<const T>) {
+    using E = std::remove_cvref_t<std::ranges::range_reference_t<const T>>;
+    if constexpr (std::is_same_v<E, T>) {  // a range of itself (a path): no recursion
+      return static_cast<bool>(a == b);
+    } else {
+      auto i = std::ranges::begin(a), j = std::ranges::begin(b);
+      for (; i != std::ranges::end(a) && j != std::ranges::end(b); ++i, ++j)
+        if (!same_value<E>(*i, *j)) return false;
+      return i == std::ranges::end(a) && j == std::ranges::end(b);
+    }
+  } else {
+    return static_cast<bool>(a == b);
+  }
+}
+
+// Guards an argument of a copyable, equality-comparable type by its value (same_value).
 template <class D> void guard_by_value(const D& a, ArgValue& v) {
   v.other = &a;
   v.other_copy = [](const void* p) -> std::shared_ptr<const void> {
     return std::make_shared<D>(*static_cast<const D*>(p));
   };
   v.other_equal = [](const void* x, const void* y) {
-    return static_cast<bool>(*static_cast<const D*>(x) == *static_cast<const D*>(y));
+    return same_value(*static_cast<const D*>(x), *static_cast<const D*>(y));
   };
 }
 

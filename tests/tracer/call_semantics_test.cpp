@@ -6,6 +6,7 @@
 #include <catch2/catch.hpp>
 
 #include <cstring>
+#include <cmath>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -711,4 +712,25 @@ TEST_CASE("compile: a captured tensor's guard that fails raises before the repla
   CHECK(vec(f(x)) == std::vector<float>(4, 10.f));
   CHECK(vec(x) == std::vector<float>(4, 5.f));
   CHECK(f.compile_count() == 3);
+}
+
+// Break-it pass: values guarded by == took -0.0 for 0.0 (x / v[0] replayed inf for -inf) and
+// never matched a NaN (a trace per call until the cache limit).
+TEST_CASE("compile: vectors and optionals of doubles are guarded as double arguments are",
+          "[compile]") {
+  Tensor x = ones({2});
+  auto divide = [](const Tensor& t, const std::vector<double>& v) { return t / v[0]; };
+  auto f = compile(divide);
+  for (double d : {0.0, 0.0, -0.0, -0.0, 0.0}) {
+    INFO("v[0] = " << d);
+    CHECK(f(x, std::vector<double>{d}).to_vector<float>() ==
+          divide(x, std::vector<double>{d}).to_vector<float>());
+  }
+  CHECK(f.compile_count() == 2);
+  auto g = compile([](const Tensor& t, std::optional<double> s) { return t * s.value_or(1.0); });
+  for (int i = 0; i < 4; ++i)
+    CHECK(std::isnan(g(x, std::optional<double>(std::nan(""))).to_vector<float>()[0]));
+  CHECK(g.compile_count() == 1);
+  CHECK(g(x, std::nullopt).to_vector<float>() == std::vector<float>{1, 1});
+  CHECK(g.compile_count() == 2);
 }
