@@ -661,6 +661,8 @@ struct CompiledFunction::Impl {
   }
   std::atomic<int> traces{0};
   std::atomic<bool> eager_only{false};
+  std::atomic<bool> limit_reached{false};  // cache_size_limit: no more traces (see trace())
+  std::string limit_reason;
   // Counts the traces that finished and the resets: a trace that ran the function while
   // another changed the cache is not cached (see trace()).
   uint64_t generation = 0;
@@ -711,6 +713,8 @@ void CompiledFunction::reset() {
   impl_->traces = 0;
   impl_->eager_only = false;
   impl_->eager_reason.clear();
+  impl_->limit_reached = false;
+  impl_->limit_reason.clear();
 }
 
 namespace {
@@ -1568,11 +1572,15 @@ std::vector<OutValue> CompiledFunction::Impl::trace(
   for (auto& e : entries) leaves += e->root->leaves();
   std::string reason = miss_reason;
   if (reason.empty()) reason = closest_entry_failure(entries, args);
+  // Past the limit no call traces: one that matches no entry runs eagerly, and those that
+  // match one still replay it (they all ran eagerly, as torch.compile's do not: a function
+  // alternating between 9 shapes lost its 8 compiled ones).
   if (leaves >= options.cache_size_limit && !unchecked) {
-    if (!eager_only.exchange(true)) {
-      eager_reason = fmt::format("cache limit reached; the guard that kept failing: {}", reason);
+    if (!limit_reached.exchange(true)) {
+      limit_reason = fmt::format("the guard that kept failing: {}", reason);
       fmt::print(stderr,
-                 "kiln.compile: '{}' reached cache_size_limit ({}); it runs eagerly from now on. "
+                 "kiln.compile: '{}' reached cache_size_limit ({}); calls that match none of "
+                 "its entries run eagerly from now on (those that match one still replay it). "
                  "The guard that keeps failing: {}\n",
                  name, options.cache_size_limit, reason);
     }
@@ -2062,6 +2070,10 @@ std::string CompiledFunction::explain() const {
   if (im.eager_only)
     out += fmt::format("  runs eagerly from now on ({} eager call(s)): {}\n", im.eager_calls.load(),
                        im.eager_reason);
+  else if (im.limit_reached)
+    out += fmt::format("  cache limit reached: calls that match no entry run eagerly ({} so far), "
+                       "the others replay their entry; {}\n",
+                       im.eager_calls.load(), im.limit_reason);
   for (auto& e : im.entries) {
     out += fmt::format("specialisation #{} ({}; {} replay(s)):\n  guards:\n", e->id, e->reason,
                        e->hits.load());

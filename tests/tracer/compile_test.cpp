@@ -410,6 +410,13 @@ TEST_CASE("compile: cache_size_limit falls back to eager with one warning", "[co
   CHECK(f.cache_entries() == 3);
   CHECK(contains(f.explain(), "cache limit reached"));
   CHECK(contains(f.explain(), "size of dim 0 is"));
+  CHECK(contains(f.explain(), "(3 so far)"));  // sizes 4, 5, 6
+  // Calls that match an entry still replay it (they all ran eagerly once the limit was hit).
+  for (int64_t n : {2, 2, 3, 7})
+    CHECK(vec(f(zeros({n}))) == std::vector<float>(n, 1));
+  CHECK(f.compile_count() == 3);
+  CHECK(contains(f.explain(), "(4 so far)"));  // size 7
+  CHECK(contains(f.explain(), "size of dim 0 is 2, expected 1; 2 replay(s))"));
 }
 
 TEST_CASE("compile: a recompile's reason is told against the closest specialisation",
