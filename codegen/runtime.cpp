@@ -28,11 +28,11 @@ namespace {
 // (newest first, numbered), and an AllocationFailureScope frees those numbered since it began.
 // Compiled code frees a block on the thread that allocated it: a loop body run on the pool
 // (an outlined parallel region) cannot pass a buffer out of it.
-struct ThreadCache;
+struct LiveBlocks;
 struct Block {
   size_t capacity;  // bytes after the header
   uint64_t serial;  // the owner's allocation count when handed out
-  ThreadCache* owner;
+  LiveBlocks* owner;
   Block* prev;  // the owner's live blocks: newer
   Block* next;  // older
 };
@@ -58,19 +58,26 @@ struct ThreadCache {
   };
   Slot slots[kSlots];
   size_t count = 0;
-  size_t bytes = 0;      // capacities of the cached blocks
-  Block* live = nullptr;  // blocks handed out and not freed, newest first
-  uint64_t serial = 0;    // blocks handed out so far
-  size_t failed_bytes = 0;  // the size of an allocation that failed (kiln_rt_allocation_failed)
+  size_t bytes = 0;  // capacities of the cached blocks
   ~ThreadCache() {
     for (size_t i = 0; i < count; ++i)
       cpu::allocator()->deallocate(slots[i].block, slots[i].capacity + kAlignment);
   }
 };
 thread_local ThreadCache t_cache;
+// The blocks a thread handed out, apart from ThreadCache: trivially destructible, so that an
+// AllocationFailureScope around code that allocates nothing never makes glibc register a
+// thread-local destructor (which aborts when memory has run out, break-it pass).
+struct LiveBlocks {
+  Block* live;          // handed out and not freed, newest first
+  uint64_t serial;      // blocks handed out so far
+  size_t failed_bytes;  // the size of an allocation that failed (kiln_rt_allocation_failed)
+};
+static_assert(std::is_trivially_destructible_v<LiveBlocks>);
+thread_local LiveBlocks t_live{};
 std::atomic<uint64_t> g_foreign_frees{0};
 
-void link(ThreadCache& c, Block* b) {
+void link(LiveBlocks& c, Block* b) {
   b->serial = c.serial++;
   b->owner = &c;
   b->prev = nullptr;
@@ -79,7 +86,7 @@ void link(ThreadCache& c, Block* b) {
   c.live = b;
 }
 
-void unlink(ThreadCache& c, Block* b) {
+void unlink(LiveBlocks& c, Block* b) {
   (b->prev ? b->prev->next : c.live) = b->next;
   if (b->next) b->next->prev = b->prev;
 }
@@ -97,7 +104,7 @@ void* rt_malloc(size_t nbytes) {
       auto* hit = static_cast<Block*>(c.slots[i].block);
       c.slots[i] = c.slots[--c.count];
       c.bytes -= capacity;
-      link(c, hit);
+      link(t_live, hit);
       return reinterpret_cast<char*>(hit) + kAlignment;
     }
   }
@@ -109,7 +116,7 @@ void* rt_malloc(size_t nbytes) {
   }
   auto* block = static_cast<Block*>(base);
   block->capacity = capacity;
-  link(c, block);
+  link(t_live, block);
   return static_cast<char*>(base) + kAlignment;
 }
 
@@ -133,15 +140,14 @@ void release(ThreadCache& c, Block* block) {
 void rt_free(void* ptr) {
   if (!ptr) return;
   auto* block = reinterpret_cast<Block*>(static_cast<char*>(ptr) - kAlignment);
-  ThreadCache& c = t_cache;
-  if (block->owner != &c) {
+  if (block->owner != &t_live) {
     // Not expected (see Block): the owner's list cannot be changed from here, so the block
     // stays linked there, unused, and foreign_block_frees() counts it.
     g_foreign_frees.fetch_add(1, std::memory_order_relaxed);
     return;
   }
-  unlink(c, block);
-  release(c, block);
+  unlink(t_live, block);
+  release(t_cache, block);
 }
 
 void* rt_aligned_alloc(size_t alignment, size_t nbytes) {
@@ -150,13 +156,13 @@ void* rt_aligned_alloc(size_t alignment, size_t nbytes) {
 
 // Compiled code calls this when an allocation returned null, then returns (alloc_checks.cpp).
 void rt_allocation_failed(int64_t nbytes) {
-  ThreadCache& c = t_cache;
+  LiveBlocks& c = t_live;
   if (!c.failed_bytes) c.failed_bytes = static_cast<size_t>(std::max<int64_t>(nbytes, 1));
 }
 
 // Compiled code calls this after a call that may have failed (a parallel region, a function
 // of its own that allocates) and returns when it is true.
-bool rt_failed() { return t_cache.failed_bytes != 0; }
+bool rt_failed() { return t_live.failed_bytes != 0; }
 
 /// C[i] = op(A[i]) · op(B[i]) + beta · C[i] for i < batch (beta 0 or 1; op(X) = Xᵀ when trans_x
 /// is 1, BLAS conventions: lda/ldb are the stored matrices' row strides; rows_split 1 when C's
@@ -264,31 +270,31 @@ KernelProfileScope::KernelProfileScope(KernelCounter* counters) : previous_(t_ke
 }
 KernelProfileScope::~KernelProfileScope() { t_kernel_counters = previous_; }
 
-AllocationFailureScope::AllocationFailureScope() : first_serial_(t_cache.serial) {}
+AllocationFailureScope::AllocationFailureScope() : first_serial_(t_live.serial) {}
 
 AllocationFailureScope::~AllocationFailureScope() {
-  ThreadCache& c = t_cache;
+  LiveBlocks& c = t_live;
   if (!c.failed_bytes) return;
   // Only blocks of this scope's code: they are the newest, at the front of the list.
   while (c.live && c.live->serial >= first_serial_) {
     Block* b = c.live;
     unlink(c, b);
-    release(c, b);
+    release(t_cache, b);
   }
   c.failed_bytes = 0;
 }
 
-size_t AllocationFailureScope::failed_bytes() const { return t_cache.failed_bytes; }
+size_t AllocationFailureScope::failed_bytes() const { return t_live.failed_bytes; }
 
 void note_allocation_failure(size_t nbytes) { rt_allocation_failed(static_cast<int64_t>(nbytes)); }
 
 void fail_intermediate_allocation_for_testing(int64_t n) { g_fail_countdown.store(n); }
 
-uint64_t intermediate_allocations_on_this_thread() { return t_cache.serial; }
+uint64_t intermediate_allocations_on_this_thread() { return t_live.serial; }
 
 size_t live_intermediate_blocks_on_this_thread() {
   size_t n = 0;
-  for (const Block* b = t_cache.live; b; b = b->next) ++n;
+  for (const Block* b = t_live.live; b; b = b->next) ++n;
   return n;
 }
 

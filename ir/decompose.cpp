@@ -208,7 +208,8 @@ mlir::Value nll_loss(Emitter& E, mlir::Value x, mlir::Value target, const OpAttr
   // narrows. Compared in int64, as eager does: an int32 target compared with 2^32 + 1 narrowed
   // to 1 ignored every target 1 (break-it pass).
   mlir::Value wide = cast_to(E, target, E.b.getI64Type());
-  mlir::Value ignore = E.scalar(E.b.getI64Type(), static_cast<double>(a.ignore_index));
+  mlir::Value ignore = splat_integer(E.b, E.loc, mlir::RankedTensorType::get({}, E.b.getI64Type()),
+                                     a.ignore_index);  // exact: INT64_MAX as a sentinel too
   mlir::Value valid = E.op(OpKind::Ne, wide, ignore);
   mlir::Value loss = E.where(valid, E.op(OpKind::Neg, picked), zero);
   if (a.mode == 0) return loss;

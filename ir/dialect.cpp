@@ -414,6 +414,12 @@ mlir::Value splat_constant(mlir::OpBuilder& b, mlir::Location loc, mlir::RankedT
   return ConstantOp::create(b, loc, type, mlir::DenseElementsAttr::get(type, scalar));
 }
 
+mlir::Value splat_integer(mlir::OpBuilder& b, mlir::Location loc, mlir::RankedTensorType type,
+                          int64_t value) {
+  mlir::Attribute scalar = b.getIntegerAttr(type.getElementType(), value);
+  return ConstantOp::create(b, loc, type, mlir::DenseElementsAttr::get(type, scalar));
+}
+
 // ---------------------------------------------------------------------------------------------
 // Verifiers: every op checks `kind` against the op table and its types against infer_meta.
 

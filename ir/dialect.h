@@ -66,6 +66,10 @@ inline constexpr char kWidenedFloat32SumAttr[] = "kiln_widened_float32_sum";
 /// A kiln.constant of `type` with every element `value`.
 mlir::Value splat_constant(mlir::OpBuilder& b, mlir::Location loc, mlir::RankedTensorType type,
                            double value);
+/// A kiln.constant of integer `type` with every element `value`, exactly (a double holds
+/// integers up to 2^53 only).
+mlir::Value splat_integer(mlir::OpBuilder& b, mlir::Location loc, mlir::RankedTensorType type,
+                          int64_t value);
 
 /// The two dims a kiln.view "transpose" swaps, wrapped into [0, rank) (negative dims count
 /// from the end) and ordered: (min, max).

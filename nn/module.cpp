@@ -178,14 +178,14 @@ void Module::guard_submodules(Loc loc) const {
                loc);
 }
 
-void Module::train(bool on) {
+void Module::train(bool on, Loc loc) {
   *training_.cell = on;
   // Inside a compiled function: repeated on every call, and the function's later
   // is_training() reads are its own value, not guards (dispatch::note_host_write).
   if (dispatch::tracer_hook())
     dispatch::note_host_write(training_.cell.get(), name() + (on ? ".train()" : ".eval()"),
-                              [cell = training_.cell, on] { *cell = on; }, Loc::current());
-  for (auto& [n, m] : children_) m->train(on);
+                              [cell = training_.cell, on] { *cell = on; }, user_facing(loc));
+  for (auto& [n, m] : children_) m->train(on, loc);
 }
 
 void Module::zero_grad() { kiln::zero_grad(parameters()); }

@@ -53,9 +53,10 @@ class Module {
     return children_;
   }
 
-  /// Sets training mode here and in every submodule (affects Dropout).
-  virtual void train(bool on = true);
-  void eval() { train(false); }
+  /// Sets training mode here and in every submodule (affects Dropout). `loc` names the call in
+  /// explain() where a compiled function makes it.
+  virtual void train(bool on = true, Loc loc = Loc::current());
+  void eval(Loc loc = Loc::current()) { train(false, loc); }
   /// Whether the module is in training mode. Inside a compiled function (kiln::compile of the
   /// module, or of a function that calls it) the read is a guarded host value, like
   /// kiln::guarded: the compiled function checks the flag on every call, so train() / eval()

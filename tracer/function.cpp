@@ -65,16 +65,16 @@ bool is_arg_or_captured(const Program& p, int v) {
                       p.sources[src].kind == SourceKind::Captured);
 }
 
-// Whether `t`'s autograd graph reaches one of the trace's arguments or captured tensors (a
-// leaf's AccumulateGrad, a non-leaf's grad_fn); leaves made inside the function
-// (requires_grad_) do not count.
-bool reaches_source_leaf(const Recorder& rec, const Program& p, const Tensor& t) {
+// Whether `t`'s autograd graph reaches a leaf the function made require grad itself
+// (requires_grad_ on a tensor it made): not one of the trace's arguments or captured tensors,
+// nor a tensor behind a non-leaf argument's grad_fn (made before the call).
+bool reaches_made_inside_leaf(const Recorder& rec, const Program& p, const Tensor& t) {
   std::vector<const TensorImpl*> sources;
   std::set<const autograd::Node*> source_nodes;  // a non-leaf argument's grad_fn
   for (size_t u = 0; u < p.values.size(); ++u) {
     if (!is_arg_or_captured(p, int(u))) continue;
     if (Tensor s = rec.tensor(int(u)); s.defined() && s.requires_grad()) {
-        sources.push_back(s.impl_ptr().get());
+      sources.push_back(s.impl_ptr().get());
       if (!s.is_leaf()) source_nodes.insert(autograd::gradient_edge(s).fn.get());
     }
   }
@@ -83,10 +83,9 @@ bool reaches_source_leaf(const Recorder& rec, const Program& p, const Tensor& t)
   while (!stack.empty()) {
     std::shared_ptr<autograd::Node> n = std::move(stack.back());
     stack.pop_back();
-    if (!n || !seen.insert(n.get()).second) continue;
-    if (source_nodes.count(n.get())) return true;
+    if (!n || source_nodes.count(n.get()) || !seen.insert(n.get()).second) continue;
     if (auto* acc = dynamic_cast<autograd::AccumulateGrad*>(n.get()))
-      if (std::ranges::find(sources, acc->leaf().get()) != sources.end()) return true;
+      if (std::ranges::find(sources, acc->leaf().get()) == sources.end()) return true;
     for (const autograd::Edge& e : n->next_edges) stack.push_back(e.fn);
   }
   return false;
@@ -1651,13 +1650,13 @@ std::vector<OutValue> CompiledFunction::Impl::trace(
       if (v >= 0 && o.tensor.is_leaf() &&
           (!o.tensor.is_same(rec.tensor(v)) || (o.tensor.requires_grad() && made_inside())))
         prog->detached_outputs.push_back({k, o.tensor.requires_grad()});
-      // Gradient history only through tensors the function made require grad: the replay's
-      // backward covers the arguments and captured tensors.
+      // Gradient history through a tensor the function made require grad: the replay's
+      // backward reaches the arguments and captured tensors only.
       if (v >= 0 && o.tensor.requires_grad() && !o.tensor.is_leaf() &&
-          prog->output_dependency.empty() && !reaches_source_leaf(rec, *prog, o.tensor))
+          prog->output_dependency.empty() && reaches_made_inside_leaf(rec, *prog, o.tensor))
         prog->output_dependency = fmt::format(
-            "its output {} requires grad only through tensors it made require grad itself "
-            "(requires_grad_), whose history a replay would not give it", k);
+            "its output {} has gradient history through a tensor it made require grad itself "
+            "(requires_grad_), which a replay would not give it", k);
       prog->output_constants.push_back(o.is_tensor ? Scalar() : o.scalar);
       prog->output_undefined.push_back(undefined);
     }
@@ -1679,10 +1678,11 @@ std::vector<OutValue> CompiledFunction::Impl::trace(
                             "gradient history (CopySlices) that a replay would not record");
     return outs;
   }
-  if (!prog->output_dependency.empty()) {
-    run_eagerly_from_now_on(prog->output_dependency);
-    return outs;
-  }
+  for (const std::string* why : {&prog->output_dependency, &prog->grad_alias_reason})
+    if (!why->empty()) {
+      run_eagerly_from_now_on(*why);
+      return outs;
+    }
   // The function went on after an op raised: its path depends on what the op checked (an
   // index in range), which no guard covers, and a replay would take this path for any values.
   if (!caught_op_error.empty()) {

@@ -65,7 +65,9 @@ struct CompileOptions {
   /// value copied into it: a raw data() pointer taken before the call then no longer points at
   /// its elements. Only tensors that share their buffer with nothing else (no views) are given
   /// another buffer; the others are written in place or copied into. Values, shape, dtype,
-  /// autograd state and every Tensor handle are what eager leaves. Off by default.
+  /// autograd state and every Tensor handle are what eager leaves. A call that raises because
+  /// memory ran out inside the compiled code may leave some of them updated (an optimizer's
+  /// step counters), as eager's in-place ops that ran before such an error do. Off by default.
   bool donate_buffers = false;
   /// Marks a dim dynamic (returns *this for chaining).
   CompileOptions& mark_dynamic(int arg, int dim) {

@@ -199,6 +199,8 @@ struct Program {
   /// Where the function's own code took a pointer to tensor memory (data<T>(), raw_data()):
   /// the function runs eagerly, since a replay would skip what it did through the pointer.
   std::optional<Loc> raw_access;
+  /// Why replays cannot set the .grads the function's backward() set: it runs eagerly.
+  std::string grad_alias_reason;
   /// Outputs the function called retain_grad() on: their replayed tensors retain grad too.
   std::vector<int> retained_outputs;
   /// Tensor arguments (positions) the function called retain_grad() on: a replay calls it on

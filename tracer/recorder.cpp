@@ -446,6 +446,15 @@ void Recorder::finish() {
   }
   for (const Tensor& leaf : grad_leaves_) {
     int lv = lookup(leaf);
+    // A leaf the function made on an argument's memory (w = arg.detach().requires_grad_()):
+    // the program knows only the argument, whose .grad a replay would set (break-it pass).
+    if (const int src = p_.values[lv].source;
+        src >= 0 && p_.grad_alias_reason.empty() && !tensor(lv).is_same(leaf) &&
+        (p_.sources[src].kind == SourceKind::Arg || p_.sources[src].kind == SourceKind::Captured))
+      p_.grad_alias_reason = fmt::format(
+          "backward() set the .grad of a tensor it made on the memory of an argument or captured "
+          "tensor (x.detach().requires_grad_(), shape {}), which a replay cannot tell from it",
+          to_string(leaf.shape()));
     Tensor g = grad_of(leaf);
     p_.grad_assignments.push_back({lv, g.defined() ? lookup(g) : -1});
   }

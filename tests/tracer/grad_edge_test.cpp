@@ -4,6 +4,7 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <functional>
+#include <limits>
 #include <vector>
 
 #include "kiln/kiln.h"
@@ -143,6 +144,25 @@ TEST_CASE("cross_entropy: an ignore_index outside int32 targets' range ignores n
         CHECK(grad[3] == Approx(std::exp(2.0 - lse)));
         CHECK(grad[5] == Approx(std::exp(0.0 - lse) - 1));
       });
+}
+
+// Break-it pass: compiled code made ignore_index a double, so INT64_MAX (a sentinel) and
+// 2^53 + 1 were other numbers, and the targets equal to them were read as class indices.
+TEST_CASE("cross_entropy: an int64 ignore_index beyond 2^53 is compared exactly, compiled",
+          "[compile]") {
+  for (int64_t ignore : {std::numeric_limits<int64_t>::max(), (int64_t{1} << 53) + 1,
+                         -(int64_t{1} << 53) - 1}) {
+    INFO("ignore_index " << ignore);
+    auto loss = [ignore](const Tensor& x, const Tensor& t) {
+      return cross_entropy(x, t, Reduction::None, ignore);
+    };
+    auto f = compile(loss, {.dynamic = Dynamic::Never});
+    Tensor x = tensor({{0.f, 1.f, 2.f}, {2.f, 1.f, 0.f}, {1.f, 1.f, 1.f}});
+    Tensor t = from_vector<int64_t>({0, ignore, 2}, {3});
+    const V want = v(loss(x, t));
+    CHECK(want[1] == 0.f);
+    for (int call = 0; call < 3; ++call) CHECK(v(f(x, t)) == want);
+  }
 }
 
 TEST_CASE("h = x*2; h *= y (and /=, *= scalar) back-propagates with the original h",
