@@ -954,9 +954,13 @@ void Plan::run_compiled(const Region& r, RunState& st) const {
     try {
       outs = exe->run(ins);
     } catch (const Error& e) {
-      // Memory for the region's results ran out: named by the region's first op and the
-      // user's line, as eager names the op that allocates (review: it named kiln's allocator).
-      if (e.op() != "allocate" || r.nodes.empty()) throw;
+      // Memory for the region's results or intermediates ran out: named by the region's first
+      // op and the user's line, as eager names the op that allocates (review: it named kiln's
+      // allocator, or Executable::run and its source line).
+      const bool out_of_memory =
+          e.op() == "allocate" || (e.op() == "codegen::Executable::run" &&
+                                   e.message().find("out of memory") != std::string::npos);
+      if (!out_of_memory || r.nodes.empty()) throw;
       const Node& first = p.nodes[r.nodes.front()];
       throw Error(std::string(op_name(first.op)),
                   fmt::format("{} (in a compiled region of {} ops starting here)", e.message(),
