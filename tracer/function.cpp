@@ -1170,8 +1170,11 @@ bool touches_grads(const Program& p) {
                      [](const Source& s) { return s.kind == SourceKind::GradOf; });
 }
 
-bool effects_while_run(const Program& p) {
-  return !p.write_backs.empty() || p.aliased_mutation ||
+// Write-backs happen after every segment ran (a replay that raises has made none), unless
+// donated buffers are computed in place while it runs (break-it pass: a function that writes
+// an argument and catches an op's error itself got the error on replay).
+bool effects_while_run(const Program& p, bool donate_buffers) {
+  return (donate_buffers && !p.write_backs.empty()) || p.aliased_mutation ||
          std::any_of(p.nodes.begin(), p.nodes.end(),
                      [](const Node& n) { return n.kind == Node::Kind::Callback; });
 }
@@ -1902,7 +1905,7 @@ std::vector<OutValue> CompiledFunction::Impl::trace(
     add_host_values(*failed, *prog);
     failed->draws_random |= draws_random(*prog);
     failed->touches_grads |= touches_grads(*prog);
-    failed->effects_while_run |= effects_while_run(*prog);
+    failed->effects_while_run |= effects_while_run(*prog, options.donate_buffers);
     note_recompile("new branch: " + reason);
     if (log_enabled("graph")) fmt::print(stderr, "kiln.compile: '{}' branch added\n", name);
     return outs;
@@ -2032,7 +2035,7 @@ std::vector<OutValue> CompiledFunction::Impl::trace(
   e->root = make_chain(prog, 0, options);
   e->draws_random = draws_random(*prog);
   e->touches_grads = touches_grads(*prog);
-  e->effects_while_run = effects_while_run(*prog);
+  e->effects_while_run = effects_while_run(*prog, options.donate_buffers);
   confirm_path(*e, *prog, sizes_key(*e, args));  // the trace itself is at these sizes
   if (log_enabled("guards"))
     fmt::print(stderr, "kiln.compile: '{}' guards of specialisation #{}:\n{}", name, e->id,
