@@ -1880,7 +1880,7 @@ std::vector<OutValue> CompiledFunction::Impl::trace(
     if (node.read_index > 0) continue;  // the rest of the same to_vector()
     KILN_CHECK(!options.fullgraph, "compile", node.loc,
                "fullgraph=true, but '{}' reads a tensor value to the host here (item() / "
-               "to_vector() / a comparison used as a C++ bool), which splits the graph",
+               "to_vector() / item<bool>() of a comparison), which splits the graph",
                name);
     if (log_enabled("breaks"))
       fmt::print(stderr, "kiln.compile: '{}': graph break at {}:{} (host read, value {})\n", name,
