@@ -93,8 +93,8 @@ int64_t env_int(const char* name, int64_t otherwise, int64_t min, int64_t max,
     if (ok) n = n * 10 - digit;
   }
   if (ok && v[0] != '-') {
-    ok = n != INT64_MIN;
-    n = -n;
+    ok = n != INT64_MIN;  // 2^63 does not fit; negating it would overflow (UBSan)
+    if (ok) n = -n;
   }
   ok = ok && n >= min && n <= max && (!valid || valid(n));
   if (ok) return n;
