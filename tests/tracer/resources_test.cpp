@@ -356,7 +356,10 @@ TEST_CASE("resources: an intermediate of compiled code out of memory names the u
       }
       codegen::fail_intermediate_allocation_for_testing(-1);
     }
-    CHECK((raised > 0) == donate);
+    // Donated: raises, where the region runs its compiled code (the timing trial may keep
+    // eager kernels, as under KILN_EMULATE_GPU_LOOPS, which allocate nothing of this kind).
+    if (!donate) CHECK(raised == 0);
+    else if (f.explain().find("runs compiled") != std::string::npos) CHECK(raised > 0);
     const Tensor want = p + matmul(x * 2.0, x).sum(0);
     f(p, x);
     CHECK((p - want).abs().max().item<float>() <= 1e-5f * want.abs().max().item<float>());
