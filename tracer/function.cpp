@@ -658,7 +658,8 @@ struct CompiledFunction::Impl {
       ++recompiles_dropped;
     }
   }
-  std::atomic<int> traces{0};
+  std::atomic<int> traces{0};      // traces that made a cache entry (compile_count())
+  std::atomic<int> traces_run{0};  // every trace, also those not cached (explain())
   std::atomic<bool> eager_only{false};
   std::atomic<bool> limit_reached{false};  // cache_size_limit: no more traces (see trace())
   std::string limit_reason;
@@ -710,6 +711,8 @@ void CompiledFunction::reset() {
   impl_->auto_dims.clear();
   impl_->auto_scalars.clear();
   impl_->traces = 0;
+  impl_->traces_run = 0;
+  impl_->size_checks = 0;
   impl_->eager_only = false;
   impl_->eager_reason.clear();
   impl_->limit_reached = false;
@@ -1631,6 +1634,7 @@ std::vector<OutValue> CompiledFunction::Impl::trace(
       if (args[i].kind == ArgValue::Kind::Tensor && retains_grad(args[i].tensor))
         retaining.push_back(int(i));
     outs = invoke();
+    ++traces_run;
     for (size_t i = 0; i < args.size(); ++i)
       if (args[i].kind == ArgValue::Kind::Tensor && retains_grad(args[i].tensor) &&
           std::ranges::find(retaining, int(i)) == retaining.end())
@@ -2059,10 +2063,14 @@ std::string CompiledFunction::explain() const {
   int leaves = 0;
   for (auto& e : im.entries) leaves += e->root->leaves();
   const int confirming = im.size_checks;
+  // Traces that made no entry: the function ran eagerly from then on, or the next call traced
+  // again (an explain() that said "0 trace(s)" for a function traced once confused users).
+  const int not_cached = im.traces_run.load() - im.traces.load() - confirming;
   std::string out = fmt::format(
-      "compiled function '{}': {} trace(s){}, {} cache entr{} (limit {}), backend {}, dynamic "
+      "compiled function '{}': {} trace(s){}{}, {} cache entr{} (limit {}), backend {}, dynamic "
       "{}\n",
-      name_, im.traces.load(),
+      name_, im.traces_run.load() - confirming,
+      not_cached > 0 ? fmt::format(" ({} not cached)", not_cached) : "",
       confirming ? fmt::format(" and {} confirming new sizes (each ran the function)", confirming)
                  : "",
       leaves, leaves == 1 ? "y" : "ies", options_.cache_size_limit,

@@ -94,6 +94,24 @@ TEST_CASE("compile: explain() counts the traces that confirm a symbolic entry at
   CHECK(contains(g.explain(), "2 trace(s) and 2 confirming new sizes (each ran the function)"));
 }
 
+TEST_CASE("compile: explain() counts a trace that made the function run eagerly",
+          "[compile]") {
+  // It said "0 trace(s)" for a function traced once, whose trace made it run eagerly.
+  int runs = 0;
+  auto g = compile([&](const Tensor& x) {
+    ++runs;
+    manual_seed(7);
+    return x * 2.0;
+  });
+  for (int i = 0; i < 3; ++i) CHECK(vec(g(ones({3})))[0] == 2.0f);
+  CHECK(runs == 3);
+  CHECK(g.compile_count() == 0);
+  const std::string ex = g.explain();
+  INFO(ex);
+  CHECK(contains(ex, "1 trace(s) (1 not cached), 0 cache entries"));
+  CHECK(contains(ex, "runs eagerly from now on (2 eager call(s)): it reseeds"));
+}
+
 TEST_CASE("compile: a region far faster one way is chosen after the first timed pair",
           "[compile]") {
   // 24 chained ops on 2^20 elements: on eager kernels each op writes a fresh 4 MiB
