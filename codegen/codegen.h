@@ -173,6 +173,12 @@ enum class InjectedFault {
 };
 void inject_fault_for_testing(InjectedFault fault);
 
+/// Called after each Executable for the CPU is built, with its graph and options (process-wide;
+/// nullptr removes it). For tests: `kiln-fuzz --ptx` compiles every graph the tracer builds for
+/// CUDA too. Returns the previous observer.
+using CompileObserver = void (*)(const ir::Graph& graph, const CompileOptions& options);
+CompileObserver set_compile_observer_for_testing(CompileObserver observer);
+
 /// Selects the stage dumps written to stderr, as a comma list (the same syntax as the env var
 /// KILN_LOGS, which is read once at the first compile; this call replaces it):
 ///   ir      -- the kiln MLIR before lowering, then the MLIR after each stage (linalg fused,

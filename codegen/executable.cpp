@@ -504,6 +504,14 @@ void check_compile_headroom() {
 }
 }  // namespace
 
+namespace {
+std::atomic<CompileObserver> g_compile_observer{nullptr};
+}  // namespace
+
+CompileObserver set_compile_observer_for_testing(CompileObserver observer) {
+  return g_compile_observer.exchange(observer);
+}
+
 Executable::Executable(const ir::Graph& g, const CompileOptions& options) {
   // With kernel timers the text carries the ops' source locations, which name the kernels.
   const bool profile = kernel_profiling(options);
@@ -553,6 +561,8 @@ Executable::Executable(const ir::Graph& g, const CompileOptions& options) {
     ShapeCheck check(g);
     if (check.needed()) impl_->shape_check = std::move(check);
   }
+  if (CompileObserver observe = g_compile_observer.load(); observe && options.device.is_cpu())
+    observe(g, options);
 }
 
 /// Runs the pipeline on the graph's text; fills the metadata and returns the object code.

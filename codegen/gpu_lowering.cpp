@@ -490,6 +490,7 @@ void wrap_host_accesses(mlir::func::FuncOp fn) {
   auto flush = [&] {
     // Sizes read among the run stay outside the loop, ahead of it: split_sums needs a
     // dynamic sum's bounds from outside (a memref.dim reads only the descriptor).
+    // (`sizes`: every memory-free op whose operands come from before the run, see below.)
     if (!run.empty())
       for (mlir::Operation* d : sizes) d->moveBefore(run.front());
     sizes.clear();
@@ -511,11 +512,14 @@ void wrap_host_accesses(mlir::func::FuncOp fn) {
     run.clear();
   };
   for (mlir::Operation& op : llvm::make_early_inc_range(block)) {
-    // Constants stay outside (other nests use them too).
-    if (op.hasTrait<mlir::OpTrait::ConstantLike>()) continue;
-    if (auto d = llvm::dyn_cast<mlir::memref::DimOp>(op)) {
-      bool operands_before = true;  // its memref and index: arguments or earlier ops
-      for (mlir::Value v : d->getOperands())
+    // Sizes, constants (other nests use them too) and other values computed without memory
+    // from values before the run are hoisted ahead of it: a GEMM call's pointers
+    // (extract_aligned_pointer_as_index) taken into the run kept it on the host, and a constant
+    // after the run's first op did not dominate its use in the loop (kiln-fuzz --ptx).
+    if (op.getNumRegions() == 0 && !op.hasTrait<mlir::OpTrait::IsTerminator>() &&
+        mlir::isMemoryEffectFree(&op)) {
+      bool operands_before = true;  // arguments or earlier ops
+      for (mlir::Value v : op.getOperands())
         if (mlir::Operation* def = v.getDefiningOp(); def && llvm::is_contained(run, def))
           operands_before = false;
       if (operands_before) {

@@ -1863,9 +1863,9 @@ std::vector<OutValue> CompiledFunction::Impl::trace(
     Tensor t = s.kind == SourceKind::Arg ? args[s.index].tensor : Tensor(s.captured.lock());
     if (!t.defined() || !t.requires_grad() || t.is_leaf()) continue;
     run_eagerly_from_now_on(fmt::format(
-        "it changes in place an {} that requires grad and has autograd history ({} {}), whose "
+        "it changes in place {} that requires grad and has autograd history ({} {}), whose "
         "new history a replay would not record",
-        s.kind == SourceKind::Arg ? fmt::format("argument ({})", s.index) : "captured tensor",
+        s.kind == SourceKind::Arg ? fmt::format("an argument ({})", s.index) : "a captured tensor",
         kiln::name(t.dtype()), to_string(t.shape())));
     return outs;
   }

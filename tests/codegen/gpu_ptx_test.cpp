@@ -19,6 +19,7 @@
 #include "codegen/strided_read.h"
 #include "gpu_graphs.h"
 #include "kiln/kiln.h"
+#include "ptxas.h"
 
 using namespace kiln;
 
@@ -41,40 +42,14 @@ int count(const std::string& text, const std::string& what) {
 /// `.entry` kernels in `ptx`.
 int entries(const std::string& ptx) { return count(ptx, ".entry"); }
 
-/// ptxas from $CUDA_HOME, /usr/local/cuda or PATH; "" when absent.
-std::string find_ptxas() {
-  for (const char* env : {"CUDA_HOME", "CUDA_PATH"})
-    if (const char* d = std::getenv(env); d && *d && std::filesystem::exists(std::string(d) + "/bin/ptxas"))
-      return std::string(d) + "/bin/ptxas";
-  if (std::filesystem::exists("/usr/local/cuda/bin/ptxas")) return "/usr/local/cuda/bin/ptxas";
-  return std::system("command -v ptxas > /dev/null 2>&1") == 0 ? "ptxas" : "";
-}
-
 /// Assembles `ptx` for sm_90 with ptxas; skips (WARN) when ptxas is not installed.
 void check_assembles(const std::string& ptx, const std::string& name) {
-  std::string ptxas = find_ptxas();
+  std::string ptxas = testing::find_ptxas();
   if (ptxas.empty()) {
     WARN("skipped: ptxas not found (install the CUDA toolkit to check " << name << ")");
     return;
   }
-  auto dir = std::filesystem::temp_directory_path();
-  // Per process: two test runs at once must not read each other's half-written files.
-  const std::string stem = "kiln_" + name + "_" + std::to_string(::getpid());
-  std::string in = (dir / (stem + ".ptx")).string();
-  std::string out = (dir / (stem + ".cubin")).string();
-  std::ofstream(in) << ptx;
-  std::string cmd = ptxas + " -arch=sm_90 " + in + " -o " + out + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  REQUIRE(p);
-  std::string log;
-  char buf[512];
-  while (fgets(buf, sizeof buf, p)) log += buf;
-  int rc = pclose(p);
-  INFO(cmd << "\n" << log);
-  CHECK(rc == 0);
-  CHECK(std::filesystem::file_size(out) > 0);
-  std::filesystem::remove(in);
-  std::filesystem::remove(out);
+  CHECK(testing::ptxas_errors(ptxas, ptx, name) == "");
 }
 
 /// Global loads before the first global store in `ptx`.

@@ -3,48 +3,17 @@
 // with ptxas for sm_90 when the CUDA toolkit is installed. These one-op kernels are what eager
 // ops on CUDA tensors run (codegen/README.md, "GPU").
 #include <catch2/catch.hpp>
-#include <unistd.h>
 
-#include <cstdio>
-#include <filesystem>
-#include <fstream>
 #include <string>
 
 #include "codegen/codegen.h"
+#include "ptxas.h"
 #include "samples.h"
 
 using namespace kiln;
 
-namespace {
-
-std::string ptxas_path() {
-  if (std::filesystem::exists("/usr/local/cuda/bin/ptxas")) return "/usr/local/cuda/bin/ptxas";
-  return std::system("command -v ptxas > /dev/null 2>&1") == 0 ? "ptxas" : "";
-}
-
-/// ptxas's output, "" when it assembled `ptx`.
-std::string assemble(const std::string& ptxas, const std::string& ptx) {
-  // Named per process: ctest runs this file's tests in two processes at once (conformance,
-  // conformance_gpu_loops), and one's ptx was read half written by the other's ptxas.
-  auto dir = std::filesystem::temp_directory_path();
-  const std::string stem = "kiln_op_" + std::to_string(::getpid());
-  std::string in = (dir / (stem + ".ptx")).string(), out = (dir / (stem + ".cubin")).string();
-  std::ofstream(in) << ptx;
-  FILE* p = popen((ptxas + " -arch=sm_90 " + in + " -o " + out + " 2>&1").c_str(), "r");
-  std::string log;
-  char buf[512];
-  while (p && fgets(buf, sizeof buf, p)) log += buf;
-  int rc = p ? pclose(p) : -1;
-  std::error_code ec;
-  std::filesystem::remove(in, ec);
-  std::filesystem::remove(out, ec);
-  return rc == 0 ? "" : "rc " + std::to_string(rc) + ": " + log;
-}
-
-}  // namespace
-
 TEST_CASE("gpu ptx: every op the CPU codegen compiles also compiles to PTX that assembles") {
-  const std::string ptxas = ptxas_path();
+  const std::string ptxas = testing::find_ptxas();
   if (ptxas.empty()) WARN("skipped ptxas checks: ptxas not found (CUDA toolkit not installed)");
   codegen::CompileOptions cpu_opts;
   cpu_opts.disk_cache = false;
@@ -77,7 +46,7 @@ TEST_CASE("gpu ptx: every op the CPU codegen compiles also compiles to PTX that 
     if (ptx.empty()) continue;  // a view or a GEMM alone: no kernel
     ++with_kernels;
     CHECK(ptx.find(".target sm_90") != std::string::npos);
-    if (!ptxas.empty()) CHECK(assemble(ptxas, ptx) == "");
+    if (!ptxas.empty()) CHECK(testing::ptxas_errors(ptxas, ptx, "op") == "");
   }
   WARN("ops compiled for cuda: " << compiled << " (" << with_kernels
                                   << " with kernels); not compiled on either device: "

@@ -15,11 +15,15 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <mutex>
 #include <sstream>
 #include <string>
 
+#include "codegen/codegen.h"
 #include "fuzz/fuzz.h"
+#include "ptxas.h"
 
+using namespace kiln;
 using namespace kiln::fuzz;
 
 namespace {
@@ -69,6 +73,38 @@ void on_crash(int sig) {
   std::raise(sig);
 }
 
+// --ptx: each graph the tracer compiles for the CPU is compiled for CUDA too (PTX, no GPU
+// needed) and assembled with ptxas when it is installed; the first failure is kept.
+std::mutex g_ptx_mu;
+std::string g_ptx_failure, g_ptxas;
+bool g_ptx = false;
+
+void compile_for_cuda(const ir::Graph& g, const codegen::CompileOptions& cpu_options) {
+  codegen::CompileOptions options = cpu_options;
+  options.device = Device::cuda();
+  std::string failure;
+  try {
+    std::string ptx = codegen::Executable(g, options).ptx();
+    if (!ptx.empty() && !g_ptxas.empty()) failure = kiln::testing::ptxas_errors(g_ptxas, ptx, "fuzz");
+  } catch (const Error& e) {
+    failure = fmt::format("the CPU compiled it, the CUDA compile raised: {}", e.what());
+  }
+  std::lock_guard lock(g_ptx_mu);
+  if (!failure.empty() && g_ptx_failure.empty())
+    g_ptx_failure = fmt::format("{}\ngraph:\n{}", failure, g.to_mlir());
+}
+
+// check(p), then (--ptx) the CUDA compiles of the graphs it built.
+std::string check_program(const Program& p) {
+  if (!g_ptx) return check(p);
+  g_ptx_failure.clear();
+  codegen::CompileObserver before = codegen::set_compile_observer_for_testing(compile_for_cuda);
+  std::string d = check(p);
+  codegen::set_compile_observer_for_testing(before);
+  std::lock_guard lock(g_ptx_mu);
+  return !d.empty() || g_ptx_failure.empty() ? d : "PTX for CUDA: " + g_ptx_failure;
+}
+
 // Runs `kiln-fuzz --program FILE` in a child process: "" when it passes, else the failure
 // (a crash included).
 std::string isolated_check(const std::string& self, const Program& p) {
@@ -79,7 +115,8 @@ std::string isolated_check(const std::string& self, const Program& p) {
   (void)!write(fd, text.data(), text.size());
   close(fd);
   std::string out_path = std::string(path) + ".out";
-  std::string cmd = fmt::format("'{}' --program '{}' > '{}' 2>&1", self, path, out_path);
+  std::string cmd = fmt::format("'{}' --program '{}'{} > '{}' 2>&1", self, path,
+                                g_ptx ? " --ptx" : "", out_path);
   int status = std::system(cmd.c_str());
   std::ifstream in(out_path);
   std::stringstream ss;
@@ -129,6 +166,7 @@ int main(int argc, char** argv) {
     else if (a == "--max-seconds") max_seconds = std::strtod(next(), nullptr);
     else if (a == "--isolate") isolate = true;
     else if (a == "--large") large = true;
+    else if (a == "--ptx") g_ptx = true;
     else if (a == "--skip") {  // known failures (README "Findings"): SEED:INDEX,...
       std::stringstream ss(next());
       for (std::string x; std::getline(ss, x, ',');) {
@@ -148,7 +186,7 @@ int main(int argc, char** argv) {
       fmt::print(stderr,
                  "usage: kiln-fuzz [--n N] [--seed S] [--start I] [--index I] [--keep-going] "
                  "[--no-shrink] [--verbose] [--print] [--max-seconds T] [--isolate] "
-                 "[--large] [--program FILE] [--skip SEED:I,...]\n");
+                 "[--large] [--ptx] [--program FILE] [--skip SEED:I,...]\n");
       return 2;
     }
   }
@@ -158,7 +196,7 @@ int main(int argc, char** argv) {
     ss << in.rdbuf();
     Program p = deserialize(ss.str());
     if (print) fmt::print("{}\n", to_cpp(p, "(none: --print)"));
-    std::string d = check(p);
+    std::string d = check_program(p);
     if (d.empty()) return 0;
     fmt::print("FAIL: {}\n", d);
     return 1;
@@ -174,7 +212,13 @@ int main(int argc, char** argv) {
   std::signal(SIGFPE, on_crash);
   std::string self = argv[0];
   g_large = large;  // for the crash handler's message
+  if (g_ptx) {
+    g_ptxas = kiln::testing::find_ptxas();
+    if (g_ptxas.empty())
+      fmt::print("kiln-fuzz --ptx: ptxas not found; the PTX is generated, not assembled\n");
+  }
   Checker checker = nullptr;
+  if (g_ptx) checker = check_program;
   if (isolate) checker = [&self](const Program& q) { return isolated_check(self, q); };
   uint64_t first = only >= 0 ? static_cast<uint64_t>(only) : start;
   uint64_t last = only >= 0 ? first + 1 : end_arg ? end_arg : start + n;
