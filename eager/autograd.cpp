@@ -665,11 +665,23 @@ std::vector<Tensor> run_backward(const std::vector<Edge>& roots, const std::vect
         std::lock_guard lock(node->run_mutex);  // another thread's backward may run it too
         // Not for the tracer's partial derivatives (partial_grads): only a user's backward or
         // grad() fills retained .grads.
+        // The tracer hears of it as of a leaf's (AccumulateGrad::apply): a replay sets the
+        // retained .grad too, summed with the one at the call (it was left unset, or kept its
+        // second call's value: break-it pass).
         for (auto& [nr, weak] : node->retained)
           if (auto impl = weak.lock(); impl && grads[nr].defined() && !stop_at_capture) {
-            Meta& m = ensure_meta(Tensor(impl));
-            if (auto* o = dispatch::write_observer()) o->before_grad_change(Tensor(impl));
+            Tensor t(impl);
+            Meta& m = ensure_meta(t);
+            auto* hook = dispatch::tracer_hook();
+            if (auto* o = dispatch::write_observer()) o->before_grad_change(t);
+            if (hook) {
+              if (m.grad.defined())
+                hook->on_grad_read(t, m.grad);
+              else
+                hook->on_grad_found_undefined(t);
+            }
             m.grad = m.grad.defined() ? add(m.grad, grads[nr]) : private_grad_copy(grads[nr]);
+            if (hook) hook->on_grad_assigned(t);
           }
         if (run) next = node->apply(std::move(grads));
         if (!retain_graph && run) node->release();

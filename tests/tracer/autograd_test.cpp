@@ -322,6 +322,45 @@ TEST_CASE("compile: retain_grad() on an argument and requires_grad_() inside the
   }
 }
 
+TEST_CASE("compile: backward() inside sets the .grad of retained non-leaves on every replay",
+          "[compile][autograd]") {
+  // Found by a break-it pass: the retained .grad was undefined on replays (an output), or kept
+  // its second call's value (an argument), while the leaves' gradients were right.
+  SECTION("an output that retains grad") {
+    auto f = compile([](const Tensor& x) {
+      Tensor h = x * 2.0;
+      h.retain_grad();
+      (h * h).sum().backward();
+      return h;
+    });
+    for (int call = 0; call < 3; ++call) {
+      INFO("call " << call);
+      Tensor x = tensor({1.f, 2.f}).requires_grad_();
+      Tensor h = f(x);
+      REQUIRE(h.grad().defined());
+      CHECK(vec(h.grad()) == std::vector<float>{4, 8});  // d(h*h)/dh = 2h
+      CHECK(vec(x.grad()) == std::vector<float>{8, 16});
+    }
+  }
+  SECTION("a non-leaf argument that retains grad, passed again: its .grad accumulates") {
+    auto f = compile([](const Tensor& y) {
+      Tensor l = (y * y).sum();
+      l.backward();
+      return l;
+    });
+    Tensor x = tensor({1.f, 2.f}).requires_grad_();
+    Tensor y = x + 1.0;  // [2, 3]
+    y.retain_grad();
+    for (int call = 1; call <= 4; ++call) {
+      INFO("call " << call);
+      f(y);
+      const float k = static_cast<float>(call);
+      CHECK(vec(y.grad()) == std::vector<float>{4 * k, 6 * k});  // stuck at call 2's before
+      CHECK(vec(x.grad()) == std::vector<float>{4 * k, 6 * k});
+    }
+  }
+}
+
 TEST_CASE("compile: a second backward through compiled code needs retain_graph, as in eager",
           "[compile][autograd]") {
   auto f = compile([](const Tensor& t) { return (t * t).sum(); });
