@@ -152,6 +152,32 @@ class RowClasses {
 
 }  // namespace
 
+namespace {
+
+// Whether size `v` (a row count) is used only as the rows of new tensors: dim 0 of a
+// tensor.empty, or of a tensor.expand_shape's result, directly or through integer arithmetic
+// (a collapse's rows * T).
+bool sizes_rows_only(mlir::Value v) {
+  for (mlir::OpOperand& use : v.getUses()) {
+    mlir::Operation* user = use.getOwner();
+    if (auto empty = llvm::dyn_cast<mlir::tensor::EmptyOp>(user)) {
+      auto t = llvm::cast<mlir::RankedTensorType>(empty.getType());
+      if (!t.isDynamicDim(0) || use.getOperandNumber() != 0) return false;
+    } else if (auto expand = llvm::dyn_cast<mlir::tensor::ExpandShapeOp>(user)) {
+      auto t = llvm::cast<mlir::RankedTensorType>(expand.getType());
+      // output_shape's dynamic sizes follow the source operand: the first is dim 0's.
+      if (!t.isDynamicDim(0) || use.getOperandNumber() != 1) return false;
+    } else if (llvm::isa<mlir::arith::MulIOp, mlir::arith::DivUIOp, mlir::arith::DivSIOp>(user)) {
+      if (!sizes_rows_only(user->getResult(0))) return false;
+    } else {
+      return false;
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
 RowSplitPlan plan_row_split(mlir::func::FuncOp fn, const std::vector<bool>& equal_rows) {
   RowSplitPlan plan;
   RowClasses classes;
@@ -207,7 +233,18 @@ RowSplitPlan plan_row_split(mlir::func::FuncOp fn, const std::vector<bool>& equa
       rows[op.getResult(0)] = Rows::kNone;
       continue;
     }
-    if (llvm::isa<mlir::tensor::DimOp>(op)) continue;  // dim 0 of a slice is the block's rows
+    if (auto dim = llvm::dyn_cast<mlir::tensor::DimOp>(op)) {
+      // Dim 0 of a sliced value is the block's rows: it may size only results' rows. The rows
+      // of a value passed whole, or rows sizing another dim, do not follow the block: a graph
+      // whose only read of x [?, 1, 1] was x.size(0) (x + x.t() folded to a constant) filled
+      // [n, 1, n] into each block of rows, and overran it (kiln-fuzz --large).
+      std::optional<int64_t> d = dim.getConstantIndex();
+      if (!d) return plan;
+      if (*d == 0 && has_dynamic_rows(dim.getSource()) &&
+          (kind_of(dim.getSource()) != Rows::kYes || !sizes_rows_only(dim.getResult())))
+        return plan;
+      continue;
+    }
     if (auto slice = llvm::dyn_cast<mlir::tensor::ExtractSliceOp>(op)) {
       // A prefix of a value without rows (lower.cpp's slices from 0): read whole by every block.
       if (kind_of(slice.getSource()) != Rows::kNone) return plan;

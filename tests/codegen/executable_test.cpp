@@ -195,6 +195,28 @@ TEST_CASE("Executable: row-parallel graphs equal eager across block boundaries")
     CHECK(max_diff(exe.run({xt, bt})[0], tanh(add(mul(xt, xt), bt))) < 2e-6);
     CHECK_THROWS_AS(exe.run({randn({1236, 301}), bt}), Error);  // dim 0 stays checked
   }
+  SECTION("results sized by the rows of an input read only for its size: not split") {
+    // x + x.t() filled with true (kiln-fuzz --large, seed 4, program 145): the fill folds the
+    // reads away, leaving x.size(0) as both dims of [n, 1, n], which blocks of rows overran.
+    ir::Graph g;
+    ir::Value x = g.input(DType::Bool, {ir::kDynamic, 1, 1});
+    OpAttrs t;
+    t.dim = 2;
+    t.dim1 = 0;
+    ir::Value v = g.op(OpKind::Add, {x, g.op(OpKind::Transpose, {x}, t)});
+    ir::Value yes = g.constant(true, DType::Bool);
+    ir::Value filled = g.op(OpKind::Where, {g.op(OpKind::Eq, {v, v}), yes, yes});
+    g.output(filled);
+    g.output(g.op(OpKind::Add, {filled, g.constant(2.0, DType::Float32)}));
+    codegen::Executable exe(g);
+    CHECK_FALSE(exe.row_parallel());
+    for (int64_t n : {258, 2000}) {
+      std::vector<Tensor> r = exe.run({ones({n, 1, 1}, DType::Bool)});
+      REQUIRE(r[1].shape() == Shape{n, 1, n});
+      CHECK(r[1].sum().item<double>() == 3.0 * n * n);
+      CHECK(r[0].to(DType::Float64).sum().item<double>() == double(n) * n);
+    }
+  }
   SECTION("row reduction with keepdim, then a broadcast divide (softmax-like, 2 outputs)") {
     ir::Graph g;
     ir::Value x = g.input(DType::Float32, {2000, 257});
