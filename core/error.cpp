@@ -19,7 +19,16 @@ void Error::set_where(Loc where) {
 
 void Error::set_op(std::string op) {
   op_ = std::move(op);
-  full_ = fmt::format("kiln::{}: {} (at {}:{})", op_, message_, where_.file_name(), where_.line());
+  // A default Loc argument evaluated inside the C++ library: a constructor called through
+  // std::make_shared names stl_construct.h, and no user line is known (break-it pass).
+  const bool in_std = std::string_view(where_.file_name()).find("/include/c++/") !=
+                      std::string_view::npos;
+  full_ = fmt::format("kiln::{}: {} (at {}:{}{})", op_, message_, where_.file_name(),
+                      where_.line(),
+                      in_std ? ", inside the C++ library: an object built through "
+                               "std::make_shared cannot name your line; build it directly to "
+                               "see it"
+                             : "");
 }
 
 namespace {

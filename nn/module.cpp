@@ -14,10 +14,25 @@ Tensor Module::forward(const Tensor&) {
 }
 
 namespace {
+// A parameter's or buffer's name: not empty and without '.', which state_dict() keys use
+// between a submodule's name and its entries ("fc.weight" as a parameter beside a child "fc"
+// with a weight gave one key twice, and save() failed far from the cause). A submodule's name
+// may hold dots: containers name their items "layers.0" as PyTorch's ModuleList keys.
+void check_name(const char* what, const std::string& name, Loc loc, bool dots = false) {
+  KILN_CHECK(!name.empty() && (dots || name.find('.') == std::string::npos), what, loc,
+             "name '{}' must be non-empty{}", name,
+             dots ? "" : " and must not contain '.' (state_dict() keys join submodule names "
+                         "and theirs with '.')");
+}
+
 // Sets `name` to `t` in `entries`: replaces an existing entry in place, else appends. A name
 // of the other kind (a buffer's for a parameter) is an error, as PyTorch's KeyError.
-void put(StateDict& entries, const StateDict& other_kind, const char* what,
-         const std::string& name, const Tensor& t, Loc loc) {
+void put(StateDict& entries, const StateDict& other_kind,
+         const std::vector<std::pair<std::string, std::shared_ptr<Module>>>& children,
+         const char* what, const std::string& name, const Tensor& t, Loc loc) {
+  check_name(what, name, loc);
+  for (const auto& [n, child] : children)
+    KILN_CHECK(n != name, what, loc, "'{}' is already registered as a submodule", name);
   for (const auto& [n, old] : other_kind)
     KILN_CHECK(n != name, what, loc,
                "'{}' is already registered as a {}; a module's parameters and buffers need "
@@ -37,9 +52,27 @@ Tensor Module::register_parameter(const std::string& n, Tensor t, Loc loc) {
   KILN_CHECK(!t.defined() || is_floating(t.dtype()), "register_parameter", loc,
              "parameter '{}' must be floating point to require gradients, got {} {}", n,
              kiln::name(t.dtype()), to_string(t.shape()));
+  if (t.defined() && !t.is_leaf()) t = t.detach();  // else its .grad would never be set
   if (t.defined() && !t.requires_grad()) t.requires_grad_(true, loc);
-  put(params_, buffers_, "register_parameter", n, t, loc);
+  put(params_, buffers_, children_, "register_parameter", n, t, loc);
   return t;
+}
+
+void Module::put_child(const std::string& name, std::shared_ptr<Module> m, Loc loc) {
+  check_name("register_module", name, loc, /*dots=*/true);
+  for (const StateDict* own : {&params_, &buffers_})
+    for (const auto& [n, t] : *own)
+      KILN_CHECK(n != name, "register_module", loc, "'{}' is already registered as a {}", name,
+                 own == &params_ ? "parameter" : "buffer");
+  for (auto& [n, child] : children_)
+    if (n == name) {
+      // Replaced in place, as PyTorch's add_module: a second child of one name gave
+      // state_dict() every key twice, and parameters() the old layer's too.
+      if (child != m) note_parameter_rebind();  // compiled functions retrace
+      child = std::move(m);
+      return;
+    }
+  children_.emplace_back(name, std::move(m));
 }
 void Module::to(Device device, Loc loc) {
   at_user_line(loc, [&] {  // the copies' errors (no CUDA device) name the caller's line
@@ -65,7 +98,7 @@ void Module::to(Device device, Loc loc) {
 }
 
 Tensor Module::register_buffer(const std::string& n, Tensor t, bool persistent, Loc loc) {
-  put(buffers_, params_, "register_buffer", n, t, loc);
+  put(buffers_, params_, children_, "register_buffer", n, t, loc);
   std::erase(non_persistent_, n);
   if (!persistent) non_persistent_.push_back(n);
   return t;

@@ -102,12 +102,14 @@ class Module {
   /// tensor by identity; `check = true` reports the difference). Tie weights by re-registering:
   ///   head->weight = head->register_parameter("weight", emb->weight);
   /// (parameters() then lists the shared tensor once; state_dict() under both names.)
-  /// Throws kiln::Error when `name` is a buffer's (as PyTorch's KeyError).
+  /// A tensor with autograd history (`a * 2`) is registered detached, as a leaf (as PyTorch's
+  /// nn.Parameter(a * 2)): use the tensor returned. Throws kiln::Error when `name` is a
+  /// buffer's or a submodule's (as PyTorch's KeyError), empty or holds a '.'.
   Tensor register_parameter(const std::string& name, Tensor t, Loc loc = Loc::current());
   /// Registers (or, for a name already registered, replaces) a buffer: state that is saved
   /// and moved with the module but not trained. A non-persistent buffer (PyTorch's
   /// persistent=False: a cache such as a causal mask) is moved but left out of state_dict().
-  /// Throws kiln::Error when `name` is a parameter's.
+  /// Throws kiln::Error when `name` is a parameter's or a submodule's, empty or holds a '.'.
   Tensor register_buffer(const std::string& name, Tensor t, bool persistent = true,
                          Loc loc = Loc::current());
 
@@ -131,15 +133,21 @@ class Module {
   /// a trace.
   void guard_submodules(Loc loc = Loc::current()) const;
 
+  /// Registers (or, for a name already registered, replaces, as PyTorch's add_module) submodule
+  /// `m` under `name`: its parameters and buffers are this module's as "name.<theirs>". Returns
+  /// `m`. Throws kiln::Error when `m` is null, when `name` is empty, or when it is a
+  /// parameter's or buffer's name. It may hold dots (containers' "layers.0").
   template <class M>
   std::shared_ptr<M> register_module(const std::string& name, std::shared_ptr<M> m,
                                      Loc loc = Loc::current()) {
     KILN_CHECK(m != nullptr, "register_module", loc, "submodule \"{}\" is null", name);
-    children_.emplace_back(name, m);
+    put_child(name, m, loc);
     return m;
   }
 
  private:
+  /// register_module's work: checks the name, replaces a child of that name or appends.
+  void put_child(const std::string& name, std::shared_ptr<Module> m, Loc loc);
   void collect(const std::string& prefix, bool recurse, bool params, bool dedup,
                StateDict& out) const;
 

@@ -55,6 +55,9 @@ void Optimizer::load_state_dict(const StateDict& dict, Loc loc) {
     }
     KILN_CHECK(t.defined() && t.numel() == 1, kOp, loc,
                "the option \"{}\" must be a one-element tensor", key);
+    const std::string name = key.substr(kPrefix.size());
+    KILN_CHECK(!std::ranges::any_of(values, [&](const auto& v) { return v.first == name; }),
+               kOp, loc, "the state dict has the key \"{}\" twice", key);
     values.emplace_back(key.substr(kPrefix.size()), t.item<double>(loc));
   }
   // The options must be this optimizer's, all of them (a file of another optimizer fails here).

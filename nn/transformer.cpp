@@ -103,8 +103,10 @@ AttentionOutput MultiheadAttention::forward(const Tensor& query, const Tensor& k
   }
   // A bool mask is added as 0 / -inf, as PyTorch 1.13 converts it: a row whose keys are all
   // masked then gets NaN gradients, as with a float mask (masked_fill gave them 0).
+  // A floating mask of another dtype is taken in the scores' dtype: a float64 mask made a
+  // float32 module's output float64 (break-it pass).
   auto additive = [&](const Tensor& m) {
-    if (m.dtype() != DType::Bool) return m;
+    if (m.dtype() != DType::Bool) return m.to(scores.dtype());
     return masked_fill(zeros(m.shape(), {scores.dtype(), scores.device()}), m, -INFINITY);
   };
   if (mask.defined()) scores = add(scores, additive(mask));
@@ -195,7 +197,8 @@ TransformerEncoder::TransformerEncoder(const TransformerEncoderLayerOptions& o, 
     layers.push_back(register_module("layers." + std::to_string(i),
                                      std::make_shared<TransformerEncoderLayer>(o, loc)));
   if (final_norm)
-    norm = register_module("norm", std::make_shared<LayerNorm>(Shape{o.d_model}, o.layer_norm_eps));
+    norm = register_module("norm",
+                           std::make_shared<LayerNorm>(Shape{o.d_model}, o.layer_norm_eps, true, loc));
 }
 
 Tensor TransformerEncoder::forward(const Tensor& src, const Tensor& mask,

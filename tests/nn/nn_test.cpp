@@ -141,6 +141,12 @@ TEST_CASE("attention masks: per batch and head [B*H, L, S] as PyTorch; integer m
   auto r2 = mha.forward(x, x, x, Tensor(), mask2, true);
   auto r3 = mha.forward(x, x, x, Tensor(), mask2.unsqueeze(0).expand({4, 3, 3}), true);
   CHECK(r3.output.to_vector<float>() == r2.output.to_vector<float>());
+  // A float64 mask (or key_padding_mask) is taken in the scores' dtype: the output of a
+  // float32 module turned float64 (break-it pass).
+  auto r64 = mha.forward(x, x, x, zeros({2, 3}, {DType::Float64}), mask2.to(DType::Float64), true);
+  CHECK(r64.output.dtype() == DType::Float32);
+  CHECK(r64.weights.dtype() == DType::Float32);
+  CHECK(r64.output.to_vector<float>() == r2.output.to_vector<float>());
   auto error_of = [&](const Tensor& mask) {
     try {
       mha.forward(x, x, x, Tensor(), mask);
@@ -836,6 +842,18 @@ TEST_CASE("module constructors name the caller's line") {
   o.activation = "relu";
   o.nhead = 3;  // 4 % 3 != 0: MultiheadAttention's check, at the user's line
   CHECK(here(line_of([&] { nn::TransformerEncoderLayer l(o); })));
+  // The encoder's final norm named stl_construct.h (built through make_shared without the line).
+  o.nhead = 2;
+  o.layer_norm_eps = -1;
+  CHECK(here(line_of([&] { nn::TransformerEncoder enc(o, 0, /*final_norm=*/true); })));
+  // Through std::make_shared no user line is known: the message says so.
+  try {
+    (void)std::make_shared<nn::Linear>(2, -1);
+    FAIL("no kiln::Error");
+  } catch (const Error& e) {
+    CHECK_THAT(e.what(), Catch::Contains("inside the C++ library: an object built through "
+                                         "std::make_shared cannot name your line"));
+  }
 }
 
 TEST_CASE("TransformerEncoderLayer names itself for an unbatched input") {

@@ -135,6 +135,11 @@ TEST_CASE("optimizer load_state_dict: a bad dict is an error that changes nothin
       if (k == "options.beta2") t = scalar_tensor(1.5, {DType::Float64});
     expect_error(d, "invalid options: lr 0.01, betas (0.9, 1.5)");
   }
+  SECTION("an option given twice") {  // the second was ignored (break-it pass)
+    StateDict d = clone_dict(before);
+    d.emplace_back("options.lr", scalar_tensor(0.5, {DType::Float64}));
+    expect_error(d, "the state dict has the key \"options.lr\" twice");
+  }
   SECTION("a state tensor of the wrong shape, named with the others") {
     StateDict d = clone_dict(before);
     d[1].second = zeros({3});

@@ -143,6 +143,9 @@ TEST_CASE("optimizer state accessors and register_* check and name the caller's 
 
   struct Bare : Module {
     std::string name() const override { return "Bare"; }
+    void add(const std::string& n, std::shared_ptr<Module> c, Loc loc = Loc::current()) {
+      register_module(n, std::move(c), loc);
+    }
   } m;
   m.register_buffer("a", ones({1}));
   m.register_parameter("p", ones({1}));
@@ -156,4 +159,49 @@ TEST_CASE("optimizer state accessors and register_* check and name the caller's 
                  Catch::Contains("parameter 'n' must be floating point") &&
                  Catch::Contains("int32 [2]") && Catch::Contains("validation_test.cpp"));
   CHECK(m.named_parameters().size() == 1);
+  // Names: the break-it pass found "a.weight" beside a child "a" gave one key twice.
+  for (const char* bad : {"", "a.weight"})
+    CHECK_THAT(error_of([&] { m.register_parameter(bad, ones({1})); }),
+               Catch::Contains("must be non-empty and must not contain '.'"));
+  CHECK_THAT(error_of([&] { m.add("", std::make_shared<Linear>(1, 1)); }),
+             Catch::Contains("register_module") && Catch::Contains("must be non-empty"));
+  CHECK_THAT(error_of([&] { m.add("p", std::make_shared<Linear>(1, 1)); }),
+             Catch::Contains("'p' is already registered as a parameter"));
+  m.add("fc", std::make_shared<Linear>(1, 1));
+  CHECK_THAT(error_of([&] { m.register_buffer("fc", ones({1})); }),
+             Catch::Contains("'fc' is already registered as a submodule"));
+}
+
+TEST_CASE("register_module under an existing name replaces the child, as add_module") {
+  // A second child of one name kept the first: parameters() trained both and save() failed.
+  struct Net : Module {
+    std::shared_ptr<Linear> fc;
+    Net() {
+      fc = register_module("fc", std::make_shared<Linear>(2, 2));
+      fc = register_module("fc", std::make_shared<Linear>(2, 3));
+    }
+    std::string name() const override { return "Net"; }
+  } n;
+  REQUIRE(n.parameters().size() == 2);
+  StateDict sd = n.state_dict();
+  REQUIRE(sd.size() == 2);
+  CHECK(sd[0].first == "fc.weight");
+  CHECK(sd[0].second.shape() == Shape{3, 2});
+  CHECK(sd[0].second.storage() == n.fc->weight.storage());
+  n.load_state_dict(sd);  // raised "the key twice" before
+}
+
+TEST_CASE("register_parameter of a tensor with history registers it detached, a leaf") {
+  struct Bare : Module {
+    std::string name() const override { return "Bare"; }
+  } m;
+  Tensor a = ones({2}).requires_grad_();
+  Tensor w = m.register_parameter("w", a * 2.0);
+  CHECK(w.is_leaf());
+  CHECK(w.requires_grad());
+  (w * 3.0).sum().backward();
+  REQUIRE(w.grad().defined());  // the gradient went to `a` before
+  CHECK(w.grad().to_vector<float>() == std::vector<float>{3, 3});
+  CHECK_FALSE(a.grad().defined());
+  CHECK(m.named_parameters()[0].second.is_same(w));
 }
