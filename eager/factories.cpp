@@ -122,12 +122,21 @@ Tensor arange(Scalar start, Scalar end, Scalar step, TensorOptions opts, Loc loc
                start.str(), end.str(), step.str());
     n = std::max<int64_t>(static_cast<int64_t>(len), 0);
   }
+  // Floating bounds into an integer dtype: start and step are truncated first and the values
+  // counted in int64, as PyTorch (arange(-2.5, 2.5, 1.5, int64) is [-2, -1, 0, 1]; truncating
+  // each double value gave [-2, -1, 0, 2]). The length stays the floating one.
+  const bool int_values = all_int || (!is_floating(t) && t != DType::Bool);
+  const int64_t i_start = all_int ? start.to<int64_t>() : static_cast<int64_t>(s);
+  const int64_t i_step = all_int ? step.to<int64_t>() : static_cast<int64_t>(st);
+  KILN_CHECK(!int_values || i_step != 0, "arange", loc,
+             "step {} is 0 in {} (it is truncated, as PyTorch does for an integer dtype)",
+             step.str(), kiln::name(t));
   Tensor out = as_op("arange", [&] { return empty({n}, {t}, loc); });
   KILN_DISPATCH_ALL(t, T, {
     T* p = out.data<T>();
     for (int64_t i = 0; i < n; ++i)
-      p[i] = all_int ? static_cast<T>(start.to<int64_t>() + i * step.to<int64_t>())
-                     : static_cast<T>(s + static_cast<double>(i) * st);
+      p[i] = int_values ? static_cast<T>(i_start + i * i_step)
+                        : static_cast<T>(s + static_cast<double>(i) * st);
   });
   return on_device("arange", out, opts, loc);
 }

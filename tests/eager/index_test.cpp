@@ -289,6 +289,18 @@ TEST_CASE("tril / triu of matrices with no columns are empty, not a division by 
   }
 }
 
+TEST_CASE("arange with floating bounds into an integer dtype truncates start and step first") {
+  // PyTorch 1.13's values (a break-it pass: each double value was truncated instead).
+  using I = std::vector<int64_t>;
+  CHECK(arange(-2.5, 2.5, 1.5, kiln::Int64).to_vector<int64_t>() == I{-2, -1, 0, 1});
+  CHECK(arange(0, 5, 1.5, kiln::Int32).to_vector<int32_t>() == std::vector<int32_t>{0, 1, 2, 3});
+  CHECK_THROWS_WITH(arange(0, 2.5, 0.5, kiln::Int64),
+                    Catch::Contains("step 0.5 is 0 in int64"));
+  // Floating dtypes and integer bounds are as before.
+  CHECK(arange(0, 2.5, 0.5).to_vector<float>() == F{0, 0.5f, 1, 1.5f, 2});
+  CHECK(arange(1, 7, 2, kiln::Float32).to_vector<float>() == F{1, 3, 5});
+}
+
 TEST_CASE("tril, triu, arange and slice with extreme integers (no overflow)") {
   Tensor x = ones({3, 3});
   CHECK(tril(x, INT64_MAX).sum().item<double>() == 9);  // was 0: i + diag + 1 wrapped
