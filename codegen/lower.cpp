@@ -747,7 +747,7 @@ struct LowerReduce : mlir::OpRewritePattern<kiln::dialect::ReduceOp> {
       identity = mlir::IntegerAttr::get(t, v);
       if (k == OpKind::Mean) return rw.notifyMatchFailure(op, "integer mean");
     }
-    // float32 sums and means accumulate in float64 (eager's kernels sum float32 partials over
+    // float32 sums, means and products accumulate in float64 (eager's kernels sum float32 partials over
     // blocks of 4,096 and combine the blocks in double; the CPU's row loops do so too,
     // blocked_sums.cpp, from the mark below): compiled and eager sums then differ by
     // eager's float32 roundings, a few ulp of sum |x|, instead of drifting with the summation
@@ -755,11 +755,13 @@ struct LowerReduce : mlir::OpRewritePattern<kiln::dialect::ReduceOp> {
     // drifting to 1.6e-2).
     mlir::Type result_t = t;
     mlir::RankedTensorType acc_type = out_type;
-    const bool widened = t.isF32() && (k == OpKind::Sum || k == OpKind::Mean);
+    // Products too, as eager's: in float32 a row with inf whose other factors underflowed
+    // gave inf * 0 = NaN, and 3e38 times factors below 1 overflowed to inf (the answer 0).
+    const bool widened = t.isF32() && (k == OpKind::Sum || k == OpKind::Mean || k == OpKind::Prod);
     if (widened) {
       t = rw.getF64Type();
       acc_type = mlir::RankedTensorType::get(out_type.getShape(), t);
-      identity = mlir::FloatAttr::get(t, 0.0);
+      identity = mlir::FloatAttr::get(t, k == OpKind::Prod ? 1.0 : 0.0);
     }
     mlir::Value init = mlir::tensor::EmptyOp::create(rw, loc, out_type.getShape(), t, dyn_sizes);
     mlir::Value id = mlir::arith::ConstantOp::create(rw, loc, identity);

@@ -182,6 +182,30 @@ TEST_CASE("Executable: dynamic dims through a reduction ([?, ?] summed over dim 
   }
 }
 
+TEST_CASE("Executable: a float32 product accumulates in float64, as eager's") {
+  // A break-it pass: in float32, a row with inf whose other factors underflowed gave
+  // inf * 0 = NaN (eager -inf), and 3e38 times factors below 1 gave inf (eager and the float64
+  // product: 0).
+  manual_seed(1);
+  std::vector<float> v = randn({3, 1025}).to_vector<float>();
+  v[0 * 1025 + 512] = -INFINITY;
+  v[1 * 1025 + 0] = 3e38f;
+  Tensor x = from_vector(v, {3, 1025});
+  ir::Graph g;
+  OpAttrs each_row;
+  each_row.dims = {1};
+  g.output(g.op(OpKind::Prod, {g.input(DType::Float32, {3, 1025})}, each_row));
+  std::vector<float> got = codegen::Executable(g).run({x})[0].to_vector<float>();
+  for (int r = 0; r < 3; ++r) {
+    long double want = 1;
+    for (int j = 0; j < 1025; ++j) want *= v[r * 1025 + j];
+    INFO("row " << r);
+    CHECK(std::isinf(got[r]) == std::isinf(static_cast<float>(want)));
+    CHECK(std::fabs(got[r]) == std::fabs(static_cast<float>(want)));  // 0 for rows 1 and 2
+  }
+  CHECK(prod(x, {1}).to_vector<float>()[0] == got[0]);  // eager: the same -inf
+}
+
 TEST_CASE("Executable: row-parallel graphs equal eager across block boundaries") {
   cpu::set_num_threads(2);
   SECTION("elementwise with a broadcast bias, rows not a multiple of the block") {

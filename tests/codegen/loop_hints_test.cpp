@@ -50,20 +50,21 @@ TEST_CASE("loop hints: the hints force nothing: argmax stays silent, a product k
   prod_graph.output(
       prod_graph.op(OpKind::Prod, {prod_graph.input(DType::Float32, {2, 18})}, each_row));
   codegen::Executable exe(prod_graph);
-  // Row 0 in order: 1e30 * 1e30 overflows to inf, and stays inf; paired lane by lane with the
-  // 1e-30s first (reassociated) it would be about 1.
+  // The product accumulates in float64 (as eager's). Row 0 in order: nine factors 1e38
+  // overflow float64 to inf, which stays inf; paired lane by lane with the 1e-38s
+  // (reassociated) it would be about 1.
   std::vector<float> v(36, 1.0f);
-  v[0] = v[1] = 1e30f;
-  v[16] = v[17] = 1e-30f;
+  for (int i = 0; i < 9; ++i) v[i] = 1e38f;
+  for (int i = 9; i < 18; ++i) v[i] = 1e-38f;
   for (int i = 18; i < 36; ++i) v[i] = 1.0f + 0.001f * static_cast<float>(i);
   Tensor x = from_vector(v, {2, 18});
   Tensor got = exe.run({x})[0];
   CHECK(std::isinf(got.data<float>()[0]));
-  // Row 1 is the in-order float product to the bit (eager's kernel is not the reference: its
-  // accumulation order depends on how kiln itself was built, as in the sanitizer builds).
-  float in_order = 1.0f;
+  // Row 1 is the in-order float64 product, rounded once (eager's kernel is not the reference:
+  // its accumulation order depends on how kiln itself was built, as in the sanitizer builds).
+  double in_order = 1.0;
   for (int i = 18; i < 36; ++i) in_order *= v[i];
-  CHECK(got.data<float>()[1] == in_order);
+  CHECK(got.data<float>()[1] == static_cast<float>(in_order));
 }
 
 TEST_CASE("loop hints: a float64 product beside softmax's merged loop keeps its order") {
