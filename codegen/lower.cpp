@@ -747,9 +747,9 @@ struct LowerReduce : mlir::OpRewritePattern<kiln::dialect::ReduceOp> {
       identity = mlir::IntegerAttr::get(t, v);
       if (k == OpKind::Mean) return rw.notifyMatchFailure(op, "integer mean");
     }
-    // float32 sums, means and products accumulate in float64 (eager's kernels sum float32 partials over
-    // blocks of 4,096 and combine the blocks in double; the CPU's row loops do so too,
-    // blocked_sums.cpp, from the mark below): compiled and eager sums then differ by
+    // float32 sums, means and products accumulate in float64 (eager's kernels sum float32
+    // partials over blocks of 4,096 and combine the blocks in double; the CPU's row loops do so
+    // too, blocked_sums.cpp, from the mark below): compiled and eager sums then differ by
     // eager's float32 roundings, a few ulp of sum |x|, instead of drifting with the summation
     // order (measured: a 20-epoch AdamW training run kept eager's losses to 5e-6 instead of
     // drifting to 1.6e-2).
@@ -757,7 +757,8 @@ struct LowerReduce : mlir::OpRewritePattern<kiln::dialect::ReduceOp> {
     mlir::RankedTensorType acc_type = out_type;
     // Products too, as eager's: in float32 a row with inf whose other factors underflowed
     // gave inf * 0 = NaN, and 3e38 times factors below 1 overflowed to inf (the answer 0).
-    const bool widened = t.isF32() && (k == OpKind::Sum || k == OpKind::Mean || k == OpKind::Prod);
+    const bool widened =
+        t.isF32() && (k == OpKind::Sum || k == OpKind::Mean || k == OpKind::Prod);
     if (widened) {
       t = rw.getF64Type();
       acc_type = mlir::RankedTensorType::get(out_type.getShape(), t);

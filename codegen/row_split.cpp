@@ -150,10 +150,6 @@ class RowClasses {
   llvm::DenseMap<mlir::Value, mlir::Value> parent_;
 };
 
-}  // namespace
-
-namespace {
-
 // Whether size `v` (a row count) is used only as the rows of new tensors: dim 0 of a
 // tensor.empty, or of a tensor.expand_shape's result, directly or through integer arithmetic
 // (a collapse's rows * T).

@@ -58,7 +58,7 @@ void Optimizer::load_state_dict(const StateDict& dict, Loc loc) {
     const std::string name = key.substr(kPrefix.size());
     KILN_CHECK(!std::ranges::any_of(values, [&](const auto& v) { return v.first == name; }),
                kOp, loc, "the state dict has the key \"{}\" twice", key);
-    values.emplace_back(key.substr(kPrefix.size()), t.item<double>(loc));
+    values.emplace_back(name, t.item<double>(loc));
   }
   // The options must be this optimizer's, all of them (a file of another optimizer fails here).
   // Every missing and unexpected one is named, as Module::load_state_dict does: the first

@@ -197,8 +197,8 @@ TransformerEncoder::TransformerEncoder(const TransformerEncoderLayerOptions& o, 
     layers.push_back(register_module("layers." + std::to_string(i),
                                      std::make_shared<TransformerEncoderLayer>(o, loc)));
   if (final_norm)
-    norm = register_module("norm",
-                           std::make_shared<LayerNorm>(Shape{o.d_model}, o.layer_norm_eps, true, loc));
+    norm = register_module(
+        "norm", std::make_shared<LayerNorm>(Shape{o.d_model}, o.layer_norm_eps, true, loc));
 }
 
 Tensor TransformerEncoder::forward(const Tensor& src, const Tensor& mask,

@@ -85,7 +85,8 @@ void compile_for_cuda(const ir::Graph& g, const codegen::CompileOptions& cpu_opt
   std::string failure;
   try {
     std::string ptx = codegen::Executable(g, options).ptx();
-    if (!ptx.empty() && !g_ptxas.empty()) failure = kiln::testing::ptxas_errors(g_ptxas, ptx, "fuzz");
+    if (!ptx.empty() && !g_ptxas.empty())
+      failure = kiln::testing::ptxas_errors(g_ptxas, ptx, "fuzz");
   } catch (const Error& e) {
     failure = fmt::format("the CPU compiled it, the CUDA compile raised: {}", e.what());
   }
