@@ -393,33 +393,37 @@ void sum_prod_int(const Ctx& c, bool prod) {
       comb, [&](int64_t, int64_t oi, int64_t v) { out[oi] = v; });
 }
 
-// prod (floating), accumulated in T like PyTorch.
+// prod (floating), multiplied in double as compiled code multiplies (lower.cpp): float32
+// partial products overflowed or underflowed where the whole product did not (3e38 times
+// factors below 1 gave inf; inf times underflowed lanes gave NaN). A row whose lane products
+// end non-finite or zero is multiplied again in order, so the lane split never decides it.
 template <class T>
 void prod_float(const Ctx& c) {
   T* out = c.out.data<T>();
-  auto mul = [](auto a, auto b) { return a * b; };
-  run_plan<T, T>(
-      c.p, T(1),
+  auto in_order = [](const T* x, int64_t n) {
+    double s = 1;
+    for (int64_t i = 0; i < n; ++i) s *= static_cast<double>(x[i]);
+    return s;
+  };
+  run_plan<T, double>(
+      c.p, 1.0,
       [&](const T* x, int64_t n, int64_t, int64_t) {
-        using V = Vec<T>;
-        constexpr int64_t L = V::size;
+        constexpr int64_t kLanes = 8;
+        double lanes[kLanes] = {1, 1, 1, 1, 1, 1, 1, 1};
         int64_t i = 0;
-        V a0(T(1)), a1(T(1));
-        for (; i + 2 * L <= n; i += 2 * L) {
-          a0 *= V::load_unaligned(x + i);
-          a1 *= V::load_unaligned(x + i + L);
-        }
-        alignas(64) T lanes[L];
-        (a0 * a1).store_aligned(lanes);
-        T s = 1;
-        for (int64_t k = 0; k < L; ++k) s *= lanes[k];
-        for (; i < n; ++i) s *= x[i];
-        return s;
+        for (; i + kLanes <= n; i += kLanes)
+          for (int64_t k = 0; k < kLanes; ++k) lanes[k] *= static_cast<double>(x[i + k]);
+        double s = 1;
+        for (double l : lanes) s *= l;
+        for (; i < n; ++i) s *= static_cast<double>(x[i]);
+        return std::isfinite(s) && s != 0 ? s : in_order(x, n);
       },
-      [&](const T* x, int64_t rows, int64_t st, int64_t k, int64_t, int64_t, T* acc) {
-        apply_cols(x, rows, st, k, acc, mul);
+      [&](const T* x, int64_t rows, int64_t st, int64_t k, int64_t, int64_t, double* acc) {
+        for (int64_t r = 0; r < rows; ++r)
+          for (int64_t j = 0; j < k; ++j) acc[j] *= static_cast<double>(x[r * st + j]);
       },
-      [](T a, T b) { return a * b; }, [&](int64_t, int64_t oi, T v) { out[oi] = v; });
+      [](double a, double b) { return a * b; },
+      [&](int64_t, int64_t oi, double v) { out[oi] = static_cast<T>(v); });
 }
 
 // amax / amin (any dtype; NaN propagates). With `params`, writes the plan-order results there

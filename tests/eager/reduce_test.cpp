@@ -619,6 +619,26 @@ TEST_CASE("mean of float32 values whose float32 partial sums overflow is represe
   CHECK(std::isnan(mean(from_vector<float>({INFINITY, -INFINITY, big}, {3})).item<float>()));
 }
 
+TEST_CASE("a float32 product multiplies in float64: its partial products neither overflow nor "
+          "underflow") {
+  // float32 lane products: 3e38 times 63 factors of 0.5 was inf (the product is 3.3e19), and
+  // -inf among factors whose lanes underflowed to 0 was NaN (the product is -inf).
+  std::vector<float> big(64, 0.5f), inf_row(64, 1e-10f);
+  big[0] = 3e38f;
+  inf_row[5] = -INFINITY;
+  const float want_big = static_cast<float>(3e38 * std::ldexp(1.0, -63));
+  CHECK(prod(from_vector(big, {64})).item<float>() == want_big);
+  CHECK(prod(from_vector(inf_row, {64})).item<float>() == -INFINITY);
+  // Columns (dim 0 of [64, 2]) take the column path.
+  std::vector<float> cols;
+  for (int r = 0; r < 64; ++r) cols.insert(cols.end(), {big[r], inf_row[r]});
+  CHECK(prod(from_vector(cols, {64, 2}), {0}).to_vector<float>() ==
+        std::vector<float>{want_big, -INFINITY});
+  // A true float32 overflow is still inf, and 0 times inf NaN, as in PyTorch.
+  CHECK(prod(full({3}, 1e20f)).item<float>() == INFINITY);
+  CHECK(std::isnan(prod(from_vector<float>({0, INFINITY}, {2})).item<float>()));
+}
+
 TEST_CASE("var, std and layer_norm of float32 rows on a large offset are accurate") {
   // Found by review: rows 1e4 + 0.01·N(0, 1) (std/|mean| = 1e-6, just above the exact path's
   // threshold) had var 4.4e-3 too large, relative: the float32 mean's rounding, squared. The
