@@ -111,6 +111,8 @@ Tensor SavedTensor::unpack(const std::shared_ptr<Node>& node, const char* op) co
 
 Node::Node() : sequence_nr(g_sequence.fetch_add(1, std::memory_order_relaxed)) {}
 
+uint64_t next_sequence_nr() { return g_sequence.load(std::memory_order_relaxed); }
+
 Node::~Node() {
   std::vector<std::shared_ptr<void>> local;
   bool outermost = t_graveyard == nullptr;
@@ -683,6 +685,8 @@ std::vector<Tensor> run_backward(const std::vector<Edge>& roots, const std::vect
             m.grad = m.grad.defined() ? add(m.grad, grads[nr]) : private_grad_copy(grads[nr]);
             if (hook) hook->on_grad_assigned(t);
           }
+        if (run && !stop_at_capture)
+          if (auto* hook = dispatch::tracer_hook()) hook->on_backward_node(*node);
         if (run) next = node->apply(std::move(grads));
         if (!retain_graph && run) node->release();
       }

@@ -149,6 +149,9 @@ std::vector<Tensor> partial_grads(const std::vector<Tensor>& outputs,
                                   const std::vector<Tensor>& inputs,
                                   const std::vector<Tensor>& grad_outputs,
                                   bool create_graph = false);
+/// The sequence_nr the next Node made (on any thread) will get: nodes with a smaller one
+/// existed before.
+uint64_t next_sequence_nr();
 /// Installs the dispatcher hook that records backward nodes (idempotent).
 void install_hook();
 

@@ -17,6 +17,10 @@
 
 namespace kiln {
 
+namespace autograd {
+class Node;
+}
+
 /// Reads a host value for a compiled function at call time; std::nullopt when the state it
 /// reads is gone (its owner was destroyed): the compiled function then traces again.
 using HostReader = std::function<std::optional<Scalar>()>;
@@ -53,6 +57,9 @@ class DispatchHook {
   /// Called (tracer hook only) when `leaf.grad()` returns a defined `grad`: the function reads
   /// that leaf's current .grad (re-read on every replay), not a fixed tensor.
   virtual void on_grad_read(const Tensor& leaf, const Tensor& grad) {}
+  /// Called (tracer hook only) before backward() or grad() runs `node` (not the tracer's own
+  /// partial derivatives): the tracer sees whether backward ran history made before the trace.
+  virtual void on_backward_node(const autograd::Node& node) {}
   /// Called (tracer hook only) when the traced function's result depends on host state read
   /// through `reader` (kiln::guarded, Module::is_training(), an optimizer's host branches); the
   /// tracer guards the value read now, re-read at every call (dispatch::note_host_value).

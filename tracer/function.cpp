@@ -1837,6 +1837,24 @@ std::vector<OutValue> CompiledFunction::Impl::trace(
     }
   }
   int n = ++traces;
+  // Its backward() ran autograd history made before the call (an argument's grad_fn, a
+  // captured tensor's): the trace holds that history's formulas with this call's saved
+  // tensors, while a replay must run the history the next call brings (break-it pass: a
+  // tanh argument's backward replayed for a sigmoid argument's gave wrong gradients).
+  if (!prog->outside_backward.empty()) {
+    KILN_CHECK(!options.fullgraph, "compile", loc,
+               "fullgraph=true, but the backward() in '{}' runs autograd history made before "
+               "the call ({}), which a compiled replay cannot run",
+               name, prog->outside_backward);
+    std::string why = fmt::format(
+        "trace #{} not cached: its backward() runs autograd history made before the call ({}; "
+        "an argument's or a captured tensor's), which the next call may bring anew",
+        n, prog->outside_backward);
+    log_recompile(why);
+    if (log_enabled("recompiles")) fmt::print(stderr, "kiln.compile: '{}': {}\n", name, why);
+    if (++uncached_in_a_row >= 3) run_eagerly_from_now_on(why);
+    return outs;
+  }
   // A tensor created by the function that outlives the call was stored in host state (e.g. an
   // optimizer's lazily created moments): a replay would not recreate it there, so this trace
   // is not cached; the next call traces with that state as a captured tensor.

@@ -199,6 +199,10 @@ struct Program {
   /// Where the function's own code took a pointer to tensor memory (data<T>(), raw_data()):
   /// the function runs eagerly, since a replay would skip what it did through the pointer.
   std::optional<Loc> raw_access;
+  /// The first autograd node made before the trace that the function's backward() or grad()
+  /// ran (an argument's or a captured tensor's history), named; empty when none. The trace
+  /// holds that node's formula with this call's saved tensors, so it is not cached.
+  std::string outside_backward;
   /// Why replays cannot set the .grads the function's backward() set: it runs eagerly.
   std::string grad_alias_reason;
   /// Outputs the function called retain_grad() on: their replayed tensors retain grad too.

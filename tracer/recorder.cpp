@@ -82,7 +82,8 @@ Recorder::Recorder(Program& program, bool keep_values)
       start_serial_(StorageImpl::next_serial()),
       thread_(StorageImpl::current_thread_number()),
       write_epoch_start_(StorageImpl::begin_write_epoch()),
-      rng_start_(generator_state().offset) {}
+      rng_start_(generator_state().offset),
+      first_node_(autograd::next_sequence_nr()) {}
 
 Recorder::~Recorder() { uninstall(); }
 
@@ -375,6 +376,16 @@ void Recorder::on_read(const Tensor& t, Loc loc) {
     n.read_value = read_scalar(t, i);
     p_.nodes.push_back(std::move(n));
   }
+}
+
+void Recorder::on_backward_node(const autograd::Node& node) {
+  if (node.sequence_nr >= first_node_ || !p_.outside_backward.empty() ||
+      dynamic_cast<const autograd::AccumulateGrad*>(&node))
+    return;
+  const auto* op = dynamic_cast<const autograd::OpNode*>(&node);
+  p_.outside_backward = op ? fmt::format("{} (the backward of the {} at {}:{})", node.name(),
+                                         op_name(op->op), op->loc.file_name(), op->loc.line())
+                           : node.name();
 }
 
 void Recorder::on_raw_access(Loc loc) {

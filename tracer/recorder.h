@@ -49,6 +49,9 @@ class Recorder final : public DispatchHook {
   void on_grad_assigned(const Tensor& leaf) override;
   void on_grad_found_undefined(const Tensor& leaf) override;
   void on_grad_read(const Tensor& leaf, const Tensor& grad) override;
+  /// backward() / grad() ran `node`: one made before the trace (not a leaf's AccumulateGrad)
+  /// sets Program::outside_backward.
+  void on_backward_node(const autograd::Node& node) override;
   /// item()/to_vector(): records a Read node with the value about to be read.
   void on_read(const Tensor& t, Loc loc);
   /// The function's own code took a pointer to tensor memory at `loc` (Program::raw_access).
@@ -99,6 +102,7 @@ class Recorder final : public DispatchHook {
   uint32_t thread_;  // StorageImpl::current_thread_number() of the tracing thread
   uint64_t write_epoch_start_;  // StorageImpl::begin_write_epoch() when the trace began
   uint64_t rng_start_;
+  uint64_t first_node_;  // autograd::next_sequence_nr() when the trace began
   // This thread's generator reservations while installed (eager/factories.h, set_draw_log).
   DrawLog draws_;
   DrawLog* prev_draw_log_ = nullptr;

@@ -243,6 +243,49 @@ TEST_CASE("compile: backward() inside, an argument that is no longer a leaf pass
   }
 }
 
+TEST_CASE("compile: backward() inside runs the history each call's argument brings, not the "
+          "traced call's", "[compile][autograd]") {
+  // Found by a session's probe: the trace held the argument's own history (tanh's backward,
+  // whose saved output is the argument itself) as graph ops, guarded by nothing but the leaf w,
+  // so a replay gave a sigmoid argument tanh's gradient (-2.6e6 for 9.9e5). Such traces are
+  // not cached; after three the function runs eagerly.
+  Tensor w = (randn({8, 8}) * 0.5).requires_grad_();
+  auto history = [&](int call) {
+    switch (call % 4) {
+      case 0: return w.tanh();
+      case 1: return w.sigmoid() * 3.0;
+      case 2: return w * 2.0;  // saves nothing: the scalar is in the traced formula
+      default: return w * 5.0;
+    }
+  };
+  auto step = [](const Tensor& h) {
+    Tensor loss = (h.matmul(h) * 2.0).sum();
+    loss.backward();
+    return loss.detach();
+  };
+  auto f = compile(step, CompileOptions{}, "outside_history");
+  for (int call = 0; call < 8; ++call) {
+    INFO("call " << call);
+    w.set_grad(Tensor());
+    Tensor want_loss = step(history(call));
+    Tensor want = w.grad();
+    w.set_grad(Tensor());
+    const float got_loss = f(history(call)).item<float>(), want_l = want_loss.item<float>();
+    CHECK(std::fabs(got_loss - want_l) <= 1e-5f * (1 + std::fabs(want_l)));
+    REQUIRE(w.grad().defined());
+    const float scale = 1 + want.abs().amax().item<float>();
+    CHECK((w.grad() - want).abs().amax().item<float>() <= 1e-5f * scale);
+  }
+  const std::string e = f.explain();
+  CHECK(contains(e, "runs eagerly from now on"));
+  CHECK(contains(e, "backward() runs autograd history made before the call (TanhBackward (the "
+                    "backward of the tanh at"));
+  CompileOptions full;
+  full.fullgraph = true;
+  auto g = compile(step, full);
+  CHECK_THROWS_WITH(g(history(1)), Catch::Contains("runs autograd history made before the call"));
+}
+
 // Break-it pass: replays lost what the function did to autograd state itself.
 TEST_CASE("compile: retain_grad() on an argument and requires_grad_() inside the function hold "
           "on replay", "[compile][autograd]") {
