@@ -316,10 +316,21 @@ void Recorder::on_grad_assigned(const Tensor& leaf) {
 
 // Backward gives `leaf` its first .grad. Unless the function itself reset that .grad before
 // (zero_grad in a training step), the trace depends on the .grad being undefined at the call.
+int Recorder::value_at_call(const Tensor& t) {
+  for (size_t v = 0; v < p_.values.size(); ++v) {
+    const int src = p_.values[v].source;
+    if (src < 0) continue;
+    const SourceKind k = p_.sources[src].kind;
+    if ((k == SourceKind::Arg || k == SourceKind::Captured) && tensor(int(v)).is_same(t))
+      return int(v);
+  }
+  return lookup(t);
+}
+
 void Recorder::on_grad_found_undefined(const Tensor& leaf) {
   // A tensor the function created has no .grad at any call (and no value before the run).
   if (grad_leaf_set_.count(leaf.impl()) || leaf.storage()->serial() >= start_serial_) return;
-  int v = lookup(leaf);
+  int v = value_at_call(leaf);
   if (std::find(p_.grad_undefined_at_call.begin(), p_.grad_undefined_at_call.end(), v) ==
       p_.grad_undefined_at_call.end())
     p_.grad_undefined_at_call.push_back(v);
@@ -335,7 +346,7 @@ void Recorder::on_grad_read(const Tensor& leaf, const Tensor& grad) {
     // Already a value: another leaf's .grad, or an argument (p.grad and q.grad one tensor).
     // The guard compares with the tensor as the call passed it (the source value with its
     // elements), not with what the function has written into it since.
-    const int lv = lookup(leaf);
+    const int lv = value_at_call(leaf);
     for (size_t v = 0; v < held_.size(); ++v) {
       const int src = p_.values[v].source;
       if (src < 0) continue;
@@ -358,7 +369,7 @@ void Recorder::on_grad_read(const Tensor& leaf, const Tensor& grad) {
   }
   Source s;
   s.kind = SourceKind::GradOf;
-  s.index = lookup(leaf);
+  s.index = value_at_call(leaf);
   s.contiguous = grad.is_contiguous();
   if (!s.contiguous) s.strides = grad.strides();
   add_source(grad, std::move(s));

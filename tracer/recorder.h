@@ -92,6 +92,10 @@ class Recorder final : public DispatchHook {
   // Sets Program::foreign_thread_reason when another thread wrote `t`'s memory in place since
   // the trace began.
   void check_foreign_write(const Tensor& t);
+  // The value of `t` as the call found it: its argument or captured source, not the value the
+  // function's in-place writes gave it since (a replay checks a leaf's .grad before the run,
+  // where only the sources exist: `w.mul_(2)` before backward() raised an internal error).
+  int value_at_call(const Tensor& t);
   // The value recorded for this very TensorImpl (alive), or -1.
   int by_impl(const Tensor& t) const;
   bool record_dropout_as_mask(const OpCall& call, const std::vector<Tensor>& outs);

@@ -159,3 +159,36 @@ TEST_CASE("compile(donate_buffers): an elementwise update of a captured tensor, 
     CHECK(w.raw_data() == data);
   }
 }
+
+TEST_CASE("compile: a leaf updated in place before backward() inside the function replays, "
+          "donated or not", "[compile][autograd]") {
+  // Found by a break-it pass: the guard "the .grad backward sets is undefined at the call" was
+  // recorded on w's value after w.mul_(2), which a replay computes only later: with
+  // donate_buffers every replay raised an internal error, without it every call ran eagerly.
+  for (bool donate : {false, true}) {
+    INFO("donate_buffers " << donate);
+    Tensor w = ones({3}).requires_grad_();
+    CompileOptions o;
+    o.donate_buffers = donate;
+    auto f = compile(
+        [&](const Tensor& x) {
+          {
+            NoGradGuard no_grad;
+            w.mul_(2.0);
+          }
+          Tensor loss = (w * w * x).sum();
+          loss.backward();
+          return loss.detach();
+        },
+        o, "update_then_backward");
+    for (int call = 1; call <= 4; ++call) {
+      INFO("call " << call);
+      w.set_grad(Tensor());
+      const float k = std::ldexp(1.0f, call);  // w = 2^call
+      CHECK(f(ones({3})).item<float>() == 3 * k * k);
+      CHECK(w.to_vector<float>() == std::vector<float>(3, k));
+      CHECK(w.grad().to_vector<float>() == std::vector<float>(3, 2 * k));
+    }
+    CHECK(contains(f.explain(), "3 replay(s)"));
+  }
+}
