@@ -170,6 +170,7 @@ enum class InjectedFault {
   InvalidMlir,     ///< the parsed module is broken (its @main loses its terminator)
   InvalidLlvmIr,   ///< the translated LLVM module gets a function without a terminator
   LlvmFatalError,  ///< llvm::report_fatal_error during object emission
+  RunError,        ///< Executable::run raises kiln::Error (a fault of compiled code at run time)
 };
 void inject_fault_for_testing(InjectedFault fault);
 

@@ -876,6 +876,8 @@ int Executable::output_alias(int k) const {
 }
 
 std::vector<Tensor> Executable::run(const std::vector<Tensor>& inputs) const {
+  KILN_CHECK(injected_fault() != InjectedFault::RunError, "codegen::Executable::run",
+             Loc::current(), "injected fault (inject_fault_for_testing)");
   std::vector<Tensor> copies;
   const std::vector<Tensor>* checked = &checked_inputs(inputs, copies);
   // The code writes a donated input while reading the others: one whose memory another input

@@ -126,6 +126,8 @@ Tensor arange(Scalar start, Scalar end, Scalar step, TensorOptions opts, Loc loc
   // counted in int64, as PyTorch (arange(-2.5, 2.5, 1.5, int64) is [-2, -1, 0, 1]; truncating
   // each double value gave [-2, -1, 0, 2]). The length stays the floating one.
   const bool int_values = all_int || (!is_floating(t) && t != DType::Bool);
+  if (int_values && !all_int)  // truncated to int64: NaN or out of range raises, as PyTorch
+    for (const Scalar& v : {start, step}) check_scalar_fits(v, DType::Int64, "arange", loc);
   const int64_t i_start = all_int ? start.to<int64_t>() : static_cast<int64_t>(s);
   const int64_t i_step = all_int ? step.to<int64_t>() : static_cast<int64_t>(st);
   KILN_CHECK(!int_values || i_step != 0, "arange", loc,
@@ -143,7 +145,12 @@ Tensor arange(Scalar start, Scalar end, Scalar step, TensorOptions opts, Loc loc
 
 Tensor linspace(double start, double end, int64_t steps, TensorOptions opts, Loc loc) {
   KILN_CHECK(steps >= 0, "linspace", loc, "number of steps must be non-negative, got {}", steps);
-  Tensor out = as_op("linspace", [&] { return empty({steps}, {float_or(opts)}, loc); });
+  const DType t = float_or(opts);
+  // The values lie between start and end: both in range, or a kiln::Error as for full()
+  // (NaN or 1e10 into int32 gave INT_MIN, an undefined conversion).
+  if (steps > 0)
+    for (double v : {start, end}) check_scalar_fits(Scalar(v), t, "linspace", loc);
+  Tensor out = as_op("linspace", [&] { return empty({steps}, {t}, loc); });
   double step = steps > 1 ? (end - start) / static_cast<double>(steps - 1) : 0;
   KILN_DISPATCH_ALL(out.dtype(), T, {
     T* p = out.data<T>();

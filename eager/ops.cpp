@@ -415,8 +415,17 @@ std::vector<Tensor> chunk(const Tensor& x, int64_t chunks, int64_t dim, Loc loc)
   KILN_CHECK(x.dim() > 0, "chunk", loc, "a 0-d tensor cannot be chunked");
   int d = wrap_dim(dim, x.dim(), "chunk", loc);
   // An empty dim gives `chunks` empty pieces, as in PyTorch (split by size gives one).
-  if (x.size(d) == 0) return split(x, std::vector<int64_t>(chunks, 0), d, loc);
-  int64_t size = (x.size(d) + chunks - 1) / chunks;
+  // (A million pieces or more were a std::bad_alloc, not a kiln::Error: a break-it pass.)
+  constexpr int64_t kMaxEmptyPieces = int64_t{1} << 20;
+  if (x.size(d) == 0) {
+    KILN_CHECK(chunks < kMaxEmptyPieces, "chunk", loc,
+               "{} chunks of an empty dim would be {} empty tensors; at most {}", chunks, chunks,
+               kMaxEmptyPieces - 1);
+    return split(x, std::vector<int64_t>(chunks, 0), d, loc);
+  }
+  // ceil(size / chunks) without overflow: size + chunks - 1 overflowed for chunks near
+  // INT64_MAX (split then blamed a size of 0).
+  const int64_t size = x.size(d) / chunks + (x.size(d) % chunks != 0);
   return split(x, size, d, loc);
 }
 

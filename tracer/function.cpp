@@ -48,7 +48,9 @@ struct UncheckedBranch {};
 // Internal: a replay raised kiln::Error (a value check: an index out of range) before it
 // changed anything the caller sees: the call runs eagerly instead, so that the function's own
 // code meets the error (a try/catch in it takes its other path; else eager raises it).
-struct ReplayRaised {};
+struct ReplayRaised {
+  std::string message;  // the replay's error
+};
 
 bool same_scalar(const Scalar& a, const Scalar& b) {
   if (a.kind() != b.kind()) return false;
@@ -969,6 +971,7 @@ std::vector<OutValue> CompiledFunction::call(const std::vector<ArgValue>& given,
   std::string miss_reason;
   bool missing_branch = false;  // the replay reached a host value no branch was traced for
   bool run_eagerly = false;     // a replay raised before it changed anything (ReplayRaised)
+  std::string replay_error;     // what it raised
   for (int attempt = 0; attempt < 3 && !run_eagerly; ++attempt) {
     missing_branch = false;
     std::vector<std::pair<std::shared_ptr<Entry>, bool>> found;
@@ -1012,8 +1015,9 @@ std::vector<OutValue> CompiledFunction::call(const std::vector<ArgValue>& given,
         } catch (const UncheckedBranch&) {
           entry = e, unchecked = true;
           break;
-        } catch (const ReplayRaised&) {
+        } catch (const ReplayRaised& raised) {
           run_eagerly = true;
+          replay_error = raised.message;
           break;
         } catch (const GuardFailure& g) {
           miss_reason = g.reason;
@@ -1041,7 +1045,15 @@ std::vector<OutValue> CompiledFunction::call(const std::vector<ArgValue>& given,
       return im.trace(lock, args, invoke, loc, marked, nullptr, false, {}, entry.get());
     return im.trace(lock, args, invoke, loc, marked, entry.get(), missing_branch, miss_reason);
   }
-  return invoke();
+  std::vector<OutValue> outs = invoke();
+  // Eager did not raise where the replay did: its error was no check of values that eager
+  // makes too but a fault of the replay, which ran every call eagerly without a word (a
+  // .grad guard on a value the replay had not computed yet). Said, and not replayed again;
+  // running out of memory may not happen again.
+  if (run_eagerly && replay_error.find("out of memory") == std::string::npos)
+    im.run_eagerly_from_now_on(fmt::format(
+        "a replay raised where eager did not (a kiln bug, please report it): {}", replay_error));
+  return outs;
 }
 
 }  // namespace kiln::tracer
@@ -1449,7 +1461,7 @@ std::vector<OutValue> CompiledFunction::Impl::replay(Entry& e, const std::vector
       if (e.dynamic && !contains(c->checked_sizes, sizes_key(e, args))) throw UncheckedBranch{};
       seg = c;
     }
-  } catch (const Error&) {
+  } catch (const Error& err) {
     // At sizes a trace confirmed, the error is a check of values (an index out of range). A
     // function that writes no argument or captured tensor and runs no host callback has then
     // changed nothing the caller sees: it runs eagerly (its draws then come from the generator
@@ -1458,7 +1470,7 @@ std::vector<OutValue> CompiledFunction::Impl::replay(Entry& e, const std::vector
     // numbers (review: the generator was left unmoved, and the next call redrew this one's
     // dropout masks). At unconfirmed sizes a symbolic entry's call is traced instead.
     const bool confirmed = !e.dynamic || contains(e.checked_sizes, sizes_key(e, args));
-    if (confirmed && !e.effects_while_run) throw ReplayRaised{};
+    if (confirmed && !e.effects_while_run) throw ReplayRaised{err.what()};
     if (generator && confirmed) advance_generator(st.rng_offset(*seg->program, st.node));
     throw;
   }

@@ -124,6 +124,13 @@ TEST_CASE("stack, split and chunk values") {
   std::vector<Tensor> empty_parts = chunk(zeros({2, 0}), 4, 1);
   REQUIRE(empty_parts.size() == 4);
   for (const Tensor& p : empty_parts) CHECK(p.shape() == Shape{2, 0});
+  // Chunk counts near INT64_MAX (a break-it pass: size + chunks - 1 overflowed and split
+  // raised for a size of 0; an empty dim's 2^40 pieces were a std::bad_alloc).
+  std::vector<Tensor> many = chunk(m, INT64_MAX, 1);
+  REQUIRE(many.size() == 3);
+  CHECK(many[2].to_vector<int64_t>() == L{2, 5});
+  CHECK_THROWS_WITH(chunk(zeros({0}), int64_t{1} << 40),
+                    Catch::Contains("chunk") && Catch::Contains("1099511627776 chunks"));
   // Split size 0 is allowed for an empty dim only, as in PyTorch (review).
   std::vector<Tensor> zero_split = split(zeros({0, 3}), 0, 0);
   REQUIRE(zero_split.size() == 1);
@@ -299,6 +306,24 @@ TEST_CASE("arange with floating bounds into an integer dtype truncates start and
   // Floating dtypes and integer bounds are as before.
   CHECK(arange(0, 2.5, 0.5).to_vector<float>() == F{0, 0.5f, 1, 1.5f, 2});
   CHECK(arange(1, 7, 2, kiln::Float32).to_vector<float>() == F{1, 3, 5});
+}
+
+TEST_CASE("linspace and floating arange raise for values an integer dtype cannot hold") {
+  // A break-it pass: linspace(0, 1e10, 3, int32) gave [0, INT_MIN, INT_MIN] and a NaN end
+  // INT_MIN everywhere (undefined conversions); PyTorch raises, as kiln's full() does.
+  CHECK_THROWS_WITH(linspace(0, 1e10, 3, kiln::Int32),
+                    Catch::Contains("linspace") && Catch::Contains("10000000000") &&
+                        Catch::Contains("cannot be converted to int32"));
+  CHECK_THROWS_WITH(linspace(0, NAN, 3, kiln::Int64), Catch::Contains("cannot be converted"));
+  CHECK_THROWS_WITH(linspace(-9.3e18, 9.3e18, 3, kiln::Int64),
+                    Catch::Contains("cannot be converted to int64"));
+  CHECK_THROWS_WITH(arange(-1e19, -1e19 + 2e6, 1e6, kiln::Int64),
+                    Catch::Contains("arange") && Catch::Contains("cannot be converted"));
+  // In range, and no steps, are as before.
+  CHECK(linspace(0, 1e9, 3, kiln::Int32).to_vector<int32_t>() ==
+        std::vector<int32_t>{0, 500000000, 1000000000});
+  CHECK(linspace(0, 1e10, 0, kiln::Int32).numel() == 0);
+  CHECK(linspace(0, 1e10, 2).to_vector<float>() == F{0, 1e10f});
 }
 
 TEST_CASE("tril, triu, arange and slice with extreme integers (no overflow)") {

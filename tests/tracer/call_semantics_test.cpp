@@ -11,6 +11,7 @@
 #include <string>
 #include <string_view>
 
+#include "codegen/codegen.h"
 #include "kiln/kiln.h"
 #include "kiln/nn.h"
 #include "tracer/util.h"
@@ -755,4 +756,27 @@ TEST_CASE("compile: a function that writes an argument and catches an op's error
   CHECK(x.to_vector<float>() == xe.to_vector<float>());
   CHECK(equal(f(x, good), step(xe, good)));
   CHECK(x.to_vector<float>() == std::vector<float>{5, 5, 5});
+}
+
+TEST_CASE("compile: a replay that raises where eager does not runs eagerly from then on, saying "
+          "why", "[compile]") {
+  // Such an error is no check of values (eager makes those too) but a fault of the replay: one
+  // (a .grad guard on a value the replay had not computed yet) ran every call eagerly without
+  // a word.
+  auto fn = [](const Tensor& x) { return (x * 2.0 + 1.0).exp(); };
+  auto f = compile(fn, CompileOptions{}, "faulty_replay");
+  Tensor x = tensor({0.5f, -1.f, 2.f});
+  f(x);  // traced
+  std::vector<float> got;
+  {
+    codegen::inject_fault_for_testing(codegen::InjectedFault::RunError);
+    got = f(x).to_vector<float>();
+    codegen::inject_fault_for_testing(codegen::InjectedFault::None);
+  }
+  CHECK(got == fn(x).to_vector<float>());  // the call's own eager run
+  const std::string e = f.explain();
+  CHECK(contains(e, "runs eagerly from now on"));
+  CHECK(contains(e, "a replay raised where eager did not"));
+  CHECK(contains(e, "injected fault"));
+  CHECK(f(x).to_vector<float>() == fn(x).to_vector<float>());
 }
