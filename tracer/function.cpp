@@ -1045,12 +1045,15 @@ std::vector<OutValue> CompiledFunction::call(const std::vector<ArgValue>& given,
       return im.trace(lock, args, invoke, loc, marked, nullptr, false, {}, entry.get());
     return im.trace(lock, args, invoke, loc, marked, entry.get(), missing_branch, miss_reason);
   }
+  const uint64_t op_errors_before = dispatch::op_errors();
   std::vector<OutValue> outs = invoke();
-  // Eager did not raise where the replay did: its error was no check of values that eager
-  // makes too but a fault of the replay, which ran every call eagerly without a word (a
-  // .grad guard on a value the replay had not computed yet). Said, and not replayed again;
-  // running out of memory may not happen again.
-  if (run_eagerly && replay_error.find("out of memory") == std::string::npos)
+  // Eager did not raise where the replay did, nor caught an op's error itself (a try around
+  // index_select): the replay's error was no check of values that eager makes too but a fault
+  // of the replay, which ran every call eagerly without a word (a .grad guard on a value the
+  // replay had not computed yet). Said, and not replayed again; running out of memory may not
+  // happen again.
+  if (run_eagerly && dispatch::op_errors() == op_errors_before &&
+      replay_error.find("out of memory") == std::string::npos)
     im.run_eagerly_from_now_on(fmt::format(
         "a replay raised where eager did not (a kiln bug, please report it): {}", replay_error));
   return outs;

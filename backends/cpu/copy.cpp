@@ -8,6 +8,7 @@
 
 #include "backends/cpu/kernels.h"
 #include "backends/cpu/loops.h"
+#include "backends/cpu/reduce_simd.h"
 
 namespace kiln::cpu {
 namespace {
@@ -54,18 +55,19 @@ template <class T> void fill(const Tensor& t, T v) {
   });
 }
 
-// dst[b][r][c] = src at b's offset + r + c * sc, for the rows [r0, r1) of batch b, through a
-// kTile x kTile buffer: contiguous reads of a tile, then contiguous writes. Element by element,
-// a transposed 1024 x 1024 float32 read 4 KiB apart, aliasing the writes (4K aliasing) and a
-// few cache sets: t().contiguous() took 4.4 ms, 8x PyTorch's blocked copy (found by review).
-// The tile holds the source's rows as read (tile[c][r]): filled by row copies, emptied column
-// by column with vectorisation off, as -march=native vectorised the other order into AVX-512
-// scatters or gathers (2.3 ms for 1024 x 1024 float32, one thread). 64 x 64 tiles: 0.55-0.7
-// ms; 32: 0.75; 16: 1.1 (measured with a standalone copy of this loop, clang 22 -O3).
+// dst[r * drs + c] = src[r + c * sc] for the rows [r0, r1) and every column c < cols, through
+// a kTile x kTile buffer: contiguous reads of a tile, then contiguous writes. Element by
+// element, a transposed 1024 x 1024 float32 read 4 KiB apart, aliasing the writes (4K
+// aliasing) and a few cache sets: t().contiguous() took 4.4 ms, 8x PyTorch's blocked copy
+// (found by review). The tile holds the source's rows as read (tile[c][r]): filled by row
+// copies, emptied column by column with vectorisation off, as -march=native vectorised the
+// other order into AVX-512 scatters or gathers (2.3 ms for 1024 x 1024 float32, one thread).
+// 64 x 64 tiles: 0.55-0.7 ms; 32: 0.75; 16: 1.1 (a standalone copy of this loop, clang 22 -O3).
 constexpr int64_t kTile = 64;
 
 template <class T>
-void transpose_rows(T* dst, const T* src, int64_t r0, int64_t r1, int64_t cols, int64_t sc) {
+void transpose_rows(T* dst, const T* src, int64_t r0, int64_t r1, int64_t cols, int64_t sc,
+                    int64_t drs) {
   T tile[kTile][kTile];
   for (int64_t rb = r0; rb < r1; rb += kTile) {
     const int64_t rn = std::min(r1 - rb, kTile);
@@ -75,31 +77,42 @@ void transpose_rows(T* dst, const T* src, int64_t r0, int64_t r1, int64_t cols, 
         for (int64_t r = 0; r < rn; ++r) tile[c][r] = src[rb + r + (cb + c) * sc];
       for (int64_t r = 0; r < rn; ++r) {
 #pragma clang loop vectorize(disable)
-        for (int64_t c = 0; c < cn; ++c) dst[(rb + r) * cols + cb + c] = tile[c][r];
+        for (int64_t c = 0; c < cn; ++c) dst[(rb + r) * drs + cb + c] = tile[c][r];
       }
     }
   }
 }
 
-// A same-dtype copy into a contiguous tensor from one whose last two dims are transposed
-// (stride 1 in dim -2): a batched blocked transpose. False when the layouts are otherwise.
+// A same-dtype copy into a contiguous tensor from one read across its memory order: stride 1
+// in a dim k before the last, not in the last (x.t(), x.permute({2, 0, 1})). A batched blocked
+// transpose of dims k and last, the other dims the batch. permute({2, 0, 1}).contiguous() of
+// [64, 256, 512] float32 took 37 ms element by element (1.8 GB/s). False for other layouts.
 bool copy_transposed(const Tensor& dst, const Tensor& src) {
-  const int d = dst.dim();
-  if (d < 2 || src.dtype() != dst.dtype() || src.shape() != dst.shape() || !dst.is_contiguous())
+  const int last = dst.dim() - 1;
+  if (last < 1 || src.dtype() != dst.dtype() || src.shape() != dst.shape() || !dst.is_contiguous())
     return false;
-  const int64_t rows = dst.size(d - 2), cols = dst.size(d - 1);
-  const int64_t sc = src.strides()[d - 1];
-  if (src.strides()[d - 2] != 1 || sc == 1 || rows < 8 || cols < 8 || rows * cols < 1024)
-    return false;
-  const int64_t batch = dst.numel() / (rows * cols);
-  std::vector<int64_t> src_offset(batch);  // of each batch element, in elements
+  int k = -1;
+  for (int i = last - 1; i >= 0 && k < 0; --i)
+    if (src.strides()[i] == 1 && dst.size(i) > 1) k = i;
+  if (k < 0) return false;
+  const int64_t rows = dst.size(k), cols = dst.size(last);
+  const int64_t sc = src.strides()[last], drs = dst.strides()[k];
+  if (sc == 1 || rows < 8 || cols < 8 || rows * cols < 1024) return false;
+  std::vector<int> batch_dims;
+  int64_t batch = 1;
+  for (int i = 0; i < last; ++i)
+    if (i != k) batch_dims.push_back(i), batch *= dst.size(i);
+  std::vector<int64_t> src_offset(batch), dst_offset(batch);  // of each batch element
   for (int64_t b = 0; b < batch; ++b) {
-    int64_t rest = b, off = 0;
-    for (int k = d - 3; k >= 0; --k) {
-      off += rest % dst.size(k) * src.strides()[k];
-      rest /= dst.size(k);
+    int64_t rest = b, from = 0, to = 0;
+    for (auto i = batch_dims.rbegin(); i != batch_dims.rend(); ++i) {
+      const int64_t at = rest % dst.size(*i);
+      rest /= dst.size(*i);
+      from += at * src.strides()[*i];
+      to += at * dst.strides()[*i];
     }
-    src_offset[b] = off;
+    src_offset[b] = from;
+    dst_offset[b] = to;
   }
   auto run = [&](auto zero) {
     using T = decltype(zero);
@@ -110,8 +123,8 @@ bool copy_transposed(const Tensor& dst, const Tensor& src) {
     parallel_for(0, batch * blocks, grain, [&](int64_t lo, int64_t hi) {
       for (int64_t t = lo; t < hi; ++t) {
         const int64_t b = t / blocks, r0 = t % blocks * kTile;
-        transpose_rows(out + b * rows * cols, in + src_offset[b], r0,
-                       std::min(rows, r0 + kTile), cols, sc);
+        transpose_rows(out + dst_offset[b], in + src_offset[b], r0, std::min(rows, r0 + kTile),
+                       cols, sc, drs);
       }
     });
   };
@@ -125,6 +138,21 @@ bool copy_transposed(const Tensor& dst, const Tensor& src) {
 }
 
 }  // namespace
+
+Tensor copy_if_read_across(const Tensor& in, const Tensor& out) {
+  constexpr int64_t kMinElements = 1 << 16;
+  const int last = in.dim() - 1;
+  if (last < 1 || in.numel() < kMinElements || !out.is_contiguous() || in.shape() != out.shape() ||
+      in.strides()[last] == 1 || in.size(last) == 1)
+    return {};
+  for (int i = 0; i < last; ++i)
+    if (in.strides()[i] == 1 && in.size(i) > 1) {
+      Tensor copy = simd::empty_cpu(in.shape(), in.dtype());
+      copy_cast(copy, in);
+      return copy;
+    }
+  return {};
+}
 
 void copy_cast(const Tensor& dst, const Tensor& src) {
   if (copy_transposed(dst, src)) return;

@@ -18,6 +18,7 @@
 #include <utility>
 #include <xsimd/xsimd.hpp>
 
+#include "backends/cpu/kernels.h"
 #include "backends/cpu/loops.h"
 #include "backends/cpu/simd_exp.h"
 #include "core/formulas.h"
@@ -225,7 +226,11 @@ void map(const Tensor& out, const std::array<const Tensor*, N>& ins, const F& f)
   }
   std::array<const Tensor*, N + 1> ops;
   ops[0] = &out;
-  for (int k = 0; k < N; ++k) ops[k + 1] = ins[k];
+  std::array<Tensor, N> copies;  // of inputs read across their memory order (kernels.h)
+  for (int k = 0; k < N; ++k) {
+    copies[k] = copy_if_read_across(*ins[k], out);
+    ops[k + 1] = copies[k].defined() ? &copies[k] : ins[k];
+  }
   StridedLoop<N + 1> loop(out.shape(), ops);
   if (loop.numel() == 0) return;
   std::array<int64_t, N + 1> s;

@@ -779,4 +779,22 @@ TEST_CASE("compile: a replay that raises where eager does not runs eagerly from 
   CHECK(contains(e, "a replay raised where eager did not"));
   CHECK(contains(e, "injected fault"));
   CHECK(f(x).to_vector<float>() == fn(x).to_vector<float>());
+
+  // Not when eager raised too and the function caught it (a break-it pass: that call made the
+  // function eager for good, named a kiln bug).
+  auto guarded = [](const Tensor& v, const Tensor& idx) {
+    Tensor y = v * 2.0;
+    try {
+      return index_select(y, 0, idx) + 1.0;
+    } catch (const Error&) {
+      return y - 1.0;
+    }
+  };
+  auto g = compile(guarded, CompileOptions{}, "catches_index");
+  Tensor v = arange(3, DType::Float32), good = tensor({int64_t{1}}), bad = tensor({int64_t{5}});
+  CHECK(g(v, good).to_vector<float>() == std::vector<float>{3});
+  CHECK(g(v, bad).to_vector<float>() == std::vector<float>{-1, 1, 3});  // caught, as eager
+  for (int call = 0; call < 2; ++call) CHECK(g(v, good).to_vector<float>() == std::vector<float>{3});
+  CHECK(!contains(g.explain(), "runs eagerly from now on"));
+  CHECK(contains(g.explain(), "2 replay(s)"));
 }
