@@ -64,6 +64,11 @@ class Module {
   /// torch.compile does. Modules that read their mode must read it here. explain() names the
   /// guard with `loc`, or the user's line of the module call when the read is kiln's own.
   bool is_training(Loc loc = Loc::current()) const;
+  /// Lives as long as this module (copies get their own): compile() guards a module argument
+  /// by its address and this token, so a new module built where a destroyed one was (an
+  /// optional's emplace, a stack object in a loop) traces again instead of replaying the old
+  /// module's weights.
+  std::weak_ptr<const void> lifetime_token() const { return alive_.token; }
 
   /// Sets .grad of every parameter to undefined.
   void zero_grad();

@@ -210,6 +210,7 @@ template <class A> ArgValue to_arg(const A& a) {
     v.other = &a;
     v.other_size = sizeof(D);
     v.by_identity = std::is_polymorphic_v<D>;
+    if constexpr (requires { a.lifetime_token(); }) v.lifetime = a.lifetime_token();
   }
   return v;
 }

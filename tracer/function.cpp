@@ -126,8 +126,9 @@ struct ArgGuard {
   // captured, with that tensor's TensorImpl address. A replay of another struct, or of one
   // whose member was assigned another tensor, would use the traced tensor instead.
   std::vector<std::pair<size_t, const void*>> embedded;
-  // A polymorphic object's address (ArgValue::by_identity), or null.
+  // A polymorphic object's address (ArgValue::by_identity), or null, and its lifetime token.
   const void* identity = nullptr;
+  std::weak_ptr<const void> lifetime;
 };
 
 // The first earlier tensor argument sharing argument i's storage, as 2·j, or 2·k + 1 for the
@@ -175,7 +176,12 @@ std::string guard_failure(const ArgGuard& g, const std::vector<ArgValue>& args, 
   if (a.kind == ArgValue::Kind::Other) {
     if (g.other_equal && (!a.other || !g.other_equal(g.other.get(), a.other)))
       return fmt::format("argument {} (a host value) changed", i);
-    if (g.identity && a.other != g.identity)
+    // The token too: a module built where the traced one was destroyed has its address (a
+    // break-it pass: a sweep that emplaced each new model into one std::optional replayed the
+    // first model's weights while they were kept alive).
+    const bool same_token = !g.lifetime.owner_before(a.lifetime) &&
+                            !a.lifetime.owner_before(g.lifetime);
+    if (g.identity && (a.other != g.identity || !same_token))
       return fmt::format("argument {} is another object (a module, or another polymorphic class) "
                          "than when traced", i);
     for (auto [offset, impl] : g.embedded) {
@@ -1967,7 +1973,10 @@ std::vector<OutValue> CompiledFunction::Impl::trace(
     }
     if (g.kind == ArgValue::Kind::Other && args[i].other && args[i].other_size)
       g.embedded = embedded_tensors(*prog, args[i]);
-    if (g.kind == ArgValue::Kind::Other && args[i].by_identity) g.identity = args[i].other;
+    if (g.kind == ArgValue::Kind::Other && args[i].by_identity) {
+      g.identity = args[i].other;
+      g.lifetime = args[i].lifetime;
+    }
     if (g.kind != ArgValue::Kind::Tensor) continue;
     const Tensor& t = args[i].tensor;
     g.dtype = t.dtype();

@@ -104,6 +104,9 @@ struct ArgValue {
   /// by its address, since the tensors it reaches through pointers (a Sequential's layers) are
   /// not in its bytes. Another module then traces again instead of replaying the first's weights.
   bool by_identity = false;
+  /// Its lifetime_token() where it has one (an nn::Module): guarded with the address, which a
+  /// new object may reuse once this one is destroyed.
+  std::weak_ptr<const void> lifetime;
 };
 
 /// One result of the function: a tensor or a host value (a constant of its specialisation).

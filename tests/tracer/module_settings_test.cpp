@@ -4,6 +4,7 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <optional>
 #include <string>
 
 #include "kiln/kiln.h"
@@ -62,6 +63,32 @@ TEST_CASE("compile: layers added to a Sequential after compiling trace again") {
     CHECK((captured ? cf.compile_count() : cm.compile_count()) == 2);
     CHECK(contains(captured ? cf.explain() : cm.explain(), "Sequential's 3 submodule(s)"));
   }
+}
+
+TEST_CASE("compile: a module argument built where a destroyed one was traces again") {
+  // A break-it pass: a sweep that emplaced each new model into one std::optional (the same
+  // address) replayed the first model's weights, which a kept list of parameters held alive.
+  auto fn = [](Module& m, const Tensor& x) { return m.forward(x) * 2.0 + 1.0; };
+  auto f = compile(fn);
+  std::vector<Tensor> kept;
+  std::optional<Sequential> model;
+  const void* first = nullptr;
+  Tensor x = ones({1, 3});
+  for (int i = 0; i < 4; ++i) {
+    INFO("model " << i);
+    model.reset();
+    model.emplace();
+    if (!first) first = &*model;
+    REQUIRE(static_cast<const void*>(&*model) == first);
+    manual_seed(100 + i);
+    model->push_back(std::make_shared<Linear>(3, 2));
+    for (const Tensor& p : model->parameters()) kept.push_back(p);
+    for (int call = 0; call < 2; ++call) {  // traced, then the new entry replays
+      Tensor got = f(*model, x), want = fn(*model, x);
+      CHECK((got - want).abs().amax().item<float>() <= 1e-6f);
+    }
+  }
+  CHECK(contains(f.explain(), "another object"));
 }
 
 TEST_CASE("compile: an optimizer option made invalid after compiling is eager's error") {
