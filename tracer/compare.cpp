@@ -20,7 +20,7 @@ void print(const Tensor& t, const std::string& label, Loc loc) {
     });
   };
   if (auto* rec = tracer::Recorder::current()) rec->on_callback("print", show, {t}, loc);
-  show({t});
+  if (tracer::PrintScope::show_next()) show({t});
 }
 
 std::string CompareReport::str() const {
@@ -312,7 +312,17 @@ std::vector<OutValue> checked_call(
   StateJournal journal;
   std::vector<ArgValue> eager_args = fresh_copies(args), spare = fresh_copies(args);
   const GeneratorState rng_start = generator_state();
-  std::vector<OutValue> eager_outs = eager(eager_args);
+  std::vector<OutValue> eager_outs;
+  try {
+    eager_outs = eager(eager_args);
+  } catch (...) {
+    // The function raised (its own exception or kiln's): nothing to compare. The call runs as
+    // without `check`, from the caller's state, and raises as eager does, leaving what eager
+    // leaves (a break-it pass: the arguments were left unwritten, the captured tensors written).
+    journal.restore();
+    set_generator_state(rng_start);
+    return compiled();
+  }
   std::vector<Tensor> eager_state = journal.current();
   for (OutValue& o : eager_outs)  // an output in written state (a returned parameter) is kept
     if (o.is_tensor && journal.wrote(o.tensor))

@@ -236,8 +236,7 @@ std::string guard_failure(const ArgGuard& g, const std::vector<ArgValue>& args, 
                        g.requires_grad)))
     return first;
   if (g.leaf >= 0 && t.is_leaf() != bool(g.leaf) &&
-      fail(fmt::format("argument {}: {} a leaf (the function's backward() sets .grad)", i,
-                       g.leaf ? "no longer" : "now")))
+      fail(fmt::format("argument {}: {} a leaf", i, g.leaf ? "no longer" : "now")))
     return first;
   if (alias_index(args, i) != g.alias_of &&
       fail(fmt::format("argument {}: aliasing with other arguments changed", i)))
@@ -955,6 +954,7 @@ std::vector<OutValue> CompiledFunction::call(const std::vector<ArgValue>& given,
   }
   // Inside another function's trace, this function's ops become part of that trace.
   if (compile_disabled() || Recorder::current() != nullptr) return invoke();
+  PrintScope prints;
   if (im.forked_while_busy.load(std::memory_order_relaxed)) {
     ++im.eager_calls;
     return invoke();
@@ -1052,6 +1052,7 @@ std::vector<OutValue> CompiledFunction::call(const std::vector<ArgValue>& given,
     return im.trace(lock, args, invoke, loc, marked, entry.get(), missing_branch, miss_reason);
   }
   const uint64_t op_errors_before = dispatch::op_errors();
+  PrintScope::restart();
   std::vector<OutValue> outs = invoke();
   // Eager did not raise where the replay did, nor caught an op's error itself (a try around
   // index_select): the replay's error was no check of values that eager makes too but a fault
@@ -1437,6 +1438,7 @@ void alias_written_outputs(const Segment& seg, const std::vector<std::pair<int, 
 
 std::vector<OutValue> CompiledFunction::Impl::replay(Entry& e, const std::vector<ArgValue>& args,
                                                      std::shared_ptr<const Program>* ran) {
+  PrintScope::restart();
   RunState st;
   st.args.resize(args.size());
   st.scalars.resize(args.size());
@@ -1589,6 +1591,7 @@ std::vector<OutValue> CompiledFunction::Impl::trace(
     std::unique_lock<std::shared_mutex>& lock, const std::vector<ArgValue>& args,
     const Invoke& invoke, Loc loc, const std::vector<std::pair<int, int>>& marked_dims,
     Entry* failed, bool missing_branch, const std::string& miss_reason, Entry* unchecked) {
+  PrintScope::restart();
   // A failed entry whose guards no longer hold (a captured tensor freed, a symbolic replay that
   // failed) is dropped; one that only lacks a branch gets the new branch below.
   if (failed && !missing_branch)
@@ -1985,7 +1988,9 @@ std::vector<OutValue> CompiledFunction::Impl::trace(
     g.contiguous = t.is_contiguous();
     if (!g.contiguous) g.strides = t.strides();
     g.requires_grad = t.requires_grad();
-    if (g.requires_grad && !prog->grad_assignments.empty()) g.leaf = t.is_leaf();
+    // Leaf or not, where it requires grad: the function's backward() sets a leaf's .grad, and
+    // the function may read x.is_leaf() (a break-it pass: a non-leaf replayed a leaf's branch).
+    if (g.requires_grad) g.leaf = t.is_leaf();
     g.alias_of = alias_index(args, i);
   }
   // Symbolic dims: marked ones (optimistic: checked by replay, see call()), then automatic.

@@ -1003,7 +1003,7 @@ std::optional<Scalar> Plan::run(RunState& st) const {
         st.node = s.node;
         std::vector<Tensor> ins;
         for (int v : n.in) ins.push_back(st.value(p, v));
-        n.callback(ins);
+        if (n.callback_name != "print" || PrintScope::show_next()) n.callback(ins);
         break;
       }
       case Step::Kind::Read: {

@@ -512,4 +512,17 @@ void mark_snapshots_reaching_caller(Program& p) {
   for (auto [source, value] : p.write_backs) reach(value);
 }
 
+thread_local PrintScope::Positions PrintScope::t_positions;
+
+PrintScope::PrintScope() : saved_(t_positions) { t_positions = {0, 0, true}; }
+PrintScope::~PrintScope() { t_positions = saved_; }
+void PrintScope::restart() { t_positions.next = 0; }
+bool PrintScope::show_next() {
+  Positions& p = t_positions;
+  if (!p.active) return true;
+  const bool show = p.next++ >= p.shown;
+  if (show) p.shown = p.next;
+  return show;
+}
+
 }  // namespace kiln::tracer

@@ -155,4 +155,28 @@ template <class F> decltype(auto) untraced(F&& fn) {
 /// that is empty or not on the cpu.
 Scalar read_scalar(const Tensor& t, int64_t index = 0);
 
+/// The prints of one compiled call (kiln::print, run or replayed). A call may run the
+/// function's first part twice (a replay that reads a value no branch was traced for, or fails
+/// a later segment's guard, then the trace or the eager run): each print is shown once, by its
+/// position in the call (found by a break-it pass: the first segment's print showed twice).
+class PrintScope {
+ public:
+  PrintScope();  // one compiled call: saves the thread's positions, starts fresh ones
+  ~PrintScope();
+  PrintScope(const PrintScope&) = delete;
+  PrintScope& operator=(const PrintScope&) = delete;
+  /// An attempt of the call (a replay, the trace, the eager run) starts at position 0.
+  static void restart();
+  /// Whether the print at the next position is shown: not when an earlier attempt of the call
+  /// showed it; always outside a compiled call.
+  static bool show_next();
+
+ private:
+  struct Positions {
+    int64_t next = 0, shown = 0;
+    bool active = false;
+  } saved_;
+  static thread_local Positions t_positions;
+};
+
 }  // namespace kiln::tracer

@@ -798,3 +798,16 @@ TEST_CASE("compile: a replay that raises where eager does not runs eagerly from 
   CHECK(!contains(g.explain(), "runs eagerly from now on"));
   CHECK(contains(g.explain(), "2 replay(s)"));
 }
+
+TEST_CASE("compile: whether an argument that requires grad is a leaf is guarded", "[compile]") {
+  // A break-it pass: x.is_leaf() read inside replayed the leaf's branch for a non-leaf.
+  auto fn = [](const Tensor& x) { return x.is_leaf() ? x * 2.0 + 1.0 : x * 3.0 + 1.0; };
+  auto f = compile(fn);
+  Tensor leaf = ones({2}).requires_grad_();
+  for (int call = 0; call < 3; ++call) {
+    INFO("call " << call);
+    CHECK(f(leaf).to_vector<float>() == std::vector<float>{3, 3});
+    CHECK(f(leaf * 1.0).to_vector<float>() == std::vector<float>{4, 4});
+  }
+  CHECK(contains(f.explain(), "not a leaf"));
+}

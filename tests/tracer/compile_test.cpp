@@ -4,9 +4,12 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstdio>
 #include <functional>
 #include <future>
 #include <thread>
+
+#include <unistd.h>
 
 #include "fork_children.h"
 #include "kiln/kiln.h"
@@ -203,6 +206,39 @@ TEST_CASE("compile: host side effects happen while tracing only; kiln::print on 
   CHECK(vec(printing(ones({2}))) == std::vector<float>{4, 4});
   CHECK(vec(printing(full({2}, 2.0f))) == std::vector<float>{7, 7});
   CHECK(contains(printing.explain(), "host callback print"));
+}
+
+TEST_CASE("compile: kiln::print shows once per call when a replay finds no branch and the "
+          "function is traced", "[compile]") {
+  // A break-it pass: the replay of the first segment printed, found no branch for the value
+  // read, and the trace ran the function (and the print) again.
+  auto cf = compile([](const Tensor& x) {
+    Tensor y = x * 2.0 + 1.0;
+    kiln::print(y, "y");
+    if ((y.sum() > 10.0).item<bool>()) return y * 3.0;
+    return y - 1.0;
+  });
+  // stdout of `run`, through a temporary file.
+  auto printed = [](const std::function<void()>& run) {
+    std::fflush(stdout);
+    FILE* tmp = std::tmpfile();
+    const int saved = ::dup(1);
+    ::dup2(::fileno(tmp), 1);
+    run();
+    std::fflush(stdout);
+    ::dup2(saved, 1);
+    ::close(saved);
+    std::rewind(tmp);
+    std::string text;
+    for (int c; (c = std::fgetc(tmp)) != EOF;) text += static_cast<char>(c);
+    std::fclose(tmp);
+    return text;
+  };
+  CHECK(printed([&] { cf(ones({2})); }) == "y: tensor([3., 3.])\n");
+  CHECK(printed([&] { cf(full({2}, 5.0f)); }) == "y: tensor([11., 11.])\n");  // a new branch
+  CHECK(printed([&] { cf(full({2}, 5.0f)); }) == "y: tensor([11., 11.])\n");
+  CHECK(printed([&] { cf(ones({2})); }) == "y: tensor([3., 3.])\n");
+  CHECK(cf.compile_count() == 2);  // the trace and its second branch
 }
 
 TEST_CASE("compile: guards on dtype, rank, size, contiguity, requires_grad, grad mode",
