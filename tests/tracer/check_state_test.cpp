@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 
 #include <cstring>
+#include <stdexcept>
 
 #include "kiln/kiln.h"
 #include "kiln/nn.h"
@@ -322,4 +323,27 @@ TEST_CASE("compare() passes each argument with its layout, modules by reference,
   stale(x);
   g = 3.0;
   CHECK_THROWS_WITH(stale(x), Catch::Contains("output 0"));
+}
+
+TEST_CASE("check=true: a function that raises leaves the arguments and captured tensors as "
+          "eager does") {
+  // A break-it pass: the reference run wrote copies of the arguments and the real captured
+  // tensors, then raised: x was left unwritten, w written (eager writes both).
+  Tensor w = ones({2});
+  auto fn = [&](Tensor& x, bool fail) {
+    x.add_(1.0);
+    w.add_(1.0);
+    if (fail) throw std::runtime_error("fail");
+    return x * 2.0 + 1.0;
+  };
+  CompileOptions o;
+  o.check = true;
+  auto f = compile(fn, o);
+  Tensor x = ones({2});
+  CHECK_THROWS_WITH(f(x, true), "fail");
+  CHECK(vec(x) == std::vector<float>{2, 2});
+  CHECK(vec(w) == std::vector<float>{2, 2});
+  CHECK(vec(f(x, false)) == std::vector<float>{7, 7});  // and the next call checks as before
+  CHECK(vec(x) == std::vector<float>{3, 3});
+  CHECK(vec(w) == std::vector<float>{3, 3});
 }
