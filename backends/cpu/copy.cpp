@@ -83,25 +83,32 @@ void transpose_rows(T* dst, const T* src, int64_t r0, int64_t r1, int64_t cols, 
   }
 }
 
-// A same-dtype copy into a contiguous tensor from one read across its memory order: stride 1
-// in a dim k before the last, not in the last (x.t(), x.permute({2, 0, 1})). A batched blocked
-// transpose of dims k and last, the other dims the batch. permute({2, 0, 1}).contiguous() of
-// [64, 256, 512] float32 took 37 ms element by element (1.8 GB/s). False for other layouts.
+// A same-dtype copy between layouts that run across each other: the source has stride 1 in a
+// dim (row_dim), the destination in another (col_dim) (x.t().contiguous(), x.permute({2, 0, 1}),
+// dT.t().copy_(x)). A batched blocked transpose of dims a and b, the other dims the batch.
+// permute({2, 0, 1}).contiguous() of [64, 256, 512] float32 took 37 ms element by element
+// (1.8 GB/s), dT.t().copy_(x) of [4096, 2048] 35 ms. False for other layouts.
 bool copy_transposed(const Tensor& dst, const Tensor& src) {
-  const int last = dst.dim() - 1;
-  if (last < 1 || src.dtype() != dst.dtype() || src.shape() != dst.shape() || !dst.is_contiguous())
-    return false;
-  int k = -1;
-  for (int i = last - 1; i >= 0 && k < 0; --i)
-    if (src.strides()[i] == 1 && dst.size(i) > 1) k = i;
-  if (k < 0) return false;
-  const int64_t rows = dst.size(k), cols = dst.size(last);
-  const int64_t sc = src.strides()[last], drs = dst.strides()[k];
-  if (sc == 1 || rows < 8 || cols < 8 || rows * cols < 1024) return false;
+  const int rank = dst.dim();
+  if (rank < 2 || src.dtype() != dst.dtype() || src.shape() != dst.shape()) return false;
+  auto unit_dim = [&](const Tensor& t) {  // the innermost dim of stride 1 (size > 1), or -1
+    for (int i = rank - 1; i >= 0; --i)
+      if (t.strides()[i] == 1 && t.size(i) > 1) return i;
+    return -1;
+  };
+  const int row_dim = unit_dim(src), col_dim = unit_dim(dst);
+  if (row_dim < 0 || col_dim < 0 || row_dim == col_dim) return false;
+  for (int i = 0; i < rank; ++i)  // the destination's elements are distinct memory
+    if (dst.strides()[i] <= 0 && dst.size(i) > 1) return false;
+  const int64_t rows = dst.size(row_dim), cols = dst.size(col_dim);
+  const int64_t sc = src.strides()[col_dim], drs = dst.strides()[row_dim];
+  // sc == 0 (a broadcast column, col.expand({R, C})): rows of one value, which the strided
+  // loop writes at copy speed (the tiles took 3x as long).
+  if (sc <= 0 || rows < 8 || cols < 8 || rows * cols < 1024) return false;
   std::vector<int> batch_dims;
   int64_t batch = 1;
-  for (int i = 0; i < last; ++i)
-    if (i != k) batch_dims.push_back(i), batch *= dst.size(i);
+  for (int i = 0; i < rank; ++i)
+    if (i != row_dim && i != col_dim) batch_dims.push_back(i), batch *= dst.size(i);
   std::vector<int64_t> src_offset(batch), dst_offset(batch);  // of each batch element
   for (int64_t b = 0; b < batch; ++b) {
     int64_t rest = b, from = 0, to = 0;
@@ -145,6 +152,10 @@ Tensor copy_if_read_across(const Tensor& in, const Tensor& out) {
   if (last < 1 || in.numel() < kMinElements || !out.is_contiguous() || in.shape() != out.shape() ||
       in.strides()[last] == 1 || in.size(last) == 1)
     return {};
+  // A broadcast input (stride 0: col.expand({R, C})) reads little memory: copying it whole
+  // tripled x + col's time (found by a performance pass).
+  for (int i = 0; i <= last; ++i)
+    if (in.strides()[i] == 0 && in.size(i) > 1) return {};
   for (int i = 0; i < last; ++i)
     if (in.strides()[i] == 1 && in.size(i) > 1) {
       Tensor copy = simd::empty_cpu(in.shape(), in.dtype());
@@ -156,6 +167,13 @@ Tensor copy_if_read_across(const Tensor& in, const Tensor& out) {
 
 void copy_cast(const Tensor& dst, const Tensor& src) {
   if (copy_transposed(dst, src)) return;
+  // A conversion read across memory (x.t().to(Float64): 20-30x a contiguous cast) is
+  // transposed in the source's dtype first, then converted contiguously.
+  if (src.dtype() != dst.dtype())
+    if (Tensor staged = copy_if_read_across(src, dst); staged.defined()) {
+      copy_cast(dst, staged);
+      return;
+    }
   StridedLoop<2> loop(dst.shape(), {&dst, &src});
   int64_t ds = loop.inner_stride(0), ss = loop.inner_stride(1);
   KILN_DISPATCH_ALL(dst.dtype(), D, {

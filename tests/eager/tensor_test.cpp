@@ -579,6 +579,21 @@ TEST_CASE("copies and elementwise ops of inputs read across their memory order: 
     CHECK(mul(typed, 2).to(DType::Int64).to_vector<int64_t>() == twice);
     CHECK(add(typed, typed).to(DType::Int64).to_vector<int64_t>() == twice);
   }
+  // Casts of such an input, and copies into a transposed destination (cat of transposed
+  // pieces writes such slices too).
+  CHECK(p.to(DType::Float64).to(DType::Int64).to_vector<int64_t>() == want);
+  CHECK(p.to(DType::Int32).to(DType::Int64).to_vector<int64_t>() == want);
+  Tensor dst_t = zeros({8 * 96, 100}, DType::Int64);  // written through its transpose
+  dst_t.t().copy_(base.view({8 * 96, 100}).t());
+  CHECK(dst_t.to_vector<int64_t>() == base.view({-1}).to_vector<int64_t>());
+  Tensor into_t = zeros({100, 8 * 96}, DType::Int64);
+  into_t.t().copy_(base.view({8 * 96, 100}));  // contiguous source, transposed destination
+  CHECK(into_t.t().contiguous().to_vector<int64_t>() == base.view({-1}).to_vector<int64_t>());
+  Tensor halves = cat({base.view({768, 100}).t(), base.view({768, 100}).t()}, 1);
+  std::vector<int64_t> halves_want;
+  for (int64_t r = 0; r < 100; ++r)
+    for (int64_t c = 0; c < 2 * 768; ++c) halves_want.push_back((c % 768) * 100 + r);
+  CHECK(halves.to_vector<int64_t>() == halves_want);
   Tensor m = arange(300 * 400, DType::Float32).view({300, 400});
   std::vector<float> tp1;
   for (int64_t j = 0; j < 400; ++j)
