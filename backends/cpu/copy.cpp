@@ -49,6 +49,7 @@ template <class D, class S> void cast_run(char* dst, const char* src, int64_t n,
 
 template <class T> void fill(const Tensor& t, T v) {
   StridedLoop<1> loop(t.shape(), {&t});
+  if (!t.is_contiguous()) loop.order_by(0);
   int64_t st = loop.inner_stride(0);
   loop.parallel_run([&](const std::array<char*, 1>& p, int64_t n) {
     for (int64_t i = 0; i < n; ++i) *reinterpret_cast<T*>(p[0] + i * st) = v;
@@ -175,6 +176,7 @@ void copy_cast(const Tensor& dst, const Tensor& src) {
       return;
     }
   StridedLoop<2> loop(dst.shape(), {&dst, &src});
+  if (!dst.is_contiguous()) loop.order_by(0);
   int64_t ds = loop.inner_stride(0), ss = loop.inner_stride(1);
   KILN_DISPATCH_ALL(dst.dtype(), D, {
     KILN_DISPATCH_ALL(src.dtype(), S, {

@@ -233,6 +233,7 @@ void map(const Tensor& out, const std::array<const Tensor*, N>& ins, const F& f)
   }
   StridedLoop<N + 1> loop(out.shape(), ops);
   if (loop.numel() == 0) return;
+  if (!out.is_contiguous()) loop.order_by(0);
   std::array<int64_t, N + 1> s;
   for (int k = 0; k <= N; ++k) s[k] = loop.inner_stride(k);
   auto body = [&](const std::array<char*, N + 1>& p, int64_t n) {

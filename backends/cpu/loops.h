@@ -3,7 +3,9 @@
 /// of the innermost dim, after merging dims that are contiguous for every operand. Elementwise
 /// kernels write the inner run once (with a fast path for stride 1 / stride 0) and get any
 /// strides, broadcasting and threading from here.
+#include <algorithm>
 #include <array>
+#include <cstdlib>
 #include <cstdint>
 
 #include "backends/cpu/parallel.h"
@@ -31,6 +33,29 @@ template <int N> class StridedLoop {
     coalesce();
     numel_ = 1;
     for (int d = 0; d < rank_; ++d) numel_ *= shape_[d];
+  }
+
+  /// Permutes the dims so that operand k's strides decrease, as PyTorch's TensorIterator
+  /// orders them: work whose output is a transposed view (x.t().mul_(2), dT.t().fill_(1))
+  /// then walks its memory in order, not across it (35 ms for [4096, 2048] float32 instead of
+  /// 2.5). Only for work whose elements are independent (not a kernel that counts logical
+  /// indices, as one_hot's).
+  void order_by(int k) {
+    int perm[kMaxRank];
+    for (int d = 0; d < rank_; ++d) perm[d] = d;
+    std::stable_sort(perm, perm + rank_, [&](int a, int b) {
+      return std::abs(stride_[k][a]) > std::abs(stride_[k][b]);
+    });
+    int64_t shape[kMaxRank], strides[N][kMaxRank];
+    for (int d = 0; d < rank_; ++d) {
+      shape[d] = shape_[perm[d]];
+      for (int j = 0; j < N; ++j) strides[j][d] = stride_[j][perm[d]];
+    }
+    for (int d = 0; d < rank_; ++d) {
+      shape_[d] = shape[d];
+      for (int j = 0; j < N; ++j) stride_[j][d] = strides[j][d];
+    }
+    coalesce();
   }
 
   int64_t numel() const { return numel_; }

@@ -594,6 +594,24 @@ TEST_CASE("copies and elementwise ops of inputs read across their memory order: 
   for (int64_t r = 0; r < 100; ++r)
     for (int64_t c = 0; c < 2 * 768; ++c) halves_want.push_back((c % 768) * 100 + r);
   CHECK(halves.to_vector<int64_t>() == halves_want);
+  // In-place work on a permuted view walks the view's memory in order (StridedLoop::order_by):
+  // values as by index, with a broadcast operand and a fill.
+  Tensor buf = base.clone();
+  Tensor view = buf.permute({2, 0, 1});  // [100, 8, 96]
+  view.add_(arange(96, DType::Int64));   // broadcast along the view's last dim
+  std::vector<int64_t> added(want.size());
+  for (size_t i = 0; i < want.size(); ++i) added[i] = want[i] + static_cast<int64_t>(i % 96);
+  CHECK(view.contiguous().to_vector<int64_t>() == added);
+  buf.permute({2, 0, 1}).slice(0, 0, 50).fill_(-1);  // a = 0..49 of [a, b, c] = buf[b, c, a]
+  std::vector<int64_t> filled = buf.to_vector<int64_t>();
+  bool fill_ok = true;
+  for (int64_t i = 0; i < 8; ++i)
+    for (int64_t j = 0; j < 96; ++j)
+      for (int64_t k = 0; k < 100; ++k) {
+        const int64_t got = filled[static_cast<size_t>(at(i, j, k))];
+        fill_ok &= k < 50 ? got == -1 : got == at(i, j, k) + j;
+      }
+  CHECK(fill_ok);
   Tensor m = arange(300 * 400, DType::Float32).view({300, 400});
   std::vector<float> tp1;
   for (int64_t j = 0; j < 400; ++j)
