@@ -314,8 +314,6 @@ void Recorder::on_grad_assigned(const Tensor& leaf) {
   if (grad_leaf_set_.insert(leaf.impl()).second) grad_leaves_.push_back(leaf);
 }
 
-// Backward gives `leaf` its first .grad. Unless the function itself reset that .grad before
-// (zero_grad in a training step), the trace depends on the .grad being undefined at the call.
 int Recorder::value_at_call(const Tensor& t) {
   for (size_t v = 0; v < p_.values.size(); ++v) {
     const int src = p_.values[v].source;
@@ -327,6 +325,8 @@ int Recorder::value_at_call(const Tensor& t) {
   return lookup(t);
 }
 
+// Backward gives `leaf` its first .grad. Unless the function itself reset that .grad before
+// (zero_grad in a training step), the trace depends on the .grad being undefined at the call.
 void Recorder::on_grad_found_undefined(const Tensor& leaf) {
   // A tensor the function created has no .grad at any call (and no value before the run).
   if (grad_leaf_set_.count(leaf.impl()) || leaf.storage()->serial() >= start_serial_) return;

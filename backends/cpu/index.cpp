@@ -189,18 +189,17 @@ void masked_fill(const OpCall& call, const Tensor& out) {
     // Both values loaded, then selected: `m ? value : x[i]` loaded x[i] behind a branch that a
     // random mask mispredicted half the time (15x where()'s time, found by a performance pass).
     loop.parallel_run([&](const std::array<char*, 3>& p, int64_t n) {
+      const T fill = value;  // a local: through the capture, each store might change it
       if (os == sizeof(T) && xs == sizeof(T) && ms == sizeof(bool)) {  // contiguous: vectorised
         T* o = reinterpret_cast<T*>(p[0]);
         const T* xp = reinterpret_cast<const T*>(p[1]);
         const bool* mp = reinterpret_cast<const bool*>(p[2]);
-        const T fill = value;  // a local: through the capture, each store might change it
         for (int64_t i = 0; i < n; ++i) {
           const T v = xp[i];
           o[i] = mp[i] ? fill : v;
         }
         return;
       }
-      const T fill = value;
       for (int64_t i = 0; i < n; ++i) {
         const T v = *reinterpret_cast<const T*>(p[1] + i * xs);
         const bool m = *reinterpret_cast<const bool*>(p[2] + i * ms);
