@@ -46,6 +46,57 @@ void softmax_rows(const T* x, T* y, int64_t n, bool log) {
   for (; i < n; ++i) y[i] *= inv;
 }
 
+// Softmax over rows shorter than 4 batches (n < 4 * lanes: a classifier's 10 classes, a
+// router's 8 experts), which the row path would run almost all through its scalar tails: one
+// exp per element at scalar speed and a log or a division per row (softmax [1048576, 8] took
+// about 90 ms, 8 ms with [524288, 16]). Here a block of rows is done in steps that each run
+// over the whole block: x − max per row, exp of the flat block in full batches, the sums per
+// row in double, their logs or reciprocals in batches, then the scaling per row.
+template <class T>
+void softmax_short_rows(const T* x, T* y, int64_t rows, int64_t n, bool log) {
+  constexpr int64_t kBlockElems = 2048;
+  using V = Vec<T>;
+  using D = Vec<double>;
+  constexpr int64_t L = V::size, LD = D::size;
+  const int64_t per = std::max<int64_t>(1, kBlockElems / n);  // rows per block
+  alignas(64) T ex[kBlockElems + 64];                          // the block's exps (log_softmax)
+  alignas(64) double row_s[kBlockElems];                       // Σ exp per row, then 1/Σ or log Σ
+  for (int64_t r0 = 0; r0 < rows; r0 += per) {
+    const int64_t nr = std::min(per, rows - r0), cnt = nr * n;
+    const T* xb = x + r0 * n;
+    T* yb = y + r0 * n;
+    T* e = log ? ex : yb;  // softmax keeps the exps in y, scaled there below
+    for (int64_t r = 0; r < nr; ++r) {
+      const T* xr = xb + r * n;
+      T m = pick_identity<true, T>();
+      for (int64_t i = 0; i < n; ++i) m = pick<true>(m, xr[i]);
+      for (int64_t i = 0; i < n; ++i) yb[r * n + i] = xr[i] - m;  // (x − m): exact order of ops
+    }
+    int64_t k = 0;
+    for (; k + L <= cnt; k += L) vexp(V::load_unaligned(yb + k)).store_unaligned(e + k);
+    for (; k < cnt; ++k) e[k] = vexp(yb[k]);
+    for (int64_t r = 0; r < nr; ++r) {
+      double s = 0;
+      for (int64_t i = 0; i < n; ++i) s += static_cast<double>(e[r * n + i]);
+      row_s[r] = s;
+    }
+    int64_t j = 0;
+    for (; j + LD <= nr; j += LD) {
+      D s = D::load_aligned(row_s + j);
+      (log ? xsimd::log(s) : D(1.0) / s).store_aligned(row_s + j);
+    }
+    for (; j < nr; ++j) row_s[j] = log ? std::log(row_s[j]) : 1.0 / row_s[j];
+    for (int64_t r = 0; r < nr; ++r) {
+      const T f = static_cast<T>(row_s[r]);
+      T* yr = yb + r * n;
+      if (log)
+        for (int64_t i = 0; i < n; ++i) yr[i] -= f;  // (x − m) − log Σ, as the row path
+      else
+        for (int64_t i = 0; i < n; ++i) yr[i] *= f;
+    }
+  }
+}
+
 // Softmax over the rows of a [n, stride] block, for columns [0, k) (k <= kStripe).
 template <class T>
 void softmax_cols(const T* x, T* y, int64_t n, int64_t stride, int64_t k, bool log) {
@@ -113,6 +164,12 @@ void softmax(const OpCall& call, Tensor& out) {
   for (int i = 0; i < rank; ++i) (i < d ? a : i == d ? n : b) *= x.shape()[i];
   const T* xp = x.data<T>();
   T* yp = out.data<T>();
+  if (b == 1 && n < 4 * static_cast<int64_t>(Vec<T>::size)) {
+    parallel_for(0, a, std::max<int64_t>(1, kGrainSize / n), [&](int64_t lo, int64_t hi) {
+      softmax_short_rows(xp + lo * n, yp + lo * n, hi - lo, n, log);
+    });
+    return;
+  }
   if (b == 1) {
     parallel_for(0, a, std::max<int64_t>(1, kGrainSize / n), [&](int64_t lo, int64_t hi) {
       for (int64_t i = lo; i < hi; ++i) {
@@ -188,42 +245,57 @@ void layer_norm(const OpCall& call, Tensor& out) {
   // constant row gave ±ulp(|x|·316) instead of 0 (found by tests/fuzz); the compiled
   // decomposition (ir/decompose.cpp) computes (x − mean)·rstd too.
   // Statistics from row_moments; rows past kLayerNormScaledVar are normalised scaled (above).
+  //
+  // Rows shorter than 4 batches are done in blocks, statistics of the whole block first: one
+  // row's steps (two short sums, sqrt, division, normalisation) are a chain of dependent
+  // latencies, which rows of a block overlap (layer_norm [1048576, 8] took 45-50 ms row by
+  // row). Longer rows go one at a time, the next one prefetched.
+  constexpr int64_t kShortRowBlock = 256;
+  const int64_t block = m < 4 * static_cast<int64_t>(Vec<T>::size) ? kShortRowBlock : 1;
   auto run = [&](auto has_w, auto has_b) {
-    parallel_for(0, rows, std::max<int64_t>(1, kGrainSize / m), [&](int64_t lo, int64_t hi) {
+    // y = (x − mean)·rstd [·w] [+ b] for one row.
+    auto normalize = [&](const T* xr, T* yr, T mt, double var, double rstd) {
       using V = Vec<T>;
       constexpr int64_t L = V::size;
-      for (int64_t r = lo; r < hi; ++r) {
-        const T* xr = xp + r * m;
-        if (r + 1 < hi) prefetch(xr + m, m);
-        T* yr = yp + r * m;
-        const RowMoments<T> st = row_moments(xr, m);
-        const T mt = st.mean_t;
-        const double var = st.var;
-        const double rstd = 1.0 / std::sqrt(var + eps);
-        auto normalize = [&](auto scaled) {
-          constexpr bool kScaled = decltype(scaled)::value;
-          const T s = kScaled ? T(kLayerNormScale) : T(1);
-          const T ms = mt * s;
-          const T rs = static_cast<T>(kScaled ? rstd / kLayerNormScale : rstd);
-          auto body = [&](auto v, int64_t i) {
-            using W = decltype(v);
-            W z;
-            if constexpr (kScaled)
-              z = (v * s - ms) * rs;
-            else
-              z = (v - mt) * rs;
-            if constexpr (decltype(has_w)::value) z = z * vload<W>(wp + i);
-            if constexpr (decltype(has_b)::value) z = z + vload<W>(bp + i);
-            vstore(yr + i, z);
-          };
-          int64_t i = 0;
-          for (; i + L <= m; i += L) body(V::load_unaligned(xr + i), i);
-          for (; i < m; ++i) body(xr[i], i);
+      auto with_scale = [&](auto scaled) {
+        constexpr bool kScaled = decltype(scaled)::value;
+        const T s = kScaled ? T(kLayerNormScale) : T(1);
+        const T ms = mt * s;
+        const T rs = static_cast<T>(kScaled ? rstd / kLayerNormScale : rstd);
+        auto body = [&](auto v, int64_t i) {
+          using W = decltype(v);
+          W z;
+          if constexpr (kScaled)
+            z = (v * s - ms) * rs;
+          else
+            z = (v - mt) * rs;
+          if constexpr (decltype(has_w)::value) z = z * vload<W>(wp + i);
+          if constexpr (decltype(has_b)::value) z = z + vload<W>(bp + i);
+          vstore(yr + i, z);
         };
-        if (var > kLayerNormScaledVar)
-          normalize(std::true_type());
-        else
-          normalize(std::false_type());
+        int64_t i = 0;
+        for (; i + L <= m; i += L) body(V::load_unaligned(xr + i), i);
+        for (; i < m; ++i) body(xr[i], i);
+      };
+      if (var > kLayerNormScaledVar)
+        with_scale(std::true_type());
+      else
+        with_scale(std::false_type());
+    };
+    parallel_for(0, rows, std::max<int64_t>(1, kGrainSize / m), [&](int64_t lo, int64_t hi) {
+      T mean_t[kShortRowBlock];
+      double var[kShortRowBlock], rstd[kShortRowBlock];
+      for (int64_t r0 = lo; r0 < hi; r0 += block) {
+        const int64_t nr = std::min(block, hi - r0);
+        if (block == 1 && r0 + 1 < hi) prefetch(xp + (r0 + 1) * m, m);
+        for (int64_t r = 0; r < nr; ++r) {
+          const RowMoments<T> st = row_moments(xp + (r0 + r) * m, m);
+          mean_t[r] = st.mean_t;
+          var[r] = st.var;
+        }
+        for (int64_t r = 0; r < nr; ++r) rstd[r] = 1.0 / std::sqrt(var[r] + eps);
+        for (int64_t r = 0; r < nr; ++r)
+          normalize(xp + (r0 + r) * m, yp + (r0 + r) * m, mean_t[r], var[r], rstd[r]);
       }
     });
   };

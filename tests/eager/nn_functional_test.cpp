@@ -143,6 +143,58 @@ TEST_CASE("softmax matches a float64 reference along every dim and layout") {
   check_close(log_softmax(x, 0).to_vector<double>(), ref_softmax(x, 0, true), 4e-6, 1e-6);
 }
 
+TEST_CASE("softmax, log_softmax and layer_norm over short rows (blocks of rows) match float64") {
+  // Rows shorter than 4 batches go through the short-row kernels: several blocks of rows and
+  // a partial one, every length up to past the threshold, float32 and float64.
+  for (DType dt : {DType::Float32, DType::Float64}) {
+    for (int64_t n : {1, 2, 3, 7, 8, 10, 15, 16, 17, 31, 33, 63, 64, 65}) {
+      const int64_t rows = 2048 / n * 2 + 5;
+      Tensor x = from_vector(random_floats(rows * n, 40 + n), {rows, n}).to(dt);
+      INFO(name(dt) << " n " << n);
+      for (bool log : {false, true}) {
+        Tensor y = log ? log_softmax(x, 1) : softmax(x, -1);
+        REQUIRE(y.dtype() == dt);
+        check_close(y.to_vector<double>(), ref_softmax(x, 1, log), 2e-6, 1e-7);
+      }
+      Tensor w = from_vector(random_floats(n, 50 + n, 0.5f, 1.5f), {n}).to(dt);
+      Tensor b = from_vector(random_floats(n, 60 + n), {n}).to(dt);
+      std::vector<double> xv = x.to_vector<double>(), wv = w.to_vector<double>(),
+                          bv = b.to_vector<double>(), want(xv.size());
+      for (int64_t r = 0; r < rows; ++r) {
+        double mean = 0, var = 0;
+        for (int64_t j = 0; j < n; ++j) mean += xv[r * n + j] / n;
+        for (int64_t j = 0; j < n; ++j) var += (xv[r * n + j] - mean) * (xv[r * n + j] - mean) / n;
+        for (int64_t j = 0; j < n; ++j)
+          want[r * n + j] = (xv[r * n + j] - mean) / std::sqrt(var + 1e-5) * wv[j] + bv[j];
+      }
+      check_close(layer_norm(x, {n}, w, b).to_vector<double>(), want, 1e-5, 1e-5);
+    }
+  }
+  // NaN and infinite rows among finite ones keep eager's semantics row by row.
+  const float inf = INFINITY, nan = NAN;
+  Tensor x = tensor<float>({{1, 2, 3}, {nan, 0, 1}, {-inf, -inf, -inf}, {inf, 0, 0}, {0, 0, 0},
+                            {-inf, 0, 1}, {1e30f, -1e30f, 0}});
+  std::vector<float> s = softmax(x, 1).to_vector<float>();
+  std::vector<float> ls = log_softmax(x, 1).to_vector<float>();
+  CHECK(s[0] == Approx(0.09003057f));
+  CHECK(std::isnan(s[3]));
+  CHECK(std::isnan(s[6]));
+  CHECK(std::isnan(s[9]));  // inf − inf
+  CHECK(s[12] == Approx(1 / 3.0f));
+  CHECK(s[15] == 0);
+  CHECK(ls[15] == -inf);
+  CHECK(s[18] == 1);
+  CHECK(s[19] == 0);
+  CHECK(ls[18] == 0);
+  CHECK(ls[19] == Approx(-2e30f));
+  // A constant row normalises to exactly 0; a row past the float32 variance limit is finite.
+  std::vector<float> ln =
+      layer_norm(tensor<float>({{2.731f, 2.731f, 2.731f}, {3e38f, -3e38f, 0}}), {3}).to_vector<float>();
+  CHECK(ln[0] == 0);
+  CHECK(ln[3] == Approx(std::sqrt(1.5)).epsilon(1e-5));
+  CHECK(ln[5] == Approx(0).margin(1e-6));
+}
+
 TEST_CASE("layer_norm matches a float64 reference") {
   auto ref = [](const Tensor& x, int64_t m, const std::vector<double>& w,
                 const std::vector<double>& b, double eps) {

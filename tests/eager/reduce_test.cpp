@@ -269,6 +269,31 @@ TEST_CASE("reductions match a float64 reference over dims, keepdim and layouts")
   }
 }
 
+TEST_CASE("sum and mean over short rows, a batch of rows at a time, match a float64 reference") {
+  for (DType dt : {DType::Float32, DType::Float64}) {
+    for (int64_t n : {1, 2, 3, 7, 8, 15, 16, 17}) {
+      const int64_t rows = 16 * 3 + 5;  // whole batches of rows and a tail
+      Tensor x = random_tensor({rows, n}, 70 + n).to(dt);
+      std::vector<double> v = x.to_vector<double>(), want(rows);
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t j = 0; j < n; ++j) want[r] += v[r * n + j];
+      INFO(name(dt) << " n " << n);
+      check_close(sum(x, {1}).to_vector<double>(), want, 1e-6, 1e-6);
+      for (double& w : want) w /= n;
+      check_close(mean(x, {-1}, true).to_vector<double>(), want, 1e-6, 1e-6);
+      // Reduced as rows of a transposed view too.
+      check_close(x.t().mean(0).to_vector<double>(), want, 1e-6, 1e-6);
+    }
+  }
+  // A float32 row whose float32 sum overflows: the mean is representable, the sum inf.
+  std::vector<float> v(40 * 2, 1.0f);
+  v[2 * 21] = v[2 * 21 + 1] = 3e38f;
+  Tensor x = from_vector(v, {40, 2});
+  CHECK(mean(x, {1}).to_vector<float>()[21] == 3e38f);
+  CHECK(sum(x, {1}).to_vector<float>()[21] == INFINITY);
+  CHECK(sum(x, {1}).to_vector<float>()[20] == 2);
+}
+
 TEST_CASE("reductions of non-dense (strided, expanded) inputs") {
   Tensor big = random_tensor({6, 10, 8}, 3);
   Tensor x = big.slice(1, 1, 10, 3).slice(2, 0, 8, 2);  // [6, 3, 4], gaps in memory
