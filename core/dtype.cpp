@@ -36,10 +36,16 @@ DType promote_types(DType a, DType b) {
   return kPromote[static_cast<int>(a)][static_cast<int>(b)];
 }
 DType default_dtype() { return g_default_dtype.load(std::memory_order_relaxed); }
+namespace {
+std::atomic<uint64_t> g_default_dtype_changes{0};
+}  // namespace
 void set_default_dtype(DType t, Loc loc) {
+  check_dtype(t, "set_default_dtype", loc);  // before the tables are indexed with it
   KILN_CHECK(is_floating(t), "set_default_dtype", loc,
              "default dtype must be floating, got {}", name(t));
   g_default_dtype.store(t);
+  g_default_dtype_changes.fetch_add(1);
 }
+uint64_t default_dtype_changes() { return g_default_dtype_changes.load(); }
 
 }  // namespace kiln

@@ -34,8 +34,12 @@ DType promote_types(DType a, DType b);
 /// Default floating dtype (float32 unless changed), used for int tensor ⊕ float scalar,
 /// `arange` with float bounds, `rand`, and for ops that return floats on integer input.
 DType default_dtype();
-/// Sets the default floating dtype. Throws kiln::Error unless `t` is floating.
+/// Sets the default floating dtype. Throws kiln::Error unless `t` is a floating DType (an
+/// integer cast to DType out of range included).
 void set_default_dtype(DType t, std::source_location loc = std::source_location::current());
+/// How many times set_default_dtype was called in this process: compile() does not cache a
+/// trace during which it moved (its ops may have seen either dtype).
+uint64_t default_dtype_changes();
 
 /// C++ type of a dtype: CType<DType::Float32> is float.
 template <DType D> struct CTypeOf;

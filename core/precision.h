@@ -43,8 +43,21 @@ void set_float32_matmul_precision(MatmulPrecision p, Loc loc = Loc::current());
 /// As above, by name: "highest", "high" or "medium" (PyTorch's strings). Throws kiln::Error
 /// naming the value and the valid names for anything else, and leaves the setting as it was.
 void set_float32_matmul_precision(std::string_view p, Loc loc = Loc::current());
-/// The current setting (MatmulPrecision::Highest unless set).
+/// The current setting (MatmulPrecision::Highest unless set), or the one a
+/// MatmulPrecisionScope on the calling thread pinned.
 MatmulPrecision float32_matmul_precision();
+/// Pins float32_matmul_precision() on the calling thread to the setting at construction until
+/// destroyed (nested scopes keep the outermost one's), so that another thread's change does
+/// not reach part of a run: a compiled function's replay holds one, for the GEMMs of its
+/// compiled code and the ops it runs on eager kernels alike. The thread's own
+/// set_float32_matmul_precision still takes effect at once. Not copyable.
+class MatmulPrecisionScope {
+ public:
+  MatmulPrecisionScope();
+  ~MatmulPrecisionScope();
+  MatmulPrecisionScope(const MatmulPrecisionScope&) = delete;
+  MatmulPrecisionScope& operator=(const MatmulPrecisionScope&) = delete;
+};
 /// How many times set_float32_matmul_precision changed the setting on this thread, and where it
 /// last did: compile() runs a function that changes it eagerly (a replay would compute at the
 /// caller's setting and leave it unchanged), as it does one that reseeds the generator.

@@ -812,9 +812,41 @@ uint64_t create_graph_backwards() { return autograd::t_create_graph_backwards; }
 
 namespace {
 std::atomic<uint64_t> g_parameter_rebinds{0};
+// Tensors replaced in a module, with the count at their last replacement. Dead ones are
+// pruned whenever the map has doubled since the last pruning; an address reused by a new
+// tensor is told apart by its weak pointer.
+struct Unbound {
+  std::weak_ptr<TensorImpl> impl;
+  uint64_t at;
+};
+std::mutex g_unbound_mu;
+std::unordered_map<const TensorImpl*, Unbound> g_unbound;
+size_t g_unbound_pruned_at = 64;
+std::atomic<uint64_t> g_submodule_replaced_at{0};
 }  // namespace
 uint64_t parameter_rebinds() { return g_parameter_rebinds.load(std::memory_order_relaxed); }
-void note_parameter_rebind() { g_parameter_rebinds.fetch_add(1, std::memory_order_relaxed); }
+void note_parameter_rebind(const Tensor& old) {
+  std::lock_guard lock(g_unbound_mu);
+  const uint64_t at = g_parameter_rebinds.fetch_add(1, std::memory_order_relaxed) + 1;
+  if (!old.defined()) {
+    g_submodule_replaced_at.store(at, std::memory_order_relaxed);
+    return;
+  }
+  g_unbound[old.impl()] = {old.impl_ptr(), at};
+  if (g_unbound.size() >= 2 * g_unbound_pruned_at) {
+    std::erase_if(g_unbound, [](const auto& kv) { return kv.second.impl.expired(); });
+    g_unbound_pruned_at = std::max<size_t>(64, g_unbound.size());
+  }
+}
+uint64_t submodule_replaced_at() {
+  return g_submodule_replaced_at.load(std::memory_order_relaxed);
+}
+uint64_t parameter_unbound_at(const std::shared_ptr<TensorImpl>& impl) {
+  std::lock_guard lock(g_unbound_mu);
+  auto it = g_unbound.find(impl.get());
+  if (it == g_unbound.end() || it->second.impl.lock() != impl) return 0;
+  return it->second.at;
+}
 
 uint64_t in_place_view_writes() { return autograd::t_copy_slices; }
 

@@ -35,9 +35,20 @@ uint64_t in_place_view_writes();
 
 /// How many times a module's parameter or buffer was replaced by another tensor under the same
 /// name (Module::register_parameter / register_buffer of an existing name: a swap, a tied
-/// weight) in this process. Compiled functions guard it: a replay would read the old tensor.
+/// weight; or a submodule replaced, for each of its tensors) in this process. Compiled
+/// functions compare it first; where it moved they check the tensors they captured with
+/// parameter_unbound_at (a replay would read the old tensor), so that one module's swaps do
+/// not retrace every compiled function.
 uint64_t parameter_rebinds();
-void note_parameter_rebind();
+/// Notes that `old` was replaced in its module: bumps parameter_rebinds() and records the new
+/// count as old's. Undefined `old`: a submodule was replaced (Module::register_module of an
+/// existing name), which every compiled function traced before retraces for, since one may
+/// have run the old submodule's ops without capturing a tensor of it (an activation).
+void note_parameter_rebind(const Tensor& old);
+/// The parameter_rebinds() count at which `impl` was last replaced in a module; 0 if never.
+uint64_t parameter_unbound_at(const std::shared_ptr<TensorImpl>& impl);
+/// The parameter_rebinds() count at the last submodule replacement; 0 if none.
+uint64_t submodule_replaced_at();
 
 /// How many backward passes with create_graph = true this thread has started. The tracer
 /// compares it around a trace: a function that runs one (a gradient penalty, a Hessian-vector

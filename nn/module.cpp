@@ -40,7 +40,7 @@ void put(StateDict& entries, const StateDict& other_kind,
                name, std::string_view(what) == "register_parameter" ? "buffer" : "parameter");
   for (auto& [n, old] : entries)
     if (n == name) {
-      if (old.impl() != t.impl()) note_parameter_rebind();  // compiled functions retrace
+      if (old.impl() != t.impl()) note_parameter_rebind(old);  // compiled functions retrace
       old = t;
       return;
     }
@@ -58,8 +58,23 @@ Tensor Module::register_parameter(const std::string& n, Tensor t, Loc loc) {
   return t;
 }
 
+namespace {
+// Whether `m` is `target` or holds it among its submodules, at any depth.
+bool holds_module(const Module& m, const Module* target) {
+  if (&m == target) return true;
+  for (const auto& [n, child] : m.named_children())
+    if (holds_module(*child, target)) return true;
+  return false;
+}
+}  // namespace
+
 void Module::put_child(const std::string& name, std::shared_ptr<Module> m, Loc loc) {
   check_name("register_module", name, loc, /*dots=*/true);
+  // A module inside itself: every walk of the tree (parameters(), state_dict(), train(),
+  // forward) recursed until the stack overflowed (a break-it pass).
+  KILN_CHECK(!holds_module(*m, this), "register_module", loc,
+             "submodule \"{}\" is this module or contains it; a module cannot contain itself",
+             name);
   for (const StateDict* own : {&params_, &buffers_})
     for (const auto& [n, t] : *own)
       KILN_CHECK(n != name, "register_module", loc, "'{}' is already registered as a {}", name,
@@ -68,7 +83,13 @@ void Module::put_child(const std::string& name, std::shared_ptr<Module> m, Loc l
     if (n == name) {
       // Replaced in place, as PyTorch's add_module: a second child of one name gave
       // state_dict() every key twice, and parameters() the old layer's too.
-      if (child != m) note_parameter_rebind();  // compiled functions retrace
+      if (child != m) {  // compiled functions that read the old one's tensors retrace
+        note_parameter_rebind(Tensor());
+        if (child) {
+          for (const auto& [n, t] : child->named_parameters()) note_parameter_rebind(t);
+          for (const auto& [n, t] : child->named_buffers()) note_parameter_rebind(t);
+        }
+      }
       child = std::move(m);
       return;
     }

@@ -79,6 +79,7 @@ void Optimizer::load_state_dict(const StateDict& dict, Loc loc) {
   KILN_CHECK(problems.empty(), kOp, loc,
              "the state dict holds another optimizer's options (or none: a model's): {}",
              fmt::join(problems, "; "));
+  check_state_values(state_part, loc);
   auto previous = mine;
   set_option_values(values, loc);  // validated before anything changes
   try {
@@ -235,6 +236,9 @@ void SGD::set_option_values(const std::vector<std::pair<std::string, double>>& v
                .dampening = value_of(values, "dampening"),
                .weight_decay = value_of(values, "weight_decay"),
                .nesterov = value_of(values, "nesterov") != 0};
+  const double nesterov = value_of(values, "nesterov");
+  KILN_CHECK(nesterov == 0 || nesterov == 1, "Optimizer.load_state_dict", loc,
+             "options.nesterov must be 0 or 1 (false or true), got {}", nesterov);
   check_options(o, "Optimizer.load_state_dict", loc);
   KILN_CHECK(o.momentum == 0 || params_.empty() || momentum_[0].defined(),
              "Optimizer.load_state_dict", loc,
@@ -266,6 +270,19 @@ StateDict AdamW::state() const {
   }
   out.emplace_back("step", steps_);
   return out;
+}
+
+void AdamW::check_state_values(const StateDict& state, Loc loc) const {
+  // A NaN or fractional count became INT64_MIN in step_count() and NaN parameters at the next
+  // step (a break-it pass).
+  for (const auto& [key, t] : state) {
+    if (key != "step" && !(key.starts_with("state.") && key.ends_with(".step"))) continue;
+    if (!t.defined() || t.device().is_cuda()) continue;  // load_state_into names those
+    for (double v : t.to_vector<double>())
+      KILN_CHECK(std::isfinite(v) && v >= 0 && v == std::floor(v) && v <= 0x1p53,
+                 "Optimizer.load_state_dict", loc,
+                 "\"{}\" must hold whole step counts >= 0, got {}", key, v);
+  }
 }
 
 std::vector<std::pair<std::string, double>> AdamW::option_values() const {

@@ -89,6 +89,9 @@ class Optimizer {
   /// kiln::Error as the constructor does for invalid ones, changing nothing then.
   virtual void set_option_values(const std::vector<std::pair<std::string, double>>& values,
                                  Loc loc) = 0;
+  /// Throws kiln::Error for state values that step() cannot use (AdamW: a step count that is
+  /// not a whole number >= 0), before load_state_dict changes anything.
+  virtual void check_state_values(const StateDict&, Loc) const {}
   /// A host option of this optimizer or a formula of its options (`[this] { return 1 -
   /// options.beta1; }`, evaluated in double as a host formula) as a 0-d wrapped float64
   /// number for step()'s tensor formulas: eagerly the same as using the double; in a compiled
@@ -186,6 +189,7 @@ class AdamW : public Optimizer {
   std::vector<std::pair<std::string, double>> option_values() const override;
   void set_option_values(const std::vector<std::pair<std::string, double>>& values,
                          Loc loc) override;
+  void check_state_values(const StateDict& state, Loc loc) const override;
 
  private:
   std::vector<Tensor> m_, v_;

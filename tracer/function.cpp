@@ -326,7 +326,8 @@ struct Entry {
   std::vector<ArgGuard> guards;
   bool grad_enabled = true;
   DType default_dtype = DType::Float32;
-  uint64_t parameter_rebinds = 0;  // eager/autograd.h: no module parameter replaced since
+  // eager/autograd.h's count when this was traced or last found current (parameters_current)
+  mutable std::atomic<uint64_t> parameter_rebinds{0};
   bool dynamic = false;
   bool draws_random = false;  // a trace of its tree has random ops: replays hold the generator
   bool touches_grads = false;  // a trace of its tree reads or sets a .grad: replays hold the
@@ -736,11 +737,38 @@ std::string host_value_failure(const HostValue& h) {
                      now ? now->str() : std::string("gone"), h.value.str());
 }
 
+// Calls f(segment) for `s` and every segment below it.
+template <class F>
+void for_each_segment(const Segment& s, const F& f) {
+  f(s);
+  for (const auto& c : s.children) for_each_segment(*c.second, f);
+}
+
+// No module parameter or buffer that entry `e`'s traces captured was replaced in its module,
+// nor a submodule, since the entry was traced (eager/autograd.h): the process-wide count
+// first, then, where another module's tensors were swapped meanwhile, the tensors this entry
+// captured, after which the count is taken as seen. Comparing the count alone made every
+// compiled function retrace whenever any module anywhere refreshed a buffer, until each hit
+// its cache limit and ran eagerly (a break-it pass).
+bool parameters_current(const Entry& e) {
+  const uint64_t now = parameter_rebinds(), seen = e.parameter_rebinds.load();
+  if (now == seen) return true;
+  if (submodule_replaced_at() > seen) return false;
+  bool current = true;
+  for_each_segment(*e.root, [&](const Segment& s) {
+    for (const Source& src : s.program->sources)
+      if (current && src.kind == SourceKind::Captured)
+        if (auto impl = src.captured.lock()) current = parameter_unbound_at(impl) <= seen;
+  });
+  if (current) e.parameter_rebinds.store(now);
+  return current;
+}
+
 // The entry's argument count, global state (grad mode, default dtype) and guarded host
 // values match the call.
 bool globals_match(const Entry& e, const std::vector<ArgValue>& args) {
   if (e.guards.size() != args.size() || is_grad_enabled() != e.grad_enabled ||
-      default_dtype() != e.default_dtype || parameter_rebinds() != e.parameter_rebinds)
+      default_dtype() != e.default_dtype || !parameters_current(e))
     return false;
   for (const HostValue& h : e.host_values) {
     std::optional<Scalar> now = h.reader();
@@ -792,7 +820,7 @@ std::vector<std::string> entry_failures(const Entry& e, const std::vector<ArgVal
   if (default_dtype() != e.default_dtype)
     out.push_back(fmt::format("default dtype is {}, expected {}", name(default_dtype()),
                               name(e.default_dtype)));
-  if (parameter_rebinds() != e.parameter_rebinds)
+  if (!parameters_current(e))
     out.push_back("a module's parameter or buffer was replaced (register_parameter / "
                   "register_buffer of an existing name) after this was traced");
   for (const HostValue& h : e.host_values)
@@ -985,8 +1013,10 @@ std::vector<OutValue> CompiledFunction::call(const std::vector<ArgValue>& given,
     std::shared_ptr<Entry> lacks_branch;  // a symbolic entry without this call's path
     std::string lacks_reason;
     bool unchecked = false;
+    uint64_t seen_generation = 0;  // traces finished before this attempt's replays
     {
       std::shared_lock lock(im.mu);
+      seen_generation = im.generation;
       found = im.find_entries(args);
       // Entries that differ only in guards checked while replaying (a captured tensor's
       // requires_grad, a .grad defined or not) are tried in turn: gradient accumulation and
@@ -997,6 +1027,9 @@ std::vector<OutValue> CompiledFunction::call(const std::vector<ArgValue>& given,
           break;
         }
         try {
+          // One precision for all its products, compiled or run on eager kernels, whatever
+          // another thread sets meanwhile.
+          MatmulPrecisionScope precision;
           std::vector<OutValue> outs =
               im.replay(*e, args, options_.check ? &replayed.program : nullptr);
           ++e->hits;  // a call that traced a new branch instead is not a replay
@@ -1045,8 +1078,10 @@ std::vector<OutValue> CompiledFunction::call(const std::vector<ArgValue>& given,
       miss_reason = lacks_reason;
     }
     std::unique_lock lock(im.mu);
-    // Another thread may have traced or confirmed this guard set meanwhile.
-    if (im.find_entries(args) != found) continue;
+    // Another thread may have traced or confirmed this guard set meanwhile, or added the
+    // branch this replay missed to its entry (two threads missing one branch both traced it,
+    // and the second, finding the branch there, made a duplicate entry).
+    if (im.generation != seen_generation || im.find_entries(args) != found) continue;
     if (unchecked)
       return im.trace(lock, args, invoke, loc, marked, nullptr, false, {}, entry.get());
     return im.trace(lock, args, invoke, loc, marked, entry.get(), missing_branch, miss_reason);
@@ -1645,6 +1680,9 @@ std::vector<OutValue> CompiledFunction::Impl::trace(
   const uint64_t double_backwards = create_graph_backwards();
   const uint64_t reseeds = generator_reseeds().count;
   const uint64_t precision_changes = matmul_precision_changes().count;
+  const uint64_t rebinds_before = parameter_rebinds();
+  const DType dtype_before = default_dtype();
+  const uint64_t dtype_changes = default_dtype_changes();
   const uint64_t generation_before = generation;
   {
     Recorder rec(*prog);
@@ -1751,6 +1789,15 @@ std::vector<OutValue> CompiledFunction::Impl::trace(
   }
   if (!prog->backward_error.empty()) {
     run_eagerly_from_now_on(fmt::format("its outputs' backward fails ({})", prog->backward_error));
+    return outs;
+  }
+  // set_default_dtype while this ran (another thread's, or the function's own): its ops may
+  // have seen either dtype, which no guard value describes (the entry recorded the one after
+  // the trace, and 15 of 200 such functions returned float64 for good, a break-it pass); the
+  // next call traces again.
+  if (default_dtype_changes() != dtype_changes) {
+    log_recompile("a trace not cached: set_default_dtype was called while it was traced; "
+                  "the next call traces again");
     return outs;
   }
   if (GeneratorReseeds r = generator_reseeds(); r.count != reseeds) {
@@ -1960,8 +2007,8 @@ std::vector<OutValue> CompiledFunction::Impl::trace(
   auto e = std::make_shared<Entry>();
   e->id = next_id++;
   e->grad_enabled = is_grad_enabled();
-  e->default_dtype = default_dtype();
-  e->parameter_rebinds = parameter_rebinds();
+  e->default_dtype = dtype_before;
+  e->parameter_rebinds = rebinds_before;  // a swap during the trace fails its guard
   add_host_values(*e, *prog);
   e->guards.resize(args.size());
   for (size_t i = 0; i < args.size(); ++i) {

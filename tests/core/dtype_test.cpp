@@ -1,6 +1,10 @@
 #include <catch2/catch.hpp>
 
+#include <string>
+#include <thread>
+
 #include "core/meta.h"
+#include "core/precision.h"
 
 using namespace kiln;
 
@@ -49,4 +53,36 @@ TEST_CASE("op table names and categories") {
   CHECK(op_info(OpKind::Sum).category == OpCategory::Reduction);
   CHECK(op_info(OpKind::Exp).dtype_rule == DTypeRule::ToFloat);
   CHECK(kNumOps > 80);
+}
+
+TEST_CASE("set_default_dtype of a DType out of range is an error, not a table read past its end") {
+  // A break-it pass: static_cast<DType>(100) crashed, 5..7 raised with unrelated memory as the
+  // dtype's name.
+  for (int bad : {5, 7, 42, 100, 255}) {
+    INFO("DType " << bad);
+    CHECK_THROWS_WITH(set_default_dtype(static_cast<DType>(bad)),
+                      Catch::Contains("invalid DType value " + std::to_string(bad)));
+  }
+  CHECK(default_dtype() == DType::Float32);
+  CHECK_THROWS_WITH(set_default_dtype(DType::Int32), Catch::Contains("must be floating"));
+}
+
+TEST_CASE("MatmulPrecisionScope pins the calling thread's matmul precision") {
+  // A compiled replay holds one: another thread's change reached its later products (those it
+  // ran on eager kernels), mixing precisions within one call (a break-it pass).
+  set_float32_matmul_precision("highest");
+  {
+    MatmulPrecisionScope outer;
+    std::thread([] { set_float32_matmul_precision("medium"); }).join();
+    CHECK(float32_matmul_precision() == MatmulPrecision::Highest);
+    {
+      MatmulPrecisionScope inner;  // nested: still the outer one's
+      CHECK(float32_matmul_precision() == MatmulPrecision::Highest);
+    }
+    std::thread([] { CHECK(float32_matmul_precision() == MatmulPrecision::Medium); }).join();
+    set_float32_matmul_precision("high");  // this thread's own change applies at once
+    CHECK(float32_matmul_precision() == MatmulPrecision::High);
+  }
+  CHECK(float32_matmul_precision() == MatmulPrecision::High);
+  set_float32_matmul_precision("highest");
 }

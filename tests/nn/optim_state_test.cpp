@@ -3,6 +3,8 @@
 // bad dicts change nothing.
 #include <catch2/catch.hpp>
 
+#include <cmath>
+
 #include <cstdio>
 #include <functional>
 #include <memory>
@@ -134,6 +136,26 @@ TEST_CASE("optimizer load_state_dict: a bad dict is an error that changes nothin
     for (auto& [k, t] : d)
       if (k == "options.beta2") t = scalar_tensor(1.5, {DType::Float64});
     expect_error(d, "invalid options: lr 0.01, betas (0.9, 1.5)");
+  }
+  SECTION("a step count that is not a whole number >= 0") {
+    // A NaN count was loaded: step_count() gave INT64_MIN and the next step NaN parameters
+    // (break-it pass).
+    for (double bad : {std::nan(""), -1.5, 0.5, 1e300}) {
+      INFO("step " << bad);
+      for (const char* key : {"state.0.step", "step"}) {
+        StateDict d = clone_dict(before);
+        for (auto& [k, t] : d)
+          if (k == key) t = full(t.shape(), bad, {DType::Float64});
+        expect_error(d, fmt::format("\"{}\" must hold whole step counts >= 0", key));
+      }
+    }
+  }
+  SECTION("an SGD nesterov flag that is not 0 or 1") {
+    auto& s = *sgd.opt;
+    StateDict d = clone_dict(s.state_dict());
+    for (auto& [k, t] : d)
+      if (k == "options.nesterov") t = scalar_tensor(0.5, {DType::Float64});
+    CHECK_THROWS_WITH(s.load_state_dict(d), Catch::Contains("options.nesterov must be 0 or 1"));
   }
   SECTION("an option given twice") {  // the second was ignored (break-it pass)
     StateDict d = clone_dict(before);

@@ -191,6 +191,20 @@ TEST_CASE("register_module under an existing name replaces the child, as add_mod
   n.load_state_dict(sd);  // raised "the key twice" before
 }
 
+TEST_CASE("a module cannot contain itself: register_module and push_back raise") {
+  // A break-it pass: s.push_back(s) was accepted, and parameters(), state_dict(), train() and
+  // forward then overflowed the stack.
+  auto s = std::make_shared<Sequential>();
+  s->push_back(std::make_shared<Linear>(2, 2));
+  CHECK_THROWS_WITH(s->push_back(s), Catch::Contains("a module cannot contain itself"));
+  auto a = std::make_shared<Sequential>(), b = std::make_shared<Sequential>();
+  a->push_back(b);
+  CHECK_THROWS_WITH(b->push_back(a), Catch::Contains("a module cannot contain itself"));
+  CHECK(s->parameters().size() == 2);  // unchanged, and walkable
+  CHECK(b->named_children().empty());
+  CHECK(s->forward(ones({1, 2})).shape() == Shape{1, 2});
+}
+
 TEST_CASE("register_parameter of a tensor with history registers it detached, a leaf") {
   struct Bare : Module {
     std::string name() const override { return "Bare"; }

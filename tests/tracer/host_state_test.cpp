@@ -422,6 +422,48 @@ TEST_CASE("compile: a parameter replaced with register_parameter after compiling
   CHECK(cf.compile_count() == 2);
 }
 
+TEST_CASE("compile: another module's buffer replaced does not retrace; its own swapped back and "
+          "forth does, and a replaced submodule", "[compile][host]") {
+  // A break-it pass: one process-wide count of replacements was guarded by every entry, so an
+  // unrelated module refreshing a buffer each step retraced every compiled function until it
+  // reached its cache limit and ran eagerly.
+  manual_seed(2);
+  nn::Linear lin(4, 2), other(4, 4);
+  auto f = [&](const Tensor& x) { return lin(x); };
+  auto cf = kiln::compile(f);
+  Tensor x = randn({3, 4});
+  cf(x);
+  for (int step = 0; step < 12; ++step) {
+    other.register_buffer("mask", full({4}, double(step)));
+    check_close(cf(x), f(x));
+  }
+  CHECK(cf.compile_count() == 1);
+  // Its own weight swapped for another and back (EMA weights): each swap retraces once.
+  Tensor w = lin.weight, ema = full({2, 4}, 0.25);
+  for (int swap = 0; swap < 2; ++swap) {
+    lin.weight = lin.register_parameter("weight", ema);
+    check_close(cf(x), f(x));
+    check_close(cf(x), f(x));
+    lin.weight = lin.register_parameter("weight", w);
+    check_close(cf(x), f(x));
+  }
+  CHECK(cf.compile_count() == 5);
+  // A submodule replaced by one without tensors (an activation) retraces too.
+  struct Net : nn::Module {
+    std::shared_ptr<nn::Module> act = register_module("act", std::make_shared<nn::ReLU>());
+    Tensor forward(const Tensor& t) override { return act->forward(t) * 2.0; }
+    std::string name() const override { return "Net"; }
+    void use(std::shared_ptr<nn::Module> m) { act = register_module("act", std::move(m)); }
+  } net;
+  auto g = [&](const Tensor& t) { return net(t); };
+  auto cg = kiln::compile(g);
+  cg(x);
+  check_close(cg(x), g(x));
+  net.use(std::make_shared<nn::GELU>());
+  check_close(cg(x), g(x));
+  CHECK(cg.compile_count() == 2);
+}
+
 TEST_CASE("compile(module): errors in kiln's layer code name the cm(x) line, traced or replayed") {
   nn::Linear lin(3, 4);
   auto cl = kiln::compile(lin);
