@@ -3,6 +3,8 @@
 #include <cstdint>
 #include <string>
 
+#include "core/error.h"
+
 namespace kiln {
 
 enum class DeviceType : uint8_t { CPU, CUDA };
@@ -21,5 +23,12 @@ struct Device {
   }
   friend bool operator==(const Device&, const Device&) = default;
 };
+
+/// Throws kiln::Error naming `op` and `loc` for a DeviceType out of range (an integer cast to
+/// DeviceType), which would otherwise be taken for CUDA.
+inline void check_device(Device d, const char* op, Loc loc) {
+  KILN_CHECK(d.type == DeviceType::CPU || d.type == DeviceType::CUDA, op, loc,
+             "invalid DeviceType value {} (expected CPU or CUDA)", static_cast<int>(d.type));
+}
 
 }  // namespace kiln

@@ -46,6 +46,7 @@ class ToDeviceBackward final : public autograd::Node {
 
 Tensor Tensor::to(Device device, Loc loc) const {
   KILN_CHECK(defined(), "to", loc, "tensor is undefined");
+  check_device(device, "to", loc);
   if (device == this->device()) return *this;  // no copy, as in PyTorch
   KILN_CHECK(dispatch::tracer_hook() == nullptr, "to", loc,
              "moving a tensor from {} to {} inside a compiled function is not supported yet; "

@@ -73,6 +73,7 @@ Device check_inputs(const OpCall& c) {
 DeviceKernel device_kernel(Device device, const OpCall& c) {
   // An op creating a tensor on a device (no tensor inputs: random ops) reports a missing
   // device first; with inputs, their storage says the device exists.
+  check_device(device, c.name(), c.loc);
   if (c.inputs.empty()) cuda::driver(c.name(), c.loc);
   DeviceKernel k = g_cuda_kernel.load(std::memory_order_acquire);
   KILN_CHECK(k != nullptr, c.name(), c.loc,

@@ -71,6 +71,7 @@ thread_local DrawLog* t_draw_log = nullptr;
 
 Tensor empty(const Shape& shape, TensorOptions opts, Loc loc) {
   check_dtype(float_or(opts), "empty", loc);
+  if (opts.device) check_device(*opts.device, "empty", loc);
   check_shape(shape, itemsize(float_or(opts)), "empty", loc);
   return as_op("empty", [&] {  // the allocator's out-of-memory error names empty and this line
     return at_user_line(loc, [&] {

@@ -637,3 +637,21 @@ TEST_CASE("an invalid DType names the factory and the user's line") {
     CHECK(e.where().line() == line);
   }
 }
+
+TEST_CASE("a DeviceType out of range is an error at the caller's line, not taken for CUDA") {
+  // A break-it pass: x.to(Device{DeviceType(7), 0}) said "no CUDA device" at kiln's allocator.
+  const Device bad{static_cast<DeviceType>(7), 0};
+  Tensor x = ones({2});
+  for (int call = 0; call < 2; ++call) {
+    const unsigned line = __LINE__ + 2;
+    try {
+      if (call == 0) x.to(bad);
+      else zeros({2}, bad);
+      FAIL("no kiln::Error");
+    } catch (const Error& e) {
+      CHECK_THAT(e.what(), Catch::Contains("invalid DeviceType value 7"));
+      CHECK(e.where().line() == line + call);
+    }
+  }
+  CHECK(x.to_vector<float>() == std::vector<float>{1, 1});
+}
