@@ -230,12 +230,21 @@ Tensor isclose(const Tensor& a, const Tensor& b, double rtol, double atol, bool 
   return close;
 }
 
+// Raises kiln::Error naming `op` and the user's line for an undefined `a` or `b` (their
+// accessors would name kiln's own line).
+static void check_both_defined(const Tensor& a, const Tensor& b, const char* op, Loc loc) {
+  KILN_CHECK(a.defined() && b.defined(), op, loc, "input {} is an undefined tensor",
+             a.defined() ? 1 : 0);
+}
+
 bool allclose(const Tensor& a, const Tensor& b, double rtol, double atol, bool equal_nan,
               Loc loc) {
+  check_both_defined(a, b, "allclose", loc);
   return all(isclose(a, b, rtol, atol, equal_nan, loc), {}, false, loc).item<bool>(loc);
 }
 
 bool equal(const Tensor& a, const Tensor& b, Loc loc) {
+  check_both_defined(a, b, "equal", loc);
   if (a.shape() != b.shape()) return false;
   return all(eq(a, b, loc), {}, false, loc).item<bool>(loc);
 }
@@ -369,6 +378,8 @@ Tensor cat(const std::vector<Tensor>& xs, int64_t dim, Loc loc) {
 }
 Tensor stack(const std::vector<Tensor>& xs, int64_t dim, Loc loc) {
   KILN_CHECK(!xs.empty(), "stack", loc, "expects a non-empty list of tensors");
+  for (size_t i = 0; i < xs.size(); ++i)
+    KILN_CHECK(xs[i].defined(), "stack", loc, "tensor {} of the list is undefined", i);
   for (const Tensor& x : xs)
     KILN_CHECK(x.defined() && x.shape() == xs[0].shape(), "stack", loc,
                "all tensors must have the same shape, got {} and {}", to_string(xs[0].shape()),
@@ -381,6 +392,7 @@ Tensor stack(const std::vector<Tensor>& xs, int64_t dim, Loc loc) {
   });
 }
 std::vector<Tensor> split(const Tensor& x, const std::vector<int64_t>& sizes, int64_t dim, Loc loc) {
+  KILN_CHECK(x.defined(), "split", loc, "the tensor to split is undefined");
   KILN_CHECK(x.dim() > 0, "split", loc, "a 0-d tensor cannot be split");
   int d = wrap_dim(dim, x.dim(), "split", loc);
   int64_t total = 0;
@@ -399,6 +411,7 @@ std::vector<Tensor> split(const Tensor& x, const std::vector<int64_t>& sizes, in
   return out;
 }
 std::vector<Tensor> split(const Tensor& x, int64_t size, int64_t dim, Loc loc) {
+  KILN_CHECK(x.defined(), "split", loc, "the tensor to split is undefined");
   KILN_CHECK(x.dim() > 0, "split", loc, "a 0-d tensor cannot be split");
   int d = wrap_dim(dim, x.dim(), "split", loc);
   // PyTorch allows size 0 for an empty dim only (one empty piece).
@@ -411,6 +424,7 @@ std::vector<Tensor> split(const Tensor& x, int64_t size, int64_t dim, Loc loc) {
   return split(x, sizes, d, loc);
 }
 std::vector<Tensor> chunk(const Tensor& x, int64_t chunks, int64_t dim, Loc loc) {
+  KILN_CHECK(x.defined(), "chunk", loc, "the tensor to chunk is undefined");
   KILN_CHECK(chunks > 0, "chunk", loc, "chunks must be positive, got {}", chunks);
   KILN_CHECK(x.dim() > 0, "chunk", loc, "a 0-d tensor cannot be chunked");
   int d = wrap_dim(dim, x.dim(), "chunk", loc);
@@ -453,6 +467,7 @@ Tensor one_hot(const Tensor& indices, int64_t num_classes, Loc loc) {
     const int64_t largest = amax(indices, {}, false, loc).item<int64_t>(loc);
     KILN_CHECK(largest < std::numeric_limits<int64_t>::max(), "one_hot", loc,
                "the largest index {} leaves no num_classes (largest + 1) in int64", largest);
+    KILN_CHECK(largest >= 0, "one_hot", loc, "indices must be >= 0, got {}", largest);
     num_classes = largest + 1;
   }
   OpAttrs a;
@@ -487,6 +502,9 @@ Tensor broadcast_to(const Tensor& x, const Shape& shape, Loc loc) {
 
 Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight,
                   const Tensor& bias, double eps, Loc loc) {
+  // A negative eps gave NaN rows silently (LayerNorm.eps set after construction: a break-it
+  // pass); the module's constructor checked it only once.
+  KILN_CHECK(eps >= 0, "layer_norm", loc, "eps must be >= 0, got {}", eps);
   OpAttrs a;
   a.dims = normalized_shape;
   a.eps = eps;

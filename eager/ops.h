@@ -291,7 +291,8 @@ Tensor broadcast_to(const Tensor& x, const Shape& shape, Loc loc = Loc::current(
 
 // ================================ nn functional ================================
 /// Layer normalisation over the trailing `normalized_shape` dims (Ba et al. 2016):
-/// (x − mean) / sqrt(var_biased + eps) · weight + bias; weight/bias optional.
+/// (x − mean) / sqrt(var_biased + eps) · weight + bias; weight/bias optional. Throws
+/// kiln::Error for eps < 0 or NaN.
 Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight = Tensor(),
                   const Tensor& bias = Tensor(), double eps = 1e-5, Loc loc = Loc::current());
 /// Inverted dropout: zeroes each element with probability p and scales the rest by 1/(1−p),

@@ -28,8 +28,9 @@ MultiheadAttention::MultiheadAttention(int64_t e, int64_t h, double dropout, boo
   if (bias) init::zeros_(out_proj->bias);
 }
 
-Tensor causal_mask(int64_t length) {
-  return triu(ones({length, length}, {DType::Bool}), 1);
+Tensor causal_mask(int64_t length, Loc loc) {
+  KILN_CHECK(length >= 0, "causal_mask", loc, "length must be >= 0, got {}", length);
+  return triu(ones({length, length}, {DType::Bool}, loc), 1, loc);
 }
 
 AttentionOutput MultiheadAttention::forward(const Tensor& query, const Tensor& key,

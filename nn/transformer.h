@@ -47,7 +47,8 @@ class MultiheadAttention : public Module {
 };
 
 /// A bool [L, L] mask that is true above the diagonal (future positions), for attn_mask.
-Tensor causal_mask(int64_t length);
+/// Throws kiln::Error naming the caller's line for a negative length.
+Tensor causal_mask(int64_t length, Loc loc = Loc::current());
 
 struct TransformerEncoderLayerOptions {
   int64_t d_model = 512;

@@ -12,15 +12,19 @@
 namespace kiln {
 
 void print(const Tensor& t, const std::string& label, Loc loc) {
+  // An undefined tensor is printed as eager prints it, with no value to record (a trace
+  // raised looking it up: a break-it pass).
   auto show = [label](const std::vector<Tensor>& ts) {
     tracer::untraced([&] {
-      if (label.empty()) fmt::print("{}\n", ts[0].str());
-      else fmt::print("{}: {}\n", label, ts[0].str());
+      const std::string text = ts.empty() ? Tensor().str() : ts[0].str();
+      if (label.empty()) fmt::print("{}\n", text);
+      else fmt::print("{}: {}\n", label, text);
       std::fflush(stdout);
     });
   };
-  if (auto* rec = tracer::Recorder::current()) rec->on_callback("print", show, {t}, loc);
-  if (tracer::PrintScope::show_next()) show({t});
+  const std::vector<Tensor> shown = t.defined() ? std::vector<Tensor>{t} : std::vector<Tensor>{};
+  if (auto* rec = tracer::Recorder::current()) rec->on_callback("print", show, shown, loc);
+  if (tracer::PrintScope::show_next()) show(shown);
 }
 
 std::string CompareReport::str() const {

@@ -695,6 +695,14 @@ struct CompiledFunction::Impl {
 
 CompiledFunction::CompiledFunction(std::string name, CompileOptions options, Loc loc)
     : name_(std::move(name)), options_(std::move(options)) {
+  // Enums cast from integers and tolerances that no difference could pass (check = true):
+  // accepted silently before (a break-it pass).
+  KILN_CHECK(static_cast<unsigned>(options_.dynamic) <= static_cast<unsigned>(Dynamic::Never),
+             "compile", loc, "invalid Dynamic value {}", static_cast<int>(options_.dynamic));
+  KILN_CHECK(static_cast<unsigned>(options_.backend) <= static_cast<unsigned>(Backend::Eager),
+             "compile", loc, "invalid Backend value {}", static_cast<int>(options_.backend));
+  KILN_CHECK(options_.rtol >= 0 && options_.atol >= 0, "compile", loc,
+             "rtol and atol must be >= 0, got rtol {} and atol {}", options_.rtol, options_.atol);
   KILN_CHECK(options_.cache_size_limit >= 1, "compile", loc,
              "cache_size_limit is {}; it must be at least 1 (specialisations kept before the "
              "function runs eagerly)", options_.cache_size_limit);

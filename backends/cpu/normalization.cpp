@@ -51,13 +51,12 @@ void softmax_rows(const T* x, T* y, int64_t n, bool log) {
 // exp per element at scalar speed and a log or a division per row (softmax [1048576, 8] took
 // about 90 ms, 8 ms with [524288, 16]). Here a block of rows is done in steps that each run
 // over the whole block: x − max per row, exp of the flat block in full batches, the sums per
-// row in double, their logs or reciprocals in batches, then the scaling per row.
+// row in double with their logs or reciprocals, then the scaling per row.
 template <class T>
 void softmax_short_rows(const T* x, T* y, int64_t rows, int64_t n, bool log) {
   constexpr int64_t kBlockElems = 2048;
   using V = Vec<T>;
-  using D = Vec<double>;
-  constexpr int64_t L = V::size, LD = D::size;
+  constexpr int64_t L = V::size;
   const int64_t per = std::max<int64_t>(1, kBlockElems / n);  // rows per block
   alignas(64) T ex[kBlockElems + 64];                          // the block's exps (log_softmax)
   alignas(64) double row_s[kBlockElems];                       // Σ exp per row, then 1/Σ or log Σ
@@ -72,20 +71,22 @@ void softmax_short_rows(const T* x, T* y, int64_t rows, int64_t n, bool log) {
       for (int64_t i = 0; i < n; ++i) m = pick<true>(m, xr[i]);
       for (int64_t i = 0; i < n; ++i) yb[r * n + i] = xr[i] - m;  // (x − m): exact order of ops
     }
+    // Every element through the batch formula, the block's tail too: a scalar exp (libm's
+    // for float64) rounded some elements differently, so a row's bits depended on where the
+    // block started, and on the thread count (a break-it pass).
     int64_t k = 0;
     for (; k + L <= cnt; k += L) vexp(V::load_unaligned(yb + k)).store_unaligned(e + k);
-    for (; k < cnt; ++k) e[k] = vexp(yb[k]);
+    if (k < cnt) {
+      alignas(64) T tail[L] = {};
+      std::copy(yb + k, yb + cnt, tail);
+      vexp(V::load_aligned(tail)).store_aligned(tail);
+      std::copy(tail, tail + (cnt - k), e + k);
+    }
     for (int64_t r = 0; r < nr; ++r) {
       double s = 0;
       for (int64_t i = 0; i < n; ++i) s += static_cast<double>(e[r * n + i]);
-      row_s[r] = s;
+      row_s[r] = log ? std::log(s) : 1.0 / s;  // per row, as the row path: no batch/tail split
     }
-    int64_t j = 0;
-    for (; j + LD <= nr; j += LD) {
-      D s = D::load_aligned(row_s + j);
-      (log ? xsimd::log(s) : D(1.0) / s).store_aligned(row_s + j);
-    }
-    for (; j < nr; ++j) row_s[j] = log ? std::log(row_s[j]) : 1.0 / row_s[j];
     for (int64_t r = 0; r < nr; ++r) {
       const T f = static_cast<T>(row_s[r]);
       T* yr = yb + r * n;

@@ -655,3 +655,30 @@ TEST_CASE("a DeviceType out of range is an error at the caller's line, not taken
   }
   CHECK(x.to_vector<float>() == std::vector<float>{1, 1});
 }
+
+TEST_CASE("undefined tensors and bad values in list, comparison and one_hot ops name the op and "
+          "the caller's line") {
+  // A break-it pass: these named op "tensor" at kiln's core/tensor.cpp, or said
+  // "num_classes must be positive, got 0" for a negative index.
+  Tensor u, a = ones({2});
+  const std::vector<std::pair<std::string, std::function<void()>>> calls = {
+      {"stack", [&] { stack({a, u}); }},
+      {"split", [&] { split(u, 1); }},
+      {"chunk", [&] { chunk(u, 2); }},
+      {"equal", [&] { equal(u, a); }},
+      {"allclose", [&] { allclose(a, u); }},
+      {"one_hot", [&] { one_hot(tensor<int64_t>({-1, -3})); }},
+      {"layer_norm", [&] { layer_norm(ones({2, 3}), {3}, Tensor(), Tensor(), -1.0); }},
+  };
+  for (const auto& [op, call] : calls) {
+    INFO(op);
+    try {
+      call();
+      FAIL("no kiln::Error");
+    } catch (const Error& e) {
+      CHECK_THAT(e.what(), Catch::Contains("kiln::" + op));
+      CHECK(std::string(e.where().file_name()) == __FILE__);
+    }
+  }
+  CHECK_THROWS_WITH(one_hot(tensor<int64_t>({-1})), Catch::Contains("indices must be >= 0"));
+}

@@ -191,6 +191,18 @@ TEST_CASE("register_module under an existing name replaces the child, as add_mod
   n.load_state_dict(sd);  // raised "the key twice" before
 }
 
+TEST_CASE("causal_mask of a negative length names causal_mask and the caller's line") {
+  const unsigned line = __LINE__ + 2;
+  try {
+    causal_mask(-1);
+    FAIL("no kiln::Error");
+  } catch (const Error& e) {
+    CHECK_THAT(e.what(), Catch::Contains("causal_mask: length must be >= 0, got -1"));
+    CHECK(e.where().line() == line);
+  }
+  CHECK(causal_mask(2).to_vector<bool>() == std::vector<bool>{false, true, false, false});
+}
+
 TEST_CASE("a module cannot contain itself: register_module and push_back raise") {
   // A break-it pass: s.push_back(s) was accepted, and parameters(), state_dict(), train() and
   // forward then overflowed the stack.

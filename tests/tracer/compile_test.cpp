@@ -241,6 +241,39 @@ TEST_CASE("compile: kiln::print shows once per call when a replay finds no branc
   CHECK(cf.compile_count() == 2);  // the trace and its second branch
 }
 
+TEST_CASE("compile: kiln::print of an undefined tensor prints as eager, traced and replayed; "
+          "invalid options raise", "[compile]") {
+  // A break-it pass: eager printed "tensor(undefined)", a trace raised at kiln's own line.
+  auto cf = compile([](const Tensor& x) {
+    kiln::print(Tensor(), "u");
+    return x + 1.0;
+  });
+  std::fflush(stdout);
+  FILE* tmp = std::tmpfile();
+  const int saved = ::dup(1);
+  ::dup2(::fileno(tmp), 1);
+  for (int i = 0; i < 2; ++i) CHECK(vec(cf(ones({2}))) == std::vector<float>{2, 2});
+  std::fflush(stdout);
+  ::dup2(saved, 1);
+  ::close(saved);
+  std::rewind(tmp);
+  std::string text;
+  for (int c; (c = std::fgetc(tmp)) != EOF;) text += static_cast<char>(c);
+  std::fclose(tmp);
+  CHECK(text == "u: " + Tensor().str() + "\nu: " + Tensor().str() + "\n");
+  // Options no call could use (enums cast from integers, negative tolerances) were accepted.
+  auto f = [](const Tensor& x) { return x * 2.0; };
+  CompileOptions o;
+  o.dynamic = static_cast<Dynamic>(9);
+  CHECK_THROWS_WITH(compile(f, o), Catch::Contains("invalid Dynamic value 9"));
+  o = CompileOptions();
+  o.backend = static_cast<Backend>(5);
+  CHECK_THROWS_WITH(compile(f, o), Catch::Contains("invalid Backend value 5"));
+  o = CompileOptions();
+  o.rtol = -1;
+  CHECK_THROWS_WITH(compile(f, o), Catch::Contains("rtol and atol must be >= 0"));
+}
+
 TEST_CASE("compile: guards on dtype, rank, size, contiguity, requires_grad, grad mode",
           "[compile]") {
   auto cf = compile([](const Tensor& x) { return x * x; }, {.dynamic = Dynamic::Never});
