@@ -208,6 +208,23 @@ TEST_CASE("compile: host side effects happen while tracing only; kiln::print on 
   CHECK(contains(printing.explain(), "host callback print"));
 }
 
+// stdout of `run`, through a temporary file.
+static std::string stdout_of(const std::function<void()>& run) {
+  std::fflush(stdout);
+  FILE* tmp = std::tmpfile();
+  const int saved = ::dup(1);
+  ::dup2(::fileno(tmp), 1);
+  run();
+  std::fflush(stdout);
+  ::dup2(saved, 1);
+  ::close(saved);
+  std::rewind(tmp);
+  std::string text;
+  for (int c; (c = std::fgetc(tmp)) != EOF;) text += static_cast<char>(c);
+  std::fclose(tmp);
+  return text;
+}
+
 TEST_CASE("compile: kiln::print shows once per call when a replay finds no branch and the "
           "function is traced", "[compile]") {
   // A break-it pass: the replay of the first segment printed, found no branch for the value
@@ -218,26 +235,10 @@ TEST_CASE("compile: kiln::print shows once per call when a replay finds no branc
     if ((y.sum() > 10.0).item<bool>()) return y * 3.0;
     return y - 1.0;
   });
-  // stdout of `run`, through a temporary file.
-  auto printed = [](const std::function<void()>& run) {
-    std::fflush(stdout);
-    FILE* tmp = std::tmpfile();
-    const int saved = ::dup(1);
-    ::dup2(::fileno(tmp), 1);
-    run();
-    std::fflush(stdout);
-    ::dup2(saved, 1);
-    ::close(saved);
-    std::rewind(tmp);
-    std::string text;
-    for (int c; (c = std::fgetc(tmp)) != EOF;) text += static_cast<char>(c);
-    std::fclose(tmp);
-    return text;
-  };
-  CHECK(printed([&] { cf(ones({2})); }) == "y: tensor([3., 3.])\n");
-  CHECK(printed([&] { cf(full({2}, 5.0f)); }) == "y: tensor([11., 11.])\n");  // a new branch
-  CHECK(printed([&] { cf(full({2}, 5.0f)); }) == "y: tensor([11., 11.])\n");
-  CHECK(printed([&] { cf(ones({2})); }) == "y: tensor([3., 3.])\n");
+  CHECK(stdout_of([&] { cf(ones({2})); }) == "y: tensor([3., 3.])\n");
+  CHECK(stdout_of([&] { cf(full({2}, 5.0f)); }) == "y: tensor([11., 11.])\n");  // a new branch
+  CHECK(stdout_of([&] { cf(full({2}, 5.0f)); }) == "y: tensor([11., 11.])\n");
+  CHECK(stdout_of([&] { cf(ones({2})); }) == "y: tensor([3., 3.])\n");
   CHECK(cf.compile_count() == 2);  // the trace and its second branch
 }
 
@@ -248,18 +249,9 @@ TEST_CASE("compile: kiln::print of an undefined tensor prints as eager, traced a
     kiln::print(Tensor(), "u");
     return x + 1.0;
   });
-  std::fflush(stdout);
-  FILE* tmp = std::tmpfile();
-  const int saved = ::dup(1);
-  ::dup2(::fileno(tmp), 1);
-  for (int i = 0; i < 2; ++i) CHECK(vec(cf(ones({2}))) == std::vector<float>{2, 2});
-  std::fflush(stdout);
-  ::dup2(saved, 1);
-  ::close(saved);
-  std::rewind(tmp);
-  std::string text;
-  for (int c; (c = std::fgetc(tmp)) != EOF;) text += static_cast<char>(c);
-  std::fclose(tmp);
+  const std::string text = stdout_of([&] {
+    for (int i = 0; i < 2; ++i) CHECK(vec(cf(ones({2}))) == std::vector<float>{2, 2});
+  });
   CHECK(text == "u: " + Tensor().str() + "\nu: " + Tensor().str() + "\n");
   // Options no call could use (enums cast from integers, negative tolerances) were accepted.
   auto f = [](const Tensor& x) { return x * 2.0; };
