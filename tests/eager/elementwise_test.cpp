@@ -912,3 +912,21 @@ TEST_CASE("row tails: ops on rows shorter than a vector leave the rest of the bu
     }
   }
 }
+
+TEST_CASE("where with both values broadcast (0-d) over a large mask, every dtype") {
+  // The path for where(mask, 1.0, 0.0): mask contiguous, both values stride 0.
+  const int64_t n = 3 * 65536 + 7;  // several parallel blocks and a tail
+  std::vector<float> v(n);
+  for (int64_t i = 0; i < n; ++i) v[i] = static_cast<float>((i * 7919) % 13) - 6;
+  Tensor m = from_vector(v, {n}) > 0.0;
+  std::vector<bool> mv = m.to_vector<bool>();
+  for (DType dt : {DType::Float32, DType::Float64, DType::Int32, DType::Int64, DType::Bool}) {
+    INFO(name(dt));
+    Tensor a = scalar_tensor(1.0).to(dt), b = scalar_tensor(dt == DType::Bool ? 0.0 : -3.0).to(dt);
+    std::vector<double> got = where(m, a, b).to_vector<double>();
+    REQUIRE(got.size() == static_cast<size_t>(n));
+    int64_t bad = 0;
+    for (int64_t i = 0; i < n; ++i) bad += got[i] != (mv[i] ? 1.0 : (dt == DType::Bool ? 0.0 : -3.0));
+    CHECK(bad == 0);
+  }
+}
