@@ -235,9 +235,71 @@ void triangle(const OpCall& call, const Tensor& out) {
 
 }  // namespace
 
+namespace {
+
+// Rows [r0, r1) of a contiguous [rows, c] piece into columns [at, at + c) of a contiguous
+// [rows, row] output, as elements of U (an unsigned type of the element's size).
+template <class U>
+void copy_piece_rows(char* out, const char* piece, int64_t row, int64_t at, int64_t c, int64_t r0,
+                     int64_t r1) {
+  U* o = reinterpret_cast<U*>(out);
+  const U* p = reinterpret_cast<const U*>(piece);
+  if (c == 1) {  // stack along the last dim: one element per row
+    for (int64_t r = r0; r < r1; ++r) o[r * row + at] = p[r];
+    return;
+  }
+  for (int64_t r = r0; r < r1; ++r)
+    for (int64_t j = 0; j < c; ++j) o[r * row + at + j] = p[r * c + j];
+}
+
+// cat of contiguous inputs of out's dtype into contiguous `out` along dim d, as [outer, c_i]
+// pieces of an [outer, C] output, a tile of output rows at a time: each piece's rows go into
+// the tile while it stays in cache. Copying each piece into its slab of the whole output
+// instead wrote every cache line of the output once per piece: 64 pieces of [32768, 1] took
+// 12.7 ms against 0.54 ms for a copy of the output (a performance pass). False if the inputs
+// are not such.
+bool cat_contiguous(const std::vector<Tensor>& xs, const Tensor& out, int d) {
+  if (!out.is_contiguous()) return false;
+  for (const Tensor& x : xs)
+    if (!x.is_contiguous() || x.dtype() != out.dtype()) return false;
+  int64_t outer = 1;
+  for (int i = 0; i < d; ++i) outer *= out.shape()[i];
+  const size_t isz = out.itemsize();
+  const int64_t row = out.numel() / std::max<int64_t>(outer, 1);  // C
+  if (outer <= 1 || row == 0) return false;
+  const int64_t tile = std::max<int64_t>(1, 32768 / (row * static_cast<int64_t>(isz)));
+  char* o = static_cast<char*>(out.raw_data());
+  parallel_for(0, outer, std::max<int64_t>(tile, kGrainSize / row), [&](int64_t lo, int64_t hi) {
+    for (int64_t r0 = lo; r0 < hi; r0 += tile) {
+      const int64_t r1 = std::min(hi, r0 + tile);
+      int64_t at = 0;  // elements of the output row before this piece's
+      for (const Tensor& x : xs) {
+        const int64_t c = x.numel() / outer;
+        if (c == 0) continue;
+        const char* src = static_cast<const char*>(x.raw_data());
+        if (c * static_cast<int64_t>(isz) >= 64 || (isz != 1 && isz != 4 && isz != 8)) {
+          for (int64_t r = r0; r < r1; ++r)
+            std::memcpy(o + (r * row + at) * isz, src + r * c * isz, c * isz);
+        } else if (isz == 1) {
+          copy_piece_rows<uint8_t>(o, src, row, at, c, r0, r1);
+        } else if (isz == 4) {
+          copy_piece_rows<uint32_t>(o, src, row, at, c, r0, r1);
+        } else {
+          copy_piece_rows<uint64_t>(o, src, row, at, c, r0, r1);
+        }
+        at += c;
+      }
+    }
+  });
+  return true;
+}
+
+}  // namespace
+
 void cat_kernel(const OpCall& call, const InferredMeta& meta, std::span<Tensor> outs) {
   const Tensor& out = outs[0];
   const int d = wrap_dim(call.attrs.dim, out.dim(), call.name());
+  if (cat_contiguous(call.inputs, out, d)) return;
   int64_t at = 0;
   for (const Tensor& x : call.inputs) {
     const int64_t len = x.size(d);

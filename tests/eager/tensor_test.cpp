@@ -682,3 +682,44 @@ TEST_CASE("undefined tensors and bad values in list, comparison and one_hot ops 
   }
   CHECK_THROWS_WITH(one_hot(tensor<int64_t>({-1})), Catch::Contains("indices must be >= 0"));
 }
+
+TEST_CASE("cat and stack of contiguous pieces of every width into output rows, every dtype") {
+  // The tiled path (pieces copied into a tile of output rows at a time): widths from empty to
+  // past a cache line, many rows (tiles, parallel blocks), against index arithmetic.
+  const int64_t rows = 5000;
+  const std::vector<int64_t> widths = {1, 3, 0, 17, 1, 40, 2};
+  for (DType dt : {DType::Float32, DType::Float64, DType::Int32, DType::Int64, DType::Bool}) {
+    INFO(name(dt));
+    std::vector<Tensor> pieces;
+    int64_t total = 0, first = 0;
+    for (int64_t w : widths) {
+      pieces.push_back((arange(first, first + rows * w, 1, {DType::Int64}) % 97)
+                           .view({rows, w}).to(dt));
+      first += rows * w;
+      total += w;
+    }
+    std::vector<double> got = cat(pieces, 1).to_vector<double>();
+    REQUIRE(got.size() == static_cast<size_t>(rows * total));
+    int64_t bad = 0, at = 0;
+    first = 0;
+    for (int64_t w : widths) {
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t j = 0; j < w; ++j) {
+          double want = static_cast<double>((first + r * w + j) % 97);
+          if (dt == DType::Bool) want = want != 0;
+          bad += got[r * total + at + j] != want;
+        }
+      first += rows * w;
+      at += w;
+    }
+    CHECK(bad == 0);
+    // stack along the last dim: one element of each piece per output row.
+    Tensor a = pieces[0].view({rows}), b = pieces[4].view({rows});
+    Tensor s = stack({a, b}, -1);
+    CHECK(equal(s.select(1, 0), a));
+    CHECK(equal(s.select(1, 1), b));
+    // A non-contiguous piece takes the per-piece path: same values.
+    Tensor t = pieces[3].t().contiguous().t();
+    CHECK(equal(cat({pieces[1], t}, 1), cat({pieces[1], t.contiguous()}, 1)));
+  }
+}
