@@ -337,45 +337,63 @@ double finish_row_sum(T t, const T* x, int64_t n) {
   return s;
 }
 
-// sum / mean over short dense rows (fewer elements than lanes: a point's xyz, a router's 8
-// scores), a batch of rows at a time: lane i gathers row i's elements and adds them in order,
-// as sum_run adds a row shorter than a batch, so the results are the same bits. Row by row,
-// [1048576, 8].sum(1) cost ~10 ns a row (call, prefetch, a scalar chain each). False where the
-// plan is not such rows.
+// Whether the plan's rows are dense and shorter than `batches` batches of T (a point's xyz, a
+// router's 8 scores): the short-row paths below take them a batch of rows at a time, lane i
+// gathering row i's elements in order, where the row path paid a call, a prefetch and a scalar
+// chain per row ([1048576, 8].sum(1): ~10 ns a row; argmax over [262144, 16]: ~54 ns a row).
+// `batches`: the most batches a row may span (sum: 1, where sum_run's lanes would add in
+// another order; max and argmax: 4, below which extreme_run picks in order too).
 template <class T>
-bool sum_short_rows(const Plan& p, T* out, bool mean) {
-  using V = Vec<T>;
+bool dense_short_rows(const Plan& p, int64_t batches) {
+  return kIsFloat<T> && p.k2 == 1 && p.nouter == 1 && p.istride[0] == p.r && p.r >= 1 &&
+         p.r < batches * static_cast<int64_t>(Vec<T>::size);
+}
+
+// Runs batch(a, x, off) for each whole batch of rows a..a+lanes-1 (x their first element,
+// off the lanes' offsets for V::gather) and one_row(a, x) for the rest, spread over the pool.
+template <class T, class Batch, class Row>
+void for_short_row_batches(const Plan& p, const Batch& batch, const Row& one_row) {
   using I = xsimd::batch<std::conditional_t<sizeof(T) == 4, int32_t, int64_t>>;
-  constexpr int64_t L = V::size;
+  constexpr int64_t L = Vec<T>::size;
   const int64_t r = p.r;
-  if (p.k2 != 1 || p.nouter != 1 || p.istride[0] != r || r >= L || r < 1) return false;
   const T* x = reinterpret_cast<const T*>(p.base);
-  const int64_t os = p.ostride[0];
-  const double n = static_cast<double>(r);
   alignas(64) typename I::value_type lane_off[L];
   for (int64_t i = 0; i < L; ++i) lane_off[i] = static_cast<typename I::value_type>(i * r);
   const I off = I::load_aligned(lane_off);
   parallel_for(0, p.k1, std::max<int64_t>(L, kGrainSize / r), [&](int64_t lo, int64_t hi) {
-    alignas(64) T lanes[L];
     int64_t a = lo;
-    for (; a + L <= hi; a += L) {
-      const T* xb = x + a * r;
-      V acc(T(0));
-      for (int64_t j = 0; j < r; ++j) acc += V::gather(xb + j, off);
-      acc.store_aligned(lanes);
-      for (int64_t i = 0; i < L; ++i) {
-        double v = finish_row_sum(lanes[i], xb + i * r, r);
-        out[(a + i) * os] = static_cast<T>(mean ? v / n : v);
-      }
-    }
-    for (; a < hi; ++a) {
-      const T* xr = x + a * r;
-      T t(0);
-      for (int64_t j = 0; j < r; ++j) t += xr[j];
-      double v = finish_row_sum(t, xr, r);
-      out[a * os] = static_cast<T>(mean ? v / n : v);
-    }
+    for (; a + L <= hi; a += L) batch(a, x + a * r, off);
+    for (; a < hi; ++a) one_row(a, x + a * r);
   });
+}
+
+// sum / mean over short rows: each lane adds its row in order, as sum_run adds a row shorter
+// than a batch, so the results are the same bits.
+template <class T>
+bool sum_short_rows(const Plan& p, T* out, bool mean) {
+  if (!dense_short_rows<T>(p, 1)) return false;
+  using V = Vec<T>;
+  constexpr int64_t L = V::size;
+  const int64_t r = p.r, os = p.ostride[0];
+  const double n = static_cast<double>(r);
+  for_short_row_batches<T>(
+      p,
+      [&](int64_t a, const T* xb, const auto& off) {
+        V acc(T(0));
+        for (int64_t j = 0; j < r; ++j) acc += V::gather(xb + j, off);
+        alignas(64) T lanes[L];
+        acc.store_aligned(lanes);
+        for (int64_t i = 0; i < L; ++i) {
+          double v = finish_row_sum(lanes[i], xb + i * r, r);
+          out[(a + i) * os] = static_cast<T>(mean ? v / n : v);
+        }
+      },
+      [&](int64_t a, const T* xr) {
+        T t(0);
+        for (int64_t j = 0; j < r; ++j) t += xr[j];
+        double v = finish_row_sum(t, xr, r);
+        out[a * os] = static_cast<T>(mean ? v / n : v);
+      });
   return true;
 }
 
@@ -484,6 +502,30 @@ template <bool kMax, class T>
 void extreme(const Ctx& c, T* params = nullptr) {
   T* out = params ? nullptr : c.out.data<T>();
   constexpr T ident = pick_identity<kMax, T>();
+  auto write = [&](int64_t o, T v) {
+    if (params)
+      params[o] = v;
+    else
+      out[c.p.out_off(o)] = v;
+  };
+  if constexpr (kIsFloat<T>) {
+    if (dense_short_rows<T>(c.p, 4)) {  // each lane picks along its row in order, as extreme_run
+      using V = Vec<T>;
+      constexpr int64_t L = V::size;
+      const int64_t r = c.p.r;
+      for_short_row_batches<T>(
+          c.p,
+          [&](int64_t a, const T* xb, const auto& off) {
+            V acc(ident);
+            for (int64_t j = 0; j < r; ++j) acc = pick<kMax>(acc, V::gather(xb + j, off));
+            alignas(64) T lanes[L];
+            acc.store_aligned(lanes);
+            for (int64_t i = 0; i < L; ++i) write(a + i, lanes[i]);
+          },
+          [&](int64_t a, const T* xr) { write(a, extreme_run<kMax>(xr, r, ident)); });
+      return;
+    }
+  }
   run_plan<T, T>(
       c.p, ident,
       [&](const T* x, int64_t n, int64_t, int64_t) { return extreme_run<kMax>(x, n, ident); },
@@ -682,6 +724,36 @@ void arg_cols(const T* x, int64_t rows, int64_t st, int64_t k, int64_t base, Arg
 template <bool kMax, class T>
 void arg_extreme(const Ctx& c) {
   int64_t* out = c.out.data<int64_t>();
+  if constexpr (kIsFloat<T>) {
+    if (dense_short_rows<T>(c.p, 4)) {
+      // Each lane keeps its row's first extreme (arg_better: strictly better, or the first
+      // NaN), which is what extreme_run then find_first give the row path.
+      using V = Vec<T>;
+      constexpr int64_t L = V::size;
+      const int64_t r = c.p.r;
+      for_short_row_batches<T>(
+          c.p,
+          [&](int64_t a, const T* xb, const auto& off) {
+            V best = V::gather(xb, off), at(T(0));
+            for (int64_t j = 1; j < r; ++j) {
+              V v = V::gather(xb + j, off);
+              auto better = !xsimd::isnan(best) &
+                            (xsimd::isnan(v) | (kMax ? v > best : v < best));
+              best = xsimd::select(better, v, best);
+              at = xsimd::select(better, V(static_cast<T>(j)), at);
+            }
+            alignas(64) T lanes[L];
+            at.store_aligned(lanes);
+            for (int64_t i = 0; i < L; ++i)
+              out[c.p.out_off(a + i)] = static_cast<int64_t>(lanes[i]);
+          },
+          [&](int64_t a, const T* xr) {
+            T m = extreme_run<kMax>(xr, r, pick_identity<kMax, T>());
+            out[c.p.out_off(a)] = find_first(xr, r, m);
+          });
+      return;
+    }
+  }
   run_plan<T, ArgAcc<T>>(
       c.p, ArgAcc<T>{T(0), -1},
       [&](const T* x, int64_t n, int64_t, int64_t base) {

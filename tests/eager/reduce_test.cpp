@@ -294,6 +294,50 @@ TEST_CASE("sum and mean over short rows, a batch of rows at a time, match a floa
   CHECK(sum(x, {1}).to_vector<float>()[20] == 2);
 }
 
+TEST_CASE("amax, amin, argmax, argmin and logsumexp over short rows match the reference: ties, "
+          "NaN, infinities, signed zeros") {
+  // The short-row paths (a batch of rows at a time through gathers) against the first-extreme
+  // rule, for every row length below a batch, whole batches of rows and a tail.
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  const std::vector<double> values = {0, 1, 2, -0.0, kInf, -kInf, nan, 2};
+  for (DType dt : {Float32, Float64}) {
+    std::mt19937 gen(7);
+    std::uniform_int_distribution<int> pick(0, 40);
+    for (int64_t n : {1, 2, 3, 7, 8, 15, 16, 31, 33, 63}) {
+      const int64_t rows = 16 * 4 + 9;
+      std::vector<double> v(rows * n);
+      for (auto& e : v) {
+        int k = pick(gen);
+        e = k < static_cast<int>(values.size()) ? values[k] : (k % 4);  // ties are common
+      }
+      Tensor x = from_vector(v, {rows, n}).to(dt);
+      INFO(name(dt) << " n " << n);
+      Groups g = group(x, 2u, false);
+      for (bool is_max : {true, false}) {
+        std::vector<double> want_arg, want_ext;
+        for (const auto& grp : g.g) {
+          want_arg.push_back(ref_arg(grp, is_max));
+          want_ext.push_back(ref_extreme(grp, is_max));
+        }
+        check_close((is_max ? argmax(x, 1) : argmin(x, 1)).to_vector<double>(), want_arg, 0);
+        std::vector<double> ext = (is_max ? amax(x, {1}) : amin(x, {1})).to_vector<double>();
+        for (size_t i = 0; i < ext.size(); ++i) {
+          INFO("row " << i);
+          CHECK((std::isnan(want_ext[i]) ? std::isnan(ext[i]) : ext[i] == want_ext[i]));
+        }
+      }
+      std::vector<double> want_lse;
+      for (const auto& grp : g.g) want_lse.push_back(ref_lse(grp));
+      std::vector<double> lse = logsumexp(x, {1}).to_vector<double>();
+      for (size_t i = 0; i < lse.size(); ++i) {
+        INFO("row " << i);
+        CHECK((std::isnan(want_lse[i]) ? std::isnan(lse[i])
+                                       : lse[i] == Approx(want_lse[i]).epsilon(1e-6)));
+      }
+    }
+  }
+}
+
 TEST_CASE("reductions of non-dense (strided, expanded) inputs") {
   Tensor big = random_tensor({6, 10, 8}, 3);
   Tensor x = big.slice(1, 1, 10, 3).slice(2, 0, 8, 2);  // [6, 3, 4], gaps in memory
