@@ -349,10 +349,11 @@ bool dense_short_rows(const Plan& p, int64_t batches) {
          p.r < batches * static_cast<int64_t>(Vec<T>::size);
 }
 
-// Runs batch(a, x, off) for each whole batch of rows a..a+lanes-1 (x their first element,
-// off the lanes' offsets for V::gather) and one_row(a, x) for the rest, spread over the pool.
-template <class T, class Batch, class Row>
-void for_short_row_batches(const Plan& p, const Batch& batch, const Row& one_row) {
+// Row a's result into put(a, value, x) for each row of the plan (x: the row's first element):
+// batch(x, off) gives a whole batch of rows' results as a batch of T (off: the lanes' offsets
+// for V::gather), one_row(x) the result of a row of the tail; spread over the pool.
+template <class T, class Batch, class Row, class Put>
+void for_short_rows(const Plan& p, const Batch& batch, const Row& one_row, const Put& put) {
   using I = xsimd::batch<std::conditional_t<sizeof(T) == 4, int32_t, int64_t>>;
   constexpr int64_t L = Vec<T>::size;
   const int64_t r = p.r;
@@ -362,8 +363,13 @@ void for_short_row_batches(const Plan& p, const Batch& batch, const Row& one_row
   const I off = I::load_aligned(lane_off);
   parallel_for(0, p.k1, std::max<int64_t>(L, kGrainSize / r), [&](int64_t lo, int64_t hi) {
     int64_t a = lo;
-    for (; a + L <= hi; a += L) batch(a, x + a * r, off);
-    for (; a < hi; ++a) one_row(a, x + a * r);
+    for (; a + L <= hi; a += L) {
+      const T* xb = x + a * r;
+      alignas(64) T lanes[L];
+      batch(xb, off).store_aligned(lanes);
+      for (int64_t i = 0; i < L; ++i) put(a + i, lanes[i], xb + i * r);
+    }
+    for (; a < hi; ++a) put(a, one_row(x + a * r), x + a * r);
   });
 }
 
@@ -372,25 +378,21 @@ void for_short_row_batches(const Plan& p, const Batch& batch, const Row& one_row
 template <class T>
 bool sum_short_rows(const Plan& p, T* out, bool mean) {
   if (!dense_short_rows<T>(p, 1)) return false;
-  using V = Vec<T>;
-  constexpr int64_t L = V::size;
   const int64_t r = p.r, os = p.ostride[0];
   const double n = static_cast<double>(r);
-  for_short_row_batches<T>(
+  for_short_rows<T>(
       p,
-      [&](int64_t a, const T* xb, const auto& off) {
-        V acc(T(0));
-        for (int64_t j = 0; j < r; ++j) acc += V::gather(xb + j, off);
-        alignas(64) T lanes[L];
-        acc.store_aligned(lanes);
-        for (int64_t i = 0; i < L; ++i) {
-          double v = finish_row_sum(lanes[i], xb + i * r, r);
-          out[(a + i) * os] = static_cast<T>(mean ? v / n : v);
-        }
+      [&](const T* xb, const auto& off) {
+        Vec<T> acc(T(0));
+        for (int64_t j = 0; j < r; ++j) acc += Vec<T>::gather(xb + j, off);
+        return acc;
       },
-      [&](int64_t a, const T* xr) {
+      [&](const T* xr) {
         T t(0);
         for (int64_t j = 0; j < r; ++j) t += xr[j];
+        return t;
+      },
+      [&](int64_t a, T t, const T* xr) {
         double v = finish_row_sum(t, xr, r);
         out[a * os] = static_cast<T>(mean ? v / n : v);
       });
@@ -510,19 +512,16 @@ void extreme(const Ctx& c, T* params = nullptr) {
   };
   if constexpr (kIsFloat<T>) {
     if (dense_short_rows<T>(c.p, 4)) {  // each lane picks along its row in order, as extreme_run
-      using V = Vec<T>;
-      constexpr int64_t L = V::size;
       const int64_t r = c.p.r;
-      for_short_row_batches<T>(
+      for_short_rows<T>(
           c.p,
-          [&](int64_t a, const T* xb, const auto& off) {
-            V acc(ident);
-            for (int64_t j = 0; j < r; ++j) acc = pick<kMax>(acc, V::gather(xb + j, off));
-            alignas(64) T lanes[L];
-            acc.store_aligned(lanes);
-            for (int64_t i = 0; i < L; ++i) write(a + i, lanes[i]);
+          [&](const T* xb, const auto& off) {
+            Vec<T> acc(ident);
+            for (int64_t j = 0; j < r; ++j) acc = pick<kMax>(acc, Vec<T>::gather(xb + j, off));
+            return acc;
           },
-          [&](int64_t a, const T* xr) { write(a, extreme_run<kMax>(xr, r, ident)); });
+          [&](const T* xr) { return extreme_run<kMax>(xr, r, ident); },
+          [&](int64_t a, T v, const T*) { write(a, v); });
       return;
     }
   }
@@ -729,11 +728,10 @@ void arg_extreme(const Ctx& c) {
       // Each lane keeps its row's first extreme (arg_better: strictly better, or the first
       // NaN), which is what extreme_run then find_first give the row path.
       using V = Vec<T>;
-      constexpr int64_t L = V::size;
       const int64_t r = c.p.r;
-      for_short_row_batches<T>(
+      for_short_rows<T>(
           c.p,
-          [&](int64_t a, const T* xb, const auto& off) {
+          [&](const T* xb, const auto& off) {
             V best = V::gather(xb, off), at(T(0));
             for (int64_t j = 1; j < r; ++j) {
               V v = V::gather(xb + j, off);
@@ -742,14 +740,14 @@ void arg_extreme(const Ctx& c) {
               best = xsimd::select(better, v, best);
               at = xsimd::select(better, V(static_cast<T>(j)), at);
             }
-            alignas(64) T lanes[L];
-            at.store_aligned(lanes);
-            for (int64_t i = 0; i < L; ++i)
-              out[c.p.out_off(a + i)] = static_cast<int64_t>(lanes[i]);
+            return at;  // the index as T: exact, being under 64
           },
-          [&](int64_t a, const T* xr) {
-            T m = extreme_run<kMax>(xr, r, pick_identity<kMax, T>());
-            out[c.p.out_off(a)] = find_first(xr, r, m);
+          [&](const T* xr) {
+            const T m = extreme_run<kMax>(xr, r, pick_identity<kMax, T>());
+            return static_cast<T>(find_first(xr, r, m));
+          },
+          [&](int64_t a, T index, const T*) {
+            out[c.p.out_off(a)] = static_cast<int64_t>(index);
           });
       return;
     }
