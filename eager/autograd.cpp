@@ -448,6 +448,20 @@ constexpr const char* kLeafInPlace =
 
 class RecordHook final : public DispatchHook {
  public:
+  // Grad mode off, or no tensor involved (nor a view's base) has autograd state and no memory
+  // gained a history in place: before_kernel and after_kernel would do nothing.
+  bool ignores_in_place(const OpCall& c) const override {
+    if (!t_grad_enabled) return true;
+    for (const Tensor& t : c.inputs) {
+      if (!t.defined()) continue;
+      const auto& base = t.impl()->base;
+      if (meta(t) || (base && base->autograd) ||
+          t.storage()->gained_history_in_place(t.impl()->lineage))
+        return false;
+    }
+    return true;
+  }
+
   bool before_kernel(const OpCall& c, const InferredMeta&, std::vector<Tensor>&) override {
     if (!t_grad_enabled) return false;
     for (const Tensor& t : c.inputs) {

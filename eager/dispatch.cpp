@@ -144,8 +144,9 @@ Tensor wrap_scalar(Scalar s) {
 
 namespace {
 
-std::vector<Tensor> run_call(OpCall& c) {
-  Device device = check_inputs(c);
+// Checks the call's inputs and infers its outputs; `device` is where it runs.
+InferredMeta checked_meta(const OpCall& c, Device& device) {
+  device = check_inputs(c);
   // Metadata of the defined inputs (absent optional inputs are skipped).
   std::array<TensorMeta, 4> small;
   std::vector<TensorMeta> large;
@@ -175,7 +176,43 @@ std::vector<Tensor> run_call(OpCall& c) {
     for (const Tensor& t : c.inputs)
       if (t.defined() && t.impl()->wrapped_number && t.dtype() == DType::Float64)
         check_scalar_fits(Scalar(*t.data<double>()), meta.compute_dtype, c.name(), c.loc);
+  return meta;
+}
 
+// The call the cpu kernel runs: `c`, or a copy of it in `converted` whose inputs are in the
+// compute dtype (the caller's tensors are untouched).
+const OpCall* kernel_call(const OpCall& c, const InferredMeta& meta, OpCall& converted) {
+  const OpCall* kp = &c;
+  // copy_ from memory that overlaps the destination (a.copy_(a.t())) reads a snapshot.
+  if (c.op == OpKind::CopyInto && c.inputs[1].storage() == c.inputs[0].storage()) {
+    converted = c;
+    kp = &converted;
+    Tensor snap = empty(c.inputs[1].shape(), c.inputs[1].dtype());
+    cpu::copy_cast(snap, c.inputs[1]);
+    converted.inputs[1] = snap;
+  }
+  for (size_t i = 0; i < c.inputs.size(); ++i) {
+    const Tensor& t = c.inputs[i];
+    if (t.defined() && t.dtype() != meta.compute_dtype &&
+        converts_input(c.op, i, t.dtype(), meta.compute_dtype)) {
+      if (kp == &c) converted = c, kp = &converted;  // (kp may already be the snapshot copy)
+      Tensor conv = empty(t.shape(), meta.compute_dtype);
+      cpu::copy_cast(conv, t);
+      converted.inputs[i] = conv;
+    }
+  }
+  return kp;
+}
+
+cpu::Kernel cpu_kernel(const OpCall& c) {
+  cpu::Kernel k = cpu::kernel_for(c.op);
+  KILN_CHECK(k != nullptr, c.name(), c.loc, "no cpu kernel");
+  return k;
+}
+
+std::vector<Tensor> run_call(OpCall& c) {
+  Device device;
+  InferredMeta meta = checked_meta(c, device);
   if (t_write_observer && is_in_place(c.op)) t_write_observer->before_write(c.inputs[0], c.loc);
   std::vector<Tensor> outs;
   if (t_tracer_hook && t_tracer_hook->before_kernel(c, meta, outs)) {
@@ -210,27 +247,8 @@ std::vector<Tensor> run_call(OpCall& c) {
     return outs;
   }
 
-  // The kernel sees inputs in the compute dtype; the caller's tensors are untouched.
-  const OpCall* kp = &c;
   OpCall converted;
-  // copy_ from memory that overlaps the destination (a.copy_(a.t())) reads a snapshot.
-  if (c.op == OpKind::CopyInto && c.inputs[1].storage() == c.inputs[0].storage()) {
-    converted = c;
-    kp = &converted;
-    Tensor snap = empty(c.inputs[1].shape(), c.inputs[1].dtype());
-    cpu::copy_cast(snap, c.inputs[1]);
-    converted.inputs[1] = snap;
-  }
-  for (size_t i = 0; i < c.inputs.size(); ++i) {
-    const Tensor& t = c.inputs[i];
-    if (t.defined() && t.dtype() != meta.compute_dtype &&
-        converts_input(c.op, i, t.dtype(), meta.compute_dtype)) {
-      if (kp == &c) converted = c, kp = &converted;  // (kp may already be the snapshot copy)
-      Tensor conv = empty(t.shape(), meta.compute_dtype);
-      cpu::copy_cast(conv, t);
-      converted.inputs[i] = conv;
-    }
-  }
+  const OpCall* kp = kernel_call(c, meta, converted);
 
   if (op_info(c.op).category == OpCategory::View) {
     outs.push_back(make_view(*kp, meta));
@@ -241,14 +259,51 @@ std::vector<Tensor> run_call(OpCall& c) {
       outs.reserve(meta.outputs.size());
       for (const OutputMeta& o : meta.outputs) outs.push_back(empty(o.shape, o.dtype));
     }
-    cpu::Kernel k = cpu::kernel_for(c.op);
-    KILN_CHECK(k != nullptr, c.name(), c.loc, "no cpu kernel");
-    k(*kp, meta, outs);
+    cpu_kernel(c)(*kp, meta, outs);
     if (is_in_place(c.op)) c.inputs[0].bump_version();
   }
   if (g_autograd_hook) g_autograd_hook->after_kernel(c, meta, outs);
   if (t_tracer_hook) t_tracer_hook->after_kernel(c, meta, outs);
   return outs;
+}
+
+// Whether call_in_place may write c's result straight into c.inputs[0] (before the metadata).
+bool may_write_into_input(const OpCall& c) {
+  const OpCategory category = op_info(c.op).category;
+  if (t_tracer_hook || (category != OpCategory::Unary && category != OpCategory::Binary) ||
+      c.inputs.empty())
+    return false;
+  const Tensor& dst = c.inputs[0];
+  if (!dst.defined() || !dst.device().is_cpu() || !dst.is_contiguous()) return false;
+  for (size_t i = 1; i < c.inputs.size(); ++i) {
+    const Tensor& t = c.inputs[i];
+    if (!t.defined() || !t.device().is_cpu()) return false;
+    // The kernel reads each element of an operand before writing the same index of dst, so an
+    // operand laid out exactly as dst is safe; any other overlap is not.
+    if (t.storage() == dst.storage() &&
+        (t.offset() != dst.offset() || t.dtype() != dst.dtype() || t.shape() != dst.shape() ||
+         t.strides() != dst.strides()))
+      return false;
+  }
+  return !g_autograd_hook || g_autograd_hook->ignores_in_place(c);
+}
+
+bool run_in_place(const OpCall& c) {
+  if (!may_write_into_input(c)) return false;
+  Device device;
+  InferredMeta meta = checked_meta(c, device);
+  const Tensor& dst = c.inputs[0];
+  if (meta.outputs.size() != 1 || meta.outputs[0].shape != dst.shape() ||
+      meta.outputs[0].dtype != dst.dtype() || meta.compute_dtype != dst.dtype() ||
+      !value_checked_inputs(c.op, c.attrs, meta.compute_dtype).empty())
+    return false;
+  if (t_write_observer) t_write_observer->before_write(dst, c.loc);
+  OpCall converted;
+  const OpCall* kp = kernel_call(c, meta, converted);
+  std::vector<Tensor> outs{dst};
+  cpu_kernel(c)(*kp, meta, outs);
+  dst.bump_version();
+  return true;
 }
 
 }  // namespace
@@ -258,9 +313,13 @@ thread_local uint64_t t_op_errors = 0;
 thread_local std::string t_last_op_error;
 }  // namespace
 
-std::vector<Tensor> call(OpCall&& c) {
+namespace {
+
+// Runs `run` (the op `c`), naming the op and the user's line in errors raised inside kiln.
+template <class Run>
+auto with_op_context(const OpCall& c, Run run) {
   try {
-    return run_call(c);
+    return run();
   } catch (Error& e) {
     // Raised below the op at a line of kiln (the host or device allocator, a device kernel's
     // launch): name the op and the user's line.
@@ -276,6 +335,16 @@ std::vector<Tensor> call(OpCall&& c) {
     }
     throw;
   }
+}
+
+}  // namespace
+
+std::vector<Tensor> call(OpCall&& c) {
+  return with_op_context(c, [&] { return run_call(c); });
+}
+
+bool call_in_place(OpCall&& c) {
+  return with_op_context(c, [&] { return run_in_place(c); });
 }
 
 uint64_t op_errors() { return t_op_errors; }

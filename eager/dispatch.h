@@ -72,6 +72,9 @@ class DispatchHook {
   /// Called (tracer hook only) for `t`, a 0-d wrapped host number made by
   /// dispatch::host_input: the tracer makes it a runtime input read by `reader` on every call.
   virtual void on_host_input(const Tensor& t, const HostReader& reader, Loc loc) {}
+  /// True when this hook would neither check nor record `call` nor the copy of its result into
+  /// call.inputs[0] (dispatch::call_in_place then runs without it).
+  virtual bool ignores_in_place(const OpCall& call) const { return false; }
 };
 
 /// Sees writes to tensors that may hold state the caller owns, before they happen: in-place ops
@@ -102,6 +105,15 @@ DispatchHook* set_autograd_hook(DispatchHook* hook);
 
 /// Runs `call` and returns its outputs. Throws kiln::Error for invalid inputs.
 std::vector<Tensor> call(OpCall&& call);
+
+/// Runs the elementwise `call` (a Unary or Binary op) and writes its result into its first
+/// input x, as `x.copy_(call1(call))` would, without the temporary: `x += y` and the optimizers'
+/// updates use it. Does nothing and returns false when it cannot, and the caller then computes
+/// out of place and copies: the result's shape or dtype, or the compute dtype, differ from x's;
+/// x is not a contiguous CPU tensor; another input overlaps x other than exactly; a tracer is
+/// recording; autograd would check or record the write; or the op checks input values (its
+/// error must leave x untouched). Throws kiln::Error as call() does for invalid inputs.
+bool call_in_place(OpCall&& call);
 
 /// How many calls of ops that check input values (value_checks.h: indices, class indices,
 /// integer divisors) raised kiln::Error on this thread so far, and the last one's text. The

@@ -11,32 +11,39 @@ Tensor view_op(OpKind op, const Tensor& x, OpAttrs a, Loc loc) {
   return dispatch::call1({op, {x}, std::move(a), loc});
 }
 
-// In-place update: x = op(x, y), the result of `compute(self)` (self is x, or a copy of it),
-// written back into x's storage (dtype of x kept; a result of a higher category, e.g. float
-// into an int tensor, is an error as in PyTorch). Every error names the in-place op (`add_` for
-// `x += y`). `saves_self`: the op's backward reads x's value (mul_, div_: for x's gradient or
-// for the gradient of `operand`, the tensor y or undefined); when autograd records it, it
-// computes from a clone of x (as PyTorch saves the original self), since the write into x would
-// otherwise invalidate the saved value and backward() would fail. `scalar`: the other operand
-// when it is a number, named in the error.
-template <class F>
-Tensor& in_place(Tensor& x, const char* op, Loc loc, bool saves_self, const Tensor& operand,
-                 const Scalar* scalar, F compute) {
+// In-place update: x = op(x, y) for a binary op `kind` with `attrs`, written back into x's
+// storage (dtype of x kept; a result of a higher category, e.g. float into an int tensor, is
+// an error as in PyTorch). Every error names the in-place op (`add_` for `x += y`). `y` is the
+// tensor operand, or `scalar` wrapped. `saves_self`: the op's backward reads x's value (mul_,
+// div_: for x's gradient or for the gradient of y); when autograd records it, it computes from
+// a clone of x (as PyTorch saves the original self), since the write into x would otherwise
+// invalidate the saved value and backward() would fail. Without a temporary where the
+// dispatcher can (dispatch::call_in_place), else out of place and copied back.
+Tensor& in_place(Tensor& x, const char* op, OpKind kind, OpAttrs attrs, const Tensor& y,
+                 const Scalar* scalar, bool saves_self, Loc loc) {
   return as_op(op, [&]() -> Tensor& {
+    const Tensor operand = scalar ? dispatch::wrap_scalar(*scalar) : y;
+    if (dispatch::call_in_place({kind, {x, operand}, attrs, loc})) return x;
     bool clone_self = saves_self && x.defined() && is_grad_enabled() &&
-                      (x.requires_grad() || (operand.defined() && operand.requires_grad()));
-    Tensor result = clone_self ? compute(x.clone(loc)) : compute(x);
+                      (x.requires_grad() || (y.defined() && y.requires_grad()));
+    Tensor result = dispatch::call1({kind, {clone_self ? x.clone(loc) : x, operand}, attrs, loc});
     KILN_CHECK(category(result.dtype()) <= category(x.dtype()), op, loc,
                "result type {} can't be cast to the in-place output type {} (self: {} {}; "
                "other: {})",
                name(result.dtype()), name(x.dtype()), name(x.dtype()), to_string(x.shape()),
                scalar ? fmt::format("the scalar {}", scalar->str())
-                      : fmt::format("{} {}", name(operand.dtype()), to_string(operand.shape())));
+                      : fmt::format("{} {}", name(y.dtype()), to_string(y.shape())));
     KILN_CHECK(result.shape() == x.shape(), op, loc,
                "output with shape {} doesn't match the broadcast shape {}", to_string(x.shape()),
                to_string(result.shape()));
     return x.copy_(result, loc);
   });
+}
+
+OpAttrs alpha_one() {
+  OpAttrs a;
+  a.alpha = 1;
+  return a;
 }
 
 }  // namespace
@@ -234,36 +241,28 @@ Tensor& Tensor::div_(TensorOperand other) { return *this /= other; }
 Tensor& Tensor::div_(ScalarOperand other) { return *this /= other; }
 
 Tensor& Tensor::operator+=(TensorOperand o) {
-  return in_place(*this, "add_", o.loc, false, o.tensor, nullptr,
-                  [&](const Tensor& self) { return add(self, o.tensor, 1, o.loc); });
+  return in_place(*this, "add_", OpKind::Add, alpha_one(), o.tensor, nullptr, false, o.loc);
 }
 Tensor& Tensor::operator-=(TensorOperand o) {
-  return in_place(*this, "sub_", o.loc, false, o.tensor, nullptr,
-                  [&](const Tensor& self) { return sub(self, o.tensor, 1, o.loc); });
+  return in_place(*this, "sub_", OpKind::Sub, alpha_one(), o.tensor, nullptr, false, o.loc);
 }
 Tensor& Tensor::operator*=(TensorOperand o) {
-  return in_place(*this, "mul_", o.loc, true, o.tensor, nullptr,
-                  [&](const Tensor& self) { return mul(self, o.tensor, o.loc); });
+  return in_place(*this, "mul_", OpKind::Mul, {}, o.tensor, nullptr, true, o.loc);
 }
 Tensor& Tensor::operator/=(TensorOperand o) {
-  return in_place(*this, "div_", o.loc, true, o.tensor, nullptr,
-                  [&](const Tensor& self) { return div(self, o.tensor, o.loc); });
+  return in_place(*this, "div_", OpKind::Div, {}, o.tensor, nullptr, true, o.loc);
 }
 Tensor& Tensor::operator+=(ScalarOperand o) {
-  return in_place(*this, "add_", o.loc, false, Tensor(), &o.scalar,
-                  [&](const Tensor& self) { return add(self, o.scalar, 1, o.loc); });
+  return in_place(*this, "add_", OpKind::Add, alpha_one(), Tensor(), &o.scalar, false, o.loc);
 }
 Tensor& Tensor::operator-=(ScalarOperand o) {
-  return in_place(*this, "sub_", o.loc, false, Tensor(), &o.scalar,
-                  [&](const Tensor& self) { return sub(self, o.scalar, 1, o.loc); });
+  return in_place(*this, "sub_", OpKind::Sub, alpha_one(), Tensor(), &o.scalar, false, o.loc);
 }
 Tensor& Tensor::operator*=(ScalarOperand o) {
-  return in_place(*this, "mul_", o.loc, true, Tensor(), &o.scalar,
-                  [&](const Tensor& self) { return mul(self, o.scalar, o.loc); });
+  return in_place(*this, "mul_", OpKind::Mul, {}, Tensor(), &o.scalar, true, o.loc);
 }
 Tensor& Tensor::operator/=(ScalarOperand o) {
-  return in_place(*this, "div_", o.loc, true, Tensor(), &o.scalar,
-                  [&](const Tensor& self) { return div(self, o.scalar, o.loc); });
+  return in_place(*this, "div_", OpKind::Div, {}, Tensor(), &o.scalar, true, o.loc);
 }
 
 }  // namespace kiln

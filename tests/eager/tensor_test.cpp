@@ -5,6 +5,7 @@
 #include <functional>
 #include <tuple>
 
+#include "backends/cpu/allocator.h"
 #include "kiln/kiln.h"
 
 using namespace kiln;
@@ -323,6 +324,78 @@ TEST_CASE("errors from operators name the line of the expression") {
   x *= 3;
   x -= ones({2});
   CHECK(x.to_vector<float>() == std::vector<float>{2.0f, 5.0f});
+}
+
+TEST_CASE("in-place arithmetic writes into x itself, with the values of x.copy_(x op y)") {
+  // 2 MiB of float32: blocks this large are counted by the allocator's stats, so the test sees
+  // that x += y and the others allocate no temporary.
+  const int64_t n = 1 << 19;
+  Tensor x = arange(n, {Float32}) / 7.0;
+  Tensor y = arange(n, {Float32}) * 0.25 - 1000.0;
+  const std::vector<float> x0 = x.to_vector<float>(), y0 = y.to_vector<float>();
+  Tensor head = x.slice(0, 0, 4);
+  const uint64_t version = x.version();
+  const auto before = cpu::allocator_stats();
+  x += y;
+  x -= 0.5;
+  x *= y;
+  x /= 3;
+  const auto after = cpu::allocator_stats();
+  CHECK(after.cache_hits + after.cache_misses == before.cache_hits + before.cache_misses);
+  CHECK(x.version() == version + 4);
+  const std::vector<float> got = x.to_vector<float>();
+  int64_t wrong = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    float want = x0[i] + y0[i];
+    want = want - 0.5f;
+    want = want * y0[i];
+    want = want / 3.0f;
+    wrong += got[i] != want;
+  }
+  CHECK(wrong == 0);
+  CHECK(head.to_vector<float>() == std::vector<float>(got.begin(), got.begin() + 4));
+
+  // Operands that overlap x other than exactly read x's values from before the write.
+  Tensor a = arange(6, {Float32});
+  Tensor tail = a.slice(0, 1, 6);
+  tail += a.slice(0, 0, 5);
+  CHECK(a.to_vector<float>() == std::vector<float>{0, 1, 3, 5, 7, 9});
+  Tensor s = from_vector<float>({1, 2, 3, 4}, {2, 2});
+  s += s.t();
+  CHECK(s.to_vector<float>() == std::vector<float>{2, 5, 5, 8});
+  s *= s;
+  CHECK(s.to_vector<float>() == std::vector<float>{4, 25, 25, 64});
+  Tensor st = from_vector<float>({1, 2, 3, 4}, {2, 2});
+  Tensor stt = st.t();
+  stt -= from_vector<float>({10, 20}, {2});  // a non-contiguous x, a broadcast y
+  CHECK(st.to_vector<float>() == std::vector<float>{-9, -8, -17, -16});
+
+  // dtypes: x keeps its own; a float64 operand is added in float64, then rounded.
+  Tensor i = from_vector<int64_t>({1, 2}, {2});
+  i += 2;
+  CHECK(i.to_vector<int64_t>() == std::vector<int64_t>{3, 4});
+  CHECK_THROWS_WITH(i += 1.5, Catch::Contains("can't be cast"));
+  CHECK(i.to_vector<int64_t>() == std::vector<int64_t>{3, 4});
+  Tensor f = from_vector<float>({1.0f}, {1});
+  f += from_vector<double>({1e-9}, {1});
+  CHECK(f.dtype() == DType::Float32);
+  CHECK(f.to_vector<float>()[0] == static_cast<float>(1.0 + 1e-9));
+
+  // Autograd: a leaf that requires grad is written only under no_grad; an operand with history
+  // gives x that history.
+  Tensor w = from_vector<float>({1, 2}, {2}).requires_grad_();
+  CHECK_THROWS_WITH(w += 1, Catch::Contains("leaf tensor that requires grad"));
+  {
+    NoGradGuard no_grad;
+    w -= 0.5;
+  }
+  CHECK(w.to_vector<float>() == std::vector<float>{0.5f, 1.5f});
+  CHECK(w.requires_grad());
+  Tensor acc = zeros({2});
+  acc += w * 3;
+  CHECK(acc.requires_grad());
+  acc.sum().backward();
+  CHECK(w.grad().to_vector<float>() == std::vector<float>{3, 3});
 }
 
 TEST_CASE("errors name the function the user called, not the op inside it that checked") {
