@@ -289,6 +289,11 @@ struct Plan::Region {
   // (output, input) indices whose output the compiled code computes in the input's buffer.
   std::vector<std::pair<int, int>> donate;
   std::vector<std::pair<int, int>> in_place;
+  // For the region's ops on eager kernels: free_after_node[k], the values defined here and not
+  // needed after the region whose last reader is nodes[k] (or nodes[k] itself, if nothing reads
+  // them). Freed there, as eager frees an intermediate after its last use: kept to the end of
+  // the region, a chain of 20 ops held 40 times eager's memory in its trial runs.
+  std::vector<std::vector<int>> free_after_node;
 };
 
 struct Plan::Step {
@@ -602,6 +607,7 @@ Plan::Plan(std::shared_ptr<const Program> program, size_t begin, size_t end,
   for (size_t k = 1; k < workers; ++k) threads.emplace_back(work);
   work();
   for (std::thread& t : threads) t.join();
+  for (Region* r : regions) plan_eager_frees(*r, used_outside_region);
   for (Step& s : steps_) {
     if (s.region) {
       ++num_regions_;
@@ -621,6 +627,31 @@ Plan::Plan(std::shared_ptr<const Program> program, size_t begin, size_t end,
 }
 
 Plan::~Plan() = default;
+
+void Plan::plan_eager_frees(Region& r, const std::vector<bool>& used_outside_region) const {
+  const Program& p = *p_;
+  std::vector<bool> keep = used_outside_region;
+  for (int v : r.outputs) keep[v] = true;
+  for (auto& [v, src] : r.aliases) keep[v] = true;
+  for (size_t i : r.views) keep[p.nodes[i].out[0]] = true;
+  std::unordered_map<int, size_t> last;  // value defined here -> position of its last use
+  for (size_t k = 0; k < r.nodes.size(); ++k) {
+    const Node& n = p.nodes[r.nodes[k]];
+    for (int v : n.in)
+      if (auto at = last.find(v); at != last.end()) at->second = k;
+    for (int v : n.out)
+      if (!keep[v]) last[v] = k;
+  }
+  r.free_after_node.assign(r.nodes.size(), {});
+  for (auto [v, k] : last) r.free_after_node[k].push_back(v);
+}
+
+void Plan::run_nodes_eagerly(const Region& r, RunState& st) const {
+  for (size_t k = 0; k < r.nodes.size(); ++k) {
+    run_eager(p_->nodes[r.nodes[k]], st);
+    for (int v : r.free_after_node[k]) st.slots[v] = Tensor();
+  }
+}
 
 // A region that reads a view made outside it (a weight's W.t() saved for the backward, made in
 // the forward's region or by an eager step) takes the view's base instead and repeats the view
@@ -796,22 +827,13 @@ bool always_compiled() {
 
 void Plan::run_region(const Region& r, RunState& st) const {
   const Program& p = *p_;
-  auto run_eagerly = [&] {
-    for (size_t i : r.nodes) run_eager(p.nodes[i], st);
-    // Values only the region itself used are not kept (the compiled code never made them).
-    std::vector<bool> keep(p.values.size(), false);
-    for (int v : r.outputs) keep[v] = true;
-    for (auto& [v, src] : r.aliases) keep[v] = true;
-    for (size_t i : r.views) keep[p.nodes[i].out[0]] = true;
-    for (size_t i : r.nodes)
-      for (int v : p.nodes[i].out)
-        if (!keep[v]) st.slots[v] = Tensor();
-  };
+  // Values only the region itself used are not kept (the compiled code never made them). A
+  // region whose graph was never built (eager_fallback) has no r.outputs; what is read after
+  // it is still kept (the fuzzer's "fill_ of an int64 tensor with -1.5 then read": the codegen
+  // rejects the constant).
+  auto run_eagerly = [&] { run_nodes_eagerly(r, st); };
   if (r.eager_fallback) {
-    // The graph was never built, so r.outputs is empty: keep every value (the plan's
-    // free_after frees them), else values read after the region are gone (the fuzzer's
-    // "fill_ of an int64 tensor with -1.5 then read": the codegen rejects the constant).
-    for (size_t i : r.nodes) run_eager(p.nodes[i], st);
+    run_eagerly();
     return;
   }
   if (int c = r.choice.load(std::memory_order_relaxed); c != 0) {
@@ -933,7 +955,7 @@ void Plan::run_compiled(const Region& r, RunState& st) const {
       // region's ops on eager kernels.
       for (size_t k = 0; k < ins.size(); ++k)
         if (ins[k].shape() != p.values[r.inputs[k].value].shape) {
-          for (size_t i : r.nodes) run_eager(p.nodes[i], st);
+          run_nodes_eagerly(r, st);
           return;
         }
     }

@@ -111,6 +111,10 @@ class Plan {
   void run_region(const Region& r, RunState& st) const;
   void run_compiled(const Region& r, RunState& st) const;
   void run_eager(const Node& n, RunState& st) const;
+  // The region's ops on eager kernels, each intermediate freed after its last use.
+  void run_nodes_eagerly(const Region& r, RunState& st) const;
+  // Fills r.free_after_node (run_nodes_eagerly's frees) once the region is built.
+  void plan_eager_frees(Region& r, const std::vector<bool>& used_outside_region) const;
 
   std::shared_ptr<const Program> p_;
   size_t begin_, end_;
