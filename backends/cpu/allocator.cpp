@@ -3,7 +3,9 @@
 #include <pthread.h>
 #include <sys/mman.h>
 
+#include <algorithm>
 #include <array>
+#include <atomic>
 #include <cstdlib>
 #include <map>
 #include <mutex>
@@ -18,7 +20,12 @@ namespace {
 
 constexpr size_t kLargeBlock = size_t{1} << 20;   // cache blocks from 1 MiB up
 constexpr size_t kHugePage = size_t{2} << 20;
-constexpr size_t kMaxCached = size_t{2} << 30;    // keep at most 2 GiB of free blocks
+// Free blocks kept: at most as many bytes as blocks in use ever took at once (at least 256
+// MiB, at most 2 GiB). A steady loop (a training step) reuses what it freed, never more than
+// its peak; a fixed 2 GiB let eager ops on tensors of varied sizes (live at most 200 MB) grow
+// the process to 1.5 GB of idle cached blocks, one size class each.
+constexpr size_t kMinCacheLimit = size_t{256} << 20;
+constexpr size_t kMaxCached = size_t{2} << 30;
 // Blocks from 4 KiB to 1 MiB are kept too, per size class. glibc's malloc and free of such
 // blocks (not in its per-thread cache; they split and merge chunks) were 15-18 % of the eager
 // digits MLP step, and its frees shrink the heap: each shrink flushes the TLB of every CPU
@@ -63,6 +70,66 @@ size_t tiny_class(size_t n) {
 class CachingAllocator final : public Allocator {
  public:
   void* allocate(size_t nbytes) override {
+    void* p = take_block(nbytes);
+    raise_mark(peak_, allocated_.fetch_add(nbytes, std::memory_order_relaxed) + nbytes);
+    const size_t block = block_bytes(nbytes);
+    raise_mark(high_water_, held_.fetch_add(block, std::memory_order_relaxed) + block);
+    return p;
+  }
+
+  void deallocate(void* p, size_t nbytes) override {
+    allocated_.fetch_sub(nbytes, std::memory_order_relaxed);
+    held_.fetch_sub(block_bytes(nbytes), std::memory_order_relaxed);
+    return_block(p, nbytes);
+  }
+
+  Device device() const override { return Device::cpu(); }
+
+  // fork() handlers (instance()).
+  void lock() { mu_.lock(); }
+  void unlock() { mu_.unlock(); }
+
+  AllocatorStats stats() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return {cached_,
+            hits_,
+            misses_,
+            allocated_.load(std::memory_order_relaxed),
+            peak_.load(std::memory_order_relaxed),
+            cache_limit()};
+  }
+  void reset_peak() { peak_.store(allocated_.load(std::memory_order_relaxed)); }
+  void empty() {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& [cls, p] : free_) std::free(p);
+    free_.clear();
+    for (std::vector<void*>& list : small_) {
+      for (void* p : list) std::free(p);
+      list.clear();
+    }
+    for (std::vector<void*>& list : tiny_) {
+      for (void* p : list) std::free(p);
+      list.clear();
+    }
+    cached_ = 0;
+  }
+
+ private:
+  static void raise_mark(std::atomic<size_t>& mark, size_t now) {
+    size_t seen = mark.load(std::memory_order_relaxed);
+    while (now > seen && !mark.compare_exchange_weak(seen, now, std::memory_order_relaxed)) {
+    }
+  }
+  // The bytes a block of `nbytes` counts in the cache: its size class where it is cached.
+  size_t block_bytes(size_t nbytes) {
+    if (std::optional<ListSlot> slot = list_slot(nbytes)) return slot->cls;
+    return nbytes < kLargeBlock ? nbytes : size_class(nbytes);
+  }
+  size_t cache_limit() const {
+    return std::clamp(high_water_.load(std::memory_order_relaxed), kMinCacheLimit, kMaxCached);
+  }
+
+  void* take_block(size_t nbytes) {
     if (std::optional<ListSlot> slot = list_slot(nbytes)) {
       {
         std::lock_guard<std::mutex> lock(mu_);
@@ -103,12 +170,12 @@ class CachingAllocator final : public Allocator {
     return p;
   }
 
-  void deallocate(void* p, size_t nbytes) override {
+  void return_block(void* p, size_t nbytes) {
     if (std::optional<ListSlot> slot = list_slot(nbytes)) {
       {
         std::lock_guard<std::mutex> lock(mu_);
         std::vector<void*>& list = *slot->list;
-        if (list.size() < slot->capacity && cached_ + slot->cls <= kMaxCached) {
+        if (list.size() < slot->capacity && cached_ + slot->cls <= cache_limit()) {
           list.push_back(p);
           cached_ += slot->cls;
           return;
@@ -123,7 +190,16 @@ class CachingAllocator final : public Allocator {
     }
     size_t cls = size_class(nbytes);
     std::lock_guard<std::mutex> lock(mu_);
-    if (cached_ + cls > kMaxCached) {
+    // The block freed now is the likeliest to be asked for again: larger cached blocks go
+    // back to the OS to make room for it.
+    const size_t limit = cache_limit();
+    while (cached_ + cls > limit && !free_.empty() && cls <= limit) {
+      auto largest = std::prev(free_.end());
+      std::free(largest->second);
+      cached_ -= largest->first;
+      free_.erase(largest);
+    }
+    if (cached_ + cls > limit) {
       std::free(p);
       return;
     }
@@ -131,32 +207,6 @@ class CachingAllocator final : public Allocator {
     cached_ += cls;
   }
 
-  Device device() const override { return Device::cpu(); }
-
-  // fork() handlers (instance()).
-  void lock() { mu_.lock(); }
-  void unlock() { mu_.unlock(); }
-
-  AllocatorStats stats() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return {cached_, hits_, misses_};
-  }
-  void empty() {
-    std::lock_guard<std::mutex> lock(mu_);
-    for (auto& [cls, p] : free_) std::free(p);
-    free_.clear();
-    for (std::vector<void*>& list : small_) {
-      for (void* p : list) std::free(p);
-      list.clear();
-    }
-    for (std::vector<void*>& list : tiny_) {
-      for (void* p : list) std::free(p);
-      list.clear();
-    }
-    cached_ = 0;
-  }
-
- private:
   // Memory from the system; when there is none, the cached free blocks are given back and the
   // request tried once more (as PyTorch's CUDA allocator does), so memory this cache holds
   // never makes an allocation fail.
@@ -191,6 +241,9 @@ class CachingAllocator final : public Allocator {
   std::array<std::vector<void*>, kSmallClasses> small_;  // free blocks of 4 KiB .. 1 MiB
   std::array<std::vector<void*>, kTinyClasses> tiny_;    // free blocks under 4 KiB
   size_t cached_ = 0, hits_ = 0, misses_ = 0;
+  // Bytes requested by blocks in use now and the most since reset_peak(); the blocks' bytes
+  // (size classes) in use now and the most ever (the cache's limit).
+  std::atomic<size_t> allocated_{0}, peak_{0}, held_{0}, high_water_{0};
 };
 
 CachingAllocator& instance() {
@@ -210,5 +263,6 @@ CachingAllocator& instance() {
 Allocator* allocator() { return &instance(); }
 AllocatorStats allocator_stats() { return instance().stats(); }
 void empty_cache() { instance().empty(); }
+void reset_peak_stats() { instance().reset_peak(); }
 
 }  // namespace kiln::cpu

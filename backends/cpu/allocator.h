@@ -14,12 +14,17 @@ namespace kiln::cpu {
 Allocator* allocator();
 
 struct AllocatorStats {
-  size_t cached_bytes;   // bytes held in the cache, free for reuse
-  size_t cache_hits;     // large allocations served from the cache
-  size_t cache_misses;   // large allocations that went to the OS
+  size_t cached_bytes;          // bytes held in the cache, free for reuse
+  size_t cache_hits;            // large allocations served from the cache
+  size_t cache_misses;          // large allocations that went to the OS
+  size_t allocated_bytes;       // bytes requested by blocks in use now
+  size_t peak_allocated_bytes;  // the most in use at once since start or reset_peak_stats()
+  size_t cache_limit;           // the most the cache keeps (see kMaxCached in allocator.cpp)
 };
 AllocatorStats allocator_stats();
 /// Returns every cached block to the OS.
 void empty_cache();
+/// Starts peak_allocated_bytes again from allocated_bytes.
+void reset_peak_stats();
 
 }  // namespace kiln::cpu

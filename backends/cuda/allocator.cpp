@@ -107,6 +107,11 @@ AllocatorStats CachingAllocator::stats() const {
   return stats_;
 }
 
+void CachingAllocator::reset_peak_stats() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  stats_.peak_allocated_bytes = stats_.allocated_bytes;
+}
+
 // ---- the real device ----
 
 namespace {

@@ -66,6 +66,8 @@ class CachingAllocator {
   /// Gives every cached (free) block back to the device.
   void empty_cache();
   AllocatorStats stats() const;
+  /// Starts peak_allocated_bytes again from allocated_bytes.
+  void reset_peak_stats();
 
  private:
   void release_cached_locked();

@@ -14,6 +14,7 @@
 
 #include "address_limit.h"
 #include "backends/cpu/allocator.h"
+#include "backends/cuda/driver.h"
 #include "kiln/kiln.h"
 #include "core/sanitizers.h"
 
@@ -61,6 +62,41 @@ TEST_CASE("cpu allocator: freed blocks are reused by size class, at most 16 smal
   CHECK(cpu::allocator_stats().cached_bytes == 16 * 8192);
   cpu::empty_cache();
   CHECK(cpu::allocator_stats().cached_bytes == 0);
+}
+
+TEST_CASE("memory_stats: bytes in use and their peak follow tensors; the cache keeps at most "
+          "the most ever in use") {
+  empty_cache();
+  const MemoryStats start = memory_stats();
+  const size_t bytes = size_t{6} << 20;
+  {
+    Tensor a = empty({static_cast<int64_t>(bytes / 4)});
+    CHECK(memory_stats().allocated_bytes == start.allocated_bytes + bytes);
+    Tensor b = empty({static_cast<int64_t>(bytes / 4)});
+    CHECK(memory_stats().peak_allocated_bytes >= start.allocated_bytes + 2 * bytes);
+  }
+  CHECK(memory_stats().allocated_bytes == start.allocated_bytes);
+  CHECK(memory_stats().cached_bytes > 0);
+  reset_peak_memory_stats();
+  CHECK(memory_stats().peak_allocated_bytes == start.allocated_bytes);
+
+  // Blocks of 120 different sizes from 1 to 120 MiB, each freed before the next is made: the
+  // cache keeps no more than the most ever in use at once (at least 256 MiB; this binary's
+  // tests never hold 1 GiB), not 2 GiB of the 7 GiB freed.
+  const auto limit = cpu::allocator_stats().cache_limit;
+  CHECK(limit >= (size_t{256} << 20));
+  Allocator* a = cpu::allocator();
+  for (size_t mib = 1; mib <= 120; ++mib) a->deallocate(a->allocate(mib << 20), mib << 20);
+  const auto after = cpu::allocator_stats();
+  CHECK(after.cache_limit >= limit);
+  CHECK(after.cached_bytes <= after.cache_limit);
+  CHECK(after.cached_bytes >= after.cache_limit - (size_t{128} << 20));  // filled up to it
+  CHECK(after.cached_bytes < (size_t{1} << 30));
+  empty_cache();
+  CHECK(memory_stats().cached_bytes == 0);
+  if (!cuda::is_available())
+    CHECK_THROWS_WITH(memory_stats(Device::cuda(0)), Catch::Contains("memory_stats") &&
+                                                       Catch::Contains("no CUDA device"));
 }
 
 TEST_CASE("cpu allocator: the block freed last is reused first, in every size range") {
