@@ -263,9 +263,11 @@ class Tensor {
   Tensor detach(Loc loc = Loc::current()) const;
   /// Back-propagates from this tensor. `gradient` may be omitted for a one-element tensor.
   /// retain_graph keeps saved tensors for a second backward; create_graph records the
-  /// backward itself for higher-order gradients. Throws kiln::Error when no input requires
-  /// grad, when the graph was freed by an earlier backward, or when a saved tensor was
-  /// modified in place after it was saved.
+  /// backward itself for higher-order gradients (each leaf's .grad then holds the graph that
+  /// made it, a reference cycle until the .grad is cleared: said once per process on stderr,
+  /// as PyTorch warns; kiln::grad() has no such cycle). Throws kiln::Error when no input
+  /// requires grad, when the graph was freed by an earlier backward, or when a saved tensor
+  /// was modified in place after it was saved.
   void backward(const Tensor& gradient = Tensor(), bool retain_graph = false,
                 bool create_graph = false, Loc loc = Loc::current()) const;
 

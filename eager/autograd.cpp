@@ -2,7 +2,7 @@
 #include "eager/autograd.h"
 
 #include <algorithm>
-#include <mutex>
+#include <atomic>
 #include <optional>
 #include <pthread.h>
 #include <queue>
@@ -292,6 +292,7 @@ struct ViewGeometry {
 
 thread_local uint64_t t_copy_slices = 0;
 thread_local uint64_t t_create_graph_backwards = 0;
+std::atomic<bool> g_create_graph_warned{false};  // Tensor::backward's reference-cycle warning
 
 void check_first_order(const char* node) {
   KILN_CHECK(!t_grad_enabled, node, backward_call_site(),
@@ -823,6 +824,7 @@ void Tensor::retain_grad(Loc loc) const {
 }
 
 uint64_t create_graph_backwards() { return autograd::t_create_graph_backwards; }
+bool create_graph_warning_shown() { return autograd::g_create_graph_warned.load(); }
 
 namespace {
 std::atomic<uint64_t> g_parameter_rebinds{0};
@@ -894,6 +896,15 @@ void Tensor::backward(const Tensor& gradient, bool retain_graph, bool create_gra
   KILN_CHECK(g.shape() == shape(), "backward", loc, "gradient has shape {}, expected {}",
              to_string(g.shape()), to_string(shape()));
   g = g.to(dtype(), loc);  // gradients take the tensor's dtype (an integer one too), as PyTorch
+  // Said once per process, as PyTorch does (a break-it loop grew 72 KB a step, unwarned).
+  if (create_graph && !autograd::g_create_graph_warned.exchange(true)) {
+    fmt::print(stderr,
+               "kiln: warning: backward(create_graph=true) at {}:{} gives each leaf's .grad the "
+               "history that computed it, a reference cycle (leaf -> .grad -> graph -> leaf) "
+               "that keeps the graph alive until the .grad is cleared (set_grad(Tensor()) or an "
+               "optimizer's zero_grad); kiln::grad() returns the gradients without it\n",
+               loc.file_name(), loc.line());
+  }
   BackwardSite site(loc);
   run_backward({gradient_edge(*this)}, {g}, retain_graph || create_graph, create_graph, {});
 }

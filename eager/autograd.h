@@ -54,6 +54,9 @@ uint64_t submodule_replaced_at();
 /// compares it around a trace: a function that runs one (a gradient penalty, a Hessian-vector
 /// product) runs eagerly, as its replays would return those gradients without their history.
 uint64_t create_graph_backwards();
+/// Whether Tensor::backward(create_graph = true) has printed its warning (once per process, as
+/// PyTorch's): each leaf's .grad then holds the graph that computed it, a reference cycle.
+bool create_graph_warning_shown();
 
 /// Holds the lock that makes a leaf's .grad accumulation atomic (eager backward takes it around
 /// each sum, as PyTorch's AccumulateGrad does). A compiled replay that reads a .grad and writes

@@ -13,31 +13,14 @@
 #include <utility>
 
 #include "core/env.h"
+#include "stderr_of.h"
 
 using kiln::env_bytes;
 using kiln::env_flag;
 using kiln::env_int;
+using kiln::testing::stderr_of;
 
 namespace {
-
-/// What `body` prints on stderr.
-std::string stderr_of(const std::function<void()>& body) {
-  char path[] = "/tmp/kiln-env-test-XXXXXX";
-  const int fd = ::mkstemp(path);
-  REQUIRE(fd >= 0);
-  std::fflush(stderr);
-  const int saved = ::dup(2);
-  ::dup2(fd, 2);
-  body();
-  std::fflush(stderr);
-  ::dup2(saved, 2);
-  ::close(saved);
-  ::close(fd);
-  std::ifstream in(path);
-  std::string text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-  ::unlink(path);
-  return text;
-}
 
 size_t count(const std::string& text, const std::string& part) {
   size_t n = 0;

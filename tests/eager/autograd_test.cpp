@@ -4,6 +4,7 @@
 #include <thread>
 
 #include "gradcheck.h"
+#include "stderr_of.h"
 
 using namespace kiln;
 using kiln::testing::gradcheck;
@@ -1029,4 +1030,22 @@ TEST_CASE("max(x) and min(x) give the gradient of a NaN result to the NaNs") {
   Tensor u = tensor({1.0, std::nan("")}).requires_grad_();
   amax(u, {0}).backward();
   CHECK(std::isnan(u.grad().to_vector<double>()[0]));
+}
+
+TEST_CASE("backward(create_graph = true) warns once of the .grad reference cycle, as PyTorch") {
+  const bool shown_before = create_graph_warning_shown();
+  Tensor x = from_vector<float>({2, 3}, {2}).requires_grad_();
+  const std::string text = kiln::testing::stderr_of([&] {
+    for (int i = 0; i < 2; ++i) (x * x * x).sum().backward({}, false, true);
+  });
+  size_t count = 0;
+  for (size_t at = text.find("create_graph=true"); at != std::string::npos;
+       at = text.find("create_graph=true", at + 1))
+    ++count;
+  CHECK(count == (shown_before ? 0u : 1u));
+  if (!shown_before) CHECK_THAT(text, Catch::Contains("autograd_test.cpp"));
+  CHECK(create_graph_warning_shown());
+  // The gradients are right, and each .grad carries history (x.grad = 3 x^2, accumulated).
+  CHECK(x.grad().to_vector<float>() == std::vector<float>{24, 54});
+  CHECK(x.grad().requires_grad());
 }
