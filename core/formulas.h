@@ -199,6 +199,21 @@ template <class S> S exp2_f64(S x) {
   S scale = select(x > S(1000), S(0x1p+1000), select(x < S(-1000), S(0x1p-1000), S(1)));
   return exp2(x - k) * scale;
 }
+/// Whether S (a SIMD batch of float or double) has vector forms of atan2 and pow
+/// (kAtan2Pow: `static S atan2(S, S)`, `pow(S, S)`, with IEEE / libm special values) and an
+/// exact fmod (kFmod: `static S fmod(S, S)`, equal to libm's fmod for every input). Atan2, Pow,
+/// Remainder and FloorDivide below use them; everything else (scalars, the IR algebra, SIMD
+/// builds without them) calls atan2 / pow / fmod. Specialised in backends/cpu/simd_exp.h.
+template <class S> struct VecMath {
+  static constexpr bool kAtan2Pow = false;
+  static constexpr bool kFmod = false;
+};
+/// fmod(a, b), exactly (IEEE fmod is exact): VecMath's where it has one.
+template <class S> S exact_fmod(S a, S b) {
+  if constexpr (VecMath<S>::kFmod) return VecMath<S>::fmod(a, b);
+  else return fmod(a, b);
+}
+
 // ================================ unary ================================
 
 /// -x (integers wrap: -INT_MIN = INT_MIN).
@@ -477,7 +492,7 @@ struct FloorDivide {
       S r = a % b;
       return (r != 0 && ((r < 0) != (b < 0))) ? S(q - 1) : q;
     } else {
-      S mod = fmod(a, b);
+      S mod = exact_fmod(a, b);
       S div = (a - mod) / b;
       div = select(mod != S(0) && ((b < S(0)) != (mod < S(0))), div - S(1), div);
       S fl = floor(div);
@@ -498,7 +513,7 @@ struct Remainder {
       S r = a % b;
       return (r != 0 && ((r < 0) != (b < 0))) ? S(r + b) : r;
     } else {
-      S mod = fmod(a, b);
+      S mod = exact_fmod(a, b);
       return select(mod != S(0) && ((b < S(0)) != (mod < S(0))), mod + b, mod);
     }
   }
@@ -522,6 +537,8 @@ struct Pow {
         base *= base;
       }
       return static_cast<S>(result);
+    } else if constexpr (VecMath<S>::kAtan2Pow) {
+      return VecMath<S>::pow(a, b);
     } else {
       return pow(a, b);
     }
@@ -540,7 +557,10 @@ struct Minimum {
 };
 
 struct Atan2 {
-  template <class S> static S eval(S a, S b) { return atan2(a, b); }
+  template <class S> static S eval(S a, S b) {
+    if constexpr (VecMath<S>::kAtan2Pow) return VecMath<S>::atan2(a, b);
+    else return atan2(a, b);
+  }
 };
 
 // Comparisons and logical ops give masks (bool for scalars).

@@ -43,6 +43,11 @@ void run_add_sub(const OpCall& call, const Tensor& out, const Tensor& a, const T
   });
 }
 
+/// SIMD atan2 / pow (libmvec) and fmod (exact) where built (backends/cpu/simd_exp.h); else
+/// scalar libm, ~10 ns/element: a smaller grain.
+constexpr bool kVecAtan2Pow = fm::VecMath<xsimd::batch<float>>::kAtan2Pow;
+constexpr bool kVecFmod = fm::VecMath<xsimd::batch<float>>::kFmod;
+
 /// Integer floor_divide / remainder: flags a zero divisor (the formula returns 0 for it).
 template <class Fm> struct IntDivFn {
   static constexpr bool kSimd = false;
@@ -57,8 +62,8 @@ template <class Fm> struct IntDivFn {
 
 template <class Fm>
 void run_divide(const OpCall& call, const Tensor& out, const Tensor& a, const Tensor& b) {
-  // Floats: scalar fmod (xsimd's fmod is not exact), ~10 ns/element: a smaller grain.
-  if (is_floating(out.dtype())) return run_float(out, a, b, Fn<Fm, false, true>{});
+  // Floats: an exact fmod (xsimd's is not): SIMD with a fused multiply-add, else libm's.
+  if (is_floating(out.dtype())) return run_float(out, a, b, Fn<Fm, kVecFmod, !kVecFmod>{});
   std::atomic<bool> zero{false};
   KILN_DISPATCH_NUMERIC(out.dtype(), T, { ew::map<T, T, 2>(out, {&a, &b}, IntDivFn<Fm>{&zero}); });
   KILN_CHECK(!zero.load(), call.name(), call.loc,
@@ -118,7 +123,8 @@ template <class T> bool pow_fast_path(const Tensor& out, const Tensor& a, const 
 void run_pow(const OpCall& call, const Tensor& out, const Tensor& a, const Tensor& b) {
   if (is_floating(out.dtype())) {
     KILN_DISPATCH_FLOAT(out.dtype(), T, {
-      if (!pow_fast_path<T>(out, a, b)) ew::map<T, T, 2>(out, {&a, &b}, Fn<fm::Pow, false, true>{});
+      if (!pow_fast_path<T>(out, a, b))
+        ew::map<T, T, 2>(out, {&a, &b}, Fn<fm::Pow, kVecAtan2Pow, !kVecAtan2Pow>{});
     });
     return;
   }
@@ -150,8 +156,9 @@ void binary_kernel(const OpCall& call, const InferredMeta& meta, std::span<Tenso
     case OpKind::Pow: return run_pow(call, out, a, b);
     case OpKind::Maximum: return run_any(out, a, b, Fn<fm::Maximum>{});
     case OpKind::Minimum: return run_any(out, a, b, Fn<fm::Minimum>{});
-    // Scalar: xsimd 8.1's atan2 returns nan for (±0, ±0) and (±inf, ±inf).
-    case OpKind::Atan2: return run_float(out, a, b, Fn<fm::Atan2, false, true>{});
+    // Never xsimd 8.1's atan2: it returns nan for (±0, ±0) and (±inf, ±inf).
+    case OpKind::Atan2:
+      return run_float(out, a, b, Fn<fm::Atan2, kVecAtan2Pow, !kVecAtan2Pow>{});
     case OpKind::Eq: return run_to_bool<fm::Eq>(out, a, b);
     case OpKind::Ne: return run_to_bool<fm::Ne>(out, a, b);
     case OpKind::Lt: return run_to_bool<fm::Lt>(out, a, b);

@@ -2,7 +2,11 @@
 // Internal to the CPU kernels: float32 SIMD batches take kiln's full-range exp / exp2 / expm1
 // (core/formulas.h, exp_f32) instead of xsimd's, which overflow from 88.38 and flush results
 // below e^-88.38 to 0; float64 batches take the full-range forms of exp, exp2, expm1, erf and
-// erfc (F64Range). Include this before any kernel instantiates a formula on a batch.
+// erfc (F64Range), float64 sin / cos / erf / erfc, and atan2 / pow of both from glibc's libmvec
+// where the build targets AVX2 (VecMath, F64Range), and an exact SIMD fmod where the target
+// has a fused multiply-add (VecMath). Include this before any kernel instantiates a formula on
+// a batch.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <xsimd/xsimd.hpp>
@@ -30,6 +34,122 @@ batch<double, A> fma(const batch<double, A>& x, const batch<double, A>& y,
 }  // namespace xsimd
 #endif
 
+
+// ---------------------------------------------------------------- libmvec
+// glibc's vector math library (linked by backends/cpu/CMakeLists.txt, which defines
+// KILN_HAVE_LIBMVEC where the build targets AVX2), called by its vector-ABI names: 'e' variants
+// take AVX-512 registers, 'd' variants AVX2 ones, matching xsimd's batch width. Every lane is
+// computed on its own (special lanes go through libm inside libmvec), so a result depends only
+// on its inputs, never on its neighbours, the tail padding or the thread count.
+namespace kiln::cpu::mvec {
+/// F (libm) on each lane of a float64 batch.
+template <double (*F)(double)> xsimd::batch<double> per_lane(xsimd::batch<double> x) {
+  alignas(xsimd::batch<double>::arch_type::alignment()) double v[xsimd::batch<double>::size];
+  x.store_aligned(v);
+  for (double& e : v) e = F(e);
+  return xsimd::batch<double>::load_aligned(v);
+}
+
+// Declares the variants of one ISA letter (e: AVX-512, d: AVX2) with NF float / ND double
+// lanes, and wraps them for the vector types VF / VD.
+#define KILN_LIBMVEC_FUNCTIONS(ISA, NF, ND)                                      \
+  extern "C" {                                                                   \
+  VD _ZGV##ISA##N##ND##vv_atan2(VD, VD);                                         \
+  VF _ZGV##ISA##N##NF##vv_powf(VF, VF);                                          \
+  VD _ZGV##ISA##N##ND##vv_pow(VD, VD);                                           \
+  VD _ZGV##ISA##N##ND##v_sin(VD);                                                \
+  VD _ZGV##ISA##N##ND##v_cos(VD);                                                \
+  VD _ZGV##ISA##N##ND##v_erf(VD);                                                \
+  VD _ZGV##ISA##N##ND##v_erfc(VD);                                               \
+  }                                                                              \
+  inline VD atan2(VD a, VD b) { return _ZGV##ISA##N##ND##vv_atan2(a, b); }       \
+  inline VF pow(VF a, VF b) { return _ZGV##ISA##N##NF##vv_powf(a, b); }          \
+  inline VD pow(VD a, VD b) { return _ZGV##ISA##N##ND##vv_pow(a, b); }           \
+  inline VD sin(VD x) { return _ZGV##ISA##N##ND##v_sin(x); }                     \
+  inline VD cos(VD x) { return _ZGV##ISA##N##ND##v_cos(x); }                     \
+  inline VD erf(VD x) { return _ZGV##ISA##N##ND##v_erf(x); }                     \
+  inline VD erfc(VD x) { return _ZGV##ISA##N##ND##v_erfc(x); }
+#if defined(KILN_HAVE_LIBMVEC) && defined(__AVX512F__)
+inline constexpr size_t kBytes = 64;
+using VF = __m512;
+using VD = __m512d;
+KILN_LIBMVEC_FUNCTIONS(e, 16, 8)
+#elif defined(KILN_HAVE_LIBMVEC) && defined(__AVX2__)
+inline constexpr size_t kBytes = 32;
+using VF = __m256;
+using VD = __m256d;
+KILN_LIBMVEC_FUNCTIONS(d, 8, 4)
+#else
+inline constexpr size_t kBytes = 0;
+// Declared only: named where kEnabled = false leaves them uncalled.
+template <class V> V atan2(V, V);
+template <class V> V pow(V, V);
+// libm per lane, correctly rounded to ~1 ulp over the whole range.
+template <class V> V sin(V x) { return per_lane<std::sin>(x); }
+template <class V> V cos(V x) { return per_lane<std::cos>(x); }
+template <class V> V erf(V x) { return per_lane<std::erf>(x); }
+template <class V> V erfc(V x) { return per_lane<std::erfc>(x); }
+#endif
+#undef KILN_LIBMVEC_FUNCTIONS
+/// Whether the batches are libmvec's vectors (an AVX2 build whose xsimd picked SSE is not).
+inline constexpr bool kEnabled = kBytes == sizeof(xsimd::batch<float>);
+
+/// atan2 of float batches, computed in double (libmvec's atan2f is 3.2 ulp off; its atan2,
+/// 1.7 ulp of a double, is within 0.5 ulp of a float once rounded): 2.5x atan2f's time.
+inline xsimd::batch<float> atan2_in_double(xsimd::batch<float> a, xsimd::batch<float> b) {
+  using BF = xsimd::batch<float>;
+  using BD = xsimd::batch<double>;
+  constexpr size_t W = BF::size, H = BD::size;
+  alignas(64) float fa[W], fb[W], fr[W];
+  alignas(64) double da[W], db[W], dr[W];
+  a.store_aligned(fa);
+  b.store_aligned(fb);
+  for (size_t i = 0; i < W; ++i) da[i] = fa[i], db[i] = fb[i];
+  for (size_t h = 0; h < W; h += H)
+    BD(mvec::atan2(BD::load_aligned(da + h), BD::load_aligned(db + h))).store_aligned(dr + h);
+  for (size_t i = 0; i < W; ++i) fr[i] = static_cast<float>(dr[i]);
+  return BF::load_aligned(fr);
+}
+
+/// fmod(a, b), exactly, for batches of float or double, where the target fuses a·b + c.
+/// q = trunc(a / b) is the true quotient's integer part or one more in magnitude (the division
+/// rounds monotonically and every integer up to 2^p is representable, p = 24 / 53), so while
+/// |q| < 2^p the exact a − q·b is a multiple of b's quantum under |b| in magnitude (of a's sign,
+/// or of the other sign when q overshot): representable, so the fma gives it unrounded; one
+/// step of |b| towards a's sign then gives the remainder, also exact. Lanes beyond that
+/// (|a / b| >= 2^p, b = ±0 or ±inf, NaN or infinite a) take libm's fmod, which is exact too:
+/// the result is fmod's whatever the lane.
+#if defined(__FMA__)
+inline constexpr bool kExactFmod = true;
+#else
+inline constexpr bool kExactFmod = false;
+#endif
+template <class T> xsimd::batch<T> fmod(xsimd::batch<T> a, xsimd::batch<T> b) {
+  using B = xsimd::batch<T>;
+  constexpr T kLimit = sizeof(T) == 4 ? T(16777216.0) : T(9007199254740992.0);
+  B q = xsimd::trunc(a / b);
+  B r = xsimd::fma(-q, b, a);
+  B sa = xsimd::bitwise_and(a, B(T(-0.0)));  // a's sign bit
+  // (a = ±0 gives r = ±0: never an overshoot.)
+  auto overshot = (r < B(0) && a > B(0)) || (r > B(0) && a < B(0));
+  r = xsimd::select(overshot, r + xsimd::bitwise_or(xsimd::abs(b), sa), r);
+  r = xsimd::bitwise_or(xsimd::abs(r), sa);  // a zero remainder has a's sign, as fmod's
+  auto slow = !(xsimd::abs(q) < B(kLimit)) || xsimd::isinf(b);
+  if (xsimd::any(slow)) [[unlikely]] {
+    alignas(B::arch_type::alignment()) T va[B::size], vb[B::size], vr[B::size];
+    a.store_aligned(va);
+    b.store_aligned(vb);
+    r.store_aligned(vr);
+    alignas(B::arch_type::alignment()) T vs[B::size];
+    xsimd::select(slow, B(1), B(0)).store_aligned(vs);
+    for (size_t i = 0; i < B::size; ++i)
+      if (vs[i] != 0) vr[i] = std::fmod(va[i], vb[i]);
+    r = B::load_aligned(vr);
+  }
+  return r;
+}
+}  // namespace kiln::cpu::mvec
+
 namespace kiln::formulas {
 
 template <> struct F32Exp<xsimd::batch<float>> {
@@ -44,22 +164,31 @@ template <> struct F32Exp<xsimd::batch<float>> {
 template <> struct F64Range<xsimd::batch<double>> {
   static constexpr bool kEnabled = true;
   using B = xsimd::batch<double>;
-  /// libm per lane: correctly rounded to ~1 ulp over the whole range (float64 erf is rare
-  /// enough in models that exactness wins over SIMD speed).
-  template <double (*F)(double)> static B per_lane(B x) {
-    alignas(B::arch_type::alignment()) double v[B::size];
-    x.store_aligned(v);
-    for (double& e : v) e = F(e);
-    return B::load_aligned(v);
+  /// erf / erfc: libmvec's where built (2.5 / 1.9 ulp against long double, 8-10x faster than
+  /// libm per lane), else libm's per lane (~1 ulp).
+  static B erf(B x) { return kiln::cpu::mvec::erf(x); }
+  static B erfc(B x) { return kiln::cpu::mvec::erfc(x); }
+  /// xsimd's float64 sin / cos / tan reduce the argument with too few bits of π/2:
+  /// cos(45.553...) near 29π/2 was 25,533 ulp off, sin(π) 6.9 (found by a break-it pass).
+  /// libmvec's sin / cos reduce exactly (3.2 / 3.4 ulp, measured as above); tan and builds
+  /// without libmvec: libm per lane.
+  static B sin(B x) { return kiln::cpu::mvec::sin(x); }
+  static B cos(B x) { return kiln::cpu::mvec::cos(x); }
+  static B tan(B x) { return kiln::cpu::mvec::per_lane<std::tan>(x); }
+};
+
+/// atan2 and pow from libmvec (float32 atan2 in float64; powf is within 0.62 ulp as it is),
+/// fmod exact (kiln::cpu::mvec).
+template <class T> struct VecMath<xsimd::batch<T>> {
+  static constexpr bool kAtan2Pow = kiln::cpu::mvec::kEnabled;
+  static constexpr bool kFmod = kiln::cpu::mvec::kExactFmod;
+  using B = xsimd::batch<T>;
+  static B atan2(B a, B b) {
+    if constexpr (std::is_same_v<T, double>) return kiln::cpu::mvec::atan2(a, b);
+    else return kiln::cpu::mvec::atan2_in_double(a, b);
   }
-  static B erf(B x) { return per_lane<std::erf>(x); }
-  static B erfc(B x) { return per_lane<std::erfc>(x); }
-  /// The SIMD library's float64 sin / cos / tan reduce the argument with too few bits of π/2:
-  /// cos(45.553...) near 29π/2 was 25,533 ulp off, sin(π) 6.9 (found by a break-it pass);
-  /// libm reduces exactly, as compiled float64 code (libm calls) does.
-  static B sin(B x) { return per_lane<std::sin>(x); }
-  static B cos(B x) { return per_lane<std::cos>(x); }
-  static B tan(B x) { return per_lane<std::tan>(x); }
+  static B pow(B a, B b) { return kiln::cpu::mvec::pow(a, b); }
+  static B fmod(B a, B b) { return kiln::cpu::mvec::fmod(a, b); }
 };
 
 }  // namespace kiln::formulas
