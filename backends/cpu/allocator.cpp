@@ -20,10 +20,11 @@ namespace {
 
 constexpr size_t kLargeBlock = size_t{1} << 20;   // cache blocks from 1 MiB up
 constexpr size_t kHugePage = size_t{2} << 20;
-// Free blocks kept: at most as many bytes as blocks in use ever took at once (at least 256
-// MiB, at most 2 GiB). A steady loop (a training step) reuses what it freed, never more than
-// its peak; a fixed 2 GiB let eager ops on tensors of varied sizes (live at most 200 MB) grow
-// the process to 1.5 GB of idle cached blocks, one size class each.
+// Free blocks kept: at most twice the most bytes blocks in use ever took at once (at least 256
+// MiB, at most 2 GiB). A fixed 2 GiB let eager ops on tensors of varied sizes (at most 200 MB
+// in use) grow the process to 1.5 GB of idle cached blocks, one size class each; the peak
+// alone was too little for a loop whose phases use different sizes (600 MiB, then 4 x 200 MiB:
+// a review measured 4 of 5 blocks missed a step, 1.9x slower), as blocks are reused by class.
 constexpr size_t kMinCacheLimit = size_t{256} << 20;
 constexpr size_t kMaxCached = size_t{2} << 30;
 // Blocks from 4 KiB to 1 MiB are kept too, per size class. glibc's malloc and free of such
@@ -33,7 +34,7 @@ constexpr size_t kMaxCached = size_t{2} << 30;
 // awake took 20-40 % of that step (265 us on 1 thread, 600 us on 2, in brk ->
 // flush_tlb_mm_range). Telling glibc to keep freed memory instead (mallopt) made small ops
 // after a large workload 3x slower (eager add of 1 element: 308 -> 904 ns). At most
-// kSmallPerClass blocks of each class are kept (about 75 MiB at most over all classes).
+// kSmallPerClass blocks of each class are kept (under 200 MiB over all classes).
 constexpr size_t kSmallBlock = size_t{4} << 10;
 constexpr size_t kSmallPerClass = 16;
 // Blocks under 4 KiB (parameters and activations of small models, 0-d tensors) are kept in
@@ -96,6 +97,7 @@ class CachingAllocator final : public Allocator {
             misses_,
             allocated_.load(std::memory_order_relaxed),
             peak_.load(std::memory_order_relaxed),
+            high_water_.load(std::memory_order_relaxed),
             cache_limit()};
   }
   void reset_peak() { peak_.store(allocated_.load(std::memory_order_relaxed)); }
@@ -112,6 +114,7 @@ class CachingAllocator final : public Allocator {
       list.clear();
     }
     cached_ = 0;
+    large_cached_ = 0;
   }
 
  private:
@@ -126,7 +129,8 @@ class CachingAllocator final : public Allocator {
     return nbytes < kLargeBlock ? nbytes : size_class(nbytes);
   }
   size_t cache_limit() const {
-    return std::clamp(high_water_.load(std::memory_order_relaxed), kMinCacheLimit, kMaxCached);
+    return std::clamp(2 * high_water_.load(std::memory_order_relaxed), kMinCacheLimit,
+                      kMaxCached);
   }
 
   void* take_block(size_t nbytes) {
@@ -160,6 +164,7 @@ class CachingAllocator final : public Allocator {
         void* p = it->second;
         free_.erase(it);
         cached_ -= cls;
+        large_cached_ -= cls;
         ++hits_;
         return p;
       }
@@ -193,10 +198,12 @@ class CachingAllocator final : public Allocator {
     // The block freed now is the likeliest to be asked for again: larger cached blocks go
     // back to the OS to make room for it.
     const size_t limit = cache_limit();
-    while (cached_ + cls > limit && !free_.empty() && cls <= limit) {
+    // (Only if that makes room: the lists of blocks under 1 MiB are not evicted.)
+    while (cached_ + cls > limit && cached_ - large_cached_ + cls <= limit) {
       auto largest = std::prev(free_.end());
       std::free(largest->second);
       cached_ -= largest->first;
+      large_cached_ -= largest->first;
       free_.erase(largest);
     }
     if (cached_ + cls > limit) {
@@ -205,6 +212,7 @@ class CachingAllocator final : public Allocator {
     }
     free_.emplace(cls, p);
     cached_ += cls;
+    large_cached_ += cls;
   }
 
   // Memory from the system; when there is none, the cached free blocks are given back and the
@@ -240,7 +248,7 @@ class CachingAllocator final : public Allocator {
   std::multimap<size_t, void*> free_;
   std::array<std::vector<void*>, kSmallClasses> small_;  // free blocks of 4 KiB .. 1 MiB
   std::array<std::vector<void*>, kTinyClasses> tiny_;    // free blocks under 4 KiB
-  size_t cached_ = 0, hits_ = 0, misses_ = 0;
+  size_t cached_ = 0, large_cached_ = 0, hits_ = 0, misses_ = 0;  // large: in free_
   // Bytes requested by blocks in use now and the most since reset_peak(); the blocks' bytes
   // (size classes) in use now and the most ever (the cache's limit).
   std::atomic<size_t> allocated_{0}, peak_{0}, held_{0}, high_water_{0};

@@ -19,7 +19,8 @@ struct AllocatorStats {
   size_t cache_misses;          // large allocations that went to the OS
   size_t allocated_bytes;       // bytes requested by blocks in use now
   size_t peak_allocated_bytes;  // the most in use at once since start or reset_peak_stats()
-  size_t cache_limit;           // the most the cache keeps (see kMaxCached in allocator.cpp)
+  size_t most_held_bytes;       // the most bytes blocks in use ever took at once (classes)
+  size_t cache_limit;           // the most the cache keeps: 2x that, in [256 MiB, 2 GiB]
 };
 AllocatorStats allocator_stats();
 /// Returns every cached block to the OS.
