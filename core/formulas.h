@@ -207,6 +207,7 @@ template <class S> S exp2_f64(S x) {
 template <class S> struct VecMath {
   static constexpr bool kAtan2Pow = false;
   static constexpr bool kFmod = false;
+  static constexpr bool kTrig = false;  // float32 sin / cos / tan (static S sin(S) ...)
 };
 /// fmod(a, b), exactly (IEEE fmod is exact): VecMath's where it has one.
 template <class S> S exact_fmod(S a, S b) {
@@ -285,22 +286,26 @@ struct Rsqrt {
 struct Reciprocal {
   template <class S> static S eval(S x) { return S(1) / x; }
 };
-/// sin, cos, tan; float64 SIMD lanes through F64Range (libm: an exact argument reduction).
+/// sin, cos, tan; float64 SIMD lanes through F64Range, float32 ones through VecMath (libmvec:
+/// an exact argument reduction, a lane's result its own).
 struct Sin {
   template <class S> static S eval(S x) {
     if constexpr (F64Range<S>::kEnabled) return F64Range<S>::sin(x);
+    else if constexpr (VecMath<S>::kTrig) return VecMath<S>::sin(x);
     else return sin(x);
   }
 };
 struct Cos {
   template <class S> static S eval(S x) {
     if constexpr (F64Range<S>::kEnabled) return F64Range<S>::cos(x);
+    else if constexpr (VecMath<S>::kTrig) return VecMath<S>::cos(x);
     else return cos(x);
   }
 };
 struct Tan {
   template <class S> static S eval(S x) {
     if constexpr (F64Range<S>::kEnabled) return F64Range<S>::tan(x);
+    else if constexpr (VecMath<S>::kTrig) return VecMath<S>::tan(x);
     else return tan(x);
   }
 };

@@ -61,6 +61,7 @@ template <double (*F)(double)> xsimd::batch<double> per_lane(xsimd::batch<double
   VD _ZGV##ISA##N##ND##v_cos(VD);                                                \
   VD _ZGV##ISA##N##ND##v_erf(VD);                                                \
   VD _ZGV##ISA##N##ND##v_erfc(VD);                                               \
+  VD _ZGV##ISA##N##ND##v_tan(VD);                                                \
   }                                                                              \
   inline VD atan2(VD a, VD b) { return _ZGV##ISA##N##ND##vv_atan2(a, b); }       \
   inline VF pow(VF a, VF b) { return _ZGV##ISA##N##NF##vv_powf(a, b); }          \
@@ -68,7 +69,8 @@ template <double (*F)(double)> xsimd::batch<double> per_lane(xsimd::batch<double
   inline VD sin(VD x) { return _ZGV##ISA##N##ND##v_sin(x); }                     \
   inline VD cos(VD x) { return _ZGV##ISA##N##ND##v_cos(x); }                     \
   inline VD erf(VD x) { return _ZGV##ISA##N##ND##v_erf(x); }                     \
-  inline VD erfc(VD x) { return _ZGV##ISA##N##ND##v_erfc(x); }
+  inline VD erfc(VD x) { return _ZGV##ISA##N##ND##v_erfc(x); }                   \
+  inline VD tan(VD x) { return _ZGV##ISA##N##ND##v_tan(x); }
 #if defined(KILN_HAVE_LIBMVEC) && defined(__AVX512F__)
 inline constexpr size_t kBytes = 64;
 using VF = __m512;
@@ -89,26 +91,34 @@ template <class V> V sin(V x) { return per_lane<std::sin>(x); }
 template <class V> V cos(V x) { return per_lane<std::cos>(x); }
 template <class V> V erf(V x) { return per_lane<std::erf>(x); }
 template <class V> V erfc(V x) { return per_lane<std::erfc>(x); }
+template <class V> V tan(V x) { return per_lane<std::tan>(x); }
 #endif
 #undef KILN_LIBMVEC_FUNCTIONS
 /// Whether the batches are libmvec's vectors (an AVX2 build whose xsimd picked SSE is not).
 inline constexpr bool kEnabled = kBytes == sizeof(xsimd::batch<float>);
 
-/// atan2 of float batches, computed in double (libmvec's atan2f is 3.2 ulp off; its atan2,
-/// 1.7 ulp of a double, is within 0.5 ulp of a float once rounded): 2.5x atan2f's time.
-inline xsimd::batch<float> atan2_in_double(xsimd::batch<float> a, xsimd::batch<float> b) {
-  using BF = xsimd::batch<float>;
+/// f (of float64 batches) on float batches: each lane widened, f applied, rounded once. For
+/// float atan2 (libmvec's atan2f is 3.2 ulp off; its atan2, 1.7 ulp of a double, is within 0.5
+/// ulp of a float once rounded: 2.5x atan2f's time) and sin / cos / tan (xsimd's float32 forms
+/// pick one argument reduction for the whole batch, so a lane's result changed with its
+/// neighbours, and with the thread count).
+template <class F, class... BF> xsimd::batch<float> in_double(F f, BF... args) {
   using BD = xsimd::batch<double>;
-  constexpr size_t W = BF::size, H = BD::size;
-  alignas(64) float fa[W], fb[W], fr[W];
-  alignas(64) double da[W], db[W], dr[W];
-  a.store_aligned(fa);
-  b.store_aligned(fb);
-  for (size_t i = 0; i < W; ++i) da[i] = fa[i], db[i] = fb[i];
+  constexpr size_t W = xsimd::batch<float>::size, H = BD::size, N = sizeof...(BF);
+  alignas(64) float fin[N][W];
+  alignas(64) double din[N][W];
+  alignas(64) double dr[W];
+  alignas(64) float fr[W];
+  size_t k = 0;
+  (args.store_aligned(fin[k++]), ...);
+  for (size_t j = 0; j < N; ++j)
+    for (size_t i = 0; i < W; ++i) din[j][i] = fin[j][i];
   for (size_t h = 0; h < W; h += H)
-    BD(mvec::atan2(BD::load_aligned(da + h), BD::load_aligned(db + h))).store_aligned(dr + h);
+    [&]<size_t... J>(std::index_sequence<J...>) {
+      BD(f(BD::load_aligned(din[J] + h)...)).store_aligned(dr + h);
+    }(std::make_index_sequence<N>{});
   for (size_t i = 0; i < W; ++i) fr[i] = static_cast<float>(dr[i]);
-  return BF::load_aligned(fr);
+  return xsimd::batch<float>::load_aligned(fr);
 }
 
 /// fmod(a, b), exactly, for batches of float or double, where the target fuses a·b + c.
@@ -170,22 +180,37 @@ template <> struct F64Range<xsimd::batch<double>> {
   static B erfc(B x) { return kiln::cpu::mvec::erfc(x); }
   /// xsimd's float64 sin / cos / tan reduce the argument with too few bits of π/2:
   /// cos(45.553...) near 29π/2 was 25,533 ulp off, sin(π) 6.9 (found by a break-it pass).
-  /// libmvec's sin / cos reduce exactly (3.2 / 3.4 ulp, measured as above); tan and builds
-  /// without libmvec: libm per lane.
+  /// libmvec's sin / cos / tan reduce exactly (3.2 / 3.4 ulp for sin / cos, measured as
+  /// above); builds without libmvec: libm per lane.
   static B sin(B x) { return kiln::cpu::mvec::sin(x); }
   static B cos(B x) { return kiln::cpu::mvec::cos(x); }
-  static B tan(B x) { return kiln::cpu::mvec::per_lane<std::tan>(x); }
+  static B tan(B x) { return kiln::cpu::mvec::tan(x); }
 };
 
 /// atan2 and pow from libmvec (float32 atan2 in float64; powf is within 0.62 ulp as it is),
-/// fmod exact (kiln::cpu::mvec).
+/// fmod exact, float32 sin / cos / tan in float64 (kiln::cpu::mvec).
 template <class T> struct VecMath<xsimd::batch<T>> {
   static constexpr bool kAtan2Pow = kiln::cpu::mvec::kEnabled;
   static constexpr bool kFmod = kiln::cpu::mvec::kExactFmod;
+  static constexpr bool kTrig = kiln::cpu::mvec::kEnabled && std::is_same_v<T, float>;
   using B = xsimd::batch<T>;
+  using BD = xsimd::batch<double>;
   static B atan2(B a, B b) {
-    if constexpr (std::is_same_v<T, double>) return kiln::cpu::mvec::atan2(a, b);
-    else return kiln::cpu::mvec::atan2_in_double(a, b);
+    namespace mv = kiln::cpu::mvec;
+    if constexpr (std::is_same_v<T, double>) return mv::atan2(a, b);
+    else return mv::in_double([](BD y, BD x) { return BD(mv::atan2(y, x)); }, a, b);
+  }
+  static B sin(B x) {
+    namespace mv = kiln::cpu::mvec;
+    return mv::in_double([](BD v) { return BD(mv::sin(v)); }, x);
+  }
+  static B cos(B x) {
+    namespace mv = kiln::cpu::mvec;
+    return mv::in_double([](BD v) { return BD(mv::cos(v)); }, x);
+  }
+  static B tan(B x) {
+    namespace mv = kiln::cpu::mvec;
+    return mv::in_double([](BD v) { return BD(mv::tan(v)); }, x);
   }
   static B pow(B a, B b) { return kiln::cpu::mvec::pow(a, b); }
   static B fmod(B a, B b) { return kiln::cpu::mvec::fmod(a, b); }
