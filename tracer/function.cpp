@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <shared_mutex>
 #include <tuple>
@@ -41,7 +42,8 @@ constexpr size_t kMaxHostReads = 256;
 // Internal: the replay reached a decision outcome the trace tree has no branch for.
 struct MissingBranch {
   Scalar value;
-  Loc loc;  // the host read's
+  Loc loc;           // the host read's
+  size_t depth = 0;  // how many host reads of the trace tree the replay passed before it
 };
 // Internal: a symbolic entry's replay reached a branch no trace confirmed for these sizes.
 struct UncheckedBranch {};
@@ -288,6 +290,9 @@ struct Segment {
   bool leaf = false;
   std::unique_ptr<Plan> plan;
   std::vector<std::pair<Scalar, std::unique_ptr<Segment>>> children;
+  // Float values a replay's compiled code read where the trace of a child read another (its
+  // own rounding of the same sum, say): the same inputs, so the child eager took for them.
+  std::vector<std::pair<Scalar, Segment*>> rounded;
   // Symbolic entries: size sets (sizes_key) a trace took this branch at. A trace confirms only
   // the branches it takes; another branch, traced at other sizes, may hold a size-derived
   // constant of those sizes.
@@ -311,6 +316,8 @@ struct Segment {
   Segment* child(const Scalar& v) const {
     for (auto& [k, s] : children)
       if (same_scalar(k, v)) return s.get();
+    for (auto& [k, s] : rounded)
+      if (same_scalar(k, v)) return s;
     return nullptr;
   }
   int leaves() const {
@@ -637,7 +644,7 @@ struct CompiledFunction::Impl {
                               const std::vector<ArgValue>& args, const Invoke& invoke, Loc loc,
                               const std::vector<std::pair<int, int>>& marked, Entry* failed,
                               bool missing_branch, const std::string& miss_reason,
-                              Entry* unchecked = nullptr);
+                              Entry* unchecked = nullptr, const MissingBranch* missed = nullptr);
   /// Adds the tensors that the trace of `p` captured to captured_tensors, then records which
   /// of its arguments share memory with one (the guard Program::args_sharing_captured).
   void remember_captured(Program& p, Recorder& rec);
@@ -1012,10 +1019,12 @@ std::vector<OutValue> CompiledFunction::call(const std::vector<ArgValue>& given,
     }
   std::string miss_reason;
   bool missing_branch = false;  // the replay reached a host value no branch was traced for
+  std::optional<MissingBranch> missed;  // where (a specialised entry's replay)
   bool run_eagerly = false;     // a replay raised before it changed anything (ReplayRaised)
   std::string replay_error;     // what it raised
   for (int attempt = 0; attempt < 3 && !run_eagerly; ++attempt) {
     missing_branch = false;
+    missed.reset();
     std::vector<std::pair<std::shared_ptr<Entry>, bool>> found;
     std::shared_ptr<Entry> entry;  // the entry the trace below extends, confirms or drops
     std::shared_ptr<Entry> lacks_branch;  // a symbolic entry without this call's path
@@ -1057,6 +1066,7 @@ std::vector<OutValue> CompiledFunction::call(const std::vector<ArgValue>& given,
           }
           miss_reason = why;
           missing_branch = true;
+          missed = m;
           entry = e;
           break;
         } catch (const UncheckedBranch&) {
@@ -1092,7 +1102,8 @@ std::vector<OutValue> CompiledFunction::call(const std::vector<ArgValue>& given,
     if (im.generation != seen_generation || im.find_entries(args) != found) continue;
     if (unchecked)
       return im.trace(lock, args, invoke, loc, marked, nullptr, false, {}, entry.get());
-    return im.trace(lock, args, invoke, loc, marked, entry.get(), missing_branch, miss_reason);
+    return im.trace(lock, args, invoke, loc, marked, entry.get(), missing_branch, miss_reason,
+                    nullptr, missed ? &*missed : nullptr);
   }
   const uint64_t op_errors_before = dispatch::op_errors();
   PrintScope::restart();
@@ -1248,16 +1259,27 @@ bool effects_while_run(const Program& p, bool donate_buffers) {
 }
 
 bool insert_branch(Segment& root, const std::shared_ptr<const Program>& p,
-                   const CompileOptions& o) {
+                   const CompileOptions& o, const MissingBranch* missed) {
   Segment* seg = &root;
-  while (!seg->leaf) {
+  for (size_t depth = 0; !seg->leaf; ++depth) {
     size_t r = seg->end - 1;
     if (r >= p->nodes.size() || p->nodes[r].kind != Node::Kind::Read) return false;
-    Segment* c = seg->child(p->nodes[r].read_value);
-    if (!c) {
-      seg->children.push_back({p->nodes[r].read_value, make_chain(p, r + 1, o)});
+    const Scalar& read = p->nodes[r].read_value;
+    Segment* c = seg->child(read);
+    const bool added = !c;
+    if (added) {
+      seg->children.push_back({read, make_chain(p, r + 1, o)});
+      c = seg->children.back().second.get();
+    }
+    // Where the replay missed, this trace (eager, the same inputs) read another float: the
+    // compiled code rounded it otherwise. Replays reading that value take eager's branch, else
+    // each call traced again until the cache limit (a break-it pass: x.sum().item<float>()).
+    if (missed && depth == missed->depth && read.is_floating() && missed->value.is_floating() &&
+        !seg->child(missed->value)) {
+      seg->rounded.push_back({missed->value, c});
       return true;
     }
+    if (added) return true;
     seg = c;
   }
   return false;
@@ -1503,15 +1525,16 @@ std::vector<OutValue> CompiledFunction::Impl::replay(Entry& e, const std::vector
   if (e.touches_grads) grads = hold_leaf_grads();
   Segment* seg = e.root.get();
   st.in_place = seg->program->aliased_mutation;
+  size_t depth = 0;
   try {
-    for (;;) {
+    for (;; ++depth) {
       if (st.slots.size() < seg->program->values.size())
         st.slots.resize(seg->program->values.size());
       check_sources(*seg, st, captured_tensors);
       std::optional<Scalar> read = seg->plan->run(st);
       if (seg->leaf) break;
       Segment* c = seg->child(*read);
-      if (!c) throw MissingBranch{*read, seg->program->nodes[seg->end - 1].loc};
+      if (!c) throw MissingBranch{*read, seg->program->nodes[seg->end - 1].loc, depth};
       if (e.dynamic && !contains(c->checked_sizes, sizes_key(e, args))) throw UncheckedBranch{};
       seg = c;
     }
@@ -1633,7 +1656,8 @@ std::vector<OutValue> CompiledFunction::Impl::replay(Entry& e, const std::vector
 std::vector<OutValue> CompiledFunction::Impl::trace(
     std::unique_lock<std::shared_mutex>& lock, const std::vector<ArgValue>& args,
     const Invoke& invoke, Loc loc, const std::vector<std::pair<int, int>>& marked_dims,
-    Entry* failed, bool missing_branch, const std::string& miss_reason, Entry* unchecked) {
+    Entry* failed, bool missing_branch, const std::string& miss_reason, Entry* unchecked,
+    const MissingBranch* missed) {
   PrintScope::restart();
   // A failed entry whose guards no longer hold (a captured tensor freed, a symbolic replay that
   // failed) is dropped; one that only lacks a branch gets the new branch below.
@@ -2001,7 +2025,7 @@ std::vector<OutValue> CompiledFunction::Impl::trace(
 
   // A symbolic entry does not take branches traced at one size: the path gets an entry of its
   // own, which the path's trace at other sizes makes symbolic.
-  if (missing_branch && !failed->dynamic && insert_branch(*failed->root, prog, options)) {
+  if (missing_branch && !failed->dynamic && insert_branch(*failed->root, prog, options, missed)) {
     confirm_path(*failed, *prog, sizes_key(*failed, args));
     add_host_values(*failed, *prog);
     failed->draws_random |= draws_random(*prog);

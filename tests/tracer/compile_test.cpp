@@ -456,6 +456,26 @@ TEST_CASE("compile: data-dependent branches build a trace tree", "[compile]") {
   CHECK(f.cache_entries() == 2);
 }
 
+// Break-it: a float read after a compiled region (its sum rounded otherwise than eager's) never
+// matched the value its trace read, so every call traced again until the cache limit and the
+// function then ran eagerly for good. The replay's value now takes the branch eager took.
+TEST_CASE("compile: a float read that compiled code rounds otherwise replays eager's branch",
+          "[compile]") {
+  auto fn = [](const Tensor& x, const Tensor& y) {
+    Tensor t = x * 2 + y;
+    Tensor u = t.exp() - 1;
+    const float m = u.sum().item<float>();
+    return (t * u + (m > 0 ? 1.0 : -1.0)) * m;
+  };
+  auto cf = compile(fn);
+  manual_seed(3);
+  const Tensor x = randn({8, 4}), y = randn({8, 4});
+  const Tensor want = fn(x, y);
+  for (int call = 0; call < 6; ++call) CHECK(allclose(cf(x, y), want, 1e-5, 1e-5));
+  CHECK(cf.compile_count() <= 2);  // the trace, and the branch for the compiled value
+  CHECK(cf.cache_entries() == 1);
+}
+
 TEST_CASE("compile: fullgraph turns a host read into an error naming the line", "[compile]") {
   auto f = compile(
       [](const Tensor& x) {
