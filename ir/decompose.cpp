@@ -177,9 +177,16 @@ mlir::Value layer_norm(Emitter& E, mlir::ValueRange in, const OpAttrs& a) {
   mlir::Value s64 = E.where(E.op(OpKind::Gt, var, E.scalar(f64, kLayerNormScaledVar)),
                             E.scalar(f64, kLayerNormScale), E.scalar(f64, 1.0));
   mlir::Value s = cast_to(E, s64, t);
-  mlir::Value ms = E.op(OpKind::Mul, cast_to(E, mean, t), s);
+  mlir::Value mean_t = cast_to(E, mean, t);
+  mlir::Value d_t = E.op(OpKind::Sub, E.op(OpKind::Mul, x, s), E.op(OpKind::Mul, mean_t, s));
+  if (t != f64) {
+    // x - mean as (x - mean_t) - mean_lo, mean_lo = mean - mean_t: eager's row_moments
+    // (normalization.cpp) explains why; rows on a large offset with a small spread.
+    mlir::Value lo = E.op(OpKind::Sub, mean, cast_to(E, mean_t, f64));
+    d_t = E.op(OpKind::Sub, d_t, cast_to(E, E.op(OpKind::Mul, lo, s64), t));
+  }
   mlir::Value rs = cast_to(E, E.op(OpKind::Div, rstd, s64), t);
-  mlir::Value y = E.op(OpKind::Mul, E.op(OpKind::Sub, E.op(OpKind::Mul, x, s), ms), rs);
+  mlir::Value y = E.op(OpKind::Mul, d_t, rs);
   if (in.size() > 1) y = E.op(OpKind::Mul, y, in[1]);
   if (in.size() > 2) y = E.op(OpKind::Add, y, in[2]);
   return y;

@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <random>
 
 #include "kiln/kiln.h"
 
@@ -177,4 +178,74 @@ TEST_CASE("compile: a float32 dot product over a long k is as accurate as eager'
   auto f = compile([](const Tensor& a, const Tensor& b) { return matmul(a, b) * 2.0f; });
   for (int call = 0; call < 2; ++call)
     CHECK(std::abs(f(v, w).item<double>() - 2 * exact) < 2e-6 * exact);
+}
+
+TEST_CASE("layer_norm of float32 rows on a large offset with a small spread matches float64, "
+          "eagerly and compiled, with its gradients") {
+  // Rows 1e4 + 0.01·U(-3, 3): x - mean with the mean rounded to float32 (ulp(1e4) / 2 = 5e-4,
+  // 3 % of the row's std) put the outputs off by up to 0.1 and dx by as much, relative. The
+  // reference: float64 statistics and formulas over the same float32 values. Rows of 999
+  // (row path) and of 5 (the block path of short rows).
+  for (int64_t m : {999, 5}) {
+    const int64_t rows = 12;
+    std::mt19937 gen(static_cast<unsigned>(m));
+    std::uniform_real_distribution<float> u(-3, 3);
+    std::vector<float> xv(rows * m), wv(m), bv(m), cv(rows * m);
+    for (float& e : xv) e = 1e4f + 0.01f * u(gen);
+    for (float& e : wv) e = 1 + 0.5f * u(gen);
+    for (float& e : bv) e = u(gen);
+    for (float& e : cv) e = u(gen);
+    const double eps = 1e-5;
+    std::vector<double> y_ref(rows * m), dx_ref(rows * m), dw_ref(m, 0.0);
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* x = &xv[r * m];
+      double mean = 0, var = 0, a = 0, b = 0;
+      for (int64_t i = 0; i < m; ++i) mean += x[i];
+      mean /= m;
+      for (int64_t i = 0; i < m; ++i) var += (x[i] - mean) * (x[i] - mean);
+      const double rstd = 1 / std::sqrt(var / m + eps);
+      auto xhat = [&](int64_t i) { return (x[i] - mean) * rstd; };
+      auto gx = [&](int64_t i) { return double(cv[r * m + i]) * wv[i]; };
+      for (int64_t i = 0; i < m; ++i) {
+        y_ref[r * m + i] = xhat(i) * wv[i] + bv[i];
+        a += gx(i) / m;
+        b += gx(i) * xhat(i) / m;
+        dw_ref[i] += cv[r * m + i] * xhat(i);
+      }
+      for (int64_t i = 0; i < m; ++i) dx_ref[r * m + i] = rstd * (gx(i) - a - xhat(i) * b);
+    }
+    auto norm = [m](const Tensor& x, const Tensor& w, const Tensor& b) {
+      return layer_norm(x, {m}, w, b);
+    };
+    auto loss = [&](const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& c) {
+      return (norm(x, w, b) * c).sum();
+    };
+    auto norm_c = compile(norm);
+    auto loss_c = compile(loss);
+    // Largest error relative to the reference's largest magnitude.
+    auto rel_err = [](const Tensor& got, const std::vector<double>& want) {
+      std::vector<float> g = got.to_vector<float>();
+      double err = 0, scale = 0;
+      for (size_t i = 0; i < want.size(); ++i) {
+        err = std::max(err, std::abs(g[i] - want[i]));
+        scale = std::max(scale, std::abs(want[i]));
+      }
+      return err / scale;
+    };
+    for (int call = 0; call < 3; ++call) {
+      CAPTURE(m, call);
+      Tensor x = from_vector(xv, {rows, m}).requires_grad_();
+      Tensor w = from_vector(wv, {m}).requires_grad_();
+      Tensor b = from_vector(bv, {m}), c = from_vector(cv, {rows, m});
+      // The first call traces (eager kernels), the next ones replay compiled code.
+      CHECK(rel_err(norm_c(x, w, b), y_ref) < 2e-6);
+      loss_c(x, w, b, c).backward();
+      CHECK(rel_err(x.grad(), dx_ref) < 2e-5);
+      CHECK(rel_err(w.grad(), dw_ref) < 2e-5);
+    }
+    CHECK(rel_err(layer_norm(from_vector(xv, {rows, m}), {m}, from_vector(wv, {m}),
+                             from_vector(bv, {m})), y_ref) < 2e-6);
+    CHECK(norm_c.compile_count() == 1);
+    CHECK(loss_c.compile_count() == 1);
+  }
 }
