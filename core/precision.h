@@ -1,6 +1,6 @@
 #pragma once
 /// How float32 matrix products may compute inside: PyTorch's
-/// torch.set_float32_matmul_precision / get_float32_matmul_precision, with the same names.
+/// torch.set_float32_matmul_precision / get_float32_matmul_precision (float32_matmul_precision).
 ///
 /// The setting is process-wide and read at each call, by eager matmul (CPU and CUDA) and by the
 /// GEMM calls of compiled code, so eager and compiled runs use the same precision and changing

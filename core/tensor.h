@@ -244,8 +244,8 @@ class Tensor {
   // ---- autograd (defined in eager/autograd.cpp) ----
   /// Whether gradients are recorded for ops on this tensor.
   bool requires_grad() const;
-  /// Marks a leaf tensor as requiring grad. Throws kiln::Error for non-floating tensors and
-  /// for non-leaf tensors (use detach() first).
+  /// Marks a leaf tensor as requiring grad (a no-op on a non-leaf, as PyTorch). Throws
+  /// kiln::Error for non-floating tensors and for requires_grad_(false) on a non-leaf.
   Tensor& requires_grad_(bool enabled = true, Loc loc = Loc::current());
   /// The accumulated gradient (undefined until a backward pass reaches this tensor).
   Tensor grad() const;

@@ -2,8 +2,8 @@
 /// Memory held by kiln's caching allocators, per device: torch.cuda.memory_allocated,
 /// max_memory_allocated, reset_peak_memory_stats and empty_cache, for the CPU too. Freed
 /// tensor memory is kept for reuse (a fresh buffer costs page faults on the CPU and a
-/// synchronising cuMemAlloc on a GPU): on the CPU at most as many bytes as tensors ever held at
-/// once, at least 256 MiB and at most 2 GiB; on a GPU until empty_cache() or an allocation
+/// synchronising cuMemAlloc on a GPU): on the CPU at most twice as many bytes as tensors ever held
+/// at once, at least 256 MiB and at most 2 GiB; on a GPU until empty_cache() or an allocation
 /// that would otherwise fail.
 #include <cstddef>
 

@@ -150,6 +150,16 @@ Tensor where(const Tensor& cond, Scalar a, Scalar b, Loc loc) {
   return where(cond, wrap(a), wrap(b), loc);
 }
 
+// Raise kiln::Error naming `op` and the user's line for an undefined input, before a composite
+// op reads its dtype or shape (those accessors would name kiln's own line and op "tensor").
+static void check_defined(const Tensor& x, const char* op, Loc loc) {
+  KILN_CHECK(x.defined(), op, loc, "input 0 is an undefined tensor");
+}
+static void check_both_defined(const Tensor& a, const Tensor& b, const char* op, Loc loc) {
+  KILN_CHECK(a.defined() && b.defined(), op, loc, "input {} is an undefined tensor",
+             a.defined() ? 1 : 0);
+}
+
 // mode 1: the gradient of a NaN result goes to the NaNs (derivatives.cpp).
 Tensor max(const Tensor& x, Loc loc) {
   return as_op("max", [&] { return reduce(OpKind::Amax, x, {}, false, loc, 1); });
@@ -160,6 +170,7 @@ Tensor min(const Tensor& x, Loc loc) {
 namespace {
 // The element argmax / argmin picks, read with gather: its gradient goes to that element.
 ValuesIndices values_at(const char* op, const Tensor& x, int64_t dim, bool keepdim, Loc loc) {
+  check_defined(x, op, loc);
   return as_op(op, [&] {
     const bool is_max = std::string_view(op) == "max";
     // argmax has no bool kernel (as PyTorch's), but max(b, dim) works there: rank as int32,
@@ -188,21 +199,29 @@ ValuesIndices min(const Tensor& x, int64_t dim, bool keepdim, Loc loc) {
   return values_at("min", x, dim, keepdim, loc);
 }
 
-Tensor isnan(const Tensor& x, Loc loc) { return ne(x, x, loc); }
+Tensor isnan(const Tensor& x, Loc loc) {
+  check_defined(x, "isnan", loc);
+  return as_op("isnan", [&] { return ne(x, x, loc); });
+}
 Tensor isinf(const Tensor& x, Loc loc) {
-  if (!is_floating(x.dtype())) return zeros_like(x, {DType::Bool}, loc);
-  return eq(abs(x, loc), INFINITY, loc);
+  check_defined(x, "isinf", loc);
+  return as_op("isinf", [&] {
+    if (!is_floating(x.dtype())) return zeros_like(x, {DType::Bool}, loc);
+    return eq(abs(x, loc), INFINITY, loc);
+  });
 }
 Tensor isfinite(const Tensor& x, Loc loc) {
-  if (!is_floating(x.dtype())) return ones_like(x, {DType::Bool}, loc);
-  return lt(abs(x, loc), INFINITY, loc);  // NaN < inf is false
+  check_defined(x, "isfinite", loc);
+  return as_op("isfinite", [&] {
+    if (!is_floating(x.dtype())) return ones_like(x, {DType::Bool}, loc);
+    return lt(abs(x, loc), INFINITY, loc);  // NaN < inf is false
+  });
 }
 
-Tensor isclose(const Tensor& a, const Tensor& b, double rtol, double atol, bool equal_nan,
-               Loc loc) {
-  KILN_CHECK(rtol >= 0 && atol >= 0, "isclose", loc, "rtol ({}) and atol ({}) must be >= 0",
-             rtol, atol);
-  broadcast_shapes(a.shape(), b.shape(), "isclose", loc);  // the error names isclose
+namespace {
+// isclose of two defined tensors whose shapes broadcast.
+Tensor isclose_of_defined(const Tensor& a, const Tensor& b, double rtol, double atol,
+                          bool equal_nan, Loc loc) {
   if (!is_floating(a.dtype()) && !is_floating(b.dtype())) {
     // Integers and bools: the difference is taken exactly in int64 (float64 holds integers
     // only up to 2^53, where 2^53 + 1 would be "close" to 2^53 at zero tolerance).
@@ -229,18 +248,23 @@ Tensor isclose(const Tensor& a, const Tensor& b, double rtol, double atol, bool 
   if (equal_nan) close = logical_or(close, logical_and(isnan(x, loc), isnan(y, loc), loc), loc);
   return close;
 }
+}  // namespace
 
-// Raises kiln::Error naming `op` and the user's line for an undefined `a` or `b` (their
-// accessors would name kiln's own line).
-static void check_both_defined(const Tensor& a, const Tensor& b, const char* op, Loc loc) {
-  KILN_CHECK(a.defined() && b.defined(), op, loc, "input {} is an undefined tensor",
-             a.defined() ? 1 : 0);
+Tensor isclose(const Tensor& a, const Tensor& b, double rtol, double atol, bool equal_nan,
+               Loc loc) {
+  check_both_defined(a, b, "isclose", loc);
+  KILN_CHECK(rtol >= 0 && atol >= 0, "isclose", loc, "rtol ({}) and atol ({}) must be >= 0",
+             rtol, atol);
+  broadcast_shapes(a.shape(), b.shape(), "isclose", loc);  // the error names isclose
+  return as_op("isclose", [&] { return isclose_of_defined(a, b, rtol, atol, equal_nan, loc); });
 }
 
 bool allclose(const Tensor& a, const Tensor& b, double rtol, double atol, bool equal_nan,
               Loc loc) {
   check_both_defined(a, b, "allclose", loc);
-  return all(isclose(a, b, rtol, atol, equal_nan, loc), {}, false, loc).item<bool>(loc);
+  return as_op("allclose", [&] {
+    return all(isclose(a, b, rtol, atol, equal_nan, loc), {}, false, loc).item<bool>(loc);
+  });
 }
 
 bool equal(const Tensor& a, const Tensor& b, Loc loc) {
@@ -328,7 +352,7 @@ Tensor bmm(const Tensor& a, const Tensor& b, Loc loc) {
              "bmm", loc, "expects [B, n, k] and [B, k, m], got {} and {}",
              a.defined() ? to_string(a.shape()) : "undefined",
              b.defined() ? to_string(b.shape()) : "undefined");
-  return matmul(a, b, loc);
+  return as_op("bmm", [&] { return matmul(a, b, loc); });
 }
 Tensor addmm(const Tensor& bias, const Tensor& a, const Tensor& b, Scalar beta, Scalar alpha,
              Loc loc) {
@@ -344,6 +368,14 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Loc loc
              "the input {} has {} features in its last dim; the weight {} [out_features, "
              "in_features] takes {}",
              to_string(x.shape()), x.size(-1), to_string(weight.shape()), weight.size(1));
+  // A bias whose last dim is neither out_features nor 1: the message names the bias (the addmm
+  // or add below would name shapes of their own, the weight transposed).
+  KILN_CHECK(!bias.defined() || bias.dim() == 0 || bias.size(-1) == 1 ||
+                 bias.size(-1) == weight.size(0),
+             "linear", loc,
+             "the bias {} has {} elements in its last dim; the weight {} [out_features, "
+             "in_features] gives {} out_features",
+             to_string(bias.shape()), bias.size(-1), to_string(weight.shape()), weight.size(0));
   return as_op("linear", [&] {
     if (bias.defined() && x.defined() && x.dim() == 2)
       return addmm(bias, x, weight.t(loc), 1, 1, loc);

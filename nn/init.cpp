@@ -33,18 +33,22 @@ void uniform_(Tensor& t, double low, double high, Loc loc) {
   check_floating(t, "init.uniform_", loc);
   KILN_CHECK(low <= high && std::isfinite(high - low), "init.uniform_", loc,
              "needs finite low <= high, got low {} and high {}", low, high);
-  at_user_line(loc, [&] {
-    NoGradGuard ng;
-    t.copy_(rand_like(t) * (high - low) + low);
+  as_op("init.uniform_", [&] {  // copy_'s errors (an expanded t) name this function
+    at_user_line(loc, [&] {
+      NoGradGuard ng;
+      t.copy_(rand_like(t) * (high - low) + low);
+    });
   });
 }
 void normal_(Tensor& t, double mean, double std, Loc loc) {
   check_floating(t, "init.normal_", loc);
   KILN_CHECK(std >= 0 && std::isfinite(std) && std::isfinite(mean), "init.normal_", loc,
              "needs a finite mean and a finite std >= 0, got mean {} and std {}", mean, std);
-  at_user_line(loc, [&] {
-    NoGradGuard ng;
-    t.copy_(randn_like(t) * std + mean);
+  as_op("init.normal_", [&] {  // copy_'s errors (an expanded t) name this function
+    at_user_line(loc, [&] {
+      NoGradGuard ng;
+      t.copy_(randn_like(t) * std + mean);
+    });
   });
 }
 void zeros_(Tensor& t, Loc loc) {

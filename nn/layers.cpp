@@ -52,7 +52,9 @@ Dropout::Dropout(double p, Loc loc) : p(p) {
 }
 
 Sequential::Sequential(std::initializer_list<std::shared_ptr<Module>> modules, Loc loc) {
-  for (auto& m : modules) push_back(m, loc);
+  as_op("Sequential", [&] {  // a null module's error names the constructor called
+    for (auto& m : modules) push_back(m, loc);
+  });
 }
 std::shared_ptr<Module> Sequential::operator[](Index index) const {
   const int64_t n = static_cast<int64_t>(modules_.size());

@@ -304,7 +304,8 @@ std::vector<OutValue> checked_call(
     const CompileOptions& options, Loc where);
 }  // namespace tracer
 
-/// A compiled function: call it like the function it wraps.
+/// A compiled function: call it like the function it wraps (a braced list needs its type spelled:
+/// cf(std::vector<Tensor>{a, b}), not cf({a, b}), as the arguments go through a template).
 template <class F> class Compiled {
  public:
   Compiled(F fn, CompileOptions options, std::string name, Loc loc = Loc::current())

@@ -742,6 +742,16 @@ TEST_CASE("undefined tensors and bad values in list, comparison and one_hot ops 
       {"allclose", [&] { allclose(a, u); }},
       {"one_hot", [&] { one_hot(tensor<int64_t>({-1, -3})); }},
       {"layer_norm", [&] { layer_norm(ones({2, 3}), {3}, Tensor(), Tensor(), -1.0); }},
+      // A second pass: these named "tensor" at core/tensor.cpp, or the op they call inside.
+      {"isclose", [&] { isclose(u, a); }},
+      {"isinf", [&] { isinf(u); }},
+      {"isfinite", [&] { isfinite(u); }},
+      {"isnan", [&] { isnan(u); }},
+      {"max", [&] { max(u, 0); }},
+      {"min", [&] { min(u, 0); }},
+      {"allclose", [&] { allclose(ones({2, 3}), ones({4})); }},
+      {"bmm", [&] { bmm(ones({2, 2, 3}), ones({2, 2, 3})); }},
+      {"linear", [&] { linear(ones({4, 2}), ones({3, 2}), ones({4})); }},
   };
   for (const auto& [op, call] : calls) {
     INFO(op);
@@ -754,6 +764,15 @@ TEST_CASE("undefined tensors and bad values in list, comparison and one_hot ops 
     }
   }
   CHECK_THROWS_WITH(one_hot(tensor<int64_t>({-1})), Catch::Contains("indices must be >= 0"));
+  // linear's bias names itself and the weight as passed; a bias of last dim 1 or out_features
+  // broadcasts as in PyTorch.
+  CHECK_THROWS_WITH(linear(ones({4, 2}), ones({3, 2}), ones({4})),
+                    Catch::Contains("the bias [4] has 4 elements") &&
+                        Catch::Contains("weight [3, 2]"));
+  CHECK(linear(ones({4, 2}), ones({3, 2}), ones({1})).to_vector<float>() ==
+        std::vector<float>(12, 3.f));
+  CHECK(linear(ones({2, 4, 2}), ones({3, 2}), full({4, 3}, 2.0)).to_vector<float>() ==
+        std::vector<float>(24, 4.f));
 }
 
 TEST_CASE("cat and stack of contiguous pieces of every width into output rows, every dtype") {

@@ -44,8 +44,10 @@ func.func @log_softmax(%x: tensor<3x5xf64>) -> tensor<3x5xf64> {
 }
 
 // layer_norm: mean and var in f64 (a float32 (x - mean)^2 overflows where the result is O(1)),
-// rsqrt(var + eps); rows with var > 2^190 use s = 1/16, others s = 1: y = (x*s - mean*s) *
-// (rstd/s) in f32, then * w + b. Without weight/bias, the last mul/add are absent.
+// rsqrt(var + eps); rows with var > 2^190 use s = 1/16, others s = 1: y = ((x*s - mu32*s) -
+// lo*s) * (rstd/s) in f32, lo = mean - mu32 (mu32 the mean rounded to f32: its rounding alone
+// was 3 % of a row's spread on a large offset), then * w + b. Without weight/bias, the last
+// mul/add are absent.
 // CHECK-LABEL: func.func @layer_norm
 // CHECK: %[[X:.*]] = kiln.elementwise "to" %arg0 {dtype = f64} : (tensor<?x8xf32>) -> tensor<?x8xf64>
 // CHECK: %[[MU:.*]] = kiln.reduce "mean" %[[X]] {dims = array<i64: 1>, keepdim} : (tensor<?x8xf64>) -> tensor<?x1xf64>
@@ -60,17 +62,24 @@ func.func @log_softmax(%x: tensor<3x5xf64>) -> tensor<3x5xf64> {
 // CHECK: %[[S64:.*]] = kiln.elementwise "where" %[[SCALED]], %{{.*}}, %{{.*}} : (tensor<?x1xi1>, tensor<f64>, tensor<f64>) -> tensor<?x1xf64>
 // CHECK: %[[S:.*]] = kiln.elementwise "to" %[[S64]] {dtype = f32}
 // CHECK: %[[MU32:.*]] = kiln.elementwise "to" %[[MU]] {dtype = f32}
+// CHECK: %[[XS:.*]] = kiln.elementwise "mul" %arg0, %[[S]] : (tensor<?x8xf32>, tensor<?x1xf32>) -> tensor<?x8xf32>
 // CHECK: %[[MS:.*]] = kiln.elementwise "mul" %[[MU32]], %[[S]]
+// CHECK: %[[DS:.*]] = kiln.elementwise "sub" %[[XS]], %[[MS]]
+// CHECK: %[[MU32W:.*]] = kiln.elementwise "to" %[[MU32]] {dtype = f64}
+// CHECK: %[[LO:.*]] = kiln.elementwise "sub" %[[MU]], %[[MU32W]]
+// CHECK: %[[LOS:.*]] = kiln.elementwise "mul" %[[LO]], %[[S64]]
+// CHECK: %[[LOS32:.*]] = kiln.elementwise "to" %[[LOS]] {dtype = f32}
+// CHECK: %[[DL:.*]] = kiln.elementwise "sub" %[[DS]], %[[LOS32]]
 // CHECK: %[[RS64:.*]] = kiln.elementwise "div" %[[R]], %[[S64]]
 // CHECK: %[[RS:.*]] = kiln.elementwise "to" %[[RS64]] {dtype = f32}
-// CHECK: %[[XS:.*]] = kiln.elementwise "mul" %arg0, %[[S]] : (tensor<?x8xf32>, tensor<?x1xf32>) -> tensor<?x8xf32>
-// CHECK: %[[DS:.*]] = kiln.elementwise "sub" %[[XS]], %[[MS]]
-// CHECK: %[[N:.*]] = kiln.elementwise "mul" %[[DS]], %[[RS]]
+// CHECK: %[[N:.*]] = kiln.elementwise "mul" %[[DL]], %[[RS]]
 // CHECK: %[[W:.*]] = kiln.elementwise "mul" %[[N]], %arg1 : (tensor<?x8xf32>, tensor<8xf32>) -> tensor<?x8xf32>
 // CHECK: %[[Y:.*]] = kiln.elementwise "add" %[[W]], %arg2
 // CHECK: kiln.constant dense<1.000000e-03>
 // CHECK: kiln.elementwise "rsqrt"
 // CHECK: kiln.elementwise "sub"
+// CHECK: kiln.elementwise "div"
+// CHECK: kiln.elementwise "to"
 // CHECK: %[[Y2:.*]] = kiln.elementwise "mul"
 // CHECK-NOT: kiln.elementwise
 // CHECK: return %[[Y]], %[[Y2]]

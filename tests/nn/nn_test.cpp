@@ -780,6 +780,17 @@ TEST_CASE("nn errors name the op, the values and the caller's line: Embedding si
   Tensor undefined;
   e = error_of([&] { init::zeros_(undefined); });
   CHECK_THAT(e.what(), Catch::Contains("kiln::init.zeros_: the tensor to initialise is undefined"));
+  // An expanded tensor cannot be written: the error names the init function, not its copy_.
+  Tensor expanded = zeros({3}).expand({2, 3});
+  e = error_of([&] { init::uniform_(expanded, 0, 1); });
+  CHECK_THAT(e.what(), Catch::Contains("kiln::init.uniform_") &&
+                           Catch::Contains("refers to a single memory location"));
+  CHECK(std::string(e.where().file_name()) == __FILE__);
+  e = error_of([&] { init::normal_(expanded); });
+  CHECK_THAT(e.what(), Catch::Contains("kiln::init.normal_"));
+  e = error_of([&] { Sequential s{std::make_shared<ReLU>(), nullptr}; });
+  CHECK_THAT(e.what(), Catch::Contains("kiln::Sequential: submodule \"1\" is null"));
+  CHECK(std::string(e.where().file_name()) == __FILE__);
 }
 
 TEST_CASE("state_dict entries are detached and share the module's memory") {
