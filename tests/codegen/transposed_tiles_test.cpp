@@ -32,14 +32,21 @@ Tensor integers(const Shape& shape, DType dtype) {
   return (remainder(arange(n, DType::Float64), 1001.0) - 500.0).view(shape).to(dtype);
 }
 
-/// x.permute(order) * 2 + 1, compiled, against the same by index arithmetic in float64.
-void check_permute(const Shape& shape, const Dims& order, DType dtype) {
-  INFO("shape " << to_string(shape) << " order " << to_string(order) << " " << name(dtype));
+/// x.permute(order) * 2 + 1 (or, `output_permuted`, (x * 2 + 1).permute(order): a returned
+/// transpose, a loop of its own reading the intermediate across), compiled, against the same
+/// by index arithmetic in float64.
+void check_permute(const Shape& shape, const Dims& order, DType dtype,
+                   bool output_permuted = false) {
+  INFO("shape " << to_string(shape) << " order " << to_string(order) << " " << name(dtype)
+                << (output_permuted ? " (output permuted)" : ""));
   ir::Graph g;
   ir::Value x = g.input(dtype, shape.vec());
-  ir::Value p = g.op(OpKind::Permute, {x}, permute_attrs(order));
-  ir::Value y = g.op(OpKind::Mul, {p, g.constant(2.0, dtype)});
-  g.output(g.op(OpKind::Add, {y, g.constant(1.0, dtype)}));
+  auto affine = [&](ir::Value v) {
+    ir::Value twice = g.op(OpKind::Mul, {v, g.constant(2.0, dtype)});
+    return g.op(OpKind::Add, {twice, g.constant(1.0, dtype)});
+  };
+  auto permute = [&](ir::Value v) { return g.op(OpKind::Permute, {v}, permute_attrs(order)); };
+  g.output(output_permuted ? permute(affine(x)) : affine(permute(x)));
   Tensor in = integers(shape, dtype);
   Tensor got = codegen::Executable(g, no_disk_cache()).run({in}).at(0);
   const int rank = shape.size();
@@ -85,6 +92,9 @@ TEST_CASE("transposed tiles: permuted reads against index arithmetic", "[codegen
   check_permute({3, 5, 40, 66}, {0, 3, 2, 1}, DType::Float32);
   check_permute({3, 5, 40, 66}, {3, 1, 0, 2}, DType::Float32);
   check_permute({3, 5, 40, 16}, {0, 2, 1, 3}, DType::Float32);  // [B, H, S, D] heads: along D
+  check_permute({300, 517}, {1, 0}, DType::Float32, true);
+  check_permute({5, 7}, {1, 0}, DType::Float32, true);
+  check_permute({33, 70, 90}, {2, 0, 1}, DType::Float32, true);
 }
 
 TEST_CASE("transposed tiles: the fused loop reads x.t() through a tile buffer",
