@@ -98,10 +98,6 @@ bool copies_one_element(mlir::Operation* op) {
 /// costs only the consumers' reads of x.
 constexpr int kMaxLightOps = 3;
 
-/// `recompute_math`: a producer calling math functions, or of up to kMaxFusedOps body ops, may
-/// be recomputed too (GPU code, where a kernel has about 14 flops to spare per byte it moves on
-/// an H200: softmax's exp(x - max) recomputed in the sum and the divide, instead of written to
-/// memory and read back twice).
 /// Whether `op` is a linalg op reading an operand through a permutation other than the
 /// identity (a generalised transpose, or a loop it was fused into).
 bool reads_across(mlir::Operation* op) {
@@ -127,6 +123,10 @@ bool read_elementwise(mlir::linalg::TransposeOp t) {
   return !t->getResult(0).use_empty();
 }
 
+/// `recompute_math`: a producer calling math functions, or of up to kMaxFusedOps body ops, may
+/// be recomputed too (GPU code, where a kernel has about 14 flops to spare per byte it moves on
+/// an H200: softmax's exp(x - max) recomputed in the sum and the divide, instead of written to
+/// memory and read back twice).
 bool should_fuse(mlir::OpOperand* operand, bool recompute_math) {
   mlir::Operation* producer = operand->get().getDefiningOp();
   if (!producer) return false;

@@ -39,19 +39,22 @@ mlir::Value root_of(mlir::Value v) {
 
 /// The loop whose index is `load`'s last subscript (of unit stride) when the innermost loop's
 /// index is an earlier one: the load reads across memory along the innermost loop. -1 when
-/// not, or when a subscript is computed inside the nest (the tile's copy could not repeat it).
+/// not, or when its buffer or a subscript is computed inside the nest (the tile's copy, before
+/// the body, could not use them).
 int across_loop(mlir::scf::ParallelOp p, mlir::memref::LoadOp load) {
   auto indices = load.getIndices();
   auto type = load.getMemRefType();
   if (indices.size() < 2 || !type.isLastDimUnitStride() || !type.getElementType().isIntOrFloat())
     return -1;
+  auto inside = [&](mlir::Value v) { return p->isAncestor(v.getParentBlock()->getParentOp()); };
+  if (inside(load.getMemRef())) return -1;
   const int inner = static_cast<int>(p.getNumLoops()) - 1;
   const int last = loop_of(p, indices.back());
   if (last < 0 || last == inner) return -1;
   bool inner_seen = false;
   for (mlir::Value v : indices) {
     if (loop_of(p, v) == inner) inner_seen = true;
-    else if (loop_of(p, v) < 0 && p->isAncestor(v.getParentBlock()->getParentOp())) return -1;
+    else if (loop_of(p, v) < 0 && inside(v)) return -1;
   }
   return inner_seen ? last : -1;
 }
