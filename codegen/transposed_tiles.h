@@ -2,7 +2,7 @@
 /// Loop nests that read a buffer across its memory order (CPU; internal to codegen/, MLIR
 /// inside). A fused `(x.t() * 2 + 1).tanh()` is one `scf.parallel` over the output whose
 /// innermost loop reads x with the stride of x's rows: a cache line and a page per element,
-/// 2.3x eager's time, whose kernels copy such an input through a blocked transpose first
+/// 2-3x eager's time, whose kernels copy such an input through a blocked transpose first
 /// (backends/cpu/copy.cpp, `copy_if_read_across`). Here the same happens per tile, in L1: the
 /// nest runs over 64 x 64 tiles of the two loops involved (the innermost, and the one indexing
 /// the input's last, unit-stride dim); each tile first copies the input's tile into a stack
