@@ -86,6 +86,23 @@ ir::Graph linear_graph() {
   return g;
 }
 
+// (x.t() * 2 + 1).tanh() with x [4096, 2048]: the compiled loop reads x across its rows
+// (codegen/transposed_tiles.h); eager copies x.t() through its blocked transpose first.
+constexpr int64_t kTRows = 4096, kTCols = 2048;
+constexpr double kTBytes2 = 2 * kF32 * kTRows * kTCols;
+
+ir::Graph transposed_tanh_graph() {
+  ir::Graph g;
+  ir::Value x = g.input(DType::Float32, {kTRows, kTCols});
+  OpAttrs t;
+  t.dim = 0;
+  t.dim1 = 1;
+  auto c = [&](double v) { return g.constant(Scalar(v), DType::Float32); };
+  ir::Value y = g.op(OpKind::Mul, {g.op(OpKind::Transpose, {x}, t), c(2.0)});
+  g.output(g.op(OpKind::Tanh, {g.op(OpKind::Add, {y, c(1.0)})}));
+  return g;
+}
+
 std::vector<Tensor> linear_inputs() {
   return {filled({kLinB, kLinT, kLinK}, -1.f, 1.f), filled({kLinN, kLinK}, -0.1f, 0.1f),
           filled({kLinN})};
@@ -140,6 +157,16 @@ std::vector<Case> cases() {
                          {filled({kRows, kCols}, -4.f, 4.f), filled({kCols}), filled({kCols})},
                          kRowBytes2);
        }},
+      {"transposed_tanh_4096x2048", Mode::Eager, "GB/s",
+       [](const RunConfig&) -> Benchmark {
+         Tensor x = filled({kTRows, kTCols}, -2.f, 2.f);
+         return {[x] { do_not_optimize(tanh(add(mul(x.t(), 2.0), 1.0))); }, gb_per_s(kTBytes2)};
+       }},
+      {"transposed_tanh_4096x2048", Mode::Compiled, "GB/s",
+       [](const RunConfig&) {
+         return compiled(transposed_tanh_graph(), {filled({kTRows, kTCols}, -2.f, 2.f)},
+                         kTBytes2);
+       }},
       {"linear_8x128x256_to_1024", Mode::Eager, "GFLOP/s",
        [](const RunConfig&) -> Benchmark {
          std::vector<Tensor> in = linear_inputs();
@@ -180,7 +207,8 @@ void summary(std::span<const Record> records) {
   fmt::print("compiled / eager (information; kiln's eager softmax and layer_norm are single fused\n"
              "kernels already, the target for those two is PyTorch eager, see below):\n");
   for (const char* name : {"x_mul_x_plus_x_16M", "gelu_16M", "softmax_4096x1024",
-                           "layer_norm_4096x1024", "linear_8x128x256_to_1024"}) {
+                           "layer_norm_4096x1024", "transposed_tanh_4096x2048",
+                           "linear_8x128x256_to_1024"}) {
     const Record *c = find(name, Mode::Compiled), *e = find(name, Mode::Eager);
     if (c && e) fmt::print("  {:<40} {:.2f}x\n", name, c->value / e->value);
   }

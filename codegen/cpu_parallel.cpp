@@ -5,6 +5,7 @@
 
 #include "codegen/lower.h"
 #include "codegen/omp_runtime.h"
+#include "codegen/transposed_tiles.h"
 #include "core/error.h"
 #include "mlir/Dialect/Utils/StaticValueUtils.h"
 #include "mlir/Dialect/Arith/IR/Arith.h"
@@ -334,7 +335,7 @@ void prepare_parallel_loops(mlir::ModuleOp m) {
     }
     mlir::OpBuilder b(p);
     call_work_hint(b, p.getLoc(), nest);
-    if (p.getNumLoops() > 1) split_parallel(p, p.getNumLoops() - 1);
+    if (p.getNumLoops() > 1 && !p->hasAttr(kTileLoopsAttr)) split_parallel(p, p.getNumLoops() - 1);
   }
 }
 

@@ -24,6 +24,7 @@
 #include "codegen/row_fusion.h"
 #include "codegen/row_split.h"
 #include "codegen/cpu_parallel.h"
+#include "codegen/transposed_tiles.h"
 #include "backends/cpu/parallel.h"
 #include "backends/cuda/driver.h"
 #include "backends/cuda/profile.h"
@@ -784,11 +785,13 @@ std::string Executable::Impl::compile(const std::string& graph_mlir, bool relax)
   } else {
     // Each loop nest shared out over the thread pool (cpu_parallel.h).
     I.run_pipeline(m, "func.func(convert-linalg-to-parallel-loops)", "loops");
+    tile_transposed_reads(m.lookupSymbol<mlir::func::FuncOp>("main"));
     if (I.profile_kernels)  // first: it names each nest by its loops' extents
       I.profiled_kernels = instrument_kernels(m.lookupSymbol<mlir::func::FuncOp>("main"));
     block_float64_sums(m.lookupSymbol<mlir::func::FuncOp>("main"));
     prepare_parallel_loops(m);
     I.run_pipeline(m, "convert-scf-to-openmp", "parallel loops");
+    hoist_tile_buffers(m);
     finish_parallel_loops(m);
   }
   // 4. tanh/exp/erf/... as polynomials (arith + fma) instead of scalar libm calls.

@@ -119,11 +119,20 @@ func.func @two_users(%x: tensor<32x16xf32>, %w: tensor<16x64xf32>, %b: tensor<64
 }
 
 // Attention's query: (x @ w + b) split into heads, heads transposed before rows, scaled. The
-// CPU folds the bias into C and keeps the transpose a linalg.transpose; GPU code writes the
+// CPU folds the bias into C, and one loop reads C with the heads' permutation and scales (the
+// transpose, read only by an elementwise op, is a generic fused with it); GPU code writes the
 // GEMM's product and one loop reads it with the heads' permutation, adds the bias and scales.
 // CHECK-LABEL: func.func @query_heads
 // CHECK: linalg.broadcast
-// CHECK: linalg.transpose
+// CHECK-NOT: linalg.transpose
+// CHECK: linalg.matmul
+// CHECK-NOT: linalg.transpose
+// CHECK: linalg.generic
+// CHECK-SAME: iterator_types = ["parallel", "parallel", "parallel", "parallel"]
+// CHECK-NOT: arith.addf
+// CHECK: arith.mulf
+// CHECK-NOT: linalg.generic
+// CHECK: return
 // GPU-LABEL: func.func @query_heads
 // GPU-NOT: linalg.broadcast
 // GPU-NOT: linalg.transpose

@@ -31,6 +31,26 @@ TEST_CASE("compile: x*x + x replays one fused kernel with eager's values", "[com
   CHECK(contains(cf.explain(), "compiled region: 2 ops -> 1 kernel"));
 }
 
+// x.t() read by elementwise ops is one loop nest reading x in tiles (codegen/transposed_tiles.h),
+// where a transpose loop wrote x.t() and a second loop read it back.
+TEST_CASE("compile: (x.t() * 2 + 1).tanh() is one kernel with eager's values", "[compile]") {
+  auto f = [](const Tensor& x) { return tanh(x.t() * 2.0 + 1.0); };
+  auto cf = compile(f);
+  manual_seed(5);
+  for (Shape shape : {Shape{1000, 37}, Shape{300, 517}, Shape{7, 5}}) {
+    Tensor x = rand(shape) * 4.0 - 2.0;
+    Tensor want = tanh(x.t().to(DType::Float64) * 2.0 + 1.0);
+    for (int i = 0; i < 3; ++i) {
+      Tensor got = cf(x);
+      REQUIRE(got.shape() == want.shape());
+      CHECK((got.to(DType::Float64) - want).abs().max().item<double>() < 2e-6);
+      CHECK((got - f(x)).abs().max().item<double>() < 2e-6);
+    }
+  }
+  INFO(cf.explain());
+  CHECK(contains(cf.explain(), "compiled region: 4 ops -> 1 kernel"));
+}
+
 // The second region reads w.t(), a view made in the first: it takes w and repeats the
 // transpose in its graph (its matmul reads w through a trans flag) instead of being given the
 // strided view, which its compiled code would copy to a contiguous tensor on every call.

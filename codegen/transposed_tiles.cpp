@@ -1,0 +1,205 @@
+// Tiles for loop nests that read a buffer across its memory order (transposed_tiles.h).
+#include "codegen/transposed_tiles.h"
+
+#include "mlir/Dialect/Arith/IR/Arith.h"
+#include "mlir/Dialect/LLVMIR/LLVMAttrs.h"
+#include "mlir/Dialect/MemRef/IR/MemRef.h"
+#include "mlir/Dialect/OpenMP/OpenMPDialect.h"
+#include "mlir/Dialect/SCF/IR/SCF.h"
+#include "mlir/Dialect/Utils/StaticValueUtils.h"
+#include "mlir/IR/Builders.h"
+#include "mlir/IR/IRMapping.h"
+#include "mlir/Interfaces/SideEffectInterfaces.h"
+#include "mlir/Interfaces/ViewLikeInterface.h"
+
+namespace kiln::codegen {
+namespace {
+
+constexpr char kTileBuffer[] = "kiln_tile_buffer";
+/// Tile buffers per nest: two 16 KiB tiles and the output's lines stay in a 48 KiB L1.
+constexpr size_t kMaxBuffers = 2;
+
+/// Tile edge: 64 x 64 elements of 4 bytes or less (eager's kTile), 32 x 32 of 8 bytes.
+int64_t tile_edge(mlir::Type element) {
+  return element.getIntOrFloatBitWidth() > 32 ? 32 : 64;
+}
+
+/// The position of `v` among `p`'s induction variables, or -1.
+int loop_of(mlir::scf::ParallelOp p, mlir::Value v) {
+  auto arg = llvm::dyn_cast<mlir::BlockArgument>(v);
+  if (!arg || arg.getOwner() != p.getBody()) return -1;
+  return static_cast<int>(arg.getArgNumber());
+}
+
+/// The buffer a view (subview, reshape, cast) reads.
+mlir::Value root_of(mlir::Value v) {
+  while (auto view = v.getDefiningOp<mlir::ViewLikeOpInterface>()) v = view.getViewSource();
+  return v;
+}
+
+/// The loop whose index is `load`'s last subscript (of unit stride) when the innermost loop's
+/// index is an earlier one: the load reads across memory along the innermost loop. -1 when
+/// not, or when its buffer or a subscript is computed inside the nest (the tile's copy, before
+/// the body, could not use them).
+int across_loop(mlir::scf::ParallelOp p, mlir::memref::LoadOp load) {
+  auto indices = load.getIndices();
+  auto type = load.getMemRefType();
+  if (indices.size() < 2 || !type.isLastDimUnitStride() || !type.getElementType().isIntOrFloat())
+    return -1;
+  auto inside = [&](mlir::Value v) { return p->isAncestor(v.getParentBlock()->getParentOp()); };
+  if (inside(load.getMemRef())) return -1;
+  const int inner = static_cast<int>(p.getNumLoops()) - 1;
+  const int last = loop_of(p, indices.back());
+  if (last < 0 || last == inner) return -1;
+  bool inner_seen = false;
+  for (mlir::Value v : indices) {
+    if (loop_of(p, v) == inner) inner_seen = true;
+    else if (loop_of(p, v) < 0 && inside(v)) return -1;
+  }
+  return inner_seen ? last : -1;
+}
+
+/// Loads, stores and pure ops without regions: an elementwise nest whose iterations may run in
+/// any order and whose body can be cloned into the tile's loops.
+bool straight_line(mlir::scf::ParallelOp p) {
+  if (p.getNumResults() != 0 || p.getNumLoops() < 2) return false;
+  for (mlir::Value s : p.getStep())
+    if (mlir::getConstantIntValue(s) != 1) return false;
+  for (mlir::Operation& op : p.getBody()->without_terminator())
+    if (op.getNumRegions() != 0 ||
+        !(llvm::isa<mlir::memref::LoadOp, mlir::memref::StoreOp>(op) || mlir::isPure(&op)))
+      return false;
+  return true;
+}
+
+/// `loop` marked for LLVM not to vectorise: the copy into the tile writes a column of it per
+/// row read, which vectorised becomes scatters (eager's blocked transpose found the same).
+void no_vectorize(mlir::scf::ForOp loop) {
+  mlir::MLIRContext* ctx = loop.getContext();
+  auto vectorize = mlir::LLVM::LoopVectorizeAttr::get(
+      ctx, /*disable=*/mlir::BoolAttr::get(ctx, true), {}, {}, {}, {}, {}, {});
+  loop->setAttr("llvm.loop_annotation",
+                mlir::LLVM::LoopAnnotationAttr::get(ctx, {}, vectorize, {}, {}, {}, {}, {}, {}, {},
+                                                    {}, {}, {}, {}, {}, {}));
+}
+
+/// Rewrites `p` into tiles over its loops `across` and innermost, each tile copying the
+/// `loads` (read across along the innermost loop, with `across` as their last subscript) into
+/// stack buffers first.
+void tile_nest(mlir::scf::ParallelOp p, unsigned across,
+               llvm::ArrayRef<mlir::memref::LoadOp> loads) {
+  mlir::OpBuilder b(p);
+  mlir::Location loc = p.getLoc();
+  const unsigned inner = p.getNumLoops() - 1;
+  int64_t edge = 64;
+  for (mlir::memref::LoadOp l : loads)
+    edge = std::min(edge, tile_edge(l.getMemRefType().getElementType()));
+  mlir::Value tile = mlir::arith::ConstantIndexOp::create(b, loc, edge);
+  mlir::Value zero = mlir::arith::ConstantIndexOp::create(b, loc, 0);
+  mlir::Value one = mlir::arith::ConstantIndexOp::create(b, loc, 1);
+  llvm::SmallVector<mlir::Value> steps(p.getStep());
+  steps[across] = steps[inner] = tile;
+  auto ubs = p.getUpperBound();
+  mlir::Block* body = p.getBody();
+  auto tiles = mlir::scf::ParallelOp::create(
+      b, loc, p.getLowerBound(), ubs, steps,
+      [&](mlir::OpBuilder& nb, mlir::Location, mlir::ValueRange ivs) {
+        auto extent = [&](unsigned d) {  // of the tile along loop d
+          mlir::Value left = mlir::arith::SubIOp::create(nb, loc, ubs[d], ivs[d]);
+          return mlir::arith::MinSIOp::create(nb, loc, tile, left).getResult();
+        };
+        mlir::Value na = extent(across), nn = extent(inner);
+        // Loops over the tile: `a` (the across loop) then the innermost, in that order or
+        // the other; their body sees the nest's indices as ivs plus the tile's offsets.
+        auto tile_loops = [&](bool across_outer, auto&& fill) {
+          mlir::OpBuilder::InsertionGuard guard(nb);
+          auto outer = mlir::scf::ForOp::create(nb, loc, zero, across_outer ? na : nn, one);
+          nb.setInsertionPoint(outer.getBody()->getTerminator());
+          auto in = mlir::scf::ForOp::create(nb, loc, zero, across_outer ? nn : na, one);
+          nb.setInsertionPoint(in.getBody()->getTerminator());
+          mlir::Value ta = across_outer ? outer.getInductionVar() : in.getInductionVar();
+          mlir::Value tn = across_outer ? in.getInductionVar() : outer.getInductionVar();
+          mlir::IRMapping map;
+          for (unsigned d = 0; d <= inner; ++d) map.map(body->getArgument(d), ivs[d]);
+          map.map(body->getArgument(across), mlir::arith::AddIOp::create(nb, loc, ivs[across], ta));
+          map.map(body->getArgument(inner), mlir::arith::AddIOp::create(nb, loc, ivs[inner], tn));
+          fill(map, ta, tn);
+          return in;
+        };
+        llvm::DenseMap<mlir::Operation*, mlir::Value> buffers;
+        for (mlir::memref::LoadOp l : loads) {
+          auto type = mlir::MemRefType::get({edge, edge}, l.getMemRefType().getElementType());
+          auto buffer = mlir::memref::AllocaOp::create(nb, loc, type);
+          buffer->setAttr(kTileBuffer, nb.getUnitAttr());
+          buffers[l] = buffer;
+          // The copy reads the input's rows (the across loop innermost) and writes the tile's
+          // columns: buffer[a][n], so that the body's innermost loop reads it contiguously.
+          auto copy = tile_loops(false, [&](mlir::IRMapping& map, mlir::Value ta, mlir::Value tn) {
+            llvm::SmallVector<mlir::Value> at;
+            for (mlir::Value v : l.getIndices()) at.push_back(map.lookupOrDefault(v));
+            mlir::Value v = mlir::memref::LoadOp::create(nb, loc, l.getMemRef(), at);
+            mlir::memref::StoreOp::create(nb, loc, v, buffer, mlir::ValueRange{ta, tn});
+          });
+          no_vectorize(copy);
+        }
+        tile_loops(true, [&](mlir::IRMapping& map, mlir::Value ta, mlir::Value tn) {
+          for (mlir::Operation& op : body->without_terminator()) {
+            auto it = buffers.find(&op);
+            if (it == buffers.end()) {
+              nb.clone(op, map);
+              continue;
+            }
+            mlir::Value v =
+                mlir::memref::LoadOp::create(nb, loc, it->second, mlir::ValueRange{ta, tn});
+            map.map(op.getResult(0), v);
+          }
+        });
+      });
+  tiles->setAttr(kTileLoopsAttr, b.getUnitAttr());
+  p.erase();
+}
+
+}  // namespace
+
+int tile_transposed_reads(mlir::func::FuncOp fn) {
+  llvm::SmallVector<mlir::scf::ParallelOp> nests;
+  fn.walk([&](mlir::scf::ParallelOp p) {
+    if (straight_line(p)) nests.push_back(p);
+  });
+  int rewritten = 0;
+  for (mlir::scf::ParallelOp p : nests) {
+    llvm::SmallPtrSet<mlir::Value, 4> written;
+    p.getBody()->walk([&](mlir::memref::StoreOp s) { written.insert(root_of(s.getMemRef())); });
+    int across = -1;
+    llvm::SmallVector<mlir::memref::LoadOp> loads;
+    p.getBody()->walk([&](mlir::memref::LoadOp l) {
+      const int a = across_loop(p, l);
+      if (a < 0 || (across >= 0 && a != across) || loads.size() == kMaxBuffers ||
+          written.contains(root_of(l.getMemRef())))
+        return;
+      across = a;
+      loads.push_back(l);
+    });
+    if (loads.empty()) continue;
+    tile_nest(p, static_cast<unsigned>(across), loads);
+    ++rewritten;
+  }
+  return rewritten;
+}
+
+void hoist_tile_buffers(mlir::ModuleOp m) {
+  llvm::SmallVector<mlir::memref::AllocaOp> buffers;
+  m.walk([&](mlir::memref::AllocaOp a) {
+    if (a->hasAttr(kTileBuffer)) buffers.push_back(a);
+  });
+  for (mlir::memref::AllocaOp a : buffers) {
+    mlir::Operation* scope = a->getParentOp();
+    while (!llvm::isa<mlir::omp::ParallelOp, mlir::func::FuncOp>(scope))
+      scope = scope->getParentOp();
+    mlir::Block& entry = scope->getRegion(0).front();
+    a->moveBefore(&entry, entry.begin());
+    a->removeAttr(kTileBuffer);
+  }
+}
+
+}  // namespace kiln::codegen
