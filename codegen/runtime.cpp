@@ -4,7 +4,6 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <type_traits>
@@ -215,11 +214,8 @@ void gemm_batched(int64_t batch, int64_t m, int64_t n, int64_t k, int64_t a, int
                                trans_b ? 1 : ldb, trans_b ? ldb : 1, T(beta), pc + lo * batch_c,
                                batch_c, ldc);
     };
-    const double flops = 2.0 * double(m) * double(n) * double(std::max<int64_t>(k, 1));
     if (batch > 1 && !t_serial_gemm)
-      cpu::parallel_for(0, batch,
-                        std::max<int64_t>(1, int64_t(std::ceil(cpu::kSmallGemmGrainFlops / flops))),
-                        chunk);
+      cpu::parallel_for(0, batch, cpu::small_gemm_grain(m, n, k), chunk);
     else
       chunk(0, batch);
     return;

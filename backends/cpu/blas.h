@@ -8,6 +8,7 @@
 /// (notes/cpu-performance.md); the variable only takes effect if it is set before libgomp
 /// initialises, i.e. before libdnnl (which pulls libgomp in) is loaded. A value the user set
 /// wins (overwrite = 0).
+#include <algorithm>
 #include <cstdint>
 
 #include "core/precision.h"
@@ -127,8 +128,12 @@ inline bool small_gemm_fits(int64_t m, int64_t n, int64_t k) {
   return k <= kSmallGemmMaxK && n <= kSmallGemmMaxN && m * n * k <= kSmallGemmMaxMnk;
 }
 /// Flops of small products that one thread takes at least when a batch of them is spread over
-/// the pool (eager matmul, compiled code's GEMM calls).
+/// the pool (eager matmul, compiled code's GEMM calls): small_gemm_grain products.
 inline constexpr double kSmallGemmGrainFlops = 1 << 20;
+inline int64_t small_gemm_grain(int64_t m, int64_t n, int64_t k) {
+  const double flops = 2.0 * double(m) * double(n) * double(std::max<int64_t>(k, 1));
+  return std::max<int64_t>(1, static_cast<int64_t>(kSmallGemmGrainFlops / flops + 1));
+}
 
 /// gemm's contract for one small product (small_gemm_fits(m, n, k)): register tiles of C read
 /// A and B in place (a B without unit column stride is first copied into a k x n block on the

@@ -139,9 +139,7 @@ void small_batched_gemm(const MatrixOperand& a, const MatrixOperand& b, const Sh
       }
     }
   };
-  const double flops = 2.0 * double(m) * double(n) * double(k);
-  parallel_for(0, nb, std::max<int64_t>(1, int64_t(std::ceil(kSmallGemmGrainFlops / flops))),
-               chunk);
+  parallel_for(0, nb, small_gemm_grain(m, n, k), chunk);
 }
 
 template <class T>
