@@ -201,6 +201,25 @@ void gemm_batched(int64_t batch, int64_t m, int64_t n, int64_t k, int64_t a, int
                               (run.set && rows_split ? run.rows_factor : 1.0);
     rounding = cpu::gemm_rounding(gemm_run_precision(), rows_per_b, double(n), double(k));
   }
+  // Small products (cpu::small_gemm_fits), as eager matmul: kiln's small-matrix kernel, the
+  // batch in chunks of at least kSmallGemmGrainFlops on the pool, each product on one thread.
+  if (cpu::small_gemm_fits(m, n, k) && rounding == cpu::GemmRounding::None) {
+    const T* pa = reinterpret_cast<const T*>(a) + off_a;
+    const T* pb = reinterpret_cast<const T*>(b) + off_b;
+    T* pc = reinterpret_cast<T*>(c) + off_c;
+    auto chunk = [&](int64_t lo, int64_t hi) {
+      // op(A)[i, p] = A[i·lda + p], or A[p·lda + i] transposed; op(B) likewise.
+      cpu::small_gemm_batch<T>(hi - lo, m, n, k, T(1), pa + lo * batch_a, batch_a,
+                               trans_a ? 1 : lda, trans_a ? lda : 1, pb + lo * batch_b, batch_b,
+                               trans_b ? 1 : ldb, trans_b ? ldb : 1, T(beta), pc + lo * batch_c,
+                               batch_c, ldc);
+    };
+    if (batch > 1 && !t_serial_gemm)
+      cpu::parallel_for(0, batch, cpu::small_gemm_grain(m, n, k), chunk);
+    else
+      chunk(0, batch);
+    return;
+  }
   auto product = [&](int64_t i, bool serial) {
     const T* pa = reinterpret_cast<const T*>(a) + off_a + i * batch_a;
     const T* pb = reinterpret_cast<const T*>(b) + off_b + i * batch_b;

@@ -8,6 +8,7 @@
 /// (notes/cpu-performance.md); the variable only takes effect if it is set before libgomp
 /// initialises, i.e. before libdnnl (which pulls libgomp in) is loaded. A value the user set
 /// wins (overwrite = 0).
+#include <algorithm>
 #include <cstdint>
 
 #include "core/precision.h"
@@ -115,5 +116,41 @@ bool onednn_available();
 template <class T>
 void gemm(int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t rsa, int64_t csa,
           const T* b, int64_t rsb, int64_t csb, T beta, T* c, int64_t ldc);
+
+/// Bounds of small_gemm: products with k <= kSmallGemmMaxK, n <= kSmallGemmMaxN and
+/// m·n·k <= kSmallGemmMaxMnk (small_gemm_fits). The attention-style batches of tiny products
+/// ([1024, 8, 8] @ [1024, 8, 8]) spent nearly all their time in a per-product BLAS call
+/// (about 0.3 us for oneDNN's sgemm, more for gemm's allocation and packing).
+inline constexpr int64_t kSmallGemmMaxK = 64;
+inline constexpr int64_t kSmallGemmMaxN = 64;
+inline constexpr int64_t kSmallGemmMaxMnk = 64 * 64 * 64;
+inline bool small_gemm_fits(int64_t m, int64_t n, int64_t k) {
+  return k <= kSmallGemmMaxK && n <= kSmallGemmMaxN && m * n * k <= kSmallGemmMaxMnk;
+}
+/// Flops of small products that one thread takes at least when a batch of them is spread over
+/// the pool (eager matmul, compiled code's GEMM calls): small_gemm_grain products.
+inline constexpr double kSmallGemmGrainFlops = 1 << 20;
+inline int64_t small_gemm_grain(int64_t m, int64_t n, int64_t k) {
+  const double flops = 2.0 * double(m) * double(n) * double(std::max<int64_t>(k, 1));
+  return std::max<int64_t>(1, static_cast<int64_t>(kSmallGemmGrainFlops / flops + 1));
+}
+
+/// gemm's contract for one small product (small_gemm_fits(m, n, k)): register tiles of C read
+/// A and B in place (a B without unit column stride is first copied into a k x n block on the
+/// stack), with no packing, allocation or threading. Each element of C is one chain of
+/// multiply-adds (fused where the target has FMA) over p in order, in T (integers wrap), then
+/// alpha · sum + beta · C: float32 and float64 accumulate in their own type, like oneDNN's
+/// sgemm and gemm, and the result does not depend on where the product sits in a batch or on
+/// the thread count.
+template <class T>
+void small_gemm(int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t rsa, int64_t csa,
+                const T* b, int64_t rsb, int64_t csb, T beta, T* c, int64_t ldc);
+/// small_gemm for `count` products of one shape at uniform distances: product q reads A at
+/// a + q·bsa, B at b + q·bsb (either may be 0: a broadcast operand) and writes C at c + q·bsc,
+/// in order, on the calling thread. The tiles are chosen once for the whole run.
+template <class T>
+void small_gemm_batch(int64_t count, int64_t m, int64_t n, int64_t k, T alpha, const T* a,
+                      int64_t bsa, int64_t rsa, int64_t csa, const T* b, int64_t bsb,
+                      int64_t rsb, int64_t csb, T beta, T* c, int64_t bsc, int64_t ldc);
 
 }  // namespace kiln::cpu

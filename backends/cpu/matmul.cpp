@@ -1,5 +1,6 @@
-// matmul (NumPy semantics, broadcast batch dims) and addmm on the CPU. float32 goes through
-// oneDNN's sgemm (blas.h), other dtypes through kiln's blocked GEMM.
+// matmul (NumPy semantics, broadcast batch dims) and addmm on the CPU. Small products (every
+// dtype) go through kiln's small-matrix kernel (small_gemm), the others in float32 through
+// oneDNN's sgemm (blas.h), in other dtypes through kiln's blocked GEMM.
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -99,6 +100,48 @@ int64_t folded_row_stride(const MatrixOperand& a, const MatrixOperand& b, const 
   return stride[n - 1];
 }
 
+// The batch's small products (blas.h, small_gemm_fits) through small_gemm, on the operands in
+// place: spread over the pool in chunks of at least kSmallGemmGrainFlops, each product on one
+// thread (so the result does not depend on the thread count).
+template <class T>
+void small_batched_gemm(const MatrixOperand& a, const MatrixOperand& b, const Shape& batch,
+                        T alpha, T beta, T* c) {
+  const int64_t m = a.rows, n = b.cols, k = a.cols, nb = numel(batch);
+  const int nd = batch.size();
+  const T* pa = static_cast<const T*>(a.t.raw_data());
+  const T* pb = static_cast<const T*>(b.t.raw_data());
+  auto chunk = [&](int64_t lo, int64_t hi) {
+    // Batch index of `lo` and its element offsets in A and B, then advanced like an odometer.
+    int64_t idx[kMaxRank] = {}, oa = 0, ob = 0;
+    int64_t rem = lo;
+    for (int d = nd - 1; d >= 0; --d) {
+      idx[d] = rem % batch[d];
+      rem /= batch[d];
+      oa += idx[d] * a.bstride[d];
+      ob += idx[d] * b.bstride[d];
+    }
+    // Runs along the last batch dim are one small_gemm_batch call each.
+    const int64_t last = nd > 0 ? batch[nd - 1] : 1;
+    const int64_t bsa = nd > 0 ? a.bstride[nd - 1] : 0, bsb = nd > 0 ? b.bstride[nd - 1] : 0;
+    for (int64_t bi = lo; bi < hi;) {
+      const int64_t run = std::min(hi - bi, last - (nd > 0 ? idx[nd - 1] : 0));
+      small_gemm_batch<T>(run, m, n, k, alpha, pa + oa, bsa, a.rs, a.cs, pb + ob, bsb, b.rs,
+                          b.cs, beta, c + bi * m * n, m * n, n);
+      bi += run;
+      if (nd == 0) break;
+      oa += run * bsa, ob += run * bsb, idx[nd - 1] += run;
+      if (idx[nd - 1] < last) continue;
+      oa -= last * bsa, ob -= last * bsb, idx[nd - 1] = 0;
+      for (int d = nd - 2; d >= 0; --d) {
+        oa += a.bstride[d], ob += b.bstride[d];
+        if (++idx[d] < batch[d]) break;
+        oa -= a.bstride[d] * batch[d], ob -= b.bstride[d] * batch[d], idx[d] = 0;
+      }
+    }
+  };
+  parallel_for(0, nb, small_gemm_grain(m, n, k), chunk);
+}
+
 template <class T>
 void batched_gemm(const OpCall& call, MatrixOperand a, MatrixOperand b, Shape batch, T alpha,
                   T beta, Tensor& out) {
@@ -121,6 +164,26 @@ void batched_gemm(const OpCall& call, MatrixOperand a, MatrixOperand b, Shape ba
     for (int i = 0; i + 2 < b.t.dim(); ++i) b_shared = b_shared && b.t.size(i) == 1;
     const double rows_per_b = double(a.rows) * double(b_shared ? numel(batch) : 1);
     rounding = gemm_rounding(float32_matmul_precision(), rows_per_b, double(n), double(k));
+  }
+  // Small products: small_gemm on the operands in place (no copies for odd strides), the batch
+  // folded into the rows where it folds, as below (a folded product too large for small_gemm
+  // is one BLAS call). Under bfloat16 rounding the products stay with oneDNN.
+  if (rounding == GemmRounding::None) {
+    MatrixOperand fa = a, fb = b;
+    Shape fbatch = batch;
+    if (numel(batch) > 1) {
+      const int64_t rs = folded_row_stride(a, b, batch);
+      if (rs >= 0) {
+        fa.rows = a.rows * numel(batch);
+        fa.rs = rs;
+        fa.nbatch = fb.nbatch = 0;
+        fbatch = Shape{};
+      }
+    }
+    if (small_gemm_fits(fa.rows, n, k)) {
+      small_batched_gemm<T>(fa, fb, fbatch, alpha, beta, c);
+      return;
+    }
   }
   // sgemm needs a unit stride in one of the two dims of each operand; copy otherwise.
   bool ta = false, tb = false;

@@ -764,6 +764,34 @@ std::vector<Tensor> run_counting_gemm(const codegen::Executable& exe, const std:
 
 }  // namespace
 
+// A batch of tiny products (attention over short heads, per-item transforms): the runtime
+// GEMM runs them through cpu::small_gemm_batch, as eager matmul does, so compiled code gives
+// eager's bits: each product is one fixed chain of multiply-adds however the batch is split.
+TEST_CASE("Executable: a batch of tiny products runs the small-matrix kernel, eager's bits") {
+  for (DType dt : {DType::Float32, DType::Float64})
+    for (bool trans_b : {false, true}) {
+      INFO("dtype " << kiln::name(dt) << (trans_b ? ", B transposed" : ""));
+      const int64_t nb = 512, m = 8, n = 5, k = 12;
+      REQUIRE(cpu::small_gemm_fits(m, n, k));
+      ir::Graph g;
+      ir::Value a = g.input(dt, {nb, m, k});
+      ir::Value b = g.input(dt, trans_b ? std::vector<int64_t>{nb, n, k}
+                                        : std::vector<int64_t>{nb, k, n});
+      ir::Value bb = trans_b ? g.op(OpKind::Transpose, {b}, transpose_attrs(1, 2)) : b;
+      g.output(g.op(OpKind::Matmul, {a, bb}));
+      codegen::Executable exe(g);
+      check_gemm_ir(exe);
+      Tensor at = randn({nb, m, k}).to(dt);
+      Tensor bt = randn(trans_b ? Shape{nb, n, k} : Shape{nb, k, n}).to(dt);
+      std::vector<Tensor> out = run_counting_gemm(exe, {at, bt});
+      Tensor want = matmul(at, trans_b ? bt.transpose(1, 2) : bt);
+      CHECK(out[0].to_vector<double>() == want.to_vector<double>());
+      Tensor ref = matmul(at.to(DType::Float64),
+                          (trans_b ? bt.transpose(1, 2) : bt).to(DType::Float64));
+      CHECK(rel_diff(out[0], ref) < (dt == DType::Float32 ? 1e-6 : 1e-14));
+    }
+}
+
 TEST_CASE("Executable: Linear forward x @ W.t() + b runs one GEMM with trans_b (2-D and 3-D)") {
   for (DType dt : {DType::Float32, DType::Float64}) {
     for (Shape xs : {Shape{8, 128, 256}, Shape{64, 256}, Shape{2, 3, 5, 256}}) {

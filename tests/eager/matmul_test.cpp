@@ -492,3 +492,266 @@ TEST_CASE("a float32 dot product (1x1 result) is accurate over a long k") {
   Tensor r = addmm(bias, v.view({1, k}), w.view({k, 1}), 2.0, 3.0);
   CHECK(std::abs(r.item<double>() - want) < 1e-6 * want);
 }
+
+// ---- Small products (blas.h, small_gemm): batches of tiny matrices go through kiln's
+// small-matrix kernel instead of one BLAS call per product. Checked against a reference by
+// index arithmetic, every dtype, at sizes around the kernel's bounds and its tile shapes.
+namespace {
+
+// NumPy matmul of x and y on their row-major values, in R: double for floating dtypes (with
+// Σ|a·b|, the scale of the rounding error), uint64_t for integers (wraps as int64 does; int32
+// wraps alike in the low 32 bits). Broadcast batch dims, 1-D operands as matmul takes them.
+template <class R>
+struct Products {
+  std::vector<R> value;
+  std::vector<double> size;
+  Shape shape;
+  int64_t k = 0;
+};
+
+template <class R, class E>
+Products<R> products(const Tensor& x, const Tensor& y) {
+  Shape xs = x.shape(), ys = y.shape();
+  const std::vector<E> xv = x.to_vector<E>(), yv = y.to_vector<E>();
+  const bool x1 = xs.size() == 1, y1 = ys.size() == 1;
+  if (x1) xs = Shape{1, xs[0]};
+  if (y1) ys = Shape{ys[0], 1};
+  const int64_t m = xs[xs.size() - 2], k = xs.back(), n = ys.back();
+  const int r = std::max(xs.size(), ys.size()) - 2;
+  // Batch dims right-aligned; element strides of each row-major operand, 0 where broadcast.
+  Shape batch = Dims::filled(r, 1);
+  std::vector<int64_t> sx(r, 0), sy(r, 0);
+  int64_t stride_x = m * k, stride_y = k * n;
+  for (int i = r - 1; i >= 0; --i) {
+    const int ix = i - (r - (xs.size() - 2)), iy = i - (r - (ys.size() - 2));
+    const int64_t dx = ix >= 0 ? xs[ix] : 1, dy = iy >= 0 ? ys[iy] : 1;
+    batch[i] = dx == 1 ? dy : dx;
+    sx[i] = dx == 1 ? 0 : stride_x;
+    sy[i] = dy == 1 ? 0 : stride_y;
+    stride_x *= dx;
+    stride_y *= dy;
+  }
+  Products<R> out;
+  out.k = k;
+  for (int64_t bi = 0; bi < numel(batch); ++bi) {
+    int64_t ox = 0, oy = 0;
+    int64_t rem = bi;
+    for (int d = r - 1; d >= 0; --d) {
+      ox += rem % batch[d] * sx[d];
+      oy += rem % batch[d] * sy[d];
+      rem /= batch[d];
+    }
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < n; ++j) {
+        R s = 0;
+        double size = 0;
+        for (int64_t p = 0; p < k; ++p) {
+          const R t = R(xv[ox + i * k + p]) * R(yv[oy + p * n + j]);
+          s += t;
+          if constexpr (std::is_floating_point_v<R>) size += std::abs(t);
+        }
+        out.value.push_back(s);
+        out.size.push_back(size);
+      }
+  }
+  out.shape = batch;
+  if (!x1) out.shape.push_back(m);
+  if (!y1) out.shape.push_back(n);
+  return out;
+}
+
+// z == x @ y: exactly (with wraparound) for integers; for floats within the error bound of a
+// k-term float sum, 2·(k + 2)·eps·Σ|a·b| (the kernel's and the float64 reference's).
+void check_products(const Tensor& x, const Tensor& y, const Tensor& z) {
+  INFO("x " << to_string(x.shape()) << " y " << to_string(y.shape()) << " "
+            << name(x.dtype()));
+  if (is_floating(x.dtype())) {
+    const Products<double> want = products<double, double>(x, y);
+    REQUIRE(z.shape() == want.shape);
+    const std::vector<double> got = z.to_vector<double>();
+    const double eps = x.dtype() == DType::Float32 ? 0x1p-24 : 0x1p-53;
+    int64_t bad = -1;
+    for (size_t i = 0; i < got.size() && bad < 0; ++i)
+      if (!(std::abs(got[i] - want.value[i]) <= 2 * (want.k + 2) * eps * want.size[i]))
+        bad = int64_t(i);
+    INFO("first wrong element " << bad << ": "
+                                << (bad >= 0 ? got[bad] : 0.0) << " vs "
+                                << (bad >= 0 ? want.value[bad] : 0.0));
+    CHECK(bad < 0);
+  } else {
+    const Products<uint64_t> want = products<uint64_t, int64_t>(x, y);
+    REQUIRE(z.shape() == want.shape);
+    const std::vector<int64_t> got = z.to_vector<int64_t>();
+    int64_t bad = -1;
+    for (size_t i = 0; i < got.size() && bad < 0; ++i) {
+      const uint64_t w = want.value[i];
+      const bool ok = z.dtype() == DType::Int32 ? got[i] == int64_t(int32_t(uint32_t(w)))
+                                                : uint64_t(got[i]) == w;
+      if (!ok) bad = int64_t(i);
+    }
+    INFO("first wrong element " << bad);
+    CHECK(bad < 0);
+  }
+}
+
+void check_products(const Tensor& x, const Tensor& y) { check_products(x, y, matmul(x, y)); }
+
+constexpr DType kAllMatmulDTypes[] = {DType::Float32, DType::Float64, DType::Int32, DType::Int64};
+
+}  // namespace
+
+TEST_CASE("small products: every dtype and tile shape, sizes at small_gemm's bounds") {
+  // Widths that use each strip of columns (full vectors, 1-4 at a time, a half vector, scalar
+  // tails), heights that use each row tile and a last shorter one.
+  for (DType t : kAllMatmulDTypes)
+    for (int64_t m : {1, 2, 3, 5, 6, 7, 8, 9, 13, 17})
+      for (int64_t n : {1, 2, 3, 4, 5, 7, 8, 9, 12, 15, 16, 17, 24, 31, 32, 33, 40, 63, 64})
+        for (int64_t k : {1, 3, 8, 16}) {
+          REQUIRE(cpu::small_gemm_fits(m, n, k));
+          check_products(make({3, m, k}, t, int(m + n)), make({3, k, n}, t, int(k)));
+        }
+  // The bounds: k and n at most 64, m·n·k at most 64³; just past them the products go to BLAS
+  // (float32) or kiln's blocked gemm.
+  struct Mnk { int64_t m, n, k; bool fits; };
+  for (Mnk s : {Mnk{64, 64, 64, true}, Mnk{65, 64, 64, false}, Mnk{4096, 8, 8, true},
+                Mnk{4097, 8, 8, false}, Mnk{8, 64, 8, true}, Mnk{8, 65, 8, false},
+                Mnk{8, 8, 64, true}, Mnk{8, 8, 65, false}, Mnk{1, 1, 64, true},
+                Mnk{1, 1, 65, false}}) {
+    CAPTURE(s.m, s.n, s.k);
+    CHECK(cpu::small_gemm_fits(s.m, s.n, s.k) == s.fits);
+    for (DType t : kAllMatmulDTypes)
+      check_products(make({2, s.m, s.k}, t, 1), make({2, s.k, s.n}, t, 2));
+  }
+}
+
+TEST_CASE("small products: transposed, strided, broadcast and 1-D operands") {
+  for (DType t : kAllMatmulDTypes) {
+    // Operands transposed in their matrix dims (B transposed is copied into a k x n block),
+    // both, and step-2 slices with no unit stride in either matrix dim.
+    Tensor a = make({5, 7, 6}, t, 1), b = make({5, 6, 9}, t, 2);
+    Tensor at = make({5, 6, 7}, t, 3).transpose(1, 2), bt = make({5, 9, 6}, t, 4).transpose(1, 2);
+    check_products(a, b);
+    check_products(at, b);
+    check_products(a, bt);
+    check_products(at, bt);
+    Tensor as = make({5, 14, 12}, t, 5).slice(1, 0, 14, 2).slice(2, 0, 12, 2);  // [5, 7, 6]
+    Tensor bs = make({5, 12, 18}, t, 6).slice(1, 0, 12, 2).slice(2, 0, 18, 2);  // [5, 6, 9]
+    check_products(as, bs);
+    check_products(bs.transpose(1, 2), as.transpose(1, 2));
+    check_products(make({6, 5, 6}, t, 7).transpose(0, 1),  // [5, 6, 6]: batch stride 6
+                   make({5, 6, 3}, t, 8));
+    // A strided batch (every other matrix) and an expanded (stride-0) batch on either side.
+    check_products(make({10, 7, 6}, t, 9).slice(0, 0, 10, 2), b);
+    check_products(make({7, 6}, t, 10).expand({5, 7, 6}), bt);
+    check_products(at, make({6, 9}, t, 11).expand({5, 6, 9}));
+    // Broadcast batch dims: [64, 1, 8, 8] @ [1, 32, 8, 8], and with a transposed side.
+    check_products(make({64, 1, 8, 8}, t, 12), make({1, 32, 8, 8}, t, 13));
+    check_products(make({4, 1, 8, 5}, t, 14).transpose(-1, -2), make({1, 6, 8, 3}, t, 15));
+    check_products(make({3, 4, 2, 5}, t, 16), make({4, 5, 3}, t, 17));
+    // A batch that folds into the rows of one small product, and 1-D operands.
+    check_products(make({4, 3, 5}, t, 18), make({5, 6}, t, 19));
+    check_products(make({5}, t, 20), make({3, 5, 4}, t, 21));
+    check_products(make({3, 4, 5}, t, 22).transpose(1, 2), make({4}, t, 23));
+    check_products(make({10}, t, 24).slice(0, 0, 10, 2), make({5, 3}, t, 25));
+    check_products(make({5}, t, 26), make({5}, t, 27));
+  }
+}
+
+TEST_CASE("small products: integer products wrap as two's complement (PyTorch)") {
+  // Values near 2^62 (int64) and 2^30 (int32): every product and sum overflows.
+  for (DType t : {DType::Int64, DType::Int32}) {
+    const int64_t big = t == DType::Int64 ? (int64_t{1} << 62) - 12345 : (int64_t{1} << 30) - 77;
+    std::vector<int64_t> av(4 * 5 * 7), bv(4 * 7 * 3);
+    for (size_t i = 0; i < av.size(); ++i) av[i] = (i % 3 == 0 ? -big : big) + int64_t(i * 31);
+    for (size_t i = 0; i < bv.size(); ++i) bv[i] = (i % 2 == 0 ? big : 7 - big) - int64_t(i);
+    Tensor a = from_vector(av, {4, 5, 7}).to(t), b = from_vector(bv, {4, 7, 3}).to(t);
+    check_products(a, b);
+    check_products(a, b.transpose(1, 2).contiguous().transpose(1, 2));
+  }
+}
+
+TEST_CASE("small products: addmm's alpha and beta, beta 0 ignores the bias's NaNs") {
+  for (DType t : {DType::Float32, DType::Float64, DType::Int64}) {
+    INFO(name(t));
+    Tensor a = make({5, 7}, t, 1), b = make({7, 6}, t, 2), bias = make({6}, t, 3);
+    const std::vector<double> ab = products<double, double>(a, b).value;
+    const std::vector<double> bv = bias.to_vector<double>();
+    const std::vector<double> got = addmm(bias, a, b, 3, 2).to_vector<double>();
+    const std::vector<double> got_t =
+        addmm(bias, a.t().contiguous().t(), b, 3, 2).to_vector<double>();
+    for (int64_t i = 0; i < 30; ++i) {
+      CHECK(got[i] == Approx(3 * bv[i % 6] + 2 * ab[i]).margin(1e-5));
+      CHECK(got_t[i] == got[i]);
+    }
+    if (is_floating(t)) {
+      Tensor nan_bias = full({5, 6}, std::nan("")).to(t);
+      const std::vector<double> z = addmm(nan_bias, a, b, 0, 1).to_vector<double>();
+      for (int64_t i = 0; i < 30; ++i) CHECK(z[i] == Approx(ab[i]).margin(1e-5));
+    }
+  }
+  // beta·bias + alpha·product is fma(beta, bias, alpha·product), as compiled code adds it:
+  // -1.5 · -3e38 alone overflows float32, the fused sum 4.5e38 - 2e38 does not.
+  Tensor r = addmm(full({2, 3}, -3e38), full({2, 1}, 1e19), full({1, 3}, -2e19), -1.5, 1);
+  const float product = 1e19f * -2e19f;
+  CHECK(std::isfinite(std::fma(-1.5f, -3e38f, product)));
+  for (float v : r.to_vector<float>()) CHECK(v == std::fma(-1.5f, -3e38f, product));
+}
+
+TEST_CASE("small products: the same bits on 1 or 2 threads, and alone or in a batch") {
+  const int saved = cpu::num_threads();
+  struct Case { Shape a, b; };
+  // Batches big enough to be spread over the pool (kSmallGemmGrainFlops per chunk).
+  for (Case c : {Case{{4096, 4, 16}, {4096, 16, 4}}, Case{{64, 32, 32}, {64, 32, 32}},
+                 Case{{64, 1, 8, 8}, {1, 64, 8, 8}}})
+    for (DType t : {DType::Float32, DType::Float64}) {
+      INFO(to_string(c.a) << " " << name(t));
+      Tensor a = make(c.a, t, 1), b = make(c.b, t, 2);
+      cpu::set_num_threads(1);
+      const std::vector<double> one = matmul(a, b).to_vector<double>();
+      Tensor b_t = b.transpose(-1, -2).contiguous().transpose(-1, -2);  // B column-major
+      const std::vector<double> one_t = matmul(a, b_t).to_vector<double>();
+      cpu::set_num_threads(2);
+      Tensor z = matmul(a, b);
+      cpu::set_num_threads(saved);
+      CHECK(z.to_vector<double>() == one);
+      CHECK(one_t == one);  // B transposed is copied, then the same tiles
+      // One product of the batch computed alone: the same bits.
+      Tensor a0 = a.dim() == 3 ? a.select(0, 17) : a.select(0, 5).select(0, 0);
+      Tensor b0 = b.dim() == 3 ? b.select(0, 17) : b.select(0, 0).select(0, 9);
+      Tensor z0 = z.dim() == 3 ? z.select(0, 17) : z.select(0, 5).select(0, 9);
+      CHECK(matmul(a0, b0).to_vector<double>() == z0.to_vector<double>());
+      check_products(a, b, z);
+    }
+}
+
+TEST_CASE("small products: bmm's backward (g·Bᵀ, Aᵀ·g) against a float64 reference") {
+  for (DType t : {DType::Float32, DType::Float64}) {
+    INFO(name(t));
+    // bmm of [16, 5, 7] @ [16, 7, 6], and a broadcast matmul whose gradients sum over batches.
+    for (bool broadcast : {false, true}) {
+      const Shape as = broadcast ? Shape{4, 1, 5, 7} : Shape{16, 5, 7};
+      const Shape bs = broadcast ? Shape{1, 3, 7, 6} : Shape{16, 7, 6};
+      Tensor a = make(as, t, 1).requires_grad_(), b = make(bs, t, 2).requires_grad_();
+      Tensor y = broadcast ? matmul(a, b) : bmm(a, b);
+      Tensor g = make(y.shape(), t, 3);
+      std::vector<Tensor> grads = kiln::grad({y}, {a, b}, {g});
+      Tensor a64 = a.detach().to(DType::Float64), b64 = b.detach().to(DType::Float64);
+      Tensor g64 = g.to(DType::Float64);
+      // The reference products in float64, summed over the broadcast batch dims.
+      Tensor da = from_vector(products<double, double>(g64, b64.transpose(-1, -2)).value,
+                              y.shape().size() == 4 ? Shape{4, 3, 5, 7} : Shape{16, 5, 7});
+      Tensor db = from_vector(products<double, double>(a64.transpose(-1, -2), g64).value,
+                              y.shape().size() == 4 ? Shape{4, 3, 7, 6} : Shape{16, 7, 6});
+      if (broadcast) {
+        da = da.sum({1}, true);
+        db = db.sum({0}, true);
+      }
+      const double tol = t == DType::Float32 ? 1e-5 : 1e-13;
+      CHECK((grads[0].to(DType::Float64) - da).abs().max().item<double>() < tol);
+      CHECK((grads[1].to(DType::Float64) - db).abs().max().item<double>() < tol);
+      // The gradients' products are small products too.
+      check_products(g, b.detach().transpose(-1, -2));
+      check_products(a.detach().transpose(-1, -2), g);
+    }
+  }
+}
