@@ -664,6 +664,11 @@ std::vector<Tensor> run_backward(const std::vector<Edge>& roots, const std::vect
       ready.push(r.fn);
     }
 
+  // A trace defers the history made before it (DispatchHook::defers_backward_node): those
+  // nodes run after the others, in a backward of their own that the replays repeat.
+  DispatchHook* defer_hook = capture.empty() && !create_graph ? dispatch::tracer_hook() : nullptr;
+  std::vector<Edge> deferred;
+  std::vector<Tensor> deferred_grads;
   bool prev_mode = t_grad_enabled;
   t_grad_enabled = create_graph;
   try {
@@ -678,7 +683,15 @@ std::vector<Tensor> run_backward(const std::vector<Edge>& roots, const std::vect
       std::vector<Tensor> next;
       bool run = capture.empty() ||
                  (on_path.count(node.get()) && !(stop_at_capture && capture_at.count(node.get())));
-      {
+      if (defer_hook && defer_hook->defers_backward_node(*node)) {
+        // Neither run nor freed; the nodes behind it get no gradient from it here.
+        for (size_t nr = 0; nr < grads.size(); ++nr)
+          if (grads[nr].defined()) {
+            deferred.push_back(Edge{node, static_cast<uint32_t>(nr)});
+            deferred_grads.push_back(std::move(grads[nr]));
+          }
+        run = false;
+      } else {
         std::lock_guard lock(node->run_mutex);  // another thread's backward may run it too
         // Not for the tracer's partial derivatives (partial_grads): only a user's backward or
         // grad() fills retained .grads.
@@ -721,6 +734,7 @@ std::vector<Tensor> run_backward(const std::vector<Edge>& roots, const std::vect
     throw;
   }
   t_grad_enabled = prev_mode;
+  if (!deferred.empty()) defer_hook->run_deferred_backward(deferred, deferred_grads, retain_graph);
   return captured;
 }
 
@@ -945,6 +959,12 @@ std::vector<Tensor> grad(const std::vector<Tensor>& outputs, const std::vector<T
     if (out[i].defined() && !create_graph) out[i] = out[i].detach();
   }
   return out;
+}
+
+void autograd::backward_from_edges(const std::vector<Edge>& edges,
+                                   const std::vector<Tensor>& grads, bool retain_graph, Loc loc) {
+  BackwardSite site(loc);
+  run_backward(edges, grads, retain_graph, /*create_graph=*/false, {});
 }
 
 std::vector<Tensor> autograd::partial_grads(const std::vector<Tensor>& outputs,

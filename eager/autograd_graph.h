@@ -149,6 +149,12 @@ std::vector<Tensor> partial_grads(const std::vector<Tensor>& outputs,
                                   const std::vector<Tensor>& inputs,
                                   const std::vector<Tensor>& grad_outputs,
                                   bool create_graph = false);
+/// Runs the autograd graph from `edges`, with gradient `grads[i]` arriving at `edges[i]`
+/// (without create_graph), accumulating into leaves as backward() does; errors name `loc` as
+/// the backward() call. The part of a traced backward() that DispatchHook::
+/// defers_backward_node held back, and its repetition on each replay.
+void backward_from_edges(const std::vector<Edge>& edges, const std::vector<Tensor>& grads,
+                         bool retain_graph, Loc loc);
 /// The sequence_nr the next Node made (on any thread) will get: nodes with a smaller one
 /// existed before.
 uint64_t next_sequence_nr();

@@ -19,6 +19,7 @@ namespace kiln {
 
 namespace autograd {
 class Node;
+struct Edge;
 }
 
 /// Reads a host value for a compiled function at call time; std::nullopt when the state it
@@ -60,6 +61,16 @@ class DispatchHook {
   /// Called (tracer hook only) before backward() or grad() runs `node` (not the tracer's own
   /// partial derivatives): the tracer sees whether backward ran history made before the trace.
   virtual void on_backward_node(const autograd::Node& node) {}
+  /// Asked (tracer hook only) by a backward() without create_graph before it runs `node`:
+  /// true defers the node. The engine then runs no deferred node nor any node behind one, and
+  /// passes the gradients that reached them to run_deferred_backward() at the end. The tracer
+  /// defers the autograd history made before the trace (an argument's grad_fn), which the
+  /// next call may bring anew: a replay runs that part on eager autograd (a graph break).
+  virtual bool defers_backward_node(const autograd::Node& node) { return false; }
+  /// Called (tracer hook only) at the end of a backward() that deferred nodes: `edges[i]` got
+  /// gradient `grads[i]`. The hook must run that backward (autograd::backward_from_edges).
+  virtual void run_deferred_backward(const std::vector<autograd::Edge>& edges,
+                                     const std::vector<Tensor>& grads, bool retain_graph) {}
   /// Called (tracer hook only) when the traced function's result depends on host state read
   /// through `reader` (kiln::guarded, Module::is_training(), an optimizer's host branches); the
   /// tracer guards the value read now, re-read at every call (dispatch::note_host_value).

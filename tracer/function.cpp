@@ -1941,17 +1941,20 @@ std::vector<OutValue> CompiledFunction::Impl::trace(
   }
   int n = ++traces;
   // Its backward() ran autograd history made before the call (an argument's grad_fn, a
-  // captured tensor's): the trace holds that history's formulas with this call's saved
-  // tensors, while a replay must run the history the next call brings (break-it pass: a
-  // tanh argument's backward replayed for a sigmoid argument's gave wrong gradients).
+  // captured tensor's), which the next call may bring anew (break-it pass: a tanh argument's
+  // backward replayed for a sigmoid argument's gave wrong gradients). Replays run that part on
+  // eager autograd (Program::history_backward, a graph break) unless the recorder could not
+  // split it off (outside_backward): such a trace is not cached.
+  const std::string& history =
+      prog->outside_backward.empty() ? prog->history_backward : prog->outside_backward;
+  KILN_CHECK(!options.fullgraph || history.empty(), "compile", loc,
+             "fullgraph=true, but the backward() in '{}' runs autograd history made before the "
+             "call ({}), which runs outside the compiled code",
+             name, history);
   if (!prog->outside_backward.empty()) {
-    KILN_CHECK(!options.fullgraph, "compile", loc,
-               "fullgraph=true, but the backward() in '{}' runs autograd history made before "
-               "the call ({}), which a compiled replay cannot run",
-               name, prog->outside_backward);
     std::string why = fmt::format(
-        "trace #{} not cached: its backward() runs autograd history made before the call ({}; "
-        "an argument's or a captured tensor's), which the next call may bring anew",
+        "trace #{} not cached: its backward() runs autograd history made before the call ({}), "
+        "which a replay cannot run apart from the compiled part",
         n, prog->outside_backward);
     log_recompile(why);
     if (log_enabled("recompiles")) fmt::print(stderr, "kiln.compile: '{}': {}\n", name, why);

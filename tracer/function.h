@@ -35,7 +35,8 @@ struct CompileOptions {
   /// Dims marked symbolic from the first trace: (argument position, dim), like
   /// torch._dynamo.mark_dynamic. Such a dim never specialises, size 1 included.
   std::vector<std::pair<int, int>> dynamic_dims{};
-  /// Error (naming the user's line) instead of a graph break at a data-dependent host read.
+  /// Error (naming the user's line) instead of a graph break: at a data-dependent host read, or
+  /// at a backward() that runs autograd history made before the call (an argument's grad_fn).
   bool fullgraph = false;
   /// Specialisations (guard sets and trace-tree branches) before the function runs eagerly,
   /// with one warning naming the guard that keeps failing. TorchDynamo's default is 8.

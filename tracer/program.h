@@ -203,6 +203,10 @@ struct Program {
   /// ran (an argument's or a captured tensor's history), named; empty when none. The trace
   /// holds that node's formula with this call's saved tensors, so it is not cached.
   std::string outside_backward;
+  /// The first node of the autograd history made before the call that the function's
+  /// backward() reached, where a Callback node runs that history's backward on every call (a
+  /// graph break: Recorder::run_deferred_backward); empty when none.
+  std::string history_backward;
   /// Why replays cannot set the .grads the function's backward() set: it runs eagerly.
   std::string grad_alias_reason;
   /// Outputs the function called retain_grad() on: their replayed tensors retain grad too.

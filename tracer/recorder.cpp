@@ -310,7 +310,16 @@ void Recorder::after_kernel(const OpCall& call, const InferredMeta& meta,
   p_.nodes.push_back(std::move(n));
 }
 
+void Recorder::check_history_grad(const Tensor& t) {
+  grad_touched_.insert(t.impl());
+  if (history_grads_.count(t.impl()) && p_.outside_backward.empty())
+    p_.outside_backward = fmt::format(
+        "{}, which sets the .grad of a tensor (shape {}) that the function reads or sets after",
+        p_.history_backward, to_string(t.shape()));
+}
+
 void Recorder::on_grad_assigned(const Tensor& leaf) {
+  check_history_grad(leaf);
   if (grad_leaf_set_.insert(leaf.impl()).second) grad_leaves_.push_back(leaf);
 }
 
@@ -328,6 +337,7 @@ int Recorder::value_at_call(const Tensor& t) {
 // Backward gives `leaf` its first .grad. Unless the function itself reset that .grad before
 // (zero_grad in a training step), the trace depends on the .grad being undefined at the call.
 void Recorder::on_grad_found_undefined(const Tensor& leaf) {
+  check_history_grad(leaf);
   // A tensor the function created has no .grad at any call (and no value before the run).
   if (grad_leaf_set_.count(leaf.impl()) || leaf.storage()->serial() >= start_serial_) return;
   int v = value_at_call(leaf);
@@ -339,6 +349,7 @@ void Recorder::on_grad_found_undefined(const Tensor& leaf) {
 // A .grad the function reads is the leaf's .grad at each call (GradOf), even when the leaf is
 // not used otherwise (yet): an optimizer reads g before updating p.
 void Recorder::on_grad_read(const Tensor& leaf, const Tensor& grad) {
+  check_history_grad(leaf);
   if (grad_leaf_set_.count(leaf.impl()) || leaf.storage()->serial() >= start_serial_ ||
       grad.storage()->serial() >= start_serial_)
     return;
@@ -389,14 +400,88 @@ void Recorder::on_read(const Tensor& t, Loc loc) {
   }
 }
 
+namespace {
+std::string describe_node(const autograd::Node& node) {
+  const auto* op = dynamic_cast<const autograd::OpNode*>(&node);
+  return op ? fmt::format("{} (the backward of the {} at {}:{})", node.name(), op_name(op->op),
+                          op->loc.file_name(), op->loc.line())
+            : node.name();
+}
+}  // namespace
+
 void Recorder::on_backward_node(const autograd::Node& node) {
   if (node.sequence_nr >= first_node_ || !p_.outside_backward.empty() ||
       dynamic_cast<const autograd::AccumulateGrad*>(&node))
     return;
-  const auto* op = dynamic_cast<const autograd::OpNode*>(&node);
-  p_.outside_backward = op ? fmt::format("{} (the backward of the {} at {}:{})", node.name(),
-                                         op_name(op->op), op->loc.file_name(), op->loc.line())
-                           : node.name();
+  p_.outside_backward = describe_node(node);
+}
+
+bool Recorder::defers_backward_node(const autograd::Node& node) {
+  return node.sequence_nr < first_node_ && !dynamic_cast<const autograd::AccumulateGrad*>(&node);
+}
+
+void Recorder::run_deferred_backward(const std::vector<autograd::Edge>& edges,
+                                     const std::vector<Tensor>& grads, bool retain_graph) {
+  const Loc loc = autograd::backward_call_site();
+  // The tensors (arguments, captured) whose history each edge is; a replay finds the edges
+  // again from the tensors of its own call.
+  std::vector<Tensor> ins = grads;
+  for (const autograd::Edge& edge : edges) {
+    Tensor owner;
+    for (size_t v = 0; v < p_.values.size() && !owner.defined(); ++v) {
+      const int src = p_.values[v].source;
+      if (src < 0 || (p_.sources[src].kind != SourceKind::Arg &&
+                      p_.sources[src].kind != SourceKind::Captured))
+        continue;
+      Tensor t = tensor(static_cast<int>(v));
+      if (!t.defined() || !t.requires_grad() || t.is_leaf()) continue;
+      const autograd::Edge e = autograd::gradient_edge(t);
+      if (e.fn == edge.fn && e.input_nr == edge.input_nr) owner = t;
+    }
+    if (!owner.defined() && p_.outside_backward.empty())
+      p_.outside_backward = fmt::format("{}, the history of no argument or captured tensor",
+                                        describe_node(*edge.fn));
+    ins.push_back(owner);
+  }
+  // The .grads the deferred part changes: leaves and retained tensors behind the edges.
+  std::vector<const autograd::Node*> stack;
+  std::unordered_set<const autograd::Node*> seen;
+  for (const autograd::Edge& e : edges) stack.push_back(e.fn.get());
+  while (!stack.empty()) {
+    const autograd::Node* n = stack.back();
+    stack.pop_back();
+    if (!seen.insert(n).second) continue;
+    if (auto* acc = dynamic_cast<const autograd::AccumulateGrad*>(n))
+      if (auto leaf = acc->leaf()) history_grads_.insert(leaf.get());
+    for (auto& [nr, weak] : n->retained)
+      if (auto t = weak.lock()) history_grads_.insert(t.get());
+    for (const autograd::Edge& e : n->next_edges)
+      if (e.valid()) stack.push_back(e.fn.get());
+  }
+  const std::string first = describe_node(*edges[0].fn);
+  for (const TensorImpl* t : grad_touched_)
+    if (history_grads_.count(t) && p_.outside_backward.empty())
+      p_.outside_backward = fmt::format(
+          "{}, which sets a .grad that the function's own backward() or code reads or sets too",
+          first);
+  if (p_.outside_backward.empty()) {
+    if (p_.history_backward.empty()) p_.history_backward = first;
+    const size_t n = edges.size();
+    on_callback(
+        "backward() of autograd history made before the call",
+        [n, retain_graph, loc](const std::vector<Tensor>& in) {
+          std::vector<autograd::Edge> run_edges;
+          std::vector<Tensor> run_grads;
+          for (size_t i = 0; i < n; ++i)
+            if (autograd::Edge e = autograd::gradient_edge(in[n + i]); e.valid()) {
+              run_edges.push_back(std::move(e));
+              run_grads.push_back(in[i]);
+            }
+          autograd::backward_from_edges(run_edges, run_grads, retain_graph, loc);
+        },
+        ins, loc);
+  }
+  untraced([&] { autograd::backward_from_edges(edges, grads, retain_graph, loc); });
 }
 
 void Recorder::on_raw_access(Loc loc) {

@@ -52,6 +52,16 @@ class Recorder final : public DispatchHook {
   /// backward() / grad() ran `node`: one made before the trace (not a leaf's AccumulateGrad)
   /// sets Program::outside_backward.
   void on_backward_node(const autograd::Node& node) override;
+  /// A node made before the trace (not a leaf's AccumulateGrad): the history an argument or
+  /// captured tensor brought, which the next call may bring anew.
+  bool defers_backward_node(const autograd::Node& node) override;
+  /// Records a Callback node that runs that history's backward on every call (a graph break),
+  /// with the gradients computed so far and the tensors whose history it is, and runs it now.
+  /// Sets Program::outside_backward instead (the trace is not cached) where a replay could not
+  /// repeat it: an edge that is no argument's or captured tensor's history, or a leaf whose
+  /// .grad both the traced part and the deferred part change.
+  void run_deferred_backward(const std::vector<autograd::Edge>& edges,
+                             const std::vector<Tensor>& grads, bool retain_graph) override;
   /// item()/to_vector(): records a Read node with the value about to be read.
   void on_read(const Tensor& t, Loc loc);
   /// The function's own code took a pointer to tensor memory at `loc` (Program::raw_access).
@@ -124,6 +134,11 @@ class Recorder final : public DispatchHook {
   std::map<GeoKey, int> by_geometry_;
   std::unordered_map<uint64_t, uint64_t> writes_;  // in-place writes per storage serial
   std::vector<Tensor> grad_leaves_;
+  // Tensors whose .grad the function read or changed (on_grad_*), and those whose .grad a
+  // deferred backward changed: a replay sets the first at the end of the call and runs the
+  // second at the backward() (run_deferred_backward), so they must not meet.
+  std::unordered_set<const TensorImpl*> grad_touched_, history_grads_;
+  void check_history_grad(const Tensor& t);
   std::unordered_set<const TensorImpl*> grad_leaf_set_;
   std::unordered_set<const void*> host_written_;  // host state keys the function wrote
   // Dropout masks by (seed, offset, p, shape): a backward's dropout reuses its forward's.

@@ -247,8 +247,9 @@ TEST_CASE("compile: backward() inside runs the history each call's argument brin
           "traced call's", "[compile][autograd]") {
   // Found by a session's probe: the trace held the argument's own history (tanh's backward,
   // whose saved output is the argument itself) as graph ops, guarded by nothing but the leaf w,
-  // so a replay gave a sigmoid argument tanh's gradient (-2.6e6 for 9.9e5). Such traces are
-  // not cached; after three the function runs eagerly.
+  // so a replay gave a sigmoid argument tanh's gradient (-2.6e6 for 9.9e5). Replays now run
+  // the history each call brings on eager autograd, after the compiled part (a graph break):
+  // one trace for all four kinds of history.
   Tensor w = (randn({8, 8}) * 0.5).requires_grad_();
   auto history = [&](int call) {
     switch (call % 4) {
@@ -277,13 +278,126 @@ TEST_CASE("compile: backward() inside runs the history each call's argument brin
     CHECK((w.grad() - want).abs().amax().item<float>() <= 1e-5f * scale);
   }
   const std::string e = f.explain();
-  CHECK(contains(e, "runs eagerly from now on"));
-  CHECK(contains(e, "backward() runs autograd history made before the call (TanhBackward (the "
-                    "backward of the tanh at"));
+  CHECK(f.compile_count() == 1);
+  CHECK_FALSE(contains(e, "runs eagerly"));
+  CHECK(contains(e, "backward() of autograd history made before the call"));
   CompileOptions full;
   full.fullgraph = true;
   auto g = compile(step, full);
   CHECK_THROWS_WITH(g(history(1)), Catch::Contains("runs autograd history made before the call"));
+}
+
+namespace {
+// Largest |a - b| relative to 1 + max |b|.
+float rel_diff(const Tensor& a, const Tensor& b) {
+  return (a - b).abs().amax().item<float>() / (1 + b.abs().amax().item<float>());
+}
+}  // namespace
+
+TEST_CASE("compile: a compiled head's backward() into an eager encoder's fresh history each "
+          "call is one trace; the encoder's gradients are eager's", "[compile][autograd]") {
+  // Stop 59's repro: features from an eager encoder, a compiled head that runs backward() and
+  // steps its own weights. The trace captured the encoder's nodes and the leaf behind them,
+  // so each call's fresh features traced again (12 calls, 8 traces), then it ran eagerly.
+  Tensor w1 = (randn({6, 5}) * 0.4).requires_grad_();  // encoder (eager)
+  Tensor w2 = (randn({5, 3}) * 0.4).requires_grad_();  // head (compiled)
+  auto step_of = [](Tensor enc, Tensor head) {
+    return [enc, head](const Tensor& feat) mutable {
+      Tensor loss = feat.matmul(head).tanh().pow(2.0).sum();
+      loss.backward();
+      NoGradGuard no_grad;
+      head.sub_(head.grad() * 0.1);
+      head.set_grad(Tensor());
+      // In place into a tensor the encoder's backward saved, after backward(): the history
+      // must have run by then, as in eager (its saved-tensor check would raise otherwise).
+      enc.mul_(0.999);
+      return loss.detach();
+    };
+  };
+  auto f = compile(step_of(w1, w2), CompileOptions{}, "head_step");
+  Tensor w1_e = w1.detach().clone().requires_grad_(), w2_e = w2.detach().clone().requires_grad_();
+  auto eager_step = step_of(w1_e, w2_e);  // the reference, on copies of the weights
+  for (int call = 0; call < 12; ++call) {
+    INFO("call " << call);
+    Tensor x = randn({4, 6});
+    Tensor loss_e = eager_step(x.matmul(w1_e).sigmoid());
+    const float got = f(x.matmul(w1).sigmoid()).item<float>();
+    CHECK(std::fabs(got - loss_e.item<float>()) <= 1e-5f * (1 + std::fabs(got)));
+    REQUIRE(w1.grad().defined());
+    CHECK(rel_diff(w1.grad(), w1_e.grad()) <= 1e-5f);
+    CHECK(rel_diff(w2, w2_e) <= 1e-5f);
+    CHECK(rel_diff(w1, w1_e) <= 1e-6f);
+    w1.set_grad(Tensor());
+    w1_e.set_grad(Tensor());
+  }
+  CHECK(f.compile_count() == 1);
+  const std::string e = f.explain();
+  CHECK_FALSE(contains(e, "not cached"));
+  CHECK(contains(e, "backward() of autograd history made before the call"));
+}
+
+TEST_CASE("compile: backward() into several arguments' histories, one behind another, gives "
+          "eager's gradients", "[compile][autograd]") {
+  // z's history runs through y's: the deferred part starts at both and meets in y's node.
+  auto step = [](const Tensor& y, const Tensor& z) {
+    Tensor loss = (y * z).sum() + (y.exp() * 0.5).sum();
+    loss.backward();
+    return loss.detach();
+  };
+  auto f = compile(step);
+  for (int call = 0; call < 4; ++call) {
+    INFO("call " << call);
+    Tensor a = (randn({3, 4})).requires_grad_();
+    Tensor a_e = a.detach().clone().requires_grad_();
+    Tensor want = step(sin(a_e), sin(a_e) * cos(a_e));
+    Tensor y = sin(a);
+    const float got = f(y, y * cos(a)).item<float>();
+    CHECK(std::fabs(got - want.item<float>()) <= 1e-5f * (1 + std::fabs(got)));
+    REQUIRE(a.grad().defined());
+    CHECK(rel_diff(a.grad(), a_e.grad()) <= 1e-5f);
+  }
+  CHECK(f.compile_count() == 1);
+}
+
+TEST_CASE("compile: a backward() whose history part sets a .grad the function also touches is "
+          "not cached and stays right", "[compile][autograd]") {
+  Tensor w = (randn({4, 4}) * 0.5).requires_grad_();
+  SECTION("the function reads the encoder weight's .grad after backward()") {
+    auto step = [&](const Tensor& h) {
+      (h * h).sum().backward();
+      return w.grad().abs().sum().detach();
+    };
+    auto f = compile(step, CompileOptions{}, "reads_history_grad");
+    for (int call = 0; call < 5; ++call) {
+      INFO("call " << call);
+      w.set_grad(Tensor());
+      const float want = step(w.tanh()).item<float>();
+      w.set_grad(Tensor());
+      CHECK(std::fabs(f(w.tanh()).item<float>() - want) <= 1e-5f * (1 + want));
+    }
+    CHECK(contains(f.explain(), "which sets the .grad of a tensor (shape [4, 4]) that the "
+                                "function reads or sets after"));
+  }
+  SECTION("the weight is used inside the function too") {
+    auto step = [&](const Tensor& h) {
+      Tensor loss = (h.matmul(w)).sum();
+      loss.backward();
+      return loss.detach();
+    };
+    auto f = compile(step, CompileOptions{}, "weight_on_both_sides");
+    for (int call = 0; call < 5; ++call) {
+      INFO("call " << call);
+      w.set_grad(Tensor());
+      step(w.tanh());
+      Tensor want = w.grad().clone();
+      w.set_grad(Tensor());
+      f(w.tanh());
+      REQUIRE(w.grad().defined());
+      CHECK(rel_diff(w.grad(), want) <= 1e-5f);
+    }
+    CHECK(contains(f.explain(), "which sets a .grad that the function's own backward() or code "
+                                "reads or sets too"));
+  }
 }
 
 // Break-it pass: replays lost what the function did to autograd state itself.
