@@ -457,4 +457,28 @@ void attach_backward(const std::shared_ptr<const Program>& pp,
   mark_view_outputs(outs, caller_memory);
 }
 
+HistoryReach history_reach(const std::vector<autograd::Edge>& edges) {
+  HistoryReach r;
+  std::vector<autograd::Node*> stack;
+  std::unordered_set<const autograd::Node*> seen;
+  for (const autograd::Edge& e : edges)
+    if (e.valid()) stack.push_back(e.fn.get());
+  while (!stack.empty()) {
+    autograd::Node* n = stack.back();
+    stack.pop_back();
+    if (!seen.insert(n).second) continue;
+    if (auto* acc = dynamic_cast<const autograd::AccumulateGrad*>(n))
+      if (auto leaf = acc->leaf()) r.grads.insert(leaf.get());
+    for (auto& [nr, weak] : n->retained)
+      if (auto t = weak.lock()) r.grads.insert(t.get());
+    if (auto* op = dynamic_cast<const autograd::OpNode*>(n))
+      for (const auto* list : {&op->saved_inputs, &op->saved_outputs})
+        for (const autograd::SavedTensor& t : *list)
+          if (auto impl = t.impl(); impl && impl->storage) r.saved.insert(impl->storage.get());
+    for (const autograd::Edge& e : n->next_edges)
+      if (e.valid()) stack.push_back(e.fn.get());
+  }
+  return r;
+}
+
 }  // namespace kiln::tracer

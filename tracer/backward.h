@@ -3,6 +3,7 @@
 /// is traced right after the forward (one joint trace, as AOTAutograd does); on replay the
 /// outputs get a grad_fn that runs the compiled backward plan.
 #include <memory>
+#include <unordered_set>
 #include <vector>
 
 #include "tracer/function.h"
@@ -27,5 +28,14 @@ void attach_backward(const std::shared_ptr<const Program>& p,
                      const std::shared_ptr<Plan>& backward, const std::vector<int>& saved,
                      RunState& st, std::vector<OutValue>& outs,
                      std::vector<std::pair<int, Tensor>> originals = {});
+
+/// What a backward from `edges` into autograd history made before a traced call changes or
+/// needs: the tensors whose .grad it sets (leaves behind the edges, retained non-leaves) and
+/// the storages its nodes saved for backward (an in-place write to one makes it raise).
+struct HistoryReach {
+  std::unordered_set<const TensorImpl*> grads;
+  std::unordered_set<const StorageImpl*> saved;
+};
+HistoryReach history_reach(const std::vector<autograd::Edge>& edges);
 
 }  // namespace kiln::tracer

@@ -51,8 +51,8 @@ std::vector<ArgValue> fresh_copies(const std::vector<ArgValue>& args) {
   // so the function sees what it sees in the call: view() of a transposed argument fails,
   // in-place writes into an expanded one raise. Arguments that share memory (one tensor passed
   // twice, x with x.t()) are views of one copy of the span they cover, so a write through one
-  // shows through the others. A non-leaf that requires grad is copied alone (below), to stay
-  // attached to the caller's graph.
+  // shows through the others. A non-leaf that requires grad is copied alone (below), with a
+  // history of its own.
   auto copied_with_layout = [](const Tensor& t) { return !(t.requires_grad() && !t.is_leaf()); };
   std::unordered_map<const StorageImpl*, std::pair<int64_t, int64_t>> spans;  // [lo, hi)
   for (Tensor* t : tensors) {
@@ -90,9 +90,14 @@ std::vector<ArgValue> fresh_copies(const std::vector<ArgValue>& args) {
       impl->base = copy.impl_ptr();
       *t = Tensor(std::move(impl));
     } else {
-      // A copy of a non-leaf that requires grad stays one (clone() keeps it attached to the
-      // caller's graph), so the copy allows in-place ops exactly when the argument does.
-      *t = untraced([&] { return t->clone(); });
+      // A copy of a non-leaf that requires grad stays one, so the copy allows in-place ops
+      // exactly when the argument does; its history is its own (a clone of a fresh leaf): a
+      // backward() in the eager run must not run, and free, the caller's graph (a break-it
+      // pass: check=true then failed every call of a head fed by an eager encoder).
+      *t = untraced([&] {
+        EnableGradGuard grad_mode;
+        return t->detach().clone().requires_grad_(true).clone();
+      });
     }
     if (rg && leaf) t->requires_grad_(true);
   }

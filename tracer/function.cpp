@@ -489,6 +489,9 @@ std::unique_ptr<Segment> make_chain(const std::shared_ptr<const Program>& p, siz
       po.live_after[leaf] = true;
       if (g >= 0) po.live_after[g] = true;
     }
+    for (const Program::HistoryBackward& h : p->history_backwards)
+      for (const std::vector<int>* list : {&h.grads, &h.owners})
+        for (int v : *list) po.live_after[v] = true;
     // A traced backward with no ops (the gradient passes through unchanged: contiguous, a
     // same-dtype `to`, a 0-d transpose) still needs its plan: without it replays attached no
     // grad_fn and the outputs did not require grad (found by tests/conformance).
@@ -546,6 +549,29 @@ std::unique_ptr<Segment> make_chain(const std::shared_ptr<const Program>& p, siz
   return seg;
 }
 
+// The edges of the autograd history a replay's arguments / captured tensors bring, for each
+// HistoryBackward's owners in order (invalid for an owner that now has no history: a leaf that
+// does not require grad). Throws GuardFailure where that history sets a .grad the program
+// reads, sets or found undefined, which it would change only after the program used it.
+std::vector<autograd::Edge> check_history_reach(const Program& p, RunState& st) {
+  std::vector<autograd::Edge> edges;
+  for (const Program::HistoryBackward& h : p.history_backwards)
+    for (int v : h.owners) edges.push_back(autograd::gradient_edge(st.value(p, v)));
+  if (edges.empty()) return edges;
+  std::vector<int> leaves = p.grad_undefined_at_call;
+  for (auto& [leaf, g] : p.grad_assignments) leaves.push_back(leaf);
+  for (int v : values_from(p, SourceKind::GradOf)) leaves.push_back(p.sources[p.values[v].source].index);
+  if (leaves.empty()) return edges;
+  const HistoryReach reach = history_reach(edges);
+  for (int leaf : leaves)
+    if (reach.grads.count(st.value(p, leaf).impl()))
+      throw GuardFailure{fmt::format(
+          "the autograd history an argument brings sets the .grad of a tensor (shape {}) that "
+          "the function reads or sets itself",
+          to_string(st.value(p, leaf).shape()))};
+  return edges;
+}
+
 void describe_tree(const Segment& s, int depth, std::string& out) {
   std::string pad(2 * depth, ' ');
   out += fmt::format("{}  segment: {} ops -> {} compiled region(s), {} kernel(s), {} eager op(s)\n",
@@ -557,6 +583,11 @@ void describe_tree(const Segment& s, int depth, std::string& out) {
     out += pad + steps.substr(a, b - a + 1);
     a = b + 1;
   }
+  for (const Program::HistoryBackward& h : s.leaf ? s.program->history_backwards
+                                                  : std::vector<Program::HistoryBackward>{})
+    out += fmt::format("{}  then the backward() at {}:{} into autograd history made before the "
+                       "call, on eager autograd (a graph break)\n",
+                       pad, h.loc.file_name(), h.loc.line());
   if (s.backward)
     out += fmt::format("{}  backward: {} ops -> {} compiled region(s), {} kernel(s), {} eager op(s)\n",
                        pad, s.backward->num_ops(), s.backward->num_regions(),
@@ -1552,6 +1583,9 @@ std::vector<OutValue> CompiledFunction::Impl::replay(Entry& e, const std::vector
     throw;
   }
   const Program& p = *seg->program;
+  // Before anything the caller sees changes: a history this call brings that sets a .grad the
+  // program reads or sets would add to it only after the program's own use.
+  const std::vector<autograd::Edge> history_edges = check_history_reach(p, st);
   if (ran) *ran = seg->program;
   if (uint64_t used = st.rng_offset(p, p.nodes.size())) advance_generator(used);
   if (generator) generator.unlock();
@@ -1646,6 +1680,18 @@ std::vector<OutValue> CompiledFunction::Impl::replay(Entry& e, const std::vector
   }
   for (int i : p.retained_args)
     if (const Tensor& t = args[i].tensor; t.requires_grad() && !t.is_leaf()) t.retain_grad();
+  // The graph break: the caller's history behind the arguments, on eager autograd.
+  size_t next_edge = 0;
+  for (const Program::HistoryBackward& h : p.history_backwards) {
+    std::vector<autograd::Edge> edges;
+    std::vector<Tensor> grads;
+    for (size_t i = 0; i < h.owners.size(); ++i, ++next_edge)
+      if (history_edges[next_edge].valid()) {
+        edges.push_back(history_edges[next_edge]);
+        grads.push_back(st.value(p, h.grads[i]));
+      }
+    if (!edges.empty()) autograd::backward_from_edges(edges, grads, h.retain_graph, h.loc);
+  }
   for (auto [k, leaf_requires_grad] : p.detached_outputs) {
     outs[k].tensor = outs[k].tensor.detach();
     if (leaf_requires_grad) outs[k].tensor.requires_grad_(true);

@@ -203,9 +203,18 @@ struct Program {
   /// ran (an argument's or a captured tensor's history), named; empty when none. The trace
   /// holds that node's formula with this call's saved tensors, so it is not cached.
   std::string outside_backward;
-  /// The first node of the autograd history made before the call that the function's
-  /// backward() reached, where a Callback node runs that history's backward on every call (a
-  /// graph break: Recorder::run_deferred_backward); empty when none.
+  /// A backward() that ran on into autograd history made before the call (an argument's
+  /// grad_fn; Recorder::run_deferred_backward): the gradients (value ids) that reached the
+  /// grad_fns of `owners` (value ids of arguments / captured tensors). A replay runs the
+  /// history its own call brings from them on eager autograd at the end of the call, after its
+  /// write-backs and .grad assignments (a graph break), in the order of the backward() calls.
+  struct HistoryBackward {
+    std::vector<int> grads, owners;
+    bool retain_graph = false;
+    Loc loc;
+  };
+  std::vector<HistoryBackward> history_backwards;
+  /// The first such history node, named (explain(), fullgraph's error); empty when none.
   std::string history_backward;
   /// Why replays cannot set the .grads the function's backward() set: it runs eagerly.
   std::string grad_alias_reason;

@@ -9,6 +9,7 @@
 #include "eager/autograd_graph.h"
 #include "eager/factories.h"
 #include "eager/ops.h"
+#include "tracer/backward.h"
 
 namespace kiln::tracer {
 namespace {
@@ -423,12 +424,13 @@ bool Recorder::defers_backward_node(const autograd::Node& node) {
 void Recorder::run_deferred_backward(const std::vector<autograd::Edge>& edges,
                                      const std::vector<Tensor>& grads, bool retain_graph) {
   const Loc loc = autograd::backward_call_site();
-  // The tensors (arguments, captured) whose history each edge is; a replay finds the edges
+  const std::string first = describe_node(*edges[0].fn);
+  // The arguments / captured tensors whose history each edge is: a replay finds the edges
   // again from the tensors of its own call.
-  std::vector<Tensor> ins = grads;
+  Program::HistoryBackward h{{}, {}, retain_graph, loc};
   for (const autograd::Edge& edge : edges) {
-    Tensor owner;
-    for (size_t v = 0; v < p_.values.size() && !owner.defined(); ++v) {
+    int owner = -1;
+    for (size_t v = 0; v < p_.values.size() && owner < 0; ++v) {
       const int src = p_.values[v].source;
       if (src < 0 || (p_.sources[src].kind != SourceKind::Arg &&
                       p_.sources[src].kind != SourceKind::Captured))
@@ -436,51 +438,27 @@ void Recorder::run_deferred_backward(const std::vector<autograd::Edge>& edges,
       Tensor t = tensor(static_cast<int>(v));
       if (!t.defined() || !t.requires_grad() || t.is_leaf()) continue;
       const autograd::Edge e = autograd::gradient_edge(t);
-      if (e.fn == edge.fn && e.input_nr == edge.input_nr) owner = t;
+      if (e.fn == edge.fn && e.input_nr == edge.input_nr) owner = static_cast<int>(v);
     }
-    if (!owner.defined() && p_.outside_backward.empty())
+    if (owner < 0 && p_.outside_backward.empty())
       p_.outside_backward = fmt::format("{}, the history of no argument or captured tensor",
                                         describe_node(*edge.fn));
-    ins.push_back(owner);
+    h.owners.push_back(owner);
   }
-  // The .grads the deferred part changes: leaves and retained tensors behind the edges.
-  std::vector<const autograd::Node*> stack;
-  std::unordered_set<const autograd::Node*> seen;
-  for (const autograd::Edge& e : edges) stack.push_back(e.fn.get());
-  while (!stack.empty()) {
-    const autograd::Node* n = stack.back();
-    stack.pop_back();
-    if (!seen.insert(n).second) continue;
-    if (auto* acc = dynamic_cast<const autograd::AccumulateGrad*>(n))
-      if (auto leaf = acc->leaf()) history_grads_.insert(leaf.get());
-    for (auto& [nr, weak] : n->retained)
-      if (auto t = weak.lock()) history_grads_.insert(t.get());
-    for (const autograd::Edge& e : n->next_edges)
-      if (e.valid()) stack.push_back(e.fn.get());
-  }
-  const std::string first = describe_node(*edges[0].fn);
-  for (const TensorImpl* t : grad_touched_)
-    if (history_grads_.count(t) && p_.outside_backward.empty())
+  HistoryReach reach = history_reach(edges);
+  history_saved_.merge(reach.saved);
+  for (const TensorImpl* t : reach.grads)
+    if (grad_touched_.count(t) && p_.outside_backward.empty())
       p_.outside_backward = fmt::format(
           "{}, which sets a .grad that the function's own backward() or code reads or sets too",
           first);
+  history_grads_.merge(reach.grads);
   if (p_.outside_backward.empty()) {
     if (p_.history_backward.empty()) p_.history_backward = first;
-    const size_t n = edges.size();
-    on_callback(
-        "backward() of autograd history made before the call",
-        [n, retain_graph, loc](const std::vector<Tensor>& in) {
-          std::vector<autograd::Edge> run_edges;
-          std::vector<Tensor> run_grads;
-          for (size_t i = 0; i < n; ++i)
-            if (autograd::Edge e = autograd::gradient_edge(in[n + i]); e.valid()) {
-              run_edges.push_back(std::move(e));
-              run_grads.push_back(in[i]);
-            }
-          autograd::backward_from_edges(run_edges, run_grads, retain_graph, loc);
-        },
-        ins, loc);
+    for (const Tensor& g : grads) h.grads.push_back(lookup(g));
+    p_.history_backwards.push_back(std::move(h));
   }
+  // This call runs it now, as eager does; replays at their end (Program::history_backwards).
   untraced([&] { autograd::backward_from_edges(edges, grads, retain_graph, loc); });
 }
 
@@ -536,6 +514,12 @@ void Recorder::finish() {
     if (k != SourceKind::Arg && k != SourceKind::Captured && k != SourceKind::GradOf) continue;
     auto w = writes_.find(held_[v].storage()->serial());
     if (w == writes_.end()) continue;
+    // A replay runs a deferred history's backward after its write-backs, which would find
+    // this saved tensor changed (eager ran it before the write).
+    if (history_saved_.count(held_[v].storage().get()) && p_.outside_backward.empty())
+      p_.outside_backward = fmt::format(
+          "{}, which saved a tensor (shape {}) that the function changes in place",
+          p_.history_backward, to_string(held_[v].shape()));
     auto it = by_geometry_.find(key_of(held_[v]));
     if (it == by_geometry_.end() || write_count_[it->second] != w->second) {
       // Written through a view of another geometry (`x.view({n}) += 1`, `x.select(0, 1)

@@ -55,11 +55,12 @@ class Recorder final : public DispatchHook {
   /// A node made before the trace (not a leaf's AccumulateGrad): the history an argument or
   /// captured tensor brought, which the next call may bring anew.
   bool defers_backward_node(const autograd::Node& node) override;
-  /// Records a Callback node that runs that history's backward on every call (a graph break),
-  /// with the gradients computed so far and the tensors whose history it is, and runs it now.
-  /// Sets Program::outside_backward instead (the trace is not cached) where a replay could not
-  /// repeat it: an edge that is no argument's or captured tensor's history, or a leaf whose
-  /// .grad both the traced part and the deferred part change.
+  /// Runs that history's backward now, and records it (Program::history_backwards) for
+  /// replays to run at their end: the gradients computed so far and the tensors whose history
+  /// it is. Sets Program::outside_backward instead (the trace is not cached) where a replay
+  /// could not: an edge that is no argument's or captured tensor's history, a .grad that both
+  /// the traced part and the history set or read, or (finish()) a tensor the history saved
+  /// that the function writes in place.
   void run_deferred_backward(const std::vector<autograd::Edge>& edges,
                              const std::vector<Tensor>& grads, bool retain_graph) override;
   /// item()/to_vector(): records a Read node with the value about to be read.
@@ -138,6 +139,7 @@ class Recorder final : public DispatchHook {
   // deferred backward changed: a replay sets the first at the end of the call and runs the
   // second at the backward() (run_deferred_backward), so they must not meet.
   std::unordered_set<const TensorImpl*> grad_touched_, history_grads_;
+  std::unordered_set<const StorageImpl*> history_saved_;  // saved by the deferred histories
   void check_history_grad(const Tensor& t);
   std::unordered_set<const TensorImpl*> grad_leaf_set_;
   std::unordered_set<const void*> host_written_;  // host state keys the function wrote
