@@ -246,34 +246,20 @@ void uniform(const OpCall& call, const Tensor& out) {
   });
 }
 
-// z = sqrt(-2 log(1 - u1)) · cos(2π u2), out = mean + std · z over whole arrays: a loop
-// clang vectorises, calling libmvec's log and cos where the build has it
-// (backends/cpu/CMakeLists.txt). Element by element from the tile's words it stayed scalar,
-// glibc's log and cos per element: randn took 5x rand.
-template <class T>
-void box_muller(const double* __restrict u1, const double* __restrict u2, double mean,
-                double std, T* __restrict out, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) {
-    const double z =
-        std::sqrt(-2.0 * std::log(1.0 - u1[i])) * std::cos(2.0 * std::numbers::pi * u2[i]);
-    out[i] = static_cast<T>(mean + std * z);
-  }
-}
-
 void normal(const OpCall& call, const Tensor& out) {
   const OpAttrs& a = call.attrs;
   const double mean = a.low.to<double>(), std = a.high.to<double>();
-  constexpr int64_t kTileElements = WordTile::kWords / 4;
   KILN_DISPATCH_FLOAT(out.dtype(), T, {
     T* p = out.data<T>();
     for_tiles(a, out.numel(), 4, [&](int64_t lo, int64_t hi, const WordTile& w) {
-      double u1[kTileElements], u2[kTileElements];
-      const uint32_t* words = w.from(4 * static_cast<uint64_t>(lo));
-      for (int64_t i = 0; i < hi - lo; ++i) {
-        u1[i] = philox::to_uniform_double(words[4 * i], words[4 * i + 1]);
-        u2[i] = philox::to_uniform_double(words[4 * i + 2], words[4 * i + 3]);
+      for (int64_t i = lo; i < hi; ++i) {
+        const uint64_t j = 4 * static_cast<uint64_t>(i);
+        const double u1 = philox::to_uniform_double(w[j], w[j + 1]);
+        const double u2 = philox::to_uniform_double(w[j + 2], w[j + 3]);
+        const double z =
+            std::sqrt(-2.0 * std::log(1.0 - u1)) * std::cos(2.0 * std::numbers::pi * u2);
+        p[i] = static_cast<T>(mean + std * z);
       }
-      box_muller<T>(u1, u2, mean, std, p + lo, hi - lo);
     });
   });
 }
