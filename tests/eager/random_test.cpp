@@ -99,8 +99,8 @@ TEST_CASE("Philox words of long draws match the scalar generator, across a count
 }
 
 TEST_CASE("randn of several tiles follows the Box-Muller formula, float32 and float64") {
-  // The kernel computes a tile's uniforms into arrays and z from whole arrays (vectorised
-  // log / cos where the build has libmvec): every element of a draw with a ragged last tile,
+  // Every element of a draw of several tiles with a ragged last one (the vectorised loop's
+  // body and remainder: libmvec's log / cos where the build has it, libm's in the remainder),
   // against the formula in double, to a few ulp (absolutely near cos's zeros).
   const uint64_t seed = 99;
   manual_seed(seed);
