@@ -87,6 +87,72 @@ Benchmark transpose_contiguous_1024(const RunConfig&) {
           gb_per_s(2 * kF32 * kMatmulN * kMatmulN)};
 }
 
+// Conversions of a [2048, 2048] float32 read across its memory order (x.t()), next to the
+// contiguous conversion: the blocked transpose converts as it writes (backends/cpu/copy.cpp).
+constexpr int64_t kCastN = 2048;
+
+Benchmark cast_case(bool transposed, DType to) {
+  Tensor x = filled({kCastN, kCastN});
+  if (transposed) x = x.t();
+  const double bytes = (kF32 + static_cast<double>(itemsize(to))) * kCastN * kCastN;
+  return {[x, to] { do_not_optimize(x.to(to)); }, gb_per_s(bytes)};
+}
+
+// Index ops on a [4096, 1024] float32 table, contiguous or the transpose of a [1024, 4096] one
+// (read across its memory order): 4096 random rows (index_select dim 0, embedding), or a
+// random row per element (gather dim 0). GB/s of the output written and the rows read.
+constexpr int64_t kTableRows = 4096, kTableCols = 1024;
+
+Tensor index_table(bool transposed) {
+  return transposed ? filled({kTableCols, kTableRows}).t() : filled({kTableRows, kTableCols});
+}
+
+Benchmark index_select_case(bool transposed) {
+  Tensor w = index_table(transposed), i = randint(0, kTableRows, {kTableRows}, {DType::Int64});
+  return {[w, i] { do_not_optimize(kiln::index_select(w, 0, i)); },
+          gb_per_s(2 * kF32 * kTableRows * kTableCols)};
+}
+
+Benchmark embedding_case(bool transposed) {
+  Tensor w = index_table(transposed), i = randint(0, kTableRows, {kTableRows}, {DType::Int64});
+  return {[w, i] { do_not_optimize(kiln::embedding(w, i)); },
+          gb_per_s(2 * kF32 * kTableRows * kTableCols)};
+}
+
+Benchmark gather_case(bool transposed) {
+  Tensor w = index_table(transposed);
+  Tensor i = randint(0, kTableRows, {kTableRows, kTableCols}, {DType::Int64});
+  return {[w, i] { do_not_optimize(kiln::gather(w, 0, i)); },
+          gb_per_s((2 * kF32 + 8) * kTableRows * kTableCols)};
+}
+
+// Adds of a [4096, 1024] float32 source at random rows (repeated indices accumulate), in
+// parallel over the columns (backends/cpu/scatter.cpp). GB/s of source, index and output.
+Benchmark index_add_4096x1024(const RunConfig&) {
+  Tensor x = filled({kTableRows, kTableCols}), s = filled({kTableRows, kTableCols});
+  Tensor i = randint(0, kTableRows, {kTableRows}, {DType::Int64});
+  return {[=] { do_not_optimize(kiln::index_add(x, 0, i, s)); },
+          gb_per_s(3 * kF32 * kTableRows * kTableCols)};
+}
+
+Benchmark scatter_add_4096x1024(const RunConfig&) {
+  Tensor x = filled({kTableRows, kTableCols}), s = filled({kTableRows, kTableCols});
+  Tensor i = randint(0, kTableRows, {kTableRows, kTableCols}, {DType::Int64});
+  return {[=] { do_not_optimize(kiln::scatter_add(x, 0, i, s)); },
+          gb_per_s((3 * kF32 + 8) * kTableRows * kTableCols)};
+}
+
+// rand and randn of 4M float32 (randn: Box–Muller in float64, backends/cpu/random.cpp).
+constexpr int64_t k4M = int64_t{1} << 22;
+
+Benchmark rand_4m(const RunConfig&) {
+  return {[] { do_not_optimize(kiln::rand({k4M})); }, gb_per_s(kF32 * k4M)};
+}
+
+Benchmark randn_4m(const RunConfig&) {
+  return {[] { do_not_optimize(kiln::randn({k4M})); }, gb_per_s(kF32 * k4M)};
+}
+
 constexpr double kMatmulFlops = 2.0 * kMatmulN * kMatmulN * kMatmulN;
 
 Benchmark matmul_1024(const RunConfig&) {
@@ -149,6 +215,30 @@ std::vector<Case> cases() {
       {"layer_norm_backward_8192x768", Mode::Eager, "GB/s", layer_norm_backward_8192x768},
       {"gelu_backward_16M", Mode::Eager, "GB/s", gelu_backward_16m},
       {"transpose_contiguous_1024", Mode::Eager, "GB/s", transpose_contiguous_1024},
+      {"cast_2048_f64", Mode::Eager, "GB/s",
+       [](const RunConfig&) { return cast_case(false, DType::Float64); }},
+      {"cast_transposed_2048_f64", Mode::Eager, "GB/s",
+       [](const RunConfig&) { return cast_case(true, DType::Float64); }},
+      {"cast_2048_i32", Mode::Eager, "GB/s",
+       [](const RunConfig&) { return cast_case(false, DType::Int32); }},
+      {"cast_transposed_2048_i32", Mode::Eager, "GB/s",
+       [](const RunConfig&) { return cast_case(true, DType::Int32); }},
+      {"index_select_4096x1024", Mode::Eager, "GB/s",
+       [](const RunConfig&) { return index_select_case(false); }},
+      {"index_select_transposed_4096x1024", Mode::Eager, "GB/s",
+       [](const RunConfig&) { return index_select_case(true); }},
+      {"embedding_4096x1024", Mode::Eager, "GB/s",
+       [](const RunConfig&) { return embedding_case(false); }},
+      {"embedding_transposed_4096x1024", Mode::Eager, "GB/s",
+       [](const RunConfig&) { return embedding_case(true); }},
+      {"gather_4096x1024", Mode::Eager, "GB/s",
+       [](const RunConfig&) { return gather_case(false); }},
+      {"gather_transposed_4096x1024", Mode::Eager, "GB/s",
+       [](const RunConfig&) { return gather_case(true); }},
+      {"index_add_4096x1024", Mode::Eager, "GB/s", index_add_4096x1024},
+      {"scatter_add_4096x1024", Mode::Eager, "GB/s", scatter_add_4096x1024},
+      {"rand_4M", Mode::Eager, "GB/s", rand_4m},
+      {"randn_4M", Mode::Eager, "GB/s", randn_4m},
       {"matmul_1024", Mode::Eager, "GFLOP/s", matmul_1024},
       {"matmul_1024", Mode::Reference, "GFLOP/s", matmul_1024_reference},
       {"matmul_1024_medium", Mode::Eager, "GFLOP/s", matmul_1024_medium},

@@ -6,6 +6,7 @@
 #include <utility>
 #include <vector>
 
+#include "backends/cpu/parallel.h"
 #include "error_of.h"
 #include "kiln/kiln.h"
 
@@ -398,4 +399,117 @@ TEST_CASE("shape errors name the dim that does not fit and the user's dtype") {
         std::vector<bool>{true, false});
   CHECK(index_add(input, 0, from_vector<int64_t>({1, 0}, {2}), ones({2, 3})).sum().item<float>() ==
         6.f);
+}
+
+TEST_CASE("index_select and embedding of tables read across their memory order: every element") {
+  // Sources whose elements along the output's last dim lie a cache line or more apart go a
+  // block of output columns at a time (backends/cpu/index.cpp, take_in_column_blocks): a
+  // transposed table (its rows are columns of memory), a step-sliced one, index_select along
+  // the last dim of a transposed source. Sizes that are not multiples of a block, repeated
+  // indices, 1-, 4- and 8-byte elements (blocks of 64, 16 and 8 columns); values by index
+  // arithmetic, at 1 and 2 threads.
+  const int64_t rows = 300, cols = 157, picks = 250;
+  std::vector<int64_t> pick;
+  for (int64_t i = 0; i < picks; ++i) pick.push_back(i * 37 % rows);
+  const Tensor index = from_vector(pick, {picks});
+  const int saved = cpu::num_threads();
+  for (int threads : {1, 2}) {
+    cpu::set_num_threads(threads);
+    for (DType t : {DType::Float32, DType::Float64, DType::Int32, DType::Bool}) {
+      // table[r][c] = (r * cols + c) % 101 (as bool: whether it is not 0), stored transposed.
+      auto value = [&](int64_t v) -> int64_t { return t == DType::Bool ? v != 0 : v; };
+      Tensor flat = arange(rows * cols, DType::Int64) % 101;
+      Tensor table = flat.view({rows, cols}).t().contiguous().to(t).t();  // [rows, cols]
+      REQUIRE(table.stride(1) == rows);
+      std::vector<int64_t> want;
+      for (int64_t i : pick)
+        for (int64_t c = 0; c < cols; ++c) want.push_back(value((i * cols + c) % 101));
+      CHECK(index_select(table, 0, index).to(DType::Int64).to_vector<int64_t>() == want);
+      CHECK(embedding(table, index.view({10, 25})).to(DType::Int64).to_vector<int64_t>() == want);
+      // Every other row of a twice-as-long transposed table (the row step 2 * 300 elements).
+      Tensor doubled = stack({table, table}, 1).view({2 * rows, cols});  // each row twice
+      Tensor wide = doubled.t().contiguous().t().slice(0, 0, 2 * rows, 2);
+      CHECK(index_select(wide, 0, index).to(DType::Int64).to_vector<int64_t>() == want);
+      // Along the last dim: out[r][j] = table[r][pick'[j]], the index stepping whole columns.
+      std::vector<int64_t> col_pick, want_cols;
+      for (int64_t j = 0; j < 140; ++j) col_pick.push_back(j * 11 % cols);
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t c : col_pick) want_cols.push_back(value((r * cols + c) % 101));
+      CHECK(index_select(table, 1, from_vector(col_pick, {140})).to(DType::Int64)
+                .to_vector<int64_t>() == want_cols);
+    }
+  }
+  cpu::set_num_threads(saved);
+}
+
+namespace {
+// x with src added at index along dim 0 of a 2-D x, one element at a time in index order
+// (float32 sums, the order fixing every bit).
+std::vector<float> scatter_add_by_hand(std::vector<float> x, int64_t x_cols,
+                                       const std::vector<int64_t>& idx, int64_t idx_cols,
+                                       const std::vector<float>& src, int64_t src_cols) {
+  const int64_t idx_rows = static_cast<int64_t>(idx.size()) / idx_cols;
+  for (int64_t i = 0; i < idx_rows; ++i)
+    for (int64_t j = 0; j < idx_cols; ++j)
+      x[static_cast<size_t>(idx[i * idx_cols + j] * x_cols + j)] +=
+          src[static_cast<size_t>(i * src_cols + j)];
+  return x;
+}
+}  // namespace
+
+TEST_CASE("scatter_add and index_add in parallel: index-order sums, the same bits at any thread "
+          "count") {
+  // The kernels split the dims other than the indexed one across threads, each output element
+  // summed by one thread in index order (backends/cpu/scatter.cpp). Float32 sums of values
+  // that round differently in another order, repeated indices, an index smaller than the
+  // source and the input, a transposed source and index, a middle dim; against sums by hand.
+  const int64_t x_rows = 37, x_cols = 1000, idx_rows = 100, idx_cols = 900, src_cols = 1000;
+  std::vector<float> x0(x_rows * x_cols), src(120 * src_cols);
+  for (size_t i = 0; i < x0.size(); ++i) x0[i] = static_cast<float>(i % 7) * 0.1f;
+  for (size_t i = 0; i < src.size(); ++i) src[i] = 1.f / static_cast<float>(i % 97 + 3);
+  std::vector<int64_t> idx(idx_rows * idx_cols);
+  for (size_t i = 0; i < idx.size(); ++i) idx[i] = static_cast<int64_t>((i * 7919 + i / 13) % 37);
+  const std::vector<float> want =
+      scatter_add_by_hand(x0, x_cols, idx, idx_cols, src, src_cols);
+  Tensor x = from_vector(x0, {x_rows, x_cols});
+  Tensor s = from_vector(src, {120, src_cols});
+  Tensor ix = from_vector(idx, {idx_rows, idx_cols});
+  // Along the last dim: the same sums with x, index and source transposed.
+  Tensor xt = x.t().contiguous(), st = s.t().contiguous(), it = ix.t().contiguous();
+  // index_add along the middle dim of [4, 37, 250]: rows r of source slice k go to idx1[k].
+  std::vector<int64_t> idx1;
+  for (int64_t k = 0; k < 150; ++k) idx1.push_back(k * 5 % 37);
+  Tensor x3 = from_vector(std::vector<float>(x0.begin(), x0.begin() + 4 * 37 * 250), {4, 37, 250});
+  std::vector<float> s3_values(4 * 150 * 250);
+  for (size_t i = 0; i < s3_values.size(); ++i) s3_values[i] = 1.f / static_cast<float>(i % 89 + 2);
+  Tensor s3 = from_vector(s3_values, {4, 150, 250});
+  std::vector<float> want3 = x3.to_vector<float>();
+  const std::vector<float> s3v = s3.to_vector<float>();
+  for (int64_t a = 0; a < 4; ++a)
+    for (int64_t k = 0; k < 150; ++k)
+      for (int64_t c = 0; c < 250; ++c)
+        want3[static_cast<size_t>((a * 37 + idx1[k]) * 250 + c)] +=
+            s3v[static_cast<size_t>((a * 150 + k) * 250 + c)];
+  const int saved = cpu::num_threads();
+  for (int threads : {1, 2, 3}) {
+    cpu::set_num_threads(threads);
+    CHECK(scatter_add(x, 0, ix, s).to_vector<float>() == want);
+    CHECK(scatter_add(xt, 1, it, st).t().contiguous().to_vector<float>() == want);
+    CHECK(scatter_add(xt.t(), 0, it.t(), st.t()).to_vector<float>() == want);  // transposed
+    CHECK(index_add(x3, 1, from_vector(idx1, {150}), s3).to_vector<float>() == want3);
+    CHECK(index_add(x3, 1, from_vector(idx1, {150}).to(DType::Int32), s3).to_vector<float>() ==
+          want3);
+  }
+  cpu::set_num_threads(saved);
+  // Integers and bool (a logical or), exact by construction.
+  Tensor counts =
+      scatter_add(zeros({37, 900}, {DType::Int64}), 0, ix, ones({100, 900}, {DType::Int64}));
+  std::vector<int64_t> want_counts(37 * 900, 0);
+  for (size_t i = 0; i < idx.size(); ++i)
+    ++want_counts[static_cast<size_t>(idx[i] * 900 + i % 900)];
+  CHECK(counts.to_vector<int64_t>() == want_counts);
+  Tensor hit = scatter_add(zeros({37, 900}, {DType::Bool}), 0, ix, ones({100, 900}, {DType::Bool}));
+  std::vector<bool> want_hit;
+  for (int64_t c : want_counts) want_hit.push_back(c > 0);
+  CHECK(hit.to_vector<bool>() == want_hit);
 }

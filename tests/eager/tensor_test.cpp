@@ -3,9 +3,12 @@
 
 #include <cmath>
 #include <functional>
+#include <limits>
 #include <tuple>
+#include <type_traits>
 
 #include "backends/cpu/allocator.h"
+#include "backends/cpu/parallel.h"
 #include "kiln/kiln.h"
 
 using namespace kiln;
@@ -691,6 +694,86 @@ TEST_CASE("copies and elementwise ops of inputs read across their memory order: 
     for (int64_t i = 0; i < 300; ++i) tp1.push_back(static_cast<float>(i * 400 + j) + 1);
   CHECK((m.t() + 1.0).to_vector<float>() == tp1);
   CHECK((m.t() + 1.0).is_contiguous());
+}
+
+namespace {
+// The value static_cast gives, except NaN, infinities and values out of range to a signed
+// integer: its minimum (kiln's float-to-integer rule, backends/cpu/copy.cpp cast_value).
+template <class D> D cast_like_kiln(double v) {
+  if constexpr (std::is_integral_v<D> && !std::is_same_v<D, bool>) {
+    const double lo = static_cast<double>(std::numeric_limits<D>::min());
+    if (!(v >= lo && v < -lo)) return std::numeric_limits<D>::min();
+  }
+  return static_cast<D>(v);
+}
+// a == b element by element, NaN equal to NaN.
+template <class T> bool same_values(const std::vector<T>& a, const std::vector<T>& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if constexpr (std::is_floating_point_v<T>) {
+      if (std::isnan(a[i]) && std::isnan(b[i])) continue;
+    }
+    if (a[i] != b[i]) return false;
+  }
+  return true;
+}
+}  // namespace
+
+TEST_CASE("conversions of inputs read across their memory order: every element, dtype pairs") {
+  // A cast whose source has stride 1 before its last dim goes through the blocked transpose,
+  // converting as the tiles are written (backends/cpu/copy.cpp); it used to make a transposed
+  // copy in the source's dtype first. Sizes that are not multiples of the 64 x 64 tile, a
+  // step-sliced batch dim, negative and fractional values, NaN and infinities; values by
+  // index arithmetic, at 1 and 2 threads.
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  const double inf = std::numeric_limits<double>::infinity();
+  const int saved = cpu::num_threads();
+  for (int threads : {1, 2}) {
+    cpu::set_num_threads(threads);
+    for (auto [b, r, c] : {std::tuple<int64_t, int64_t, int64_t>{1, 300, 200}, {3, 37, 130},
+                           {2, 8, 129}}) {
+      std::vector<double> values(static_cast<size_t>(2 * b * c * r));
+      for (size_t n = 0; n < values.size(); ++n)
+        values[n] = static_cast<double>(n % 1999) * 0.37 - 300.0;
+      values[5] = nan, values[7] = inf, values[9] = -inf, values[11] = 0.0;
+      Tensor base = from_vector(values, {2 * b, c, r});
+      // [b, r, c] with stride 1 in dim 1: element (i, j, k) is values[(2i * c + k) * r + j].
+      auto across = [&](const Tensor& t) { return t.slice(0, 0, 2 * b, 2).transpose(1, 2); };
+      std::vector<double> v;  // the source's elements in row-major order
+      for (int64_t i = 0; i < b; ++i)
+        for (int64_t j = 0; j < r; ++j)
+          for (int64_t k = 0; k < c; ++k)
+            v.push_back(values[static_cast<size_t>((2 * i * c + k) * r + j)]);
+      auto expect = [&]<class D>(D, auto convert) {
+        std::vector<D> want;
+        for (double x : v) want.push_back(convert(x));
+        return want;
+      };
+      auto as_float = [](double x) { return static_cast<double>(static_cast<float>(x)); };
+      Tensor f64 = across(base), f32 = across(base.to(DType::Float32));
+      CHECK(same_values(f64.to(DType::Float32).to_vector<float>(),
+                        expect(float{}, [](double x) { return static_cast<float>(x); })));
+      CHECK(same_values(f64.to(DType::Int32).to_vector<int32_t>(),
+                        expect(int32_t{}, cast_like_kiln<int32_t>)));
+      CHECK(same_values(f64.to(DType::Int64).to_vector<int64_t>(),
+                        expect(int64_t{}, cast_like_kiln<int64_t>)));
+      CHECK(same_values(f32.to(DType::Float64).to_vector<double>(), expect(double{}, as_float)));
+      CHECK(same_values(f32.to(DType::Int32).to_vector<int32_t>(),
+                        expect(int32_t{}, [&](double x) {
+                          return cast_like_kiln<int32_t>(as_float(x));
+                        })));
+      CHECK(same_values(f32.to(DType::Bool).to_vector<bool>(),
+                        expect(bool{}, [](double x) { return x != 0.0; })));  // NaN: true
+      Tensor i32 = across(base.to(DType::Int32)), flags = across(base.to(DType::Bool));
+      CHECK(same_values(i32.to(DType::Float64).to_vector<double>(),
+                        expect(double{}, [](double x) {
+                          return static_cast<double>(cast_like_kiln<int32_t>(x));
+                        })));
+      CHECK(same_values(flags.to(DType::Float32).to_vector<float>(),
+                        expect(float{}, [](double x) { return x != 0.0 ? 1.f : 0.f; })));
+    }
+  }
+  cpu::set_num_threads(saved);
 }
 
 TEST_CASE("a DType value out of range is an error, not a table read out of bounds") {
