@@ -106,6 +106,21 @@ ir::Graph transposed_tanh_graph(int64_t rows = kTRows, int64_t cols = kTCols,
   return g;
 }
 
+/// x.t() + y.t() + z.t() of [n, n] inputs: three tiled inputs in one nest.
+ir::Graph transposed_sum3_graph(int64_t n) {
+  ir::Graph g;
+  OpAttrs t;
+  t.dim = 0;
+  t.dim1 = 1;
+  ir::Value sum;
+  for (int i = 0; i < 3; ++i) {
+    ir::Value xt = g.op(OpKind::Transpose, {g.input(DType::Float32, {n, n})}, t);
+    sum = i == 0 ? xt : g.op(OpKind::Add, {sum, xt});
+  }
+  g.output(sum);
+  return g;
+}
+
 /// A compiled transposed_tanh_graph case of x [rows, cols].
 Case transposed_tanh_case(const char* name, int64_t rows, int64_t cols, bool transposed);
 
@@ -184,6 +199,12 @@ std::vector<Case> cases() {
       // Small regions: the whole input fits in L2 (1000 x 37: 145 KiB).
       transposed_tanh_case("transposed_tanh_1000x37", 1000, 37, true),
       transposed_tanh_case("transposed_tanh_37x1000", 37, 1000, true),
+      {"transposed_sum3_2048x2048", Mode::Compiled, "GB/s",
+       [](const RunConfig&) {
+         constexpr int64_t n = 2048;
+         return compiled(transposed_sum3_graph(n),
+                         {filled({n, n}), filled({n, n}), filled({n, n})}, 4 * kF32 * n * n);
+       }},
       {"linear_8x128x256_to_1024", Mode::Eager, "GFLOP/s",
        [](const RunConfig&) -> Benchmark {
          std::vector<Tensor> in = linear_inputs();

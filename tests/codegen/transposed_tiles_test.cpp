@@ -201,6 +201,42 @@ TEST_CASE("transposed tiles: a transposed input next to contiguous and broadcast
   }
 }
 
+TEST_CASE("transposed tiles: up to four transposed inputs of a nest go through tiles",
+          "[codegen][tiles]") {
+  // Two buffers per nest kept the tiles in L1; up to four are still faster than reads across
+  // memory (a fifth input keeps them). x1.t() + 2 x2.t() + ... + n xn.t().
+  for (int inputs : {2, 3, 4, 5}) {
+    INFO(inputs << " inputs");
+    ir::Graph g;
+    std::vector<Tensor> xs;
+    ir::Value sum;
+    for (int i = 1; i <= inputs; ++i) {
+      ir::Value x = g.input(DType::Float32, {300, 517});
+      ir::Value t = g.op(OpKind::Mul, {g.op(OpKind::Permute, {x}, permute_attrs({1, 0})),
+                                       g.constant(static_cast<double>(i), DType::Float32)});
+      sum = i == 1 ? t : g.op(OpKind::Add, {sum, t});
+      xs.push_back(integers({300, 517}, DType::Float32) + static_cast<double>(i));
+    }
+    g.output(sum);
+    const std::string code = bufferized(g);
+    CHECK(test::count(code, "memref.alloca() : memref<64x64xf32>") ==
+          static_cast<size_t>(std::min(inputs, 4)));
+    Tensor got = codegen::Executable(g, no_disk_cache()).run(xs).at(0);
+    std::vector<float> r = got.to_vector<float>();
+    std::vector<std::vector<float>> xv;
+    for (const Tensor& x : xs) xv.push_back(x.to_vector<float>());
+    REQUIRE(r.size() == size_t{517} * 300);
+    size_t wrong = 0;
+    for (size_t i = 0; i < 517; ++i)
+      for (size_t j = 0; j < 300; ++j) {
+        double want = 0;
+        for (int k = 0; k < inputs; ++k) want += (k + 1) * double{xv[k][j * 517 + i]};
+        wrong += r[i * 300 + j] != static_cast<float>(want);
+      }
+    CHECK(wrong == 0);
+  }
+}
+
 TEST_CASE("transposed tiles: a reduction over x.t() * 2 keeps the transpose a loop of its own",
           "[codegen][tiles]") {
   // Fused into the sum, x would be read across memory in the reduction's loops, which get no
