@@ -91,17 +91,38 @@ ir::Graph linear_graph() {
 constexpr int64_t kTRows = 4096, kTCols = 2048;
 constexpr double kTBytes2 = 2 * kF32 * kTRows * kTCols;
 
-ir::Graph transposed_tanh_graph() {
+/// (x.t() * 2 + 1).tanh() of x [rows, cols], or (`transposed` false) the same of x itself: the
+/// ceiling of the tiled loop, the same computation reading its input in memory order.
+ir::Graph transposed_tanh_graph(int64_t rows = kTRows, int64_t cols = kTCols,
+                                bool transposed = true) {
   ir::Graph g;
-  ir::Value x = g.input(DType::Float32, {kTRows, kTCols});
+  ir::Value x = g.input(DType::Float32, {rows, cols});
   OpAttrs t;
   t.dim = 0;
   t.dim1 = 1;
   auto c = [&](double v) { return g.constant(Scalar(v), DType::Float32); };
-  ir::Value y = g.op(OpKind::Mul, {g.op(OpKind::Transpose, {x}, t), c(2.0)});
+  ir::Value y = g.op(OpKind::Mul, {transposed ? g.op(OpKind::Transpose, {x}, t) : x, c(2.0)});
   g.output(g.op(OpKind::Tanh, {g.op(OpKind::Add, {y, c(1.0)})}));
   return g;
 }
+
+/// x.t() + y.t() + z.t() of [n, n] inputs: three tiled inputs in one nest.
+ir::Graph transposed_sum3_graph(int64_t n) {
+  ir::Graph g;
+  OpAttrs t;
+  t.dim = 0;
+  t.dim1 = 1;
+  ir::Value sum;
+  for (int i = 0; i < 3; ++i) {
+    ir::Value xt = g.op(OpKind::Transpose, {g.input(DType::Float32, {n, n})}, t);
+    sum = i == 0 ? xt : g.op(OpKind::Add, {sum, xt});
+  }
+  g.output(sum);
+  return g;
+}
+
+/// A compiled transposed_tanh_graph case of x [rows, cols].
+Case transposed_tanh_case(const char* name, int64_t rows, int64_t cols, bool transposed);
 
 std::vector<Tensor> linear_inputs() {
   return {filled({kLinB, kLinT, kLinK}, -1.f, 1.f), filled({kLinN, kLinK}, -0.1f, 0.1f),
@@ -112,6 +133,13 @@ std::vector<Tensor> linear_inputs() {
 Benchmark compiled(ir::Graph g, std::vector<Tensor> inputs, double bytes) {
   auto exe = std::make_shared<codegen::Executable>(g);
   return {[exe, inputs] { do_not_optimize(exe->run(inputs)); }, gb_per_s(bytes)};
+}
+
+Case transposed_tanh_case(const char* name, int64_t rows, int64_t cols, bool transposed) {
+  return {name, Mode::Compiled, "GB/s", [rows, cols, transposed](const RunConfig&) {
+            return compiled(transposed_tanh_graph(rows, cols, transposed),
+                            {filled({rows, cols}, -2.f, 2.f)}, 2 * kF32 * rows * cols);
+          }};
 }
 
 constexpr double k16MBytes2 = 2 * kF32 * k16M;  // one input read, one output written
@@ -167,6 +195,16 @@ std::vector<Case> cases() {
          return compiled(transposed_tanh_graph(), {filled({kTRows, kTCols}, -2.f, 2.f)},
                          kTBytes2);
        }},
+      transposed_tanh_case("contiguous_tanh_4096x2048", kTRows, kTCols, false),
+      // Small regions: the whole input fits in L2 (1000 x 37: 145 KiB).
+      transposed_tanh_case("transposed_tanh_1000x37", 1000, 37, true),
+      transposed_tanh_case("transposed_tanh_37x1000", 37, 1000, true),
+      {"transposed_sum3_2048x2048", Mode::Compiled, "GB/s",
+       [](const RunConfig&) {
+         constexpr int64_t n = 2048;
+         return compiled(transposed_sum3_graph(n),
+                         {filled({n, n}), filled({n, n}), filled({n, n})}, 4 * kF32 * n * n);
+       }},
       {"linear_8x128x256_to_1024", Mode::Eager, "GFLOP/s",
        [](const RunConfig&) -> Benchmark {
          std::vector<Tensor> in = linear_inputs();
@@ -212,6 +250,11 @@ void summary(std::span<const Record> records) {
     const Record *c = find(name, Mode::Compiled), *e = find(name, Mode::Eager);
     if (c && e) fmt::print("  {:<40} {:.2f}x\n", name, c->value / e->value);
   }
+  const Record *tiled = find("transposed_tanh_4096x2048", Mode::Compiled),
+               *contiguous = find("contiguous_tanh_4096x2048", Mode::Compiled);
+  if (tiled && contiguous)
+    fmt::print("transposed_tanh / contiguous_tanh compiled (tiles' cost, 1.00x: none): {:.2f}x\n",
+               tiled->value / contiguous->value);
   fmt::print("softmax / layer_norm compiled >= PyTorch 1.13 eager (target): compare with\n"
              "  /usr/bin/python3 benchmarks/peers/fusion_torch.py\n");
 }

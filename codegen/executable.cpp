@@ -41,6 +41,7 @@
 #include "mlir/Conversion/OpenMPToLLVM/ConvertOpenMPToLLVM.h"
 #include "mlir/Conversion/Passes.h"
 #include "mlir/Conversion/UBToLLVM/UBToLLVM.h"
+#include "mlir/Conversion/VectorToLLVM/ConvertVectorToLLVM.h"
 #include "mlir/Dialect/Affine/IR/AffineOps.h"
 #include "mlir/Dialect/Arith/IR/Arith.h"
 #include "mlir/Dialect/Arith/Transforms/BufferizableOpInterfaceImpl.h"
@@ -66,6 +67,7 @@
 #include "mlir/Dialect/Tensor/IR/Tensor.h"
 #include "mlir/Dialect/Tensor/Transforms/BufferizableOpInterfaceImpl.h"
 #include "mlir/Dialect/UB/IR/UBOps.h"
+#include "mlir/Dialect/Vector/IR/VectorOps.h"
 #include "mlir/IR/Diagnostics.h"
 #include "mlir/IR/Verifier.h"
 #include "mlir/IR/MLIRContext.h"
@@ -122,7 +124,8 @@ void fill_registry(mlir::DialectRegistry& r) {
            mlir::bufferization::BufferizationDialect, mlir::cf::ControlFlowDialect,
            mlir::func::FuncDialect, mlir::index::IndexDialect, mlir::LLVM::LLVMDialect,
            mlir::linalg::LinalgDialect, mlir::math::MathDialect, mlir::memref::MemRefDialect,
-           mlir::scf::SCFDialect, mlir::tensor::TensorDialect, mlir::ub::UBDialect>();
+           mlir::scf::SCFDialect, mlir::tensor::TensorDialect, mlir::ub::UBDialect,
+           mlir::vector::VectorDialect>();  // vector: the tiles' copies (transposed_tiles.h)
   mlir::arith::registerBufferizableOpInterfaceExternalModels(r);
   mlir::linalg::registerBufferizableOpInterfaceExternalModels(r);
   mlir::scf::registerBufferizableOpInterfaceExternalModels(r);
@@ -135,6 +138,7 @@ void fill_registry(mlir::DialectRegistry& r) {
   mlir::registerConvertMathToLLVMInterface(r);
   mlir::registerConvertMemRefToLLVMInterface(r);
   mlir::ub::registerConvertUBToLLVMInterface(r);
+  mlir::vector::registerConvertVectorToLLVMInterface(r);
   mlir::registerBuiltinDialectTranslation(r);
   mlir::registerLLVMDialectTranslation(r);
   mlir::registerConvertOpenMPToLLVMInterface(r);  // cpu_parallel.h

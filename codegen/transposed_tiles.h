@@ -6,8 +6,9 @@
 /// (backends/cpu/copy.cpp, `copy_if_read_across`). Here the same happens per tile, in L1: the
 /// nest runs over 64 x 64 tiles of the two loops involved (the innermost, and the one indexing
 /// the input's last, unit-stride dim); each tile first copies the input's tile into a stack
-/// buffer in the loop's order (reading the input's rows), then runs the body, whose innermost
-/// loop reads the buffer contiguously and stays vectorised. No extra pass over memory.
+/// buffer in the loop's order (reading the input's rows, 16 x 16 or 8 x 8 blocks transposed in
+/// vector registers), then runs the body, whose innermost loop reads the buffer contiguously and
+/// stays vectorised. No extra pass over memory.
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/IR/BuiltinOps.h"
 
