@@ -42,6 +42,8 @@ class SavedTensor {
   void release() { data_ = Tensor(); released_ = true; }
   bool defined() const { return data_.defined() || released_; }
   std::shared_ptr<TensorImpl> impl() const { return data_.impl_ptr(); }
+  /// Whether unpack() would succeed now: not freed, not modified in place since saved.
+  bool unpacks() const { return !released_ && (!data_.defined() || data_.version() == version_); }
 
  private:
   Tensor data_;

@@ -473,8 +473,10 @@ HistoryReach history_reach(const std::vector<autograd::Edge>& edges) {
       if (auto t = weak.lock()) r.grads.insert(t.get());
     if (auto* op = dynamic_cast<const autograd::OpNode*>(n))
       for (const auto* list : {&op->saved_inputs, &op->saved_outputs})
-        for (const autograd::SavedTensor& t : *list)
+        for (const autograd::SavedTensor& t : *list) {
           if (auto impl = t.impl(); impl && impl->storage) r.saved.insert(impl->storage.get());
+          r.raises = r.raises || !t.unpacks();
+        }
     for (const autograd::Edge& e : n->next_edges)
       if (e.valid()) stack.push_back(e.fn.get());
   }

@@ -30,11 +30,13 @@ void attach_backward(const std::shared_ptr<const Program>& p,
                      std::vector<std::pair<int, Tensor>> originals = {});
 
 /// What a backward from `edges` into autograd history made before a traced call changes or
-/// needs: the tensors whose .grad it sets (leaves behind the edges, retained non-leaves) and
-/// the storages its nodes saved for backward (an in-place write to one makes it raise).
+/// needs: the tensors whose .grad it sets (leaves behind the edges, retained non-leaves), the
+/// storages its nodes saved for backward (an in-place write to one makes it raise), and
+/// whether it would raise now (a saved tensor freed by an earlier backward, or changed).
 struct HistoryReach {
   std::unordered_set<const TensorImpl*> grads;
   std::unordered_set<const StorageImpl*> saved;
+  bool raises = false;
 };
 HistoryReach history_reach(const std::vector<autograd::Edge>& edges);
 

@@ -549,26 +549,51 @@ std::unique_ptr<Segment> make_chain(const std::shared_ptr<const Program>& p, siz
   return seg;
 }
 
+// The tensor value `v` of `p` stands for at this call: its source's, or for the new value of
+// an argument / captured tensor the function wrote (an optimizer's step), that tensor.
+Tensor caller_tensor(const Program& p, RunState& st, int v) {
+  int src = p.values[v].source;
+  for (size_t k = 0; k < p.write_backs.size() && src < 0; ++k)
+    if (p.write_backs[k].second == v) src = p.write_backs[k].first;
+  if (src < 0) return Tensor();
+  for (size_t u = 0; u < p.values.size(); ++u)
+    if (p.values[u].source == src) return st.value(p, static_cast<int>(u));
+  return Tensor();
+}
+
 // The edges of the autograd history a replay's arguments / captured tensors bring, for each
 // HistoryBackward's owners in order (invalid for an owner that now has no history: a leaf that
-// does not require grad). Throws GuardFailure where that history sets a .grad the program
-// reads, sets or found undefined, which it would change only after the program used it.
+// does not require grad). Runs before the replay changes anything, and throws GuardFailure,
+// so that the call is traced (run eagerly) instead, where that history would set a .grad the
+// program reads, sets or found undefined (it would add to it after the program's own use),
+// where it saved a tensor the program writes in place (it would find it changed), or where it
+// would raise (freed by an earlier backward: eager raises at the backward(), before the
+// function's later writes).
 std::vector<autograd::Edge> check_history_reach(const Program& p, RunState& st) {
   std::vector<autograd::Edge> edges;
   for (const Program::HistoryBackward& h : p.history_backwards)
     for (int v : h.owners) edges.push_back(autograd::gradient_edge(st.value(p, v)));
   if (edges.empty()) return edges;
+  const HistoryReach reach = history_reach(edges);
+  if (reach.raises)
+    throw GuardFailure{"the autograd history an argument brings would raise in backward() "
+                       "(freed by an earlier backward, or a saved tensor changed in place)"};
   std::vector<int> leaves = p.grad_undefined_at_call;
   for (auto& [leaf, g] : p.grad_assignments) leaves.push_back(leaf);
-  for (int v : values_from(p, SourceKind::GradOf)) leaves.push_back(p.sources[p.values[v].source].index);
-  if (leaves.empty()) return edges;
-  const HistoryReach reach = history_reach(edges);
+  for (int v : values_from(p, SourceKind::GradOf))
+    leaves.push_back(p.sources[p.values[v].source].index);
   for (int leaf : leaves)
-    if (reach.grads.count(st.value(p, leaf).impl()))
+    if (Tensor t = caller_tensor(p, st, leaf); t.defined() && reach.grads.count(t.impl()))
       throw GuardFailure{fmt::format(
           "the autograd history an argument brings sets the .grad of a tensor (shape {}) that "
           "the function reads or sets itself",
-          to_string(st.value(p, leaf).shape()))};
+          to_string(t.shape()))};
+  for (auto& [src, v] : p.write_backs)
+    if (Tensor t = caller_tensor(p, st, v); t.defined() && reach.saved.count(t.storage().get()))
+      throw GuardFailure{fmt::format(
+          "the autograd history an argument brings saved a tensor (shape {}) that the function "
+          "changes in place",
+          to_string(t.shape()))};
   return edges;
 }
 

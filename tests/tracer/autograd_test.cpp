@@ -402,6 +402,7 @@ TEST_CASE("compile: a backward() whose history part sets a .grad the function al
     Tensor w_e = w.detach().clone().requires_grad_();
     auto step_of = [](Tensor weight) {
       return [weight](const Tensor& h) mutable {
+        weight.set_grad(Tensor());  // reset by the function: its .grad at the call is no guard
         Tensor loss = h.matmul(weight).sum();
         loss.backward();
         NoGradGuard no_grad;
@@ -444,6 +445,53 @@ TEST_CASE("compile: a backward() whose history part sets a .grad the function al
     }
     CHECK(contains(f.explain(), "which saved a tensor (shape [4, 4]) that the function changes in "
                                 "place"));
+  }
+}
+
+TEST_CASE("compile: a later call's history that saved a tensor the function writes, or that "
+          "an earlier backward freed, runs as eager", "[compile][autograd]") {
+  // Re-test of the break-it pass: a replay runs the history at its end, after its writes.
+  Tensor buf = ones({4, 5});
+  Tensor w = (randn({5, 3}) * 0.5).requires_grad_();
+  SECTION("the function writes in place, after backward(), a tensor the history saved") {
+    auto step = [&](const Tensor& feat) {
+      Tensor loss = feat.matmul(w).sum();
+      loss.backward();
+      NoGradGuard no_grad;
+      buf.mul_(2.0);
+      return loss.detach();
+    };
+    auto f = compile(step, CompileOptions{}, "writes_later_saved");
+    for (int call = 0; call < 4; ++call) {
+      INFO("call " << call);
+      Tensor a = randn({4, 5}).requires_grad_();
+      Tensor buf_before = buf.clone();
+      f(call < 2 ? a * 3.0 : a * buf);  // calls 2, 3: MulBackward saved buf
+      REQUIRE(a.grad().defined());
+      // d/da sum((a * c) @ w) = c * (ones @ w^T), c = 3 or buf as it was at the call.
+      Tensor c = call < 2 ? full({4, 5}, 3.0) : buf_before;
+      CHECK(rel_diff(a.grad(), c * ones({4, 3}).matmul(w.detach().t())) <= 1e-6f);
+      CHECK(rel_diff(buf, buf_before * 2.0) == 0.0f);
+      w.set_grad(Tensor());
+    }
+  }
+  SECTION("the history was freed by an earlier call: the error comes before the step") {
+    auto step = [&](const Tensor& feat) {
+      Tensor loss = feat.matmul(w).sum();
+      loss.backward();
+      NoGradGuard no_grad;
+      w.sub_(w.grad() * 0.1);
+      w.set_grad(Tensor());
+      return loss.detach();
+    };
+    auto f = compile(step, CompileOptions{}, "freed_history");
+    Tensor a = randn({4, 5}).requires_grad_();
+    f(sin(a));
+    Tensor feat = sin(a);
+    f(feat);  // a replay
+    Tensor w_before = w.detach().clone();
+    CHECK_THROWS_WITH(f(feat), Catch::Contains("backward through the graph a second time"));
+    CHECK(rel_diff(w, w_before) == 0.0f);  // eager raised at backward(), before the step
   }
 }
 
