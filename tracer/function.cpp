@@ -1608,8 +1608,8 @@ std::vector<OutValue> CompiledFunction::Impl::replay(Entry& e, const std::vector
     throw;
   }
   const Program& p = *seg->program;
-  // Before anything the caller sees changes: a history this call brings that sets a .grad the
-  // program reads or sets would add to it only after the program's own use.
+  // Before anything the caller sees changes: the autograd history this call's arguments bring
+  // (a graph break at a backward() into it) must be one the end of the replay can run.
   const std::vector<autograd::Edge> history_edges = check_history_reach(p, st);
   if (ran) *ran = seg->program;
   if (uint64_t used = st.rng_offset(p, p.nodes.size())) advance_generator(used);
