@@ -26,6 +26,7 @@
 #include "tracer/generalize.h"
 #include "tracer/plan.h"
 #include "tracer/recorder.h"
+#include "tracer/state_journal.h"
 
 namespace kiln::tracer {
 
@@ -1787,18 +1788,47 @@ std::vector<OutValue> CompiledFunction::Impl::trace(
   const DType dtype_before = default_dtype();
   const uint64_t dtype_changes = default_dtype_changes();
   const uint64_t generation_before = generation;
+  // fullgraph = true: a call that raises at a graph break leaves the caller's tensors, their
+  // .grad and the random generator as they were (as check = true's calls that diverge), since
+  // the trace runs the function before it knows (torch.compile raises before running it).
+  std::optional<StateJournal> journal;
+  GeneratorState rng_at_call{};
+  auto undo_call = [&] {
+    if (!journal) return;
+    journal->restore();
+    set_generator_state(rng_at_call);
+  };
   {
     Recorder rec(*prog);
     for (size_t i = 0; i < args.size(); ++i)
       if (args[i].kind == ArgValue::Kind::Tensor) rec.add_arg(args[i].tensor, static_cast<int>(i));
     lock.unlock();
+    if (options.fullgraph) {
+      journal.emplace();
+      rng_at_call = generator_state();
+      rec.raise_at_graph_break(name);
+    }
     rec.install();
     const uint64_t op_errors_before = dispatch::op_errors();
     std::vector<int> retaining;  // non-leaf arguments that retain grad already
     for (size_t i = 0; i < args.size(); ++i)
       if (args[i].kind == ArgValue::Kind::Tensor && retains_grad(args[i].tensor))
         retaining.push_back(int(i));
-    outs = invoke();
+    try {
+      outs = invoke();
+    } catch (...) {  // the function may have turned that error into another one
+      if (rec.raised_at_graph_break()) undo_call();
+      throw;
+    }
+    // The function caught that error and went on: its trace lacks the history's backward.
+    if (rec.raised_at_graph_break()) {
+      undo_call();
+      throw Error("compile",
+                  fmt::format("fullgraph=true, but '{}' caught the error its backward() raised "
+                              "at a graph break (autograd history made before the call)",
+                              name),
+                  loc);
+    }
     ++traces_run;
     for (size_t i = 0; i < args.size(); ++i)
       if (args[i].kind == ArgValue::Kind::Tensor && retains_grad(args[i].tensor) &&
@@ -1839,6 +1869,36 @@ std::vector<OutValue> CompiledFunction::Impl::trace(
     if (generation++ != generation_before) return outs;
     remember_captured(*prog, rec);
   }
+  // fullgraph = true: a graph break raises, naming its line, and the call has no effect.
+  auto raise_fullgraph = [&](const Loc& at, std::string what) {
+    undo_call();
+    throw Error("compile", fmt::format("fullgraph=true, but '{}' {}", name, what), at);
+  };
+  // Whatever makes the trace unfit for replays: the function runs eagerly from now on, or
+  // raises under fullgraph = true (it would not be one compiled graph).
+  auto cannot_compile = [&](std::string why) {
+    if (options.fullgraph) raise_fullgraph(loc, "cannot be compiled: " + why);
+    run_eagerly_from_now_on(std::move(why));
+  };
+  if (options.fullgraph) {
+    for (const Node& node : prog->nodes)
+      if (node.kind == Node::Kind::Read)
+        raise_fullgraph(node.loc, "reads a tensor value to the host here (item() / to_vector() "
+                                  "/ item<bool>() of a comparison), which splits the graph");
+    if (prog->raw_access)
+      raise_fullgraph(*prog->raw_access, "takes a pointer to tensor memory here (data<T>() / "
+                                         "raw_data()), which a compiled replay cannot run");
+    if (!caught_op_error.empty())
+      raise_fullgraph(loc, fmt::format("caught an error an op raised while it was traced ({}); "
+                                       "the values that op checks decide the function's path, "
+                                       "which a replay cannot follow", caught_op_error));
+    const std::string& history =
+        prog->outside_backward.empty() ? prog->history_backward : prog->outside_backward;
+    if (!history.empty())
+      raise_fullgraph(loc, fmt::format("runs, at its backward(), autograd history made "
+                                       "before the call ({}), which runs outside the compiled "
+                                       "code", history));
+  }
   // A guard read by kiln's own code (a module's is_training() or setting() called through
   // forward(), outside a module call on a user's line) is named by the compile() call.
   for (HostValue& h : prog->host_values)
@@ -1846,23 +1906,19 @@ std::vector<OutValue> CompiledFunction::Impl::trace(
   // Its gradients flow through a base rebased onto an in-place write into a view, which the
   // replay does not record (another thread's such write only costs this function its speed).
   if (in_place_view_writes() != view_writes) {
-    run_eagerly_from_now_on("it writes in place into a view of a tensor, giving the base a "
-                            "gradient history (CopySlices) that a replay would not record");
+    cannot_compile("it writes in place into a view of a tensor, giving the base a gradient "
+                   "history (CopySlices) that a replay would not record");
     return outs;
   }
   for (const std::string* why : {&prog->output_dependency, &prog->grad_alias_reason})
     if (!why->empty()) {
-      run_eagerly_from_now_on(*why);
+      cannot_compile(*why);
       return outs;
     }
   // The function went on after an op raised: its path depends on what the op checked (an
   // index in range), which no guard covers, and a replay would take this path for any values.
   if (!caught_op_error.empty()) {
-    KILN_CHECK(!options.fullgraph, "compile", loc,
-               "fullgraph=true, but '{}' caught an error an op raised while it was traced ({}); "
-               "the values that op checks decide the function's path, which a replay cannot "
-               "follow", name, caught_op_error);
-    run_eagerly_from_now_on(fmt::format(
+    cannot_compile(fmt::format(
         "it caught an error an op raised while it was traced ({}); the values that op checks "
         "(indices in range, ...) decide the function's path, which no guard covers",
         caught_op_error));
@@ -1870,17 +1926,14 @@ std::vector<OutValue> CompiledFunction::Impl::trace(
   }
   if (prog->raw_access) {
     const Loc& at = *prog->raw_access;
-    KILN_CHECK(!options.fullgraph, "compile", at,
-               "fullgraph=true, but '{}' takes a pointer to tensor memory here (data<T>() / "
-               "raw_data()), which a compiled replay cannot run", name);
-    run_eagerly_from_now_on(fmt::format(
+    cannot_compile(fmt::format(
         "it takes a pointer to tensor memory (data<T>() or raw_data() at {}:{}); a replay of "
         "its recorded ops would skip what it reads and writes through it",
         at.file_name(), at.line()));
     return outs;
   }
   if (!prog->foreign_thread_reason.empty()) {
-    run_eagerly_from_now_on(prog->foreign_thread_reason);
+    cannot_compile(prog->foreign_thread_reason);
     return outs;
   }
   // Memory running out while the backward was recorded may not happen again: this trace is not
@@ -1891,7 +1944,7 @@ std::vector<OutValue> CompiledFunction::Impl::trace(
     return outs;
   }
   if (!prog->backward_error.empty()) {
-    run_eagerly_from_now_on(fmt::format("its outputs' backward fails ({})", prog->backward_error));
+    cannot_compile(fmt::format("its outputs' backward fails ({})", prog->backward_error));
     return outs;
   }
   // set_default_dtype while this ran (another thread's, or the function's own): its ops may
@@ -1904,21 +1957,21 @@ std::vector<OutValue> CompiledFunction::Impl::trace(
     return outs;
   }
   if (GeneratorReseeds r = generator_reseeds(); r.count != reseeds) {
-    run_eagerly_from_now_on(fmt::format(
+    cannot_compile(fmt::format(
         "it reseeds kiln's random generator (manual_seed or set_generator_state, last at "
         "{}:{}); a replay would draw from the caller's generator state instead",
         r.last.file_name(), r.last.line()));
     return outs;
   }
   if (MatmulPrecisionChanges c = matmul_precision_changes(); c.count != precision_changes) {
-    run_eagerly_from_now_on(fmt::format(
+    cannot_compile(fmt::format(
         "it changes the float32 matmul precision (set_float32_matmul_precision, last at "
         "{}:{}); a replay would compute at the caller's setting and leave it unchanged",
         c.last.file_name(), c.last.line()));
     return outs;
   }
   if (create_graph_backwards() != double_backwards) {
-    run_eagerly_from_now_on("it runs a backward with create_graph=true; a replay would return "
+    cannot_compile("it runs a backward with create_graph=true; a replay would return "
                             "those gradients without their own gradient history");
     return outs;
   }
@@ -2016,12 +2069,6 @@ std::vector<OutValue> CompiledFunction::Impl::trace(
   // backward replayed for a sigmoid argument's gave wrong gradients). Replays run that part on
   // eager autograd (Program::history_backward, a graph break) unless the recorder could not
   // split it off (outside_backward): such a trace is not cached.
-  const std::string& history =
-      prog->outside_backward.empty() ? prog->history_backward : prog->outside_backward;
-  KILN_CHECK(!options.fullgraph || history.empty(), "compile", loc,
-             "fullgraph=true, but the backward() in '{}' runs autograd history made before the "
-             "call ({}), which runs outside the compiled code",
-             name, history);
   if (!prog->outside_backward.empty()) {
     std::string why = fmt::format(
         "trace #{} not cached: its backward() runs autograd history made before the call ({}), "
@@ -2029,7 +2076,7 @@ std::vector<OutValue> CompiledFunction::Impl::trace(
         n, prog->outside_backward);
     log_recompile(why);
     if (log_enabled("recompiles")) fmt::print(stderr, "kiln.compile: '{}': {}\n", name, why);
-    if (++uncached_in_a_row >= 3) run_eagerly_from_now_on(why);
+    if (++uncached_in_a_row >= 3) cannot_compile(why);
     return outs;
   }
   // A tensor created by the function that outlives the call was stored in host state (e.g. an
@@ -2046,7 +2093,7 @@ std::vector<OutValue> CompiledFunction::Impl::trace(
         "update such state in place", n, where);
     log_recompile(why);
     if (log_enabled("recompiles")) fmt::print(stderr, "kiln.compile: '{}': {}\n", name, why);
-    if (++uncached_in_a_row >= 3) run_eagerly_from_now_on(why);
+    if (++uncached_in_a_row >= 3) cannot_compile(why);
     return outs;
   }
   uncached_in_a_row = 0;
@@ -2057,7 +2104,7 @@ std::vector<OutValue> CompiledFunction::Impl::trace(
     const Source& s = prog->sources[src];
     Tensor t = s.kind == SourceKind::Arg ? args[s.index].tensor : Tensor(s.captured.lock());
     if (!t.defined() || !t.requires_grad() || t.is_leaf()) continue;
-    run_eagerly_from_now_on(fmt::format(
+    cannot_compile(fmt::format(
         "it changes in place {} that requires grad and has autograd history ({} {}), whose "
         "new history a replay would not record",
         s.kind == SourceKind::Arg ? fmt::format("an argument ({})", s.index) : "a captured tensor",
@@ -2070,21 +2117,18 @@ std::vector<OutValue> CompiledFunction::Impl::trace(
     if (node.kind != Node::Kind::Read) continue;
     has_reads = true;
     if (++reads > kMaxHostReads) {
-      run_eagerly_from_now_on(fmt::format(
+      cannot_compile(fmt::format(
           "it reads more than {} tensor elements to the host (to_vector() or printing at "
           "{}:{}); each is a graph break, so it is faster run eagerly",
           kMaxHostReads, node.loc.file_name(), node.loc.line()));
       return outs;
     }
     if (node.read_index > 0) continue;  // the rest of the same to_vector()
-    KILN_CHECK(!options.fullgraph, "compile", node.loc,
-               "fullgraph=true, but '{}' reads a tensor value to the host here (item() / "
-               "to_vector() / item<bool>() of a comparison), which splits the graph",
-               name);
     if (log_enabled("breaks"))
       fmt::print(stderr, "kiln.compile: '{}': graph break at {}:{} (host read, value {})\n", name,
                  node.loc.file_name(), node.loc.line(), node.read_value.str());
   }
+  journal.reset();  // no fullgraph error from here on: nothing to give back
   // Logged with what became of the trace (made symbolic or not, a new branch).
   auto note_recompile = [&](std::string what) {
     if (log_enabled("recompiles"))

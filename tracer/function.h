@@ -35,8 +35,15 @@ struct CompileOptions {
   /// Dims marked symbolic from the first trace: (argument position, dim), like
   /// torch._dynamo.mark_dynamic. Such a dim never specialises, size 1 included.
   std::vector<std::pair<int, int>> dynamic_dims{};
-  /// Error (naming the user's line) instead of a graph break: at a data-dependent host read, or
-  /// at a backward() that runs autograd history made before the call (an argument's grad_fn).
+  /// kiln::Error (naming the user's line) instead of a graph break or of running eagerly: at a
+  /// data-dependent host read, a pointer taken to tensor memory, an op error the function
+  /// caught, a backward() that runs autograd history made before the call (an argument's
+  /// grad_fn; raised there, before that history runs), or anything that makes the function
+  /// run eagerly from then on (the limit of cache entries aside). The trace has run the
+  /// function by then (torch.compile raises before): the call then has no effect on tensors
+  /// that existed before it, their .grad, or the random generator (tracer::StateJournal gives
+  /// them back, at the cost of one copy of each such tensor the function writes, during traces
+  /// only); host state the function changed (C++ variables, prints) stays changed.
   bool fullgraph = false;
   /// Specialisations (guard sets and trace-tree branches) before the function runs eagerly,
   /// with one warning naming the guard that keeps failing. TorchDynamo's default is 8.

@@ -425,6 +425,14 @@ void Recorder::run_deferred_backward(const std::vector<autograd::Edge>& edges,
                                      const std::vector<Tensor>& grads, bool retain_graph) {
   const Loc loc = autograd::backward_call_site();
   const std::string first = describe_node(*edges[0].fn);
+  if (!fullgraph_name_.empty()) {
+    raised_at_graph_break_ = true;
+    throw Error("compile",
+                fmt::format("fullgraph=true, but the backward() in '{}' runs autograd history "
+                            "made before the call ({}), which runs outside the compiled code",
+                            fullgraph_name_, first),
+                loc);
+  }
   // The arguments / captured tensors whose history each edge is: a replay finds the edges
   // again from the tensors of its own call.
   Program::HistoryBackward h{{}, {}, retain_graph, loc};

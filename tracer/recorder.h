@@ -63,6 +63,11 @@ class Recorder final : public DispatchHook {
   /// that the function writes in place.
   void run_deferred_backward(const std::vector<autograd::Edge>& edges,
                              const std::vector<Tensor>& grads, bool retain_graph) override;
+  /// compile(fullgraph = true) of function `name`: run_deferred_backward raises a kiln::Error
+  /// at the backward() instead, before that history runs (it frees the caller's graph, which
+  /// nothing could give back). raised_at_graph_break() then tells the caller it was this.
+  void raise_at_graph_break(std::string name) { fullgraph_name_ = std::move(name); }
+  bool raised_at_graph_break() const { return raised_at_graph_break_; }
   /// item()/to_vector(): records a Read node with the value about to be read.
   void on_read(const Tensor& t, Loc loc);
   /// The function's own code took a pointer to tensor memory at `loc` (Program::raw_access).
@@ -139,7 +144,9 @@ class Recorder final : public DispatchHook {
   // deferred backward changed: a replay sets the first at the end of the call and runs the
   // second at the backward() (run_deferred_backward), so they must not meet.
   std::unordered_set<const TensorImpl*> grad_touched_, history_grads_;
-  std::unordered_set<const StorageImpl*> history_saved_;  // saved by the deferred histories
+  std::unordered_set<const StorageImpl*> history_saved_;
+  std::string fullgraph_name_;  // raise_at_graph_break(): the compiled function's name
+  bool raised_at_graph_break_ = false;  // saved by the deferred histories
   void check_history_grad(const Tensor& t);
   std::unordered_set<const TensorImpl*> grad_leaf_set_;
   std::unordered_set<const void*> host_written_;  // host state keys the function wrote

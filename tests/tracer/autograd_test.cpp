@@ -284,7 +284,33 @@ TEST_CASE("compile: backward() inside runs the history each call's argument brin
   CompileOptions full;
   full.fullgraph = true;
   auto g = compile(step, full);
-  CHECK_THROWS_WITH(g(history(1)), Catch::Contains("runs autograd history made before the call"));
+  // It raises at the backward(), before that history runs: the caller's graph is not freed,
+  // and w.grad is as it was.
+  w.set_grad(Tensor());
+  Tensor h = history(1);
+  try {
+    g(h);
+    FAIL("expected an error");
+  } catch (const Error& e) {
+    CHECK(contains(e.what(), "runs autograd history made before the call"));
+    CHECK(contains(e.what(), "autograd_test.cpp"));
+  }
+  CHECK_FALSE(w.grad().defined());
+  CHECK_NOTHROW(step(h));  // the history is still there
+  REQUIRE(w.grad().defined());
+  // A function that catches that error is not traced as if it had run the history.
+  auto catching = compile(
+      [&](const Tensor& x) {
+        try {
+          return step(x);
+        } catch (const Error&) {
+          return x.sum().detach();
+        }
+      },
+      full);
+  w.set_grad(Tensor());
+  CHECK_THROWS_WITH(catching(history(2)), Catch::Contains("caught the error its backward()"));
+  CHECK_FALSE(w.grad().defined());
 }
 
 namespace {

@@ -512,6 +512,74 @@ TEST_CASE("compile: fullgraph turns a host read into an error naming the line", 
   }
 }
 
+// torch.compile(fullgraph=True) raises before the function runs; kiln's trace runs it, so the
+// error must leave what the call changed as it was (a training step stepped its weights, then
+// raised at a host read after the step).
+TEST_CASE("compile: fullgraph's error leaves the caller's tensors, .grad and generator as they "
+          "were", "[compile]") {
+  Tensor w = from_vector<float>({0.5f, -1.f, 2.f}, {3}).requires_grad_();
+  Tensor velocity = zeros({3});
+  auto step_then_read = [&](const Tensor& x) {
+    Tensor loss = (dropout(x * w, 0.25) * x).sum();
+    loss.backward();
+    {
+      NoGradGuard no_grad;
+      velocity.mul_(0.9).add_(w.grad());
+      w.sub_(velocity * 0.1);
+    }
+    if (loss.item<float>() > 1e9f) return loss * 2.0;  // a host read after the step
+    return loss;
+  };
+  Tensor x = from_vector<float>({1.f, 2.f, 3.f}, {3});
+  const std::vector<float> w_before = vec(w), v_before = vec(velocity);
+  Tensor old_grad = full({3}, 7.f);
+  w.set_grad(old_grad);
+  const GeneratorState rng_before = generator_state();
+  auto f = compile(step_then_read, {.fullgraph = true});
+  try {
+    f(x);
+    FAIL("expected an error");
+  } catch (const Error& e) {
+    CHECK(contains(e.what(), "fullgraph=true, but"));
+    CHECK(contains(e.what(), "reads a tensor value to the host"));
+    CHECK(contains(e.what(), "compile_test.cpp"));
+  }
+  CHECK(vec(w) == w_before);
+  CHECK(vec(velocity) == v_before);
+  CHECK(w.grad().is_same(old_grad));
+  CHECK(vec(old_grad) == std::vector<float>{7, 7, 7});
+  CHECK(generator_state().seed == rng_before.seed);
+  CHECK(generator_state().offset == rng_before.offset);
+  // Without fullgraph the same call steps once, as eager does.
+  auto g = compile(step_then_read);
+  g(x);
+  CHECK(vec(w) != w_before);
+}
+
+TEST_CASE("compile: under fullgraph, what would run eagerly from now on raises, and the call "
+          "has no effect", "[compile]") {
+  // A backward with create_graph=true cannot be replayed (its gradients' own history).
+  Tensor w = from_vector<float>({1.f, 2.f}, {2}).requires_grad_();
+  Tensor total = zeros({2});
+  auto f = compile(
+      [&](const Tensor& x) {
+        Tensor g = grad({(x * w * w).sum()}, {w}, {}, true)[0];
+        total.add_(g.detach());
+        return g.sum();
+      },
+      {.fullgraph = true});
+  try {
+    f(ones({2}));
+    FAIL("expected an error");
+  } catch (const Error& e) {
+    CHECK(contains(e.what(), "fullgraph=true, but"));
+    CHECK(contains(e.what(), "cannot be compiled"));
+    CHECK(contains(e.what(), "create_graph"));
+  }
+  CHECK(vec(total) == std::vector<float>{0, 0});
+  CHECK_FALSE(w.grad().defined());
+}
+
 TEST_CASE("FC-14 (compile): a length read with item() re-traces per value", "[compile]") {
   auto f = compile([](const Tensor& t) { return sum(ones({t.item<int64_t>()})); });
   CHECK(f(scalar_tensor(int64_t(5))).item<double>() == 5);
