@@ -45,6 +45,9 @@ struct MissingBranch {
   Scalar value;
   Loc loc;           // the host read's
   size_t depth = 0;  // how many host reads of the trace tree the replay passed before it
+  /// Every traced branch ran no op after the read and returned the value read: the function
+  /// returns `loss.item()` (a branch per value, which returning the tensor avoids).
+  bool returned_as_is = false;
 };
 // Internal: a symbolic entry's replay reached a branch no trace confirmed for these sizes.
 struct UncheckedBranch {};
@@ -328,6 +331,21 @@ struct Segment {
     return n;
   }
 };
+
+// Whether each branch after `seg`'s read runs no op and returns the value read as a host
+// number (`return loss.item<float>();`): then only that value differs between its branches.
+bool returns_value_read(const Segment& seg) {
+  if (seg.children.empty()) return false;
+  for (const auto& [key, child] : seg.children) {
+    if (!child->leaf || child->begin != child->end) return false;
+    const Program& p = *child->program;
+    bool returned = false;
+    for (size_t k = 0; k < p.outputs.size(); ++k)
+      returned |= p.outputs[k] < 0 && same_scalar(p.output_constants[k], key);
+    if (!returned) return false;
+  }
+  return true;
+}
 
 struct Entry {
   int id = 0;
@@ -1113,7 +1131,11 @@ std::vector<OutValue> CompiledFunction::call(const std::vector<ArgValue>& given,
                                         m.loc.file_name(), m.loc.line(), m.value.str());
           // Each value of a float read is a branch of its own: a comparison read as a bool
           // has two.
-          if (m.value.is_floating())
+          if (m.returned_as_is)
+            why += " (the function returns the value it reads there, and each value read is a "
+                   "branch of its own: return the tensor instead, e.g. loss.detach(), and call "
+                   "item() on it after the call)";
+          else if (m.value.is_floating())
             why += " (each value read is a branch of its own: branch on a comparison made on "
                    "the tensor, read as a bool, e.g. (x.sum() > 0).item<bool>())";
           // A symbolic entry holds one path of a trace tree: another entry may hold this one.
@@ -1591,7 +1613,9 @@ std::vector<OutValue> CompiledFunction::Impl::replay(Entry& e, const std::vector
       std::optional<Scalar> read = seg->plan->run(st);
       if (seg->leaf) break;
       Segment* c = seg->child(*read);
-      if (!c) throw MissingBranch{*read, seg->program->nodes[seg->end - 1].loc, depth};
+      if (!c)
+        throw MissingBranch{*read, seg->program->nodes[seg->end - 1].loc, depth,
+                            returns_value_read(*seg)};
       if (e.dynamic && !contains(c->checked_sizes, sizes_key(e, args))) throw UncheckedBranch{};
       seg = c;
     }

@@ -580,6 +580,26 @@ TEST_CASE("compile: under fullgraph, what would run eagerly from now on raises, 
   CHECK_FALSE(w.grad().defined());
 }
 
+// PyTorch users return loss.item() from a training step; here each value is a branch, and the
+// step went eager after 8 calls without saying how to avoid it.
+TEST_CASE("compile: a function returning the value it reads says to return the tensor",
+          "[compile]") {
+  auto returns_read = compile([](const Tensor& x) { return (x * x).sum().item<float>(); });
+  auto reads_then_computes = compile([](const Tensor& x) {
+    const float s = (x * x).sum().item<float>();
+    return x * s;
+  });
+  for (float v : {1.f, 2.f, 3.f}) {
+    CHECK(returns_read(full({2}, v)) == 2 * v * v);
+    CHECK(vec(reads_then_computes(full({2}, v))) == std::vector<float>{2 * v * v * v,
+                                                                       2 * v * v * v});
+  }
+  CHECK(contains(returns_read.explain(), "the function returns the value it reads there"));
+  CHECK(contains(returns_read.explain(), "return the tensor instead"));
+  CHECK_FALSE(contains(reads_then_computes.explain(), "return the tensor instead"));
+  CHECK(contains(reads_then_computes.explain(), "each value read is a branch of its own"));
+}
+
 TEST_CASE("FC-14 (compile): a length read with item() re-traces per value", "[compile]") {
   auto f = compile([](const Tensor& t) { return sum(ones({t.item<int64_t>()})); });
   CHECK(f(scalar_tensor(int64_t(5))).item<double>() == 5);
