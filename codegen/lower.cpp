@@ -1642,7 +1642,9 @@ struct KilnToLinalgPass
 /// temporary and copied in (the pass replaces the result's empty only along the chain of
 /// slices, not in the producers' inits). The inputs have the result's element type (the tracer
 /// keeps mixed-dtype cats eager).
-constexpr size_t kMaxInsertSliceChain = 8;
+// Chains up to this length compile in about a second and let producers write their slices
+// (a GPU kernel each; above it, a kernel and a copy per input).
+constexpr size_t kMaxInsertSliceChain = 32;
 struct LowerCat : mlir::OpRewritePattern<kiln::dialect::ShapeOp> {
   using OpRewritePattern::OpRewritePattern;
   mlir::LogicalResult matchAndRewrite(kiln::dialect::ShapeOp op,

@@ -45,8 +45,8 @@ struct MissingBranch {
   Scalar value;
   Loc loc;           // the host read's
   size_t depth = 0;  // how many host reads of the trace tree the replay passed before it
-  /// Every traced branch ran no op after the read and returned the value read: the function
-  /// returns `loss.item()` (a branch per value, which returning the tensor avoids).
+  /// The traced branches (two or more) ran no op after the read and returned the value read:
+  /// likely `return loss.item();` (a branch per value, which returning the tensor avoids).
   bool returned_as_is = false;
 };
 // Internal: a symbolic entry's replay reached a branch no trace confirmed for these sizes.
@@ -335,7 +335,7 @@ struct Segment {
 // Whether each branch after `seg`'s read runs no op and returns the value read as a host
 // number (`return loss.item<float>();`): then only that value differs between its branches.
 bool returns_value_read(const Segment& seg) {
-  if (seg.children.empty()) return false;
+  if (seg.children.size() < 2) return false;  // one value says little
   for (const auto& [key, child] : seg.children) {
     if (!child->leaf || child->begin != child->end) return false;
     const Program& p = *child->program;
@@ -1132,9 +1132,10 @@ std::vector<OutValue> CompiledFunction::call(const std::vector<ArgValue>& given,
           // Each value of a float read is a branch of its own: a comparison read as a bool
           // has two.
           if (m.returned_as_is)
-            why += " (the function returns the value it reads there, and each value read is a "
-                   "branch of its own: return the tensor instead, e.g. loss.detach(), and call "
-                   "item() on it after the call)";
+            why += " (each value read is a branch of its own, and each branch traced so far "
+                   "ran no op after this read and returned the value read: if the function "
+                   "returns it, return the tensor instead, e.g. loss.detach(), and call item() "
+                   "on it after the call)";
           else if (m.value.is_floating())
             why += " (each value read is a branch of its own: branch on a comparison made on "
                    "the tensor, read as a bool, e.g. (x.sum() > 0).item<bool>())";
@@ -1817,10 +1818,47 @@ std::vector<OutValue> CompiledFunction::Impl::trace(
   // the trace runs the function before it knows (torch.compile raises before running it).
   std::optional<StateJournal> journal;
   GeneratorState rng_at_call{};
-  auto undo_call = [&] {
-    if (!journal) return;
-    journal->restore();
-    set_generator_state(rng_at_call);
+  uint64_t own_draws = 0;  // counters this thread drew while traced (Recorder::own_draws)
+  // Gives the call's effects back; else says why not (appended to the error).
+  auto undo_call = [&]() -> std::string {
+    if (!journal) return "";
+    if (std::optional<Loc> at = journal->history_changed())
+      return fmt::format(" (not undone: the in-place write at {}:{} gave a tensor that existed "
+                         "before the call a new gradient history, which cannot be given back; "
+                         "tensors are as the function left them)",
+                         at->file_name(), at->line());
+    journal->restore(/*versions=*/true);
+    // Only when no other thread drew or reseeded meanwhile: its counters are not drawn again.
+    const GeneratorState now = generator_state();
+    if (now.seed == rng_at_call.seed && now.offset == rng_at_call.offset + own_draws)
+      set_generator_state(rng_at_call);
+    return "";
+  };
+  // fullgraph = true: a graph break raises, naming its line, and the call has no effect.
+  auto raise_fullgraph = [&](const Loc& at, std::string what) {
+    const std::string not_undone = undo_call();
+    throw Error("compile", fmt::format("fullgraph=true, but '{}' {}{}", name, what, not_undone),
+                at);
+  };
+  auto raise_at_fullgraph_break = [&] {
+    if (!options.fullgraph) return;
+    for (const Node& node : prog->nodes)
+      if (node.kind == Node::Kind::Read)
+        raise_fullgraph(node.loc, "reads a tensor value to the host here (item() / to_vector() "
+                                  "/ item<bool>() of a comparison), which splits the graph");
+    if (prog->raw_access)
+      raise_fullgraph(*prog->raw_access, "takes a pointer to tensor memory here (data<T>() / "
+                                         "raw_data()), which a compiled replay cannot run");
+    if (!caught_op_error.empty())
+      raise_fullgraph(loc, fmt::format("caught an error an op raised while it was traced ({}); "
+                                       "the values that op checks decide the function's path, "
+                                       "which a replay cannot follow", caught_op_error));
+    const std::string& history =
+        prog->outside_backward.empty() ? prog->history_backward : prog->outside_backward;
+    if (!history.empty())
+      raise_fullgraph(loc, fmt::format("runs, at its backward(), autograd history made "
+                                       "before the call ({}), which runs outside the compiled "
+                                       "code", history));
   };
   {
     Recorder rec(*prog);
@@ -1840,19 +1878,22 @@ std::vector<OutValue> CompiledFunction::Impl::trace(
         retaining.push_back(int(i));
     try {
       outs = invoke();
+    } catch (const Error& e) {
+      own_draws = rec.own_draws();
+      if (!rec.raised_at_graph_break()) throw;
+      const std::string not_undone = undo_call();
+      if (not_undone.empty()) throw;
+      throw Error(e.op(), e.message() + not_undone, e.where());
     } catch (...) {  // the function may have turned that error into another one
+      own_draws = rec.own_draws();
       if (rec.raised_at_graph_break()) undo_call();
       throw;
     }
+    own_draws = rec.own_draws();
     // The function caught that error and went on: its trace lacks the history's backward.
-    if (rec.raised_at_graph_break()) {
-      undo_call();
-      throw Error("compile",
-                  fmt::format("fullgraph=true, but '{}' caught the error its backward() raised "
-                              "at a graph break (autograd history made before the call)",
-                              name),
-                  loc);
-    }
+    if (rec.raised_at_graph_break())
+      raise_fullgraph(loc, "caught the error its backward() or grad() raised at a graph break "
+                           "(autograd history made before the call)");
     ++traces_run;
     for (size_t i = 0; i < args.size(); ++i)
       if (args[i].kind == ArgValue::Kind::Tensor && retains_grad(args[i].tensor) &&
@@ -1890,39 +1931,21 @@ std::vector<OutValue> CompiledFunction::Impl::trace(
     rec.uninstall();
     escape_candidates(rec, *prog, outs, candidates);
     lock.lock();
-    if (generation++ != generation_before) return outs;
+    // Another thread's trace or a reset() changed the cache meanwhile: this result is not
+    // cached, but a fullgraph function's break still raises.
+    if (generation++ != generation_before) {
+      raise_at_fullgraph_break();
+      return outs;
+    }
     remember_captured(*prog, rec);
   }
-  // fullgraph = true: a graph break raises, naming its line, and the call has no effect.
-  auto raise_fullgraph = [&](const Loc& at, std::string what) {
-    undo_call();
-    throw Error("compile", fmt::format("fullgraph=true, but '{}' {}", name, what), at);
-  };
   // Whatever makes the trace unfit for replays: the function runs eagerly from now on, or
   // raises under fullgraph = true (it would not be one compiled graph).
   auto cannot_compile = [&](std::string why) {
     if (options.fullgraph) raise_fullgraph(loc, "cannot be compiled: " + why);
     run_eagerly_from_now_on(std::move(why));
   };
-  if (options.fullgraph) {
-    for (const Node& node : prog->nodes)
-      if (node.kind == Node::Kind::Read)
-        raise_fullgraph(node.loc, "reads a tensor value to the host here (item() / to_vector() "
-                                  "/ item<bool>() of a comparison), which splits the graph");
-    if (prog->raw_access)
-      raise_fullgraph(*prog->raw_access, "takes a pointer to tensor memory here (data<T>() / "
-                                         "raw_data()), which a compiled replay cannot run");
-    if (!caught_op_error.empty())
-      raise_fullgraph(loc, fmt::format("caught an error an op raised while it was traced ({}); "
-                                       "the values that op checks decide the function's path, "
-                                       "which a replay cannot follow", caught_op_error));
-    const std::string& history =
-        prog->outside_backward.empty() ? prog->history_backward : prog->outside_backward;
-    if (!history.empty())
-      raise_fullgraph(loc, fmt::format("runs, at its backward(), autograd history made "
-                                       "before the call ({}), which runs outside the compiled "
-                                       "code", history));
-  }
+  raise_at_fullgraph_break();
   // A guard read by kiln's own code (a module's is_training() or setting() called through
   // forward(), outside a module call on a user's line) is named by the compile() call.
   for (HostValue& h : prog->host_values)

@@ -41,9 +41,12 @@ struct CompileOptions {
   /// grad_fn; raised there, before that history runs), or anything that makes the function
   /// run eagerly from then on (the limit of cache entries aside). The trace has run the
   /// function by then (torch.compile raises before): the call then has no effect on tensors
-  /// that existed before it, their .grad, or the random generator (tracer::StateJournal gives
-  /// them back, at the cost of one copy of each such tensor the function writes, during traces
-  /// only); host state the function changed (C++ variables, prints) stays changed.
+  /// that existed before it, their version counters and .grad, or the random generator
+  /// (tracer::StateJournal gives them back, at the cost of one copy of each such tensor the
+  /// function writes, during traces only). Not given back: host state (C++ variables, prints,
+  /// requires_grad_ flags, kiln's settings); the generator where another thread drew from it
+  /// meanwhile; and nothing at all where an in-place write gave a tensor that existed before
+  /// the call a new gradient history (the error then says "not undone").
   bool fullgraph = false;
   /// Specialisations (guard sets and trace-tree branches) before the function runs eagerly,
   /// with one warning naming the guard that keeps failing. TorchDynamo's default is 8.

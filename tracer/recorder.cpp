@@ -110,6 +110,12 @@ void Recorder::uninstall() {
   installed_ = false;
 }
 
+uint64_t Recorder::own_draws() const {
+  uint64_t blocks = 0;
+  for (auto [at, n] : draws_) blocks += n;
+  return blocks;
+}
+
 uint64_t Recorder::own_offset(uint64_t offset) const {
   // The latest reservation holding `offset`: another thread's reseed may have handed out the
   // same counters again since an earlier one.
@@ -415,6 +421,19 @@ void Recorder::on_backward_node(const autograd::Node& node) {
       dynamic_cast<const autograd::AccumulateGrad*>(&node))
     return;
   p_.outside_backward = describe_node(node);
+  // grad() into that history (backward() defers it instead): raised before the node runs.
+  raise_if_fullgraph(p_.outside_backward);
+}
+
+void Recorder::raise_if_fullgraph(const std::string& first_node) {
+  if (fullgraph_name_.empty()) return;
+  raised_at_graph_break_ = true;
+  throw Error("compile",
+              fmt::format("fullgraph=true, but the backward() or grad() in '{}' runs autograd "
+                          "history made before the call ({}), which runs outside the compiled "
+                          "code",
+                          fullgraph_name_, first_node),
+              autograd::backward_call_site());
 }
 
 bool Recorder::defers_backward_node(const autograd::Node& node) {
@@ -425,14 +444,7 @@ void Recorder::run_deferred_backward(const std::vector<autograd::Edge>& edges,
                                      const std::vector<Tensor>& grads, bool retain_graph) {
   const Loc loc = autograd::backward_call_site();
   const std::string first = describe_node(*edges[0].fn);
-  if (!fullgraph_name_.empty()) {
-    raised_at_graph_break_ = true;
-    throw Error("compile",
-                fmt::format("fullgraph=true, but the backward() in '{}' runs autograd history "
-                            "made before the call ({}), which runs outside the compiled code",
-                            fullgraph_name_, first),
-                loc);
-  }
+  raise_if_fullgraph(first);
   // The arguments / captured tensors whose history each edge is: a replay finds the edges
   // again from the tensors of its own call.
   Program::HistoryBackward h{{}, {}, retain_graph, loc};

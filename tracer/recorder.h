@@ -68,6 +68,8 @@ class Recorder final : public DispatchHook {
   /// nothing could give back). raised_at_graph_break() then tells the caller it was this.
   void raise_at_graph_break(std::string name) { fullgraph_name_ = std::move(name); }
   bool raised_at_graph_break() const { return raised_at_graph_break_; }
+  /// Random counters this thread reserved while traced.
+  uint64_t own_draws() const;
   /// item()/to_vector(): records a Read node with the value about to be read.
   void on_read(const Tensor& t, Loc loc);
   /// The function's own code took a pointer to tensor memory at `loc` (Program::raw_access).
@@ -145,6 +147,8 @@ class Recorder final : public DispatchHook {
   // second at the backward() (run_deferred_backward), so they must not meet.
   std::unordered_set<const TensorImpl*> grad_touched_, history_grads_;
   std::unordered_set<const StorageImpl*> history_saved_;
+  // raise_at_graph_break(): a backward into history made before the call raises here.
+  void raise_if_fullgraph(const std::string& first_node);
   std::string fullgraph_name_;  // raise_at_graph_break(): the compiled function's name
   bool raised_at_graph_break_ = false;  // saved by the deferred histories
   void check_history_grad(const Tensor& t);

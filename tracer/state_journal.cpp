@@ -41,7 +41,8 @@ void StateJournal::before_write(const Tensor& dst, Loc loc) {
   quietly([&] {
     Tensor whole = whole_storage(dst);
     written_at_[dst.storage().get()] = written_.size();
-    written_.push_back({whole, whole.clone(), user_facing(loc)});
+    written_.push_back({whole, whole.clone(), user_facing(loc), dst.storage()->version(),
+                        dst.storage()->history_version()});
   });
 }
 
@@ -60,11 +61,20 @@ std::vector<Tensor> StateJournal::current() const {
   return out;
 }
 
-void StateJournal::restore() {
+void StateJournal::restore(bool versions) {
   quietly([&] {
-    for (Written& w : written_) w.whole.copy_(w.before);
+    for (Written& w : written_) {
+      w.whole.copy_(w.before);
+      if (versions) w.whole.storage()->set_version(w.version);
+    }
     for (auto& [impl, g] : grads_) g.tensor.set_grad(g.before);
   });
+}
+
+std::optional<Loc> StateJournal::history_changed() const {
+  for (const Written& w : written_)
+    if (w.whole.storage()->history_version() != w.history_version) return w.loc;
+  return std::nullopt;
 }
 
 }  // namespace kiln::tracer

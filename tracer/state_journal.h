@@ -4,6 +4,7 @@
 /// a function more than once (eagerly, compiled); a training step writes its parameters, its
 /// optimizer's state and their .grad, and each run must start from the caller's state.
 #include <memory>
+#include <optional>
 #include <unordered_map>
 #include <vector>
 
@@ -30,6 +31,7 @@ class StateJournal final : public WriteObserver {
     Tensor whole;   // every element of the storage, flat, in the dtype it was written as
     Tensor before;  // a copy of `whole` taken before the first write
     Loc loc;        // that write's op
+    uint64_t version = 0, history_version = 0;  // the storage's counters then
   };
   const std::vector<Written>& written() const { return written_; }
   /// Whether `t`'s storage was written in place since the journal started.
@@ -39,7 +41,12 @@ class StateJournal final : public WriteObserver {
   std::vector<Tensor> current() const;
   /// Writes every journaled storage back to its contents before the first write and gives
   /// every changed .grad back its old tensor. The journal keeps recording afterwards.
-  void restore();
+  /// `versions`: the storages' version counters too (a caller's graph that saved them before
+  /// the first write can then run its backward).
+  void restore(bool versions = false);
+  /// Where an in-place write that autograd recorded gave a tensor on a journaled storage a
+  /// new gradient history (restore() cannot give the old one back): that write's op.
+  std::optional<Loc> history_changed() const;
 
   void before_write(const Tensor& dst, Loc loc) override;
   void before_grad_change(const Tensor& t) override;

@@ -556,6 +556,90 @@ TEST_CASE("compile: fullgraph's error leaves the caller's tensors, .grad and gen
   CHECK(vec(w) != w_before);
 }
 
+TEST_CASE("compile: fullgraph's undo gives back version counters, keeps the caller's graph of a "
+          "grad() call, and says so where it cannot undo a new gradient history",
+          "[compile]") {
+  SECTION("a caller's graph that saved a written tensor still runs its backward") {
+    Tensor w = from_vector<float>({1.f, 2.f, 3.f}, {3}).requires_grad_();
+    Tensor loss = (w * w).sum();  // saves w
+    auto f = compile(
+        [&](const Tensor& x) {
+          {
+            NoGradGuard no_grad;
+            w.sub_(x);
+          }
+          return (w * x).sum().item<float>();
+        },
+        {.fullgraph = true});
+    CHECK_THROWS_WITH(f(ones({3})), Catch::Contains("reads a tensor value to the host"));
+    CHECK(vec(w) == std::vector<float>{1, 2, 3});
+    loss.backward();  // raised "modified by an inplace operation" before
+    CHECK(vec(w.grad()) == std::vector<float>{2, 4, 6});
+  }
+  SECTION("grad() into history made before the call raises before that history runs") {
+    Tensor a = from_vector<float>({1.f, 2.f, 3.f}, {3}).requires_grad_();
+    Tensor h = a * a;
+    auto f = compile([&](const Tensor& x) { return grad({(x * 2.0).sum()}, {a})[0]; },
+                     {.fullgraph = true});
+    CHECK_THROWS_WITH(f(h), Catch::Contains("runs autograd history made before the call"));
+    h.sum().backward();  // the caller's graph was freed before
+    CHECK(vec(a.grad()) == std::vector<float>{2, 4, 6});
+  }
+  SECTION("an in-place write that gave a non-leaf a new history is not undone, and says so") {
+    Tensor a = from_vector<float>({1.f, 2.f, 3.f}, {3}).requires_grad_();
+    Tensor h = a * 2.0;
+    auto f = compile(
+        [](const Tensor& x) {
+          x.slice(0, 0, 2).mul_(5.0);
+          return x.sum().item<float>();
+        },
+        {.fullgraph = true});
+    try {
+      f(h);
+      FAIL("expected an error");
+    } catch (const Error& e) {
+      CHECK(contains(e.what(), "reads a tensor value to the host"));
+      CHECK(contains(e.what(), "not undone"));
+      CHECK(contains(e.what(), "compile_test.cpp"));
+    }
+    // Values and gradient history agree: both the function's.
+    CHECK(vec(h) == std::vector<float>{10, 20, 6});
+    h.sum().backward();
+    CHECK(vec(a.grad()) == std::vector<float>{10, 10, 2});
+  }
+}
+
+TEST_CASE("compile: fullgraph raises at a graph break when another thread's trace finished "
+          "meanwhile, and undoes the call", "[compile]") {
+  Tensor w = zeros({3});
+  std::atomic<int> phase{0};
+  auto f = compile(
+      [&](const Tensor& x, int64_t me) {
+        if (me == 0) {
+          w.add_(x);
+          phase = 1;
+          while (phase != 2) std::this_thread::yield();
+          return (x * 2.0).sum().item<float>();
+        }
+        return 0.f;
+      },
+      {.fullgraph = true});
+  std::string a_error;
+  std::thread a([&] {
+    try {
+      f(ones({3}), int64_t(0));
+    } catch (const Error& e) {
+      a_error = e.what();
+    }
+  });
+  while (phase != 1) std::this_thread::yield();
+  CHECK(f(ones({3}), int64_t(1)) == 0.f);  // this thread's trace finishes first
+  phase = 2;
+  a.join();
+  CHECK(contains(a_error, "reads a tensor value to the host"));  // returned 6 before
+  CHECK(vec(w) == std::vector<float>{0, 0, 0});
+}
+
 TEST_CASE("compile: under fullgraph, what would run eagerly from now on raises, and the call "
           "has no effect", "[compile]") {
   // A backward with create_graph=true cannot be replayed (its gradients' own history).
@@ -594,8 +678,17 @@ TEST_CASE("compile: a function returning the value it reads says to return the t
     CHECK(vec(reads_then_computes(full({2}, v))) == std::vector<float>{2 * v * v * v,
                                                                        2 * v * v * v});
   }
-  CHECK(contains(returns_read.explain(), "the function returns the value it reads there"));
+  CHECK(contains(returns_read.explain(), "ran no op after this read and returned the value"));
   CHECK(contains(returns_read.explain(), "return the tensor instead"));
+  // A number the function computes from the value (a clamp) gets no such hint once a traced
+  // branch returned another number (nor while only one branch was traced).
+  auto clamps = compile([](const Tensor& x) {
+    const float v = x.sum().item<float>();
+    return v > 3 ? 3.f : v;
+  });
+  for (float v : {5.f, 1.f, 0.5f, 6.f}) CHECK(clamps(full({1}, v)) == std::min(v, 3.f));
+  CHECK(contains(clamps.explain(), "a value not seen before"));
+  CHECK_FALSE(contains(clamps.explain(), "ran no op after this read"));
   CHECK_FALSE(contains(reads_then_computes.explain(), "return the tensor instead"));
   CHECK(contains(reads_then_computes.explain(), "each value read is a branch of its own"));
 }
