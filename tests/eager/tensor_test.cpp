@@ -833,6 +833,25 @@ TEST_CASE("transposed copies and casts in register blocks: dtypes, odd sizes, st
       }
     }
   }
+  // Source and destination over 32 MiB together: the destination is written by non-temporal
+  // stores where its rows are whole cache lines (AVX-512 builds). 1500 rows: a partial tile and
+  // a partial block; 2056 columns: whole lines, a partial block of float32.
+  {
+    const int64_t rows = 1500, cols = 2056;
+    const Tensor x = arange(rows * cols, DType::Float32).view({cols, rows});
+    std::vector<int64_t> want;  // element (i, j) of x.t() is j * rows + i
+    for (int64_t i = 0; i < rows; ++i)
+      for (int64_t j = 0; j < cols; ++j) want.push_back(j * rows + i);
+    for (int threads : {1, 2}) {
+      cpu::set_num_threads(threads);
+      INFO("threads " << threads);
+      // Compared as one bool: a failure prints no million-element vectors.
+      CHECK((x.t().to(DType::Float64).to(DType::Int64).to_vector<int64_t>() == want));
+      const Tensor wide = x.to(DType::Int64);
+      CHECK((wide.t().contiguous().to_vector<int64_t>() == want));
+      CHECK((wide.t().to(DType::Float64).to(DType::Int64).to_vector<int64_t>() == want));
+    }
+  }
   // [B, M, N] -> transpose(1, 2), the batch dim step-sliced and the source offset.
   for (int threads : {1, 2, 3}) {
     cpu::set_num_threads(threads);
@@ -852,10 +871,10 @@ TEST_CASE("transposed copies and casts in register blocks: dtypes, odd sizes, st
         if (t == DType::Bool) {
           std::vector<bool> flags;
           for (int64_t v : want) flags.push_back(v % 3 == 0);
-          CHECK(got.to_vector<bool>() == flags);
+          CHECK((got.to_vector<bool>() == flags));
         } else {
-          CHECK(got.to(DType::Int64).to_vector<int64_t>() == want);
-          CHECK(src.to(DType::Float64).to(DType::Int64).to_vector<int64_t>() == want);
+          CHECK((got.to(DType::Int64).to_vector<int64_t>() == want));
+          CHECK((src.to(DType::Float64).to(DType::Int64).to_vector<int64_t>() == want));
         }
       }
     }
