@@ -65,7 +65,10 @@ template <class T> void fill(const Tensor& t, T v) {
 // The vector is the widest the build targets: AVX-512 (-march=native here), AVX, or SSE2
 // (-DKILN_NATIVE=OFF, plain x86-64); clang and g++ lower the shuffles to each (vpermt2ps,
 // unpcklps, ...). Element by element through a 64 x 64 tile buffer x.t().contiguous() of
-// [2048, 2048] float32 took 4.8 ms, 4x a contiguous copy (README.md, eager-ops).
+// [2048, 2048] float32 took 5.1-5.3 ms of CPU time, 4x a contiguous copy; in blocks 1.5-2.1
+// (a copy 1.2-1.3); float64 8.5-9.1 -> 2.9-3.1 (2.6-3.2), x.t().to(Float64) 6.8-8.3 -> 2.0
+// (1.8-2.0), [64, 256, 512] float32 .transpose(1, 2) 10.2-12.1 -> 3.0 (2.6-2.9); one thread,
+// 2 shared vCPUs (AMD EPYC, AVX-512), 2026-12-07; README.md, eager-ops, has the cases.
 #if defined(__AVX512F__)
 constexpr int kVectorBytes = 64;
 #elif defined(__AVX__)
@@ -188,7 +191,7 @@ constexpr int64_t kTileColumnBytes = 256;
 // Source and destination larger than this together (the L3 holds 32 MiB here) go to memory
 // anyway: the destination is then written by non-temporal stores where it can be (kCanStream,
 // lines aligned), as memcpy does for large copies. x.t().to(Float64) of [2048, 2048] float32,
-// a standalone copy of the loop: 3.6-3.8 ms, streamed 2.3-2.4 (a contiguous conversion 1.6-1.9);
+// a standalone copy of the loop: 3.6-3.8 ms, streamed 2.4-2.7 (a contiguous conversion 1.6-1.9);
 // x.t().contiguous() of [2048, 2048] float32 (32 MiB in all) 1.3-1.5 ms, streamed 1.6-1.9.
 constexpr int64_t kStreamBytes = int64_t{32} << 20;
 
@@ -199,7 +202,8 @@ constexpr int64_t kStreamBytes = int64_t{32} << 20;
 // of [64, 256, 512] float32 took 37 ms element by element (1.8 GB/s), dT.t().copy_(x) of
 // [4096, 2048] 35 ms. Conversions used to be staged through a transposed copy in the source's
 // dtype: a temporary and a third pass over memory (x.t().to(Int32) of [2048, 2048] float32,
-// one thread: 6.1 ms, now 5.4; a contiguous conversion 1.2). False for other layouts.
+// one thread: 6.1 ms, then 5.4 converting in a tile buffer, now 1.8-2.3 in register blocks; a
+// contiguous conversion 1.1-1.3). False for other layouts.
 bool copy_transposed(const Tensor& dst, const Tensor& src) {
   const int rank = dst.dim();
   if (rank < 2 || src.shape() != dst.shape()) return false;
