@@ -197,6 +197,22 @@ Benchmark bmm_1024x8x8(const RunConfig&) {
 }
 
 // int64 through kiln's blocked gemm<int64_t> (AVX-512 vpmullq tiles); GOP/s as GFLOP/s.
+// x.t().contiguous() of a [2048, 2048] (rows 8 KiB apart in float32), next to a contiguous copy
+// of it (x.clone()): the transposed copy runs through register blocks (backends/cpu/copy.cpp).
+Benchmark copy_case(bool transposed, DType dtype) {
+  Tensor x = filled({kCastN, kCastN}).to(dtype);
+  const double bytes = 2.0 * static_cast<double>(itemsize(dtype)) * kCastN * kCastN;
+  if (transposed) return {[x] { do_not_optimize(x.t().contiguous()); }, gb_per_s(bytes)};
+  return {[x] { do_not_optimize(x.clone()); }, gb_per_s(bytes)};
+}
+
+// The batched case: [64, 256, 512] float32 with its last two dims swapped.
+Benchmark contiguous_transposed_batched(const RunConfig&) {
+  Tensor x = filled({64, 256, 512});
+  return {[x] { do_not_optimize(x.transpose(1, 2).contiguous()); },
+          gb_per_s(2 * kF32 * 64 * 256 * 512)};
+}
+
 Benchmark matmul_512_int64(const RunConfig&) {
   Tensor a = (filled({512, 512}) * 100).to(DType::Int64);
   Tensor b = (filled({512, 512}) * 100).to(DType::Int64);
@@ -223,6 +239,19 @@ std::vector<Case> cases() {
        [](const RunConfig&) { return cast_case(false, DType::Int32); }},
       {"cast_transposed_2048_i32", Mode::Eager, "GB/s",
        [](const RunConfig&) { return cast_case(true, DType::Int32); }},
+      {"clone_2048x2048", Mode::Eager, "GB/s",
+       [](const RunConfig&) { return copy_case(false, DType::Float32); }},
+      {"contiguous_transposed_2048x2048", Mode::Eager, "GB/s",
+       [](const RunConfig&) { return copy_case(true, DType::Float32); }},
+      {"clone_2048x2048_f64", Mode::Eager, "GB/s",
+       [](const RunConfig&) { return copy_case(false, DType::Float64); }},
+      {"contiguous_transposed_2048x2048_f64", Mode::Eager, "GB/s",
+       [](const RunConfig&) { return copy_case(true, DType::Float64); }},
+      {"clone_2048x2048_bool", Mode::Eager, "GB/s",
+       [](const RunConfig&) { return copy_case(false, DType::Bool); }},
+      {"contiguous_transposed_2048x2048_bool", Mode::Eager, "GB/s",
+       [](const RunConfig&) { return copy_case(true, DType::Bool); }},
+      {"contiguous_transposed_64x256x512", Mode::Eager, "GB/s", contiguous_transposed_batched},
       {"index_select_4096x1024", Mode::Eager, "GB/s",
        [](const RunConfig&) { return index_select_case(false); }},
       {"index_select_transposed_4096x1024", Mode::Eager, "GB/s",

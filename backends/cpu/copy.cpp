@@ -1,10 +1,14 @@
 // copy_cast and the Copy-category kernels: contiguous, to(dtype), copy_, fill_.
 #include <algorithm>
+#include <bit>
 #include <cstdint>
 #include <cstring>
 #include <limits>
 #include <type_traits>
+#include <utility>
 #include <vector>
+
+#include <immintrin.h>
 
 #include "backends/cpu/kernels.h"
 #include "backends/cpu/loops.h"
@@ -56,33 +60,140 @@ template <class T> void fill(const Tensor& t, T v) {
   });
 }
 
-// dst[r * drs + c] = src[r + c * sc] for the rows [r0, r1) and every column c < cols, through
-// a kTile x kTile buffer: contiguous reads of a tile, then contiguous writes. Element by
-// element, a transposed 1024 x 1024 float32 read 4 KiB apart, aliasing the writes (4K
-// aliasing) and a few cache sets: t().contiguous() took 4.4 ms, 8x PyTorch's blocked copy
-// (found by review). The tile holds the source's rows as read (tile[c][r]): filled by row
-// copies, emptied column by column with vectorisation off, as -march=native vectorised the
-// other order into AVX-512 scatters or gathers (2.3 ms for 1024 x 1024 float32, one thread).
-// 64 x 64 tiles: 0.55-0.7 ms; 32: 0.75; 16: 1.1 (a standalone copy of this loop, clang 22 -O3).
-constexpr int64_t kTile = 64;
+// Transposed copies move square blocks through vector registers: L rows of the source loaded
+// as vectors, transposed by log2(L) rounds of interleaves, stored as L rows of the destination.
+// The vector is the widest the build targets: AVX-512 (-march=native here), AVX, or SSE2
+// (-DKILN_NATIVE=OFF, plain x86-64); clang and g++ lower the shuffles to each (vpermt2ps,
+// unpcklps, ...). Element by element through a 64 x 64 tile buffer x.t().contiguous() of
+// [2048, 2048] float32 took 5.1-5.3 ms of CPU time, 4x a contiguous copy; in blocks 1.5-2.1
+// (a copy 1.2-1.3); float64 8.5-9.1 -> 2.9-3.1 (2.6-3.2), x.t().to(Float64) 6.8-8.3 -> 2.0
+// (1.8-2.0), [64, 256, 512] float32 .transpose(1, 2) 10.2-12.1 -> 3.0 (2.6-2.9); one thread,
+// 2 shared vCPUs (AMD EPYC, AVX-512), 2026-12-07; README.md, eager-ops, has the cases.
+#if defined(__AVX512F__)
+constexpr int kVectorBytes = 64;
+#elif defined(__AVX__)
+constexpr int kVectorBytes = 32;
+#else
+constexpr int kVectorBytes = 16;
+#endif
 
+/// The unsigned integer of T's size: blocks move bits, whatever the dtype.
+template <class T> using Bits = std::conditional_t<
+    sizeof(T) == 1, uint8_t,
+    std::conditional_t<sizeof(T) == 2, uint16_t,
+                       std::conditional_t<sizeof(T) == 4, uint32_t, uint64_t>>>;
+
+/// Rows (and columns) of a block of T: a vector's worth, at most 16 (16 rows and their
+/// interleaves fill AVX-512's 32 registers; 1-byte elements use 16-byte vectors).
+template <class T> constexpr int kBlockLanes = std::min<int>(16, kVectorBytes / sizeof(T));
+
+template <class U, int L> struct BlockRow {
+  typedef U type __attribute__((vector_size(L * sizeof(U))));
+};
+
+/// The lower (kUpper: upper) halves of a and b interleaved: a0 b0 a1 b1 ... log2(L) rounds of
+/// these over L rows transpose them (each round moves a bit of the row index into the column
+/// index and one back).
+template <bool kUpper, class V, size_t... I>
+inline V interleave(V a, V b, std::index_sequence<I...>) {
+  constexpr size_t kHalf = sizeof...(I) / 2;  // b's lanes are numbered after a's
+  return __builtin_shufflevector(a, b, ((I % 2 ? 2 * kHalf : 0) + kUpper * kHalf + I / 2)...);
+}
+
+/// out[i * out_stride + j] = in[j * in_stride + i] for an L x L block of U (L = kBlockLanes<U>).
+template <class U>
+inline void transpose_block(U* out, int64_t out_stride, const U* in, int64_t in_stride) {
+  constexpr int L = kBlockLanes<U>;
+  using V = typename BlockRow<U, L>::type;
+  constexpr auto lanes = std::make_index_sequence<L>();
+  V row[L];
+  for (int i = 0; i < L; ++i) std::memcpy(&row[i], in + i * in_stride, sizeof(V));
+  for (int round = 1; round < L; round *= 2) {
+    V next[L];
+    for (int i = 0; i < L / 2; ++i) {
+      next[2 * i] = interleave<false>(row[i], row[i + L / 2], lanes);
+      next[2 * i + 1] = interleave<true>(row[i], row[i + L / 2], lanes);
+    }
+    std::memcpy(row, next, sizeof(row));
+  }
+  for (int i = 0; i < L; ++i) std::memcpy(out + i * out_stride, &row[i], sizeof(V));
+}
+
+/// dst[r * drs + c] = src[r + c * sc] for r in [r0, r1), c in [c0, c1), one element at a time:
+/// the edges past whole blocks.
 template <class D, class S>
-void transpose_rows(D* dst, const S* src, int64_t r0, int64_t r1, int64_t cols, int64_t sc,
-                    int64_t drs) {
-  S tile[kTile][kTile];  // in the source's dtype: a conversion happens as the tile is emptied
-  for (int64_t rb = r0; rb < r1; rb += kTile) {
-    const int64_t rn = std::min(r1 - rb, kTile);
-    for (int64_t cb = 0; cb < cols; cb += kTile) {
-      const int64_t cn = std::min(cols - cb, kTile);
-      for (int64_t c = 0; c < cn; ++c)
-        for (int64_t r = 0; r < rn; ++r) tile[c][r] = src[rb + r + (cb + c) * sc];
-      for (int64_t r = 0; r < rn; ++r) {
-#pragma clang loop vectorize(disable)
-        for (int64_t c = 0; c < cn; ++c) dst[(rb + r) * drs + cb + c] = cast_value<D>(tile[c][r]);
-      }
+void transpose_elements(D* dst, const S* src, int64_t r0, int64_t r1, int64_t c0, int64_t c1,
+                        int64_t sc, int64_t drs) {
+  for (int64_t r = r0; r < r1; ++r)
+    for (int64_t c = c0; c < c1; ++c) dst[r * drs + c] = cast_value<D>(src[r + c * sc]);
+}
+
+/// Elements of T in a 64-byte cache line.
+template <class T> constexpr int kLine = 64 / sizeof(T);
+
+/// Whether rows of a block converted from S to D can be written by non-temporal stores: whole
+/// cache lines from AVX-512 registers.
+template <class D, class S>
+constexpr bool kCanStream = kVectorBytes == 64 && kBlockLanes<Bits<S>> * sizeof(D) % 64 == 0;
+
+/// out[j] = cast_value<D>(row[j]) (row: the bits of L values of S). kStream: by non-temporal
+/// stores (out aligned to 64 bytes), which write the lines without reading them first.
+template <bool kStream, class D, class S, int L>
+inline void write_row(D* out, const Bits<S> (&row)[L]) {
+  D values[L];
+  for (int j = 0; j < L; ++j) values[j] = cast_value<D>(std::bit_cast<S>(row[j]));
+  if constexpr (kStream) {
+    static_assert(kVectorBytes == 64 && L * sizeof(D) % 64 == 0);
+#if defined(__AVX512F__)
+    for (int k = 0; k < L; k += kLine<D>)
+      _mm512_stream_si512(reinterpret_cast<__m512i*>(out + k), _mm512_loadu_si512(values + k));
+#endif
+  } else {
+    std::memcpy(out, values, sizeof(values));
+  }
+}
+
+/// The same for r in [r0, r1), c in [c0, c1), a cache line by a cache line at a time (blocks
+/// narrower than a line, SSE2's 4 x 4 floats, wrote a quarter of each destination line at a
+/// time: [2048, 2048] float32 5.7 ms, by lines 3.8), then the edges. A conversion converts
+/// each transposed row of a block as it writes it (in registers).
+template <bool kStream, class D, class S>
+void transpose_tile(D* dst, const S* src, int64_t r0, int64_t r1, int64_t c0, int64_t c1,
+                    int64_t sc, int64_t drs) {
+  using U = Bits<S>;
+  constexpr int L = kBlockLanes<U>;
+  const U* in = reinterpret_cast<const U*>(src);
+  auto block = [&](int64_t r, int64_t c) {
+    U rows[L][L];
+    transpose_block(&rows[0][0], L, in + r + c * sc, sc);
+    for (int i = 0; i < L; ++i) write_row<kStream, D, S>(dst + (r + i) * drs + c, rows[i]);
+  };
+  for (int64_t c = c0; c < c1; c += kLine<S>) {
+    const int64_t c_end = std::min(c1, c + kLine<S>), c_blocks = c + (c_end - c) / L * L;
+    for (int64_t r = r0; r < r1; r += kLine<S>) {
+      const int64_t r_end = std::min(r1, r + kLine<S>), r_blocks = r + (r_end - r) / L * L;
+      for (int64_t cb = c; cb < c_blocks; cb += L)
+        for (int64_t rb = r; rb < r_blocks; rb += L) block(rb, cb);
+      transpose_elements(dst, src, r_blocks, r_end, c, c_blocks, sc, drs);
+      transpose_elements(dst, src, r, r_end, c_blocks, c_end, sc, drs);
     }
   }
 }
+
+// Tiles of 512 rows (the source's runs) by 256 bytes of columns (4 destination lines): 128
+// KiB read, 128 KiB written, walked a line of columns at a time. [2048, 2048] float32, one
+// thread, a standalone copy of this loop (clang 22, AVX-512): 512 x 64 tiles 1.42-1.65 ms,
+// 256 x 256 1.53-1.76, 128 x 128 1.68-1.96, 64 x 64 1.9-2.3, single blocks along the
+// destination's rows 3.1-3.4; memcpy 1.25-1.5.
+constexpr int64_t kTileRows = 512;
+constexpr int64_t kTileColumnBytes = 256;
+
+// Source and destination larger than this together (the L3 holds 32 MiB here) go to memory
+// anyway: the destination is then written by non-temporal stores where it can be (kCanStream,
+// lines aligned), as memcpy does for large copies. x.t().to(Float64) of [2048, 2048] float32,
+// a standalone copy of the loop: 3.6-3.8 ms, streamed 2.4-2.7 (a contiguous conversion 1.6-1.9);
+// x.t().contiguous() of [2048, 2048] float32 (32 MiB in all) 1.3-1.5 ms, streamed 1.6-1.9.
+constexpr int64_t kStreamBytes = int64_t{32} << 20;
 
 // A copy (or conversion) between layouts that run across each other: the source has stride 1
 // in a dim (row_dim), the destination in another (col_dim) (x.t().contiguous(),
@@ -91,7 +202,8 @@ void transpose_rows(D* dst, const S* src, int64_t r0, int64_t r1, int64_t cols, 
 // of [64, 256, 512] float32 took 37 ms element by element (1.8 GB/s), dT.t().copy_(x) of
 // [4096, 2048] 35 ms. Conversions used to be staged through a transposed copy in the source's
 // dtype: a temporary and a third pass over memory (x.t().to(Int32) of [2048, 2048] float32,
-// one thread: 6.1 ms, now 5.4; a contiguous conversion 1.2). False for other layouts.
+// one thread: 6.1 ms, then 5.4 converting in a tile buffer, now 1.8-2.3 in register blocks; a
+// contiguous conversion 1.1-1.3). False for other layouts.
 bool copy_transposed(const Tensor& dst, const Tensor& src) {
   const int rank = dst.dim();
   if (rank < 2 || src.shape() != dst.shape()) return false;
@@ -128,15 +240,29 @@ bool copy_transposed(const Tensor& dst, const Tensor& src) {
   auto run = [&]<class D, class S>(D*, const S*) {
     D* out = static_cast<D*>(dst.raw_data());
     const S* in = static_cast<const S*>(src.raw_data());
-    const int64_t blocks = (rows + kTile - 1) / kTile;
-    const int64_t grain = std::max<int64_t>(1, kGrainSize / (kTile * cols));
-    parallel_for(0, batch * blocks, grain, [&](int64_t lo, int64_t hi) {
-      for (int64_t t = lo; t < hi; ++t) {
-        const int64_t b = t / blocks, r0 = t % blocks * kTile;
-        transpose_rows(out + dst_offset[b], in + src_offset[b], r0, std::min(rows, r0 + kTile),
-                       cols, sc, drs);
-      }
-    });
+    constexpr int64_t tile_cols = kTileColumnBytes / sizeof(S);
+    const int64_t strips = (rows + kTileRows - 1) / kTileRows;
+    const int64_t grain = std::max<int64_t>(1, kGrainSize / (kTileRows * cols));
+    auto line_aligned = [&](int64_t elements) { return elements * sizeof(D) % 64 == 0; };
+    bool stream = reinterpret_cast<uintptr_t>(out) % 64 == 0 &&
+                  line_aligned(drs) && dst.numel() * (sizeof(D) + sizeof(S)) > kStreamBytes;
+    for (int64_t offset : dst_offset) stream = stream && line_aligned(offset);
+    auto copy = [&]<bool kStream>(std::bool_constant<kStream>) {
+      parallel_for(0, batch * strips, grain, [&](int64_t lo, int64_t hi) {
+        for (int64_t t = lo; t < hi; ++t) {
+          const int64_t b = t / strips, r0 = t % strips * kTileRows;
+          const int64_t r1 = std::min(rows, r0 + kTileRows);
+          for (int64_t c0 = 0; c0 < cols; c0 += tile_cols)
+            transpose_tile<kStream>(out + dst_offset[b], in + src_offset[b], r0, r1, c0,
+                                    std::min(cols, c0 + tile_cols), sc, drs);
+        }
+        if constexpr (kStream) _mm_sfence();  // the stores visible before the join
+      });
+    };
+    if constexpr (kCanStream<D, S>) {
+      if (stream) return copy(std::true_type{});
+    }
+    copy(std::false_type{});
   };
   if (src.dtype() != dst.dtype()) {
     KILN_DISPATCH_ALL(dst.dtype(), D, {

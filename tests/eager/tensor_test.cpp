@@ -776,6 +776,112 @@ TEST_CASE("conversions of inputs read across their memory order: every element, 
   cpu::set_num_threads(saved);
 }
 
+TEST_CASE("transposed copies and casts in register blocks: dtypes, odd sizes, steps, threads") {
+  // backends/cpu/copy.cpp transposes 16 x 16 blocks (8 x 8 for 8-byte elements; fewer where
+  // the build has no AVX) in vector registers, converting each block's rows as it writes them,
+  // with the edges element by element. Sources with an offset and a step in the dim that is
+  // not unit-stride, sizes around the block and tile sizes, every dtype and dtype pair (NaN,
+  // infinities, values out of int32's range), 1-3 threads; values by index arithmetic against
+  // the contiguous source converted by the contiguous loop.
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  const double inf = std::numeric_limits<double>::infinity();
+  const std::vector<DType> dtypes{DType::Bool, DType::Int32, DType::Int64, DType::Float32,
+                                  DType::Float64};
+  const int saved = cpu::num_threads();
+  for (auto [rows, cols] : {std::pair<int64_t, int64_t>{1, 7}, {7, 17}, {17, 33}, {64, 48},
+                            {1000, 37}, {37, 1000}, {129, 100}, {600, 530}}) {
+    // base [2 * cols + 1, rows + 5]; src = rows 1, 3, 5, ... from column 5 on, transposed:
+    // [rows, cols] with strides (1, 2 * (rows + 5)), element (i, j) at base's
+    // (1 + 2 * j) * (rows + 5) + 5 + i.
+    const int64_t width = rows + 5, n = (2 * cols + 1) * width;
+    auto at = [&](int64_t i, int64_t j) { return (1 + 2 * j) * width + 5 + i; };
+    std::vector<double> values(static_cast<size_t>(n));
+    for (int64_t k = 0; k < n; ++k)
+      values[static_cast<size_t>(k)] =
+          k % 5 == 0 ? 0.0 : static_cast<double>(k % 4001) * (k % 2 ? -0.75 : 1.0);
+    for (int64_t k : {at(0, 0), at(rows - 1, cols - 1), at(rows / 2, cols / 3)}) {
+      values[static_cast<size_t>(k)] = k % 3 == 0 ? nan : k % 3 == 1 ? inf : -inf;
+    }
+    values[static_cast<size_t>(at(rows - 1, 0))] = 3e9;  // out of int32's range
+    const Tensor base = from_vector(values, {2 * cols + 1, width});
+    for (int threads : {1, 2, 3}) {
+      cpu::set_num_threads(threads);
+      for (DType from : dtypes) {
+        const Tensor typed = base.to(from);
+        const Tensor src = typed.slice(0, 1, 2 * cols + 1, 2).slice(1, 5, width).t();
+        REQUIRE(src.shape() == Shape{rows, cols});
+        for (DType to : dtypes) {
+          INFO("rows " << rows << ", cols " << cols << ", threads " << threads << ", "
+                       << kiln::name(from) << " -> " << kiln::name(to));
+          // Expected: the contiguous base converted (the contiguous loop), read by index.
+          KILN_DISPATCH_ALL(to, T, {
+            const std::vector<T> converted = typed.to(to).to_vector<T>();
+            std::vector<T> want;
+            for (int64_t i = 0; i < rows; ++i)
+              for (int64_t j = 0; j < cols; ++j)
+                want.push_back(converted[static_cast<size_t>(at(i, j))]);
+            CHECK(same_values(src.to(to).to_vector<T>(), want));
+            if (to == from) {
+              CHECK(same_values(src.contiguous().to_vector<T>(), want));
+              CHECK(same_values(src.reshape({-1}).to_vector<T>(), want));
+            }
+            Tensor into = zeros({rows, cols}, to);
+            into.copy_(src);
+            CHECK(same_values(into.to_vector<T>(), want));
+          });
+        }
+      }
+    }
+  }
+  // Source and destination over 32 MiB together: the destination is written by non-temporal
+  // stores where its rows are whole cache lines (AVX-512 builds). 1500 rows: a partial tile and
+  // a partial block; 2056 columns: whole lines, a partial block of float32.
+  {
+    const int64_t rows = 1500, cols = 2056;
+    const Tensor x = arange(rows * cols, DType::Float32).view({cols, rows});
+    std::vector<int64_t> want;  // element (i, j) of x.t() is j * rows + i
+    for (int64_t i = 0; i < rows; ++i)
+      for (int64_t j = 0; j < cols; ++j) want.push_back(j * rows + i);
+    for (int threads : {1, 2}) {
+      cpu::set_num_threads(threads);
+      INFO("threads " << threads);
+      // Compared as one bool: a failure prints no million-element vectors.
+      CHECK((x.t().to(DType::Float64).to(DType::Int64).to_vector<int64_t>() == want));
+      const Tensor wide = x.to(DType::Int64);
+      CHECK((wide.t().contiguous().to_vector<int64_t>() == want));
+      CHECK((wide.t().to(DType::Float64).to(DType::Int64).to_vector<int64_t>() == want));
+    }
+  }
+  // [B, M, N] -> transpose(1, 2), the batch dim step-sliced and the source offset.
+  for (int threads : {1, 2, 3}) {
+    cpu::set_num_threads(threads);
+    for (auto [b, m, c] : {std::tuple<int64_t, int64_t, int64_t>{3, 40, 70}, {2, 257, 19},
+                           {5, 16, 16}}) {
+      INFO("batch " << b << ", " << m << " x " << c << ", threads " << threads);
+      const Tensor base = arange(1 + 2 * b * m * c, DType::Int64);
+      for (DType t : dtypes) {
+        const Tensor typed = t == DType::Bool ? base % 3 == 0 : base.to(t);
+        const Tensor x = typed.slice(0, 1, 1 + 2 * b * m * c).view({2 * b, m, c});
+        const Tensor src = x.slice(0, 0, 2 * b, 2).transpose(1, 2);  // [b, c, m]
+        std::vector<int64_t> want;
+        for (int64_t i = 0; i < b; ++i)
+          for (int64_t k = 0; k < c; ++k)
+            for (int64_t j = 0; j < m; ++j) want.push_back(1 + (2 * i * m + j) * c + k);
+        Tensor got = src.contiguous();
+        if (t == DType::Bool) {
+          std::vector<bool> flags;
+          for (int64_t v : want) flags.push_back(v % 3 == 0);
+          CHECK((got.to_vector<bool>() == flags));
+        } else {
+          CHECK((got.to(DType::Int64).to_vector<int64_t>() == want));
+          CHECK((src.to(DType::Float64).to(DType::Int64).to_vector<int64_t>() == want));
+        }
+      }
+    }
+  }
+  cpu::set_num_threads(saved);
+}
+
 TEST_CASE("a DType value out of range is an error, not a table read out of bounds") {
   const auto bad = static_cast<DType>(42);
   CHECK_THROWS_WITH(ones({2}).to(bad), Catch::Contains("invalid DType value 42"));
