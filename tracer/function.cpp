@@ -1828,9 +1828,11 @@ std::vector<OutValue> CompiledFunction::Impl::trace(
                          "tensors are as the function left them)",
                          at->file_name(), at->line());
     journal->restore(/*versions=*/true);
-    // Only when no other thread drew or reseeded meanwhile: its counters are not drawn again.
+    // Only when the function reseeded it, or no other thread drew or reseeded meanwhile:
+    // another thread's counters are not drawn again.
     const GeneratorState now = generator_state();
-    if (now.seed == rng_at_call.seed && now.offset == rng_at_call.offset + own_draws)
+    if (generator_reseeds().count != reseeds ||
+        (now.seed == rng_at_call.seed && now.offset == rng_at_call.offset + own_draws))
       set_generator_state(rng_at_call);
     return "";
   };

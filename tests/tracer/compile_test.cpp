@@ -662,6 +662,19 @@ TEST_CASE("compile: under fullgraph, what would run eagerly from now on raises, 
   }
   CHECK(vec(total) == std::vector<float>{0, 0});
   CHECK_FALSE(w.grad().defined());
+  // A function that reseeds the generator: the generator is given back too.
+  manual_seed(11);
+  const GeneratorState before = generator_state();
+  auto reseeds = compile(
+      [](const Tensor& x) {
+        Tensor noise = rand({4});
+        manual_seed(3);
+        return x + noise.sum();
+      },
+      {.fullgraph = true});
+  CHECK_THROWS_WITH(reseeds(ones({1})), Catch::Contains("reseeds"));
+  CHECK(generator_state().seed == before.seed);
+  CHECK(generator_state().offset == before.offset);
 }
 
 // PyTorch users return loss.item() from a training step; here each value is a branch, and the
