@@ -205,7 +205,7 @@ void OpNode::save(const OpCall& call, const std::vector<Tensor>& outs) {
   }
   saved_inputs.resize(call.inputs.size());
   for (size_t i = 0; i < call.inputs.size(); ++i)
-    if ((mask >> i & 1) && call.inputs[i].defined())
+    if (i < 8 && (mask >> i & 1) && call.inputs[i].defined())  // a cat has more inputs
       saved_inputs[i] = SavedTensor(call.inputs[i], false, self);
   // pow's output serves only d/d(exponent): y = x^2; y += 1 is fine, as in PyTorch.
   bool save_output = spec.output && !(op == OpKind::Pow && !need_b);
