@@ -42,8 +42,9 @@ namespace fs = std::filesystem;
 constexpr char kMagic[8] = {'K', 'I', 'L', 'N', 'O', 'B', 'J', '\0'};
 // 2: row-split plan in the metadata; 3: its gemm flag; 4: outputs' in-place input; 5: its
 // per-row flag; 6: the runtime GEMM's rows_split argument (codegen/runtime.cpp); 7: kernel
-// timers' descriptions (CPU ids, CUDA kernels)
-constexpr uint32_t kFormat = 7;
+// timers' descriptions (CPU ids, CUDA kernels); 8: an output's `?` dim as a sum of input dims
+// plus a constant (DimFormula)
+constexpr uint32_t kFormat = 8;
 // The version is part of an entry's file name, so builds of other versions sharing a directory
 // keep entries of their own (as ccache does); an entry whose stored version differs anyway is
 // stale and rebuilt. The source hash (codegen/, formulas, the dialect, ...; see CMakeLists.txt)
@@ -117,9 +118,13 @@ void write_params(Writer& w, const std::vector<Param>& params) {
     w.u32(static_cast<uint32_t>(p.shape.size()));
     for (int64_t d : p.shape) w.u64(static_cast<uint64_t>(d));
     w.u32(static_cast<uint32_t>(p.dyn_src.size()));
-    for (auto [input, dim] : p.dyn_src) {
-      w.u32(static_cast<uint32_t>(input));
-      w.u32(static_cast<uint32_t>(dim));
+    for (const DimFormula& f : p.dyn_src) {
+      w.u32(static_cast<uint32_t>(f.terms.size()));
+      for (auto [input, dim] : f.terms) {
+        w.u32(static_cast<uint32_t>(input));
+        w.u32(static_cast<uint32_t>(dim));
+      }
+      w.u64(static_cast<uint64_t>(f.constant));
     }
     w.u32(static_cast<uint32_t>(p.alias_input + 1));
   }
@@ -132,9 +137,13 @@ std::vector<Param> read_params(Reader& r) {
     p.shape.resize(std::min<uint32_t>(r.u32(), 64));
     for (int64_t& d : p.shape) d = static_cast<int64_t>(r.u64());
     p.dyn_src.resize(std::min<uint32_t>(r.u32(), 64));
-    for (auto& [input, dim] : p.dyn_src) {
-      input = static_cast<int>(r.u32());
-      dim = static_cast<int>(r.u32());
+    for (DimFormula& f : p.dyn_src) {
+      f.terms.resize(std::min<uint32_t>(r.u32(), 64));
+      for (auto& [input, dim] : f.terms) {
+        input = static_cast<int>(r.u32());
+        dim = static_cast<int>(r.u32());
+      }
+      f.constant = static_cast<int64_t>(r.u64());
     }
     p.alias_input = static_cast<int>(r.u32()) - 1;
   }

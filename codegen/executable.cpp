@@ -155,13 +155,52 @@ DType to_dtype(mlir::Type t) {
   throw Error("codegen::Executable", "unsupported element type");
 }
 
-/// Which (function argument, dim) gives dynamic dim `d` of tensor `v`: follows destination-style
-/// inits down to a tensor.empty (or tensor.extract_slice) whose size is a tensor.dim of an argument.
-std::optional<std::pair<int, int>> dim_source(mlir::Value v, int64_t d) {
-  for (int guard = 0; guard < 256; ++guard) {
+std::optional<DimFormula> dim_formula(mlir::Value v, int64_t d, int& budget);
+
+/// `size` (an index value) as a DimFormula: tensor.dim of a tensor whose size has a formula,
+/// constants, and sums of those (a cat's `T + 1`).
+std::optional<DimFormula> size_formula(mlir::Value size, int& budget) {
+  if (!size || --budget < 0) return std::nullopt;
+  if (auto c = size.getDefiningOp<mlir::arith::ConstantIndexOp>()) return DimFormula{{}, c.value()};
+  if (auto add = size.getDefiningOp<mlir::arith::AddIOp>()) {
+    std::optional<DimFormula> a = size_formula(add.getLhs(), budget);
+    std::optional<DimFormula> b = a ? size_formula(add.getRhs(), budget) : std::nullopt;
+    if (!b) return std::nullopt;
+    a->terms.insert(a->terms.end(), b->terms.begin(), b->terms.end());
+    a->constant += b->constant;
+    return a;
+  }
+  auto dim = size.getDefiningOp<mlir::tensor::DimOp>();
+  std::optional<int64_t> index = dim ? dim.getConstantIndex() : std::nullopt;
+  if (!index) return std::nullopt;
+  return dim_formula(dim.getSource(), *index, budget);
+}
+
+/// Dim `d` of tensor `v` from the function's arguments' sizes: follows destination-style inits
+/// down to a tensor.empty (or tensor.extract_slice) whose size is a size_formula, or a
+/// function argument; a static dim is its size. `budget` bounds the walk.
+std::optional<DimFormula> dim_formula(mlir::Value v, int64_t d, int& budget) {
+  while (--budget >= 0) {
+    if (auto t = llvm::dyn_cast<mlir::RankedTensorType>(v.getType()); t && !t.isDynamicDim(d))
+      return DimFormula{{}, t.getDimSize(d)};
     if (auto arg = llvm::dyn_cast<mlir::BlockArgument>(v))
-      return std::make_pair(static_cast<int>(arg.getArgNumber()), static_cast<int>(d));
+      return DimFormula{{{static_cast<int>(arg.getArgNumber()), static_cast<int>(d)}}, 0};
     mlir::Operation* op = v.getDefiningOp();
+    if (auto concat = llvm::dyn_cast<mlir::tensor::ConcatOp>(op)) {
+      // (more than 32 inputs, lower.cpp): the sum along its dim, the first input's size else
+      if (static_cast<uint64_t>(d) != concat.getDim()) {
+        v = concat.getInputs()[0];
+        continue;
+      }
+      DimFormula sum;
+      for (mlir::Value in : concat.getInputs()) {
+        std::optional<DimFormula> f = dim_formula(in, d, budget);
+        if (!f) return std::nullopt;
+        sum.terms.insert(sum.terms.end(), f->terms.begin(), f->terms.end());
+        sum.constant += f->constant;
+      }
+      return sum;
+    }
     if (auto dps = llvm::dyn_cast<mlir::DestinationStyleOpInterface>(op)) {
       v = dps.getTiedOpOperand(llvm::cast<mlir::OpResult>(v))->get();
       continue;
@@ -185,8 +224,7 @@ std::optional<std::pair<int, int>> dim_source(mlir::Value v, int64_t d) {
     }
     mlir::Value size;
     if (auto empty = llvm::dyn_cast<mlir::tensor::EmptyOp>(op)) {
-      if (!empty.getType().isDynamicDim(d)) return std::nullopt;  // (past a cast)
-      size = empty.getDynamicSize(static_cast<unsigned>(d));
+      size = empty.getDynamicSize(static_cast<unsigned>(d));  // (dynamic: checked above)
     } else if (auto slice = llvm::dyn_cast<mlir::tensor::ExtractSliceOp>(op)) {
       // A prefix slice lowered from kiln.view "slice" (lower.cpp; not rank-reducing): its
       // dynamic sizes are tensor.dim of the source.
@@ -198,12 +236,7 @@ std::optional<std::pair<int, int>> dim_source(mlir::Value v, int64_t d) {
     } else {
       return std::nullopt;
     }
-    auto dim = size ? size.getDefiningOp<mlir::tensor::DimOp>() : mlir::tensor::DimOp();
-    if (!dim) return std::nullopt;
-    std::optional<int64_t> index = dim.getConstantIndex();
-    if (!index) return std::nullopt;
-    v = dim.getSource();
-    d = *index;
+    return size_formula(size, budget);
   }
   return std::nullopt;
 }
@@ -438,6 +471,20 @@ std::vector<bool> relaxed_inputs(mlir::ModuleOp m,
 }
 
 }  // namespace
+
+int64_t DimFormula::evaluate(const std::vector<Tensor>& inputs) const {
+  int64_t size = constant;
+  for (auto [input, dim] : terms) {
+    // (a corrupt disk-cache entry: never an index past the inputs)
+    if (input < 0 || static_cast<size_t>(input) >= inputs.size() || dim < 0 ||
+        dim >= inputs[static_cast<size_t>(input)].dim())
+      throw Error("codegen::Executable::run", fmt::format("an output size refers to dim {} of "
+                                                          "input {} of {}", dim, input,
+                                                          inputs.size()));
+    size += inputs[static_cast<size_t>(input)].shape()[dim];
+  }
+  return size;
+}
 
 // CompiledMeta: inputs, outputs, kernels, linalg, row_split (filled by compile(), or copied from
 // the cache).
@@ -691,11 +738,12 @@ std::string Executable::Impl::compile(const std::string& graph_mlir, bool relax)
     auto rt = llvm::cast<mlir::RankedTensorType>(r.getType());
     Param p{to_dtype(rt.getElementType()),
             std::vector<int64_t>(rt.getShape().begin(), rt.getShape().end()), {}};
-    p.dyn_src.assign(p.shape.size(), {-1, -1});
+    p.dyn_src.assign(p.shape.size(), {});
     for (size_t j = 0; j < p.shape.size(); ++j) {
       if (p.shape[j] != mlir::ShapedType::kDynamic) continue;
       p.shape[j] = ir::kDynamic;
-      auto src = dim_source(r, static_cast<int64_t>(j));
+      int budget = 256;
+      auto src = dim_formula(r, static_cast<int64_t>(j), budget);
       if (!src)
         throw Error("codegen::Executable",
                     "cannot tell a dynamic output dim from the inputs (not yet):\n" + I.linalg);
@@ -918,8 +966,7 @@ std::vector<Tensor> Executable::run(const std::vector<Tensor>& inputs) const {
         shape[k] = p.shape[j];
         continue;
       }
-      auto [input, dim] = p.dyn_src[j];
-      shape[k] = ins[static_cast<size_t>(input)].shape()[dim];
+      shape[k] = p.dyn_src[j].evaluate(ins);
     }
     if (p.alias_input < 0) {
       outs.push_back(dispatch::empty(shape, p.dtype, impl_->device));
@@ -954,9 +1001,7 @@ void Executable::run_into(const std::vector<Tensor>& inputs,
     bool ok = t.dtype() == p.dtype && t.device() == I.device && t.is_contiguous() &&
               static_cast<size_t>(t.dim()) == p.shape.size();
     for (size_t j = 0; ok && j < p.shape.size(); ++j) {
-      int64_t want = p.shape[j] != ir::kDynamic
-                         ? p.shape[j]
-                         : ins[static_cast<size_t>(p.dyn_src[j].first)].shape()[p.dyn_src[j].second];
+      int64_t want = p.shape[j] != ir::kDynamic ? p.shape[j] : p.dyn_src[j].evaluate(ins);
       ok = t.shape()[static_cast<int>(j)] == want;
     }
     if (!ok)

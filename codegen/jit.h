@@ -28,11 +28,19 @@ class LLJIT;
 
 namespace kiln::codegen {
 
+/// A `?` dim of an output as run() computes it from the inputs' sizes: the sum of the
+/// (input, dim) sizes in `terms` plus `constant` (a cat along a `?` dim: T + 1).
+struct DimFormula {
+  std::vector<std::pair<int, int>> terms;
+  int64_t constant = 0;
+  int64_t evaluate(const std::vector<Tensor>& inputs) const;
+};
+
 /// One argument of @main as run() sees it.
 struct Param {
   DType dtype;
-  std::vector<int64_t> shape;                // ir::kDynamic for `?`
-  std::vector<std::pair<int, int>> dyn_src;  // outputs: per dim, the (input, dim) giving a `?`
+  std::vector<int64_t> shape;       // ir::kDynamic for `?`
+  std::vector<DimFormula> dyn_src;  // outputs: per dim, the size of a `?`
   int alias_input = -1;  // outputs: the input whose buffer it is computed in (in place), or -1
 };
 

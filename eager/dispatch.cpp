@@ -16,6 +16,7 @@ namespace {
 
 thread_local DispatchHook* t_tracer_hook = nullptr;
 thread_local WriteObserver* t_write_observer = nullptr;
+thread_local bool t_shape_only = false;  // ShapeOnlyScope
 DispatchHook* g_autograd_hook = nullptr;
 
 // Whether input i of `op` is converted to the compute dtype before the kernel runs.
@@ -87,6 +88,11 @@ DeviceKernel device_kernel(Device device, const OpCall& c) {
 
 WriteObserver* set_write_observer(WriteObserver* o) { return std::exchange(t_write_observer, o); }
 WriteObserver* write_observer() { return t_write_observer; }
+
+ShapeOnlyScope::ShapeOnlyScope(bool shape_only)
+    : previous_(std::exchange(t_shape_only, shape_only)) {}
+ShapeOnlyScope::~ShapeOnlyScope() { t_shape_only = previous_; }
+bool shape_only() { return t_shape_only; }
 DispatchHook* set_tracer_hook(DispatchHook* hook) { return std::exchange(t_tracer_hook, hook); }
 DispatchHook* tracer_hook() { return t_tracer_hook; }
 
@@ -213,7 +219,7 @@ cpu::Kernel cpu_kernel(const OpCall& c) {
 std::vector<Tensor> run_call(OpCall& c) {
   Device device;
   InferredMeta meta = checked_meta(c, device);
-  if (t_write_observer && is_in_place(c.op)) t_write_observer->before_write(c.inputs[0], c.loc);
+  if (t_write_observer && is_in_place(c.op)) t_write_observer->before_write(c);
   std::vector<Tensor> outs;
   if (t_tracer_hook && t_tracer_hook->before_kernel(c, meta, outs)) {
     t_tracer_hook->after_kernel(c, meta, outs);
@@ -240,15 +246,15 @@ std::vector<Tensor> run_call(OpCall& c) {
       outs.reserve(meta.outputs.size());
       for (const OutputMeta& o : meta.outputs) outs.push_back(empty(o.shape, o.dtype, device));
     }
-    dk(c, meta, outs);
+    if (!t_shape_only) dk(c, meta, outs);
     if (is_in_place(c.op)) c.inputs[0].bump_version();
     if (g_autograd_hook) g_autograd_hook->after_kernel(c, meta, outs);
     if (t_tracer_hook) t_tracer_hook->after_kernel(c, meta, outs);
     return outs;
   }
 
-  OpCall converted;
-  const OpCall* kp = kernel_call(c, meta, converted);
+  OpCall converted;  // (a shape-only run converts nothing: its kernel does not run)
+  const OpCall* kp = t_shape_only ? &c : kernel_call(c, meta, converted);
 
   if (op_info(c.op).category == OpCategory::View) {
     outs.push_back(make_view(*kp, meta));
@@ -259,7 +265,7 @@ std::vector<Tensor> run_call(OpCall& c) {
       outs.reserve(meta.outputs.size());
       for (const OutputMeta& o : meta.outputs) outs.push_back(empty(o.shape, o.dtype));
     }
-    cpu_kernel(c)(*kp, meta, outs);
+    if (!t_shape_only) cpu_kernel(c)(*kp, meta, outs);
     if (is_in_place(c.op)) c.inputs[0].bump_version();
   }
   if (g_autograd_hook) g_autograd_hook->after_kernel(c, meta, outs);
@@ -270,8 +276,8 @@ std::vector<Tensor> run_call(OpCall& c) {
 // Whether call_in_place may write c's result straight into c.inputs[0] (before the metadata).
 bool may_write_into_input(const OpCall& c) {
   const OpCategory category = op_info(c.op).category;
-  if (t_tracer_hook || (category != OpCategory::Unary && category != OpCategory::Binary) ||
-      c.inputs.empty())
+  if (t_tracer_hook || t_shape_only ||
+      (category != OpCategory::Unary && category != OpCategory::Binary) || c.inputs.empty())
     return false;
   const Tensor& dst = c.inputs[0];
   if (!dst.defined() || !dst.device().is_cpu() || !dst.is_contiguous()) return false;
@@ -297,7 +303,7 @@ bool run_in_place(const OpCall& c) {
       meta.outputs[0].dtype != dst.dtype() || meta.compute_dtype != dst.dtype() ||
       !value_checked_inputs(c.op, c.attrs, meta.compute_dtype).empty())
     return false;
-  if (t_write_observer) t_write_observer->before_write(dst, c.loc);
+  if (t_write_observer) t_write_observer->before_write(c);
   OpCall converted;
   const OpCall* kp = kernel_call(c, meta, converted);
   std::vector<Tensor> outs{dst};

@@ -94,8 +94,9 @@ class DispatchHook {
 class WriteObserver {
  public:
   virtual ~WriteObserver() = default;
-  /// `dst` is about to be written in place by the op at `loc`.
-  virtual void before_write(const Tensor& dst, Loc loc) = 0;
+  /// `call.inputs[0]` is about to be written in place by `call` (its other inputs are what
+  /// the op reads; call.loc is its line).
+  virtual void before_write(const OpCall& call) = 0;
   /// The .grad of `t` is about to change (the old .grad tensor itself is not written).
   virtual void before_grad_change(const Tensor& t) = 0;
 };
@@ -109,6 +110,24 @@ WriteObserver* write_observer();
 
 /// Installs the tracer hook for the calling thread (nullptr removes it); returns the old one.
 DispatchHook* set_tracer_hook(DispatchHook* hook);
+
+/// While alive, the calling thread's ops run for their metadata only: checks, shape/dtype
+/// inference, hooks (tracer, autograd), views and version counters as usual, but outputs are
+/// allocated uninitialised and no kernel runs, so nothing is written. The tracer confirms a
+/// symbolic specialisation for new sizes this way (tracer/README.md, "shape-only runs").
+/// `ShapeOnlyScope(false)` turns kernels back on inside one (the tracer's own computations).
+class ShapeOnlyScope {
+ public:
+  explicit ShapeOnlyScope(bool shape_only = true);
+  ~ShapeOnlyScope();
+  ShapeOnlyScope(const ShapeOnlyScope&) = delete;
+  ShapeOnlyScope& operator=(const ShapeOnlyScope&) = delete;
+
+ private:
+  bool previous_;
+};
+/// Whether the calling thread is inside a ShapeOnlyScope (kernels off).
+bool shape_only();
 /// The calling thread's tracer hook (nullptr when not tracing).
 DispatchHook* tracer_hook();
 /// Installs the process-wide autograd hook (nullptr removes it); returns the old one.

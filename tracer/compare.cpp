@@ -24,7 +24,8 @@ void print(const Tensor& t, const std::string& label, Loc loc) {
   };
   const std::vector<Tensor> shown = t.defined() ? std::vector<Tensor>{t} : std::vector<Tensor>{};
   if (auto* rec = tracer::Recorder::current()) rec->on_callback("print", show, shown, loc);
-  if (tracer::PrintScope::show_next()) show(shown);
+  // A shape-only run's values are garbage: the replay that follows shows them.
+  if (!dispatch::shape_only() && tracer::PrintScope::show_next()) show(shown);
 }
 
 std::string CompareReport::str() const {

@@ -51,6 +51,12 @@ struct MissingBranch {
 };
 // Internal: a symbolic entry's replay reached a branch no trace confirmed for these sizes.
 struct UncheckedBranch {};
+// Internal: a shape-only run did not confirm the entry (other ops, or a trace that would not
+// be cached): the call is traced.
+struct ShapeOnlyUnfit {
+  std::string why;  // for KILN_LOGS=recompiles
+};
+bool log_enabled(std::string_view topic);
 // Internal: a replay raised kiln::Error (a value check: an index out of range) before it
 // changed anything the caller sees: the call runs eagerly instead, so that the function's own
 // code meets the error (a try/catch in it takes its other path; else eager raises it).
@@ -715,11 +721,18 @@ struct CompiledFunction::Impl {
   /// arguments and dims in range. Called with `lock` held; the function itself runs without
   /// it (it may call this function on another thread, or explain()); when another trace or a
   /// reset() changed the cache meanwhile, this trace's result is returned and not cached.
+  /// `shape_only_confirmed` (with `unchecked`): a shape-only run (CompileOptions::
+  /// shape_only_checks) that sets it when it confirms `unchecked` for these sizes; its
+  /// outputs are garbage, and it throws (ShapeOnlyUnfit, ShapeOnlyAbort, the function's own
+  /// errors) where the call must be traced instead, having given the caller's state back.
   std::vector<OutValue> trace(std::unique_lock<std::shared_mutex>& lock,
                               const std::vector<ArgValue>& args, const Invoke& invoke, Loc loc,
                               const std::vector<std::pair<int, int>>& marked, Entry* failed,
                               bool missing_branch, const std::string& miss_reason,
-                              Entry* unchecked = nullptr, const MissingBranch* missed = nullptr);
+                              Entry* unchecked = nullptr, const MissingBranch* missed = nullptr,
+                              bool* shape_only_confirmed = nullptr);
+  /// Whether a call at unconfirmed sizes of symbolic entry `e` is checked shape-only first.
+  bool checks_shape_only(const Entry& e) const;
   /// Adds the tensors that the trace of `p` captured to captured_tensors, then records which
   /// of its arguments share memory with one (the guard Program::args_sharing_captured).
   void remember_captured(Program& p, Recorder& rec);
@@ -773,6 +786,7 @@ struct CompiledFunction::Impl {
   /// The tensors any trace captured (Program::args_sharing_captured).
   std::vector<std::weak_ptr<TensorImpl>> captured_tensors;
   int size_checks = 0;  // traces that confirmed a symbolic entry for new sizes
+  int shape_only_checks = 0;  // shape-only runs that did so (CompileOptions::shape_only_checks)
 };
 
 CompiledFunction::CompiledFunction(std::string name, CompileOptions options, Loc loc)
@@ -1180,6 +1194,29 @@ std::vector<OutValue> CompiledFunction::call(const std::vector<ArgValue>& given,
     // branch this replay missed to its entry (two threads missing one branch both traced it,
     // and the second, finding the branch there, made a duplicate entry).
     if (im.generation != seen_generation || im.find_entries(args) != found) continue;
+    if (unchecked && im.checks_shape_only(*entry)) {
+      bool confirmed = false;
+      std::string why;  // the call is traced below (the run gave the caller's state back)
+      try {
+        im.trace(lock, args, invoke, loc, marked, nullptr, false, {}, entry.get(), nullptr,
+                 &confirmed);
+      } catch (const ShapeOnlyUnfit& u) {
+        why = u.why;
+      } catch (const ShapeOnlyAbort&) {
+        why = "it reads a tensor value, takes a pointer to tensor memory, runs autograd history "
+              "made before the call or writes with autograd history into a tensor it did not "
+              "make";
+      } catch (const Error& e) {
+        why = e.what();
+      } catch (...) {
+        why = "it threw";
+      }
+      if (confirmed) continue;  // replays
+      if (log_enabled("recompiles"))
+        fmt::print(stderr, "kiln.compile: '{}': new sizes checked shape-only: not confirmed "
+                   "({}); traced\n", im.name, why);
+      if (!lock.owns_lock()) lock.lock();
+    }
     if (unchecked)
       return im.trace(lock, args, invoke, loc, marked, nullptr, false, {}, entry.get());
     return im.trace(lock, args, invoke, loc, marked, entry.get(), missing_branch, miss_reason,
@@ -1230,6 +1267,50 @@ bool log_enabled(std::string_view topic) {
     return names;
   }();
   return std::find(topics.begin(), topics.end(), topic) != topics.end();
+}
+
+// An output the function made, with the handles on it that the call's outputs account for.
+struct OutputHandles {
+  std::weak_ptr<TensorImpl> impl;
+  long handles = 0;  // the outputs holding it, and views among the outputs' bases holding it
+  int output = 0;
+};
+
+// Outputs the function made from its ops (not arguments, captured tensors, .grad, views of
+// their memory) that nothing but the outputs should hold once the recording is dropped: a
+// handle beyond OutputHandles::handles is host state that kept the output (`losses.push_back(
+// loss)`, `last = y`), which a replay would not update. Skipped when outputs carry eager
+// autograd history (its graph may hold them), as escape_candidates does.
+void output_handles(const Recorder& rec, const Program& p, const std::vector<OutValue>& outs,
+                    std::vector<OutputHandles>& out) {
+  for (const OutValue& o : outs)
+    if (o.is_tensor && o.tensor.defined() && o.tensor.requires_grad()) return;
+  std::unordered_map<const TensorImpl*, long> handles;
+  std::unordered_set<const TensorImpl*> chains;  // the outputs and their bases
+  for (const OutValue& o : outs) {
+    if (!o.is_tensor || !o.tensor.defined()) continue;
+    ++handles[o.tensor.impl()];
+    for (const TensorImpl* t = o.tensor.impl(); t; t = t->base.get()) chains.insert(t);
+  }
+  for (const TensorImpl* t : chains)
+    if (t->base) ++handles[t->base.get()];
+  std::unordered_set<const StorageImpl*> not_made;  // arguments', captured tensors', .grad's
+  auto not_made_by_ops = [&](int v) {
+    if (Tensor t = rec.tensor(v); t.defined()) not_made.insert(t.storage().get());
+  };
+  for (size_t v = 0; v < p.values.size(); ++v)
+    if (p.values[v].source >= 0) not_made_by_ops(int(v));
+  for (auto [leaf, g] : p.grad_assignments)
+    if (g >= 0) not_made_by_ops(g);
+  std::unordered_set<const TensorImpl*> seen;
+  for (size_t k = 0; k < outs.size(); ++k) {
+    const Tensor& t = outs[k].tensor;
+    if (!outs[k].is_tensor || !t.defined() || k >= p.outputs.size() || p.outputs[k] < 0 ||
+        !t.is_same(rec.tensor(p.outputs[k])) || not_made.count(t.storage().get()) ||
+        !seen.insert(t.impl()).second)
+      continue;
+    out.push_back({t.impl_ptr(), handles[t.impl()], int(k)});
+  }
 }
 
 // Tensors the function created (op results, tensors made from host data) that nothing the
@@ -1750,11 +1831,21 @@ std::vector<OutValue> CompiledFunction::Impl::replay(Entry& e, const std::vector
   return outs;
 }
 
+bool CompiledFunction::Impl::checks_shape_only(const Entry& e) const {
+  // Once a trace confirmed it at sizes besides those it was made at (its checked_sizes then
+  // hold both): a wrong formula is refuted by then as a rule, and a run that does not confirm
+  // makes the function's host code run twice. Not under check = true (which compares
+  // every call with eager) nor for trace trees (their host reads need values).
+  return options.shape_only_checks && !options.check && e.dynamic && e.root->leaf &&
+         e.checked_sizes.size() >= 2;
+}
+
 std::vector<OutValue> CompiledFunction::Impl::trace(
     std::unique_lock<std::shared_mutex>& lock, const std::vector<ArgValue>& args,
     const Invoke& invoke, Loc loc, const std::vector<std::pair<int, int>>& marked_dims,
     Entry* failed, bool missing_branch, const std::string& miss_reason, Entry* unchecked,
-    const MissingBranch* missed) {
+    const MissingBranch* missed, bool* shape_only_confirmed) {
+  const bool shape_only = shape_only_confirmed != nullptr;
   PrintScope::restart();
   // A failed entry whose guards no longer hold (a captured tensor freed, a symbolic replay that
   // failed) is dropped; one that only lacks a branch gets the new branch below.
@@ -1804,10 +1895,11 @@ std::vector<OutValue> CompiledFunction::Impl::trace(
   auto prog = std::make_shared<Program>();
   std::vector<OutValue> outs;
   std::vector<std::pair<std::weak_ptr<TensorImpl>, int>> candidates;
+  std::vector<OutputHandles> held_outputs;
   std::string caught_op_error;  // an op's error the function caught while traced
   const uint64_t view_writes = in_place_view_writes();
   const uint64_t double_backwards = create_graph_backwards();
-  const uint64_t reseeds = generator_reseeds().count;
+  uint64_t reseeds = generator_reseeds().count;
   const uint64_t precision_changes = matmul_precision_changes().count;
   const uint64_t rebinds_before = parameter_rebinds();
   const DType dtype_before = default_dtype();
@@ -1831,13 +1923,15 @@ std::vector<OutValue> CompiledFunction::Impl::trace(
     // Only when the function reseeded it, or no other thread drew or reseeded meanwhile:
     // another thread's counters are not drawn again.
     const GeneratorState now = generator_state();
-    if (generator_reseeds().count != reseeds ||
-        (now.seed == rng_at_call.seed && now.offset == rng_at_call.offset + own_draws))
+    const bool moved = now.seed != rng_at_call.seed || now.offset != rng_at_call.offset;
+    if (moved && (generator_reseeds().count != reseeds ||
+                  (now.seed == rng_at_call.seed && now.offset == rng_at_call.offset + own_draws)))
       set_generator_state(rng_at_call);
     return "";
   };
   // fullgraph = true: a graph break raises, naming its line, and the call has no effect.
   auto raise_fullgraph = [&](const Loc& at, std::string what) {
+    if (shape_only) throw ShapeOnlyUnfit{what};
     const std::string not_undone = undo_call();
     throw Error("compile", fmt::format("fullgraph=true, but '{}' {}{}", name, what, not_undone),
                 at);
@@ -1867,10 +1961,30 @@ std::vector<OutValue> CompiledFunction::Impl::trace(
     for (size_t i = 0; i < args.size(); ++i)
       if (args[i].kind == ArgValue::Kind::Tensor) rec.add_arg(args[i].tensor, static_cast<int>(i));
     lock.unlock();
-    if (options.fullgraph) {
-      journal.emplace();
+    if (options.fullgraph || shape_only) {
+      journal.emplace(/*keep_values=*/!shape_only);  // (a shape-only run writes no values)
       rng_at_call = generator_state();
-      rec.raise_at_graph_break(name);
+    }
+    if (options.fullgraph && !shape_only) rec.raise_at_graph_break(name);
+    // A shape-only run gives the caller's state back however it ends (after the kernels are
+    // back on: the scope below is left first).
+    struct GiveBack {
+      std::function<void()> undo;
+      ~GiveBack() {
+        if (undo) undo();
+      }
+    } give_back;
+    std::optional<dispatch::ShapeOnlyScope> no_kernels;
+    if (shape_only) {
+      journal->refuse_history_writes();
+      rec.shape_only();
+      give_back.undo = [&] {
+        own_draws = rec.own_draws();
+        const bool reseeded = generator_reseeds().count != reseeds;
+        undo_call();
+        if (!reseeded) reseeds = generator_reseeds().count;  // (undo_call's rewind is none)
+      };
+      no_kernels.emplace();
     }
     rec.install();
     const uint64_t op_errors_before = dispatch::op_errors();
@@ -1896,13 +2010,16 @@ std::vector<OutValue> CompiledFunction::Impl::trace(
     if (rec.raised_at_graph_break())
       raise_fullgraph(loc, "caught the error its backward() or grad() raised at a graph break "
                            "(autograd history made before the call)");
-    ++traces_run;
+    if (rec.aborted()) throw ShapeOnlyUnfit{"it caught the run's end (a value read)"};
+    if (!shape_only) ++traces_run;
     for (size_t i = 0; i < args.size(); ++i)
       if (args[i].kind == ArgValue::Kind::Tensor && retains_grad(args[i].tensor) &&
           std::ranges::find(retaining, int(i)) == retaining.end())
         prog->retained_args.push_back(int(i));
     if (dispatch::op_errors() != op_errors_before) caught_op_error = dispatch::last_op_error();
     record_backward(rec, *prog, outs);
+    if (rec.aborted()) throw ShapeOnlyUnfit{"its outputs' backward reaches history"};
+    no_kernels.reset();
     rec.finish();
     for (const OutValue& o : outs) {
       bool undefined = o.is_tensor && !o.tensor.defined();
@@ -1932,10 +2049,12 @@ std::vector<OutValue> CompiledFunction::Impl::trace(
     mark_snapshots_reaching_caller(*prog);
     rec.uninstall();
     escape_candidates(rec, *prog, outs, candidates);
+    output_handles(rec, *prog, outs, held_outputs);
     lock.lock();
     // Another thread's trace or a reset() changed the cache meanwhile: this result is not
     // cached, but a fullgraph function's break still raises.
     if (generation++ != generation_before) {
+      if (shape_only) throw ShapeOnlyUnfit{"another thread traced meanwhile"};
       raise_at_fullgraph_break();
       return outs;
     }
@@ -1944,6 +2063,7 @@ std::vector<OutValue> CompiledFunction::Impl::trace(
   // Whatever makes the trace unfit for replays: the function runs eagerly from now on, or
   // raises under fullgraph = true (it would not be one compiled graph).
   auto cannot_compile = [&](std::string why) {
+    if (shape_only) throw ShapeOnlyUnfit{why};
     if (options.fullgraph) raise_fullgraph(loc, "cannot be compiled: " + why);
     run_eagerly_from_now_on(std::move(why));
   };
@@ -1988,6 +2108,7 @@ std::vector<OutValue> CompiledFunction::Impl::trace(
   // Memory running out while the backward was recorded may not happen again: this trace is not
   // cached, and the next call traces again (review: it turned the function eager for good).
   if (prog->backward_error.find("out of memory") != std::string::npos) {
+    if (shape_only) throw ShapeOnlyUnfit{prog->backward_error};
     log_recompile(fmt::format("a trace not cached: recording its outputs' backward ran out of "
                               "memory ({}); the next call traces again", prog->backward_error));
     return outs;
@@ -2001,6 +2122,7 @@ std::vector<OutValue> CompiledFunction::Impl::trace(
   // the trace, and 15 of 200 such functions returned float64 for good, a break-it pass); the
   // next call traces again.
   if (default_dtype_changes() != dtype_changes) {
+    if (shape_only) throw ShapeOnlyUnfit{"set_default_dtype was called"};
     log_recompile("a trace not cached: set_default_dtype was called while it was traced; "
                   "the next call traces again");
     return outs;
@@ -2044,6 +2166,25 @@ std::vector<OutValue> CompiledFunction::Impl::trace(
     // confirms them, or the call gets an entry of its own (the trace already gave its result).
     std::string why = check_symbolic(*unchecked, *prog, args);
     std::vector<int64_t> key = sizes_key(*unchecked, args);
+    if (shape_only) {
+      // A tensor made in the run (its values garbage) kept in host state: traced, which may
+      // store a real one there.
+      const bool escaped =
+          std::ranges::any_of(candidates, [](const auto& c) { return !c.first.expired(); }) ||
+          std::ranges::any_of(held_outputs, [](const OutputHandles& h) {
+            return h.impl.use_count() > h.handles;
+          });
+      if (!why.empty() || escaped)
+        throw ShapeOnlyUnfit{escaped ? "a tensor it made outlives the call in host state" : why};
+      if (log_enabled("recompiles"))
+        fmt::print(stderr, "kiln.compile: '{}': new sizes [{}] checked shape-only (no kernels) "
+                   "for specialisation #{} (symbolic): confirmed\n", name, fmt::join(key, ", "),
+                   unchecked->id);
+      confirm_path(*unchecked, *prog, key);
+      ++shape_only_checks;
+      *shape_only_confirmed = true;
+      return {};
+    }
     // Such a trace runs the function as every trace does: said under KILN_LOGS=recompiles and
     // counted in explain(), which reported only the traces that made entries (break-it pass).
     auto confirmed = [&](Entry& e, std::vector<int64_t> k) {
@@ -2140,6 +2281,19 @@ std::vector<OutValue> CompiledFunction::Impl::trace(
     std::string why = fmt::format(
         "trace #{} not cached: a tensor it created ({}) outlives the call in host state; "
         "update such state in place", n, where);
+    log_recompile(why);
+    if (log_enabled("recompiles")) fmt::print(stderr, "kiln.compile: '{}': {}\n", name, why);
+    if (++uncached_in_a_row >= 3) cannot_compile(why);
+    return outs;
+  }
+  for (const OutputHandles& h : held_outputs) {
+    // (lock() adds a handle of its own)
+    if (std::shared_ptr<TensorImpl> t = h.impl.lock(); !t || t.use_count() - 1 <= h.handles)
+      continue;
+    std::string why = fmt::format(
+        "trace #{} not cached: its output {} is also kept in host state (a container or "
+        "variable outside the function holds it), which a replay would not update; store the "
+        "returned tensor after the call instead", n, h.output);
     log_recompile(why);
     if (log_enabled("recompiles")) fmt::print(stderr, "kiln.compile: '{}': {}\n", name, why);
     if (++uncached_in_a_row >= 3) cannot_compile(why);
@@ -2360,12 +2514,15 @@ std::string CompiledFunction::explain() const {
   // again (an explain() that said "0 trace(s)" for a function traced once confused users).
   const int not_cached = im.traces_run.load() - im.traces.load() - confirming;
   std::string out = fmt::format(
-      "compiled function '{}': {} trace(s){}{}, {} cache entr{} (limit {}), backend {}, dynamic "
-      "{}\n",
+      "compiled function '{}': {} trace(s){}{}{}, {} cache entr{} (limit {}), backend {}, "
+      "dynamic {}\n",
       name_, im.traces_run.load() - confirming,
       not_cached > 0 ? fmt::format(" ({} not cached)", not_cached) : "",
       confirming ? fmt::format(" and {} confirming new sizes (each ran the function)", confirming)
                  : "",
+      im.shape_only_checks ? fmt::format(" and {} shape-only run(s) confirming new sizes (no "
+                                         "kernels; then replayed)", im.shape_only_checks)
+                           : "",
       leaves, leaves == 1 ? "y" : "ies", options_.cache_size_limit,
       options_.backend == Backend::Cpu ? "codegen (cpu / cuda per region)" : "eager",
       options_.dynamic == Dynamic::Auto ? "auto" : options_.dynamic == Dynamic::Always ? "always" : "never");
@@ -2383,15 +2540,17 @@ std::string CompiledFunction::explain() const {
                        e->hits.load());
     out += describe_guards(*e, "    ");
     if (e->dynamic) {
-      out += fmt::format("  symbolic: confirmed by a trace for {} size set(s), refuted for {}\n",
+      out += fmt::format("  symbolic: confirmed by a trace or shape-only run for {} size set(s) "
+                         "(the last 64 kept), refuted for {}\n",
                          e->checked_sizes.size(), e->refuted_sizes.size());
       // Such traces run the function eagerly: say so where they come from scalar values.
       bool scalars = std::any_of(e->guards.begin(), e->guards.end(),
                                  [](const ArgGuard& g) { return g.dynamic_scalar; });
       if (scalars)
-        out += "  each new value of a dynamic host scalar is traced once (at eager speed) to "
-               "confirm it, as host code may branch on it: pass a number that changes on "
-               "every call (a learning rate) as a 0-d tensor\n";
+        out += "  each new value of a dynamic host scalar runs the function once more to "
+               "confirm it, as host code may branch on it (shape-only once a trace confirmed "
+               "one, else a trace at eager speed): pass a number that changes on every call (a "
+               "learning rate) as a 0-d tensor\n";
     }
     const Program& p = *e->root->program;
     int captured = 0, host_inputs = 0;

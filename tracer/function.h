@@ -80,6 +80,17 @@ struct CompileOptions {
   /// memory ran out inside the compiled code may leave some of them updated (an optimizer's
   /// step counters), as eager's in-place ops that ran before such an error do. Off by default.
   bool donate_buffers = false;
+  /// How a symbolic specialisation is confirmed for a new set of sizes (or host-scalar
+  /// values), since host code may branch on them. true: once a trace confirmed its formulas
+  /// at a size set beyond those it was made from, by running the function shape-only (ops check and infer
+  /// shapes, no kernel runs, dispatch::ShapeOnlyScope) and comparing the ops it records; the
+  /// call then replays, so a loop whose sizes grow every call (a KV cache grown by cat) replays
+  /// every step. A run that reads a tensor value, runs autograd history made before the call,
+  /// writes with autograd history into a tensor it did not make, raises, or records other ops
+  /// gives the caller's tensors, their version counters and .grad and the random generator
+  /// back and traces the call as false does: its host code (prints, C++ variables) then runs
+  /// twice. false: every new size set is traced, at eager speed.
+  bool shape_only_checks = true;
   /// Marks a dim dynamic (returns *this for chaining).
   CompileOptions& mark_dynamic(int arg, int dim) {
     dynamic_dims.push_back({arg, dim});

@@ -281,7 +281,7 @@ struct Plan::Region {
     if (e == kNotTimed || c == kNotTimed) return false;
     return static_cast<double>(std::max(e, c)) >= kClearMargin * static_cast<double>(std::min(e, c));
   }
-  std::string fallback_reason;
+  std::string fallback_reason;  // eager_fallback, or static_only: why the symbolic build failed
   // Nodes whose eager kernels reject input values that their compiled code computes through
   // (see data_checked_inputs): their inputs are scanned after a compiled run (run_compiled).
   std::vector<size_t> data_checked;
@@ -761,6 +761,7 @@ void Plan::build_region(Region& r, const PlanOptions& o) {
       for (auto [k, j] : co.in_place_outputs)
         if (r.exe && r.exe->output_alias(k) == j) r.in_place.push_back({k, j});
       r.static_only = has_sym && !dynamic;
+      if (r.static_only) r.fallback_reason = first_error.substr(0, first_error.find('\n'));
       return;
     } catch (const Error& e) {
       if (first_error.empty()) first_error = e.what();
@@ -1160,7 +1161,9 @@ std::string Plan::describe() const {
         out += fmt::format("    compiled region: {} ops -> {} kernel(s){}{}{}{}{}: {}\n",
                            r.nodes.size(), r.exe ? r.exe->num_kernels() : 0,
                            r.device.is_cuda() ? " on " + r.device.str() : "",
-                           r.static_only ? " (traced shapes only)" : "",
+                           r.static_only ? fmt::format(" (traced shapes only; other shapes run "
+                                                       "on eager kernels: {})", r.fallback_reason)
+                                         : "",
                            r.exe ? fmt::format(", built in {:.0f} ms", r.exe->stats().total_ms) : "",
                            r.in_place.empty()
                                ? ""

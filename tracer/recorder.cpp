@@ -393,7 +393,14 @@ void Recorder::on_grad_read(const Tensor& leaf, const Tensor& grad) {
   add_source(grad, std::move(s));
 }
 
+void Recorder::abort_if_shape_only() {
+  if (!shape_only_) return;
+  aborted_ = true;
+  throw ShapeOnlyAbort{};
+}
+
 void Recorder::on_read(const Tensor& t, Loc loc) {
+  abort_if_shape_only();  // (the value is garbage)
   // A read of n elements (to_vector, printing) is n reads of one: the replay branches on each.
   int v = lookup(t);
   for (int64_t i = 0; i < t.numel(); ++i) {
@@ -420,6 +427,7 @@ void Recorder::on_backward_node(const autograd::Node& node) {
   if (node.sequence_nr >= first_node_ || !p_.outside_backward.empty() ||
       dynamic_cast<const autograd::AccumulateGrad*>(&node))
     return;
+  abort_if_shape_only();
   p_.outside_backward = describe_node(node);
   // grad() into that history (backward() defers it instead): raised before the node runs.
   raise_if_fullgraph(p_.outside_backward);
@@ -442,6 +450,7 @@ bool Recorder::defers_backward_node(const autograd::Node& node) {
 
 void Recorder::run_deferred_backward(const std::vector<autograd::Edge>& edges,
                                      const std::vector<Tensor>& grads, bool retain_graph) {
+  abort_if_shape_only();  // (it would free the caller's graph, with garbage gradients)
   const Loc loc = autograd::backward_call_site();
   const std::string first = describe_node(*edges[0].fn);
   raise_if_fullgraph(first);
@@ -483,6 +492,7 @@ void Recorder::run_deferred_backward(const std::vector<autograd::Edge>& edges,
 }
 
 void Recorder::on_raw_access(Loc loc) {
+  abort_if_shape_only();
   if (!p_.raw_access) p_.raw_access = loc;
 }
 

@@ -13,6 +13,12 @@
 
 namespace kiln::tracer {
 
+/// Thrown (not a kiln::Error, so the function's `catch (const kiln::Error&)` lets it pass) where
+/// a shape-only run (Recorder::shape_only) cannot go on: the function reads tensor values, or
+/// its backward reaches autograd history made before the call, or it writes in place with
+/// autograd history into a tensor it did not make (StateJournal::refuse_history_writes).
+struct ShapeOnlyAbort {};
+
 class Recorder final : public DispatchHook {
  public:
   /// `keep_values`: hold every value's tensor (kiln::compare reads eager's value of each op);
@@ -68,6 +74,12 @@ class Recorder final : public DispatchHook {
   /// nothing could give back). raised_at_graph_break() then tells the caller it was this.
   void raise_at_graph_break(std::string name) { fullgraph_name_ = std::move(name); }
   bool raised_at_graph_break() const { return raised_at_graph_break_; }
+  /// A shape-only run (dispatch::ShapeOnlyScope: no kernel runs, values are garbage): a host
+  /// read, a pointer to tensor memory taken by the function, or a backward into history made
+  /// before the call throws ShapeOnlyAbort before anything sees a value or runs that history.
+  /// aborted() says whether that happened (the function may have caught it).
+  void shape_only() { shape_only_ = true; }
+  bool aborted() const { return aborted_; }
   /// Random counters this thread reserved while traced.
   uint64_t own_draws() const;
   /// item()/to_vector(): records a Read node with the value about to be read.
@@ -150,7 +162,9 @@ class Recorder final : public DispatchHook {
   // raise_at_graph_break(): a backward into history made before the call raises here.
   void raise_if_fullgraph(const std::string& first_node);
   std::string fullgraph_name_;  // raise_at_graph_break(): the compiled function's name
-  bool raised_at_graph_break_ = false;  // saved by the deferred histories
+  bool raised_at_graph_break_ = false;
+  bool shape_only_ = false, aborted_ = false;  // shape_only()
+  void abort_if_shape_only();  // saved by the deferred histories
   void check_history_grad(const Tensor& t);
   std::unordered_set<const TensorImpl*> grad_leaf_set_;
   std::unordered_set<const void*> host_written_;  // host state keys the function wrote
@@ -162,6 +176,7 @@ class Recorder final : public DispatchHook {
 /// Runs `fn` with the calling thread's tracer hook and read observer removed (the tracer's own
 /// tensor work must not be recorded).
 template <class F> decltype(auto) untraced(F&& fn) {
+  dispatch::ShapeOnlyScope kernels_on(false);  // the tracer's own tensors hold real values
   DispatchHook* hook = dispatch::set_tracer_hook(nullptr);
   HostReadObserver obs = set_host_read_observer(nullptr);
   RawAccessObserver raw = set_raw_access_observer(nullptr);

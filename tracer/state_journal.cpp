@@ -1,5 +1,7 @@
 #include "tracer/state_journal.h"
 
+#include <algorithm>
+
 #include "eager/autograd.h"
 #include "tracer/recorder.h"
 
@@ -29,20 +31,25 @@ Tensor whole_storage(const Tensor& t) {
   return Tensor(std::move(impl));
 }
 
-StateJournal::StateJournal()
-    : outer_(dispatch::set_write_observer(this)), first_new_serial_(StorageImpl::next_serial()) {}
+StateJournal::StateJournal(bool keep_values)
+    : outer_(dispatch::set_write_observer(this)),
+      keep_values_(keep_values),
+      first_new_serial_(StorageImpl::next_serial()) {}
 StateJournal::~StateJournal() { dispatch::set_write_observer(outer_); }
 
-void StateJournal::before_write(const Tensor& dst, Loc loc) {
-  if (outer_) outer_->before_write(dst, loc);  // an enclosing journal undoes this run too
-  if (!dst.defined() || dst.storage()->serial() >= first_new_serial_ ||
-      written_at_.count(dst.storage().get()))
-    return;
+void StateJournal::before_write(const OpCall& call) {
+  if (outer_) outer_->before_write(call);  // an enclosing journal undoes this run too
+  const Tensor& dst = call.inputs[0];
+  if (!dst.defined() || dst.storage()->serial() >= first_new_serial_) return;
+  if (refuse_history_writes_ && is_grad_enabled() &&
+      std::ranges::any_of(call.inputs, [](const Tensor& t) { return t.requires_grad(); }))
+    throw ShapeOnlyAbort{};
+  if (written_at_.count(dst.storage().get())) return;
   quietly([&] {
     Tensor whole = whole_storage(dst);
     written_at_[dst.storage().get()] = written_.size();
-    written_.push_back({whole, whole.clone(), user_facing(loc), dst.storage()->version(),
-                        dst.storage()->history_version()});
+    written_.push_back({whole, keep_values_ ? whole.clone() : Tensor(), user_facing(call.loc),
+                        dst.storage()->version(), dst.storage()->history_version()});
   });
 }
 
@@ -64,7 +71,7 @@ std::vector<Tensor> StateJournal::current() const {
 void StateJournal::restore(bool versions) {
   quietly([&] {
     for (Written& w : written_) {
-      w.whole.copy_(w.before);
+      if (w.before.defined()) w.whole.copy_(w.before);
       if (versions) w.whole.storage()->set_version(w.version);
     }
     for (auto& [impl, g] : grads_) g.tensor.set_grad(g.before);

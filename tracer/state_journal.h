@@ -20,7 +20,9 @@ class StateJournal final : public WriteObserver {
  public:
   /// Installs itself as the calling thread's write observer until destroyed (the previous
   /// observer is then restored). Inside another journal, it passes every write on to it.
-  StateJournal();
+  /// `keep_values` false: a shape-only run (dispatch::ShapeOnlyScope) writes no values, so
+  /// only version counters and .grad are kept and given back.
+  explicit StateJournal(bool keep_values = true);
   ~StateJournal() override;
   StateJournal(const StateJournal&) = delete;
   StateJournal& operator=(const StateJournal&) = delete;
@@ -29,7 +31,7 @@ class StateJournal final : public WriteObserver {
   /// write (`before`, a flat copy of the whole storage) and the op that first wrote it.
   struct Written {
     Tensor whole;   // every element of the storage, flat, in the dtype it was written as
-    Tensor before;  // a copy of `whole` taken before the first write
+    Tensor before;  // a copy of `whole` taken before the first write (unless !keep_values)
     Loc loc;        // that write's op
     uint64_t version = 0, history_version = 0;  // the storage's counters then
   };
@@ -48,11 +50,18 @@ class StateJournal final : public WriteObserver {
   /// new gradient history (restore() cannot give the old one back): that write's op.
   std::optional<Loc> history_changed() const;
 
-  void before_write(const Tensor& dst, Loc loc) override;
+  /// From now on, an in-place write that autograd would record (grad mode on and an input
+  /// requiring grad) into a storage made before the journal throws ShapeOnlyAbort before it
+  /// happens: its new gradient history could not be given back (history_changed()).
+  void refuse_history_writes() { refuse_history_writes_ = true; }
+
+  void before_write(const OpCall& call) override;
   void before_grad_change(const Tensor& t) override;
 
  private:
   WriteObserver* outer_;
+  bool keep_values_;
+  bool refuse_history_writes_ = false;
   uint64_t first_new_serial_;  // storages made since the journal started are not state
   std::vector<Written> written_;
   std::unordered_map<const void*, size_t> written_at_;  // StorageImpl -> index in written_

@@ -182,6 +182,40 @@ TEST_CASE("Executable: dynamic dims through a reduction ([?, ?] summed over dim 
   }
 }
 
+TEST_CASE("Executable: a cat along a dynamic dim sizes its output from the inputs' dims") {
+  // [1, ?, 4] ++ [1, 1, 4] along dim 1 (a KV cache grown by one) and 40 [?] inputs (lowered
+  // to tensor.concat): the output's `?` is a sum of input dims plus a constant (DimFormula).
+  // Both were rejected ("cannot tell a dynamic output dim"), so compile() ran such regions
+  // compiled at their traced shapes only.
+  ir::Graph g;
+  ir::Value cache = g.input(DType::Float32, {1, ir::kDynamic, 4});
+  ir::Value next = g.input(DType::Float32, {1, 1, 4});
+  OpAttrs along_t;
+  along_t.dim = 1;
+  g.output(g.op(OpKind::Cat, {cache, g.op(OpKind::Tanh, {next})}, along_t));
+  codegen::Executable exe(g);
+  for (int64_t t : {1, 5, 33}) {
+    Tensor c = randn({1, t, 4}), n = randn({1, 1, 4});
+    Tensor out = exe.run({c, n})[0];
+    CHECK(out.shape() == Shape{1, t + 1, 4});
+    CHECK(max_diff(out, cat({c, tanh(n)}, 1)) < 1e-6);
+  }
+  ir::Graph many;
+  std::vector<ir::Value> parts;
+  OpAttrs dim0;  // (dim 0)
+  for (int i = 0; i < 40; ++i)
+    parts.push_back(many.op(OpKind::Exp, {many.input(DType::Float32, {ir::kDynamic})}));
+  many.output(many.op(OpKind::Cat, parts, dim0));
+  codegen::Executable exe_many(many);
+  std::vector<Tensor> ins;
+  for (int i = 0; i < 40; ++i) ins.push_back(randn({i % 3 + 1}));
+  std::vector<Tensor> exps;
+  for (const Tensor& t : ins) exps.push_back(exp(t));
+  Tensor out = exe_many.run(ins)[0];
+  CHECK(out.shape() == Shape{79});  // 14 * 1 + 13 * 2 + 13 * 3
+  CHECK(max_diff(out, cat(exps, 0)) < 1e-6);
+}
+
 TEST_CASE("Executable: a float32 product accumulates in float64, as eager's") {
   // A break-it pass: in float32, a row with inf whose other factors underflowed gave
   // inf * 0 = NaN (eager -inf), and 3e38 times factors below 1 gave inf (eager and the float64

@@ -114,7 +114,9 @@ TEST_CASE("compile: explain() counts the traces that confirm a symbolic entry at
   for (int64_t n : {4, 8, 16, 32, 32}) g(ones({n}));
   CHECK(runs == 4);
   CHECK(g.compile_count() == 2);
-  CHECK(contains(g.explain(), "2 trace(s) and 2 confirming new sizes (each ran the function)"));
+  // 16: a confirming trace; 32: a shape-only run (each ran the body once).
+  CHECK(contains(g.explain(), "2 trace(s) and 1 confirming new sizes (each ran the function) "
+                              "and 1 shape-only run(s) confirming new sizes"));
 }
 
 TEST_CASE("compile: explain() counts a trace that made the function run eagerly",
@@ -262,6 +264,22 @@ TEST_CASE("compile: kiln::print shows once per call when a replay finds no branc
   CHECK(cf.compile_count() == 2);  // the trace and its second branch
 }
 
+TEST_CASE("compile: kiln::print in a function checked shape-only shows the replay's values once",
+          "[compile][shape-only]") {
+  // A shape-only run computes nothing: its print would show garbage. The replay shows it.
+  auto cf = compile([](const Tensor& x) {
+    Tensor y = x * 2.0 + 1.0;
+    kiln::print(y.sum(), "s");
+    return y;
+  });
+  for (int64_t n : {2, 3, 4, 5, 6, 5}) {
+    INFO("n = " << n);
+    CHECK(stdout_of([&] { cf(ones({n})); }) == fmt::format("s: tensor({}.)\n", 3 * n));
+  }
+  INFO(cf.explain());
+  CHECK(contains(cf.explain(), "and 2 shape-only run(s)"));
+}
+
 TEST_CASE("compile: kiln::print of an undefined tensor prints as eager, traced and replayed; "
           "invalid options raise", "[compile]") {
   // A break-it pass: eager printed "tensor(undefined)", a trace raised at kiln's own line.
@@ -398,7 +416,10 @@ TEST_CASE("FC-08 (compile): host scalars specialise, then become dynamic", "[com
   CHECK(cf.compile_count() == 2);  // K = 1: the first value specialises, the second makes it dynamic
   CHECK(contains(cf.explain(), "argument 1 (host scalar) is 2, expected 1"));
   CHECK(contains(cf.explain(), "host scalar of kind float (dynamic)"));
-  CHECK(contains(cf.explain(), "each new value of a dynamic host scalar is traced once"));
+  CHECK(contains(cf.explain(), "each new value of a dynamic host scalar runs the function once "
+                               "more"));
+  // Values 3 on: shape-only runs, then replays.
+  CHECK(contains(cf.explain(), "and 47 shape-only run(s)"));
 }
 
 TEST_CASE("FC-10 (compile): host branches on arguments are guarded", "[compile]") {

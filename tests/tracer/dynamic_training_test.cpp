@@ -89,7 +89,9 @@ TEST_CASE("compile: dropout at changing sizes draws eager's masks and leaves the
     manual_seed(n);
     Tensor got = cf(x);
     Tensor next_compiled = rand({4});
-    CHECK(vec(got) == vec(want));
+    // The same masks; the compiled sum may round differently (replays at new sizes after the
+    // shape-only runs: a confirming trace returned eager's values).
+    CHECK(max_rel(got, want) < 1e-6);
     CHECK(vec(next_compiled) == vec(next_eager));
   }
   INFO(cf.explain());

@@ -484,3 +484,47 @@ TEST_CASE("compile(module): errors in kiln's layer code name the cm(x) line, tra
   CHECK(ce.compile_count() == 1);  // raised by a replay
   CHECK(vec(ce(tensor({4}).to(DType::Int64))) == vec(emb(tensor({4}).to(DType::Int64))));
 }
+
+TEST_CASE("compile: an output the function also keeps in host state is not replayed",
+          "[compile]") {
+  // A break-it pass: `losses.push_back(loss); return loss;` kept only the traced call's loss
+  // (a replay returns a new tensor and runs no host code), silently.
+  std::vector<Tensor> losses;
+  auto step = compile([&](const Tensor& x) {
+    Tensor loss = (x * x).mean();
+    losses.push_back(loss);
+    return loss;
+  });
+  for (int i = 1; i <= 5; ++i) CHECK(step(full({4}, double(i))).item<float>() == float(i * i));
+  REQUIRE(losses.size() == 5);
+  for (int i = 1; i <= 5; ++i) CHECK(losses[i - 1].item<float>() == float(i * i));
+  CHECK(contains(step.explain(), "its output 0 is also kept in host state"));
+  struct State {
+    Tensor last;
+  } st;
+  auto keep_last = compile([&](const Tensor& x) {
+    Tensor y = x * 2.0;
+    st.last = y;
+    return y;
+  });
+  for (int i = 1; i <= 4; ++i) {
+    Tensor r = keep_last(full({3}, double(i)));
+    CHECK(vec(st.last) == vec(r));
+    CHECK(vec(r) == std::vector<float>(3, float(2 * i)));
+  }
+}
+
+TEST_CASE("compile: outputs held only by the outputs (twice, or as a view's base) replay",
+          "[compile]") {
+  auto f = compile([](const Tensor& x) {
+    Tensor y = x * 2.0;
+    return std::vector<Tensor>{y, y, y.view({2, 2}), x.t()};
+  });
+  for (int i = 0; i < 3; ++i) {
+    std::vector<Tensor> r = f(full({4}, 1.0).view({2, 2}));
+    CHECK(vec(r[2]) == std::vector<float>(4, 2.0f));
+  }
+  INFO(f.explain());
+  CHECK(f.compile_count() == 1);
+  CHECK(contains(f.explain(), "2 replay(s)"));
+}

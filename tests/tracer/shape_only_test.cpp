@@ -1,0 +1,208 @@
+// Shape-only runs (CompileOptions::shape_only_checks): a symbolic specialisation is confirmed for
+// new sizes by running the function without kernels, then replayed. Each case compares with
+// eager at every call and checks that the caller's state (tensors, .grad, the generator) is
+// what eager leaves.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <set>
+
+#include "kiln/kiln.h"
+#include "tracer/util.h"
+
+using namespace kiln;
+using kiln::testing::contains;
+using kiln::testing::vec;
+
+namespace {
+
+double max_abs_diff(const Tensor& a, const Tensor& b) {
+  std::vector<float> x = vec(a), y = vec(b);
+  REQUIRE(x.size() == y.size());
+  double m = 0;
+  for (size_t i = 0; i < x.size(); ++i) m = std::max(m, std::abs(double(x[i]) - y[i]));
+  return m;
+}
+
+// One decoding step of a one-layer attention model whose KV cache grows by cat: the cache's
+// length changes on every call.
+struct Decoder {
+  static constexpr int64_t kDim = 16;
+  Tensor wq, wk, wv, wo;
+  Decoder() {
+    manual_seed(11);
+    wq = randn({kDim, kDim}) * 0.3;
+    wk = randn({kDim, kDim}) * 0.3;
+    wv = randn({kDim, kDim}) * 0.3;
+    wo = randn({kDim, kDim}) * 0.3;
+  }
+  std::vector<Tensor> operator()(const Tensor& x, const Tensor& keys, const Tensor& values) const {
+    Tensor k = cat({keys, matmul(x, wk)}, 1), v = cat({values, matmul(x, wv)}, 1);
+    Tensor a = softmax(matmul(matmul(x, wq), k.transpose(1, 2)) * 0.25, -1);
+    return {tanh(matmul(matmul(a, v), wo)) + x, k, v};
+  }
+};
+
+}  // namespace
+
+TEST_CASE("compile: a KV cache grown by cat replays every step after a few traces",
+          "[compile][dynamic][shape-only]") {
+  Decoder step;
+  int runs = 0;
+  auto cstep = compile([&](const Tensor& x, const Tensor& k, const Tensor& v) {
+    ++runs;
+    return step(x, k, v);
+  });
+  Tensor x = sin(arange(Decoder::kDim, Float32) * 0.7).view({1, 1, Decoder::kDim});
+  Tensor k = zeros({1, 1, Decoder::kDim}), v = zeros({1, 1, Decoder::kDim});
+  Tensor ex = x, ek = k, ev = v;
+  constexpr int kSteps = 24;
+  for (int s = 0; s < kSteps; ++s) {
+    std::vector<Tensor> got = cstep(x, k, v), want = step(ex, ek, ev);
+    INFO("step " << s);
+    REQUIRE(got[1].size(1) == s + 2);
+    CHECK(max_abs_diff(got[0], want[0]) < 1e-5);
+    CHECK(max_abs_diff(got[1], want[1]) < 1e-5);
+    x = got[0], k = got[1], v = got[2];
+    ex = want[0], ek = want[1], ev = want[2];
+  }
+  const std::string ex_text = cstep.explain();
+  INFO(ex_text);
+  // Lengths 1 (specialised) and 2, 3 (made symbolic at 3), 4 confirmed by a trace; every later
+  // length is checked shape-only and replayed (the body runs once per call all the same).
+  CHECK(cstep.compile_count() == 3);
+  CHECK(runs == kSteps);
+  CHECK(contains(ex_text, "and 1 confirming new sizes"));
+  CHECK(contains(ex_text, fmt::format("and {} shape-only run(s)", kSteps - 4)));
+  CHECK(contains(ex_text, fmt::format("{} replay(s)", kSteps - 4)));
+  // The cat's `T + 1` output size comes from the inputs' sizes: the region is built with
+  // symbolic dims, not for the traced shapes only.
+  CHECK_FALSE(contains(ex_text, "traced shapes only"));
+}
+
+TEST_CASE("compile: with shape_only_checks = false every new length is traced",
+          "[compile][dynamic][shape-only]") {
+  Decoder step;
+  auto cstep = compile([&](const Tensor& x, const Tensor& k, const Tensor& v) {
+    return step(x, k, v);
+  }, CompileOptions{.shape_only_checks = false});
+  Tensor x = ones({1, 1, Decoder::kDim}), k = zeros({1, 1, Decoder::kDim}), v = k;
+  for (int s = 0; s < 8; ++s) {
+    std::vector<Tensor> got = cstep(x, k, v);
+    x = got[0], k = got[1], v = got[2];
+  }
+  INFO(cstep.explain());
+  CHECK(contains(cstep.explain(), "3 trace(s) and 5 confirming new sizes"));
+  CHECK_FALSE(contains(cstep.explain(), "shape-only run(s) confirming"));
+}
+
+TEST_CASE("compile: a training step checked shape-only leaves weights, optimizer state, .grad "
+          "and the generator as eager does",
+          "[compile][dynamic][shape-only]") {
+  // Dropout draws, SGD with momentum writes the weights and its buffers, backward sets .grad:
+  // a shape-only run does all of that without values and must give it all back before the
+  // replay (a version counter left bumped, a .grad left garbage or the generator left advanced
+  // shows in the losses, the weights or the next draw).
+  auto run = [](bool compiled) {
+    manual_seed(7);
+    nn::Linear l1(6, 12), l2(12, 3);
+    std::vector<Tensor> params = l1.parameters();
+    for (const Tensor& p : l2.parameters()) params.push_back(p);
+    nn::SGD opt(params, {.lr = 0.05, .momentum = 0.9});
+    auto step = [&](const Tensor& x, const Tensor& y) {
+      opt.zero_grad();
+      Tensor loss = mse_loss(l2(dropout(relu(l1(x)), 0.25)), y);
+      loss.backward();
+      opt.step();
+      return loss.detach();
+    };
+    auto cstep = compile(step);
+    std::vector<float> out;
+    for (int64_t b : {4, 6, 8, 10, 12, 5, 7, 9, 10, 14}) {
+      Tensor x = sin(arange(b * 6, Float32).view({b, 6}) * 0.37);
+      Tensor y = cos(arange(b * 3, Float32).view({b, 3}) * 0.21);
+      out.push_back((compiled ? cstep(x, y) : step(x, y)).item<float>());
+      out.push_back(rand({1}).item<float>());  // where the generator is after the step
+    }
+    if (compiled) {
+      INFO(cstep.explain());
+      CHECK(contains(cstep.explain(), "shape-only run(s)"));
+    }
+    for (const Tensor& p : params)
+      for (float w : vec(p)) out.push_back(w);
+    for (const Tensor& p : params)
+      for (float g : vec(p.grad())) out.push_back(g);
+    return out;
+  };
+  std::vector<float> eager = run(false), compiled = run(true);
+  REQUIRE(eager.size() == compiled.size());
+  for (size_t i = 0; i < eager.size(); ++i) {
+    INFO("value " << i);
+    CHECK(compiled[i] == Approx(eager[i]).epsilon(1e-5).margin(1e-6));
+  }
+}
+
+TEST_CASE("compile: a shape-only run that reads a value or runs other ops is traced instead",
+          "[compile][dynamic][shape-only]") {
+  int runs = 0;
+  auto f = [&](const Tensor& x) {
+    ++runs;
+    // From 9 rows on, a host read (shape-only: aborted before the value is seen); from 12,
+    // another op (shape-only: the ops differ, so the run does not confirm).
+    if (x.size(0) >= 12) return (x * 3.0).exp();
+    if (x.size(0) >= 9 && (x.sum() > 0.0).item<bool>()) return x * 2.0 + 1.0;
+    return x * 2.0;
+  };
+  auto cf = compile(f);
+  std::set<int64_t> seen;
+  for (int64_t n : {2, 3, 4, 5, 6, 9, 10, 12, 13, 6}) {
+    const bool first = seen.insert(n).second;
+    Tensor x = cos(arange(n, Float32) * 0.5);
+    runs = 0;
+    Tensor got = cf(x);
+    const int compiled_runs = runs;
+    Tensor want = f(x);
+    INFO("n = " << n);
+    CHECK(max_abs_diff(got, want) < 1e-6);
+    // Sizes 5 and 6 are confirmed shape-only (the body runs once); 9, 10, 12 and 13 run it
+    // shape-only first and then as a trace (twice).
+    if (!first) CHECK(compiled_runs == 0);  // a replay
+    if (first && (n == 5 || n == 6)) CHECK(compiled_runs == 1);
+    if (first && n >= 9) CHECK(compiled_runs == 2);
+  }
+  INFO(cf.explain());
+  CHECK(contains(cf.explain(), "and 2 shape-only run(s)"));
+}
+
+TEST_CASE("compile: a shape-only run stops before an in-place write with autograd history into "
+          "a tensor the caller holds",
+          "[compile][dynamic][shape-only]") {
+  // From 5 elements on, buf.mul_(w) with w requiring grad gives buf a gradient history in
+  // eager, which a shape-only run could not give back: it stops before the write, and the call
+  // is traced, so buf's values and history are eager's (a history left by the shape-only run
+  // would double w's gradient).
+  Tensor w = scalar_tensor(1.5).requires_grad_();
+  int runs = 0;
+  auto f = [&](const Tensor& x, const Tensor& buf) {
+    ++runs;
+    Tensor(buf).mul_(x.size(0) >= 5 ? w : scalar_tensor(1.5));
+    return x * 2.0;
+  };
+  auto cf = compile(f);
+  for (int64_t n : {2, 3, 4, 5, 6}) {
+    INFO("n = " << n);
+    Tensor buf = arange(n, Float32) + 1.0, ebuf = arange(n, Float32) + 1.0;
+    Tensor x = ones({n});
+    runs = 0;
+    CHECK(vec(cf(x, buf)) == vec(f(x, ebuf)));
+    CHECK(runs == (n >= 5 ? 3 : 2));  // (from 5: shape-only, then traced; then eager's run)
+    CHECK(vec(buf) == vec(ebuf));
+    REQUIRE(buf.requires_grad() == (n >= 5));
+    if (n < 5) continue;
+    w.set_grad(Tensor());
+    buf.sum().backward();
+    const float compiled_grad = w.grad().item<float>();
+    CHECK(compiled_grad == float(n * (n + 1) / 2));  // d/dw sum(w * (1..n))
+    w.set_grad(Tensor());
+  }
+}
