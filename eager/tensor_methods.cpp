@@ -181,6 +181,11 @@ Tensor Tensor::index_copy(int64_t dim, const Tensor& index, const Tensor& source
 }
 Tensor& Tensor::index_copy_(int64_t dim, const Tensor& index, const Tensor& source, Loc loc) {
   return as_op("index_copy_", [&]() -> Tensor& {
+    // Only the slices are written where the dispatcher can (eager, no autograd recording, a
+    // contiguous CPU tensor); otherwise out of place and copied back.
+    OpAttrs a;
+    a.dim = dim;
+    if (dispatch::call_in_place({OpKind::IndexCopy, {*this, index, source}, a, loc})) return *this;
     return copy_(kiln::index_copy(*this, dim, index, source, loc), loc);
   });
 }

@@ -129,7 +129,7 @@ void scatter_kernel(const OpCall& c, const InferredMeta&, std::span<Tensor> outs
   Tensor& out = outs[0];
   int d = x.dim() ? wrap_dim(c.attrs.dim, x.dim(), c.name()) : 0;
   int64_t size = x.dim() ? x.shape()[d] : 1;
-  copy_cast(out, x);
+  if (!out.is_same(x)) copy_cast(out, x);  // dispatch::call_in_place: index_copy_ into x
   auto run = [&]<class I>() {
     check_range<I>(idx, size, c, d);
     // Every dtype: bool tensors used to be skipped (the result was x, the source ignored).
