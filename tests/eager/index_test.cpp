@@ -593,13 +593,16 @@ TEST_CASE("index_copy writes source's slices at the indices along every dim, the
         x.to_vector<float>());
   CHECK(index_copy(zeros({0, 3}), 1, from_vector<int64_t>({2}, {1}), zeros({0, 1})).shape() ==
         Shape{0, 3});
-  // In place from a source that is a view of x itself: the old rows are read (an in-place kernel
-  // writing row 1 before reading it for row 2 would copy row 0 twice).
+  // In place from a source that shares x's storage: the old rows are read (a kernel writing
+  // into x directly would copy row 0 twice here, and x's row 0 into both rows of the swap).
   Tensor r = arange(8, {DType::Float32}).view({4, 2});
   void* const storage = r.raw_data();
   r.index_copy_(0, from_vector<int64_t>({1, 2}, {2}), r.slice(0, 0, 2));
   CHECK(r.to_vector<float>() == F{0, 1, 0, 1, 2, 3, 6, 7});
   CHECK(r.raw_data() == storage);
+  Tensor swap = arange(4, {DType::Float32}).view({2, 2});  // x itself as the source: a swap
+  swap.index_copy_(0, from_vector<int64_t>({1, 0}, {2}), swap);
+  CHECK(swap.to_vector<float>() == F{2, 3, 0, 1});
   // A 0-d index writes one slice, as a 1-element one.
   CHECK(index_copy(zeros({3, 2}), 0, scalar_tensor(int64_t{1}, {DType::Int64}), ones({1, 2}))
             .to_vector<float>() == F{0, 0, 1, 1, 0, 0});
