@@ -1,9 +1,10 @@
 // kiln.index -> linalg.generic: the Index rows of the op table that read or select elements
-// (one_hot, tril, triu, masked_fill, index_select, gather, embedding). index_add and
-// scatter_add, which write through indices, become a nest of scf.for loops on tensors
+// (one_hot, tril, triu, masked_fill, index_select, gather, embedding). index_add, index_copy
+// and scatter_add, which write through indices, become a nest of scf.for loops on tensors
 // (tensor.extract / tensor.insert into the result, bufferized in place), tagged
 // kScatterLoopAttr: on the CPU they run in order, as eager's kernel does; for the GPU
-// (codegen/gpu_lowering.cpp) the nest becomes one parallel loop of atomic adds.
+// (codegen/gpu_lowering.cpp) an add's nest becomes one parallel loop of atomic adds (a copy's
+// stays serial: a repeated index must keep its last slice).
 //
 // index_select, gather and embedding read their source with tensor.extract at an index loaded
 // from the index tensor, clamped to the source's size along the indexed dim: an index outside
@@ -199,19 +200,23 @@ llvm::SmallVector<Value> axis_replaced(mlir::OpBuilder& b, mlir::Location l, int
   return c;
 }
 
-/// index_add (`index_add` true) and scatter_add: the result starts as x, then for every element e
-/// of the iteration space (index_add: the source's; scatter_add: the index's), in row-major
-/// order, result[e with dim `axis` replaced by clamp(i)] += source[e], where i is index[e_axis]
-/// (index_add) or index[e] (scatter_add). One scf.for per dim, the result carried through
-/// them, each tagged kScatterLoopAttr (the loop over `axis` kScatterAxisAttr too). Bool
-/// (logical or) is not lowered.
-Value lower_scatter_add(mlir::PatternRewriter& rw, mlir::Location loc, Value x, Value index,
-                        Value source, mlir::RankedTensorType out, int64_t axis, bool index_add) {
+/// index_add, index_copy (`kind`) and scatter_add: the result starts as x, then for every
+/// element e of the iteration space (index_add, index_copy: the source's; scatter_add: the
+/// index's), in row-major order, result[e with dim `axis` replaced by clamp(i)] += source[e]
+/// (index_copy: = source[e], so a repeated index keeps its last slice, as eager's kernel),
+/// where i is index[e_axis] (index_add, index_copy) or index[e] (scatter_add). One scf.for per
+/// dim, the result carried through them, each tagged kScatterLoopAttr (the loop over `axis`
+/// kScatterAxisAttr too, which stays serial: cpu_parallel.cpp). Bool index_add / scatter_add
+/// (logical or) are not lowered.
+Value lower_scatter(mlir::PatternRewriter& rw, mlir::Location loc, Value x, Value index,
+                    Value source, mlir::RankedTensorType out, int64_t axis, OpKind kind) {
   mlir::Type element = llvm::cast<mlir::RankedTensorType>(x.getType()).getElementType();
-  if (element.isInteger(1)) return nullptr;  // (before any op is made: the pattern fails clean)
+  const bool copy = kind == OpKind::IndexCopy, along_source = kind != OpKind::ScatterAdd;
+  // (before any op is made: the pattern fails clean)
+  if (element.isInteger(1) && !copy) return nullptr;
   Value last = last_index(rw, loc, x, axis);
   if (!last) return nullptr;
-  Value space = index_add ? source : index;
+  Value space = along_source ? source : index;
   const int64_t rank = llvm::cast<mlir::RankedTensorType>(space.getType()).getRank();
   const bool index_is_0d = llvm::cast<mlir::RankedTensorType>(index.getType()).getRank() == 0;
   Value zero = mlir::arith::ConstantIndexOp::create(rw, loc, 0);
@@ -221,15 +226,16 @@ Value lower_scatter_add(mlir::PatternRewriter& rw, mlir::Location loc, Value x, 
   llvm::SmallVector<Value> sizes;
   for (int64_t d = 0; d < rank; ++d) sizes.push_back(dim_of(rw, loc, space, d));
   llvm::SmallVector<Value> ivs;
-  // The innermost body: one element of the source added into the result.
+  // The innermost body: one element of the source added (or copied) into the result.
   auto add_one = [&](mlir::OpBuilder& b, mlir::Location l, Value acc) -> Value {
     llvm::SmallVector<Value> at_index;
-    if (!index_add) at_index = ivs;
+    if (!along_source) at_index = ivs;
     else if (!index_is_0d) at_index = {ivs[axis]};
     Value i = mlir::tensor::ExtractOp::create(b, l, index, at_index);
     llvm::SmallVector<Value> target(ivs);
     target[axis] = clamped_index(b, l, i, last);
     Value v = mlir::tensor::ExtractOp::create(b, l, source, ivs);
+    if (copy) return mlir::tensor::InsertOp::create(b, l, v, acc, target);
     Value old = mlir::tensor::ExtractOp::create(b, l, acc, target);
     Value sum = llvm::isa<mlir::FloatType>(element)
                     ? mlir::arith::AddFOp::create(b, l, old, v).getResult()
@@ -326,11 +332,11 @@ struct LowerIndex : mlir::OpRewritePattern<kiln::dialect::IndexOp> {
         break;
       }
       case OpKind::IndexAdd:
+      case OpKind::IndexCopy:
       case OpKind::ScatterAdd: {
         if (rank == 0) return rw.notifyMatchFailure(op, "0-d input");
         const int64_t axis = a.dim < 0 ? a.dim + rank : a.dim;
-        result = lower_scatter_add(rw, loc, in[0], in[1], in[2], out, axis,
-                                   *kind == OpKind::IndexAdd);
+        result = lower_scatter(rw, loc, in[0], in[1], in[2], out, axis, *kind);
         break;
       }
       default: return rw.notifyMatchFailure(op, "kind not lowered yet");

@@ -48,10 +48,11 @@ bool relax_leading_dim(mlir::ModuleOp m) {
                    kiln::dialect::CompositeOp, kiln::dialect::IndexOp,  // re-inferred like the others
                    kiln::dialect::ViewOp>(op))  // only of values that keep their type (below)
       return false;
-    // index_add / scatter_add write rows at indices: not split by rows, and their indexed dim
-    // must stay static (codegen/lower_index.cpp).
+    // index_add / index_copy / scatter_add write rows at indices: not split by rows, and their
+    // indexed dim must stay static (codegen/lower_index.cpp).
     if (auto index = llvm::dyn_cast<kiln::dialect::IndexOp>(op);
-        index && (index.getKind() == "index_add" || index.getKind() == "scatter_add"))
+        index && (index.getKind() == "index_add" || index.getKind() == "index_copy" ||
+                  index.getKind() == "scatter_add"))
       return false;
   }
 

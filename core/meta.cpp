@@ -374,6 +374,7 @@ InferredMeta index(OpKind op, std::span<const TensorMeta> in, const OpAttrs& a, 
       return {x.dtype, {{x.dtype, x.shape}}};
     }
     case OpKind::IndexAdd:
+    case OpKind::IndexCopy:
     case OpKind::ScatterAdd: {
       need_index(in[1]);
       const TensorMeta& src = in[2];
@@ -383,7 +384,7 @@ InferredMeta index(OpKind op, std::span<const TensorMeta> in, const OpAttrs& a, 
       int d = wrap_dim(a.dim, r, nm, loc);
       // The message names the first dim that does not fit and the rule it breaks (it named
       // the op's dim whichever dim failed, break-it pass); infer_meta appends the shapes.
-      if (op == OpKind::IndexAdd) {
+      if (op != OpKind::ScatterAdd) {
         KILN_CHECK(is.size() <= 1, nm, loc, "index must be 1-D, got shape {}", to_string(is));
         KILN_CHECK(src.shape.size() == r, nm, loc, "source must have the input's {} dims", r);
         for (int i = 0; i < r; ++i) {

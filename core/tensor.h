@@ -155,6 +155,14 @@ class Tensor {
   Tensor matmul(const Tensor& other, Loc loc = Loc::current()) const;
   /// Entries of `index` (int32/int64, 0-d or 1-D) along `dim`; see kiln::index_select.
   Tensor index_select(int64_t dim, const Tensor& index, Loc loc = Loc::current()) const;
+  /// This tensor with source's slices written at `index` along `dim`; see kiln::index_copy.
+  Tensor index_copy(int64_t dim, const Tensor& index, const Tensor& source,
+                    Loc loc = Loc::current()) const;
+  /// kiln::index_copy written into this tensor (a KV cache's slot at a position tensor:
+  /// `k_cache.index_copy_(1, pos, k)`); errors as kiln::index_copy's, raised before anything
+  /// is written. Recorded by autograd and by compile() as copy_ of the out-of-place result.
+  Tensor& index_copy_(int64_t dim, const Tensor& index, const Tensor& source,
+                      Loc loc = Loc::current());
 
   // PyTorch's method spellings of common ops: x.exp() is kiln::exp(x), x.amax(1) is
   // kiln::amax(x, 1), x.mul_(y) is x *= y; eager/ops.h documents each op and its errors.

@@ -445,6 +445,29 @@ std::vector<Tensor> other(const BackwardContext& c, const Tensor& g) {
                                      c.inputs[1], g)};
     case K::IndexAdd:
       return {g, Tensor(), c.needs_grad[2] ? index_select(g, c.attrs.dim, c.inputs[1]) : Tensor()};
+    case K::IndexCopy: {
+      // x's gradient: g with the written slices zeroed; source's: the slices read back, a
+      // repeated index's earlier slices (overwritten by its last) zeroed too.
+      const Tensor index = c.inputs[1].reshape({-1});
+      const Shape& xs = c.input_meta[0].shape;
+      const Shape& ss = c.input_meta[2].shape;
+      const int d = xs.empty() ? 0 : wrap_dim(c.attrs.dim, xs.size(), "index_copy");
+      Tensor gx, gs;
+      if (c.needs_grad[0])
+        gx = add_at_checked_indices(K::IndexCopy, g, d, index, zeros(ss, {g.dtype(), g.device()}));
+      if (!c.needs_grad[2]) return {gx, Tensor(), Tensor()};
+      gs = index_select(g, d, index).reshape(ss);
+      if (!xs.empty() && index.numel() > 1) {
+        // writer[j]: the last i with index[i] == j; slice i keeps its gradient when it is that.
+        const Tensor order = arange(index.numel(), {DType::Int64, g.device()});
+        const Tensor writer = add_at_checked_indices(
+            K::IndexCopy, full({xs[d]}, -1, {DType::Int64, g.device()}), 0, index, order);
+        Shape along = Shape::filled(ss.size(), 1);
+        along[d] = index.numel();
+        gs = where((index_select(writer, 0, index) == order).view(along), gs, 0.0);
+      }
+      return {gx, Tensor(), gs};
+    }
     case K::ScatterAdd: {
       if (!c.needs_grad[2]) return {g, Tensor(), Tensor()};
       // src may be larger than index (only its leading index.shape block is scattered): the
@@ -513,7 +536,7 @@ const SaveSpec& save_spec(OpKind op) {
     set(K::Where, 1, false);
     set(K::LayerNorm, A | B, false);
     set(K::Addmm, 6, false);
-    for (K k : {K::IndexSelect, K::Embedding, K::Gather, K::IndexAdd, K::ScatterAdd,
+    for (K k : {K::IndexSelect, K::Embedding, K::Gather, K::IndexAdd, K::IndexCopy, K::ScatterAdd,
                 K::MaskedFill, K::NllLoss})
       set(k, B, false);
     (void)ALL3;

@@ -276,14 +276,19 @@ std::vector<Tensor> run_call(OpCall& c) {
 // Whether call_in_place may write c's result straight into c.inputs[0] (before the metadata).
 bool may_write_into_input(const OpCall& c) {
   const OpCategory category = op_info(c.op).category;
+  // index_copy (a KV cache's slot): its kernel checks the indices before it writes, and writes
+  // only the indexed slices, so it needs operands that share nothing with dst.
+  const bool index_copy = c.op == OpKind::IndexCopy;
   if (t_tracer_hook || t_shape_only ||
-      (category != OpCategory::Unary && category != OpCategory::Binary) || c.inputs.empty())
+      (category != OpCategory::Unary && category != OpCategory::Binary && !index_copy) ||
+      c.inputs.empty())
     return false;
   const Tensor& dst = c.inputs[0];
   if (!dst.defined() || !dst.device().is_cpu() || !dst.is_contiguous()) return false;
   for (size_t i = 1; i < c.inputs.size(); ++i) {
     const Tensor& t = c.inputs[i];
     if (!t.defined() || !t.device().is_cpu()) return false;
+    if (index_copy && t.storage() == dst.storage()) return false;
     // The kernel reads each element of an operand before writing the same index of dst, so an
     // operand laid out exactly as dst is safe; any other overlap is not.
     if (t.storage() == dst.storage() &&
@@ -301,7 +306,8 @@ bool run_in_place(const OpCall& c) {
   const Tensor& dst = c.inputs[0];
   if (meta.outputs.size() != 1 || meta.outputs[0].shape != dst.shape() ||
       meta.outputs[0].dtype != dst.dtype() || meta.compute_dtype != dst.dtype() ||
-      !value_checked_inputs(c.op, c.attrs, meta.compute_dtype).empty())
+      (c.op != OpKind::IndexCopy &&
+       !value_checked_inputs(c.op, c.attrs, meta.compute_dtype).empty()))
     return false;
   if (t_write_observer) t_write_observer->before_write(c);
   OpCall converted;

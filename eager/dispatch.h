@@ -142,7 +142,9 @@ std::vector<Tensor> call(OpCall&& call);
 /// out of place and copies: the result's shape or dtype, or the compute dtype, differ from x's;
 /// x is not a contiguous CPU tensor; another input overlaps x other than exactly; a tracer is
 /// recording; autograd would check or record the write; or the op checks input values (its
-/// error must leave x untouched). Throws kiln::Error as call() does for invalid inputs.
+/// error must leave x untouched). index_copy (Tensor::index_copy_) is taken too, when its
+/// index and source share no storage with x: its kernel checks the indices before writing and
+/// writes only the indexed slices. Throws kiln::Error as call() does for invalid inputs.
 bool call_in_place(OpCall&& call);
 
 /// How many calls of ops that check input values (value_checks.h: indices, class indices,

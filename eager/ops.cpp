@@ -485,6 +485,10 @@ Tensor index_add(const Tensor& x, int64_t dim, const Tensor& index, const Tensor
                  Loc loc) {
   return dispatch::call1({OpKind::IndexAdd, {x, index, source}, with_dim(dim), loc});
 }
+Tensor index_copy(const Tensor& x, int64_t dim, const Tensor& index, const Tensor& source,
+                  Loc loc) {
+  return dispatch::call1({OpKind::IndexCopy, {x, index, source}, with_dim(dim), loc});
+}
 Tensor scatter_add(const Tensor& x, int64_t dim, const Tensor& index, const Tensor& src, Loc loc) {
   return dispatch::call1({OpKind::ScatterAdd, {x, index, src}, with_dim(dim), loc});
 }

@@ -274,6 +274,16 @@ Tensor gather(const Tensor& x, int64_t dim, const Tensor& index, Loc loc = Loc::
 /// source has x's shape except source.size(dim) == index.numel().
 Tensor index_add(const Tensor& x, int64_t dim, const Tensor& index, const Tensor& source,
                  Loc loc = Loc::current());
+/// x with source's slices written at `index` along dim: result[..., index[i], ...] =
+/// source[..., i, ...], the rest x's (PyTorch's index_copy). index: int64 or int32, 0-d or 1-D;
+/// source: x's dtype and x's shape except source.size(dim) == index.numel(). A repeated index
+/// takes its last slice (PyTorch leaves that undefined), eagerly and compiled; the gradient
+/// goes to that slice only. Throws kiln::Error naming the op and the caller's line for a dim
+/// out of range, a wrong index dtype or rank, a dtype or shape mismatch, or an index out of
+/// range (a compiled replay raises the same error at the same line). In place:
+/// Tensor::index_copy_.
+Tensor index_copy(const Tensor& x, int64_t dim, const Tensor& index, const Tensor& source,
+                  Loc loc = Loc::current());
 /// x with src[i][j] added at x[index[i][j]][j] for dim 0 (and so on); index has x's rank.
 Tensor scatter_add(const Tensor& x, int64_t dim, const Tensor& index, const Tensor& src,
                    Loc loc = Loc::current());

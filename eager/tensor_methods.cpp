@@ -175,6 +175,20 @@ Tensor Tensor::matmul(const Tensor& other, Loc loc) const { return kiln::matmul(
 Tensor Tensor::index_select(int64_t dim, const Tensor& index, Loc loc) const {
   return kiln::index_select(*this, dim, index, loc);
 }
+Tensor Tensor::index_copy(int64_t dim, const Tensor& index, const Tensor& source,
+                          Loc loc) const {
+  return kiln::index_copy(*this, dim, index, source, loc);
+}
+Tensor& Tensor::index_copy_(int64_t dim, const Tensor& index, const Tensor& source, Loc loc) {
+  return as_op("index_copy_", [&]() -> Tensor& {
+    // Only the slices are written where the dispatcher can (eager, no autograd recording, a
+    // contiguous CPU tensor); otherwise out of place and copied back.
+    OpAttrs a;
+    a.dim = dim;
+    if (dispatch::call_in_place({OpKind::IndexCopy, {*this, index, source}, a, loc})) return *this;
+    return copy_(kiln::index_copy(*this, dim, index, source, loc), loc);
+  });
+}
 
 Tensor Tensor::exp(Loc loc) const { return kiln::exp(*this, loc); }
 Tensor Tensor::log(Loc loc) const { return kiln::log(*this, loc); }

@@ -12,6 +12,7 @@ std::vector<int> value_checked_inputs(OpKind op, const OpAttrs& a, DType compute
       if (a.indices_checked) return {};  // nll_loss's backward: its forward checked them
       return {0};
     case OpKind::IndexAdd:
+    case OpKind::IndexCopy:
     case OpKind::ScatterAdd:
       if (a.indices_checked) return {};  // a backward's: the forward checked them
       return {1};
@@ -56,6 +57,7 @@ bool eager_rejects_values(OpKind op, const OpAttrs& a, const std::vector<Shape>&
     case OpKind::IndexSelect:
     case OpKind::Gather:
     case OpKind::IndexAdd:
+    case OpKind::IndexCopy:
     case OpKind::ScatterAdd: return out_of(size_along_dim());
     case OpKind::Embedding: return shapes[0].size() != 2 || out_of(shapes[0][0]);
     case OpKind::FloorDivide:

@@ -78,8 +78,8 @@ def Kiln_CompositeOp : Kiln_Op<"composite"> {
 def Kiln_IndexOp : Kiln_Op<"index"> {
   let summary = "index-category row of the op table: one_hot (`mode` = num_classes), tril / "
                 "triu (`mode` = diagonal), masked_fill (`alpha` = the value), index_select / "
-                "gather (along `dim`), embedding, index_add / scatter_add (x, index, source; "
-                "along `dim`)";
+                "gather (along `dim`), embedding, index_add / index_copy / scatter_add (x, index, "
+                "source; along `dim`)";
   let arguments = (ins StrAttr:$kind, Variadic<AnyRankedTensor>:$inputs,
                        OptionalAttr<I64Attr>:$mode, OptionalAttr<I64Attr>:$dim,
                        KilnScalarAttr:$alpha);

@@ -55,8 +55,8 @@ const char* dialect_op_for(OpKind op) {
     // `to` is elementwise (a convert per element), so it fuses with its neighbours; the other
     // Copy rows are in-place or identities the tracer handles itself.
     case OpCategory::Copy: return op == OpKind::Cast ? "elementwise" : nullptr;
-    // The Index rows: reads and selections of elements, and index_add / scatter_add, which
-    // add through indices.
+    // The Index rows: reads and selections of elements, and index_add / index_copy /
+    // scatter_add, which add (copy) through indices.
     case OpCategory::Index: return "index";
     case OpCategory::Shape: return "shape";  // cat
     // The Random rows that draw from a Philox key (codegen/lower_random.cpp): the key is an
@@ -315,7 +315,7 @@ void attrs_to_named(OpKind kind, const OpAttrs& a, mlir::Builder& b,
       // one_hot: num_classes; tril / triu: the diagonal.
       if (kind == OpKind::OneHot || a.mode != 0) add("mode", b.getI64IntegerAttr(a.mode));
       if (kind == OpKind::IndexSelect || kind == OpKind::Gather || kind == OpKind::IndexAdd ||
-          kind == OpKind::ScatterAdd)
+          kind == OpKind::IndexCopy || kind == OpKind::ScatterAdd)
         add("dim", b.getI64IntegerAttr(a.dim));
       if (kind == OpKind::MaskedFill) add("alpha", scalar_attr(b, a.alpha));
       break;

@@ -187,7 +187,7 @@ bool lowerable(const Program& p, const Node& n) {
       if (v < 0 || p.values[v].wrapped || p.values[v].dtype != t) return false;
   }
   if (n.op == OpKind::IndexSelect || n.op == OpKind::Gather || n.op == OpKind::Embedding ||
-      n.op == OpKind::IndexAdd || n.op == OpKind::ScatterAdd) {
+      n.op == OpKind::IndexAdd || n.op == OpKind::IndexCopy || n.op == OpKind::ScatterAdd) {
     // Compiled code clamps an index into the indexed dim (codegen/lower_index.cpp): the dim
     // must be static, its traced size the run's, and not 0 (nothing to clamp into). Bool
     // index_add / scatter_add (a logical or) are not lowered.

@@ -26,7 +26,7 @@ void matmul_kernel(const OpCall&, const InferredMeta&, std::span<Tensor>);
 void copy_kernel(const OpCall&, const InferredMeta&, std::span<Tensor>);  // contiguous/to/copy_/fill_
 void cat_kernel(const OpCall&, const InferredMeta&, std::span<Tensor>);
 void index_kernel(const OpCall&, const InferredMeta&, std::span<Tensor>);
-void scatter_kernel(const OpCall&, const InferredMeta&, std::span<Tensor>);  // index_add, scatter_add
+void scatter_kernel(const OpCall&, const InferredMeta&, std::span<Tensor>);  // index_add, index_copy, scatter_add
 void random_kernel(const OpCall&, const InferredMeta&, std::span<Tensor>);
 void loss_kernel(const OpCall&, const InferredMeta&, std::span<Tensor>);
 

@@ -3,7 +3,8 @@
 namespace kiln::cpu {
 
 Kernel kernel_for(OpKind op) {
-  if (op == OpKind::IndexAdd || op == OpKind::ScatterAdd) return scatter_kernel;
+  if (op == OpKind::IndexAdd || op == OpKind::IndexCopy || op == OpKind::ScatterAdd)
+    return scatter_kernel;
   switch (op_info(op).category) {
     case OpCategory::Unary: return unary_kernel;
     case OpCategory::Binary: return binary_kernel;

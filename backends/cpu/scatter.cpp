@@ -1,4 +1,5 @@
-// index_add and scatter_add: out = x, then source elements added at indexed positions.
+// index_add and scatter_add: out = x, then source elements added at indexed positions;
+// index_copy: written there instead (a repeated index keeps the last slice, index order).
 // Parallel over the positions of the dims other than the indexed one: each output element is
 // written by one thread only, which adds its sources in index order (repeated indices
 // accumulate in the order a serial loop adds them), so the result has the same bits whatever
@@ -55,7 +56,8 @@ std::vector<int64_t> offsets(const Shape& shape, const Strides& strides, int fro
   return offs;
 }
 
-template <class T, class I>
+/// index_add (`copy` false) or index_copy (true, dst = v).
+template <class T, class I, bool copy>
 void index_add(const Tensor& out, int d, const Tensor& idx, const Tensor& src) {
   // out and src contiguous; view both as [outer, size_d, inner].
   int64_t outer = 1, inner = 1;
@@ -69,7 +71,9 @@ void index_add(const Tensor& out, int d, const Tensor& idx, const Tensor& src) {
     for (int64_t j = 0; j < n_src; ++j) {
       T* dst = o + (a * n_out + ix[j]) * inner;
       const T* from = s + (a * n_src + j) * inner;
-      for (int64_t k = k0; k < k1; ++k) add_to(dst[k], from[k]);
+      if constexpr (copy) std::copy(from + k0, from + k1, dst + k0);
+      else
+        for (int64_t k = k0; k < k1; ++k) add_to(dst[k], from[k]);
     }
   });
 }
@@ -125,12 +129,13 @@ void scatter_kernel(const OpCall& c, const InferredMeta&, std::span<Tensor> outs
   Tensor& out = outs[0];
   int d = x.dim() ? wrap_dim(c.attrs.dim, x.dim(), c.name()) : 0;
   int64_t size = x.dim() ? x.shape()[d] : 1;
-  copy_cast(out, x);
+  if (!out.is_same(x)) copy_cast(out, x);  // dispatch::call_in_place: index_copy_ into x
   auto run = [&]<class I>() {
     check_range<I>(idx, size, c, d);
     // Every dtype: bool tensors used to be skipped (the result was x, the source ignored).
     KILN_DISPATCH_ALL(x.dtype(), T, {
-      if (c.op == OpKind::IndexAdd) index_add<T, I>(out, d, idx, src);
+      if (c.op == OpKind::IndexAdd) index_add<T, I, false>(out, d, idx, src);
+      else if (c.op == OpKind::IndexCopy) index_add<T, I, true>(out, d, idx, src);
       else scatter_add<T, I>(out, d, idx, src);
     });
   };

@@ -458,6 +458,23 @@ TEST_CASE("gpu ptx: an embedding lookup and its scaling are one kernel reading t
   check_assembles(exe.ptx(), "embedding");
 }
 
+TEST_CASE("gpu ptx: a KV cache's slot written by index_copy assembles, with no atomics") {
+  // index_copy's nest is index_add's without the add: a repeated index must keep its last
+  // slice, so the GPU lowering leaves it serial (codegen/README.md), never atomic.
+  ir::Graph g;
+  OpAttrs along1;
+  along1.dim = 1;
+  ir::Value cache = g.input(DType::Float32, {1, 64, 256});
+  ir::Value pos = g.input(DType::Int64, {1});
+  ir::Value k = g.input(DType::Float32, {1, 1, 256});
+  g.output(g.op(OpKind::IndexCopy, {cache, pos, k}, along1));
+  codegen::Executable exe(g, cuda_options());
+  INFO(exe.ptx());
+  CHECK(count(exe.ptx(), "atom.") == 0);
+  CHECK(std::regex_search(exe.ptx(), std::regex(R"(min\.s64[^\n]*, 63;)")));
+  check_assembles(exe.ptx(), "index_copy");
+}
+
 TEST_CASE("gpu ptx: an embedding's gradient (index_add) is a parallel loop of atomic adds") {
   // index_add / scatter_add on CUDA tensors ran on the host: an embedding's backward copied
   // the [30522, 768] gradient table over PCIe both ways every step.

@@ -93,7 +93,8 @@ Grad grad_class(OpKind k) {
     case OpKind::Expand: case OpKind::Squeeze: case OpKind::Unsqueeze:
     case OpKind::Contiguous: case OpKind::Cast: case OpKind::CopyInto: case OpKind::Cat:
     case OpKind::IndexSelect: case OpKind::Gather: case OpKind::Embedding:
-    case OpKind::MaskedFill: case OpKind::IndexAdd: case OpKind::ScatterAdd: case OpKind::Tril:
+    case OpKind::MaskedFill: case OpKind::IndexAdd: case OpKind::IndexCopy:
+    case OpKind::ScatterAdd: case OpKind::Tril:
     case OpKind::Triu: case OpKind::Dropout: case OpKind::NllLoss: case OpKind::MseLoss:
     case OpKind::FloorDivide: case OpKind::Remainder: case OpKind::Fill:
       return Grad::Yes;

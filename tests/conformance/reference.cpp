@@ -921,6 +921,32 @@ Ref index_op(OpKind k, const std::vector<Tensor>& inputs, const OpAttrs& a) {
       }
       return r;
     }
+    case OpKind::IndexCopy: {
+      Arr ix = read(inputs[1]), src = read(inputs[2]);
+      if (!int_index(ix)) return raises("index must be integer");
+      if (ix.shape.size() > 1) return raises("index must be 1-D");
+      if (src.dtype != x.dtype) return raises("source dtype differs");
+      int64_t d = wrap_dim(a.dim, std::max<int64_t>(rank, 1));
+      if (d < 0 || d >= std::max<int64_t>(rank, 1)) return raises("dim out of range");
+      Ix want = s;
+      if (rank) want[static_cast<size_t>(d)] = ix.numel();
+      if (src.shape != want) return raises("source shape");
+      int64_t n = rank ? s[static_cast<size_t>(d)] : 1;
+      for (int64_t v : ix.i) if (v < 0 || v >= n) return raises("index out of range");
+      // Each element's writer: the last source position (row-major) that lands on it.
+      std::vector<int64_t> from(static_cast<size_t>(x.numel()), -1);
+      for_each_index(src.shape, [&](Ix idx, int64_t p) {
+        if (rank) idx[static_cast<size_t>(d)] = ix.i[static_cast<size_t>(idx[static_cast<size_t>(d)])];
+        from[static_cast<size_t>(rank ? flat_of(s, idx) : 0)] = p;
+      });
+      Ref r = result(s, x.dtype);
+      for (int64_t j = 0; j < x.numel(); ++j) {
+        const int64_t p = from[static_cast<size_t>(j)];
+        if (p < 0) put_converted(r, j, x, j);
+        else put_converted(r, j, src, p);
+      }
+      return r;
+    }
     case OpKind::Tril:
     case OpKind::Triu: {
       if (rank < 2) return raises("needs 2 dims");

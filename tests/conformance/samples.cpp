@@ -501,6 +501,19 @@ std::vector<Sample> samples(OpKind k, bool grad, std::string& missing) {
             S("source dtype differs" + t, [=] { return std::vector<Tensor>{make(d, {5, 3}, 0, pool), fixed({0, 1}), make(d == F64 ? F32 : F64, {2, 3}, 1, pool)}; }, dim(0));
             S("bad source shape" + t, [=] { return std::vector<Tensor>{make(d, {5, 3}, 0, pool), fixed({0, 1}), make(d, {2, 4}, 1, pool)}; }, dim(0));
             break;
+          case OpKind::IndexCopy:
+            // A repeated index keeps its last slice (kiln's rule; PyTorch leaves it undefined).
+            S("dim 0 repeated" + t, [=] { return std::vector<Tensor>{make(d, {5, 3}, 0, pool), fixed({0, 2, 0, 4}), make(d, {4, 3}, 1, pool)}; }, dim(0), true);
+            S("dim -1 transposed source" + t, [=] { return std::vector<Tensor>{make(d, {3, 4}, 0, pool), fixed({3, 1}), make(d, {3, 2}, 1, pool, L::Transposed)}; }, dim(-1), true);
+            if (grad) break;
+            S("[2,3,4] dim 1 transposed input int32" + t, [=] { return std::vector<Tensor>{make(d, {2, 3, 4}, 0, pool, L::Transposed), fixed({1}, I32), make(d, {2, 1, 4}, 1, pool)}; }, dim(1));
+            S("empty index" + t, [=] { return std::vector<Tensor>{make(d, {5, 3}, 0, pool), fixed({}), make(d, {0, 3}, 1, pool)}; }, dim(0));
+            S("out of range" + t, [=] { return std::vector<Tensor>{make(d, {5, 3}, 0, pool), fixed({0, 5}), make(d, {2, 3}, 1, pool)}; }, dim(0));
+            S("negative index" + t, [=] { return std::vector<Tensor>{make(d, {5, 3}, 0, pool), fixed({-1}), make(d, {1, 3}, 1, pool)}; }, dim(0));
+            S("source dtype differs" + t, [=] { return std::vector<Tensor>{make(d, {5, 3}, 0, pool), fixed({0, 1}), make(d == F64 ? F32 : F64, {2, 3}, 1, pool)}; }, dim(0));
+            S("bad source shape" + t, [=] { return std::vector<Tensor>{make(d, {5, 3}, 0, pool), fixed({0, 1}), make(d, {2, 4}, 1, pool)}; }, dim(0));
+            S("dim out of range" + t, [=] { return std::vector<Tensor>{make(d, {5, 3}, 0, pool), fixed({0, 1}), make(d, {2, 3}, 1, pool)}; }, dim(2));
+            break;
           case OpKind::ScatterAdd:
             S("dim 0" + t, [=] { return std::vector<Tensor>{make(d, {4, 5}, 0, pool), idx(I64, {3, 5}, 1, 4), make(d, {3, 5}, 1, pool)}; }, dim(0), true);
             S("dim 1 transposed src" + t, [=] { return std::vector<Tensor>{make(d, {3, 4}, 0, pool), idx(I64, {3, 2}, 2, 4), make(d, {3, 4}, 2, pool, L::Transposed)}; }, dim(1));

@@ -1050,3 +1050,37 @@ TEST_CASE("backward(create_graph = true) warns once of the .grad reference cycle
   CHECK(x.grad().requires_grad());
   x.set_grad(Tensor());  // breaks the cycle (LeakSanitizer reports it otherwise)
 }
+
+TEST_CASE("gradcheck: index_copy and index_copy_, a repeated index's overwritten slices getting "
+          "no gradient") {
+  // x's gradient is the output's with the written slices zeroed; source's the written slices
+  // read back, where a repeated index's earlier slices (overwritten) get 0: finite differences
+  // of kiln's last-wins rule say the same.
+  Tensor x = uniform({4, 5, 3});
+  Tensor distinct = tensor({3, 0}).to(DType::Int64);
+  Tensor repeated = tensor({1, 4, 1, 1, 0}).to(DType::Int64);
+  gradcheck([&](const T& in) { return index_copy(in[0], 0, distinct, in[1]); },
+            {x, uniform({2, 5, 3})});
+  gradcheck([&](const T& in) { return index_copy(in[0], 1, repeated, in[1]); },
+            {x, uniform({4, 5, 3})});
+  Tensor last_dim = tensor({2, 0, 2}).to(DType::Int64);
+  gradcheck([&](const T& in) { return index_copy(in[0], -1, last_dim, in[1]); },
+            {x, uniform({4, 5, 3})});
+  // Transposed operands and an int32 index.
+  gradcheck([&](const T& in) {
+    return in[0].transpose(0, 2).index_copy(1, repeated.to(DType::Int32), in[1].transpose(0, 2));
+  }, {x, uniform({4, 5, 3})});
+  // In place on a non-leaf: x * 2 with the slices overwritten.
+  gradcheck([&](const T& in) {
+    Tensor y = in[0] * 2;
+    y.index_copy_(1, repeated, in[1]);
+    return y;
+  }, {x, uniform({4, 5, 3})});
+  // The gradients by hand for a repeated index: position 0 of index {1, 1} gets none.
+  Tensor a = zeros({3, 2}, {DType::Float64}).requires_grad_();
+  Tensor s = ones({2, 2}, {DType::Float64}).requires_grad_();
+  Tensor w = arange(6, {DType::Float64}).view({3, 2});
+  (index_copy(a, 0, tensor({1, 1}).to(DType::Int64), s) * w).sum().backward();
+  CHECK(a.grad().to_vector<double>() == std::vector<double>{0, 1, 0, 0, 4, 5});
+  CHECK(s.grad().to_vector<double>() == std::vector<double>{0, 0, 2, 3});
+}

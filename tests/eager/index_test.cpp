@@ -513,3 +513,133 @@ TEST_CASE("scatter_add and index_add in parallel: index-order sums, the same bit
   for (int64_t c : want_counts) want_hit.push_back(c > 0);
   CHECK(hit.to_vector<bool>() == want_hit);
 }
+
+namespace {
+// index_copy by index arithmetic on [outer, n, inner] blocks around dim d of x's shape: x's
+// values, then source slice i written at index[i] in order (the last of a repeated index wins).
+std::vector<double> index_copy_by_hand(const Tensor& x, int d, const std::vector<int64_t>& index,
+                                       const Tensor& source) {
+  std::vector<double> out = x.to(DType::Float64).contiguous().to_vector<double>();
+  const std::vector<double> src = source.to(DType::Float64).contiguous().to_vector<double>();
+  int64_t outer = 1, inner = 1;
+  for (int i = 0; i < d; ++i) outer *= x.shape()[i];
+  for (int i = d + 1; i < x.dim(); ++i) inner *= x.shape()[i];
+  const int64_t n = x.shape()[d], m = static_cast<int64_t>(index.size());
+  for (int64_t a = 0; a < outer; ++a)
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t k = 0; k < inner; ++k)
+        out[static_cast<size_t>((a * n + index[static_cast<size_t>(i)]) * inner + k)] =
+            src[static_cast<size_t>((a * m + i) * inner + k)];
+  return out;
+}
+}  // namespace
+
+TEST_CASE("index_copy writes source's slices at the indices along every dim, the last of a "
+          "repeated index winning, at any thread count") {
+  manual_seed(11);
+  const Tensor x = randn({4, 6, 5});
+  const L rows = {5, 0, 3, 0};  // 0 twice: the slice at position 3 wins
+  const int saved = cpu::num_threads();
+  for (int threads : {1, 2, 3}) {
+    cpu::set_num_threads(threads);
+    for (int64_t dim : {0, 1, 2, -1, -2}) {
+      INFO("threads " << threads << ", dim " << dim);
+      const int d = static_cast<int>(dim < 0 ? dim + 3 : dim);
+      L index;
+      for (int64_t r : rows) index.push_back(r % x.shape()[d]);
+      Shape ss = x.shape();
+      ss[d] = static_cast<int64_t>(index.size());
+      const Tensor source = randn(ss);
+      const Tensor i64 = from_vector(index, {static_cast<int64_t>(index.size())});
+      const std::vector<double> want = index_copy_by_hand(x, d, index, source);
+      CHECK(index_copy(x, dim, i64, source).to(DType::Float64).to_vector<double>() == want);
+      CHECK(x.index_copy(dim, i64.to(DType::Int32), source).to(DType::Float64)
+                .to_vector<double>() == want);
+      // Non-contiguous x and source: a transposed copy of each, read through its strides.
+      const Tensor xt = x.transpose(0, 2).contiguous().transpose(0, 2);
+      const Tensor st = source.transpose(0, 2).contiguous().transpose(0, 2);
+      REQUIRE_FALSE(xt.is_contiguous());
+      CHECK(index_copy(xt, dim, i64, st).to(DType::Float64).to_vector<double>() == want);
+      // In place: x's own storage, returned as itself.
+      Tensor y = x.clone();
+      Tensor& same = y.index_copy_(dim, i64, source);
+      CHECK(&same == &y);
+      CHECK(y.to(DType::Float64).to_vector<double>() == want);
+    }
+  }
+  cpu::set_num_threads(saved);
+  // Integers and bool, exact; a large repeated-index copy split across threads.
+  const Tensor counts = arange(12, {DType::Int64}).view({3, 4});
+  CHECK(index_copy(counts, 1, from_vector<int64_t>({3, 1, 3}, {3}),
+                   from_vector<int64_t>({-1, -2, -3, -4, -5, -6, -7, -8, -9}, {3, 3}))
+            .to_vector<int64_t>() == L{0, -2, 2, -3, 4, -5, 6, -6, 8, -8, 10, -9});
+  CHECK(index_copy(zeros({3}, {Bool}), 0, from_vector<int64_t>({2}, {1}), ones({1}, {Bool}))
+            .to_vector<bool>() == std::vector<bool>{false, false, true});
+  const Tensor big = zeros({64, 300});
+  L many;
+  for (int64_t i = 0; i < 200; ++i) many.push_back(i * 7 % 64);
+  const Tensor src = randn({200, 300});
+  const std::vector<double> want_big = index_copy_by_hand(big, 0, many, src);
+  for (int threads : {1, 2, 3}) {
+    cpu::set_num_threads(threads);
+    CHECK(index_copy(big, 0, from_vector(many, {200}), src).to(DType::Float64)
+              .to_vector<double>() == want_big);
+    CHECK(index_copy(big.t(), 1, from_vector(many, {200}), src.t()).t().to(DType::Float64)
+              .to_vector<double>() == want_big);
+  }
+  cpu::set_num_threads(saved);
+  // 0-size: an empty index leaves x as it is; an empty x along another dim stays empty.
+  CHECK(index_copy(x, 1, zeros({0}, {DType::Int64}), zeros({4, 0, 5})).to_vector<float>() ==
+        x.to_vector<float>());
+  CHECK(index_copy(zeros({0, 3}), 1, from_vector<int64_t>({2}, {1}), zeros({0, 1})).shape() ==
+        Shape{0, 3});
+  // In place from a source that shares x's storage: the old rows are read (a kernel writing
+  // into x directly would copy row 0 twice here, and x's row 0 into both rows of the swap).
+  Tensor r = arange(8, {DType::Float32}).view({4, 2});
+  void* const storage = r.raw_data();
+  r.index_copy_(0, from_vector<int64_t>({1, 2}, {2}), r.slice(0, 0, 2));
+  CHECK(r.to_vector<float>() == F{0, 1, 0, 1, 2, 3, 6, 7});
+  CHECK(r.raw_data() == storage);
+  Tensor swap = arange(4, {DType::Float32}).view({2, 2});  // x itself as the source: a swap
+  swap.index_copy_(0, from_vector<int64_t>({1, 0}, {2}), swap);
+  CHECK(swap.to_vector<float>() == F{2, 3, 0, 1});
+  // A 0-d index writes one slice, as a 1-element one.
+  CHECK(index_copy(zeros({3, 2}), 0, scalar_tensor(int64_t{1}, {DType::Int64}), ones({1, 2}))
+            .to_vector<float>() == F{0, 0, 1, 1, 0, 0});
+}
+
+TEST_CASE("index_copy and index_copy_: errors name the op, the values and the caller's line, "
+          "and leave x as it was") {
+  const Tensor x = zeros({4, 3});
+  const Tensor two = from_vector<int64_t>({0, 2}, {2});
+  auto check = [&](const std::function<void()>& f, const char* op, const std::string& says,
+                   unsigned line) {
+    const Error e = kiln::testing::error_of(f);
+    INFO(e.what());
+    CHECK(e.op() == op);
+    CHECK_THAT(e.message(), Catch::Contains(says));
+    CHECK(e.where().line() == line);
+  };
+  check([&] { index_copy(x, 2, two, ones({4, 2})); }, "index_copy", "out of range",
+        __LINE__ - 1);
+  check([&] { index_copy(x, 0, two.view({2, 1}), ones({2, 3})); }, "index_copy",
+        "index must be 1-D, got shape [2, 1]", __LINE__ - 1);
+  check([&] { index_copy(x, 0, two.to(DType::Float32), ones({2, 3})); }, "index_copy",
+        "indices must be int64 or int32, got float32", __LINE__ - 1);
+  check([&] { index_copy(x, 0, two, ones({3, 3})); }, "index_copy",
+        "source's size in dim 0 must be 2 (the index's length), got 3", __LINE__ - 1);
+  check([&] { index_copy(x, 0, two, ones({2, 4})); }, "index_copy",
+        "source's size in dim 1 must be 3 (the input's), got 4", __LINE__ - 1);
+  check([&] { index_copy(x, 0, two, ones({2, 3}, {DType::Float64})); }, "index_copy",
+        "source dtype float64 must match input dtype float32", __LINE__ - 1);
+  check([&] { index_copy(x, 0, from_vector<int64_t>({1, 4}, {2}), ones({2, 3})); }, "index_copy",
+        "index 4 is out of range for dim 0 of size 4", __LINE__ - 1);
+  check([&] { index_copy(x, 1, from_vector<int64_t>({-1}, {1}), ones({4, 1})); }, "index_copy",
+        "index -1 is out of range for dim 1 of size 3", __LINE__ - 1);
+  Tensor y = zeros({4, 3});
+  check([&] { y.index_copy_(0, from_vector<int64_t>({1, 4}, {2}), ones({2, 3})); },
+        "index_copy_", "index 4 is out of range for dim 0 of size 4", __LINE__ - 1);
+  check([&] { y.index_copy_(0, two, ones({2, 3}, {DType::Int64})); }, "index_copy_",
+        "source dtype int64 must match input dtype float32", __LINE__ - 1);
+  CHECK(y.to_vector<float>() == F(12, 0.f));
+}

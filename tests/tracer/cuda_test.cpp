@@ -283,6 +283,22 @@ TEST_CASE("cuda: index_add, scatter_add and an embedding's gradient run on the d
                     Catch::Contains("out of range"));
 }
 
+TEST_CASE("cuda: index_copy_ writes a KV cache's slot on the device, the last of a repeated "
+          "index winning", "[cuda]") {
+  REQUIRE_CUDA_OR_SKIP();
+  // Not yet run on a GPU: index_copy's nest stays one serial kernel there (codegen/README.md).
+  Tensor cache = randn({1, 16, 32}), k = randn({1, 3, 32});
+  Tensor at = from_vector<int64_t>({7, 2, 7}, Shape{3});
+  Tensor on_device = cache.cuda();
+  const auto host_before = codegen::cuda_host_fallbacks();
+  on_device.index_copy_(1, at.cuda(), k.cuda());
+  CHECK(rel_diff(on_device, cache.index_copy(1, at, k)) == 0);
+  CHECK(codegen::cuda_host_fallbacks() == host_before);
+  CHECK_THROWS_WITH(on_device.index_copy_(1, from_vector<int64_t>({16}, Shape{1}).cuda(),
+                                          k.slice(1, 0, 1).cuda()),
+                    Catch::Contains("out of range"));
+}
+
 TEST_CASE("cuda: rand, randn and randint draw on the device the cpu's numbers", "[cuda]") {
   REQUIRE_CUDA_OR_SKIP();
   // They were drawn on the host and copied over PCIe.

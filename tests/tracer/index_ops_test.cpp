@@ -22,6 +22,34 @@ namespace {
 
 Tensor ids(std::vector<int64_t> v, Shape shape) { return from_vector(v, shape); }
 
+/// make_step(target) is a function of an index tensor that writes `target` at it. Compiled
+/// (with `options`) and eagerly, on zeros [4, 2] each: equal for in-range indices (3 and 1);
+/// an index out of range (4, -1) raises eager's error, naming `op`, at the same line in both,
+/// neither target written.
+template <class MakeStep>
+void check_out_of_range_replay(MakeStep make_step, const char* op, CompileOptions options) {
+  Tensor p = zeros({4, 2}), q = zeros({4, 2});
+  auto cf = compile(make_step(p), options);
+  auto eager_step = make_step(q);
+  Tensor idx = ids({3, 1}, {2});
+  for (int call = 0; call < 10; ++call) cf(idx), eager_step(idx);
+  CHECK(vec(p) == vec(q));
+  CHECK(vec(p) != std::vector<float>(8, 0.f));
+  for (int64_t bad : {4, -1}) {
+    INFO("index " << bad);
+    Tensor b = ids({1, bad}, {2});
+    std::string eager = error_of([&] { eager_step(b); }).what();
+    std::string compiled = error_of([&] { cf(b); }).what();
+    CHECK(contains(eager, op));
+    CHECK(contains(eager, "is out of range"));
+    CHECK(compiled == eager);
+    CHECK(vec(p) == vec(q));  // neither was written
+  }
+  std::string ex = cf.explain();
+  INFO(ex);
+  CHECK_FALSE(contains(ex, "eager op:"));
+}
+
 }  // namespace
 
 TEST_CASE("compile: embedding, index_select, gather, tril, triu and masked_fill run in one "
@@ -287,30 +315,14 @@ TEST_CASE("compile: index_add and scatter_add run compiled, repeated indices inc
 TEST_CASE("compile: index_add's index out of range raises eager's error at the user's line",
           "[compile][index]") {
   NoGradGuard no_grad;
-  Tensor p = zeros({4, 2}), q = zeros({4, 2}), src = ones({2, 2});
-  auto update = [&](Tensor& target) {
-    return [&](const Tensor& idx) {
-      target.copy_(index_add(target, 0, idx, src) * 2);  // the line eager's error names
-    };
-  };
-  auto cf = compile(update(p), CompileOptions{.donate_buffers = true});
-  auto eager_step = update(q);
-  Tensor idx = ids({3, 3}, {2});
-  for (int call = 0; call < 10; ++call) cf(idx), eager_step(idx);
-  CHECK(vec(p) == vec(q));
-  for (int64_t bad : {4, -1}) {
-    INFO("index " << bad);
-    Tensor b = ids({1, bad}, {2});
-    std::string eager = error_of([&] { eager_step(b); }).what();
-    std::string compiled = error_of([&] { cf(b); }).what();
-    CHECK(contains(eager, "index_add"));
-    CHECK(contains(eager, "is out of range"));
-    CHECK(compiled == eager);
-    CHECK(vec(p) == vec(q));  // neither was written
-  }
-  std::string ex = cf.explain();
-  INFO(ex);
-  CHECK_FALSE(contains(ex, "eager op:"));
+  Tensor src = ones({2, 2});
+  check_out_of_range_replay(
+      [&](Tensor& target) {
+        return [&](const Tensor& idx) {
+          target.copy_(index_add(target, 0, idx, src) * 2);  // the line eager's error names
+        };
+      },
+      "index_add", CompileOptions{.donate_buffers = true});
 }
 
 TEST_CASE("compile: an embedding model's training step, the lookup's gradient (index_add) "
@@ -387,4 +399,122 @@ TEST_CASE("compile: two lookups' gradients of the same shape each get their own 
     INFO(cf.explain());
     CHECK_FALSE(contains(cf.explain(), "eager op: index_add"));
   }
+}
+
+TEST_CASE("compile: index_copy and index_copy_ run compiled, repeated indices keeping their last "
+          "slice, and equal eager bit for bit", "[compile][index]") {
+  manual_seed(4);
+  Tensor kept = zeros({6, 4});  // captured, written in place
+  auto fn = [&](Tensor x, const Tensor& rows, const Tensor& src, const Tensor& d,
+                const Tensor& flags) {
+    Tensor a = index_copy(x * 2, 0, rows, src) + 1;
+    Tensor b = x.index_copy(-1, rows.slice(0, 0, 3).to(DType::Int32), src.slice(0, 0, 3).t());
+    Tensor c = index_copy(d, 1, rows, d.slice(1, 0, 5) * 3);  // float64
+    Tensor e = index_copy(flags, 0, rows.slice(0, 1, 3), flags.slice(0, 0, 2) == false);  // bool
+    kept.index_copy_(0, rows.slice(0, 0, 2), src.slice(0, 0, 2).slice(1, 0, 4));
+    x.index_copy_(1, rows.slice(0, 3, 5), src.slice(0, 0, 2).t());  // the argument, in place
+    return std::vector<Tensor>{a, b, c, e};
+  };
+  auto cf = compile(fn);
+  Tensor src = randn({5, 6}), d = randn({3, 7}, DType::Float64);
+  Tensor rows = ids({5, 0, 5, 2, 5}, {5});  // 5 three times: the last slice (4) wins
+  Tensor flags = randn({6, 2}) > 0;
+  Tensor xc = randn({6, 6}), xe = xc.clone();
+  Tensor kept_eager;
+  for (int call = 0; call < 6; ++call) {
+    INFO("call " << call);
+    kept.fill_(0);
+    std::vector<Tensor> e = fn(xe, rows, src, d, flags);
+    kept_eager = kept.clone();
+    kept.fill_(0);
+    std::vector<Tensor> c = cf(xc, rows, src, d, flags);
+    for (size_t i = 0; i < e.size(); ++i) {
+      INFO("output " << i);
+      CHECK(c[i].to(DType::Float64).to_vector<double>() ==
+            e[i].to(DType::Float64).to_vector<double>());
+    }
+    CHECK(vec(xc) == vec(xe));
+    CHECK(vec(kept) == vec(kept_eager));
+  }
+  // The last of the repeated index won: row 5 of `a` is source row 4, doubled x nowhere.
+  std::vector<Tensor> e = fn(xe.clone(), rows, src, d, flags);
+  CHECK(vec(e[0].select(0, 5)) == vec(src.select(0, 4) + 1));
+  std::string ex = cf.explain();
+  INFO(ex);
+  CHECK(contains(ex, "index_copy"));
+  CHECK(cf.compile_count() == 1);
+  CHECK_FALSE(contains(ex, "eager op:"));
+}
+
+TEST_CASE("compile: index_copy_'s index out of range raises eager's error at the user's line, "
+          "the cache left as it was", "[compile][index]") {
+  NoGradGuard no_grad;
+  Tensor src = ones({2, 2});
+  check_out_of_range_replay(
+      [&](Tensor& target) {
+        return [&](const Tensor& idx) {
+          target.index_copy_(0, idx, src * 2);  // the line eager's error names
+        };
+      },
+      "index_copy_", CompileOptions{});
+}
+
+TEST_CASE("compile: a decode step writing a preallocated KV cache with index_copy_ at a position "
+          "tensor traces once, then replays, with eager's logits at every step",
+          "[compile][index]") {
+  // The gpt-fast pattern: caches [1, Tmax, E] written in place at `pos` (an int64 tensor), the
+  // attention over the whole cache masked by arange(Tmax) <= pos: every shape static.
+  NoGradGuard no_grad;
+  const int64_t E = 16, V = 24, Tmax = 10;
+  manual_seed(9);
+  Tensor emb = randn({V, E}) * 0.3;
+  std::vector<Tensor> w;
+  for (int i = 0; i < 6; ++i) w.push_back(randn({E, E}) * 0.3);  // q, k, v, o of layer 0 and 1
+  Tensor ramp = arange(Tmax, {DType::Int64});
+  int traces = 0;
+  auto step = [&](const Tensor& tok, const Tensor& pos, const std::vector<Tensor>& kc,
+                  const std::vector<Tensor>& vc) {
+    ++traces;  // host code: runs while tracing, not on replays
+    Tensor h = emb.index_select(0, tok).view({1, 1, E});
+    Tensor hidden = (ramp > pos).view({1, 1, Tmax});
+    for (size_t l = 0; l < kc.size(); ++l) {
+      Tensor x = layer_norm(h, {E});
+      Tensor q = matmul(x, w[3 * l % 6]);
+      Tensor(kc[l]).index_copy_(1, pos, matmul(x, w[(3 * l + 1) % 6]));
+      Tensor(vc[l]).index_copy_(1, pos, matmul(x, w[(3 * l + 2) % 6]));
+      Tensor s = masked_fill(matmul(q, kc[l].transpose(1, 2)) * 0.25, hidden, -INFINITY);
+      h = h + matmul(softmax(s, -1), vc[l]);
+    }
+    return matmul(h.view({1, E}), emb.t());
+  };
+  auto run = [&](auto&& f, std::vector<Tensor>& logits) {
+    std::vector<Tensor> kc, vc;
+    for (int l = 0; l < 2; ++l) kc.push_back(zeros({1, Tmax, E})), vc.push_back(zeros({1, Tmax, E}));
+    Tensor tok = ids({1}, {1});
+    for (int64_t s = 0; s < Tmax; ++s) {
+      Tensor out = f(tok, ids({s}, {1}), kc, vc);
+      logits.push_back(out.clone());
+      tok = out.argmax(1);
+    }
+    return kc[1].clone();
+  };
+  std::vector<Tensor> eager_logits, compiled_logits;
+  Tensor eager_cache = run(step, eager_logits);
+  traces = 0;
+  auto cstep = compile(step);
+  Tensor compiled_cache = run(cstep, compiled_logits);
+  CHECK(traces == 1);
+  CHECK(cstep.compile_count() == 1);
+  for (int64_t s = 0; s < Tmax; ++s) {
+    INFO("step " << s);
+    CHECK(amax(abs(compiled_logits[s] - eager_logits[s])).item<float>() < 1e-5f);
+    CHECK(compiled_logits[s].argmax(1).item<int64_t>() == eager_logits[s].argmax(1).item<int64_t>());
+  }
+  CHECK(amax(abs(compiled_cache - eager_cache)).item<float>() < 1e-5f);
+  CHECK(amax(abs(eager_cache.select(1, Tmax - 1))).item<float>() > 0);  // every slot written
+  const std::string ex = cstep.explain();
+  INFO(ex);
+  CHECK(contains(ex, "1 trace(s)"));
+  CHECK(contains(ex, "index_copy"));
+  CHECK_FALSE(contains(ex, "eager op:"));
 }
