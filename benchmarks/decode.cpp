@@ -6,6 +6,10 @@
 // `cache.copy_(where(arange(64) == pos, k, cache))` (a whole-cache rewrite, the way before
 // index_copy). Tokens/s; the position advances every step and wraps at 64; the modes
 // alternate. Each compiled case traces once and replays (tests/tracer/index_ops_test.cpp).
+// Case decode_growing_cat grows the caches by cat instead (no mask: the cache is the prefix),
+// passed in and returned, so every step has a new length (1, 2, ... 55): the compiled step
+// traces lengths 1-4, then checks each new length shape-only and replays
+// (CompileOptions::shape_only_checks; tests/tracer/shape_only_test.cpp).
 #include <cmath>
 #include <memory>
 
@@ -65,7 +69,71 @@ struct Decoder {
     return matmul(h.view({1, kDim}), emb.t());
   }
   const Tensor& next_position() { return positions[static_cast<size_t>(step_no++ % kMaxLen)]; }
+
+  /// One token with caches grown by cat: logits [1, vocab], then each layer's keys and values
+  /// [1, T + 1, dim] (the next call's caches).
+  std::vector<Tensor> step_cat(const Tensor& token, const std::vector<Tensor>& keys,
+                               const std::vector<Tensor>& values) const {
+    NoGradGuard no_grad;
+    Tensor h = emb.index_select(0, token).view({1, 1, kDim});
+    std::vector<Tensor> out{Tensor()};
+    for (int64_t l = 0; l < kLayers; ++l) {
+      Tensor x = layer_norm(h, {kDim});
+      Tensor q = matmul(x, wq[l]);
+      Tensor k = cat({keys[l], matmul(x, wk[l])}, 1), v = cat({values[l], matmul(x, wv[l])}, 1);
+      h = h + matmul(matmul(softmax(matmul(q, k.transpose(1, 2)) * (1.0 / 16), -1), v), wo[l]);
+      h = h + matmul(gelu(matmul(layer_norm(h, {kDim}), w1[l])), w2[l]);
+      out.push_back(k);
+      out.push_back(v);
+    }
+    out[0] = matmul(h.view({1, kDim}), emb.t());
+    return out;
+  }
 };
+
+using CatStep = std::function<std::vector<Tensor>(const Tensor&, const std::vector<Tensor>&,
+                                                  const std::vector<Tensor>&)>;
+
+/// One token per call of a sequence whose caches (each [1, T, dim], T = 1 at first) grow by cat.
+Benchmark growing_sequence(std::shared_ptr<Decoder> m, CatStep step) {
+  struct Sequence {
+    Tensor token;
+    std::vector<Tensor> keys, values;
+  };
+  auto seq = std::make_shared<Sequence>();
+  seq->token = m->tok;
+  for (int64_t l = 0; l < kLayers; ++l) {
+    seq->keys.push_back(zeros({1, 1, kDim}));
+    seq->values.push_back(zeros({1, 1, kDim}));
+  }
+  return {[seq, step] {
+            std::vector<Tensor> out = step(seq->token, seq->keys, seq->values);
+            for (int64_t l = 0; l < kLayers; ++l) {
+              seq->keys[l] = out[1 + 2 * l];
+              seq->values[l] = out[2 + 2 * l];
+            }
+            seq->token = out[0].argmax(1);
+            do_not_optimize(seq->token.data<int64_t>());
+          },
+          per_second(1)};
+}
+
+Benchmark growing_eager(const RunConfig&) {
+  auto m = std::make_shared<Decoder>(false);
+  return growing_sequence(m, [m](const Tensor& t, const std::vector<Tensor>& k,
+                                 const std::vector<Tensor>& v) { return m->step_cat(t, k, v); });
+}
+
+Benchmark growing_compiled(const RunConfig&) {
+  auto m = std::make_shared<Decoder>(false);
+  auto step = kiln::compile(
+      [m](const Tensor& t, const std::vector<Tensor>& k, const std::vector<Tensor>& v) {
+        return m->step_cat(t, k, v);
+      },
+      {}, "decode_growing_cat");
+  return growing_sequence(m, [step](const Tensor& t, const std::vector<Tensor>& k,
+                                    const std::vector<Tensor>& v) { return step(t, k, v); });
+}
 
 std::function<Benchmark(const RunConfig&)> eager_case(bool index_copy) {
   return [index_copy](const RunConfig&) -> Benchmark {
@@ -91,12 +159,15 @@ std::vector<Case> cases() {
                             eager_case(index_copy), compiled_case(index_copy), true);
     all.insert(all.end(), two.begin(), two.end());
   }
+  std::vector<Case> growing =
+      training_step_cases("decode_growing_cat", "tokens/s", growing_eager, growing_compiled, true);
+  all.insert(all.end(), growing.begin(), growing.end());
   return all;
 }
 
 void summary(std::span<const Record> records) {
   fmt::print("\n");
-  for (const char* name : {"decode_index_copy", "decode_where"}) {
+  for (const char* name : {"decode_index_copy", "decode_where", "decode_growing_cat"}) {
     const Record* e = find_record(records, kSuite, name, Mode::Eager);
     const Record* c = find_record(records, kSuite, name, Mode::Compiled);
     if (e && c)
