@@ -54,6 +54,24 @@ Benchmark softmax_4096x1024(const RunConfig&) {
   return {[x] { do_not_optimize(kiln::softmax(x, -1)); }, gb_per_s(2 * kF32 * kRows * kCols)};
 }
 
+Benchmark gelu_erf_16m(const RunConfig&) {
+  Tensor x = filled({k16M}, -3.f, 3.f);
+  return {[x] { do_not_optimize(kiln::gelu(x)); }, gb_per_s(2 * kF32 * k16M)};
+}
+
+Benchmark log_softmax_4096x1024(const RunConfig&) {
+  Tensor x = filled({kRows, kCols}, -4.f, 4.f);
+  return {[x] { do_not_optimize(kiln::log_softmax(x, -1)); },
+          gb_per_s(2 * kF32 * kRows * kCols)};
+}
+
+// logsumexp over rows (the row path) and over columns (the column path); GB/s of the input.
+Benchmark logsumexp_4096x1024(int64_t dim) {
+  Tensor x = filled({kRows, kCols}, -4.f, 4.f);
+  return {[x, dim] { do_not_optimize(kiln::logsumexp(x, {dim})); },
+          gb_per_s(kF32 * kRows * kCols)};
+}
+
 Benchmark layer_norm_4096x1024(const RunConfig&) {
   Tensor x = filled({kRows, kCols}, -4.f, 4.f);
   return {[x] { do_not_optimize(kiln::layer_norm(x, {kCols})); },
@@ -226,7 +244,13 @@ std::vector<Case> cases() {
       {"add_16M", Mode::Eager, "GB/s", add_16m},
       {"add_broadcast_1000x100", Mode::Eager, "GB/s", add_broadcast_1000x100},
       {"gelu_16M", Mode::Eager, "GB/s", gelu_16m},
+      {"gelu_erf_16M", Mode::Eager, "GB/s", gelu_erf_16m},
       {"softmax_4096x1024", Mode::Eager, "GB/s", softmax_4096x1024},
+      {"log_softmax_4096x1024", Mode::Eager, "GB/s", log_softmax_4096x1024},
+      {"logsumexp_4096x1024", Mode::Eager, "GB/s",
+       [](const RunConfig&) { return logsumexp_4096x1024(1); }},
+      {"logsumexp_dim0_4096x1024", Mode::Eager, "GB/s",
+       [](const RunConfig&) { return logsumexp_4096x1024(0); }},
       {"layer_norm_4096x1024", Mode::Eager, "GB/s", layer_norm_4096x1024},
       {"layer_norm_backward_8192x768", Mode::Eager, "GB/s", layer_norm_backward_8192x768},
       {"gelu_backward_16M", Mode::Eager, "GB/s", gelu_backward_16m},

@@ -57,6 +57,22 @@ ir::Graph softmax_graph() {
   return g;
 }
 
+ir::Graph log_softmax_graph() {
+  ir::Graph g;
+  OpAttrs a;
+  a.dim = -1;
+  g.output(g.op(OpKind::LogSoftmax, {g.input(DType::Float32, {kRows, kCols})}, a));
+  return g;
+}
+
+ir::Graph logsumexp_graph() {
+  ir::Graph g;
+  OpAttrs a;
+  a.dims = {1};
+  g.output(g.op(OpKind::LogSumExp, {g.input(DType::Float32, {kRows, kCols})}, a));
+  return g;
+}
+
 ir::Graph layer_norm_graph() {
   ir::Graph g;
   ir::Value x = g.input(DType::Float32, {kRows, kCols});
@@ -172,6 +188,26 @@ std::vector<Case> cases() {
       {"softmax_4096x1024", Mode::Compiled, "GB/s",
        [](const RunConfig&) {
          return compiled(softmax_graph(), {filled({kRows, kCols}, -4.f, 4.f)}, kRowBytes2);
+       }},
+      {"log_softmax_4096x1024", Mode::Eager, "GB/s",
+       [](const RunConfig&) -> Benchmark {
+         Tensor x = filled({kRows, kCols}, -4.f, 4.f);
+         return {[x] { do_not_optimize(log_softmax(x, -1)); }, gb_per_s(kRowBytes2)};
+       }},
+      {"log_softmax_4096x1024", Mode::Compiled, "GB/s",
+       [](const RunConfig&) {
+         return compiled(log_softmax_graph(), {filled({kRows, kCols}, -4.f, 4.f)}, kRowBytes2);
+       }},
+      // GB/s of the input (the output is a column).
+      {"logsumexp_4096x1024", Mode::Eager, "GB/s",
+       [](const RunConfig&) -> Benchmark {
+         Tensor x = filled({kRows, kCols}, -4.f, 4.f);
+         return {[x] { do_not_optimize(logsumexp(x, {1})); }, gb_per_s(kRowBytes2 / 2)};
+       }},
+      {"logsumexp_4096x1024", Mode::Compiled, "GB/s",
+       [](const RunConfig&) {
+         return compiled(logsumexp_graph(), {filled({kRows, kCols}, -4.f, 4.f)},
+                         kRowBytes2 / 2);
        }},
       {"layer_norm_4096x1024", Mode::Eager, "GB/s",
        [](const RunConfig&) -> Benchmark {

@@ -171,6 +171,14 @@ template <class S, class P> S expm1_f32(S x, S lib, const P& pow2i) {
   return select(x > S(20), exp_f32(x, pow2i), lib);
 }
 
+/// a·b − p exactly, for p the rounded a·b (the product's rounding error, itself representable):
+/// fma(a, b, −p) where S's fma rounds once, as for scalars (libm's fma) and compiled code.
+/// backends/cpu/simd_exp.h specialises it for SIMD batches, whose fma rounds twice in builds
+/// for CPUs without one (KILN_NATIVE=OFF: SSE2): Dekker's product of Veltkamp halves there.
+template <class S> struct ProductError {
+  static S of(S a, S b, S p) { return fma(a, b, -p); }
+};
+
 // ============================ float64 SIMD ranges ============================
 
 /// Whether S's exp / exp2 / expm1 / erf / erfc are a SIMD library's float64 versions that fail
@@ -350,31 +358,74 @@ template <class S> S residual_of(double c, double float64_residual) {
   return S(c - f) - (S(c) - S(f)) + S(float64_residual);
 }
 
+/// float32 erfc(x) within ~3 ulp over the whole range (0 from 10.0546875 on), and e^(−x²)
+/// beside it (gelu's derivative takes its φ from it: no second exp). The approximation MLIR's
+/// compiled float32 erfc uses, after Shepherd and Laframboise, "Chebyshev approximation of
+/// (1 + 2x)·exp(x²)·erfc x in 0 <= x < inf" (Math. Comp. 36, 1981): for a = |x|,
+/// (1 + 2a)·e^(a²)·erfc(a) − 1 is a degree-9 polynomial in q = (a − 2)/(a + 2), then divided
+/// by 1 + 2a and multiplied by e^(−a²); erfc(x) = 2 − erfc(a) for x < 0. e^(−a²) is e^(−s) for
+/// s = a² rounded, times 1 − ds for s's exact error ds (ProductError): the rounding of s
+/// alone put erfc up to 70 ulp off from 8 on, as in the SIMD library's erfc (also 5 ulp off
+/// near 0: erfc(0) = 0.99999988, so gelu'(0) was 0.49999994). The two divisions are left
+/// uncorrected (each ~1 ulp of q or of the result; gelu stays within 5.3 ulp): a Newton step
+/// on each made eager gelu 29 % slower than with the SIMD library's erfc (gelu_erf_16M), and
+/// in-cache compute 50 % slower; on q alone 12 %.
+template <class S> struct ErfcGauss {
+  S erfc, gauss;  // erfc(x) and e^(−x²)
+};
+template <class S> ErfcGauss<S> erfc_gauss_f32(S x) {
+  const S a = abs(x), one(1), two(2);
+  S p(-0x1.a4a000p-12);
+  const S q = (a - two) / (a + two);
+  for (double c : {-0x1.42a260p-10, 0x1.585714p-10, 0x1.1adcc4p-07, -0x1.081b82p-07,
+                   -0x1.bc0b6ap-05, 0x1.4ffc46p-03, -0x1.540840p-03, -0x1.7bf616p-04,
+                   0x1.1ba03ap-02})
+    p = fma(p, q, S(c));
+  S r = (p + one) / fma(two, a, one);
+  const S s = a * a;
+  const S ds = select(s < S(1e4), ProductError<S>::of(a, a, s), S(0));  // not s = inf's
+  const S ex = Exp::eval(-s);
+  r = fma(r, ex, r * ex * -ds);            // e^(−a²) = e^(−s)·(1 − (a² − s))
+  r = select(a < S(INFINITY), r, x + x);   // NaN stays NaN; erfc(±inf) below
+  r = select(a > S(10.0546875), S(0), r);  // erfc rounds to 0 from there on
+  return {select(x < S(0), two - r, r), fma(ex, -ds, ex)};
+}
+
 /// gelu with approximate="none": x·Φ(x) = 0.5·x·(1 + erf(x/√2)), evaluated as
 /// 0.5·x·erfc(z), z = −x/√2 (the same value, without the cancellation of 1 + erf for x ≪ 0).
 /// erfc(z) changes by a relative −R(z)·dz for a change dz of z, R(z) = 2e^(−z²)/(√π·erfc(z)),
 /// about 2z for z >= 1: the rounding of z alone put float32 gelu(−12.9) 196 ulp off (relative
-/// 1.6e-5; found by a break-it pass). So z's rounding error dz is computed exactly (fma, and
-/// 1/√2's own residual) and erfc(z) scaled by 1 − 2z·dz where z > 0 (x < 0), which leaves
-/// under an ulp (R(z) − 2z is at most 0.64 at z = 1, where dz is below an ulp of z). Past z = 30
-/// erfc(z) is 0 in float64 too, and 2z·dz could overflow. dz needs a fused multiply-add: SIMD
-/// kernels built for CPUs without one (KILN_NATIVE=OFF: SSE2) get dz = x·(1/√2's residual)
-/// only, as before (compiled code targets the running CPU). erfc's sign is dropped: the SIMD
-/// library's erfc gave −0 for huge z, so gelu(−3e7) was +0 (compiled, and PyTorch: −0).
+/// 1.6e-5; found by a break-it pass). So z's rounding error dz is computed exactly
+/// (ProductError, and 1/√2's own residual) and erfc(z) scaled by 1 − 2z·dz where z > 0 (x < 0),
+/// which leaves under an ulp (R(z) − 2z is at most 0.64 at z = 1, where dz is below an ulp of
+/// z). Past z = 30 erfc(z) is 0 in float64 too, and 2z·dz could overflow. erfc's sign is
+/// dropped: the SIMD library's erfc gave −0 for huge z, so gelu(−3e7) was +0 (compiled, and
+/// PyTorch: −0). float32 erfc is erfc_gauss_f32 (eager; compiled code's math.erfc is MLIR's form of
+/// it), float64 F64Range's where a SIMD library's would fail.
 struct GeluErf {
   static constexpr double kInvSqrt2 = 0.70710678118654752440;
-  template <class S> static S eval(S x) {
+  /// 2Φ(x) = erfc(−x/√2), z's rounding corrected (gelu's and its derivative's Φ). float32
+  /// eager (erfc_gauss_f32) also gives e^(−x²/2) = e^(−z²)·(1 − 2z·dz) in *gauss where asked.
+  template <class S> static S two_cdf(S x, S* gauss = nullptr) {
     const S c = S(-kInvSqrt2), c_lo = -residual_of<S>(kInvSqrt2, -4.8336466567264567e-17);
     S z = x * c;
-    S dz = fma(x, c, -z) + x * c_lo;
-    auto erfc_of = [](S v) {
-      if constexpr (F64Range<S>::kEnabled) return F64Range<S>::erfc(v);
-      else return erfc(v);
+    S dz = ProductError<S>::of(x, c, z) + x * c_lo;
+    auto erfc_of = [&](S v) -> S {
+      if constexpr (F64Range<S>::kEnabled) {
+        return F64Range<S>::erfc(v);
+      } else if constexpr (F32Exp<S>::kEnabled) {
+        ErfcGauss<S> p = erfc_gauss_f32(v);
+        if (gauss) *gauss = p.gauss * (S(1) - select(abs(v) < S(30), S(2) * v * dz, S(0)));
+        return p.erfc;
+      } else {
+        return erfc(v);
+      }
     };
     S e = erfc_of(z);
     S scale = S(1) - select(z > S(0) && z < S(30), S(2) * z * dz, S(0));
-    return S(0.5) * x * (abs(e) * scale);
+    return abs(e) * scale;
   }
+  template <class S> static S eval(S x) { return S(0.5) * x * two_cdf(x); }
 };
 
 /// gelu with approximate="tanh": 0.5·x·(1 + tanh(u)), u = √(2/π)·(x + 0.044715·x³),
@@ -390,13 +441,22 @@ struct GeluTanh {
 /// g · d gelu(x)/dx for approximate="none": g·(Φ(x) + x·φ(x)), Φ(x) = erfc(−x/√2)/2,
 /// φ(x) = e^(−x²/2)/√(2π) (Hendrycks & Gimpel, 2016). For eager backward (cpu::gelu_backward);
 /// a trace records eager/derivatives.cpp's formula instead.
+/// Φ as gelu's (GeluErf::two_cdf); e^(−x²/2) corrected for the rounding of x² (up to 40 ulp
+/// in float32 for x near −13): float32 eager takes it from erfc's own e^(−z²) (two_cdf's
+/// gauss; one exp instead of two), other types from s = x² and its exact error ds as
+/// e^(−s/2)·(1 − ds/2).
 struct GeluErfBackward {
   template <class S> static S eval(S x, S g) {
-    S z = x * S(-0.70710678118654752440);
-    S cdf;
-    if constexpr (F64Range<S>::kEnabled) cdf = S(0.5) * F64Range<S>::erfc(z);
-    else cdf = S(0.5) * erfc(z);
-    S pdf = Exp::eval(S(-0.5) * x * x) * S(0.39894228040143267794);
+    constexpr double kInvSqrt2Pi = 0.39894228040143267794;
+    if constexpr (F32Exp<S>::kEnabled && !F64Range<S>::kEnabled) {
+      S gauss;  // e^(−x²/2), from erfc's own exp
+      S cdf = S(0.5) * GeluErf::two_cdf(x, &gauss);
+      return g * (cdf + x * (gauss * S(kInvSqrt2Pi)));
+    }
+    S cdf = S(0.5) * GeluErf::two_cdf(x);
+    S s = x * x;
+    S ds = select(s < S(1e4), ProductError<S>::of(x, x, s), S(0));  // not s = inf's
+    S pdf = Exp::eval(S(-0.5) * s) * (S(1) - S(0.5) * ds) * S(kInvSqrt2Pi);
     return g * (cdf + x * pdf);
   }
 };

@@ -171,6 +171,29 @@ template <> struct F32Exp<xsimd::batch<float>> {
   }
 };
 
+/// The rounding error of a product (formulas.h): one fma where the target fuses it, else
+/// Dekker's exact product of Veltkamp halves (12 / 27 bits; exact while the splits do not
+/// overflow, |a|, |b| below ~1e34 in float32: formulas.h selects other values beyond).
+template <class T> struct ProductError<xsimd::batch<T>> {
+  using B = xsimd::batch<T>;
+  static B of(B a, B b, B p) {
+#if defined(__FMA__)
+    return xsimd::fma(a, b, -p);
+#else
+    const B split(sizeof(T) == 4 ? T(4097) : T(134217729));  // 2^12 + 1, 2^27 + 1
+    auto halves = [&split](B v, B& hi, B& lo) {
+      B c = v * split;
+      hi = c - (c - v);
+      lo = v - hi;
+    };
+    B ah, al, bh, bl;
+    halves(a, ah, al);
+    halves(b, bh, bl);
+    return ((ah * bh - p) + ah * bl + al * bh) + al * bl;
+#endif
+  }
+};
+
 template <> struct F64Range<xsimd::batch<double>> {
   static constexpr bool kEnabled = true;
   using B = xsimd::batch<double>;

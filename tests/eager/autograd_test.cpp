@@ -3,6 +3,7 @@
 #include <cmath>
 #include <thread>
 
+#include "accuracy.h"
 #include "gradcheck.h"
 #include "stderr_of.h"
 
@@ -870,6 +871,52 @@ double max_rel_diff(const Tensor& a, const Tensor& b) {
   return d.item<double>() / std::max(max(b.abs()).item<double>(), 1e-30);
 }
 }  // namespace
+
+TEST_CASE("fused eager gelu (erf) backward: gelu'(0) is 0.5 exactly, the tails within a few ulp") {
+  // The SIMD library's float32 erfc(0) was 0.99999988, so gelu'(0) was 0.49999994, and up to
+  // 70 ulp off from z = 8 on; e^(-x²/2) lost up to 40 ulp to the rounding of x² (now
+  // corrected by its exact error). Reference: long double.
+  auto derivative = [](const Tensor& x) {
+    Tensor leaf = x.detach().requires_grad_();
+    return grad({sum(gelu(leaf))}, {leaf})[0];
+  };
+  for (DType dt : {DType::Float32, DType::Float64}) {
+    std::vector<double> at0 = derivative(tensor({0.0, -0.0}).to(dt)).to_vector<double>();
+    CHECK(at0[0] == 0.5);
+    CHECK(at0[1] == 0.5);
+  }
+  std::vector<double> xs;  // away from gelu'(x) = 0 at x = -0.7518, where any rounding is huge
+  for (int i = 0; i <= 8000; ++i) xs.push_back(-13.0 + 11.5 * i / 8000);
+  for (int i = 0; i <= 2000; ++i) xs.push_back(3.0 * i / 2000);
+  Tensor x = from_vector(xs, {static_cast<int64_t>(xs.size())}).to(DType::Float32);
+  std::vector<double> in = x.to_vector<double>(), got = derivative(x).to_vector<double>();
+  double worst = 0, worst_x = 0;
+  for (size_t i = 0; i < in.size(); ++i) {
+    const long double v = in[i];
+    const long double want =
+        0.5L * erfcl(-v / sqrtl(2.0L)) + v * expl(-v * v / 2) / sqrtl(2 * 3.14159265358979323846L);
+    const double e = testing::ulps(got[i], want, DType::Float32);
+    if (e > worst) worst = e, worst_x = in[i];
+  }
+  INFO("worst " << worst << " ulp at x = " << worst_x);
+  CHECK(worst <= 6);
+}
+
+TEST_CASE("fused eager gelu (erf) backward far out: 1 and 0, no NaN from φ's correction") {
+  // float32 φ(x) is erfc's own e^(−z²) times 1 − 2z·dz (dz: z = −x/√2's rounding error); for
+  // |z| >= 30 that factor is left out (e^(−z²) is 0 there, and 2z·dz overflows from ~1e19 on:
+  // 0·inf gave NaN). Both signs, in every SIMD lane and the scalar tail (17 elements).
+  std::vector<double> xs = {50, -50, 1e30, -1e30, 3e38, -3e38, 42.5, -42.5, 1e19, -1e19,
+                            2e20, -2e20, 60, -60, 1e25, -1e25, 45};
+  for (DType dt : {DType::Float32, DType::Float64}) {
+    Tensor leaf = from_vector(xs, {static_cast<int64_t>(xs.size())}).to(dt).requires_grad_();
+    std::vector<double> got = grad({sum(gelu(leaf))}, {leaf})[0].to_vector<double>();
+    for (size_t i = 0; i < xs.size(); ++i) {
+      INFO("x = " << xs[i] << ", dtype " << static_cast<int>(dt));
+      CHECK(got[i] == (xs[i] > 0 ? 1.0 : 0.0));
+    }
+  }
+}
 
 TEST_CASE("fused eager backward of layer_norm and gelu matches the formula and float64") {
   // Plain eager backward runs the fused kernels (cpu::layer_norm_backward, cpu::gelu_backward);
