@@ -141,9 +141,12 @@ Tensor Optimizer::option(std::function<double()> read) const {
   return dispatch::host_input(read(), [&] {
     return HostReader([alive = std::weak_ptr<const int>(alive_), read,
                        this]() -> std::optional<Scalar> {
-      // Gone, or options made invalid since the trace: the call traces again, and step()
-      // raises the error as eagerly.
-      if (alive.expired() || !invalid_options().empty()) return std::nullopt;
+      if (alive.expired()) return std::nullopt;  // gone: the entry is dropped
+      // Options made invalid since the trace: the replay stops before it changes anything and
+      // the call traces, where step() raises the error as eagerly. The entry is kept for when
+      // the options are valid again (returning "gone" here dropped it: a break-it pass).
+      std::string why = invalid_options();
+      KILN_CHECK(why.empty(), "Optimizer.step", Loc::current(), "{}", why);
       return Scalar(read());
     });
   }, Loc::current());

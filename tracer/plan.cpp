@@ -117,7 +117,15 @@ std::optional<Scalar> RunState::host_scalar(const Program& p, int v) {
       // Read once per call, at its first use, like the tensor value() makes of it.
       for (auto& [value, read] : host_reads)
         if (value == v) return read;
-      std::optional<Scalar> now = s.host();
+      // A reader raises when its value cannot be used now but may be again (an optimizer's
+      // options made invalid): the entry is kept and the call traces, raising as eagerly.
+      std::optional<Scalar> now;
+      try {
+        now = s.host();
+      } catch (const Error& e) {
+        throw GuardFailure{fmt::format("a host value the function reads at run time cannot be "
+                                       "read now ({})", e.message())};
+      }
       if (!now) throw GuardFailure{"the host value the function reads at run time is gone", true};
       if (now->kind() != s.scalar.kind())
         throw GuardFailure{"a host value the function reads at run time changed type"};
