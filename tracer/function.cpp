@@ -2223,8 +2223,11 @@ std::vector<OutValue> CompiledFunction::Impl::trace(
     // mark_dynamic entry's formulas were guessed from one trace (a mean's count, zeros, a
     // dropout offset are not marked), and a third trace can tell what two could not. The most
     // recent one traced at sizes >= 2 where this call's differ (generalize() cannot compare
-    // with a size 0 or 1: a marked dim first traced at size 1 settled never).
-    if (bases.empty() && options.dynamic != Dynamic::Never) {
+    // with a size 0 or 1: a marked dim first traced at size 1 settled never). Tried after
+    // the size-change candidates, which alone had it: a cat from an empty cache under
+    // Dynamic::Always compared each new length with the size-1 entry only, and every later
+    // length got an entry of its own until the cache limit (break-it pass).
+    if (options.dynamic != Dynamic::Never) {
       refuted_base = BaseCandidate{unchecked, {}, {}};
       std::vector<Shape> now = arg_shapes(*prog, args.size());
       for (auto it = refuted.rbegin(); it != refuted.rend(); ++it) {
@@ -2238,7 +2241,10 @@ std::vector<OutValue> CompiledFunction::Impl::trace(
           break;
         }
       }
-      bases.push_back(&*refuted_base);
+      if (std::ranges::none_of(bases, [&](const BaseCandidate* b) {
+            return b->entry == refuted_base->entry;
+          }))
+        bases.push_back(&*refuted_base);
     }
     reason = fmt::format("specialisation #{} (symbolic) does not hold for these sizes: {}",
                          unchecked->id, why);
@@ -2414,6 +2420,7 @@ std::vector<OutValue> CompiledFunction::Impl::trace(
       return size_one;
     });
   std::string how;
+  const Entry* generalized_from = nullptr;
   for (size_t try_index = 0; try_index < bases.size() && !e->dynamic; ++try_index) {
     const Entry* base = bases[try_index]->entry;
     for (auto d : bases[try_index]->dims)
@@ -2458,6 +2465,7 @@ std::vector<OutValue> CompiledFunction::Impl::trace(
       for (int s : auto_scalars)
         if (e->guards[s].kind == ArgValue::Kind::Scalar) e->guards[s].dynamic_scalar = true;
       e->dynamic = true;
+      generalized_from = base;
       how = fmt::format("; the changed sizes/scalars are symbolic from now on (compared with "
                         "specialisation #{})", base->id);
     } else if (try_index == 0) {  // the best candidate's reason: the others are alternatives
@@ -2495,6 +2503,14 @@ std::vector<OutValue> CompiledFunction::Impl::trace(
     std::string tree;
     describe_tree(*e->root, 0, tree);
     fmt::print(stderr, "kiln.compile: '{}' specialisation #{}:\n{}", name, e->id, tree);
+  }
+  // The refuted entry this one was generalised from is replaced: the new formulas fit its
+  // trace too, and kept, it matched first at every new size and refuted itself there once more
+  // by a full trace (no shape-only check ever).
+  if (refuted_base && generalized_from == refuted_base->entry && generalized_from->root->leaf) {
+    dropped_entries += static_cast<int>(std::erase_if(
+        entries, [&](const std::shared_ptr<Entry>& x) { return x.get() == generalized_from; }));
+    e->reason += fmt::format("; replaces specialisation #{}", generalized_from->id);
   }
   entries.push_back(std::move(e));
   return outs;

@@ -12,17 +12,10 @@
 
 using namespace kiln;
 using kiln::testing::contains;
+using kiln::testing::max_diff;
 using kiln::testing::vec;
 
 namespace {
-
-double max_abs_diff(const Tensor& a, const Tensor& b) {
-  std::vector<float> x = vec(a), y = vec(b);
-  REQUIRE(x.size() == y.size());
-  double m = 0;
-  for (size_t i = 0; i < x.size(); ++i) m = std::max(m, std::abs(double(x[i]) - y[i]));
-  return m;
-}
 
 // One decoding step of a one-layer attention model whose KV cache grows by cat: the cache's
 // length changes on every call.
@@ -61,8 +54,8 @@ TEST_CASE("compile: a KV cache grown by cat replays every step after a few trace
     std::vector<Tensor> got = cstep(x, k, v), want = step(ex, ek, ev);
     INFO("step " << s);
     REQUIRE(got[1].size(1) == s + 2);
-    CHECK(max_abs_diff(got[0], want[0]) < 1e-5);
-    CHECK(max_abs_diff(got[1], want[1]) < 1e-5);
+    CHECK(max_diff(got[0], want[0]) < 1e-5);
+    CHECK(max_diff(got[1], want[1]) < 1e-5);
     x = got[0], k = got[1], v = got[2];
     ex = want[0], ek = want[1], ev = want[2];
   }
@@ -94,6 +87,40 @@ TEST_CASE("compile: with shape_only_checks = false every new length is traced",
   INFO(cstep.explain());
   CHECK(contains(cstep.explain(), "3 trace(s) and 5 confirming new sizes"));
   CHECK_FALSE(contains(cstep.explain(), "shape-only run(s) confirming"));
+}
+
+TEST_CASE("compile: a cache grown by cat from empty settles under Dynamic::Always",
+          "[compile][dynamic][shape-only]") {
+  // Always marks the length symbolic from one trace, guessing the cat's output length as a
+  // constant; the next length refutes it, and the trace there is generalised against the
+  // refuted entry, which it replaces (break-it pass: compared only with the size-1 entry, every
+  // length got an entry of its own, and the function ran eagerly after 8).
+  auto grow = [](const Tensor& cache, const Tensor& row) {
+    Tensor next = cat({cache, row}, 0);
+    return std::vector<Tensor>{next, next.sum(0)};
+  };
+  CompileOptions always;
+  always.dynamic = Dynamic::Always;
+  auto cgrow = compile(grow, always);
+  for (int pass = 0; pass < 2; ++pass) {
+    Tensor cache = zeros({0, 4}), want = cache;
+    for (int t = 0; t < 12; ++t) {
+      Tensor row = full({1, 4}, double(t + 1));
+      std::vector<Tensor> got = cgrow(cache, row), ref = grow(want, row);
+      REQUIRE(got[0].shape() == Shape{t + 1, 4});
+      CHECK(vec(got[0]) == vec(ref[0]));
+      CHECK(vec(got[1]) == std::vector<float>(4, float((t + 1) * (t + 2) / 2)));
+      cache = got[0], want = ref[0];
+    }
+  }
+  const std::string text = cgrow.explain();
+  INFO(text);
+  // Lengths 0 and 1 are specialised, 2 is guessed, 3 refutes the guess and replaces it.
+  CHECK(cgrow.compile_count() == 4);
+  CHECK(cgrow.cache_entries() == 3);
+  CHECK(contains(text, "replaces specialisation #2"));
+  CHECK(contains(text, "shape-only run(s) confirming new sizes"));
+  CHECK_FALSE(contains(text, "runs eagerly"));
 }
 
 TEST_CASE("compile: a training step checked shape-only leaves weights, optimizer state, .grad "
@@ -163,7 +190,7 @@ TEST_CASE("compile: a shape-only run that reads a value or runs other ops is tra
     const int compiled_runs = runs;
     Tensor want = f(x);
     INFO("n = " << n);
-    CHECK(max_abs_diff(got, want) < 1e-6);
+    CHECK(max_diff(got, want) < 1e-6);
     // Sizes 5 and 6 are confirmed shape-only (the body runs once); 9, 10, 12 and 13 run it
     // shape-only first and then as a trace (twice).
     if (!first) CHECK(compiled_runs == 0);  // a replay

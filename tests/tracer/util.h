@@ -1,5 +1,8 @@
 #pragma once
 // Helpers shared by the compile() tests.
+#include <algorithm>
+#include <cmath>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -9,6 +12,18 @@
 
 namespace kiln::testing {
 inline std::vector<float> vec(const Tensor& t) { return t.to_vector<float>(); }
+/// The largest |a − b| over float32 elements: absolute when `floor` is 0, else relative, each
+/// divided by max(|b|, floor). Infinite when the element counts differ.
+inline double max_diff(const Tensor& a, const Tensor& b, double floor = 0) {
+  std::vector<float> x = vec(a), y = vec(b);
+  if (x.size() != y.size()) return std::numeric_limits<double>::infinity();
+  double m = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    double d = std::abs(double(x[i]) - y[i]);
+    m = std::max(m, floor > 0 ? d / std::max(std::abs(double(y[i])), floor) : d);
+  }
+  return m;
+}
 inline bool contains(const std::string& s, const std::string& part) {
   return s.find(part) != std::string::npos;
 }
