@@ -2504,10 +2504,13 @@ std::vector<OutValue> CompiledFunction::Impl::trace(
     describe_tree(*e->root, 0, tree);
     fmt::print(stderr, "kiln.compile: '{}' specialisation #{}:\n{}", name, e->id, tree);
   }
-  // The refuted entry this one was generalised from is replaced: the new formulas fit its
-  // trace too, and kept, it matched first at every new size and refuted itself there once more
-  // by a full trace (no shape-only check ever).
-  if (refuted_base && generalized_from == refuted_base->entry && generalized_from->root->leaf) {
+  // A refuted entry guessed from one trace (marked dims: no witnesses) that this one was
+  // generalised from is replaced: the new formulas fit its trace too, and kept, it matched
+  // first at every new size and refuted itself there once more by a full trace (no shape-only
+  // check ever). One inferred from two traces stays: it still holds at other sizes (a
+  // `size / 3 * 3` fits 6, 9 and 12 but not 10).
+  if (refuted_base && generalized_from == refuted_base->entry &&
+      generalized_from->witnesses.empty() && generalized_from->root->leaf) {
     dropped_entries += static_cast<int>(std::erase_if(
         entries, [&](const std::shared_ptr<Entry>& x) { return x.get() == generalized_from; }));
     e->reason += fmt::format("; replaces specialisation #{}", generalized_from->id);

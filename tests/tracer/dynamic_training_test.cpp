@@ -298,10 +298,14 @@ TEST_CASE("compile: a mark_dynamic entry that a size refutes is generalised from
   auto cf = compile(f, CompileOptions{}.mark_dynamic(0, 0));
   for (int64_t n = 4; n <= 13; ++n) {
     Tensor x = ramp(n, 3, 0.5);
-    CHECK(max_diff(cf(x), f(x), 1e-3) < 1e-6);
+    // From n = 6 on a replay (the generalised entry replaced the guessed one), whose sums
+    // round otherwise than eager's.
+    CHECK(max_diff(cf(x), f(x), 1e-3) < 1e-5);
   }
   INFO(cf.explain());
   CHECK(cf.compile_count() == 2);
+  CHECK(cf.cache_entries() == 1);
+  CHECK(contains(cf.explain(), "replaces specialisation #0"));
 }
 
 TEST_CASE("compile: a branch first taken at new sizes of a marked dynamic dim replays its "
