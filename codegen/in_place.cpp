@@ -1,14 +1,51 @@
 // Buffer donation: outputs computed in an input's buffer (codegen/in_place.h).
 #include "codegen/in_place.h"
 
+#include "codegen/lower.h"
 #include "llvm/ADT/SmallPtrSet.h"
 #include "mlir/Dialect/Bufferization/IR/Bufferization.h"
 #include "mlir/Dialect/Linalg/IR/Linalg.h"
 #include "mlir/Dialect/MemRef/IR/MemRef.h"
+#include "mlir/Dialect/SCF/IR/SCF.h"
 #include "mlir/Dialect/Tensor/IR/Tensor.h"
 
 namespace kiln::codegen {
 namespace {
+
+// Whether every use of `input`'s buffer other than `writer`'s own operand comes before `writer`
+// in `body`. A linalg op only reads its input operands; any other op's tensor results may
+// share the buffer (a view, a reshape, the result of a destination operand) and are followed.
+bool only_read_before(mlir::Block* body, mlir::Operation* writer, mlir::BlockArgument input) {
+  llvm::SmallVector<mlir::Value> work{input};
+  llvm::SmallPtrSet<mlir::Value, 8> seen;
+  seen.insert(input);
+  while (!work.empty()) {
+    mlir::Value v = work.pop_back_val();
+    for (mlir::OpOperand& use : v.getUses()) {
+      mlir::Operation* user = use.getOwner();
+      if (user == writer) {
+        if (v != input) return false;  // a view of the input, read in another order
+        continue;
+      }
+      mlir::Operation* top = body->findAncestorOpInBlock(*user);
+      if (!top || !top->isBeforeInBlock(writer)) return false;  // read by or after the writer
+      auto linalg = llvm::dyn_cast<mlir::linalg::LinalgOp>(user);
+      if (linalg && linalg.isDpsInput(&use)) continue;
+      for (mlir::Value r : user->getResults())
+        if (llvm::isa<mlir::TensorType>(r.getType()) && seen.insert(r).second) work.push_back(r);
+    }
+  }
+  return true;
+}
+
+// Whether `loop` is the outermost loop of a scatter nest (index_add, index_copy, scatter_add:
+// lower_index.cpp) in `body` whose result `res` starts from `input` itself: bufferization then
+// writes the loops' updates into the input's buffer when nothing reads the input afterwards.
+bool scatter_from_input(mlir::Block* body, mlir::OpResult res, mlir::BlockArgument input) {
+  auto loop = llvm::dyn_cast<mlir::scf::ForOp>(res.getOwner());
+  return loop && loop->getBlock() == body && loop->hasAttr(kScatterLoopAttr) &&
+         loop.getInitArgs()[res.getResultNumber()] == input;
+}
 
 bool safe_in_place(mlir::func::FuncOp fn, mlir::Value result, mlir::BlockArgument input) {
   mlir::Block* body = &fn.getBody().front();
@@ -16,6 +53,7 @@ bool safe_in_place(mlir::func::FuncOp fn, mlir::Value result, mlir::BlockArgumen
   if (!res || result.getType() != input.getType() ||
       !llvm::isa<mlir::RankedTensorType>(input.getType()))
     return false;
+  if (scatter_from_input(body, res, input)) return only_read_before(body, res.getOwner(), input);
   auto generic = llvm::dyn_cast<mlir::linalg::GenericOp>(res.getOwner());
   if (!generic || generic->getBlock() != body ||
       generic.getNumLoops() != generic.getNumParallelLoops())
@@ -32,29 +70,7 @@ bool safe_in_place(mlir::func::FuncOp fn, mlir::Value result, mlir::BlockArgumen
     if (o.get() == input &&
         (generic.isDpsInit(&o) || !generic.getMatchingIndexingMap(&o).isIdentity()))
       return false;
-  // Every other use of the input's buffer comes before the generic. A linalg op only reads its
-  // input operands; any other op's tensor results may share the buffer (a view, a reshape, the
-  // result of a destination operand) and are followed.
-  llvm::SmallVector<mlir::Value> work{input};
-  llvm::SmallPtrSet<mlir::Value, 8> seen;
-  seen.insert(input);
-  while (!work.empty()) {
-    mlir::Value v = work.pop_back_val();
-    for (mlir::OpOperand& use : v.getUses()) {
-      mlir::Operation* user = use.getOwner();
-      if (user == generic.getOperation()) {
-        if (v != input) return false;  // a view of the input, read in another order
-        continue;
-      }
-      mlir::Operation* top = body->findAncestorOpInBlock(*user);
-      if (!top || !top->isBeforeInBlock(generic)) return false;
-      auto linalg = llvm::dyn_cast<mlir::linalg::LinalgOp>(user);
-      if (linalg && linalg.isDpsInput(&use)) continue;
-      for (mlir::Value r : user->getResults())
-        if (llvm::isa<mlir::TensorType>(r.getType()) && seen.insert(r).second) work.push_back(r);
-    }
-  }
-  return true;
+  return only_read_before(body, generic, input);
 }
 
 }  // namespace
@@ -84,8 +100,11 @@ mlir::Value donated_buffer(mlir::func::FuncOp fn, int input) {
   mlir::OpBuilder b = mlir::OpBuilder::atBlockBegin(&body);
   // restrict: the analysis may take the buffer as the tensor's own. The output's destination
   // is a second view of the same memref, written only where in_place_pairs found it safe.
+  // writable: a scatter nest starting from the input updates it in place (nothing reads it
+  // after the nest); the result then materializes into its own buffer, a self-copy that
+  // canonicalization removes.
   auto read = mlir::bufferization::ToTensorOp::create(b, arg.getLoc(), tensor, arg,
-                                                      /*restrict=*/true);
+                                                      /*restrict=*/true, /*writable=*/true);
   arg.replaceAllUsesExcept(read.getResult(), read);
   return arg;
 }

@@ -434,11 +434,29 @@ std::vector<Segment::ViewChain> output_view_chains(const Program& p) {
   return chains;
 }
 
+// Whether new value `v` is an index_copy / index_add / scatter_add of `old_value` (written back
+// into it by copy_, as `x.index_copy_(dim, pos, src)` records): x changed in a few slices.
+bool scatter_into(const Program& p, int v, int old_value) {
+  auto producer = [&](int value) -> const Node* {
+    for (const Node& n : p.nodes)
+      if (n.kind == Node::Kind::Op && !n.out.empty() && n.out[0] == value) return &n;
+    return nullptr;
+  };
+  const Node* n = producer(v);
+  if (n && n->in_place && n->op == OpKind::CopyInto && n->in.size() == 2) n = producer(n->in[1]);
+  return n && !n->in_place && !n->in.empty() && n->in[0] == old_value &&
+         (n->op == OpKind::IndexCopy || n->op == OpKind::IndexAdd ||
+          n->op == OpKind::ScatterAdd);
+}
+
 // The (new value, old value) pairs of the tensors `p` writes back that compiled code may
 // compute in place (PlanOptions::donate): a new value written back once, not an output or a
 // .grad; an old value (the tensor as the call found it) that is not an output, a .grad, or
-// another write-back's value, so nothing reads its elements after the update.
-std::vector<std::pair<int, int>> donations(const Program& p) {
+// another write-back's value, so nothing reads its elements after the update. Without
+// CompileOptions::donate_buffers only scatters into the tensor itself (scatter_into): computed
+// apart, a one-slot write of a KV cache copied the whole cache twice per call (3.7-5.6x slower
+// than eager at [1, 2048-4096, 512-1024], /tmp kvbench in stop 67's note).
+std::vector<std::pair<int, int>> donations(const Program& p, bool donate_buffers) {
   auto used = [&](int v) {
     if (std::find(p.outputs.begin(), p.outputs.end(), v) != p.outputs.end()) return true;
     for (auto& [leaf, g] : p.grad_assignments)
@@ -454,7 +472,8 @@ std::vector<std::pair<int, int>> donations(const Program& p) {
     if (writes != 1 || old_value < 0 || old_value == v || used(v) || used(old_value)) continue;
     bool written = false;
     for (auto& wb : p.write_backs) written = written || wb.second == old_value;
-    if (!written) out.push_back({v, old_value});
+    if (!written && (donate_buffers || scatter_into(p, v, old_value)))
+      out.push_back({v, old_value});
   }
   return out;
 }
@@ -564,8 +583,8 @@ std::unique_ptr<Segment> make_chain(const std::shared_ptr<const Program>& p, siz
   }
   // Buffer donation into compiled code: a leaf segment with no traced backward (nothing reads
   // the forward's values after it) whose arguments share no memory with captured tensors.
-  if (!seg->plan && seg->leaf && o.donate_buffers && p->args_sharing_captured.empty())
-    po.donate = donations(*p);
+  if (!seg->plan && seg->leaf && p->args_sharing_captured.empty())
+    po.donate = donations(*p, o.donate_buffers);
   if (!seg->plan) seg->plan = std::make_unique<Plan>(p, seg->begin, seg->end, po);
   if (!seg->leaf) {
     const Node& read = p->nodes[end];
@@ -1414,7 +1433,8 @@ bool touches_grads(const Program& p) {
 // donated buffers are computed in place while it runs (break-it pass: a function that writes
 // an argument and catches an op's error itself got the error on replay).
 bool effects_while_run(const Program& p, bool donate_buffers) {
-  return (donate_buffers && !p.write_backs.empty()) || p.aliased_mutation ||
+  return !donations(p, donate_buffers).empty() || (donate_buffers && !p.write_backs.empty()) ||
+         p.aliased_mutation ||
          std::any_of(p.nodes.begin(), p.nodes.end(),
                      [](const Node& n) { return n.kind == Node::Kind::Callback; });
 }
@@ -2601,3 +2621,4 @@ std::string CompiledFunction::explain() const {
 }
 
 }  // namespace kiln::tracer
+

@@ -78,7 +78,11 @@ struct CompileOptions {
   /// another buffer; the others are written in place or copied into. Values, shape, dtype,
   /// autograd state and every Tensor handle are what eager leaves. A call that raises because
   /// memory ran out inside the compiled code may leave some of them updated (an optimizer's
-  /// step counters), as eager's in-place ops that ran before such an error do. Off by default.
+  /// step counters), as eager's in-place ops that ran before such an error do. Off by default;
+  /// whatever the setting, a tensor the function changes by `index_copy_` (or by copy_ of an
+  /// index_copy / index_add / scatter_add of itself; a KV cache written at a position tensor)
+  /// is updated in its own buffer where the last compiled region writes it, as eager's
+  /// in-place op does (computed apart, a one-slot write copied the whole tensor twice).
   bool donate_buffers = false;
   /// How a symbolic specialisation is confirmed for a new set of sizes (or host-scalar
   /// values), since host code may branch on them. true: once a trace confirmed its formulas

@@ -702,11 +702,12 @@ void Plan::pull_in_views(size_t begin, size_t end) {
 
 // The (graph output, graph input) index pairs of region `r` whose donated pair (Region::donate)
 // the compiled code may compute in place: the old value is read by nothing that runs after the
-// compiled code (a view node, an alias) and is not data-checked; the data checks' inputs are
-// all region inputs, so run_compiled can scan them before the code writes anything.
+// compiled code (a view node, an alias). The data checks' inputs are all region inputs, so
+// run_region scans them before the code writes anything, and a rejected call donates copies:
+// the node's eager re-run, which raises eager's error, then reads the caller's old value (a
+// KV cache written by index_copy_ at a position tensor is such an input).
 std::vector<std::pair<int, int>> Plan::donation_requests(const Region& r,
-                                                         const std::vector<int>& in_v,
-                                                         const std::vector<int>& checked) const {
+                                                         const std::vector<int>& in_v) const {
   const Program& p = *p_;
   std::vector<std::pair<int, int>> out;
   for (size_t i : r.data_checked)
@@ -715,9 +716,7 @@ std::vector<std::pair<int, int>> Plan::donation_requests(const Region& r,
   for (auto [v, u] : r.donate) {
     auto k = std::find(r.outputs.begin(), r.outputs.end(), v);
     auto j = std::find(in_v.begin(), in_v.end(), u);
-    if (k == r.outputs.end() || j == in_v.end() ||
-        std::find(checked.begin(), checked.end(), u) != checked.end())
-      continue;
+    if (k == r.outputs.end() || j == in_v.end()) continue;
     bool read_after = false;
     for (auto [a, b] : r.aliases) read_after = read_after || a == u || b == u || a == v || b == v;
     for (size_t i : r.views)
@@ -763,7 +762,7 @@ void Plan::build_region(Region& r, const PlanOptions& o) {
       co.device = r.device;
       co.check_dynamic_sizes = false;  // the entry's guards check the sizes before a replay
       if (r.device.is_cuda()) co.gpu = codegen::GpuTarget::from_env();
-      co.in_place_outputs = donation_requests(r, in_v, checked);
+      co.in_place_outputs = donation_requests(r, in_v);
       if (g.num_outputs() > 0) r.exe = std::make_shared<codegen::Executable>(g, co);
       r.in_place.clear();
       for (auto [k, j] : co.in_place_outputs)
@@ -1204,3 +1203,4 @@ std::string Plan::describe() const {
 }
 
 }  // namespace kiln::tracer
+

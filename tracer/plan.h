@@ -106,8 +106,8 @@ class Plan {
   struct Step;
   void pull_in_views(size_t begin, size_t end);
   void build_region(Region& r, const PlanOptions& options);
-  std::vector<std::pair<int, int>> donation_requests(const Region& r, const std::vector<int>& in_v,
-                                                     const std::vector<int>& checked) const;
+  std::vector<std::pair<int, int>> donation_requests(const Region& r,
+                                                     const std::vector<int>& in_v) const;
   void run_region(const Region& r, RunState& st) const;
   void run_compiled(const Region& r, RunState& st) const;
   void run_eager(const Node& n, RunState& st) const;

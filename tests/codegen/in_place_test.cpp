@@ -123,3 +123,56 @@ TEST_CASE("Executable: in-place outputs of a row-parallel graph, each row block 
   CHECK(out[0].is_same(tw));
   CHECK(max_abs_diff(tw, want) < 1e-5);
 }
+
+TEST_CASE("Executable: index_copy into a donated cache writes only the slots, in the cache") {
+  // A KV cache [2, 8, 3] written at positions along dim 1 (x.index_copy_(1, pos, k)): the
+  // scatter nest starts from the cache, so the cache's own buffer is updated and the code
+  // copies nothing (without donation the nest starts from a copy of the whole cache).
+  ir::Graph g;
+  ir::Value cache = g.input(DType::Float32, {2, 8, 3}), pos = g.input(DType::Int64, {2});
+  ir::Value k = g.input(DType::Float32, {2, 2, 3});
+  OpAttrs along1;
+  along1.dim = 1;
+  g.output(g.op(OpKind::IndexCopy, {cache, pos, k}, along1));
+  codegen::CompileOptions o;
+  o.in_place_outputs = {{0, 0}};
+  codegen::Executable exe(g, o);
+  CHECK(exe.output_alias(0) == 0);
+  Tensor tc = randn({2, 8, 3});
+  for (int64_t step = 0; step < 3; ++step) {
+    const int64_t slots[2] = {2 * step, 7 - step};
+    Tensor tpos = tensor({slots[0], slots[1]}), tk = randn({2, 2, 3});
+    Tensor want = tc.clone();
+    for (int64_t b = 0; b < 2; ++b)
+      for (int64_t j = 0; j < 2; ++j)
+        want.select(0, b).select(0, slots[j]).copy_(tk.select(0, b).select(0, j));
+    std::vector<Tensor> out = exe.run({tc, tpos, tk});
+    CHECK(out[0].is_same(tc));
+    CHECK(max_abs_diff(tc, want) == 0);
+  }
+  const std::string bufferized = test::stage_text(test::compile_logs(g, "ir", o), "bufferized");
+  REQUIRE(!bufferized.empty());
+  CHECK(test::count(bufferized, "memref.copy") == 0);
+  CHECK(test::count(bufferized, "memref.alloc") == 0);
+}
+
+TEST_CASE("Executable: index_copy into a cache read after the update is not donated") {
+  // The sum reads the old cache after the scatter nest: writing the cache in place would
+  // change what it reads.
+  ir::Graph g;
+  ir::Value cache = g.input(DType::Float32, {8, 3}), pos = g.input(DType::Int64, {1});
+  ir::Value k = g.input(DType::Float32, {1, 3});
+  g.output(g.op(OpKind::IndexCopy, {cache, pos, k}));
+  OpAttrs rows;
+  rows.dims = {0};
+  g.output(g.op(OpKind::Sum, {cache}, rows));
+  codegen::CompileOptions o;
+  o.in_place_outputs = {{0, 0}};
+  codegen::Executable exe(g, o);
+  CHECK(exe.output_alias(0) == -1);
+  Tensor tc = randn({8, 3}), before = tc.clone(), tk = randn({1, 3});
+  std::vector<Tensor> out = exe.run({tc, tensor({int64_t{5}}), tk});
+  CHECK(max_abs_diff(tc, before) == 0);
+  CHECK(max_abs_diff(out[0].select(0, 5), tk.select(0, 0)) == 0);
+  CHECK(max_abs_diff(out[1], sum(before, {0})) < 1e-5);
+}

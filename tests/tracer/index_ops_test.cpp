@@ -25,9 +25,9 @@ Tensor ids(std::vector<int64_t> v, Shape shape) { return from_vector(v, shape); 
 /// make_step(target) is a function of an index tensor that writes `target` at it. Compiled
 /// (with `options`) and eagerly, on zeros [4, 2] each: equal for in-range indices (3 and 1);
 /// an index out of range (4, -1) raises eager's error, naming `op`, at the same line in both,
-/// neither target written.
+/// neither target written. Returns the compiled function's explain().
 template <class MakeStep>
-void check_out_of_range_replay(MakeStep make_step, const char* op, CompileOptions options) {
+std::string check_out_of_range_replay(MakeStep make_step, const char* op, CompileOptions options) {
   Tensor p = zeros({4, 2}), q = zeros({4, 2});
   auto cf = compile(make_step(p), options);
   auto eager_step = make_step(q);
@@ -48,6 +48,7 @@ void check_out_of_range_replay(MakeStep make_step, const char* op, CompileOption
   std::string ex = cf.explain();
   INFO(ex);
   CHECK_FALSE(contains(ex, "eager op:"));
+  return ex;
 }
 
 }  // namespace
@@ -450,13 +451,20 @@ TEST_CASE("compile: index_copy_'s index out of range raises eager's error at the
           "the cache left as it was", "[compile][index]") {
   NoGradGuard no_grad;
   Tensor src = ones({2, 2});
-  check_out_of_range_replay(
-      [&](Tensor& target) {
-        return [&](const Tensor& idx) {
-          target.index_copy_(0, idx, src * 2);  // the line eager's error names
-        };
-      },
-      "index_copy_", CompileOptions{});
+  // The compiled code writes the target itself (with or without donate_buffers: a scatter
+  // into its own target): the indices are scanned first, and a rejected call runs on a copy.
+  for (bool donate : {false, true}) {
+    INFO("donate_buffers " << donate);
+    std::string ex = check_out_of_range_replay(
+        [&](Tensor& target) {
+          return [&](const Tensor& idx) {
+            target.index_copy_(0, idx, src * 2);  // the line eager's error names
+          };
+        },
+        "index_copy_", CompileOptions{.donate_buffers = donate});
+    if (codegen::gpu_loop_emulation({}) == codegen::GpuLoopEmulation::Off)
+      CHECK(contains(ex, "1 result(s) computed in their tensors' buffers"));
+  }
 }
 
 TEST_CASE("compile: a decode step writing a preallocated KV cache with index_copy_ at a position "
@@ -487,22 +495,38 @@ TEST_CASE("compile: a decode step writing a preallocated KV cache with index_cop
     }
     return matmul(h.view({1, E}), emb.t());
   };
-  auto run = [&](auto&& f, std::vector<Tensor>& logits) {
+  // Runs Tmax steps of `f` from empty caches; `buffers_kept`: whether every cache kept its
+  // buffer throughout.
+  auto run = [&](auto&& f, std::vector<Tensor>& logits, bool* buffers_kept = nullptr) {
     std::vector<Tensor> kc, vc;
     for (int l = 0; l < 2; ++l) kc.push_back(zeros({1, Tmax, E})), vc.push_back(zeros({1, Tmax, E}));
+    std::vector<const void*> buffers;
+    for (const Tensor& c : kc) buffers.push_back(c.raw_data());
+    for (const Tensor& c : vc) buffers.push_back(c.raw_data());
     Tensor tok = ids({1}, {1});
+    bool kept = true;
     for (int64_t s = 0; s < Tmax; ++s) {
       Tensor out = f(tok, ids({s}, {1}), kc, vc);
       logits.push_back(out.clone());
       tok = out.argmax(1);
+      for (size_t l = 0; l < kc.size(); ++l)
+        kept = kept && kc[l].raw_data() == buffers[l] && vc[l].raw_data() == buffers[2 + l];
     }
+    if (buffers_kept) *buffers_kept = kept;
     return kc[1].clone();
   };
   std::vector<Tensor> eager_logits, compiled_logits;
   Tensor eager_cache = run(step, eager_logits);
   traces = 0;
   auto cstep = compile(step);
-  Tensor compiled_cache = run(cstep, compiled_logits);
+  bool buffers_kept = false;
+  Tensor compiled_cache = run(cstep, compiled_logits, &buffers_kept);
+  // The scatter nests start from the caches themselves (codegen/in_place.cpp): each step
+  // writes its slots in the caches' buffers, where the nest had started from a copy of the
+  // whole cache that was then copied back. CPU code only (the GPU loop emulation keeps
+  // separate outputs).
+  const bool cpu_code = codegen::gpu_loop_emulation({}) == codegen::GpuLoopEmulation::Off;
+  if (cpu_code) CHECK(buffers_kept);
   CHECK(traces == 1);
   CHECK(cstep.compile_count() == 1);
   for (int64_t s = 0; s < Tmax; ++s) {
@@ -517,4 +541,5 @@ TEST_CASE("compile: a decode step writing a preallocated KV cache with index_cop
   CHECK(contains(ex, "1 trace(s)"));
   CHECK(contains(ex, "index_copy"));
   CHECK_FALSE(contains(ex, "eager op:"));
+  if (cpu_code) CHECK(contains(ex, "4 result(s) computed in their tensors' buffers (donated)"));
 }
