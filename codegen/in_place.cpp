@@ -101,8 +101,7 @@ mlir::Value donated_buffer(mlir::func::FuncOp fn, int input) {
   // restrict: the analysis may take the buffer as the tensor's own. The output's destination
   // is a second view of the same memref, written only where in_place_pairs found it safe.
   // writable: a scatter nest starting from the input updates it in place (nothing reads it
-  // after the nest); the result then materializes into its own buffer, a self-copy that
-  // canonicalization removes.
+  // after the nest), leaving no copy (tests/codegen/in_place_test.cpp counts them).
   auto read = mlir::bufferization::ToTensorOp::create(b, arg.getLoc(), tensor, arg,
                                                       /*restrict=*/true, /*writable=*/true);
   arg.replaceAllUsesExcept(read.getResult(), read);

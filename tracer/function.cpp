@@ -454,8 +454,8 @@ bool scatter_into(const Program& p, int v, int old_value) {
 // .grad; an old value (the tensor as the call found it) that is not an output, a .grad, or
 // another write-back's value, so nothing reads its elements after the update. Without
 // CompileOptions::donate_buffers only scatters into the tensor itself (scatter_into): computed
-// apart, a one-slot write of a KV cache copied the whole cache twice per call (3.7-5.6x slower
-// than eager at [1, 2048-4096, 512-1024], /tmp kvbench in stop 67's note).
+// apart, a one-slot write of a KV cache copied the whole cache twice per call (a decode step
+// 2.6-5.6x slower than eager with caches [1, 2048-4096, 256-1024]).
 std::vector<std::pair<int, int>> donations(const Program& p, bool donate_buffers) {
   auto used = [&](int v) {
     if (std::find(p.outputs.begin(), p.outputs.end(), v) != p.outputs.end()) return true;
@@ -2621,4 +2621,3 @@ std::string CompiledFunction::explain() const {
 }
 
 }  // namespace kiln::tracer
-

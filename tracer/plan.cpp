@@ -1203,4 +1203,3 @@ std::string Plan::describe() const {
 }
 
 }  // namespace kiln::tracer
-
