@@ -1431,10 +1431,15 @@ bool touches_grads(const Program& p) {
 
 // Write-backs happen after every segment ran (a replay that raises has made none), unless
 // donated buffers are computed in place while it runs (break-it pass: a function that writes
-// an argument and catches an op's error itself got the error on replay).
+// an argument and catches an op's error itself got the error on replay). Not for the scatters
+// donated by default (donations): the last region writes them only when every value check
+// passed (run_region scans first, else it runs on copies), so a replay that raises has changed
+// nothing and runs eagerly, catch blocks and writes before the error included (break-it pass:
+// counted, the error reached the caller past the function's own catch, and a write eager made
+// before a failing index_select was lost). Memory running out inside that region's code may
+// leave some slices written, which the eager run then writes again.
 bool effects_while_run(const Program& p, bool donate_buffers) {
-  return !donations(p, donate_buffers).empty() || (donate_buffers && !p.write_backs.empty()) ||
-         p.aliased_mutation ||
+  return (donate_buffers && !p.write_backs.empty()) || p.aliased_mutation ||
          std::any_of(p.nodes.begin(), p.nodes.end(),
                      [](const Node& n) { return n.kind == Node::Kind::Callback; });
 }

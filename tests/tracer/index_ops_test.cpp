@@ -543,3 +543,52 @@ TEST_CASE("compile: a decode step writing a preallocated KV cache with index_cop
   CHECK_FALSE(contains(ex, "eager op:"));
   if (cpu_code) CHECK(contains(ex, "4 result(s) computed in their tensors' buffers (donated)"));
 }
+
+TEST_CASE("compile: a replay that raises after an in-place index_copy_ runs eagerly: the "
+          "function's own catch and the writes before the error are eager's",
+          "[compile][index]") {
+  // The cache is written in its own buffer by the compiled code only when every value check
+  // passed; a call that raises has changed nothing and runs eagerly (break-it pass: the error
+  // reached the caller past the catch, and the slot eager wrote before a failing index_select
+  // was lost).
+  NoGradGuard no_grad;
+  auto caught = [](const Tensor& c, const Tensor& p, const Tensor& k) {
+    try {
+      Tensor(c).index_copy_(0, p, k);
+    } catch (const Error&) {
+      Tensor(c).fill_(-1.0);
+    }
+    return c.sum();
+  };
+  auto written_first = [](const Tensor& c, const Tensor& q) {
+    Tensor(c).copy_(index_add(c, 0, ids({0}, {1}), ones({1, 2})));
+    return c.index_select(0, q);
+  };
+  auto ccaught = compile(caught);
+  auto cwritten = compile(written_first);
+  Tensor a = zeros({4, 2}), b = zeros({4, 2}), ea = zeros({4, 2}), eb = zeros({4, 2});
+  for (int64_t i = 0; i < 3; ++i) {
+    Tensor k = full({1, 2}, double(i + 1));
+    CHECK(ccaught(a, ids({i}, {1}), k).item<float>() == caught(ea, ids({i}, {1}), k).item<float>());
+    CHECK(vec(cwritten(b, ids({i}, {1}))) == vec(written_first(eb, ids({i}, {1}))));
+  }
+  Tensor bad_k = full({1, 2}, 10.0);
+  CHECK(ccaught(a, ids({9}, {1}), bad_k).item<float>() == caught(ea, ids({9}, {1}), bad_k)
+                                                             .item<float>());
+  CHECK(vec(a) == std::vector<float>(8, -1.0f));
+  CHECK(vec(a) == vec(ea));
+  std::string eager_error = error_of([&] { written_first(eb, ids({9}, {1})); }).what();
+  std::string compiled_error = error_of([&] { cwritten(b, ids({9}, {1})); }).what();
+  CHECK(compiled_error == eager_error);
+  CHECK(contains(eager_error, "out of range"));
+  CHECK(vec(b) == vec(eb));  // the index_add before the error, as eager's
+  CHECK(vec(b)[0] == 4.0f);
+  // Later calls replay again, from the same cache as eager's.
+  CHECK(vec(cwritten(b, ids({0}, {1}))) == vec(written_first(eb, ids({0}, {1}))));
+  CHECK(vec(b) == vec(eb));
+  CHECK(cwritten.compile_count() == 1);
+  if (codegen::gpu_loop_emulation({}) == codegen::GpuLoopEmulation::Off) {
+    CHECK(contains(ccaught.explain(), "computed in their tensors' buffers"));
+    CHECK(contains(cwritten.explain(), "computed in their tensors' buffers"));
+  }
+}
