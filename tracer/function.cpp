@@ -2339,8 +2339,9 @@ std::vector<OutValue> CompiledFunction::Impl::trace(
     Tensor t = s.kind == SourceKind::Arg ? args[s.index].tensor : Tensor(s.captured.lock());
     if (!t.defined() || !t.requires_grad() || t.is_leaf()) continue;
     cannot_compile(fmt::format(
-        "it changes in place {} that requires grad and has autograd history ({} {}), whose "
-        "new history a replay would not record",
+        "it changes in place {} that requires grad and has autograd history after the call "
+        "({} {}; an in-place write of values that require grad gives it one), whose new "
+        "history a replay would not record",
         s.kind == SourceKind::Arg ? fmt::format("an argument ({})", s.index) : "a captured tensor",
         kiln::name(t.dtype()), to_string(t.shape())));
     return outs;
