@@ -55,14 +55,54 @@ template <class T> auto sort_key(T v, bool descending) {
   return descending ? static_cast<U>(~u) : u;
 }
 
-// The first k of n entries in ascending order: entries are distinct (they hold their index),
-// so any sort gives the stable order.
-template <class E> void sort_first(E* e, int64_t n, int64_t k) {
+using Packed = uint64_t;                     // a 32-bit key (high half) and its index
+using Pair = std::pair<uint64_t, int64_t>;  // a 64-bit key and its index
+
+// A whole line in order. Packed words: an LSD radix sort of the key half, 8 bits a pass (a
+// pass whose digit is the same in every word is skipped); stable, so words made in index order
+// end in (key, index) order. [64, 32000] float32 took 102 ms with std::sort on one thread.
+void sort_all(std::vector<Packed>& w, std::vector<Packed>& spare) {
+  const size_t n = w.size();
+  if (n < 256) return std::sort(w.begin(), w.end());
+  spare.resize(n);
+  for (int shift = 32; shift < 64; shift += 8) {
+    size_t count[257] = {};
+    for (Packed v : w) ++count[((v >> shift) & 0xff) + 1];
+    if (count[((w[0] >> shift) & 0xff) + 1] == n) continue;
+    for (int b = 0; b < 256; ++b) count[b + 1] += count[b];
+    for (Packed v : w) spare[count[(v >> shift) & 0xff]++] = v;
+    w.swap(spare);
+  }
+}
+void sort_all(std::vector<Pair>& p, std::vector<Pair>&) { std::sort(p.begin(), p.end()); }
+
+// The first k entries of a line of n, entry(j) for j < n, in ascending order in e[0, k).
+// Entries are distinct (they hold their index), so the order is the stable sort's. A small k
+// keeps a max-heap of the best k while reading the line once: most entries fail one comparison
+// with its top ([64, 32000] float32, k = 50: 15 ms with nth_element on one thread).
+template <class E, class Entry>
+void first_k(std::vector<E>& e, std::vector<E>& spare, int64_t n, int64_t k, Entry&& entry) {
+  if (k * 16 <= n) {
+    e.resize(k);
+    for (int64_t j = 0; j < k; ++j) e[j] = entry(j);
+    std::make_heap(e.begin(), e.end());
+    for (int64_t j = k; j < n; ++j) {
+      const E v = entry(j);
+      if (k == 0 || !(v < e.front())) continue;
+      std::pop_heap(e.begin(), e.end());
+      e.back() = v;
+      std::push_heap(e.begin(), e.end());
+    }
+    std::sort_heap(e.begin(), e.end());
+    return;
+  }
+  e.resize(n);
+  for (int64_t j = 0; j < n; ++j) e[j] = entry(j);
   if (k < n) {
-    if (k > 0) std::nth_element(e, e + k, e + n);
-    std::sort(e, e + k);
+    std::nth_element(e.begin(), e.begin() + k, e.end());
+    std::sort(e.begin(), e.begin() + k);
   } else {
-    std::sort(e, e + n);
+    sort_all(e, spare);
   }
 }
 
@@ -73,22 +113,21 @@ void argsort_lines(const T* x, int64_t* out, const Lines& l, int64_t k, bool des
   constexpr bool packed = sizeof(T) <= 4;
   const bool fits = l.n <= (int64_t{1} << 32);
   for_line_ranges(l, [&](int64_t lo, int64_t hi) {
-    std::vector<uint64_t> words;
-    std::vector<std::pair<uint64_t, int64_t>> pairs;
+    std::vector<Packed> words, spare_words;
+    std::vector<Pair> pairs, spare_pairs;
     for (int64_t line = lo; line < hi; ++line) {
       const int64_t a = line / l.inner, c = line % l.inner;
       const T* in = x + a * l.n * l.inner + c;
       int64_t* to = out + a * k * l.inner + c;
       if (packed && fits) {
-        words.resize(l.n);
-        for (int64_t j = 0; j < l.n; ++j)
-          words[j] = uint64_t{sort_key(in[j * l.inner], descending)} << 32 | uint64_t(j);
-        sort_first(words.data(), l.n, k);
+        first_k(words, spare_words, l.n, k, [&](int64_t j) {
+          return Packed{sort_key(in[j * l.inner], descending)} << 32 | Packed(j);
+        });
         for (int64_t j = 0; j < k; ++j) to[j * l.inner] = int64_t(words[j] & 0xffffffffu);
       } else {
-        pairs.resize(l.n);
-        for (int64_t j = 0; j < l.n; ++j) pairs[j] = {sort_key(in[j * l.inner], descending), j};
-        sort_first(pairs.data(), l.n, k);
+        first_k(pairs, spare_pairs, l.n, k, [&](int64_t j) {
+          return Pair{sort_key(in[j * l.inner], descending), j};
+        });
         for (int64_t j = 0; j < k; ++j) to[j * l.inner] = pairs[j].second;
       }
     }
@@ -105,6 +144,25 @@ using CumAcc = std::conditional_t<std::is_floating_point_v<T>, double, uint64_t>
 template <class T> void cumsum_lines(const T* x, T* out, const Lines& l, bool reverse) {
   const int64_t n = l.n, inner = l.inner;
   for_line_ranges(l, [&](int64_t lo, int64_t hi) {
+    if (inner == 1) {
+      // Lines along the last dim, 8 at a time: their sums are independent, so the adds overlap
+      // (one line at a time waits out each add's latency: [64, 32000] float32 took 7.1 ms on
+      // one thread).
+      constexpr int64_t kGroup = 8;
+      for (int64_t first = lo; first < hi; first += kGroup) {
+        const int64_t g = std::min(kGroup, hi - first);
+        CumAcc<T> sums[kGroup] = {};
+        for (int64_t s = 0; s < n; ++s) {
+          const int64_t j = reverse ? n - 1 - s : s;
+          for (int64_t q = 0; q < g; ++q) {
+            const int64_t at = (first + q) * n + j;
+            sums[q] += static_cast<CumAcc<T>>(x[at]);
+            out[at] = static_cast<T>(sums[q]);
+          }
+        }
+      }
+      return;
+    }
     std::vector<CumAcc<T>> acc;
     for (int64_t line = lo; line < hi;) {
       // Lines c0 <= c < c1 of one outer block, walked together: contiguous reads along c.

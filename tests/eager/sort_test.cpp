@@ -182,21 +182,24 @@ TEST_CASE("argsort / topk: extreme values, bool, long lines and many lines", "[s
   CHECK(bi.to_vector<int64_t>() == L{0, 2, 1, 3});
   CHECK(bv.to_vector<bool>() == std::vector<bool>{true, true, false, false});
   CHECK(topk(b, 1).indices.to_vector<int64_t>() == L{0});
-  // A vocabulary-sized row and many short rows, split across threads: equal to the reference.
+  // Vocabulary-sized rows (the kernel's radix sort and top-k heap) and many short rows, split
+  // across threads: equal to the reference. int32: many ties.
   const int saved = cpu::num_threads();
-  for (const Shape& shape : {Shape{3, 40000}, Shape{3000, 7}}) {
-    manual_seed(4);
-    const Tensor x = randn(shape);
-    const int64_t k = std::min<int64_t>(10, shape[1] - 2);
-    const Expected want = expected_sort(x, 1, true, k);
-    const Expected all = expected_sort(x, 1, false);
-    for (int threads : {1, 2}) {
-      cpu::set_num_threads(threads);
-      INFO(to_string(shape) << " threads " << threads);
-      auto [v, i] = topk(x, k, 1);
-      CHECK(i.to_vector<int64_t>() == want.indices);
-      CHECK(same_values(values_of(v), want.values));
-      CHECK(argsort(x, 1).to_vector<int64_t>() == all.indices);
+  for (DType dtype : {DType::Float32, DType::Float64, DType::Int32}) {
+    for (const Shape& shape : {Shape{3, 40000}, Shape{3000, 7}}) {
+      manual_seed(4);
+      const Tensor x = (randn(shape) * 1000).to(dtype);
+      const int64_t k = std::min<int64_t>(10, shape[1] - 2);
+      const Expected want = expected_sort(x, 1, true, k);
+      const Expected all = expected_sort(x, 1, false);
+      for (int threads : {1, 2}) {
+        cpu::set_num_threads(threads);
+        INFO(name(dtype) << " " << to_string(shape) << " threads " << threads);
+        auto [v, i] = topk(x, k, 1);
+        CHECK(i.to_vector<int64_t>() == want.indices);
+        CHECK(same_values(values_of(v), want.values));
+        CHECK(argsort(x, 1).to_vector<int64_t>() == all.indices);
+      }
     }
   }
   cpu::set_num_threads(saved);
