@@ -12,6 +12,7 @@
 
 #include "backends/cpu/kernels.h"
 #include "backends/cpu/parallel.h"
+#include "backends/cpu/reduce_simd.h"
 
 namespace kiln::cpu {
 namespace {
@@ -187,7 +188,8 @@ template <class T> void cumsum_lines(const T* x, T* out, const Lines& l, bool re
 }  // namespace
 
 void scan_kernel(const OpCall& c, const InferredMeta&, std::span<Tensor> outs) {
-  const Tensor x = c.inputs[0].contiguous();
+  // A copy made here, not by x.contiguous(), which would dispatch an op (that a trace records).
+  const Tensor x = simd::contiguous_cpu(c.inputs[0], c.inputs[0].dtype());
   Tensor& out = outs[0];
   const int d = x.dim() ? wrap_dim(c.attrs.dim, x.dim(), c.name()) : 0;
   const Lines l = lines_along(x.shape(), d);
