@@ -237,7 +237,8 @@ ValuesIndices min(const Tensor& x, int64_t dim, bool keepdim = false, Loc loc = 
 /// or descending; equal values keep their order (stable), and NaN sorts as the largest value
 /// (last ascending, first descending). Any dtype (bool: false < true); a 0-d x gives a 0-d 0.
 /// Not differentiable (integer result). Throws kiln::Error naming the caller's line for a dim
-/// out of range. Compiled code runs it as an eager op inside the replay (not in the IR).
+/// out of range. Compiled code runs it as an eager op inside the replay (not in the IR); on a
+/// CUDA tensor it runs on the host (copied there and back), as does cumsum.
 Tensor argsort(const Tensor& x, int64_t dim = -1, bool descending = false,
                Loc loc = Loc::current());
 /// torch.sort(x, dim, descending, stable=True): values = gather(x, dim, indices) with indices =
