@@ -160,6 +160,28 @@ Benchmark scatter_add_4096x1024(const RunConfig&) {
           gb_per_s((3 * kF32 + 8) * kTableRows * kTableCols)};
 }
 
+// A decoder's sampling step: a vocabulary-sized float32 row of logits per batch item (argsort
+// and cumsum in backends/cpu/scan.cpp, parallel over rows). GB/s of the input read
+// (cumsum: and of its output written).
+constexpr int64_t kBatch = 64, kVocab = 32000;
+
+Benchmark topk_64x32000(const RunConfig&) {
+  Tensor x = filled({kBatch, kVocab}, -4.f, 4.f);
+  return {[x] { do_not_optimize(kiln::topk(x, 50, -1).values); },
+          gb_per_s(kF32 * kBatch * kVocab)};
+}
+
+Benchmark sort_64x32000(const RunConfig&) {
+  Tensor x = filled({kBatch, kVocab}, -4.f, 4.f);
+  return {[x] { do_not_optimize(kiln::sort(x, -1, true).values); },
+          gb_per_s(kF32 * kBatch * kVocab)};
+}
+
+Benchmark cumsum_64x32000(const RunConfig&) {
+  Tensor x = filled({kBatch, kVocab}, 0.f, 1.f);
+  return {[x] { do_not_optimize(kiln::cumsum(x, -1)); }, gb_per_s(2 * kF32 * kBatch * kVocab)};
+}
+
 // rand and randn of 4M float32 (randn: Box–Muller in float64, backends/cpu/random.cpp).
 constexpr int64_t k4M = int64_t{1} << 22;
 
@@ -290,6 +312,9 @@ std::vector<Case> cases() {
        [](const RunConfig&) { return gather_case(true); }},
       {"index_add_4096x1024", Mode::Eager, "GB/s", index_add_4096x1024},
       {"scatter_add_4096x1024", Mode::Eager, "GB/s", scatter_add_4096x1024},
+      {"topk_64x32000", Mode::Eager, "GB/s", topk_64x32000},
+      {"sort_64x32000", Mode::Eager, "GB/s", sort_64x32000},
+      {"cumsum_64x32000", Mode::Eager, "GB/s", cumsum_64x32000},
       {"rand_4M", Mode::Eager, "GB/s", rand_4m},
       {"randn_4M", Mode::Eager, "GB/s", randn_4m},
       {"matmul_1024", Mode::Eager, "GFLOP/s", matmul_1024},

@@ -112,9 +112,10 @@ std::optional<KernelInput> kernel_input(const Tensor& t, DType compute, Device d
 std::string kernel_key(const OpCall& c, const std::vector<KernelInput>& ins, Device device) {
   const OpAttrs& a = c.attrs;
   std::string key = fmt::format(
-      "{} {} dims={} all={} keep={} dim={},{} slice={},{},{} alpha={} beta={} clamp={}{} eps={} "
-      "p={} mode={} ignore={} dtype={} low={} high={}",
-      c.name(), device.str(), to_string(a.dims), a.all_dims, a.keepdim, a.dim, a.dim1, a.start,
+      "{} {} dims={} all={} keep={} desc={} dim={},{} slice={},{},{} alpha={} beta={} clamp={}{} "
+      "eps={} p={} mode={} ignore={} dtype={} low={} high={}",
+      c.name(), device.str(), to_string(a.dims), a.all_dims, a.keepdim, a.descending, a.dim,
+      a.dim1, a.start,
       a.end, a.step, a.alpha.str(), a.beta.str(), a.has_low, a.has_high, a.eps, a.p, a.mode,
       a.ignore_index, name(a.dtype), a.low.str(), a.high.str());
   for (const KernelInput& in : ins) {

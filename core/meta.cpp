@@ -481,6 +481,26 @@ InferredMeta loss(OpKind op, std::span<const TensorMeta> in, const OpAttrs& a, L
   return {t, {{t, a.mode == 0 ? b : Shape{}}}};
 }
 
+// argsort (attr mode = k leading indices, -1: all) and cumsum, along attr dim. A 0-d input is a
+// line of one element (dims 0 and -1 only, as PyTorch); k may then be 0 or 1, the result 0-d.
+InferredMeta scan(OpKind op, std::span<const TensorMeta> in, const OpAttrs& a, Loc loc) {
+  const char* nm = op_name(op).data();
+  const TensorMeta& x = in[0];
+  const int r = x.shape.size();
+  const int d = wrap_dim(a.dim, r, nm, loc);
+  if (op == OpKind::CumSum) {
+    const DType out = is_floating(x.dtype) ? x.dtype : DType::Int64;
+    return {out, {{out, x.shape}}};
+  }
+  const int64_t n = r ? x.shape[d] : 1;
+  KILN_CHECK(a.mode >= 0 ? a.mode <= n : a.mode == -1, nm, loc,
+             "k ({}) is out of range for dim {} of size {} (k must be in [0, {}])", a.mode, d, n,
+             n);
+  Shape out = x.shape;
+  if (r && a.mode >= 0) out[d] = a.mode;
+  return {x.dtype, {{DType::Int64, out}}};
+}
+
 }  // namespace
 
 void check_scalar_fits(const Scalar& v, DType dtype, const char* op, Loc loc) {
@@ -605,6 +625,7 @@ static InferredMeta infer_meta_unchecked(OpKind op, std::span<const TensorMeta> 
     case OpCategory::Index: return index(op, inputs, attrs, loc);
     case OpCategory::Random: return random(op, inputs, attrs, loc);
     case OpCategory::Loss: return loss(op, inputs, attrs, loc);
+    case OpCategory::Scan: return scan(op, inputs, attrs, loc);
     case OpCategory::Copy: {
       const TensorMeta& x = inputs[0];
       if (op == OpKind::Cast) return {x.dtype, {{attrs.dtype, x.shape}}};

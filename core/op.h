@@ -21,7 +21,7 @@ inline constexpr int kNumOps = 0
 
 enum class OpCategory : uint8_t {
   Unary, Binary, Ternary, Reduction, IndexReduction, Normalization, Matmul, View, Shape, Index,
-  Random, Loss, Copy
+  Random, Loss, Copy, Scan
 };
 enum class DTypeRule : uint8_t { Promote, ToFloat, ToBool, ToInt64, Same, Custom };
 
@@ -42,6 +42,7 @@ struct OpAttrs {
   Dims dims;                    // reduction dims, permute order, view/expand shape
   bool all_dims = false;        // reduction over every dim (dims ignored)
   bool keepdim = false;
+  bool descending = false;      // argsort: largest first; cumsum: sums from the dim's end
   int64_t dim = 0;              // softmax/cat/select/gather/index_select dim; transpose dim0
   int64_t dim1 = 0;             // transpose dim1
   int64_t start = 0, end = 0, step = 1;  // slice; select uses start as the index
@@ -51,7 +52,8 @@ struct OpAttrs {
   double eps = 1e-5;            // layer_norm
   double p = 0.5;               // dropout probability
   int64_t mode = 0;             // gelu: 0 erf, 1 tanh; loss reduction: 0 none, 1 mean, 2 sum;
-                                // var/std correction; one_hot num_classes; tril/triu diagonal
+                                // var/std correction; one_hot num_classes; tril/triu diagonal;
+                                // argsort: the number of leading indices kept (-1: all)
   int64_t ignore_index = -100;  // nll_loss
   // one_hot, index_add, scatter_add: the indices were validated by the op whose gradient this
   // is (nll_loss's backward one-hot encodes the targets its forward checked; embedding's and

@@ -230,6 +230,14 @@ class Tensor {
                 Loc loc = Loc::current()) const;
   Tensor argmin(std::optional<int64_t> dim = std::nullopt, bool keepdim = false,
                 Loc loc = Loc::current()) const;
+  /// x.sort(), x.argsort(1, true), x.topk(5), x.cumsum(-1): see kiln::sort, kiln::argsort,
+  /// kiln::topk and kiln::cumsum.
+  ValuesIndices sort(int64_t dim = -1, bool descending = false, Loc loc = Loc::current()) const;
+  Tensor argsort(int64_t dim = -1, bool descending = false, Loc loc = Loc::current()) const;
+  ValuesIndices topk(int64_t k, int64_t dim = -1, bool largest = true, bool sorted = true,
+                     Loc loc = Loc::current()) const;
+  Tensor cumsum(int64_t dim, std::optional<DType> dtype = std::nullopt,
+                Loc loc = Loc::current()) const;
   Tensor& add_(TensorOperand other);
   Tensor& add_(ScalarOperand other);
   Tensor& sub_(TensorOperand other);

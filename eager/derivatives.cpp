@@ -468,6 +468,13 @@ std::vector<Tensor> other(const BackwardContext& c, const Tensor& g) {
       }
       return {gx, Tensor(), gs};
     }
+    case K::CumSum: {
+      // x[j] is in every running sum from j on: its gradient is the running sum of g from the
+      // other end (a reverse cumsum, which also undoes a reverse one).
+      OpAttrs reversed = c.attrs;
+      reversed.descending = !reversed.descending;
+      return {dispatch::call1({K::CumSum, {g}, reversed, c.loc})};
+    }
     case K::ScatterAdd: {
       if (!c.needs_grad[2]) return {g, Tensor(), Tensor()};
       // src may be larger than index (only its leading index.shape block is scattered): the
@@ -520,7 +527,7 @@ const SaveSpec& save_spec(OpKind op) {
     for (K k : {K::Neg, K::Sign, K::Floor, K::Ceil, K::Round, K::Trunc, K::Add, K::Sub, K::Sum,
                 K::Mean, K::View, K::Transpose, K::Permute, K::Slice, K::Select, K::Expand,
                 K::Squeeze, K::Unsqueeze, K::Contiguous, K::Cast, K::CopyInto, K::Fill, K::Cat,
-                K::Tril, K::Triu, K::Dropout})
+                K::Tril, K::Triu, K::Dropout, K::CumSum})
       set(k, 0, false);
     for (K k : {K::Exp, K::Exp2, K::Expm1, K::Sqrt, K::Rsqrt, K::Reciprocal, K::Tan, K::Tanh,
                 K::Sigmoid, K::Relu, K::Softmax, K::LogSoftmax})

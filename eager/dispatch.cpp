@@ -32,7 +32,8 @@ bool converts_input(OpKind op, size_t i, DType from, DType to) {
     case OpCategory::IndexReduction:
     case OpCategory::Normalization:
     case OpCategory::Matmul:
-    case OpCategory::Shape: return true;
+    case OpCategory::Shape:
+    case OpCategory::Scan: return true;  // cumsum of bool / int: summed in int64
     case OpCategory::Ternary: return i > 0;
     case OpCategory::Loss: return op == OpKind::MseLoss || i == 0;
     default: return false;

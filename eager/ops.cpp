@@ -339,6 +339,41 @@ Tensor argmax(const Tensor& x, std::optional<int64_t> dim, bool keepdim, Loc loc
 Tensor argmin(const Tensor& x, std::optional<int64_t> dim, bool keepdim, Loc loc) {
   return arg_reduce(OpKind::Argmin, x, dim, keepdim, loc);
 }
+namespace {
+// The first k indices (-1: all) of argsort along dim.
+Tensor sorted_indices(const Tensor& x, int64_t dim, bool descending, int64_t k, Loc loc) {
+  OpAttrs a = with_dim(dim);
+  a.descending = descending;
+  a.mode = k;
+  return unary(OpKind::ArgSort, x, loc, std::move(a));
+}
+}  // namespace
+Tensor argsort(const Tensor& x, int64_t dim, bool descending, Loc loc) {
+  return sorted_indices(x, dim, descending, -1, loc);
+}
+ValuesIndices sort(const Tensor& x, int64_t dim, bool descending, Loc loc) {
+  check_defined(x, "sort", loc);
+  return as_op("sort", [&] {
+    Tensor idx = sorted_indices(x, dim, descending, -1, loc);
+    return ValuesIndices{gather(x, dim, idx, loc), idx};
+  });
+}
+ValuesIndices topk(const Tensor& x, int64_t k, int64_t dim, bool largest, bool sorted, Loc loc) {
+  check_defined(x, "topk", loc);
+  (void)sorted;  // always sorted (PyTorch leaves the order unspecified for sorted = false)
+  return as_op("topk", [&] {
+    KILN_CHECK(k >= 0, "topk", loc, "k ({}) must not be negative (got {} {})", k,
+               name(x.dtype()), to_string(x.shape()));
+    Tensor idx = sorted_indices(x, dim, largest, k, loc);
+    return ValuesIndices{gather(x, dim, idx, loc), idx};
+  });
+}
+Tensor cumsum(const Tensor& x, int64_t dim, std::optional<DType> dtype, Loc loc) {
+  check_defined(x, "cumsum", loc);
+  return as_op("cumsum", [&] {
+    return unary(OpKind::CumSum, dtype ? x.to(*dtype, loc) : x, loc, with_dim(dim));
+  });
+}
 Tensor softmax(const Tensor& x, int64_t dim, Loc loc) {
   return unary(OpKind::Softmax, x, loc, with_dim(dim));
 }

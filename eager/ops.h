@@ -233,6 +233,34 @@ struct ValuesIndices {
 /// element only, as PyTorch's. Throws kiln::Error for a bad dim or an empty dim.
 ValuesIndices max(const Tensor& x, int64_t dim, bool keepdim = false, Loc loc = Loc::current());
 ValuesIndices min(const Tensor& x, int64_t dim, bool keepdim = false, Loc loc = Loc::current());
+/// The int64 indices that sort x along `dim` (PyTorch's argsort with stable=True): ascending,
+/// or descending; equal values keep their order (stable), and NaN sorts as the largest value
+/// (last ascending, first descending). Any dtype (bool: false < true); a 0-d x gives a 0-d 0.
+/// Not differentiable (integer result). Throws kiln::Error naming the caller's line for a dim
+/// out of range. Compiled code runs it as an eager op inside the replay (not in the IR); on a
+/// CUDA tensor it runs on the host (copied there and back), as does cumsum.
+Tensor argsort(const Tensor& x, int64_t dim = -1, bool descending = false,
+               Loc loc = Loc::current());
+/// torch.sort(x, dim, descending, stable=True): values = gather(x, dim, indices) with indices =
+/// argsort(x, dim, descending); the gradient of the values goes back through gather to the
+/// elements they came from. `auto [values, indices] = sort(x, -1, true);`
+ValuesIndices sort(const Tensor& x, int64_t dim = -1, bool descending = false,
+                   Loc loc = Loc::current());
+/// torch.topk: the k largest (or, largest = false, smallest) elements along `dim` and their
+/// int64 indices, in sorted order (largest first; smallest first for largest = false) whatever
+/// `sorted` says (PyTorch leaves the order unspecified for sorted = false). Equal values: the
+/// lower index first; NaN is the largest value (largest = true takes NaNs first). Result shape:
+/// x's with size(dim) = k. Values' gradient as sort's. Throws kiln::Error naming the caller's
+/// line for a dim out of range or k outside [0, x.size(dim)] (a 0-d x has size 1).
+ValuesIndices topk(const Tensor& x, int64_t k, int64_t dim = -1, bool largest = true,
+                   bool sorted = true, Loc loc = Loc::current());
+/// Running sums along `dim`: result[..., i, ...] = Σ_{j <= i} x[..., j, ...] (torch.cumsum).
+/// bool/int x gives int64 (PyTorch); `dtype` converts x first. float32 sums in float64 and
+/// rounds each result once (as PyTorch's CPU kernel), float64 sums sequentially. Gradient: the
+/// reverse running sum of the output gradient. Throws kiln::Error naming the caller's line for
+/// a dim out of range. Compiled code runs it as an eager op inside the replay (not in the IR).
+Tensor cumsum(const Tensor& x, int64_t dim, std::optional<DType> dtype = std::nullopt,
+              Loc loc = Loc::current());
 /// exp(x − max) / Σ exp(x − max) along dim (float).
 Tensor softmax(const Tensor& x, int64_t dim, Loc loc = Loc::current());
 /// x − max − log Σ exp(x − max) along dim (float).

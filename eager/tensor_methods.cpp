@@ -190,6 +190,19 @@ Tensor& Tensor::index_copy_(int64_t dim, const Tensor& index, const Tensor& sour
   });
 }
 
+ValuesIndices Tensor::sort(int64_t dim, bool descending, Loc loc) const {
+  return kiln::sort(*this, dim, descending, loc);
+}
+Tensor Tensor::argsort(int64_t dim, bool descending, Loc loc) const {
+  return kiln::argsort(*this, dim, descending, loc);
+}
+ValuesIndices Tensor::topk(int64_t k, int64_t dim, bool largest, bool sorted, Loc loc) const {
+  return kiln::topk(*this, k, dim, largest, sorted, loc);
+}
+Tensor Tensor::cumsum(int64_t dim, std::optional<DType> dtype, Loc loc) const {
+  return kiln::cumsum(*this, dim, dtype, loc);
+}
+
 Tensor Tensor::exp(Loc loc) const { return kiln::exp(*this, loc); }
 Tensor Tensor::log(Loc loc) const { return kiln::log(*this, loc); }
 Tensor Tensor::sqrt(Loc loc) const { return kiln::sqrt(*this, loc); }

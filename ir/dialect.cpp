@@ -62,6 +62,9 @@ const char* dialect_op_for(OpKind op) {
     // The Random rows that draw from a Philox key (codegen/lower_random.cpp): the key is an
     // operand, so the op is pure. Dropout itself is x times its mask.
     case OpCategory::Random: return op == OpKind::Dropout ? nullptr : "random";
+    // argsort and cumsum have no dialect op: a compiled replay runs them on eager kernels
+    // between its compiled regions (tracer/plan.cpp, lowerable).
+    case OpCategory::Scan: return nullptr;
     default: return nullptr;
   }
 }

@@ -19,4 +19,15 @@ inline Error error_of(const std::function<void()>& f) {
   return Error("", "", Loc::current());
 }
 
+/// Checks that `f` throws a kiln::Error naming `op`, whose message contains `says`, reported
+/// at line `line` (of the caller's file: `__LINE__` where the failing call is written).
+inline void check_error(const std::function<void()>& f, const std::string& op,
+                        const std::string& says, unsigned line) {
+  const Error e = error_of(f);
+  INFO(e.what());
+  CHECK(e.op() == op);
+  CHECK_THAT(e.message(), Catch::Contains(says));
+  CHECK(e.where().line() == line);
+}
+
 }  // namespace kiln::testing

@@ -23,7 +23,8 @@ bool same(const Scalar& a, const Scalar& b) {
 
 // Attributes other than sizes / bounds / random counters must match exactly.
 bool same_fixed_attrs(const OpAttrs& a, const OpAttrs& b) {
-  return a.all_dims == b.all_dims && a.keepdim == b.keepdim && a.dim == b.dim &&
+  return a.all_dims == b.all_dims && a.keepdim == b.keepdim && a.descending == b.descending &&
+         a.dim == b.dim &&
          a.dim1 == b.dim1 && a.step == b.step && same(a.alpha, b.alpha) && same(a.beta, b.beta) &&
          a.has_low == b.has_low && a.has_high == b.has_high && a.eps == b.eps && a.p == b.p &&
          a.mode == b.mode && a.ignore_index == b.ignore_index &&

@@ -29,6 +29,7 @@ void index_kernel(const OpCall&, const InferredMeta&, std::span<Tensor>);
 void scatter_kernel(const OpCall&, const InferredMeta&, std::span<Tensor>);  // index_add, index_copy, scatter_add
 void random_kernel(const OpCall&, const InferredMeta&, std::span<Tensor>);
 void loss_kernel(const OpCall&, const InferredMeta&, std::span<Tensor>);
+void scan_kernel(const OpCall&, const InferredMeta&, std::span<Tensor>);  // argsort, cumsum
 
 /// The gradients of y = layer_norm(x, w, b) (normalised over the trailing dims
 /// `normalized_shape`, m elements per row) given dL/dy = g, computed in one pass over x and g:

@@ -18,6 +18,7 @@ Kernel kernel_for(OpKind op) {
     case OpCategory::Index: return index_kernel;
     case OpCategory::Random: return random_kernel;
     case OpCategory::Loss: return loss_kernel;
+    case OpCategory::Scan: return scan_kernel;
     case OpCategory::View: return nullptr;  // views are metadata-only (eager/view.cpp)
   }
   return nullptr;

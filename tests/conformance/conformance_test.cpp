@@ -96,13 +96,14 @@ Grad grad_class(OpKind k) {
     case OpKind::MaskedFill: case OpKind::IndexAdd: case OpKind::IndexCopy:
     case OpKind::ScatterAdd: case OpKind::Tril:
     case OpKind::Triu: case OpKind::Dropout: case OpKind::NllLoss: case OpKind::MseLoss:
-    case OpKind::FloorDivide: case OpKind::Remainder: case OpKind::Fill:
+    case OpKind::FloorDivide: case OpKind::Remainder: case OpKind::Fill: case OpKind::CumSum:
       return Grad::Yes;
     case OpKind::LogicalNot: case OpKind::Eq:
     case OpKind::Ne: case OpKind::Lt: case OpKind::Le: case OpKind::Gt: case OpKind::Ge:
     case OpKind::LogicalAnd: case OpKind::LogicalOr: case OpKind::LogicalXor: case OpKind::All:
     case OpKind::Any: case OpKind::Argmax: case OpKind::Argmin: case OpKind::OneHot:
     case OpKind::Uniform: case OpKind::Normal: case OpKind::RandInt: case OpKind::DropoutMask:
+    case OpKind::ArgSort:
       return Grad::No;
     default: return Grad::Unknown;
   }

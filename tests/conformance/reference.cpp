@@ -1023,6 +1023,66 @@ Ref loss(OpKind k, const std::vector<Tensor>& inputs, const OpAttrs& a) {
   return r;
 }
 
+// ---------------------------------- scans ----------------------------------
+
+/// argsort: each line's indices in std::stable_sort order (NaN the largest value; integers
+/// compared exactly), its first k (attr mode; -1: all); a 0-d input's index is 0. cumsum:
+/// running sums in double, float32 rounded once per result, integers exact with a 64-bit wrap
+/// (attr descending: from the line's end).
+Ref scan(OpKind k, const Arr& x, const OpAttrs& a) {
+  const int64_t rank = static_cast<int64_t>(x.shape.size());
+  const int64_t d = wrap_dim(a.dim, std::max<int64_t>(rank, 1));
+  if (d < 0 || d >= std::max<int64_t>(rank, 1)) return raises("dim out of range");
+  const int64_t n = rank ? x.shape[static_cast<size_t>(d)] : 1;
+  int64_t outer = 1, inner = 1;
+  for (int64_t i = 0; i < rank; ++i) {
+    if (i < d) outer *= x.shape[static_cast<size_t>(i)];
+    if (i > d) inner *= x.shape[static_cast<size_t>(i)];
+  }
+  auto at = [&](int64_t o, int64_t j, int64_t c) { return (o * n + j) * inner + c; };
+  if (k == OpKind::CumSum) {
+    Ref r = result(x.shape, is_float(x.dtype) ? x.dtype : DType::Int64);
+    for (int64_t o = 0; o < outer; ++o)
+      for (int64_t c = 0; c < inner; ++c) {
+        double sum = 0;
+        uint64_t isum = 0;
+        for (int64_t s = 0; s < n; ++s) {
+          const int64_t p = at(o, a.descending ? n - 1 - s : s, c);
+          if (is_float(x.dtype)) {
+            sum += x.f[static_cast<size_t>(p)];
+            set_f(r, p, sum);
+          } else {
+            isum += static_cast<uint64_t>(as_int(x, p));
+            set_i(r, p, isum);
+          }
+        }
+      }
+    return r;
+  }
+  if (a.mode < -1 || a.mode > n) return raises("k out of range");
+  const int64_t kk = a.mode < 0 ? n : a.mode;
+  Ix shape = x.shape;
+  if (rank) shape[static_cast<size_t>(d)] = kk;
+  Ref r = result(shape, DType::Int64);
+  if (rank == 0) return r;  // index 0
+  auto less = [&](int64_t p, int64_t q) {
+    if (!is_float(x.dtype)) return as_int(x, p) < as_int(x, q);
+    const double u = x.f[static_cast<size_t>(p)], v = x.f[static_cast<size_t>(q)];
+    return !std::isnan(u) && (std::isnan(v) || u < v);
+  };
+  for (int64_t o = 0; o < outer; ++o)
+    for (int64_t c = 0; c < inner; ++c) {
+      Ix order(static_cast<size_t>(n));
+      for (int64_t j = 0; j < n; ++j) order[static_cast<size_t>(j)] = j;
+      std::stable_sort(order.begin(), order.end(), [&](int64_t i, int64_t j) {
+        return a.descending ? less(at(o, j, c), at(o, i, c)) : less(at(o, i, c), at(o, j, c));
+      });
+      for (int64_t j = 0; j < kk; ++j)
+        r.i[static_cast<size_t>((o * kk + j) * inner + c)] = order[static_cast<size_t>(j)];
+    }
+  return r;
+}
+
 }  // namespace
 
 Ref reference(OpKind k, const std::vector<Tensor>& inputs, const OpAttrs& a) {
@@ -1049,6 +1109,7 @@ Ref reference(OpKind k, const std::vector<Tensor>& inputs, const OpAttrs& a) {
       if (k != OpKind::Cat) break;
       return cat(inputs, a);
     case C::Index: return index_op(k, inputs, a);
+    case C::Scan: return scan(k, read(inputs[0]), a);
     case C::Loss:
       if (k != OpKind::NllLoss && k != OpKind::MseLoss) break;
       return loss(k, inputs, a);

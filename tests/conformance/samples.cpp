@@ -613,6 +613,40 @@ std::vector<Sample> samples(OpKind k, bool grad, std::string& missing) {
       }
       break;
     }
+    case kiln::OpCategory::Scan: {  // argsort (attr mode = k, -1: all), cumsum
+      const bool sort = k == OpKind::ArgSort;
+      // cumsum's `descending` is its backward's reverse sum.
+      auto along = [=](int64_t d, bool descending, int64_t top = -1) {
+        return with([&](OpAttrs& a) {
+          a.dim = d;
+          a.descending = descending;
+          a.mode = sort ? top : 0;
+        });
+      };
+      for (DType d : dts) {
+        std::string t = " " + dn(d);
+        S("[4,5] dim -1" + t, [=] { return std::vector<Tensor>{make(d, {4, 5}, 0, pool)}; }, along(-1, false), true);
+        S("[4,5] dim 0 descending" + t, [=] { return std::vector<Tensor>{make(d, {4, 5}, 1, pool)}; }, along(0, true));
+        S("transposed dim 1" + t, [=] { return std::vector<Tensor>{make(d, {3, 4}, 2, pool, L::Transposed)}; }, along(1, false), d == F32);
+        if (grad) continue;
+        // Ties (repeated finite values), NaN, ±inf, ±0, integer extremes.
+        S("[3,9] ties dim 1" + t, [=] { return std::vector<Tensor>{make(d, {3, 9}, 3, Pool::Finite)}; }, along(1, false));
+        S("[3,9] ties dim 1 descending" + t, [=] { return std::vector<Tensor>{make(d, {3, 9}, 3, Pool::Finite)}; }, along(1, true), true);
+        S("expanded dim 1" + t, [=] { return std::vector<Tensor>{make(d, {4, 5}, 0, pool, L::Expanded)}; }, along(1, false));
+        S("0-d" + t, [=] { return std::vector<Tensor>{make(d, {}, 2, pool)}; }, along(0, false));
+        S("empty [0,3] dim 0" + t, [=] { return std::vector<Tensor>{make(d, {0, 3}, 0, pool)}; }, along(0, false));
+        S("empty [3,0] dim 1" + t, [=] { return std::vector<Tensor>{make(d, {3, 0}, 0, pool)}; }, along(1, true));
+        S("dim 2 of [4,5]" + t, [=] { return std::vector<Tensor>{make(d, {4, 5}, 0, pool)}; }, along(2, false));
+        if (!sort) continue;
+        S("top 2 dim 1" + t, [=] { return std::vector<Tensor>{make(d, {4, 5}, 0, pool)}; }, along(1, true, 2), true);
+        S("top 0 dim 0" + t, [=] { return std::vector<Tensor>{make(d, {4, 5}, 0, pool)}; }, along(0, false, 0));
+        S("top 3 of [3,9] ties" + t, [=] { return std::vector<Tensor>{make(d, {3, 9}, 3, Pool::Finite)}; }, along(1, false, 3));
+        S("0-d top 1" + t, [=] { return std::vector<Tensor>{make(d, {}, 2, pool)}; }, along(-1, true, 1));
+        S("k 6 of 5" + t, [=] { return std::vector<Tensor>{make(d, {4, 5}, 0, pool)}; }, along(1, true, 6));
+        S("k -2" + t, [=] { return std::vector<Tensor>{make(d, {4, 5}, 0, pool)}; }, along(1, true, -2));
+      }
+      break;
+    }
     default: missing = "no sampler for this op's category in samples.cpp"; return {};
   }
   if (out.empty() && !grad) missing = "no samples for this op in samples.cpp";

@@ -612,14 +612,7 @@ TEST_CASE("index_copy and index_copy_: errors name the op, the values and the ca
           "and leave x as it was") {
   const Tensor x = zeros({4, 3});
   const Tensor two = from_vector<int64_t>({0, 2}, {2});
-  auto check = [&](const std::function<void()>& f, const char* op, const std::string& says,
-                   unsigned line) {
-    const Error e = kiln::testing::error_of(f);
-    INFO(e.what());
-    CHECK(e.op() == op);
-    CHECK_THAT(e.message(), Catch::Contains(says));
-    CHECK(e.where().line() == line);
-  };
+  const auto check = kiln::testing::check_error;
   check([&] { index_copy(x, 2, two, ones({4, 2})); }, "index_copy", "out of range",
         __LINE__ - 1);
   check([&] { index_copy(x, 0, two.view({2, 1}), ones({2, 3})); }, "index_copy",
