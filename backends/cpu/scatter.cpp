@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "backends/cpu/kernels.h"
+#include "backends/cpu/reduce_simd.h"
 #include "backends/cpu/parallel.h"
 
 namespace kiln::cpu {
@@ -124,8 +125,10 @@ void scatter_add(const Tensor& out, int d, const Tensor& idx, const Tensor& src)
 
 void scatter_kernel(const OpCall& c, const InferredMeta&, std::span<Tensor> outs) {
   const Tensor& x = c.inputs[0];
-  Tensor idx = c.inputs[1].contiguous();
-  Tensor src = c.inputs[2].contiguous();
+  // Copies made here, not by contiguous(), which would dispatch ops that a trace records (a
+  // compiled index_add of a transposed source ran two extra copies before it).
+  Tensor idx = simd::contiguous_cpu(c.inputs[1], c.inputs[1].dtype());
+  Tensor src = simd::contiguous_cpu(c.inputs[2], c.inputs[2].dtype());
   Tensor& out = outs[0];
   int d = x.dim() ? wrap_dim(c.attrs.dim, x.dim(), c.name()) : 0;
   int64_t size = x.dim() ? x.shape()[d] : 1;

@@ -592,3 +592,26 @@ TEST_CASE("compile: a replay that raises after an in-place index_copy_ runs eage
     CHECK(contains(cwritten.explain(), "computed in their tensors' buffers"));
   }
 }
+
+TEST_CASE("compile: a trace of index_add / index_copy with strided index and source records "
+          "only the ops the function runs", "[compile][index]") {
+  // The eager kernel made its strided operands contiguous with contiguous(), which dispatched
+  // ops that the trace recorded: two copies ran before each compiled index_add.
+  Tensor x = zeros({5, 3});
+  Tensor idx = ids({0, 4, 2, 1}, {2, 2}).t().select(0, 0);  // [0, 2], stride 2
+  Tensor src = arange(6, Float32).view({3, 2}).t();          // [2, 3], transposed
+  auto f = [](const Tensor& x, const Tensor& i, const Tensor& s) {
+    return std::vector<Tensor>{index_add(x, 0, i, s) * 2, index_copy(x, 0, i, s)};
+  };
+  auto cf = compile(f);
+  for (int call = 0; call < 3; ++call) {
+    std::vector<Tensor> got = cf(x, idx, src), want = f(x, idx, src);
+    CHECK(vec(got[0]) == vec(want[0]));
+    CHECK(vec(got[1]) == vec(want[1]));
+  }
+  CHECK(vec(f(x, idx, src)[1].select(0, 2)) == std::vector<float>{1, 3, 5});
+  const std::string ex = cf.explain();
+  INFO(ex);
+  CHECK(contains(ex, "segment: 3 ops"));  // 5 with the copies
+  CHECK(contains(ex, ": index_add mul index_copy"));
+}
