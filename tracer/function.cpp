@@ -2537,9 +2537,9 @@ std::vector<OutValue> CompiledFunction::Impl::trace(
   // `size / 3 * 3` fits 6, 9 and 12 but not 10).
   if (refuted_base && generalized_from == refuted_base->entry &&
       generalized_from->witnesses.empty() && generalized_from->root->leaf) {
-    dropped_entries += static_cast<int>(std::erase_if(
-        entries, [&](const std::shared_ptr<Entry>& x) { return x.get() == generalized_from; }));
     e->reason += fmt::format("; replaces specialisation #{}", generalized_from->id);
+    dropped_entries += static_cast<int>(std::erase_if(  // frees *generalized_from
+        entries, [&](const std::shared_ptr<Entry>& x) { return x.get() == generalized_from; }));
   }
   entries.push_back(std::move(e));
   return outs;
