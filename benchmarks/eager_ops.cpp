@@ -182,6 +182,30 @@ Benchmark cumsum_64x32000(const RunConfig&) {
   return {[x] { do_not_optimize(kiln::cumsum(x, -1)); }, gb_per_s(2 * kF32 * kBatch * kVocab)};
 }
 
+// A ResNet stage's 3x3 convolution: [32, 64, 56, 56] float32 with [64, 64, 3, 3], padding 1
+// (unfold in backends/cpu/window.cpp, then one sgemm-backed matmul per batch item). GFLOP/s of
+// the direct convolution's 2·N·O·Ho·Wo·C·kh·kw multiply-adds; the backward (input and weight
+// gradients: fold, two matmuls) counts twice that again.
+constexpr int64_t kConvN = 32, kConvC = 64, kConvHw = 56;
+constexpr double kConvFlops = 2.0 * kConvN * kConvC * kConvHw * kConvHw * kConvC * 9;
+
+Benchmark conv2d_32x64x56x56(const RunConfig&) {
+  Tensor x = filled({kConvN, kConvC, kConvHw, kConvHw}), w = filled({kConvC, kConvC, 3, 3});
+  return {[x, w] { do_not_optimize(kiln::conv2d(x, w, Tensor(), 1, 1)); },
+          gflop_per_s(kConvFlops)};
+}
+
+Benchmark conv2d_32x64x56x56_backward(const RunConfig&) {
+  Tensor x = filled({kConvN, kConvC, kConvHw, kConvHw}).requires_grad_();
+  Tensor w = filled({kConvC, kConvC, 3, 3}).requires_grad_();
+  Tensor gy = filled({kConvN, kConvC, kConvHw, kConvHw});
+  return {[x, w, gy] {
+            Tensor y = kiln::conv2d(x, w, Tensor(), 1, 1);
+            do_not_optimize(kiln::grad({y}, {x, w}, {gy})[1]);
+          },
+          gflop_per_s(3 * kConvFlops)};
+}
+
 // rand and randn of 4M float32 (randn: Box–Muller in float64, backends/cpu/random.cpp).
 constexpr int64_t k4M = int64_t{1} << 22;
 
@@ -315,6 +339,8 @@ std::vector<Case> cases() {
       {"topk_64x32000", Mode::Eager, "GB/s", topk_64x32000},
       {"sort_64x32000", Mode::Eager, "GB/s", sort_64x32000},
       {"cumsum_64x32000", Mode::Eager, "GB/s", cumsum_64x32000},
+      {"conv2d_32x64x56x56", Mode::Eager, "GFLOP/s", conv2d_32x64x56x56},
+      {"conv2d_32x64x56x56_backward", Mode::Eager, "GFLOP/s", conv2d_32x64x56x56_backward},
       {"rand_4M", Mode::Eager, "GB/s", rand_4m},
       {"randn_4M", Mode::Eager, "GB/s", randn_4m},
       {"matmul_1024", Mode::Eager, "GFLOP/s", matmul_1024},

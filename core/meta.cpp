@@ -501,6 +501,51 @@ InferredMeta scan(OpKind op, std::span<const TensorMeta> in, const OpAttrs& a, L
   return {x.dtype, {{DType::Int64, out}}};
 }
 
+// unfold ([N, C, H, W] -> [N, C*kh*kw, L]) and fold, its adjoint ([N, C*kh*kw, L] ->
+// [N, C, H, W] with attr dims[0..1] = H, W), float32 / float64; the geometry in attr dims.
+InferredMeta window(OpKind op, std::span<const TensorMeta> in, const OpAttrs& a, Loc loc) {
+  const char* nm = op_name(op).data();
+  const TensorMeta& x = in[0];
+  const bool is_fold = op == OpKind::Fold;
+  KILN_CHECK(a.dims.size() == (is_fold ? 10 : 8), nm, loc, "internal: window attrs {}",
+             to_string(a.dims));
+  const Window2d w = Window2d::from(a);
+  KILN_CHECK(is_floating(x.dtype), nm, loc, "takes float32 or float64 input, got {}",
+             name(x.dtype));
+  KILN_CHECK(x.shape.size() == (is_fold ? 3 : 4), nm, loc, "expects a {} input, got {}",
+             is_fold ? "3-D [N, C*kh*kw, L]" : "4-D [N, C, H, W]", to_string(x.shape));
+  KILN_CHECK(w.kh > 0 && w.kw > 0, nm, loc, "kernel_size must be positive, got [{}, {}]", w.kh,
+             w.kw);
+  KILN_CHECK(w.dh > 0 && w.dw > 0, nm, loc, "dilation must be positive, got [{}, {}]", w.dh,
+             w.dw);
+  KILN_CHECK(w.sh > 0 && w.sw > 0, nm, loc, "stride must be positive, got [{}, {}]", w.sh,
+             w.sw);
+  KILN_CHECK(w.ph >= 0 && w.pw >= 0, nm, loc, "padding must be non-negative, got [{}, {}]",
+             w.ph, w.pw);
+  const int64_t h = is_fold ? a.dims[0] : x.shape[2], wd = is_fold ? a.dims[1] : x.shape[3];
+  KILN_CHECK(h >= 0 && wd >= 0, nm, loc, "output_size must be non-negative, got [{}, {}]", h,
+             wd);
+  // The dilated kernel must fit the padded input (PyTorch's check).
+  const int64_t span_h = w.dh * (w.kh - 1) + 1, span_w = w.dw * (w.kw - 1) + 1;
+  KILN_CHECK(span_h <= h + 2 * w.ph && span_w <= wd + 2 * w.pw, nm, loc,
+             "the kernel [{}, {}] (dilated: [{}, {}]) is larger than the padded input [{}, {}] "
+             "(input [{}, {}], padding [{}, {}])",
+             w.kh, w.kw, span_h, span_w, h + 2 * w.ph, wd + 2 * w.pw, h, wd, w.ph, w.pw);
+  const int64_t positions = window_positions(h, w.kh, w.dh, w.ph, w.sh) *
+                            window_positions(wd, w.kw, w.dw, w.pw, w.sw);
+  const int64_t k = w.kh * w.kw;
+  if (!is_fold)
+    return {x.dtype, {{x.dtype, {x.shape[0], x.shape[1] * k, positions}}}};
+  KILN_CHECK(x.shape[1] % k == 0, nm, loc,
+             "the input {} has {} rows in dim 1, not a multiple of the kernel's {} x {} = {}",
+             to_string(x.shape), x.shape[1], w.kh, w.kw, k);
+  KILN_CHECK(x.shape[2] == positions, nm, loc,
+             "the input {} has {} columns in dim 2; output_size [{}, {}] with this kernel, "
+             "dilation, padding and stride gives {} windows",
+             to_string(x.shape), x.shape[2], h, wd, positions);
+  return {x.dtype, {{x.dtype, {x.shape[0], x.shape[1] / k, h, wd}}}};
+}
+
 }  // namespace
 
 void check_scalar_fits(const Scalar& v, DType dtype, const char* op, Loc loc) {
@@ -626,6 +671,7 @@ static InferredMeta infer_meta_unchecked(OpKind op, std::span<const TensorMeta> 
     case OpCategory::Random: return random(op, inputs, attrs, loc);
     case OpCategory::Loss: return loss(op, inputs, attrs, loc);
     case OpCategory::Scan: return scan(op, inputs, attrs, loc);
+    case OpCategory::Window: return window(op, inputs, attrs, loc);
     case OpCategory::Copy: {
       const TensorMeta& x = inputs[0];
       if (op == OpKind::Cast) return {x.dtype, {{attrs.dtype, x.shape}}};

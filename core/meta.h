@@ -43,4 +43,27 @@ DType result_type(std::span<const TensorMeta> inputs);
 /// attrs.all_dims or attrs.dims is empty). Throws kiln::Error on an out-of-range or repeated dim.
 uint32_t reduction_mask(const OpAttrs& attrs, int rank, const char* op, Loc loc);
 
+/// The geometry of unfold / fold's windows over an NCHW tensor's two trailing dims.
+struct Window2d {
+  int64_t kh, kw;  // kernel
+  int64_t dh, dw;  // dilation: window elements dh rows / dw columns apart
+  int64_t ph, pw;  // padding added on both sides
+  int64_t sh, sw;  // stride between windows
+  /// The geometry in unfold's attrs.dims (fold's from dims[2] on, after its output size).
+  static Window2d from(const OpAttrs& a) {
+    const int o = a.dims.size() == 10 ? 2 : 0;
+    const Dims& d = a.dims;
+    return {d[o], d[o + 1], d[o + 2], d[o + 3], d[o + 4], d[o + 5], d[o + 6], d[o + 7]};
+  }
+  Dims dims() const { return {kh, kw, dh, dw, ph, pw, sh, sw}; }
+};
+
+/// The window positions along a dim of `size`: (size + 2·padding − dilation·(kernel − 1) − 1)
+/// / stride + 1 (PyTorch's), or 0 or less where the dilated kernel exceeds the padded size.
+inline int64_t window_positions(int64_t size, int64_t kernel, int64_t dilation, int64_t padding,
+                                int64_t stride) {
+  const int64_t span = size + 2 * padding - dilation * (kernel - 1) - 1;
+  return span < 0 ? 0 : span / stride + 1;
+}
+
 }  // namespace kiln

@@ -21,7 +21,7 @@ inline constexpr int kNumOps = 0
 
 enum class OpCategory : uint8_t {
   Unary, Binary, Ternary, Reduction, IndexReduction, Normalization, Matmul, View, Shape, Index,
-  Random, Loss, Copy, Scan
+  Random, Loss, Copy, Scan, Window
 };
 enum class DTypeRule : uint8_t { Promote, ToFloat, ToBool, ToInt64, Same, Custom };
 
@@ -39,14 +39,16 @@ inline std::string_view op_name(OpKind op) { return op_info(op).name; }
 /// Non-tensor arguments. Each op documents which fields it reads (see eager/ops.h); fields an
 /// op does not use keep their defaults, so OpAttrs compare equal for equal calls.
 struct OpAttrs {
-  Dims dims;                    // reduction dims, permute order, view/expand shape
+  Dims dims;                    // reduction dims, permute order, view/expand shape;
+                                // unfold / fold: the window geometry (ops.def)
   bool all_dims = false;        // reduction over every dim (dims ignored)
   bool keepdim = false;
   bool descending = false;      // argsort: largest first; cumsum: sums from the dim's end
   int64_t dim = 0;              // softmax/cat/select/gather/index_select dim; transpose dim0
   int64_t dim1 = 0;             // transpose dim1
   int64_t start = 0, end = 0, step = 1;  // slice; select uses start as the index
-  Scalar alpha = 1;             // add/sub/addmm alpha; masked_fill/fill value; clamp low
+  Scalar alpha = 1;             // add/sub/addmm alpha; masked_fill/fill value; clamp low;
+                                // unfold: the value read in the padding
   Scalar beta = 1;              // addmm beta; clamp high
   bool has_low = false, has_high = false;  // clamp bounds present
   double eps = 1e-5;            // layer_norm

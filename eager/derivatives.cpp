@@ -475,6 +475,21 @@ std::vector<Tensor> other(const BackwardContext& c, const Tensor& g) {
       reversed.descending = !reversed.descending;
       return {dispatch::call1({K::CumSum, {g}, reversed, c.loc})};
     }
+    case K::Unfold: {
+      // unfold and fold are each other's adjoint: the gradient of the windows is their sum
+      // folded back onto the input (padding elements, constants, get none).
+      const Shape& in = c.input_meta[0].shape;
+      OpAttrs a;
+      a.dims = {in[2], in[3]};
+      for (int64_t v : c.attrs.dims) a.dims.push_back(v);
+      return {dispatch::call1({K::Fold, {g}, a, c.loc})};
+    }
+    case K::Fold: {
+      OpAttrs a;
+      a.dims = Window2d::from(c.attrs).dims();
+      a.alpha = 0;
+      return {dispatch::call1({K::Unfold, {g}, a, c.loc})};
+    }
     case K::ScatterAdd: {
       if (!c.needs_grad[2]) return {g, Tensor(), Tensor()};
       // src may be larger than index (only its leading index.shape block is scattered): the
@@ -527,7 +542,7 @@ const SaveSpec& save_spec(OpKind op) {
     for (K k : {K::Neg, K::Sign, K::Floor, K::Ceil, K::Round, K::Trunc, K::Add, K::Sub, K::Sum,
                 K::Mean, K::View, K::Transpose, K::Permute, K::Slice, K::Select, K::Expand,
                 K::Squeeze, K::Unsqueeze, K::Contiguous, K::Cast, K::CopyInto, K::Fill, K::Cat,
-                K::Tril, K::Triu, K::Dropout, K::CumSum})
+                K::Tril, K::Triu, K::Dropout, K::CumSum, K::Unfold, K::Fold})
       set(k, 0, false);
     for (K k : {K::Exp, K::Exp2, K::Expm1, K::Sqrt, K::Rsqrt, K::Reciprocal, K::Tan, K::Tanh,
                 K::Sigmoid, K::Relu, K::Softmax, K::LogSoftmax})

@@ -627,6 +627,99 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, Reduction reduc
     return nll_loss(log_softmax(logits, class_dim, loc), target, reduction, ignore_index, loc);
   });
 }
+namespace {
+OpAttrs window_attrs(Size2 kernel, Size2 dilation, Size2 padding, Size2 stride) {
+  OpAttrs a;
+  a.dims = Window2d{kernel.h, kernel.w, dilation.h, dilation.w, padding.h, padding.w,
+                    stride.h, stride.w}.dims();
+  a.alpha = 0;
+  return a;
+}
+// The windows of a pool, [N, C, kh*kw, Ho, Wo]; padding reads `pad_value`.
+Tensor pool_windows(const char* op, const Tensor& x, Size2 kernel, std::optional<Size2> stride,
+                    Size2 padding, Size2 dilation, double pad_value, Loc loc) {
+  check_defined(x, op, loc);
+  KILN_CHECK(x.dim() == 4, op, loc, "expects a 4-D input [N, C, H, W], got {}",
+             to_string(x.shape()));
+  // PyTorch's check: a window past the padding always overlaps the input.
+  KILN_CHECK(padding.h >= 0 && padding.w >= 0 && padding.h <= kernel.h / 2 &&
+                 padding.w <= kernel.w / 2,
+             op, loc, "padding [{}, {}] must be non-negative and at most half the kernel [{}, {}]",
+             padding.h, padding.w, kernel.h, kernel.w);
+  const Size2 step = stride.value_or(kernel);
+  OpAttrs a = window_attrs(kernel, dilation, padding, step);
+  a.alpha = pad_value;
+  Tensor cols = unary(OpKind::Unfold, x, loc, std::move(a));
+  const int64_t ho = window_positions(x.size(2), kernel.h, dilation.h, padding.h, step.h);
+  const int64_t wo = window_positions(x.size(3), kernel.w, dilation.w, padding.w, step.w);
+  return cols.view({x.size(0), x.size(1), kernel.h * kernel.w, ho, wo}, loc);
+}
+}  // namespace
+
+Tensor unfold(const Tensor& x, Size2 kernel, Size2 dilation, Size2 padding, Size2 stride,
+              Loc loc) {
+  return unary(OpKind::Unfold, x, loc, window_attrs(kernel, dilation, padding, stride));
+}
+Tensor fold(const Tensor& cols, Size2 output_size, Size2 kernel, Size2 dilation, Size2 padding,
+            Size2 stride, Loc loc) {
+  OpAttrs a;
+  a.dims = {output_size.h, output_size.w};
+  for (int64_t v : window_attrs(kernel, dilation, padding, stride).dims) a.dims.push_back(v);
+  return unary(OpKind::Fold, cols, loc, std::move(a));
+}
+Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, Size2 stride,
+              Size2 padding, Size2 dilation, int64_t groups, Loc loc) {
+  check_both_defined(x, weight, "conv2d", loc);
+  KILN_CHECK(x.dim() == 4, "conv2d", loc, "expects a 4-D input [N, C, H, W], got {}",
+             to_string(x.shape()));
+  KILN_CHECK(weight.dim() == 4, "conv2d", loc,
+             "weight must be 4-D [out_channels, in_channels / groups, kh, kw], got {}",
+             to_string(weight.shape()));
+  KILN_CHECK(groups >= 1, "conv2d", loc, "groups must be positive, got {}", groups);
+  const int64_t n = x.size(0), c = x.size(1), o = weight.size(0);
+  KILN_CHECK(c % groups == 0 && o % groups == 0, "conv2d", loc,
+             "in_channels ({}, input {}) and out_channels ({}, weight {}) must both be "
+             "divisible by groups ({})",
+             c, to_string(x.shape()), o, to_string(weight.shape()), groups);
+  KILN_CHECK(weight.size(1) * groups == c, "conv2d", loc,
+             "the weight {} with groups = {} takes {} input channels, but the input {} has {}",
+             to_string(weight.shape()), groups, weight.size(1) * groups, to_string(x.shape()), c);
+  KILN_CHECK(x.dtype() == weight.dtype(), "conv2d", loc,
+             "the input ({}) and the weight ({}) must have the same dtype", name(x.dtype()),
+             name(weight.dtype()));
+  KILN_CHECK(!bias.defined() || (bias.dim() == 1 && bias.size(0) == o), "conv2d", loc,
+             "the bias must be [{}] (out_channels of the weight {}), got {}", o,
+             to_string(weight.shape()), to_string(bias.shape()));
+  return as_op("conv2d", [&] {
+    const Size2 k(weight.size(2), weight.size(3));
+    Tensor cols = unfold(x, k, dilation, padding, stride, loc);  // [N, C*kh*kw, L]
+    const int64_t rows = cols.size(1) / groups, l = cols.size(2);
+    // One matmul per group: [g, O/g, rows] @ [N, g, rows, L] -> [N, g, O/g, L].
+    Tensor w = weight.reshape({groups, o / groups, rows}, loc);
+    Tensor y = matmul(w, cols.view({n, groups, rows, l}, loc), loc);
+    y = y.view({n, o, window_positions(x.size(2), k.h, dilation.h, padding.h, stride.h),
+                window_positions(x.size(3), k.w, dilation.w, padding.w, stride.w)},
+               loc);
+    return bias.defined() ? add(y, bias.view({o, 1, 1}, loc), 1, loc) : y;
+  });
+}
+Tensor max_pool2d(const Tensor& x, Size2 kernel, std::optional<Size2> stride, Size2 padding,
+                  Size2 dilation, Loc loc) {
+  return as_op("max_pool2d", [&] {
+    // max(dim) gives the gradient to the first maximum, as PyTorch's max_pool2d.
+    return max(pool_windows("max_pool2d", x, kernel, stride, padding, dilation, -INFINITY, loc),
+               2, false, loc)
+        .values;
+  });
+}
+Tensor avg_pool2d(const Tensor& x, Size2 kernel, std::optional<Size2> stride, Size2 padding,
+                  Loc loc) {
+  return as_op("avg_pool2d", [&] {
+    return mean(pool_windows("avg_pool2d", x, kernel, stride, padding, 1, 0, loc), {2}, false,
+                loc);
+  });
+}
+
 Tensor mse_loss(const Tensor& a, const Tensor& b, Reduction reduction, Loc loc) {
   OpAttrs at;
   at.mode = static_cast<int64_t>(reduction);

@@ -354,4 +354,50 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target,
 Tensor mse_loss(const Tensor& a, const Tensor& b, Reduction reduction = Reduction::Mean,
                 Loc loc = Loc::current());
 
+// ================================ convolution and pooling ================================
+// NCHW tensors, float32 / float64, PyTorch's semantics and argument order. unfold and fold are
+// op-table rows (eager kernels; a compiled replay runs them as eager ops between its compiled
+// regions); conv2d and the pools are composites over unfold, so their gradients are unfold's,
+// fold's and matmul's. Bad arguments (rank, a non-positive kernel / stride / dilation, negative
+// padding, a dilated kernel larger than the padded input, channels) throw kiln::Error naming
+// the function called, the shapes / values and the caller's line.
+
+/// A size for each of the two spatial dims (height, width): `3` is {3, 3}, as PyTorch's ints.
+struct Size2 {
+  int64_t h, w;
+  Size2(int64_t both) : h(both), w(both) {}  // NOLINT(google-explicit-constructor): `3`
+  Size2(int64_t h, int64_t w) : h(h), w(w) {}
+};
+/// im2col (torch.nn.functional.unfold): x [N, C, H, W] -> [N, C*kh*kw, L], where row
+/// c*kh*kw + i*kw + j holds element (i, j) of channel c's window at each of the L = Ho*Wo
+/// window positions (row-major), Ho = (H + 2*padding - dilation*(kh - 1) - 1) / stride + 1
+/// (likewise Wo); elements in the zero padding read 0. Gradient: fold.
+Tensor unfold(const Tensor& x, Size2 kernel_size, Size2 dilation = 1, Size2 padding = 0,
+              Size2 stride = 1, Loc loc = Loc::current());
+/// col2im (torch.nn.functional.fold), unfold's adjoint: cols [N, C*kh*kw, L] -> [N, C,
+/// output_size.h, output_size.w], each column element added at its window position (overlaps
+/// sum; padding positions are dropped). L must equal the window count unfold gives for
+/// output_size. Gradient: unfold.
+Tensor fold(const Tensor& cols, Size2 output_size, Size2 kernel_size, Size2 dilation = 1,
+            Size2 padding = 0, Size2 stride = 1, Loc loc = Loc::current());
+/// 2-D cross-correlation (torch.nn.functional.conv2d): x [N, C, H, W], weight [O, C/groups,
+/// kh, kw], optional bias [O] -> [N, O, Ho, Wo] (Ho as unfold's). Computed as unfold(x) then a
+/// matmul with weight [O, C/groups*kh*kw] per group. Throws kiln::Error for groups < 1, C or O
+/// not divisible by groups, weight.size(1) * groups != C, a bias other than [O], or x and
+/// weight of different dtypes.
+Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor(),
+              Size2 stride = 1, Size2 padding = 0, Size2 dilation = 1, int64_t groups = 1,
+              Loc loc = Loc::current());
+/// Max over each (dilated) kh x kw window (torch.nn.functional.max_pool2d): [N, C, H, W] ->
+/// [N, C, Ho, Wo]; stride defaults to kernel_size. Padding counts as -inf (never the max).
+/// NaN propagates; the gradient goes to the first maximum of each window (row-major), as
+/// PyTorch's. Throws kiln::Error for padding above half the kernel size (PyTorch's check).
+Tensor max_pool2d(const Tensor& x, Size2 kernel_size, std::optional<Size2> stride = std::nullopt,
+                  Size2 padding = 0, Size2 dilation = 1, Loc loc = Loc::current());
+/// Mean over each kh x kw window (torch.nn.functional.avg_pool2d with count_include_pad =
+/// true, ceil_mode = false): padding counts as 0 and the divisor is always kh*kw; stride
+/// defaults to kernel_size. Throws kiln::Error for padding above half the kernel size.
+Tensor avg_pool2d(const Tensor& x, Size2 kernel_size, std::optional<Size2> stride = std::nullopt,
+                  Size2 padding = 0, Loc loc = Loc::current());
+
 }  // namespace kiln

@@ -65,6 +65,8 @@ const char* dialect_op_for(OpKind op) {
     // argsort and cumsum have no dialect op: a compiled replay runs them on eager kernels
     // between its compiled regions (tracer/plan.cpp, lowerable).
     case OpCategory::Scan: return nullptr;
+    // unfold / fold (and so conv2d and the pools) likewise: not lowered to codegen yet.
+    case OpCategory::Window: return nullptr;
     default: return nullptr;
   }
 }

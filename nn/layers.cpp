@@ -22,6 +22,36 @@ Linear::Linear(int64_t in, int64_t out, bool with_bias, Loc loc) {
 }
 Tensor Linear::forward(const Tensor& x) { return linear(x, weight, bias); }
 
+Conv2d::Conv2d(int64_t in, int64_t out, Size2 kernel, Size2 stride, Size2 padding,
+               Size2 dilation, int64_t groups, bool with_bias, Loc loc)
+    : stride(stride), padding(padding), dilation(dilation), groups(groups) {
+  KILN_CHECK(in >= 1 && out >= 1 && groups >= 1, "Conv2d", loc,
+             "in_channels, out_channels and groups must be positive, got {}, {} and {}", in, out,
+             groups);
+  KILN_CHECK(in % groups == 0 && out % groups == 0, "Conv2d", loc,
+             "in_channels ({}) and out_channels ({}) must be divisible by groups ({})", in, out,
+             groups);
+  KILN_CHECK(kernel.h >= 1 && kernel.w >= 1 && stride.h >= 1 && stride.w >= 1 &&
+                 dilation.h >= 1 && dilation.w >= 1 && padding.h >= 0 && padding.w >= 0,
+             "Conv2d", loc,
+             "kernel_size [{}, {}], stride [{}, {}] and dilation [{}, {}] must be positive and "
+             "padding [{}, {}] non-negative",
+             kernel.h, kernel.w, stride.h, stride.w, dilation.h, dilation.w, padding.h,
+             padding.w);
+  weight = register_parameter("weight", as_op("Conv2d", [&] {
+                                return empty({out, in / groups, kernel.h, kernel.w}, {}, loc);
+                              }));
+  init::kaiming_uniform_(weight, std::sqrt(5.0));
+  if (with_bias) {
+    bias = register_parameter("bias", as_op("Conv2d", [&] { return empty({out}, {}, loc); }));
+    const double b = 1 / std::sqrt(static_cast<double>(init::fans(weight).first));
+    init::uniform_(bias, -b, b);
+  }
+}
+Tensor Conv2d::forward(const Tensor& x) {
+  return conv2d(x, weight, bias, stride, padding, dilation, groups);
+}
+
 Embedding::Embedding(int64_t num, int64_t dim, Loc loc) {
   KILN_CHECK(num >= 0 && dim >= 0, "Embedding", loc,
              "num_embeddings and embedding_dim must be non-negative, got {} and {}", num, dim);

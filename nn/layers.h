@@ -19,6 +19,53 @@ class Linear : public Module {
   Tensor weight, bias;
 };
 
+/// 2-D convolution (kiln::conv2d) over NCHW input [N, in, H, W] → [N, out, Ho, Wo]. Weight
+/// [out, in/groups, kh, kw] and bias [out] from U(−1/√fan_in, 1/√fan_in), fan_in =
+/// in/groups·kh·kw (kaiming_uniform with a = √5, as torch.nn.Conv2d). The geometry is fixed at
+/// construction (const members, so a compiled forward needs no guard on it).
+class Conv2d : public Module {
+ public:
+  /// Throws kiln::Error for channels < 1, groups < 1, channels not divisible by groups, or a
+  /// kernel / stride / dilation below 1 or a negative padding.
+  Conv2d(int64_t in_channels, int64_t out_channels, Size2 kernel_size, Size2 stride = 1,
+         Size2 padding = 0, Size2 dilation = 1, int64_t groups = 1, bool bias = true,
+         Loc loc = Loc::current());
+  Tensor forward(const Tensor& x) override;
+  std::string name() const override { return "Conv2d"; }
+  const Size2 stride, padding, dilation;
+  const int64_t groups;
+  Tensor weight, bias;
+};
+
+/// kiln::max_pool2d over NCHW input; stride defaults to the kernel size. No parameters.
+class MaxPool2d : public Module {
+ public:
+  explicit MaxPool2d(Size2 kernel_size, std::optional<Size2> stride = std::nullopt,
+                     Size2 padding = 0, Size2 dilation = 1)
+      : kernel_size(kernel_size), stride(stride), padding(padding), dilation(dilation) {}
+  Tensor forward(const Tensor& x) override {
+    return max_pool2d(x, kernel_size, stride, padding, dilation);
+  }
+  std::string name() const override { return "MaxPool2d"; }
+  const Size2 kernel_size;
+  const std::optional<Size2> stride;
+  const Size2 padding, dilation;
+};
+
+/// kiln::avg_pool2d (count_include_pad = true) over NCHW input; stride defaults to the kernel
+/// size. No parameters.
+class AvgPool2d : public Module {
+ public:
+  explicit AvgPool2d(Size2 kernel_size, std::optional<Size2> stride = std::nullopt,
+                     Size2 padding = 0)
+      : kernel_size(kernel_size), stride(stride), padding(padding) {}
+  Tensor forward(const Tensor& x) override { return avg_pool2d(x, kernel_size, stride, padding); }
+  std::string name() const override { return "AvgPool2d"; }
+  const Size2 kernel_size;
+  const std::optional<Size2> stride;
+  const Size2 padding;
+};
+
 /// Lookup table: int indices [...] → [..., dim]. Weight [num, dim] from N(0, 1).
 class Embedding : public Module {
  public:

@@ -30,6 +30,7 @@ void scatter_kernel(const OpCall&, const InferredMeta&, std::span<Tensor>);  // 
 void random_kernel(const OpCall&, const InferredMeta&, std::span<Tensor>);
 void loss_kernel(const OpCall&, const InferredMeta&, std::span<Tensor>);
 void scan_kernel(const OpCall&, const InferredMeta&, std::span<Tensor>);  // argsort, cumsum
+void window_kernel(const OpCall&, const InferredMeta&, std::span<Tensor>);  // unfold, fold
 
 /// The gradients of y = layer_norm(x, w, b) (normalised over the trailing dims
 /// `normalized_shape`, m elements per row) given dL/dy = g, computed in one pass over x and g:

@@ -19,6 +19,7 @@ Kernel kernel_for(OpKind op) {
     case OpCategory::Random: return random_kernel;
     case OpCategory::Loss: return loss_kernel;
     case OpCategory::Scan: return scan_kernel;
+    case OpCategory::Window: return window_kernel;
     case OpCategory::View: return nullptr;  // views are metadata-only (eager/view.cpp)
   }
   return nullptr;

@@ -97,6 +97,7 @@ Grad grad_class(OpKind k) {
     case OpKind::ScatterAdd: case OpKind::Tril:
     case OpKind::Triu: case OpKind::Dropout: case OpKind::NllLoss: case OpKind::MseLoss:
     case OpKind::FloorDivide: case OpKind::Remainder: case OpKind::Fill: case OpKind::CumSum:
+    case OpKind::Unfold: case OpKind::Fold:
       return Grad::Yes;
     case OpKind::LogicalNot: case OpKind::Eq:
     case OpKind::Ne: case OpKind::Lt: case OpKind::Le: case OpKind::Gt: case OpKind::Ge:

@@ -1083,6 +1083,51 @@ Ref scan(OpKind k, const Arr& x, const OpAttrs& a) {
   return r;
 }
 
+// ---------------------------------- windows ----------------------------------
+
+/// unfold / fold by direct index loops over the geometry in attr dims ({kh, kw, dilation,
+/// padding, stride}, each h then w; fold: the output's H, W first). unfold copies (padding:
+/// attr alpha); fold sums overlapping elements in double (Accum).
+Ref window(OpKind k, const Arr& x, const OpAttrs& a) {
+  const bool is_fold = k == OpKind::Fold;
+  const int o = is_fold ? 2 : 0;
+  if (a.dims.size() != o + 8) return raises("bad geometry attrs");
+  if (!is_float(x.dtype)) return raises("not a floating dtype");
+  if (x.shape.size() != (is_fold ? 3u : 4u)) return raises("wrong rank");
+  const int64_t kh = a.dims[o], kw = a.dims[o + 1], dh = a.dims[o + 2], dw = a.dims[o + 3];
+  const int64_t ph = a.dims[o + 4], pw = a.dims[o + 5], sh = a.dims[o + 6], sw = a.dims[o + 7];
+  if (kh < 1 || kw < 1 || dh < 1 || dw < 1 || sh < 1 || sw < 1 || ph < 0 || pw < 0)
+    return raises("non-positive kernel / dilation / stride or negative padding");
+  const int64_t h = is_fold ? a.dims[0] : x.shape[2], w = is_fold ? a.dims[1] : x.shape[3];
+  const int64_t eh = dh * (kh - 1) + 1, ew = dw * (kw - 1) + 1;
+  if (h < 0 || w < 0 || eh > h + 2 * ph || ew > w + 2 * pw)
+    return raises("kernel larger than the padded input");
+  const int64_t ho = (h + 2 * ph - eh) / sh + 1, wo = (w + 2 * pw - ew) / sw + 1;
+  const int64_t kk = kh * kw, l = ho * wo, n = x.shape[0];
+  if (is_fold && (x.shape[1] % kk != 0 || x.shape[2] != l)) return raises("columns");
+  const int64_t c = is_fold ? x.shape[1] / kk : x.shape[1];
+  const Ix shape = is_fold ? Ix{n, c, h, w} : Ix{n, c * kk, l};
+  Ref r = result(shape, x.dtype, is_fold ? Tol::Accum : Tol::Exact);
+  const size_t count = static_cast<size_t>(numel(shape));
+  std::vector<double> acc(count, is_fold ? 0.0 : a.alpha.to<double>()), mag(count, 0.0);
+  for (int64_t b = 0; b < n; ++b)
+    for (int64_t ch = 0; ch < c; ++ch)
+      for (int64_t ki = 0; ki < kh; ++ki)
+        for (int64_t kj = 0; kj < kw; ++kj)
+          for (int64_t i = 0; i < ho; ++i)
+            for (int64_t j = 0; j < wo; ++j) {
+              const int64_t row = i * sh - ph + ki * dh, col = j * sw - pw + kj * dw;
+              if (row < 0 || row >= h || col < 0 || col >= w) continue;
+              const auto window = static_cast<size_t>(((b * c + ch) * kk + ki * kw + kj) * l + i * wo + j);
+              const auto pixel = static_cast<size_t>(((b * c + ch) * h + row) * w + col);
+              if (is_fold) acc[pixel] += x.f[window], mag[pixel] += std::fabs(x.f[window]);
+              else acc[window] = x.f[pixel];
+            }
+  if (is_fold) r.mag = mag;
+  for (size_t j = 0; j < count; ++j) set_f(r, static_cast<int64_t>(j), acc[j]);
+  return r;
+}
+
 }  // namespace
 
 Ref reference(OpKind k, const std::vector<Tensor>& inputs, const OpAttrs& a) {
@@ -1110,6 +1155,7 @@ Ref reference(OpKind k, const std::vector<Tensor>& inputs, const OpAttrs& a) {
       return cat(inputs, a);
     case C::Index: return index_op(k, inputs, a);
     case C::Scan: return scan(k, read(inputs[0]), a);
+    case C::Window: return window(k, read(inputs[0]), a);
     case C::Loss:
       if (k != OpKind::NllLoss && k != OpKind::MseLoss) break;
       return loss(k, inputs, a);

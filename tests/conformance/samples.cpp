@@ -647,6 +647,51 @@ std::vector<Sample> samples(OpKind k, bool grad, std::string& missing) {
       }
       break;
     }
+    case kiln::OpCategory::Window: {  // unfold, fold: attr dims = the geometry (fold: H, W first)
+      const bool is_fold = k == OpKind::Fold;
+      // {kh, kw, dilation h, w, padding h, w, stride h, w}; unfold's padding reads attr alpha.
+      auto geo = [=](const Ix& g, double pad = 0) {
+        return with([&](OpAttrs& a) {
+          if (is_fold) a.dims = {5, 6};
+          for (int64_t v : g) a.dims.push_back(v);
+          a.alpha = pad;
+        });
+      };
+      // unfold: a [2, 3, 5, 6] input; fold: the [2, 3*kh*kw, L] columns unfold makes of one.
+      auto input = [=](DType d, const Ix& g, int salt, Pool p, Layout layout) {
+        if (!is_fold) return make(d, {2, 3, 5, 6}, salt, p, layout);
+        const int64_t ho = (5 + 2 * g[4] - g[2] * (g[0] - 1) - 1) / g[6] + 1;
+        const int64_t wo = (6 + 2 * g[5] - g[3] * (g[1] - 1) - 1) / g[7] + 1;
+        return make(d, {2, 3 * g[0] * g[1], ho * wo}, salt, p, layout);
+      };
+      const std::vector<Ix> geos = {{3, 3, 1, 1, 1, 1, 1, 1}, {2, 3, 2, 1, 0, 1, 2, 1}, {1, 2, 1, 1, 0, 0, 3, 2}};
+      // fold sums: finite values (float32 overflow in a partial sum is order-dependent).
+      const Pool p = is_fold ? fin : pool;
+      for (DType d : dts) {
+        std::string t = " " + dn(d);
+        for (size_t q = 0; q < geos.size(); ++q) {
+          const Ix g = geos[q];
+          std::string gs = " geometry#" + std::to_string(q) + t;
+          S("contiguous" + gs, [=] { return std::vector<Tensor>{input(d, g, 0, p, L::Contiguous)}; }, geo(g), q == 0);
+          S("transposed" + gs, [=] { return std::vector<Tensor>{input(d, g, 1, p, L::Transposed)}; }, geo(g), q == 1 && d == F32);
+        }
+        if (grad) continue;
+        const Ix g = geos[0];
+        if (!is_fold) S("-inf padding" + t, [=] { return std::vector<Tensor>{input(d, g, 2, p, L::Contiguous)}; }, geo(g, -INFINITY), true);
+        S("expanded" + t, [=] { return std::vector<Tensor>{input(d, g, 3, p, L::Expanded)}; }, geo(g));
+        S("batch 0" + t, [=] { return std::vector<Tensor>{is_fold ? make(d, {0, 27, 30}, 0, p) : make(d, {0, 3, 5, 6}, 0, p)}; }, geo(g));
+        S("kernel larger than the padded input" + t, [=] { return std::vector<Tensor>{input(d, g, 0, p, L::Contiguous)}; }, geo({8, 3, 1, 1, 1, 1, 1, 1}));
+        S("stride 0" + t, [=] { return std::vector<Tensor>{input(d, g, 0, p, L::Contiguous)}; }, geo({3, 3, 1, 1, 1, 1, 0, 1}));
+        S("dilation 0" + t, [=] { return std::vector<Tensor>{input(d, g, 0, p, L::Contiguous)}; }, geo({3, 3, 1, 0, 1, 1, 1, 1}));
+        S("negative padding" + t, [=] { return std::vector<Tensor>{input(d, g, 0, p, L::Contiguous)}; }, geo({3, 3, 1, 1, -1, 1, 1, 1}));
+        S("3-D input" + t, [=] { return std::vector<Tensor>{make(d, is_fold ? Ix{27, 30} : Ix{3, 5, 6}, 0, p)}; }, geo(g));
+        if (is_fold) {
+          S("29 columns, 30 windows" + t, [=] { return std::vector<Tensor>{make(d, {2, 27, 29}, 0, p)}; }, geo(g));
+          S("26 rows for a 3x3 kernel" + t, [=] { return std::vector<Tensor>{make(d, {2, 26, 30}, 0, p)}; }, geo(g));
+        }
+      }
+      break;
+    }
     default: missing = "no sampler for this op's category in samples.cpp"; return {};
   }
   if (out.empty() && !grad) missing = "no samples for this op in samples.cpp";
