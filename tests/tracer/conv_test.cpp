@@ -111,7 +111,7 @@ TEST_CASE("compile: conv2d and max_pool2d at changing batch sizes equal eager",
   const Tensor w = randn({5, 3, 3, 3});
   auto fn = [&](const Tensor& x) { return max_pool2d(relu(conv2d(x, w, Tensor(), 1, 1)), 2); };
   auto cf = compile(fn);
-  for (int64_t n : {2, 3, 5, 1, 4}) {
+  for (int64_t n : {2, 3, 5, 4, 7}) {  // (1 would be a specialisation of its own)
     INFO("n " << n);
     Tensor x = randn({n, 3, 8, 8});
     Tensor c = cf(x), e = fn(x);
