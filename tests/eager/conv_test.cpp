@@ -330,6 +330,8 @@ TEST_CASE("nn::Conv2d, MaxPool2d and AvgPool2d: PyTorch's shapes and initialisat
   CHECK(conv.parameters().size() == 2);
   Tensor x = randn({2, 4, 5, 5});
   CHECK(values(conv.forward(x)) == values(conv2d(x, conv.weight, conv.bias, 1, 1, 1, 2)));
+  // A bad input names conv2d and this line, not nn/layers.cpp's.
+  check_error([&] { conv(randn({2, 6, 5, 5})); }, "conv2d", "takes 4 input channels", __LINE__);
   CHECK(nn::Conv2d(4, 6, 3, 1, 0, 1, 1, false).bias.defined() == false);
   nn::MaxPool2d mp(3, 2, 1);
   nn::AvgPool2d ap(2);
