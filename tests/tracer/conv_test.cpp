@@ -121,3 +121,27 @@ TEST_CASE("compile: conv2d and max_pool2d at changing batch sizes equal eager",
   INFO(cf.explain());
   CHECK(cf.compile_count() <= 2);  // the static trace, then one dynamic one
 }
+
+TEST_CASE("compile: a conv2d training step at changing image sizes equals eager",
+          "[compile][conv][dynamic]") {
+  // unfold's output and fold's attrs (the backward's) follow the image size: each new size
+  // traces again or replays a symbolic trace; either way the values are eager's.
+  manual_seed(9);
+  auto fn = [](const Tensor& x, const Tensor& w) {
+    Tensor y = avg_pool2d(conv2d(x, w, Tensor(), 2, 1), 2);
+    Tensor gw = grad({(y * y).sum()}, {w})[0];
+    return std::vector<Tensor>{y, gw};
+  };
+  auto cf = compile(fn);
+  const Tensor w = randn({4, 3, 3, 3}).requires_grad_();
+  for (int64_t hw : {8, 12, 8, 16, 20}) {
+    INFO("image " << hw << "x" << hw);
+    Tensor x = randn({2, 3, hw, hw + 4});
+    std::vector<Tensor> c = cf(x, w), e = fn(x, w);
+    REQUIRE(c[0].shape() == e[0].shape());
+    for (size_t i = 0; i < 2; ++i)  // float32 sums in another order: relative to the largest
+      CHECK(max_abs_diff(c[i], e[i]) < 1e-5 * (1 + amax(abs(e[i])).item<float>()));
+  }
+  INFO(cf.explain());
+  CHECK(cf.compile_count() <= 4);
+}
