@@ -15,7 +15,7 @@ namespace {
 
 struct Planes {
   int64_t count, h, w;  // N*C planes of h x w
-  int64_t out_h, out_w;  // window positions per column and row
+  int64_t out_h, out_w;  // window positions down and across a plane
 };
 
 // Runs fn(plane) for each plane, split across the pool (about kGrainSize elements a chunk).
