@@ -1,5 +1,6 @@
 #include "tracer/generalize.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -133,7 +134,7 @@ std::optional<int64_t> evaluate(const SymInt& s, const std::vector<Shape>& shape
   std::optional<int64_t> x = size(s.arg, s.dim), y = s.arg2 < 0 ? 1 : size(s.arg2, s.dim2);
   if (!x || !y) return std::nullopt;
   if (s.arg2 >= 0) *y += s.offset2;
-  return s.factor * *x * *y + s.offset;
+  return (s.factor * *x * *y + s.bias) / s.divisor + s.offset;
 }
 
 // Whether a candidate formula also fits every earlier trace (a Witness).
@@ -188,6 +189,42 @@ struct Explainer {
       int64_t f = (nv - ov) / ds;
       if (take({a, d, f, -1, 0, nv - f * nsh[a][d]})) return true;
     }
+    return divided(nv, ov, take);
+  }
+
+  // (size + bias) / divisor + offset, or (size * size2 + bias) / divisor + offset: what C++
+  // integer division of sizes makes (`n / 2`, `(n + 1) / 2`, `n / 2 - 1`, `(n * m) / 3`).
+  // Smaller divisors, biases and offsets first.
+  template <class Take> bool divided(int64_t nv, int64_t ov, Take&& take) const {
+    std::vector<SymInt> operands;  // the sizes or products to divide, divisor still 1
+    for (size_t i = 0; i < dims.size(); ++i) {
+      auto [a, d] = dims[i];
+      if (nsh[a][d] == osh[a][d] || nsh[a][d] < 1 || osh[a][d] < 1) continue;
+      operands.push_back({a, d, 1});
+      for (size_t j = 0; j < dims.size(); ++j)
+        if (j != i) operands.push_back({a, d, 1, dims[j].first, dims[j].second});
+    }
+    auto product = [](const std::vector<Shape>& sh, const SymInt& s) {
+      return sh[s.arg][s.dim] * (s.arg2 < 0 ? 1 : sh[s.arg2][s.dim2]);
+    };
+    for (int64_t offset : {0, -1, 1, -2, 2}) {
+      const int64_t t = nv - offset, to = ov - offset;
+      if (t < 1 || to < 1) continue;
+      for (SymInt s : operands) {
+        const int64_t p = product(nsh, s), po = product(osh, s);
+        if (p < 0 || po < 0) continue;
+        // (p + b) / k == t needs k * t - p <= b <= k * t + k - 1 - p, and 0 <= b < k.
+        const int64_t k_low = std::max({int64_t(2), p / (t + 1) + 1, po / (to + 1) + 1});
+        for (int64_t k = k_low; k < k_low + 64; ++k) {
+          int64_t b_low = std::max({int64_t(0), k * t - p, k * to - po});
+          int64_t b_high = std::min({k - 1, k * t + k - 1 - p, k * to + k - 1 - po});
+          for (int64_t b = b_low; b <= b_high; ++b) {
+            s.divisor = k, s.bias = b, s.offset = offset;
+            if (take(s)) return true;
+          }
+        }
+      }
+    }
     return false;
   }
 };
@@ -237,6 +274,24 @@ std::optional<SizeFormula> size_formula(
       f.offset = offset;
       f.numerator = n * double(f.sym.factor * ns + offset);
       if (fits(ns, os) && (!accept || accept(f))) return f;
+    }
+  }
+  // numerator / sqrt(size + offset): the numerator n * sqrt(ns + offset) recovers is off by
+  // rounding; a whole number near it is what the C++ wrote (1 / std::sqrt(d)).
+  f.root = true;
+  for (auto ad : explain.dims) {
+    auto sizes = changed(ad);
+    if (!sizes) continue;
+    f.sym = {ad.first, ad.second, 1};
+    for (int64_t offset : {0, -1, 1, -2, 2}) {
+      if (sizes->first + offset < 1 || sizes->second + offset < 1) continue;
+      f.offset = offset;
+      const double guess = n * std::sqrt(double(sizes->first + offset));
+      for (double numerator : {std::round(guess), guess}) {
+        f.numerator = numerator;
+        if (numerator != 0 && fits(sizes->first, sizes->second) && (!accept || accept(f)))
+          return f;
+      }
     }
   }
   return std::nullopt;
@@ -367,8 +422,11 @@ std::string same_structure(const Program& a, const Program& b) {
 
 }  // namespace
 
+bool same_ops(const Program& a, const Program& b) { return same_structure(a, b).empty(); }
+
 Scalar size_value(const SizeFormula& f, int64_t n, const Scalar& traced) {
-  if (f.reciprocal) return Scalar(f.numerator / double(n + f.offset));
+  if (f.reciprocal)
+    return Scalar(f.numerator / (f.root ? std::sqrt(double(n + f.offset)) : double(n + f.offset)));
   return traced.is_floating() ? Scalar(double(n + f.offset)) : Scalar(n + f.offset);
 }
 
@@ -522,7 +580,7 @@ std::string generalize(Program& nw, const Program& old, const std::vector<Shape>
     }
     if (!found)
       return fmt::format("a constant ({} vs {}), used by {}, is neither a host-scalar argument "
-                         "nor a multiple or reciprocal of a changed size", ns.scalar.str(),
+                         "nor a multiple, reciprocal or reciprocal square root of a changed size", ns.scalar.str(),
                          os.scalar.str(), user_of_source(g, int(s)));
   }
   nw = std::move(g);

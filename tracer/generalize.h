@@ -52,6 +52,10 @@ std::string generalize(Program& nw, const Program& old, const std::vector<Shape>
 std::string conforms(const Program& trace, const Program& sym, const std::vector<Shape>& shapes,
                      const std::vector<Scalar>& scalars);
 
+/// Whether `a` and `b` ran the same ops on the same values, apart from the integers sizes may
+/// change and wrapped constants: traces of one code path at two sizes.
+bool same_ops(const Program& a, const Program& b);
+
 /// For CompileOptions::check when compiled and eager differ although a fresh trace, compiled,
 /// matches eager op by op: the first way the `replayed` specialisation's trace differs from a
 /// `fresh` recording of the same call — another op (a C++ branch on state the tracer cannot

@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <functional>
 #include <set>
 
 #include "kiln/kiln.h"
@@ -119,6 +120,65 @@ TEST_CASE("compile: a cache grown by cat from empty settles under Dynamic::Alway
   CHECK(cgrow.compile_count() == 4);
   CHECK(cgrow.cache_entries() == 3);
   CHECK(contains(text, "replaces specialisation #2"));
+  CHECK(contains(text, "shape-only run(s) confirming new sizes"));
+  CHECK_FALSE(contains(text, "runs eagerly"));
+}
+
+TEST_CASE("compile: sizes from C++ integer division of a size settle after a few traces",
+          "[compile][dynamic][shape-only]") {
+  // Slices to `n / 2`, from `n / 2`, to `(n + 1) / 2` and of `(n * m) / 3` elements: no
+  // multiple or affine function of n, so every size was traced (each pair of sizes fit an
+  // affine formula the next refuted) until the cache limit, then the function ran eagerly.
+  using Fn = std::function<Tensor(const Tensor&)>;
+  const std::vector<std::pair<const char*, Fn>> cases{
+      {"n / 2", [](const Tensor& x) { return x.slice(0, 0, x.size(0) / 2).sum(0) * 2.0; }},
+      {"n - n / 2", [](const Tensor& x) { return x.slice(0, x.size(0) / 2, x.size(0)).sum(0); }},
+      {"(n + 1) / 2", [](const Tensor& x) { return x.slice(0, 1, (x.size(0) + 1) / 2).sum(0); }},
+      {"(n * m) / 3", [](const Tensor& x) {
+         const int64_t nm = x.size(0) * x.size(1);
+         return x.reshape({nm}).slice(0, 0, nm / 3).sum(0);
+       }},
+  };
+  for (const auto& [what, f] : cases) {
+    INFO(what);
+    auto cf = compile(f);
+    for (int64_t n = 2; n < 24; ++n) {
+      Tensor x = arange(n * (n + 2), DType::Float32).reshape({n, n + 2});
+      INFO("n = " << n);
+      CHECK(max_diff(cf(x), f(x)) == 0);
+    }
+    const std::string text = cf.explain();
+    INFO(text);
+    CHECK(cf.compile_count() <= 3);
+    CHECK(contains(text, "shape-only run(s) confirming new sizes"));
+    CHECK_FALSE(contains(text, "runs eagerly"));
+  }
+}
+
+TEST_CASE("compile: a scale 1 / sqrt(length) of a cache grown by cat settles under "
+          "Dynamic::Always", "[compile][dynamic][shape-only]") {
+  // The host scale is a constant of each trace; as a reciprocal square root of a size it
+  // follows the length (break-it pass: every length was traced until the cache limit, with a
+  // message that named the cat's length, not the scale).
+  auto attend = [](const Tensor& keys, const Tensor& row) {
+    Tensor k = cat({keys, row}, 0);
+    const double scale = 1.0 / std::sqrt(double(k.size(0)));
+    return std::vector<Tensor>{k, k.sum(0) * scale};
+  };
+  CompileOptions always;
+  always.dynamic = Dynamic::Always;
+  auto cattend = compile(attend, always);
+  Tensor keys = zeros({0, 4});
+  for (int t = 0; t < 20; ++t) {
+    Tensor row = full({1, 4}, double(t + 1));
+    std::vector<Tensor> got = cattend(keys, row), want = attend(keys, row);
+    INFO("length " << t + 1);
+    CHECK(max_diff(got[1], want[1]) == 0);
+    keys = got[0];
+  }
+  const std::string text = cattend.explain();
+  INFO(text);
+  CHECK(cattend.compile_count() == 4);
   CHECK(contains(text, "shape-only run(s) confirming new sizes"));
   CHECK_FALSE(contains(text, "runs eagerly"));
 }
