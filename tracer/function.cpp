@@ -129,6 +129,9 @@ struct ArgGuard {
   // host scalars
   Scalar value;
   bool dynamic_scalar = false;
+  // Dynamic, and symbolic sizes are made of it (SymInt::scalar): values below 2 are
+  // specialised, as tensor sizes 0 and 1 are.
+  bool size_scalar = false;
   bool fixed = false;  // list length / enum: never dynamic
   const void* type = nullptr;  // ArgValue::type
   // other values guarded by equality
@@ -183,6 +186,9 @@ std::string guard_failure(const ArgGuard& g, const std::vector<ArgValue>& args, 
     if (!g.dynamic_scalar && !same_scalar(a.scalar, g.value))
       return fmt::format("argument {} (host scalar) is {}, expected {}", i, a.scalar.str(),
                          g.value.str());
+    if (g.size_scalar && a.scalar.to<int64_t>() < 2)
+      return fmt::format("argument {} (host integer that sizes follow) is {}, expected >= 2", i,
+                         a.scalar.str());
     return {};
   }
   if (a.kind == ArgValue::Kind::Other) {
@@ -261,8 +267,9 @@ std::string describe_guard(const ArgGuard& g, size_t i) {
   switch (g.kind) {
     case ArgValue::Kind::Scalar:
       return g.dynamic_scalar
-                 ? fmt::format("arg {}: host scalar of kind {} (dynamic)", i,
-                               g.value.is_floating() ? "float" : g.value.is_bool() ? "bool" : "int")
+                 ? fmt::format("arg {}: host scalar of kind {} (dynamic{})", i,
+                               g.value.is_floating() ? "float" : g.value.is_bool() ? "bool" : "int",
+                               g.size_scalar ? ", >= 2: sizes follow it" : "")
                  : fmt::format("arg {}: host scalar == {}", i, g.value.str());
     case ArgValue::Kind::Tensor: {
       std::string dims;
@@ -2484,6 +2491,11 @@ std::vector<OutValue> CompiledFunction::Impl::trace(
     for (size_t a = 0; a < base->guards.size(); ++a)
       for (int d = 0; d < 64; ++d)
         if (base->guards[a].dyn_mask >> d & 1) dims.push_back({int(a), d});
+    // Likewise the base's dynamic host scalars: sizes that follow one keep following it.
+    std::vector<int> scalars = auto_scalars;
+    for (size_t a = 0; a < base->guards.size(); ++a)
+      if (base->guards[a].dynamic_scalar && std::ranges::find(scalars, int(a)) == scalars.end())
+        scalars.push_back(int(a));
     std::vector<Scalar> old_scalars, new_scalars;
     for (size_t i = 0; i < args.size(); ++i) {
       old_scalars.push_back(base->guards[i].value);
@@ -2504,27 +2516,33 @@ std::vector<OutValue> CompiledFunction::Impl::trace(
              new_shapes[a][d] < 2 && new_shapes[a][d] == old_shapes[a][d];
     });
     std::vector<Witness> earlier = base->witnesses;
+    auto traced_scalars = [](const Entry& x) {
+      std::vector<Scalar> out;
+      for (const ArgGuard& g : x.guards) out.push_back(g.value);
+      return out;
+    };
     // The trace of an entry refuted at these sizes (and what it was inferred from) tells
     // formulas apart that fit the base and this trace: `n / 2` from `(n + 1) / 2` at n = 3.
     if (refuted_base && refuted_base->entry != base) {
       const Entry& r = *refuted_base->entry;
       for (const Witness& w : r.witnesses) earlier.push_back(w);
       if (auto rp = path_program(*r.root, *prog))
-        earlier.push_back({rp, arg_shapes(*rp, args.size())});
+        earlier.push_back({rp, arg_shapes(*rp, args.size()), traced_scalars(r)});
     }
     std::string why = old_program ? generalize(*prog, old, new_shapes, old_shapes, new_scalars,
-                                               old_scalars, dims, auto_scalars, earlier)
+                                               old_scalars, dims, scalars, earlier)
                                   : "the trace took a branch not traced at the other sizes";
     if (why.empty()) {
-      earlier.push_back({old_program, old_shapes});
+      earlier.push_back({old_program, old_shapes, old_scalars});
       constexpr size_t kMaxWitnesses = 4;
       if (earlier.size() > kMaxWitnesses)
         earlier.erase(earlier.begin(), earlier.end() - kMaxWitnesses);
       e->witnesses = std::move(earlier);
       duck_size(*e, dims, new_shapes, old_shapes);
       for (auto [a, d] : dims) e->guards[a].dyn_mask |= uint64_t(1) << d;
-      for (int s : auto_scalars)
+      for (int s : scalars)
         if (e->guards[s].kind == ArgValue::Kind::Scalar) e->guards[s].dynamic_scalar = true;
+      for (int s : size_scalars(*prog)) e->guards[s].size_scalar = true;
       e->dynamic = true;
       generalized_from = base;
       how = fmt::format("; the changed sizes/scalars are symbolic from now on (compared with "
@@ -2621,7 +2639,10 @@ std::string CompiledFunction::explain() const {
     out += fmt::format("  cache limit reached: calls that match no entry run eagerly ({} so far), "
                        "the others replay their entry; {}\n",
                        im.eager_calls.load(), im.limit_reason);
-  for (auto& e : im.entries) {
+  // By id: the order they are tried in changes (place_before).
+  std::vector<std::shared_ptr<Entry>> by_id = im.entries;
+  std::ranges::sort(by_id, {}, [](const std::shared_ptr<Entry>& e) { return e->id; });
+  for (auto& e : by_id) {
     out += fmt::format("specialisation #{} ({}; {} replay(s)):\n  guards:\n", e->id, e->reason,
                        e->hits.load());
     out += describe_guards(*e, "    ");
