@@ -129,6 +129,9 @@ struct ArgGuard {
   // host scalars
   Scalar value;
   bool dynamic_scalar = false;
+  // Dynamic, and symbolic sizes are made of it (SymInt::scalar): values below 2 are
+  // specialised, as tensor sizes 0 and 1 are.
+  bool size_scalar = false;
   bool fixed = false;  // list length / enum: never dynamic
   const void* type = nullptr;  // ArgValue::type
   // other values guarded by equality
@@ -183,6 +186,9 @@ std::string guard_failure(const ArgGuard& g, const std::vector<ArgValue>& args, 
     if (!g.dynamic_scalar && !same_scalar(a.scalar, g.value))
       return fmt::format("argument {} (host scalar) is {}, expected {}", i, a.scalar.str(),
                          g.value.str());
+    if (g.size_scalar && a.scalar.to<int64_t>() < 2)
+      return fmt::format("argument {} (host integer that sizes follow) is {}, expected >= 2", i,
+                         a.scalar.str());
     return {};
   }
   if (a.kind == ArgValue::Kind::Other) {
@@ -261,8 +267,9 @@ std::string describe_guard(const ArgGuard& g, size_t i) {
   switch (g.kind) {
     case ArgValue::Kind::Scalar:
       return g.dynamic_scalar
-                 ? fmt::format("arg {}: host scalar of kind {} (dynamic)", i,
-                               g.value.is_floating() ? "float" : g.value.is_bool() ? "bool" : "int")
+                 ? fmt::format("arg {}: host scalar of kind {} (dynamic{})", i,
+                               g.value.is_floating() ? "float" : g.value.is_bool() ? "bool" : "int",
+                               g.size_scalar ? ", >= 2: sizes follow it" : "")
                  : fmt::format("arg {}: host scalar == {}", i, g.value.str());
     case ArgValue::Kind::Tensor: {
       std::string dims;
@@ -766,6 +773,18 @@ struct CompiledFunction::Impl {
   std::atomic<bool> forked_while_busy{false};
   LiveFunction live{&mu, &forked_while_busy};
   std::vector<std::shared_ptr<Entry>> entries;
+  /// Moves entry `e` just before `refuted` in `entries` when it comes after it. Entries are
+  /// tried in order and the first unconfirmed one decides: one that holds at sizes where
+  /// `refuted` failed is tried first from then on, so new sizes are checked against it
+  /// shape-only (kept behind, `refuted` matched first at every new size and ran a full trace
+  /// to refute itself: a slice to `n / 2` traced at every size).
+  void place_before(const Entry* e, const Entry* refuted) {
+    auto at = [&](const Entry* x) {
+      return std::ranges::find_if(entries, [&](const auto& y) { return y.get() == x; });
+    };
+    auto from = at(e), to = at(refuted);
+    if (from != entries.end() && to < from) std::rotate(to, from, from + 1);
+  }
   std::vector<std::string> recompiles;  // each trace after the first, with its reason
   size_t recompiles_dropped = 0;         // the oldest ones, beyond kMaxRecompilesKept
   // Entries dropped because their guards can no longer pass (a captured tensor freed or
@@ -1028,6 +1047,9 @@ bool only_sizes_differ(const Entry& e, const std::vector<ArgValue>& args,
 std::vector<std::pair<std::shared_ptr<Entry>, bool>> CompiledFunction::Impl::find_entries(
     const std::vector<ArgValue>& args) const {
   std::vector<std::pair<std::shared_ptr<Entry>, bool>> out;
+  // Entries that hold for these sizes come first; the first symbolic one not yet confirmed
+  // for them last (an earlier entry may be unconfirmed where a later one was confirmed).
+  std::shared_ptr<Entry> unchecked;
   for (const std::shared_ptr<Entry>& e : entries) {
     if (!passes(*e, args)) continue;
     if (!e->dynamic) {
@@ -1036,10 +1058,12 @@ std::vector<std::pair<std::shared_ptr<Entry>, bool>> CompiledFunction::Impl::fin
     }
     std::vector<int64_t> key = sizes_key(*e, args);
     if (contains(e->refuted_sizes, key)) continue;
-    bool unchecked = !contains(e->checked_sizes, key);
-    out.push_back({e, unchecked});
-    if (unchecked) break;
+    if (contains(e->checked_sizes, key))
+      out.push_back({e, false});
+    else if (!unchecked)
+      unchecked = e;
   }
+  if (unchecked) out.push_back({unchecked, true});
   return out;
 }
 
@@ -1540,7 +1564,10 @@ void duck_size(Entry& e, const std::vector<std::pair<int, int>>& dims,
       if (!before.empty() && (size(before, dims[i]) != size(before, dims[j]) ||
                               size(before, dims[i]) == size(now, dims[i])))
         continue;
-      e.equal_dims.push_back({dims[i], dims[j]});
+      // Once per pair: `dims` may name a dim twice (changed now and symbolic in the base).
+      const std::pair<int, int> x = std::min(dims[i], dims[j]), y = std::max(dims[i], dims[j]);
+      if (std::ranges::find(e.equal_dims, std::pair{x, y}) == e.equal_dims.end())
+        e.equal_dims.push_back({x, y});
     }
 }
 
@@ -2186,6 +2213,7 @@ std::vector<OutValue> CompiledFunction::Impl::trace(
     return na != nb ? na > nb : std::less<>()(a, b);
   });
   std::optional<BaseCandidate> refuted_base;  // the symbolic case below
+  bool formula_refuted = false;  // ... by a size or constant on the path it traced
   if (unchecked) {
     // The symbolic entry's formulas were inferred from two traces; this trace of new sizes
     // confirms them, or the call gets an entry of its own (the trace already gave its result).
@@ -2229,6 +2257,10 @@ std::vector<OutValue> CompiledFunction::Impl::trace(
     // A later symbolic entry whose guards pass may hold instead: two traces in which only the
     // length changed give `batch * length` as a multiple of the length, and the entry inferred
     // when both changed has the product.
+    // Refuted by a size or constant on the path it traced (not another path): what holds here
+    // instead is tried before it from then on (place_before).
+    auto unchecked_path = path_program(*unchecked->root, *prog);
+    formula_refuted = unchecked_path && same_ops(*unchecked_path, *prog);
     std::vector<Entry*> refuted{unchecked};
     for (const std::shared_ptr<Entry>& e : entries) {
       if (e.get() == unchecked || !e->dynamic || !passes(*e, args)) continue;
@@ -2237,6 +2269,7 @@ std::vector<OutValue> CompiledFunction::Impl::trace(
       std::string other = check_symbolic(*e, *prog, args);
       if (other.empty()) {
         confirmed(*e, std::move(k));
+        if (formula_refuted) place_before(e.get(), unchecked);
         return outs;
       }
       if (other != kMissingBranch) {
@@ -2458,6 +2491,11 @@ std::vector<OutValue> CompiledFunction::Impl::trace(
     for (size_t a = 0; a < base->guards.size(); ++a)
       for (int d = 0; d < 64; ++d)
         if (base->guards[a].dyn_mask >> d & 1) dims.push_back({int(a), d});
+    // Likewise the base's dynamic host scalars: sizes that follow one keep following it.
+    std::vector<int> scalars = auto_scalars;
+    for (size_t a = 0; a < base->guards.size(); ++a)
+      if (base->guards[a].dynamic_scalar && std::ranges::find(scalars, int(a)) == scalars.end())
+        scalars.push_back(int(a));
     std::vector<Scalar> old_scalars, new_scalars;
     for (size_t i = 0; i < args.size(); ++i) {
       old_scalars.push_back(base->guards[i].value);
@@ -2478,18 +2516,33 @@ std::vector<OutValue> CompiledFunction::Impl::trace(
              new_shapes[a][d] < 2 && new_shapes[a][d] == old_shapes[a][d];
     });
     std::vector<Witness> earlier = base->witnesses;
+    auto traced_scalars = [](const Entry& x) {
+      std::vector<Scalar> out;
+      for (const ArgGuard& g : x.guards) out.push_back(g.value);
+      return out;
+    };
+    // The trace of an entry refuted at these sizes (and what it was inferred from) tells
+    // formulas apart that fit the base and this trace: `n / 2` from `(n + 1) / 2` at n = 3.
+    if (refuted_base && refuted_base->entry != base) {
+      const Entry& r = *refuted_base->entry;
+      for (const Witness& w : r.witnesses) earlier.push_back(w);
+      if (auto rp = path_program(*r.root, *prog))
+        earlier.push_back({rp, arg_shapes(*rp, args.size()), traced_scalars(r)});
+    }
     std::string why = old_program ? generalize(*prog, old, new_shapes, old_shapes, new_scalars,
-                                               old_scalars, dims, auto_scalars, earlier)
+                                               old_scalars, dims, scalars, earlier)
                                   : "the trace took a branch not traced at the other sizes";
     if (why.empty()) {
-      earlier.push_back({old_program, old_shapes});
+      earlier.push_back({old_program, old_shapes, old_scalars});
       constexpr size_t kMaxWitnesses = 4;
-      if (earlier.size() > kMaxWitnesses) earlier.erase(earlier.begin());
+      if (earlier.size() > kMaxWitnesses)
+        earlier.erase(earlier.begin(), earlier.end() - kMaxWitnesses);
       e->witnesses = std::move(earlier);
       duck_size(*e, dims, new_shapes, old_shapes);
       for (auto [a, d] : dims) e->guards[a].dyn_mask |= uint64_t(1) << d;
-      for (int s : auto_scalars)
+      for (int s : scalars)
         if (e->guards[s].kind == ArgValue::Kind::Scalar) e->guards[s].dynamic_scalar = true;
+      for (int s : size_scalars(*prog)) e->guards[s].size_scalar = true;
       e->dynamic = true;
       generalized_from = base;
       how = fmt::format("; the changed sizes/scalars are symbolic from now on (compared with "
@@ -2497,6 +2550,10 @@ std::vector<OutValue> CompiledFunction::Impl::trace(
     } else if (try_index == 0) {  // the best candidate's reason: the others are alternatives
       how = fmt::format("; not made symbolic: {} (compared with specialisation #{}{})", why,
                         base->id, bases.size() > 1 ? " and the other candidates" : "");
+    } else if (refuted_base && base == refuted_base->entry) {
+      // Often the one that tells: the best candidate differs in a size 0 or 1 (a cat from an
+      // empty cache), and this one names the host value that keeps the sizes specialised.
+      how += fmt::format("; with the refuted specialisation #{}: {}", base->id, why);
     }
   }
   if (bases.empty() && strided_arg >= 0 && options.dynamic == Dynamic::Auto)
@@ -2541,7 +2598,9 @@ std::vector<OutValue> CompiledFunction::Impl::trace(
     dropped_entries += static_cast<int>(std::erase_if(  // frees *generalized_from
         entries, [&](const std::shared_ptr<Entry>& x) { return x.get() == generalized_from; }));
   }
+  const Entry* made = e.get();
   entries.push_back(std::move(e));
+  if (formula_refuted && made->dynamic) place_before(made, unchecked);
   return outs;
 }
 
@@ -2580,7 +2639,10 @@ std::string CompiledFunction::explain() const {
     out += fmt::format("  cache limit reached: calls that match no entry run eagerly ({} so far), "
                        "the others replay their entry; {}\n",
                        im.eager_calls.load(), im.limit_reason);
-  for (auto& e : im.entries) {
+  // By id: the order they are tried in changes (place_before).
+  std::vector<std::shared_ptr<Entry>> by_id = im.entries;
+  std::ranges::sort(by_id, {}, [](const std::shared_ptr<Entry>& e) { return e->id; });
+  for (auto& e : by_id) {
     out += fmt::format("specialisation #{} ({}; {} replay(s)):\n  guards:\n", e->id, e->reason,
                        e->hits.load());
     out += describe_guards(*e, "    ");

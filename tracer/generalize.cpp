@@ -1,5 +1,6 @@
 #include "tracer/generalize.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -124,69 +125,190 @@ bool dims_are_sizes(OpKind op) {
          op_info(op).category == OpCategory::Random;
 }
 
-// `s` at the argument sizes `shapes`, or nothing when it names a dim they lack.
-std::optional<int64_t> evaluate(const SymInt& s, const std::vector<Shape>& shapes) {
-  auto size = [&](int a, int d) -> std::optional<int64_t> {
+// `s` at the argument sizes `shapes` and host-scalar arguments `scalars`, or nothing when it
+// names a dim they lack or a scalar that is not an integer.
+std::optional<int64_t> evaluate(const SymInt& s, const std::vector<Shape>& shapes,
+                                const std::vector<Scalar>& scalars) {
+  auto size = [&](int a, int d, bool scalar) -> std::optional<int64_t> {
+    if (scalar) {
+      if (a < 0 || a >= int(scalars.size()) || !scalars[a].is_integral()) return std::nullopt;
+      return scalars[a].to<int64_t>();
+    }
     if (a < 0 || a >= int(shapes.size()) || d >= shapes[a].size()) return std::nullopt;
     return shapes[a][d];
   };
-  std::optional<int64_t> x = size(s.arg, s.dim), y = s.arg2 < 0 ? 1 : size(s.arg2, s.dim2);
+  std::optional<int64_t> x = size(s.arg, s.dim, s.scalar);
+  std::optional<int64_t> y = s.arg2 < 0 ? 1 : size(s.arg2, s.dim2, s.scalar2);
   if (!x || !y) return std::nullopt;
   if (s.arg2 >= 0) *y += s.offset2;
-  return s.factor * *x * *y + s.offset;
+  return (s.factor * *x * *y + s.bias) / s.divisor * s.multiple + s.offset;
 }
 
 // Whether a candidate formula also fits every earlier trace (a Witness).
 using Accept = std::function<bool(const SymInt&)>;
 
+// A size formulas are made of, with its value in the new and the old trace: a changed dim of
+// a tensor argument, or a changed integer host-scalar argument (`x.slice(0, 0, n)`).
+struct SizeBase {
+  SymInt sym;
+  int64_t now, before;
+};
+
+// `a` times (`b` + shift) times factor.
+SymInt product_of(const SymInt& a, const SymInt& b, int64_t factor, int64_t shift) {
+  SymInt s = a;
+  s.factor = factor;
+  s.arg2 = b.arg, s.dim2 = b.dim, s.scalar2 = b.scalar, s.offset2 = shift;
+  return s;
+}
+
+SymInt shifted(SymInt s, int64_t factor, int64_t offset) {
+  s.factor = factor;
+  s.offset = offset;
+  return s;
+}
+
 struct Explainer {
-  const std::vector<Shape>& nsh;
-  const std::vector<Shape>& osh;
-  const std::vector<std::pair<int, int>>& dims;
+  std::vector<SizeBase> sizes;  // changed, and > 0 in both traces
+  const std::vector<Shape>&nsh, &osh;
+  const std::vector<Scalar>&nsc, &osc;
+
+  Explainer(const std::vector<Shape>& nsh, const std::vector<Shape>& osh,
+            const std::vector<std::pair<int, int>>& dims, const std::vector<Scalar>& nsc,
+            const std::vector<Scalar>& osc, const std::vector<int>& scalars)
+      : nsh(nsh), osh(osh), nsc(nsc), osc(osc) {
+    auto add = [&](SymInt s, int64_t now, int64_t before) {
+      // Once each: `dims` may name a dim twice, and a size times itself fits two traces by
+      // chance ((n * n + 6) / 15 + 2 took min(n, 10) at 11 and 3).
+      for (const SizeBase& b : sizes)
+        if (b.sym == s) return;
+      if (now != before && now > 0 && before > 0) sizes.push_back({s, now, before});
+    };
+    for (auto [a, d] : dims) {
+      SymInt s;
+      s.arg = a, s.dim = d;
+      add(s, nsh[a][d], osh[a][d]);
+    }
+    for (int a : scalars) {
+      if (a >= int(nsc.size()) || a >= int(osc.size()) || !nsc[a].is_integral() ||
+          !osc[a].is_integral() || nsc[a].is_bool())
+        continue;
+      // >= 2, as symbolic dims: compiled code does not broadcast symbolic sizes (the guard
+      // specialises 0 and 1, ArgGuard::size_scalar).
+      const int64_t now = nsc[a].to<int64_t>(), before = osc[a].to<int64_t>();
+      if (now < 2 || before < 2) continue;
+      SymInt s;
+      s.arg = a, s.scalar = true;
+      add(s, now, before);
+    }
+  }
+
+  /// `s` in the new trace (`now`) or the old one.
+  int64_t at(const SymInt& s, bool now) const {
+    return evaluate(s, now ? nsh : osh, now ? nsc : osc).value_or(-1);
+  }
+
   // The first formula, in this order, with new == formula(new sizes), old == formula(old
   // sizes) and accepted by `accept` (earlier traces): a changed size itself; a size plus a
   // constant (a shifted slice's T - 1); a multiple of a size; a multiple of the product of two
-  // changed sizes, the second maybe shifted (B * (T - 1)); an affine function of a size. Two
-  // traces whose sizes changed together (batch and length) fit several; simpler formulas
-  // first, and a third trace decides.
-  bool operator()(int64_t nv, int64_t ov, SymInt& out, const Accept& accept = nullptr) const {
-    auto changed = [&](std::pair<int, int> ad) {
-      int64_t ns = nsh[ad.first][ad.second], os = osh[ad.first][ad.second];
-      return ns != os && ns > 0 && os > 0;
-    };
+  // changed sizes, the second maybe shifted (B * (T - 1)); an affine function of a size; C++
+  // integer division (divided()). Two traces whose sizes changed together (batch and length)
+  // fit several; simpler formulas first, and a third trace decides.
+  // `divisions`: also try divided(); its many formulas fit two traces by chance (2 * (n / 2)
+  // took min(n, 10) at 11 and 2), so it is left out where the earlier traces refuted every
+  // formula and two traces alone decide (the fallback in generalize()).
+  bool operator()(int64_t nv, int64_t ov, SymInt& out, const Accept& accept = nullptr,
+                  bool divisions = true) const {
     auto take = [&](const SymInt& s) {
       if (accept && !accept(s)) return false;
       out = s;
       return true;
     };
-    for (auto [a, d] : dims)
-      if (changed({a, d}) && nv == nsh[a][d] && ov == osh[a][d] && take({a, d, 1})) return true;
-    for (auto [a, d] : dims)
-      if (changed({a, d}) && nv != nsh[a][d] && nv - nsh[a][d] == ov - osh[a][d] &&
-          take({a, d, 1, -1, 0, nv - nsh[a][d]}))
+    for (const SizeBase& b : sizes)
+      if (nv == b.now && ov == b.before && take(b.sym)) return true;
+    for (const SizeBase& b : sizes)
+      if (nv != b.now && nv - b.now == ov - b.before && take(shifted(b.sym, 1, nv - b.now)))
         return true;
     auto fits = [&](int64_t ns, int64_t os) {
       return nv % ns == 0 && ov % os == 0 && nv / ns == ov / os && nv / ns != 0;
     };
-    for (auto [a, d] : dims)
-      if (changed({a, d}) && fits(nsh[a][d], osh[a][d]) && take({a, d, nv / nsh[a][d]}))
-        return true;
+    for (const SizeBase& b : sizes)
+      if (fits(b.now, b.before) && take(shifted(b.sym, nv / b.now, 0))) return true;
     for (int64_t shift : {0, -1, 1, -2, 2})
-      for (size_t i = 0; i < dims.size(); ++i)
-        for (size_t j = shift == 0 ? i + 1 : 0; j < dims.size(); ++j) {
-          auto [a, d] = dims[i];
-          auto [a2, d2] = dims[j];
-          if (dims[i] == dims[j] || !changed(dims[i]) || !changed(dims[j])) continue;
-          int64_t ns = nsh[a][d] * (nsh[a2][d2] + shift), os = osh[a][d] * (osh[a2][d2] + shift);
-          if (ns > 0 && os > 0 && fits(ns, os) && take({a, d, nv / ns, a2, d2, 0, shift}))
+      for (size_t i = 0; i < sizes.size(); ++i)
+        for (size_t j = shift == 0 ? i + 1 : 0; j < sizes.size(); ++j) {
+          if (i == j) continue;
+          const SizeBase &x = sizes[i], &y = sizes[j];
+          int64_t ns = x.now * (y.now + shift), os = x.before * (y.before + shift);
+          if (ns > 0 && os > 0 && fits(ns, os) && take(product_of(x.sym, y.sym, nv / ns, shift)))
             return true;
         }
-    for (auto [a, d] : dims) {
-      if (!changed({a, d}) || nv == ov) continue;
-      int64_t ds = nsh[a][d] - osh[a][d];
+    for (const SizeBase& b : sizes) {
+      if (nv == ov) continue;
+      int64_t ds = b.now - b.before;
       if ((nv - ov) % ds != 0) continue;
       int64_t f = (nv - ov) / ds;
-      if (take({a, d, f, -1, 0, nv - f * nsh[a][d]})) return true;
+      if (take(shifted(b.sym, f, nv - f * b.now))) return true;
+    }
+    return divisions && divided(nv, ov, take);
+  }
+
+  // (factor * size + bias) / divisor * multiple + offset, a product of two sizes in place of
+  // the size: what C++ integer division of sizes makes (`n / 2`, `(n + 1) / 2`, `n / 2 - 1`,
+  // `(n * m) / 3`, `n - n / 3` = (2n + 2) / 3, `3 * (n / 2)`). Smaller terms first; a factor
+  // only alone (with offset and multiple too, (4n + 1) / 5 + 1 fit min(n, 10) at 2, 3 and 11).
+  // A value may be 0 in one trace (`n / 4` at n = 3), not in both.
+  template <class Take> bool divided(int64_t nv, int64_t ov, Take&& take) const {
+    std::vector<SizeBase> operands = sizes;  // the sizes or products to divide
+    for (size_t i = 0; i < sizes.size(); ++i)
+      for (size_t j = i + 1; j < sizes.size(); ++j)
+        operands.push_back({product_of(sizes[i].sym, sizes[j].sym, 1, 0),
+                            sizes[i].now * sizes[j].now, sizes[i].before * sizes[j].before});
+    // Each candidate (offset, multiple, factor, operand) with the divisors `divisors` gives.
+    auto each = [&](auto&& divisors) {
+      for (int64_t offset : {0, -1, 1, -2, 2})
+        for (int64_t multiple = 1; multiple <= 8; ++multiple) {
+          const int64_t t = nv - offset, to = ov - offset;
+          // A 0 divides by any multiple: 7 * (n / 5) took a bound 0 at n = 4 and 7 at 6.
+          if (t < 0 || to < 0 || t + to == 0 || t % multiple || to % multiple ||
+              (multiple > 1 && t * to == 0))
+            continue;
+          for (int64_t factor = 1; factor <= (offset == 0 && multiple == 1 ? 4 : 1); ++factor)
+            for (SizeBase operand : operands) {
+              SymInt& s = operand.sym;
+              s.factor = factor, s.multiple = multiple, s.offset = offset;
+              const int64_t p = factor * operand.now, po = factor * operand.before;
+              // (p + b) / k == t needs k * t - p <= b <= k * t + k - 1 - p, so k > p / (t + 1).
+              const int64_t k_low =
+                  std::max({int64_t(2), p / (t / multiple + 1) + 1, po / (to / multiple + 1) + 1});
+              auto [k_from, k_to] = divisors(k_low);
+              for (int64_t k = k_from; k < k_to; ++k)
+                if (quotient(s, k, p, po, t / multiple, to / multiple, take)) return true;
+            }
+        }
+      return false;
+    };
+    // Small divisors first, smallest first over all the rest (n / 3 fits (n + 1) / 2 - 1 at
+    // 2, 3 and 4 too); then larger ones (n / 128), from the smallest the sizes allow.
+    constexpr int64_t kSmall = 16;
+    for (int64_t k = 2; k <= kSmall; ++k)
+      if (each([&](int64_t k_low) { return std::pair{std::max(k, k_low), k + 1}; })) return true;
+    return each([&](int64_t k_low) {
+      const int64_t from = std::max(k_low, kSmall + 1);
+      return std::pair{from, from + 64};
+    });
+  }
+
+  // Takes (factor * operand + b) / k with the first bias 0 <= b < k that gives t now and to
+  // before (p and po: factor * operand then).
+  template <class Take>
+  static bool quotient(SymInt& s, int64_t k, int64_t p, int64_t po, int64_t t, int64_t to,
+                       Take&& take) {
+    const int64_t b_low = std::max({int64_t(0), k * t - p, k * to - po});
+    const int64_t b_high = std::min({k - 1, k * t + k - 1 - p, k * to + k - 1 - po});
+    for (int64_t b = b_low; b <= b_high; ++b) {
+      s.divisor = k, s.bias = b;
+      if (take(s)) return true;
     }
     return false;
   }
@@ -209,34 +331,60 @@ std::optional<SizeFormula> size_formula(
     return same(size_value(f, f.sym.factor * ns, nv), nv) &&
            same(size_value(f, f.sym.factor * os, ov), ov);
   };
-  auto changed = [&](std::pair<int, int> ad) {
-    int64_t ns = explain.nsh[ad.first][ad.second], os = explain.osh[ad.first][ad.second];
-    return ns != os && ns > 0 && os > 0 ? std::optional(std::make_pair(ns, os)) : std::nullopt;
-  };
   // Integers (and floats holding them): a multiple, product or affine function of sizes.
   auto accept_sym = [&](const SymInt& s) {
     SizeFormula g = f;
     g.sym = s;
     return !accept || accept(g);
   };
-  if (integral(n) && integral(o) && explain(int64_t(n), int64_t(o), f.sym, accept_sym)) return f;
+  const bool divisions = accept != nullptr;  // see Explainer::operator()
+  if (integral(n) && integral(o) && explain(int64_t(n), int64_t(o), f.sym, accept_sym, divisions))
+    return f;
   if (!nv.is_floating() || n == 0 || o == 0 || n == o || !std::isfinite(n) || !std::isfinite(o))
     return std::nullopt;
   f.reciprocal = true;
-  for (auto ad : explain.dims) {
-    auto sizes = changed(ad);
-    if (!sizes) continue;
-    auto [ns, os] = *sizes;
+  for (const SizeBase& b : explain.sizes) {
+    const int64_t ns = b.now, os = b.before;
     // numerator / (factor * size + offset): offset 0, or a small correction (var's N - 1),
     // with the factor that n * (factor * ns + offset) == o * (factor * os + offset) gives.
     for (int64_t offset : {0, -1, 1, -2, 2, -3, 3}) {
       double factor = offset == 0 ? 1.0 : double(offset) * (o - n) / (n * ns - o * os);
       if (!std::isfinite(factor) || std::round(factor) < 1 || std::fabs(factor) > 0x1p30)
         continue;
-      f.sym = {ad.first, ad.second, int64_t(std::round(factor))};
+      f.sym = shifted(b.sym, int64_t(std::round(factor)), 0);
       f.offset = offset;
       f.numerator = n * double(f.sym.factor * ns + offset);
       if (fits(ns, os) && (!accept || accept(f))) return f;
+    }
+  }
+  // numerator / count, the count any integer formula above: a mean over x[:n / 2] of 3
+  // columns has 1 / (3 * (n / 2)) in its backward, mse_loss 2 / count.
+  f.offset = 0;
+  for (double numerator : {1.0, 2.0}) {
+    const double count = std::round(numerator / n), count_before = std::round(numerator / o);
+    if (count < 1 || count_before < 1 || !integral(count) || !integral(count_before)) continue;
+    f.numerator = numerator;
+    auto exact = [&](const SymInt& s) {
+      SizeFormula g = f;
+      g.sym = s;
+      return same(size_value(g, explain.at(s, true), nv), nv) &&
+             same(size_value(g, explain.at(s, false), ov), ov) && (!accept || accept(g));
+    };
+    if (explain(int64_t(count), int64_t(count_before), f.sym, exact, divisions)) return f;
+  }
+  // numerator / sqrt(size + offset): the numerator n * sqrt(ns + offset) recovers is off by
+  // rounding; a whole number near it is what the C++ wrote (1 / std::sqrt(d)).
+  f.root = true;
+  for (const SizeBase& b : explain.sizes) {
+    f.sym = b.sym;
+    for (int64_t offset : {0, -1, 1, -2, 2}) {
+      if (b.now + offset < 1 || b.before + offset < 1) continue;
+      f.offset = offset;
+      const double guess = n * std::sqrt(double(b.now + offset));
+      for (double numerator : {std::round(guess), guess}) {
+        f.numerator = numerator;
+        if (numerator != 0 && fits(b.now, b.before) && (!accept || accept(f))) return f;
+      }
     }
   }
   return std::nullopt;
@@ -367,8 +515,26 @@ std::string same_structure(const Program& a, const Program& b) {
 
 }  // namespace
 
+bool same_ops(const Program& a, const Program& b) { return same_structure(a, b).empty(); }
+
+std::vector<int> size_scalars(const Program& p) {
+  std::vector<int> out;
+  auto note = [&](const SymInt& s) {
+    for (auto [is_scalar, a] : {std::pair{s.scalar, s.arg}, std::pair{s.scalar2, s.arg2}})
+      if (is_scalar && a >= 0 && std::ranges::find(out, a) == out.end()) out.push_back(a);
+  };
+  for (const ValueInfo& v : p.values)
+    for (const SymInt& s : v.sym) note(s);
+  for (const Node& n : p.nodes)
+    for (const SymAttr& a : n.sym_attrs) note(a.sym);
+  for (const Source& s : p.sources)
+    if (s.kind == SourceKind::SizeOf) note(s.size.sym);
+  return out;
+}
+
 Scalar size_value(const SizeFormula& f, int64_t n, const Scalar& traced) {
-  if (f.reciprocal) return Scalar(f.numerator / double(n + f.offset));
+  if (f.reciprocal)
+    return Scalar(f.numerator / (f.root ? std::sqrt(double(n + f.offset)) : double(n + f.offset)));
   return traced.is_floating() ? Scalar(double(n + f.offset)) : Scalar(n + f.offset);
 }
 
@@ -389,7 +555,8 @@ std::string generalize(Program& nw, const Program& old, const std::vector<Shape>
   // Whether formula `s` gives, at every witness's sizes, what `traced(witness)` was there.
   auto fits_witnesses = [&](const SymInt& s, auto&& traced) {
     for (const Witness* w : witnesses)
-      if (evaluate(s, w->shapes) != std::optional<int64_t>(traced(*w->program))) return false;
+      if (evaluate(s, w->shapes, w->scalars) != std::optional<int64_t>(traced(*w->program)))
+        return false;
     return true;
   };
   for (auto [a, d] : dims) {
@@ -399,7 +566,17 @@ std::string generalize(Program& nw, const Program& old, const std::vector<Shape>
     if (new_shapes[a][d] != old_shapes[a][d] && (new_shapes[a][d] < 2 || old_shapes[a][d] < 2))
       return "a changed size is 0 or 1 (specialised, as broadcasting depends on it)";
   }
-  Explainer explain{new_shapes, old_shapes, dims};
+  // Likewise a host integer sizes may follow (a trace at 1 compared with one at 7 took the
+  // bound k for 3 * rows - 11).
+  for (int a : scalars)
+    if (a < int(new_scalars.size()) && a < int(old_scalars.size()) &&
+        new_scalars[a].is_integral() && !new_scalars[a].is_bool() &&
+        !same(new_scalars[a], old_scalars[a]) &&
+        std::min(new_scalars[a].to<int64_t>(), old_scalars[a].to<int64_t>()) < 2)
+      return fmt::format("host-scalar argument {} changed from or to {} (integers 0 and 1 are "
+                         "specialised, as sizes may follow them)", a,
+                         std::min(new_scalars[a].to<int64_t>(), old_scalars[a].to<int64_t>()));
+  Explainer explain(new_shapes, old_shapes, dims, new_scalars, old_scalars, scalars);
   // Value dims that an op broadcasts (size 1 against another size) in either trace. Compiled
   // regions read a symbolic dim as one that does not broadcast, so such a dim cannot follow a
   // formula: a slice's length 0 in one trace and 1 in the other, broadcast against 3 there,
@@ -424,18 +601,11 @@ std::string generalize(Program& nw, const Program& old, const std::vector<Shape>
         return fits_witnesses(s, [&](const Program& w) { return w.values[v].shape[d]; });
       };
       // A formula the witnesses refute is still taken if none fits them all: the confirming
-      // trace of each new size set decides.
+      // trace of each new size set decides (no divisions there: Explainer::operator()).
       if (!explain(nv.shape[d], ov.shape[d], nv.sym[d], accept) &&
-          !explain(nv.shape[d], ov.shape[d], nv.sym[d])) {
-        for (int a : scalars)  // a size given by a host integer: say which, and what to do
-          if (a < int(new_scalars.size()) && new_scalars[a].is_integral() &&
-              new_scalars[a].to<int64_t>() == nv.shape[d] &&
-              old_scalars[a].to<int64_t>() == ov.shape[d])
-            return fmt::format("a size ({} vs {}, of {}) is host-scalar argument {}: sizes "
-                               "given by host integers are specialised per value (take the size "
-                               "from a tensor argument's shape to make it symbolic)",
-                               nv.shape[d], ov.shape[d], origin(g, int(v)), a);
-        return fmt::format("a size ({} vs {}, of {}) is not a multiple of a changed argument size",
+          !explain(nv.shape[d], ov.shape[d], nv.sym[d], nullptr, false)) {
+        return fmt::format("a size ({} vs {}, of {}) follows no formula of the changed argument "
+                           "sizes (a multiple, product, affine function or integer division)",
                            nv.shape[d], ov.shape[d], origin(g, int(v)));
       }
     }
@@ -454,7 +624,7 @@ std::string generalize(Program& nw, const Program& old, const std::vector<Shape>
           return f == SymAttr::Dims ? wa.dims[idx] : f == SymAttr::Start ? wa.start : wa.end;
         });
       };
-      if (!explain(a, b, s.sym, accept) && !explain(a, b, s.sym)) return false;
+      if (!explain(a, b, s.sym, accept) && !explain(a, b, s.sym, nullptr, false)) return false;
       n.sym_attrs.push_back(s);
       return true;
     };
@@ -507,7 +677,7 @@ std::string generalize(Program& nw, const Program& old, const std::vector<Shape>
       for (const Witness* w : witnesses) {
         // The witness's traced value (its source may have become SizeOf since).
         const Scalar& traced = w->program->sources[s].scalar;
-        std::optional<int64_t> n = evaluate(f.sym, w->shapes);
+        std::optional<int64_t> n = evaluate(f.sym, w->shapes, w->scalars);
         if (!n || !same(traced, size_value(f, *n, traced))) return false;
       }
       return true;
@@ -522,8 +692,8 @@ std::string generalize(Program& nw, const Program& old, const std::vector<Shape>
     }
     if (!found)
       return fmt::format("a constant ({} vs {}), used by {}, is neither a host-scalar argument "
-                         "nor a multiple or reciprocal of a changed size", ns.scalar.str(),
-                         os.scalar.str(), user_of_source(g, int(s)));
+                         "nor a multiple, reciprocal or reciprocal square root of a changed "
+                         "size", ns.scalar.str(), os.scalar.str(), user_of_source(g, int(s)));
   }
   nw = std::move(g);
   return {};
@@ -635,7 +805,7 @@ template <class F> void for_each_broadcast(const Program& p, F&& fn) {
 std::string conforms(const Program& trace, const Program& sym, const std::vector<Shape>& shapes,
                      const std::vector<Scalar>& scalars) {
   if (std::string why = same_structure(trace, sym); !why.empty()) return why;
-  auto at = [&](const SymInt& s) { return evaluate(s, shapes); };
+  auto at = [&](const SymInt& s) { return evaluate(s, shapes, scalars); };
   // Symbolic dims must follow their formulas, and static ones keep their size: compiled regions
   // are built with them (a guard may let a dim vary that two traces saw equal). Static sizes 0
   // and 1 are left to the replay, which re-infers them (a marked dim traced at size 1 leaves

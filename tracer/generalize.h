@@ -27,6 +27,7 @@ namespace kiln::tracer {
 struct Witness {
   std::shared_ptr<const Program> program;
   std::vector<Shape> shapes;
+  std::vector<Scalar> scalars;  ///< its host-scalar arguments by position
 };
 
 /// Makes `nw` symbolic in `dims` ((argument, dim)) and `scalars` (argument positions) by
@@ -51,6 +52,13 @@ std::string generalize(Program& nw, const Program& old, const std::vector<Shape>
 /// call belongs in a 0-d tensor).
 std::string conforms(const Program& trace, const Program& sym, const std::vector<Shape>& shapes,
                      const std::vector<Scalar>& scalars);
+
+/// Whether `a` and `b` ran the same ops on the same values, apart from the integers sizes may
+/// change and wrapped constants: traces of one code path at two sizes.
+bool same_ops(const Program& a, const Program& b);
+
+/// The host-scalar arguments whose values symbolic sizes of `p` are made of (SymInt::scalar).
+std::vector<int> size_scalars(const Program& p);
 
 /// For CompileOptions::check when compiled and eager differ although a fresh trace, compiled,
 /// matches eager op by op: the first way the `replayed` specialisation's trace differs from a

@@ -50,11 +50,14 @@ struct RunState {
   std::optional<Scalar> host_scalar(const Program& p, int v);
   /// Host values (SourceKind::HostInput) read so far in this call, by value id.
   std::vector<std::pair<int, Scalar>> host_reads;
-  /// Size of dim `dim` of tensor argument `arg`, times `factor`, times (the size of dim `dim2`
-  /// of argument `arg2` + offset2) when there is one, plus `offset` (symbolic ints).
+  /// Symbolic int `s` (program.h) at this run's argument sizes.
   int64_t eval(const SymInt& s) const {
-    int64_t v = s.factor * args[s.arg].shape()[s.dim];
-    return (s.arg2 < 0 ? v : v * (args[s.arg2].shape()[s.dim2] + s.offset2)) + s.offset;
+    auto size = [&](int a, int d, bool scalar) {
+      return scalar ? scalars[a].to<int64_t>() : args[a].shape()[d];
+    };
+    int64_t v = s.factor * size(s.arg, s.dim, s.scalar);
+    if (s.arg2 >= 0) v *= size(s.arg2, s.dim2, s.scalar2) + s.offset2;
+    return (v + s.bias) / s.divisor * s.multiple + s.offset;
   }
   /// The shape of a value at this run's sizes (its symbolic dims evaluated).
   Shape shape_of(const ValueInfo& v) const;

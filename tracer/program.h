@@ -33,14 +33,22 @@ enum class SourceKind : uint8_t {
 
 /// A dim or an attribute integer that follows a symbolic size: value = factor * size of
 /// (arg, dim) at run time, times (the size of (arg2, dim2) + offset2) when arg2 >= 0 (a batch
-/// times a sequence length: `x.reshape({B * T, V})`, `{B * (T - 1)}`), plus `offset` (a shifted
-/// slice `x[:, :T - 1]`).
+/// times a sequence length: `x.reshape({B * T, V})`, `{B * (T - 1)}`), plus `bias`, divided by
+/// `divisor` as C++ divides integers (`n / 2`, `(n + 1) / 2`, `(n * m) / 3`), times `multiple`,
+/// plus `offset` (a shifted slice `x[:, :T - 1]`). Products are never negative where
+/// divisor > 1.
 struct SymInt {
   int arg = -1, dim = 0;
   int64_t factor = 1;
   int arg2 = -1, dim2 = 0;
   int64_t offset = 0;
   int64_t offset2 = 0;
+  int64_t divisor = 1;
+  int64_t bias = 0;
+  int64_t multiple = 1;  ///< times the quotient: `3 * (n / 2)` (the count of [n / 2, 3])
+  /// `arg` (`arg2`) is a host-scalar argument whose integer value stands for the size (`dim`
+  /// unused): `x.slice(0, 0, n)` with `n` passed by value.
+  bool scalar = false, scalar2 = false;
   bool operator==(const SymInt&) const = default;
 };
 
@@ -48,10 +56,13 @@ struct SymInt {
 /// integer or a float), or `numerator / (sym + offset)` when `reciprocal`. Floats are formed
 /// by one correctly rounded division, as the C++ that made the traced constant did, so the
 /// value is exact whenever `numerator` is (conforms() confirms it for each new size set).
+/// `root`: `numerator / sqrt(sym + offset)` (an attention scale `1 / std::sqrt(d)`), formed by
+/// a correctly rounded square root and division, as C++ forms it.
 struct SizeFormula {
   SymInt sym;
   int64_t offset = 0;
   bool reciprocal = false;
+  bool root = false;
   double numerator = 1;
 };
 

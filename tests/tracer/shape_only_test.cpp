@@ -4,7 +4,9 @@
 // what eager leaves.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
+#include <functional>
 #include <set>
 
 #include "kiln/kiln.h"
@@ -119,6 +121,116 @@ TEST_CASE("compile: a cache grown by cat from empty settles under Dynamic::Alway
   CHECK(cgrow.compile_count() == 4);
   CHECK(cgrow.cache_entries() == 3);
   CHECK(contains(text, "replaces specialisation #2"));
+  CHECK(contains(text, "shape-only run(s) confirming new sizes"));
+  CHECK_FALSE(contains(text, "runs eagerly"));
+}
+
+TEST_CASE("compile: sizes from C++ integer division of a size settle after a few traces",
+          "[compile][dynamic][shape-only]") {
+  // Slices to `n / 2`, from `n / 2`, to `(n + 1) / 2`, of `(n * m) / 3` elements, ...: no
+  // multiple or affine function of n, so every size was traced (each pair of sizes fit an
+  // affine formula the next refuted) until the cache limit, then the function ran eagerly.
+  using Fn = std::function<Tensor(const Tensor&)>;
+  const std::vector<std::pair<const char*, Fn>> cases{
+      {"n / 2", [](const Tensor& x) { return x.slice(0, 0, x.size(0) / 2).sum(0) * 2.0; }},
+      {"n - n / 2", [](const Tensor& x) { return x.slice(0, x.size(0) / 2, x.size(0)).sum(0); }},
+      {"(n + 1) / 2", [](const Tensor& x) { return x.slice(0, 1, (x.size(0) + 1) / 2).sum(0); }},
+      {"(n * m) / 3", [](const Tensor& x) {
+         const int64_t nm = x.size(0) * x.size(1);
+         return x.reshape({nm}).slice(0, 0, nm / 3).sum(0);
+       }},
+      {"n - n / 3", [](const Tensor& x) { return x.slice(0, x.size(0) / 3, x.size(0)).sum(0); }},
+      {"n / 4, 0 at n = 2, 3", [](const Tensor& x) {
+         return x.slice(0, 0, x.size(0) / 4).sum(0) + 1.0;
+       }},
+      {"(n * 3) / 2 and 3 * (n / 2)", [](const Tensor& x) {
+         const int64_t n = x.size(0);
+         Tensor three = x.slice(1, 0, 3).contiguous();
+         Tensor half = three.slice(0, 0, n / 2).reshape({(n / 2) * 3});
+         return three.reshape({n * 3}).slice(0, 0, (n * 3) / 2).sum(0) + half.mean(0);
+       }},
+  };
+  for (const auto& [what, f] : cases) {
+    INFO(what);
+    auto cf = compile(f);
+    for (int64_t n = 2; n < 24; ++n) {
+      Tensor x = arange(n * (n + 2), DType::Float32).reshape({n, n + 2});
+      INFO("n = " << n);
+      CHECK(max_diff(cf(x), f(x)) == 0);
+    }
+    const std::string text = cf.explain();
+    INFO(text);
+    // Two or three traces fit several formulas at small sizes; a few more tell them apart.
+    CHECK(cf.compile_count() <= 5);
+    CHECK(contains(text, "shape-only run(s) confirming new sizes"));
+    CHECK_FALSE(contains(text, "runs eagerly"));
+  }
+}
+
+TEST_CASE("compile: a size min(n, 10) is not taken for a division of n", "[compile][dynamic]") {
+  // Break-it pass: the division formulas fit min(n, 10) at n = 2 and 11 ((4n + 1) / 5 + 1 and
+  // others), each refuted at the next size, and every size was traced to the cache limit.
+  auto f = [](const Tensor& x) {
+    return x.slice(0, 0, std::min<int64_t>(x.size(0), 10)).sum(0) + 1.0;
+  };
+  auto cf = compile(f);
+  for (int64_t n = 2; n <= 40; ++n) {
+    Tensor x = arange(n * 3, DType::Float32).reshape({n, 3});
+    CHECK(max_diff(cf(x), f(x)) == 0);
+  }
+  INFO(cf.explain());
+  CHECK(cf.compile_count() <= 4);
+  CHECK_FALSE(contains(cf.explain(), "runs eagerly"));
+}
+
+TEST_CASE("compile: a scale 1 / sqrt(length) of a cache grown by cat settles under "
+          "Dynamic::Always", "[compile][dynamic][shape-only]") {
+  // The host scale is a constant of each trace; as a reciprocal square root of a size it
+  // follows the length (break-it pass: every length was traced until the cache limit, with a
+  // message that named the cat's length, not the scale).
+  auto attend = [](const Tensor& keys, const Tensor& row) {
+    Tensor k = cat({keys, row}, 0);
+    const double scale = 1.0 / std::sqrt(double(k.size(0)));
+    return std::vector<Tensor>{k, k.sum(0) * scale};
+  };
+  CompileOptions always;
+  always.dynamic = Dynamic::Always;
+  auto cattend = compile(attend, always);
+  Tensor keys = zeros({0, 4});
+  for (int t = 0; t < 20; ++t) {
+    Tensor row = full({1, 4}, double(t + 1));
+    std::vector<Tensor> got = cattend(keys, row), want = attend(keys, row);
+    INFO("length " << t + 1);
+    CHECK(max_diff(got[1], want[1]) == 0);
+    keys = got[0];
+  }
+  const std::string text = cattend.explain();
+  INFO(text);
+  CHECK(cattend.compile_count() == 4);
+  CHECK(contains(text, "shape-only run(s) confirming new sizes"));
+  CHECK_FALSE(contains(text, "runs eagerly"));
+}
+
+TEST_CASE("compile: attention over a cache prefix up to a position passed by value settles",
+          "[compile][dynamic][shape-only]") {
+  // `cache.slice(1, 0, pos + 1)` with `pos` an int: the prefix length follows the host
+  // integer (positions 0 and 1 specialised), so a 40-step decode compiles 4 times and then
+  // confirms each new position shape-only (was: a trace per position up to the cache limit,
+  // then eager).
+  manual_seed(5);
+  Tensor cache = randn({1, 48, 8}), q = randn({1, 1, 8});
+  auto attend = [&](const Tensor& query, int64_t pos) {
+    Tensor k = cache.slice(1, 0, pos + 1);
+    return matmul(softmax(matmul(query, k.transpose(1, 2)) * 0.35, -1), k);
+  };
+  auto cattend = compile(attend);
+  for (int64_t pos = 0; pos < 40; ++pos) {
+    INFO("pos = " << pos);
+    CHECK(max_diff(cattend(q, pos), attend(q, pos), 1.0) < 1e-5);
+  }
+  const std::string text = cattend.explain();
+  INFO(text);
+  CHECK(cattend.compile_count() == 4);
   CHECK(contains(text, "shape-only run(s) confirming new sizes"));
   CHECK_FALSE(contains(text, "runs eagerly"));
 }
