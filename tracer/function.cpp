@@ -2521,14 +2521,15 @@ std::vector<OutValue> CompiledFunction::Impl::trace(
       for (const ArgGuard& g : x.guards) out.push_back(g.value);
       return out;
     };
-    // The trace of an entry refuted at these sizes (and what it was inferred from) tells
-    // formulas apart that fit the base and this trace: `n / 2` from `(n + 1) / 2` at n = 3.
-    if (refuted_base && refuted_base->entry != base) {
-      const Entry& r = *refuted_base->entry;
-      for (const Witness& w : r.witnesses) earlier.push_back(w);
-      if (auto rp = path_program(*r.root, *prog))
-        earlier.push_back({rp, arg_shapes(*rp, args.size()), traced_scalars(r)});
-    }
+    // The traces of the other entries (and of what an entry refuted at these sizes was
+    // inferred from) tell formulas apart that fit the base and this trace: `n / 2` from
+    // `(n + 1) / 2` at n = 3; entries specialised at 8 and 10 let 12 take `n / 2`.
+    if (refuted_base && refuted_base->entry != base)
+      for (const Witness& w : refuted_base->entry->witnesses) earlier.push_back(w);
+    for (const std::shared_ptr<Entry>& x : entries)
+      if (x.get() != base)
+        if (auto xp = path_program(*x->root, *prog))
+          earlier.push_back({xp, arg_shapes(*xp, args.size()), traced_scalars(*x)});
     std::string why = old_program ? generalize(*prog, old, new_shapes, old_shapes, new_scalars,
                                                old_scalars, dims, scalars, earlier)
                                   : "the trace took a branch not traced at the other sizes";

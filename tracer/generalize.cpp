@@ -215,10 +215,9 @@ struct Explainer {
   // integer division (divided()). Two traces whose sizes changed together (batch and length)
   // fit several; simpler formulas first, and a third trace decides.
   // `divisions`: also try divided(); its many formulas fit two traces by chance (2 * (n / 2)
-  // took min(n, 10) at 11 and 2), so it is left out where the earlier traces refuted every
-  // formula and two traces alone decide (the fallback in generalize()).
+  // took min(n, 10) at 11 and 2), so only where an earlier trace (a witness) must fit too.
   bool operator()(int64_t nv, int64_t ov, SymInt& out, const Accept& accept = nullptr,
-                  bool divisions = true) const {
+                  bool divisions = false) const {
     auto take = [&](const SymInt& s) {
       if (accept && !accept(s)) return false;
       out = s;
@@ -259,11 +258,14 @@ struct Explainer {
   // only alone (with offset and multiple too, (4n + 1) / 5 + 1 fit min(n, 10) at 2, 3 and 11).
   // A value may be 0 in one trace (`n / 4` at n = 3), not in both.
   template <class Take> bool divided(int64_t nv, int64_t ov, Take&& take) const {
-    std::vector<SizeBase> operands = sizes;  // the sizes or products to divide
+    // The sizes or products to divide; not two sizes equal in both traces (duck-sized: a
+    // square, which fit min(n, 10) of x [n, 3] and y [n] at 10 and 11).
+    std::vector<SizeBase> operands = sizes;
     for (size_t i = 0; i < sizes.size(); ++i)
       for (size_t j = i + 1; j < sizes.size(); ++j)
-        operands.push_back({product_of(sizes[i].sym, sizes[j].sym, 1, 0),
-                            sizes[i].now * sizes[j].now, sizes[i].before * sizes[j].before});
+        if (sizes[i].now != sizes[j].now || sizes[i].before != sizes[j].before)
+          operands.push_back({product_of(sizes[i].sym, sizes[j].sym, 1, 0),
+                              sizes[i].now * sizes[j].now, sizes[i].before * sizes[j].before});
     // Each candidate (offset, multiple, factor, operand) with the divisors `divisors` gives.
     auto each = [&](auto&& divisors) {
       for (int64_t offset : {0, -1, 1, -2, 2})
@@ -319,7 +321,7 @@ struct Explainer {
 // (mse_loss's 2/n, var's 2/(N - correction)). Two traces fit many formulas; the confirming
 // trace of each new size set refutes a wrong one (conforms()).
 std::optional<SizeFormula> size_formula(
-    const Scalar& nv, const Scalar& ov, const Explainer& explain,
+    const Scalar& nv, const Scalar& ov, const Explainer& explain, bool divisions,
     const std::function<bool(const SizeFormula&)>& accept = nullptr) {
   if (nv.kind() != ov.kind() || nv.is_bool()) return std::nullopt;
   double n = nv.to<double>(), o = ov.to<double>();
@@ -337,8 +339,8 @@ std::optional<SizeFormula> size_formula(
     g.sym = s;
     return !accept || accept(g);
   };
-  const bool divisions = accept != nullptr;  // see Explainer::operator()
-  if (integral(n) && integral(o) && explain(int64_t(n), int64_t(o), f.sym, accept_sym, divisions))
+  if (integral(n) && integral(o) &&
+      explain(int64_t(n), int64_t(o), f.sym, accept_sym, divisions))
     return f;
   if (!nv.is_floating() || n == 0 || o == 0 || n == o || !std::isfinite(n) || !std::isfinite(o))
     return std::nullopt;
@@ -577,6 +579,9 @@ std::string generalize(Program& nw, const Program& old, const std::vector<Shape>
                          "specialised, as sizes may follow them)", a,
                          std::min(new_scalars[a].to<int64_t>(), old_scalars[a].to<int64_t>()));
   Explainer explain(new_shapes, old_shapes, dims, new_scalars, old_scalars, scalars);
+  // Divisions fit two traces by chance (2 * (n / 2) took min(n, 10) at 2 and 11): a third
+  // trace of the same ops must fit them too.
+  const bool divisions = !witnesses.empty();
   // Value dims that an op broadcasts (size 1 against another size) in either trace. Compiled
   // regions read a symbolic dim as one that does not broadcast, so such a dim cannot follow a
   // formula: a slice's length 0 in one trace and 1 in the other, broadcast against 3 there,
@@ -602,7 +607,7 @@ std::string generalize(Program& nw, const Program& old, const std::vector<Shape>
       };
       // A formula the witnesses refute is still taken if none fits them all: the confirming
       // trace of each new size set decides (no divisions there: Explainer::operator()).
-      if (!explain(nv.shape[d], ov.shape[d], nv.sym[d], accept) &&
+      if (!explain(nv.shape[d], ov.shape[d], nv.sym[d], accept, divisions) &&
           !explain(nv.shape[d], ov.shape[d], nv.sym[d], nullptr, false)) {
         return fmt::format("a size ({} vs {}, of {}) follows no formula of the changed argument "
                            "sizes (a multiple, product, affine function or integer division)",
@@ -624,7 +629,8 @@ std::string generalize(Program& nw, const Program& old, const std::vector<Shape>
           return f == SymAttr::Dims ? wa.dims[idx] : f == SymAttr::Start ? wa.start : wa.end;
         });
       };
-      if (!explain(a, b, s.sym, accept) && !explain(a, b, s.sym, nullptr, false)) return false;
+      if (!explain(a, b, s.sym, accept, divisions) && !explain(a, b, s.sym, nullptr, false))
+        return false;
       n.sym_attrs.push_back(s);
       return true;
     };
@@ -683,8 +689,8 @@ std::string generalize(Program& nw, const Program& old, const std::vector<Shape>
       return true;
     };
     std::optional<SizeFormula> f;
-    if (!found && !(f = size_formula(ns.scalar, os.scalar, explain, accept)))
-      f = size_formula(ns.scalar, os.scalar, explain);
+    if (!found && !(f = size_formula(ns.scalar, os.scalar, explain, divisions, accept)))
+      f = size_formula(ns.scalar, os.scalar, explain, false);
     if (!found && f) {
       ns.kind = SourceKind::SizeOf;
       ns.size = *f;
