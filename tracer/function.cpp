@@ -2651,6 +2651,8 @@ std::string CompiledFunction::explain() const {
       out += fmt::format("  symbolic: confirmed by a trace or shape-only run for {} size set(s) "
                          "(the last 64 kept), refuted for {}\n",
                          e->checked_sizes.size(), e->refuted_sizes.size());
+      if (std::string f = describe_formulas(*e->root->program); !f.empty())
+        out += "  size formulas: " + f + "\n";
       // Such traces run the function eagerly: say so where they come from scalar values.
       bool scalars = std::any_of(e->guards.begin(), e->guards.end(),
                                  [](const ArgGuard& g) { return g.dynamic_scalar; });

@@ -519,6 +519,61 @@ std::string same_structure(const Program& a, const Program& b) {
 
 bool same_ops(const Program& a, const Program& b) { return same_structure(a, b).empty(); }
 
+namespace {
+
+std::string describe(const SymInt& s) {
+  auto size = [](int a, int d, bool scalar) {
+    return scalar ? fmt::format("arg{}", a) : fmt::format("s{}.{}", a, d);
+  };
+  std::string e = size(s.arg, s.dim, s.scalar);
+  if (s.factor != 1) e = fmt::format("{} * {}", s.factor, e);
+  if (s.arg2 >= 0) {
+    std::string second = size(s.arg2, s.dim2, s.scalar2);
+    if (s.offset2) second = fmt::format("({} {} {})", second, s.offset2 < 0 ? '-' : '+',
+                                        std::abs(s.offset2));
+    e += " * " + second;
+  }
+  if (s.divisor != 1) {
+    if (s.bias) e = fmt::format("({} + {})", e, s.bias);
+    e = fmt::format("{} / {}", e, s.divisor);
+    if (s.multiple != 1) e = fmt::format("{} * ({})", s.multiple, e);
+  }
+  if (s.offset) e = fmt::format("{} {} {}", e, s.offset < 0 ? '-' : '+', std::abs(s.offset));
+  return e;
+}
+
+bool plain(const SymInt& s) {
+  return s.factor == 1 && s.arg2 < 0 && s.divisor == 1 && s.offset == 0;
+}
+
+}  // namespace
+
+std::string describe_formulas(const Program& p, size_t limit) {
+  std::vector<std::string> all;
+  for (const Node& n : p.nodes)
+    for (const SymAttr& a : n.sym_attrs)
+      if (!plain(a.sym))
+        all.push_back(fmt::format("{} {} = {}", describe(n),
+                                  a.field == SymAttr::Start ? "start"
+                                  : a.field == SymAttr::End ? "end"
+                                                            : fmt::format("size {}", a.index),
+                                  describe(a.sym)));
+  for (size_t s = 0; s < p.sources.size(); ++s) {
+    const Source& src = p.sources[s];
+    if (src.kind != SourceKind::SizeOf) continue;
+    const SizeFormula& f = src.size;
+    std::string e = describe(f.sym);
+    if (f.offset) e = fmt::format("{} {} {}", e, f.offset < 0 ? '-' : '+', std::abs(f.offset));
+    if (f.reciprocal)
+      e = fmt::format("{} / {}({})", Scalar(f.numerator).str(), f.root ? "sqrt" : "", e);
+    all.push_back(fmt::format("a constant used by {} = {}", user_of_source(p, int(s)), e));
+  }
+  std::string out;
+  for (size_t i = 0; i < all.size() && i < limit; ++i) out += (i ? "; " : "") + all[i];
+  if (all.size() > limit) out += fmt::format("; and {} more", all.size() - limit);
+  return out;
+}
+
 std::vector<int> size_scalars(const Program& p) {
   std::vector<int> out;
   auto note = [&](const SymInt& s) {

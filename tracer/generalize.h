@@ -57,6 +57,12 @@ std::string conforms(const Program& trace, const Program& sym, const std::vector
 /// change and wrapped constants: traces of one code path at two sizes.
 bool same_ops(const Program& a, const Program& b);
 
+/// The size formulas of symbolic program `p` that are more than an argument's size, for
+/// explain(): "slice at model.cpp:12 end = (s0.0 + 1) / 2; a constant used by mul at
+/// model.cpp:13 = 1 / sqrt(s0.0)", at most `limit` of them. s<a>.<d>: dim d of tensor
+/// argument a; arg<a>: host-integer argument a.
+std::string describe_formulas(const Program& p, size_t limit = 6);
+
 /// The host-scalar arguments whose values symbolic sizes of `p` are made of (SymInt::scalar).
 std::vector<int> size_scalars(const Program& p);
 

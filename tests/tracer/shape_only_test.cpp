@@ -150,6 +150,8 @@ TEST_CASE("compile: sizes from C++ integer division of a size settle after a few
          return three.reshape({n * 3}).slice(0, 0, (n * 3) / 2).sum(0) + half.mean(0);
        }},
   };
+  // explain() shows the formula taken (the first case's).
+  const char* half_formula = "end = s0.0 / 2";
   for (const auto& [what, f] : cases) {
     INFO(what);
     auto cf = compile(f);
@@ -164,6 +166,7 @@ TEST_CASE("compile: sizes from C++ integer division of a size settle after a few
     CHECK(cf.compile_count() <= 5);
     CHECK(contains(text, "shape-only run(s) confirming new sizes"));
     CHECK_FALSE(contains(text, "runs eagerly"));
+    if (what == std::string("n / 2")) CHECK(contains(text, half_formula));
   }
 }
 
