@@ -522,6 +522,12 @@ InferredMeta window(OpKind op, std::span<const TensorMeta> in, const OpAttrs& a,
              w.sw);
   KILN_CHECK(w.ph >= 0 && w.pw >= 0, nm, loc, "padding must be non-negative, got [{}, {}]",
              w.ph, w.pw);
+  // Bounded, so the sizes below cannot overflow int64 (a padding of 2^62 gave a negative one).
+  constexpr int64_t kMaxGeometry = int64_t{1} << 31;
+  for (int64_t v : a.dims)
+    KILN_CHECK(v < kMaxGeometry, nm, loc,
+               "kernel_size, dilation, padding, stride and output_size must be below 2^31, got {}",
+               to_string(a.dims));
   const int64_t h = is_fold ? a.dims[0] : x.shape[2], wd = is_fold ? a.dims[1] : x.shape[3];
   KILN_CHECK(h >= 0 && wd >= 0, nm, loc, "output_size must be non-negative, got [{}, {}]", h,
              wd);

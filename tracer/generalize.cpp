@@ -374,18 +374,23 @@ std::optional<SizeFormula> size_formula(
     };
     if (explain(int64_t(count), int64_t(count_before), f.sym, exact, divisions)) return f;
   }
-  // numerator / sqrt(size + offset): the numerator n * sqrt(ns + offset) recovers is off by
-  // rounding; a whole number near it is what the C++ wrote (1 / std::sqrt(d)).
+  // numerator / sqrt(size + offset) (a scale 1 / std::sqrt(d)) or numerator * sqrt(size +
+  // offset) (`x / std::sqrt(d)` divides by the constant sqrt(d)): the numerator recovered is
+  // off by rounding; a whole number near it is what the C++ wrote.
   f.root = true;
-  for (const SizeBase& b : explain.sizes) {
-    f.sym = b.sym;
-    for (int64_t offset : {0, -1, 1, -2, 2}) {
-      if (b.now + offset < 1 || b.before + offset < 1) continue;
-      f.offset = offset;
-      const double guess = n * std::sqrt(double(b.now + offset));
-      for (double numerator : {std::round(guess), guess}) {
-        f.numerator = numerator;
-        if (numerator != 0 && fits(b.now, b.before) && (!accept || accept(f))) return f;
+  for (bool reciprocal : {true, false}) {
+    f.reciprocal = reciprocal;
+    for (const SizeBase& b : explain.sizes) {
+      f.sym = b.sym;
+      for (int64_t offset : {0, -1, 1, -2, 2}) {
+        if (b.now + offset < 1 || b.before + offset < 1) continue;
+        f.offset = offset;
+        const double root = std::sqrt(double(b.now + offset));
+        const double guess = reciprocal ? n * root : n / root;
+        for (double numerator : {std::round(guess), guess}) {
+          f.numerator = numerator;
+          if (numerator != 0 && fits(b.now, b.before) && (!accept || accept(f))) return f;
+        }
       }
     }
   }
@@ -564,8 +569,10 @@ std::string describe_formulas(const Program& p, size_t limit) {
     const SizeFormula& f = src.size;
     std::string e = describe(f.sym);
     if (f.offset) e = fmt::format("{} {} {}", e, f.offset < 0 ? '-' : '+', std::abs(f.offset));
+    if (f.root) e = fmt::format("sqrt({})", e);
     if (f.reciprocal)
-      e = fmt::format("{} / {}({})", Scalar(f.numerator).str(), f.root ? "sqrt" : "", e);
+      e = fmt::format("{} / {}", Scalar(f.numerator).str(), f.root ? e : "(" + e + ")");
+    else if (f.root && f.numerator != 1) e = fmt::format("{} * {}", Scalar(f.numerator).str(), e);
     all.push_back(fmt::format("a constant used by {} = {}", user_of_source(p, int(s)), e));
   }
   std::string out;
@@ -592,6 +599,7 @@ std::vector<int> size_scalars(const Program& p) {
 Scalar size_value(const SizeFormula& f, int64_t n, const Scalar& traced) {
   if (f.reciprocal)
     return Scalar(f.numerator / (f.root ? std::sqrt(double(n + f.offset)) : double(n + f.offset)));
+  if (f.root) return Scalar(f.numerator * std::sqrt(double(n + f.offset)));
   return traced.is_floating() ? Scalar(double(n + f.offset)) : Scalar(n + f.offset);
 }
 

@@ -56,8 +56,9 @@ struct SymInt {
 /// integer or a float), or `numerator / (sym + offset)` when `reciprocal`. Floats are formed
 /// by one correctly rounded division, as the C++ that made the traced constant did, so the
 /// value is exact whenever `numerator` is (conforms() confirms it for each new size set).
-/// `root`: `numerator / sqrt(sym + offset)` (an attention scale `1 / std::sqrt(d)`), formed by
-/// a correctly rounded square root and division, as C++ forms it.
+/// `root`: `numerator / sqrt(sym + offset)` (an attention scale `1 / std::sqrt(d)`), or
+/// `numerator * sqrt(sym + offset)` when not `reciprocal`, formed by a correctly rounded square
+/// root and division or product, as C++ forms it.
 struct SizeFormula {
   SymInt sym;
   int64_t offset = 0;

@@ -300,6 +300,9 @@ TEST_CASE("conv2d, the pools, unfold and fold name the caller's line for bad arg
   check_error([&] { conv2d(x, w, {}, 1, -1); }, "conv2d",
               "padding must be non-negative, got [-1, -1]", __LINE__ - 1);
   check_error([&] { conv2d(x, w, zeros({4})); }, "conv2d", "the bias must be [8]", __LINE__);
+  // Break-it: a padding of 2^62 overflowed the padded size in the message (signed overflow).
+  check_error([&] { conv2d(x, w, {}, 1, Size2(int64_t{1} << 62, 0)); }, "conv2d",
+              "must be below 2^31", __LINE__ - 1);
   check_error([&] { conv2d(x, w.to(DType::Float64)); }, "conv2d", "same dtype", __LINE__);
   check_error([&] { max_pool2d(x, 2, 2, 2); }, "max_pool2d", "at most half the kernel",
               __LINE__ - 1);

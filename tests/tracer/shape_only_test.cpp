@@ -186,6 +186,26 @@ TEST_CASE("compile: a size min(n, 10) is not taken for a division of n", "[compi
   CHECK_FALSE(contains(cf.explain(), "runs eagerly"));
 }
 
+TEST_CASE("compile: x / sqrt(n) and x * (1 / sqrt(n)) follow the size", "[compile][dynamic]") {
+  // Break-it pass: only the reciprocal form was recognised; dividing by the constant sqrt(n)
+  // traced every size up to the cache limit.
+  auto divided = [](const Tensor& x) { return x / std::sqrt(double(x.size(0))); };
+  auto scaled = [](const Tensor& x) { return x * (1.0 / std::sqrt(double(x.size(0) + 1))); };
+  auto cdivided = compile(divided);
+  auto cscaled = compile(scaled);
+  for (int64_t n : {2, 3, 5, 8, 6, 7, 11, 13, 10}) {
+    Tensor x = arange(n, DType::Float32) + 1.0;
+    CHECK(max_diff(cdivided(x), divided(x)) == 0);
+    CHECK(max_diff(cscaled(x), scaled(x)) == 0);
+  }
+  INFO(cdivided.explain());
+  INFO(cscaled.explain());
+  CHECK(cdivided.compile_count() == 2);
+  CHECK(cscaled.compile_count() == 2);
+  CHECK(contains(cdivided.explain(), "= sqrt(s0.0)"));
+  CHECK(contains(cscaled.explain(), "= 1 / sqrt(s0.0 + 1)"));
+}
+
 TEST_CASE("compile: a scale 1 / sqrt(length) of a cache grown by cat settles under "
           "Dynamic::Always", "[compile][dynamic][shape-only]") {
   // The host scale is a constant of each trace; as a reciprocal square root of a size it
